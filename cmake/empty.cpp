@@ -1,0 +1,1 @@
+// placeholder translation unit for a part that has no sources yet

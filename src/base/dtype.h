@@ -1,0 +1,53 @@
+// Scalar number formats used by DeepSeek-V4 checkpoints and caches, with exact conversions.
+// Sources: IEEE 754 (f16), bfloat16 (truncated f32, round-to-nearest-even on store),
+// OCP 8-bit floating point spec (e4m3fn: bias 7, no inf, 0x7f/0xff = NaN, max 448),
+// OCP Microscaling spec (e2m1 fp4, ue8m0 scale = 2^(byte-127), 0xff = NaN).
+#pragma once
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+namespace v4 {
+
+/// Element types as named by safetensors ("F32", "BF16", "F8_E4M3", ...).
+enum class DType { kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64, kF64, kBool };
+
+/// Bytes per element (kI8 packed-fp4 containers report 1).
+int dtype_size(DType t);
+/// safetensors name of a dtype, e.g. "BF16".
+std::string_view dtype_name(DType t);
+/// Parses a safetensors dtype name; returns false for unknown names.
+bool parse_dtype(std::string_view name, DType* out);
+
+inline float bf16_to_f32(uint16_t v) { return std::bit_cast<float>(uint32_t(v) << 16); }
+/// Round-to-nearest-even f32 -> bf16 (NaN stays NaN).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+/// Rounds f32 to the nearest bf16 value and back (what a bf16 store + load does).
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+/// FP8 e4m3fn -> f32 (exact).
+float fp8e4m3_to_f32(uint8_t v);
+/// f32 -> FP8 e4m3fn, round-to-nearest-even, saturating to ±448.
+uint8_t f32_to_fp8e4m3(float f);
+/// ue8m0 scale byte -> 2^(b-127) (b = 255 -> NaN).
+inline float ue8m0_to_f32(uint8_t b) {
+  if (b == 0xff) return NAN;
+  return std::ldexp(1.0f, int(b) - 127);
+}
+/// FP4 e2m1 nibble (low 4 bits) -> f32: {0,.5,1,1.5,2,3,4,6} with sign bit 3.
+inline float fp4e2m1_to_f32(uint8_t nib) {
+  static constexpr float kLut[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                     -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  return kLut[nib & 0xf];
+}
+
+}  // namespace v4
