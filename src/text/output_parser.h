@@ -1,0 +1,96 @@
+// text::OutputParser — turns DeepSeek-V4 model output (text after the generation prompt) into
+// OpenAI `reasoning_content`, `content` and `tool_calls`, streaming or whole.
+// Format: chat-encoding.md §3; design: a byte-level state machine with hold-back of partial markers
+// (after DeepSeek's deepseek-recipe StateMachine, §4.1), tolerant where the strict reference raises.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "text/chat_encoder.h"
+
+namespace v4::text {
+
+/// One streamed piece of the parsed message.
+struct ParserEvent {
+  enum class Kind {
+    kReasoningDelta,  ///< `text` appended to reasoning_content
+    kContentDelta,    ///< `text` appended to content
+    kToolCallBegin,   ///< new call: `index` (0-based), `id`, `name` (complete)
+    kToolCallArgs,    ///< `text` appended to tool call `index`'s arguments JSON
+    kToolCallEnd,     ///< tool call `index` is complete (its arguments are a closed JSON object)
+  };
+  Kind kind;
+  std::string text;
+  int index = -1;
+  std::string id;
+  std::string name;
+  bool operator==(const ParserEvent&) const = default;
+};
+
+/// One parsed tool call; `arguments` is JSON object text built like the reference:
+/// `{"k": "v", "n": 1.50}` — string="true" values JSON-escaped (non-ASCII kept raw),
+/// string="false" values copied raw.
+struct ParsedToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+/// The whole parsed assistant message.
+struct ParsedMessage {
+  std::string content;
+  std::string reasoning_content;
+  std::vector<ParsedToolCall> tool_calls;
+  /// True when the output ended (finish) while still inside reasoning or a tool call.
+  bool truncated = false;
+};
+
+struct OutputParserOptions {
+  /// How the prompt ended: kThinking (`<think>`) starts in reasoning, kChat (`</think>`) in content.
+  ThinkingMode start = ThinkingMode::kThinking;
+  /// Start inside a `<｜DSML｜tool_calls>` block (the prompt pre-filled the opener).
+  bool start_in_tool_block = false;
+  /// Tool call ids are `id_prefix` + a per-parser counter-derived suffix (unique per parser).
+  std::string id_prefix = "call_";
+  /// Seed mixed into ids (e.g. a request id) so ids differ across requests.
+  uint64_t id_seed = 0;
+};
+
+/// Streaming parser. Feed decoded text deltas (from a Detokenizer with skip_special_tokens=false);
+/// markers split across deltas are held back, never emitted as content. Rules (docs/text.md):
+/// reasoning ends at `</think>` (or implicitly at a DSML block); content ends at `<｜end▁of▁sentence｜>`
+/// (text after it is dropped) or at `\n\n<｜DSML｜` (the blank line is not content; any other newlines
+/// before `<｜DSML｜` are also dropped); stray `</think>`, `<think>`, BOS in content are dropped.
+/// Leading newlines of content and trailing newlines of reasoning are kept (reference behaviour).
+/// Equal to the reference parser on all inputs it accepts. Not thread-safe; one per request.
+class OutputParser {
+ public:
+  explicit OutputParser(OutputParserOptions options = {});
+  ~OutputParser();
+  OutputParser(OutputParser&&) noexcept;
+  OutputParser& operator=(OutputParser&&) noexcept;
+
+  /// Consumes `delta` (any byte split, even inside a UTF-8 character) and returns the new events.
+  std::vector<ParserEvent> feed(std::string_view delta);
+  /// Ends the stream: releases held-back text and closes an open tool call.
+  std::vector<ParserEvent> finish();
+  /// Number of tool calls begun so far (finish_reason "tool_calls" when > 0).
+  int tool_call_count() const;
+
+  /// Parses a whole output (feed + finish, events folded into a message).
+  static ParsedMessage parse(std::string_view completion, const OutputParserOptions& options = {});
+
+  /// Folds events into `msg` (what a non-streaming server does).
+  static void apply(const std::vector<ParserEvent>& events, ParsedMessage& msg);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace v4::text
