@@ -1,0 +1,264 @@
+// The op interface the DeepSeek-V4 forward is written against (ARCHITECTURE.md: "one forward,
+// two backends"). These are model-level fused ops, not a tensor library: each op is one step of
+// dsv4-model.md with its exact math, over a ragged batch of S token rows (prefill chunks and decode
+// rows of many sequences mixed). Backends: `cpu/` (fp32 reference, threaded, deterministic and
+// batch-invariant: a row's result never depends on which other rows share the call) and `cuda/`.
+//
+// Conventions
+// - All pointers are backend memory (host memory on CPU, device memory on CUDA) obtained through
+//   `Ops::alloc` or pools built from it; index arrays (int32/int64) likewise. Host plans are
+//   uploaded with `Ops::upload`.
+// - Activations are f32, row-major. Weights are f32 on the CPU backend (decoded once at load).
+// - Dims are named as in dsv4-model.md: S rows of the step, D hidden, n hc_mult, H heads, hd
+//   head_dim, rd rope dims, nI/dI indexer heads/dim, E experts, k experts per token, I expert width.
+// - "Row maps": a key set per query is given as `count[t]` entries starting at `offset[t]` in a
+//   flat int32 array of physical pool rows (`rows`). Queries of one sequence share one map, so the
+//   plan is O(rows of the sequence), not O(S · keys).
+// - Ops never fail on valid plans; plans are built by the model and checked there. Sizes are in
+//   elements unless a name says `_bytes`.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace v4 {
+class ThreadPool;
+}
+
+namespace v4::ops {
+
+/// Router activation (config `scoring_func`), dsv4-model.md §8.
+enum class ScoringFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
+
+/// A ragged list of physical pool rows per query row (see "Row maps" above).
+/// Query t reads rows[offset[t] + j] for j < count[t]; entries < 0 are skipped.
+struct RowMap {
+  const int32_t* rows = nullptr;
+  const int64_t* offset = nullptr;  // [S]
+  const int32_t* count = nullptr;   // [S]
+};
+
+/// Arguments of `Ops::sparse_attention` (dsv4-model.md §4, "Scores and softmax").
+/// For query row t and head h: keys = SWA rows of `swa` ∪ compressed rows of `comp`, one softmax
+/// with the per-head sink in the denominator only (unscaled raw logit), K = V (single latent).
+///   l_j = (q[t,h] · key_j) · scale;  p_j = exp(l_j) / (Σ exp(l) + exp(sinks[h]));
+///   out[t,h] = Σ_j p_j · key_j
+struct AttentionArgs {
+  const float* q = nullptr;         // [S, H, hd]
+  const float* sinks = nullptr;     // [H]
+  const float* swa_pool = nullptr;  // [swa pool rows, hd]  (K = V rows, already normed + roped)
+  RowMap swa;                       // SWA key rows per query (W tokens incl. itself)
+  const float* comp_pool = nullptr; // [comp pool rows, hd] or nullptr (sliding-only layer)
+  RowMap comp;                      // compressed rows per query (CSA: top-k; HCA: all causal)
+  int64_t n_rows = 0;               // S
+  int n_heads = 0;                  // H
+  int head_dim = 0;                 // hd
+  float scale = 0.f;                // hd^-1/2
+  float* out = nullptr;             // [S, H, hd]
+};
+
+/// Arguments of `Ops::compress_pool` (dsv4-model.md §5): one pooled, un-normalized compressed
+/// row per output. Each output reads `n_slots` source slots; n_slots = m for the non-overlapping
+/// compressor (HCA, overlap=1) and 2m for the overlapping one (CSA / indexer, overlap=2).
+/// Slot j of output r is src[r·n_slots + j]:  v >= 0 → fresh row v; v <= -2 → state row
+/// (-v - 2); v == -1 → empty (excluded from the softmax, HF's gate −inf / kv 0).
+/// overlap=2: slots [0,m) use channels [0,d) and bias row j (series a: previous window),
+/// slots [m,2m) use channels [d,2d) and bias row j−m (series b: own window).
+/// overlap=1: slot j uses channels [0,d) and bias row j.
+///   out[r, ch] = Σ_j softmax_j(gate_j[ch] + bias[..,ch]) · kv_j[ch]   (fp32 softmax per channel)
+/// Gates are stored raw (without bias); the op adds the bias of the slot's role.
+struct CompressArgs {
+  const float* fresh_kv = nullptr;    // [n_fresh, c·d]  this step's Kc = x·W_ckvᵀ
+  const float* fresh_gate = nullptr;  // [n_fresh, c·d]  this step's Zc = x·W_cgᵀ
+  const float* state_kv = nullptr;    // [state rows, c·d] compressor-state ring rows
+  const float* state_gate = nullptr;  // [state rows, c·d]
+  const float* bias = nullptr;        // [m, c·d]  position_bias (official `ape`)
+  const int32_t* src = nullptr;       // [n_out, n_slots]
+  int64_t n_out = 0;
+  int ratio = 0;    // m
+  int overlap = 1;  // c: 1 (HCA) or 2 (CSA, indexer)
+  int dim = 0;      // d
+  float* out = nullptr;  // [n_out, d]
+};
+
+/// Arguments of `Ops::indexer_topk` (dsv4-model.md §6, lightning indexer).
+///   score(t, s) = Σ_h (ReLU(q[t,h] · K[s]) · dI^-1/2) · (w[t,h] · nI^-1/2)
+/// over the candidate rows of query t (row map `cand`, logical order = map order), then selects
+/// the top min(k, count[t]) candidates. Deterministic tie order: higher score first; equal scores
+/// → earlier map position (= lower compressed-row index) first. Output rows are physical pool rows
+/// in selection order; unused entries are −1.
+struct IndexerArgs {
+  const float* q = nullptr;        // [S, nI, dI] (roped)
+  const float* weights = nullptr;  // [S, nI] raw weights_proj output (op applies nI^-1/2)
+  const float* key_pool = nullptr; // [pool rows, dI]
+  RowMap cand;
+  int64_t n_rows = 0;  // S
+  int n_heads = 0;     // nI
+  int head_dim = 0;    // dI
+  int topk = 0;        // index_topk
+  int32_t* out_rows = nullptr;   // [S, topk]
+  int32_t* out_count = nullptr;  // [S] number of valid entries (min(k, count[t]))
+};
+
+/// Arguments of `Ops::route` (dsv4-model.md §8).
+///   s = score_fn(logits);  idx = top-k(s + bias) (score layers) or tid2eid[token] (hash layers);
+///   wgt = s[idx] / (Σ s[idx] + 1e-20) · routed_scaling_factor.
+/// Top-k ties: higher value first, equal → lower expert id first.
+struct RouteArgs {
+  const float* logits = nullptr;    // [S, E]  x · W_gateᵀ
+  const float* bias = nullptr;      // [E] e_score_correction_bias (selection only) or nullptr
+  const int32_t* tid2eid = nullptr; // [V, k] hash table or nullptr (score routing)
+  const int32_t* token_ids = nullptr;  // [S] (hash routing only)
+  int64_t n_rows = 0;  // S
+  int n_experts = 0;   // E
+  int topk = 0;        // k
+  ScoringFunc scoring = ScoringFunc::kSqrtSoftplus;
+  float routed_scaling_factor = 1.f;
+  int32_t* out_idx = nullptr;  // [S, k]
+  float* out_weight = nullptr; // [S, k]
+};
+
+/// Arguments of `Ops::moe_experts` (dsv4-model.md §8):
+///   out[t] = Σ_j weight[t,j] · W2_e · (silu(min(W1_e x, limit)) ⊙ clamp(W3_e x, −limit, limit)),
+///   e = idx[t,j]; duplicates each count. Summation over j in order j = 0..k−1.
+/// Expert weights are fused as in HF: w13[e] rows [0,I) = W1 (gate), rows [I,2I) = W3 (up).
+/// The shared expert is this op with E = 1, k = 1, weight 1.
+struct MoeArgs {
+  const float* x = nullptr;      // [S, D]
+  const float* w13 = nullptr;    // [E, 2I, D]
+  const float* w2 = nullptr;     // [E, D, I]
+  const int32_t* idx = nullptr;  // [S, k]
+  const float* weight = nullptr; // [S, k]
+  int64_t n_rows = 0;
+  int hidden = 0;        // D
+  int inter = 0;         // I
+  int n_experts = 0;     // E
+  int topk = 0;          // k
+  float swiglu_limit = 0.f;  // <= 0: no clamp
+  float* out = nullptr;  // [S, D] (overwritten)
+};
+
+/// mHC coefficient arguments (dsv4-model.md §3) for `Ops::hc_pre`.
+struct HcArgs {
+  const float* h = nullptr;      // [S, n, D] residual streams
+  const float* fn = nullptr;     // [(2+n)·n, n·D]
+  const float* base = nullptr;   // [(2+n)·n]
+  const float* scale = nullptr;  // [3]
+  int64_t n_rows = 0;
+  int n_streams = 0;   // n
+  int hidden = 0;      // D
+  float rms_eps = 0.f;
+  float hc_eps = 0.f;
+  int sinkhorn_iters = 0;
+  float* collapsed = nullptr;  // [S, D]  Σ_s pre[s]·h[s]
+  float* post = nullptr;       // [S, n]  2·sigmoid(..)
+  float* comb = nullptr;       // [S, n, n] Sinkhorn-normalized, comb[j][k]
+};
+
+/// Backend interface. One instance per device; not thread-safe (one forward at a time).
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  /// "cpu" or "cuda".
+  virtual std::string name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  /// Allocates `bytes` of backend memory (zeroed). Never returns nullptr for bytes > 0 (throws
+  /// std::bad_alloc on exhaustion; callers size pools from a budget first).
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  /// Host → backend and backend → host copies (synchronous).
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  /// Waits for all queued work.
+  virtual void synchronize() = 0;
+
+  // ---- dense -------------------------------------------------------------------------------
+  /// y[i, :] = x[i, :] · wᵀ for i < M.  x [M, K] (row stride ldx), w [N, K] (contiguous),
+  /// y [M, N] (row stride ldy). Row i's result depends only on x[i] and w (batch-invariant).
+  virtual void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
+                      float* y, int64_t ldy) = 0;
+  /// y = x + y elementwise over n values.
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  /// dst[i, :] = src[rows[i], :] for i < n (width values per row).
+  virtual void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width,
+                           float* dst) = 0;
+  /// pool[rows[i], :] = src[i, :] for i < n with rows[i] >= 0 (scatter into a cache pool).
+  virtual void store_rows(float* pool, const int32_t* rows, int64_t n, int64_t width,
+                          const float* src) = 0;
+
+  // ---- model steps -------------------------------------------------------------------------
+  /// out[t, s, :] = table[ids[t], :] for every stream s < n.  table [V, D], out [S, n, D].
+  virtual void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
+                     float* out) = 0;
+  /// y[r] = weight ⊙ x[r] / sqrt(mean(x[r]²) + eps) (weight nullptr → unweighted), fp32.
+  /// x, y [rows, dim]; y may equal x.
+  virtual void rms_norm(const float* x, const float* weight, int64_t rows, int dim, float eps,
+                        float* y) = 0;
+  /// Interleaved RoPE in place on the trailing `rope_dim` channels of each head
+  /// (dsv4-model.md §4 "RoPE"): pair (2i, 2i+1) rotated by φ = fp32(inv_freq[i]·pos[r]),
+  /// cos/sin multiplied by `attention_scaling`; `inverse` rotates by −φ.
+  /// x [rows, n_heads, head_dim], positions [rows] (int64), inv_freq [rope_dim/2].
+  virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
+                    const int64_t* positions, const float* inv_freq, float attention_scaling,
+                    bool inverse) = 0;
+  /// mHC pre: coefficients (pre, post, comb with Sinkhorn) and the collapsed input.
+  virtual void hc_pre(const HcArgs& a) = 0;
+  /// mHC post: h[t, k] = post[t, k]·f[t] + Σ_j comb[t, j, k]·h[t, j]  (in place on h [S, n, D]).
+  virtual void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S,
+                       int n_streams, int D) = 0;
+  /// HyperHead: y[t] = Σ_s (sigmoid((RMS(flat)·fnᵀ)[s]·scale + base[s]) + hc_eps)·h[t, s].
+  /// fn [n, n·D], base [n], scale [1], y [S, D].
+  virtual void hc_head(const float* h, const float* fn, const float* base, const float* scale,
+                       int64_t S, int n_streams, int D, float rms_eps, float hc_eps,
+                       float* y) = 0;
+  virtual void compress_pool(const CompressArgs& a) = 0;
+  virtual void indexer_topk(const IndexerArgs& a) = 0;
+  virtual void sparse_attention(const AttentionArgs& a) = 0;
+  virtual void route(const RouteArgs& a) = 0;
+  virtual void moe_experts(const MoeArgs& a) = 0;
+};
+
+/// RAII owner of backend memory holding `n` values of T.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Ops* ops, int64_t n) : ops_(ops), n_(n) {
+    if (n > 0) ptr_ = static_cast<T*>(ops->alloc(size_t(n) * sizeof(T)));
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ops_ = o.ops_;
+      ptr_ = o.ptr_;
+      n_ = o.n_;
+      o.ptr_ = nullptr;
+      o.n_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void reset() {
+    if (ptr_) ops_->free(ptr_);
+    ptr_ = nullptr;
+    n_ = 0;
+  }
+  T* data() const { return ptr_; }
+  int64_t size() const { return n_; }
+
+ private:
+  Ops* ops_ = nullptr;
+  T* ptr_ = nullptr;
+  int64_t n_ = 0;
+};
+
+/// The CPU reference backend (src/ops/cpu). `pool` = threads to use (nullptr → global pool).
+std::unique_ptr<Ops> make_cpu_ops(ThreadPool* pool = nullptr);
+
+}  // namespace v4::ops
