@@ -1,0 +1,271 @@
+#include "engine/engine.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "base/log.h"
+#include "engine/scheduler.h"
+
+namespace v4::engine {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kNone: break;
+  }
+  return "";
+}
+
+struct Engine::Impl {
+  struct Incoming {
+    RequestId id;
+    Request req;
+    OutputCallback cb;
+    Clock::time_point arrival;
+    uint64_t seed;
+  };
+
+  std::unique_ptr<Executor> exec;
+  EngineConfig config;
+  std::unique_ptr<Scheduler> sched;
+
+  std::mutex mu;  // guards incoming, cancels, stop, outstanding
+  std::condition_variable cv, idle_cv;
+  std::vector<Incoming> incoming;
+  std::vector<RequestId> cancels;
+  bool stop = false;
+  int64_t outstanding = 0;  // accepted, final output not yet delivered
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<int64_t> rejected{0};
+  std::atomic<int64_t> waiting_now{0};  // scheduler's queue length after the last step
+  uint64_t seed_base = 0;
+
+  mutable std::mutex stats_mu;
+  EngineStats stats;
+
+  // Rate window (scheduler thread only).
+  Clock::time_point window_start;
+  int64_t window_prompt = 0, window_gen = 0;
+  Clock::time_point last_status;
+  bool status_dirty = false;
+
+  std::thread thread;
+
+  void loop();
+  void publish_stats(Clock::time_point now);
+};
+
+void Engine::Impl::publish_stats(Clock::time_point now) {
+  const EngineStats& c = sched->counters();
+  EngineStats s = c;
+  s.running = sched->n_running();
+  s.waiting = sched->n_waiting();
+  waiting_now.store(s.waiting);
+  s.requests_rejected_total = rejected.load();
+  for (const auto& u : exec->pool_usage()) s.pools.push_back({u.name, u.used_pages, u.capacity_pages});
+  const double window_s = std::max(1.0, config.stats_interval_s);
+  const double dt = std::chrono::duration<double>(now - window_start).count();
+  {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    s.prompt_tokens_per_s = stats.prompt_tokens_per_s;
+    s.generation_tokens_per_s = stats.generation_tokens_per_s;
+    if (dt >= window_s) {
+      s.prompt_tokens_per_s = double(c.prompt_tokens_total - window_prompt) / dt;
+      s.generation_tokens_per_s = double(c.generation_tokens_total - window_gen) / dt;
+    }
+    stats = s;
+  }
+  if (dt >= window_s) {
+    window_start = now;
+    window_prompt = c.prompt_tokens_total;
+    window_gen = c.generation_tokens_total;
+  }
+  if (config.stats_interval_s > 0 && status_dirty &&
+      std::chrono::duration<double>(now - last_status).count() >= config.stats_interval_s) {
+    last_status = now;
+    status_dirty = s.running > 0 || s.waiting > 0;
+    std::string pools;
+    for (const auto& p : s.pools)
+      pools += fmt::format(", {} {:.1f}%", p.name,
+                           p.capacity_pages ? 100.0 * double(p.used_pages) / double(p.capacity_pages)
+                                            : 0.0);
+    V4_LOG_INFO("running {}, waiting {}, in {:.1f} tok/s, out {:.1f} tok/s{}", s.running,
+                s.waiting, s.prompt_tokens_per_s, s.generation_tokens_per_s, pools);
+  }
+}
+
+void Engine::Impl::loop() {
+  window_start = last_status = Clock::now();
+  std::vector<Incoming> in;
+  std::vector<RequestId> cn;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return stop || !incoming.empty() || !cancels.empty() || !sched->idle(); });
+      if (stop) break;
+      in.swap(incoming);
+      cn.swap(cancels);
+    }
+    for (auto& r : in) sched->add(r.id, std::move(r.req), std::move(r.cb), r.arrival, r.seed);
+    in.clear();
+    for (RequestId id : cn) sched->cancel(id);
+    cn.clear();
+    if (!sched->idle()) {
+      status_dirty = true;
+      Status st = sched->step();
+      (void)st;  // already logged and reported to the requests of the failed batch
+    }
+    publish_stats(Clock::now());
+  }
+  sched->abort_all(FinishReason::kAbort, Status::Ok());
+  publish_stats(Clock::now());
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Executor> executor,
+                                               EngineConfig config) {
+  if (!executor) return make_error(ErrorCode::kInvalidArgument, "engine: no executor");
+  if (config.chunked_prefill_size < 1)
+    return make_error(ErrorCode::kInvalidArgument, "chunked_prefill_size must be >= 1, got {}",
+                      config.chunked_prefill_size);
+  if (config.max_running_requests < 1)
+    return make_error(ErrorCode::kInvalidArgument, "max_running_requests must be >= 1, got {}",
+                      config.max_running_requests);
+  if (!(config.admission_watermark >= 0.0 && config.admission_watermark < 1.0))
+    return make_error(ErrorCode::kInvalidArgument, "admission_watermark must be in [0, 1), got {}",
+                      config.admission_watermark);
+  const int64_t vocab = executor->vocab_size();
+  for (int32_t t : config.eos_token_ids)
+    if (t < 0 || t >= vocab)
+      return make_error(ErrorCode::kInvalidArgument, "eos token id {} outside vocabulary [0, {})",
+                        t, vocab);
+  std::unique_ptr<Engine> e(new Engine());
+  e->config_ = config;
+  e->vocab_size_ = vocab;
+  e->max_context_ = executor->max_context();
+  e->impl_ = std::make_unique<Impl>();
+  Impl& im = *e->impl_;
+  im.exec = std::move(executor);
+  im.config = config;
+  im.sched = std::make_unique<Scheduler>(*im.exec, config);
+  im.seed_base = (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
+  im.publish_stats(Clock::now());
+  im.thread = std::thread([&im] { im.loop(); });
+  return e;
+}
+
+Engine::~Engine() {
+  if (!impl_) return;
+  std::vector<Impl::Incoming> leftover;
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+    leftover.swap(impl_->incoming);
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // Requests never handed to the scheduler get their final output here.
+  for (auto& r : leftover) {
+    StepOutput o;
+    o.id = r.id;
+    o.finished = true;
+    o.finish_reason = FinishReason::kAbort;
+    o.usage.prompt_tokens = int64_t(r.req.prompt_tokens.size());
+    o.arrival_time = r.arrival;
+    o.now = Clock::now();
+    if (r.cb) r.cb(o);
+  }
+}
+
+Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
+  Status st = Scheduler::check_request(*impl_->exec, request);
+  if (!st.ok()) {
+    ++impl_->rejected;
+    V4_LOG_WARN("rejected request{}{}: {}", request.tag.empty() ? "" : " ", request.tag,
+                st.message());
+    return st;
+  }
+  Impl& im = *impl_;
+  const RequestId id = im.next_id.fetch_add(1);
+  uint64_t seed = request.sampling.seed ? *request.sampling.seed
+                                        : im.seed_base ^ (id * 0x9E3779B97F4A7C15ull);
+  OutputCallback wrapped = [&im, cb = std::move(callback)](const StepOutput& o) {
+    if (cb) cb(o);
+    if (o.finished) {
+      std::lock_guard<std::mutex> lk(im.mu);
+      --im.outstanding;
+      im.idle_cv.notify_all();
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lk(im.mu);
+    if (im.stop) return make_error(ErrorCode::kResourceExhausted, "the engine is shutting down");
+    const int64_t queued = im.waiting_now.load() + int64_t(im.incoming.size());
+    if (queued >= config_.max_waiting_requests) {
+      ++im.rejected;
+      return make_error(ErrorCode::kResourceExhausted,
+                        "too many waiting requests ({}); try again later", queued);
+    }
+    ++im.outstanding;
+    im.incoming.push_back({id, std::move(request), std::move(wrapped), Clock::now(), seed});
+  }
+  im.cv.notify_one();
+  return id;
+}
+
+void Engine::cancel(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->cancels.push_back(id);
+  }
+  impl_->cv.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  return impl_->stats;
+}
+
+void Engine::wait_idle() {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->idle_cv.wait(lk, [&] { return impl_->outstanding == 0 || impl_->stop; });
+}
+
+Result<std::vector<int32_t>> Engine::generate(Request request, FinishReason* out_reason,
+                                              std::vector<TokenLogprobs>* out_logprobs) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> lps;
+    FinishReason reason = FinishReason::kNone;
+    Status error;
+  };
+  auto st = std::make_shared<State>();
+  auto id = submit(std::move(request), [st](const StepOutput& o) {
+    std::lock_guard<std::mutex> lk(st->mu);
+    st->tokens.insert(st->tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+    st->lps.insert(st->lps.end(), o.logprobs.begin(), o.logprobs.end());
+    if (o.finished) {
+      st->done = true;
+      st->reason = o.finish_reason;
+      st->error = o.error;
+      st->cv.notify_all();
+    }
+  });
+  if (!id.ok()) return id.status();
+  std::unique_lock<std::mutex> lk(st->mu);
+  st->cv.wait(lk, [&] { return st->done; });
+  if (!st->error.ok()) return st->error;
+  if (out_reason) *out_reason = st->reason;
+  if (out_logprobs) *out_logprobs = std::move(st->lps);
+  return std::move(st->tokens);
+}
+
+}  // namespace v4::engine

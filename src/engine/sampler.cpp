@@ -1,0 +1,203 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace v4::engine {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Greater-than on (value, -id): descending value, ascending id on ties (deterministic order).
+struct ByValueDesc {
+  const float* v;
+  bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
+// Writes penalized logits into `out` (size vocab).
+void apply_penalties(const float* logits, int64_t vocab, const SamplingParams& p,
+                     const PenaltyState& st, float* out) {
+  std::copy(logits, logits + vocab, out);
+  if (p.repetition_penalty != 1.0f) {
+    auto rep = [&](int32_t t) {
+      if (t < 0 || t >= vocab) return;
+      float& l = out[t];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    };
+    for (int32_t t : st.prompt_tokens_unique) rep(t);
+    for (const auto& [t, c] : st.output_counts) {
+      if (!std::binary_search(st.prompt_tokens_unique.begin(), st.prompt_tokens_unique.end(), t))
+        rep(t);
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    for (const auto& [t, c] : st.output_counts) {
+      if (t < 0 || t >= vocab || c <= 0) continue;
+      out[t] -= p.frequency_penalty * float(c) + p.presence_penalty;
+    }
+  }
+}
+
+int32_t argmax(const float* v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return int32_t(best);
+}
+
+// Builds the kept candidate set for non-greedy sampling. On return `idx` holds the kept ids (in
+// a deterministic order) and `w` (size vocab, indexed by id) their unnormalized probabilities;
+// returns the sum of kept weights. `w` initially holds penalized logits.
+double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<float>& w,
+                        std::vector<int32_t>& idx) {
+  const float inv_t = 1.0f / p.temperature;
+  float* x = w.data();
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) {
+    x[i] *= inv_t;
+    mx = std::max(mx, x[i]);
+  }
+  idx.resize(size_t(vocab));
+  std::iota(idx.begin(), idx.end(), 0);
+  const bool use_k = p.top_k > 0 && p.top_k < vocab;
+  const bool use_p = p.top_p < 1.0f;
+  if (use_k) {
+    std::nth_element(idx.begin(), idx.begin() + (p.top_k - 1), idx.end(), ByValueDesc{x});
+    idx.resize(size_t(p.top_k));
+    std::sort(idx.begin(), idx.end(), ByValueDesc{x});
+  }
+  // exp in place (only the candidates are read later).
+  double sum = 0;
+  for (int32_t i : idx) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  if (use_p) {
+    std::sort(idx.begin(), idx.end(), ByValueDesc{x});
+    const double target = double(p.top_p) * sum;
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < idx.size()) {
+      cum += x[idx[keep]];
+      ++keep;
+      if (cum >= target) break;  // keep the smallest prefix whose mass reaches top_p
+    }
+    idx.resize(std::max<size_t>(keep, 1));
+    sum = cum;
+  }
+  if (p.min_p > 0.0f) {
+    float pmax = 0;
+    for (int32_t i : idx) pmax = std::max(pmax, x[i]);
+    const float thr = p.min_p * pmax;  // relative to the max, so normalization cancels
+    size_t o = 0;
+    double s = 0;
+    for (int32_t i : idx)
+      if (x[i] >= thr) {
+        idx[o++] = i;
+        s += x[i];
+      }
+    idx.resize(o);
+    sum = s;
+  }
+  return sum;
+}
+
+void raw_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top_n,
+                  TokenLogprobs* lp, std::vector<int32_t>& idx) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double s = 0;
+  for (int64_t i = 0; i < vocab; ++i) s += std::exp(double(logits[i]) - mx);
+  const double lse = double(mx) + std::log(s);
+  lp->token = token;
+  lp->logprob = float(double(logits[token]) - lse);
+  lp->top.clear();
+  if (top_n <= 0) return;
+  const int64_t n = std::min<int64_t>(top_n, vocab);
+  idx.resize(size_t(vocab));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), ByValueDesc{logits});
+  for (int64_t i = 0; i < n; ++i)
+    lp->top.push_back({idx[i], float(double(logits[idx[i]]) - lse)});
+}
+
+}  // namespace
+
+double sampler_uniform(uint64_t seed, uint64_t index) {
+  uint64_t h = splitmix64(splitmix64(seed) ^ (index * 0xD1B54A32D192ED03ull));
+  return double(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+Status validate_sampling(const SamplingParams& p, int64_t vocab) {
+  auto bad = [](const char* f, double v, const char* want) {
+    return make_error(ErrorCode::kInvalidArgument, "{} = {} is invalid: must be {}", f, v, want);
+  };
+  if (p.max_tokens < 1) return bad("max_tokens", double(p.max_tokens), ">= 1");
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature))
+    return bad("temperature", p.temperature, ">= 0");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return bad("top_p", p.top_p, "in (0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p", p.min_p, "in [0, 1]");
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
+    return bad("presence_penalty", p.presence_penalty, "in [-2, 2]");
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
+    return bad("frequency_penalty", p.frequency_penalty, "in [-2, 2]");
+  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty))
+    return bad("repetition_penalty", p.repetition_penalty, "> 0");
+  if (p.top_logprobs < 0 || p.top_logprobs > 20)
+    return bad("top_logprobs", p.top_logprobs, "in [0, 20]");
+  for (int32_t t : p.stop_token_ids)
+    if (t < 0 || t >= vocab) return bad("stop_token_ids entry", t, "a token id in the vocabulary");
+  return Status::Ok();
+}
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t seed,
+                     int64_t step, const PenaltyState& penalties, TokenLogprobs* lp,
+                     std::vector<float>* scratch, std::vector<int32_t>* scratch_idx) {
+  std::vector<float>& w = *scratch;
+  std::vector<int32_t>& idx = *scratch_idx;
+  w.resize(size_t(vocab));
+  apply_penalties(logits, vocab, p, penalties, w.data());
+  int32_t token;
+  if (p.temperature == 0.0f) {
+    token = argmax(w.data(), vocab);
+  } else {
+    const double sum = build_candidates(vocab, p, w, idx);
+    const double u = sampler_uniform(seed, uint64_t(step)) * sum;
+    double cum = 0;
+    token = idx.empty() ? argmax(logits, vocab) : idx.back();
+    for (int32_t i : idx) {
+      cum += w[i];
+      if (u < cum) {
+        token = i;
+        break;
+      }
+    }
+  }
+  if (lp && p.logprobs) raw_logprobs(logits, vocab, token, p.top_logprobs, lp, idx);
+  return token;
+}
+
+std::vector<float> sampling_distribution(const float* logits, int64_t vocab,
+                                         const SamplingParams& p, const PenaltyState& penalties) {
+  std::vector<float> out(static_cast<size_t>(vocab), 0.0f);
+  std::vector<float> w(static_cast<size_t>(vocab));
+  apply_penalties(logits, vocab, p, penalties, w.data());
+  if (p.temperature == 0.0f) {
+    out[size_t(argmax(w.data(), vocab))] = 1.0f;
+    return out;
+  }
+  std::vector<int32_t> idx;
+  const double sum = build_candidates(vocab, p, w, idx);
+  for (int32_t i : idx) out[size_t(i)] = float(w[i] / sum);
+  return out;
+}
+
+}  // namespace v4::engine

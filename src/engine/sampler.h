@@ -1,0 +1,45 @@
+// CPU sampler: one row of logits + a request's SamplingParams -> one token (and logprobs).
+//
+// Order of processing (HF / vLLM order): penalties (repetition, presence, frequency) ->
+// temperature -> top-k -> top-p -> min-p -> draw. temperature == 0 means greedy: argmax of the
+// penalized logits (lowest id wins ties), no randomness.
+// Randomness is counter-based: the uniform draw for a request's i-th generated token is a hash of
+// (seed, i). So a seeded request gives the same tokens whatever else is in the batch, and a
+// preempted request recomputes to the same tokens.
+// Logprobs are log-softmax of the RAW logits (before penalties, temperature and truncation).
+#pragma once
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace v4::engine {
+
+/// Counts of tokens a request has seen, for penalties. `output` holds generated tokens only
+/// (presence/frequency penalties); `prompt` marks prompt tokens (repetition penalty only).
+struct PenaltyState {
+  std::unordered_map<int32_t, int32_t> output_counts;
+  std::vector<int32_t> prompt_tokens_unique;  // sorted, deduplicated; empty unless needed
+};
+
+/// A uniform double in [0, 1) from (seed, index): splitmix64 of both, 53 mantissa bits.
+double sampler_uniform(uint64_t seed, uint64_t index);
+
+/// Checks sampling values; kInvalidArgument with the field name on error.
+Status validate_sampling(const SamplingParams& p, int64_t vocab);
+
+/// Samples one token from `logits` (f32, [vocab]). `step` is the index of the token being
+/// generated (0 for the first). Fills `lp` when p.logprobs (top list of p.top_logprobs entries).
+/// `scratch` is reused between calls to avoid allocation (any contents).
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t seed,
+                     int64_t step, const PenaltyState& penalties, TokenLogprobs* lp,
+                     std::vector<float>* scratch, std::vector<int32_t>* scratch_idx);
+
+/// The probability distribution `sample_token` draws from (after penalties, temperature and
+/// truncation), as f32 [vocab] summing to 1 (zeros outside the kept set). Greedy gives a one-hot
+/// row. For tests and debugging; O(vocab log vocab).
+std::vector<float> sampling_distribution(const float* logits, int64_t vocab,
+                                         const SamplingParams& p, const PenaltyState& penalties);
+
+}  // namespace v4::engine

@@ -1,0 +1,370 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "base/log.h"
+#include "base/thread_pool.h"
+
+namespace v4::engine {
+
+Scheduler::Scheduler(Executor& exec, EngineConfig config)
+    : exec_(exec), config_(std::move(config)), pools_(exec.pools()), vocab_(exec.vocab_size()) {
+  reserved_total_.assign(pools_.size(), 0);
+}
+
+Scheduler::~Scheduler() {
+  for (auto& [id, s] : seqs_)
+    if (s->exec_seq >= 0) exec_.free_sequence(s->exec_seq);
+}
+
+Status Scheduler::check_request(const Executor& exec, const Request& req) {
+  const int64_t n_prompt = int64_t(req.prompt_tokens.size());
+  if (n_prompt == 0) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
+  const int64_t vocab = exec.vocab_size();
+  for (size_t i = 0; i < req.prompt_tokens.size(); ++i) {
+    const int32_t t = req.prompt_tokens[i];
+    if (t < 0 || t >= vocab)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "prompt token {} at position {} is outside the vocabulary [0, {})", t, i,
+                        vocab);
+  }
+  V4_RETURN_IF_ERROR(validate_sampling(req.sampling, vocab));
+  const int64_t total = n_prompt + req.sampling.max_tokens;
+  if (total > exec.max_context())
+    return make_error(ErrorCode::kInvalidArgument,
+                      "this model's maximum context length is {} tokens; the request needs {} "
+                      "({} prompt + {} max_tokens)",
+                      exec.max_context(), total, n_prompt, req.sampling.max_tokens);
+  const auto pools = exec.pools();
+  const auto need = exec.pages_for(total);
+  for (size_t p = 0; p < pools.size() && p < need.size(); ++p) {
+    if (need[p] > pools[p].capacity_pages)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the request can never fit: {} tokens ({} prompt + {} max_tokens) need {} "
+                        "pages of pool '{}', which has {} pages in total",
+                        total, n_prompt, req.sampling.max_tokens, need[p], pools[p].name,
+                        pools[p].capacity_pages);
+  }
+  return Status::Ok();
+}
+
+void Scheduler::add(RequestId id, Request req, OutputCallback cb, Clock::time_point arrival,
+                    uint64_t seed) {
+  auto s = std::make_unique<Seq>();
+  s->id = id;
+  s->tokens = req.prompt_tokens;
+  s->n_prompt = int64_t(req.prompt_tokens.size());
+  if (req.sampling.repetition_penalty != 1.0f) {
+    auto& u = s->penalties.prompt_tokens_unique;
+    u = req.prompt_tokens;
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+  }
+  s->req = std::move(req);
+  s->cb = std::make_shared<const OutputCallback>(std::move(cb));
+  s->arrival = arrival;
+  s->seed = seed;
+  s->reserved.assign(pools_.size(), 0);
+  waiting_.push_back(s.get());
+  seqs_[id] = std::move(s);
+}
+
+StepOutput Scheduler::make_output(const Seq& s) const {
+  StepOutput o;
+  o.id = s.id;
+  o.usage.prompt_tokens = s.n_prompt;
+  o.usage.completion_tokens = s.n_generated;
+  o.usage.cached_tokens = s.cached_tokens;
+  o.arrival_time = s.arrival;
+  o.first_token_time = s.first_token;
+  o.now = Clock::now();
+  o.n_preemptions = s.n_preemptions;
+  return o;
+}
+
+void Scheduler::release(Seq& s) {
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    reserved_total_[p] -= s.reserved[p];
+    s.reserved[p] = 0;
+  }
+  if (s.exec_seq >= 0) {
+    exec_.free_sequence(s.exec_seq);
+    s.exec_seq = -1;
+  }
+  s.n_computed = 0;
+}
+
+void Scheduler::remove_running(Seq* s) {
+  auto it = std::find(running_.begin(), running_.end(), s);
+  if (it != running_.end()) running_.erase(it);
+}
+
+void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
+                       std::vector<Pending>* out) {
+  release(*s);
+  remove_running(s);
+  auto wit = std::find(waiting_.begin(), waiting_.end(), s);
+  if (wit != waiting_.end()) waiting_.erase(wit);
+  if (reason == FinishReason::kAbort) ++counters_.requests_aborted_total;
+  else ++counters_.requests_finished_total;
+  Pending p;
+  p.cb = std::move(s->cb);
+  p.out = make_output(*s);
+  p.out.finished = true;
+  p.out.finish_reason = reason;
+  p.out.error = error;
+  out->push_back(std::move(p));
+  seqs_.erase(s->id);  // s is dangling from here
+}
+
+void Scheduler::deliver(std::vector<Pending>& pending) {
+  for (auto& p : pending)
+    if (p.cb && *p.cb) (*p.cb)(p.out);
+  pending.clear();
+}
+
+void Scheduler::cancel(RequestId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  std::vector<Pending> out;
+  finish(it->second.get(), FinishReason::kAbort, Status::Ok(), &out);
+  deliver(out);
+}
+
+void Scheduler::abort_all(FinishReason reason, const Status& error) {
+  std::vector<Pending> out;
+  std::vector<Seq*> all;
+  for (Seq* s : running_) all.push_back(s);
+  for (Seq* s : waiting_) all.push_back(s);
+  for (Seq* s : all) finish(s, reason, error, &out);
+  deliver(out);
+}
+
+std::vector<int64_t> Scheduler::delta_for(const Seq& s, int64_t n_tokens) const {
+  std::vector<int64_t> need = exec_.pages_for(s.n_computed + n_tokens);
+  need.resize(pools_.size(), 0);
+  for (size_t p = 0; p < pools_.size(); ++p) need[p] = std::max<int64_t>(0, need[p] - s.reserved[p]);
+  return need;
+}
+
+bool Scheduler::fits(const std::vector<int64_t>& delta, double watermark) const {
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    const int64_t cap = pools_[p].capacity_pages;
+    const int64_t keep = int64_t(watermark * double(cap));
+    if (reserved_total_[p] + delta[p] + keep > cap) return false;
+  }
+  return true;
+}
+
+void Scheduler::reserve(Seq& s, const std::vector<int64_t>& delta) {
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    s.reserved[p] += delta[p];
+    reserved_total_[p] += delta[p];
+  }
+}
+
+void Scheduler::preempt(Seq* s) {
+  release(*s);
+  remove_running(s);
+  waiting_.push_front(s);
+  ++s->n_preemptions;
+  ++counters_.preemptions_total;
+  V4_LOG_INFO("preempted request {}{}{} ({} tokens, {} generated): out of pages; it will be "
+              "recomputed",
+              s->id, s->req.tag.empty() ? "" : " ", s->req.tag, s->tokens.size(),
+              s->n_generated);
+}
+
+Status Scheduler::step() {
+  last_step_ = StepRecord{};
+  struct Planned {
+    Seq* s;
+    int64_t n;
+    bool decode;
+  };
+  std::vector<Planned> plan;
+  std::vector<Pending> pending;
+  int64_t budget = config_.chunked_prefill_size;
+  bool preempted = false;
+
+  // 1. Running requests, in admission order.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Seq* s = running_[i];
+    const int64_t need = int64_t(s->tokens.size()) - s->n_computed;
+    const int64_t n = std::min(need, budget);
+    auto delta = delta_for(*s, n);
+    bool self_preempted = false;
+    while (!fits(delta, 0.0)) {
+      Seq* victim = running_.back();
+      preempt(victim);
+      preempted = true;
+      ++last_step_.n_preempted;
+      if (victim == s) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    reserve(*s, delta);
+    const bool decode = s->n_generated > 0 && need == 1;
+    plan.push_back({s, n, decode});
+    budget -= n;
+    ++i;
+  }
+
+  // 2. Waiting requests, FCFS.
+  while (!preempted && !waiting_.empty() && budget > 0 &&
+         int64_t(running_.size()) < config_.max_running_requests) {
+    Seq* s = waiting_.front();
+    const int64_t need = int64_t(s->tokens.size()) - s->n_computed;
+    const int64_t n = std::min(need, budget);
+    auto delta = delta_for(*s, n);
+    const double wm = running_.empty() ? 0.0 : config_.admission_watermark;
+    if (!fits(delta, wm)) {
+      if (running_.empty()) {
+        // Nothing holds pages the scheduler could wait for: refuse instead of parking forever.
+        finish(s, FinishReason::kError,
+               make_error(ErrorCode::kResourceExhausted,
+                          "request {} cannot be scheduled even with nothing else running "
+                          "(its first {} tokens do not fit the pools)",
+                          s->id, n),
+               &pending);
+        continue;
+      }
+      if (!s->logged_wait) {
+        s->logged_wait = true;
+        std::string why;
+        for (size_t p = 0; p < pools_.size(); ++p)
+          why += fmt::format("{}{} {}/{} used, needs {}", p ? "; " : "", pools_[p].name,
+                             reserved_total_[p], pools_[p].capacity_pages, delta[p]);
+        V4_LOG_INFO("request {}{}{} waits for memory ({} running): {}", s->id,
+                    s->req.tag.empty() ? "" : " ", s->req.tag, running_.size(), why);
+      }
+      break;
+    }
+    auto seq = exec_.create_sequence();
+    if (!seq.ok()) {
+      if (running_.empty()) {
+        finish(s, FinishReason::kError, seq.status(), &pending);
+        continue;
+      }
+      break;  // wait for a sequence slot
+    }
+    s->exec_seq = *seq;
+    waiting_.pop_front();
+    running_.push_back(s);
+    reserve(*s, delta);
+    plan.push_back({s, n, false});
+    budget -= n;
+  }
+
+  if (plan.empty()) {
+    deliver(pending);
+    return Status::Ok();
+  }
+
+  // 3. Run.
+  model::ForwardBatch batch;
+  batch.slices.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    auto& sl = batch.slices[i];
+    const Seq& s = *plan[i].s;
+    sl.seq = s.exec_seq;
+    sl.start_pos = s.n_computed;
+    sl.tokens.assign(s.tokens.begin() + s.n_computed, s.tokens.begin() + s.n_computed + plan[i].n);
+    last_step_.n_tokens += plan[i].n;
+    if (plan[i].decode) ++last_step_.n_decode_rows;
+  }
+  last_step_.n_slices = int32_t(plan.size());
+  ++counters_.steps_total;
+  auto fwd = exec_.forward(batch);
+  if (!fwd.ok()) {
+    V4_LOG_ERROR("step failed ({} sequences, {} tokens): {}", plan.size(), last_step_.n_tokens,
+                 fwd.status().to_string());
+    for (auto& pl : plan) finish(pl.s, FinishReason::kError, fwd.status(), &pending);
+    deliver(pending);
+    return fwd.status();
+  }
+  const model::ForwardOutput& out = *fwd;
+
+  // 4. Sample the rows whose sequence is fully computed (parallel over rows; each row's draw
+  //    depends only on its own logits, seed and step index).
+  std::vector<size_t> sample_rows;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq& s = *plan[i].s;
+    s.n_computed += plan[i].n;
+    if (!plan[i].decode) counters_.prompt_tokens_total += plan[i].n;
+    if (s.n_computed == int64_t(s.tokens.size())) sample_rows.push_back(i);
+  }
+  std::vector<int32_t> sampled(sample_rows.size());
+  std::vector<TokenLogprobs> lps(sample_rows.size());
+  const int64_t vocab = out.vocab;
+  ThreadPool::global().parallel_for(
+      int64_t(sample_rows.size()),
+      [&](int64_t b, int64_t e) {
+        std::vector<float> scratch;
+        std::vector<int32_t> scratch_idx;
+        for (int64_t k = b; k < e; ++k) {
+          const size_t i = sample_rows[size_t(k)];
+          const Seq& s = *plan[i].s;
+          const float* row = out.logits.data() + (out.row_begin[i + 1] - 1) * vocab;
+          sampled[size_t(k)] = sample_token(row, vocab, s.req.sampling, s.seed, s.n_generated,
+                                            s.penalties, &lps[size_t(k)], &scratch, &scratch_idx);
+        }
+      },
+      1);
+
+  // 5. Append, check stops, emit.
+  const Clock::time_point now = Clock::now();
+  std::vector<Seq*> done;
+  std::vector<FinishReason> done_reason;
+  for (size_t k = 0; k < sample_rows.size(); ++k) {
+    Seq& s = *plan[sample_rows[k]].s;
+    const int32_t tok = sampled[k];
+    const SamplingParams& sp = s.req.sampling;
+    s.tokens.push_back(tok);
+    ++s.n_generated;
+    ++counters_.generation_tokens_total;
+    ++s.penalties.output_counts[tok];
+    if (s.n_generated == 1) s.first_token = now;
+    FinishReason reason = FinishReason::kNone;
+    if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) !=
+        sp.stop_token_ids.end())
+      reason = FinishReason::kStop;
+    else if (!sp.ignore_eos && std::find(config_.eos_token_ids.begin(),
+                                         config_.eos_token_ids.end(),
+                                         tok) != config_.eos_token_ids.end())
+      reason = FinishReason::kStop;
+    else if (s.n_generated >= sp.max_tokens || int64_t(s.tokens.size()) >= exec_.max_context())
+      reason = FinishReason::kLength;
+    if (reason != FinishReason::kNone) {
+      done.push_back(&s);
+      done_reason.push_back(reason);
+      continue;
+    }
+    Pending p;
+    p.cb = s.cb;
+    p.out = make_output(s);
+    p.out.now = now;
+    p.out.new_tokens.push_back(tok);
+    if (sp.logprobs) p.out.logprobs.push_back(std::move(lps[k]));
+    pending.push_back(std::move(p));
+  }
+  last_step_.n_sampled = int32_t(sample_rows.size());
+  // Finished requests: their final output carries the last token.
+  for (size_t d = 0; d < done.size(); ++d) {
+    Seq* s = done[d];
+    const int32_t tok = s->tokens.back();
+    size_t k = 0;
+    while (plan[sample_rows[k]].s != s) ++k;
+    const bool want_lp = s->req.sampling.logprobs;
+    finish(s, done_reason[d], Status::Ok(), &pending);
+    pending.back().out.new_tokens.push_back(tok);
+    pending.back().out.now = now;
+    if (want_lp) pending.back().out.logprobs.push_back(std::move(lps[k]));
+  }
+  deliver(pending);
+  return Status::Ok();
+}
+
+}  // namespace v4::engine
