@@ -1,0 +1,33 @@
+#include "text/detokenizer.h"
+
+namespace v4::text {
+
+Detokenizer::Detokenizer(Tokenizer tokenizer, DetokenizerOptions options)
+    : tok_(std::move(tokenizer)), opt_(options) {}
+
+std::string Detokenizer::drain(bool final) {
+  // Emit everything except a trailing sequence that may still become a valid character.
+  size_t keep_from = final ? pending_.size() : utf8_complete_prefix(pending_);
+  std::string out;
+  append_utf8_lossy(std::string_view(pending_).substr(0, keep_from), out);
+  pending_.erase(0, keep_from);
+  return out;
+}
+
+std::string Detokenizer::push(TokenId id) {
+  if (opt_.skip_special_tokens && tok_.is_special(id)) return {};
+  pending_ += tok_.token_bytes(id);
+  return drain(false);
+}
+
+std::string Detokenizer::push(std::span<const TokenId> ids) {
+  for (TokenId id : ids) {
+    if (opt_.skip_special_tokens && tok_.is_special(id)) continue;
+    pending_ += tok_.token_bytes(id);
+  }
+  return drain(false);
+}
+
+std::string Detokenizer::finish() { return drain(true); }
+
+}  // namespace v4::text
