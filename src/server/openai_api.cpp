@@ -1,0 +1,882 @@
+#include "server/openai_api.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include "base/log.h"
+#include "text/detokenizer.h"
+#include "text/output_parser.h"
+
+namespace v4::server {
+
+using engine::Clock;
+
+namespace {
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  uint64_t x = salt + 0x9E3779B97F4A7C15ull * (++counter);
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return fmt::format("{}{:016x}", prefix, x);
+}
+
+int64_t unix_now() { return int64_t(std::time(nullptr)); }
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+ApiError api_error(int status, std::string message, std::string type, std::string code = "",
+                   std::string param = "") {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.param = std::move(param);
+  return e;
+}
+
+ApiError from_status(const Status& s, const std::string& param = "") {
+  switch (s.code()) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kCorruptData:
+      return api_error(400, s.message(), "invalid_request_error", "", param);
+    case ErrorCode::kNotFound:
+      return api_error(404, s.message(), "invalid_request_error", "not_found", param);
+    case ErrorCode::kUnsupported:
+      return api_error(400, s.message(), "invalid_request_error", "unsupported", param);
+    case ErrorCode::kResourceExhausted:
+      return api_error(503, s.message(), "server_overloaded", "resource_exhausted");
+    default:
+      return api_error(500, s.message(), "server_error", "internal_error");
+  }
+}
+
+Json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+  Json u = Json::object();
+  u["prompt_tokens"] = prompt;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = prompt + completion;
+  Json d = Json::object();
+  d["cached_tokens"] = cached;
+  u["prompt_tokens_details"] = d;
+  return u;
+}
+
+Json bytes_json(const std::string& b) {
+  Json a = Json::array();
+  for (unsigned char c : b) a.push_back(int(c));
+  return a;
+}
+
+}  // namespace
+
+std::string map_reasoning_effort(const std::string& e, text::EffortProfile profile) {
+  if (profile == text::EffortProfile::kPreview) {
+    if (e == "xhigh" || e == "max") return "max";
+    return "high";
+  }
+  if (e == "minimal" || e == "low") return "low";
+  if (e == "medium" || e == "high") return "high";
+  return "max";
+}
+
+bool check_bearer(const std::string& authorization, const std::string& api_key) {
+  std::string expected = "Bearer " + api_key;
+  // Constant time in the length of the expected value.
+  unsigned diff = authorization.size() != expected.size() ? 1u : 0u;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    char a = i < authorization.size() ? authorization[i] : 0;
+    diff |= unsigned(a ^ expected[i]);
+  }
+  return diff == 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// One chat/completions request in flight: n choices (x prompts), each an engine request.
+
+struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
+  struct Choice {
+    int index = 0;
+    engine::RequestId id = 0;
+    bool submitted = false;
+    bool finished = false;
+    std::optional<text::Detokenizer> detok;
+    std::optional<StopMatcher> stop;
+    std::optional<text::OutputParser> parser;  // chat only
+    text::ParsedMessage msg;                   // chat, non-streaming
+    std::string text;                          // completions text (non-streaming)
+    int64_t text_len = 0;                      // bytes of text emitted so far
+    Json lp_items = Json::array();             // chat logprobs.content items (non-streaming)
+    Json cmp_tokens = Json::array(), cmp_lps = Json::array(), cmp_top = Json::array(),
+         cmp_offsets = Json::array();          // completions logprobs (non-streaming)
+    int64_t prompt_tokens = 0;
+    int64_t completion_tokens = 0;
+    int64_t cached_tokens = 0;
+    std::string finish_reason;
+    std::string error;
+    Clock::time_point arrival, first_token, last_token;
+    bool have_first = false;
+    bool role_sent = false;
+    std::string echo_text;  // completions echo
+  };
+
+  OpenAiApi* api = nullptr;
+  std::shared_ptr<ResponseWriter> w;
+  GenerateRequest req;
+  bool chat = true;
+  std::string id;
+  int64_t created = 0;
+  std::string endpoint;
+  std::mutex mu;
+  std::vector<Choice> choices;
+  bool started = false;  // HTTP response (stream) started; before that, chunks are buffered
+  bool failed = false;
+  bool done = false;
+  bool cancelled = false;
+  std::vector<std::string> pending;  // SSE chunks produced before `started`
+  int n_finished = 0;
+  Clock::time_point t_arrival = Clock::now();
+
+  void emit(std::string chunk) {
+    if (!started) {
+      pending.push_back(std::move(chunk));
+    } else {
+      w->write(std::move(chunk));
+    }
+  }
+
+  Json chunk_base() const {
+    Json c = Json::object();
+    c["id"] = id;
+    c["object"] = chat ? "chat.completion.chunk" : "text_completion";
+    c["created"] = created;
+    c["model"] = api->cfg_.served_model_name;
+    return c;
+  }
+
+  std::string token_text(int32_t t) const {
+    int32_t ids[1] = {t};
+    return api->tok_.decode(std::span<const int32_t>(ids, 1), false);
+  }
+
+  Json chat_lp_item(const engine::TokenLogprobs& lp) const {
+    Json item = Json::object();
+    item["token"] = token_text(lp.token);
+    item["logprob"] = lp.logprob;
+    item["bytes"] = bytes_json(api->tok_.token_bytes(lp.token));
+    Json top = Json::array();
+    for (auto& c : lp.top) {
+      if (int(top.size()) >= req.top_logprobs) break;
+      Json t = Json::object();
+      t["token"] = token_text(c.token);
+      t["logprob"] = c.logprob;
+      t["bytes"] = bytes_json(api->tok_.token_bytes(c.token));
+      top.push_back(std::move(t));
+    }
+    item["top_logprobs"] = std::move(top);
+    return item;
+  }
+
+  // Folds parser events into a streaming delta (chat).
+  static void add_events(const std::vector<text::ParserEvent>& evs, Json* delta, Choice& c,
+                         bool streaming) {
+    std::string content, reasoning;
+    Json calls = Json::array();
+    for (auto& e : evs) {
+      switch (e.kind) {
+        case text::ParserEvent::Kind::kContentDelta: content += e.text; break;
+        case text::ParserEvent::Kind::kReasoningDelta: reasoning += e.text; break;
+        case text::ParserEvent::Kind::kToolCallBegin: {
+          Json tc = Json::object();
+          tc["index"] = e.index;
+          tc["id"] = e.id;
+          tc["type"] = "function";
+          Json fn = Json::object();
+          fn["name"] = e.name;
+          fn["arguments"] = "";
+          tc["function"] = fn;
+          calls.push_back(std::move(tc));
+          break;
+        }
+        case text::ParserEvent::Kind::kToolCallArgs: {
+          Json tc = Json::object();
+          tc["index"] = e.index;
+          Json fn = Json::object();
+          fn["arguments"] = e.text;
+          tc["function"] = fn;
+          calls.push_back(std::move(tc));
+          break;
+        }
+        case text::ParserEvent::Kind::kToolCallEnd: break;
+      }
+    }
+    if (!streaming) {
+      text::OutputParser::apply(evs, c.msg);
+      return;
+    }
+    if (!reasoning.empty()) (*delta)["reasoning_content"] = reasoning;
+    if (!content.empty()) (*delta)["content"] = content;
+    if (!calls.empty()) (*delta)["tool_calls"] = std::move(calls);
+  }
+
+  // Processes one engine output for choice `ci` (scheduler thread, under mu).
+  // Returns engine ids to cancel (stop string hit).
+  void on_output(size_t ci, const engine::StepOutput& out, std::vector<engine::RequestId>* to_cancel) {
+    Choice& c = choices[ci];
+    if (c.finished || failed) return;
+    c.prompt_tokens = out.usage.prompt_tokens;
+    c.cached_tokens = out.usage.cached_tokens;
+    c.arrival = out.arrival_time;
+    if (!out.new_tokens.empty()) {
+      if (!c.have_first) {
+        c.have_first = true;
+        c.first_token = out.first_token_time.time_since_epoch().count() ? out.first_token_time : out.now;
+      } else {
+        api->metrics_.observe_itl(seconds(out.now - c.last_token));
+      }
+      c.last_token = out.now;
+    }
+    const bool streaming = req.stream;
+    std::string text_delta;
+    Json lp_stream = Json::array();
+    Json cmp_tokens = Json::array(), cmp_lps = Json::array(), cmp_top = Json::array(),
+         cmp_off = Json::array();
+    bool stopped = false;
+    for (size_t k = 0; k < out.new_tokens.size(); ++k) {
+      int32_t t = out.new_tokens[k];
+      std::string piece = c.stop->push(c.detok->push(t));
+      c.completion_tokens++;
+      if (req.sampling.logprobs && k < out.logprobs.size()) {
+        const auto& lp = out.logprobs[k];
+        if (chat) {
+          (streaming ? lp_stream : c.lp_items).push_back(chat_lp_item(lp));
+        } else {
+          Json top = Json::object();
+          for (auto& cand : lp.top) {
+            if (int(top.size()) >= req.top_logprobs) break;
+            top[token_text(cand.token)] = cand.logprob;
+          }
+          auto& toks = streaming ? cmp_tokens : c.cmp_tokens;
+          auto& lps = streaming ? cmp_lps : c.cmp_lps;
+          auto& tops = streaming ? cmp_top : c.cmp_top;
+          auto& offs = streaming ? cmp_off : c.cmp_offsets;
+          toks.push_back(token_text(lp.token));
+          lps.push_back(lp.logprob);
+          tops.push_back(req.top_logprobs > 0 ? Json(std::move(top)) : Json(nullptr));
+          offs.push_back(c.text_len + int64_t(text_delta.size()) + int64_t(piece.size()));
+        }
+      }
+      text_delta += piece;
+      if (c.stop->stopped()) {
+        stopped = true;
+        break;
+      }
+    }
+    bool finishing = stopped || out.finished;
+    if (!stopped && out.finished) {
+      text_delta += c.stop->push(c.detok->finish());
+      text_delta += c.stop->flush();
+      if (c.stop->stopped()) stopped = true;
+    }
+
+    Json delta = Json::object();
+    if (chat) {
+      auto evs = c.parser->feed(text_delta);
+      if (finishing) {
+        auto tail = c.parser->finish();
+        evs.insert(evs.end(), tail.begin(), tail.end());
+      }
+      add_events(evs, &delta, c, streaming);
+    } else if (!streaming) {
+      c.text += text_delta;
+    }
+    c.text_len += int64_t(text_delta.size());
+
+    if (finishing) {
+      c.finished = true;
+      n_finished++;
+      if (stopped) {
+        c.finish_reason = "stop";
+        if (!out.finished) to_cancel->push_back(c.id);
+      } else {
+        switch (out.finish_reason) {
+          case engine::FinishReason::kLength: c.finish_reason = "length"; break;
+          case engine::FinishReason::kAbort: c.finish_reason = "abort"; break;
+          case engine::FinishReason::kError:
+            c.finish_reason = "error";
+            c.error = out.error.message();
+            break;
+          default: c.finish_reason = "stop"; break;
+        }
+      }
+      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+      double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
+      double e2e = seconds((c.have_first ? c.last_token : out.now) - c.arrival);
+      api->metrics_.observe_generation(c.prompt_tokens, c.completion_tokens, c.cached_tokens, ttft,
+                                       e2e, c.finish_reason);
+    }
+
+    if (streaming) {
+      bool has_lp = !lp_stream.empty() || !cmp_tokens.empty();
+      if (chat) {
+        bool has_delta = !delta.empty();
+        if (!c.role_sent && (has_delta || has_lp || finishing)) {
+          // First chunk of a choice carries the role.
+          Json first = chunk_base();
+          Json ch = Json::object();
+          ch["index"] = c.index;
+          Json d = Json::object();
+          d["role"] = "assistant";
+          d["content"] = "";
+          ch["delta"] = d;
+          ch["logprobs"] = nullptr;
+          ch["finish_reason"] = nullptr;
+          first["choices"] = Json::array({ch});
+          emit(sse_event(first));
+          c.role_sent = true;
+        }
+        if (has_delta || has_lp || finishing) {
+          Json chunk = chunk_base();
+          Json ch = Json::object();
+          ch["index"] = c.index;
+          ch["delta"] = delta;
+          if (has_lp) {
+            Json l = Json::object();
+            l["content"] = std::move(lp_stream);
+            ch["logprobs"] = std::move(l);
+          } else {
+            ch["logprobs"] = nullptr;
+          }
+          ch["finish_reason"] = finishing ? Json(c.finish_reason) : Json(nullptr);
+          chunk["choices"] = Json::array({ch});
+          if (req.continuous_usage) chunk["usage"] = usage_json(c.prompt_tokens, c.completion_tokens, c.cached_tokens);
+          emit(sse_event(chunk));
+        }
+      } else {
+        std::string txt = text_delta;
+        if (!c.role_sent) {
+          txt = c.echo_text + txt;
+          c.role_sent = true;
+        }
+        if (!txt.empty() || has_lp || finishing) {
+          Json chunk = chunk_base();
+          Json ch = Json::object();
+          ch["index"] = c.index;
+          ch["text"] = txt;
+          if (has_lp) {
+            Json l = Json::object();
+            l["tokens"] = std::move(cmp_tokens);
+            l["token_logprobs"] = std::move(cmp_lps);
+            l["top_logprobs"] = std::move(cmp_top);
+            l["text_offset"] = std::move(cmp_off);
+            ch["logprobs"] = std::move(l);
+          } else {
+            ch["logprobs"] = nullptr;
+          }
+          ch["finish_reason"] = finishing ? Json(c.finish_reason) : Json(nullptr);
+          chunk["choices"] = Json::array({ch});
+          if (req.continuous_usage) chunk["usage"] = usage_json(c.prompt_tokens, c.completion_tokens, c.cached_tokens);
+          emit(sse_event(chunk));
+        }
+      }
+      if (finishing && c.finish_reason == "error") {
+        ApiError e = api_error(500, "generation failed: " + c.error, "server_error", "internal_error");
+        emit(sse_event(Json::parse(error_body(e))));
+      }
+    }
+    if (n_finished == int(choices.size())) finish_all();
+  }
+
+  // Prompt tokens are counted once per prompt (OpenAI semantics for n > 1).
+  void totals(int64_t* prompt, int64_t* completion, int64_t* cached) const {
+    *prompt = *completion = *cached = 0;
+    int n = std::max(1, req.n);
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (int(i) % n == 0) {
+        *prompt += choices[i].prompt_tokens;
+        *cached += choices[i].cached_tokens;
+      }
+      *completion += choices[i].completion_tokens;
+    }
+  }
+
+  void finish_all() {
+    if (done) return;
+    done = true;
+    int64_t prompt, completion, cached;
+    totals(&prompt, &completion, &cached);
+    double ttft_ms = -1;
+    for (auto& c : choices) {
+      if (c.have_first) {
+        double t = seconds(c.first_token - c.arrival) * 1000.0;
+        ttft_ms = ttft_ms < 0 ? t : std::min(ttft_ms, t);
+      }
+    }
+    w->set_log_info(fmt::format("id={} prompt_tokens={} completion_tokens={} cached_tokens={} ttft={:.1f}ms finish={}",
+                                id, prompt, completion, cached, ttft_ms,
+                                choices.empty() ? "" : choices[0].finish_reason));
+    if (req.stream) {
+      if (req.include_usage) {
+        Json chunk = chunk_base();
+        chunk["choices"] = Json::array();
+        chunk["usage"] = usage_json(prompt, completion, cached);
+        emit(sse_event(chunk));
+      }
+      emit(sse_done());
+      if (started) w->end();
+      api->metrics_.count_request(endpoint, 200);
+      return;
+    }
+    if (!started) return;  // handler thread sends the response once all submits are done
+    send_final();
+  }
+
+  void send_final() {
+    for (auto& c : choices) {
+      if (c.finish_reason == "error") {
+        ApiError e = api_error(500, "generation failed: " + c.error, "server_error", "internal_error");
+        api->metrics_.count_request(endpoint, 500);
+        w->respond(500, "application/json", error_body(e));
+        return;
+      }
+    }
+    int64_t prompt, completion, cached;
+    totals(&prompt, &completion, &cached);
+    Json body = Json::object();
+    body["id"] = id;
+    body["object"] = chat ? "chat.completion" : "text_completion";
+    body["created"] = created;
+    body["model"] = api->cfg_.served_model_name;
+    Json arr = Json::array();
+    for (auto& c : choices) {
+      Json ch = Json::object();
+      ch["index"] = c.index;
+      if (chat) {
+        Json m = Json::object();
+        m["role"] = "assistant";
+        m["content"] = c.msg.content.empty() && !c.msg.tool_calls.empty() ? Json(nullptr) : Json(c.msg.content);
+        m["reasoning_content"] = c.msg.reasoning_content.empty() ? Json(nullptr) : Json(c.msg.reasoning_content);
+        if (!c.msg.tool_calls.empty()) {
+          Json calls = Json::array();
+          for (auto& tc : c.msg.tool_calls) {
+            Json j = Json::object();
+            j["id"] = tc.id;
+            j["type"] = "function";
+            Json fn = Json::object();
+            fn["name"] = tc.name;
+            fn["arguments"] = tc.arguments;
+            j["function"] = fn;
+            calls.push_back(std::move(j));
+          }
+          m["tool_calls"] = std::move(calls);
+        }
+        ch["message"] = std::move(m);
+        if (req.sampling.logprobs) {
+          Json l = Json::object();
+          l["content"] = std::move(c.lp_items);
+          ch["logprobs"] = std::move(l);
+        } else {
+          ch["logprobs"] = nullptr;
+        }
+      } else {
+        ch["text"] = c.echo_text + c.text;
+        if (req.sampling.logprobs) {
+          Json l = Json::object();
+          if (!c.echo_text.empty()) {
+            for (auto& o : c.cmp_offsets) o = o.get<int64_t>() + int64_t(c.echo_text.size());
+          }
+          l["tokens"] = std::move(c.cmp_tokens);
+          l["token_logprobs"] = std::move(c.cmp_lps);
+          l["top_logprobs"] = std::move(c.cmp_top);
+          l["text_offset"] = std::move(c.cmp_offsets);
+          ch["logprobs"] = std::move(l);
+        } else {
+          ch["logprobs"] = nullptr;
+        }
+      }
+      ch["finish_reason"] = c.finish_reason;
+      arr.push_back(std::move(ch));
+    }
+    body["choices"] = std::move(arr);
+    body["usage"] = usage_json(prompt, completion, cached);
+    api->metrics_.count_request(endpoint, 200);
+    w->respond(200, "application/json", dump_json(body));
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+
+OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfig config)
+    : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)) {
+  limits_.max_context = engine_->max_context();
+  limits_.vocab_size = engine_->vocab_size();
+}
+
+OpenAiApi::~OpenAiApi() = default;
+
+void OpenAiApi::set_connection_counter(std::function<int64_t()> fn) { connections_ = std::move(fn); }
+
+void OpenAiApi::send_error(const HttpRequest& req, ResponseWriter& w, const ApiError& e) {
+  metrics_.count_request(req.path, e.status);
+  w.set_log_info("error=\"" + e.message.substr(0, 200) + "\"");
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (e.status == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
+  w.respond(e.status, "application/json", error_body(e), std::move(extra));
+}
+
+void OpenAiApi::send_json(const HttpRequest& req, ResponseWriter& w, int status, const Json& body) {
+  metrics_.count_request(req.path, status);
+  w.respond(status, "application/json", dump_json(body));
+}
+
+bool OpenAiApi::check_model(const std::string& model, ApiError* err) const {
+  if (model.empty() || model == cfg_.served_model_name) return true;
+  for (auto& a : cfg_.model_aliases) {
+    if (model == a) return true;
+  }
+  *err = api_error(404, fmt::format("The model '{}' does not exist; this server serves '{}'", model,
+                                    cfg_.served_model_name),
+                   "invalid_request_error", "model_not_found", "model");
+  return false;
+}
+
+void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
+  struct Route {
+    const char* path;
+    const char* method;
+  };
+  static const Route kRoutes[] = {
+      {"/health", "GET"},         {"/health", "HEAD"},         {"/metrics", "GET"},
+      {"/v1/models", "GET"},      {"/v1/chat/completions", "POST"},
+      {"/v1/completions", "POST"}, {"/tokenize", "POST"},      {"/detokenize", "POST"},
+      {"/v1/tokenize", "POST"},   {"/v1/detokenize", "POST"},  {"/", "GET"},
+  };
+  std::string path = req.path;
+  if (path.size() > 1 && path.back() == '/') path.pop_back();
+  bool model_path = path.rfind("/v1/models/", 0) == 0;
+  bool known = model_path;
+  bool method_ok = model_path && req.method == "GET";
+  std::string allow;
+  for (auto& r : kRoutes) {
+    if (path == r.path) {
+      known = true;
+      if (req.method == r.method) method_ok = true;
+      allow += allow.empty() ? r.method : std::string(", ") + r.method;
+    }
+  }
+  if (!known) {
+    send_error(req, *w, api_error(404, fmt::format("no route for {} {}", req.method, req.path),
+                                  "invalid_request_error", "not_found"));
+    return;
+  }
+  if (!method_ok) {
+    ApiError e = api_error(405, fmt::format("method {} is not allowed for {}; use {}", req.method,
+                                            req.path, allow),
+                           "invalid_request_error", "method_not_allowed");
+    metrics_.count_request(req.path, 405);
+    w->respond(405, "application/json", error_body(e), {{"Allow", allow.empty() ? "GET" : allow}});
+    return;
+  }
+  if (path == "/health" || path == "/") {
+    metrics_.count_request(path, 200);
+    w->respond(200, "application/json", R"({"status":"ok"})");
+    return;
+  }
+  if (path == "/metrics") {
+    metrics_.count_request(path, 200);
+    std::string text = metrics_.render(engine_->stats(), connections_ ? connections_() : 0,
+                                       cfg_.served_model_name);
+    w->respond(200, "text/plain; version=0.0.4; charset=utf-8", std::move(text));
+    return;
+  }
+  if (!cfg_.api_key.empty() && !check_bearer(req.header("authorization"), cfg_.api_key)) {
+    send_error(req, *w, api_error(401, "Incorrect or missing API key; send 'Authorization: Bearer <key>'",
+                                  "invalid_request_error", "invalid_api_key"));
+    return;
+  }
+  req.path = path;
+  if (path == "/v1/models" || model_path) {
+    handle_models(req, *w);
+  } else if (path == "/tokenize" || path == "/v1/tokenize") {
+    handle_tokenize(req, *w);
+  } else if (path == "/detokenize" || path == "/v1/detokenize") {
+    handle_detokenize(req, *w);
+  } else {
+    handle_generate(req, std::move(w), path == "/v1/chat/completions");
+  }
+}
+
+void OpenAiApi::handle_models(const HttpRequest& req, ResponseWriter& w) {
+  Json m = Json::object();
+  m["id"] = cfg_.served_model_name;
+  m["object"] = "model";
+  m["created"] = unix_now();
+  m["owned_by"] = "v4serve";
+  m["root"] = cfg_.served_model_name;
+  m["max_model_len"] = engine_->max_context();
+  if (req.path.rfind("/v1/models/", 0) == 0) {
+    std::string name = req.path.substr(std::string("/v1/models/").size());
+    ApiError err;
+    if (name.empty() || !check_model(name, &err)) {
+      if (name.empty()) err = api_error(404, "model name missing", "invalid_request_error", "model_not_found");
+      send_error(req, w, err);
+      return;
+    }
+    send_json(req, w, 200, m);
+    return;
+  }
+  Json body = Json::object();
+  body["object"] = "list";
+  body["data"] = Json::array({m});
+  send_json(req, w, 200, body);
+}
+
+bool OpenAiApi::encode_chat(const GenerateRequest& r, std::vector<int32_t>* tokens, ApiError* err) const {
+  text::ChatOptions opt;
+  opt.thinking_mode = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
+  opt.effort_profile = cfg_.effort_profile;
+  if (r.reasoning_effort) opt.reasoning_effort = map_reasoning_effort(*r.reasoning_effort, cfg_.effort_profile);
+  opt.add_generation_prompt = r.add_generation_prompt;
+  opt.accept_object_arguments = true;
+  Json tools = r.tool_choice == "none" ? Json() : r.tools;
+  auto res = text::ChatEncoder::encode(tok_, r.messages, tools, opt);
+  if (!res.ok()) {
+    *err = bad_request(res.status().message(), "messages");
+    return false;
+  }
+  *tokens = std::move(res.value());
+  return true;
+}
+
+void OpenAiApi::handle_tokenize(const HttpRequest& req, ResponseWriter& w) {
+  ApiError err;
+  auto body = parse_json_body(req.body, &err);
+  if (!body.ok()) return send_error(req, w, err);
+  const Json& b = *body;
+  if (b.contains("model") && !b["model"].is_null()) {
+    if (!b["model"].is_string()) return send_error(req, w, bad_request("'model' must be a string", "model"));
+    if (!check_model(b["model"].get<std::string>(), &err)) return send_error(req, w, err);
+  }
+  std::vector<int32_t> tokens;
+  if (b.contains("messages")) {
+    GenerateRequest r;
+    ValidationLimits lim = limits_;
+    if (!parse_chat_request(b, lim, &r, &err)) return send_error(req, w, err);
+    if (!encode_chat(r, &tokens, &err)) return send_error(req, w, err);
+  } else if (b.contains("prompt") && b["prompt"].is_string()) {
+    bool add_special = true;
+    if (b.contains("add_special_tokens")) {
+      if (!b["add_special_tokens"].is_boolean()) return send_error(req, w, bad_request("'add_special_tokens' must be a boolean", "add_special_tokens"));
+      add_special = b["add_special_tokens"].get<bool>();
+    }
+    tokens = tok_.encode(b["prompt"].get<std::string>(), add_special);
+  } else {
+    return send_error(req, w, bad_request("expected 'prompt' (a string) or 'messages' (an array)", "prompt"));
+  }
+  Json out = Json::object();
+  out["count"] = tokens.size();
+  out["max_model_len"] = engine_->max_context();
+  out["tokens"] = tokens;
+  if (b.value("return_token_strs", false)) {
+    Json strs = Json::array();
+    for (auto t : tokens) {
+      auto s = tok_.id_to_token(t);
+      strs.push_back(s ? Json(*s) : Json(nullptr));
+    }
+    out["token_strs"] = std::move(strs);
+  } else {
+    out["token_strs"] = nullptr;
+  }
+  send_json(req, w, 200, out);
+}
+
+void OpenAiApi::handle_detokenize(const HttpRequest& req, ResponseWriter& w) {
+  ApiError err;
+  auto body = parse_json_body(req.body, &err);
+  if (!body.ok()) return send_error(req, w, err);
+  const Json& b = *body;
+  if (b.contains("model") && !b["model"].is_null()) {
+    if (!b["model"].is_string()) return send_error(req, w, bad_request("'model' must be a string", "model"));
+    if (!check_model(b["model"].get<std::string>(), &err)) return send_error(req, w, err);
+  }
+  if (!b.contains("tokens") || !b["tokens"].is_array()) {
+    return send_error(req, w, bad_request("'tokens' must be an array of token ids", "tokens"));
+  }
+  std::vector<int32_t> ids;
+  for (auto& x : b["tokens"]) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= engine_->vocab_size()) {
+      return send_error(req, w, bad_request(fmt::format("'tokens' must be token ids in [0, {})", engine_->vocab_size()), "tokens"));
+    }
+    ids.push_back(int32_t(x.get<int64_t>()));
+  }
+  Json out = Json::object();
+  out["prompt"] = tok_.decode(ids, false);
+  send_json(req, w, 200, out);
+}
+
+void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<ResponseWriter> w, bool chat) {
+  ApiError err;
+  auto body = parse_json_body(hreq.body, &err);
+  if (!body.ok()) return send_error(hreq, *w, err);
+  auto gen = std::make_shared<Generation>();
+  gen->api = this;
+  gen->w = w;
+  gen->chat = chat;
+  gen->endpoint = hreq.path;
+  gen->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  gen->created = unix_now();
+  GenerateRequest& r = gen->req;
+  bool ok = chat ? parse_chat_request(*body, limits_, &r, &err)
+                 : parse_completion_request(*body, limits_, &r, &err);
+  if (!ok) return send_error(hreq, *w, err);
+  if (!check_model(r.model, &err)) return send_error(hreq, *w, err);
+
+  // Prompts -> token ids.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> echo;
+  if (chat) {
+    std::vector<int32_t> t;
+    if (!encode_chat(r, &t, &err)) return send_error(hreq, *w, err);
+    prompts.push_back(std::move(t));
+    echo.emplace_back();
+  } else {
+    for (auto& p : r.prompts) {
+      if (p.text) {
+        prompts.push_back(tok_.encode(*p.text, true));
+        echo.push_back(r.echo ? *p.text : std::string());
+      } else {
+        prompts.push_back(p.token_ids);
+        echo.push_back(r.echo ? tok_.decode(p.token_ids, false) : std::string());
+      }
+    }
+  }
+  const int64_t ctx = engine_->max_context();
+  int64_t longest = 0;
+  for (auto& p : prompts) {
+    if (p.empty()) return send_error(hreq, *w, bad_request("the prompt is empty after tokenization", chat ? "messages" : "prompt"));
+    longest = std::max<int64_t>(longest, int64_t(p.size()));
+  }
+  if (longest >= ctx || (r.max_tokens && longest + *r.max_tokens > ctx)) {
+    std::string msg = r.max_tokens
+        ? fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion). Please reduce the length of the prompt or of max_tokens.",
+                      ctx, longest + *r.max_tokens, longest, *r.max_tokens)
+        : fmt::format("This model's maximum context length is {} tokens. However, the prompt has {} tokens, leaving no room for the completion.",
+                      ctx, longest);
+    return send_error(hreq, *w, api_error(400, msg, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt"));
+  }
+
+  // Choices.
+  const int n = r.n;
+  gen->choices.resize(prompts.size() * size_t(n));
+  for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    for (int j = 0; j < n; ++j) {
+      auto& c = gen->choices[pi * size_t(n) + size_t(j)];
+      c.index = int(pi) * n + j;
+      text::DetokenizerOptions dopt;
+      dopt.skip_special_tokens = chat ? false : r.skip_special_tokens;
+      c.detok.emplace(tok_, dopt);
+      c.stop.emplace(r.stop, r.include_stop_str_in_output);
+      if (chat) {
+        text::OutputParserOptions popt;
+        popt.start = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
+        popt.id_seed = std::hash<std::string>{}(gen->id) + uint64_t(c.index);
+        c.parser.emplace(popt);
+      }
+      c.echo_text = echo[pi];
+      c.prompt_tokens = int64_t(prompts[pi].size());
+    }
+  }
+
+  // Streaming responses start before the first submit would produce output; nothing is written
+  // until all submits succeeded (chunks are buffered under the lock meanwhile).
+  std::weak_ptr<Generation> weak = gen;
+  engine::Engine* eng = engine_;
+  w->on_close([weak, eng] {
+    auto g = weak.lock();
+    if (!g) return;
+    std::vector<engine::RequestId> ids;
+    {
+      std::lock_guard<std::mutex> lk(g->mu);
+      g->cancelled = true;
+      for (auto& c : g->choices) {
+        if (c.submitted && !c.finished) ids.push_back(c.id);
+      }
+    }
+    for (auto id : ids) eng->cancel(id);
+  });
+
+  Status submit_error;
+  {
+    std::unique_lock<std::mutex> lk(gen->mu);
+    for (size_t ci = 0; ci < gen->choices.size(); ++ci) {
+      size_t pi = ci / size_t(n);
+      engine::Request er;
+      er.prompt_tokens = prompts[pi];
+      er.sampling = r.sampling;
+      if (r.sampling.seed && ci % size_t(n) != 0) er.sampling.seed = *r.sampling.seed + ci % size_t(n);
+      er.tag = gen->id;
+      bool defaulted = !r.max_tokens;
+      er.sampling.max_tokens = r.max_tokens ? *r.max_tokens : ctx - int64_t(prompts[pi].size());
+      auto cb = [gen, ci](const engine::StepOutput& out) {
+        std::vector<engine::RequestId> to_cancel;
+        {
+          std::lock_guard<std::mutex> g(gen->mu);
+          gen->on_output(ci, out, &to_cancel);
+        }
+        for (auto id : to_cancel) gen->api->engine_->cancel(id);
+      };
+      // The callback can run before submit returns; it takes gen->mu, so release it meanwhile.
+      lk.unlock();
+      auto res = engine_->submit(er, cb);
+      // A defaulted max_tokens may exceed a pool's capacity: shrink it until the engine accepts.
+      while (!res.ok() && defaulted && res.status().code() == ErrorCode::kInvalidArgument &&
+             er.sampling.max_tokens > 16) {
+        er.sampling.max_tokens /= 2;
+        res = engine_->submit(er, cb);
+      }
+      lk.lock();
+      if (!res.ok()) {
+        submit_error = res.status();
+        break;
+      }
+      gen->choices[ci].id = *res;
+      gen->choices[ci].submitted = true;
+      if (gen->cancelled) {
+        lk.unlock();
+        engine_->cancel(*res);
+        lk.lock();
+      }
+    }
+    if (!submit_error.ok()) {
+      gen->failed = true;
+      std::vector<engine::RequestId> ids;
+      for (auto& c : gen->choices) {
+        if (c.submitted) ids.push_back(c.id);
+      }
+      lk.unlock();
+      for (auto id : ids) engine_->cancel(id);
+      return send_error(hreq, *w, from_status(submit_error, chat ? "messages" : "prompt"));
+    }
+    // Start the response now.
+    gen->started = true;
+    if (r.stream) {
+      w->start_stream(200, "text/event-stream; charset=utf-8");
+      for (auto& c : gen->pending) w->write(std::move(c));
+      gen->pending.clear();
+      if (gen->done) w->end();
+    } else if (gen->done) {
+      gen->send_final();
+    }
+  }
+}
+
+}  // namespace v4::server

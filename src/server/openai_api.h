@@ -1,0 +1,74 @@
+// The OpenAI-compatible API on top of the engine: routing, auth, /v1/chat/completions,
+// /v1/completions, /v1/models, /tokenize, /detokenize, /health, /metrics.
+// Every request is validated into a typed GenerateRequest (protocol.h), encoded to tokens
+// (text::ChatEncoder / Tokenizer), submitted to the Engine, and its outputs are detokenized,
+// cut at stop strings, parsed into reasoning/content/tool_calls and streamed over SSE or
+// collected into one JSON response. A client that disconnects has its requests cancelled.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/protocol.h"
+#include "text/chat_encoder.h"
+#include "text/tokenizer.h"
+
+namespace v4::server {
+
+/// Static configuration of the API.
+struct ApiConfig {
+  std::string served_model_name = "default";
+  std::vector<std::string> model_aliases;  // other names accepted in "model" (e.g. the path)
+  std::string api_key;                     // "" = no auth
+  text::EffortProfile effort_profile = text::EffortProfile::kPreview;
+  bool default_thinking = false;           // thinking mode when the request says nothing
+};
+
+/// Request handler for HttpServer. Thread-safe; holds no per-connection state.
+class OpenAiApi {
+ public:
+  /// `engine` must outlive the API.
+  OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfig config);
+  ~OpenAiApi();
+
+  /// Dispatches one HTTP request (use as the HttpServer handler).
+  void handle(HttpRequest req, std::shared_ptr<ResponseWriter> w);
+
+  /// For /metrics: a function returning the open HTTP connections.
+  void set_connection_counter(std::function<int64_t()> fn);
+
+  Metrics& metrics() { return metrics_; }
+  const ApiConfig& config() const { return cfg_; }
+
+  struct Generation;  // one chat/completions request in flight (openai_api.cpp)
+
+ private:
+  void send_error(const HttpRequest& req, ResponseWriter& w, const ApiError& e);
+  void send_json(const HttpRequest& req, ResponseWriter& w, int status, const Json& body);
+  void handle_models(const HttpRequest& req, ResponseWriter& w);
+  void handle_tokenize(const HttpRequest& req, ResponseWriter& w);
+  void handle_detokenize(const HttpRequest& req, ResponseWriter& w);
+  void handle_generate(const HttpRequest& req, std::shared_ptr<ResponseWriter> w, bool chat);
+  bool check_model(const std::string& model, ApiError* err) const;
+  /// Encodes a chat request to prompt tokens; false + err on a bad conversation.
+  bool encode_chat(const GenerateRequest& r, std::vector<int32_t>* tokens, ApiError* err) const;
+
+  engine::Engine* engine_;
+  text::Tokenizer tok_;
+  ApiConfig cfg_;
+  Metrics metrics_;
+  std::function<int64_t()> connections_;
+  ValidationLimits limits_;
+};
+
+/// Maps an OpenAI `reasoning_effort` (minimal/low/medium/high/xhigh/max) to the value the
+/// checkpoint's encoder accepts for `profile`.
+std::string map_reasoning_effort(const std::string& effort, text::EffortProfile profile);
+
+/// Compares an `Authorization` header with the expected bearer key in constant time.
+bool check_bearer(const std::string& authorization, const std::string& api_key);
+
+}  // namespace v4::server

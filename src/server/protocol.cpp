@@ -1,0 +1,569 @@
+#include "server/protocol.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace v4::server {
+
+std::string dump_json(const Json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string error_body(const ApiError& e) {
+  Json err = Json::object();
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
+  err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
+  Json body = Json::object();
+  body["error"] = std::move(err);
+  return dump_json(body);
+}
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+std::string sse_event(const Json& payload) { return "data: " + dump_json(payload) + "\n\n"; }
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + size_t(len) > n) return false;
+    for (int k = 1; k < len; ++k) {
+      unsigned char d = static_cast<unsigned char>(s[i + size_t(k)]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += size_t(len);
+  }
+  return true;
+}
+
+Result<Json> parse_json_body(std::string_view body, ApiError* err) {
+  if (body.empty()) {
+    *err = bad_request("request body is empty; expected a JSON object");
+    return Status(ErrorCode::kInvalidArgument, err->message);
+  }
+  if (!valid_utf8(body)) {
+    *err = bad_request("request body is not valid UTF-8");
+    return Status(ErrorCode::kInvalidArgument, err->message);
+  }
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again with exceptions for the position in the message.
+    std::string what = "malformed JSON";
+    try {
+      (void)Json::parse(body);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    *err = bad_request(fmt::format("request body is not valid JSON: {}", what));
+    return Status(ErrorCode::kInvalidArgument, err->message);
+  }
+  if (!j.is_object()) {
+    *err = bad_request("request body must be a JSON object");
+    return Status(ErrorCode::kInvalidArgument, err->message);
+  }
+  return j;
+}
+
+namespace {
+
+const char* type_name(const Json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number()) return "number";
+  if (v.is_string()) return "string";
+  if (v.is_array()) return "array";
+  return "object";
+}
+
+// Each getter: absent or null -> leave *out unchanged, return true. Wrong type/range -> false.
+struct Reader {
+  const Json& body;
+  ApiError* err;
+
+  const Json* find(const char* key) const {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  bool fail(std::string msg, const char* key) {
+    *err = bad_request(std::move(msg), key);
+    return false;
+  }
+  bool get_bool(const char* key, bool* out) {
+    const Json* v = find(key);
+    if (!v) return true;
+    if (!v->is_boolean()) return fail(fmt::format("'{}' must be a boolean, got {}", key, type_name(*v)), key);
+    *out = v->get<bool>();
+    return true;
+  }
+  bool get_int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+    const Json* v = find(key);
+    if (!v) return true;
+    if (v->is_number_float()) {
+      double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
+        int64_t x = int64_t(d);
+        if (x < lo || x > hi) return range(key, lo, hi, std::to_string(x));
+        *out = x;
+        return true;
+      }
+      return fail(fmt::format("'{}' must be an integer, got {}", key, v->dump()), key);
+    }
+    if (!v->is_number_integer()) return fail(fmt::format("'{}' must be an integer, got {}", key, type_name(*v)), key);
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+      return range(key, lo, hi, v->dump());
+    }
+    int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) return range(key, lo, hi, std::to_string(x));
+    *out = x;
+    return true;
+  }
+  bool range(const char* key, int64_t lo, int64_t hi, const std::string& got) {
+    return fail(fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, got), key);
+  }
+  bool get_number(const char* key, double lo, double hi, bool lo_open, std::optional<double>* out) {
+    const Json* v = find(key);
+    if (!v) return true;
+    if (!v->is_number()) return fail(fmt::format("'{}' must be a number, got {}", key, type_name(*v)), key);
+    double x = v->get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+      return fail(fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[", lo, hi,
+                              v->dump()),
+                  key);
+    }
+    *out = x;
+    return true;
+  }
+  bool get_string(const char* key, std::optional<std::string>* out) {
+    const Json* v = find(key);
+    if (!v) return true;
+    if (!v->is_string()) return fail(fmt::format("'{}' must be a string, got {}", key, type_name(*v)), key);
+    *out = v->get<std::string>();
+    return true;
+  }
+};
+
+// Fields common to chat and completions.
+bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest* r, ApiError* err) {
+  Reader rd{body, err};
+  std::optional<std::string> model;
+  if (!rd.get_string("model", &model)) return false;
+  r->model = model.value_or("");
+
+  // max_tokens / max_completion_tokens (the newer name wins when both are given).
+  std::optional<int64_t> mt, mct;
+  if (!rd.get_int("max_tokens", 1, lim.max_context, &mt)) {
+    err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
+    return false;
+  }
+  if (!rd.get_int("max_completion_tokens", 1, lim.max_context, &mct)) {
+    err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
+    return false;
+  }
+  r->max_tokens = mct ? mct : mt;
+
+  std::optional<int64_t> n;
+  if (!rd.get_int("n", 1, lim.max_n, &n)) return false;
+  r->n = int(n.value_or(1));
+  if (!rd.get_bool("stream", &r->stream)) return false;
+  if (const Json* so = rd.find("stream_options")) {
+    if (!so->is_object()) return rd.fail("'stream_options' must be an object", "stream_options");
+    Reader srd{*so, err};
+    if (!srd.get_bool("include_usage", &r->include_usage)) return false;
+    if (!srd.get_bool("continuous_usage_stats", &r->continuous_usage)) return false;
+    if (!r->stream) {
+      return rd.fail("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    }
+  }
+
+  auto& s = r->sampling;
+  std::optional<double> temperature, top_p, min_p, pp, fp, rp;
+  if (!rd.get_number("temperature", 0.0, 2.0, false, &temperature)) return false;
+  if (!rd.get_number("top_p", 0.0, 1.0, true, &top_p)) return false;
+  if (!rd.get_number("min_p", 0.0, 1.0, false, &min_p)) return false;
+  if (!rd.get_number("presence_penalty", -2.0, 2.0, false, &pp)) return false;
+  if (!rd.get_number("frequency_penalty", -2.0, 2.0, false, &fp)) return false;
+  if (!rd.get_number("repetition_penalty", 0.0, 100.0, true, &rp)) return false;
+  std::optional<int64_t> top_k, seed;
+  if (!rd.get_int("top_k", -1, int64_t(1) << 30, &top_k)) return false;
+  if (!rd.get_int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed)) return false;
+  s.temperature = float(temperature.value_or(1.0));
+  s.top_p = float(top_p.value_or(1.0));
+  s.min_p = float(min_p.value_or(0.0));
+  s.presence_penalty = float(pp.value_or(0.0));
+  s.frequency_penalty = float(fp.value_or(0.0));
+  s.repetition_penalty = float(rp.value_or(1.0));
+  s.top_k = int32_t(top_k.value_or(0) < 0 ? 0 : top_k.value_or(0));
+  if (seed) s.seed = uint64_t(*seed);
+  if (!rd.get_bool("ignore_eos", &s.ignore_eos)) return false;
+  if (!rd.get_bool("skip_special_tokens", &r->skip_special_tokens)) return false;
+  if (!rd.get_bool("include_stop_str_in_output", &r->include_stop_str_in_output)) return false;
+
+  if (const Json* st = rd.find("stop")) {
+    if (st->is_string()) {
+      r->stop.push_back(st->get<std::string>());
+    } else if (st->is_array()) {
+      if (int(st->size()) > lim.max_stop) {
+        return rd.fail(fmt::format("'stop' has {} entries; at most {} are allowed", st->size(), lim.max_stop), "stop");
+      }
+      for (auto& x : *st) {
+        if (!x.is_string()) return rd.fail("'stop' must be a string or an array of strings", "stop");
+        r->stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return rd.fail(fmt::format("'stop' must be a string or an array of strings, got {}", type_name(*st)), "stop");
+    }
+    for (auto& x : r->stop) {
+      if (x.empty()) return rd.fail("'stop' strings must not be empty", "stop");
+    }
+  }
+  if (const Json* st = rd.find("stop_token_ids")) {
+    if (!st->is_array()) return rd.fail("'stop_token_ids' must be an array of integers", "stop_token_ids");
+    for (auto& x : *st) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+          (lim.vocab_size > 0 && x.get<int64_t>() >= lim.vocab_size)) {
+        return rd.fail("'stop_token_ids' must be token ids in the vocabulary", "stop_token_ids");
+      }
+      s.stop_token_ids.push_back(int32_t(x.get<int64_t>()));
+    }
+  }
+  std::optional<std::string> user;
+  if (!rd.get_string("user", &user)) return false;
+  r->user = user.value_or("");
+  return true;
+}
+
+bool parse_token_list(const Json& arr, const ValidationLimits& lim, std::vector<int32_t>* out,
+                      ApiError* err, const char* param) {
+  for (auto& x : arr) {
+    if (!x.is_number_integer()) {
+      *err = bad_request(fmt::format("'{}' token ids must be integers", param), param);
+      return false;
+    }
+    int64_t id = x.get<int64_t>();
+    if (id < 0 || (lim.vocab_size > 0 && id >= lim.vocab_size)) {
+      *err = bad_request(fmt::format("token id {} in '{}' is outside the vocabulary [0, {})", id,
+                                     param, lim.vocab_size),
+                         param);
+      return false;
+    }
+    out->push_back(int32_t(id));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateRequest* r,
+                        ApiError* err) {
+  r->kind = GenerateRequest::Kind::kChat;
+  if (!parse_common(body, lim, r, err)) return false;
+  Reader rd{body, err};
+
+  const Json* msgs = rd.find("messages");
+  if (!msgs) return rd.fail("'messages' is required", "messages");
+  if (!msgs->is_array()) return rd.fail(fmt::format("'messages' must be an array, got {}", type_name(*msgs)), "messages");
+  if (msgs->empty()) return rd.fail("'messages' must contain at least one message", "messages");
+  static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer"};
+  Json messages = Json::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const Json& m = (*msgs)[i];
+    std::string p = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return rd.fail(fmt::format("'{}' must be an object", p), "messages");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return rd.fail(fmt::format("'{}.role' must be a string", p), "messages");
+    std::string rs = role->get<std::string>();
+    if (std::find(std::begin(kRoles), std::end(kRoles), rs) == std::end(kRoles)) {
+      return rd.fail(fmt::format("'{}.role' is '{}'; expected one of system, user, assistant, tool, developer", p, rs), "messages");
+    }
+    Json copy = m;
+    if (rs == "developer") copy["role"] = "system";  // OpenAI developer == system for this model
+    auto content = m.find("content");
+    if (content != m.end() && !content->is_null()) {
+      if (content->is_array()) {
+        for (auto& part : *content) {
+          if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+            return rd.fail(fmt::format("'{}.content' parts must be objects with a 'type'", p), "messages");
+          }
+          if (part["type"] == "text" && (!part.contains("text") || !part["text"].is_string())) {
+            return rd.fail(fmt::format("'{}.content' text parts need a string 'text'", p), "messages");
+          }
+        }
+        if (rs != "user" && rs != "tool") {
+          // The encoder takes strings for these roles: join text parts.
+          std::string joined;
+          for (auto& part : *content) {
+            if (part["type"] == "text") {
+              if (!joined.empty()) joined += "\n\n";
+              joined += part["text"].get<std::string>();
+            }
+          }
+          copy["content"] = joined;
+        }
+      } else if (!content->is_string()) {
+        return rd.fail(fmt::format("'{}.content' must be a string, an array of parts or null", p), "messages");
+      }
+    } else if (rs == "user" || rs == "tool") {
+      if (rs == "user" && content == m.end()) {
+        return rd.fail(fmt::format("'{}.content' is required for a user message", p), "messages");
+      }
+      copy["content"] = "";
+    }
+    if (rs == "assistant") {
+      if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+        if (!tc->is_array()) return rd.fail(fmt::format("'{}.tool_calls' must be an array", p), "messages");
+        for (auto& call : *tc) {
+          if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+              !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+            return rd.fail(fmt::format("'{}.tool_calls' entries need function.name", p), "messages");
+          }
+        }
+      } else if (tc != m.end()) {
+        copy.erase("tool_calls");
+      }
+      if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null() && !rc->is_string()) {
+        return rd.fail(fmt::format("'{}.reasoning_content' must be a string", p), "messages");
+      }
+    }
+    messages.push_back(std::move(copy));
+  }
+  r->messages = std::move(messages);
+
+  if (const Json* tools = rd.find("tools")) {
+    if (!tools->is_array()) return rd.fail("'tools' must be an array", "tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+          !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+        return rd.fail(fmt::format("'tools[{}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", i), "tools");
+      }
+      if (t.contains("type") && t["type"] != "function") {
+        return rd.fail(fmt::format("'tools[{}].type' must be \"function\"", i), "tools");
+      }
+    }
+    if (!tools->empty()) r->tools = *tools;
+  }
+  if (const Json* tc = rd.find("tool_choice")) {
+    if (tc->is_string()) {
+      std::string v = tc->get<std::string>();
+      if (v != "auto" && v != "none" && v != "required") {
+        return rd.fail("'tool_choice' must be \"auto\", \"none\", \"required\" or a named function", "tool_choice");
+      }
+      r->tool_choice = v;
+    } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
+               (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
+      r->tool_choice = (*tc)["function"]["name"].get<std::string>();
+      bool found = false;
+      if (!r->tools.is_null()) {
+        for (auto& t : r->tools) found = found || t["function"]["name"] == r->tool_choice;
+      }
+      if (!found) return rd.fail(fmt::format("'tool_choice' names function '{}' which is not in 'tools'", r->tool_choice), "tool_choice");
+    } else {
+      return rd.fail("'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
+    }
+    if (r->tool_choice != "none" && r->tool_choice != "auto" && r->tools.is_null()) {
+      return rd.fail("'tool_choice' requires 'tools'", "tool_choice");
+    }
+  }
+
+  // Thinking switches: chat_template_kwargs {thinking | enable_thinking}, DeepSeek's
+  // {"thinking": {"type": "enabled"|"disabled"}}, and reasoning_effort (implies thinking unless
+  // "none"). Explicit switches win over reasoning_effort.
+  std::optional<bool> thinking;
+  if (const Json* th = rd.find("thinking")) {
+    if (th->is_boolean()) {
+      thinking = th->get<bool>();
+    } else if (th->is_object() && th->contains("type") && (*th)["type"].is_string()) {
+      std::string t = (*th)["type"].get<std::string>();
+      if (t != "enabled" && t != "disabled") return rd.fail("'thinking.type' must be \"enabled\" or \"disabled\"", "thinking");
+      thinking = t == "enabled";
+    } else {
+      return rd.fail("'thinking' must be a boolean or {\"type\": \"enabled\"|\"disabled\"}", "thinking");
+    }
+  }
+  if (const Json* kw = rd.find("chat_template_kwargs")) {
+    if (!kw->is_object()) return rd.fail("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    for (const char* key : {"thinking", "enable_thinking"}) {
+      if (kw->contains(key) && !(*kw)[key].is_null()) {
+        if (!(*kw)[key].is_boolean()) return rd.fail(fmt::format("'chat_template_kwargs.{}' must be a boolean", key), "chat_template_kwargs");
+        thinking = (*kw)[key].get<bool>();
+      }
+    }
+    if (kw->contains("reasoning_effort") && !(*kw)["reasoning_effort"].is_null()) {
+      if (!(*kw)["reasoning_effort"].is_string()) return rd.fail("'chat_template_kwargs.reasoning_effort' must be a string", "chat_template_kwargs");
+      r->reasoning_effort = (*kw)["reasoning_effort"].get<std::string>();
+    }
+  }
+  std::optional<std::string> effort;
+  if (!rd.get_string("reasoning_effort", &effort)) return false;
+  if (effort) r->reasoning_effort = effort;
+  if (r->reasoning_effort) {
+    static const char* kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+    if (std::find(std::begin(kEfforts), std::end(kEfforts), *r->reasoning_effort) == std::end(kEfforts)) {
+      return rd.fail(fmt::format("'reasoning_effort' is '{}'; expected none, low, medium, high, xhigh or max", *r->reasoning_effort), "reasoning_effort");
+    }
+    if (*r->reasoning_effort == "none") {
+      if (!thinking) thinking = false;
+      r->reasoning_effort.reset();
+    } else if (!thinking) {
+      thinking = true;
+    }
+  }
+  r->thinking = thinking.value_or(false);
+  if (!rd.get_bool("add_generation_prompt", &r->add_generation_prompt)) return false;
+
+  // Logprobs (chat): logprobs bool + top_logprobs 0..20.
+  bool lp = false;
+  if (!rd.get_bool("logprobs", &lp)) return false;
+  std::optional<int64_t> tlp;
+  if (!rd.get_int("top_logprobs", 0, lim.max_top_logprobs, &tlp)) return false;
+  if (tlp && *tlp > 0 && !lp) return rd.fail("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+  r->sampling.logprobs = lp;
+  r->top_logprobs = int(tlp.value_or(0));
+  r->sampling.top_logprobs = r->top_logprobs;
+  return true;
+}
+
+bool parse_completion_request(const Json& body, const ValidationLimits& lim, GenerateRequest* r,
+                              ApiError* err) {
+  r->kind = GenerateRequest::Kind::kCompletion;
+  if (!parse_common(body, lim, r, err)) return false;
+  Reader rd{body, err};
+  const Json* p = rd.find("prompt");
+  if (!p) return rd.fail("'prompt' is required", "prompt");
+  auto bad = [&] {
+    return rd.fail("'prompt' must be a string, an array of strings, an array of token ids or an array of arrays of token ids", "prompt");
+  };
+  if (p->is_string()) {
+    r->prompts.push_back({p->get<std::string>(), {}});
+  } else if (p->is_array()) {
+    if (p->empty()) return rd.fail("'prompt' must not be empty", "prompt");
+    if ((*p)[0].is_number_integer()) {
+      PromptInput in;
+      if (!parse_token_list(*p, lim, &in.token_ids, err, "prompt")) return false;
+      r->prompts.push_back(std::move(in));
+    } else {
+      for (auto& x : *p) {
+        if (x.is_string()) {
+          r->prompts.push_back({x.get<std::string>(), {}});
+        } else if (x.is_array()) {
+          PromptInput in;
+          if (x.empty()) return rd.fail("'prompt' token lists must not be empty", "prompt");
+          if (!parse_token_list(x, lim, &in.token_ids, err, "prompt")) return false;
+          r->prompts.push_back(std::move(in));
+        } else {
+          return bad();
+        }
+      }
+    }
+  } else {
+    return bad();
+  }
+  if (int64_t(r->prompts.size()) * r->n > lim.max_n) {
+    return rd.fail(fmt::format("{} prompts x n={} exceeds {} choices per request", r->prompts.size(), r->n, lim.max_n), "n");
+  }
+  if (!rd.get_bool("echo", &r->echo)) return false;
+  std::optional<std::string> suffix;
+  if (!rd.get_string("suffix", &suffix)) return false;
+  if (suffix && !suffix->empty()) return rd.fail("'suffix' is not supported by this model", "suffix");
+  // Completions logprobs: an integer 0..5 (we allow up to 20): top-n per token.
+  std::optional<int64_t> lp;
+  if (const Json* v = rd.find("logprobs"); v && v->is_boolean()) {
+    if (v->get<bool>()) lp = 0;
+  } else if (!rd.get_int("logprobs", 0, lim.max_top_logprobs, &lp)) {
+    return false;
+  }
+  r->sampling.logprobs = lp.has_value();
+  r->top_logprobs = int(lp.value_or(0));
+  r->sampling.top_logprobs = r->top_logprobs;
+  return true;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : stops_(std::move(stops)), include_stop_(include_stop) {
+  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+}
+
+std::string StopMatcher::push(std::string_view delta) {
+  if (stopped_) return {};
+  if (stops_.empty()) return std::string(delta);
+  held_.append(delta);
+  // Earliest complete match wins (ties: the longest stop string).
+  size_t best = std::string::npos;
+  const std::string* best_stop = nullptr;
+  for (auto& s : stops_) {
+    size_t p = held_.find(s);
+    if (p != std::string::npos &&
+        (p < best || (p == best && best_stop && s.size() > best_stop->size()))) {
+      best = p;
+      best_stop = &s;
+    }
+  }
+  if (best_stop) {
+    stopped_ = true;
+    matched_ = *best_stop;
+    std::string out = held_.substr(0, include_stop_ ? best + best_stop->size() : best);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (auto& s : stops_) {
+    size_t max_k = std::min(s.size() - 1, held_.size());
+    for (size_t k = max_k; k > hold; --k) {
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - hold);
+  held_.erase(0, held_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  if (stopped_) return {};
+  std::string out = std::move(held_);
+  held_.clear();
+  return out;
+}
+
+}  // namespace v4::server

@@ -1,0 +1,123 @@
+// OpenAI-compatible request schemas: JSON body -> typed, validated request (or an OpenAI-style
+// error), plus the small framing helpers (errors, SSE) the HTTP layer writes.
+// Accepted fields and their ranges are listed in docs/server.md.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "text/chat_encoder.h"
+
+namespace v4::server {
+
+using Json = nlohmann::ordered_json;
+
+/// An OpenAI-style error: HTTP status + `{"error": {"message", "type", "param", "code"}}`.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+};
+
+/// `{"error": {...}}` body of `e`.
+std::string error_body(const ApiError& e);
+/// 400 invalid_request_error naming `param`.
+ApiError bad_request(std::string message, std::string param = "", std::string code = "");
+
+/// One SSE event: `data: <json>\n\n` (invalid UTF-8 in strings replaced by U+FFFD).
+std::string sse_event(const Json& payload);
+/// The terminating SSE event: `data: [DONE]\n\n`.
+std::string sse_done();
+/// Compact JSON text with invalid UTF-8 replaced (never throws).
+std::string dump_json(const Json& j);
+
+/// A prompt given either as text or as token ids (completions / tokenize).
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> token_ids;  // used when !text
+};
+
+/// What the chat or completions endpoint asked for, validated. Sampling values are already in
+/// engine units; `max_tokens` is nullopt when the client did not set it (server fills it with the
+/// context left after the prompt).
+struct GenerateRequest {
+  enum class Kind { kChat, kCompletion };
+  Kind kind = Kind::kChat;
+  std::string model;  // "" = not given
+  // chat
+  Json messages = Json::array();
+  Json tools;          // null or array of {"type": "function", "function": {...}}
+  std::string tool_choice = "auto";  // "auto" | "none" | "required" | function name
+  bool thinking = false;             // chat_template_kwargs.thinking / enable_thinking / thinking.type
+  std::optional<std::string> reasoning_effort;
+  bool add_generation_prompt = true;
+  // completions
+  std::vector<PromptInput> prompts;  // one choice group per prompt
+  bool echo = false;
+  std::string suffix;
+  // both
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;         // stream_options.include_usage
+  bool continuous_usage = false;      // stream_options.continuous_usage_stats (vLLM)
+  std::optional<int64_t> max_tokens;  // max_tokens / max_completion_tokens
+  engine::SamplingParams sampling;    // max_tokens filled later
+  std::vector<std::string> stop;      // stop strings (text level)
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;    // completions text (chat always parses special markers)
+  int top_logprobs = 0;               // with sampling.logprobs
+  std::string user;
+};
+
+/// Limits used by validation.
+struct ValidationLimits {
+  int64_t max_context = 1 << 20;  // tokens
+  int64_t vocab_size = 0;         // for token-id prompts; 0 = unchecked
+  int max_n = 128;
+  int max_stop = 64;
+  int max_top_logprobs = 20;
+};
+
+/// Parses the body text as JSON (an object). Errors: 400 on bad JSON / invalid UTF-8 / non-object.
+Result<Json> parse_json_body(std::string_view body, ApiError* err);
+
+/// Validates a /v1/chat/completions body. Returns false and fills `err` on a bad request.
+bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateRequest* out,
+                        ApiError* err);
+/// Validates a /v1/completions body. Returns false and fills `err` on a bad request.
+bool parse_completion_request(const Json& body, const ValidationLimits& lim, GenerateRequest* out,
+                              ApiError* err);
+
+/// Text-level stop strings over a stream of text deltas: returns the text that is safe to emit
+/// (never any byte of a stop string or past it; a suffix that may start a stop string is held
+/// back until it is decided, across any number of deltas).
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops, bool include_stop = false);
+  /// Appends `delta`; returns the newly safe text. After a match, `stopped()` is true and the
+  /// returned text ends right before the stop string (or after it with include_stop).
+  std::string push(std::string_view delta);
+  /// End of stream: returns the held-back text (nothing if stopped).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+  /// The stop string that matched ("" if none).
+  const std::string& matched() const { return matched_; }
+
+ private:
+  std::vector<std::string> stops_;
+  bool include_stop_;
+  std::string held_;
+  bool stopped_ = false;
+  std::string matched_;
+};
+
+/// True when `s` is valid UTF-8.
+bool valid_utf8(std::string_view s);
+
+}  // namespace v4::server
