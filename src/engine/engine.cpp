@@ -186,7 +186,7 @@ Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
   Status st = Scheduler::check_request(*impl_->exec, request);
   if (!st.ok()) {
     ++impl_->rejected;
-    V4_LOG_WARN("rejected request{}{}: {}", request.tag.empty() ? "" : " ", request.tag,
+    V4_LOG_DEBUG("rejected request{}{}: {}", request.tag.empty() ? "" : " ", request.tag,
                 st.message());
     return st;
   }
@@ -227,8 +227,13 @@ void Engine::cancel(RequestId id) {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lk(impl_->stats_mu);
-  return impl_->stats;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lk(impl_->stats_mu);
+    s = impl_->stats;
+  }
+  s.requests_rejected_total = impl_->rejected.load();
+  return s;
 }
 
 void Engine::wait_idle() {

@@ -1,0 +1,202 @@
+// Engine tests (threaded: submit/cancel from other threads) over the fake executor.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "engine/engine.h"
+#include "fake_executor.h"
+
+namespace v4::engine {
+namespace {
+
+using testing::FakeConfig;
+using testing::FakeExecutor;
+using testing::fake_greedy;
+
+SamplingParams greedy(int64_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::unique_ptr<Engine> make_engine(FakeConfig fc, EngineConfig ec, FakeExecutor** raw = nullptr) {
+  auto exec = std::make_unique<FakeExecutor>(fc);
+  if (raw) *raw = exec.get();
+  auto e = Engine::create(std::move(exec), ec);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+TEST(Engine, GenerateMatchesReference) {
+  FakeConfig fc;
+  auto e = make_engine(fc, {});
+  Request r;
+  r.prompt_tokens = {3, 1, 4, 1, 5, 9, 2, 6};
+  r.sampling = greedy(17);
+  FinishReason why = FinishReason::kNone;
+  auto toks = e->generate(r, &why);
+  ASSERT_TRUE(toks.ok()) << toks.status().to_string();
+  EXPECT_EQ(*toks, fake_greedy(r.prompt_tokens, fc.vocab, 17));
+  EXPECT_EQ(why, FinishReason::kLength);
+  EXPECT_EQ(e->stats().generation_tokens_total, 17);
+}
+
+TEST(Engine, SubmitRefusesImpossibleAtOnce) {
+  FakeConfig fc;
+  fc.max_context = 64;
+  auto e = make_engine(fc, {});
+  Request r;
+  r.prompt_tokens.assign(60, 1);
+  r.sampling = greedy(10);
+  bool called = false;
+  auto id = e->submit(r, [&](const StepOutput&) { called = true; });
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("maximum context length is 64"), std::string::npos);
+  r.sampling.temperature = -2.0f;
+  r.sampling.max_tokens = 1;
+  EXPECT_FALSE(e->submit(r, nullptr).ok());
+  e->wait_idle();
+  EXPECT_FALSE(called);
+  EXPECT_EQ(e->stats().requests_rejected_total, 2);
+}
+
+// Many concurrent clients (submitting from their own threads); half cancel midway. The rest get
+// exactly their alone tokens; pool usage returns to idle.
+TEST(Engine, ConcurrentClientsAndCancellation) {
+  FakeConfig fc;
+  fc.page_tokens = 8;
+  fc.kv_pages = 400;
+  EngineConfig ec;
+  ec.chunked_prefill_size = 128;
+  ec.max_running_requests = 16;
+  ec.stats_interval_s = 0;
+  FakeExecutor* raw = nullptr;
+  auto e = make_engine(fc, ec, &raw);
+  const int n_clients = 32;
+  struct Client {
+    std::vector<int32_t> prompt, got;
+    int64_t max_tokens = 0;
+    bool finished = false;
+    FinishReason reason = FinishReason::kNone;
+    int n_final = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  std::vector<Client> clients(n_clients);
+  std::mt19937 rng(42);
+  for (auto& c : clients) {
+    c.prompt.resize(1 + rng() % 90);
+    for (auto& t : c.prompt) t = int32_t(rng() % uint32_t(fc.vocab));
+    c.max_tokens = 20 + rng() % 40;
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n_clients; ++i) {
+    threads.emplace_back([&, i] {
+      Client& c = clients[size_t(i)];
+      const bool cancel_me = i % 2 == 1;
+      Request r;
+      r.prompt_tokens = c.prompt;
+      r.sampling = greedy(c.max_tokens);
+      std::atomic<RequestId> my_id{0};
+      auto id = e->submit(r, [&c](const StepOutput& o) {
+        std::lock_guard<std::mutex> lk(c.mu);
+        c.got.insert(c.got.end(), o.new_tokens.begin(), o.new_tokens.end());
+        if (o.finished) {
+          c.finished = true;
+          c.reason = o.finish_reason;
+          ++c.n_final;
+        }
+        c.cv.notify_all();
+      });
+      ASSERT_TRUE(id.ok());
+      std::unique_lock<std::mutex> lk(c.mu);
+      if (cancel_me) {
+        c.cv.wait(lk, [&] { return c.got.size() >= 5 || c.finished; });
+        lk.unlock();
+        e->cancel(*id);
+        lk.lock();
+      }
+      c.cv.wait(lk, [&] { return c.finished; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  e->wait_idle();
+  for (int i = 0; i < n_clients; ++i) {
+    Client& c = clients[size_t(i)];
+    EXPECT_EQ(c.n_final, 1);
+    auto want = fake_greedy(c.prompt, fc.vocab, c.max_tokens);
+    if (i % 2 == 0) {
+      EXPECT_EQ(c.got, want) << "client " << i;
+      EXPECT_EQ(c.reason, FinishReason::kLength);
+    } else {
+      EXPECT_EQ(c.reason, FinishReason::kAbort) << "client " << i;
+      ASSERT_LE(c.got.size(), want.size());
+      EXPECT_EQ(c.got, std::vector<int32_t>(want.begin(), want.begin() + c.got.size()));
+    }
+  }
+  // The stats snapshot is refreshed after each scheduler iteration; wait for the last one.
+  EngineStats st;
+  for (int i = 0; i < 200; ++i) {
+    st = e->stats();
+    if (st.running == 0 && st.waiting == 0 && st.pools.size() == 2 && st.pools[0].used_pages == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.waiting, 0);
+  ASSERT_EQ(st.pools.size(), 2u);
+  EXPECT_EQ(st.pools[0].name, "kv");
+  EXPECT_EQ(st.pools[0].used_pages, 0);
+  EXPECT_EQ(st.pools[1].used_pages, 0);
+  EXPECT_EQ(st.requests_finished_total + st.requests_aborted_total, n_clients);
+  EXPECT_GT(st.requests_aborted_total, 0);
+  EXPECT_GT(st.steps_total, 0);
+}
+
+TEST(Engine, LogprobsStreamed) {
+  FakeConfig fc;
+  auto e = make_engine(fc, {});
+  Request r;
+  r.prompt_tokens = {1, 2, 3};
+  r.sampling = greedy(4);
+  r.sampling.logprobs = true;
+  r.sampling.top_logprobs = 2;
+  std::vector<TokenLogprobs> lps;
+  auto toks = e->generate(r, nullptr, &lps);
+  ASSERT_TRUE(toks.ok());
+  ASSERT_EQ(lps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(lps[i].token, (*toks)[i]);
+    ASSERT_EQ(lps[i].top.size(), 2u);
+    EXPECT_EQ(lps[i].top[0].token, (*toks)[i]);  // greedy picks the top raw token
+    EXPECT_FLOAT_EQ(lps[i].top[0].logprob, lps[i].logprob);
+    EXPECT_LT(lps[i].logprob, 0.0f);
+    EXPECT_GE(lps[i].top[0].logprob, lps[i].top[1].logprob);
+  }
+}
+
+TEST(Engine, ShutdownAbortsOutstanding) {
+  FakeConfig fc;
+  std::atomic<int> finals{0};
+  {
+    auto e = make_engine(fc, {});
+    for (int i = 0; i < 4; ++i) {
+      Request r;
+      r.prompt_tokens = {int32_t(i + 1)};
+      r.sampling = greedy(3000);
+      ASSERT_TRUE(e->submit(r, [&](const StepOutput& o) { finals += o.finished; }).ok());
+    }
+  }
+  EXPECT_EQ(finals.load(), 4);
+}
+
+}  // namespace
+}  // namespace v4::engine
