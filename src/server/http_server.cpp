@@ -194,6 +194,10 @@ void Session::on_header(beast::error_code ec) {
     transport_error(431, "request headers too large");
     return;
   }
+  if (ec == http::error::body_limit) {
+    on_body(ec);
+    return;
+  }
   if (ec) {
     transport_error(400, std::string("malformed HTTP request: ") + ec.message());
     return;

@@ -1,0 +1,339 @@
+// Request validation / schema conversion, error bodies, SSE framing, stop strings, metrics text.
+#include <gtest/gtest.h>
+
+#include "server/metrics.h"
+#include "server/protocol.h"
+
+using namespace v4::server;
+
+namespace {
+
+ValidationLimits limits() {
+  ValidationLimits l;
+  l.max_context = 4096;
+  l.vocab_size = 1000;
+  return l;
+}
+
+// Parses `body` as a chat request; returns the error (status 0 when it was accepted).
+ApiError chat_err(const std::string& body, GenerateRequest* out = nullptr) {
+  ApiError err;
+  err.status = 0;
+  auto j = parse_json_body(body, &err);
+  if (!j.ok()) return err;
+  GenerateRequest r;
+  if (!parse_chat_request(*j, limits(), &r, &err)) return err;
+  if (out) *out = r;
+  err.status = 0;
+  return err;
+}
+
+ApiError completion_err(const std::string& body, GenerateRequest* out = nullptr) {
+  ApiError err;
+  err.status = 0;
+  auto j = parse_json_body(body, &err);
+  if (!j.ok()) return err;
+  GenerateRequest r;
+  if (!parse_completion_request(*j, limits(), &r, &err)) return err;
+  if (out) *out = r;
+  err.status = 0;
+  return err;
+}
+
+const char* kMsg = R"("messages":[{"role":"user","content":"hi"}])";
+
+}  // namespace
+
+TEST(Protocol, ChatDefaultsAndConversion) {
+  GenerateRequest r;
+  ApiError e = chat_err(std::string("{") + kMsg + R"(,"model":"m","max_tokens":7,"temperature":0,
+      "top_p":0.5,"top_k":20,"min_p":0.1,"seed":42,"presence_penalty":1.5,"frequency_penalty":-1,
+      "stop":["x","yz"],"n":2,"stream":true,"stream_options":{"include_usage":true},
+      "logprobs":true,"top_logprobs":3,"ignore_eos":true})", &r);
+  ASSERT_EQ(e.status, 0) << e.message;
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.max_tokens.value(), 7);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.1f);
+  EXPECT_EQ(r.sampling.seed.value(), 42u);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 1.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -1.0f);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_EQ(r.n, 2);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_FALSE(r.thinking);
+  ASSERT_EQ(r.messages.size(), 1u);
+
+  GenerateRequest d;
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + "}", &d).status, 0);
+  EXPECT_FALSE(d.max_tokens.has_value());
+  EXPECT_EQ(d.sampling.temperature, 1.0f);
+  EXPECT_EQ(d.n, 1);
+  EXPECT_FALSE(d.stream);
+  EXPECT_TRUE(d.stop.empty());
+}
+
+TEST(Protocol, MaxCompletionTokensWinsAndStopString) {
+  GenerateRequest r;
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"max_tokens":5,"max_completion_tokens":9,"stop":"END"})", &r).status, 0);
+  EXPECT_EQ(r.max_tokens.value(), 9);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"END"}));
+}
+
+TEST(Protocol, ThinkingSwitches) {
+  GenerateRequest r;
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"thinking":true}})", &r).status, 0);
+  EXPECT_TRUE(r.thinking);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"enable_thinking":true}})", &r).status, 0);
+  EXPECT_TRUE(r.thinking);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"reasoning_effort":"high"})", &r).status, 0);
+  EXPECT_TRUE(r.thinking);
+  EXPECT_EQ(r.reasoning_effort.value(), "high");
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"reasoning_effort":"max","chat_template_kwargs":{"thinking":false}})", &r).status, 0);
+  EXPECT_FALSE(r.thinking);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"thinking":{"type":"enabled"}})", &r).status, 0);
+  EXPECT_TRUE(r.thinking);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"reasoning_effort":"none"})", &r).status, 0);
+  EXPECT_FALSE(r.thinking);
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"reasoning_effort":"extreme"})").param, "reasoning_effort");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"thinking":"yes"}})").status, 400);
+}
+
+TEST(Protocol, ToolsAndToolChoice) {
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  GenerateRequest r;
+  ASSERT_EQ(chat_err("{" + std::string(kMsg) + "," + tools + R"(,"tool_choice":"auto"})", &r).status, 0);
+  EXPECT_EQ(r.tools.size(), 1u);
+  ASSERT_EQ(chat_err("{" + std::string(kMsg) + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})", &r).status, 0);
+  EXPECT_EQ(r.tool_choice, "get_weather");
+  EXPECT_EQ(chat_err("{" + std::string(kMsg) + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"nope"}}})").param, "tool_choice");
+  EXPECT_EQ(chat_err("{" + std::string(kMsg) + R"(,"tools":[{"type":"function"}]})").param, "tools");
+  EXPECT_EQ(chat_err("{" + std::string(kMsg) + R"(,"tools":{}})").param, "tools");
+  EXPECT_EQ(chat_err("{" + std::string(kMsg) + R"(,"tool_choice":"required"})").param, "tool_choice");
+  // An assistant tool call + tool result history is accepted (encoded later by ChatEncoder).
+  ASSERT_EQ(chat_err(R"({"messages":[{"role":"user","content":"w?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"sunny"}],)" + tools + "}", &r).status, 0);
+  EXPECT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c1"}]}]})").status, 400);
+}
+
+TEST(Protocol, MalformedChatRequests) {
+  struct Case {
+    std::string body;
+    std::string param;
+  };
+  std::vector<Case> cases = {
+      {"{not json", ""},
+      {"[1,2]", ""},
+      {"", ""},
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":"hi"})", "messages"},
+      {R"({})", "messages"},
+      {R"({"messages":[{"content":"x"}]})", "messages"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages"},
+      {R"({"messages":[{"role":"user","content":5}]})", "messages"},
+      {R"({"messages":[{"role":"user"}]})", "messages"},
+      {R"({"messages":[1]})", "messages"},
+      {std::string("{") + kMsg + R"(,"max_tokens":-1})", "max_tokens"},
+      {std::string("{") + kMsg + R"(,"max_tokens":0})", "max_tokens"},
+      {std::string("{") + kMsg + R"(,"max_tokens":1000000000000})", "max_tokens"},
+      {std::string("{") + kMsg + R"(,"max_tokens":99999999999999999999})", "max_tokens"},
+      {std::string("{") + kMsg + R"(,"max_tokens":"10"})", "max_tokens"},
+      {std::string("{") + kMsg + R"(,"max_tokens":1.5})", "max_tokens"},
+      {std::string("{") + kMsg + R"(,"max_completion_tokens":-5})", "max_completion_tokens"},
+      {std::string("{") + kMsg + R"(,"temperature":"hot"})", "temperature"},
+      {std::string("{") + kMsg + R"(,"temperature":3})", "temperature"},
+      {std::string("{") + kMsg + R"(,"top_p":0})", "top_p"},
+      {std::string("{") + kMsg + R"(,"top_p":1.1})", "top_p"},
+      {std::string("{") + kMsg + R"(,"top_k":-2})", "top_k"},
+      {std::string("{") + kMsg + R"(,"min_p":2})", "min_p"},
+      {std::string("{") + kMsg + R"(,"presence_penalty":3})", "presence_penalty"},
+      {std::string("{") + kMsg + R"(,"frequency_penalty":-2.5})", "frequency_penalty"},
+      {std::string("{") + kMsg + R"(,"n":0})", "n"},
+      {std::string("{") + kMsg + R"(,"n":1000})", "n"},
+      {std::string("{") + kMsg + R"(,"stream":"yes"})", "stream"},
+      {std::string("{") + kMsg + R"(,"stream_options":{"include_usage":true}})", "stream_options"},
+      {std::string("{") + kMsg + R"(,"stop":5})", "stop"},
+      {std::string("{") + kMsg + R"(,"stop":[""]})", "stop"},
+      {std::string("{") + kMsg + R"(,"stop":["a",1]})", "stop"},
+      {std::string("{") + kMsg + R"(,"logprobs":1})", "logprobs"},
+      {std::string("{") + kMsg + R"(,"top_logprobs":3})", "top_logprobs"},
+      {std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {std::string("{") + kMsg + R"(,"seed":"x"})", "seed"},
+      {std::string("{") + kMsg + R"(,"model":7})", "model"},
+      {std::string("{") + kMsg + R"(,"ignore_eos":1})", "ignore_eos"},
+      {std::string("{") + kMsg + R"(,"stop_token_ids":[5000]})", "stop_token_ids"},
+  };
+  for (auto& c : cases) {
+    ApiError e = chat_err(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_FALSE(e.message.empty());
+    EXPECT_EQ(e.type, "invalid_request_error");
+  }
+}
+
+TEST(Protocol, InvalidUtf8IsRejected) {
+  std::string body = std::string("{\"messages\":[{\"role\":\"user\",\"content\":\"a") + "\xff\xfe" + "\"}]}";
+  ApiError e = chat_err(body);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("UTF-8"), std::string::npos);
+  // Overlong encoding and a lone surrogate are invalid too.
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));
+  EXPECT_FALSE(valid_utf8("\xe2\x82"));
+  EXPECT_TRUE(valid_utf8("h\xc3\xa9llo \xf0\x9f\x98\x80 \xef\xbd\x9c"));
+}
+
+TEST(Protocol, CompletionPrompts) {
+  GenerateRequest r;
+  ASSERT_EQ(completion_err(R"({"prompt":"hello","max_tokens":3,"logprobs":2,"echo":true})", &r).status, 0);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text.value(), "hello");
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_TRUE(r.echo);
+  ASSERT_EQ(completion_err(R"({"prompt":[1,2,3]})", &r).status, 0);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(completion_err(R"({"prompt":["a","b"],"n":2})", &r).status, 0);
+  EXPECT_EQ(r.prompts.size(), 2u);
+  ASSERT_EQ(completion_err(R"({"prompt":[[1],[2,3]]})", &r).status, 0);
+  EXPECT_EQ(r.prompts[1].token_ids, (std::vector<int32_t>{2, 3}));
+  ASSERT_EQ(completion_err(R"({"prompt":"x","logprobs":0})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 0);
+
+  EXPECT_EQ(completion_err(R"({})").param, "prompt");
+  EXPECT_EQ(completion_err(R"({"prompt":5})").param, "prompt");
+  EXPECT_EQ(completion_err(R"({"prompt":[]})").param, "prompt");
+  EXPECT_EQ(completion_err(R"({"prompt":[1,-2]})").param, "prompt");
+  EXPECT_EQ(completion_err(R"({"prompt":[1,5000]})").param, "prompt");
+  EXPECT_EQ(completion_err(R"({"prompt":[[1],"x",{}]})").param, "prompt");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":50})").param, "logprobs");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","suffix":"y"})").param, "suffix");
+}
+
+TEST(Protocol, ErrorBodyShape) {
+  ApiError e = bad_request("bad \"thing\"", "max_tokens", "some_code");
+  auto j = nlohmann::json::parse(error_body(e));
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_EQ(j["error"]["message"], "bad \"thing\"");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  EXPECT_EQ(j["error"]["code"], "some_code");
+  auto k = nlohmann::json::parse(error_body(bad_request("x")));
+  EXPECT_TRUE(k["error"]["param"].is_null());
+  EXPECT_TRUE(k["error"]["code"].is_null());
+}
+
+TEST(Protocol, SseFraming) {
+  Json j = Json::object();
+  j["b"] = "line1\nline2";
+  j["a"] = 1;
+  // One line per event (newlines inside strings are escaped), key order kept, blank-line end.
+  EXPECT_EQ(sse_event(j), "data: {\"b\":\"line1\\nline2\",\"a\":1}\n\n");
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+  // Invalid UTF-8 inside a string never throws; it is replaced.
+  Json bad = Json::object();
+  bad["t"] = std::string("x\xff");
+  std::string ev = sse_event(bad);
+  EXPECT_EQ(ev.rfind("data: ", 0), 0u);
+  EXPECT_NE(ev.find("\xef\xbf\xbd"), std::string::npos);
+  EXPECT_EQ(ev.substr(ev.size() - 2), "\n\n");
+}
+
+TEST(StopMatcher, HoldsBackAcrossChunks) {
+  StopMatcher m({"STOP"});
+  std::string out;
+  out += m.push("hello S");
+  EXPECT_EQ(out, "hello ");  // "S" might start STOP
+  out += m.push("T");
+  EXPECT_EQ(out, "hello ");
+  out += m.push("Ox");  // "STOx" is not a stop: released
+  EXPECT_EQ(out, "hello STOx");
+  out += m.push(" and ST");
+  out += m.push("OP tail");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(out, "hello STOx and ");
+  EXPECT_EQ(m.matched(), "STOP");
+  EXPECT_EQ(m.push("more"), "");
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopMatcher, ByteByByteAndEarliestMatch) {
+  const std::string text = "abc<end>def</stop>";
+  for (bool include : {false, true}) {
+    StopMatcher m({"</stop>", "<end>"}, include);
+    std::string out;
+    for (char c : text) out += m.push(std::string(1, c));
+    out += m.flush();
+    EXPECT_TRUE(m.stopped());
+    EXPECT_EQ(m.matched(), "<end>");
+    EXPECT_EQ(out, include ? "abc<end>" : "abc");
+  }
+  // No stop: everything comes out, the held tail on flush.
+  StopMatcher m({"xyz"});
+  std::string out = m.push("abcx");
+  EXPECT_EQ(out, "abc");
+  out += m.push("y");
+  out += m.flush();
+  EXPECT_EQ(out, "abcxy");
+  EXPECT_FALSE(m.stopped());
+  // Overlapping prefixes: "aab" inside "aaab".
+  StopMatcher o({"aab"});
+  std::string r = o.push("a");
+  r += o.push("a");
+  r += o.push("a");
+  r += o.push("b");
+  EXPECT_TRUE(o.stopped());
+  EXPECT_EQ(r, "a");
+  // Multi-byte stop string split inside a character.
+  StopMatcher u({"\xef\xbd\x9c"});
+  std::string s = u.push("x\xef");
+  s += u.push("\xbd");
+  EXPECT_EQ(s, "x");
+  s += u.push("\x9cy");
+  EXPECT_TRUE(u.stopped());
+  EXPECT_EQ(s, "x");
+  // No stop strings: pass-through.
+  StopMatcher none({});
+  EXPECT_EQ(none.push("abc"), "abc");
+}
+
+TEST(Metrics, PrometheusText) {
+  Metrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 400);
+  m.observe_generation(10, 5, 2, 0.05, 0.25, "stop");
+  m.observe_itl(0.02);
+  v4::engine::EngineStats st;
+  st.running = 3;
+  st.waiting = 4;
+  st.pools = {{"kv", 10, 100}, {"state", 1, 8}};
+  std::string t = m.render(st, 7, "tiny");
+  EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_prompt_tokens_total 10\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_generation_tokens_total 5\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_cached_prompt_tokens_total 2\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_time_to_first_token_seconds_bucket{le=\"0.06\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_time_to_first_token_seconds_bucket{le=\"0.04\"} 0\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_time_per_output_token_seconds_sum 0.05\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_inter_token_latency_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_num_requests_running 3\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_num_requests_waiting 4\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_cache_used_pages{pool=\"kv\"} 10\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_cache_usage_ratio{pool=\"kv\"} 0.1\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_open_connections 7\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE v4serve_time_to_first_token_seconds histogram\n"), std::string::npos);
+}
