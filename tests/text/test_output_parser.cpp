@@ -1,0 +1,213 @@
+// OutputParser vs the reference decoder's goldens; every record re-fed split at every byte
+// boundary, byte by byte, and in tokenizer-token chunks must give the same result.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "text/detokenizer.h"
+#include "text/output_parser.h"
+
+using v4::text::OutputParser;
+using v4::text::OutputParserOptions;
+using v4::text::ParsedMessage;
+using v4::text::ParserEvent;
+using v4::text::ThinkingMode;
+
+namespace {
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Golden {
+  std::string name, completion;
+  ThinkingMode mode;
+  bool has_expected;
+  nlohmann::json expected;
+};
+
+std::vector<Golden> goldens() {
+  std::vector<Golden> v;
+  std::string text = slurp("/work/shared/data/dsv4-reference/parse-goldens.jsonl");
+  size_t s = 0;
+  while (s < text.size()) {
+    size_t e = text.find('\n', s);
+    if (e == std::string::npos) e = text.size();
+    if (e > s) {
+      auto j = nlohmann::json::parse(text.substr(s, e - s));
+      v.push_back({j["name"], j["completion"], j["thinking_mode"] == "thinking" ? ThinkingMode::kThinking : ThinkingMode::kChat,
+                   j.contains("expected"), j.value("expected", nlohmann::json())});
+    }
+    s = e + 1;
+  }
+  return v;
+}
+
+// Feeds `chunks` and folds the events; also checks event well-formedness.
+ParsedMessage run_chunks(const std::vector<std::string>& chunks, ThinkingMode mode) {
+  OutputParserOptions o;
+  o.start = mode;
+  OutputParser p(o);
+  ParsedMessage m;
+  int open = -1;
+  auto check = [&](const std::vector<ParserEvent>& evs) {
+    for (auto& e : evs) {
+      EXPECT_EQ(v4::text::utf8_lossy(e.text), e.text) << "event text splits a UTF-8 character";
+      if (e.kind == ParserEvent::Kind::kToolCallBegin) {
+        EXPECT_EQ(open, -1);
+        open = e.index;
+        EXPECT_FALSE(e.id.empty());
+      } else if (e.kind == ParserEvent::Kind::kToolCallArgs) {
+        EXPECT_EQ(e.index, open);
+      } else if (e.kind == ParserEvent::Kind::kToolCallEnd) {
+        EXPECT_EQ(e.index, open);
+        open = -1;
+      }
+    }
+    OutputParser::apply(evs, m);
+  };
+  for (auto& c : chunks) check(p.feed(c));
+  check(p.finish());
+  EXPECT_EQ(open, -1);
+  return m;
+}
+
+std::string describe(const ParsedMessage& m) {
+  nlohmann::json j;
+  j["content"] = m.content;
+  j["reasoning_content"] = m.reasoning_content;
+  j["tool_calls"] = nlohmann::json::array();
+  for (auto& t : m.tool_calls) j["tool_calls"].push_back({{"name", t.name}, {"arguments", t.arguments}});
+  return j.dump();
+}
+
+void expect_no_markup(const ParsedMessage& m, const std::string& name) {
+  for (const char* mk : {"｜DSML｜", "</think>", "<think>", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>"}) {
+    EXPECT_EQ(m.content.find(mk), std::string::npos) << name << " content has " << mk;
+    EXPECT_EQ(m.reasoning_content.find(mk), std::string::npos) << name << " reasoning has " << mk;
+  }
+}
+
+}  // namespace
+
+TEST(OutputParser, WholeOutputEqualsReferenceOnValidGoldens) {
+  auto gs = goldens();
+  if (gs.empty()) GTEST_SKIP() << "parse goldens missing";
+  int n = 0;
+  for (auto& g : gs) {
+    if (!g.has_expected) continue;
+    OutputParserOptions o;
+    o.start = g.mode;
+    ParsedMessage m = OutputParser::parse(g.completion, o);
+    EXPECT_EQ(m.content, g.expected["content"].get<std::string>()) << g.name;
+    EXPECT_EQ(m.reasoning_content, g.expected["reasoning_content"].get<std::string>()) << g.name;
+    ASSERT_EQ(m.tool_calls.size(), g.expected["tool_calls"].size()) << g.name;
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      EXPECT_EQ(m.tool_calls[i].name, g.expected["tool_calls"][i]["function"]["name"].get<std::string>()) << g.name;
+      EXPECT_EQ(m.tool_calls[i].arguments, g.expected["tool_calls"][i]["function"]["arguments"].get<std::string>())
+          << g.name;
+    }
+    ++n;
+  }
+  EXPECT_EQ(n, 20);
+}
+
+TEST(OutputParser, RejectedGoldensRecoverWithoutMarkup) {
+  for (auto& g : goldens()) {
+    if (g.has_expected) continue;
+    OutputParserOptions o;
+    o.start = g.mode;
+    ParsedMessage m = OutputParser::parse(g.completion, o);
+    expect_no_markup(m, g.name);
+    for (auto& t : m.tool_calls) EXPECT_FALSE(t.name.empty()) << g.name;
+  }
+}
+
+TEST(OutputParser, EverySplitGivesSameResult) {
+  for (auto& g : goldens()) {
+    std::string want = describe(run_chunks({g.completion}, g.mode));
+    const std::string& c = g.completion;
+    for (size_t k = 0; k <= c.size(); ++k) {
+      std::string got = describe(run_chunks({c.substr(0, k), c.substr(k)}, g.mode));
+      ASSERT_EQ(got, want) << g.name << " split at byte " << k;
+    }
+    std::vector<std::string> bytes;
+    for (char ch : c) bytes.emplace_back(1, ch);
+    EXPECT_EQ(describe(run_chunks(bytes, g.mode)), want) << g.name << " byte by byte";
+    // three-way splits at a stride
+    for (size_t a = 0; a < c.size(); a += 7)
+      for (size_t b = a; b < c.size(); b += 11)
+        ASSERT_EQ(describe(run_chunks({c.substr(0, a), c.substr(a, b - a), c.substr(b)}, g.mode)), want)
+            << g.name << " split at " << a << "," << b;
+    expect_no_markup(run_chunks(bytes, g.mode), g.name);
+  }
+}
+
+TEST(OutputParser, TokenChunksThroughDetokenizer) {
+  auto tok = v4::text::Tokenizer::from_file("/work/shared/data/tokenizers/deepseek-v3/tokenizer.json");
+  if (!tok.ok()) GTEST_SKIP() << "tokenizer missing";
+  auto v4tok = tok->with_added_tokens(v4::text::Tokenizer::dsv4_added_tokens());
+  ASSERT_TRUE(v4tok.ok());
+  for (auto& g : goldens()) {
+    std::string want = describe(run_chunks({g.completion}, g.mode));
+    auto ids = v4tok->encode(g.completion);
+    v4::text::Detokenizer d(*v4tok);
+    std::vector<std::string> chunks;
+    for (auto id : ids) chunks.push_back(d.push(id));
+    chunks.push_back(d.finish());
+    EXPECT_EQ(describe(run_chunks(chunks, g.mode)), want) << g.name;
+  }
+}
+
+TEST(OutputParser, StreamingEventsShape) {
+  OutputParserOptions o;
+  o.start = ThinkingMode::kThinking;
+  o.id_seed = 42;
+  OutputParser p(o);
+  std::vector<ParserEvent> all;
+  for (std::string_view c : {"Hmm</th", "ink>Hi\n", "\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜param",
+                             "eter name=\"x\" string=\"false\">4", "2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}) {
+    auto ev = p.feed(c);
+    all.insert(all.end(), ev.begin(), ev.end());
+  }
+  auto ev = p.finish();
+  all.insert(all.end(), ev.begin(), ev.end());
+  ASSERT_GE(all.size(), 5u);
+  EXPECT_EQ(all[0].kind, ParserEvent::Kind::kReasoningDelta);
+  EXPECT_EQ(all[0].text, "Hmm");
+  EXPECT_EQ(all[1].kind, ParserEvent::Kind::kContentDelta);
+  EXPECT_EQ(all[1].text, "Hi");
+  EXPECT_EQ(all[2].kind, ParserEvent::Kind::kToolCallBegin);
+  EXPECT_EQ(all[2].name, "f");
+  EXPECT_EQ(all[2].index, 0);
+  EXPECT_EQ(all[2].id.rfind("call_", 0), 0u);
+  std::string args;
+  for (auto& e : all)
+    if (e.kind == ParserEvent::Kind::kToolCallArgs) args += e.text;
+  EXPECT_EQ(args, "{\"x\": 42}");
+  EXPECT_EQ(all.back().kind, ParserEvent::Kind::kToolCallEnd);
+  EXPECT_EQ(p.tool_call_count(), 1);
+}
+
+TEST(OutputParser, HeldBackTextIsReleasedAtFinish) {
+  OutputParserOptions o;
+  o.start = ThinkingMode::kChat;
+  ParsedMessage m = OutputParser::parse("x = 2 <", o);
+  EXPECT_EQ(m.content, "x = 2 <");
+  m = OutputParser::parse("a\n\n", o);
+  EXPECT_EQ(m.content, "a\n\n");
+  m = OutputParser::parse("Sure.\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"g\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", o);
+  EXPECT_EQ(m.content, "Sure.");
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments, "{}");
+  // truncated inside a string value: arguments are closed into valid JSON
+  m = OutputParser::parse("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"g\">\n<｜DSML｜parameter name=\"q\" string=\"true\">Bei", o);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"q\": \"Bei\"}");
+  EXPECT_TRUE(m.truncated);
+}
