@@ -1,0 +1,232 @@
+#include "cache/pools.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace v4::cache {
+namespace {
+constexpr int64_t kF32 = 4;
+int overlap_of(AttnKind k) { return k == AttnKind::kCsa ? 2 : 1; }
+}  // namespace
+
+int64_t KvCache::virtual_page_bytes(const CacheSpec& spec, int page_size) {
+  int64_t b = 0;
+  for (const auto& l : spec.layers) {
+    if (l.kind == AttnKind::kSliding || l.ratio <= 0) continue;
+    const int64_t rows = page_size / l.ratio;
+    b += rows * (l.kv_dim + (l.kind == AttnKind::kCsa ? l.index_dim : 0)) * kF32;
+  }
+  return b;
+}
+
+int64_t KvCache::swa_page_bytes(const CacheSpec& spec, int page_size) {
+  int64_t b = 0;
+  for (const auto& l : spec.layers) b += int64_t(page_size) * l.kv_dim * kF32;
+  return b;
+}
+
+int64_t KvCache::state_slot_bytes(const CacheSpec& spec) {
+  int64_t b = 0;
+  for (const auto& l : spec.layers) {
+    if (l.kind == AttnKind::kSliding) continue;
+    const int c = overlap_of(l.kind);
+    b += 2 * int64_t(c) * l.ratio * c * l.kv_dim * kF32;                      // main kv + gate
+    if (l.kind == AttnKind::kCsa) b += 2 * int64_t(2) * l.ratio * 2 * l.index_dim * kF32;  // indexer
+  }
+  return b;
+}
+
+std::vector<std::pair<std::string, double>> KvCache::bytes_per_token(const CacheSpec& spec) {
+  double c4 = 0, idx = 0, c128 = 0, swa = 0;
+  for (const auto& l : spec.layers) {
+    swa += l.kv_dim * kF32;
+    if (l.kind == AttnKind::kCsa) {
+      c4 += double(l.kv_dim * kF32) / l.ratio;
+      idx += double(l.index_dim * kF32) / l.ratio;
+    } else if (l.kind == AttnKind::kHca) {
+      c128 += double(l.kv_dim * kF32) / l.ratio;
+    }
+  }
+  return {{"c4_kv", c4}, {"c4_index", idx}, {"c128_kv", c128}, {"swa", swa}};
+}
+
+Result<KvCacheOptions> KvCache::options_from_budget(const CacheSpec& spec, int64_t budget_bytes,
+                                                    int page_size, int max_seqs) {
+  KvCacheOptions o;
+  o.page_size = page_size;
+  o.max_seqs = max_seqs;
+  const int64_t state = state_slot_bytes(spec) * max_seqs;
+  const int64_t per_page = virtual_page_bytes(spec, page_size) + swa_page_bytes(spec, page_size);
+  const int64_t pages = per_page > 0 ? (budget_bytes - state) / per_page : 0;
+  if (pages < 1)
+    return make_error(ErrorCode::kResourceExhausted,
+                      "KV cache budget {} bytes is too small: {} sequences need {} bytes of "
+                      "compressor state plus {} bytes per {}-token page",
+                      budget_bytes, max_seqs, state, per_page, page_size);
+  o.n_pages = pages;
+  o.n_swa_pages = pages;
+  return o;
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const KvCacheOptions& opt,
+                                                 AllocFn alloc, FreeFn free) {
+  if (opt.page_size <= 0 || opt.page_size % 128 != 0)
+    return make_error(ErrorCode::kInvalidArgument, "KV cache: page_size {} must be a positive multiple of 128", opt.page_size);
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const auto& l = spec.layers[i];
+    if (l.kind != AttnKind::kSliding && (l.ratio <= 0 || opt.page_size % l.ratio != 0))
+      return make_error(ErrorCode::kInvalidArgument, "KV cache: layer {} compression rate {} must divide page_size {}", i, l.ratio, opt.page_size);
+  }
+  if (opt.n_pages <= 0 || opt.n_swa_pages <= 0 || opt.max_seqs <= 0)
+    return make_error(ErrorCode::kInvalidArgument, "KV cache: n_pages, n_swa_pages and max_seqs must be > 0");
+  std::unique_ptr<KvCache> kv(new KvCache());
+  kv->spec_ = spec;
+  kv->opt_ = opt;
+  kv->alloc_ = std::move(alloc);
+  kv->free_ = std::move(free);
+  auto get = [&](int64_t n_floats) {
+    void* p = kv->alloc_(size_t(n_floats) * sizeof(float));
+    kv->allocations_.push_back(p);
+    return static_cast<float*>(p);
+  };
+  const int64_t tokens = opt.n_pages * opt.page_size;
+  const int64_t swa_tokens = opt.n_swa_pages * opt.page_size;
+  for (const auto& l : spec.layers) {
+    LayerPools p;
+    p.swa = get(swa_tokens * l.kv_dim);
+    if (l.kind != AttnKind::kSliding) {
+      const int c = overlap_of(l.kind);
+      p.comp = get(tokens / l.ratio * l.kv_dim);
+      const int64_t ring = int64_t(opt.max_seqs) * c * l.ratio;
+      p.ring_kv[0] = get(ring * c * l.kv_dim);
+      p.ring_gate[0] = get(ring * c * l.kv_dim);
+      if (l.kind == AttnKind::kCsa) {
+        p.index = get(tokens / l.ratio * l.index_dim);
+        const int64_t iring = int64_t(opt.max_seqs) * 2 * l.ratio;
+        p.ring_kv[1] = get(iring * 2 * l.index_dim);
+        p.ring_gate[1] = get(iring * 2 * l.index_dim);
+      }
+    }
+    kv->layers_.push_back(p);
+  }
+  for (int64_t i = opt.n_pages - 1; i >= 0; --i) kv->free_pages_.push_back(int32_t(i));
+  for (int64_t i = opt.n_swa_pages - 1; i >= 0; --i) kv->free_swa_pages_.push_back(int32_t(i));
+  for (int i = opt.max_seqs - 1; i >= 0; --i) kv->free_slots_.push_back(i);
+  return kv;
+}
+
+KvCache::~KvCache() {
+  for (void* p : allocations_)
+    if (p) free_(p);
+}
+
+Result<int32_t> KvCache::create_sequence() {
+  if (free_slots_.empty())
+    return make_error(ErrorCode::kResourceExhausted, "KV cache: all {} sequence slots are in use", opt_.max_seqs);
+  Seq s;
+  s.live = true;
+  s.state_slot = free_slots_.back();
+  free_slots_.pop_back();
+  for (size_t i = 0; i < seqs_.size(); ++i)
+    if (!seqs_[i].live) {
+      seqs_[i] = std::move(s);
+      return int32_t(i);
+    }
+  seqs_.push_back(std::move(s));
+  return int32_t(seqs_.size() - 1);
+}
+
+bool KvCache::valid(int32_t seq) const {
+  return seq >= 0 && size_t(seq) < seqs_.size() && seqs_[seq].live;
+}
+
+void KvCache::free_sequence(int32_t seq) {
+  if (!valid(seq)) return;
+  Seq& s = seqs_[seq];
+  for (int32_t p : s.pages) free_pages_.push_back(p);
+  for (int32_t p : s.swa_pages)
+    if (p >= 0) free_swa_pages_.push_back(p);
+  free_slots_.push_back(s.state_slot);
+  s = Seq();
+}
+
+int64_t KvCache::length(int32_t seq) const { return valid(seq) ? seqs_[seq].length : 0; }
+
+std::pair<int64_t, int64_t> KvCache::pages_needed(int32_t seq, int64_t n_tokens) const {
+  const int64_t want = (n_tokens + opt_.page_size - 1) / opt_.page_size;
+  const int64_t have = valid(seq) ? int64_t(seqs_[seq].pages.size()) : 0;
+  const int64_t more = std::max<int64_t>(0, want - have);
+  return {more, more};
+}
+
+Status KvCache::reserve(int32_t seq, int64_t n_tokens) {
+  if (!valid(seq)) return make_error(ErrorCode::kInvalidArgument, "KV cache: unknown sequence {}", seq);
+  Seq& s = seqs_[seq];
+  const int64_t want = (n_tokens + opt_.page_size - 1) / opt_.page_size;
+  const int64_t more = want - int64_t(s.pages.size());
+  if (more <= 0) return Status::Ok();
+  if (int64_t(free_pages_.size()) < more || int64_t(free_swa_pages_.size()) < more)
+    return make_error(ErrorCode::kResourceExhausted,
+                      "KV cache full: sequence {} needs {} more pages ({} virtual and {} SWA pages free)",
+                      seq, more, free_pages_.size(), free_swa_pages_.size());
+  for (int64_t i = 0; i < more; ++i) {
+    s.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+    s.swa_pages.push_back(free_swa_pages_.back());
+    free_swa_pages_.pop_back();
+  }
+  return Status::Ok();
+}
+
+void KvCache::commit(int32_t seq, int64_t new_length) {
+  if (!valid(seq)) return;
+  Seq& s = seqs_[seq];
+  s.length = new_length;
+  // Tokens < new_length - (W - 1) are never read again by this sequence.
+  const int64_t first_needed = std::max<int64_t>(0, new_length - (spec_.sliding_window - 1));
+  const int64_t dead_pages = first_needed / opt_.page_size;
+  for (int64_t p = 0; p < dead_pages && p < int64_t(s.swa_pages.size()); ++p)
+    if (s.swa_pages[p] >= 0) {
+      free_swa_pages_.push_back(s.swa_pages[p]);
+      s.swa_pages[p] = -1;
+    }
+}
+
+std::vector<PoolUsage> KvCache::usage() const {
+  return {
+      {"virtual_pages", opt_.n_pages - int64_t(free_pages_.size()), opt_.n_pages,
+       virtual_page_bytes(spec_, opt_.page_size)},
+      {"swa_pages", opt_.n_swa_pages - int64_t(free_swa_pages_.size()), opt_.n_swa_pages,
+       swa_page_bytes(spec_, opt_.page_size)},
+      {"state_slots", int64_t(opt_.max_seqs) - int64_t(free_slots_.size()), opt_.max_seqs,
+       state_slot_bytes(spec_)},
+  };
+}
+
+int32_t KvCache::swa_row(int32_t seq, int64_t pos) const {
+  const Seq& s = seqs_[seq];
+  const int32_t page = s.swa_pages[pos / opt_.page_size];
+  if (page < 0) return -1;
+  return int32_t(int64_t(page) * opt_.page_size + pos % opt_.page_size);
+}
+
+int32_t KvCache::compressed_row(int32_t seq, int64_t entry, int ratio) const {
+  const Seq& s = seqs_[seq];
+  const int64_t pos = entry * ratio;
+  const int64_t slot = int64_t(s.pages[pos / opt_.page_size]) * opt_.page_size + pos % opt_.page_size;
+  return int32_t(slot / ratio);
+}
+
+int32_t KvCache::ring_row(int32_t seq, int64_t pos, int ring_rows) const {
+  return int32_t(int64_t(seqs_[seq].state_slot) * ring_rows + pos % ring_rows);
+}
+
+int KvCache::ring_rows(int l, int which) const {
+  const auto& sp = spec_.layers[l];
+  if (sp.kind == AttnKind::kSliding) return 0;
+  if (which == 1) return sp.kind == AttnKind::kCsa ? 2 * sp.ratio : 0;
+  return overlap_of(sp.kind) * sp.ratio;
+}
+
+}  // namespace v4::cache

@@ -1,0 +1,144 @@
+// Paged physical pools for DeepSeek-V4's per-request state (cache.md), built from a declarative
+// per-layer table. For now every sequence owns its pages (no prefix sharing yet: the radix tree
+// in src/cache/radix* will hand out shared virtual pages later).
+//
+// Address spaces
+// - Virtual slots: token position p of a sequence lives in virtual page `pages[p / page_size]`,
+//   slot = page · page_size + p % page_size. page_size is a multiple of 128 and of every
+//   compression rate, so no compression group straddles a page.
+// - C4 KV and indexer keys (CSA layers) and C128 KV (HCA layers) are "shadow" pools addressed by
+//   slot / ratio: compressed entry e of a sequence is row `pages[e·m / page_size]·(page_size/m)
+//   + (e·m % page_size)/m`. They are allocated and freed with the virtual page.
+// - SWA KV (every layer) lives in its own paged pool; each sequence maps its virtual pages to SWA
+//   pages. SWA pages whose tokens can no longer be read (all < length − (W − 1)) are freed at once.
+// - Compressor-state rings: per sequence and compressor, c·m rows of raw projected kv and gate
+//   (fp32, width c·d); token p sits in ring row p % (c·m). One ring slot per sequence.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace v4::cache {
+
+/// Attention kind of a layer, as far as the cache is concerned.
+enum class AttnKind { kSliding, kCsa, kHca };
+
+/// One row of the declarative layer table (derived from config.json by the model).
+struct LayerCacheSpec {
+  AttnKind kind = AttnKind::kSliding;
+  int ratio = 0;       // m (0 for sliding layers)
+  int kv_dim = 0;      // hd: SWA row and compressed row width
+  int index_dim = 0;   // dI (CSA only)
+};
+
+struct CacheSpec {
+  std::vector<LayerCacheSpec> layers;
+  int sliding_window = 128;  // W (tokens incl. self)
+};
+
+/// Pool sizes. All counts; bytes are f32 (4 bytes per value) on the CPU backend.
+struct KvCacheOptions {
+  int page_size = 256;      // tokens per virtual page (multiple of 128 and of every ratio)
+  int64_t n_pages = 0;      // virtual pages (C4 / indexer / C128 shadows)
+  int64_t n_swa_pages = 0;  // SWA pages
+  int max_seqs = 0;         // compressor-state ring slots (= live sequences)
+};
+
+/// Usage of one pool, for the engine (admission) and /metrics.
+struct PoolUsage {
+  std::string name;          // "virtual_pages", "swa_pages", "state_slots"
+  int64_t used = 0, total = 0;
+  int64_t bytes_per_unit = 0;
+};
+
+class KvCache {
+ public:
+  using AllocFn = std::function<void*(size_t)>;
+  using FreeFn = std::function<void(void*)>;
+
+  /// Bytes of one virtual page's shadows (all layers), one SWA page, one state slot.
+  static int64_t virtual_page_bytes(const CacheSpec& spec, int page_size);
+  static int64_t swa_page_bytes(const CacheSpec& spec, int page_size);
+  static int64_t state_slot_bytes(const CacheSpec& spec);
+  /// KV bytes per token by pool: {"c4_kv", "c4_index", "c128_kv", "swa"} (f32 values).
+  static std::vector<std::pair<std::string, double>> bytes_per_token(const CacheSpec& spec);
+  /// Sizes the pools from a byte budget: `max_seqs` state slots first, then equal numbers of
+  /// virtual and SWA pages. Error (kResourceExhausted) if not even one page fits.
+  static Result<KvCacheOptions> options_from_budget(const CacheSpec& spec, int64_t budget_bytes,
+                                                    int page_size, int max_seqs);
+
+  /// Allocates every pool with `alloc` (backend memory). Errors: invalid page size.
+  static Result<std::unique_ptr<KvCache>> create(const CacheSpec& spec, const KvCacheOptions& opt,
+                                                 AllocFn alloc, FreeFn free);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  // ---- sequences (engine API) ------------------------------------------------------------
+  /// A new empty sequence. Error kResourceExhausted when all state slots are taken.
+  Result<int32_t> create_sequence();
+  /// Returns all pages and the state slot of `seq` at once. Unknown seq: no-op.
+  void free_sequence(int32_t seq);
+  bool valid(int32_t seq) const;
+  /// Tokens stored for `seq`.
+  int64_t length(int32_t seq) const;
+  /// Makes positions [0, n_tokens) addressable (allocates virtual and SWA pages). Error
+  /// kResourceExhausted (nothing allocated) if a pool is full.
+  Status reserve(int32_t seq, int64_t n_tokens);
+  /// Records that positions [0, new_length) are written; frees SWA pages out of the window.
+  void commit(int32_t seq, int64_t new_length);
+  /// Pages still needed to grow `seq` to n_tokens (virtual, swa), for admission checks.
+  std::pair<int64_t, int64_t> pages_needed(int32_t seq, int64_t n_tokens) const;
+  std::vector<PoolUsage> usage() const;
+
+  // ---- addressing (model) -----------------------------------------------------------------
+  const CacheSpec& spec() const { return spec_; }
+  const KvCacheOptions& options() const { return opt_; }
+  /// Physical SWA row of token `pos` (reserved, inside the window).
+  int32_t swa_row(int32_t seq, int64_t pos) const;
+  /// Physical row of compressed entry `entry` in a pool of ratio m (C4 / indexer / C128).
+  int32_t compressed_row(int32_t seq, int64_t entry, int ratio) const;
+  /// Physical ring row of token `pos` for a compressor with `ring_rows` = c·m rows per sequence.
+  int32_t ring_row(int32_t seq, int64_t pos, int ring_rows) const;
+
+  /// Pool buffers of layer `l` (nullptr where the layer has none).
+  float* swa_pool(int l) const { return layers_[l].swa; }
+  float* comp_pool(int l) const { return layers_[l].comp; }
+  float* index_pool(int l) const { return layers_[l].index; }
+  /// Compressor-state rings: which = 0 main compressor, 1 indexer compressor.
+  float* ring_kv(int l, int which) const { return layers_[l].ring_kv[which]; }
+  float* ring_gate(int l, int which) const { return layers_[l].ring_gate[which]; }
+  /// Ring rows per sequence of layer l's compressor `which` (c·m).
+  int ring_rows(int l, int which) const;
+
+ private:
+  KvCache() = default;
+  struct LayerPools {
+    float* swa = nullptr;
+    float* comp = nullptr;
+    float* index = nullptr;
+    float* ring_kv[2] = {nullptr, nullptr};
+    float* ring_gate[2] = {nullptr, nullptr};
+  };
+  struct Seq {
+    bool live = false;
+    int64_t length = 0;
+    int32_t state_slot = -1;
+    std::vector<int32_t> pages;      // virtual page per logical page
+    std::vector<int32_t> swa_pages;  // SWA page per logical page (-1 = freed)
+  };
+  CacheSpec spec_;
+  KvCacheOptions opt_;
+  AllocFn alloc_;
+  FreeFn free_;
+  std::vector<LayerPools> layers_;
+  std::vector<void*> allocations_;
+  std::vector<int32_t> free_pages_, free_swa_pages_, free_slots_;
+  std::vector<Seq> seqs_;
+};
+
+}  // namespace v4::cache

@@ -1,0 +1,400 @@
+#include "model/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace v4::model {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Checkpoint::MappedFile {
+  std::string path;
+  int fd = -1;
+  void* base = nullptr;
+  size_t size = 0;
+  ~MappedFile() {
+    if (base && size) munmap(base, size);
+    if (fd >= 0) close(fd);
+  }
+};
+
+Checkpoint::Checkpoint() = default;
+Checkpoint::~Checkpoint() = default;
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+
+const char* naming_scheme_name(NamingScheme s) {
+  switch (s) {
+    case NamingScheme::kOfficial: return "official (DeepSeek)";
+    case NamingScheme::kHfMixed: return "transformers original-format save (mixed)";
+    case NamingScheme::kHfInternal: return "transformers internal";
+  }
+  return "?";
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// Compressor member names: HF → official.
+std::string compressor_member(const std::string& rest) {
+  static const std::pair<const char*, const char*> kMap[] = {
+      {"kv_proj.", "wkv."}, {"gate_proj.", "wgate."}, {"kv_norm.", "norm."}};
+  for (auto& [hf, off] : kMap)
+    if (starts_with(rest, hf)) return off + rest.substr(strlen(hf));
+  if (rest == "position_bias") return "ape";
+  return rest;
+}
+
+// Per-layer tail (after "layers.N."): HF internal / mixed → official.
+std::string layer_tail(const std::string& r) {
+  if (r == "input_layernorm.weight") return "attn_norm.weight";
+  if (r == "post_attention_layernorm.weight") return "ffn_norm.weight";
+  if (starts_with(r, "attn_hc.")) return "hc_attn_" + r.substr(8);
+  if (starts_with(r, "ffn_hc.")) return "hc_ffn_" + r.substr(7);
+  if (r == "attn.norm.weight") return "attn.kv_norm.weight";  // mixed-save quirk (P16)
+  if (starts_with(r, "self_attn.")) {
+    const std::string a = r.substr(10);
+    const std::string ci = "compressor.indexer.";
+    if (starts_with(a, ci)) {
+      const std::string b = a.substr(ci.size());
+      if (starts_with(b, "scorer.weights_proj.")) return "attn.indexer.weights_proj." + b.substr(20);
+      if (starts_with(b, "q_b_proj.")) return "attn.indexer.wq_b." + b.substr(9);
+      return "attn.indexer.compressor." + compressor_member(b);
+    }
+    if (starts_with(a, "compressor.")) return "attn.compressor." + compressor_member(a.substr(11));
+    static const std::pair<const char*, const char*> kMap[] = {
+        {"q_a_proj.", "wq_a."}, {"q_a_norm.", "q_norm."}, {"q_b_proj.", "wq_b."},
+        {"kv_proj.", "wkv."},   {"kv_norm.", "kv_norm."}, {"o_a_proj.", "wo_a."},
+        {"o_b_proj.", "wo_b."}};
+    for (auto& [hf, off] : kMap)
+      if (starts_with(a, hf)) return "attn." + std::string(off) + a.substr(strlen(hf));
+    if (a == "sinks") return "attn.attn_sink";
+    return "attn." + a;
+  }
+  if (starts_with(r, "mlp.")) {
+    const std::string a = r.substr(4);
+    if (a == "gate.e_score_correction_bias") return "ffn.gate.bias";
+    const std::string se = "shared_experts.";
+    if (starts_with(a, se)) {
+      const std::string b = a.substr(se.size());
+      if (starts_with(b, "gate_proj.")) return "ffn.shared_experts.w1." + b.substr(10);
+      if (starts_with(b, "up_proj.")) return "ffn.shared_experts.w3." + b.substr(8);
+      if (starts_with(b, "down_proj.")) return "ffn.shared_experts.w2." + b.substr(10);
+    }
+    return "ffn." + a;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string to_official_name(const std::string& name) {
+  std::string s = name;
+  if (ends_with(s, ".weight_scale_inv")) s = s.substr(0, s.size() - 17) + ".scale";
+  if (starts_with(s, "model.")) s = s.substr(6);
+  if (s == "embed_tokens.weight") return "embed.weight";
+  if (s == "lm_head.weight") return "head.weight";
+  if (starts_with(s, "hc_head.hc_")) return "hc_head_" + s.substr(11);
+  for (const char* prefix : {"layers.", "mtp."}) {
+    if (!starts_with(s, prefix)) continue;
+    const size_t p = strlen(prefix);
+    const size_t dot = s.find('.', p);
+    if (dot == std::string::npos) return s;
+    const std::string head = s.substr(0, dot + 1);
+    const std::string tail = s.substr(dot + 1);
+    if (std::string(prefix) == "mtp.") {
+      // MTP modules nest a full block; map its members the same way.
+      return head + layer_tail(tail);
+    }
+    return head + layer_tail(tail);
+  }
+  return s;
+}
+
+Status Checkpoint::add_file(const std::string& path) {
+  auto mf = std::make_unique<MappedFile>();
+  mf->path = path;
+  mf->fd = ::open(path.c_str(), O_RDONLY);
+  if (mf->fd < 0) return make_error(ErrorCode::kNotFound, "{}: cannot open: {}", path, strerror(errno));
+  struct stat st {};
+  if (fstat(mf->fd, &st) != 0) return make_error(ErrorCode::kIoError, "{}: cannot stat", path);
+  mf->size = size_t(st.st_size);
+  if (mf->size < 8)
+    return make_error(ErrorCode::kCorruptData, "{}: truncated file ({} bytes; a safetensors file starts with an 8-byte header length)", path, mf->size);
+  mf->base = mmap(nullptr, mf->size, PROT_READ, MAP_PRIVATE, mf->fd, 0);
+  if (mf->base == MAP_FAILED) {
+    mf->base = nullptr;
+    return make_error(ErrorCode::kIoError, "{}: mmap failed: {}", path, strerror(errno));
+  }
+  const uint8_t* base = static_cast<const uint8_t*>(mf->base);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);
+  if (header_len > mf->size - 8)
+    return make_error(ErrorCode::kCorruptData, "{}: truncated file: header length {} exceeds the {} bytes after it", path, header_len, mf->size - 8);
+  json header;
+  try {
+    header = json::parse(std::string(reinterpret_cast<const char*>(base + 8), header_len));
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: {}", path, msg);
+  }
+  if (!header.is_object()) return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: not an object", path);
+  const uint8_t* data = base + 8 + header_len;
+  const size_t data_size = mf->size - 8 - header_len;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': header entry needs dtype, shape and data_offsets", path, name);
+    TensorInfo ti;
+    ti.name = name;
+    ti.file = path;
+    const auto& dt = entry["dtype"];
+    if (!dt.is_string() || !parse_dtype(dt.get<std::string>(), &ti.dtype))
+      return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': unknown dtype {}", path, name, dt.dump());
+    int64_t numel = 1;
+    for (auto& d : entry["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad shape {}", path, name, entry["shape"].dump());
+      ti.shape.push_back(d.get<int64_t>());
+      numel *= ti.shape.back();
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad data_offsets {}", path, name, off.dump());
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > data_size)
+      return make_error(ErrorCode::kCorruptData, "{}: truncated file: tensor '{}' needs bytes [{}, {}) but the data section has {} bytes", path, name, b, e, data_size);
+    const uint64_t expect = uint64_t(numel) * uint64_t(dtype_size(ti.dtype));
+    if (e - b != expect)
+      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, e - b, dtype_name(ti.dtype), shape_str(ti.shape), expect);
+    ti.data = data + b;
+    ti.bytes = e - b;
+    const std::string official = to_official_name(name);
+    if (tensors_.count(official))
+      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}' duplicates '{}' from {}", path, name, tensors_[official].name, tensors_[official].file);
+    tensors_.emplace(official, std::move(ti));
+  }
+  files_.push_back(std::move(mf));
+  return Status::Ok();
+}
+
+Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+  Checkpoint ck;
+  ck.dir_ = dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return make_error(ErrorCode::kNotFound, "{}: not a directory", dir);
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  const std::string single = dir + "/model.safetensors";
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json idx;
+    try {
+      idx = json::parse(ss.str());
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      std::replace(msg.begin(), msg.end(), '\n', ' ');
+      return make_error(ErrorCode::kCorruptData, "{}: bad JSON: {}", index_path, msg);
+    }
+    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      return make_error(ErrorCode::kCorruptData, "{}: missing object 'weight_map'", index_path);
+    std::set<std::string> shards;
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string()) return make_error(ErrorCode::kCorruptData, "{}: weight_map['{}'] is not a file name", index_path, name);
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& s : shards) V4_RETURN_IF_ERROR(ck.add_file(dir + "/" + s));
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      const TensorInfo* t = ck.find(to_official_name(name));
+      if (!t || t->name != name)
+        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}' is listed in the index but absent from {}", index_path, name, file.get<std::string>());
+    }
+  } else if (fs::exists(single)) {
+    V4_RETURN_IF_ERROR(ck.add_file(single));
+  } else {
+    std::vector<std::string> files;
+    for (auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors" && e.path().filename() != "golden.safetensors")
+        files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty())
+      return make_error(ErrorCode::kNotFound, "{}: no model.safetensors, model.safetensors.index.json or *.safetensors", dir);
+    for (const auto& f : files) V4_RETURN_IF_ERROR(ck.add_file(f));
+  }
+  // Detect the naming scheme (informational).
+  bool any_model_prefix = false, any_internal = false;
+  for (auto& [off, t] : ck.tensors_) {
+    any_model_prefix |= starts_with(t.name, "model.");
+    any_internal |= t.name.find("self_attn.") != std::string::npos || t.name.find(".mlp.") != std::string::npos ||
+                    t.name == "lm_head.weight";
+  }
+  ck.scheme_ = any_internal ? NamingScheme::kHfInternal
+               : any_model_prefix ? NamingScheme::kHfMixed : NamingScheme::kOfficial;
+  return ck;
+}
+
+Result<Checkpoint> Checkpoint::open_file(const std::string& path) {
+  Checkpoint ck;
+  ck.dir_ = path;
+  V4_RETURN_IF_ERROR(ck.add_file(path));
+  return ck;
+}
+
+const TensorInfo* Checkpoint::find(const std::string& official_name) const {
+  auto it = tensors_.find(official_name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+std::map<std::string, int> Checkpoint::dtype_counts() const {
+  std::map<std::string, int> m;
+  for (auto& [n, t] : tensors_) m[std::string(dtype_name(t.dtype))]++;
+  return m;
+}
+
+namespace {
+
+std::string scale_name_for(const std::string& weight_name) {
+  if (ends_with(weight_name, ".weight")) return weight_name.substr(0, weight_name.size() - 7) + ".scale";
+  return weight_name + ".scale";
+}
+
+Status shape_error(const TensorInfo& t, const std::vector<int64_t>& expect, const std::string& note) {
+  return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': expected shape {}{}, found {} {}",
+                    t.file, t.name, shape_str(expect), note, dtype_name(t.dtype), shape_str(t.shape));
+}
+
+// Reads scale value s[i, j] of a scale tensor (F8_E8M0 or F32 or BF16).
+float scale_at(const TensorInfo& s, int64_t i, int64_t j) {
+  const int64_t idx = i * s.shape[1] + j;
+  switch (s.dtype) {
+    case DType::kF8E8M0: return ue8m0_to_f32(s.data[idx]);
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, s.data + idx * 4, 4);
+      return v;
+    }
+    case DType::kBF16: {
+      uint16_t v;
+      std::memcpy(&v, s.data + idx * 2, 2);
+      return bf16_to_f32(v);
+    }
+    default: return NAN;
+  }
+}
+
+}  // namespace
+
+Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
+                                                const std::vector<int64_t>& shape) const {
+  const TensorInfo* t = find(name);
+  if (!t) return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name, naming_scheme_name(scheme_));
+  int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  std::vector<float> out(static_cast<size_t>(numel));
+  const uint8_t* p = t->data;
+  switch (t->dtype) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kF8E4M3: {
+      if (t->shape != shape) return shape_error(*t, shape, "");
+      for (int64_t i = 0; i < numel; ++i) {
+        switch (t->dtype) {
+          case DType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;
+          case DType::kBF16: { uint16_t v; std::memcpy(&v, p + 2 * i, 2); out[i] = bf16_to_f32(v); break; }
+          case DType::kF16: { uint16_t v; std::memcpy(&v, p + 2 * i, 2); out[i] = f16_to_f32(v); break; }
+          default: out[i] = fp8e4m3_to_f32(p[i]); break;
+        }
+      }
+      if (t->dtype == DType::kF8E4M3) {
+        const TensorInfo* s = find(scale_name_for(name));
+        if (s) {
+          if (shape.size() != 2 || s->shape.size() != 2 || s->shape[0] <= 0 || s->shape[1] <= 0)
+            return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': FP8 block scale must be 2-D, found {} {}", s->file, s->name, dtype_name(s->dtype), shape_str(s->shape));
+          // Block size inferred from the scale grid (as transformers' FP8 dequantizer does).
+          const int64_t b0 = (shape[0] + s->shape[0] - 1) / s->shape[0];
+          const int64_t b1 = (shape[1] + s->shape[1] - 1) / s->shape[1];
+          if ((shape[0] + b0 - 1) / b0 != s->shape[0] || (shape[1] + b1 - 1) / b1 != s->shape[1])
+            return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': scale grid {} does not tile weight {}", s->file, s->name, shape_str(s->shape), shape_str(shape));
+          if (s->dtype != DType::kF8E8M0 && s->dtype != DType::kF32 && s->dtype != DType::kBF16)
+            return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': scale dtype {} not supported (expected F8_E8M0 or F32)", s->file, s->name, dtype_name(s->dtype));
+          for (int64_t i = 0; i < shape[0]; ++i)
+            for (int64_t j = 0; j < shape[1]; ++j) out[i * shape[1] + j] *= scale_at(*s, i / b0, j / b1);
+        }
+      }
+      return out;
+    }
+    case DType::kI8:
+    case DType::kU8: {
+      // Packed FP4 e2m1: logical [.., in], stored [.., in/2], scale [.., in/32].
+      std::vector<int64_t> stored = shape;
+      if (stored.empty() || stored.back() % 2) return shape_error(*t, shape, " (packed FP4)");
+      stored.back() /= 2;
+      if (t->shape != stored)
+        return shape_error(*t, stored, fmt::format(" (packed FP4 of logical {})", shape_str(shape)));
+      const int64_t in = shape.back();
+      const int64_t rows = numel / in;
+      const TensorInfo* s = find(scale_name_for(name));
+      if (!s) return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is packed FP4 but its scale '{}' is missing", t->file, t->name, scale_name_for(name));
+      if (s->shape.size() != 2 || s->shape[0] != rows || s->shape[1] * 32 != in)
+        return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': expected FP4 scale shape [{}, {}], found {} {}", s->file, s->name, rows, in / 32, dtype_name(s->dtype), shape_str(s->shape));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < in; ++c) {
+          const uint8_t byte = p[(r * in + c) / 2];
+          const uint8_t nib = (c % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+          out[r * in + c] = fp4e2m1_to_f32(nib) * scale_at(*s, r, c / 32);
+        }
+      return out;
+    }
+    default:
+      return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': dtype {} cannot be read as a float weight", t->file, t->name, dtype_name(t->dtype));
+  }
+}
+
+Result<std::vector<int32_t>> Checkpoint::read_i32(const std::string& name,
+                                                  const std::vector<int64_t>& shape) const {
+  const TensorInfo* t = find(name);
+  if (!t) return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name, naming_scheme_name(scheme_));
+  if (t->shape != shape) return shape_error(*t, shape, "");
+  int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  std::vector<int32_t> out(static_cast<size_t>(numel));
+  if (t->dtype == DType::kI64) {
+    for (int64_t i = 0; i < numel; ++i) {
+      int64_t v;
+      std::memcpy(&v, t->data + 8 * i, 8);
+      out[i] = int32_t(v);
+    }
+  } else if (t->dtype == DType::kI32) {
+    std::memcpy(out.data(), t->data, size_t(numel) * 4);
+  } else {
+    return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': expected dtype I64 or I32, found {} {}", t->file, t->name, dtype_name(t->dtype), shape_str(t->shape));
+  }
+  return out;
+}
+
+}  // namespace v4::model

@@ -1,0 +1,482 @@
+// CPU reference backend of ops.h: fp32, threaded with v4::ThreadPool, BLAS for GEMMs.
+//
+// Determinism and batch invariance: every op computes a row from that row's inputs only, with a
+// fixed summation order, so a request's logits do not depend on which other requests share the
+// step. GEMMs go through cblas_sgemm, whose per-element summation order depends on M (measured
+// with OpenBLAS 0.3.21: a row's result changes between M=1 and M=4); `linear` therefore always
+// calls sgemm on fixed blocks of kRowBlock rows (zero-padded) and fixed column chunks (which
+// depend only on N), so a row's result depends only on x[row], w and N, K.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <numeric>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "ops/ops.h"
+
+namespace v4::ops {
+namespace {
+
+constexpr int64_t kRowBlock = 16;   // rows per sgemm call (fixed: batch invariance)
+constexpr int64_t kColChunk = 256;  // output columns per sgemm call (fixed per N)
+
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
+inline float siluf(float x) { return x / (1.f + std::exp(-x)); }
+// torch.nn.functional.softplus(beta=1, threshold=20).
+inline float softplusf(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(ThreadPool* pool) : pool_(pool ? pool : &ThreadPool::global()) {
+    // OpenBLAS threads would split rows/columns nondeterministically with our own pool; we
+    // thread over fixed blocks ourselves.
+    openblas_set_num_threads(1);
+  }
+  std::string name() const override { return "cpu"; }
+
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void free(void* ptr) override { std::free(ptr); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void synchronize() override {}
+
+  void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
+              float* y, int64_t ldy) override {
+    if (M <= 0 || N <= 0) return;
+    const int64_t row_blocks = (M + kRowBlock - 1) / kRowBlock;
+    const int64_t col_chunks = (N + kColChunk - 1) / kColChunk;
+    pool_->parallel_for(row_blocks * col_chunks, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> xpad, ypad;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t rb = task / col_chunks, cc = task % col_chunks;
+        const int64_t r0 = rb * kRowBlock, rows = std::min(kRowBlock, M - r0);
+        const int64_t c0 = cc * kColChunk, cols = std::min(kColChunk, N - c0);
+        if (rows == kRowBlock) {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(kRowBlock), int(cols), int(K),
+                      1.f, x + r0 * ldx, int(ldx), w + c0 * K, int(K), 0.f, y + r0 * ldy + c0,
+                      int(ldy));
+        } else {
+          xpad.assign(size_t(kRowBlock * K), 0.f);
+          ypad.assign(size_t(kRowBlock * cols), 0.f);
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(&xpad[r * K], x + (r0 + r) * ldx, size_t(K) * sizeof(float));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(kRowBlock), int(cols), int(K),
+                      1.f, xpad.data(), int(K), w + c0 * K, int(K), 0.f, ypad.data(), int(cols));
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(y + (r0 + r) * ldy + c0, &ypad[r * cols], size_t(cols) * sizeof(float));
+        }
+      }
+    });
+  }
+
+  void add(float* y, const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+
+  void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width,
+                   float* dst) override {
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(dst + i * width, src + int64_t(rows[i]) * width, size_t(width) * sizeof(float));
+  }
+
+  void store_rows(float* pool, const int32_t* rows, int64_t n, int64_t width,
+                  const float* src) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (rows[i] >= 0)
+        std::memcpy(pool + int64_t(rows[i]) * width, src + i * width, size_t(width) * sizeof(float));
+  }
+
+  void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
+             float* out) override {
+    for (int64_t t = 0; t < S; ++t)
+      for (int s = 0; s < n_streams; ++s)
+        std::memcpy(out + (t * n_streams + s) * D, table + int64_t(ids[t]) * D,
+                    size_t(D) * sizeof(float));
+  }
+
+  void rms_norm(const float* x, const float* weight, int64_t rows, int dim, float eps,
+                float* y) override {
+    pool_->parallel_for(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* xr = x + r * dim;
+        float* yr = y + r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+        const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
+        if (weight)
+          for (int i = 0; i < dim; ++i) yr[i] = weight[i] * (xr[i] * inv);
+        else
+          for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
+      }
+    }, 16);
+  }
+
+  void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
+            const int64_t* positions, const float* inv_freq, float attention_scaling,
+            bool inverse) override {
+    const int half = rope_dim / 2;
+    pool_->parallel_for(rows, [&](int64_t b, int64_t e) {
+      std::vector<float> cs(half), sn(half);
+      for (int64_t r = b; r < e; ++r) {
+        const float pos = float(positions[r]);
+        for (int i = 0; i < half; ++i) {
+          const float ang = inv_freq[i] * pos;  // fp32 product, as HF (dsv4-model.md P18)
+          cs[i] = std::cos(ang) * attention_scaling;
+          sn[i] = std::sin(ang) * attention_scaling;
+          if (inverse) sn[i] = -sn[i];
+        }
+        for (int h = 0; h < n_heads; ++h) {
+          float* v = x + (r * n_heads + h) * head_dim + (head_dim - rope_dim);
+          for (int i = 0; i < half; ++i) {
+            const float a = v[2 * i], c = v[2 * i + 1];
+            v[2 * i] = a * cs[i] - c * sn[i];
+            v[2 * i + 1] = c * cs[i] + a * sn[i];
+          }
+        }
+      }
+    }, 8);
+  }
+
+  void hc_pre(const HcArgs& a) override {
+    const int n = a.n_streams, D = a.hidden;
+    const int64_t width = int64_t(n) * D;
+    const int n_mix = (2 + n) * n;
+    pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
+      std::vector<float> flat(width), mix(n_mix), comb(n * n);
+      for (int64_t t = b; t < e; ++t) {
+        const float* h = a.h + t * width;
+        double ss = 0;
+        for (int64_t i = 0; i < width; ++i) ss += double(h[i]) * h[i];
+        const float inv = float(1.0 / std::sqrt(ss / double(width) + double(a.rms_eps)));
+        for (int64_t i = 0; i < width; ++i) flat[i] = h[i] * inv;
+        for (int o = 0; o < n_mix; ++o) mix[o] = dot(flat.data(), a.fn + o * width, width);
+        float pre[16];
+        for (int s = 0; s < n; ++s) {
+          pre[s] = sigmoidf(mix[s] * a.scale[0] + a.base[s]) + a.hc_eps;
+          a.post[t * n + s] = 2.f * sigmoidf(mix[n + s] * a.scale[1] + a.base[n + s]);
+        }
+        // comb logits, row j / column k; softmax over k, +eps, then Sinkhorn.
+        for (int j = 0; j < n; ++j) {
+          float* row = &comb[j * n];
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int k = 0; k < n; ++k) {
+            row[k] = mix[2 * n + j * n + k] * a.scale[2] + a.base[2 * n + j * n + k];
+            mx = std::max(mx, row[k]);
+          }
+          float sum = 0.f;
+          for (int k = 0; k < n; ++k) sum += (row[k] = std::exp(row[k] - mx));
+          for (int k = 0; k < n; ++k) row[k] = row[k] / sum + a.hc_eps;
+        }
+        auto col_norm = [&] {
+          for (int k = 0; k < n; ++k) {
+            float s = 0.f;
+            for (int j = 0; j < n; ++j) s += comb[j * n + k];
+            for (int j = 0; j < n; ++j) comb[j * n + k] /= (s + a.hc_eps);
+          }
+        };
+        auto row_norm = [&] {
+          for (int j = 0; j < n; ++j) {
+            float s = 0.f;
+            for (int k = 0; k < n; ++k) s += comb[j * n + k];
+            for (int k = 0; k < n; ++k) comb[j * n + k] /= (s + a.hc_eps);
+          }
+        };
+        col_norm();
+        for (int it = 0; it < a.sinkhorn_iters - 1; ++it) {
+          row_norm();
+          col_norm();
+        }
+        std::memcpy(a.comb + t * n * n, comb.data(), sizeof(float) * n * n);
+        float* c = a.collapsed + t * D;
+        for (int d = 0; d < D; ++d) {
+          float s = 0.f;
+          for (int st = 0; st < n; ++st) s += pre[st] * h[st * D + d];
+          c[d] = s;
+        }
+      }
+    }, 4);
+  }
+
+  void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S,
+               int n, int D) override {
+    pool_->parallel_for(S, [&](int64_t b, int64_t e) {
+      std::vector<float> old(size_t(n) * D);
+      for (int64_t t = b; t < e; ++t) {
+        float* ht = h + t * n * D;
+        std::memcpy(old.data(), ht, sizeof(float) * n * D);
+        const float* cb = comb + t * n * n;
+        for (int k = 0; k < n; ++k) {
+          const float pk = post[t * n + k];
+          for (int d = 0; d < D; ++d) {
+            float s = 0.f;
+            for (int j = 0; j < n; ++j) s += cb[j * n + k] * old[j * D + d];
+            ht[k * D + d] = pk * f[t * D + d] + s;
+          }
+        }
+      }
+    }, 4);
+  }
+
+  void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
+               int n, int D, float rms_eps, float hc_eps, float* y) override {
+    const int64_t width = int64_t(n) * D;
+    pool_->parallel_for(S, [&](int64_t b, int64_t e) {
+      std::vector<float> flat(width);
+      for (int64_t t = b; t < e; ++t) {
+        const float* ht = h + t * width;
+        double ss = 0;
+        for (int64_t i = 0; i < width; ++i) ss += double(ht[i]) * ht[i];
+        const float inv = float(1.0 / std::sqrt(ss / double(width) + double(rms_eps)));
+        for (int64_t i = 0; i < width; ++i) flat[i] = ht[i] * inv;
+        float pre[16];
+        for (int s = 0; s < n; ++s)
+          pre[s] = sigmoidf(dot(flat.data(), fn + s * width, width) * scale[0] + base[s]) + hc_eps;
+        for (int d = 0; d < D; ++d) {
+          float s = 0.f;
+          for (int st = 0; st < n; ++st) s += pre[st] * ht[st * D + d];
+          y[t * D + d] = s;
+        }
+      }
+    }, 4);
+  }
+
+  void compress_pool(const CompressArgs& a) override {
+    const int m = a.ratio, c = a.overlap, d = a.dim;
+    const int n_slots = c * m;
+    const int64_t width = int64_t(c) * d;
+    pool_->parallel_for(a.n_out, [&](int64_t b, int64_t e) {
+      std::vector<const float*> kv(n_slots), gt(n_slots), bs(n_slots);
+      std::vector<float> g(n_slots);
+      for (int64_t r = b; r < e; ++r) {
+        for (int j = 0; j < n_slots; ++j) {
+          const int32_t v = a.src[r * n_slots + j];
+          const int ch0 = (c == 2 && j >= m) ? d : 0;  // series b of the overlap compressor
+          const int brow = (c == 2 && j >= m) ? j - m : j;
+          if (v == -1) {
+            kv[j] = nullptr;
+            continue;
+          }
+          const float* kbase = v >= 0 ? a.fresh_kv + int64_t(v) * width
+                                      : a.state_kv + int64_t(-v - 2) * width;
+          const float* gbase = v >= 0 ? a.fresh_gate + int64_t(v) * width
+                                      : a.state_gate + int64_t(-v - 2) * width;
+          kv[j] = kbase + ch0;
+          gt[j] = gbase + ch0;
+          bs[j] = a.bias + int64_t(brow) * width + ch0;
+        }
+        float* out = a.out + r * d;
+        for (int ch = 0; ch < d; ++ch) {
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int j = 0; j < n_slots; ++j)
+            if (kv[j]) mx = std::max(mx, g[j] = gt[j][ch] + bs[j][ch]);
+          float sum = 0.f;
+          for (int j = 0; j < n_slots; ++j)
+            if (kv[j]) sum += (g[j] = std::exp(g[j] - mx));
+          float acc = 0.f;
+          for (int j = 0; j < n_slots; ++j)
+            if (kv[j]) acc += kv[j][ch] * (g[j] / sum);
+          out[ch] = acc;
+        }
+      }
+    });
+  }
+
+  void indexer_topk(const IndexerArgs& a) override {
+    const int nI = a.n_heads, dI = a.head_dim, k = a.topk;
+    const float qscale = 1.f / std::sqrt(float(dI));
+    const float wscale = 1.f / std::sqrt(float(nI));
+    pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
+      std::vector<float> score;
+      std::vector<int32_t> order;
+      std::vector<float> w(nI);
+      for (int64_t t = b; t < e; ++t) {
+        const int32_t n_cand = a.cand.count[t];
+        const int32_t* rows = a.cand.rows + a.cand.offset[t];
+        const float* q = a.q + t * nI * dI;
+        for (int h = 0; h < nI; ++h) w[h] = a.weights[t * nI + h] * wscale;
+        score.assign(n_cand, 0.f);
+        for (int32_t s = 0; s < n_cand; ++s) {
+          const float* key = a.key_pool + int64_t(rows[s]) * dI;
+          float acc = 0.f;
+          for (int h = 0; h < nI; ++h) {
+            const float v = std::max(0.f, dot(q + h * dI, key, dI)) * qscale;
+            acc += v * w[h];
+          }
+          score[s] = acc;
+        }
+        const int n_sel = std::min<int32_t>(k, n_cand);
+        order.resize(n_cand);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + n_sel, order.end(),
+                          [&](int32_t x, int32_t y) {
+                            if (score[x] != score[y]) return score[x] > score[y];
+                            return x < y;
+                          });
+        int32_t* out = a.out_rows + t * k;
+        for (int i = 0; i < k; ++i) out[i] = i < n_sel ? rows[order[i]] : -1;
+        if (a.out_count) a.out_count[t] = n_sel;
+      }
+    });
+  }
+
+  void sparse_attention(const AttentionArgs& a) override {
+    const int H = a.n_heads, hd = a.head_dim;
+    pool_->parallel_for(a.n_rows * H, [&](int64_t b, int64_t e) {
+      std::vector<const float*> keys;
+      std::vector<float> logit;
+      for (int64_t th = b; th < e; ++th) {
+        const int64_t t = th / H;
+        const int h = int(th % H);
+        keys.clear();
+        auto collect = [&](const float* pool, const RowMap& map) {
+          if (!pool || !map.count) return;
+          const int32_t* rows = map.rows + map.offset[t];
+          for (int32_t j = 0; j < map.count[t]; ++j)
+            if (rows[j] >= 0) keys.push_back(pool + int64_t(rows[j]) * hd);
+        };
+        collect(a.swa_pool, a.swa);
+        collect(a.comp_pool, a.comp);
+        const float* q = a.q + (t * H + h) * hd;
+        logit.resize(keys.size());
+        float mx = a.sinks[h];
+        for (size_t j = 0; j < keys.size(); ++j) {
+          logit[j] = dot(q, keys[j], hd) * a.scale;
+          mx = std::max(mx, logit[j]);
+        }
+        float sum = std::exp(a.sinks[h] - mx);
+        for (size_t j = 0; j < keys.size(); ++j) sum += (logit[j] = std::exp(logit[j] - mx));
+        float* o = a.out + (t * H + h) * hd;
+        std::fill(o, o + hd, 0.f);
+        for (size_t j = 0; j < keys.size(); ++j) {
+          const float p = logit[j] / sum;
+          const float* v = keys[j];
+          for (int i = 0; i < hd; ++i) o[i] += p * v[i];
+        }
+      }
+    });
+  }
+
+  void route(const RouteArgs& a) override {
+    const int E = a.n_experts, k = a.topk;
+    pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
+      std::vector<float> s(E), sel(E);
+      std::vector<int32_t> order(E);
+      for (int64_t t = b; t < e; ++t) {
+        const float* lg = a.logits + t * E;
+        switch (a.scoring) {
+          case ScoringFunc::kSqrtSoftplus:
+            for (int i = 0; i < E; ++i) s[i] = std::sqrt(softplusf(lg[i]));
+            break;
+          case ScoringFunc::kSigmoid:
+            for (int i = 0; i < E; ++i) s[i] = sigmoidf(lg[i]);
+            break;
+          case ScoringFunc::kSoftmax: {
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int i = 0; i < E; ++i) mx = std::max(mx, lg[i]);
+            float sum = 0.f;
+            for (int i = 0; i < E; ++i) sum += (s[i] = std::exp(lg[i] - mx));
+            for (int i = 0; i < E; ++i) s[i] /= sum;
+            break;
+          }
+        }
+        int32_t* idx = a.out_idx + t * k;
+        if (a.tid2eid) {
+          for (int j = 0; j < k; ++j) idx[j] = a.tid2eid[int64_t(a.token_ids[t]) * k + j];
+        } else {
+          for (int i = 0; i < E; ++i) sel[i] = s[i] + (a.bias ? a.bias[i] : 0.f);
+          std::iota(order.begin(), order.end(), 0);
+          std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                            [&](int32_t x, int32_t y) {
+                              if (sel[x] != sel[y]) return sel[x] > sel[y];
+                              return x < y;
+                            });
+          for (int j = 0; j < k; ++j) idx[j] = order[j];
+        }
+        float sum = 0.f;
+        for (int j = 0; j < k; ++j) sum += s[idx[j]];
+        for (int j = 0; j < k; ++j)
+          a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
+      }
+    }, 8);
+  }
+
+  void moe_experts(const MoeArgs& a) override {
+    const int64_t S = a.n_rows;
+    const int D = a.hidden, I = a.inter, k = a.topk;
+    // Bucket (token, slot) pairs by expert, in token order.
+    std::vector<std::vector<int64_t>> bucket(a.n_experts);
+    for (int64_t t = 0; t < S; ++t)
+      for (int j = 0; j < k; ++j) bucket[a.idx[t * k + j]].push_back(t * k + j);
+    std::vector<float> per_slot(size_t(S) * k * D, 0.f);
+    std::vector<float> xin, gu, act, down;
+    for (int ex = 0; ex < a.n_experts; ++ex) {
+      const auto& items = bucket[ex];
+      if (items.empty()) continue;
+      const int64_t n = int64_t(items.size());
+      xin.resize(size_t(n) * D);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(&xin[i * D], a.x + (items[i] / k) * D, sizeof(float) * D);
+      gu.resize(size_t(n) * 2 * I);
+      linear(xin.data(), D, a.w13 + int64_t(ex) * 2 * I * D, n, 2 * I, D, gu.data(), 2 * I);
+      act.resize(size_t(n) * I);
+      const float lim = a.swiglu_limit;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* g = &gu[i * 2 * I];
+        const float* u = g + I;
+        for (int c = 0; c < I; ++c) {
+          float gv = g[c], uv = u[c];
+          if (lim > 0.f) {
+            gv = std::min(gv, lim);
+            uv = std::clamp(uv, -lim, lim);
+          }
+          act[i * I + c] = siluf(gv) * uv;
+        }
+      }
+      down.resize(size_t(n) * D);
+      linear(act.data(), I, a.w2 + int64_t(ex) * D * I, n, D, I, down.data(), D);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(&per_slot[items[i] * D], &down[i * D], sizeof(float) * D);
+    }
+    for (int64_t t = 0; t < S; ++t) {
+      float* o = a.out + t * D;
+      std::fill(o, o + D, 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float wj = a.weight[t * k + j];
+        const float* v = &per_slot[(t * k + j) * D];
+        for (int c = 0; c < D; ++c) o[c] += v[c] * wj;
+      }
+    }
+  }
+
+ private:
+  ThreadPool* pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cpu_ops(ThreadPool* pool) { return std::make_unique<CpuOps>(pool); }
+
+}  // namespace v4::ops

@@ -1,0 +1,75 @@
+// Shared helpers for tests/model: fixture discovery, golden loading, comparisons.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint.h"
+#include "model/deepseek_v4.h"
+
+namespace v4::model::testing {
+
+/// Every tests/fixtures/<name>/ directory holding a golden.safetensors (sorted).
+inline std::vector<std::string> fixture_dirs() {
+  std::vector<std::string> out;
+  const std::filesystem::path root = std::filesystem::path(V4_SOURCE_DIR) / "tests" / "fixtures";
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(root, ec))
+    if (e.is_directory() && std::filesystem::exists(e.path() / "golden.safetensors") &&
+        std::filesystem::exists(e.path() / "config.json"))
+      out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The oracle outputs of one fixture (tests/fixtures/README / testing.md).
+struct Golden {
+  std::vector<int32_t> prompt_ids, tokens, chunk_sizes;
+  std::vector<float> prefill_logits, decode_logits, chunked_logits;
+  int64_t vocab = 0;
+};
+
+inline Result<Golden> load_golden(const std::string& dir) {
+  V4_ASSIGN_OR_RETURN(auto f, Checkpoint::open_file(dir + "/golden.safetensors"));
+  Golden g;
+  auto ints = [&](const std::string& n, std::vector<int32_t>* out) -> Status {
+    const TensorInfo* t = f.find(n);
+    if (!t) return make_error(ErrorCode::kNotFound, "golden: missing {}", n);
+    V4_ASSIGN_OR_RETURN(*out, f.read_i32(n, t->shape));
+    return Status::Ok();
+  };
+  auto floats = [&](const std::string& n, std::vector<float>* out) -> Status {
+    const TensorInfo* t = f.find(n);
+    if (!t) return make_error(ErrorCode::kNotFound, "golden: missing {}", n);
+    g.vocab = t->shape.back();
+    V4_ASSIGN_OR_RETURN(*out, f.read_f32(n, t->shape));
+    return Status::Ok();
+  };
+  V4_RETURN_IF_ERROR(ints("prompt_ids", &g.prompt_ids));
+  V4_RETURN_IF_ERROR(ints("tokens", &g.tokens));
+  V4_RETURN_IF_ERROR(ints("chunk_sizes", &g.chunk_sizes));
+  V4_RETURN_IF_ERROR(floats("prefill_logits", &g.prefill_logits));
+  V4_RETURN_IF_ERROR(floats("decode_logits", &g.decode_logits));
+  V4_RETURN_IF_ERROR(floats("chunked_logits", &g.chunked_logits));
+  return g;
+}
+
+/// max|a − b| / max|b| over all values (b = reference).
+inline double rel_err(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+inline int32_t argmax(const float* v, int64_t n) {
+  return int32_t(std::max_element(v, v + n) - v);
+}
+
+}  // namespace v4::model::testing
