@@ -727,6 +727,10 @@ Status ShadowRadix::check_invariants() const {
         ++swa_refs[size_t(vb)];
       }
     }
+    if (x->swa_lock > 0 && x->snapshot < 0)
+      return err(fmt::format("node {}: a running sequence resumed here but its boundary state "
+                             "was freed",
+                             x->id));
     if (x->swa_lock > x->lock)
       return err(fmt::format("node {}: swa_lock {} > lock {}", x->id, x->swa_lock, x->lock));
   }
