@@ -16,20 +16,20 @@ const char* state_kind_name(StateKind k) {
   return "?";
 }
 
-Result<CacheSpec> CacheSpec::from_dims(const CacheDims& d) {
+Result<LayerSpecTable> LayerSpecTable::from_dims(const CacheDims& d) {
   if (d.compress_ratios.empty())
     return make_error(ErrorCode::kInvalidArgument, "cache spec: compress_ratios is empty");
   if (d.head_dim <= 0 || d.index_head_dim <= 0 || d.sliding_window <= 0)
     return make_error(ErrorCode::kInvalidArgument,
                       "cache spec: head_dim {}, index_head_dim {}, sliding_window {} must be > 0",
                       d.head_dim, d.index_head_dim, d.sliding_window);
-  CacheSpec s;
+  LayerSpecTable s;
   s.sliding_window = d.sliding_window;
   const int kvb = dtype_size(d.kv_dtype);
   const int stb = dtype_size(d.state_dtype);
   for (size_t i = 0; i < d.compress_ratios.size(); ++i) {
     const int r = d.compress_ratios[i];
-    LayerCacheSpec l;
+    LayerSpecRow l;
     l.layer = int(i);
     l.ratio = r;
     l.swa_width = d.head_dim;
@@ -62,38 +62,38 @@ Result<CacheSpec> CacheSpec::from_dims(const CacheDims& d) {
   return s;
 }
 
-int64_t CacheSpec::swa_bytes_per_token() const {
+int64_t LayerSpecTable::swa_bytes_per_token() const {
   int64_t b = 0;
   for (const auto& l : layers) b += int64_t(l.swa_width) * l.kv_bytes;
   return b;
 }
 
-int64_t CacheSpec::c4_bytes_per_token_x4() const {
+int64_t LayerSpecTable::c4_bytes_per_token_x4() const {
   int64_t b = 0;
   for (const auto& l : layers)
     if (l.ratio == 4) b += int64_t(l.ckv_width + l.index_width) * l.kv_bytes;
   return b;
 }
 
-int64_t CacheSpec::c128_bytes_per_token_x128() const {
+int64_t LayerSpecTable::c128_bytes_per_token_x128() const {
   int64_t b = 0;
   for (const auto& l : layers)
     if (l.ratio == 128) b += int64_t(l.ckv_width) * l.kv_bytes;
   return b;
 }
 
-int64_t CacheSpec::compressed_bytes_per_page(int64_t page_tokens) const {
+int64_t LayerSpecTable::compressed_bytes_per_page(int64_t page_tokens) const {
   return c4_bytes_per_token_x4() * (page_tokens / 4) +
          c128_bytes_per_token_x128() * (page_tokens / 128);
 }
 
-int64_t CacheSpec::snapshot_bytes() const {
+int64_t LayerSpecTable::snapshot_bytes() const {
   int64_t b = 0;
   for (const auto& l : layers) b += l.state_bytes;
   return b;
 }
 
-int CacheSpec::n_layers_of_ratio(int ratio) const {
+int LayerSpecTable::n_layers_of_ratio(int ratio) const {
   int n = 0;
   for (const auto& l : layers) n += l.ratio == ratio;
   return n;
@@ -118,7 +118,7 @@ int64_t swa_pages_per_window(int64_t window, int64_t swa_page_tokens) {
   return ceil_div(window, swa_page_tokens) + 1;
 }
 
-Result<PoolPlan> plan_pools(const CacheSpec& spec, const PoolPlanOptions& o) {
+Result<PoolPlan> plan_pools(const LayerSpecTable& spec, const PoolPlanOptions& o) {
   if (o.page_tokens <= 0 || o.page_tokens % 128 != 0)
     return make_error(ErrorCode::kInvalidArgument,
                       "cache: page size {} tokens must be a positive multiple of 128", o.page_tokens);

@@ -1,6 +1,6 @@
 // Declarative per-layer cache specs and byte accounting for ShadowRadix (docs/cache.md).
 //
-// Every pool is built from one table: one `LayerCacheSpec` row per decoder layer, derived from a
+// Every pool is built from one table: one `LayerSpecRow` row per decoder layer, derived from a
 // handful of numbers (`CacheDims`) that the model's ModelConfig fills in. Adding an attention kind
 // is one new row kind here, not a third copy of page tables / eviction / matching.
 #pragma once
@@ -34,7 +34,7 @@ struct CacheDims {
 };
 
 /// One layer's row of the table. Widths in values, sizes in bytes.
-struct LayerCacheSpec {
+struct LayerSpecRow {
   int layer = 0;
   int ratio = 0;             // 0, 4 or 128
   int swa_width = 0;         // SWA KV values per token
@@ -45,14 +45,15 @@ struct LayerCacheSpec {
   int64_t state_bytes = 0;   // bytes of one compressor-state snapshot of this layer
 };
 
-/// The whole table plus derived per-token byte counts.
-struct CacheSpec {
-  std::vector<LayerCacheSpec> layers;
+/// The whole table plus derived per-token byte counts. (Named apart from pools.h's CacheSpec,
+/// the physical pools' table; `from_dims` takes the same numbers.)
+struct LayerSpecTable {
+  std::vector<LayerSpecRow> layers;
   int sliding_window = 128;
 
   /// Builds the table. Errors (kInvalidArgument): empty ratios, a ratio other than 0/4/128,
   /// non-positive widths or window.
-  static Result<CacheSpec> from_dims(const CacheDims& d);
+  static Result<LayerSpecTable> from_dims(const CacheDims& d);
 
   /// SWA KV bytes for one token over all layers (the SWA page pool).
   int64_t swa_bytes_per_token() const;
@@ -97,7 +98,7 @@ int64_t swa_pages_per_window(int64_t window, int64_t swa_page_tokens);
 /// `cached_windows` kept boundaries need, then the rest as virtual pages.
 /// Errors (kInvalidArgument): bad page sizes; a budget too small for the fixed part or for at
 /// least one page per running sequence (message says how many bytes are needed).
-Result<PoolPlan> plan_pools(const CacheSpec& spec, const PoolPlanOptions& opt);
+Result<PoolPlan> plan_pools(const LayerSpecTable& spec, const PoolPlanOptions& opt);
 
 /// "1.50 GiB" style formatting of a byte count.
 std::string format_bytes(int64_t bytes);

@@ -19,7 +19,7 @@ CacheDims flash_dims() {
 }  // namespace
 
 TEST(LayerSpec, FlashBytesPerToken) {
-  auto spec = CacheSpec::from_dims(flash_dims());
+  auto spec = LayerSpecTable::from_dims(flash_dims());
   ASSERT_TRUE(spec.ok()) << spec.status().to_string();
   EXPECT_EQ(spec->layers.size(), 43u);
   EXPECT_EQ(spec->n_layers_of_ratio(0), 2);
@@ -39,7 +39,7 @@ TEST(LayerSpec, FlashBytesPerToken) {
   EXPECT_EQ(spec->snapshot_bytes(), 21 * 80 * 1024 + 20 * 6 * 1024);
   auto raw = flash_dims();
   raw.c128_online_accum = false;
-  auto spec2 = CacheSpec::from_dims(raw);
+  auto spec2 = LayerSpecTable::from_dims(raw);
   ASSERT_TRUE(spec2.ok());
   EXPECT_EQ(spec2->layers[3].state_bytes, 2 * 128 * 512 * 4);  // 512 KiB (§12)
 }
@@ -47,15 +47,15 @@ TEST(LayerSpec, FlashBytesPerToken) {
 TEST(LayerSpec, RejectsBadRatio) {
   CacheDims d;
   d.compress_ratios = {0, 8};
-  auto s = CacheSpec::from_dims(d);
+  auto s = LayerSpecTable::from_dims(d);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("ratio 8"), std::string::npos);
   d.compress_ratios = {};
-  EXPECT_FALSE(CacheSpec::from_dims(d).ok());
+  EXPECT_FALSE(LayerSpecTable::from_dims(d).ok());
 }
 
 TEST(LayerSpec, PlanFromBudgetExplains) {
-  auto spec = CacheSpec::from_dims(flash_dims());
+  auto spec = LayerSpecTable::from_dims(flash_dims());
   ASSERT_TRUE(spec.ok());
   PoolPlanOptions o;
   o.budget_bytes = int64_t(8) << 30;
@@ -74,7 +74,7 @@ TEST(LayerSpec, PlanFromBudgetExplains) {
 }
 
 TEST(LayerSpec, PlanRefusesTinyBudgetAndBadPages) {
-  auto spec = CacheSpec::from_dims(flash_dims());
+  auto spec = LayerSpecTable::from_dims(flash_dims());
   ASSERT_TRUE(spec.ok());
   PoolPlanOptions o;
   o.budget_bytes = 1 << 20;
