@@ -1,0 +1,207 @@
+// `v4serve generate`: load a checkpoint, run a prompt through the CPU forward, and decode
+// greedily (temperature 0) or by sampling. `--dump-logits FILE` writes a safetensors file with
+// prompt_ids I64 [n_prompt], prefill_logits F32 [n_prompt, vocab], tokens I64 [N] and
+// decode_logits F32 [N, vocab] where row 0 = last prefill row and row i = logits after feeding
+// tokens[i-1] (the fixtures' convention, tests/fixtures/*/golden.safetensors).
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "cli/command.h"
+#include "model/deepseek_v4.h"
+#include "model/safetensors_writer.h"
+#include "ops/ops.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+struct GenerateOptions {
+  std::string model_dir;
+  std::string prompt;
+  std::string prompt_ids;
+  int max_new_tokens = 16;
+  double temperature = 0.0;
+  uint64_t seed = 0;
+  std::string dump_logits;
+  bool ignore_eos = false;
+  int threads = 0;
+  int64_t kv_budget_mb = 1024;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int32_t pick(const float* logits, int64_t V, double temperature, std::mt19937_64& rng) {
+  if (temperature <= 0) return int32_t(std::max_element(logits, logits + V) - logits);
+  const float mx = *std::max_element(logits, logits + V);
+  std::vector<double> p(static_cast<size_t>(V));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += (p[i] = std::exp(double(logits[i] - mx) / temperature));
+  std::uniform_real_distribution<double> u(0, sum);
+  double r = u(rng);
+  for (int64_t i = 0; i < V; ++i)
+    if ((r -= p[i]) <= 0) return int32_t(i);
+  return int32_t(V - 1);
+}
+
+int run_generate(const GenerateOptions& o) {
+  using namespace v4;
+  if (o.prompt.empty() == o.prompt_ids.empty()) {
+    std::fprintf(stderr, "error: give exactly one of --prompt or --prompt-ids\n");
+    return 2;
+  }
+  std::unique_ptr<ThreadPool> pool;
+  if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
+  auto ops = ops::make_cpu_ops(pool.get());
+  const double t_load = now_s();
+  auto model_r = model::DeepseekV4::load(o.model_dir, ops.get());
+  if (!model_r.ok()) {
+    std::fprintf(stderr, "error: %s\n", model_r.status().message().c_str());
+    return 1;
+  }
+  auto& model = *model_r.value();
+  const auto& cfg = model.config();
+  V4_LOG_INFO("loaded {} in {:.2f} s", o.model_dir, now_s() - t_load);
+
+  std::optional<text::Tokenizer> tok;
+  if (std::filesystem::exists(o.model_dir + "/tokenizer.json")) {
+    auto t = text::Tokenizer::from_file(o.model_dir);
+    if (!t.ok()) {
+      std::fprintf(stderr, "error: %s\n", t.status().message().c_str());
+      return 1;
+    }
+    tok = std::move(t).value();
+  }
+  std::vector<int32_t> prompt;
+  if (!o.prompt_ids.empty()) {
+    std::stringstream ss(o.prompt_ids);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      try {
+        size_t used = 0;
+        const long long v = std::stoll(item, &used);
+        if (used != item.size()) throw std::invalid_argument(item);
+        prompt.push_back(int32_t(v));
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "error: --prompt-ids: '%s' is not an integer\n", item.c_str());
+        return 2;
+      }
+    }
+  } else {
+    if (!tok) {
+      std::fprintf(stderr, "error: --prompt needs %s/tokenizer.json (or use --prompt-ids)\n", o.model_dir.c_str());
+      return 1;
+    }
+    for (auto id : tok->encode(o.prompt, true)) prompt.push_back(id);
+  }
+  if (prompt.empty()) {
+    std::fprintf(stderr, "error: the prompt is empty\n");
+    return 2;
+  }
+  for (int32_t id : prompt)
+    if (id < 0 || id >= cfg.vocab_size) {
+      std::fprintf(stderr, "error: prompt token id %d outside the vocabulary [0, %lld)\n", id, (long long)cfg.vocab_size);
+      return 2;
+    }
+
+  auto kv_r = model.make_cache(o.kv_budget_mb << 20, 1);
+  if (!kv_r.ok()) {
+    std::fprintf(stderr, "error: %s\n", kv_r.status().message().c_str());
+    return 1;
+  }
+  auto& kv = *kv_r.value();
+  auto seq = kv.create_sequence();
+  if (!seq.ok()) {
+    std::fprintf(stderr, "error: %s\n", seq.status().message().c_str());
+    return 1;
+  }
+  const int64_t V = cfg.vocab_size;
+  const bool dump = !o.dump_logits.empty();
+  model::ForwardBatch b;
+  b.slices.push_back({*seq, 0, prompt, dump});
+  const double t0 = now_s();
+  auto out = model.forward(b, kv);
+  if (!out.ok()) {
+    std::fprintf(stderr, "error: %s\n", out.status().message().c_str());
+    return 1;
+  }
+  const double t_prefill = now_s() - t0;
+  std::vector<float> prefill_logits = out->logits;
+  std::vector<float> last(out->logits.end() - V, out->logits.end());
+  std::vector<float> decode_logits;
+  std::vector<int64_t> tokens;
+  std::mt19937_64 rng(o.seed);
+  int64_t pos = int64_t(prompt.size());
+  const double t1 = now_s();
+  int n_decode_steps = 0;
+  for (int i = 0; i < o.max_new_tokens; ++i) {
+    if (dump) decode_logits.insert(decode_logits.end(), last.begin(), last.end());
+    const int32_t next = pick(last.data(), V, o.temperature, rng);
+    tokens.push_back(next);
+    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) != cfg.eos_token_ids.end();
+    if ((eos && !o.ignore_eos) || i + 1 == o.max_new_tokens) break;
+    model::ForwardBatch d;
+    d.slices.push_back({*seq, pos, {next}, false});
+    out = model.forward(d, kv);
+    if (!out.ok()) {
+      std::fprintf(stderr, "error: %s\n", out.status().message().c_str());
+      return 1;
+    }
+    last = out->logits;
+    ++pos;
+    ++n_decode_steps;
+  }
+  const double t_decode = now_s() - t1;
+
+  std::string ids_str;
+  for (auto t : tokens) ids_str += (ids_str.empty() ? "" : ",") + std::to_string(t);
+  if (tok) {
+    std::vector<text::TokenId> ids(tokens.begin(), tokens.end());
+    std::printf("%s\n", tok->decode(ids).c_str());
+  }
+  std::printf("tokens: %s\n", ids_str.c_str());
+  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s)\n",
+               prompt.size(), t_prefill, prompt.size() / std::max(t_prefill, 1e-9), n_decode_steps,
+               t_decode, n_decode_steps / std::max(t_decode, 1e-9));
+  if (dump) {
+    std::vector<int64_t> pids(prompt.begin(), prompt.end());
+    const int64_t N = int64_t(tokens.size());
+    auto st = model::write_safetensors(
+        o.dump_logits,
+        {model::make_i64_tensor("prompt_ids", pids),
+         model::make_f32_tensor("prefill_logits", {int64_t(prompt.size()), V}, prefill_logits),
+         model::make_i64_tensor("tokens", tokens),
+         model::make_f32_tensor("decode_logits", {N, V}, decode_logits)});
+    if (!st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+V4_REGISTER_COMMAND(generate, "generate", "run a prompt through the model on the CPU and decode",
+                    [](CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  app.add_option("--model", o->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
+  app.add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json in the model directory)");
+  app.add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated");
+  app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", o->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o->seed, "sampling seed (temperature > 0)");
+  app.add_option("--dump-logits", o->dump_logits, "write prompt/prefill/decode logits to this safetensors file");
+  app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");
+  app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
+  app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB");
+  return std::function<int()>([o] { return run_generate(*o); });
+});
