@@ -114,6 +114,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   bool writing_ = false;
   bool response_done_ = false;  // the last bytes are queued
   std::deque<std::pair<std::string, bool>> queue_;  // bytes, is_last
+  std::string out_;        // the write in flight
+  bool out_last_ = false;  // it ends the response
   int status_ = 0;
   int64_t n_requests_ = 0;
   int64_t bytes_out_ = 0;
@@ -388,16 +390,16 @@ void Session::enqueue(std::string bytes, bool last) {
 void Session::do_write() {
   if (queue_.empty() || closed_) return;
   writing_ = true;
-  // Coalesce queued chunks into one write.
-  std::string* first = &queue_.front().first;
-  while (queue_.size() > 1) {
-    auto [more, last] = std::move(queue_[1]);
-    first->append(more);
-    queue_.front().second = queue_.front().second || last;
-    queue_.erase(queue_.begin() + 1);
+  // Coalesce everything queued into one write; `out_` stays untouched until it completes.
+  out_.clear();
+  out_last_ = false;
+  while (!queue_.empty()) {
+    out_ += queue_.front().first;
+    out_last_ = out_last_ || queue_.front().second;
+    queue_.pop_front();
   }
   stream_.expires_after(server_->opt.write_timeout);
-  net::async_write(stream_, net::buffer(*first),
+  net::async_write(stream_, net::buffer(out_),
                    [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
 }
 
@@ -408,9 +410,7 @@ void Session::on_write(beast::error_code ec) {
     return;
   }
   stream_.expires_never();
-  bool last = queue_.front().second;
-  queue_.pop_front();
-  if (last) {
+  if (out_last_) {
     response_finished();
     return;
   }

@@ -263,7 +263,8 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           Json top = Json::object();
           for (auto& cand : lp.top) {
             if (int(top.size()) >= req.top_logprobs) break;
-            top[token_text(cand.token)] = cand.logprob;
+            std::string key = token_text(cand.token);
+            if (!top.contains(key)) top[key] = cand.logprob;  // equal texts: keep the likelier
           }
           auto& toks = streaming ? cmp_tokens : c.cmp_tokens;
           auto& lps = streaming ? cmp_lps : c.cmp_lps;
@@ -642,6 +643,7 @@ void OpenAiApi::handle_models(const HttpRequest& req, ResponseWriter& w) {
 
 bool OpenAiApi::encode_chat(const GenerateRequest& r, std::vector<int32_t>* tokens, ApiError* err) const {
   text::ChatOptions opt;
+  // (r.thinking already holds the server default when the request did not choose.)
   opt.thinking_mode = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
   opt.effort_profile = cfg_.effort_profile;
   if (r.reasoning_effort) opt.reasoning_effort = map_reasoning_effort(*r.reasoning_effort, cfg_.effort_profile);
@@ -671,6 +673,7 @@ void OpenAiApi::handle_tokenize(const HttpRequest& req, ResponseWriter& w) {
     GenerateRequest r;
     ValidationLimits lim = limits_;
     if (!parse_chat_request(b, lim, &r, &err)) return send_error(req, w, err);
+    if (!r.thinking_set) r.thinking = cfg_.default_thinking;
     if (!encode_chat(r, &tokens, &err)) return send_error(req, w, err);
   } else if (b.contains("prompt") && b["prompt"].is_string()) {
     bool add_special = true;
@@ -739,6 +742,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                  : parse_completion_request(*body, limits_, &r, &err);
   if (!ok) return send_error(hreq, *w, err);
   if (!check_model(r.model, &err)) return send_error(hreq, *w, err);
+  if (chat && !r.thinking_set) r.thinking = cfg_.default_thinking;
 
   // Prompts -> token ids.
   std::vector<std::vector<int32_t>> prompts;

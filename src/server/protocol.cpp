@@ -447,6 +447,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     }
   }
   r->thinking = thinking.value_or(false);
+  r->thinking_set = thinking.has_value();
   if (!rd.get_bool("add_generation_prompt", &r->add_generation_prompt)) return false;
 
   // Logprobs (chat): logprobs bool + top_logprobs 0..20.

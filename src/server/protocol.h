@@ -55,6 +55,7 @@ struct GenerateRequest {
   Json tools;          // null or array of {"type": "function", "function": {...}}
   std::string tool_choice = "auto";  // "auto" | "none" | "required" | function name
   bool thinking = false;             // chat_template_kwargs.thinking / enable_thinking / thinking.type
+  bool thinking_set = false;         // the request chose (else the server default applies)
   std::optional<std::string> reasoning_effort;
   bool add_generation_prompt = true;
   // completions

@@ -1,0 +1,471 @@
+// The OpenAI API end to end in-process: HttpServer + OpenAiApi + Engine on the engine tests'
+// deterministic FakeExecutor (logits are a pure function of the prefix), and a byte-level
+// tokenizer of 256 byte tokens + EOS. Greedy outputs are known exactly (fake_greedy).
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <thread>
+
+#include "../engine/fake_executor.h"
+#include "server/http_server.h"
+#include "server/openai_api.h"
+#include "text/chat_encoder.h"
+
+using namespace v4;
+using namespace v4::server;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+constexpr int32_t kEos = 256;
+constexpr int64_t kVocab = 257;
+
+// GPT-2 byte -> unicode mapping, as byte-level BPE tokenizer.json files write tokens.
+std::string byte_char(int b) {
+  int cp;
+  if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) {
+    cp = b;
+  } else {
+    int n = 0;
+    for (int x = 0; x < b; ++x) {
+      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) ++n;
+    }
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+text::Tokenizer byte_tokenizer() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  vocab["<｜end▁of▁sentence｜>"] = kEos;
+  json tj = {
+      {"added_tokens", json::array({{{"id", kEos}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true},
+                                     {"normalized", false}, {"lstrip", false}, {"rstrip", false},
+                                     {"single_word", false}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  auto t = text::Tokenizer::from_json_text(tj.dump(), "byte-tokenizer");
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  return *t;
+}
+
+struct Response {
+  int status = 0;
+  std::string head;
+  std::string body;  // de-chunked
+  json j() const { return json::parse(body); }
+};
+
+// One HTTP/1.1 request with Connection: close; returns status, head and body.
+Response http(int port, const std::string& method, const std::string& path, const std::string& body,
+              const std::string& extra_headers = "") {
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port)));
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers +
+                    "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                    "\r\n\r\n" + body;
+  net::write(s, net::buffer(req));
+  std::string all;
+  char buf[8192];
+  for (;;) {
+    boost::system::error_code ec;
+    size_t n = s.read_some(net::buffer(buf), ec);
+    if (ec) break;
+    all.append(buf, n);
+  }
+  Response r;
+  size_t he = all.find("\r\n\r\n");
+  if (he == std::string::npos) return r;
+  r.head = all.substr(0, he);
+  r.status = std::stoi(all.substr(9, 3));
+  std::string raw = all.substr(he + 4);
+  if (r.head.find("Transfer-Encoding: chunked") != std::string::npos) {
+    size_t p = 0;
+    while (p < raw.size()) {
+      size_t e = raw.find("\r\n", p);
+      if (e == std::string::npos) break;
+      size_t n = std::stoul(raw.substr(p, e - p), nullptr, 16);
+      if (n == 0) break;
+      r.body += raw.substr(e + 2, n);
+      p = e + 2 + n + 2;
+    }
+  } else {
+    r.body = raw;
+  }
+  return r;
+}
+
+// SSE payloads of a stream body ("[DONE]" included as a string).
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  size_t p = 0;
+  while (true) {
+    size_t e = body.find("\n\n", p);
+    if (e == std::string::npos) break;
+    std::string ev = body.substr(p, e - p);
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    out.push_back(ev.substr(6));
+    p = e + 2;
+  }
+  EXPECT_EQ(p, body.size()) << "trailing bytes after the last event";
+  return out;
+}
+
+class ApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { start(""); }
+  void start(const std::string& api_key) {
+    engine::testing::FakeConfig fc;
+    fc.vocab = kVocab;
+    fc.max_context = 512;
+    fc.kv_pages = 4096;
+    fc.state_pages = 256;
+    auto exec = std::make_unique<engine::testing::FakeExecutor>(fc);
+    engine::EngineConfig ec;
+    ec.eos_token_ids = {kEos};
+    ec.stats_interval_s = 0;
+    ec.chunked_prefill_size = 256;
+    auto e = engine::Engine::create(std::move(exec), ec);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    engine_ = std::move(*e);
+    tok_ = byte_tokenizer();
+    ApiConfig cfg;
+    cfg.served_model_name = "tiny";
+    cfg.api_key = api_key;
+    api_ = std::make_unique<OpenAiApi>(engine_.get(), tok_, cfg);
+    HttpOptions ho;
+    ho.port = 0;
+    ho.access_log = false;
+    server_ = std::make_unique<HttpServer>(ho, [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+      api_->handle(std::move(r), std::move(w));
+    });
+    api_->set_connection_counter([this] { return server_->open_connections(); });
+    ASSERT_TRUE(server_->start().ok());
+    port_ = server_->port();
+  }
+  void TearDown() override {
+    server_->stop();
+    engine_.reset();
+  }
+  std::string greedy_text(const std::vector<int32_t>& prompt, int n) {
+    auto toks = engine::testing::fake_greedy(prompt, kVocab, n);
+    return tok_.decode(toks, true);
+  }
+  std::unique_ptr<engine::Engine> engine_;
+  text::Tokenizer tok_;
+  std::unique_ptr<OpenAiApi> api_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+};
+
+std::string prompt_json(const std::vector<int32_t>& p) { return json(p).dump(); }
+
+}  // namespace
+
+TEST_F(ApiTest, CompletionGreedyMatchesAndUsage) {
+  std::vector<int32_t> prompt = {10, 20, 30, 40};
+  auto r = http(port_, "POST", "/v1/completions",
+                R"({"model":"tiny","prompt":)" + prompt_json(prompt) + R"(,"max_tokens":12,"temperature":0,"ignore_eos":true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.j();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny");
+  EXPECT_EQ(j["choices"][0]["text"], greedy_text(prompt, 12));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["total_tokens"], 16);
+  EXPECT_TRUE(j["usage"]["prompt_tokens_details"]["cached_tokens"].is_number_integer());
+}
+
+TEST_F(ApiTest, StreamingEqualsNonStreaming) {
+  std::vector<int32_t> prompt = {1, 2, 3};
+  std::string body = R"({"prompt":)" + prompt_json(prompt) +
+                     R"(,"max_tokens":20,"temperature":0,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})";
+  auto r = http(port_, "POST", "/v1/completions", body);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.head.find("text/event-stream"), std::string::npos);
+  auto ev = sse_payloads(r.body);
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  std::string text;
+  std::string finish;
+  for (size_t i = 0; i + 2 < ev.size(); ++i) {
+    json c = json::parse(ev[i]);
+    EXPECT_EQ(c["object"], "text_completion");
+    text += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  json usage = json::parse(ev[ev.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 20);
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(text, greedy_text(prompt, 20)) << r.body;
+  EXPECT_EQ(finish, "length");
+}
+
+TEST_F(ApiTest, StopStringNeverLeaks) {
+  std::vector<int32_t> prompt = {7, 7, 7};
+  std::string full = greedy_text(prompt, 40);
+  // A stop string of two whole characters from the middle of the greedy text.
+  size_t pos = full.size() / 2;
+  while (pos < full.size() && (static_cast<unsigned char>(full[pos]) & 0xC0) == 0x80) ++pos;
+  size_t end = pos;
+  for (int chars = 0; chars < 2 && end < full.size(); ++chars) {
+    ++end;
+    while (end < full.size() && (static_cast<unsigned char>(full[end]) & 0xC0) == 0x80) ++end;
+  }
+  std::string stop = full.substr(pos, end - pos);
+  std::string expect = full.substr(0, full.find(stop));
+  for (bool stream : {false, true}) {
+    json req = {{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true},
+                {"stop", json::array({stop, "never-appears"})}, {"stream", stream}};
+    auto r = http(port_, "POST", "/v1/completions", req.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::string text, finish;
+    if (stream) {
+      for (auto& e : sse_payloads(r.body)) {
+        if (e == "[DONE]") continue;
+        json c = json::parse(e);
+        text += c["choices"][0]["text"].get<std::string>();
+        if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+      }
+    } else {
+      text = r.j()["choices"][0]["text"];
+      finish = r.j()["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, expect) << "stream=" << stream << " stop='" << stop << "'";
+    EXPECT_EQ(finish, "stop");
+  }
+  engine_->wait_idle();
+}
+
+TEST_F(ApiTest, LogprobsBothFormats) {
+  std::vector<int32_t> prompt = {5, 6};
+  json req = {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 3}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json lp = r.j()["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 5u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 5u);
+  ASSERT_EQ(lp["text_offset"].size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    // (a dict keyed by token text: distinct tokens with equal text collapse)
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    // Greedy: the sampled token has the highest logprob.
+    double best = -1e9;
+    for (auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_NEAR(best, lp["token_logprobs"][i].get<double>(), 1e-5);
+  }
+  json creq = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 4},
+               {"temperature", 0}, {"ignore_eos", true}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto c = http(port_, "POST", "/v1/chat/completions", creq.dump());
+  ASSERT_EQ(c.status, 200) << c.body;
+  json content = c.j()["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u);
+  for (auto& item : content) {
+    EXPECT_TRUE(item["token"].is_string());
+    EXPECT_LE(item["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(item["bytes"].is_array());
+    EXPECT_EQ(item["top_logprobs"].size(), 2u);
+  }
+}
+
+TEST_F(ApiTest, ChatNonStreamAndStream) {
+  json msgs = json::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}});
+  nlohmann::ordered_json om = nlohmann::ordered_json::parse(msgs.dump());
+  text::ChatOptions opt;
+  opt.thinking_mode = text::ThinkingMode::kChat;
+  auto enc = text::ChatEncoder::encode(tok_, om, nullptr, opt);
+  ASSERT_TRUE(enc.ok());
+  json req = {{"model", "tiny"}, {"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+  auto r = http(port_, "POST", "/v1/chat/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.j();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(enc->size()));
+  EXPECT_EQ(j["usage"]["completion_tokens"], 10);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  std::string content = j["choices"][0]["message"]["content"].is_string() ? j["choices"][0]["message"]["content"].get<std::string>() : "";
+
+  req["stream"] = true;
+  auto s = http(port_, "POST", "/v1/chat/completions", req.dump());
+  ASSERT_EQ(s.status, 200);
+  auto ev = sse_payloads(s.body);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  json first = json::parse(ev[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    json c = json::parse(ev[i]);
+    auto& d = c["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string()) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(ApiTest, NChoicesAndModels) {
+  json req = {{"prompt", "abc"}, {"max_tokens", 3}, {"n", 3}, {"temperature", 1.0}, {"seed", 1}, {"ignore_eos", true}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.j();
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(j["choices"][i]["index"], i);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 9);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+
+  auto m = http(port_, "GET", "/v1/models", "");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.j()["data"][0]["id"], "tiny");
+  EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
+  auto met = http(port_, "GET", "/metrics", "");
+  ASSERT_EQ(met.status, 200);
+  EXPECT_NE(met.body.find("v4serve_cache_used_pages{pool=\"kv\"}"), std::string::npos);
+  EXPECT_NE(met.body.find("v4serve_time_to_first_token_seconds_count"), std::string::npos);
+}
+
+TEST_F(ApiTest, TokenizeDetokenize) {
+  auto t = http(port_, "POST", "/tokenize", R"({"prompt":"hi!"})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  EXPECT_EQ(t.j()["tokens"], json::array({'h', 'i', '!'}));
+  EXPECT_EQ(t.j()["count"], 3);
+  EXPECT_EQ(t.j()["max_model_len"], 512);
+  auto d = http(port_, "POST", "/detokenize", R"({"tokens":[104,105]})");
+  ASSERT_EQ(d.status, 200);
+  EXPECT_EQ(d.j()["prompt"], "hi");
+  auto c = http(port_, "POST", "/tokenize", R"({"messages":[{"role":"user","content":"x"}]})");
+  ASSERT_EQ(c.status, 200);
+  EXPECT_GT(c.j()["count"].get<int>(), 3);
+  EXPECT_EQ(http(port_, "POST", "/detokenize", R"({"tokens":[100000]})").status, 400);
+}
+
+TEST_F(ApiTest, ErrorsAreOpenAiShaped) {
+  struct Case {
+    std::string method, path, body;
+    int status;
+    std::string code;
+  };
+  std::string long_prompt = json(std::vector<int32_t>(600, 3)).dump();
+  std::vector<Case> cases = {
+      {"POST", "/v1/chat/completions", "{bad", 400, ""},
+      {"POST", "/v1/chat/completions", R"({"messages":[]})", 400, ""},
+      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-3})", 400, ""},
+      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":500000})", 400, ""},
+      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"model":"gpt-9"})", 404, "model_not_found"},
+      {"POST", "/v1/completions", R"({"prompt":)" + long_prompt + "}", 400, "context_length_exceeded"},
+      {"POST", "/v1/completions", R"({"prompt":[1,2],"max_tokens":511})", 400, "context_length_exceeded"},
+      {"POST", "/v1/completions", std::string("{\"prompt\":\"a\xff\"}"), 400, ""},
+      {"GET", "/v1/nothing", "", 404, "not_found"},
+      {"GET", "/v1/chat/completions", "", 405, "method_not_allowed"},
+      {"DELETE", "/v1/models", "", 405, "method_not_allowed"},
+  };
+  for (auto& c : cases) {
+    auto r = http(port_, c.method, c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body << " -> " << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"].contains("type"));
+    EXPECT_TRUE(j["error"].contains("param"));
+    EXPECT_TRUE(j["error"].contains("code"));
+    if (!c.code.empty()) EXPECT_EQ(j["error"]["code"], c.code) << r.body;
+  }
+  // Still serving.
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", R"({"prompt":[1],"max_tokens":2})").status, 200);
+}
+
+TEST_F(ApiTest, ApiKey) {
+  TearDown();
+  start("sekret");
+  const std::string body = R"({"prompt":[1],"max_tokens":1})";
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body).status, 401);
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Bearer wrong\r\n").status, 401);
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Bearer sekret\r\n").status, 200);
+  EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
+}
+
+TEST_F(ApiTest, ConcurrentStreamsGreedyAndCancelHalf) {
+  const int n = 64;
+  const int max_tokens = 48;
+  std::vector<std::string> got(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<int32_t> prompt = {int32_t(i % 250), int32_t((i * 7) % 250), 3};
+      json req = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+      std::string body = req.dump();
+      net::io_context ioc;
+      tcp::socket s(ioc);
+      s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port_)));
+      std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                         std::to_string(body.size()) + "\r\n\r\n" + body;
+      net::write(s, net::buffer(head));
+      std::string all;
+      char buf[4096];
+      const bool cancel = i % 2 == 1;
+      for (;;) {
+        boost::system::error_code ec;
+        size_t k = s.read_some(net::buffer(buf), ec);
+        if (ec) break;
+        all.append(buf, k);
+        // Odd clients hang up after a few events.
+        if (cancel && std::count(all.begin(), all.end(), '\n') > 12) {
+          s.close();
+          return;
+        }
+      }
+      got[size_t(i)] = all;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; i += 2) {
+    std::vector<int32_t> prompt = {int32_t(i % 250), int32_t((i * 7) % 250), 3};
+    const std::string& all = got[size_t(i)];
+    size_t he = all.find("\r\n\r\n");
+    ASSERT_NE(he, std::string::npos);
+    // De-chunk and collect text.
+    std::string raw = all.substr(he + 4), body;
+    size_t p = 0;
+    while (p < raw.size()) {
+      size_t e = raw.find("\r\n", p);
+      size_t k = std::stoul(raw.substr(p, e - p), nullptr, 16);
+      if (k == 0) break;
+      body += raw.substr(e + 2, k);
+      p = e + 2 + k + 2;
+    }
+    std::string text;
+    for (auto& e : sse_payloads(body)) {
+      if (e == "[DONE]") continue;
+      text += json::parse(e)["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_EQ(text, greedy_text(prompt, max_tokens)) << "client " << i;
+  }
+  // All cancelled requests are gone and their pages freed.
+  engine_->wait_idle();
+  auto st = engine_->stats();
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.waiting, 0);
+  for (auto& p : st.pools) EXPECT_EQ(p.used_pages, 0) << p.name;
+}
