@@ -36,7 +36,8 @@ Result<LayerSpecTable> LayerSpecTable::from_dims(const CacheDims& d) {
     l.kv_bytes = kvb;
     if (r == 0) {
       l.state = StateKind::kNone;
-    } else if (r == 4) {
+    } else if (r > 0 && 128 % r == 0 && r == d.csa_ratio) {
+      l.csa = true;
       // Overlapping compressor (c = 2): kv and gate rings of [2m, 2d], for the attention
       // compressor (d = hd) and the indexer's (d = dI). dsv4-model.md §5, official layout.
       l.ckv_width = d.head_dim;
@@ -44,7 +45,7 @@ Result<LayerSpecTable> LayerSpecTable::from_dims(const CacheDims& d) {
       l.state = StateKind::kOverlapRing;
       l.state_bytes = int64_t(2) * (2 * r) * (2 * d.head_dim) * stb +
                       int64_t(2) * (2 * r) * (2 * d.index_head_dim) * stb;
-    } else if (r == 128) {
+    } else if (r > 0 && 128 % r == 0) {
       l.ckv_width = d.head_dim;
       if (d.c128_online_accum) {
         l.state = StateKind::kOnlineAccum;  // running max, sum, weighted sum
@@ -55,7 +56,9 @@ Result<LayerSpecTable> LayerSpecTable::from_dims(const CacheDims& d) {
       }
     } else {
       return make_error(ErrorCode::kInvalidArgument,
-                        "cache spec: layer {} has compress ratio {}; expected 0, 4 or 128", i, r);
+                        "cache spec: layer {} has compress ratio {}; expected 0 or a divisor of 128 "
+                        "(4, 128)",
+                        i, r);
     }
     s.layers.push_back(l);
   }
@@ -68,23 +71,22 @@ int64_t LayerSpecTable::swa_bytes_per_token() const {
   return b;
 }
 
-int64_t LayerSpecTable::c4_bytes_per_token_x4() const {
+int64_t LayerSpecTable::csa_bytes_per_128_tokens() const {
   int64_t b = 0;
   for (const auto& l : layers)
-    if (l.ratio == 4) b += int64_t(l.ckv_width + l.index_width) * l.kv_bytes;
+    if (l.csa) b += int64_t(l.ckv_width + l.index_width) * l.kv_bytes * (128 / l.ratio);
   return b;
 }
 
-int64_t LayerSpecTable::c128_bytes_per_token_x128() const {
+int64_t LayerSpecTable::hca_bytes_per_128_tokens() const {
   int64_t b = 0;
   for (const auto& l : layers)
-    if (l.ratio == 128) b += int64_t(l.ckv_width) * l.kv_bytes;
+    if (l.ratio > 0 && !l.csa) b += int64_t(l.ckv_width) * l.kv_bytes * (128 / l.ratio);
   return b;
 }
 
 int64_t LayerSpecTable::compressed_bytes_per_page(int64_t page_tokens) const {
-  return c4_bytes_per_token_x4() * (page_tokens / 4) +
-         c128_bytes_per_token_x128() * (page_tokens / 128);
+  return (csa_bytes_per_128_tokens() + hca_bytes_per_128_tokens()) * (page_tokens / 128);
 }
 
 int64_t LayerSpecTable::snapshot_bytes() const {
@@ -96,6 +98,12 @@ int64_t LayerSpecTable::snapshot_bytes() const {
 int LayerSpecTable::n_layers_of_ratio(int ratio) const {
   int n = 0;
   for (const auto& l : layers) n += l.ratio == ratio;
+  return n;
+}
+
+int LayerSpecTable::n_csa_layers() const {
+  int n = 0;
+  for (const auto& l : layers) n += l.csa;
   return n;
 }
 
@@ -164,12 +172,12 @@ Result<PoolPlan> plan_pools(const LayerSpecTable& spec, const PoolPlanOptions& o
   p.capacity_tokens = p.n_pages * o.page_tokens;
   p.bytes_compressed = p.n_pages * page_bytes;
   p.explanation = fmt::format(
-      "KV cache {}: {} layers ({} SWA-only, {} C4, {} C128); compressed (C4 KV + indexer + C128 "
+      "KV cache {}: {} layers ({} SWA-only, {} CSA, {} HCA); compressed (C4 KV + indexer + C128 "
       "KV) {:.1f} B/token -> {} pages x {} tokens = {} tokens ({}); SWA {} B/token -> {} pages "
       "x {} tokens ({}, for {} running x (window {} + chunk {}) and {} kept windows); compressor "
       "snapshot {} each -> {} slots ({})",
       format_bytes(o.budget_bytes), spec.layers.size(), spec.n_layers_of_ratio(0),
-      spec.n_layers_of_ratio(4), spec.n_layers_of_ratio(128),
+      spec.n_csa_layers(), int(spec.layers.size()) - spec.n_layers_of_ratio(0) - spec.n_csa_layers(),
       double(page_bytes) / double(o.page_tokens), p.n_pages, o.page_tokens, p.capacity_tokens,
       format_bytes(p.bytes_compressed), spec.swa_bytes_per_token(), p.n_swa_pages,
       o.swa_page_tokens, format_bytes(p.bytes_swa), o.max_running, W, o.chunk_tokens, windows,

@@ -25,6 +25,8 @@ const char* state_kind_name(StateKind k);
 /// The numbers the cache needs from config.json. Units: values (elements) unless named `_bytes`.
 struct CacheDims {
   std::vector<int> compress_ratios;  // [L] per layer: 0 (sliding only), 4 (CSA), 128 (HCA)
+  int csa_ratio = 4;                 // layers with this ratio are CSA (overlapping + indexer);
+                                     // any other ratio dividing 128 is HCA-like (tiny models: 16)
   int head_dim = 512;                // hd: SWA KV and compressed KV entry width
   int index_head_dim = 128;          // dI: indexer key width (CSA layers)
   int sliding_window = 128;          // W, tokens including the query itself
@@ -36,7 +38,8 @@ struct CacheDims {
 /// One layer's row of the table. Widths in values, sizes in bytes.
 struct LayerSpecRow {
   int layer = 0;
-  int ratio = 0;             // 0, 4 or 128
+  int ratio = 0;             // 0 (sliding only), CSA ratio (4) or HCA ratio (128)
+  bool csa = false;          // overlapping compressor + indexer
   int swa_width = 0;         // SWA KV values per token
   int ckv_width = 0;         // compressed KV values per entry (one entry per `ratio` tokens)
   int index_width = 0;       // indexer key values per entry (CSA only)
@@ -51,21 +54,22 @@ struct LayerSpecTable {
   std::vector<LayerSpecRow> layers;
   int sliding_window = 128;
 
-  /// Builds the table. Errors (kInvalidArgument): empty ratios, a ratio other than 0/4/128,
+  /// Builds the table. Errors (kInvalidArgument): empty ratios, a ratio that does not divide 128,
   /// non-positive widths or window.
   static Result<LayerSpecTable> from_dims(const CacheDims& d);
 
   /// SWA KV bytes for one token over all layers (the SWA page pool).
   int64_t swa_bytes_per_token() const;
-  /// C4 KV + indexer bytes per token over all CSA layers (amortised: one entry per 4 tokens).
-  int64_t c4_bytes_per_token_x4() const;  // bytes per 4 tokens (exact, no rounding)
+  /// C4 KV + indexer bytes per 128 tokens over all CSA layers (exact, no rounding).
+  int64_t csa_bytes_per_128_tokens() const;
   /// C128 KV bytes per 128 tokens over all HCA layers (exact).
-  int64_t c128_bytes_per_token_x128() const;
+  int64_t hca_bytes_per_128_tokens() const;
   /// Compressed bytes per virtual page of `page_tokens` tokens (C4 + indexer + C128).
   int64_t compressed_bytes_per_page(int64_t page_tokens) const;
   /// Bytes of one compressor-state snapshot (all layers).
   int64_t snapshot_bytes() const;
   int n_layers_of_ratio(int ratio) const;
+  int n_csa_layers() const;
 };
 
 /// Options of the memory split (from the CLI / engine).

@@ -26,8 +26,9 @@ TEST(LayerSpec, FlashBytesPerToken) {
   EXPECT_EQ(spec->n_layers_of_ratio(4), 21);
   EXPECT_EQ(spec->n_layers_of_ratio(128), 20);
   // dsv4-model.md §12: CSA 320 B/token/layer (bf16), HCA 8 B/token/layer -> 6880 B/token.
-  EXPECT_EQ(spec->c4_bytes_per_token_x4() / 4, 21 * 320);
-  EXPECT_EQ(spec->c128_bytes_per_token_x128() / 128, 20 * 8);
+  EXPECT_EQ(spec->csa_bytes_per_128_tokens() / 128, 21 * 320);
+  EXPECT_EQ(spec->hca_bytes_per_128_tokens() / 128, 20 * 8);
+  EXPECT_EQ(spec->n_csa_layers(), 21);
   EXPECT_EQ(spec->compressed_bytes_per_page(256) / 256, 6880);
   EXPECT_EQ(spec->swa_bytes_per_token(), 43 * 512 * 2);
   // C4 ring (attention 64 KiB + indexer 16 KiB), C128 online accumulator 6 KiB (fp32).
@@ -46,10 +47,16 @@ TEST(LayerSpec, FlashBytesPerToken) {
 
 TEST(LayerSpec, RejectsBadRatio) {
   CacheDims d;
-  d.compress_ratios = {0, 8};
+  d.compress_ratios = {0, 12};
   auto s = LayerSpecTable::from_dims(d);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("ratio 8"), std::string::npos);
+  EXPECT_NE(s.status().message().find("ratio 12"), std::string::npos);
+  d.compress_ratios = {0, 4, 16};  // the embedded model's HCA ratio
+  auto t = LayerSpecTable::from_dims(d);
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->layers[1].csa);
+  EXPECT_FALSE(t->layers[2].csa);
+  EXPECT_EQ(t->hca_bytes_per_128_tokens(), 8 * 512 * 2);
   d.compress_ratios = {};
   EXPECT_FALSE(LayerSpecTable::from_dims(d).ok());
 }
