@@ -335,10 +335,16 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
         if (s) {
           if (shape.size() != 2 || s->shape.size() != 2 || s->shape[0] <= 0 || s->shape[1] <= 0)
             return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': FP8 block scale must be 2-D, found {} {}", s->file, s->name, dtype_name(s->dtype), shape_str(s->shape));
-          // Block size inferred from the scale grid (as transformers' FP8 dequantizer does).
-          const int64_t b0 = (shape[0] + s->shape[0] - 1) / s->shape[0];
-          const int64_t b1 = (shape[1] + s->shape[1] - 1) / s->shape[1];
-          if ((shape[0] + b0 - 1) / b0 != s->shape[0] || (shape[1] + b1 - 1) / b1 != s->shape[1])
+          // Block size from the scale grid: DeepSeek's 128-blocks (ceil grid, the last block may be
+          // partial), else an exact division of the dim by the grid (transformers' rule).
+          auto block = [](int64_t dim, int64_t grid) -> int64_t {
+            if ((dim + 127) / 128 == grid) return 128;
+            if (dim % grid == 0) return dim / grid;
+            return 0;
+          };
+          const int64_t b0 = block(shape[0], s->shape[0]);
+          const int64_t b1 = block(shape[1], s->shape[1]);
+          if (b0 == 0 || b1 == 0)
             return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': scale grid {} does not tile weight {}", s->file, s->name, shape_str(s->shape), shape_str(shape));
           if (s->dtype != DType::kF8E8M0 && s->dtype != DType::kF32 && s->dtype != DType::kBF16)
             return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': scale dtype {} not supported (expected F8_E8M0 or F32)", s->file, s->name, dtype_name(s->dtype));

@@ -35,7 +35,7 @@ Loaded load(const std::string& dir) {
 }
 
 std::unique_ptr<cache::KvCache> make_cache(const DeepseekV4& m) {
-  auto kv = m.make_cache(int64_t(512) << 20, 8);
+  auto kv = m.make_cache(int64_t(96) << 20, 4);
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   return kv.ok() ? std::move(kv).value() : nullptr;
 }

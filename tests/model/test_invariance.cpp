@@ -26,7 +26,7 @@ Env make_env(const std::string& dir) {
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   if (!m.ok()) return e;
   e.model = std::move(m).value();
-  auto kv = e.model->make_cache(int64_t(512) << 20, 16);
+  auto kv = e.model->make_cache(int64_t(128) << 20, 8);
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   if (kv.ok()) e.kv = std::move(kv).value();
   return e;
