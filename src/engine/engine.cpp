@@ -41,6 +41,7 @@ struct Engine::Impl {
   std::vector<RequestId> cancels;
   bool stop = false;
   int64_t outstanding = 0;  // accepted, final output not yet delivered
+  bool quiescent = true;    // scheduler idle and its stats published
   std::atomic<uint64_t> next_id{1};
   std::atomic<int64_t> rejected{0};
   std::atomic<int64_t> waiting_now{0};  // scheduler's queue length after the last step
@@ -122,6 +123,13 @@ void Engine::Impl::loop() {
       (void)st;  // already logged and reported to the requests of the failed batch
     }
     publish_stats(Clock::now());
+    if (sched->idle()) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (incoming.empty()) {
+        quiescent = true;
+        idle_cv.notify_all();
+      }
+    }
   }
   sched->abort_all(FinishReason::kAbort, Status::Ok());
   publish_stats(Clock::now());
@@ -212,10 +220,32 @@ Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
                         "too many waiting requests ({}); try again later", queued);
     }
     ++im.outstanding;
+    im.quiescent = false;
     im.incoming.push_back({id, std::move(request), std::move(wrapped), Clock::now(), seed});
   }
   im.cv.notify_one();
   return id;
+}
+
+int64_t Engine::max_tokens_limit(int64_t n_prompt) const {
+  const Executor& ex = *impl_->exec;
+  const auto pools = ex.pools();
+  auto fits = [&](int64_t total) {
+    if (total > ex.max_context()) return false;
+    const auto need = ex.pages_for(total);
+    for (size_t p = 0; p < pools.size() && p < need.size(); ++p)
+      if (need[p] > pools[p].capacity_pages) return false;
+    return true;
+  };
+  if (n_prompt < 1 || !fits(n_prompt + 1)) return 0;
+  // pages_for is non-decreasing, so the set of totals that fit is a prefix: binary search.
+  int64_t lo = n_prompt + 1, hi = ex.max_context();
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo - n_prompt;
 }
 
 void Engine::cancel(RequestId id) {
@@ -238,7 +268,8 @@ EngineStats Engine::stats() const {
 
 void Engine::wait_idle() {
   std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->idle_cv.wait(lk, [&] { return impl_->outstanding == 0 || impl_->stop; });
+  impl_->idle_cv.wait(
+      lk, [&] { return (impl_->outstanding == 0 && impl_->quiescent) || impl_->stop; });
 }
 
 Result<std::vector<int32_t>> Engine::generate(Request request, FinishReason* out_reason,

@@ -173,6 +173,11 @@ class Engine {
   Result<std::vector<int32_t>> generate(Request request, FinishReason* out_reason = nullptr,
                                         std::vector<TokenLogprobs>* out_logprobs = nullptr);
 
+  /// The largest `max_tokens` that submit() accepts for a prompt of `n_prompt` tokens (bounded by
+  /// the context and by every pool's whole capacity); 0 if the prompt alone can never fit.
+  /// Thread-safe. Use it for a defaulted max_tokens instead of retrying submit.
+  int64_t max_tokens_limit(int64_t n_prompt) const;
+
   int64_t vocab_size() const { return vocab_size_; }
   int64_t max_context() const { return max_context_; }
   const EngineConfig& config() const { return config_; }

@@ -7,7 +7,9 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "engine/executor.h"
@@ -54,6 +56,7 @@ struct FakeConfig {
   int64_t kv_pages = 1024;
   int64_t state_pages = 64;  // one page per live non-empty sequence (like a compressor ring)
   int32_t max_sequences = 256;
+  int64_t step_delay_us = 0;  // sleep in every forward (to give other threads time in tests)
 };
 
 class FakeExecutor : public Executor {
@@ -87,6 +90,8 @@ class FakeExecutor : public Executor {
   void free_sequence(int32_t seq) override { seqs_.erase(seq); }
 
   Result<model::ForwardOutput> forward(const model::ForwardBatch& batch) override {
+    if (c_.step_delay_us > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(c_.step_delay_us));
     model::ForwardOutput out;
     out.vocab = c_.vocab;
     out.row_begin.push_back(0);
