@@ -1,0 +1,77 @@
+#include "engine/model_executor.h"
+
+#include <algorithm>
+
+namespace v4::engine {
+
+Result<std::unique_ptr<ModelExecutor>> ModelExecutor::load_cpu(const std::string& dir,
+                                                               ModelExecutorOptions opt) {
+  auto ops = ops::make_cpu_ops();
+  V4_ASSIGN_OR_RETURN(auto model, model::DeepseekV4::load(dir, ops.get()));
+  return create(std::move(ops), std::move(model), opt);
+}
+
+Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
+    std::unique_ptr<ops::Ops> ops, std::unique_ptr<model::DeepseekV4> model,
+    ModelExecutorOptions opt) {
+  if (!ops || !model) return make_error(ErrorCode::kInvalidArgument, "ModelExecutor: no model");
+  if (opt.max_sequences < 1 || opt.max_chunk_tokens < 1)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "ModelExecutor: max_sequences ({}) and max_chunk_tokens ({}) must be >= 1",
+                      opt.max_sequences, opt.max_chunk_tokens);
+  std::unique_ptr<ModelExecutor> e(new ModelExecutor());
+  V4_ASSIGN_OR_RETURN(e->cache_,
+                      model->make_cache(opt.kv_budget_bytes, opt.max_sequences, opt.page_size));
+  e->ops_ = std::move(ops);
+  e->model_ = std::move(model);
+  const auto& ko = e->cache_->options();
+  e->page_size_ = ko.page_size;
+  const int64_t W = e->cache_->spec().sliding_window;
+  e->swa_cap_pages_ = (opt.max_chunk_tokens + W - 1 + e->page_size_ - 1) / e->page_size_ + 1;
+  const int64_t cfg_ctx = e->model_->config().max_position_embeddings;
+  e->max_context_ = opt.max_context > 0 ? std::min(opt.max_context, cfg_ctx) : cfg_ctx;
+  for (const auto& u : e->cache_->usage())
+    e->pools_.push_back({u.name, u.total, u.name == "state_slots" ? 0 : e->page_size_});
+  return e;
+}
+
+ModelExecutor::~ModelExecutor() {
+  cache_.reset();  // frees pool memory through ops_ before ops_ goes
+  model_.reset();
+}
+
+std::vector<int32_t> ModelExecutor::eos_token_ids() const {
+  std::vector<int32_t> out;
+  for (int64_t t : model_->config().eos_token_ids) out.push_back(int32_t(t));
+  return out;
+}
+
+int64_t ModelExecutor::vocab_size() const { return model_->config().vocab_size; }
+
+std::vector<int64_t> ModelExecutor::pages_for(int64_t n) const {
+  const int64_t pages = (n + page_size_ - 1) / page_size_;
+  std::vector<int64_t> out;
+  out.reserve(pools_.size());
+  for (const auto& p : pools_) {
+    if (p.name == "state_slots") out.push_back(n > 0 ? 1 : 0);
+    else if (p.name == "swa_pages") out.push_back(std::min(pages, swa_cap_pages_));
+    else out.push_back(pages);
+  }
+  return out;
+}
+
+std::vector<PoolUsage> ModelExecutor::pool_usage() const {
+  std::vector<PoolUsage> out;
+  for (const auto& u : cache_->usage()) out.push_back({u.name, u.used, u.total});
+  return out;
+}
+
+Result<int32_t> ModelExecutor::create_sequence() { return cache_->create_sequence(); }
+
+void ModelExecutor::free_sequence(int32_t seq) { cache_->free_sequence(seq); }
+
+Result<model::ForwardOutput> ModelExecutor::forward(const model::ForwardBatch& batch) {
+  return model_->forward(batch, *cache_);
+}
+
+}  // namespace v4::engine

@@ -1,0 +1,66 @@
+// The real Executor: model::DeepseekV4 + cache::KvCache on an ops backend.
+//
+// Pools the scheduler budgets (names as the KV cache reports them):
+// - "virtual_pages": ceil(n / page_size) pages per sequence of n tokens (C4 / indexer / C128
+//   shadows live with them);
+// - "swa_pages": the cache gives each new virtual page an SWA page and frees SWA pages once they
+//   leave the window after a step, so one sequence holds at most the pages covering its last
+//   (max_chunk_tokens + W − 1) positions during a step: min(ceil(n / P), ceil((C + W − 1) / P) + 1);
+// - "state_slots": one compressor-state ring slot per live sequence.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "cache/pools.h"
+#include "engine/executor.h"
+#include "model/deepseek_v4.h"
+#include "ops/ops.h"
+
+namespace v4::engine {
+
+struct ModelExecutorOptions {
+  int64_t kv_budget_bytes = int64_t(1) << 30;  // bytes for all KV pools together
+  int max_sequences = 256;                     // compressor-state slots = live sequences
+  int page_size = 0;                           // tokens per page; 0 = the model's default
+  int64_t max_chunk_tokens = 2048;  // the engine's chunked_prefill_size (bounds SWA use)
+  int64_t max_context = 0;          // 0 = config.json max_position_embeddings
+};
+
+class ModelExecutor : public Executor {
+ public:
+  /// Loads the checkpoint in `dir` on the CPU backend and sizes the cache from `opt`.
+  /// Errors: those of DeepseekV4::load and DeepseekV4::make_cache.
+  static Result<std::unique_ptr<ModelExecutor>> load_cpu(const std::string& dir,
+                                                         ModelExecutorOptions opt);
+  /// Wraps an already loaded model (and the ops it was loaded with; both owned from here).
+  static Result<std::unique_ptr<ModelExecutor>> create(std::unique_ptr<ops::Ops> ops,
+                                                       std::unique_ptr<model::DeepseekV4> model,
+                                                       ModelExecutorOptions opt);
+  ~ModelExecutor() override;
+
+  const model::DeepseekV4& model() const { return *model_; }
+  const cache::KvCache& cache() const { return *cache_; }
+  /// EOS ids from config.json (for EngineConfig::eos_token_ids).
+  std::vector<int32_t> eos_token_ids() const;
+
+  int64_t vocab_size() const override;
+  int64_t max_context() const override { return max_context_; }
+  std::vector<PoolSpec> pools() const override { return pools_; }
+  std::vector<int64_t> pages_for(int64_t n_tokens) const override;
+  std::vector<PoolUsage> pool_usage() const override;
+  Result<int32_t> create_sequence() override;
+  void free_sequence(int32_t seq) override;
+  Result<model::ForwardOutput> forward(const model::ForwardBatch& batch) override;
+
+ private:
+  ModelExecutor() = default;
+  std::unique_ptr<ops::Ops> ops_;
+  std::unique_ptr<model::DeepseekV4> model_;
+  std::unique_ptr<cache::KvCache> cache_;
+  std::vector<PoolSpec> pools_;
+  int64_t page_size_ = 0;
+  int64_t swa_cap_pages_ = 0;  // per-sequence SWA bound
+  int64_t max_context_ = 0;
+};
+
+}  // namespace v4::engine
