@@ -8,6 +8,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cctype>
 #include <cstring>
@@ -302,6 +303,34 @@ struct PostProcessor {
   std::vector<TokenId> prefix, suffix;  // TemplateProcessing/Bert/Roberta single
 };
 
+// Per-thread BPE caches (no locks): a few slots keyed by tokenizer uid, reused round-robin.
+struct SvHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+struct SvEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+};
+using BpeCache = std::unordered_map<std::string, std::vector<TokenId>, SvHash, SvEq>;
+
+BpeCache& thread_cache(uint64_t uid) {
+  struct Slot {
+    uint64_t owner = 0;
+    BpeCache map;
+  };
+  thread_local std::array<Slot, 4> slots;
+  thread_local unsigned next = 0;
+  for (auto& s : slots)
+    if (s.owner == uid) return s.map;
+  Slot& s = slots[next++ % slots.size()];
+  s.owner = uid;
+  s.map.clear();
+  return s.map;
+}
+
+std::atomic<uint64_t> g_uid{1};
+
 bool is_valid_utf8(std::string_view s) {
   size_t i = 0;
   const size_t n = s.size();
@@ -354,12 +383,7 @@ struct Tokenizer::Impl {
   std::optional<TokenId> bos, eos;
   size_t n_vocab = 0;
 
-  // BPE cache: sharded by hash.
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<TokenId>> map;
-  };
-  mutable std::array<Shard, 32> cache;
+  uint64_t uid = 0;  // identifies this table set for the per-thread BPE caches
 
   void rebuild_added();
   void bpe(std::string_view piece, std::vector<TokenId>& out) const;
@@ -472,22 +496,16 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
     bpe_uncached(piece, out);
     return;
   }
-  size_t h = std::hash<std::string_view>()(piece);
-  Shard& sh = cache[h % cache.size()];
-  {
-    std::lock_guard<std::mutex> lk(sh.mu);
-    auto it = sh.map.find(std::string(piece));
-    if (it != sh.map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+  BpeCache& cache = thread_cache(uid);
+  auto it = cache.find(piece);
+  if (it != cache.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
   }
   size_t start = out.size();
   bpe_uncached(piece, out);
-  std::vector<TokenId> ids(out.begin() + start, out.end());
-  std::lock_guard<std::mutex> lk(sh.mu);
-  if (sh.map.size() > 20000) sh.map.clear();
-  sh.map.emplace(std::string(piece), std::move(ids));
+  if (cache.size() > 200000) cache.clear();
+  cache.emplace(std::string(piece), std::vector<TokenId>(out.begin() + start, out.end()));
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<TokenId>& out) const {
@@ -761,6 +779,7 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view text, const std::st
     return make_error(ErrorCode::kCorruptData, "{}: not valid JSON: {}", src, e.what());
   }
   auto im = std::make_shared<Impl>();
+  im->uid = g_uid++;
   im->source = src;
   try {
     const json& model = j.at("model");
@@ -892,6 +911,7 @@ Result<Tokenizer> Tokenizer::from_file(const std::string& path) {
 
 Result<Tokenizer> Tokenizer::with_added_tokens(const std::vector<AddedToken>& tokens) const {
   auto im = std::make_shared<Impl>();
+  im->uid = g_uid++;
   const Impl& o = *impl_;
   im->source = o.source;
   im->vocab = o.vocab;

@@ -1,0 +1,123 @@
+// `v4serve tokenize` / `detokenize` end to end (skipped when the binary is not built).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <unistd.h>
+
+#include "text/tokenizer.h"
+
+namespace {
+const std::string kTok = "/work/shared/data/tokenizers/deepseek-v3";
+
+struct CmdResult {
+  int rc;
+  std::string out;
+};
+
+CmdResult run(const std::string& args) {
+  std::string cmd = std::string(V4_BINARY) + " " + args + " 2>&1";
+  CmdResult r{-1, ""};
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+    int st = pclose(p);
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  return r;
+}
+
+#define REQUIRE_CLI()                                                                   \
+  if (!std::filesystem::exists(V4_BINARY) || !std::filesystem::exists(kTok + "/tokenizer.json")) \
+  GTEST_SKIP() << "v4serve or tokenizer not available"
+
+std::string tmp_file(const std::string& name, const std::string& text) {
+  auto p = std::filesystem::temp_directory_path() / ("v4text_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+}  // namespace
+
+TEST(CliTokenize, TextAndMessages) {
+  REQUIRE_CLI();
+  auto r = run("tokenize --tokenizer " + kTok + " --text 'Hello'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["text"], "Hello");
+  EXPECT_EQ(j["ids"], nlohmann::json::array({19923}));
+
+  std::string m = tmp_file("m.json", R"([{"role":"user","content":"hi"}])");
+  r = run("tokenize --tokenizer " + kTok + "/tokenizer.json --messages " + m + " --added-tokens v4");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["text"], "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>");
+  EXPECT_EQ(j["ids"], nlohmann::json::array({0, 128803, 6366, 128804, 128821}));
+
+  std::string tools = tmp_file("t.json", R"([{"type":"function","function":{"name":"ping"}}])");
+  r = run("tokenize --tokenizer " + kTok + " --messages " + m + " --thinking-mode chat --tools " + tools);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["text"].get<std::string>().find("{\"name\": \"ping\"}"), std::string::npos);
+  EXPECT_EQ(j["text"].get<std::string>().substr(j["text"].get<std::string>().size() - 8), "</think>");
+}
+
+TEST(CliTokenize, DetokenizeRoundTrip) {
+  REQUIRE_CLI();
+  auto r = run("detokenize --tokenizer " + kTok + " --ids 19923,223,128803");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["text"], "Hello <｜User｜>");
+  r = run("detokenize --tokenizer " + kTok + " --ids 0,19923,1 --skip-special-tokens --raw");
+  ASSERT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "Hello\n");
+}
+
+TEST(CliTokenize, BadInputIsOneLineErrorNamingTheField) {
+  REQUIRE_CLI();
+  auto one_line = [](const CmdResult& r) { return std::count(r.out.begin(), r.out.end(), '\n') == 1; };
+  auto r = run("tokenize --tokenizer /nonexistent --text x");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("/nonexistent"), std::string::npos) << r.out;
+  EXPECT_TRUE(one_line(r)) << r.out;
+  std::string bad = tmp_file("bad.json", R"([{"role":"user","content":"x"},{"role":"function","content":"y"}])");
+  r = run("tokenize --tokenizer " + kTok + " --messages " + bad);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("messages[1].role"), std::string::npos) << r.out;
+  EXPECT_TRUE(one_line(r)) << r.out;
+  std::string broken = tmp_file("broken.json", "[{");
+  r = run("tokenize --tokenizer " + kTok + " --messages " + broken);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find(broken), std::string::npos) << r.out;
+  r = run("tokenize --tokenizer " + kTok + " --messages " + broken + " --thinking-mode auto");
+  EXPECT_NE(r.rc, 0);
+  r = run("detokenize --tokenizer " + kTok + " --ids 1,abc");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("--ids"), std::string::npos) << r.out;
+  EXPECT_TRUE(one_line(r)) << r.out;
+  r = run("detokenize --tokenizer " + kTok + " --ids 99999999");
+  EXPECT_NE(r.rc, 0);
+}
+
+TEST(Tokenizer, ConcurrentEncodeIsDeterministic) {
+  auto t = v4::text::Tokenizer::from_file(kTok);
+  if (!t.ok()) GTEST_SKIP();
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "Line " + std::to_string(i) + ": the quick brown fox 你好 🦊 <｜User｜>\n";
+  auto want = t->encode(text);
+  std::vector<std::thread> th;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 4; ++k)
+    th.emplace_back([&] {
+      for (int r = 0; r < 5; ++r)
+        if (t->encode(text) != want) ++bad;
+    });
+  for (auto& x : th) x.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(t->decode(want), text);
+}
