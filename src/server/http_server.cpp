@@ -4,6 +4,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <array>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -94,6 +95,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   void do_write();
   void on_write(beast::error_code ec);
   void response_finished();
+  void linger_close();
+  void drain();
   void fail(const char* what, beast::error_code ec);
   void transport_error(int status, const std::string& message);
   void log_access();
@@ -115,6 +118,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   bool response_done_ = false;  // the last bytes are queued
   std::deque<std::pair<std::string, bool>> queue_;  // bytes, is_last
   std::string out_;        // the write in flight
+  std::unique_ptr<std::array<char, 16384>> discard_;  // lingering close
+  int64_t drained_ = 0;
   bool out_last_ = false;  // it ends the response
   int status_ = 0;
   int64_t n_requests_ = 0;
@@ -423,9 +428,7 @@ void Session::response_finished() {
   streaming_ = false;
   on_close_ = nullptr;
   if (!keep_alive_ || server_->stopping) {
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-    close_now();
+    linger_close();
     return;
   }
   if (probing_) {
@@ -435,6 +438,31 @@ void Session::response_finished() {
     return;
   }
   do_read_header();
+}
+
+// Half-close, then read and discard what the client still sends (e.g. the rest of an oversize
+// body) for a short while, so it can read our answer instead of getting a connection reset.
+void Session::linger_close() {
+  beast::error_code ec;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  if (ec || probing_ || server_->stopping) {
+    close_now();
+    return;
+  }
+  stream_.expires_after(std::chrono::seconds(5));
+  drain();
+}
+
+void Session::drain() {
+  if (!discard_) discard_ = std::make_unique<std::array<char, 16384>>();
+  stream_.async_read_some(net::buffer(*discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    self->drained_ += int64_t(n);
+    if (ec || self->drained_ > (int64_t(256) << 20)) {
+      self->close_now();
+      return;
+    }
+    self->drain();
+  });
 }
 
 void Session::log_access() {
