@@ -32,8 +32,17 @@ bool RefPagePool::unref(int32_t page) {
   return false;
 }
 
-SwaMap::SwaMap(int64_t n_vblocks, int32_t n_swa_pages)
-    : map_(size_t(n_vblocks), -1), refs_(size_t(n_vblocks), 0), pool_(n_swa_pages) {}
+SwaMap::SwaMap(int64_t n_vblocks, int32_t n_swa_pages, int64_t rows_per_block)
+    : map_(size_t(n_vblocks), -1),
+      refs_(size_t(n_vblocks), 0),
+      words_((rows_per_block + 63) / 64),
+      bits_(size_t(n_vblocks * words_), 0),
+      pool_(n_swa_pages) {}
+
+void SwaMap::set_written(int64_t vb, int64_t b, int64_t e) {
+  assert(map_[size_t(vb)] >= 0);
+  for (int64_t r = b; r < e; ++r) bits_[size_t(vb * words_ + r / 64)] |= uint64_t(1) << (r % 64);
+}
 
 bool SwaMap::alloc(int64_t vb) {
   assert(map_[size_t(vb)] < 0);
@@ -41,6 +50,7 @@ bool SwaMap::alloc(int64_t vb) {
   if (!p) return false;
   map_[size_t(vb)] = *p;
   refs_[size_t(vb)] = 1;
+  for (int64_t w = 0; w < words_; ++w) bits_[size_t(vb * words_ + w)] = 0;
   return true;
 }
 

@@ -38,9 +38,18 @@ class RefPagePool {
 /// virtual pages × page_tokens / swa_page_tokens); each block is either unmapped (-1) or owns one
 /// SWA page. A mapped block has a reference count (holders: radix-node boundary windows and
 /// running sequences); it is unmapped and its SWA page freed when the count drops to 0.
+/// Each mapped block also knows which of its rows hold written data (a bit per row): a window
+/// is only kept or handed out when every row of it was written.
 class SwaMap {
  public:
-  SwaMap(int64_t n_vblocks = 0, int32_t n_swa_pages = 0);
+  SwaMap(int64_t n_vblocks = 0, int32_t n_swa_pages = 0, int64_t rows_per_block = 64);
+  /// Marks rows [row_begin, row_end) of a mapped block as written.
+  void set_written(int64_t vblock, int64_t row_begin, int64_t row_end);
+  /// Whether row `row` of a block holds written data (false when unmapped).
+  bool written(int64_t vblock, int64_t row) const {
+    return map_[size_t(vblock)] >= 0 &&
+           (bits_[size_t(vblock * words_ + row / 64)] >> (row % 64) & 1u);
+  }
   /// SWA page of a virtual block, or -1 when it holds no SWA (never written or freed).
   int32_t page(int64_t vblock) const { return map_[size_t(vblock)]; }
   /// Maps an unmapped block to a fresh SWA page (count 1); false when the SWA pool is empty.
@@ -55,6 +64,8 @@ class SwaMap {
  private:
   std::vector<int32_t> map_;
   std::vector<int32_t> refs_;
+  int64_t words_ = 1;
+  std::vector<uint64_t> bits_;
   RefPagePool pool_;
 };
 

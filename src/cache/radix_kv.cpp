@@ -124,4 +124,170 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
   return Status::Ok();
 }
 
+// ---- PrefixCache ------------------------------------------------------------------------------
+
+Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
+                                                         const ShadowRadixConfig& cfg_in) {
+  ShadowRadixConfig cfg = cfg_in;
+  const auto& spec = kv.spec();
+  // A query at L reads the W - 1 rows before it: that is the window a boundary keeps.
+  cfg.window_tokens = std::max(1, spec.sliding_window - 1);
+  for (const auto& L : spec.layers)
+    if (L.kind != AttnKind::kSliding && (L.ratio <= 0 || cfg.page_tokens % L.ratio != 0))
+      return make_error(ErrorCode::kInvalidArgument,
+                        "prefix cache: page size {} is not a multiple of compression ratio {}",
+                        cfg.page_tokens, L.ratio);
+  V4_ASSIGN_OR_RETURN(auto radix, ShadowRadix::create(cfg));
+  V4_ASSIGN_OR_RETURN(auto snaps, StateSnapshots::create(kv, cfg.n_snapshots));
+  auto pc = std::unique_ptr<PrefixCache>(new PrefixCache());
+  pc->radix_ = std::move(radix);
+  pc->snaps_ = std::move(snaps);
+  pc->window_ = cfg.window_tokens;
+  const int64_t slots = int64_t(cfg.n_pages) * cfg.page_tokens;
+  const int64_t swa_rows = int64_t(cfg.n_swa_pages) * cfg.swa_page_tokens;
+  for (const auto& L : spec.layers) {
+    const int m = L.kind == AttnKind::kSliding ? 0 : L.ratio;
+    const int di = L.kind == AttnKind::kCsa ? L.index_dim : 0;
+    pc->ratio_.push_back(m);
+    pc->dim_.push_back(L.kv_dim);
+    pc->idim_.push_back(di);
+    pc->swa_.emplace_back(size_t(swa_rows * L.kv_dim), 0.f);
+    pc->comp_.emplace_back(m ? size_t(slots / m * L.kv_dim) : 0, 0.f);
+    pc->index_.emplace_back(m ? size_t(slots / m * di) : 0, 0.f);
+  }
+  return pc;
+}
+
+void PrefixCache::detach(PrefixSeq& h) {
+  if (h.radix_seq < 0) return;
+  (void)radix_->finish(h.radix_seq, /*insert=*/false);
+  h.radix_seq = -1;
+}
+
+Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> prompt) {
+  V4_ASSIGN_OR_RETURN(int32_t seq, kv.create_sequence());
+  PrefixSeq h;
+  h.kv_seq = seq;
+  const int64_t n = int64_t(prompt.size());
+  auto plan = radix_->admit(prompt, std::max<int64_t>(0, n - 1));
+  if (!plan.ok()) return h;  // the tree is full of locked state: run cold, detached
+  const int32_t rs = plan->seq;
+  h.radix_seq = rs;
+  h.snapshot_points = plan->snapshot_points;
+  const auto& cfg = radix_->config();
+  const int64_t P = cfg.page_tokens, Ps = cfg.swa_page_tokens, W = window_;
+  if (plan->has_copy) {  // the tail page of the hit, inside the store
+    const PageCopy& c = plan->copy;
+    for (size_t l = 0; l < dim_.size(); ++l) {
+      const int64_t d = dim_[l];
+      for (int64_t off = c.swa_begin; off < c.n_tokens; ++off) {
+        const int32_t a = radix_->swa_map().page((c.src_page * P + off) / Ps);
+        const int32_t b = radix_->swa_map().page((c.dst_page * P + off) / Ps);
+        if (a < 0 || b < 0) continue;  // not needed by any reader (outside the window)
+        std::memcpy(&swa_[l][size_t((int64_t(b) * Ps + off % Ps) * d)],
+                    &swa_[l][size_t((int64_t(a) * Ps + off % Ps) * d)], size_t(d) * sizeof(float));
+      }
+      if (!ratio_[l]) continue;
+      const int64_t m = ratio_[l], per = P / m, ne = c.n_tokens / m, di = idim_[l];
+      std::memcpy(&comp_[l][size_t(c.dst_page * per * d)], &comp_[l][size_t(c.src_page * per * d)],
+                  size_t(ne * d) * sizeof(float));
+      if (di)
+        std::memcpy(&index_[l][size_t(c.dst_page * per * di)],
+                    &index_[l][size_t(c.src_page * per * di)], size_t(ne * di) * sizeof(float));
+    }
+  }
+  const int64_t R = plan->cached_tokens;
+  h.cached_tokens = R;
+  if (R == 0) return h;
+  Status st = kv.reserve(seq, R);
+  if (!st.ok()) {
+    detach(h);
+    kv.free_sequence(seq);
+    return st;
+  }
+  for (size_t l = 0; l < dim_.size(); ++l) {
+    const int64_t d = dim_[l];
+    for (int64_t p = std::max<int64_t>(0, R - W); p < R; ++p) {
+      const int64_t a = radix_->swa_row(rs, p);
+      const int32_t b = kv.swa_row(seq, p);
+      std::memcpy(kv.swa_pool(int(l)) + int64_t(b) * d, &swa_[l][size_t(a * d)],
+                  size_t(d) * sizeof(float));
+    }
+    if (!ratio_[l]) continue;
+    const int64_t m = ratio_[l], di = idim_[l];
+    for (int64_t e = 0; e < R / m; ++e) {
+      const int64_t a = radix_->slot(rs, e * m) / m;
+      const int64_t b = kv.compressed_row(seq, e, int(m));
+      std::memcpy(kv.comp_pool(int(l)) + b * d, &comp_[l][size_t(a * d)], size_t(d) * sizeof(float));
+      if (di)
+        std::memcpy(kv.index_pool(int(l)) + b * di, &index_[l][size_t(a * di)],
+                    size_t(di) * sizeof(float));
+    }
+  }
+  V4_RETURN_IF_ERROR(snaps_->load(kv, plan->restore_snapshot, seq));
+  kv.commit(seq, R);
+  return h;
+}
+
+Status PrefixCache::on_step(KvCache& kv, PrefixSeq& h, std::span<const int32_t> tokens) {
+  if (h.radix_seq < 0) return Status::Ok();
+  const int32_t rs = h.radix_seq;
+  const int64_t before = radix_->seq_len(rs), n = int64_t(tokens.size()), after = before + n;
+  if (kv.length(h.kv_seq) != after)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "prefix cache: sequence {} holds {} tokens, expected {} after this step",
+                      h.kv_seq, kv.length(h.kv_seq), after);
+  if (!radix_->reserve(rs, n).ok()) {
+    detach(h);  // the tree cannot take this request's state now; it keeps running
+    return Status::Ok();
+  }
+  V4_RETURN_IF_ERROR(radix_->commit(rs, tokens, window_));
+  // Write-back of what the step computed: SWA rows of the new tokens, completed entries.
+  for (size_t l = 0; l < dim_.size(); ++l) {
+    const int64_t d = dim_[l];
+    for (int64_t p = std::max(before, after - window_); p < after; ++p) {
+      const int32_t a = kv.swa_row(h.kv_seq, p);
+      const int64_t b = radix_->swa_row(rs, p);
+      if (a < 0 || b < 0) continue;
+      std::memcpy(&swa_[l][size_t(b * d)], kv.swa_pool(int(l)) + int64_t(a) * d,
+                  size_t(d) * sizeof(float));
+    }
+    if (!ratio_[l]) continue;
+    const int64_t m = ratio_[l], di = idim_[l];
+    for (int64_t e = before / m; e < after / m; ++e) {
+      const int64_t a = kv.compressed_row(h.kv_seq, e, int(m));
+      const int64_t b = radix_->slot(rs, e * m) / m;
+      std::memcpy(&comp_[l][size_t(b * d)], kv.comp_pool(int(l)) + a * d, size_t(d) * sizeof(float));
+      if (di)
+        std::memcpy(&index_[l][size_t(b * di)], kv.index_pool(int(l)) + a * di,
+                    size_t(di) * sizeof(float));
+    }
+  }
+  for (int64_t p : h.snapshot_points)
+    if (p == after) (void)snapshot(kv, h);
+  return Status::Ok();
+}
+
+Status PrefixCache::snapshot(KvCache& kv, PrefixSeq& h) {
+  V4_ASSIGN_OR_RETURN(int32_t id, radix_->begin_snapshot(h.radix_seq));
+  return snaps_->save(kv, h.kv_seq, id);
+}
+
+Result<int64_t> PrefixCache::finish(KvCache& kv, PrefixSeq& h, bool insert) {
+  int64_t added = 0;
+  if (h.radix_seq >= 0) {
+    if (insert && radix_->seq_len(h.radix_seq) > 0) (void)snapshot(kv, h);
+    auto r = radix_->finish(h.radix_seq, insert);
+    h.radix_seq = -1;
+    if (!r.ok()) {
+      kv.free_sequence(h.kv_seq);
+      return r.status();
+    }
+    added = *r;
+  }
+  kv.free_sequence(h.kv_seq);
+  h.kv_seq = -1;
+  return added;
+}
+
 }  // namespace v4::cache

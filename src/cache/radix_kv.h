@@ -10,6 +10,12 @@
 //   [L - W + 1, L). Used by the exactness tests and by the engine until KvCache takes shared
 //   pages (see docs/cache.md "Binding to the pools").
 // - `apply_page_copy`: ShadowRadix's tail-page copy at page-id level (shared-page mode).
+// - `PrefixCache`: ShadowRadix bound to KvCache in two tiers (copy mode). The radix tree's pages
+//   live in a store with the pools' layout, addressed by ShadowRadix's ids; running sequences
+//   compute in KvCache as before. Admission copies the hit's boundary state into the new KvCache
+//   sequence; snapshot points and finish copy the sequence's new state into the tree's pages.
+//   When KvCache can address external pages, the store goes away and nothing is copied; the API
+//   stays the same (docs/cache.md "Binding to the pools").
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -57,5 +63,48 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n_tokens
 /// swa_map). Errors: page size mismatch, ids out of range.
 Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src_page,
                        int32_t swa_dst_page);
+
+/// A request's handle in PrefixCache.
+struct PrefixSeq {
+  int32_t kv_seq = -1;       // KvCache sequence (ForwardBatch SeqSlice::seq)
+  int32_t radix_seq = -1;    // ShadowRadix sequence, -1 once detached (not inserted at finish)
+  int64_t cached_tokens = 0; // prompt tokens served from the cache (usage.cached_tokens)
+  std::vector<int64_t> snapshot_points;  // lengths at which a step must end (then: on_step)
+};
+
+/// ShadowRadix + KvCache, two-tier binding (see file comment). Not thread-safe.
+class PrefixCache {
+ public:
+  /// `cfg` sizes the tree's store; its page_tokens must be a multiple of every compression
+  /// ratio. Errors (kInvalidArgument): bad config (see ShadowRadix::create).
+  static Result<std::unique_ptr<PrefixCache>> create(const KvCache& kv,
+                                                     const ShadowRadixConfig& cfg);
+  /// Starts a request: a new KvCache sequence that already holds the longest resumable cached
+  /// prefix of `prompt` (at most prompt.size() - 1 tokens). Errors: kResourceExhausted when
+  /// KvCache has no free sequence or pages (retry later); the tree side never blocks admission.
+  Result<PrefixSeq> admit(KvCache& kv, std::span<const int32_t> prompt);
+  /// Call after every forward step of `h` with the tokens it appended. Saves a boundary when
+  /// the new length is a snapshot point. If the tree cannot hold the request's state (all of it
+  /// locked by running requests) the request is detached from the tree: it keeps running, it is
+  /// just not inserted at the end.
+  Status on_step(KvCache& kv, PrefixSeq& h, std::span<const int32_t> tokens);
+  /// Ends a request: with `insert`, its computed tokens enter the tree (a boundary at its end);
+  /// frees the KvCache sequence. Returns tokens newly added to the tree.
+  Result<int64_t> finish(KvCache& kv, PrefixSeq& h, bool insert = true);
+
+  ShadowRadix& radix() { return *radix_; }
+  const ShadowRadix& radix() const { return *radix_; }
+
+ private:
+  PrefixCache() = default;
+  Status snapshot(KvCache& kv, PrefixSeq& h);
+  void detach(PrefixSeq& h);
+  std::unique_ptr<ShadowRadix> radix_;
+  std::unique_ptr<StateSnapshots> snaps_;
+  // Store of the tree tier, per layer: compressed rows by slot / m, indexer rows, SWA rows.
+  std::vector<std::vector<float>> comp_, index_, swa_;
+  std::vector<int> ratio_, dim_, idim_;
+  int64_t window_ = 0;  // SWA rows a boundary keeps: sliding_window - 1
+};
 
 }  // namespace v4::cache

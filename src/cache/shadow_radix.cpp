@@ -61,7 +61,8 @@ struct ShadowRadix::Seq {
 ShadowRadix::ShadowRadix(const ShadowRadixConfig& cfg)
     : cfg_(cfg),
       pages_(cfg.n_pages),
-      swa_(int64_t(cfg.n_pages) * (cfg.page_tokens / cfg.swa_page_tokens), cfg.n_swa_pages),
+      swa_(int64_t(cfg.n_pages) * (cfg.page_tokens / cfg.swa_page_tokens), cfg.n_swa_pages,
+           cfg.swa_page_tokens),
       snaps_(cfg.n_snapshots),
       root_(std::make_unique<RadixNode>()) {}
 
@@ -122,9 +123,12 @@ std::vector<int64_t> ShadowRadix::window_vblocks(const std::vector<int32_t>& pt,
   return out;
 }
 
-bool ShadowRadix::vblocks_live(const std::vector<int64_t>& vbs) const {
-  for (int64_t vb : vbs)
-    if (vb < 0 || swa_.page(vb) < 0) return false;
+bool ShadowRadix::window_written(const std::vector<int32_t>& pt, int64_t end) const {
+  const int64_t Ps = cfg_.swa_page_tokens, bpp = blocks_per_page();
+  for (int64_t p = std::max<int64_t>(0, end - cfg_.window_tokens); p < end; ++p) {
+    const int32_t page = pt[size_t(p / Ps / bpp)];
+    if (page < 0 || !swa_.written(int64_t(page) * bpp + (p / Ps) % bpp, p % Ps)) return false;
+  }
   return true;
 }
 
@@ -379,6 +383,9 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
       const int64_t vb = s->vblock(*this, pb);
       if (pb * Ps >= page_start && copy) {
         swa_.alloc(vb);  // room made above; fresh block of the copy page
+        const int64_t src_vb = int64_t(plan.copy.src_page) * blocks_per_page() + vb % blocks_per_page();
+        for (int64_t p = std::max(pb * Ps, R - W); p < std::min((pb + 1) * Ps, R); ++p)
+          if (swa_.written(src_vb, p % Ps)) swa_.set_written(vb, p % Ps, p % Ps + 1);
       } else {
         swa_.ref(vb);  // shared block, live: kept by node's boundary window
       }
@@ -417,7 +424,8 @@ Status ShadowRadix::reserve(int32_t id, int64_t n_tokens) {
   return Status::Ok();
 }
 
-Status ShadowRadix::commit(int32_t id, std::span<const int32_t> tokens) {
+Status ShadowRadix::commit(int32_t id, std::span<const int32_t> tokens,
+                           int64_t swa_rows_written) {
   Seq* s = find_seq(id);
   if (!s) return make_error(ErrorCode::kInvalidArgument, "cache: unknown sequence {}", id);
   const int64_t n = int64_t(tokens.size());
@@ -426,6 +434,16 @@ Status ShadowRadix::commit(int32_t id, std::span<const int32_t> tokens) {
                       "cache: sequence {} commits {} tokens at {} but only {} are reserved", id, n,
                       s->len, s->reserved);
   s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  {
+    const int64_t Ps = cfg_.swa_page_tokens;
+    const int64_t from = swa_rows_written < 0 ? s->len
+                                              : std::max(s->len, s->len + n - swa_rows_written);
+    for (int64_t p = from; p < s->len + n;) {
+      const int64_t e = std::min(s->len + n, (p / Ps + 1) * Ps);
+      swa_.set_written(s->vblock(*this, p / Ps), p % Ps, (e - 1) % Ps + 1);
+      p = e;
+    }
+  }
   s->len += n;
   const int64_t new_lo =
       std::min(std::max<int64_t>(0, s->len - cfg_.window_tokens) / cfg_.swa_page_tokens,
@@ -536,8 +554,9 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
       const bool in_a = std::find(A.begin(), A.end(), x) != A.end();
       if (x->snapshot < 0 && in_a) b = seq_bound(x->end());
       if ((x->snapshot >= 0 && x->end() - cfg_.window_tokens < E) || b) {
-        auto vbs = window_vblocks(path_page_table(x), x->end());
-        if (!vblocks_live(vbs)) {
+        auto xpt = path_page_table(x);
+        auto vbs = window_vblocks(xpt, x->end());
+        if (!window_written(xpt, x->end())) {
           if (b && x->snapshot < 0) {
             b = nullptr;  // cannot attach; not fatal
           } else {
@@ -590,8 +609,9 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
     for (int32_t p : x->pages) pages_.ref(p);
     cur->children[toks[size_t(a)]] = std::move(node);
     if (Seq::Boundary* b = seq_bound(c)) {
-      auto vbs = window_vblocks(path_page_table(x), c);
-      if (vblocks_live(vbs)) {
+      auto xpt = path_page_table(x);
+      auto vbs = window_vblocks(xpt, c);
+      if (window_written(xpt, c)) {
         for (int64_t vb : vbs) swa_.ref(vb);
         x->swa_vblocks = std::move(vbs);
         x->snapshot = b->snap;
@@ -718,7 +738,10 @@ Status ShadowRadix::check_invariants() const {
       return err(fmt::format("node {}: snapshot and SWA window must come together", x->id));
     if (x->snapshot >= 0) {
       ++snap_refs[size_t(x->snapshot)];
-      auto want = window_vblocks(path_page_table(x), x->end());
+      auto xpt = path_page_table(x);
+      auto want = window_vblocks(xpt, x->end());
+      if (!window_written(xpt, x->end()))
+        return err(fmt::format("node {}: kept window has unwritten rows", x->id));
       if (want != x->swa_vblocks)
         return err(fmt::format("node {}: kept window is not the tree's window at {}", x->id,
                                x->end()));

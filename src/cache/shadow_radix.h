@@ -120,7 +120,10 @@ class ShadowRadix {
 
   /// Records that `tokens` were computed (appended at len); they must be reserved. Releases SWA
   /// pages that fell out of the window (unless a boundary of this sequence keeps them).
-  Status commit(int32_t seq, std::span<const int32_t> tokens);
+  /// `swa_rows_written`: how many of the last new positions had their SWA rows written to the
+  /// pages (-1 = all, as the forward does on shared pages; a write-back binding that copies only
+  /// the last window passes window_tokens). Windows are only kept over written rows.
+  Status commit(int32_t seq, std::span<const int32_t> tokens, int64_t swa_rows_written = -1);
 
   /// Allocates a snapshot slot for the state after exactly len(seq) tokens and keeps the SWA
   /// window before it; the caller then saves the compressor rings into the returned slot.
@@ -172,7 +175,7 @@ class ShadowRadix {
   RadixNode* split(RadixNode* n, int64_t at);  // returns the new parent [start, at)
   std::vector<int32_t> path_page_table(const RadixNode* n) const;
   std::vector<int64_t> window_vblocks(const std::vector<int32_t>& pt, int64_t end) const;
-  bool vblocks_live(const std::vector<int64_t>& vbs) const;
+  bool window_written(const std::vector<int32_t>& pt, int64_t end) const;
   void release_boundary(RadixNode* n);
   void drop_leaf(RadixNode* n);
   void touch(RadixNode* n);

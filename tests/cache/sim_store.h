@@ -25,8 +25,12 @@ inline uint64_t mix(uint64_t h, int32_t tok) {
 
 class SimStore {
  public:
-  explicit SimStore(ShadowRadix& r)
+  /// `swa_tail` >= 0 emulates a write-back binding (PrefixCache): only the SWA rows of the last
+  /// `swa_tail` positions of each step reach the pages (the rest lived in the sequence's private
+  /// pool); reads of rows written in the same step are then not checked here.
+  explicit SimStore(ShadowRadix& r, int64_t swa_tail = -1)
       : r_(r),
+        swa_tail_(swa_tail),
         cval_(size_t(r.config().n_pages) * size_t(r.config().page_tokens), 0),
         swa_(size_t(r.config().n_swa_pages) * size_t(r.config().swa_page_tokens), 0),
         snap_(size_t(r.config().n_snapshots), {-1, 0}) {}
@@ -128,6 +132,7 @@ class SimStore {
       d.prefix.push_back(mix(p > 0 ? d.prefix[size_t(p - 1)] : 0, t));
       // Reads of position p: its SWA window [p-W+1, p).
       for (int64_t q = std::max<int64_t>(0, p - W + 1); q < p; ++q) {
+        if (swa_tail_ >= 0 && q >= len) continue;  // private copy in a write-back binding
         const int64_t row = r_.swa_row(id, q);
         if (row < 0 || swa_[size_t(row)] != d.prefix[size_t(q)]) {
           ADD_FAILURE() << "seq " << id << " at " << p << ": SWA row of " << q << " wrong";
@@ -140,11 +145,12 @@ class SimStore {
         return 0;
       }
       cval_[size_t(sl)] = d.prefix[size_t(p)];
-      swa_[size_t(row)] = d.prefix[size_t(p)];
+      if (swa_tail_ < 0 || p >= len + n - swa_tail_) swa_[size_t(row)] = d.prefix[size_t(p)];
+      else swa_[size_t(row)] = 0xdeadULL;  // stale garbage: must never be read
     }
     d.ring_len = len + n;
     d.ring = d.prefix.back();
-    EXPECT_TRUE(r_.commit(id, toks).ok());
+    EXPECT_TRUE(r_.commit(id, toks, swa_tail_).ok());
     if (!d.points.empty() && d.points.front() == len + n) snapshot(id);
     return n;
   }
@@ -182,6 +188,7 @@ class SimStore {
 
  private:
   ShadowRadix& r_;
+  int64_t swa_tail_ = -1;
   std::vector<uint64_t> cval_;
   std::vector<uint64_t> swa_;
   std::vector<std::pair<int64_t, uint64_t>> snap_;

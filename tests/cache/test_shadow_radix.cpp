@@ -227,13 +227,16 @@ TEST(ShadowRadixFuzz, HundredThousandOps) {
   struct Cfg {
     int32_t pages, swa, snaps;
     int64_t P, Ps, W;
+    bool write_back;  // SWA rows reach the pages only for the last W positions of each step
   };
-  const Cfg cfgs[] = {{24, 48, 12, 128, 32, 48}, {14, 40, 6, 256, 64, 128}, {40, 64, 20, 128, 16, 128}};
+  const Cfg cfgs[] = {{24, 48, 12, 128, 32, 48, false},
+                      {14, 40, 6, 256, 64, 128, false},
+                      {40, 64, 20, 128, 16, 127, true}};
   int64_t ops = 0, hits = 0, admits = 0, adopted = 0, tomb = 0, evicted = 0;
   for (int ci = 0; ci < 3; ++ci) {
     const Cfg& cf = cfgs[ci];
     auto r = make(cf.pages, cf.swa, cf.snaps, cf.P, cf.Ps, cf.W);
-    SimStore s(*r);
+    SimStore s(*r, cf.write_back ? cf.W : -1);
     std::mt19937 g(1234 + ci);
     std::vector<std::vector<int32_t>> corpus;  // prompts seen so far (to share prefixes)
     auto rnd = [&](int64_t n) { return int64_t(g() % uint64_t(n)); };
@@ -317,4 +320,36 @@ TEST(ShadowRadixFuzz, HundredThousandOps) {
   std::printf("fuzz: %lld ops, %lld admits, %lld hits, %lld adopted, %lld tombstoned, %lld evicted, %.2f s\n",
               (long long)ops, (long long)admits, (long long)hits, (long long)adopted,
               (long long)tomb, (long long)evicted, secs);
+}
+
+// Write-back bindings write only the last window of each step. A sequence that recomputed a
+// node (B) holds a mapped SWA page whose rows are only partly written; the tree must not move
+// another node's window (C's, at 100) onto those rows when B is inserted.
+TEST(ShadowRadix, AdoptionNeverUsesUnwrittenRows) {
+  auto r = make(32, 64, 16, 128, 64, 16);
+  SimStore s(*r, /*swa_tail=*/16);
+  auto S = seq_tokens(31, 300);
+  auto pa = S;
+  int32_t a = s.admit(pa, 299);
+  ASSERT_TRUE(s.run(a));
+  s.finish(a);
+  auto pb = concat(std::vector<int32_t>(S.begin(), S.begin() + 200), seq_tokens(32, 200, 1000));
+  int32_t b = s.admit(pb, 399);
+  ASSERT_EQ(s.step(b, 112), 112);
+  ASSERT_TRUE(s.snapshot(b));  // B keeps [96, 112): SWA page [64, 128) stays mapped
+  auto pc = concat(std::vector<int32_t>(S.begin(), S.begin() + 100), seq_tokens(33, 50, 1000));
+  int32_t c = s.admit(pc, 149);
+  ASSERT_TRUE(s.run(c));
+  s.finish(c);  // boundary at 100 (C's pages)
+  CHECK_INV(*r);
+  ASSERT_TRUE(s.run(b));
+  s.finish(b);  // B recomputed [0, 200): must not adopt onto rows 84..95 it never wrote back
+  CHECK_INV(*r);
+  auto pd = concat(std::vector<int32_t>(S.begin(), S.begin() + 100), seq_tokens(34, 20, 1000));
+  int64_t R = -1;
+  int32_t d = s.admit(pd, 119, &R);  // SimStore checks rows [84, 100)
+  EXPECT_EQ(R, 100);
+  ASSERT_TRUE(s.run(d));
+  s.finish(d);
+  CHECK_INV(*r);
 }
