@@ -211,3 +211,20 @@ TEST(OutputParser, HeldBackTextIsReleasedAtFinish) {
   EXPECT_EQ(m.tool_calls[0].arguments, "{\"q\": \"Bei\"}");
   EXPECT_TRUE(m.truncated);
 }
+
+TEST(OutputParser, V41SpellingAlsoParses) {
+  const std::string c =
+      "r</think>ok\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"x\" string=\"true\">v"
+      "</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"g\">\n<｜DSML｜ parameter name=\"n\" "
+      "string=\"false\">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>";
+  for (size_t k = 0; k <= c.size(); ++k) {
+    ParsedMessage m = run_chunks({c.substr(0, k), c.substr(k)}, ThinkingMode::kThinking);
+    ASSERT_EQ(m.reasoning_content, "r");
+    ASSERT_EQ(m.content, "ok");
+    ASSERT_EQ(m.tool_calls.size(), 2u) << k;
+    EXPECT_EQ(m.tool_calls[0].name, "f");
+    EXPECT_EQ(m.tool_calls[0].arguments, "{\"x\": \"v\"}");
+    EXPECT_EQ(m.tool_calls[1].name, "g");
+    EXPECT_EQ(m.tool_calls[1].arguments, "{\"n\": 2}");
+  }
+}
