@@ -6,9 +6,13 @@
 //
 // Implementations: `ModelExecutor` (model_executor.h, the real DeepseekV4 + KV cache) and a
 // deterministic fake that lives only under tests/engine/ (never linked into the CLI).
-// All methods are called from the scheduler thread only; implementations need no locking.
+// All methods are called from the scheduler thread only, except vocab_size, max_context, pools and
+// pages_for, which Engine::submit also calls from request threads: keep those pure (const, no
+// mutable state). Pool budgets cover running sequences only; a prefix cache whose tree shares
+// the pools must make room itself (evict) inside start_sequence / forward.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,18 @@ struct PoolUsage {
   int64_t used_pages = 0;
   int64_t capacity_pages = 0;
 };
+
+/// What a sequence starts with (see Executor::start_sequence).
+struct SequenceStart {
+  int32_t seq = -1;            // handle for SeqSlice::seq
+  int64_t cached_tokens = 0;   // leading tokens already in the cache (prefix hit), < n tokens
+  /// Ascending sequence lengths at which a step must end (e.g. prefix-cache snapshot
+  /// boundaries); the scheduler never plans a chunk across one.
+  std::vector<int64_t> snapshot_points;
+};
+
+/// Why a sequence ends (see Executor::end_sequence).
+enum class SequenceEnd { kFinished, kCancelled, kPreempted, kError };
 
 /// Model + cache as seen by the scheduler. Not thread-safe: the scheduler thread owns it.
 class Executor {
@@ -56,6 +72,25 @@ class Executor {
   virtual Result<int32_t> create_sequence() = 0;
   /// Frees a sequence and all pages it holds, at once. Unknown handles are ignored.
   virtual void free_sequence(int32_t seq) = 0;
+
+  /// Starts a sequence for a request whose tokens (prompt, plus generated tokens when it is
+  /// recomputed after preemption) are `tokens`. A prefix cache returns the sequence already
+  /// holding the longest usable cached prefix (`cached_tokens` < tokens.size()). The scheduler
+  /// then computes tokens[cached_tokens..]. Default: create_sequence(), nothing cached.
+  /// Errors: kResourceExhausted (no slot or pages now; the scheduler retries later).
+  virtual Result<SequenceStart> start_sequence(std::span<const int32_t> tokens) {
+    auto s = create_sequence();
+    if (!s.ok()) return s.status();
+    SequenceStart st;
+    st.seq = *s;
+    return st;
+  }
+  /// Ends a sequence: `computed` are the tokens its cache holds (a prefix cache may keep them
+  /// for later requests, e.g. on kFinished or kPreempted). Its pages leave the scheduler's
+  /// budget at once. Default: free_sequence(seq).
+  virtual void end_sequence(int32_t seq, SequenceEnd how, std::span<const int32_t> computed) {
+    free_sequence(seq);
+  }
 
   /// Runs one step. Every slice's `start_pos` equals the tokens already cached for its sequence;
   /// the executor appends the slice's tokens to the cache. Returns f32 logits, one row per slice

@@ -14,7 +14,9 @@ Scheduler::Scheduler(Executor& exec, EngineConfig config)
 
 Scheduler::~Scheduler() {
   for (auto& [id, s] : seqs_)
-    if (s->exec_seq >= 0) exec_.free_sequence(s->exec_seq);
+    if (s->exec_seq >= 0)
+      exec_.end_sequence(s->exec_seq, SequenceEnd::kCancelled,
+                         std::span<const int32_t>(s->tokens.data(), size_t(s->n_computed)));
 }
 
 Status Scheduler::check_request(const Executor& exec, const Request& req) {
@@ -82,16 +84,28 @@ StepOutput Scheduler::make_output(const Seq& s) const {
   return o;
 }
 
-void Scheduler::release(Seq& s) {
+void Scheduler::release(Seq& s, SequenceEnd how) {
   for (size_t p = 0; p < pools_.size(); ++p) {
     reserved_total_[p] -= s.reserved[p];
     s.reserved[p] = 0;
   }
   if (s.exec_seq >= 0) {
-    exec_.free_sequence(s.exec_seq);
+    exec_.end_sequence(s.exec_seq, how,
+                       std::span<const int32_t>(s.tokens.data(), size_t(s.n_computed)));
     s.exec_seq = -1;
   }
   s.n_computed = 0;
+  s.snapshot_points.clear();
+}
+
+int64_t Scheduler::chunk_for(const Seq& s, int64_t budget) const {
+  int64_t n = std::min(int64_t(s.tokens.size()) - s.n_computed, budget);
+  for (int64_t p : s.snapshot_points)
+    if (p > s.n_computed) {
+      n = std::min(n, p - s.n_computed);
+      break;
+    }
+  return n;
 }
 
 void Scheduler::remove_running(Seq* s) {
@@ -101,7 +115,9 @@ void Scheduler::remove_running(Seq* s) {
 
 void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
                        std::vector<Pending>* out) {
-  release(*s);
+  release(*s, reason == FinishReason::kAbort   ? SequenceEnd::kCancelled
+              : reason == FinishReason::kError ? SequenceEnd::kError
+                                               : SequenceEnd::kFinished);
   remove_running(s);
   auto wit = std::find(waiting_.begin(), waiting_.end(), s);
   if (wit != waiting_.end()) waiting_.erase(wit);
@@ -164,7 +180,7 @@ void Scheduler::reserve(Seq& s, const std::vector<int64_t>& delta) {
 }
 
 void Scheduler::preempt(Seq* s) {
-  release(*s);
+  release(*s, SequenceEnd::kPreempted);
   remove_running(s);
   waiting_.push_front(s);
   ++s->n_preemptions;
@@ -191,7 +207,7 @@ Status Scheduler::step() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Seq* s = running_[i];
     const int64_t need = int64_t(s->tokens.size()) - s->n_computed;
-    const int64_t n = std::min(need, budget);
+    const int64_t n = chunk_for(*s, budget);
     auto delta = delta_for(*s, n);
     bool self_preempted = false;
     while (!fits(delta, 0.0)) {
@@ -206,51 +222,71 @@ Status Scheduler::step() {
     }
     if (self_preempted) break;
     reserve(*s, delta);
-    const bool decode = s->n_generated > 0 && need == 1;
+    const bool decode = s->n_generated > 0 && need == 1;  // else a prefill chunk
     plan.push_back({s, n, decode});
     budget -= n;
     ++i;
   }
 
-  // 2. Waiting requests, FCFS.
+  // 2. Waiting requests, FCFS. The pre-check assumes no prefix hit (the least a start can
+  //    need); after start_sequence the real need (cached prefix + first chunk) is checked again.
   while (!preempted && !waiting_.empty() && budget > 0 &&
          int64_t(running_.size()) < config_.max_running_requests) {
     Seq* s = waiting_.front();
-    const int64_t need = int64_t(s->tokens.size()) - s->n_computed;
-    const int64_t n = std::min(need, budget);
-    auto delta = delta_for(*s, n);
     const double wm = running_.empty() ? 0.0 : config_.admission_watermark;
-    if (!fits(delta, wm)) {
+    auto log_wait = [&](const std::vector<int64_t>& delta) {
+      if (s->logged_wait) return;
+      s->logged_wait = true;
+      std::string why;
+      for (size_t p = 0; p < pools_.size(); ++p)
+        why += fmt::format("{}{} {}/{} used, needs {}", p ? "; " : "", pools_[p].name,
+                           reserved_total_[p], pools_[p].capacity_pages, delta[p]);
+      V4_LOG_INFO("request {}{}{} waits for memory ({} running): {}", s->id,
+                  s->req.tag.empty() ? "" : " ", s->req.tag, running_.size(), why);
+    };
+    auto pre = delta_for(*s, std::min<int64_t>(int64_t(s->tokens.size()), budget));
+    if (!fits(pre, wm)) {
       if (running_.empty()) {
         // Nothing holds pages the scheduler could wait for: refuse instead of parking forever.
         finish(s, FinishReason::kError,
                make_error(ErrorCode::kResourceExhausted,
                           "request {} cannot be scheduled even with nothing else running "
                           "(its first {} tokens do not fit the pools)",
-                          s->id, n),
+                          s->id, std::min<int64_t>(int64_t(s->tokens.size()), budget)),
                &pending);
         continue;
       }
-      if (!s->logged_wait) {
-        s->logged_wait = true;
-        std::string why;
-        for (size_t p = 0; p < pools_.size(); ++p)
-          why += fmt::format("{}{} {}/{} used, needs {}", p ? "; " : "", pools_[p].name,
-                             reserved_total_[p], pools_[p].capacity_pages, delta[p]);
-        V4_LOG_INFO("request {}{}{} waits for memory ({} running): {}", s->id,
-                    s->req.tag.empty() ? "" : " ", s->req.tag, running_.size(), why);
-      }
+      log_wait(pre);
       break;
     }
-    auto seq = exec_.create_sequence();
-    if (!seq.ok()) {
+    auto start = exec_.start_sequence(s->tokens);
+    if (!start.ok()) {
       if (running_.empty()) {
-        finish(s, FinishReason::kError, seq.status(), &pending);
+        finish(s, FinishReason::kError, start.status(), &pending);
         continue;
       }
       break;  // wait for a sequence slot
     }
-    s->exec_seq = *seq;
+    s->exec_seq = start->seq;
+    s->n_computed = std::clamp<int64_t>(start->cached_tokens, 0, int64_t(s->tokens.size()) - 1);
+    s->snapshot_points = std::move(start->snapshot_points);
+    if (!s->cached_reported) {
+      s->cached_reported = true;
+      s->cached_tokens = std::min(s->n_computed, s->n_prompt);
+      counters_.prefix_query_tokens_total += s->n_prompt;
+      counters_.prefix_hit_tokens_total += s->cached_tokens;
+    }
+    const int64_t n = chunk_for(*s, budget);
+    // The cached prefix's pages are held by the new sequence: budget them too.
+    const int64_t n_cached = s->n_computed;
+    s->n_computed = 0;
+    auto delta = delta_for(*s, n_cached + n);
+    s->n_computed = n_cached;
+    if (!fits(delta, wm) && !running_.empty()) {
+      release(*s, SequenceEnd::kPreempted);  // keeps what it had in the prefix cache
+      log_wait(delta);
+      break;
+    }
     waiting_.pop_front();
     running_.push_back(s);
     reserve(*s, delta);

@@ -85,6 +85,8 @@ class Scheduler {
     int64_t cached_tokens = 0;
     int32_t n_preemptions = 0;
     bool logged_wait = false;
+    bool cached_reported = false;          // usage.cached_tokens fixed at first admission
+    std::vector<int64_t> snapshot_points;  // from Executor::start_sequence, ascending
   };
   struct Pending {  // an output to deliver after the step's state update
     std::shared_ptr<const OutputCallback> cb;
@@ -94,9 +96,10 @@ class Scheduler {
   bool fits(const std::vector<int64_t>& delta, double watermark) const;
   std::vector<int64_t> delta_for(const Seq& s, int64_t n_tokens) const;
   void reserve(Seq& s, const std::vector<int64_t>& delta);
-  void release(Seq& s);
+  void release(Seq& s, SequenceEnd how);
   void preempt(Seq* s);
   void finish(Seq* s, FinishReason reason, const Status& error, std::vector<Pending>* out);
+  int64_t chunk_for(const Seq& s, int64_t budget) const;
   StepOutput make_output(const Seq& s) const;
   void remove_running(Seq* s);
   void deliver(std::vector<Pending>& pending);

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "engine/executor.h"
 
 namespace v4::engine::testing {
@@ -57,6 +59,8 @@ struct FakeConfig {
   int64_t state_pages = 64;  // one page per live non-empty sequence (like a compressor ring)
   int32_t max_sequences = 256;
   int64_t step_delay_us = 0;  // sleep in every forward (to give other threads time in tests)
+  bool prefix_cache = false;  // keep ended sequences' tokens; start new ones at the longest match
+  int64_t snapshot_every = 0; // with prefix_cache: snapshot points at multiples of this
 };
 
 class FakeExecutor : public Executor {
@@ -89,6 +93,40 @@ class FakeExecutor : public Executor {
   }
   void free_sequence(int32_t seq) override { seqs_.erase(seq); }
 
+  Result<SequenceStart> start_sequence(std::span<const int32_t> tokens) override {
+    auto id = create_sequence();
+    if (!id.ok()) return id.status();
+    SequenceStart st;
+    st.seq = *id;
+    if (!c_.prefix_cache) return st;
+    size_t best = 0;
+    const std::vector<int32_t>* from = nullptr;
+    for (const auto& k : kept_) {
+      size_t l = 0;
+      while (l < k.size() && l + 1 < tokens.size() && k[l] == tokens[l]) ++l;
+      if (l > best) best = l, from = &k;
+    }
+    Seq& s = seqs_[*id];
+    for (size_t i = 0; i < best; ++i) {
+      s.tokens.push_back((*from)[i]);
+      s.hashes.push_back(fake_extend(s.hashes.empty() ? 0 : s.hashes.back(), (*from)[i]));
+    }
+    st.cached_tokens = int64_t(best);
+    if (c_.snapshot_every > 0)
+      for (int64_t p = c_.snapshot_every; p < int64_t(tokens.size()); p += c_.snapshot_every)
+        st.snapshot_points.push_back(p);
+    return st;
+  }
+  void end_sequence(int32_t seq, SequenceEnd how, std::span<const int32_t> computed) override {
+    auto it = seqs_.find(seq);
+    if (c_.prefix_cache && it != seqs_.end() &&
+        (how == SequenceEnd::kFinished || how == SequenceEnd::kPreempted)) {
+      EXPECT_EQ(it->second.tokens, std::vector<int32_t>(computed.begin(), computed.end()));
+      kept_.emplace_back(computed.begin(), computed.end());
+    }
+    free_sequence(seq);
+  }
+
   Result<model::ForwardOutput> forward(const model::ForwardBatch& batch) override {
     if (c_.step_delay_us > 0)
       std::this_thread::sleep_for(std::chrono::microseconds(c_.step_delay_us));
@@ -110,6 +148,7 @@ class FakeExecutor : public Executor {
                           sl.start_pos, s.tokens.size());
       if (sl.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "fake: empty slice");
       n_tokens += int64_t(sl.tokens.size());
+      slices.push_back({sl.seq, sl.start_pos, int64_t(sl.tokens.size())});
       for (int32_t t : sl.tokens) {
         if (t < 0 || t >= c_.vocab)
           return make_error(ErrorCode::kInvalidArgument, "fake: token {} out of range", t);
@@ -134,6 +173,11 @@ class FakeExecutor : public Executor {
     int32_t n_slices;
   };
   std::vector<Step> steps;  // one per forward call
+  struct SliceLog {
+    int32_t seq;
+    int64_t start_pos, n_tokens;
+  };
+  std::vector<SliceLog> slices;  // every slice ever run
   int64_t live_sequences() const { return int64_t(seqs_.size()); }
 
  private:
@@ -148,6 +192,7 @@ class FakeExecutor : public Executor {
   }
   FakeConfig c_;
   std::map<int32_t, Seq> seqs_;
+  std::vector<std::vector<int32_t>> kept_;
   int32_t next_ = 0;
 };
 

@@ -356,5 +356,45 @@ TEST(Scheduler, SeededSamplingIndependentOfBatchAndPreemption) {
   EXPECT_NE(h2.out[id2].tokens, alone);
 }
 
+TEST(Scheduler, PrefixHitsSkipCachedTokensAndRespectSnapshotPoints) {
+  FakeConfig fc;
+  fc.prefix_cache = true;
+  fc.snapshot_every = 10;
+  EngineConfig ec;
+  ec.chunked_prefill_size = 64;
+  Harness h(fc, ec);
+  std::mt19937 rng(4);
+  auto prompt = make_prompt(rng, 57, fc.vocab);
+  RequestId a = h.add(prompt, greedy(6));
+  h.run();
+  EXPECT_EQ(h.out[a].usage.cached_tokens, 0);
+  const int64_t computed_a = h.sched.counters().prompt_tokens_total;
+  EXPECT_EQ(computed_a, 57);
+  // Same prompt + a follow-up turn: hits the first request's 57 + 6 - 1 = 62 computed tokens.
+  auto turn2 = prompt;
+  auto gen_a = h.out[a].tokens;
+  turn2.insert(turn2.end(), gen_a.begin(), gen_a.end());
+  auto extra = make_prompt(rng, 25, fc.vocab);
+  turn2.insert(turn2.end(), extra.begin(), extra.end());
+  RequestId b = h.add(turn2, greedy(8));
+  h.run();
+  EXPECT_EQ(h.out[b].usage.cached_tokens, 62);
+  EXPECT_EQ(h.out[b].tokens, fake_greedy(turn2, fc.vocab, 8));
+  EXPECT_EQ(h.sched.counters().prompt_tokens_total - computed_a, int64_t(turn2.size()) - 62);
+  EXPECT_EQ(h.sched.counters().prefix_hit_tokens_total, 62);
+  EXPECT_EQ(h.sched.counters().prefix_query_tokens_total, 57 + int64_t(turn2.size()));
+  // Identical prompt: at most prompt - 1 tokens come from the cache.
+  RequestId c = h.add(prompt, greedy(3));
+  h.run();
+  EXPECT_EQ(h.out[c].usage.cached_tokens, 56);
+  EXPECT_EQ(h.out[c].tokens, fake_greedy(prompt, fc.vocab, 3));
+  // No chunk crossed a snapshot point.
+  for (const auto& sl : h.exec.slices)
+    for (int64_t p = 10; p < sl.start_pos + sl.n_tokens; p += 10)
+      EXPECT_FALSE(sl.start_pos < p && p < sl.start_pos + sl.n_tokens)
+          << "slice [" << sl.start_pos << ", " << sl.start_pos + sl.n_tokens << ") crosses " << p;
+  for (const auto& u : h.exec.pool_usage()) EXPECT_EQ(u.used_pages, 0);
+}
+
 }  // namespace
 }  // namespace v4::engine
