@@ -165,8 +165,9 @@ class Ops {
   virtual std::string name() const = 0;
 
   // ---- memory -------------------------------------------------------------------------------
-  /// Allocates `bytes` of backend memory (zeroed). Never returns nullptr for bytes > 0 (throws
-  /// std::bad_alloc on exhaustion; callers size pools from a budget first).
+  /// Allocates `bytes` of backend memory; contents unspecified (callers write before reading).
+  /// Never returns nullptr for bytes > 0 (throws std::bad_alloc on exhaustion; callers size pools
+  /// from a budget first).
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* ptr) = 0;
   /// Host → backend and backend → host copies (synchronous).

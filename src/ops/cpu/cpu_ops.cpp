@@ -2,10 +2,12 @@
 //
 // Determinism and batch invariance: every op computes a row from that row's inputs only, with a
 // fixed summation order, so a request's logits do not depend on which other requests share the
-// step. GEMMs go through cblas_sgemm, whose per-element summation order depends on M (measured
-// with OpenBLAS 0.3.21: a row's result changes between M=1 and M=4); `linear` therefore always
-// calls sgemm on fixed blocks of kRowBlock rows (zero-padded) and fixed column chunks (which
-// depend only on N), so a row's result depends only on x[row], w and N, K.
+// step. GEMMs: on CPUs with AVX2+FMA, `linear` uses the kernel of gemm.cpp whose per-element
+// arithmetic is independent of M and of the tiling. Otherwise it goes through cblas_sgemm, whose
+// per-element summation order depends on M (measured with OpenBLAS 0.3.21: a row's result changes
+// between M=1 and M=4); that path always calls sgemm on fixed blocks of kRowBlock rows
+// (zero-padded) and fixed column chunks (which depend only on N), so a row's result depends only
+// on x[row], w and N, K. Both paths are deterministic; tests/model checks the invariance.
 #include <cblas.h>
 
 #include <algorithm>
@@ -13,11 +15,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <unordered_map>
 #include <new>
 #include <numeric>
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "ops/cpu/gemm.h"
 #include "ops/ops.h"
 
 namespace v4::ops {
@@ -46,15 +52,45 @@ class CpuOps final : public Ops {
   }
   std::string name() const override { return "cpu"; }
 
+  // Allocation: fresh blocks come from calloc (lazily zeroed pages); freed blocks are kept in a
+  // size-keyed free list and handed out again without clearing (ops.h: contents unspecified), so
+  // the per-step temporaries of a forward do not page-fault every step.
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = free_blocks_.find(rounded);
+      if (it != free_blocks_.end()) {
+        void* p = it->second;
+        free_blocks_.erase(it);
+        cached_bytes_ -= rounded;
+        sizes_[p] = rounded;
+        return p;
+      }
+    }
+    void* p = std::calloc(1, rounded);
     if (!p) throw std::bad_alloc();
-    std::memset(p, 0, rounded);
+    std::lock_guard<std::mutex> lk(mu_);
+    sizes_[p] = rounded;
     return p;
   }
-  void free(void* ptr) override { std::free(ptr); }
+  void free(void* ptr) override {
+    if (!ptr) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = sizes_.find(ptr);
+    const size_t size = it == sizes_.end() ? 0 : it->second;
+    if (it != sizes_.end()) sizes_.erase(it);
+    if (size == 0 || cached_bytes_ + size > kMaxCachedBytes) {
+      std::free(ptr);
+      return;
+    }
+    free_blocks_.emplace(size, ptr);
+    cached_bytes_ += size;
+  }
+  ~CpuOps() override {
+    for (auto& [size, p] : free_blocks_) std::free(p);
+  }
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
@@ -66,6 +102,21 @@ class CpuOps final : public Ops {
   void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
               float* y, int64_t ldy) override {
     if (M <= 0 || N <= 0) return;
+    if (cpu::have_avx2_fma()) {
+      // Tasks of 32 rows × 96 columns (any split gives identical results).
+      constexpr int64_t kTaskRows = 32, kTaskCols = 96;
+      const int64_t rt = (M + kTaskRows - 1) / kTaskRows, ct = (N + kTaskCols - 1) / kTaskCols;
+      // Small products run on the caller: waking the pool costs more than they do.
+      const int64_t min_tasks = M * N * K < (int64_t(1) << 21) ? rt * ct : 1;
+      pool_->parallel_for(rt * ct, [&](int64_t b, int64_t e) {
+        for (int64_t task = b; task < e; ++task) {
+          const int64_t r0 = task / ct * kTaskRows, c0 = task % ct * kTaskCols;
+          cpu::gemm_rows_avx2(x, ldx, w, r0, std::min(M, r0 + kTaskRows), c0,
+                              std::min(N, c0 + kTaskCols), K, y, ldy);
+        }
+      }, min_tasks);
+      return;
+    }
     const int64_t row_blocks = (M + kRowBlock - 1) / kRowBlock;
     const int64_t col_chunks = (N + kColChunk - 1) / kColChunk;
     pool_->parallel_for(row_blocks * col_chunks, [&](int64_t b, int64_t e) {
@@ -131,7 +182,7 @@ class CpuOps final : public Ops {
         else
           for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
       }
-    }, 16);
+    }, 64);
   }
 
   void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
@@ -157,22 +208,22 @@ class CpuOps final : public Ops {
           }
         }
       }
-    }, 8);
+    }, 32);
   }
 
   void hc_pre(const HcArgs& a) override {
     const int n = a.n_streams, D = a.hidden;
     const int64_t width = int64_t(n) * D;
     const int n_mix = (2 + n) * n;
+    // mix = RMS(flat) · fnᵀ through the batch-invariant GEMM.
+    std::vector<float> flat(size_t(a.n_rows * width)), mixes(size_t(a.n_rows * n_mix));
+    rms_norm(a.h, nullptr, a.n_rows, int(width), a.rms_eps, flat.data());
+    linear(flat.data(), width, a.fn, a.n_rows, n_mix, width, mixes.data(), n_mix);
     pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
-      std::vector<float> flat(width), mix(n_mix), comb(n * n);
+      std::vector<float> comb(n * n);
       for (int64_t t = b; t < e; ++t) {
         const float* h = a.h + t * width;
-        double ss = 0;
-        for (int64_t i = 0; i < width; ++i) ss += double(h[i]) * h[i];
-        const float inv = float(1.0 / std::sqrt(ss / double(width) + double(a.rms_eps)));
-        for (int64_t i = 0; i < width; ++i) flat[i] = h[i] * inv;
-        for (int o = 0; o < n_mix; ++o) mix[o] = dot(flat.data(), a.fn + o * width, width);
+        const float* mix = &mixes[t * n_mix];
         float pre[16];
         for (int s = 0; s < n; ++s) {
           pre[s] = sigmoidf(mix[s] * a.scale[0] + a.base[s]) + a.hc_eps;
@@ -217,7 +268,7 @@ class CpuOps final : public Ops {
           c[d] = s;
         }
       }
-    }, 4);
+    }, 16);
   }
 
   void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S,
@@ -237,30 +288,25 @@ class CpuOps final : public Ops {
           }
         }
       }
-    }, 4);
+    }, 16);
   }
 
   void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
                int n, int D, float rms_eps, float hc_eps, float* y) override {
     const int64_t width = int64_t(n) * D;
-    pool_->parallel_for(S, [&](int64_t b, int64_t e) {
-      std::vector<float> flat(width);
-      for (int64_t t = b; t < e; ++t) {
-        const float* ht = h + t * width;
-        double ss = 0;
-        for (int64_t i = 0; i < width; ++i) ss += double(ht[i]) * ht[i];
-        const float inv = float(1.0 / std::sqrt(ss / double(width) + double(rms_eps)));
-        for (int64_t i = 0; i < width; ++i) flat[i] = ht[i] * inv;
-        float pre[16];
-        for (int s = 0; s < n; ++s)
-          pre[s] = sigmoidf(dot(flat.data(), fn + s * width, width) * scale[0] + base[s]) + hc_eps;
-        for (int d = 0; d < D; ++d) {
-          float s = 0.f;
-          for (int st = 0; st < n; ++st) s += pre[st] * ht[st * D + d];
-          y[t * D + d] = s;
-        }
+    std::vector<float> flat(size_t(S * width)), mixes(size_t(S * n));
+    rms_norm(h, nullptr, S, int(width), rms_eps, flat.data());
+    linear(flat.data(), width, fn, S, n, width, mixes.data(), n);
+    for (int64_t t = 0; t < S; ++t) {
+      const float* ht = h + t * width;
+      float pre[16];
+      for (int s = 0; s < n; ++s) pre[s] = sigmoidf(mixes[t * n + s] * scale[0] + base[s]) + hc_eps;
+      for (int d = 0; d < D; ++d) {
+        float s = 0.f;
+        for (int st = 0; st < n; ++st) s += pre[st] * ht[st * D + d];
+        y[t * D + d] = s;
       }
-    }, 4);
+    }
   }
 
   void compress_pool(const CompressArgs& a) override {
@@ -301,7 +347,7 @@ class CpuOps final : public Ops {
           out[ch] = acc;
         }
       }
-    });
+    }, 4);
   }
 
   void indexer_topk(const IndexerArgs& a) override {
@@ -339,7 +385,7 @@ class CpuOps final : public Ops {
         for (int i = 0; i < k; ++i) out[i] = i < n_sel ? rows[order[i]] : -1;
         if (a.out_count) a.out_count[t] = n_sel;
       }
-    });
+    }, 4);
   }
 
   void sparse_attention(const AttentionArgs& a) override {
@@ -376,7 +422,7 @@ class CpuOps final : public Ops {
           for (int i = 0; i < hd; ++i) o[i] += p * v[i];
         }
       }
-    });
+    }, 8);
   }
 
   void route(const RouteArgs& a) override {
@@ -472,7 +518,12 @@ class CpuOps final : public Ops {
   }
 
  private:
+  static constexpr size_t kMaxCachedBytes = size_t(512) << 20;
   ThreadPool* pool_;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_blocks_;
+  std::unordered_map<void*, size_t> sizes_;
+  size_t cached_bytes_ = 0;
 };
 
 }  // namespace
