@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 namespace v4::cache {
 
 Result<std::unique_ptr<StateSnapshots>> StateSnapshots::create(const KvCache& kv, int32_t n) {
@@ -170,7 +172,10 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
   h.kv_seq = seq;
   const int64_t n = int64_t(prompt.size());
   auto plan = radix_->admit(prompt, std::max<int64_t>(0, n - 1));
-  if (!plan.ok()) return h;  // the tree is full of locked state: run cold, detached
+  if (!plan.ok()) {  // the tree is full of locked state: run cold, detached
+    live_[seq] = h;
+    return h;
+  }
   const int32_t rs = plan->seq;
   h.radix_seq = rs;
   h.snapshot_points = plan->snapshot_points;
@@ -198,7 +203,10 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
   }
   const int64_t R = plan->cached_tokens;
   h.cached_tokens = R;
-  if (R == 0) return h;
+  if (R == 0) {
+    live_[seq] = h;
+    return h;
+  }
   Status st = kv.reserve(seq, R);
   if (!st.ok()) {
     detach(h);
@@ -224,13 +232,21 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
                     size_t(di) * sizeof(float));
     }
   }
-  V4_RETURN_IF_ERROR(snaps_->load(kv, plan->restore_snapshot, seq));
+  st = snaps_->load(kv, plan->restore_snapshot, seq);
+  if (!st.ok()) {
+    detach(h);
+    kv.free_sequence(seq);
+    return st;
+  }
   kv.commit(seq, R);
+  live_[seq] = h;
   return h;
 }
 
-Status PrefixCache::on_step(KvCache& kv, PrefixSeq& h, std::span<const int32_t> tokens) {
-  if (h.radix_seq < 0) return Status::Ok();
+Status PrefixCache::on_step(KvCache& kv, int32_t kv_seq, std::span<const int32_t> tokens) {
+  auto it = live_.find(kv_seq);
+  if (it == live_.end() || it->second.radix_seq < 0) return Status::Ok();
+  PrefixSeq& h = it->second;
   const int32_t rs = h.radix_seq;
   const int64_t before = radix_->seq_len(rs), n = int64_t(tokens.size()), after = before + n;
   if (kv.length(h.kv_seq) != after)
@@ -273,7 +289,14 @@ Status PrefixCache::snapshot(KvCache& kv, PrefixSeq& h) {
   return snaps_->save(kv, h.kv_seq, id);
 }
 
-Result<int64_t> PrefixCache::finish(KvCache& kv, PrefixSeq& h, bool insert) {
+Result<int64_t> PrefixCache::finish(KvCache& kv, int32_t kv_seq, bool insert) {
+  auto it = live_.find(kv_seq);
+  if (it == live_.end()) {
+    kv.free_sequence(kv_seq);
+    return int64_t(0);
+  }
+  PrefixSeq h = it->second;
+  live_.erase(it);
   int64_t added = 0;
   if (h.radix_seq >= 0) {
     if (insert && radix_->seq_len(h.radix_seq) > 0) (void)snapshot(kv, h);
@@ -286,8 +309,58 @@ Result<int64_t> PrefixCache::finish(KvCache& kv, PrefixSeq& h, bool insert) {
     added = *r;
   }
   kv.free_sequence(h.kv_seq);
-  h.kv_seq = -1;
   return added;
+}
+
+Result<ShadowRadixConfig> PrefixCache::config_for_budget(const KvCache& kv, int64_t budget,
+                                                         int64_t P, int64_t Ps, int32_t kept) {
+  ShadowRadixConfig c;
+  c.page_tokens = P;
+  c.swa_page_tokens = Ps;
+  c.window_tokens = std::max(1, kv.spec().sliding_window - 1);
+  if (P <= 0 || P % 128 != 0 || Ps <= 0 || P % Ps != 0 || c.window_tokens > P)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "prefix cache: page {} / SWA page {} tokens invalid (P multiple of 128, "
+                      "SWA page dividing it, P >= window)",
+                      P, Ps);
+  int64_t page_floats = 0, swa_row_floats = 0;
+  for (const auto& L : kv.spec().layers) {
+    swa_row_floats += L.kv_dim;
+    if (L.kind == AttnKind::kSliding) continue;
+    page_floats += P / L.ratio * (L.kv_dim + (L.kind == AttnKind::kCsa ? L.index_dim : 0));
+  }
+  auto probe = StateSnapshots::create(kv, 0);
+  const int64_t snap_bytes = (*probe)->floats_per_slot() * 4;
+  const int64_t swa_per_window = (c.window_tokens + Ps - 1) / Ps + 1;
+  // Running sequences also hold SWA pages for their own window + step (up to 8 × window).
+  c.n_swa_pages = int32_t(swa_per_window * (int64_t(kept) + 8) + 8 * (4096 / Ps));
+  c.n_snapshots = kept + 16;
+  const int64_t fixed = int64_t(c.n_swa_pages) * Ps * swa_row_floats * 4 +
+                        int64_t(c.n_snapshots) * snap_bytes;
+  const int64_t page_bytes = std::max<int64_t>(page_floats * 4, 1);
+  if (budget - fixed < page_bytes * kept)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "prefix cache: budget {} B too small: {} kept boundaries need {} B of SWA "
+                      "windows and snapshots plus {} B per {}-token page",
+                      budget, kept, fixed, page_bytes, P);
+  c.n_pages = int32_t((budget - fixed) / page_bytes);
+  return c;
+}
+
+int64_t PrefixCache::store_bytes() const {
+  int64_t f = snaps_->floats_per_slot() * snaps_->n_slots();
+  for (size_t l = 0; l < comp_.size(); ++l) f += int64_t(comp_[l].size() + index_[l].size() + swa_[l].size());
+  return f * 4;
+}
+
+std::string PrefixCache::explain() const {
+  const auto& c = radix_->config();
+  return fmt::format(
+      "prefix cache: {} MiB store, {} pages x {} tokens ({} tokens of compressed state), {} SWA "
+      "pages x {} tokens, {} compressor snapshots ({} KiB each); a boundary keeps {} SWA rows",
+      store_bytes() >> 20, c.n_pages, c.page_tokens, int64_t(c.n_pages) * c.page_tokens,
+      c.n_swa_pages, c.swa_page_tokens, c.n_snapshots, snaps_->floats_per_slot() * 4 / 1024,
+      c.window_tokens);
 }
 
 }  // namespace v4::cache

@@ -19,6 +19,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
@@ -72,25 +74,39 @@ struct PrefixSeq {
   std::vector<int64_t> snapshot_points;  // lengths at which a step must end (then: on_step)
 };
 
-/// ShadowRadix + KvCache, two-tier binding (see file comment). Not thread-safe.
+/// ShadowRadix + KvCache, two-tier binding (see file comment). Sequences are named by their
+/// KvCache handle, so an Executor wires it in three calls (docs/cache.md "Engine API"):
+/// start_sequence → admit, after each forward → on_step per slice, end_sequence → finish.
+/// Not thread-safe.
 class PrefixCache {
  public:
+  /// Tree-store sizes for a byte budget (f32 rows, the pools' layout): SWA pages and snapshot
+  /// slots for `kept_boundaries` boundary windows, the rest as pages. `page_tokens` must be a
+  /// multiple of 128. Errors (kInvalidArgument): budget below one page per boundary.
+  static Result<ShadowRadixConfig> config_for_budget(const KvCache& kv, int64_t budget_bytes,
+                                                     int64_t page_tokens = 256,
+                                                     int64_t swa_page_tokens = 64,
+                                                     int32_t kept_boundaries = 64);
   /// `cfg` sizes the tree's store; its page_tokens must be a multiple of every compression
-  /// ratio. Errors (kInvalidArgument): bad config (see ShadowRadix::create).
+  /// ratio; window_tokens is set to sliding_window - 1 (the rows a resumed query reads).
+  /// Errors (kInvalidArgument): bad config (see ShadowRadix::create).
   static Result<std::unique_ptr<PrefixCache>> create(const KvCache& kv,
                                                      const ShadowRadixConfig& cfg);
   /// Starts a request: a new KvCache sequence that already holds the longest resumable cached
   /// prefix of `prompt` (at most prompt.size() - 1 tokens). Errors: kResourceExhausted when
   /// KvCache has no free sequence or pages (retry later); the tree side never blocks admission.
   Result<PrefixSeq> admit(KvCache& kv, std::span<const int32_t> prompt);
-  /// Call after every forward step of `h` with the tokens it appended. Saves a boundary when
-  /// the new length is a snapshot point. If the tree cannot hold the request's state (all of it
-  /// locked by running requests) the request is detached from the tree: it keeps running, it is
-  /// just not inserted at the end.
-  Status on_step(KvCache& kv, PrefixSeq& h, std::span<const int32_t> tokens);
-  /// Ends a request: with `insert`, its computed tokens enter the tree (a boundary at its end);
-  /// frees the KvCache sequence. Returns tokens newly added to the tree.
-  Result<int64_t> finish(KvCache& kv, PrefixSeq& h, bool insert = true);
+  /// Call after every forward step of `kv_seq` with the tokens the step appended. Saves a
+  /// boundary when the new length is a snapshot point. If the tree cannot hold the request's
+  /// state (everything locked by running requests) the request is detached from the tree: it
+  /// keeps running, it is only not inserted at the end. Unknown sequences are ignored.
+  Status on_step(KvCache& kv, int32_t kv_seq, std::span<const int32_t> tokens);
+  /// Ends a request: with `insert`, its computed tokens enter the tree (with a boundary at its
+  /// end); always frees the KvCache sequence. Returns tokens newly added to the tree.
+  Result<int64_t> finish(KvCache& kv, int32_t kv_seq, bool insert = true);
+  /// Bytes of the tree store and its startup line ("prefix cache: ... pages ... boundaries").
+  int64_t store_bytes() const;
+  std::string explain() const;
 
   ShadowRadix& radix() { return *radix_; }
   const ShadowRadix& radix() const { return *radix_; }
@@ -101,6 +117,7 @@ class PrefixCache {
   void detach(PrefixSeq& h);
   std::unique_ptr<ShadowRadix> radix_;
   std::unique_ptr<StateSnapshots> snaps_;
+  std::unordered_map<int32_t, PrefixSeq> live_;  // by KvCache sequence
   // Store of the tree tier, per layer: compressed rows by slot / m, indexer rows, SWA rows.
   std::vector<std::vector<float>> comp_, index_, swa_;
   std::vector<int> ratio_, dim_, idim_;

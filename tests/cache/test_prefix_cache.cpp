@@ -116,10 +116,10 @@ void run_together(Env& e, std::vector<Req*> reqs, int64_t chunk) {
       if (sl.logits_all) r->logits.insert(r->logits.end(), rows, rows + nrows * e.V);
       r->last.assign(rows + (nrows - 1) * e.V, rows + nrows * e.V);
       r->pos += int64_t(sl.tokens.size());
-      ASSERT_TRUE(e.pc->on_step(*e.kv, r->h, sl.tokens).ok());
+      ASSERT_TRUE(e.pc->on_step(*e.kv, r->h.kv_seq, sl.tokens).ok());
       if (r->pos >= int64_t(r->prompt.size())) {
         if (int(r->gen.size()) == r->n_gen) {
-          auto fin = e.pc->finish(*e.kv, r->h, true);
+          auto fin = e.pc->finish(*e.kv, r->h.kv_seq, true);
           ASSERT_TRUE(fin.ok()) << fin.status().to_string();
           r->done = true;
         } else {
@@ -241,4 +241,21 @@ TEST(PrefixCache, MultiTurnReusesWholeConversation) {
     cold(e, r.prompt, 6, &ref, &ref_gen);
     EXPECT_EQ(r.gen, ref_gen) << "turn " << turn;
   }
+}
+
+TEST(PrefixCache, SizedFromBudget) {
+  Env e = make_env(8, 64, 8);
+  ASSERT_TRUE(e.kv);
+  const int64_t budget = int64_t(64) << 20;
+  auto cfg = cache::PrefixCache::config_for_budget(*e.kv, budget);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto pc = cache::PrefixCache::create(*e.kv, *cfg);
+  ASSERT_TRUE(pc.ok());
+  EXPECT_LE((*pc)->store_bytes(), budget);
+  EXPECT_GT((*pc)->store_bytes(), budget * 9 / 10);
+  EXPECT_NE((*pc)->explain().find("prefix cache:"), std::string::npos);
+  std::printf("%s\n", (*pc)->explain().c_str());
+  auto tiny = cache::PrefixCache::config_for_budget(*e.kv, 1 << 16);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("too small"), std::string::npos);
 }
