@@ -492,7 +492,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
     if (id >= 0) out.push_back(id);
     return;
   }
-  if (piece.size() > 48) {
+  if (piece.size() > 256) {
     bpe_uncached(piece, out);
     return;
   }

@@ -1,0 +1,315 @@
+// Kernel benchmarks of the CUDA backend (run on the device by scripts/device/run_gpu.sh):
+//   cuda-topk.md    Lightning TopK (radix select over a thread-block cluster) vs a CUB
+//                   segmented-sort baseline, 8K…256K candidates → top-512, batch 1 and 64,
+//                   L2-warm and L2-cold inputs, next to the byte floor at the measured copy bandwidth
+//   cuda-kernels.md indexer scores (bf16 WMMA) at 262,144 keys, cuBLASLt bf16 GEMM shapes
+// Method (performance.md): warm-up, CUDA events around each launch, median and p10–p90 of many
+// repetitions; the copy bandwidth is measured in the same run. Usage:
+//   bench_kernels --out DIR [--reps N]
+#ifndef V4_HAVE_CUDA
+#include <cstdio>
+int main() {
+  std::printf("bench_kernels: built without V4_CUDA; nothing to run\n");
+  return 0;
+}
+#else
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/topk.h"
+
+namespace {
+
+using v4::Status;
+
+#define BENCH_CHECK(x)                                                              \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                 \
+    }                                                                               \
+  } while (0)
+#define BENCH_OK(x)                                                                 \
+  do {                                                                              \
+    Status s_ = (x);                                                                \
+    if (!s_.ok()) {                                                                 \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.to_string().c_str()); \
+      std::exit(3);                                                                 \
+    }                                                                               \
+  } while (0)
+
+struct Stats {
+  double med_us = 0, p10_us = 0, p90_us = 0;
+};
+
+// Times `fn(i)` (i = repetition index, for rotating inputs) with CUDA events per launch.
+Stats time_it(const std::function<void(int)>& fn, int reps, int warmup = 20) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  BENCH_CHECK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * reps);
+  for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CHECK(cudaEventRecord(ev[2 * i]));
+    fn(i);
+    BENCH_CHECK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+  std::vector<double> t(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    t[i] = ms * 1000.0;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  Stats s;
+  s.med_us = t[reps / 2];
+  s.p10_us = t[reps / 10];
+  s.p90_us = t[(reps * 9) / 10];
+  return s;
+}
+
+std::string header_block(const std::string& cmd) {
+  cudaDeviceProp p{};
+  BENCH_CHECK(cudaGetDeviceProperties(&p, 0));
+  int drv = 0, rt = 0;
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  std::string commit = "unknown";
+  if (const char* c = std::getenv("V4_COMMIT")) commit = c;
+  std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::ostringstream o;
+  o << "- GPU: " << p.name << " (" << p.multiProcessorCount << " SMs, L2 " << p.l2CacheSize / (1 << 20)
+    << " MiB)\n- driver API " << drv / 1000 << "." << (drv % 1000) / 10 << ", CUDA runtime "
+    << rt / 1000 << "." << (rt % 1000) / 10;
+  if (const char* d = std::getenv("V4_DRIVER")) o << ", driver " << d;
+  o << "\n- commit: " << commit << "\n- command: `" << cmd << "`\n- date: " << date << "\n";
+  return o.str();
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second), 1 GiB buffers.
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CHECK(cudaMalloc(&a, bytes));
+  BENCH_CHECK(cudaMalloc(&b, bytes));
+  BENCH_CHECK(cudaMemset(a, 1, bytes));
+  Stats s = time_it([&](int) { BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 20, 3);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (s.med_us * 1e-6) / 1e9;
+}
+
+std::vector<float> randn(size_t n, std::mt19937_64& g) {
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct TopkRow {
+  int64_t n;
+  int batch;
+  std::string what;
+  Stats warm, cold;
+  double floor_us;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir = ".";
+  int reps = 200;
+  std::string cmd = "bench_kernels";
+  for (int i = 1; i < argc; ++i) {
+    cmd += std::string(" ") + argv[i];
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
+  }
+  BENCH_CHECK(cudaSetDevice(0));
+  std::mt19937_64 g(12345);
+  const double bw = copy_bandwidth_gbs();
+  std::printf("copy bandwidth (read+write): %.0f GB/s\n", bw);
+  const std::string head = header_block(cmd);
+
+  // ---------------- Lightning TopK ----------------
+  const int k = 512;
+  const int kRot = 128;  // cold: rotate over 128 distinct score buffers (≥ 128 MiB at 256K, > L2)
+  std::vector<TopkRow> rows;
+  for (int batch : {1, 64}) {
+    for (int64_t n : {8192L, 65536L, 131072L, 262144L}) {
+      const int rot = batch == 1 ? kRot : 4;  // batch 64 × 1 MiB rows already exceeds L2
+      const size_t per = size_t(batch) * n;
+      float* sc = nullptr;
+      BENCH_CHECK(cudaMalloc(&sc, per * rot * sizeof(float)));
+      auto host = randn(per, g);
+      for (int r = 0; r < rot; ++r)
+        BENCH_CHECK(cudaMemcpy(sc + r * per, host.data(), per * sizeof(float), cudaMemcpyHostToDevice));
+      std::vector<int32_t> lens(batch, int32_t(n));
+      int32_t *dn = nullptr, *out = nullptr;
+      BENCH_CHECK(cudaMalloc(&dn, batch * sizeof(int32_t)));
+      BENCH_CHECK(cudaMalloc(&out, size_t(batch) * k * sizeof(int32_t)));
+      BENCH_CHECK(cudaMemcpy(dn, lens.data(), batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const double floor_us = (double(per) * 4 + double(batch) * k * 4) / (bw * 1e9) * 1e6;
+      struct V { int id; const char* name; };
+      std::vector<V> variants = {{0, "lightning (auto)"}};
+      if (n > 32768) {
+        variants.push_back({3, "lightning cluster 8×512 thr"});
+        variants.push_back({4, "lightning cluster 16×512 thr"});
+        variants.push_back({6, "lightning cluster 8, no warp-aggregation"});
+      } else {
+        variants.push_back({3, "lightning cluster 8×512 thr"});
+      }
+      for (const auto& v : variants) {
+        TopkRow row{n, batch, v.name, {}, {}, floor_us};
+        row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_rows(sc, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
+        row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
+        rows.push_back(row);
+        std::printf("topk n=%lld batch=%d %-40s warm %.2f us cold %.2f us (floor %.2f us)\n",
+                    (long long)n, batch, v.name, row.warm.med_us, row.cold.med_us, floor_us);
+      }
+      // CUB baseline: full segmented sort (keys, indices) of every row, top-k = first k.
+      {
+        float* keys_tmp = nullptr;
+        int32_t *idx_in = nullptr, *idx_sorted = nullptr;
+        BENCH_CHECK(cudaMalloc(&keys_tmp, per * sizeof(float)));
+        BENCH_CHECK(cudaMalloc(&idx_in, per * sizeof(int32_t)));
+        BENCH_CHECK(cudaMalloc(&idx_sorted, per * sizeof(int32_t)));
+        size_t tb = 0;
+        BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc, batch, n, keys_tmp, idx_in, idx_sorted, nullptr, &tb, nullptr));
+        void* temp = nullptr;
+        BENCH_CHECK(cudaMalloc(&temp, tb));
+        TopkRow row{n, batch, "CUB DeviceSegmentedSort (baseline)", {}, {}, floor_us};
+        row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc, batch, n, keys_tmp, idx_in, idx_sorted, temp, &tb, nullptr)); }, std::max(20, reps / 4));
+        row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc + (i % rot) * per, batch, n, keys_tmp, idx_in, idx_sorted, temp, &tb, nullptr)); }, std::max(20, reps / 4));
+        rows.push_back(row);
+        std::printf("topk n=%lld batch=%d %-40s warm %.2f us cold %.2f us\n", (long long)n, batch,
+                    row.what.c_str(), row.warm.med_us, row.cold.med_us);
+        cudaFree(temp);
+        cudaFree(keys_tmp);
+        cudaFree(idx_in);
+        cudaFree(idx_sorted);
+      }
+      cudaFree(sc);
+      cudaFree(dn);
+      cudaFree(out);
+    }
+  }
+  {
+    std::ofstream f(out_dir + "/cuda-topk.md");
+    f << "# Lightning TopK on the H200: top-512 of n candidates\n\n" << head
+      << "- measured copy bandwidth (read + write): " << int(bw) << " GB/s; byte floor = (n·4 B read + "
+         "512·4 B written per row) / that bandwidth\n"
+      << "- inputs: N(0,1) f32 scores; warm = the same buffer every launch (L2-resident at batch 1, "
+         "as when the indexer just wrote it); cold = rotating over 128 buffers (batch 1) or 4 "
+         "(batch 64), larger than L2\n"
+      << "- times: CUDA events around each launch, median (p10–p90) of " << reps
+      << " launches (CUB: " << std::max(20, reps / 4) << ")\n\n"
+      << "| n | batch | kernel | warm µs | cold µs | byte floor µs | cold / floor |\n"
+      << "|---:|---:|---|---:|---:|---:|---:|\n";
+    char buf[512];
+    for (const auto& r : rows) {
+      std::snprintf(buf, sizeof buf, "| %lld | %d | %s | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %.2f | %.1f× |\n",
+                    (long long)r.n, r.batch, r.what.c_str(), r.warm.med_us, r.warm.p10_us, r.warm.p90_us,
+                    r.cold.med_us, r.cold.p10_us, r.cold.p90_us, r.floor_us, r.cold.med_us / r.floor_us);
+      f << buf;
+    }
+  }
+
+  // ---------------- indexer scores + GEMM ----------------
+  std::ostringstream kt;
+  kt << "# CUDA kernel timings (first versions)\n\n" << head << "- measured copy bandwidth (read + write): "
+     << int(bw) << " GB/s\n\n";
+  {
+    const int nI = 64, dI = 128;
+    kt << "## Indexer scores (bf16 q·K, WMMA, fp32 accumulate) + top-512, nI=64, dI=128\n\n"
+       << "| keys | batch | scores µs | scores + top-512 µs | key bytes floor µs |\n|---:|---:|---:|---:|---:|\n";
+    for (int batch : {1, 64}) {
+      for (int64_t n : {65536L, 262144L}) {
+        const size_t key_elems = size_t(n) * dI * (batch == 1 ? 1 : 1);
+        std::vector<uint16_t> kh(key_elems), qh(size_t(batch) * nI * dI);
+        auto kf = randn(key_elems, g), qf = randn(qh.size(), g);
+        for (size_t i = 0; i < key_elems; ++i) kh[i] = v4::f32_to_bf16(kf[i]);
+        for (size_t i = 0; i < qh.size(); ++i) qh[i] = v4::f32_to_bf16(qf[i]);
+        auto wf = randn(size_t(batch) * nI, g);
+        __nv_bfloat16 *dk = nullptr, *dq = nullptr;
+        float *dw = nullptr, *ds = nullptr;
+        int64_t* db = nullptr;
+        int32_t *dn = nullptr, *out = nullptr;
+        BENCH_CHECK(cudaMalloc(&dk, key_elems * 2));
+        BENCH_CHECK(cudaMalloc(&dq, qh.size() * 2));
+        BENCH_CHECK(cudaMalloc(&dw, wf.size() * 4));
+        BENCH_CHECK(cudaMalloc(&ds, size_t(batch) * n * 4));
+        BENCH_CHECK(cudaMalloc(&db, batch * 8));
+        BENCH_CHECK(cudaMalloc(&dn, batch * 4));
+        BENCH_CHECK(cudaMalloc(&out, size_t(batch) * k * 4));
+        BENCH_CHECK(cudaMemcpy(dk, kh.data(), key_elems * 2, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(dq, qh.data(), qh.size() * 2, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(dw, wf.data(), wf.size() * 4, cudaMemcpyHostToDevice));
+        std::vector<int64_t> begin(batch, 0);  // all rows scan the same pool (distinct queries)
+        std::vector<int32_t> lens(batch, int32_t(n));
+        BENCH_CHECK(cudaMemcpy(db, begin.data(), batch * 8, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(dn, lens.data(), batch * 4, cudaMemcpyHostToDevice));
+        const float scale = 1.f / std::sqrt(float(dI) * nI);
+        Stats s1 = time_it([&](int) { BENCH_OK(v4::cuda::indexer_scores(dq, dw, dk, db, dn, batch, nI, dI, scale, ds, n, n, nullptr)); }, reps / 2);
+        Stats s2 = time_it([&](int) {
+          BENCH_OK(v4::cuda::indexer_scores(dq, dw, dk, db, dn, batch, nI, dI, scale, ds, n, n, nullptr));
+          BENCH_OK(v4::cuda::topk_rows(ds, n, dn, batch, k, n, out, nullptr, nullptr));
+        }, reps / 2);
+        const double floor_us = double(batch) * (double(n) * dI * 2 + double(n) * 4) / (bw * 1e9) * 1e6;
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "| %lld | %d | %.1f | %.1f | %.1f |\n", (long long)n, batch, s1.med_us, s2.med_us, floor_us);
+        kt << buf;
+        std::printf("indexer n=%lld batch=%d scores %.1f us, +topk %.1f us (floor %.1f us)\n", (long long)n, batch, s1.med_us, s2.med_us, floor_us);
+        cudaFree(dk); cudaFree(dq); cudaFree(dw); cudaFree(ds); cudaFree(db); cudaFree(dn); cudaFree(out);
+      }
+    }
+    kt << "\n(batch 64 rows all read the same key pool here, so keys are largely L2/HBM-shared; the "
+          "floor column counts each row's keys separately, as distinct sequences would.)\n\n";
+  }
+  {
+    auto gm = v4::cuda::Gemm::create();
+    BENCH_OK(gm.status());
+    kt << "## cuBLASLt bf16 GEMM (Y = X·Wᵀ, fp32 accumulate, bf16 out)\n\n"
+       << "| M | N | K | µs | TFLOP/s | weight-bytes floor µs |\n|---:|---:|---:|---:|---:|---:|\n";
+    struct Sh { int64_t M, N, K; };
+    for (Sh s : {Sh{1, 4096, 4096}, Sh{64, 4096, 4096}, Sh{256, 4096, 4096}, Sh{4096, 4096, 4096},
+                 Sh{8192, 8192, 8192}, Sh{1, 32768, 1024}, Sh{64, 129280, 4096}}) {
+      __nv_bfloat16 *x = nullptr, *w = nullptr, *y = nullptr;
+      BENCH_CHECK(cudaMalloc(&x, size_t(s.M * s.K) * 2));
+      BENCH_CHECK(cudaMalloc(&w, size_t(s.N * s.K) * 2));
+      BENCH_CHECK(cudaMalloc(&y, size_t(s.M * s.N) * 2));
+      BENCH_CHECK(cudaMemset(x, 0x3c, size_t(s.M * s.K) * 2));  // 0x3c3c ≈ 0.0115: non-zero data
+      BENCH_CHECK(cudaMemset(w, 0x3c, size_t(s.N * s.K) * 2));
+      Stats st = time_it([&](int) { BENCH_OK((*gm)->bf16(x, w, y, v4::cuda::OutType::kBF16, s.M, s.N, s.K, nullptr)); }, 50, 5);
+      const double tf = 2.0 * s.M * s.N * s.K / (st.med_us * 1e-6) / 1e12;
+      const double floor_us = double(s.N * s.K) * 2 / (bw * 1e9) * 1e6;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %.1f | %.0f | %.1f |\n", (long long)s.M, (long long)s.N, (long long)s.K, st.med_us, tf, floor_us);
+      kt << buf;
+      std::printf("gemm %lldx%lldx%lld: %.1f us %.0f TFLOP/s\n", (long long)s.M, (long long)s.N, (long long)s.K, st.med_us, tf);
+      cudaFree(x); cudaFree(w); cudaFree(y);
+    }
+  }
+  std::ofstream(out_dir + "/cuda-kernels.md") << kt.str();
+  std::printf("wrote %s/cuda-topk.md and %s/cuda-kernels.md\n", out_dir.c_str(), out_dir.c_str());
+  return 0;
+}
+#endif
