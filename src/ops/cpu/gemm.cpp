@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 namespace v4::ops::cpu {
 namespace {
@@ -61,7 +63,9 @@ __attribute__((target("avx2,fma"))) void row_panel(const float* x, int64_t ldx, 
 }  // namespace
 
 bool have_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // V4_CPU_GEMM=blas forces the fixed-block cblas path (to test it on AVX2 machines).
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         !(std::getenv("V4_CPU_GEMM") && std::string(std::getenv("V4_CPU_GEMM")) == "blas");
   return ok;
 }
 

@@ -4,7 +4,7 @@
 
 namespace v4::ops::cpu {
 
-/// True when the CPU supports AVX2 and FMA (checked once).
+/// True when the CPU supports AVX2 and FMA and V4_CPU_GEMM != "blas" (checked once).
 bool have_avx2_fma();
 
 /// y[i, j] = Σ_k x[i, k]·w[j, k] for i in [m0, m1), j in [n0, n1). x [M, K] (row stride ldx),

@@ -1,0 +1,91 @@
+// The `v4serve generate` / `info` commands as a user runs them: --dump-logits against the golden
+// fixtures (same row convention), and clear errors for bad input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
+#include "model/checkpoint.h"
+#include "model_test_util.h"
+
+namespace v4::model {
+namespace {
+
+// Runs a shell command, returns (exit code, stdout+stderr).
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  return {WEXITSTATUS(rc), out};
+}
+
+TEST(Cli, GenerateDumpLogitsMatchesGolden) {
+  const auto dirs = testing::fixture_dirs();
+  ASSERT_FALSE(dirs.empty());
+  for (const auto& dir : dirs) {
+    SCOPED_TRACE(dir);
+    auto g = testing::load_golden(dir);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    std::string ids;
+    for (auto t : g->prompt_ids) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    const std::string dump = (std::filesystem::temp_directory_path() /
+                              ("v4dump-" + std::to_string(::getpid()) + ".safetensors")).string();
+    const auto [rc, out] = run(std::string(V4_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
+                               " --max-new-tokens " + std::to_string(g->tokens.size()) +
+                               " --temperature 0 --ignore-eos --threads 2 --kv-budget-mb 64 --dump-logits " + dump);
+    ASSERT_EQ(rc, 0) << out;
+    auto f = Checkpoint::open_file(dump);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    const int64_t V = g->vocab, T = int64_t(g->prompt_ids.size()), N = int64_t(g->tokens.size());
+    auto pids = f->read_i32("prompt_ids", {T});
+    auto toks = f->read_i32("tokens", {N});
+    auto pre = f->read_f32("prefill_logits", {T, V});
+    auto dec = f->read_f32("decode_logits", {N, V});
+    ASSERT_TRUE(pids.ok() && toks.ok() && pre.ok() && dec.ok())
+        << pids.status().to_string() << toks.status().to_string() << pre.status().to_string()
+        << dec.status().to_string();
+    EXPECT_EQ(*pids, g->prompt_ids);
+    EXPECT_EQ(*toks, g->tokens);
+    EXPECT_LE(testing::rel_err(pre->data(), g->prefill_logits.data(), pre->size()), 1e-4);
+    EXPECT_LE(testing::rel_err(dec->data(), g->decode_logits.data(), dec->size()), 1e-4);
+    std::filesystem::remove(dump);
+  }
+}
+
+TEST(Cli, GenerateErrors) {
+  const auto dirs = testing::fixture_dirs();
+  ASSERT_FALSE(dirs.empty());
+  const std::string bin = V4_BINARY;
+  auto [rc, out] = run(bin + " generate --model /nonexistent --prompt-ids 1,2");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("/nonexistent/config.json: cannot open"), std::string::npos) << out;
+  std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt-ids 1,x");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("'x' is not an integer"), std::string::npos) << out;
+  std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt-ids 99999999");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
+  std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt hello");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("tokenizer.json"), std::string::npos) << out;
+}
+
+TEST(Cli, InfoPrintsSummary) {
+  const auto dirs = testing::fixture_dirs();
+  ASSERT_FALSE(dirs.empty());
+  for (const auto& dir : dirs) {
+    auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + dir);
+    ASSERT_EQ(rc, 0) << out;
+    for (const char* s : {"model_type       deepseek_v4", "parameters", "routed experts", "c4_kv", "swa", "naming"})
+      EXPECT_NE(out.find(s), std::string::npos) << dir << ": missing '" << s << "' in\n" << out;
+  }
+}
+
+}  // namespace
+}  // namespace v4::model
