@@ -27,8 +27,15 @@ class Loader {
     ops_->upload(b.data(), host.data(), host.size() * sizeof(float));
     return b;
   }
-  Result<IBuf> i32(const std::string& name, const std::vector<int64_t>& shape) {
+  // Integer table with every entry in [0, bound) (e.g. tid2eid: expert ids < E).
+  Result<IBuf> i32(const std::string& name, const std::vector<int64_t>& shape, int64_t bound) {
     V4_ASSIGN_OR_RETURN(std::vector<int32_t> host, ck_.read_i32(name, shape));
+    for (size_t i = 0; i < host.size(); ++i)
+      if (host[i] < 0 || host[i] >= bound) {
+        const TensorInfo* t = ck_.find(name);
+        return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': entry {} = {} outside [0, {})",
+                          t->file, t->name, i, host[i], bound);
+      }
     IBuf b(ops_, int64_t(host.size()));
     ops_->upload(b.data(), host.data(), host.size() * sizeof(int32_t));
     return b;
@@ -100,7 +107,7 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
   const std::string fp = p + "ffn.";
   LOAD(f.gate, fp + "gate.weight", (std::vector<int64_t>{E, D}), &pc->router);
   if (mlp == MlpKind::kHashMoe) {
-    V4_ASSIGN_OR_RETURN(f.tid2eid, ld.i32(fp + "gate.tid2eid", {c.vocab_size, k}));
+    V4_ASSIGN_OR_RETURN(f.tid2eid, ld.i32(fp + "gate.tid2eid", {c.vocab_size, k}, E));
     pc->router += c.vocab_size * k;
   } else {
     LOAD(f.bias, fp + "gate.bias", (std::vector<int64_t>{E}), &pc->router);

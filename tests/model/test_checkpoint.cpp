@@ -291,6 +291,26 @@ TEST(Checkpoint, WrongShape) {
   EXPECT_NE(m.status().message().find(", found F"), std::string::npos) << m.status().message();
 }
 
+TEST(Checkpoint, HashTableEntryOutOfRange) {
+  const std::string fx = first_fixture();
+  ASSERT_FALSE(fx.empty());
+  auto ts = read_all(fx);
+  bool found = false;
+  for (auto& t : ts)
+    if (to_official_name(t.name) == "layers.0.ffn.gate.tid2eid") {
+      ASSERT_EQ(t.dtype, DType::kI64);
+      const int64_t bad = 99;
+      std::memcpy(t.bytes.data() + 8 * 5, &bad, 8);
+      found = true;
+    }
+  ASSERT_TRUE(found);
+  TempDir tmp;
+  write_checkpoint(fx, tmp.str(), ts);
+  auto ops = ops::make_cpu_ops();
+  auto m = DeepseekV4::load(tmp.str(), ops.get());
+  expect_one_line(m.status(), "gate.tid2eid': entry 5 = 99 outside [0, 4)");
+}
+
 TEST(Checkpoint, TruncatedFile) {
   const std::string fx = first_fixture();
   ASSERT_FALSE(fx.empty());
