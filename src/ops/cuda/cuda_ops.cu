@@ -1,0 +1,673 @@
+#include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
+// CUDA implementation of ops::Ops (see cuda_ops.h). Every kernel computes an output element with
+// a fixed summation order that does not depend on the number of rows in the call, so results are
+// batch-invariant like the CPU backend's (not bit-equal to it: FMA contraction and reduction trees
+// differ; tests/cuda compares within fp32 tolerance).
+#include <cub/block/block_radix_sort.cuh>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "base/log.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_util.cuh"
+#include "ops/cuda/mhc.h"
+#include "ops/cuda/norm_rope.h"
+#include "ops/cuda/topk.h"
+
+namespace v4::ops {
+namespace {
+
+using cuda::grid_for;
+using cuda::order_key;
+
+// ---- fp32 GEMM: y[M,N] = x[M,K]·w[N,K]ᵀ ------------------------------------------------------
+// 64×64 output tile per block of 256 threads (4×4 per thread), K in steps of 16 through shared
+// memory. Each output is one sequential FMA chain over k = 0..K−1 → independent of M.
+constexpr int kBM = 64, kBN = 64, kBK = 16;
+
+__global__ void __launch_bounds__(256) sgemm_nt_kernel(const float* __restrict__ x, int64_t ldx,
+                                                       const float* __restrict__ w, int64_t M,
+                                                       int64_t N, int64_t K, float* __restrict__ y,
+                                                       int64_t ldy) {
+  __shared__ float xs[kBK][kBM + 4];
+  __shared__ float ws[kBK][kBN + 4];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * kBN;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kBK) {
+    // 64 rows × 16 k of x and of w: 1024 values each, 4 per thread.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = tid + i * 256;
+      const int r = e / kBK, c = e % kBK;
+      const int64_t gm = m0 + r, gn = n0 + r, gk = k0 + c;
+      xs[c][r] = (gm < M && gk < K) ? x[gm * ldx + gk] : 0.f;
+      ws[c][r] = (gn < N && gk < K) ? w[gn * K + gk] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t gm = m0 + ty + 16 * i;
+    if (gm >= M) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t gn = n0 + tx + 16 * j;
+      if (gn < N) y[gm * ldy + gn] = acc[i][j];
+    }
+  }
+}
+
+// ---- elementwise / copies -----------------------------------------------------------------------
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+// dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
+__global__ void rows_copy_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
+                                 int64_t n, int64_t width, float* __restrict__ dst, bool scatter) {
+  const int64_t total = n * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i - r * width;
+    const int32_t p = rows[r];
+    if (scatter) {
+      if (p >= 0) dst[int64_t(p) * width + c] = src[i];
+    } else {
+      dst[i] = src[int64_t(p) * width + c];
+    }
+  }
+}
+
+__global__ void embed_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
+                             int64_t S, int D, int n, float* __restrict__ out) {
+  const int64_t total = S * n * int64_t(D);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % D, t = i / (int64_t(n) * D);
+    out[i] = table[int64_t(ids[t]) * D + d];
+  }
+}
+
+// ---- compressor pooling (dsv4-model.md §5), one thread per (output row, channel) ------------------
+__global__ void compress_pool_kernel(CompressArgs a) {
+  const int m = a.ratio, c = a.overlap, d = a.dim, n_slots = c * m;
+  const int64_t width = int64_t(c) * d;
+  const int64_t total = a.n_out * d;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / d;
+    const int ch = int(i - r * d);
+    float mx = -INFINITY;
+    for (int j = 0; j < n_slots; ++j) {
+      const int32_t v = a.src[r * n_slots + j];
+      if (v == -1) continue;
+      const int ch0 = (c == 2 && j >= m) ? d : 0;
+      const int brow = (c == 2 && j >= m) ? j - m : j;
+      const float* g = v >= 0 ? a.fresh_gate + int64_t(v) * width : a.state_gate + int64_t(-v - 2) * width;
+      mx = fmaxf(mx, g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch]);
+    }
+    float sum = 0.f;
+    for (int j = 0; j < n_slots; ++j) {
+      const int32_t v = a.src[r * n_slots + j];
+      if (v == -1) continue;
+      const int ch0 = (c == 2 && j >= m) ? d : 0;
+      const int brow = (c == 2 && j >= m) ? j - m : j;
+      const float* g = v >= 0 ? a.fresh_gate + int64_t(v) * width : a.state_gate + int64_t(-v - 2) * width;
+      sum += expf(g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch] - mx);
+    }
+    float acc = 0.f;
+    for (int j = 0; j < n_slots; ++j) {
+      const int32_t v = a.src[r * n_slots + j];
+      if (v == -1) continue;
+      const int ch0 = (c == 2 && j >= m) ? d : 0;
+      const int brow = (c == 2 && j >= m) ? j - m : j;
+      const bool fresh = v >= 0;
+      const int64_t row = fresh ? v : (-v - 2);
+      const float* g = (fresh ? a.fresh_gate : a.state_gate) + row * width;
+      const float* kv = (fresh ? a.fresh_kv : a.state_kv) + row * width;
+      const float p = expf(g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch] - mx) / sum;
+      acc += kv[ch0 + ch] * p;
+    }
+    a.out[r * d + ch] = acc;
+  }
+}
+
+// ---- indexer (dsv4-model.md §6) -------------------------------------------------------------------
+// score[t, s] for s < count[t]: one thread per candidate, q[t] and scaled weights in shared memory;
+// summation order as the CPU op (heads in order, each ReLU(q·k)·dI^-1/2 · w·nI^-1/2).
+__global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, int64_t ld) {
+  extern __shared__ float sm[];  // q [nI·dI], w [nI]
+  const int nI = a.n_heads, dI = a.head_dim;
+  const int64_t t = blockIdx.y;
+  const int32_t n = a.cand.count[t];
+  if (int64_t(blockIdx.x) * blockDim.x >= n) return;
+  const float qscale = rsqrtf(float(dI)), wscale = rsqrtf(float(nI));
+  for (int i = threadIdx.x; i < nI * dI; i += blockDim.x) sm[i] = a.q[t * nI * dI + i];
+  for (int i = threadIdx.x; i < nI; i += blockDim.x) sm[nI * dI + i] = a.weights[t * nI + i] * wscale;
+  __syncthreads();
+  const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= n) return;
+  const float* key = a.key_pool + int64_t(a.cand.rows[a.cand.offset[t] + s]) * dI;
+  float acc = 0.f;
+  for (int h = 0; h < nI; ++h) {
+    float dsum = 0.f;
+    for (int c = 0; c < dI; ++c) dsum += sm[h * dI + c] * key[c];
+    acc += fmaxf(0.f, dsum) * qscale * sm[nI * dI + h];
+  }
+  scores[t * ld + s] = acc;
+}
+
+// Orders the selected candidates of each row by (score desc, map position asc) and maps them to
+// physical pool rows; −1 padding after min(k, count) entries.
+template <int THREADS, int ITEMS>
+__global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
+    const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ sel, RowMap cand,
+    int k, int32_t* __restrict__ out_rows, int32_t* __restrict__ out_count) {
+  using Sort = cub::BlockRadixSort<unsigned long long, THREADS, ITEMS>;
+  __shared__ typename Sort::TempStorage tmp;
+  const int64_t t = blockIdx.x;
+  const int n = cand.count[t];
+  const int n_sel = n < k ? n : k;
+  unsigned long long key[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int e = threadIdx.x * ITEMS + i;
+    key[i] = 0ull;
+    if (e < n_sel) {
+      const uint32_t s = uint32_t(sel[t * k + e]);
+      key[i] = (static_cast<unsigned long long>(order_key(scores[t * ld + s])) << 32) |
+               (0xffffffffu - s);
+    }
+  }
+  Sort(tmp).SortDescending(key);
+  const int32_t* rows = cand.rows + cand.offset[t];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int e = threadIdx.x * ITEMS + i;
+    if (e < k) {
+      const uint32_t s = 0xffffffffu - uint32_t(key[i] & 0xffffffffu);
+      out_rows[t * k + e] = e < n_sel ? rows[s] : -1;
+    }
+  }
+  if (threadIdx.x == 0 && out_count) out_count[t] = n_sel;
+}
+
+// ---- sparse attention with sink (dsv4-model.md §4): one warp per (row, head), online softmax ------
+constexpr int kAttnMaxHd = 1024;
+__global__ void attention_kernel(AttentionArgs a) {
+  const int H = a.n_heads, hd = a.head_dim;
+  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (warp_id >= a.n_rows * H) return;
+  const int64_t t = warp_id / H;
+  const int h = int(warp_id % H);
+  constexpr int kPer = kAttnMaxHd / 32;
+  const float* q = a.q + (t * H + h) * hd;
+  float qv[kPer], o[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    qv[i] = c < hd ? q[c] : 0.f;
+    o[i] = 0.f;
+  }
+  float mx = a.sinks[h], l = 1.f;  // the sink: exp(sink − mx) with mx = sink
+  auto visit = [&](const float* pool, const RowMap& map) {
+    if (!pool || !map.count) return;
+    const int32_t* rows = map.rows + map.offset[t];
+    const int32_t cnt = map.count[t];
+    for (int32_t j = 0; j < cnt; ++j) {
+      const int32_t r = rows[j];
+      if (r < 0) continue;
+      const float* key = pool + int64_t(r) * hd;
+      float kv[kPer];
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int c = lane + 32 * i;
+        kv[i] = c < hd ? key[c] : 0.f;
+        d += qv[i] * kv[i];
+      }
+#pragma unroll
+      for (int off = 16; off; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+      const float logit = d * a.scale;
+      const float nm = fmaxf(mx, logit);
+      const float corr = expf(mx - nm), p = expf(logit - nm);
+      l = l * corr + p;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) o[i] = o[i] * corr + p * kv[i];
+      mx = nm;
+    }
+  };
+  visit(a.swa_pool, a.swa);
+  visit(a.comp_pool, a.comp);
+  float* out = a.out + (t * H + h) * hd;
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < hd) out[c] = o[i] * inv;
+  }
+}
+
+// ---- routing (dsv4-model.md §8): one thread per row ---------------------------------------------
+__device__ __forceinline__ float softplus_t(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+__global__ void route_kernel(RouteArgs a, float* __restrict__ sbuf) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= a.n_rows) return;
+  const int E = a.n_experts, k = a.topk;
+  const float* lg = a.logits + t * E;
+  float* s = sbuf + t * E;
+  if (a.scoring == ScoringFunc::kSqrtSoftplus) {
+    for (int i = 0; i < E; ++i) s[i] = sqrtf(softplus_t(lg[i]));
+  } else if (a.scoring == ScoringFunc::kSigmoid) {
+    for (int i = 0; i < E; ++i) s[i] = 1.f / (1.f + expf(-lg[i]));
+  } else {
+    float mx = -INFINITY;
+    for (int i = 0; i < E; ++i) mx = fmaxf(mx, lg[i]);
+    float sum = 0.f;
+    for (int i = 0; i < E; ++i) sum += (s[i] = expf(lg[i] - mx));
+    for (int i = 0; i < E; ++i) s[i] /= sum;
+  }
+  int32_t* idx = a.out_idx + t * k;
+  if (a.tid2eid) {
+    for (int j = 0; j < k; ++j) idx[j] = a.tid2eid[int64_t(a.token_ids[t]) * k + j];
+  } else {
+    // k rounds of argmax over (s + bias), excluding already chosen experts; ties → lower id.
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bv = 0.f;
+      for (int i = 0; i < E; ++i) {
+        bool taken = false;
+        for (int q = 0; q < j; ++q) taken |= idx[q] == i;
+        if (taken) continue;
+        const float v = s[i] + (a.bias ? a.bias[i] : 0.f);
+        if (best < 0 || v > bv) {
+          best = i;
+          bv = v;
+        }
+      }
+      idx[j] = best;
+    }
+  }
+  float sum = 0.f;
+  for (int j = 0; j < k; ++j) sum += s[idx[j]];
+  for (int j = 0; j < k; ++j) a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
+}
+
+// ---- MoE experts: one warp per output dot product (correctness-first; grouped GEMM is issue 7) ----
+// gu[p, c] = x[p/k] · w13[e_p][c], c < 2I, p = t·k + j
+__global__ void moe_up_kernel(MoeArgs a, float* __restrict__ gu) {
+  const int D = a.hidden, I2 = 2 * a.inter;
+  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t P = a.n_rows * a.topk;
+  if (wid >= P * I2) return;
+  const int64_t p = wid / I2;
+  const int c = int(wid % I2);
+  const int e = a.idx[p];
+  const float* xr = a.x + (p / a.topk) * D;
+  const float* wr = a.w13 + (int64_t(e) * I2 + c) * D;
+  float s = 0.f;
+  for (int i = lane; i < D; i += 32) s += xr[i] * wr[i];
+  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) gu[p * I2 + c] = s;
+}
+
+__global__ void moe_act_kernel(const float* __restrict__ gu, int64_t P, int I, float lim,
+                               float* __restrict__ act) {
+  const int64_t total = P * I;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = i / I;
+    const int c = int(i - p * I);
+    float g = gu[p * 2 * I + c], u = gu[p * 2 * I + I + c];
+    if (lim > 0.f) {
+      g = fminf(g, lim);
+      u = fminf(fmaxf(u, -lim), lim);
+    }
+    act[i] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+// down[p, c] = act[p] · w2[e_p][c], c < D
+__global__ void moe_down_kernel(MoeArgs a, const float* __restrict__ act, float* __restrict__ down) {
+  const int D = a.hidden, I = a.inter;
+  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t P = a.n_rows * a.topk;
+  if (wid >= P * D) return;
+  const int64_t p = wid / D;
+  const int c = int(wid % D);
+  const int e = a.idx[p];
+  const float* ar = act + p * I;
+  const float* wr = a.w2 + (int64_t(e) * D + c) * I;
+  float s = 0.f;
+  for (int i = lane; i < I; i += 32) s += ar[i] * wr[i];
+  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) down[p * D + c] = s;
+}
+
+__global__ void moe_combine_kernel(MoeArgs a, const float* __restrict__ down) {
+  const int D = a.hidden, k = a.topk;
+  const int64_t total = a.n_rows * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D;
+    const int c = int(i - t * D);
+    float o = 0.f;
+    for (int j = 0; j < k; ++j) o += down[(t * k + j) * D + c] * a.weight[t * k + j];
+    a.out[i] = o;
+  }
+}
+
+// ---- the backend --------------------------------------------------------------------------------
+class CudaOps final : public Ops {
+ public:
+  CudaOps() = default;
+  ~CudaOps() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& [sz, list] : free_)
+      for (void* p : list) cudaFree(p);
+    for (auto& [p, sz] : scratch_) cudaFree(p);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  Status init() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      (void)cudaGetLastError();
+      return cuda::errorf(ErrorCode::kUnsupported, "no CUDA device ({})", cudaGetErrorString(e));
+    }
+    V4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    return Status::Ok();
+  }
+  std::string name() const override { return "cuda"; }
+
+  // Memory: small blocks (≤ 64 MiB) are cached in power-of-two size classes so per-step plan
+  // buffers do not hit cudaMalloc/cudaFree (which synchronizes); large pools go straight through.
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    size_t cls = bytes <= kSmallMax ? size_class(bytes) : (bytes + 255) / 256 * 256;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(cls);
+      if (cls <= kSmallMax && it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    if (!p) {
+      if (cudaMalloc(&p, cls) != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw std::bad_alloc();
+      }
+    }
+    check(cudaMemsetAsync(p, 0, cls, stream_), "alloc memset");
+    std::lock_guard<std::mutex> lock(mu_);
+    live_[p] = cls;
+    return p;
+  }
+  void free(void* ptr) override {
+    if (!ptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) {
+      record(Status(ErrorCode::kInternal, "free of a pointer not from CudaOps::alloc"));
+      return;
+    }
+    const size_t cls = it->second;
+    live_.erase(it);
+    if (cls <= kSmallMax) {
+      free_[cls].push_back(ptr);  // reuse is stream-ordered: later work runs after earlier work
+    } else {
+      check(cudaStreamSynchronize(stream_), "free sync");
+      check(cudaFree(ptr), "cudaFree");
+    }
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+    check(cudaStreamSynchronize(stream_), "upload sync");
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+    synchronize();
+  }
+  void synchronize() override {
+    check(cudaStreamSynchronize(stream_), "synchronize");
+    if (!status_.ok()) throw std::runtime_error(status_.to_string());
+  }
+
+  void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
+              float* y, int64_t ldy) override {
+    if (M <= 0 || N <= 0) return;
+    dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned((M + kBM - 1) / kBM));
+    sgemm_nt_kernel<<<grid, 256, 0, stream_>>>(x, ldx, w, M, N, K, y, ldy);
+    launched("sgemm_nt_kernel");
+  }
+  void add(float* y, const float* x, int64_t n) override {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(y, x, n);
+    launched("add_kernel");
+  }
+  void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width,
+                   float* dst) override {
+    if (n <= 0 || width <= 0) return;
+    rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, stream_>>>(src, rows, n, width, dst, false);
+    launched("gather_rows");
+  }
+  void store_rows(float* pool, const int32_t* rows, int64_t n, int64_t width,
+                  const float* src) override {
+    if (n <= 0 || width <= 0) return;
+    rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, stream_>>>(src, rows, n, width, pool, true);
+    launched("store_rows");
+  }
+  void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
+             float* out) override {
+    if (S <= 0) return;
+    embed_kernel<<<grid_for(S * n_streams * int64_t(D), 256), 256, 0, stream_>>>(table, ids, S, D,
+                                                                              n_streams, out);
+    launched("embed_kernel");
+  }
+  void rms_norm(const float* x, const float* weight, int64_t rows, int dim, float eps,
+                float* y) override {
+    record(cuda::rmsnorm<float>(x, weight, y, rows, dim, eps, stream_));
+  }
+  void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
+            const int64_t* positions, const float* inv_freq, float attention_scaling,
+            bool inverse) override {
+    record(cuda::rope_interleaved<float>(x, positions, inv_freq, rows, n_heads, head_dim, rope_dim,
+                                         int64_t(n_heads) * head_dim, inverse, stream_,
+                                         attention_scaling));
+  }
+  void hc_pre(const HcArgs& a) override {
+    cuda::MhcParams p;
+    p.fn = a.fn;
+    p.base = a.base;
+    p.scale = a.scale;
+    p.n = a.n_streams;
+    p.sinkhorn_iters = a.sinkhorn_iters;
+    p.rms_eps = a.rms_eps;
+    p.hc_eps = a.hc_eps;
+    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, stream_));
+  }
+  void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S, int n,
+               int D) override {
+    record(cuda::mhc_post<float>(h, f, post, comb, h, S, n, D, stream_));
+  }
+  void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
+               int n, int D, float rms_eps, float hc_eps, float* y) override {
+    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, stream_));
+  }
+  void compress_pool(const CompressArgs& a) override {
+    if (a.n_out <= 0) return;
+    compress_pool_kernel<<<grid_for(a.n_out * a.dim, 256), 256, 0, stream_>>>(a);
+    launched("compress_pool_kernel");
+  }
+
+  void indexer_topk(const IndexerArgs& a) override {
+    const int64_t S = a.n_rows;
+    const int k = a.topk;
+    if (S <= 0) return;
+    if (k > 1024) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "indexer_topk: topk {} > 1024", k));
+      return;
+    }
+    if (int64_t(a.n_heads) * a.head_dim > 12000) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "indexer_topk: nI·dI = {} too large",
+                          a.n_heads * a.head_dim));
+      return;
+    }
+    // The grid needs the longest candidate list: read the counts (one small sync per call;
+    // graph-friendly plans with a capacity are the next step, docs/cuda.md).
+    std::vector<int32_t> cnt(S);
+    check(cudaMemcpyAsync(cnt.data(), a.cand.count, S * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                          stream_),
+          "indexer counts");
+    check(cudaStreamSynchronize(stream_), "indexer counts sync");
+    int64_t maxc = 1;
+    for (int32_t c : cnt) maxc = c > maxc ? c : maxc;
+    if (maxc > cuda::kTopkMaxRow) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "indexer_topk: {} candidates > {}", maxc,
+                          cuda::kTopkMaxRow));
+      return;
+    }
+    const int64_t ld = (maxc + 3) / 4 * 4;
+    float* scores = static_cast<float*>(scratch(0, size_t(S * ld) * sizeof(float)));
+    int32_t* sel = static_cast<int32_t*>(scratch(1, size_t(S * k) * sizeof(int32_t)));
+    dim3 g1(unsigned((maxc + 127) / 128), unsigned(S));
+    const size_t smem = size_t(a.n_heads * a.head_dim + a.n_heads) * sizeof(float);
+    if (smem > 48 * 1024)
+      check(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(smem)),
+            "indexer smem attribute");
+    indexer_score_kernel<<<g1, 128, smem, stream_>>>(a, scores, ld);
+    launched("indexer_score_kernel");
+    record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, stream_));
+    if (k <= 256) {
+      indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, stream_>>>(scores, ld, sel, a.cand, k,
+                                                                        a.out_rows, a.out_count);
+    } else {
+      indexer_finalize_kernel<256, 4><<<unsigned(S), 256, 0, stream_>>>(scores, ld, sel, a.cand, k,
+                                                                        a.out_rows, a.out_count);
+    }
+    launched("indexer_finalize_kernel");
+  }
+
+  void sparse_attention(const AttentionArgs& a) override {
+    if (a.n_rows <= 0) return;
+    if (a.head_dim > kAttnMaxHd) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "sparse_attention: head_dim {} > {}", a.head_dim,
+                          kAttnMaxHd));
+      return;
+    }
+    const int64_t warps = a.n_rows * a.n_heads;
+    attention_kernel<<<grid_for(warps * 32, 128, int64_t(1) << 31), 128, 0, stream_>>>(a);
+    launched("attention_kernel");
+  }
+
+  void route(const RouteArgs& a) override {
+    if (a.n_rows <= 0) return;
+    float* s = static_cast<float*>(scratch(2, size_t(a.n_rows * a.n_experts) * sizeof(float)));
+    route_kernel<<<grid_for(a.n_rows, 64, int64_t(1) << 31), 64, 0, stream_>>>(a, s);
+    launched("route_kernel");
+  }
+
+  void moe_experts(const MoeArgs& a) override {
+    if (a.n_rows <= 0) return;
+    const int64_t P = a.n_rows * a.topk;
+    float* gu = static_cast<float*>(scratch(3, size_t(P * 2 * a.inter) * sizeof(float)));
+    float* act = static_cast<float*>(scratch(4, size_t(P * a.inter) * sizeof(float)));
+    float* down = static_cast<float*>(scratch(5, size_t(P * a.hidden) * sizeof(float)));
+    const int64_t w1 = P * 2 * a.inter, w2 = P * a.hidden;
+    moe_up_kernel<<<grid_for(w1 * 32, 256, int64_t(1) << 31), 256, 0, stream_>>>(a, gu);
+    launched("moe_up_kernel");
+    moe_act_kernel<<<grid_for(P * a.inter, 256), 256, 0, stream_>>>(gu, P, a.inter, a.swiglu_limit,
+                                                                    act);
+    launched("moe_act_kernel");
+    moe_down_kernel<<<grid_for(w2 * 32, 256, int64_t(1) << 31), 256, 0, stream_>>>(a, act, down);
+    launched("moe_down_kernel");
+    moe_combine_kernel<<<grid_for(a.n_rows * a.hidden, 256), 256, 0, stream_>>>(a, down);
+    launched("moe_combine_kernel");
+  }
+
+ private:
+  static constexpr size_t kSmallMax = size_t(64) << 20;
+  static size_t size_class(size_t b) {
+    size_t c = 256;
+    while (c < b) c <<= 1;
+    return c;
+  }
+  // Grow-only scratch buffer `slot` of at least `bytes` (device memory, stream-ordered reuse).
+  void* scratch(int slot, size_t bytes) {
+    if (scratch_size_[slot] < bytes) {
+      if (scratch_ptr_[slot]) {
+        check(cudaStreamSynchronize(stream_), "scratch sync");
+        cudaFree(scratch_ptr_[slot]);
+        scratch_.erase(scratch_ptr_[slot]);
+      }
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw std::bad_alloc();
+      }
+      scratch_ptr_[slot] = p;
+      scratch_size_[slot] = bytes;
+      scratch_[p] = bytes;
+    }
+    return scratch_ptr_[slot];
+  }
+  void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) record(cuda::cuda_status(e, what));
+  }
+  void launched(const char* kernel) { record(cuda::check_launch(kernel)); }
+  void record(const Status& s) {
+    if (s.ok() || !status_.ok()) return;
+    status_ = s;
+    V4_LOG_ERROR("CUDA backend: {}", s.to_string());
+  }
+
+  cudaStream_t stream_ = nullptr;
+  Status status_;
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  std::map<void*, size_t> live_;
+  std::map<void*, size_t> scratch_;
+  void* scratch_ptr_[8] = {};
+  size_t scratch_size_[8] = {};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Ops>> make_cuda_ops() {
+  auto ops = std::make_unique<CudaOps>();
+  V4_RETURN_IF_ERROR(ops->init());
+  return Result<std::unique_ptr<Ops>>(std::unique_ptr<Ops>(std::move(ops)));
+}
+
+}  // namespace v4::ops

@@ -1,0 +1,54 @@
+// Dense GEMMs of the CUDA backend through cuBLASLt.
+// Layout convention (as nn.Linear): Y[M, N] = X[M, K] · W[N, K]ᵀ, all row-major, where M = tokens,
+// K = input features, N = output features. Accumulation is fp32.
+//
+// Weight formats (see docs/cuda.md): FP8 e4m3 weights with 128×128 ue8m0 block scales and
+// MXFP4 (e2m1 + one ue8m0 scale per 1×32) expert weights are dequantized to bf16 once at load
+// (ops/cuda/quant.h) and then use Gemm::bf16. Native FP8 block-scaled GEMMs (cuBLASLt
+// BLK128x128_32F / VEC128_32F scale modes, or a CUTLASS/wgmma kernel) are future work (issue 7).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "base/status.h"
+
+namespace v4::cuda {
+
+/// Output element type of a GEMM.
+enum class OutType { kF32, kBF16 };
+
+/// A cuBLASLt handle with its workspace and a cache of chosen algorithms per shape.
+/// Thread-compatible (one per stream/thread); the cache is internally locked.
+class Gemm {
+ public:
+  /// Creates the handle and a device workspace of `workspace_bytes`.
+  static Result<std::unique_ptr<Gemm>> create(size_t workspace_bytes = size_t(64) << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  /// Y[M,N] = alpha · X[M,K] · W[N,K]ᵀ + beta · Y. X, W bf16; Y f32 or bf16 (`out`).
+  /// Any M, N, K ≥ 1 (odd sizes fall back to slower kernels). Errors: kInvalidArgument for
+  /// non-positive sizes, kUnsupported/kInternal from cuBLASLt.
+  Status bf16(const __nv_bfloat16* X, const __nv_bfloat16* W, void* Y, OutType out, int64_t M,
+              int64_t N, int64_t K, cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
+
+
+ private:
+  Gemm() = default;
+  struct Plan;
+  Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out);
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::mutex mu_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace v4::cuda

@@ -1,0 +1,179 @@
+#include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
+#include "ops/cuda/mhc.h"
+
+namespace v4::cuda {
+namespace {
+
+constexpr int kMaxN = 4;
+constexpr int kMaxMix = (2 + kMaxN) * kMaxN;  // 24
+constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ float ld(const T* p) {
+  if constexpr (std::is_same_v<T, float>) return *p; else return __bfloat162float(*p);
+}
+template <typename T>
+__device__ __forceinline__ void st(T* p, float v) {
+  if constexpr (std::is_same_v<T, float>) *p = v; else *p = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
+// One block per token. Accumulates sum of squares and n_mix dot products over the flattened
+// n·D vector, reduces them through shared memory, computes the coefficients on thread 0, then
+// writes the collapsed stream. `head` = HyperHead (n mix outputs, pre only).
+template <typename T, int NMIX>
+__global__ void __launch_bounds__(kThreads) mhc_pre_kernel(
+    const T* __restrict__ h, const float* __restrict__ fn, const float* __restrict__ base,
+    const float* __restrict__ scale, int n, int iters, float rms_eps, float hc_eps, int n_mix,
+    bool head, T* __restrict__ collapsed, float* __restrict__ post, float* __restrict__ comb,
+    int64_t D) {
+  const int64_t t = blockIdx.x;
+  const int64_t nD = int64_t(n) * D;
+  const T* ht = h + t * nD;
+  float acc[NMIX + 1];
+#pragma unroll
+  for (int j = 0; j <= NMIX; ++j) acc[j] = 0.f;
+  for (int64_t i = threadIdx.x; i < nD; i += kThreads) {
+    float v = ld(ht + i);
+    acc[NMIX] += v * v;
+#pragma unroll
+    for (int j = 0; j < NMIX; ++j)
+      if (j < n_mix) acc[j] += v * fn[j * nD + i];
+  }
+  __shared__ float red[kThreads / 32][NMIX + 1];
+  __shared__ float pre_s[kMaxN];
+#pragma unroll
+  for (int j = 0; j <= NMIX; ++j) {
+    float v = acc[j];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][j] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float mix[NMIX + 1];
+    for (int j = 0; j <= NMIX; ++j) {
+      float v = 0.f;
+      for (int w = 0; w < kThreads / 32; ++w) v += red[w][j];
+      mix[j] = v;
+    }
+    float inv = rsqrtf(mix[NMIX] / float(nD) + rms_eps);
+    for (int j = 0; j < n_mix; ++j) mix[j] *= inv;
+    for (int s = 0; s < n; ++s) pre_s[s] = sigmoidf(mix[s] * scale[0] + base[s]) + hc_eps;
+    if (!head) {
+      for (int s = 0; s < n; ++s)
+        post[t * n + s] = 2.f * sigmoidf(mix[n + s] * scale[1] + base[n + s]);
+      float c[kMaxN][kMaxN];
+      for (int j = 0; j < n; ++j) {
+        float mx = -INFINITY;
+        for (int k = 0; k < n; ++k) {
+          c[j][k] = mix[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
+          mx = fmaxf(mx, c[j][k]);
+        }
+        float sum = 0.f;
+        for (int k = 0; k < n; ++k) {
+          c[j][k] = expf(c[j][k] - mx);
+          sum += c[j][k];
+        }
+        for (int k = 0; k < n; ++k) c[j][k] = c[j][k] / sum + hc_eps;
+      }
+      auto col_norm = [&] {
+        for (int k = 0; k < n; ++k) {
+          float s = 0.f;
+          for (int j = 0; j < n; ++j) s += c[j][k];
+          for (int j = 0; j < n; ++j) c[j][k] /= (s + hc_eps);
+        }
+      };
+      col_norm();
+      for (int it = 1; it < iters; ++it) {
+        for (int j = 0; j < n; ++j) {
+          float s = 0.f;
+          for (int k = 0; k < n; ++k) s += c[j][k];
+          for (int k = 0; k < n; ++k) c[j][k] /= (s + hc_eps);
+        }
+        col_norm();
+      }
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < n; ++k) comb[(t * n + j) * n + k] = c[j][k];
+    }
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += kThreads) {
+    float v = 0.f;
+    for (int s = 0; s < n; ++s) v += pre_s[s] * ld(ht + s * D + d);
+    st(collapsed + t * D + d, v);
+  }
+}
+
+template <typename T>
+__global__ void mhc_post_kernel(const T* h, const T* __restrict__ f, const float* __restrict__ post,
+                                const float* __restrict__ comb, T* h_out, int64_t S, int n,
+                                int64_t D) {
+  int64_t total = S * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t t = i / D, d = i - t * D;
+    float hv[kMaxN];
+    for (int j = 0; j < n; ++j) hv[j] = ld(h + (t * n + j) * D + d);
+    float fv = ld(f + t * D + d);
+    for (int k = 0; k < n; ++k) {
+      float v = post[t * n + k] * fv;
+      for (int j = 0; j < n; ++j) v += comb[(t * n + j) * n + k] * hv[j];
+      st(h_out + (t * n + k) * D + d, v);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+Status mhc_pre(const T* h, const MhcParams& p, T* collapsed, float* post, float* comb, int64_t S,
+               int64_t D, cudaStream_t stream) {
+  if (p.n < 1 || p.n > kMaxN || D < 1 || p.sinkhorn_iters < 1)
+    return errorf(ErrorCode::kInvalidArgument, "mhc_pre: n={} D={} iters={} (n must be 1..4)",
+                      p.n, D, p.sinkhorn_iters);
+  if (S <= 0) return Status::Ok();
+  mhc_pre_kernel<T, kMaxMix><<<unsigned(S), kThreads, 0, stream>>>(
+      h, p.fn, p.base, p.scale, p.n, p.sinkhorn_iters, p.rms_eps, p.hc_eps, (2 + p.n) * p.n, false,
+      collapsed, post, comb, D);
+  V4_CUDA_CHECK_LAUNCH("mhc_pre_kernel");
+  return Status::Ok();
+}
+
+template <typename T>
+Status mhc_head(const T* h, const float* hc_fn, const float* hc_base, const float* hc_scale, int n,
+                float rms_eps, float hc_eps, T* y, int64_t S, int64_t D, cudaStream_t stream) {
+  if (n < 1 || n > kMaxN || D < 1)
+    return errorf(ErrorCode::kInvalidArgument, "mhc_head: n={} D={}", n, D);
+  if (S <= 0) return Status::Ok();
+  mhc_pre_kernel<T, kMaxN><<<unsigned(S), kThreads, 0, stream>>>(
+      h, hc_fn, hc_base, hc_scale, n, 1, rms_eps, hc_eps, n, true, y, nullptr, nullptr, D);
+  V4_CUDA_CHECK_LAUNCH("mhc_head_kernel");
+  return Status::Ok();
+}
+
+template <typename T>
+Status mhc_post(const T* h, const T* f, const float* post, const float* comb, T* h_out, int64_t S,
+                int n, int64_t D, cudaStream_t stream) {
+  if (n < 1 || n > kMaxN || D < 1)
+    return errorf(ErrorCode::kInvalidArgument, "mhc_post: n={} D={}", n, D);
+  int64_t total = S * D;
+  if (total <= 0) return Status::Ok();
+  int64_t g = (total + 255) / 256;
+  mhc_post_kernel<T><<<unsigned(g > 65536 ? 65536 : g), 256, 0, stream>>>(h, f, post, comb, h_out,
+                                                                          S, n, D);
+  V4_CUDA_CHECK_LAUNCH("mhc_post_kernel");
+  return Status::Ok();
+}
+
+#define V4_INST(T)                                                                              \
+  template Status mhc_pre<T>(const T*, const MhcParams&, T*, float*, float*, int64_t, int64_t,   \
+                             cudaStream_t);                                                     \
+  template Status mhc_post<T>(const T*, const T*, const float*, const float*, T*, int64_t, int,  \
+                              int64_t, cudaStream_t);                                           \
+  template Status mhc_head<T>(const T*, const float*, const float*, const float*, int, float,    \
+                              float, T*, int64_t, int64_t, cudaStream_t);
+V4_INST(float)
+V4_INST(__nv_bfloat16)
+#undef V4_INST
+
+}  // namespace v4::cuda

@@ -1,0 +1,108 @@
+#include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
+#include "ops/cuda/norm_rope.h"
+
+namespace v4::cuda {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float ld(const T* p) {
+  if constexpr (std::is_same_v<T, float>) return *p; else return __bfloat162float(*p);
+}
+template <typename T>
+__device__ __forceinline__ void st(T* p, float v) {
+  if constexpr (std::is_same_v<T, float>) *p = v; else *p = __float2bfloat16_rn(v);
+}
+
+// One block of 256 threads per row; fp32 sum of squares (block reduce through shared memory).
+template <typename T>
+__global__ void rmsnorm_kernel(const T* __restrict__ x, const float* __restrict__ w, T* out,
+                               int64_t D, float eps) {
+  const T* xr = x + blockIdx.x * D;
+  T* orow = out + blockIdx.x * D;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = ld(xr + i);
+    ss += v * v;
+  }
+  __shared__ float red[32];
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) red[0] = v;
+  }
+  __syncthreads();
+  float inv = rsqrtf(red[0] / float(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = ld(xr + i) * inv;
+    if (w) v *= w[i];
+    st(orow + i, v);
+  }
+}
+
+template <typename T>
+__global__ void rope_kernel(T* x, const int64_t* __restrict__ pos, const float* __restrict__ inv_freq,
+                            int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd,
+                            int64_t row_stride, bool inverse, float att) {
+  int64_t half = rd / 2;
+  int64_t total = rows * n_heads * half;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t p = i % half;
+    int64_t h = (i / half) % n_heads;
+    int64_t r = i / (half * n_heads);
+    float ang = inv_freq[p] * float(pos[r]);  // one fp32 product, as HF
+    float s, c;
+    sincosf(ang, &s, &c);
+    s *= att;
+    c *= att;
+    if (inverse) s = -s;
+    T* e = x + r * row_stride + h * head_dim + (head_dim - rd) + 2 * p;
+    float a = ld(e), b = ld(e + 1);
+    st(e, a * c - b * s);
+    st(e + 1, a * s + b * c);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+Status rmsnorm(const T* x, const float* weight, T* out, int64_t rows, int64_t D, float eps,
+               cudaStream_t stream) {
+  if (D < 1) return errorf(ErrorCode::kInvalidArgument, "rmsnorm: D = {}", D);
+  if (rows <= 0) return Status::Ok();
+  if (rows > 0x7fffffff) return errorf(ErrorCode::kInvalidArgument, "rmsnorm: {} rows", rows);
+  rmsnorm_kernel<T><<<unsigned(rows), 256, 0, stream>>>(x, weight, out, D, eps);
+  V4_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
+  return Status::Ok();
+}
+
+template <typename T>
+Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t rows,
+                        int64_t n_heads, int64_t head_dim, int64_t rd, int64_t row_stride,
+                        bool inverse, cudaStream_t stream, float attention_scaling) {
+  if (rd <= 0 || rd > head_dim || rd % 2 || row_stride < n_heads * head_dim)
+    return errorf(ErrorCode::kInvalidArgument,
+                      "rope: rd={} head_dim={} n_heads={} row_stride={}", rd, head_dim, n_heads,
+                      row_stride);
+  int64_t total = rows * n_heads * (rd / 2);
+  if (total <= 0) return Status::Ok();
+  int64_t g = (total + 255) / 256;
+  rope_kernel<T><<<unsigned(g > 65536 ? 65536 : g), 256, 0, stream>>>(
+      x, pos, inv_freq, rows, n_heads, head_dim, rd, row_stride, inverse, attention_scaling);
+  V4_CUDA_CHECK_LAUNCH("rope_kernel");
+  return Status::Ok();
+}
+
+template Status rmsnorm<float>(const float*, const float*, float*, int64_t, int64_t, float, cudaStream_t);
+template Status rmsnorm<__nv_bfloat16>(const __nv_bfloat16*, const float*, __nv_bfloat16*, int64_t,
+                                       int64_t, float, cudaStream_t);
+template Status rope_interleaved<float>(float*, const int64_t*, const float*, int64_t, int64_t,
+                                        int64_t, int64_t, int64_t, bool, cudaStream_t, float);
+template Status rope_interleaved<__nv_bfloat16>(__nv_bfloat16*, const int64_t*, const float*,
+                                                int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                                cudaStream_t, float);
+
+}  // namespace v4::cuda

@@ -1,0 +1,32 @@
+// RMSNorm and interleaved partial RoPE on the device (docs dsv4-model.md §2, §4, pitfalls P1/P3/P18).
+// T is float or __nv_bfloat16; all math in fp32.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace v4::cuda {
+
+/// out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) ⊙ weight   (weight [D] f32; nullptr = none).
+/// x, out [rows, D] row-major (may alias). Used for all RMSNorms incl. the per-head q norm
+/// (rows = S·H, D = hd, weight nullptr). Errors: kInvalidArgument for D < 1.
+template <typename T>
+Status rmsnorm(const T* x, const float* weight, T* out, int64_t rows, int64_t D, float eps,
+               cudaStream_t stream);
+
+/// In-place interleaved RoPE on the trailing `rd` channels of every head:
+/// x [rows, n_heads, head_dim] with row stride `row_stride` elements (≥ n_heads·head_dim);
+/// pair (2i, 2i+1) of the rope slice rotates by φ = fp32(inv_freq[i]) · fp32(pos[r]) —
+/// (a, b) -> (a cosφ − b sinφ, a sinφ + b cosφ); `inverse` rotates by −φ (output de-rotation).
+/// inv_freq [rd/2] f32 (default or YaRN table, built by the model), pos [rows] int64;
+/// cos/sin are multiplied by `attention_scaling` (1 for V4 configs, see dsv4-model.md §1.4).
+/// Errors: kInvalidArgument unless 0 < rd ≤ head_dim and rd even.
+template <typename T>
+Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t rows,
+                        int64_t n_heads, int64_t head_dim, int64_t rd, int64_t row_stride,
+                        bool inverse, cudaStream_t stream, float attention_scaling = 1.f);
+
+}  // namespace v4::cuda

@@ -1,0 +1,54 @@
+// Lightning indexer scores and exact top-k row selection on the device
+// (docs dsv4-model.md §6, pitfalls P19; issue 7 "Lightning TopK").
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace v4::cuda {
+
+/// Indexer scores for R query rows:
+///   score[r, s] = scale · Σ_h w[r, h] · ReLU(q[r, h, :] · K[key_begin[r] + s, :]),  s < n_keys[r]
+/// q bf16 [R, nI, dI]; w f32 [R, nI] (the weights_proj output, ·nI^-1/2 applied by the caller or
+/// folded into `scale`); keys bf16 [*, dI] (a row's candidates are contiguous from key_begin[r]);
+/// n_keys int32 [R]; scores f32 [R, ld], entries s ≥ n_keys[r] are left untouched.
+/// `max_keys` ≥ every n_keys[r] sizes the grid (host value; a graph capacity). Tensor cores are
+/// used when nI and dI are multiples of 16 with nI ≤ 64 and dI ≤ 128; otherwise a plain path.
+/// Errors: kInvalidArgument for bad sizes.
+Status indexer_scores(const __nv_bfloat16* q, const float* w, const __nv_bfloat16* keys,
+                      const int64_t* key_begin, const int32_t* n_keys, int64_t R, int nI, int dI,
+                      float scale, float* scores, int64_t ld, int64_t max_keys,
+                      cudaStream_t stream);
+
+/// Largest row length top_k accepts.
+constexpr int64_t kTopkMaxRow = 524288;
+
+/// Exact top-k of each row of `scores` (f32 [R, ld]; row r has n[r] valid entries, n[r] ≤ ld).
+/// Order of preference: higher score first; equal scores -> lower index first; NaN is the lowest
+/// value (below −inf); −0 == +0. Output: out_idx int32 [R, k] holds the selected indices in
+/// ASCENDING INDEX order (deterministic, gather-friendly); rows with n[r] < k hold 0..n[r]−1 then
+/// −1 padding; out_len [R] (optional, may be nullptr) gets min(n[r], k).
+/// Algorithm: radix select (12+12+8 bits) over the 32-bit order-preserving key, one
+/// thread-block cluster per row whose CTAs keep their slice in registers and reduce their
+/// histograms through distributed shared memory; single-CTA path for short rows.
+/// `max_n` (host) ≥ every n[r] picks the configuration. `variant` = 0 auto, else a fixed
+/// configuration for benchmarks (1: 1 CTA×8/thread, 2: 1 CTA×32, 3: cluster 8×32, 4: cluster
+/// 16×16, 5: cluster 16×32). Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for
+/// the variant).
+Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
+                 int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
+                 int variant = 0);
+
+/// Baseline for benchmarks: full descending segmented sort of (score, index) pairs with CUB
+/// (cub::DeviceSegmentedSort) of R rows of equal length n; the first k values of each row of
+/// `idx_sorted` [R, n] are the top-k (ties in no guaranteed order). `temp`/`temp_bytes`: query with
+/// temp == nullptr first (like CUB). keys_tmp f32 [R, n] (sorted keys) and idx_in int32 [R, n]
+/// are scratch. Rows are contiguous (ld = n).
+Status topk_cub_sort_baseline(const float* scores, int64_t R, int64_t n, float* keys_tmp,
+                              int32_t* idx_in, int32_t* idx_sorted, void* temp,
+                              size_t* temp_bytes, cudaStream_t stream);
+
+}  // namespace v4::cuda

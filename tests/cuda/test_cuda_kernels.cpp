@@ -1,0 +1,376 @@
+// GPU kernel tests for the fast-path building blocks (bf16/FP8/MXFP4 GEMM inputs, Lightning TopK,
+// bf16 indexer scores, bf16 norm/RoPE/mHC) vs straightforward CPU implementations on fresh random
+// inputs, outputs poisoned. Top-k is exact: identical index sets, ties → lower index, NaN lowest.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "base/dtype.h"
+#include "cuda_test_util.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/mhc.h"
+#include "ops/cuda/norm_rope.h"
+#include "ops/cuda/quant.h"
+#include "ops/cuda/topk.h"
+
+namespace v4::cuda {
+namespace {
+
+using testing::Dev;
+using testing::rand_int;
+using testing::randn;
+using testing::rel_err;
+using testing::rng;
+
+using bf16 = __nv_bfloat16;
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = ::v4::f32_to_bf16(v[i]);
+  return o;
+}
+std::vector<float> bf16_round(const std::vector<float>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = ::v4::round_bf16(v[i]);
+  return o;
+}
+std::vector<float> from_bf16_bits(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = ::v4::bf16_to_f32(v[i]);
+  return o;
+}
+bf16* as_bf16(Dev<uint16_t>& d) { return reinterpret_cast<bf16*>(d.p); }
+
+#define CHECK_OK(expr)                                  \
+  do {                                                  \
+    ::v4::Status _s = (expr);                           \
+    ASSERT_TRUE(_s.ok()) << _s.to_string();             \
+  } while (0)
+
+// ---- GEMM (cuBLASLt bf16) -------------------------------------------------------------------------
+
+TEST(CudaKernels, GemmBf16) {
+  V4_REQUIRE_GPU();
+  auto g = Gemm::create();
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  struct Shape { int64_t M, N, K; };
+  for (Shape s : {Shape{1, 7, 5}, Shape{3, 129, 67}, Shape{1, 1024, 4096}, Shape{64, 4096, 1024},
+                  Shape{17, 512, 4096}, Shape{128, 2048, 4096}}) {
+    for (OutType ot : {OutType::kF32, OutType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K
+                                        << " out=" << (ot == OutType::kF32 ? "f32" : "bf16"));
+      auto x = bf16_round(randn(size_t(s.M * s.K))), w = bf16_round(randn(size_t(s.N * s.K), 0.05f));
+      std::vector<float> ref(size_t(s.M * s.N));
+      for (int64_t i = 0; i < s.M; ++i)
+        for (int64_t j = 0; j < s.N; ++j) {
+          double acc = 0;
+          for (int64_t k = 0; k < s.K; ++k) acc += double(x[i * s.K + k]) * w[j * s.K + k];
+          ref[i * s.N + j] = float(acc);
+        }
+      Dev<uint16_t> dx(to_bf16_bits(x)), dw(to_bf16_bits(w));
+      std::vector<float> y;
+      if (ot == OutType::kF32) {
+        Dev<float> dy(size_t(s.M * s.N));
+        dy.poison();
+        CHECK_OK((*g)->bf16(as_bf16(dx), as_bf16(dw), dy.p, ot, s.M, s.N, s.K, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        y = dy.host();
+        EXPECT_LE(rel_err(y, ref), 1e-5);
+      } else {
+        Dev<uint16_t> dy(size_t(s.M * s.N));
+        dy.poison();
+        CHECK_OK((*g)->bf16(as_bf16(dx), as_bf16(dw), dy.p, ot, s.M, s.N, s.K, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        y = from_bf16_bits(dy.host());
+        EXPECT_LE(rel_err(y, ref), 1e-2);
+      }
+    }
+  }
+}
+
+// ---- weight formats -------------------------------------------------------------------------------
+
+TEST(CudaKernels, DequantFp8Blocks) {
+  V4_REQUIRE_GPU();
+  struct Shape { int64_t N, K; };
+  for (Shape s : {Shape{512, 4096}, Shape{300, 129}, Shape{1, 1}, Shape{1024, 4096}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " K=" << s.K);
+    const int64_t nb = (s.N + 127) / 128, kb = (s.K + 127) / 128;
+    std::vector<uint8_t> wq(size_t(s.N * s.K)), sc(size_t(nb * kb));
+    for (auto& b : wq) {
+      b = uint8_t(rand_int(0, 255));
+      if ((b & 0x7f) == 0x7f) b = 0x3c;  // avoid NaN encodings
+    }
+    for (auto& b : sc) b = uint8_t(rand_int(110, 135));
+    Dev<uint8_t> dwq(wq), dsc(sc);
+    Dev<uint16_t> dout(size_t(s.N * s.K));
+    dout.poison();
+    CHECK_OK(dequant_fp8_block_to_bf16(dwq.p, dsc.p, as_bf16(dout), s.N, s.K, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto out = dout.host();
+    for (int64_t i = 0; i < s.N; ++i)
+      for (int64_t j = 0; j < s.K; ++j) {
+        const float ref = ::v4::round_bf16(fp8e4m3_to_f32(wq[i * s.K + j]) * ue8m0_to_f32(sc[(i / 128) * kb + j / 128]));
+        ASSERT_EQ(::v4::bf16_to_f32(out[i * s.K + j]), ref) << i << "," << j;
+      }
+  }
+}
+
+TEST(CudaKernels, DequantMxfp4) {
+  V4_REQUIRE_GPU();
+  struct Shape { int64_t N, K; };
+  for (Shape s : {Shape{2048, 4096}, Shape{7, 32}, Shape{33, 96}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " K=" << s.K);
+    std::vector<uint8_t> wq(size_t(s.N * s.K / 2)), sc(size_t(s.N * s.K / 32));
+    for (auto& b : wq) b = uint8_t(rand_int(0, 255));
+    for (auto& b : sc) b = uint8_t(rand_int(115, 130));
+    Dev<uint8_t> dwq(wq), dsc(sc);
+    Dev<uint16_t> dout(size_t(s.N * s.K));
+    dout.poison();
+    CHECK_OK(dequant_mxfp4_to_bf16(dwq.p, dsc.p, as_bf16(dout), s.N, s.K, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto out = dout.host();
+    for (int64_t i = 0; i < s.N; ++i)
+      for (int64_t j = 0; j < s.K; ++j) {
+        const uint8_t byte = wq[i * (s.K / 2) + j / 2];
+        const float ref = ::v4::round_bf16(fp4e2m1_to_f32(j % 2 ? byte >> 4 : byte & 0xf) *
+                                     ue8m0_to_f32(sc[i * (s.K / 32) + j / 32]));
+        ASSERT_EQ(::v4::bf16_to_f32(out[i * s.K + j]), ref) << i << "," << j;
+      }
+  }
+  // K not a multiple of 32 is rejected with a message.
+  Status st = dequant_mxfp4_to_bf16(nullptr, nullptr, nullptr, 4, 48, nullptr);
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+}
+
+// ---- Lightning TopK -------------------------------------------------------------------------------
+
+// Reference: indices of the k best under (score desc, index asc), NaN lowest, −0 == +0; sorted by
+// index ascending (the kernel's output order); −1 padding for short rows.
+std::vector<int32_t> ref_topk(const float* s, int n, int k) {
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto better = [&](int32_t a, int32_t b) {
+    const float x = s[a], y = s[b];
+    const bool xn = std::isnan(x), yn = std::isnan(y);
+    if (xn != yn) return yn;  // non-NaN beats NaN
+    if (!xn && x != y) return x > y;
+    return a < b;
+  };
+  const int m = std::min(n, k);
+  std::partial_sort(idx.begin(), idx.begin() + m, idx.end(), better);
+  std::vector<int32_t> out(idx.begin(), idx.begin() + m);
+  std::sort(out.begin(), out.end());
+  out.resize(k, -1);
+  return out;
+}
+
+enum class Dist { kNormal, kTies, kSpecial, kAllEqual, kSorted };
+
+std::vector<float> make_row(int n, Dist d) {
+  std::vector<float> v = randn(size_t(n));
+  const float inf = std::numeric_limits<float>::infinity();
+  switch (d) {
+    case Dist::kNormal: break;
+    case Dist::kTies:  // ReLU-like: many exact zeros, few distinct values (P19)
+      for (auto& x : v) x = x < 0.3f ? 0.f : std::round(x * 4.f) / 4.f;
+      break;
+    case Dist::kSpecial:
+      for (auto& x : v) {
+        const int u = rand_int(0, 99);
+        if (u < 5) x = std::numeric_limits<float>::quiet_NaN();
+        else if (u < 10) x = -inf;
+        else if (u < 12) x = inf;
+        else if (u < 20) x = u % 2 ? 0.f : -0.f;
+      }
+      break;
+    case Dist::kAllEqual:
+      std::fill(v.begin(), v.end(), 1.5f);
+      break;
+    case Dist::kSorted:
+      for (int i = 0; i < n; ++i) v[i] = float(i % 1000) * 0.001f;
+      break;
+  }
+  return v;
+}
+
+void run_topk_case(const std::vector<int32_t>& lens, int k, Dist dist, int variant) {
+  const int64_t R = int64_t(lens.size());
+  const int max_n = *std::max_element(lens.begin(), lens.end());
+  const int64_t ld = (std::max(max_n, 1) + 3) / 4 * 4 + 4 * rand_int(0, 1);
+  std::vector<float> scores(size_t(R * ld), 12345.f);  // beyond n: large values that must be ignored
+  for (int64_t r = 0; r < R; ++r) {
+    auto row = make_row(lens[r], dist);
+    std::copy(row.begin(), row.end(), scores.begin() + r * ld);
+  }
+  Dev<float> ds(scores);
+  Dev<int32_t> dn(lens), dout{size_t(R * k)}, dlen{size_t(R)};
+  dout.poison();
+  dlen.poison();
+  CHECK_OK(topk_rows(ds.p, ld, dn.p, R, k, max_n, dout.p, dlen.p, nullptr, variant));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto out = dout.host(), len = dlen.host();
+  for (int64_t r = 0; r < R; ++r) {
+    auto ref = ref_topk(scores.data() + r * ld, lens[r], k);
+    ASSERT_EQ(len[r], std::min(lens[r], k)) << "row " << r;
+    for (int i = 0; i < k; ++i)
+      ASSERT_EQ(out[r * k + i], ref[i]) << "row " << r << " (n=" << lens[r] << ") entry " << i;
+  }
+}
+
+TEST(CudaKernels, TopkExactShortRows) {
+  V4_REQUIRE_GPU();
+  for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted}) {
+    SCOPED_TRACE(int(d));
+    run_topk_case({0, 1, 511, 512, 513, 1000, 2049, 8192}, 512, d, 0);
+    run_topk_case({5, 3, 40, 37}, 3, d, 0);
+    run_topk_case({8000, 7, 100}, 1, d, 0);
+  }
+}
+
+TEST(CudaKernels, TopkExactLongRowsAllVariants) {
+  V4_REQUIRE_GPU();
+  for (int variant : {0, 2, 3, 4, 5, 6}) {
+    for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial}) {
+      SCOPED_TRACE(::testing::Message() << "variant " << variant << " dist " << int(d));
+      const int cap = variant == 2 ? 32768 : 262144;
+      run_topk_case({cap, cap - rand_int(1, 999), 9000, 513, 100}, 512, d, variant);
+    }
+  }
+}
+
+TEST(CudaKernels, TopkBatch64At256K) {
+  V4_REQUIRE_GPU();
+  std::vector<int32_t> lens(64);
+  for (auto& l : lens) l = rand_int(200000, 262144);
+  lens[0] = 262144;
+  run_topk_case(lens, 512, Dist::kNormal, 0);
+  run_topk_case(lens, 1024, Dist::kTies, 0);  // V4-Pro index_topk
+}
+
+TEST(CudaKernels, TopkRejectsBadArguments) {
+  V4_REQUIRE_GPU();
+  EXPECT_EQ(topk_rows(nullptr, 10, nullptr, 1, 0, 10, nullptr, nullptr, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(topk_rows(nullptr, kTopkMaxRow + 1, nullptr, 1, 8, kTopkMaxRow + 1, nullptr, nullptr,
+                      nullptr).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(topk_rows(nullptr, 40000, nullptr, 1, 8, 40000, nullptr, nullptr, nullptr, 2).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+// ---- indexer scores (bf16 inputs) -----------------------------------------------------------------
+
+TEST(CudaKernels, IndexerScoresBf16) {
+  V4_REQUIRE_GPU();
+  struct Case { int nI, dI; };
+  for (Case c : {Case{64, 128}, Case{2, 16}, Case{5, 24}}) {
+    SCOPED_TRACE(::testing::Message() << "nI=" << c.nI << " dI=" << c.dI);
+    const int64_t R = 3, pool = 5000;
+    std::vector<int32_t> n = {4097, 1, 700};
+    std::vector<int64_t> begin = {0, 4500, 100};
+    auto q = bf16_round(randn(size_t(R * c.nI * c.dI))), keys = bf16_round(randn(size_t(pool * c.dI)));
+    auto w = randn(size_t(R * c.nI));
+    const float scale = 1.f / std::sqrt(float(c.dI)) / std::sqrt(float(c.nI));
+    const int64_t ld = 4100;
+    Dev<uint16_t> dq(to_bf16_bits(q)), dk(to_bf16_bits(keys));
+    Dev<float> dw(w), ds(size_t(R * ld));
+    Dev<int32_t> dn(n);
+    Dev<int64_t> db(begin);
+    ds.poison();
+    CHECK_OK(indexer_scores(as_bf16(dq), dw.p, as_bf16(dk), db.p, dn.p, R, c.nI, c.dI, scale, ds.p,
+                            ld, 4097, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto s = ds.host();
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<float> ref(n[r]), got(s.begin() + r * ld, s.begin() + r * ld + n[r]);
+      for (int j = 0; j < n[r]; ++j) {
+        double acc = 0;
+        for (int h = 0; h < c.nI; ++h) {
+          double d = 0;
+          for (int e = 0; e < c.dI; ++e)
+            d += double(q[(r * c.nI + h) * c.dI + e]) * keys[(begin[r] + j) * c.dI + e];
+          acc += w[r * c.nI + h] * std::max(0.0, d);
+        }
+        ref[j] = float(acc * scale);
+      }
+      EXPECT_LE(rel_err(got, ref), 1e-5) << "row " << r;
+      if (n[r] < ld) {
+        EXPECT_TRUE(std::isnan(s[r * ld + n[r]])) << "wrote past the row's keys";
+      }
+    }
+  }
+}
+
+// ---- bf16 RMSNorm / RoPE / mHC (fp32 math, bf16 storage) --------------------------------------------
+
+TEST(CudaKernels, Bf16NormRopeMhc) {
+  V4_REQUIRE_GPU();
+  const int64_t rows = 6, D = 4096;
+  auto x = bf16_round(randn(size_t(rows * D), 2.f));
+  auto w = randn(size_t(D));
+  std::vector<float> ref(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += double(x[r * D + i]) * x[r * D + i];
+    const double inv = 1.0 / std::sqrt(ss / D + 1e-6);
+    for (int64_t i = 0; i < D; ++i) ref[r * D + i] = float(x[r * D + i] * inv * w[i]);
+  }
+  Dev<uint16_t> dx(to_bf16_bits(x)), dy(x.size());
+  Dev<float> dw(w);
+  dy.poison();
+  CHECK_OK(rmsnorm<bf16>(as_bf16(dx), dw.p, as_bf16(dy), rows, D, 1e-6f, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(rel_err(from_bf16_bits(dy.host()), ref), 1e-2);
+
+  // RoPE bf16 [rows, 64 heads, 512], trailing 64 dims
+  const int H = 64, hd = 512, rd = 64;
+  auto q = bf16_round(randn(size_t(rows * H * hd)));
+  std::vector<int64_t> pos(rows);
+  for (auto& p : pos) p = rand_int(0, 1 << 20);
+  std::vector<float> inv(rd / 2);
+  for (int i = 0; i < rd / 2; ++i) inv[i] = 1.f / std::pow(10000.f, 2.f * i / rd);
+  std::vector<float> qref = q;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < rd / 2; ++i) {
+        const float ang = inv[i] * float(pos[r]);
+        float* e = &qref[(r * H + h) * hd + hd - rd + 2 * i];
+        const float a = e[0], b = e[1];
+        e[0] = a * std::cos(ang) - b * std::sin(ang);
+        e[1] = a * std::sin(ang) + b * std::cos(ang);
+      }
+  Dev<uint16_t> dq(to_bf16_bits(q));
+  Dev<float> dinv(inv);
+  Dev<int64_t> dpos(pos);
+  CHECK_OK(rope_interleaved<bf16>(as_bf16(dq), dpos.p, dinv.p, rows, H, hd, rd, int64_t(H) * hd,
+                                  false, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(rel_err(from_bf16_bits(dq.host()), qref), 1e-2);
+
+  // mHC pre in bf16 storage vs fp32 storage of the same (bf16-representable) inputs
+  const int n = 4;
+  const int64_t S = 3;
+  auto h = bf16_round(randn(size_t(S * n * D)));
+  auto fn = randn(size_t((2 + n) * n) * n * D, 1.f / 128.f);
+  auto base = randn(size_t((2 + n) * n), 0.5f), scale = randn(3, 0.5f);
+  Dev<float> dfn(fn), dbase(base), dscale(scale), dh32(h), dcol32(size_t(S * D)), dpost(size_t(S * n)),
+      dcomb(size_t(S * n * n)), dpost2(size_t(S * n)), dcomb2(size_t(S * n * n));
+  Dev<uint16_t> dh16(to_bf16_bits(h)), dcol16(size_t(S * D));
+  dcol32.poison(); dcol16.poison(); dpost.poison(); dcomb.poison(); dpost2.poison(); dcomb2.poison();
+  MhcParams p;
+  p.fn = dfn.p; p.base = dbase.p; p.scale = dscale.p; p.n = n;
+  CHECK_OK(mhc_pre<float>(dh32.p, p, dcol32.p, dpost.p, dcomb.p, S, D, nullptr));
+  CHECK_OK(mhc_pre<bf16>(as_bf16(dh16), p, as_bf16(dcol16), dpost2.p, dcomb2.p, S, D, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(rel_err(from_bf16_bits(dcol16.host()), dcol32.host()), 1e-2);
+  EXPECT_LE(rel_err(dpost2.host(), dpost.host()), 1e-5);
+  EXPECT_LE(rel_err(dcomb2.host(), dcomb.host()), 1e-5);
+}
+
+}  // namespace
+}  // namespace v4::cuda
