@@ -53,14 +53,14 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-std::string error_json(const std::string& message, const char* type, int code) {
+std::string error_json(const std::string& message, const char* type, const char* code) {
   // Minimal OpenAI-style error for transport-level failures (the API layer builds richer ones).
   std::string escaped;
   for (char c : message) {
     if (c == '"' || c == '\\') escaped += '\\';
     escaped += c;
   }
-  return fmt::format(R"({{"error":{{"message":"{}","type":"{}","param":null,"code":{}}}}})",
+  return fmt::format(R"({{"error":{{"message":"{}","type":"{}","param":null,"code":"{}"}}}})",
                      escaped, type, code);
 }
 
@@ -281,7 +281,7 @@ void Session::dispatch() {
     server_->handler(std::move(req), shared_from_this());
   } catch (const std::exception& e) {
     V4_LOG_ERROR("handler threw: {}", e.what());
-    respond(500, "application/json", error_json("internal error", "server_error", 500), {});
+    respond(500, "application/json", error_json("internal error", "server_error", "internal_error"), {});
   }
 }
 
@@ -501,7 +501,8 @@ void Session::transport_error(int status, const std::string& message) {
   in_request_ = true;
   if (t_start_ == Clock::time_point{}) t_start_ = Clock::now();
   const char* type = status == 413 ? "request_too_large" : "invalid_request_error";
-  std::string body = error_json(message, type, status);
+  const char* code = status == 413 ? "request_too_large" : status == 431 ? "headers_too_large" : "bad_http_request";
+  std::string body = error_json(message, type, code);
   respond(status, "application/json", std::move(body), {});
 }
 

@@ -828,8 +828,9 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       er.sampling = r.sampling;
       if (r.sampling.seed && ci % size_t(n) != 0) er.sampling.seed = *r.sampling.seed + ci % size_t(n);
       er.tag = gen->id;
-      bool defaulted = !r.max_tokens;
-      er.sampling.max_tokens = r.max_tokens ? *r.max_tokens : ctx - int64_t(prompts[pi].size());
+      // A defaulted max_tokens is the most the engine can ever run for this prompt (context and
+      // every pool's capacity).
+      er.sampling.max_tokens = r.max_tokens ? *r.max_tokens : engine_->max_tokens_limit(int64_t(prompts[pi].size()));
       auto cb = [gen, ci](const engine::StepOutput& out) {
         std::vector<engine::RequestId> to_cancel;
         {
@@ -840,13 +841,12 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       };
       // The callback can run before submit returns; it takes gen->mu, so release it meanwhile.
       lk.unlock();
-      auto res = engine_->submit(er, cb);
-      // A defaulted max_tokens may exceed a pool's capacity: shrink it until the engine accepts.
-      while (!res.ok() && defaulted && res.status().code() == ErrorCode::kInvalidArgument &&
-             er.sampling.max_tokens > 16) {
-        er.sampling.max_tokens /= 2;
-        res = engine_->submit(er, cb);
-      }
+      Result<engine::RequestId> res =
+          er.sampling.max_tokens > 0
+              ? engine_->submit(er, cb)
+              : Result<engine::RequestId>(make_error(ErrorCode::kInvalidArgument,
+                                                     "the prompt ({} tokens) does not fit in the KV cache with room for one more token",
+                                                     prompts[pi].size()));
       lk.lock();
       if (!res.ok()) {
         submit_error = res.status();

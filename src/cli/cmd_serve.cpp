@@ -1,0 +1,190 @@
+// `v4serve serve`: load a checkpoint, start the engine and the OpenAI-compatible HTTP server.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "cli/command.h"
+#include "engine/engine.h"
+#include "engine/model_executor.h"
+#include "server/http_server.h"
+#include "server/openai_api.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string tokenizer;
+  std::string api_key;
+  int64_t chunked_prefill_size = 2048;
+  int32_t max_running_requests = 256;
+  int64_t kv_cache_bytes = int64_t(1) << 30;
+  int64_t max_context = 0;
+  std::string served_model_name;
+  int http_threads = 2;
+  int64_t max_body_bytes = 32ll << 20;
+  double header_timeout_s = 10.0;
+  double idle_timeout_s = 120.0;
+  double stats_interval_s = 5.0;
+  std::string effort_profile = "preview";
+  bool default_thinking = false;
+  bool no_access_log = false;
+};
+
+int64_t dir_weight_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".safetensors") total += int64_t(e.file_size(ec));
+  }
+  return total;
+}
+
+int run_serve(const ServeOptions& o) {
+  // Block the stop signals in every thread; the main thread waits for them with sigwait.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  if (o.model.empty() || !fs::is_directory(o.model)) {
+    V4_LOG_ERROR("--model '{}' is not a directory (expected config.json + *.safetensors)", o.model);
+    return 2;
+  }
+  std::string tok_path = o.tokenizer.empty() ? (fs::path(o.model) / "tokenizer.json").string() : o.tokenizer;
+  auto tok = v4::text::Tokenizer::from_file(tok_path);
+  if (!tok.ok()) {
+    V4_LOG_ERROR("cannot load the tokenizer: {} (pass --tokenizer FILE)", tok.status().to_string());
+    return 2;
+  }
+
+  // Weights: there is no byte-level progress callback from the loader yet, so a ticker line
+  // shows elapsed time while loading and the final line gives bytes, seconds and GB/s.
+  const int64_t bytes = dir_weight_bytes(o.model);
+  V4_LOG_INFO("loading {} ({:.1f} MiB of weights) ...", o.model, double(bytes) / (1 << 20));
+  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<bool> loading{true};
+  std::thread ticker([&] {
+    int tick = 0;
+    while (loading.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (++tick % 10 == 0 && loading.load()) {
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        V4_LOG_INFO("loading weights ... {:.0f}s elapsed ({:.1f} MiB total)", s, double(bytes) / (1 << 20));
+      }
+    }
+  });
+  v4::engine::ModelExecutorOptions mo;
+  mo.kv_budget_bytes = o.kv_cache_bytes;
+  mo.max_sequences = o.max_running_requests;
+  mo.max_chunk_tokens = o.chunked_prefill_size;
+  mo.max_context = o.max_context;
+  auto exec = v4::engine::ModelExecutor::load_cpu(o.model, mo);
+  loading = false;
+  ticker.join();
+  if (!exec.ok()) {
+    V4_LOG_ERROR("cannot load the model: {}", exec.status().to_string());
+    return 1;
+  }
+  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  V4_LOG_INFO("loaded weights: 100% | {:.1f} MiB in {:.2f}s ({:.2f} GB/s)", double(bytes) / (1 << 20),
+              load_s, load_s > 0 ? double(bytes) / load_s / 1e9 : 0.0);
+  auto& ex = **exec;
+  if (int64_t(tok->vocab_size()) > ex.vocab_size()) {
+    V4_LOG_ERROR("the tokenizer has {} tokens but the model only {}: use the checkpoint's own tokenizer",
+                 tok->vocab_size(), ex.vocab_size());
+    return 2;
+  }
+  for (auto& p : ex.pools()) {
+    V4_LOG_INFO("cache pool {}: {} pages ({} tokens/page)", p.name, p.capacity_pages, p.page_tokens);
+  }
+
+  v4::engine::EngineConfig ec;
+  ec.chunked_prefill_size = o.chunked_prefill_size;
+  ec.max_running_requests = o.max_running_requests;
+  ec.eos_token_ids = ex.eos_token_ids();
+  if (auto e = tok->eos_id(); e && std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), *e) == ec.eos_token_ids.end()) {
+    ec.eos_token_ids.push_back(*e);
+  }
+  ec.stats_interval_s = o.stats_interval_s;
+  const int64_t ctx = ex.max_context();
+  auto engine = v4::engine::Engine::create(std::move(exec).value(), ec);
+  if (!engine.ok()) {
+    V4_LOG_ERROR("cannot start the engine: {}", engine.status().to_string());
+    return 1;
+  }
+
+  v4::server::ApiConfig ac;
+  ac.served_model_name = o.served_model_name.empty() ? fs::path(o.model).lexically_normal().filename().string()
+                                                     : o.served_model_name;
+  if (ac.served_model_name.empty()) ac.served_model_name = fs::path(o.model).lexically_normal().parent_path().filename().string();
+  ac.model_aliases = {o.model};
+  ac.api_key = o.api_key;
+  ac.effort_profile = o.effort_profile == "0731" ? v4::text::EffortProfile::k0731 : v4::text::EffortProfile::kPreview;
+  ac.default_thinking = o.default_thinking;
+  v4::server::OpenAiApi api(engine->get(), *tok, ac);
+
+  v4::server::HttpOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.n_threads = o.http_threads;
+  ho.body_limit_bytes = o.max_body_bytes;
+  ho.header_timeout = std::chrono::milliseconds(int64_t(o.header_timeout_s * 1000));
+  ho.idle_timeout = std::chrono::milliseconds(int64_t(o.idle_timeout_s * 1000));
+  ho.access_log = !o.no_access_log;
+  v4::server::HttpServer server(ho, [&api](v4::server::HttpRequest r, std::shared_ptr<v4::server::ResponseWriter> w) {
+    api.handle(std::move(r), std::move(w));
+  });
+  api.set_connection_counter([&server] { return server.open_connections(); });
+  auto st = server.start();
+  if (!st.ok()) {
+    V4_LOG_ERROR("{}", st.to_string());
+    return 1;
+  }
+  V4_LOG_INFO("serving '{}' (context {} tokens) on http://{}:{}{}", ac.served_model_name, ctx, o.host,
+              server.port(), o.api_key.empty() ? "" : " (API key required)");
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  V4_LOG_INFO("signal {}: shutting down", sig);
+  server.stop();
+  engine->reset();
+  return 0;
+}
+
+}  // namespace
+
+V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  app.add_option("--model", o->model, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  app.add_option("--host", o->host, "address to bind (default 127.0.0.1)");
+  app.add_option("--port", o->port, "port (default 30000; 0 = any free port)");
+  app.add_option("--tokenizer", o->tokenizer, "tokenizer.json overriding the checkpoint's");
+  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize");
+  app.add_option("--chunked-prefill-size", o->chunked_prefill_size, "max tokens per engine step");
+  app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch");
+  app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "bytes for all KV cache pools");
+  app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)");
+  app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
+  app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
+  app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)");
+  app.add_option("--header-timeout", o->header_timeout_s, "seconds a new connection has to send its request head");
+  app.add_option("--idle-timeout", o->idle_timeout_s, "seconds a keep-alive connection may idle");
+  app.add_option("--stats-interval", o->stats_interval_s, "seconds between status lines (0 = off)");
+  app.add_option("--reasoning-effort-profile", o->effort_profile, "preview or 0731 (encoder effort table)")
+      ->check(CLI::IsMember({"preview", "0731"}));
+  app.add_flag("--default-thinking", o->default_thinking, "thinking mode when a request does not choose");
+  app.add_flag("--no-access-log", o->no_access_log, "do not log one line per request");
+  if (const char* k = std::getenv("V4SERVE_API_KEY")) o->api_key = k;
+  return std::function<int()>([o] { return run_serve(*o); });
+});

@@ -1,0 +1,179 @@
+"""Malformed requests against a real `v4serve serve`: each gets a 4xx with an OpenAI-style error
+body (or a closed connection for a slow-loris client), and the server keeps serving everyone."""
+import json
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def check_error(r, status, param=None, code=None):
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert "type" in err and "param" in err and "code" in err
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+def still_serving(server, client, model_name):
+    r = client.completions.create(model=model_name, prompt="ok", max_tokens=2, temperature=0)
+    assert r.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": MSG, "max_tokens": -1}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": 0}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": 10 ** 12}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": "ten"}, "max_tokens"),
+    ({"messages": MSG, "temperature": "hot"}, "temperature"),
+    ({"messages": MSG, "temperature": -1}, "temperature"),
+    ({"messages": MSG, "top_p": 5}, "top_p"),
+    ({"messages": MSG, "n": "2"}, "n"),
+    ({"messages": MSG, "stream": "yes"}, "stream"),
+    ({"messages": MSG, "stop": 7}, "stop"),
+    ({"messages": MSG, "logprobs": True, "top_logprobs": 99}, "top_logprobs"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 12}]}, "messages"),
+    ({"messages": MSG, "tools": "nope"}, "tools"),
+])
+def test_bad_chat_fields(server, body, param):
+    check_error(server.post("/v1/chat/completions", json=body), 400, param=param)
+
+
+def test_bad_json_and_types(server, client, model_name):
+    check_error(server.post("/v1/chat/completions", data=b"{not json",
+                            headers={"Content-Type": "application/json"}), 400)
+    check_error(server.post("/v1/chat/completions", data=b"[1, 2]"), 400)
+    check_error(server.post("/v1/chat/completions", data=b""), 400)
+    check_error(server.post("/v1/completions", json={"prompt": {"a": 1}}), 400, param="prompt")
+    check_error(server.post("/v1/completions", json={"prompt": [1, -5]}), 400, param="prompt")
+    check_error(server.post("/v1/completions", json={"prompt": [10 ** 9]}), 400, param="prompt")
+    still_serving(server, client, model_name)
+
+
+def test_invalid_utf8(server, client, model_name):
+    raw = b'{"messages": [{"role": "user", "content": "bad \xff\xfe bytes"}]}'
+    err = check_error(server.post("/v1/chat/completions", data=raw,
+                                  headers={"Content-Type": "application/json"}), 400)
+    assert "UTF-8" in err["message"]
+    still_serving(server, client, model_name)
+
+
+def test_unknown_model(server, client):
+    check_error(server.post("/v1/chat/completions", json={"model": "gpt-17", "messages": MSG}), 404,
+                param="model", code="model_not_found")
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-17", messages=MSG)
+
+
+def test_prompt_longer_than_context(server, client, model_name):
+    ctx = server.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+    long_ids = [5] * (ctx + 10)
+    check_error(server.post("/v1/completions", json={"prompt": long_ids}), 400, code="context_length_exceeded")
+    check_error(server.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": ctx}), 400,
+                code="context_length_exceeded")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model_name, prompt=long_ids, max_tokens=4)
+    still_serving(server, client, model_name)
+
+
+def test_routes_methods_and_auth(server, client, model_name):
+    check_error(requests.get(server.base + "/v1/nothing", headers=server.headers(), timeout=10), 404)
+    check_error(requests.get(server.base + "/v1/chat/completions", headers=server.headers(), timeout=10), 405)
+    check_error(requests.put(server.base + "/v1/models", headers=server.headers(), timeout=10), 405)
+    # API key
+    check_error(requests.post(server.base + "/v1/chat/completions", json={"messages": MSG}, timeout=10), 401,
+                code="invalid_api_key")
+    check_error(requests.post(server.base + "/v1/chat/completions", json={"messages": MSG}, timeout=10,
+                              headers={"Authorization": "Bearer wrong"}), 401)
+    bad = openai.OpenAI(base_url=server.base + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    # health and metrics stay open
+    assert requests.get(server.base + "/health", timeout=5).status_code == 200
+    assert "v4serve_http_requests_total" in requests.get(server.base + "/metrics", timeout=5).text
+    still_serving(server, client, model_name)
+
+
+def test_oversize_body_413(server, client, model_name):
+    big = json.dumps({"messages": [{"role": "user", "content": "a" * (2 << 20)}]})
+    try:
+        r = server.post("/v1/chat/completions", data=big, headers={"Content-Type": "application/json"})
+        check_error(r, 413, code="request_too_large")
+    except requests.ConnectionError:
+        pytest.fail("server reset the connection instead of answering 413")
+    still_serving(server, client, model_name)
+
+
+def test_slow_loris_is_closed(server, client, model_name):
+    """A client sending its request head one byte every 0.3 s is closed by the header timeout (2 s
+    here), while a normal client is served meanwhile."""
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.api_key}\r\n"
+            "X-Padding: " + "a" * 60 + "\r\nContent-Length: 2\r\n\r\n{}").encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.settimeout(10)
+    closed_at = None
+    t0 = time.time()
+    served = {}
+
+    def normal():
+        served["ok"] = client.completions.create(model=model_name, prompt="hi", max_tokens=2).usage.completion_tokens
+
+    th = threading.Thread(target=normal)
+    th.start()
+    try:
+        for b in head:
+            s.sendall(bytes([b]))
+            time.sleep(0.3)
+            if time.time() - t0 > 15:
+                break
+    except (BrokenPipeError, ConnectionResetError):
+        closed_at = time.time() - t0
+    if closed_at is None:
+        try:
+            data = s.recv(4096)
+            if data == b"":
+                closed_at = time.time() - t0
+            else:
+                pytest.fail(f"slow client got an answer: {data[:80]!r}")
+        except (ConnectionResetError, socket.timeout):
+            closed_at = time.time() - t0
+    s.close()
+    th.join(60)
+    assert served.get("ok", 0) >= 1
+    assert closed_at is not None and closed_at < 8, closed_at
+    still_serving(server, client, model_name)
+
+
+def test_disconnect_mid_stream_cancels(server, client, model_name):
+    before = server.metrics().get("v4serve_engine_requests_aborted_total", 0)
+    stream = client.completions.create(model=model_name, prompt="a long story", max_tokens=400,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i >= 2:
+            break
+    stream.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = server.metrics()
+        if m.get("v4serve_engine_requests_aborted_total", 0) > before and m.get("v4serve_num_requests_running", 1) == 0:
+            break
+        time.sleep(0.1)
+    m = server.metrics()
+    assert m.get("v4serve_engine_requests_aborted_total", 0) > before
+    assert m.get("v4serve_num_requests_running") == 0
+    still_serving(server, client, model_name)

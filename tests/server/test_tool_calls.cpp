@@ -1,0 +1,248 @@
+// The output-parser path of the chat endpoint: a scripted executor makes the "model" write a
+// given text (reasoning, content, a DSML tool call); the server must return reasoning_content,
+// content and tool_calls with finish_reason "tool_calls", streaming and not.
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <map>
+
+#include "engine/engine.h"
+#include "server/http_server.h"
+#include "server/openai_api.h"
+
+using namespace v4;
+using namespace v4::server;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+
+namespace {
+
+constexpr int32_t kEos = 256;
+constexpr int64_t kVocab = 257;
+
+std::string byte_char(int b) {
+  auto direct = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255); };
+  int cp = b;
+  if (!direct(b)) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) n += direct(x) ? 0 : 1;
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+text::Tokenizer byte_tokenizer() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  vocab["<｜end▁of▁sentence｜>"] = kEos;
+  json tj = {{"added_tokens", json::array({{{"id", kEos}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true},
+                                            {"normalized", false}, {"lstrip", false}, {"rstrip", false},
+                                            {"single_word", false}}})},
+             {"normalizer", nullptr},
+             {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+             {"post_processor", nullptr},
+             {"decoder", {{"type", "ByteLevel"}}},
+             {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  return *text::Tokenizer::from_json_text(tj.dump(), "byte-tokenizer");
+}
+
+// Writes `script` (byte tokens) then EOS: the next token continues the longest suffix of the
+// sequence that is a prefix of the script (so it works under any batching).
+class ScriptExecutor : public engine::Executor {
+ public:
+  explicit ScriptExecutor(std::vector<int32_t> script) : script_(std::move(script)) {}
+  int64_t vocab_size() const override { return kVocab; }
+  int64_t max_context() const override { return 4096; }
+  std::vector<engine::PoolSpec> pools() const override { return {{"kv", 100000, 1}}; }
+  std::vector<int64_t> pages_for(int64_t n) const override { return {n}; }
+  std::vector<engine::PoolUsage> pool_usage() const override {
+    int64_t used = 0;
+    for (auto& [k, v] : seqs_) used += int64_t(v.size());
+    return {{"kv", used, 100000}};
+  }
+  Result<int32_t> create_sequence() override {
+    seqs_[next_] = {};
+    return next_++;
+  }
+  void free_sequence(int32_t s) override { seqs_.erase(s); }
+  Result<model::ForwardOutput> forward(const model::ForwardBatch& b) override {
+    model::ForwardOutput out;
+    out.vocab = kVocab;
+    out.row_begin.push_back(0);
+    for (auto& sl : b.slices) {
+      auto& seq = seqs_[sl.seq];
+      seq.insert(seq.end(), sl.tokens.begin(), sl.tokens.end());
+      int32_t next = kEos;
+      for (size_t k = std::min(script_.size(), seq.size());; --k) {
+        if (std::equal(script_.begin(), script_.begin() + long(k), seq.end() - long(k))) {
+          next = k < script_.size() ? script_[k] : kEos;
+          break;
+        }
+        if (k == 0) break;
+      }
+      std::vector<float> row(kVocab, 0.0f);
+      row[size_t(next)] = 10.0f;
+      out.logits.insert(out.logits.end(), row.begin(), row.end());
+      out.row_begin.push_back(int64_t(out.row_begin.size()));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<int32_t> script_;
+  std::map<int32_t, std::vector<int32_t>> seqs_;
+  int32_t next_ = 0;
+};
+
+struct Harness {
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<OpenAiApi> api;
+  std::unique_ptr<HttpServer> server;
+  explicit Harness(const std::string& script_text) {
+    auto tok = byte_tokenizer();
+    std::vector<int32_t> script;
+    for (unsigned char c : script_text) script.push_back(c);
+    engine::EngineConfig ec;
+    ec.eos_token_ids = {kEos};
+    ec.stats_interval_s = 0;
+    engine = std::move(*engine::Engine::create(std::make_unique<ScriptExecutor>(script), ec));
+    api = std::make_unique<OpenAiApi>(engine.get(), tok, ApiConfig{});
+    HttpOptions ho;
+    ho.port = 0;
+    ho.access_log = false;
+    server = std::make_unique<HttpServer>(ho, [this](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+      api->handle(std::move(r), std::move(w));
+    });
+    EXPECT_TRUE(server->start().ok());
+  }
+  ~Harness() {
+    server->stop();
+    engine.reset();
+  }
+  // POST with Connection: close; returns the de-chunked body.
+  std::string post(const std::string& path, const std::string& body) {
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(server->port())));
+    std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(s, net::buffer(req));
+    std::string all;
+    char buf[8192];
+    for (;;) {
+      boost::system::error_code ec;
+      size_t n = s.read_some(net::buffer(buf), ec);
+      if (ec) break;
+      all.append(buf, n);
+    }
+    size_t he = all.find("\r\n\r\n");
+    std::string head = all.substr(0, he), raw = all.substr(he + 4);
+    if (head.find("chunked") == std::string::npos) return raw;
+    std::string out;
+    size_t p = 0;
+    while (p < raw.size()) {
+      size_t e = raw.find("\r\n", p);
+      size_t n = std::stoul(raw.substr(p, e - p), nullptr, 16);
+      if (n == 0) break;
+      out += raw.substr(e + 2, n);
+      p = e + 2 + n + 2;
+    }
+    return out;
+  }
+};
+
+const char* kScript =
+    "I should look it up.</think>Let me check.\n\n<｜DSML｜tool_calls>\n"
+    "<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>";
+
+json request(bool stream) {
+  json tools = json::array({{{"type", "function"},
+                             {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  return {{"messages", json::array({{{"role", "user"}, {"content", "weather?"}}})},
+          {"tools", tools},
+          {"max_tokens", 400},
+          {"temperature", 0},
+          {"chat_template_kwargs", {{"thinking", true}}},
+          {"stream", stream}};
+}
+
+}  // namespace
+
+TEST(ToolCalls, NonStreaming) {
+  Harness h(kScript);
+  json r = json::parse(h.post("/v1/chat/completions", request(false).dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  auto& c = r["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["reasoning_content"], "I should look it up.");
+  EXPECT_EQ(c["message"]["content"], "Let me check.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  auto& tc = c["message"]["tool_calls"][0];
+  EXPECT_EQ(tc["type"], "function");
+  EXPECT_EQ(tc["function"]["name"], "get_weather");
+  EXPECT_TRUE(tc["id"].is_string());
+  EXPECT_EQ(json::parse(tc["function"]["arguments"].get<std::string>()), json::parse(R"({"city":"Paris","days":3})"));
+}
+
+TEST(ToolCalls, Streaming) {
+  Harness h(kScript);
+  std::string body = h.post("/v1/chat/completions", request(true).dump());
+  std::string reasoning, content, args, name, id, finish;
+  size_t p = 0;
+  bool done = false;
+  while (true) {
+    size_t e = body.find("\n\n", p);
+    if (e == std::string::npos) break;
+    std::string ev = body.substr(p + 6, e - p - 6);
+    p = e + 2;
+    if (ev == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json c = json::parse(ev);
+    for (auto& ch : c["choices"]) {
+      auto& d = ch["delta"];
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) {
+        for (auto& tc : d["tool_calls"]) {
+          EXPECT_EQ(tc["index"], 0);
+          if (tc.contains("id")) id = tc["id"];
+          if (tc["function"].contains("name")) name = tc["function"]["name"];
+          args += tc["function"]["arguments"].get<std::string>();
+        }
+      }
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(reasoning, "I should look it up.");
+  EXPECT_EQ(content, "Let me check.");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(json::parse(args), json::parse(R"({"city":"Paris","days":3})"));
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+TEST(ToolCalls, StopStringInsideReasoningCutsEverything) {
+  Harness h(kScript);
+  json req = request(false);
+  req["stop"] = "look";
+  json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+  auto& c = r["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(c["message"]["reasoning_content"], "I should ");
+  EXPECT_FALSE(c["message"].contains("tool_calls"));
+}
