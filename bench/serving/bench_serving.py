@@ -196,7 +196,8 @@ def markdown(rows, args, model, server_info):
     errs = [e for r in rows for e in r["errors"]]
     if errs:
         out += ["", "Errors (first few): " + "; ".join(errs[:5])]
-    out += ["", "tok/s/user = 1000 / mean TPOT; tok/s/GPU = (input + output tokens) / wall time / GPUs."]
+    out += ["", "tok/s/user = 1000 / mean TPOT; tok/s/GPU = (input + output tokens) / wall time / GPUs "
+            "(on a CPU-only machine the whole machine counts as one 'GPU')."]
     return "\n".join(out) + "\n"
 
 
