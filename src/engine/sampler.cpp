@@ -5,6 +5,10 @@
 #include <limits>
 #include <numeric>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace v4::engine {
 
 namespace {
@@ -46,7 +50,32 @@ void apply_penalties(const float* logits, int64_t vocab, const SamplingParams& p
   }
 }
 
+float max_value(const float* v, int64_t n) {
+  int64_t i = 0;
+  float m = -std::numeric_limits<float>::infinity();
+#if defined(__SSE2__)
+  // Four independent 4-wide accumulators (vocabularies are ~10^5: this is the hot loop of greedy).
+  __m128 a0 = _mm_set1_ps(m), a1 = a0, a2 = a0, a3 = a0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm_max_ps(a0, _mm_loadu_ps(v + i));
+    a1 = _mm_max_ps(a1, _mm_loadu_ps(v + i + 4));
+    a2 = _mm_max_ps(a2, _mm_loadu_ps(v + i + 8));
+    a3 = _mm_max_ps(a3, _mm_loadu_ps(v + i + 12));
+  }
+  alignas(16) float t[4];
+  _mm_store_ps(t, _mm_max_ps(_mm_max_ps(a0, a1), _mm_max_ps(a2, a3)));
+  m = std::max(std::max(t[0], t[1]), std::max(t[2], t[3]));
+#endif
+  for (; i < n; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// Lowest index holding the maximum (ties go to the lowest id).
 int32_t argmax(const float* v, int64_t n) {
+  const float m = max_value(v, n);
+  for (int64_t i = 0; i < n; ++i)
+    if (v[i] == m) return int32_t(i);
+  // Only NaNs: fall back to a scalar scan that ignores them.
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i)
     if (v[i] > v[best]) best = i;
@@ -81,14 +110,30 @@ double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<floa
     sum += x[i];
   }
   if (use_p) {
-    std::sort(idx.begin(), idx.end(), ByValueDesc{x});
+    // Sort only as many of the most likely tokens as needed to reach the mass: select the top m
+    // (m = 256, 1024, ...), sort them, and stop once their mass reaches top_p. The comparator is
+    // a strict total order, so the kept set equals that of a full sort.
     const double target = double(p.top_p) * sum;
-    double cum = 0;
+    size_t m = std::min<size_t>(idx.size(), 256);
     size_t keep = 0;
-    while (keep < idx.size()) {
-      cum += x[idx[keep]];
-      ++keep;
-      if (cum >= target) break;  // keep the smallest prefix whose mass reaches top_p
+    double cum = 0;
+    for (;;) {
+      if (m < idx.size())
+        std::nth_element(idx.begin(), idx.begin() + ptrdiff_t(m - 1), idx.end(), ByValueDesc{x});
+      std::sort(idx.begin(), idx.begin() + ptrdiff_t(m), ByValueDesc{x});
+      cum = 0;
+      keep = 0;
+      bool reached = false;
+      while (keep < m) {
+        cum += x[idx[keep]];
+        ++keep;
+        if (cum >= target) {
+          reached = true;
+          break;
+        }
+      }
+      if (reached || m == idx.size()) break;
+      m = std::min(idx.size(), m * 4);
     }
     idx.resize(std::max<size_t>(keep, 1));
     sum = cum;
@@ -112,8 +157,7 @@ double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<floa
 
 void raw_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top_n,
                   TokenLogprobs* lp, std::vector<int32_t>& idx) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  const float mx = max_value(logits, vocab);
   double s = 0;
   for (int64_t i = 0; i < vocab; ++i) s += std::exp(double(logits[i]) - mx);
   const double lse = double(mx) + std::log(s);
@@ -163,12 +207,21 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
                      std::vector<float>* scratch, std::vector<int32_t>* scratch_idx) {
   std::vector<float>& w = *scratch;
   std::vector<int32_t>& idx = *scratch_idx;
-  w.resize(size_t(vocab));
-  apply_penalties(logits, vocab, p, penalties, w.data());
+  const bool penalize =
+      (p.repetition_penalty != 1.0f &&
+       !(penalties.prompt_tokens_unique.empty() && penalties.output_counts.empty())) ||
+      ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
+       !penalties.output_counts.empty());
   int32_t token;
-  if (p.temperature == 0.0f) {
+  if (p.temperature == 0.0f && !penalize) {
+    token = argmax(logits, vocab);  // no copy on the common greedy path
+  } else if (p.temperature == 0.0f) {
+    w.resize(size_t(vocab));
+    apply_penalties(logits, vocab, p, penalties, w.data());
     token = argmax(w.data(), vocab);
   } else {
+    w.resize(size_t(vocab));
+    apply_penalties(logits, vocab, p, penalties, w.data());
     const double sum = build_candidates(vocab, p, w, idx);
     const double u = sampler_uniform(seed, uint64_t(step)) * sum;
     double cum = 0;

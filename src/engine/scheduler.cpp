@@ -348,7 +348,8 @@ Status Scheduler::step() {
                                             s.penalties, &lps[size_t(k)], &scratch, &scratch_idx);
         }
       },
-      1);
+      // Rows of a small vocabulary are not worth a thread wake-up each.
+      std::max<int64_t>(1, int64_t(65536) / std::max<int64_t>(1, vocab)));
 
   // 5. Append, check stops, emit.
   const Clock::time_point now = Clock::now();

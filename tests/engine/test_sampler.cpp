@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 
 #include "engine/sampler.h"
 
@@ -86,6 +87,45 @@ TEST(Sampler, TopKThenTopP) {
   p.top_k = 3;    // 1, 3, 4 renormalized: 0.5, 0.3125, 0.1875
   p.top_p = 0.8f; // 0.5 + 0.3125 = 0.8125 >= 0.8: keep 1, 3
   expect_dist(sampling_distribution(l.data(), 6, p, {}), {0, 0.40 / 0.65, 0, 0.25 / 0.65, 0, 0});
+}
+
+// Large vocabularies: the incremental top-p selection must keep exactly the set a full sort
+// keeps, also when the nucleus holds thousands of tokens.
+TEST(Sampler, TopPLargeVocabMatchesFullSort) {
+  std::mt19937 rng(3);
+  for (float spread : {0.5f, 3.0f, 12.0f}) {
+    const int64_t V = 20000;
+    std::vector<float> l(static_cast<size_t>(V));
+    std::normal_distribution<float> nd(0.0f, spread);
+    for (auto& x : l) x = nd(rng);
+    for (float top_p : {0.5f, 0.9f, 0.99f}) {
+      SamplingParams p = sampled();
+      p.top_p = top_p;
+      auto got = sampling_distribution(l.data(), V, p, {});
+      // Reference: full sort by probability (ties by id), smallest prefix reaching top_p.
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+        return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b);
+      });
+      const float mx = l[size_t(idx[0])];
+      double z = 0;
+      for (float x : l) z += std::exp(double(x - mx));
+      double cum = 0;
+      size_t keep = 0;
+      while (keep < idx.size()) {
+        cum += std::exp(double(l[size_t(idx[keep])] - mx)) / z;
+        ++keep;
+        if (cum >= top_p) break;
+      }
+      size_t nonzero = 0;
+      for (float g : got) nonzero += g > 0.0f;
+      EXPECT_NEAR(double(nonzero), double(keep), 1.0) << "spread " << spread << " top_p " << top_p;
+      for (size_t k = 0; k + 1 < keep; ++k)  // (the boundary token may differ by rounding)
+        EXPECT_GT(got[size_t(idx[k])], 0.0f) << k;
+      if (spread == 0.5f && top_p >= 0.9f) EXPECT_GT(keep, 1000u);  // exercises m > 256
+    }
+  }
 }
 
 TEST(Sampler, PresenceAndFrequencyPenalties) {
