@@ -86,6 +86,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
 
  private:
   void do_read_header();
+  void read_head();
   void on_header(beast::error_code ec);
   void on_body(beast::error_code ec);
   void dispatch();
@@ -134,25 +135,37 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
 struct HttpServer::Impl {
   HttpOptions opt;
   HttpHandler handler;
+  // Declared before ioc: sessions destroyed with ioc's pending handlers still touch them.
+  std::atomic<int64_t> open{0};
+  std::atomic<bool> stopping{false};
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> threads;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
-  std::atomic<int64_t> open{0};
-  std::atomic<bool> stopping{false};
   int bound_port = 0;
 
   void do_accept() {
     acceptor->async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket s) {
+      if (stopping) return;
       if (ec) {
-        if (stopping) return;
-        V4_LOG_WARN("accept failed: {}", ec.message());
-      } else {
-        std::make_shared<Session>(std::move(s), this)->run();
+        // E.g. out of file descriptors: back off instead of spinning, and say so once a second.
+        auto now = Clock::now();
+        if (now - last_accept_warning > std::chrono::seconds(1)) {
+          last_accept_warning = now;
+          V4_LOG_WARN("accept failed: {} ({} connections open)", ec.message(), open.load());
+        }
+        accept_timer.expires_after(std::chrono::milliseconds(50));
+        accept_timer.async_wait([this](beast::error_code) {
+          if (!stopping) do_accept();
+        });
+        return;
       }
-      if (!stopping) do_accept();
+      std::make_shared<Session>(std::move(s), this)->run();
+      do_accept();
     });
   }
+  net::steady_timer accept_timer{ioc};
+  Clock::time_point last_accept_warning{};
 };
 
 Session::Session(tcp::socket socket, HttpServer::Impl* server)
@@ -174,11 +187,26 @@ void Session::do_read_header() {
   parser_->header_limit(64 * 1024);
   parser_->body_limit(uint64_t(server_->opt.body_limit_bytes));
   in_request_ = false;
-  // Deadline for the whole head: a client dribbling bytes cannot keep the connection forever.
-  // The first request must arrive within header_timeout of the accept; a keep-alive connection
-  // may idle up to idle_timeout between requests.
-  stream_.expires_after(n_requests_ == 0 || buffer_.size() > 0 ? server_->opt.header_timeout
-                                                               : server_->opt.idle_timeout);
+  if (n_requests_ > 0 && buffer_.size() == 0) {
+    // Keep-alive: wait up to idle_timeout for the first byte of the next request, then give
+    // the head header_timeout like a new connection.
+    stream_.expires_after(server_->opt.idle_timeout);
+    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      if (ec) {
+        self->close_now();
+        return;
+      }
+      self->buffer_.commit(n);
+      self->read_head();
+    });
+    return;
+  }
+  read_head();
+}
+
+// Deadline for the whole head: a client dribbling bytes cannot keep the connection open.
+void Session::read_head() {
+  stream_.expires_after(server_->opt.header_timeout);
   http::async_read_header(stream_, buffer_, *parser_,
                           [self = shared_from_this()](beast::error_code ec, size_t) {
                             self->on_header(ec);
@@ -347,7 +375,7 @@ void Session::respond(int status, std::string content_type, std::string body,
     for (auto& [k, v] : extra) head += k + ": " + v + "\r\n";
     if (!self->keep_alive_) head += "Connection: close\r\n";
     head += "\r\n";
-    head += body;
+    if (self->method_ != "HEAD") head += body;
     self->enqueue(std::move(head), true);
   });
 }

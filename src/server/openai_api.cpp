@@ -434,7 +434,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       }
       emit(sse_done());
       if (started) w->end();
-      api->metrics_.count_request(endpoint, 200);
+      api->metrics_.count_request(endpoint, w->closed() ? 499 : 200);  // 499: client went away
       return;
     }
     if (!started) return;  // handler thread sends the response once all submits are done
@@ -509,7 +509,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     }
     body["choices"] = std::move(arr);
     body["usage"] = usage_json(prompt, completion, cached);
-    api->metrics_.count_request(endpoint, 200);
+    api->metrics_.count_request(endpoint, w->closed() ? 499 : 200);
     w->respond(200, "application/json", dump_json(body));
   }
 };

@@ -187,6 +187,33 @@ TEST_F(HttpTest, SlowLorisIsClosed) {
   EXPECT_NE(ok.read("ok").find("200 OK"), std::string::npos);
 }
 
+TEST_F(HttpTest, SlowLorisAfterKeepAliveRequestIsClosed) {
+  HttpOptions o;
+  o.header_timeout = 500ms;
+  o.idle_timeout = 30s;  // idle keep-alive may wait long, a dribbled head may not
+  start([](HttpRequest, std::shared_ptr<ResponseWriter> w) { w->respond(200, "text/plain", "ok"); }, o);
+  Client c(server_->port());
+  c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_NE(c.read("ok").find("200 OK"), std::string::npos);
+  std::this_thread::sleep_for(700ms);  // idle longer than header_timeout: still open
+  const std::string head = "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+  auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (char ch : head) {
+    boost::system::error_code ec;
+    net::write(c.s, net::buffer(&ch, 1), ec);
+    if (ec) {
+      closed = true;
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+    if (std::chrono::steady_clock::now() - t0 > 3s) break;
+  }
+  if (!closed) c.read("", 1000ms, &closed);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
 TEST_F(HttpTest, DisconnectRunsOnClose) {
   std::atomic<int> closed{0};
   std::shared_ptr<ResponseWriter> held;
