@@ -13,6 +13,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import sys
 
 from tokenizers import Tokenizer
@@ -100,6 +101,13 @@ def corpus():
         ("invalid_lone_cont", b"\x80\x81 \xbf text \xfe\xff"),
         ("invalid_mixed", b"\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xbd\xff<\xef\xbd\x9cUser\xef\xbd\x9c>"),
     ]
+    # Long pathological runs (one huge pre-token piece, long BPE merges, regex backtracking).
+    rnd = random.Random(1)
+    mix = "".join(rnd.choice("ab c\n\t1.,;你😀é<｜User｜>") for _ in range(20000))
+    c += [("long_letters", "a" * 10000), ("long_spaces", " " * 10000), ("long_newlines", "\n" * 5000),
+          ("long_digits", "1" * 3000), ("long_cjk", "你" * 3000), ("long_space_letter", " a" * 4000),
+          ("long_ws_mix", "\t \n" * 2000), ("long_emoji", "😀" * 2000), ("long_marks", "x" + "\u0301" * 2000),
+          ("long_random_mix", mix)]
     out = [(n, s, "v3") for n, s in c]
     for n, s in c:
         if n.startswith("special") or n in ("dsml", "english", "cjk"):
