@@ -259,3 +259,23 @@ TEST(PrefixCache, SizedFromBudget) {
   ASSERT_FALSE(tiny.ok());
   EXPECT_NE(tiny.status().message().find("too small"), std::string::npos);
 }
+
+// Preemption by recompute: the preempted sequence is inserted; when the request comes back with
+// prompt + generated tokens it resumes exactly where it stopped and continues the same tokens.
+TEST(PrefixCache, PreemptedRequestResumesWhereItStopped) {
+  Env e = make_env(64, 128, 32);
+  ASSERT_TRUE(e.pc);
+  const auto prompt = toks(70, 300, e.V);
+  std::vector<float> ref;
+  std::vector<int32_t> ref_gen;
+  cold(e, prompt, 12, &ref, &ref_gen);
+  Req a{prompt, 5};
+  run_together(e, {&a}, 64);  // "preempted" after 5 fed tokens: 305 computed, inserted
+  std::vector<int32_t> so_far = a.gen;
+  so_far.push_back(argmax(a.last.data(), e.V));  // sampled, not yet fed
+  Req b{cat(prompt, so_far), 6};
+  run_together(e, {&b}, 64);
+  EXPECT_EQ(b.h.cached_tokens, 305);
+  so_far.insert(so_far.end(), b.gen.begin(), b.gen.end());
+  EXPECT_EQ(so_far, ref_gen);
+}
