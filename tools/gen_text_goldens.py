@@ -2,6 +2,8 @@
 """Generates tests/data/text/tokenizer_goldens.jsonl: expected ids and decodes from HF `tokenizers`.
 
 Usage: python3 tools/gen_text_goldens.py [--tokenizer PATH] [--out PATH]
+       python3 tools/gen_text_goldens.py --embedded   # models/default/tokenizer.json ->
+                                                     # tests/data/text/embedded_tokenizer_goldens.jsonl
 
 For each corpus entry the record holds the input (`text`, or `bytes_b64` for invalid UTF-8, which
 is decoded with errors="replace" first - the rule the C++ tokenizer implements), `table` ("v3" = the
@@ -11,6 +13,7 @@ chat-encoding.md section 1), `ids` (add_special_tokens=False), `ids_special` (=T
 """
 import argparse
 import base64
+import hashlib
 import json
 import os
 import random
@@ -132,7 +135,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default=DEFAULT_TOK)
     ap.add_argument("--out", default=os.path.join(ROOT, "tests/data/text/tokenizer_goldens.jsonl"))
+    ap.add_argument("--embedded", action="store_true",
+                    help="the embedded model's tokenizer; no V4 overlay; first line records its sha256")
     a = ap.parse_args()
+    if a.embedded:
+        a.tokenizer = os.path.join(ROOT, "models/default/tokenizer.json")
+        if a.out == ap.get_default("out"):
+            a.out = os.path.join(ROOT, "tests/data/text/embedded_tokenizer_goldens.jsonl")
     raw = json.load(open(a.tokenizer, encoding="utf-8"))
     tv3 = Tokenizer.from_str(json.dumps(raw))
     v4 = dict(raw)
@@ -144,7 +153,12 @@ def main():
     tv4 = Tokenizer.from_str(json.dumps(v4))
     n = 0
     with open(a.out, "w", encoding="utf-8", newline="\n") as f:
+        if a.embedded:
+            sha = hashlib.sha256(open(a.tokenizer, "rb").read()).hexdigest()
+            f.write(json.dumps({"meta": {"tokenizer": "models/default/tokenizer.json", "sha256": sha}}) + "\n")
         for name, s, tab in corpus():
+            if a.embedded and (tab == "v4" or name.startswith(("prompt_", "long_"))):
+                continue
             tok = tv4 if tab == "v4" else tv3
             rec = {"name": name, "table": tab}
             if isinstance(s, bytes):

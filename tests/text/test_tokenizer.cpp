@@ -224,3 +224,52 @@ TEST(Tokenizer, TinyTokenizerWithTemplateBos) {
   EXPECT_EQ(t->encode("ab c"), (std::vector<TokenId>{4, 6, 3}));
   EXPECT_EQ(t->decode(std::vector<TokenId>{0, 5, 6, 4}, true), "abc ab");
 }
+
+// The embedded default model's own tokenizer (models/default, trained with HF tokenizers) equals HF.
+// The committed goldens record the tokenizer's sha256. After a retrain (sha differs) the test
+// regenerates them with HF `tokenizers` (tools/gen_text_goldens.py --embedded) into a temp file;
+// without Python `tokenizers` it skips. Commit refreshed goldens after a retrain.
+TEST(Tokenizer, EmbeddedModelTokenizerEqualsHf) {
+  std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
+  std::string gpath = std::string(V4_SOURCE_DIR) + "/tests/data/text/embedded_tokenizer_goldens.jsonl";
+  if (!std::ifstream(dir + "/tokenizer.json") || !std::ifstream(gpath)) GTEST_SKIP() << "no embedded tokenizer or goldens";
+  auto t = Tokenizer::from_file(dir);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  auto sh = [](const std::string& cmd) {
+    std::string out;
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[256];
+      while (fgets(buf, sizeof(buf), p)) out += buf;
+      if (pclose(p) != 0) return std::string();
+    }
+    return out;
+  };
+  std::string sha = sh("sha256sum " + dir + "/tokenizer.json").substr(0, 64);
+  std::string line;
+  {
+    std::ifstream gf(gpath);
+    std::getline(gf, line);
+  }
+  if (sha != nlohmann::json::parse(line)["meta"]["sha256"].get<std::string>()) {
+    std::string tmp = ::testing::TempDir() + "/embedded_tokenizer_goldens.jsonl";
+    if (sh("python3 " + std::string(V4_SOURCE_DIR) + "/tools/gen_text_goldens.py --embedded --out " + tmp +
+           " 2>/dev/null && echo ok").empty())
+      GTEST_SKIP() << "models/default/tokenizer.json changed and Python tokenizers is unavailable: "
+                      "run python3 tools/gen_text_goldens.py --embedded";
+    gpath = tmp;
+  }
+  std::ifstream gf(gpath);
+  std::getline(gf, line);  // meta
+  int n = 0;
+  while (std::getline(gf, line)) {
+    auto g = nlohmann::json::parse(line);
+    std::string text = g.contains("bytes_b64") ? b64decode(g["bytes_b64"]) : g["text"].get<std::string>();
+    auto want = g["ids"].get<std::vector<TokenId>>();
+    EXPECT_EQ(t->encode(text), want) << g["name"];
+    EXPECT_EQ(t->encode(text, true), g["ids_special"].get<std::vector<TokenId>>()) << g["name"];
+    EXPECT_EQ(t->decode(want), g["decoded"].get<std::string>()) << g["name"];
+    EXPECT_EQ(t->decode(want, true), g["decoded_skip"].get<std::string>()) << g["name"];
+    ++n;
+  }
+  EXPECT_GE(n, 30);
+}
