@@ -2,9 +2,9 @@
 // Usage: bench_cpu [--model DIR] [--threads N] [--prompt-tokens P] [--decode-steps D] [--batch B]
 // Prints one Markdown table row per configuration (see bench/results/cpu-tiny.md).
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -30,12 +30,18 @@ int main(int argc, char** argv) {
   int threads = 2, prompt_tokens = 512, decode_steps = 64, batch = 1, reps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--model") dir = argv[i + 1];
-    else if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--prompt-tokens") prompt_tokens = std::atoi(argv[i + 1]);
-    else if (a == "--decode-steps") decode_steps = std::atoi(argv[i + 1]);
-    else if (a == "--batch") batch = std::atoi(argv[i + 1]);
-    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    if (a == "--model")
+      dir = argv[i + 1];
+    else if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (a == "--prompt-tokens")
+      prompt_tokens = std::atoi(argv[i + 1]);
+    else if (a == "--decode-steps")
+      decode_steps = std::atoi(argv[i + 1]);
+    else if (a == "--batch")
+      batch = std::atoi(argv[i + 1]);
+    else if (a == "--reps")
+      reps = std::atoi(argv[i + 1]);
   }
   ThreadPool pool(threads);
   auto ops = ops::make_cpu_ops(&pool);
@@ -77,7 +83,8 @@ int main(int argc, char** argv) {
     c0 = cpu_s();
     for (int step = 0; step < decode_steps; ++step) {
       model::ForwardBatch db;
-      for (int b = 0; b < batch; ++b) db.slices.push_back({seqs[b], prompt_tokens + step, {d(g)}, false});
+      for (int b = 0; b < batch; ++b)
+        db.slices.push_back({seqs[b], prompt_tokens + step, {d(g)}, false});
       auto o = model.forward(db, **kv);
       if (!o.ok()) return 1;
     }

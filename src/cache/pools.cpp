@@ -7,7 +7,9 @@
 namespace v4::cache {
 namespace {
 constexpr int64_t kF32 = 4;
-int overlap_of(AttnKind k) { return k == AttnKind::kCsa ? 2 : 1; }
+int overlap_of(AttnKind k) {
+  return k == AttnKind::kCsa ? 2 : 1;
+}
 }  // namespace
 
 int64_t KvCache::virtual_page_bytes(const CacheSpec& spec, int page_size) {
@@ -31,8 +33,9 @@ int64_t KvCache::state_slot_bytes(const CacheSpec& spec) {
   for (const auto& l : spec.layers) {
     if (l.kind == AttnKind::kSliding) continue;
     const int c = overlap_of(l.kind);
-    b += 2 * int64_t(c) * l.ratio * c * l.kv_dim * kF32;                      // main kv + gate
-    if (l.kind == AttnKind::kCsa) b += 2 * int64_t(2) * l.ratio * 2 * l.index_dim * kF32;  // indexer
+    b += 2 * int64_t(c) * l.ratio * c * l.kv_dim * kF32;  // main kv + gate
+    if (l.kind == AttnKind::kCsa)
+      b += 2 * int64_t(2) * l.ratio * 2 * l.index_dim * kF32;  // indexer
   }
   return b;
 }
@@ -72,14 +75,18 @@ Result<KvCacheOptions> KvCache::options_from_budget(const CacheSpec& spec, int64
 Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const KvCacheOptions& opt,
                                                  AllocFn alloc, FreeFn free) {
   if (opt.page_size <= 0 || opt.page_size % 128 != 0)
-    return make_error(ErrorCode::kInvalidArgument, "KV cache: page_size {} must be a positive multiple of 128", opt.page_size);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV cache: page_size {} must be a positive multiple of 128", opt.page_size);
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const auto& l = spec.layers[i];
     if (l.kind != AttnKind::kSliding && (l.ratio <= 0 || opt.page_size % l.ratio != 0))
-      return make_error(ErrorCode::kInvalidArgument, "KV cache: layer {} compression rate {} must divide page_size {}", i, l.ratio, opt.page_size);
+      return make_error(ErrorCode::kInvalidArgument,
+                        "KV cache: layer {} compression rate {} must divide page_size {}", i,
+                        l.ratio, opt.page_size);
   }
   if (opt.n_pages <= 0 || opt.n_swa_pages <= 0 || opt.max_seqs <= 0)
-    return make_error(ErrorCode::kInvalidArgument, "KV cache: n_pages, n_swa_pages and max_seqs must be > 0");
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV cache: n_pages, n_swa_pages and max_seqs must be > 0");
   std::unique_ptr<KvCache> kv(new KvCache());
   kv->spec_ = spec;
   kv->opt_ = opt;
@@ -123,7 +130,8 @@ KvCache::~KvCache() {
 
 Result<int32_t> KvCache::create_sequence() {
   if (free_slots_.empty())
-    return make_error(ErrorCode::kResourceExhausted, "KV cache: all {} sequence slots are in use", opt_.max_seqs);
+    return make_error(ErrorCode::kResourceExhausted, "KV cache: all {} sequence slots are in use",
+                      opt_.max_seqs);
   Seq s;
   s.live = true;
   s.state_slot = free_slots_.back();
@@ -151,7 +159,9 @@ void KvCache::free_sequence(int32_t seq) {
   s = Seq();
 }
 
-int64_t KvCache::length(int32_t seq) const { return valid(seq) ? seqs_[seq].length : 0; }
+int64_t KvCache::length(int32_t seq) const {
+  return valid(seq) ? seqs_[seq].length : 0;
+}
 
 std::pair<int64_t, int64_t> KvCache::pages_needed(int32_t seq, int64_t n_tokens) const {
   const int64_t want = (n_tokens + opt_.page_size - 1) / opt_.page_size;
@@ -161,15 +171,17 @@ std::pair<int64_t, int64_t> KvCache::pages_needed(int32_t seq, int64_t n_tokens)
 }
 
 Status KvCache::reserve(int32_t seq, int64_t n_tokens) {
-  if (!valid(seq)) return make_error(ErrorCode::kInvalidArgument, "KV cache: unknown sequence {}", seq);
+  if (!valid(seq))
+    return make_error(ErrorCode::kInvalidArgument, "KV cache: unknown sequence {}", seq);
   Seq& s = seqs_[seq];
   const int64_t want = (n_tokens + opt_.page_size - 1) / opt_.page_size;
   const int64_t more = want - int64_t(s.pages.size());
   if (more <= 0) return Status::Ok();
   if (int64_t(free_pages_.size()) < more || int64_t(free_swa_pages_.size()) < more)
-    return make_error(ErrorCode::kResourceExhausted,
-                      "KV cache full: sequence {} needs {} more pages ({} virtual and {} SWA pages free)",
-                      seq, more, free_pages_.size(), free_swa_pages_.size());
+    return make_error(
+        ErrorCode::kResourceExhausted,
+        "KV cache full: sequence {} needs {} more pages ({} virtual and {} SWA pages free)", seq,
+        more, free_pages_.size(), free_swa_pages_.size());
   for (int64_t i = 0; i < more; ++i) {
     s.pages.push_back(free_pages_.back());
     free_pages_.pop_back();
@@ -214,7 +226,8 @@ int32_t KvCache::swa_row(int32_t seq, int64_t pos) const {
 int32_t KvCache::compressed_row(int32_t seq, int64_t entry, int ratio) const {
   const Seq& s = seqs_[seq];
   const int64_t pos = entry * ratio;
-  const int64_t slot = int64_t(s.pages[pos / opt_.page_size]) * opt_.page_size + pos % opt_.page_size;
+  const int64_t slot =
+      int64_t(s.pages[pos / opt_.page_size]) * opt_.page_size + pos % opt_.page_size;
   return int32_t(slot / ratio);
 }
 

@@ -30,9 +30,9 @@ enum class AttnKind { kSliding, kCsa, kHca };
 /// One row of the declarative layer table (derived from config.json by the model).
 struct LayerCacheSpec {
   AttnKind kind = AttnKind::kSliding;
-  int ratio = 0;       // m (0 for sliding layers)
-  int kv_dim = 0;      // hd: SWA row and compressed row width
-  int index_dim = 0;   // dI (CSA only)
+  int ratio = 0;      // m (0 for sliding layers)
+  int kv_dim = 0;     // hd: SWA row and compressed row width
+  int index_dim = 0;  // dI (CSA only)
 };
 
 struct CacheSpec {
@@ -50,7 +50,7 @@ struct KvCacheOptions {
 
 /// Usage of one pool, for the engine (admission) and /metrics.
 struct PoolUsage {
-  std::string name;          // "virtual_pages", "swa_pages", "state_slots"
+  std::string name;  // "virtual_pages", "swa_pages", "state_slots"
   int64_t used = 0, total = 0;
   int64_t bytes_per_unit = 0;
 };

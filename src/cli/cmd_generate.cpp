@@ -5,10 +5,10 @@
 // tokens[i-1] (the fixtures' convention, tests/fixtures/*/golden.safetensors).
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -31,6 +31,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   std::string dump_logits;
   bool ignore_eos = false;
+  bool no_bos = false;
   int threads = 0;
   int64_t kv_budget_mb = 1024;
 };
@@ -97,10 +98,17 @@ int run_generate(const GenerateOptions& o) {
     }
   } else {
     if (!tok) {
-      std::fprintf(stderr, "error: --prompt needs %s/tokenizer.json (or use --prompt-ids)\n", o.model_dir.c_str());
+      std::fprintf(stderr, "error: --prompt needs %s/tokenizer.json (or use --prompt-ids)\n",
+                   o.model_dir.c_str());
       return 1;
     }
-    for (auto id : tok->encode(o.prompt, true)) prompt.push_back(id);
+    // A sequence starts with BOS, as the model was trained (DeepSeek's tokenizer files add none
+    // themselves: add_bos_token false, ByteLevel post-processor); --no-bos leaves it out.
+    // A prompt that already begins with the BOS text gets no second one.
+    const auto ids = tok->encode(o.prompt, true);
+    const auto bos = tok->bos_id();
+    if (bos && !o.no_bos && (ids.empty() || ids.front() != *bos)) prompt.push_back(*bos);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
   }
   if (prompt.empty()) {
     std::fprintf(stderr, "error: the prompt is empty\n");
@@ -108,7 +116,8 @@ int run_generate(const GenerateOptions& o) {
   }
   for (int32_t id : prompt)
     if (id < 0 || id >= cfg.vocab_size) {
-      std::fprintf(stderr, "error: prompt token id %d outside the vocabulary [0, %lld)\n", id, (long long)cfg.vocab_size);
+      std::fprintf(stderr, "error: prompt token id %d outside the vocabulary [0, %lld)\n", id,
+                   (long long)cfg.vocab_size);
       return 2;
     }
 
@@ -146,7 +155,8 @@ int run_generate(const GenerateOptions& o) {
     if (dump) decode_logits.insert(decode_logits.end(), last.begin(), last.end());
     const int32_t next = pick(last.data(), V, o.temperature, rng);
     tokens.push_back(next);
-    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) != cfg.eos_token_ids.end();
+    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
+                     cfg.eos_token_ids.end();
     if ((eos && !o.ignore_eos) || i + 1 == o.max_new_tokens) break;
     model::ForwardBatch d;
     d.slices.push_back({*seq, pos, {next}, false});
@@ -168,9 +178,11 @@ int run_generate(const GenerateOptions& o) {
     std::printf("%s\n", tok->decode(ids).c_str());
   }
   std::printf("tokens: %s\n", ids_str.c_str());
-  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s)\n",
-               prompt.size(), t_prefill, prompt.size() / std::max(t_prefill, 1e-9), n_decode_steps,
-               t_decode, n_decode_steps / std::max(t_decode, 1e-9));
+  std::fprintf(
+      stderr,
+      "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s)\n",
+      prompt.size(), t_prefill, prompt.size() / std::max(t_prefill, 1e-9), n_decode_steps, t_decode,
+      n_decode_steps / std::max(t_decode, 1e-9));
   if (dump) {
     std::vector<int64_t> pids(prompt.begin(), prompt.end());
     const int64_t N = int64_t(tokens.size());
@@ -190,18 +202,24 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
-V4_REGISTER_COMMAND(generate, "generate", "run a prompt through the model on the CPU and decode",
-                    [](CLI::App& app) {
-  auto o = std::make_shared<GenerateOptions>();
-  app.add_option("--model", o->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
-  app.add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json in the model directory)");
-  app.add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated");
-  app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
-  app.add_option("--temperature", o->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o->seed, "sampling seed (temperature > 0)");
-  app.add_option("--dump-logits", o->dump_logits, "write prompt/prefill/decode logits to this safetensors file");
-  app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");
-  app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
-  app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB");
-  return std::function<int()>([o] { return run_generate(*o); });
-});
+V4_REGISTER_COMMAND(
+    generate, "generate", "run a prompt through the model on the CPU and decode",
+    [](CLI::App& app) {
+      auto o = std::make_shared<GenerateOptions>();
+      app.add_option("--model", o->model_dir, "checkpoint directory (config.json + *.safetensors)")
+          ->required();
+      app.add_option("--prompt", o->prompt,
+                     "prompt text (needs tokenizer.json in the model directory)");
+      app.add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated");
+      app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--temperature", o->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+      app.add_option("--seed", o->seed, "sampling seed (temperature > 0)");
+      app.add_option("--dump-logits", o->dump_logits,
+                     "write prompt/prefill/decode logits to this safetensors file");
+      app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");
+      app.add_flag("--no-bos", o->no_bos, "--prompt: do not start the prompt with the BOS token");
+      app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
+      app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB");
+      return std::function<int()>([o] { return run_generate(*o); });
+    });

@@ -59,7 +59,8 @@ int run_info(const std::string& dir) {
       numel *= 2;  // packed FP4 e2m1: two values per byte
       fmt = "FP4 e2m1 (I8 packed)";
     } else if (t.dtype == DType::kF8E4M3) {
-      fmt = ck->has(name.substr(0, name.size() - 7) + ".scale") ? "F8_E4M3 + block scales" : "F8_E4M3";
+      fmt = ck->has(name.substr(0, name.size() - 7) + ".scale") ? "F8_E4M3 + block scales"
+                                                                : "F8_E4M3";
     }
     const std::string part = part_of(name);
     params[part] += numel;
@@ -71,14 +72,19 @@ int run_info(const std::string& dir) {
   std::printf("%-16s %16s   formats\n", "part", "parameters");
   for (const auto& [part, n] : params) {
     std::string f;
-    for (const auto& [fmt, count] : formats[part]) f += (f.empty() ? "" : ", ") + fmt + " ×" + std::to_string(count);
+    for (const auto& [fmt, count] : formats[part])
+      f += (f.empty() ? "" : ", ") + fmt + " ×" + std::to_string(count);
     std::printf("%-16s %16lld   %s\n", part.c_str(), (long long)n, f.c_str());
   }
-  std::printf("%-16s %16lld   (+%lld scale values)\n", "total", (long long)total, (long long)scale_values);
+  std::printf("%-16s %16lld   (+%lld scale values)\n", "total", (long long)total,
+              (long long)scale_values);
   std::string dt;
-  for (const auto& [d, c] : ck->dtype_counts()) dt += (dt.empty() ? "" : ", ") + d + " " + std::to_string(c);
+  for (const auto& [d, c] : ck->dtype_counts())
+    dt += (dt.empty() ? "" : ", ") + d + " " + std::to_string(c);
   std::printf("stored dtypes: %s\n", dt.c_str());
-  if (cfg->has_quantization_config) std::printf("quantization_config: present (expert_dtype %s)\n", cfg->expert_dtype.empty() ? "-" : cfg->expert_dtype.c_str());
+  if (cfg->has_quantization_config)
+    std::printf("quantization_config: present (expert_dtype %s)\n",
+                cfg->expert_dtype.empty() ? "-" : cfg->expert_dtype.c_str());
 
   cache::CacheSpec spec;
   spec.sliding_window = cfg->sliding_window;
@@ -96,23 +102,27 @@ int run_info(const std::string& dir) {
   double growing = 0;
   for (const auto& [pool, b] : cache::KvCache::bytes_per_token(spec)) {
     if (pool == "swa") {
-      std::printf("%-10s %10.2f B/token while in the window; fixed %lld B per sequence (%d-token window × %d layers)\n",
-                  pool.c_str(), b, (long long)(b * cfg->sliding_window), cfg->sliding_window, cfg->num_hidden_layers);
+      std::printf(
+          "%-10s %10.2f B/token while in the window; fixed %lld B per sequence (%d-token window × "
+          "%d layers)\n",
+          pool.c_str(), b, (long long)(b * cfg->sliding_window), cfg->sliding_window,
+          cfg->num_hidden_layers);
     } else {
       std::printf("%-10s %10.2f B/token\n", pool.c_str(), b);
       growing += b;
     }
   }
-  std::printf("%-10s %10.2f B/token (compressed pools); compressor state %lld B per sequence\n", "total",
-              growing, (long long)cache::KvCache::state_slot_bytes(spec));
+  std::printf("%-10s %10.2f B/token (compressed pools); compressor state %lld B per sequence\n",
+              "total", growing, (long long)cache::KvCache::state_slot_bytes(spec));
   return 0;
 }
 
 }  // namespace
 
-V4_REGISTER_COMMAND(info, "info", "print config summary, parameter counts, weight formats, KV bytes/token",
+V4_REGISTER_COMMAND(info, "info",
+                    "print config summary, parameter counts, weight formats, KV bytes/token",
                     [](CLI::App& app) {
-  auto dir = std::make_shared<std::string>();
-  app.add_option("--model", *dir, "checkpoint directory")->required();
-  return std::function<int()>([dir] { return run_info(*dir); });
-});
+                      auto dir = std::make_shared<std::string>();
+                      app.add_option("--model", *dir, "checkpoint directory")->required();
+                      return std::function<int()>([dir] { return run_info(*dir); });
+                    });

@@ -36,9 +36,12 @@ Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
 
 const char* naming_scheme_name(NamingScheme s) {
   switch (s) {
-    case NamingScheme::kOfficial: return "official (DeepSeek)";
-    case NamingScheme::kHfMixed: return "transformers original-format save (mixed)";
-    case NamingScheme::kHfInternal: return "transformers internal";
+    case NamingScheme::kOfficial:
+      return "official (DeepSeek)";
+    case NamingScheme::kHfMixed:
+      return "transformers original-format save (mixed)";
+    case NamingScheme::kHfInternal:
+      return "transformers internal";
   }
   return "?";
 }
@@ -51,7 +54,9 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& p) {
+  return s.rfind(p, 0) == 0;
+}
 bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
@@ -78,7 +83,8 @@ std::string layer_tail(const std::string& r) {
     const std::string ci = "compressor.indexer.";
     if (starts_with(a, ci)) {
       const std::string b = a.substr(ci.size());
-      if (starts_with(b, "scorer.weights_proj.")) return "attn.indexer.weights_proj." + b.substr(20);
+      if (starts_with(b, "scorer.weights_proj."))
+        return "attn.indexer.weights_proj." + b.substr(20);
       if (starts_with(b, "q_b_proj.")) return "attn.indexer.wq_b." + b.substr(9);
       return "attn.indexer.compressor." + compressor_member(b);
     }
@@ -136,12 +142,16 @@ Status Checkpoint::add_file(const std::string& path) {
   auto mf = std::make_unique<MappedFile>();
   mf->path = path;
   mf->fd = ::open(path.c_str(), O_RDONLY);
-  if (mf->fd < 0) return make_error(ErrorCode::kNotFound, "{}: cannot open: {}", path, strerror(errno));
+  if (mf->fd < 0)
+    return make_error(ErrorCode::kNotFound, "{}: cannot open: {}", path, strerror(errno));
   struct stat st {};
   if (fstat(mf->fd, &st) != 0) return make_error(ErrorCode::kIoError, "{}: cannot stat", path);
   mf->size = size_t(st.st_size);
   if (mf->size < 8)
-    return make_error(ErrorCode::kCorruptData, "{}: truncated file ({} bytes; a safetensors file starts with an 8-byte header length)", path, mf->size);
+    return make_error(
+        ErrorCode::kCorruptData,
+        "{}: truncated file ({} bytes; a safetensors file starts with an 8-byte header length)",
+        path, mf->size);
   mf->base = mmap(nullptr, mf->size, PROT_READ, MAP_PRIVATE, mf->fd, 0);
   if (mf->base == MAP_FAILED) {
     mf->base = nullptr;
@@ -151,7 +161,9 @@ Status Checkpoint::add_file(const std::string& path) {
   uint64_t header_len = 0;
   std::memcpy(&header_len, base, 8);
   if (header_len > mf->size - 8)
-    return make_error(ErrorCode::kCorruptData, "{}: truncated file: header length {} exceeds the {} bytes after it", path, header_len, mf->size - 8);
+    return make_error(ErrorCode::kCorruptData,
+                      "{}: truncated file: header length {} exceeds the {} bytes after it", path,
+                      header_len, mf->size - 8);
   json header;
   try {
     header = json::parse(std::string(reinterpret_cast<const char*>(base + 8), header_len));
@@ -160,40 +172,54 @@ Status Checkpoint::add_file(const std::string& path) {
     std::replace(msg.begin(), msg.end(), '\n', ' ');
     return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: {}", path, msg);
   }
-  if (!header.is_object()) return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: not an object", path);
+  if (!header.is_object())
+    return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: not an object", path);
   const uint8_t* data = base + 8 + header_len;
   const size_t data_size = mf->size - 8 - header_len;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
-      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': header entry needs dtype, shape and data_offsets", path, name);
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': header entry needs dtype, shape and data_offsets", path,
+                        name);
     TensorInfo ti;
     ti.name = name;
     ti.file = path;
     const auto& dt = entry["dtype"];
     if (!dt.is_string() || !parse_dtype(dt.get<std::string>(), &ti.dtype))
-      return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': unknown dtype {}", path, name, dt.dump());
+      return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': unknown dtype {}", path, name,
+                        dt.dump());
     int64_t numel = 1;
     for (auto& d : entry["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad shape {}", path, name, entry["shape"].dump());
+        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad shape {}", path, name,
+                          entry["shape"].dump());
       ti.shape.push_back(d.get<int64_t>());
       numel *= ti.shape.back();
     }
     const auto& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad data_offsets {}", path, name, off.dump());
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad data_offsets {}", path, name,
+                        off.dump());
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size)
-      return make_error(ErrorCode::kCorruptData, "{}: truncated file: tensor '{}' needs bytes [{}, {}) but the data section has {} bytes", path, name, b, e, data_size);
+      return make_error(
+          ErrorCode::kCorruptData,
+          "{}: truncated file: tensor '{}' needs bytes [{}, {}) but the data section has {} bytes",
+          path, name, b, e, data_size);
     const uint64_t expect = uint64_t(numel) * uint64_t(dtype_size(ti.dtype));
     if (e - b != expect)
-      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, e - b, dtype_name(ti.dtype), shape_str(ti.shape), expect);
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, e - b,
+                        dtype_name(ti.dtype), shape_str(ti.shape), expect);
     ti.data = data + b;
     ti.bytes = e - b;
     const std::string official = to_official_name(name);
     if (tensors_.count(official))
-      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}' duplicates '{}' from {}", path, name, tensors_[official].name, tensors_[official].file);
+      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}' duplicates '{}' from {}", path,
+                        name, tensors_[official].name, tensors_[official].file);
     tensors_.emplace(official, std::move(ti));
   }
   files_.push_back(std::move(mf));
@@ -224,14 +250,18 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       return make_error(ErrorCode::kCorruptData, "{}: missing object 'weight_map'", index_path);
     std::set<std::string> shards;
     for (auto& [name, file] : idx["weight_map"].items()) {
-      if (!file.is_string()) return make_error(ErrorCode::kCorruptData, "{}: weight_map['{}'] is not a file name", index_path, name);
+      if (!file.is_string())
+        return make_error(ErrorCode::kCorruptData, "{}: weight_map['{}'] is not a file name",
+                          index_path, name);
       shards.insert(file.get<std::string>());
     }
     for (const auto& s : shards) V4_RETURN_IF_ERROR(ck.add_file(dir + "/" + s));
     for (auto& [name, file] : idx["weight_map"].items()) {
       const TensorInfo* t = ck.find(to_official_name(name));
       if (!t || t->name != name)
-        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}' is listed in the index but absent from {}", index_path, name, file.get<std::string>());
+        return make_error(ErrorCode::kCorruptData,
+                          "{}: tensor '{}' is listed in the index but absent from {}", index_path,
+                          name, file.get<std::string>());
     }
   } else if (fs::exists(single)) {
     V4_RETURN_IF_ERROR(ck.add_file(single));
@@ -242,18 +272,21 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
         files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
     if (files.empty())
-      return make_error(ErrorCode::kNotFound, "{}: no model.safetensors, model.safetensors.index.json or *.safetensors", dir);
+      return make_error(ErrorCode::kNotFound,
+                        "{}: no model.safetensors, model.safetensors.index.json or *.safetensors",
+                        dir);
     for (const auto& f : files) V4_RETURN_IF_ERROR(ck.add_file(f));
   }
   // Detect the naming scheme (informational).
   bool any_model_prefix = false, any_internal = false;
   for (auto& [off, t] : ck.tensors_) {
     any_model_prefix |= starts_with(t.name, "model.");
-    any_internal |= t.name.find("self_attn.") != std::string::npos || t.name.find(".mlp.") != std::string::npos ||
-                    t.name == "lm_head.weight";
+    any_internal |= t.name.find("self_attn.") != std::string::npos ||
+                    t.name.find(".mlp.") != std::string::npos || t.name == "lm_head.weight";
   }
-  ck.scheme_ = any_internal ? NamingScheme::kHfInternal
-               : any_model_prefix ? NamingScheme::kHfMixed : NamingScheme::kOfficial;
+  ck.scheme_ = any_internal       ? NamingScheme::kHfInternal
+               : any_model_prefix ? NamingScheme::kHfMixed
+                                  : NamingScheme::kOfficial;
   return ck;
 }
 
@@ -278,20 +311,24 @@ std::map<std::string, int> Checkpoint::dtype_counts() const {
 namespace {
 
 std::string scale_name_for(const std::string& weight_name) {
-  if (ends_with(weight_name, ".weight")) return weight_name.substr(0, weight_name.size() - 7) + ".scale";
+  if (ends_with(weight_name, ".weight"))
+    return weight_name.substr(0, weight_name.size() - 7) + ".scale";
   return weight_name + ".scale";
 }
 
-Status shape_error(const TensorInfo& t, const std::vector<int64_t>& expect, const std::string& note) {
-  return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': expected shape {}{}, found {} {}",
-                    t.file, t.name, shape_str(expect), note, dtype_name(t.dtype), shape_str(t.shape));
+Status shape_error(const TensorInfo& t, const std::vector<int64_t>& expect,
+                   const std::string& note) {
+  return make_error(ErrorCode::kInvalidArgument,
+                    "{}: tensor '{}': expected shape {}{}, found {} {}", t.file, t.name,
+                    shape_str(expect), note, dtype_name(t.dtype), shape_str(t.shape));
 }
 
 // Reads scale value s[i, j] of a scale tensor (F8_E8M0 or F32 or BF16).
 float scale_at(const TensorInfo& s, int64_t i, int64_t j) {
   const int64_t idx = i * s.shape[1] + j;
   switch (s.dtype) {
-    case DType::kF8E8M0: return ue8m0_to_f32(s.data[idx]);
+    case DType::kF8E8M0:
+      return ue8m0_to_f32(s.data[idx]);
     case DType::kF32: {
       float v;
       std::memcpy(&v, s.data + idx * 4, 4);
@@ -302,7 +339,8 @@ float scale_at(const TensorInfo& s, int64_t i, int64_t j) {
       std::memcpy(&v, s.data + idx * 2, 2);
       return bf16_to_f32(v);
     }
-    default: return NAN;
+    default:
+      return NAN;
   }
 }
 
@@ -311,7 +349,10 @@ float scale_at(const TensorInfo& s, int64_t i, int64_t j) {
 Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
                                                 const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
-  if (!t) return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name, naming_scheme_name(scheme_));
+  if (!t)
+    return make_error(ErrorCode::kNotFound,
+                      "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name,
+                      naming_scheme_name(scheme_));
   int64_t numel = 1;
   for (auto d : shape) numel *= d;
   std::vector<float> out(static_cast<size_t>(numel));
@@ -324,17 +365,33 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
       if (t->shape != shape) return shape_error(*t, shape, "");
       for (int64_t i = 0; i < numel; ++i) {
         switch (t->dtype) {
-          case DType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;
-          case DType::kBF16: { uint16_t v; std::memcpy(&v, p + 2 * i, 2); out[i] = bf16_to_f32(v); break; }
-          case DType::kF16: { uint16_t v; std::memcpy(&v, p + 2 * i, 2); out[i] = f16_to_f32(v); break; }
-          default: out[i] = fp8e4m3_to_f32(p[i]); break;
+          case DType::kF32:
+            std::memcpy(&out[i], p + 4 * i, 4);
+            break;
+          case DType::kBF16: {
+            uint16_t v;
+            std::memcpy(&v, p + 2 * i, 2);
+            out[i] = bf16_to_f32(v);
+            break;
+          }
+          case DType::kF16: {
+            uint16_t v;
+            std::memcpy(&v, p + 2 * i, 2);
+            out[i] = f16_to_f32(v);
+            break;
+          }
+          default:
+            out[i] = fp8e4m3_to_f32(p[i]);
+            break;
         }
       }
       if (t->dtype == DType::kF8E4M3) {
         const TensorInfo* s = find(scale_name_for(name));
         if (s) {
           if (shape.size() != 2 || s->shape.size() != 2 || s->shape[0] <= 0 || s->shape[1] <= 0)
-            return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': FP8 block scale must be 2-D, found {} {}", s->file, s->name, dtype_name(s->dtype), shape_str(s->shape));
+            return make_error(ErrorCode::kInvalidArgument,
+                              "{}: tensor '{}': FP8 block scale must be 2-D, found {} {}", s->file,
+                              s->name, dtype_name(s->dtype), shape_str(s->shape));
           // Block size from the scale grid: DeepSeek's 128-blocks (ceil grid, the last block may be
           // partial), else an exact division of the dim by the grid (transformers' rule).
           auto block = [](int64_t dim, int64_t grid) -> int64_t {
@@ -345,11 +402,17 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
           const int64_t b0 = block(shape[0], s->shape[0]);
           const int64_t b1 = block(shape[1], s->shape[1]);
           if (b0 == 0 || b1 == 0)
-            return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': scale grid {} does not tile weight {}", s->file, s->name, shape_str(s->shape), shape_str(shape));
+            return make_error(ErrorCode::kInvalidArgument,
+                              "{}: tensor '{}': scale grid {} does not tile weight {}", s->file,
+                              s->name, shape_str(s->shape), shape_str(shape));
           if (s->dtype != DType::kF8E8M0 && s->dtype != DType::kF32 && s->dtype != DType::kBF16)
-            return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': scale dtype {} not supported (expected F8_E8M0 or F32)", s->file, s->name, dtype_name(s->dtype));
+            return make_error(
+                ErrorCode::kUnsupported,
+                "{}: tensor '{}': scale dtype {} not supported (expected F8_E8M0 or F32)", s->file,
+                s->name, dtype_name(s->dtype));
           for (int64_t i = 0; i < shape[0]; ++i)
-            for (int64_t j = 0; j < shape[1]; ++j) out[i * shape[1] + j] *= scale_at(*s, i / b0, j / b1);
+            for (int64_t j = 0; j < shape[1]; ++j)
+              out[i * shape[1] + j] *= scale_at(*s, i / b0, j / b1);
         }
       }
       return out;
@@ -361,13 +424,20 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
       if (stored.empty() || stored.back() % 2) return shape_error(*t, shape, " (packed FP4)");
       stored.back() /= 2;
       if (t->shape != stored)
-        return shape_error(*t, stored, fmt::format(" (packed FP4 of logical {})", shape_str(shape)));
+        return shape_error(*t, stored,
+                           fmt::format(" (packed FP4 of logical {})", shape_str(shape)));
       const int64_t in = shape.back();
       const int64_t rows = numel / in;
       const TensorInfo* s = find(scale_name_for(name));
-      if (!s) return make_error(ErrorCode::kNotFound, "{}: tensor '{}' is packed FP4 but its scale '{}' is missing", t->file, t->name, scale_name_for(name));
+      if (!s)
+        return make_error(ErrorCode::kNotFound,
+                          "{}: tensor '{}' is packed FP4 but its scale '{}' is missing", t->file,
+                          t->name, scale_name_for(name));
       if (s->shape.size() != 2 || s->shape[0] != rows || s->shape[1] * 32 != in)
-        return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': expected FP4 scale shape [{}, {}], found {} {}", s->file, s->name, rows, in / 32, dtype_name(s->dtype), shape_str(s->shape));
+        return make_error(ErrorCode::kInvalidArgument,
+                          "{}: tensor '{}': expected FP4 scale shape [{}, {}], found {} {}",
+                          s->file, s->name, rows, in / 32, dtype_name(s->dtype),
+                          shape_str(s->shape));
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < in; ++c) {
           const uint8_t byte = p[(r * in + c) / 2];
@@ -377,14 +447,19 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
       return out;
     }
     default:
-      return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': dtype {} cannot be read as a float weight", t->file, t->name, dtype_name(t->dtype));
+      return make_error(ErrorCode::kUnsupported,
+                        "{}: tensor '{}': dtype {} cannot be read as a float weight", t->file,
+                        t->name, dtype_name(t->dtype));
   }
 }
 
 Result<std::vector<int32_t>> Checkpoint::read_i32(const std::string& name,
                                                   const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
-  if (!t) return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name, naming_scheme_name(scheme_));
+  if (!t)
+    return make_error(ErrorCode::kNotFound,
+                      "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name,
+                      naming_scheme_name(scheme_));
   if (t->shape != shape) return shape_error(*t, shape, "");
   int64_t numel = 1;
   for (auto d : shape) numel *= d;
@@ -398,7 +473,9 @@ Result<std::vector<int32_t>> Checkpoint::read_i32(const std::string& name,
   } else if (t->dtype == DType::kI32) {
     std::memcpy(out.data(), t->data, size_t(numel) * 4);
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': expected dtype I64 or I32, found {} {}", t->file, t->name, dtype_name(t->dtype), shape_str(t->shape));
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}: tensor '{}': expected dtype I64 or I32, found {} {}", t->file, t->name,
+                      dtype_name(t->dtype), shape_str(t->shape));
   }
   return out;
 }

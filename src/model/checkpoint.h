@@ -30,8 +30,8 @@ namespace v4::model {
 
 /// One tensor as stored: dtype, shape, bytes inside a mapped file.
 struct TensorInfo {
-  std::string name;       // name as written in the file
-  std::string file;       // path of the file holding it
+  std::string name;  // name as written in the file
+  std::string file;  // path of the file holding it
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;

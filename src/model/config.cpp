@@ -35,7 +35,8 @@ Status get_int(const json& j, const char* key, T* out, const std::string& src) {
 Status get_double(const json& j, const char* key, double* out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_number()) return field_error(src, key, fmt::format("must be a number, found {}", it->dump()));
+  if (!it->is_number())
+    return field_error(src, key, fmt::format("must be a number, found {}", it->dump()));
   *out = it->get<double>();
   return Status::Ok();
 }
@@ -43,7 +44,8 @@ Status get_double(const json& j, const char* key, double* out, const std::string
 Status get_string(const json& j, const char* key, std::string* out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_string()) return field_error(src, key, fmt::format("must be a string, found {}", it->dump()));
+  if (!it->is_string())
+    return field_error(src, key, fmt::format("must be a string, found {}", it->dump()));
   *out = it->get<std::string>();
   return Status::Ok();
 }
@@ -51,7 +53,8 @@ Status get_string(const json& j, const char* key, std::string* out, const std::s
 Status get_bool(const json& j, const char* key, bool* out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_boolean()) return field_error(src, key, fmt::format("must be true/false, found {}", it->dump()));
+  if (!it->is_boolean())
+    return field_error(src, key, fmt::format("must be true/false, found {}", it->dump()));
   *out = it->get<bool>();
   return Status::Ok();
 }
@@ -63,17 +66,20 @@ double yarn_mscale(double scale, double mscale) {
 }
 
 // One nested rope dict (`main` or `compress`), taken verbatim as transformers does.
-Status parse_rope_dict(const json& d, const std::string& src, const std::string& name,
-                       int head_dim, int64_t max_pos, bool yarn_default_attention_factor,
-                       RopeSpec* out) {
+Status parse_rope_dict(const json& d, const std::string& src, const std::string& name, int head_dim,
+                       int64_t max_pos, bool yarn_default_attention_factor, RopeSpec* out) {
   const std::string f = "rope_parameters." + name;
   if (!d.is_object()) return field_error(src, f, "must be an object");
   std::string type = "default";
-  if (d.contains("rope_type") && d["rope_type"].is_string()) type = d["rope_type"];
-  else if (d.contains("type") && d["type"].is_string()) type = d["type"];
+  if (d.contains("rope_type") && d["rope_type"].is_string())
+    type = d["rope_type"];
+  else if (d.contains("type") && d["type"].is_string())
+    type = d["type"];
   if (type != "default" && type != "yarn")
-    return make_error(ErrorCode::kUnsupported, "{}: field '{}.rope_type' = \"{}\" is not supported "
-                      "(expected \"default\" or \"yarn\")", src, f, type);
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: field '{}.rope_type' = \"{}\" is not supported "
+                      "(expected \"default\" or \"yarn\")",
+                      src, f, type);
   out->yarn = type == "yarn";
   if (!d.contains("rope_theta")) return field_error(src, f + ".rope_theta", "is missing");
   V4_RETURN_IF_ERROR(get_double(d, "rope_theta", &out->theta, src));
@@ -121,14 +127,19 @@ Status parse_rope_dict(const json& d, const std::string& src, const std::string&
 
 const char* layer_kind_name(LayerKind k) {
   switch (k) {
-    case LayerKind::kSliding: return "sliding_attention";
-    case LayerKind::kCsa: return "compressed_sparse_attention";
-    case LayerKind::kHca: return "heavily_compressed_attention";
+    case LayerKind::kSliding:
+      return "sliding_attention";
+    case LayerKind::kCsa:
+      return "compressed_sparse_attention";
+    case LayerKind::kHca:
+      return "heavily_compressed_attention";
   }
   return "?";
 }
 
-const char* mlp_kind_name(MlpKind k) { return k == MlpKind::kHashMoe ? "hash_moe" : "moe"; }
+const char* mlp_kind_name(MlpKind k) {
+  return k == MlpKind::kHashMoe ? "hash_moe" : "moe";
+}
 
 std::vector<float> RopeSpec::inv_freq() const {
   const int half = rope_dim / 2;
@@ -166,14 +177,18 @@ std::vector<float> RopeSpec::inv_freq() const {
 
 int ModelConfig::compress_rate(LayerKind k) const {
   switch (k) {
-    case LayerKind::kSliding: return 0;
-    case LayerKind::kCsa: return compress_rate_csa;
-    case LayerKind::kHca: return compress_rate_hca;
+    case LayerKind::kSliding:
+      return 0;
+    case LayerKind::kCsa:
+      return compress_rate_csa;
+    case LayerKind::kHca:
+      return compress_rate_hca;
   }
   return 0;
 }
 
-Result<ModelConfig> ModelConfig::from_json_text(const std::string& text, const std::string& source) {
+Result<ModelConfig> ModelConfig::from_json_text(const std::string& text,
+                                                const std::string& source) {
   json j;
   try {
     j = json::parse(text);
@@ -189,14 +204,17 @@ Result<ModelConfig> ModelConfig::from_json_text(const std::string& text, const s
 Result<ModelConfig> ModelConfig::load(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream in(path);
-  if (!in) return make_error(ErrorCode::kNotFound, "{}: cannot open (is --model a checkpoint directory?)", path);
+  if (!in)
+    return make_error(ErrorCode::kNotFound, "{}: cannot open (is --model a checkpoint directory?)",
+                      path);
   std::stringstream ss;
   ss << in.rdbuf();
   return from_json_text(ss.str(), path);
 }
 
 Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src) {
-  if (!j.is_object()) return make_error(ErrorCode::kInvalidArgument, "{}: top level must be a JSON object", src);
+  if (!j.is_object())
+    return make_error(ErrorCode::kInvalidArgument, "{}: top level must be a JSON object", src);
   ModelConfig c;
   V4_RETURN_IF_ERROR(get_string(j, "model_type", &c.model_type, src));
   if (c.model_type != "deepseek_v4")
@@ -237,25 +255,34 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
     c.eos_token_ids.clear();
     if (it->is_array()) {
       for (auto& v : *it) {
-        if (!v.is_number_integer()) return field_error(src, "eos_token_id", "entries must be integers");
+        if (!v.is_number_integer())
+          return field_error(src, "eos_token_id", "entries must be integers");
         c.eos_token_ids.push_back(v.get<int64_t>());
       }
     } else if (it->is_number_integer()) {
       c.eos_token_ids.push_back(it->get<int64_t>());
     } else {
-      return field_error(src, "eos_token_id", fmt::format("must be an integer or a list, found {}", it->dump()));
+      return field_error(src, "eos_token_id",
+                         fmt::format("must be an integer or a list, found {}", it->dump()));
     }
   }
   V4_RETURN_IF_ERROR(get_string(j, "torch_dtype", &c.torch_dtype, src));
   V4_RETURN_IF_ERROR(get_string(j, "dtype", &c.torch_dtype, src));
   V4_RETURN_IF_ERROR(get_string(j, "expert_dtype", &c.expert_dtype, src));
-  c.has_quantization_config = j.contains("quantization_config") && !j["quantization_config"].is_null();
+  c.has_quantization_config =
+      j.contains("quantization_config") && !j["quantization_config"].is_null();
 
-  if (c.scoring_func == "sqrtsoftplus") c.scoring = ops::ScoringFunc::kSqrtSoftplus;
-  else if (c.scoring_func == "softmax") c.scoring = ops::ScoringFunc::kSoftmax;
-  else if (c.scoring_func == "sigmoid") c.scoring = ops::ScoringFunc::kSigmoid;
-  else return make_error(ErrorCode::kUnsupported, "{}: field 'scoring_func' = \"{}\" is not supported "
-                         "(expected sqrtsoftplus, softmax or sigmoid)", src, c.scoring_func);
+  if (c.scoring_func == "sqrtsoftplus")
+    c.scoring = ops::ScoringFunc::kSqrtSoftplus;
+  else if (c.scoring_func == "softmax")
+    c.scoring = ops::ScoringFunc::kSoftmax;
+  else if (c.scoring_func == "sigmoid")
+    c.scoring = ops::ScoringFunc::kSigmoid;
+  else
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: field 'scoring_func' = \"{}\" is not supported "
+                      "(expected sqrtsoftplus, softmax or sigmoid)",
+                      src, c.scoring_func);
   if (c.num_hidden_layers <= 0) return field_error(src, "num_hidden_layers", "must be > 0");
   const int L = c.num_hidden_layers;
 
@@ -275,21 +302,35 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
     if (!lt->is_array()) return field_error(src, "layer_types", "must be a list");
     for (auto& v : *lt) {
       const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-      if (s == "sliding_attention") c.layer_types.push_back(LayerKind::kSliding);
-      else if (s == "compressed_sparse_attention") c.layer_types.push_back(LayerKind::kCsa);
-      else if (s == "heavily_compressed_attention") c.layer_types.push_back(LayerKind::kHca);
-      else return field_error(src, "layer_types", fmt::format("has unknown entry {} (expected "
-                              "sliding_attention, compressed_sparse_attention or heavily_compressed_attention)", s));
+      if (s == "sliding_attention")
+        c.layer_types.push_back(LayerKind::kSliding);
+      else if (s == "compressed_sparse_attention")
+        c.layer_types.push_back(LayerKind::kCsa);
+      else if (s == "heavily_compressed_attention")
+        c.layer_types.push_back(LayerKind::kHca);
+      else
+        return field_error(
+            src, "layer_types",
+            fmt::format(
+                "has unknown entry {} (expected "
+                "sliding_attention, compressed_sparse_attention or heavily_compressed_attention)",
+                s));
     }
   } else if (cr != j.end() && !cr->is_null()) {
     if (!cr->is_array()) return field_error(src, "compress_ratios", "must be a list");
     for (auto& v : *cr) {
-      if (!v.is_number_integer()) return field_error(src, "compress_ratios", "entries must be integers");
+      if (!v.is_number_integer())
+        return field_error(src, "compress_ratios", "entries must be integers");
       const int64_t r = v.get<int64_t>();
-      if (r == 0) c.layer_types.push_back(LayerKind::kSliding);
-      else if (r == 4 || r == c.compress_rate_csa) c.layer_types.push_back(LayerKind::kCsa);
-      else if (r == 128 || r == c.compress_rate_hca) c.layer_types.push_back(LayerKind::kHca);
-      else return field_error(src, "compress_ratios", fmt::format("has unknown ratio {} (expected 0, 4 or 128)", r));
+      if (r == 0)
+        c.layer_types.push_back(LayerKind::kSliding);
+      else if (r == 4 || r == c.compress_rate_csa)
+        c.layer_types.push_back(LayerKind::kCsa);
+      else if (r == 128 || r == c.compress_rate_hca)
+        c.layer_types.push_back(LayerKind::kHca);
+      else
+        return field_error(src, "compress_ratios",
+                           fmt::format("has unknown ratio {} (expected 0, 4 or 128)", r));
     }
   } else {
     for (int i = 0; i < L; ++i)
@@ -302,14 +343,19 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
     if (!it->is_array()) return field_error(src, "mlp_layer_types", "must be a list");
     for (auto& v : *it) {
       const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-      if (s == "hash_moe") c.mlp_layer_types.push_back(MlpKind::kHashMoe);
-      else if (s == "moe") c.mlp_layer_types.push_back(MlpKind::kMoe);
-      else return field_error(src, "mlp_layer_types", fmt::format("has unknown entry {} (expected hash_moe or moe)", s));
+      if (s == "hash_moe")
+        c.mlp_layer_types.push_back(MlpKind::kHashMoe);
+      else if (s == "moe")
+        c.mlp_layer_types.push_back(MlpKind::kMoe);
+      else
+        return field_error(src, "mlp_layer_types",
+                           fmt::format("has unknown entry {} (expected hash_moe or moe)", s));
     }
   } else {
     int n_hash = 3;
     V4_RETURN_IF_ERROR(get_int(j, "num_hash_layers", &n_hash, src));
-    for (int i = 0; i < L; ++i) c.mlp_layer_types.push_back(i < n_hash ? MlpKind::kHashMoe : MlpKind::kMoe);
+    for (int i = 0; i < L; ++i)
+      c.mlp_layer_types.push_back(i < n_hash ? MlpKind::kHashMoe : MlpKind::kMoe);
   }
   if (int(c.mlp_layer_types.size()) > L) c.mlp_layer_types.resize(L);
 
@@ -329,27 +375,32 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
   double rope_theta = 10000.0, compress_theta = 160000.0;
   V4_RETURN_IF_ERROR(get_double(j, "compress_rope_theta", &compress_theta, src));
   json rp = json::object();
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rp = j["rope_parameters"];
-  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rp = j["rope_scaling"];
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    rp = j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
+    rp = j["rope_scaling"];
   else if (j.contains("rope_parameters") && !j["rope_parameters"].is_null())
     return field_error(src, "rope_parameters", "must be an object");
   if (rp.contains("rope_theta")) V4_RETURN_IF_ERROR(get_double(rp, "rope_theta", &rope_theta, src));
   V4_RETURN_IF_ERROR(get_double(j, "rope_theta", &rope_theta, src));
-  if (rp.contains("main") && rp["main"].is_object() && rp.contains("compress") && rp["compress"].is_object()) {
-    V4_RETURN_IF_ERROR(parse_rope_dict(rp["main"], src, "main", c.head_dim, c.max_position_embeddings,
-                                       false, &c.rope_main));
+  if (rp.contains("main") && rp["main"].is_object() && rp.contains("compress") &&
+      rp["compress"].is_object()) {
+    V4_RETURN_IF_ERROR(parse_rope_dict(rp["main"], src, "main", c.head_dim,
+                                       c.max_position_embeddings, false, &c.rope_main));
     V4_RETURN_IF_ERROR(parse_rope_dict(rp["compress"], src, "compress", c.head_dim,
                                        c.max_position_embeddings, false, &c.rope_compress));
   } else {
-    json main = {{"rope_type", "default"}, {"rope_theta", rope_theta}, {"partial_rotary_factor", prf}};
+    json main = {
+        {"rope_type", "default"}, {"rope_theta", rope_theta}, {"partial_rotary_factor", prf}};
     json comp = json::object();
     for (auto& [k, v] : rp.items())
       if (k != "main" && k != "compress") comp[k] = v;
     comp["rope_theta"] = compress_theta;
     comp["partial_rotary_factor"] = prf;
-    if (!comp.contains("rope_type")) comp["rope_type"] = comp.contains("type") ? comp["type"] : json("default");
-    V4_RETURN_IF_ERROR(parse_rope_dict(main, src, "main", c.head_dim, c.max_position_embeddings, true,
-                                       &c.rope_main));
+    if (!comp.contains("rope_type"))
+      comp["rope_type"] = comp.contains("type") ? comp["type"] : json("default");
+    V4_RETURN_IF_ERROR(parse_rope_dict(main, src, "main", c.head_dim, c.max_position_embeddings,
+                                       true, &c.rope_main));
     V4_RETURN_IF_ERROR(parse_rope_dict(comp, src, "compress", c.head_dim, c.max_position_embeddings,
                                        true, &c.rope_compress));
   }
@@ -376,23 +427,32 @@ Status ModelConfig::validate(const std::string& src) const {
   V4_RETURN_IF_ERROR(positive("n_routed_experts", n_routed_experts));
   V4_RETURN_IF_ERROR(positive("num_experts_per_tok", num_experts_per_tok));
   V4_RETURN_IF_ERROR(positive("moe_intermediate_size", moe_intermediate_size));
-  if (hc_mult > 16) return field_error(src, "hc_mult", fmt::format("= {} exceeds the supported maximum 16", hc_mult));
+  if (hc_mult > 16)
+    return field_error(src, "hc_mult",
+                       fmt::format("= {} exceeds the supported maximum 16", hc_mult));
   if (num_experts_per_tok > n_routed_experts)
-    return field_error(src, "num_experts_per_tok", fmt::format("= {} exceeds n_routed_experts = {}",
-                       num_experts_per_tok, n_routed_experts));
+    return field_error(
+        src, "num_experts_per_tok",
+        fmt::format("= {} exceeds n_routed_experts = {}", num_experts_per_tok, n_routed_experts));
   if (n_shared_experts != 1)
-    return field_error(src, "n_shared_experts", fmt::format("must be 1, found {}", n_shared_experts));
+    return field_error(src, "n_shared_experts",
+                       fmt::format("must be 1, found {}", n_shared_experts));
   if (hidden_act != "silu")
-    return make_error(ErrorCode::kUnsupported, "{}: field 'hidden_act' = \"{}\" is not supported (expected silu)", src, hidden_act);
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: field 'hidden_act' = \"{}\" is not supported (expected silu)", src,
+                      hidden_act);
   if (int64_t(num_attention_heads) * head_dim % o_groups != 0)
-    return field_error(src, "o_groups", fmt::format("= {} must divide num_attention_heads·head_dim = {}",
-                       o_groups, int64_t(num_attention_heads) * head_dim));
+    return field_error(src, "o_groups",
+                       fmt::format("= {} must divide num_attention_heads·head_dim = {}", o_groups,
+                                   int64_t(num_attention_heads) * head_dim));
   if (int(layer_types.size()) != num_hidden_layers)
-    return field_error(src, "layer_types", fmt::format("has {} entries but num_hidden_layers = {}",
-                       layer_types.size(), num_hidden_layers));
+    return field_error(src, "layer_types",
+                       fmt::format("has {} entries but num_hidden_layers = {}", layer_types.size(),
+                                   num_hidden_layers));
   if (int(mlp_layer_types.size()) != num_hidden_layers)
-    return field_error(src, "mlp_layer_types", fmt::format("has {} entries but num_hidden_layers = {}",
-                       mlp_layer_types.size(), num_hidden_layers));
+    return field_error(src, "mlp_layer_types",
+                       fmt::format("has {} entries but num_hidden_layers = {}",
+                                   mlp_layer_types.size(), num_hidden_layers));
   bool has_csa = false, has_hca = false;
   for (auto k : layer_types) {
     has_csa |= k == LayerKind::kCsa;
@@ -404,24 +464,31 @@ Status ModelConfig::validate(const std::string& src) const {
     V4_RETURN_IF_ERROR(positive("index_head_dim", index_head_dim));
     V4_RETURN_IF_ERROR(positive("index_topk", index_topk));
   }
-  if (has_hca) V4_RETURN_IF_ERROR(positive("compress_rates.heavily_compressed_attention", compress_rate_hca));
+  if (has_hca)
+    V4_RETURN_IF_ERROR(positive("compress_rates.heavily_compressed_attention", compress_rate_hca));
   for (const auto* r : {&rope_main, &rope_compress}) {
     const char* name = r == &rope_main ? "rope_parameters.main" : "rope_parameters.compress";
     if (r->rope_dim <= 0 || r->rope_dim % 2 != 0 || r->rope_dim > head_dim)
-      return field_error(src, name, fmt::format("gives rope dims {} (head_dim {} · partial_rotary_factor {}); "
-                         "must be even and in (0, head_dim]", r->rope_dim, head_dim, r->partial_rotary_factor));
+      return field_error(src, name,
+                         fmt::format("gives rope dims {} (head_dim {} · partial_rotary_factor {}); "
+                                     "must be even and in (0, head_dim]",
+                                     r->rope_dim, head_dim, r->partial_rotary_factor));
     if (has_csa && r == &rope_compress && r->rope_dim > index_head_dim)
-      return field_error(src, name, fmt::format("rope dims {} exceed index_head_dim {}", r->rope_dim, index_head_dim));
+      return field_error(
+          src, name,
+          fmt::format("rope dims {} exceed index_head_dim {}", r->rope_dim, index_head_dim));
     if (r->theta <= 0) return field_error(src, std::string(name) + ".rope_theta", "must be > 0");
     if (r->yarn && (r->original_max_position_embeddings <= 0 || r->factor <= 0))
-      return field_error(src, name, "yarn needs factor > 0 and original_max_position_embeddings > 0");
+      return field_error(src, name,
+                         "yarn needs factor > 0 and original_max_position_embeddings > 0");
   }
   return Status::Ok();
 }
 
 std::string ModelConfig::summary() const {
   int n_swa = 0, n_csa = 0, n_hca = 0, n_hash = 0;
-  for (auto k : layer_types) (k == LayerKind::kSliding ? n_swa : k == LayerKind::kCsa ? n_csa : n_hca)++;
+  for (auto k : layer_types)
+    (k == LayerKind::kSliding ? n_swa : k == LayerKind::kCsa ? n_csa : n_hca)++;
   for (auto k : mlp_layer_types) n_hash += k == MlpKind::kHashMoe;
   auto rope_str = [](const RopeSpec& r) {
     if (!r.yarn) return fmt::format("default θ={} rd={}", r.theta, r.rope_dim);
@@ -431,18 +498,22 @@ std::string ModelConfig::summary() const {
   };
   std::string s;
   s += fmt::format("model_type       {}\n", model_type);
-  s += fmt::format("layers           {} (sliding {}, CSA {}, HCA {}; hash-MoE {}, MoE {}); MTP modules {}\n",
-                   num_hidden_layers, n_swa, n_csa, n_hca, n_hash, num_hidden_layers - n_hash,
-                   num_nextn_predict_layers);
-  s += fmt::format("hidden           D={} vocab={} hc_mult={} sinkhorn={}\n", hidden_size, vocab_size,
-                   hc_mult, hc_sinkhorn_iters);
-  s += fmt::format("attention        H={} hd={} q_lora={} o_groups={}×{} window={} rates CSA {} / HCA {}\n",
-                   num_attention_heads, head_dim, q_lora_rank, o_groups, o_lora_rank,
-                   sliding_window, compress_rate_csa, compress_rate_hca);
-  s += fmt::format("indexer          {} heads × {} dims, top-k {}\n", index_n_heads, index_head_dim, index_topk);
-  s += fmt::format("moe              E={} k={} I={} shared={} scoring={} scale={} swiglu_limit={}\n",
-                   n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
-                   scoring_func, routed_scaling_factor, swiglu_limit);
+  s += fmt::format(
+      "layers           {} (sliding {}, CSA {}, HCA {}; hash-MoE {}, MoE {}); MTP modules {}\n",
+      num_hidden_layers, n_swa, n_csa, n_hca, n_hash, num_hidden_layers - n_hash,
+      num_nextn_predict_layers);
+  s += fmt::format("hidden           D={} vocab={} hc_mult={} sinkhorn={}\n", hidden_size,
+                   vocab_size, hc_mult, hc_sinkhorn_iters);
+  s += fmt::format(
+      "attention        H={} hd={} q_lora={} o_groups={}×{} window={} rates CSA {} / HCA {}\n",
+      num_attention_heads, head_dim, q_lora_rank, o_groups, o_lora_rank, sliding_window,
+      compress_rate_csa, compress_rate_hca);
+  s += fmt::format("indexer          {} heads × {} dims, top-k {}\n", index_n_heads, index_head_dim,
+                   index_topk);
+  s +=
+      fmt::format("moe              E={} k={} I={} shared={} scoring={} scale={} swiglu_limit={}\n",
+                  n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
+                  scoring_func, routed_scaling_factor, swiglu_limit);
   s += fmt::format("rope main        {}\n", rope_str(rope_main));
   s += fmt::format("rope compress    {}\n", rope_str(rope_compress));
   return s;

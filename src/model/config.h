@@ -23,11 +23,11 @@ const char* mlp_kind_name(MlpKind k);      // "hash_moe", "moe"
 
 /// One rope table (`rope_parameters.main` or `.compress`), dsv4-model.md §1.4 / §4 "RoPE".
 struct RopeSpec {
-  bool yarn = false;           // rope_type "yarn" (else "default")
-  double theta = 10000.0;      // rope_theta (base)
+  bool yarn = false;       // rope_type "yarn" (else "default")
+  double theta = 10000.0;  // rope_theta (base)
   double partial_rotary_factor = 0.125;
-  int rope_dim = 64;           // rd = int(head_dim · partial_rotary_factor)
-  double factor = 1.0;         // yarn
+  int rope_dim = 64;                            // rd = int(head_dim · partial_rotary_factor)
+  double factor = 1.0;                          // yarn
   double original_max_position_embeddings = 0;  // yarn L0
   double beta_fast = 32, beta_slow = 1;         // yarn
   double attention_factor = 1.0;  // cos/sin multiplier (HF: derived when absent, see P13)
@@ -41,27 +41,27 @@ struct RopeSpec {
 struct ModelConfig {
   std::string model_type;
   int64_t vocab_size = 129280;
-  int hidden_size = 4096;           // D
-  int num_hidden_layers = 43;       // L
-  int num_attention_heads = 64;     // H
-  int head_dim = 512;               // hd
-  int q_lora_rank = 1024;           // Rq
-  int o_groups = 8;                 // G
-  int o_lora_rank = 1024;           // R
-  int sliding_window = 128;         // W
-  int compress_rate_csa = 4;        // m
-  int compress_rate_hca = 128;      // m'
-  int index_n_heads = 64;           // nI
-  int index_head_dim = 128;         // dI
+  int hidden_size = 4096;        // D
+  int num_hidden_layers = 43;    // L
+  int num_attention_heads = 64;  // H
+  int head_dim = 512;            // hd
+  int q_lora_rank = 1024;        // Rq
+  int o_groups = 8;              // G
+  int o_lora_rank = 1024;        // R
+  int sliding_window = 128;      // W
+  int compress_rate_csa = 4;     // m
+  int compress_rate_hca = 128;   // m'
+  int index_n_heads = 64;        // nI
+  int index_head_dim = 128;      // dI
   int index_topk = 512;
-  int hc_mult = 4;                  // n
+  int hc_mult = 4;  // n
   int hc_sinkhorn_iters = 20;
   double hc_eps = 1e-6;
   double rms_norm_eps = 1e-6;
-  int n_routed_experts = 256;       // E
-  int num_experts_per_tok = 6;      // k
+  int n_routed_experts = 256;   // E
+  int num_experts_per_tok = 6;  // k
   int n_shared_experts = 1;
-  int moe_intermediate_size = 2048; // I
+  int moe_intermediate_size = 2048;  // I
   std::string scoring_func = "sqrtsoftplus";
   ops::ScoringFunc scoring = ops::ScoringFunc::kSqrtSoftplus;
   double routed_scaling_factor = 1.5;
@@ -72,12 +72,12 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t bos_token_id = 0;
   std::vector<int64_t> eos_token_ids{1};
-  std::string torch_dtype;          // "dtype"/"torch_dtype" as written (informational)
+  std::string torch_dtype;  // "dtype"/"torch_dtype" as written (informational)
   bool has_quantization_config = false;
-  std::string expert_dtype;         // official "expert_dtype" ("fp4"/"fp8"), may be empty
-  std::vector<LayerKind> layer_types;  // [L]
+  std::string expert_dtype;              // official "expert_dtype" ("fp4"/"fp8"), may be empty
+  std::vector<LayerKind> layer_types;    // [L]
   std::vector<MlpKind> mlp_layer_types;  // [L]
-  RopeSpec rope_main;      // sliding-only layers
+  RopeSpec rope_main;                    // sliding-only layers
   RopeSpec rope_compress;  // CSA / HCA layers (q, kv, compressed rows, indexer, de-rotation)
 
   int rope_dim() const { return rope_main.rope_dim; }

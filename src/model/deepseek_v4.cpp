@@ -22,9 +22,12 @@ DeviceBuffer<T> upload_vec(ops::Ops* ops, const std::vector<T>& v) {
 
 cache::AttnKind to_cache_kind(LayerKind k) {
   switch (k) {
-    case LayerKind::kSliding: return cache::AttnKind::kSliding;
-    case LayerKind::kCsa: return cache::AttnKind::kCsa;
-    case LayerKind::kHca: return cache::AttnKind::kHca;
+    case LayerKind::kSliding:
+      return cache::AttnKind::kSliding;
+    case LayerKind::kCsa:
+      return cache::AttnKind::kCsa;
+    case LayerKind::kHca:
+      return cache::AttnKind::kHca;
   }
   return cache::AttnKind::kSliding;
 }
@@ -55,9 +58,9 @@ struct CompressPlan {
   DeviceBuffer<int64_t> positions;  // [n_out] rope position w·m
   DeviceBuffer<int32_t> dst;        // [n_out] physical compressed-pool rows
   int64_t n_ring = 0;
-  DeviceBuffer<int32_t> ring_src;   // [n_ring] batch rows
-  DeviceBuffer<int32_t> ring_dst;   // [n_ring] ring rows
-  DeviceRowMap cand;                // per query: all causal compressed rows (w < (t+1)/m)
+  DeviceBuffer<int32_t> ring_src;  // [n_ring] batch rows
+  DeviceBuffer<int32_t> ring_dst;  // [n_ring] ring rows
+  DeviceRowMap cand;               // per query: all causal compressed rows (w < (t+1)/m)
 };
 
 }  // namespace
@@ -70,9 +73,9 @@ struct DeepseekV4::Step {
   std::vector<int64_t> pos_host;
   DeviceBuffer<int32_t> ids;
   DeviceBuffer<int64_t> pos;
-  DeviceBuffer<int32_t> swa_dst;  // [S] SWA row of each new token
-  DeviceRowMap swa;               // per query: window keys
-  CompressPlan csa, hca;          // by layer kind
+  DeviceBuffer<int32_t> swa_dst;      // [S] SWA row of each new token
+  DeviceRowMap swa;                   // per query: window keys
+  CompressPlan csa, hca;              // by layer kind
   DeviceBuffer<int64_t> topk_offset;  // [S] t·index_topk
 };
 
@@ -119,13 +122,15 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
       if (ok) break;
       page_size += 128;
       if (page_size > (1 << 20))
-        return make_error(ErrorCode::kInvalidArgument, "no page size ≤ 1M tokens fits the compression rates");
+        return make_error(ErrorCode::kInvalidArgument,
+                          "no page size ≤ 1M tokens fits the compression rates");
     }
   }
-  V4_ASSIGN_OR_RETURN(auto opt, cache::KvCache::options_from_budget(spec, budget_bytes, page_size, max_seqs));
+  V4_ASSIGN_OR_RETURN(auto opt,
+                      cache::KvCache::options_from_budget(spec, budget_bytes, page_size, max_seqs));
   ops::Ops* ops = ops_;
-  return cache::KvCache::create(spec, opt, [ops](size_t b) { return ops->alloc(b); },
-                                [ops](void* p) { ops->free(p); });
+  return cache::KvCache::create(
+      spec, opt, [ops](size_t b) { return ops->alloc(b); }, [ops](void* p) { ops->free(p); });
 }
 
 Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCache& kv) {
@@ -136,16 +141,26 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
   int64_t S = 0;
   for (size_t i = 0; i < batch.slices.size(); ++i) {
     const SeqSlice& sl = batch.slices[i];
-    if (!kv.valid(sl.seq)) return make_error(ErrorCode::kInvalidArgument, "forward: slice {}: unknown sequence {}", i, sl.seq);
-    if (!seen.insert(sl.seq).second) return make_error(ErrorCode::kInvalidArgument, "forward: sequence {} appears twice in one batch", sl.seq);
-    if (sl.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "forward: slice {} has no tokens", i);
+    if (!kv.valid(sl.seq))
+      return make_error(ErrorCode::kInvalidArgument, "forward: slice {}: unknown sequence {}", i,
+                        sl.seq);
+    if (!seen.insert(sl.seq).second)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "forward: sequence {} appears twice in one batch", sl.seq);
+    if (sl.tokens.empty())
+      return make_error(ErrorCode::kInvalidArgument, "forward: slice {} has no tokens", i);
     if (sl.start_pos != kv.length(sl.seq))
-      return make_error(ErrorCode::kInvalidArgument, "forward: slice {}: start_pos {} but sequence {} holds {} tokens", i, sl.start_pos, sl.seq, kv.length(sl.seq));
+      return make_error(ErrorCode::kInvalidArgument,
+                        "forward: slice {}: start_pos {} but sequence {} holds {} tokens", i,
+                        sl.start_pos, sl.seq, kv.length(sl.seq));
     if (sl.start_pos + int64_t(sl.tokens.size()) > c.max_position_embeddings)
-      return make_error(ErrorCode::kInvalidArgument, "forward: slice {} exceeds max_position_embeddings {}", i, c.max_position_embeddings);
+      return make_error(ErrorCode::kInvalidArgument,
+                        "forward: slice {} exceeds max_position_embeddings {}", i,
+                        c.max_position_embeddings);
     for (int32_t t : sl.tokens)
       if (t < 0 || t >= c.vocab_size)
-        return make_error(ErrorCode::kInvalidArgument, "forward: token id {} outside the vocabulary [0, {})", t, c.vocab_size);
+        return make_error(ErrorCode::kInvalidArgument,
+                          "forward: token id {} outside the vocabulary [0, {})", t, c.vocab_size);
     S += int64_t(sl.tokens.size());
   }
   for (const SeqSlice& sl : batch.slices)
@@ -295,7 +310,8 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
   out.logits.resize(size_t(R * c.vocab_size));
   o.download(out.logits.data(), logits.data(), out.logits.size() * sizeof(float));
 
-  for (const SeqSlice& sl : batch.slices) kv.commit(sl.seq, sl.start_pos + int64_t(sl.tokens.size()));
+  for (const SeqSlice& sl : batch.slices)
+    kv.commit(sl.seq, sl.start_pos + int64_t(sl.tokens.size()));
   return out;
 }
 
@@ -371,17 +387,20 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   aa.scale = 1.f / std::sqrt(float(hd));
   DeviceBuffer<int32_t> sel_rows, sel_count;
   if (kind == LayerKind::kHca) {
-    compress(a.compressor, st.hca, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0), st.kv->ring_gate(l, 0));
+    compress(a.compressor, st.hca, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
+             st.kv->ring_gate(l, 0));
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = st.hca.cand.view();
   } else if (kind == LayerKind::kCsa) {
     const int nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
-    compress(a.compressor, st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0), st.kv->ring_gate(l, 0));
+    compress(a.compressor, st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
+             st.kv->ring_gate(l, 0));
     compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1));
     // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x; top-k rows.
     DeviceBuffer<float> qi(ops_, S * nI * dI), wi(ops_, S * nI);
-    o.linear(cq.data(), Rq, a.index_wq_b.data(), S, int64_t(nI) * dI, Rq, qi.data(), int64_t(nI) * dI);
+    o.linear(cq.data(), Rq, a.index_wq_b.data(), S, int64_t(nI) * dI, Rq, qi.data(),
+             int64_t(nI) * dI);
     o.rope(qi.data(), S, nI, dI, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
            rope.attention_scaling, false);
     o.linear(x, D, a.index_weights_proj.data(), S, nI, D, wi.data(), nI);

@@ -33,8 +33,9 @@ class Loader {
     for (size_t i = 0; i < host.size(); ++i)
       if (host[i] < 0 || host[i] >= bound) {
         const TensorInfo* t = ck_.find(name);
-        return make_error(ErrorCode::kInvalidArgument, "{}: tensor '{}': entry {} = {} outside [0, {})",
-                          t->file, t->name, i, host[i], bound);
+        return make_error(ErrorCode::kInvalidArgument,
+                          "{}: tensor '{}': entry {} = {} outside [0, {})", t->file, t->name, i,
+                          host[i], bound);
       }
     IBuf b(ops_, int64_t(host.size()));
     ops_->upload(b.data(), host.data(), host.size() * sizeof(int32_t));
@@ -47,8 +48,7 @@ class Loader {
   ops::Ops* ops_;
 };
 
-#define LOAD(dst, name, shape, counter) \
-  V4_ASSIGN_OR_RETURN(dst, ld.f32(name, shape, counter))
+#define LOAD(dst, name, shape, counter) V4_ASSIGN_OR_RETURN(dst, ld.f32(name, shape, counter))
 
 Status load_compressor(Loader& ld, const std::string& p, int c, int d, int m, int D,
                        CompressorWeights* w, int64_t* counter) {
@@ -92,14 +92,16 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
   if (kind != LayerKind::kSliding) {
     const int m = c.compress_rate(kind);
     const int cc = kind == LayerKind::kCsa ? 2 : 1;
-    V4_RETURN_IF_ERROR(load_compressor(ld, ap + "compressor.", cc, int(hd), m, int(D), &a.compressor,
-                                       &pc->compressor));
+    V4_RETURN_IF_ERROR(load_compressor(ld, ap + "compressor.", cc, int(hd), m, int(D),
+                                       &a.compressor, &pc->compressor));
     if (kind == LayerKind::kCsa) {
       const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
       V4_RETURN_IF_ERROR(load_compressor(ld, ap + "indexer.compressor.", 2, int(dI), m, int(D),
                                          &a.index_compressor, &pc->indexer));
-      LOAD(a.index_wq_b, ap + "indexer.wq_b.weight", (std::vector<int64_t>{nI * dI, Rq}), &pc->indexer);
-      LOAD(a.index_weights_proj, ap + "indexer.weights_proj.weight", (std::vector<int64_t>{nI, D}), &pc->indexer);
+      LOAD(a.index_wq_b, ap + "indexer.wq_b.weight", (std::vector<int64_t>{nI * dI, Rq}),
+           &pc->indexer);
+      LOAD(a.index_weights_proj, ap + "indexer.weights_proj.weight", (std::vector<int64_t>{nI, D}),
+           &pc->indexer);
     }
   }
 
@@ -113,7 +115,8 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
     LOAD(f.bias, fp + "gate.bias", (std::vector<int64_t>{E}), &pc->router);
   }
   if (ld.ck().has(fp + "experts.gate_up_proj")) {
-    LOAD(f.w13, fp + "experts.gate_up_proj", (std::vector<int64_t>{E, 2 * I, D}), &pc->routed_experts);
+    LOAD(f.w13, fp + "experts.gate_up_proj", (std::vector<int64_t>{E, 2 * I, D}),
+         &pc->routed_experts);
     LOAD(f.w2, fp + "experts.down_proj", (std::vector<int64_t>{E, D, I}), &pc->routed_experts);
   } else {
     std::vector<float> w13(size_t(E * 2 * I * D)), w2(size_t(E * D * I));

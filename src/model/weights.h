@@ -21,43 +21,43 @@ using IBuf = ops::DeviceBuffer<int32_t>;
 
 /// One compressor (dsv4-model.md §5): c = 2 (CSA / indexer) or 1 (HCA), d = hd or dI.
 struct CompressorWeights {
-  FBuf wkv;   // [c·d, D]
-  FBuf wgate; // [c·d, D]
-  FBuf ape;   // [m, c·d] position_bias
-  FBuf norm;  // [d] kv_norm
+  FBuf wkv;    // [c·d, D]
+  FBuf wgate;  // [c·d, D]
+  FBuf ape;    // [m, c·d] position_bias
+  FBuf norm;   // [d] kv_norm
 };
 
 struct AttentionWeights {
-  FBuf wq_a;     // [Rq, D]
-  FBuf q_norm;   // [Rq]
-  FBuf wq_b;     // [H·hd, Rq]
-  FBuf wkv;      // [hd, D]
-  FBuf kv_norm;  // [hd]
-  FBuf wo_a;     // [G·R, H·hd/G]
-  FBuf wo_b;     // [D, G·R]
-  FBuf sinks;    // [H]
+  FBuf wq_a;                     // [Rq, D]
+  FBuf q_norm;                   // [Rq]
+  FBuf wq_b;                     // [H·hd, Rq]
+  FBuf wkv;                      // [hd, D]
+  FBuf kv_norm;                  // [hd]
+  FBuf wo_a;                     // [G·R, H·hd/G]
+  FBuf wo_b;                     // [D, G·R]
+  FBuf sinks;                    // [H]
   CompressorWeights compressor;  // CSA / HCA only
   // CSA indexer
   CompressorWeights index_compressor;  // c = 2, d = dI
-  FBuf index_wq_b;          // [nI·dI, Rq]
-  FBuf index_weights_proj;  // [nI, D]
+  FBuf index_wq_b;                     // [nI·dI, Rq]
+  FBuf index_weights_proj;             // [nI, D]
 };
 
 struct MoeWeights {
-  FBuf gate;       // [E, D]
-  FBuf bias;       // [E] e_score_correction_bias (score layers)
-  IBuf tid2eid;    // [V, k] (hash layers)
-  FBuf w13;        // [E, 2I, D]
-  FBuf w2;         // [E, D, I]
-  FBuf shared_w13; // [2I, D]
-  FBuf shared_w2;  // [D, I]
+  FBuf gate;        // [E, D]
+  FBuf bias;        // [E] e_score_correction_bias (score layers)
+  IBuf tid2eid;     // [V, k] (hash layers)
+  FBuf w13;         // [E, 2I, D]
+  FBuf w2;          // [E, D, I]
+  FBuf shared_w13;  // [2I, D]
+  FBuf shared_w2;   // [D, I]
 };
 
 struct LayerWeights {
   LayerKind kind = LayerKind::kSliding;
   MlpKind mlp = MlpKind::kMoe;
-  FBuf attn_norm, ffn_norm;                       // [D]
-  FBuf hc_attn_fn, hc_attn_base, hc_attn_scale;   // [(2+n)n, nD], [(2+n)n], [3]
+  FBuf attn_norm, ffn_norm;                      // [D]
+  FBuf hc_attn_fn, hc_attn_base, hc_attn_scale;  // [(2+n)n, nD], [(2+n)n], [3]
   FBuf hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
   AttentionWeights attn;
   MoeWeights ffn;
@@ -65,10 +65,10 @@ struct LayerWeights {
 
 /// MTP module `mtp.0` (dsv4-model.md §9), loaded when present (not run by the forward yet).
 struct MtpWeights {
-  FBuf e_proj, h_proj;                 // [D, D]
-  FBuf enorm, hnorm, norm;             // [D]
+  FBuf e_proj, h_proj;      // [D, D]
+  FBuf enorm, hnorm, norm;  // [D]
   FBuf hc_head_fn, hc_head_base, hc_head_scale;
-  LayerWeights block;                  // sliding attention + score MoE
+  LayerWeights block;  // sliding attention + score MoE
 };
 
 /// Parameter counts by part (for `v4serve info`).
@@ -82,9 +82,9 @@ struct ParamCounts {
 };
 
 struct Weights {
-  FBuf embed;  // [V, D]
-  FBuf head;   // [V, D]
-  FBuf norm;   // [D]
+  FBuf embed;                                    // [V, D]
+  FBuf head;                                     // [V, D]
+  FBuf norm;                                     // [D]
   FBuf hc_head_fn, hc_head_base, hc_head_scale;  // [n, nD], [n], [1]
   std::vector<LayerWeights> layers;
   std::vector<MtpWeights> mtp;

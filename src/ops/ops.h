@@ -10,7 +10,8 @@
 //   uploaded with `Ops::upload`.
 // - Activations are f32, row-major. Weights are f32 on the CPU backend (decoded once at load).
 // - Dims are named as in dsv4-model.md: S rows of the step, D hidden, n hc_mult, H heads, hd
-//   head_dim, rd rope dims, nI/dI indexer heads/dim, E experts, k experts per token, I expert width.
+//   head_dim, rd rope dims, nI/dI indexer heads/dim, E experts, k experts per token, I expert
+//   width.
 // - "Row maps": a key set per query is given as `count[t]` entries starting at `offset[t]` in a
 //   flat int32 array of physical pool rows (`rows`). Queries of one sequence share one map, so the
 //   plan is O(rows of the sequence), not O(S · keys).
@@ -46,17 +47,17 @@ struct RowMap {
 ///   l_j = (q[t,h] · key_j) · scale;  p_j = exp(l_j) / (Σ exp(l) + exp(sinks[h]));
 ///   out[t,h] = Σ_j p_j · key_j
 struct AttentionArgs {
-  const float* q = nullptr;         // [S, H, hd]
-  const float* sinks = nullptr;     // [H]
-  const float* swa_pool = nullptr;  // [swa pool rows, hd]  (K = V rows, already normed + roped)
-  RowMap swa;                       // SWA key rows per query (W tokens incl. itself)
-  const float* comp_pool = nullptr; // [comp pool rows, hd] or nullptr (sliding-only layer)
-  RowMap comp;                      // compressed rows per query (CSA: top-k; HCA: all causal)
-  int64_t n_rows = 0;               // S
-  int n_heads = 0;                  // H
-  int head_dim = 0;                 // hd
-  float scale = 0.f;                // hd^-1/2
-  float* out = nullptr;             // [S, H, hd]
+  const float* q = nullptr;          // [S, H, hd]
+  const float* sinks = nullptr;      // [H]
+  const float* swa_pool = nullptr;   // [swa pool rows, hd]  (K = V rows, already normed + roped)
+  RowMap swa;                        // SWA key rows per query (W tokens incl. itself)
+  const float* comp_pool = nullptr;  // [comp pool rows, hd] or nullptr (sliding-only layer)
+  RowMap comp;                       // compressed rows per query (CSA: top-k; HCA: all causal)
+  int64_t n_rows = 0;                // S
+  int n_heads = 0;                   // H
+  int head_dim = 0;                  // hd
+  float scale = 0.f;                 // hd^-1/2
+  float* out = nullptr;              // [S, H, hd]
 };
 
 /// Arguments of `Ops::compress_pool` (dsv4-model.md §5): one pooled, un-normalized compressed
@@ -77,9 +78,9 @@ struct CompressArgs {
   const float* bias = nullptr;        // [m, c·d]  position_bias (official `ape`)
   const int32_t* src = nullptr;       // [n_out, n_slots]
   int64_t n_out = 0;
-  int ratio = 0;    // m
-  int overlap = 1;  // c: 1 (HCA) or 2 (CSA, indexer)
-  int dim = 0;      // d
+  int ratio = 0;         // m
+  int overlap = 1;       // c: 1 (HCA) or 2 (CSA, indexer)
+  int dim = 0;           // d
   float* out = nullptr;  // [n_out, d]
 };
 
@@ -90,14 +91,14 @@ struct CompressArgs {
 /// → earlier map position (= lower compressed-row index) first. Output rows are physical pool rows
 /// in selection order; unused entries are −1.
 struct IndexerArgs {
-  const float* q = nullptr;        // [S, nI, dI] (roped)
-  const float* weights = nullptr;  // [S, nI] raw weights_proj output (op applies nI^-1/2)
-  const float* key_pool = nullptr; // [pool rows, dI]
+  const float* q = nullptr;         // [S, nI, dI] (roped)
+  const float* weights = nullptr;   // [S, nI] raw weights_proj output (op applies nI^-1/2)
+  const float* key_pool = nullptr;  // [pool rows, dI]
   RowMap cand;
-  int64_t n_rows = 0;  // S
-  int n_heads = 0;     // nI
-  int head_dim = 0;    // dI
-  int topk = 0;        // index_topk
+  int64_t n_rows = 0;            // S
+  int n_heads = 0;               // nI
+  int head_dim = 0;              // dI
+  int topk = 0;                  // index_topk
   int32_t* out_rows = nullptr;   // [S, topk]
   int32_t* out_count = nullptr;  // [S] number of valid entries (min(k, count[t]))
 };
@@ -107,17 +108,17 @@ struct IndexerArgs {
 ///   wgt = s[idx] / (Σ s[idx] + 1e-20) · routed_scaling_factor.
 /// Top-k ties: higher value first, equal → lower expert id first.
 struct RouteArgs {
-  const float* logits = nullptr;    // [S, E]  x · W_gateᵀ
-  const float* bias = nullptr;      // [E] e_score_correction_bias (selection only) or nullptr
-  const int32_t* tid2eid = nullptr; // [V, k] hash table or nullptr (score routing)
+  const float* logits = nullptr;       // [S, E]  x · W_gateᵀ
+  const float* bias = nullptr;         // [E] e_score_correction_bias (selection only) or nullptr
+  const int32_t* tid2eid = nullptr;    // [V, k] hash table or nullptr (score routing)
   const int32_t* token_ids = nullptr;  // [S] (hash routing only)
-  int64_t n_rows = 0;  // S
-  int n_experts = 0;   // E
-  int topk = 0;        // k
+  int64_t n_rows = 0;                  // S
+  int n_experts = 0;                   // E
+  int topk = 0;                        // k
   ScoringFunc scoring = ScoringFunc::kSqrtSoftplus;
   float routed_scaling_factor = 1.f;
-  int32_t* out_idx = nullptr;  // [S, k]
-  float* out_weight = nullptr; // [S, k]
+  int32_t* out_idx = nullptr;   // [S, k]
+  float* out_weight = nullptr;  // [S, k]
 };
 
 /// Arguments of `Ops::moe_experts` (dsv4-model.md §8):
@@ -126,18 +127,18 @@ struct RouteArgs {
 /// Expert weights are fused as in HF: w13[e] rows [0,I) = W1 (gate), rows [I,2I) = W3 (up).
 /// The shared expert is this op with E = 1, k = 1, weight 1.
 struct MoeArgs {
-  const float* x = nullptr;      // [S, D]
-  const float* w13 = nullptr;    // [E, 2I, D]
-  const float* w2 = nullptr;     // [E, D, I]
-  const int32_t* idx = nullptr;  // [S, k]
-  const float* weight = nullptr; // [S, k]
+  const float* x = nullptr;       // [S, D]
+  const float* w13 = nullptr;     // [E, 2I, D]
+  const float* w2 = nullptr;      // [E, D, I]
+  const int32_t* idx = nullptr;   // [S, k]
+  const float* weight = nullptr;  // [S, k]
   int64_t n_rows = 0;
-  int hidden = 0;        // D
-  int inter = 0;         // I
-  int n_experts = 0;     // E
-  int topk = 0;          // k
+  int hidden = 0;            // D
+  int inter = 0;             // I
+  int n_experts = 0;         // E
+  int topk = 0;              // k
   float swiglu_limit = 0.f;  // <= 0: no clamp
-  float* out = nullptr;  // [S, D] (overwritten)
+  float* out = nullptr;      // [S, D] (overwritten)
 };
 
 /// mHC coefficient arguments (dsv4-model.md §3) for `Ops::hc_pre`.
@@ -147,8 +148,8 @@ struct HcArgs {
   const float* base = nullptr;   // [(2+n)·n]
   const float* scale = nullptr;  // [3]
   int64_t n_rows = 0;
-  int n_streams = 0;   // n
-  int hidden = 0;      // D
+  int n_streams = 0;  // n
+  int hidden = 0;     // D
   float rms_eps = 0.f;
   float hc_eps = 0.f;
   int sinkhorn_iters = 0;
@@ -213,8 +214,7 @@ class Ops {
   /// HyperHead: y[t] = Σ_s (sigmoid((RMS(flat)·fnᵀ)[s]·scale + base[s]) + hc_eps)·h[t, s].
   /// fn [n, n·D], base [n], scale [1], y [S, D].
   virtual void hc_head(const float* h, const float* fn, const float* base, const float* scale,
-                       int64_t S, int n_streams, int D, float rms_eps, float hc_eps,
-                       float* y) = 0;
+                       int64_t S, int n_streams, int D, float rms_eps, float hc_eps, float* y) = 0;
   virtual void compress_pool(const CompressArgs& a) = 0;
   virtual void indexer_topk(const IndexerArgs& a) = 0;
   virtual void sparse_attention(const AttentionArgs& a) = 0;

@@ -3,12 +3,12 @@
 // each giving a one-line error that names the problem.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <unistd.h>
 
 #include "base/dtype.h"
 #include "model/checkpoint.h"
@@ -59,7 +59,8 @@ std::vector<WriteTensor> read_all(const std::string& dir) {
 }
 
 // Copies config.json of `src` and writes `tensors` as model.safetensors into `dst`.
-void write_checkpoint(const std::string& src, const std::string& dst, const std::vector<WriteTensor>& tensors) {
+void write_checkpoint(const std::string& src, const std::string& dst,
+                      const std::vector<WriteTensor>& tensors) {
   fs::copy_file(src + "/config.json", dst + "/config.json", fs::copy_options::overwrite_existing);
   ASSERT_TRUE(write_safetensors(dst + "/model.safetensors", tensors).ok());
 }
@@ -93,10 +94,14 @@ TEST(Checkpoint, NameMappingAllSchemes) {
       {"model.layers.3.self_attn.kv_norm.weight", "layers.3.attn.kv_norm.weight"},
       {"model.layers.3.attn.norm.weight", "layers.3.attn.kv_norm.weight"},
       {"model.layers.3.self_attn.compressor.position_bias", "layers.3.attn.compressor.ape"},
-      {"model.layers.3.self_attn.compressor.kv_norm.weight", "layers.3.attn.compressor.norm.weight"},
-      {"model.layers.3.self_attn.compressor.indexer.gate_proj.weight", "layers.3.attn.indexer.compressor.wgate.weight"},
-      {"model.layers.3.self_attn.compressor.indexer.q_b_proj.weight", "layers.3.attn.indexer.wq_b.weight"},
-      {"model.layers.3.self_attn.compressor.indexer.scorer.weights_proj.weight", "layers.3.attn.indexer.weights_proj.weight"},
+      {"model.layers.3.self_attn.compressor.kv_norm.weight",
+       "layers.3.attn.compressor.norm.weight"},
+      {"model.layers.3.self_attn.compressor.indexer.gate_proj.weight",
+       "layers.3.attn.indexer.compressor.wgate.weight"},
+      {"model.layers.3.self_attn.compressor.indexer.q_b_proj.weight",
+       "layers.3.attn.indexer.wq_b.weight"},
+      {"model.layers.3.self_attn.compressor.indexer.scorer.weights_proj.weight",
+       "layers.3.attn.indexer.weights_proj.weight"},
       {"model.layers.3.mlp.gate.e_score_correction_bias", "layers.3.ffn.gate.bias"},
       {"model.layers.3.mlp.shared_experts.up_proj.weight", "layers.3.ffn.shared_experts.w3.weight"},
       {"model.layers.3.mlp.experts.gate_up_proj", "layers.3.ffn.experts.gate_up_proj"},
@@ -150,8 +155,10 @@ TEST(Checkpoint, DecodesFp8BlockScalesAndFp4) {
   auto bad = ck->read_f32("e.weight", {4, 32});
   ASSERT_FALSE(bad.ok());
   expect_one_line(bad.status(), "e.weight");
-  EXPECT_NE(bad.status().message().find("expected shape [4, 16]"), std::string::npos) << bad.status().message();
-  EXPECT_NE(bad.status().message().find("found I8 [4, 32]"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("expected shape [4, 16]"), std::string::npos)
+      << bad.status().message();
+  EXPECT_NE(bad.status().message().find("found I8 [4, 32]"), std::string::npos)
+      << bad.status().message();
 }
 
 // Renaming a fixture to transformers' internal names (fused experts) gives identical logits.
@@ -169,13 +176,20 @@ TEST(Checkpoint, HfInternalNamesGiveIdenticalLogits) {
         {"attn.indexer.wq_b.", "self_attn.compressor.indexer.q_b_proj."},
         {"attn.indexer.weights_proj.", "self_attn.compressor.indexer.scorer.weights_proj."},
         {"attn.compressor.", "self_attn.compressor."},
-        {"attn.wq_a.", "self_attn.q_a_proj."}, {"attn.q_norm.", "self_attn.q_a_norm."},
-        {"attn.wq_b.", "self_attn.q_b_proj."}, {"attn.wkv.", "self_attn.kv_proj."},
-        {"attn.kv_norm.", "self_attn.kv_norm."}, {"attn.wo_a.", "self_attn.o_a_proj."},
-        {"attn.wo_b.", "self_attn.o_b_proj."}, {"attn.attn_sink", "self_attn.sinks"},
-        {"attn_norm.", "input_layernorm."}, {"ffn_norm.", "post_attention_layernorm."},
-        {"hc_attn_", "attn_hc."}, {"hc_ffn_", "ffn_hc."},
-        {"ffn.gate.bias", "mlp.gate.e_score_correction_bias"}, {"ffn.gate.", "mlp.gate."},
+        {"attn.wq_a.", "self_attn.q_a_proj."},
+        {"attn.q_norm.", "self_attn.q_a_norm."},
+        {"attn.wq_b.", "self_attn.q_b_proj."},
+        {"attn.wkv.", "self_attn.kv_proj."},
+        {"attn.kv_norm.", "self_attn.kv_norm."},
+        {"attn.wo_a.", "self_attn.o_a_proj."},
+        {"attn.wo_b.", "self_attn.o_b_proj."},
+        {"attn.attn_sink", "self_attn.sinks"},
+        {"attn_norm.", "input_layernorm."},
+        {"ffn_norm.", "post_attention_layernorm."},
+        {"hc_attn_", "attn_hc."},
+        {"hc_ffn_", "ffn_hc."},
+        {"ffn.gate.bias", "mlp.gate.e_score_correction_bias"},
+        {"ffn.gate.", "mlp.gate."},
         {"ffn.shared_experts.w1.", "mlp.shared_experts.gate_proj."},
         {"ffn.shared_experts.w3.", "mlp.shared_experts.up_proj."},
         {"ffn.shared_experts.w2.", "mlp.shared_experts.down_proj."},
@@ -189,10 +203,14 @@ TEST(Checkpoint, HfInternalNamesGiveIdenticalLogits) {
     }
     // compressor members
     for (auto [a, b] : std::vector<std::pair<std::string, std::string>>{
-             {"compressor.wkv.", "compressor.kv_proj."}, {"compressor.wgate.", "compressor.gate_proj."},
-             {"compressor.norm.", "compressor.kv_norm."}, {"compressor.ape", "compressor.position_bias"},
-             {"indexer.wkv.", "indexer.kv_proj."}, {"indexer.wgate.", "indexer.gate_proj."},
-             {"indexer.norm.", "indexer.kv_norm."}, {"indexer.ape", "indexer.position_bias"}}) {
+             {"compressor.wkv.", "compressor.kv_proj."},
+             {"compressor.wgate.", "compressor.gate_proj."},
+             {"compressor.norm.", "compressor.kv_norm."},
+             {"compressor.ape", "compressor.position_bias"},
+             {"indexer.wkv.", "indexer.kv_proj."},
+             {"indexer.wgate.", "indexer.gate_proj."},
+             {"indexer.norm.", "indexer.kv_norm."},
+             {"indexer.ape", "indexer.position_bias"}}) {
       const auto p = n.find(a);
       if (p != std::string::npos) n.replace(p, a.size(), b);
     }
@@ -204,7 +222,8 @@ TEST(Checkpoint, HfInternalNamesGiveIdenticalLogits) {
   std::vector<WriteTensor> out;
   for (const auto& [off, t] : ck->tensors()) {
     if (off.find(".ffn.experts.") != std::string::npos) continue;
-    out.push_back({internal(off), t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
+    out.push_back(
+        {internal(off), t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
   }
   for (int l = 0; l < cfg->num_hidden_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".ffn.experts.";
@@ -218,8 +237,10 @@ TEST(Checkpoint, HfInternalNamesGiveIdenticalLogits) {
       gu.insert(gu.end(), w3->begin(), w3->end());
       dn.insert(dn.end(), w2->begin(), w2->end());
     }
-    out.push_back(make_f32_tensor("model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj", {E, 2 * Im, D}, gu));
-    out.push_back(make_f32_tensor("model.layers." + std::to_string(l) + ".mlp.experts.down_proj", {E, D, Im}, dn));
+    out.push_back(make_f32_tensor("model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj",
+                                  {E, 2 * Im, D}, gu));
+    out.push_back(make_f32_tensor("model.layers." + std::to_string(l) + ".mlp.experts.down_proj",
+                                  {E, D, Im}, dn));
   }
   TempDir tmp;
   write_checkpoint(fx, tmp.str(), out);
@@ -287,7 +308,8 @@ TEST(Checkpoint, WrongShape) {
   auto m = DeepseekV4::load(tmp.str(), ops.get());
   ASSERT_FALSE(m.ok());
   expect_one_line(m.status(), "tensor '" + victim + "': expected shape [");
-  EXPECT_NE(m.status().message().find("model.safetensors"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("model.safetensors"), std::string::npos)
+      << m.status().message();
   EXPECT_NE(m.status().message().find(", found F"), std::string::npos) << m.status().message();
 }
 
@@ -341,8 +363,10 @@ TEST(Checkpoint, BadJsonHeader) {
 
 TEST(Checkpoint, UnknownDtype) {
   TempDir tmp;
-  write_raw(tmp.str() + "/model.safetensors",
-            R"({"layers.0.attn.wq_a.weight": {"dtype": "F7", "shape": [2, 2], "data_offsets": [0, 4]}})", 4);
+  write_raw(
+      tmp.str() + "/model.safetensors",
+      R"({"layers.0.attn.wq_a.weight": {"dtype": "F7", "shape": [2, 2], "data_offsets": [0, 4]}})",
+      4);
   auto ck = Checkpoint::open(tmp.str());
   expect_one_line(ck.status(), "tensor 'layers.0.attn.wq_a.weight': unknown dtype \"F7\"");
 }
@@ -351,11 +375,14 @@ TEST(Checkpoint, ByteCountMismatchAndDuplicates) {
   TempDir tmp;
   write_raw(tmp.str() + "/model.safetensors",
             R"({"x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})", 12);
-  expect_one_line(Checkpoint::open(tmp.str()).status(), "tensor 'x': 12 bytes stored but F32 [2, 2] needs 16");
+  expect_one_line(Checkpoint::open(tmp.str()).status(),
+                  "tensor 'x': 12 bytes stored but F32 [2, 2] needs 16");
   TempDir tmp2;
-  write_raw(tmp2.str() + "/model.safetensors",
-            R"({"model.embed_tokens.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
-            R"( "embed.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8);
+  write_raw(
+      tmp2.str() + "/model.safetensors",
+      R"({"model.embed_tokens.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+      R"( "embed.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+      8);
   expect_one_line(Checkpoint::open(tmp2.str()).status(), "duplicates");
 }
 
@@ -364,7 +391,8 @@ TEST(Checkpoint, UnsupportedModelType) {
   ASSERT_FALSE(fx.empty());
   TempDir tmp;
   fs::copy_file(fx + "/model.safetensors", tmp.str() + "/model.safetensors");
-  std::ofstream(tmp.str() + "/config.json") << R"({"model_type": "deepseek_v3", "num_hidden_layers": 2})";
+  std::ofstream(tmp.str() + "/config.json")
+      << R"({"model_type": "deepseek_v3", "num_hidden_layers": 2})";
   auto ops = ops::make_cpu_ops();
   auto m = DeepseekV4::load(tmp.str(), ops.get());
   expect_one_line(m.status(), "model_type \"deepseek_v3\" is not supported");
@@ -372,11 +400,14 @@ TEST(Checkpoint, UnsupportedModelType) {
 
 TEST(Checkpoint, ShardIndexNamesAbsentTensor) {
   TempDir tmp;
-  ASSERT_TRUE(write_safetensors(tmp.str() + "/a.safetensors", {make_f32_tensor("x", {1}, {1.f})}).ok());
+  ASSERT_TRUE(
+      write_safetensors(tmp.str() + "/a.safetensors", {make_f32_tensor("x", {1}, {1.f})}).ok());
   std::ofstream(tmp.str() + "/model.safetensors.index.json")
       << R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors"}})";
-  expect_one_line(Checkpoint::open(tmp.str()).status(), "tensor 'y' is listed in the index but absent from a.safetensors");
-  std::ofstream(tmp.str() + "/model.safetensors.index.json") << R"({"weight_map": {"x": "b.safetensors"}})";
+  expect_one_line(Checkpoint::open(tmp.str()).status(),
+                  "tensor 'y' is listed in the index but absent from a.safetensors");
+  std::ofstream(tmp.str() + "/model.safetensors.index.json")
+      << R"({"weight_map": {"x": "b.safetensors"}})";
   expect_one_line(Checkpoint::open(tmp.str()).status(), "b.safetensors: cannot open");
 }
 

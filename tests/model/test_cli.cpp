@@ -2,10 +2,10 @@
 // fixtures (same row convention), and clear errors for bad input.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 
 #include "model/checkpoint.h"
 #include "model_test_util.h"
@@ -35,10 +35,12 @@ TEST(Cli, GenerateDumpLogitsMatchesGolden) {
     std::string ids;
     for (auto t : g->prompt_ids) ids += (ids.empty() ? "" : ",") + std::to_string(t);
     const std::string dump = (std::filesystem::temp_directory_path() /
-                              ("v4dump-" + std::to_string(::getpid()) + ".safetensors")).string();
-    const auto [rc, out] = run(std::string(V4_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
-                               " --max-new-tokens " + std::to_string(g->tokens.size()) +
-                               " --temperature 0 --ignore-eos --threads 2 --kv-budget-mb 64 --dump-logits " + dump);
+                              ("v4dump-" + std::to_string(::getpid()) + ".safetensors"))
+                                 .string();
+    const auto [rc, out] =
+        run(std::string(V4_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
+            " --max-new-tokens " + std::to_string(g->tokens.size()) +
+            " --temperature 0 --ignore-eos --threads 2 --kv-budget-mb 64 --dump-logits " + dump);
     ASSERT_EQ(rc, 0) << out;
     auto f = Checkpoint::open_file(dump);
     ASSERT_TRUE(f.ok()) << f.status().to_string();
@@ -82,7 +84,8 @@ TEST(Cli, InfoPrintsSummary) {
   for (const auto& dir : dirs) {
     auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + dir);
     ASSERT_EQ(rc, 0) << out;
-    for (const char* s : {"model_type       deepseek_v4", "parameters", "routed experts", "c4_kv", "swa", "naming"})
+    for (const char* s :
+         {"model_type       deepseek_v4", "parameters", "routed experts", "c4_kv", "swa", "naming"})
       EXPECT_NE(out.find(s), std::string::npos) << dir << ": missing '" << s << "' in\n" << out;
   }
 }

@@ -21,7 +21,9 @@ json read_json(const std::string& path) {
 }
 
 // The real DeepSeek-V4-Pro config.json (copied from /work/shared/data/dsv4-reference, MIT).
-json pro_config() { return read_json(std::string(V4_SOURCE_DIR) + "/tests/model/data/v4-pro-config.json"); }
+json pro_config() {
+  return read_json(std::string(V4_SOURCE_DIR) + "/tests/model/data/v4-pro-config.json");
+}
 
 TEST(Config, RealProConfig) {
   auto c = ModelConfig::from_json(pro_config(), "v4-pro-config.json");
@@ -72,8 +74,12 @@ TEST(Config, NestedYarnWithoutAttentionFactorGetsMscale) {
   j.erase("rope_scaling");
   j["rope_parameters"] = {
       {"main", {{"rope_type", "default"}, {"rope_theta", 10000}, {"partial_rotary_factor", 0.125}}},
-      {"compress", {{"rope_type", "yarn"}, {"rope_theta", 160000}, {"factor", 16},
-                    {"original_max_position_embeddings", 65536}, {"partial_rotary_factor", 0.125}}}};
+      {"compress",
+       {{"rope_type", "yarn"},
+        {"rope_theta", 160000},
+        {"factor", 16},
+        {"original_max_position_embeddings", 65536},
+        {"partial_rotary_factor", 0.125}}}};
   auto c = ModelConfig::from_json(j, "nested");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_NEAR(c->rope_compress.attention_factor, 0.1 * std::log(16.0) + 1.0, 1e-12);  // P13: 1.277
@@ -107,9 +113,12 @@ TEST(Config, DefaultsWithoutLayerTypes) {
 }
 
 TEST(Config, LegacyScalarRatesAndAliases) {
-  json j = {{"model_type", "deepseek_v4"}, {"num_hidden_layers", 2},
+  json j = {{"model_type", "deepseek_v4"},
+            {"num_hidden_layers", 2},
             {"layer_types", {"compressed_sparse_attention", "heavily_compressed_attention"}},
-            {"compress_rate_hca", 16}, {"num_local_experts", 8}, {"intermediate_size", 96},
+            {"compress_rate_hca", 16},
+            {"num_local_experts", 8},
+            {"intermediate_size", 96},
             {"eos_token_id", json::array({1, 2})}};
   auto c = ModelConfig::from_json(j, "legacy");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
@@ -130,17 +139,20 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
       {{{"model_type", "llama"}}, "model_type \"llama\" is not supported"},
       {{{"hidden_size", "big"}}, "field 'hidden_size' must be an integer"},
       {{{"hidden_size", -4}}, "field 'hidden_size' must be > 0"},
-      {{{"layer_types", {"sliding_attention"}}}, "field 'layer_types' has 1 entries but num_hidden_layers = 61"},
+      {{{"layer_types", {"sliding_attention"}}},
+       "field 'layer_types' has 1 entries but num_hidden_layers = 61"},
       {{{"layer_types", json::array()}}, "field 'layer_types' has 0 entries"},
       {{{"compress_ratios", {0, 7}}}, "field 'compress_ratios' has unknown ratio 7"},
       {{{"mlp_layer_types", {"dense"}}}, "field 'mlp_layer_types' has unknown entry dense"},
       {{{"scoring_func", "tanh"}}, "field 'scoring_func' = \"tanh\" is not supported"},
-      {{{"num_experts_per_tok", 999}}, "field 'num_experts_per_tok' = 999 exceeds n_routed_experts = 384"},
+      {{{"num_experts_per_tok", 999}},
+       "field 'num_experts_per_tok' = 999 exceeds n_routed_experts = 384"},
       {{{"o_groups", 7}}, "field 'o_groups' = 7 must divide"},
       {{{"n_shared_experts", 2}}, "field 'n_shared_experts' must be 1"},
       {{{"qk_rope_head_dim", 7}}, "rope dims 7"},
       {{{"rope_scaling", {{"type", "longrope"}}}}, "rope_type' = \"longrope\" is not supported"},
-      {{{"rope_scaling", {{"type", "yarn"}, {"factor", 4}}}}, "original_max_position_embeddings' is missing"},
+      {{{"rope_scaling", {{"type", "yarn"}, {"factor", 4}}}},
+       "original_max_position_embeddings' is missing"},
       {{{"hidden_act", "gelu"}}, "field 'hidden_act' = \"gelu\" is not supported"},
   };
   for (const auto& cs : cases) {
@@ -150,7 +162,8 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
     auto c = ModelConfig::from_json(j, "config.json");
     ASSERT_FALSE(c.ok()) << "accepted patch " << cs.patch.dump();
     const std::string msg = c.status().message();
-    EXPECT_NE(msg.find(cs.expect), std::string::npos) << "patch " << cs.patch.dump() << " gave: " << msg;
+    EXPECT_NE(msg.find(cs.expect), std::string::npos)
+        << "patch " << cs.patch.dump() << " gave: " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     EXPECT_EQ(msg.rfind("config.json", 0), 0u) << "error must name the file: " << msg;
   }

@@ -40,7 +40,9 @@ std::unique_ptr<cache::KvCache> make_cache(const DeepseekV4& m) {
   return kv.ok() ? std::move(kv).value() : nullptr;
 }
 
-TEST(Golden, FixturesExist) { ASSERT_FALSE(fixture_dirs().empty()) << "no tests/fixtures/*/golden.safetensors"; }
+TEST(Golden, FixturesExist) {
+  ASSERT_FALSE(fixture_dirs().empty()) << "no tests/fixtures/*/golden.safetensors";
+}
 
 TEST(Golden, PrefillLogits) {
   for (const auto& dir : fixture_dirs()) {
@@ -101,7 +103,8 @@ TEST(Golden, GreedyDecodeThroughCache) {
       const double err = rel_err(out->logits.data(), &g.decode_logits[i * V], size_t(V));
       worst = std::max(worst, err);
       EXPECT_LE(err, kTol) << "decode step " << i;
-      EXPECT_EQ(testing::argmax(out->logits.data(), V), g.tokens[i]) << "greedy token at step " << i;
+      EXPECT_EQ(testing::argmax(out->logits.data(), V), g.tokens[i])
+          << "greedy token at step " << i;
     }
     std::printf("[golden] %s decode N=%lld worst rel_err=%.3g\n", dir.c_str(), (long long)N, worst);
   }

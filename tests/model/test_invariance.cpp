@@ -42,8 +42,8 @@ std::vector<int32_t> random_prompt(int64_t vocab, int n, uint32_t seed) {
 
 // Runs `prompt` alone in chunks of `chunk` tokens (logits at every position), then `n_decode`
 // greedy decode steps; returns all logits rows concatenated.
-std::vector<float> run_alone(Env& e, const std::vector<int32_t>& prompt, int64_t chunk, int n_decode,
-                             std::vector<int32_t>* greedy = nullptr) {
+std::vector<float> run_alone(Env& e, const std::vector<int32_t>& prompt, int64_t chunk,
+                             int n_decode, std::vector<int32_t>* greedy = nullptr) {
   auto seq = e.kv->create_sequence();
   EXPECT_TRUE(seq.ok());
   const int64_t V = e.model->config().vocab_size;
@@ -52,7 +52,8 @@ std::vector<float> run_alone(Env& e, const std::vector<int32_t>& prompt, int64_t
   while (pos < int64_t(prompt.size())) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(prompt.size()) - pos);
     ForwardBatch b;
-    b.slices.push_back({*seq, pos, std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + pos + n), true});
+    b.slices.push_back(
+        {*seq, pos, std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + pos + n), true});
     auto out = e.model->forward(b, *e.kv);
     EXPECT_TRUE(out.ok()) << out.status().to_string();
     if (!out.ok()) return {};
@@ -103,8 +104,8 @@ TEST(Invariance, MixedBatchEqualsAloneBitExact) {
     Env e = make_env(dir);
     ASSERT_TRUE(e.kv);
     const int64_t V = e.model->config().vocab_size;
-    const std::vector<std::vector<int32_t>> prompts = {random_prompt(V, 37, 1), random_prompt(V, 90, 2),
-                                                       random_prompt(V, 5, 3)};
+    const std::vector<std::vector<int32_t>> prompts = {
+        random_prompt(V, 37, 1), random_prompt(V, 90, 2), random_prompt(V, 5, 3)};
     const int n_decode = 8;
     // Alone: one-shot prefill + greedy decode.
     std::vector<std::vector<float>> alone;
@@ -136,7 +137,10 @@ TEST(Invariance, MixedBatchEqualsAloneBitExact) {
         const int64_t P = int64_t(prompts[r].size());
         if (s.pos < P) {
           const int64_t n = std::min(chunk[r], P - s.pos);
-          b.slices.push_back({s.seq, s.pos, std::vector<int32_t>(prompts[r].begin() + s.pos, prompts[r].begin() + s.pos + n), true});
+          b.slices.push_back(
+              {s.seq, s.pos,
+               std::vector<int32_t>(prompts[r].begin() + s.pos, prompts[r].begin() + s.pos + n),
+               true});
         } else if (s.decoded < n_decode) {
           const int32_t next = testing::argmax(&s.logits[s.logits.size() - V], V);
           b.slices.push_back({s.seq, s.pos, {next}, false});
@@ -159,7 +163,8 @@ TEST(Invariance, MixedBatchEqualsAloneBitExact) {
     for (size_t r = 0; r < prompts.size(); ++r) {
       SCOPED_TRACE("request " + std::to_string(r));
       ASSERT_EQ(st[r].logits.size(), alone[r].size());
-      EXPECT_EQ(std::memcmp(st[r].logits.data(), alone[r].data(), alone[r].size() * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(st[r].logits.data(), alone[r].data(), alone[r].size() * sizeof(float)),
+                0)
           << "rel err " << testing::rel_err(st[r].logits.data(), alone[r].data(), alone[r].size());
     }
   }

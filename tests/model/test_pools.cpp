@@ -16,12 +16,14 @@ namespace {
 CacheSpec spec() {
   CacheSpec s;
   s.sliding_window = 8;
-  s.layers = {{AttnKind::kSliding, 0, 32, 0}, {AttnKind::kCsa, 4, 32, 16}, {AttnKind::kHca, 16, 32, 0}};
+  s.layers = {
+      {AttnKind::kSliding, 0, 32, 0}, {AttnKind::kCsa, 4, 32, 16}, {AttnKind::kHca, 16, 32, 0}};
   return s;
 }
 
 std::unique_ptr<KvCache> make(const KvCacheOptions& o) {
-  auto kv = KvCache::create(spec(), o, [](size_t b) { return std::calloc(1, b); }, [](void* p) { std::free(p); });
+  auto kv = KvCache::create(
+      spec(), o, [](size_t b) { return std::calloc(1, b); }, [](void* p) { std::free(p); });
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   return kv.ok() ? std::move(kv).value() : nullptr;
 }
@@ -45,7 +47,10 @@ TEST(Pools, BudgetSizing) {
   EXPECT_NE(too_small.status().message().find("too small"), std::string::npos);
   // page size must be a multiple of 128 and of every rate
   KvCacheOptions bad{100, 4, 4, 1};
-  EXPECT_FALSE(KvCache::create(spec(), bad, [](size_t b) { return std::calloc(1, b); }, [](void* p) { std::free(p); }).ok());
+  EXPECT_FALSE(
+      KvCache::create(
+          spec(), bad, [](size_t b) { return std::calloc(1, b); }, [](void* p) { std::free(p); })
+          .ok());
 }
 
 TEST(Pools, SequencesPagesAndAddressing) {
@@ -94,8 +99,8 @@ TEST(Pools, ForwardReportsFullCacheWithoutComputing) {
   auto m = model::DeepseekV4::load(dirs[0], ops.get());
   ASSERT_TRUE(m.ok());
   const auto sp = (*m)->cache_spec();
-  const int64_t budget = KvCache::state_slot_bytes(sp) +
-                         2 * (KvCache::virtual_page_bytes(sp, 256) + KvCache::swa_page_bytes(sp, 256));
+  const int64_t budget = KvCache::state_slot_bytes(sp) + 2 * (KvCache::virtual_page_bytes(sp, 256) +
+                                                              KvCache::swa_page_bytes(sp, 256));
   auto kv = (*m)->make_cache(budget, 1, 256);
   ASSERT_TRUE(kv.ok()) << kv.status().to_string();
   auto seq = (*kv)->create_sequence();

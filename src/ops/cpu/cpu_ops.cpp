@@ -17,9 +17,9 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <unordered_map>
 #include <new>
 #include <numeric>
+#include <unordered_map>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -32,10 +32,16 @@ namespace {
 constexpr int64_t kRowBlock = 16;   // rows per sgemm call (fixed: batch invariance)
 constexpr int64_t kColChunk = 256;  // output columns per sgemm call (fixed per N)
 
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-inline float siluf(float x) { return x / (1.f + std::exp(-x)); }
+inline float sigmoidf(float x) {
+  return 1.f / (1.f + std::exp(-x));
+}
+inline float siluf(float x) {
+  return x / (1.f + std::exp(-x));
+}
 // torch.nn.functional.softplus(beta=1, threshold=20).
-inline float softplusf(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float softplusf(float x) {
+  return x > 20.f ? x : std::log1p(std::exp(x));
+}
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
@@ -108,13 +114,16 @@ class CpuOps final : public Ops {
       const int64_t rt = (M + kTaskRows - 1) / kTaskRows, ct = (N + kTaskCols - 1) / kTaskCols;
       // Small products run on the caller: waking the pool costs more than they do.
       const int64_t min_tasks = M * N * K < (int64_t(1) << 21) ? rt * ct : 1;
-      pool_->parallel_for(rt * ct, [&](int64_t b, int64_t e) {
-        for (int64_t task = b; task < e; ++task) {
-          const int64_t r0 = task / ct * kTaskRows, c0 = task % ct * kTaskCols;
-          cpu::gemm_rows_avx2(x, ldx, w, r0, std::min(M, r0 + kTaskRows), c0,
-                              std::min(N, c0 + kTaskCols), K, y, ldy);
-        }
-      }, min_tasks);
+      pool_->parallel_for(
+          rt * ct,
+          [&](int64_t b, int64_t e) {
+            for (int64_t task = b; task < e; ++task) {
+              const int64_t r0 = task / ct * kTaskRows, c0 = task % ct * kTaskCols;
+              cpu::gemm_rows_avx2(x, ldx, w, r0, std::min(M, r0 + kTaskRows), c0,
+                                  std::min(N, c0 + kTaskCols), K, y, ldy);
+            }
+          },
+          min_tasks);
       return;
     }
     const int64_t row_blocks = (M + kRowBlock - 1) / kRowBlock;
@@ -157,7 +166,8 @@ class CpuOps final : public Ops {
                   const float* src) override {
     for (int64_t i = 0; i < n; ++i)
       if (rows[i] >= 0)
-        std::memcpy(pool + int64_t(rows[i]) * width, src + i * width, size_t(width) * sizeof(float));
+        std::memcpy(pool + int64_t(rows[i]) * width, src + i * width,
+                    size_t(width) * sizeof(float));
   }
 
   void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
@@ -170,45 +180,51 @@ class CpuOps final : public Ops {
 
   void rms_norm(const float* x, const float* weight, int64_t rows, int dim, float eps,
                 float* y) override {
-    pool_->parallel_for(rows, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const float* xr = x + r * dim;
-        float* yr = y + r * dim;
-        double ss = 0;
-        for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-        const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
-        if (weight)
-          for (int i = 0; i < dim; ++i) yr[i] = weight[i] * (xr[i] * inv);
-        else
-          for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
-      }
-    }, 64);
+    pool_->parallel_for(
+        rows,
+        [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) {
+            const float* xr = x + r * dim;
+            float* yr = y + r * dim;
+            double ss = 0;
+            for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+            const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
+            if (weight)
+              for (int i = 0; i < dim; ++i) yr[i] = weight[i] * (xr[i] * inv);
+            else
+              for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
+          }
+        },
+        64);
   }
 
   void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
             const int64_t* positions, const float* inv_freq, float attention_scaling,
             bool inverse) override {
     const int half = rope_dim / 2;
-    pool_->parallel_for(rows, [&](int64_t b, int64_t e) {
-      std::vector<float> cs(half), sn(half);
-      for (int64_t r = b; r < e; ++r) {
-        const float pos = float(positions[r]);
-        for (int i = 0; i < half; ++i) {
-          const float ang = inv_freq[i] * pos;  // fp32 product, as HF (dsv4-model.md P18)
-          cs[i] = std::cos(ang) * attention_scaling;
-          sn[i] = std::sin(ang) * attention_scaling;
-          if (inverse) sn[i] = -sn[i];
-        }
-        for (int h = 0; h < n_heads; ++h) {
-          float* v = x + (r * n_heads + h) * head_dim + (head_dim - rope_dim);
-          for (int i = 0; i < half; ++i) {
-            const float a = v[2 * i], c = v[2 * i + 1];
-            v[2 * i] = a * cs[i] - c * sn[i];
-            v[2 * i + 1] = c * cs[i] + a * sn[i];
+    pool_->parallel_for(
+        rows,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> cs(half), sn(half);
+          for (int64_t r = b; r < e; ++r) {
+            const float pos = float(positions[r]);
+            for (int i = 0; i < half; ++i) {
+              const float ang = inv_freq[i] * pos;  // fp32 product, as HF (dsv4-model.md P18)
+              cs[i] = std::cos(ang) * attention_scaling;
+              sn[i] = std::sin(ang) * attention_scaling;
+              if (inverse) sn[i] = -sn[i];
+            }
+            for (int h = 0; h < n_heads; ++h) {
+              float* v = x + (r * n_heads + h) * head_dim + (head_dim - rope_dim);
+              for (int i = 0; i < half; ++i) {
+                const float a = v[2 * i], c = v[2 * i + 1];
+                v[2 * i] = a * cs[i] - c * sn[i];
+                v[2 * i + 1] = c * cs[i] + a * sn[i];
+              }
+            }
           }
-        }
-      }
-    }, 32);
+        },
+        32);
   }
 
   void hc_pre(const HcArgs& a) override {
@@ -219,76 +235,82 @@ class CpuOps final : public Ops {
     std::vector<float> flat(size_t(a.n_rows * width)), mixes(size_t(a.n_rows * n_mix));
     rms_norm(a.h, nullptr, a.n_rows, int(width), a.rms_eps, flat.data());
     linear(flat.data(), width, a.fn, a.n_rows, n_mix, width, mixes.data(), n_mix);
-    pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
-      std::vector<float> comb(n * n);
-      for (int64_t t = b; t < e; ++t) {
-        const float* h = a.h + t * width;
-        const float* mix = &mixes[t * n_mix];
-        float pre[16];
-        for (int s = 0; s < n; ++s) {
-          pre[s] = sigmoidf(mix[s] * a.scale[0] + a.base[s]) + a.hc_eps;
-          a.post[t * n + s] = 2.f * sigmoidf(mix[n + s] * a.scale[1] + a.base[n + s]);
-        }
-        // comb logits, row j / column k; softmax over k, +eps, then Sinkhorn.
-        for (int j = 0; j < n; ++j) {
-          float* row = &comb[j * n];
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int k = 0; k < n; ++k) {
-            row[k] = mix[2 * n + j * n + k] * a.scale[2] + a.base[2 * n + j * n + k];
-            mx = std::max(mx, row[k]);
+    pool_->parallel_for(
+        a.n_rows,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> comb(n * n);
+          for (int64_t t = b; t < e; ++t) {
+            const float* h = a.h + t * width;
+            const float* mix = &mixes[t * n_mix];
+            float pre[16];
+            for (int s = 0; s < n; ++s) {
+              pre[s] = sigmoidf(mix[s] * a.scale[0] + a.base[s]) + a.hc_eps;
+              a.post[t * n + s] = 2.f * sigmoidf(mix[n + s] * a.scale[1] + a.base[n + s]);
+            }
+            // comb logits, row j / column k; softmax over k, +eps, then Sinkhorn.
+            for (int j = 0; j < n; ++j) {
+              float* row = &comb[j * n];
+              float mx = -std::numeric_limits<float>::infinity();
+              for (int k = 0; k < n; ++k) {
+                row[k] = mix[2 * n + j * n + k] * a.scale[2] + a.base[2 * n + j * n + k];
+                mx = std::max(mx, row[k]);
+              }
+              float sum = 0.f;
+              for (int k = 0; k < n; ++k) sum += (row[k] = std::exp(row[k] - mx));
+              for (int k = 0; k < n; ++k) row[k] = row[k] / sum + a.hc_eps;
+            }
+            auto col_norm = [&] {
+              for (int k = 0; k < n; ++k) {
+                float s = 0.f;
+                for (int j = 0; j < n; ++j) s += comb[j * n + k];
+                for (int j = 0; j < n; ++j) comb[j * n + k] /= (s + a.hc_eps);
+              }
+            };
+            auto row_norm = [&] {
+              for (int j = 0; j < n; ++j) {
+                float s = 0.f;
+                for (int k = 0; k < n; ++k) s += comb[j * n + k];
+                for (int k = 0; k < n; ++k) comb[j * n + k] /= (s + a.hc_eps);
+              }
+            };
+            col_norm();
+            for (int it = 0; it < a.sinkhorn_iters - 1; ++it) {
+              row_norm();
+              col_norm();
+            }
+            std::memcpy(a.comb + t * n * n, comb.data(), sizeof(float) * n * n);
+            float* c = a.collapsed + t * D;
+            for (int d = 0; d < D; ++d) {
+              float s = 0.f;
+              for (int st = 0; st < n; ++st) s += pre[st] * h[st * D + d];
+              c[d] = s;
+            }
           }
-          float sum = 0.f;
-          for (int k = 0; k < n; ++k) sum += (row[k] = std::exp(row[k] - mx));
-          for (int k = 0; k < n; ++k) row[k] = row[k] / sum + a.hc_eps;
-        }
-        auto col_norm = [&] {
-          for (int k = 0; k < n; ++k) {
-            float s = 0.f;
-            for (int j = 0; j < n; ++j) s += comb[j * n + k];
-            for (int j = 0; j < n; ++j) comb[j * n + k] /= (s + a.hc_eps);
-          }
-        };
-        auto row_norm = [&] {
-          for (int j = 0; j < n; ++j) {
-            float s = 0.f;
-            for (int k = 0; k < n; ++k) s += comb[j * n + k];
-            for (int k = 0; k < n; ++k) comb[j * n + k] /= (s + a.hc_eps);
-          }
-        };
-        col_norm();
-        for (int it = 0; it < a.sinkhorn_iters - 1; ++it) {
-          row_norm();
-          col_norm();
-        }
-        std::memcpy(a.comb + t * n * n, comb.data(), sizeof(float) * n * n);
-        float* c = a.collapsed + t * D;
-        for (int d = 0; d < D; ++d) {
-          float s = 0.f;
-          for (int st = 0; st < n; ++st) s += pre[st] * h[st * D + d];
-          c[d] = s;
-        }
-      }
-    }, 16);
+        },
+        16);
   }
 
-  void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S,
-               int n, int D) override {
-    pool_->parallel_for(S, [&](int64_t b, int64_t e) {
-      std::vector<float> old(size_t(n) * D);
-      for (int64_t t = b; t < e; ++t) {
-        float* ht = h + t * n * D;
-        std::memcpy(old.data(), ht, sizeof(float) * n * D);
-        const float* cb = comb + t * n * n;
-        for (int k = 0; k < n; ++k) {
-          const float pk = post[t * n + k];
-          for (int d = 0; d < D; ++d) {
-            float s = 0.f;
-            for (int j = 0; j < n; ++j) s += cb[j * n + k] * old[j * D + d];
-            ht[k * D + d] = pk * f[t * D + d] + s;
+  void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S, int n,
+               int D) override {
+    pool_->parallel_for(
+        S,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> old(size_t(n) * D);
+          for (int64_t t = b; t < e; ++t) {
+            float* ht = h + t * n * D;
+            std::memcpy(old.data(), ht, sizeof(float) * n * D);
+            const float* cb = comb + t * n * n;
+            for (int k = 0; k < n; ++k) {
+              const float pk = post[t * n + k];
+              for (int d = 0; d < D; ++d) {
+                float s = 0.f;
+                for (int j = 0; j < n; ++j) s += cb[j * n + k] * old[j * D + d];
+                ht[k * D + d] = pk * f[t * D + d] + s;
+              }
+            }
           }
-        }
-      }
-    }, 16);
+        },
+        16);
   }
 
   void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
@@ -313,160 +335,172 @@ class CpuOps final : public Ops {
     const int m = a.ratio, c = a.overlap, d = a.dim;
     const int n_slots = c * m;
     const int64_t width = int64_t(c) * d;
-    pool_->parallel_for(a.n_out, [&](int64_t b, int64_t e) {
-      std::vector<const float*> kv(n_slots), gt(n_slots), bs(n_slots);
-      std::vector<float> g(n_slots);
-      for (int64_t r = b; r < e; ++r) {
-        for (int j = 0; j < n_slots; ++j) {
-          const int32_t v = a.src[r * n_slots + j];
-          const int ch0 = (c == 2 && j >= m) ? d : 0;  // series b of the overlap compressor
-          const int brow = (c == 2 && j >= m) ? j - m : j;
-          if (v == -1) {
-            kv[j] = nullptr;
-            continue;
+    pool_->parallel_for(
+        a.n_out,
+        [&](int64_t b, int64_t e) {
+          std::vector<const float*> kv(n_slots), gt(n_slots), bs(n_slots);
+          std::vector<float> g(n_slots);
+          for (int64_t r = b; r < e; ++r) {
+            for (int j = 0; j < n_slots; ++j) {
+              const int32_t v = a.src[r * n_slots + j];
+              const int ch0 = (c == 2 && j >= m) ? d : 0;  // series b of the overlap compressor
+              const int brow = (c == 2 && j >= m) ? j - m : j;
+              if (v == -1) {
+                kv[j] = nullptr;
+                continue;
+              }
+              const float* kbase =
+                  v >= 0 ? a.fresh_kv + int64_t(v) * width : a.state_kv + int64_t(-v - 2) * width;
+              const float* gbase = v >= 0 ? a.fresh_gate + int64_t(v) * width
+                                          : a.state_gate + int64_t(-v - 2) * width;
+              kv[j] = kbase + ch0;
+              gt[j] = gbase + ch0;
+              bs[j] = a.bias + int64_t(brow) * width + ch0;
+            }
+            float* out = a.out + r * d;
+            for (int ch = 0; ch < d; ++ch) {
+              float mx = -std::numeric_limits<float>::infinity();
+              for (int j = 0; j < n_slots; ++j)
+                if (kv[j]) mx = std::max(mx, g[j] = gt[j][ch] + bs[j][ch]);
+              float sum = 0.f;
+              for (int j = 0; j < n_slots; ++j)
+                if (kv[j]) sum += (g[j] = std::exp(g[j] - mx));
+              float acc = 0.f;
+              for (int j = 0; j < n_slots; ++j)
+                if (kv[j]) acc += kv[j][ch] * (g[j] / sum);
+              out[ch] = acc;
+            }
           }
-          const float* kbase = v >= 0 ? a.fresh_kv + int64_t(v) * width
-                                      : a.state_kv + int64_t(-v - 2) * width;
-          const float* gbase = v >= 0 ? a.fresh_gate + int64_t(v) * width
-                                      : a.state_gate + int64_t(-v - 2) * width;
-          kv[j] = kbase + ch0;
-          gt[j] = gbase + ch0;
-          bs[j] = a.bias + int64_t(brow) * width + ch0;
-        }
-        float* out = a.out + r * d;
-        for (int ch = 0; ch < d; ++ch) {
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int j = 0; j < n_slots; ++j)
-            if (kv[j]) mx = std::max(mx, g[j] = gt[j][ch] + bs[j][ch]);
-          float sum = 0.f;
-          for (int j = 0; j < n_slots; ++j)
-            if (kv[j]) sum += (g[j] = std::exp(g[j] - mx));
-          float acc = 0.f;
-          for (int j = 0; j < n_slots; ++j)
-            if (kv[j]) acc += kv[j][ch] * (g[j] / sum);
-          out[ch] = acc;
-        }
-      }
-    }, 4);
+        },
+        4);
   }
 
   void indexer_topk(const IndexerArgs& a) override {
     const int nI = a.n_heads, dI = a.head_dim, k = a.topk;
     const float qscale = 1.f / std::sqrt(float(dI));
     const float wscale = 1.f / std::sqrt(float(nI));
-    pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
-      std::vector<float> score;
-      std::vector<int32_t> order;
-      std::vector<float> w(nI);
-      for (int64_t t = b; t < e; ++t) {
-        const int32_t n_cand = a.cand.count[t];
-        const int32_t* rows = a.cand.rows + a.cand.offset[t];
-        const float* q = a.q + t * nI * dI;
-        for (int h = 0; h < nI; ++h) w[h] = a.weights[t * nI + h] * wscale;
-        score.assign(n_cand, 0.f);
-        for (int32_t s = 0; s < n_cand; ++s) {
-          const float* key = a.key_pool + int64_t(rows[s]) * dI;
-          float acc = 0.f;
-          for (int h = 0; h < nI; ++h) {
-            const float v = std::max(0.f, dot(q + h * dI, key, dI)) * qscale;
-            acc += v * w[h];
+    pool_->parallel_for(
+        a.n_rows,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> score;
+          std::vector<int32_t> order;
+          std::vector<float> w(nI);
+          for (int64_t t = b; t < e; ++t) {
+            const int32_t n_cand = a.cand.count[t];
+            const int32_t* rows = a.cand.rows + a.cand.offset[t];
+            const float* q = a.q + t * nI * dI;
+            for (int h = 0; h < nI; ++h) w[h] = a.weights[t * nI + h] * wscale;
+            score.assign(n_cand, 0.f);
+            for (int32_t s = 0; s < n_cand; ++s) {
+              const float* key = a.key_pool + int64_t(rows[s]) * dI;
+              float acc = 0.f;
+              for (int h = 0; h < nI; ++h) {
+                const float v = std::max(0.f, dot(q + h * dI, key, dI)) * qscale;
+                acc += v * w[h];
+              }
+              score[s] = acc;
+            }
+            const int n_sel = std::min<int32_t>(k, n_cand);
+            order.resize(n_cand);
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(order.begin(), order.begin() + n_sel, order.end(),
+                              [&](int32_t x, int32_t y) {
+                                if (score[x] != score[y]) return score[x] > score[y];
+                                return x < y;
+                              });
+            int32_t* out = a.out_rows + t * k;
+            for (int i = 0; i < k; ++i) out[i] = i < n_sel ? rows[order[i]] : -1;
+            if (a.out_count) a.out_count[t] = n_sel;
           }
-          score[s] = acc;
-        }
-        const int n_sel = std::min<int32_t>(k, n_cand);
-        order.resize(n_cand);
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + n_sel, order.end(),
-                          [&](int32_t x, int32_t y) {
-                            if (score[x] != score[y]) return score[x] > score[y];
-                            return x < y;
-                          });
-        int32_t* out = a.out_rows + t * k;
-        for (int i = 0; i < k; ++i) out[i] = i < n_sel ? rows[order[i]] : -1;
-        if (a.out_count) a.out_count[t] = n_sel;
-      }
-    }, 4);
+        },
+        4);
   }
 
   void sparse_attention(const AttentionArgs& a) override {
     const int H = a.n_heads, hd = a.head_dim;
-    pool_->parallel_for(a.n_rows * H, [&](int64_t b, int64_t e) {
-      std::vector<const float*> keys;
-      std::vector<float> logit;
-      for (int64_t th = b; th < e; ++th) {
-        const int64_t t = th / H;
-        const int h = int(th % H);
-        keys.clear();
-        auto collect = [&](const float* pool, const RowMap& map) {
-          if (!pool || !map.count) return;
-          const int32_t* rows = map.rows + map.offset[t];
-          for (int32_t j = 0; j < map.count[t]; ++j)
-            if (rows[j] >= 0) keys.push_back(pool + int64_t(rows[j]) * hd);
-        };
-        collect(a.swa_pool, a.swa);
-        collect(a.comp_pool, a.comp);
-        const float* q = a.q + (t * H + h) * hd;
-        logit.resize(keys.size());
-        float mx = a.sinks[h];
-        for (size_t j = 0; j < keys.size(); ++j) {
-          logit[j] = dot(q, keys[j], hd) * a.scale;
-          mx = std::max(mx, logit[j]);
-        }
-        float sum = std::exp(a.sinks[h] - mx);
-        for (size_t j = 0; j < keys.size(); ++j) sum += (logit[j] = std::exp(logit[j] - mx));
-        float* o = a.out + (t * H + h) * hd;
-        std::fill(o, o + hd, 0.f);
-        for (size_t j = 0; j < keys.size(); ++j) {
-          const float p = logit[j] / sum;
-          const float* v = keys[j];
-          for (int i = 0; i < hd; ++i) o[i] += p * v[i];
-        }
-      }
-    }, 8);
+    pool_->parallel_for(
+        a.n_rows * H,
+        [&](int64_t b, int64_t e) {
+          std::vector<const float*> keys;
+          std::vector<float> logit;
+          for (int64_t th = b; th < e; ++th) {
+            const int64_t t = th / H;
+            const int h = int(th % H);
+            keys.clear();
+            auto collect = [&](const float* pool, const RowMap& map) {
+              if (!pool || !map.count) return;
+              const int32_t* rows = map.rows + map.offset[t];
+              for (int32_t j = 0; j < map.count[t]; ++j)
+                if (rows[j] >= 0) keys.push_back(pool + int64_t(rows[j]) * hd);
+            };
+            collect(a.swa_pool, a.swa);
+            collect(a.comp_pool, a.comp);
+            const float* q = a.q + (t * H + h) * hd;
+            logit.resize(keys.size());
+            float mx = a.sinks[h];
+            for (size_t j = 0; j < keys.size(); ++j) {
+              logit[j] = dot(q, keys[j], hd) * a.scale;
+              mx = std::max(mx, logit[j]);
+            }
+            float sum = std::exp(a.sinks[h] - mx);
+            for (size_t j = 0; j < keys.size(); ++j) sum += (logit[j] = std::exp(logit[j] - mx));
+            float* o = a.out + (t * H + h) * hd;
+            std::fill(o, o + hd, 0.f);
+            for (size_t j = 0; j < keys.size(); ++j) {
+              const float p = logit[j] / sum;
+              const float* v = keys[j];
+              for (int i = 0; i < hd; ++i) o[i] += p * v[i];
+            }
+          }
+        },
+        8);
   }
 
   void route(const RouteArgs& a) override {
     const int E = a.n_experts, k = a.topk;
-    pool_->parallel_for(a.n_rows, [&](int64_t b, int64_t e) {
-      std::vector<float> s(E), sel(E);
-      std::vector<int32_t> order(E);
-      for (int64_t t = b; t < e; ++t) {
-        const float* lg = a.logits + t * E;
-        switch (a.scoring) {
-          case ScoringFunc::kSqrtSoftplus:
-            for (int i = 0; i < E; ++i) s[i] = std::sqrt(softplusf(lg[i]));
-            break;
-          case ScoringFunc::kSigmoid:
-            for (int i = 0; i < E; ++i) s[i] = sigmoidf(lg[i]);
-            break;
-          case ScoringFunc::kSoftmax: {
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int i = 0; i < E; ++i) mx = std::max(mx, lg[i]);
+    pool_->parallel_for(
+        a.n_rows,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> s(E), sel(E);
+          std::vector<int32_t> order(E);
+          for (int64_t t = b; t < e; ++t) {
+            const float* lg = a.logits + t * E;
+            switch (a.scoring) {
+              case ScoringFunc::kSqrtSoftplus:
+                for (int i = 0; i < E; ++i) s[i] = std::sqrt(softplusf(lg[i]));
+                break;
+              case ScoringFunc::kSigmoid:
+                for (int i = 0; i < E; ++i) s[i] = sigmoidf(lg[i]);
+                break;
+              case ScoringFunc::kSoftmax: {
+                float mx = -std::numeric_limits<float>::infinity();
+                for (int i = 0; i < E; ++i) mx = std::max(mx, lg[i]);
+                float sum = 0.f;
+                for (int i = 0; i < E; ++i) sum += (s[i] = std::exp(lg[i] - mx));
+                for (int i = 0; i < E; ++i) s[i] /= sum;
+                break;
+              }
+            }
+            int32_t* idx = a.out_idx + t * k;
+            if (a.tid2eid) {
+              for (int j = 0; j < k; ++j) idx[j] = a.tid2eid[int64_t(a.token_ids[t]) * k + j];
+            } else {
+              for (int i = 0; i < E; ++i) sel[i] = s[i] + (a.bias ? a.bias[i] : 0.f);
+              std::iota(order.begin(), order.end(), 0);
+              std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                                [&](int32_t x, int32_t y) {
+                                  if (sel[x] != sel[y]) return sel[x] > sel[y];
+                                  return x < y;
+                                });
+              for (int j = 0; j < k; ++j) idx[j] = order[j];
+            }
             float sum = 0.f;
-            for (int i = 0; i < E; ++i) sum += (s[i] = std::exp(lg[i] - mx));
-            for (int i = 0; i < E; ++i) s[i] /= sum;
-            break;
+            for (int j = 0; j < k; ++j) sum += s[idx[j]];
+            for (int j = 0; j < k; ++j)
+              a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
           }
-        }
-        int32_t* idx = a.out_idx + t * k;
-        if (a.tid2eid) {
-          for (int j = 0; j < k; ++j) idx[j] = a.tid2eid[int64_t(a.token_ids[t]) * k + j];
-        } else {
-          for (int i = 0; i < E; ++i) sel[i] = s[i] + (a.bias ? a.bias[i] : 0.f);
-          std::iota(order.begin(), order.end(), 0);
-          std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                            [&](int32_t x, int32_t y) {
-                              if (sel[x] != sel[y]) return sel[x] > sel[y];
-                              return x < y;
-                            });
-          for (int j = 0; j < k; ++j) idx[j] = order[j];
-        }
-        float sum = 0.f;
-        for (int j = 0; j < k; ++j) sum += s[idx[j]];
-        for (int j = 0; j < k; ++j)
-          a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
-      }
-    }, 8);
+        },
+        8);
   }
 
   void moe_experts(const MoeArgs& a) override {
@@ -528,6 +562,8 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(ThreadPool* pool) { return std::make_unique<CpuOps>(pool); }
+std::unique_ptr<Ops> make_cpu_ops(ThreadPool* pool) {
+  return std::make_unique<CpuOps>(pool);
+}
 
 }  // namespace v4::ops

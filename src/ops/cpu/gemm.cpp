@@ -19,9 +19,9 @@ namespace v4::ops::cpu {
 namespace {
 
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  const __m128 lo = _mm256_castps256_ps128(v);       // l0 l1 l2 l3
-  const __m128 hi = _mm256_extractf128_ps(v, 1);     // l4 l5 l6 l7
-  const __m128 s = _mm_add_ps(lo, hi);               // (l0+l4) (l1+l5) (l2+l6) (l3+l7)
+  const __m128 lo = _mm256_castps256_ps128(v);          // l0 l1 l2 l3
+  const __m128 hi = _mm256_extractf128_ps(v, 1);        // l4 l5 l6 l7
+  const __m128 s = _mm_add_ps(lo, hi);                  // (l0+l4) (l1+l5) (l2+l6) (l3+l7)
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
   const __m128 u = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
   return _mm_cvtss_f32(u);
@@ -64,13 +64,14 @@ __attribute__((target("avx2,fma"))) void row_panel(const float* x, int64_t ldx, 
 
 bool have_avx2_fma() {
   // V4_CPU_GEMM=blas forces the fixed-block cblas path (to test it on AVX2 machines).
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         !(std::getenv("V4_CPU_GEMM") && std::string(std::getenv("V4_CPU_GEMM")) == "blas");
+  static const bool ok =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      !(std::getenv("V4_CPU_GEMM") && std::string(std::getenv("V4_CPU_GEMM")) == "blas");
   return ok;
 }
 
-void gemm_rows_avx2(const float* x, int64_t ldx, const float* w, int64_t m0, int64_t m1,
-                    int64_t n0, int64_t n1, int64_t K, float* y, int64_t ldy) {
+void gemm_rows_avx2(const float* x, int64_t ldx, const float* w, int64_t m0, int64_t m1, int64_t n0,
+                    int64_t n1, int64_t K, float* y, int64_t ldy) {
   int64_t i = m0;
   for (; i + 4 <= m1; i += 4) row_panel<4>(x + i * ldx, ldx, w, n0, n1, K, y + i * ldy, ldy);
   for (; i < m1; ++i) row_panel<1>(x + i * ldx, ldx, w, n0, n1, K, y + i * ldy, ldy);
