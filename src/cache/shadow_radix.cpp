@@ -97,17 +97,21 @@ const ShadowRadix::Seq* ShadowRadix::find_seq(int32_t id) const {
 
 // ---- tree helpers ---------------------------------------------------------------------------
 
-std::vector<int32_t> ShadowRadix::path_page_table(const RadixNode* n) const {
-  std::vector<const RadixNode*> path;
-  for (const RadixNode* x = n; x && !x->is_root(); x = x->parent) path.push_back(x);
+std::vector<int32_t> ShadowRadix::path_page_table(const RadixNode* n, int64_t from_idx) const {
+  // Walk up from n: the deepest node covering a page index names its page (first writer wins).
   std::vector<int32_t> pt(size_t(n_page_idx(n->end())), -1);
   const int64_t P = cfg_.page_tokens;
-  for (auto it = path.rbegin(); it != path.rend(); ++it) {  // top-down: deepest wins
-    const RadixNode* x = *it;
+  for (const RadixNode* x = n; x && !x->is_root(); x = x->parent) {
+    if (x->end() <= from_idx * P) break;  // this ancestor and all above end before from_idx
     const int64_t first = x->start / P;
-    for (size_t i = 0; i < x->pages.size(); ++i) pt[size_t(first) + i] = x->pages[i];
+    for (int64_t i = std::max<int64_t>(0, from_idx - first); i < int64_t(x->pages.size()); ++i)
+      if (pt[size_t(first + i)] < 0) pt[size_t(first + i)] = x->pages[size_t(i)];
   }
   return pt;
+}
+
+std::vector<int32_t> ShadowRadix::window_page_table(const RadixNode* n) const {
+  return path_page_table(n, std::max<int64_t>(0, n->end() - cfg_.window_tokens) / cfg_.page_tokens);
 }
 
 std::vector<int64_t> ShadowRadix::window_vblocks(const std::vector<int32_t>& pt,
@@ -554,7 +558,7 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
       const bool in_a = std::find(A.begin(), A.end(), x) != A.end();
       if (x->snapshot < 0 && in_a) b = seq_bound(x->end());
       if ((x->snapshot >= 0 && x->end() - cfg_.window_tokens < E) || b) {
-        auto xpt = path_page_table(x);
+        auto xpt = window_page_table(x);
         auto vbs = window_vblocks(xpt, x->end());
         if (!window_written(xpt, x->end())) {
           if (b && x->snapshot < 0) {
@@ -609,7 +613,7 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
     for (int32_t p : x->pages) pages_.ref(p);
     cur->children[toks[size_t(a)]] = std::move(node);
     if (Seq::Boundary* b = seq_bound(c)) {
-      auto xpt = path_page_table(x);
+      auto xpt = window_page_table(x);
       auto vbs = window_vblocks(xpt, c);
       if (window_written(xpt, c)) {
         for (int64_t vb : vbs) swa_.ref(vb);

@@ -173,7 +173,10 @@ class ShadowRadix {
   const Seq* find_seq(int32_t id) const;
   // Tree helpers.
   RadixNode* split(RadixNode* n, int64_t at);  // returns the new parent [start, at)
-  std::vector<int32_t> path_page_table(const RadixNode* n) const;
+  /// Page table of the path root..n for page indices >= from_idx (lower entries -1).
+  std::vector<int32_t> path_page_table(const RadixNode* n, int64_t from_idx = 0) const;
+  /// The entries of it that n's boundary window needs.
+  std::vector<int32_t> window_page_table(const RadixNode* n) const;
   std::vector<int64_t> window_vblocks(const std::vector<int32_t>& pt, int64_t end) const;
   bool window_written(const std::vector<int32_t>& pt, int64_t end) const;
   void release_boundary(RadixNode* n);
