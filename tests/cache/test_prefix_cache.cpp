@@ -279,3 +279,41 @@ TEST(PrefixCache, PreemptedRequestResumesWhereItStopped) {
   so_far.insert(so_far.end(), b.gen.begin(), b.gen.end());
   EXPECT_EQ(so_far, ref_gen);
 }
+
+// Many branches over three system prompts under memory pressure: every output is correct and
+// the hit rate stays high wave after wave (hot system prompts survive LRU eviction).
+TEST(PrefixCache, ManyBranchesUnderPressureStableHitRate) {
+  Env e = make_env(16, 48, 12);
+  ASSERT_TRUE(e.pc);
+  const std::vector<std::vector<int32_t>> sys = {toks(81, 150, e.V), toks(82, 190, e.V),
+                                                 toks(83, 230, e.V)};
+  std::vector<double> rate;
+  for (int wave = 0; wave < 6; ++wave) {
+    std::vector<Req> reqs;
+    for (int i = 0; i < 4; ++i)
+      reqs.push_back(Req{cat(sys[size_t((wave + i) % 3)], toks(900 + uint32_t(wave * 4 + i),
+                                                               40 + 11 * i, e.V)),
+                         3});
+    std::vector<Req*> ptrs;
+    for (auto& r : reqs) ptrs.push_back(&r);
+    run_together(e, ptrs, 96);
+    int64_t hit = 0, sys_tokens = 0;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> ref;
+      std::vector<int32_t> ref_gen;
+      cold(e, reqs[size_t(i)].prompt, 3, &ref, &ref_gen);
+      EXPECT_EQ(reqs[size_t(i)].gen, ref_gen) << "wave " << wave << " request " << i;
+      hit += reqs[size_t(i)].h.cached_tokens;
+      sys_tokens += int64_t(sys[size_t((wave + i) % 3)].size());
+    }
+    rate.push_back(double(hit) / double(sys_tokens));
+  }
+  auto st = e.pc->radix().stats();
+  EXPECT_GT(st.evicted_nodes + st.tombstoned_nodes, 0) << "no pressure: test proves nothing";
+  for (size_t w = 2; w < rate.size(); ++w)
+    EXPECT_GE(rate[w], 0.5) << "wave " << w << " hit rate of the system prompts";
+  std::printf("hit rate of system-prompt tokens per wave:");
+  for (double r : rate) std::printf(" %.2f", r);
+  std::printf("; evicted %lld, tombstoned %lld\n", (long long)st.evicted_nodes,
+              (long long)st.tombstoned_nodes);
+}
