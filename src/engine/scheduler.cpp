@@ -203,29 +203,45 @@ Status Scheduler::step() {
   int64_t budget = config_.chunked_prefill_size;
   bool preempted = false;
 
-  // 1. Running requests, in admission order.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    Seq* s = running_[i];
-    const int64_t need = int64_t(s->tokens.size()) - s->n_computed;
-    const int64_t n = chunk_for(*s, budget);
+  // 1. Running requests, in admission order: first every decode row (one token each, so a long
+  //    prefill never starves decoding requests), then prefill chunks. A request that cannot
+  //    grow preempts the most recently admitted running request (possibly one planned above,
+  //    or itself).
+  auto try_schedule = [&](Seq* s, int64_t n) -> bool {
     auto delta = delta_for(*s, n);
-    bool self_preempted = false;
     while (!fits(delta, 0.0)) {
       Seq* victim = running_.back();
+      if (victim->in_plan) {
+        auto it = std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.s == victim; });
+        budget += it->n;
+        plan.erase(it);
+        victim->in_plan = false;
+      }
       preempt(victim);
       preempted = true;
       ++last_step_.n_preempted;
-      if (victim == s) {
-        self_preempted = true;
-        break;
-      }
+      if (victim == s) return false;
     }
-    if (self_preempted) break;
     reserve(*s, delta);
-    const bool decode = s->n_generated > 0 && need == 1;  // else a prefill chunk
+    const bool decode = s->n_generated > 0 && int64_t(s->tokens.size()) - s->n_computed == 1;
     plan.push_back({s, n, decode});
+    s->in_plan = true;
     budget -= n;
-    ++i;
+    return true;
+  };
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Seq* s = running_[i];
+    if (int64_t(s->tokens.size()) - s->n_computed != 1) continue;
+    if (budget <= 0) {
+      ++last_step_.n_decode_skipped;
+      continue;
+    }
+    if (!try_schedule(s, 1)) break;
+  }
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Seq* s = running_[i];
+    if (s->in_plan) continue;
+    if (!try_schedule(s, chunk_for(*s, budget))) break;
   }
 
   // 2. Waiting requests, FCFS. The pre-check assumes no prefix hit (the least a start can
@@ -291,8 +307,10 @@ Status Scheduler::step() {
     running_.push_back(s);
     reserve(*s, delta);
     plan.push_back({s, n, false});
+    s->in_plan = true;
     budget -= n;
   }
+  for (auto& pl : plan) pl.s->in_plan = false;
 
   if (plan.empty()) {
     deliver(pending);

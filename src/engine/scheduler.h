@@ -3,8 +3,8 @@
 //
 // Policy (docs/engine.md):
 // - Token budget: one step carries at most `chunked_prefill_size` tokens in total.
-// - Running requests first, in admission order: a decode row takes 1 token; a prefill (or a
-//   recompute after preemption) takes min(remaining, budget left) tokens — a chunk.
+// - Running requests first, in admission order: every decode row (1 token) first, then each
+//   prefill (or recompute after preemption) takes min(remaining, budget left) tokens — a chunk.
 // - Then waiting requests in FCFS order (strictly: the head blocks the rest) while budget,
 //   `max_running_requests` and every pool's free pages allow; the watermark keeps a little room
 //   for running requests to grow. No admission in a step that preempted.
@@ -31,6 +31,7 @@ struct StepRecord {
   int32_t n_decode_rows = 0;  // slices that were one-token decode rows
   int32_t n_sampled = 0;      // slices that produced a token
   int32_t n_preempted = 0;    // requests preempted while planning this step
+  int32_t n_decode_skipped = 0;  // decoding requests left out (budget < running decodes)
 };
 
 class Scheduler {
@@ -85,6 +86,7 @@ class Scheduler {
     int64_t cached_tokens = 0;
     int32_t n_preemptions = 0;
     bool logged_wait = false;
+    bool in_plan = false;                  // scheduled in the step being planned
     bool cached_reported = false;          // usage.cached_tokens fixed at first admission
     std::vector<int64_t> snapshot_points;  // from Executor::start_sequence, ascending
   };

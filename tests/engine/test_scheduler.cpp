@@ -53,6 +53,7 @@ struct Harness {
     int n = 0;
     while (!sched.idle() && n < max_steps) {
       EXPECT_TRUE(sched.step().ok());
+      max_decode_skipped = std::max(max_decode_skipped, sched.last_step().n_decode_skipped);
       ++n;
     }
     return n;
@@ -61,6 +62,7 @@ struct Harness {
   Scheduler sched;
   std::map<RequestId, Collected> out;
   RequestId next = 1;
+  int32_t max_decode_skipped = 0;
 };
 
 SamplingParams greedy(int64_t max_tokens) {
@@ -109,6 +111,7 @@ TEST(Scheduler, ManyRequestsEachGetTheirAloneTokens) {
     max_slices = std::max(max_slices, s.n_slices);
   }
   EXPECT_EQ(max_slices, ec.max_running_requests);
+  EXPECT_EQ(h.max_decode_skipped, 0);  // decode rows always fit a budget >= running requests
   EXPECT_EQ(h.exec.live_sequences(), 0);
   for (int64_t r : h.sched.reserved_pages()) EXPECT_EQ(r, 0);
 }
