@@ -207,7 +207,16 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
     live_[seq] = h;
     return h;
   }
-  Status st = kv.reserve(seq, R);
+  // Reserve the prefix a page at a time, committing as we go, so KvCache frees the SWA pages
+  // that fall out of the window at once (a long hit never needs more SWA pages than a chunk).
+  Status st;
+  const int64_t kvP = kv.options().page_size;
+  for (int64_t p = 0; p < R && st.ok();) {
+    const int64_t q = std::min(R, p + kvP);
+    st = kv.reserve(seq, q);
+    if (st.ok() && q < R) kv.commit(seq, q);
+    p = q;
+  }
   if (!st.ok()) {
     detach(h);
     kv.free_sequence(seq);

@@ -317,3 +317,39 @@ TEST(PrefixCache, ManyBranchesUnderPressureStableHitRate) {
   std::printf("; evicted %lld, tombstoned %lld\n", (long long)st.evicted_nodes,
               (long long)st.tombstoned_nodes);
 }
+
+// A long hit must not need SWA pages for the whole prefix at once: admission reserves the
+// prefix page by page. KvCache here has only 4 SWA pages of 128 tokens for a 1100-token hit.
+TEST(PrefixCache, LongHitWithFewSwaPages) {
+  Env e = make_env(64, 128, 16);
+  ASSERT_TRUE(e.model);
+  const auto p1 = toks(91, 1100, e.V);
+  const auto p2 = cat(p1, toks(92, 30, e.V));
+  std::vector<float> ref;
+  std::vector<int32_t> ref_gen;
+  cold(e, p2, 3, &ref, &ref_gen);  // reference on the default (large) KvCache
+  cache::KvCacheOptions o;
+  o.page_size = 128;
+  o.n_pages = 40;
+  o.n_swa_pages = 4;
+  o.max_seqs = 2;
+  auto kv = cache::KvCache::create(
+      e.model->cache_spec(), o, [](size_t n) { return std::calloc(n, 1); },
+      [](void* p) { std::free(p); });
+  ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+  e.pc.reset();
+  e.kv = std::move(kv).value();
+  cache::ShadowRadixConfig c;
+  c.page_tokens = 128;
+  c.swa_page_tokens = 32;
+  c.n_pages = 64;
+  c.n_swa_pages = 128;
+  c.n_snapshots = 16;
+  e.pc = std::move(cache::PrefixCache::create(*e.kv, c).value());
+  Req a{p1, 1};
+  run_together(e, {&a}, 64);
+  Req b{p2, 3};
+  run_together(e, {&b}, 64);
+  EXPECT_EQ(b.h.cached_tokens, 1100);  // a's prompt end is a boundary
+  EXPECT_EQ(b.gen, ref_gen);
+}
