@@ -55,7 +55,8 @@ std::vector<std::pair<std::string, double>> KvCache::bytes_per_token(const Cache
 }
 
 Result<KvCacheOptions> KvCache::options_from_budget(const CacheSpec& spec, int64_t budget_bytes,
-                                                    int page_size, int max_seqs) {
+                                                    int page_size, int max_seqs,
+                                                    int64_t max_chunk_tokens) {
   KvCacheOptions o;
   o.page_size = page_size;
   o.max_seqs = max_seqs;
@@ -69,6 +70,18 @@ Result<KvCacheOptions> KvCache::options_from_budget(const CacheSpec& spec, int64
                       budget_bytes, max_seqs, state, per_page, page_size);
   o.n_pages = pages;
   o.n_swa_pages = pages;
+  if (max_chunk_tokens > 0) {
+    const int64_t per_seq =
+        (max_chunk_tokens + spec.sliding_window - 1 + page_size - 1) / page_size + 1;
+    const int64_t swa_pages = per_seq * max_seqs;
+    const int64_t swa_bytes = swa_pages * swa_page_bytes(spec, page_size);
+    const int64_t vpage = virtual_page_bytes(spec, page_size);
+    const int64_t vpages = vpage > 0 ? (budget_bytes - state - swa_bytes) / vpage : pages;
+    if (swa_pages < pages && vpages > pages) {
+      o.n_swa_pages = swa_pages;
+      o.n_pages = vpages;
+    }
+  }
   return o;
 }
 

@@ -66,10 +66,14 @@ class KvCache {
   static int64_t state_slot_bytes(const CacheSpec& spec);
   /// KV bytes per token by pool: {"c4_kv", "c4_index", "c128_kv", "swa"} (f32 values).
   static std::vector<std::pair<std::string, double>> bytes_per_token(const CacheSpec& spec);
-  /// Sizes the pools from a byte budget: `max_seqs` state slots first, then equal numbers of
-  /// virtual and SWA pages. Error (kResourceExhausted) if not even one page fits.
+  /// Sizes the pools from a byte budget: `max_seqs` state slots first; then, if
+  /// `max_chunk_tokens` > 0, SWA pages for what live sequences can hold at once
+  /// (max_seqs · (ceil((max_chunk_tokens + W − 1) / page_size) + 1), since SWA pages leave with
+  /// the window) and the rest as virtual pages; otherwise equal numbers of virtual and SWA
+  /// pages. Error (kResourceExhausted) if not even one page fits.
   static Result<KvCacheOptions> options_from_budget(const CacheSpec& spec, int64_t budget_bytes,
-                                                    int page_size, int max_seqs);
+                                                    int page_size, int max_seqs,
+                                                    int64_t max_chunk_tokens = 0);
 
   /// Allocates every pool with `alloc` (backend memory). Errors: invalid page size.
   static Result<std::unique_ptr<KvCache>> create(const CacheSpec& spec, const KvCacheOptions& opt,

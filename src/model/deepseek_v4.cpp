@@ -112,7 +112,8 @@ cache::CacheSpec DeepseekV4::cache_spec() const {
 }
 
 Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_bytes, int max_seqs,
-                                                               int page_size) const {
+                                                               int page_size,
+                                                               int64_t max_chunk_tokens) const {
   const auto spec = cache_spec();
   if (page_size <= 0) {
     page_size = 256;
@@ -126,8 +127,8 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
                           "no page size ≤ 1M tokens fits the compression rates");
     }
   }
-  V4_ASSIGN_OR_RETURN(auto opt,
-                      cache::KvCache::options_from_budget(spec, budget_bytes, page_size, max_seqs));
+  V4_ASSIGN_OR_RETURN(auto opt, cache::KvCache::options_from_budget(spec, budget_bytes, page_size,
+                                                                    max_seqs, max_chunk_tokens));
   ops::Ops* ops = ops_;
   return cache::KvCache::create(
       spec, opt, [ops](size_t b) { return ops->alloc(b); }, [ops](void* p) { ops->free(p); });

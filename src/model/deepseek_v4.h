@@ -43,8 +43,11 @@ class DeepseekV4 {
   cache::CacheSpec cache_spec() const;
   /// A KV cache sized from a byte budget (`page_size` tokens per page; 0 → smallest valid size
   /// ≥ 256 that every compression rate divides), allocated through this model's ops.
+  /// `max_chunk_tokens` > 0 (the largest slice a step will carry) lets the SWA pool be sized for
+  /// live windows only (KvCache::options_from_budget).
   Result<std::unique_ptr<cache::KvCache>> make_cache(int64_t budget_bytes, int max_seqs,
-                                                     int page_size = 0) const;
+                                                     int page_size = 0,
+                                                     int64_t max_chunk_tokens = 0) const;
 
   /// Runs one step. Each slice must continue its sequence (start_pos == cache.length(seq)),
   /// a sequence may appear once per batch, token ids must be < vocab_size. Errors:

@@ -19,14 +19,15 @@ struct Env {
   std::unique_ptr<cache::KvCache> kv;
 };
 
-Env make_env(const std::string& dir) {
+// `max_chunk` > 0 sizes the SWA pool for live windows only (pages must really be recycled).
+Env make_env(const std::string& dir, int64_t max_chunk = 0) {
   Env e;
   e.ops = ops::make_cpu_ops();
   auto m = DeepseekV4::load(dir, e.ops.get());
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   if (!m.ok()) return e;
   e.model = std::move(m).value();
-  auto kv = e.model->make_cache(int64_t(128) << 20, 8);
+  auto kv = e.model->make_cache(int64_t(128) << 20, 8, 0, max_chunk);
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   if (kv.ok()) e.kv = std::move(kv).value();
   return e;
@@ -101,7 +102,7 @@ TEST(Invariance, MixedBatchEqualsAloneBitExact) {
   ASSERT_FALSE(dirs.empty());
   for (const auto& dir : dirs) {
     SCOPED_TRACE(dir);
-    Env e = make_env(dir);
+    Env e = make_env(dir, 90);
     ASSERT_TRUE(e.kv);
     const int64_t V = e.model->config().vocab_size;
     const std::vector<std::vector<int32_t>> prompts = {

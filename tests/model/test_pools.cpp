@@ -41,6 +41,13 @@ TEST(Pools, BudgetSizing) {
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->n_pages, 5);
   EXPECT_EQ(o->n_swa_pages, 5);
+  // With a chunk bound, SWA pages cover only live windows and the rest becomes virtual pages:
+  // 2 sequences × (ceil((100 + 7) / 128) + 1) = 4 SWA pages.
+  auto o2 = KvCache::options_from_budget(spec(), state * 2 + 20 * (vpage + swa), 128, 2, 100);
+  ASSERT_TRUE(o2.ok());
+  EXPECT_EQ(o2->n_swa_pages, 4);
+  EXPECT_EQ(o2->n_pages, (20 * (vpage + swa) - 4 * swa) / vpage);
+  EXPECT_GT(o2->n_pages, 20);
   auto too_small = KvCache::options_from_budget(spec(), state * 2, 128, 2);
   ASSERT_FALSE(too_small.ok());
   EXPECT_EQ(too_small.status().code(), ErrorCode::kResourceExhausted);
