@@ -12,6 +12,16 @@
 
 namespace v4::cache {
 
+namespace {
+/// Runs ShadowRadix::debug_check when a public call returns (debug builds).
+template <typename R>
+struct CheckOnExit {
+  const R* r;
+  const char* op;
+  ~CheckOnExit() { r->debug_check_public(op); }
+};
+}  // namespace
+
 /// One radix node: the edge's tokens [start, end) and the virtual pages holding them (page
 /// indices start/P .. (end-1)/P; a page straddling the node's start may be shared with the
 /// parent). The boundary at `end` is resumable iff `snapshot >= 0` (then `swa_vblocks` keeps the
@@ -190,23 +200,42 @@ void ShadowRadix::lock_path(RadixNode* n, int delta) {
 // ---- allocation with eviction ---------------------------------------------------------------
 
 bool ShadowRadix::alloc_page(int32_t* out) {
-  if (pages_.free_count() == 0 && !evict({1, 0, 0})) return false;
+  if (pages_.free_count() == 0 && !evict_impl({1, 0, 0})) return false;
   *out = *pages_.alloc();
   return true;
 }
 
 bool ShadowRadix::alloc_swa(int64_t vb) {
-  if (swa_.pool().free_count() == 0 && !evict({0, 1, 0})) return false;
+  if (swa_.pool().free_count() == 0 && !evict_impl({0, 1, 0})) return false;
   return swa_.alloc(vb);
 }
 
 bool ShadowRadix::alloc_snapshot(int32_t* out) {
-  if (snaps_.free_count() == 0 && !evict({0, 0, 1})) return false;
+  if (snaps_.free_count() == 0 && !evict_impl({0, 0, 1})) return false;
   *out = *snaps_.alloc();
   return true;
 }
 
 bool ShadowRadix::evict(const EvictNeed& need) {
+  const bool ok = evict_impl(need);
+  debug_check("evict");
+  return ok;
+}
+
+void ShadowRadix::debug_check(const char* op) const {
+#ifndef NDEBUG
+  if (!cfg_.debug_checks) return;
+  Status st = check_invariants();
+  if (!st.ok()) {
+    V4_LOG_ERROR("ShadowRadix::{}: {}\n{}", op, st.message(), debug_string());
+    std::abort();
+  }
+#else
+  (void)op;
+#endif
+}
+
+bool ShadowRadix::evict_impl(const EvictNeed& need) {
   auto pages_ok = [&] { return pages_.free_count() >= need.pages; };
   auto state_ok = [&] {
     return swa_.pool().free_count() >= need.swa_pages && snaps_.free_count() >= need.snapshots;
@@ -328,6 +357,7 @@ Status ShadowRadix::check_fits(int64_t total_tokens, int64_t chunk_tokens) const
 }
 
 Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t max_cached) {
+  CheckOnExit<ShadowRadix> check_on_exit{this, "admit"};
   const int64_t P = cfg_.page_tokens, Ps = cfg_.swa_page_tokens, W = cfg_.window_tokens;
   Walk w;
   w.node_R = root_.get();
@@ -356,7 +386,7 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
   if (copy)
     for (int64_t pb = std::max<int64_t>(page_start, R - W) / Ps; pb <= (R - 1) / Ps; ++pb)
       ++need_swa;
-  if (!evict({copy ? 1 : 0, need_swa, 0}))
+  if (!evict_impl({copy ? 1 : 0, need_swa, 0}))
     return fail(make_error(ErrorCode::kResourceExhausted,
                            "cache full: admitting needs {} page(s) and {} SWA page(s), free {} and "
                            "{}; held by running sequences, retry when one finishes",
@@ -407,6 +437,7 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
 }
 
 Status ShadowRadix::reserve(int32_t id, int64_t n_tokens) {
+  CheckOnExit<ShadowRadix> check_on_exit{this, "reserve"};
   Seq* s = find_seq(id);
   if (!s) return make_error(ErrorCode::kInvalidArgument, "cache: unknown sequence {}", id);
   const int64_t target = s->len + n_tokens;
@@ -415,7 +446,7 @@ Status ShadowRadix::reserve(int32_t id, int64_t n_tokens) {
   const int32_t new_pages = int32_t(n_page_idx(target) - int64_t(s->pt.size()));
   const int64_t new_hi = (target - 1) / Ps + 1;
   const int32_t new_swa = int32_t(new_hi - s->win_hi);
-  if (!evict({new_pages, new_swa, 0}))
+  if (!evict_impl({new_pages, new_swa, 0}))
     return make_error(ErrorCode::kResourceExhausted,
                       "cache full: sequence {} needs {} page(s) and {} SWA page(s) for {} tokens, "
                       "free {} and {}",
@@ -430,6 +461,7 @@ Status ShadowRadix::reserve(int32_t id, int64_t n_tokens) {
 
 Status ShadowRadix::commit(int32_t id, std::span<const int32_t> tokens,
                            int64_t swa_rows_written) {
+  CheckOnExit<ShadowRadix> check_on_exit{this, "commit"};
   Seq* s = find_seq(id);
   if (!s) return make_error(ErrorCode::kInvalidArgument, "cache: unknown sequence {}", id);
   const int64_t n = int64_t(tokens.size());
@@ -458,6 +490,7 @@ Status ShadowRadix::commit(int32_t id, std::span<const int32_t> tokens,
 }
 
 Result<int32_t> ShadowRadix::begin_snapshot(int32_t id) {
+  CheckOnExit<ShadowRadix> check_on_exit{this, "begin_snapshot"};
   Seq* s = find_seq(id);
   if (!s) return make_error(ErrorCode::kInvalidArgument, "cache: unknown sequence {}", id);
   if (s->len == 0)
@@ -630,6 +663,7 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
 }
 
 Result<int64_t> ShadowRadix::finish(int32_t id, bool insert) {
+  CheckOnExit<ShadowRadix> check_on_exit{this, "finish"};
   Seq* s = find_seq(id);
   if (!s) return make_error(ErrorCode::kInvalidArgument, "cache: unknown sequence {}", id);
   int64_t added = 0;

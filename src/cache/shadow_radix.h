@@ -39,6 +39,9 @@ struct ShadowRadixConfig {
   int32_t n_swa_pages = 0;
   int32_t n_snapshots = 0;
   bool enable_prefix_cache = true;  // false: match always returns 0, finish never inserts
+  /// Debug builds (NDEBUG undefined): run check_invariants() after every public mutating call
+  /// and abort with the violation. O(tree + pools) per call; ignored in release builds.
+  bool debug_checks = true;
 };
 
 /// Result of a lookup (no state change).
@@ -160,6 +163,8 @@ class ShadowRadix {
   Status check_invariants() const;
   /// Multi-line dump of the tree (debugging, tests).
   std::string debug_string() const;
+  /// Debug builds: aborts with the first violated invariant (see ShadowRadixConfig::debug_checks).
+  void debug_check_public(const char* op) const { debug_check(op); }
 
  private:
   struct Seq;
@@ -184,6 +189,8 @@ class ShadowRadix {
   void touch(RadixNode* n);
   void lock_path(RadixNode* n, int delta);
   int64_t insert_seq(Seq& s);
+  bool evict_impl(const EvictNeed& need);
+  void debug_check(const char* op) const;
   bool alloc_page(int32_t* out);
   bool alloc_swa(int64_t vb);
   bool alloc_snapshot(int32_t* out);
