@@ -13,11 +13,16 @@ namespace v4::engine {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-    case FinishReason::kNone: break;
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
   }
   return "";
 }
@@ -69,7 +74,8 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
   s.waiting = sched->n_waiting();
   waiting_now.store(s.waiting);
   s.requests_rejected_total = rejected.load();
-  for (const auto& u : exec->pool_usage()) s.pools.push_back({u.name, u.used_pages, u.capacity_pages});
+  for (const auto& u : exec->pool_usage())
+    s.pools.push_back({u.name, u.used_pages, u.capacity_pages});
   const double window_s = std::max(1.0, config.stats_interval_s);
   const double dt = std::chrono::duration<double>(now - window_start).count();
   {
@@ -93,11 +99,11 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
     status_dirty = s.running > 0 || s.waiting > 0;
     std::string pools;
     for (const auto& p : s.pools)
-      pools += fmt::format(", {} {:.1f}%", p.name,
-                           p.capacity_pages ? 100.0 * double(p.used_pages) / double(p.capacity_pages)
-                                            : 0.0);
-    V4_LOG_INFO("running {}, waiting {}, in {:.1f} tok/s, out {:.1f} tok/s{}", s.running,
-                s.waiting, s.prompt_tokens_per_s, s.generation_tokens_per_s, pools);
+      pools += fmt::format(
+          ", {} {:.1f}%", p.name,
+          p.capacity_pages ? 100.0 * double(p.used_pages) / double(p.capacity_pages) : 0.0);
+    V4_LOG_INFO("running {}, waiting {}, in {:.1f} tok/s, out {:.1f} tok/s{}", s.running, s.waiting,
+                s.prompt_tokens_per_s, s.generation_tokens_per_s, pools);
   }
 }
 
@@ -195,13 +201,13 @@ Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
   if (!st.ok()) {
     ++impl_->rejected;
     V4_LOG_DEBUG("rejected request{}{}: {}", request.tag.empty() ? "" : " ", request.tag,
-                st.message());
+                 st.message());
     return st;
   }
   Impl& im = *impl_;
   const RequestId id = im.next_id.fetch_add(1);
-  uint64_t seed = request.sampling.seed ? *request.sampling.seed
-                                        : im.seed_base ^ (id * 0x9E3779B97F4A7C15ull);
+  uint64_t seed =
+      request.sampling.seed ? *request.sampling.seed : im.seed_base ^ (id * 0x9E3779B97F4A7C15ull);
   OutputCallback wrapped = [&im, cb = std::move(callback)](const StepOutput& o) {
     if (cb) cb(o);
     if (o.finished) {
@@ -242,8 +248,10 @@ int64_t Engine::max_tokens_limit(int64_t n_prompt) const {
   int64_t lo = n_prompt + 1, hi = ex.max_context();
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid)) lo = mid;
-    else hi = mid - 1;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo - n_prompt;
 }
@@ -268,8 +276,8 @@ EngineStats Engine::stats() const {
 
 void Engine::wait_idle() {
   std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->idle_cv.wait(
-      lk, [&] { return (impl_->outstanding == 0 && impl_->quiescent) || impl_->stop; });
+  impl_->idle_cv.wait(lk,
+                      [&] { return (impl_->outstanding == 0 && impl_->quiescent) || impl_->stop; });
 }
 
 Result<std::vector<int32_t>> Engine::generate(Request request, FinishReason* out_reason,

@@ -37,19 +37,19 @@ using Clock = std::chrono::steady_clock;
 /// Per-request sampling and stopping. Defaults are greedy-equivalent only when temperature == 0;
 /// the server maps OpenAI defaults (temperature 1, top_p 1) explicitly.
 struct SamplingParams {
-  int64_t max_tokens = 16;          // generated tokens at most (>= 1)
-  float temperature = 1.0f;         // 0 = greedy (argmax); > 0 scales logits by 1/temperature
-  float top_p = 1.0f;               // nucleus mass in (0, 1]; 1 = off
-  int32_t top_k = 0;                // keep the k most likely tokens; 0 or < 0 = off
-  float min_p = 0.0f;               // drop tokens with p < min_p * p_max; 0 = off, in [0, 1]
-  std::optional<uint64_t> seed;     // unset = a random seed chosen at submit
+  int64_t max_tokens = 16;              // generated tokens at most (>= 1)
+  float temperature = 1.0f;             // 0 = greedy (argmax); > 0 scales logits by 1/temperature
+  float top_p = 1.0f;                   // nucleus mass in (0, 1]; 1 = off
+  int32_t top_k = 0;                    // keep the k most likely tokens; 0 or < 0 = off
+  float min_p = 0.0f;                   // drop tokens with p < min_p * p_max; 0 = off, in [0, 1]
+  std::optional<uint64_t> seed;         // unset = a random seed chosen at submit
   std::vector<int32_t> stop_token_ids;  // finishing token ids (besides EOS); the token is output
-  bool ignore_eos = false;          // true: EOS ids do not finish the request
-  float presence_penalty = 0.0f;    // OpenAI semantics, in [-2, 2], over generated tokens
-  float frequency_penalty = 0.0f;   // OpenAI semantics, in [-2, 2], over generated tokens
-  float repetition_penalty = 1.0f;  // vLLM/HF semantics (> 0; 1 = off), over prompt + generated
-  bool logprobs = false;            // return the sampled token's logprob
-  int32_t top_logprobs = 0;         // also the n most likely tokens (0..20), needs logprobs
+  bool ignore_eos = false;              // true: EOS ids do not finish the request
+  float presence_penalty = 0.0f;        // OpenAI semantics, in [-2, 2], over generated tokens
+  float frequency_penalty = 0.0f;       // OpenAI semantics, in [-2, 2], over generated tokens
+  float repetition_penalty = 1.0f;      // vLLM/HF semantics (> 0; 1 = off), over prompt + generated
+  bool logprobs = false;                // return the sampled token's logprob
+  int32_t top_logprobs = 0;             // also the n most likely tokens (0..20), needs logprobs
 };
 
 /// One request as submitted: prompt token ids and sampling. `tag` is free text for logs.
@@ -95,8 +95,8 @@ struct StepOutput {
   std::vector<TokenLogprobs> logprobs;  // one per new token when SamplingParams::logprobs
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
-  Status error;                   // set when finish_reason == kError
-  Usage usage;                    // cumulative so far
+  Status error;                        // set when finish_reason == kError
+  Usage usage;                         // cumulative so far
   Clock::time_point arrival_time;      // when submit() accepted the request
   Clock::time_point first_token_time;  // when the first token was produced (epoch if none yet)
   Clock::time_point now;               // when this output was produced
@@ -108,11 +108,11 @@ using OutputCallback = std::function<void(const StepOutput&)>;
 
 /// Scheduler knobs. Token budget counts every token in a step's batch (prefill + decode).
 struct EngineConfig {
-  int64_t chunked_prefill_size = 2048;  // max tokens per step (and per prefill chunk); >= 1
-  int32_t max_running_requests = 256;   // max sequences in a batch
-  std::vector<int32_t> eos_token_ids;   // finish unless ignore_eos
+  int64_t chunked_prefill_size = 2048;     // max tokens per step (and per prefill chunk); >= 1
+  int32_t max_running_requests = 256;      // max sequences in a batch
+  std::vector<int32_t> eos_token_ids;      // finish unless ignore_eos
   int64_t max_waiting_requests = 1 << 20;  // submit fails with kResourceExhausted beyond this
-  double stats_interval_s = 5.0;        // status-line period in the log; 0 = no status line
+  double stats_interval_s = 5.0;           // status-line period in the log; 0 = no status line
   /// Free pages kept in reserve when admitting a new request (fraction of each pool), so running
   /// requests can keep decoding before preemption kicks in. In [0, 1).
   double admission_watermark = 0.01;
@@ -127,8 +127,8 @@ struct PoolStats {
 
 /// Snapshot of engine counters; totals are since start, rates over the last stats interval.
 struct EngineStats {
-  int64_t running = 0;            // requests in the batch (prefilling or decoding)
-  int64_t waiting = 0;            // queued (including preempted ones)
+  int64_t running = 0;                  // requests in the batch (prefilling or decoding)
+  int64_t waiting = 0;                  // queued (including preempted ones)
   int64_t prompt_tokens_total = 0;      // prompt tokens computed (recomputes included)
   int64_t generation_tokens_total = 0;  // tokens sampled
   int64_t requests_finished_total = 0;

@@ -38,8 +38,8 @@ struct PoolUsage {
 
 /// What a sequence starts with (see Executor::start_sequence).
 struct SequenceStart {
-  int32_t seq = -1;            // handle for SeqSlice::seq
-  int64_t cached_tokens = 0;   // leading tokens already in the cache (prefix hit), < n tokens
+  int32_t seq = -1;           // handle for SeqSlice::seq
+  int64_t cached_tokens = 0;  // leading tokens already in the cache (prefix hit), < n tokens
   /// Ascending sequence lengths at which a step must end (e.g. prefix-cache snapshot
   /// boundaries); the scheduler never plans a chunk across one.
   std::vector<int64_t> snapshot_points;

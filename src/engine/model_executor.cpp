@@ -46,16 +46,21 @@ std::vector<int32_t> ModelExecutor::eos_token_ids() const {
   return out;
 }
 
-int64_t ModelExecutor::vocab_size() const { return model_->config().vocab_size; }
+int64_t ModelExecutor::vocab_size() const {
+  return model_->config().vocab_size;
+}
 
 std::vector<int64_t> ModelExecutor::pages_for(int64_t n) const {
   const int64_t pages = (n + page_size_ - 1) / page_size_;
   std::vector<int64_t> out;
   out.reserve(pools_.size());
   for (const auto& p : pools_) {
-    if (p.name == "state_slots") out.push_back(n > 0 ? 1 : 0);
-    else if (p.name == "swa_pages") out.push_back(std::min(pages, swa_cap_pages_));
-    else out.push_back(pages);
+    if (p.name == "state_slots")
+      out.push_back(n > 0 ? 1 : 0);
+    else if (p.name == "swa_pages")
+      out.push_back(std::min(pages, swa_cap_pages_));
+    else
+      out.push_back(pages);
   }
   return out;
 }
@@ -66,9 +71,13 @@ std::vector<PoolUsage> ModelExecutor::pool_usage() const {
   return out;
 }
 
-Result<int32_t> ModelExecutor::create_sequence() { return cache_->create_sequence(); }
+Result<int32_t> ModelExecutor::create_sequence() {
+  return cache_->create_sequence();
+}
 
-void ModelExecutor::free_sequence(int32_t seq) { cache_->free_sequence(seq); }
+void ModelExecutor::free_sequence(int32_t seq) {
+  cache_->free_sequence(seq);
+}
 
 Result<model::ForwardOutput> ModelExecutor::forward(const model::ForwardBatch& batch) {
   return model_->forward(batch, *cache_);

@@ -5,7 +5,8 @@
 //   shadows live with them);
 // - "swa_pages": the cache gives each new virtual page an SWA page and frees SWA pages once they
 //   leave the window after a step, so one sequence holds at most the pages covering its last
-//   (max_chunk_tokens + W − 1) positions during a step: min(ceil(n / P), ceil((C + W − 1) / P) + 1);
+//   (max_chunk_tokens + W − 1) positions during a step: min(ceil(n / P), ceil((C + W − 1) / P) +
+//   1);
 // - "state_slots": one compressor-state ring slot per live sequence.
 #pragma once
 #include <memory>
@@ -22,8 +23,8 @@ struct ModelExecutorOptions {
   int64_t kv_budget_bytes = int64_t(1) << 30;  // bytes for all KV pools together
   int max_sequences = 256;                     // compressor-state slots = live sequences
   int page_size = 0;                           // tokens per page; 0 = the model's default
-  int64_t max_chunk_tokens = 2048;  // the engine's chunked_prefill_size (bounds SWA use)
-  int64_t max_context = 0;          // 0 = config.json max_position_embeddings
+  int64_t max_chunk_tokens = 2048;             // the engine's chunked_prefill_size (bounds SWA use)
+  int64_t max_context = 0;                     // 0 = config.json max_position_embeddings
 };
 
 class ModelExecutor : public Executor {

@@ -169,8 +169,7 @@ void raw_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top
   idx.resize(size_t(vocab));
   std::iota(idx.begin(), idx.end(), 0);
   std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), ByValueDesc{logits});
-  for (int64_t i = 0; i < n; ++i)
-    lp->top.push_back({idx[i], float(double(logits[idx[i]]) - lse)});
+  for (int64_t i = 0; i < n; ++i) lp->top.push_back({idx[i], float(double(logits[idx[i]]) - lse)});
 }
 
 }  // namespace
@@ -207,11 +206,10 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
                      std::vector<float>* scratch, std::vector<int32_t>* scratch_idx) {
   std::vector<float>& w = *scratch;
   std::vector<int32_t>& idx = *scratch_idx;
-  const bool penalize =
-      (p.repetition_penalty != 1.0f &&
-       !(penalties.prompt_tokens_unique.empty() && penalties.output_counts.empty())) ||
-      ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
-       !penalties.output_counts.empty());
+  const bool penalize = (p.repetition_penalty != 1.0f && !(penalties.prompt_tokens_unique.empty() &&
+                                                           penalties.output_counts.empty())) ||
+                        ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
+                         !penalties.output_counts.empty());
   int32_t token;
   if (p.temperature == 0.0f && !penalize) {
     token = argmax(logits, vocab);  // no copy on the common greedy path

@@ -121,8 +121,10 @@ void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
   remove_running(s);
   auto wit = std::find(waiting_.begin(), waiting_.end(), s);
   if (wit != waiting_.end()) waiting_.erase(wit);
-  if (reason == FinishReason::kAbort) ++counters_.requests_aborted_total;
-  else ++counters_.requests_finished_total;
+  if (reason == FinishReason::kAbort)
+    ++counters_.requests_aborted_total;
+  else
+    ++counters_.requests_finished_total;
   Pending p;
   p.cb = std::move(s->cb);
   p.out = make_output(*s);
@@ -159,7 +161,8 @@ void Scheduler::abort_all(FinishReason reason, const Status& error) {
 std::vector<int64_t> Scheduler::delta_for(const Seq& s, int64_t n_tokens) const {
   std::vector<int64_t> need = exec_.pages_for(s.n_computed + n_tokens);
   need.resize(pools_.size(), 0);
-  for (size_t p = 0; p < pools_.size(); ++p) need[p] = std::max<int64_t>(0, need[p] - s.reserved[p]);
+  for (size_t p = 0; p < pools_.size(); ++p)
+    need[p] = std::max<int64_t>(0, need[p] - s.reserved[p]);
   return need;
 }
 
@@ -185,10 +188,10 @@ void Scheduler::preempt(Seq* s) {
   waiting_.push_front(s);
   ++s->n_preemptions;
   ++counters_.preemptions_total;
-  V4_LOG_INFO("preempted request {}{}{} ({} tokens, {} generated): out of pages; it will be "
-              "recomputed",
-              s->id, s->req.tag.empty() ? "" : " ", s->req.tag, s->tokens.size(),
-              s->n_generated);
+  V4_LOG_INFO(
+      "preempted request {}{}{} ({} tokens, {} generated): out of pages; it will be "
+      "recomputed",
+      s->id, s->req.tag.empty() ? "" : " ", s->req.tag, s->tokens.size(), s->n_generated);
 }
 
 Status Scheduler::step() {
@@ -212,7 +215,8 @@ Status Scheduler::step() {
     while (!fits(delta, 0.0)) {
       Seq* victim = running_.back();
       if (victim->in_plan) {
-        auto it = std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.s == victim; });
+        auto it =
+            std::find_if(plan.begin(), plan.end(), [&](const Planned& p) { return p.s == victim; });
         budget += it->n;
         plan.erase(it);
         victim->in_plan = false;
@@ -386,8 +390,7 @@ Status Scheduler::step() {
     if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) !=
         sp.stop_token_ids.end())
       reason = FinishReason::kStop;
-    else if (!sp.ignore_eos && std::find(config_.eos_token_ids.begin(),
-                                         config_.eos_token_ids.end(),
+    else if (!sp.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
                                          tok) != config_.eos_token_ids.end())
       reason = FinishReason::kStop;
     else if (s.n_generated >= sp.max_tokens || int64_t(s.tokens.size()) >= exec_.max_context())

@@ -26,11 +26,11 @@ namespace v4::engine {
 
 /// Shape of one executed step (for tests and debugging).
 struct StepRecord {
-  int64_t n_tokens = 0;       // tokens in the batch
-  int32_t n_slices = 0;       // sequences in the batch
-  int32_t n_decode_rows = 0;  // slices that were one-token decode rows
-  int32_t n_sampled = 0;      // slices that produced a token
-  int32_t n_preempted = 0;    // requests preempted while planning this step
+  int64_t n_tokens = 0;          // tokens in the batch
+  int32_t n_slices = 0;          // sequences in the batch
+  int32_t n_decode_rows = 0;     // slices that were one-token decode rows
+  int32_t n_sampled = 0;         // slices that produced a token
+  int32_t n_preempted = 0;       // requests preempted while planning this step
   int32_t n_decode_skipped = 0;  // decoding requests left out (budget < running decodes)
 };
 
@@ -77,7 +77,7 @@ class Scheduler {
     std::vector<int32_t> tokens;  // prompt + generated
     int64_t n_prompt = 0;
     int64_t n_generated = 0;
-    int64_t n_computed = 0;       // tokens in the executor's cache
+    int64_t n_computed = 0;  // tokens in the executor's cache
     int32_t exec_seq = -1;
     std::vector<int64_t> reserved;  // pages per pool
     uint64_t seed = 0;

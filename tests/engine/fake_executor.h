@@ -6,8 +6,8 @@
 // and pages never exceed the pools' capacity.
 #pragma once
 #include <algorithm>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <thread>
 #include <vector>
@@ -26,13 +26,16 @@ inline uint64_t fake_mix(uint64_t x) {
 }
 
 /// Hash of a prefix after appending `token` to a prefix hashed `h`.
-inline uint64_t fake_extend(uint64_t h, int32_t token) { return fake_mix(h ^ uint64_t(uint32_t(token)) * 0x100000001B3ull); }
+inline uint64_t fake_extend(uint64_t h, int32_t token) {
+  return fake_mix(h ^ uint64_t(uint32_t(token)) * 0x100000001B3ull);
+}
 
 /// Logits row for a prefix hash: values in [-4, 4).
 inline void fake_logits(uint64_t h, int64_t vocab, float* out) {
   for (int64_t v = 0; v < vocab; ++v)
     out[v] = float(double(fake_mix(h + uint64_t(v) * 0x632BE59BD9B4E019ull) >> 40) /
-                   double(1ull << 24) * 8.0 - 4.0);
+                       double(1ull << 24) * 8.0 -
+                   4.0);
 }
 
 /// Greedy continuation computed straight from the logits function (no scheduler).
@@ -58,9 +61,9 @@ struct FakeConfig {
   int64_t kv_pages = 1024;
   int64_t state_pages = 64;  // one page per live non-empty sequence (like a compressor ring)
   int32_t max_sequences = 256;
-  int64_t step_delay_us = 0;  // sleep in every forward (to give other threads time in tests)
-  bool prefix_cache = false;  // keep ended sequences' tokens; start new ones at the longest match
-  int64_t snapshot_every = 0; // with prefix_cache: snapshot points at multiples of this
+  int64_t step_delay_us = 0;   // sleep in every forward (to give other threads time in tests)
+  bool prefix_cache = false;   // keep ended sequences' tokens; start new ones at the longest match
+  int64_t snapshot_every = 0;  // with prefix_cache: snapshot points at multiples of this
 };
 
 class FakeExecutor : public Executor {

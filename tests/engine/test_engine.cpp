@@ -14,9 +14,9 @@
 namespace v4::engine {
 namespace {
 
+using testing::fake_greedy;
 using testing::FakeConfig;
 using testing::FakeExecutor;
-using testing::fake_greedy;
 
 SamplingParams greedy(int64_t max_tokens) {
   SamplingParams p;

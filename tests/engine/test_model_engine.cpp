@@ -3,9 +3,9 @@
 // alone (one-shot prefill, then one decode step at a time, straight through DeepseekV4).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <random>
 
@@ -52,7 +52,9 @@ std::vector<int32_t> alone(model::DeepseekV4& m, const std::vector<int32_t>& pro
   return out;
 }
 
-TEST(ModelEngine, FixturesExist) { ASSERT_FALSE(fixtures().empty()); }
+TEST(ModelEngine, FixturesExist) {
+  ASSERT_FALSE(fixtures().empty());
+}
 
 TEST(ModelEngine, BatchedRequestsEqualAlone) {
   for (const auto& dir : fixtures()) {
@@ -170,12 +172,14 @@ TEST(ModelEngine, EmbeddedModelBatchedEqualsSequential) {
     ASSERT_TRUE(id.ok());
   }
   e->wait_idle();
-  const double batched_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double batched_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], alone_out[i]) << "request " << i;
   const auto st = e->stats();
-  std::printf("[engine] embedded model, 8 requests x 32 tokens: one at a time %.2f s (%.1f tok/s), "
-              "batched %.2f s (%.1f tok/s), %lld steps\n",
-              alone_s, 256 / alone_s, batched_s, 256 / batched_s, (long long)st.steps_total);
+  std::printf(
+      "[engine] embedded model, 8 requests x 32 tokens: one at a time %.2f s (%.1f tok/s), "
+      "batched %.2f s (%.1f tok/s), %lld steps\n",
+      alone_s, 256 / alone_s, batched_s, 256 / batched_s, (long long)st.steps_total);
   EXPECT_LT(st.steps_total, 8 * 32);  // batching happened
 }
 

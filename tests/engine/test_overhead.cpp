@@ -58,7 +58,8 @@ double decode_step_us(int64_t vocab, int n_running, int n_steps) {
     r.sampling.temperature = 0.0f;
     r.sampling.ignore_eos = true;
     r.sampling.max_tokens = n_steps + 10;
-    s.add(RequestId(i + 1), std::move(r), [](const StepOutput&) {}, Clock::now(), 1);
+    s.add(
+        RequestId(i + 1), std::move(r), [](const StepOutput&) {}, Clock::now(), 1);
   }
   EXPECT_TRUE(s.step().ok());  // prefill of everyone
   EXPECT_EQ(s.last_step().n_slices, n_running);
@@ -69,10 +70,11 @@ double decode_step_us(int64_t vocab, int n_running, int n_steps) {
   const double cpu_ms = double(std::clock() - c0) * 1000.0 / CLOCKS_PER_SEC;
   const double total_ms = Ms(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(s.last_step().n_decode_rows, n_running);
-  std::printf("[overhead] %d decode rows, vocab %lld: wall %.1f us/step (forward excluded), "
-              "process CPU %.1f us/step (forward included)\n",
-              n_running, (long long)vocab, (total_ms - ex.forward_ms) * 1000.0 / n_steps,
-              cpu_ms * 1000.0 / n_steps);
+  std::printf(
+      "[overhead] %d decode rows, vocab %lld: wall %.1f us/step (forward excluded), "
+      "process CPU %.1f us/step (forward included)\n",
+      n_running, (long long)vocab, (total_ms - ex.forward_ms) * 1000.0 / n_steps,
+      cpu_ms * 1000.0 / n_steps);
   return (total_ms - ex.forward_ms) * 1000.0 / n_steps;
 }
 
@@ -91,39 +93,40 @@ TEST(Overhead, SamplerPerRowFullVocab) {
   std::vector<float> l(static_cast<size_t>(V));
   std::mt19937 rng(1);
   for (float spread : {2.0f, 5.0f}) {
-  // spread 2: a flat distribution (top_p 0.95 keeps ~half the vocabulary, the worst case);
-  // spread 5: peaked, closer to a trained model's next-token distribution.
-  std::normal_distribution<float> nd(0.0f, spread);
-  for (auto& x : l) x = nd(rng);
-  PenaltyState st;
-  st.output_counts[5] = 2;
-  std::vector<float> w;
-  std::vector<int32_t> idx;
-  auto time_us = [&](const SamplingParams& p) {
-    const int n = 30;
-    auto t0 = std::chrono::steady_clock::now();
-    int64_t acc = 0;
-    TokenLogprobs lp;
-    for (int i = 0; i < n; ++i) acc += sample_token(l.data(), V, p, 9, i, st, &lp, &w, &idx);
-    EXPECT_GE(acc, 0);
-    return Ms(std::chrono::steady_clock::now() - t0).count() * 1000.0 / n;
-  };
-  SamplingParams g;
-  g.temperature = 0.0f;
-  SamplingParams tp;
-  tp.temperature = 0.8f;
-  tp.top_p = 0.95f;
-  SamplingParams tk = tp;
-  tk.top_k = 50;
-  tk.presence_penalty = 0.5f;
-  SamplingParams lp = g;
-  lp.logprobs = true;
-  lp.top_logprobs = 5;
-  const double ug = time_us(g), up = time_us(tp), uk = time_us(tk), ul = time_us(lp);
-  std::printf("[overhead] sampler per row, vocab %lld, logits N(0, %.0f^2): greedy %.0f us, "
-              "T=0.8 top_p=0.95 %.0f us, +top_k=50 +presence %.0f us, greedy+top5 logprobs %.0f us\n",
-              (long long)V, spread, ug, up, uk, ul);
-  EXPECT_LT(up, 200000.0);
+    // spread 2: a flat distribution (top_p 0.95 keeps ~half the vocabulary, the worst case);
+    // spread 5: peaked, closer to a trained model's next-token distribution.
+    std::normal_distribution<float> nd(0.0f, spread);
+    for (auto& x : l) x = nd(rng);
+    PenaltyState st;
+    st.output_counts[5] = 2;
+    std::vector<float> w;
+    std::vector<int32_t> idx;
+    auto time_us = [&](const SamplingParams& p) {
+      const int n = 30;
+      auto t0 = std::chrono::steady_clock::now();
+      int64_t acc = 0;
+      TokenLogprobs lp;
+      for (int i = 0; i < n; ++i) acc += sample_token(l.data(), V, p, 9, i, st, &lp, &w, &idx);
+      EXPECT_GE(acc, 0);
+      return Ms(std::chrono::steady_clock::now() - t0).count() * 1000.0 / n;
+    };
+    SamplingParams g;
+    g.temperature = 0.0f;
+    SamplingParams tp;
+    tp.temperature = 0.8f;
+    tp.top_p = 0.95f;
+    SamplingParams tk = tp;
+    tk.top_k = 50;
+    tk.presence_penalty = 0.5f;
+    SamplingParams lp = g;
+    lp.logprobs = true;
+    lp.top_logprobs = 5;
+    const double ug = time_us(g), up = time_us(tp), uk = time_us(tk), ul = time_us(lp);
+    std::printf(
+        "[overhead] sampler per row, vocab %lld, logits N(0, %.0f^2): greedy %.0f us, "
+        "T=0.8 top_p=0.95 %.0f us, +top_k=50 +presence %.0f us, greedy+top5 logprobs %.0f us\n",
+        (long long)V, spread, ug, up, uk, ul);
+    EXPECT_LT(up, 200000.0);
   }
 }
 

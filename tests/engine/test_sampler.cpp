@@ -84,8 +84,8 @@ TEST(Sampler, MinP) {
 TEST(Sampler, TopKThenTopP) {
   auto l = log_of(kP);
   SamplingParams p = sampled();
-  p.top_k = 3;    // 1, 3, 4 renormalized: 0.5, 0.3125, 0.1875
-  p.top_p = 0.8f; // 0.5 + 0.3125 = 0.8125 >= 0.8: keep 1, 3
+  p.top_k = 3;     // 1, 3, 4 renormalized: 0.5, 0.3125, 0.1875
+  p.top_p = 0.8f;  // 0.5 + 0.3125 = 0.8125 >= 0.8: keep 1, 3
   expect_dist(sampling_distribution(l.data(), 6, p, {}), {0, 0.40 / 0.65, 0, 0.25 / 0.65, 0, 0});
 }
 
@@ -181,7 +181,8 @@ TEST(Sampler, EmpiricalFrequenciesMatchDistribution) {
   std::vector<int32_t> si;
   std::vector<int> count(6, 0);
   const int n = 40000;
-  for (int i = 0; i < n; ++i) ++count[size_t(sample_token(l.data(), 6, p, 7, i, {}, nullptr, &s, &si))];
+  for (int i = 0; i < n; ++i)
+    ++count[size_t(sample_token(l.data(), 6, p, 7, i, {}, nullptr, &s, &si))];
   for (int t = 0; t < 6; ++t) EXPECT_NEAR(double(count[size_t(t)]) / n, want[size_t(t)], 0.01) << t;
   EXPECT_EQ(count[0], 0);
   EXPECT_EQ(count[5], 0);

@@ -10,9 +10,9 @@
 namespace v4::engine {
 namespace {
 
+using testing::fake_greedy;
 using testing::FakeConfig;
 using testing::FakeExecutor;
-using testing::fake_greedy;
 
 struct Collected {
   std::vector<int32_t> tokens;
@@ -32,21 +32,22 @@ struct Harness {
     r.sampling = sp;
     EXPECT_TRUE(Scheduler::check_request(exec, r).ok());
     RequestId id = next++;
-    sched.add(id, std::move(r),
-              [this, id](const StepOutput& o) {
-                Collected& c = out[id];
-                EXPECT_FALSE(c.finished) << "output after the final one";
-                EXPECT_EQ(o.id, id);
-                c.tokens.insert(c.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
-                c.usage = o.usage;
-                c.n_preemptions = o.n_preemptions;
-                if (o.finished) {
-                  c.finished = true;
-                  ++c.n_final;
-                  c.reason = o.finish_reason;
-                }
-              },
-              Clock::now(), seed);
+    sched.add(
+        id, std::move(r),
+        [this, id](const StepOutput& o) {
+          Collected& c = out[id];
+          EXPECT_FALSE(c.finished) << "output after the final one";
+          EXPECT_EQ(o.id, id);
+          c.tokens.insert(c.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+          c.usage = o.usage;
+          c.n_preemptions = o.n_preemptions;
+          if (o.finished) {
+            c.finished = true;
+            ++c.n_final;
+            c.reason = o.finish_reason;
+          }
+        },
+        Clock::now(), seed);
     return id;
   }
   int run(int max_steps = 100000) {
@@ -220,8 +221,7 @@ TEST(Scheduler, ImpossibleRequestsRefused) {
   EXPECT_NE(st.message().find("pool 'kv'"), std::string::npos) << st.message();
   r.sampling.max_tokens = 950;
   st = Scheduler::check_request(exec, r);
-  EXPECT_NE(st.message().find("maximum context length is 1000"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("maximum context length is 1000"), std::string::npos) << st.message();
   r.prompt_tokens.clear();
   r.sampling.max_tokens = 5;
   EXPECT_FALSE(Scheduler::check_request(exec, r).ok());
@@ -303,7 +303,8 @@ TEST(Scheduler, StopTokenAndEos) {
     RequestId id = h.add(prompt, sp);
     h.run();
     EXPECT_EQ(h.out[id].reason, FinishReason::kStop);
-    EXPECT_EQ(h.out[id].tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));
+    EXPECT_EQ(h.out[id].tokens,
+              std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));
   }
   {
     EngineConfig ec;
