@@ -910,6 +910,7 @@ Result<Tokenizer> Tokenizer::from_file(const std::string& path) {
 }
 
 Result<Tokenizer> Tokenizer::with_added_tokens(const std::vector<AddedToken>& tokens) const {
+  if (!impl_) return make_error(ErrorCode::kInvalidArgument, "with_added_tokens on an empty Tokenizer");
   auto im = std::make_shared<Impl>();
   im->uid = g_uid++;
   const Impl& o = *impl_;
@@ -978,6 +979,7 @@ std::vector<AddedToken> Tokenizer::dsv4_added_tokens() {
 
 // ---- encode / decode --------------------------------------------------------------------------
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  if (!impl_) return {};
   const Impl& im = *impl_;
   std::string clean;
   std::string_view t = text;
@@ -1007,6 +1009,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
+  if (!impl_) return {};
   std::vector<TokenId> out;
   if (is_valid_utf8(text)) {
     impl_->encode_text(text, out);
@@ -1018,6 +1021,7 @@ std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
 }
 
 std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
+  if (!impl_) return {};
   const Impl& im = *impl_;
   std::string bytes;
   for (TokenId id : ids) {
@@ -1029,18 +1033,21 @@ std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_to
 }
 
 std::string Tokenizer::token_bytes(TokenId id) const {
+  if (!impl_) return {};
   const Impl& im = *impl_;
   if (id < 0 || static_cast<size_t>(id) >= im.has_id.size() || !im.has_id[id]) return {};
   return im.id_bytes[id];
 }
 
 std::optional<std::string> Tokenizer::id_to_token(TokenId id) const {
+  if (!impl_) return std::nullopt;
   const Impl& im = *impl_;
   if (id < 0 || static_cast<size_t>(id) >= im.has_id.size() || !im.has_id[id]) return std::nullopt;
   return im.id_to_str[id];
 }
 
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
+  if (!impl_) return std::nullopt;
   const Impl& im = *impl_;
   std::string k(token);
   if (auto it = im.added_by_content.find(k); it != im.added_by_content.end()) return im.added[it->second].id;
@@ -1048,15 +1055,15 @@ std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
   return std::nullopt;
 }
 
-size_t Tokenizer::vocab_size() const { return impl_->has_id.size(); }
+size_t Tokenizer::vocab_size() const { return impl_ ? impl_->has_id.size() : 0; }
 bool Tokenizer::is_special(TokenId id) const {
-  return id >= 0 && static_cast<size_t>(id) < impl_->special_flag.size() && impl_->special_flag[id];
+  return impl_ && id >= 0 && static_cast<size_t>(id) < impl_->special_flag.size() && impl_->special_flag[id];
 }
 bool Tokenizer::is_added(TokenId id) const {
-  return id >= 0 && static_cast<size_t>(id) < impl_->added_flag.size() && impl_->added_flag[id];
+  return impl_ && id >= 0 && static_cast<size_t>(id) < impl_->added_flag.size() && impl_->added_flag[id];
 }
-std::optional<TokenId> Tokenizer::bos_id() const { return impl_->bos; }
-std::optional<TokenId> Tokenizer::eos_id() const { return impl_->eos; }
-std::vector<AddedToken> Tokenizer::added_tokens() const { return impl_->added; }
+std::optional<TokenId> Tokenizer::bos_id() const { return impl_ ? impl_->bos : std::nullopt; }
+std::optional<TokenId> Tokenizer::eos_id() const { return impl_ ? impl_->eos : std::nullopt; }
+std::vector<AddedToken> Tokenizer::added_tokens() const { return impl_ ? impl_->added : std::vector<AddedToken>{}; }
 
 }  // namespace v4::text

@@ -31,6 +31,7 @@ struct AddedToken {
 };
 
 /// Byte-level BPE tokenizer. Cheap to copy (shared immutable state); all methods are thread-safe.
+/// A default-constructed Tokenizer is empty: encode/decode return nothing, vocab_size() is 0.
 class Tokenizer {
  public:
   /// Loads `path`: a `tokenizer.json`, or a model directory containing one. BOS/EOS come from a

@@ -273,3 +273,12 @@ TEST(Tokenizer, EmbeddedModelTokenizerEqualsHf) {
   }
   EXPECT_GE(n, 30);
 }
+
+TEST(Tokenizer, EmptyTokenizerIsSafe) {
+  Tokenizer t;
+  EXPECT_TRUE(t.encode("abc").empty());
+  EXPECT_EQ(t.decode(std::vector<TokenId>{1, 2}), "");
+  EXPECT_EQ(t.vocab_size(), 0u);
+  EXPECT_FALSE(t.bos_id().has_value());
+  EXPECT_FALSE(t.with_added_tokens({}).ok());
+}
