@@ -64,6 +64,7 @@ struct FakeConfig {
   int64_t step_delay_us = 0;   // sleep in every forward (to give other threads time in tests)
   bool prefix_cache = false;   // keep ended sequences' tokens; start new ones at the longest match
   int64_t snapshot_every = 0;  // with prefix_cache: snapshot points at multiples of this
+  int64_t fail_at_forward = -1;  // the forward call with this index (0-based) returns kInternal
 };
 
 class FakeExecutor : public Executor {
@@ -133,6 +134,8 @@ class FakeExecutor : public Executor {
   Result<model::ForwardOutput> forward(const model::ForwardBatch& batch) override {
     if (c_.step_delay_us > 0)
       std::this_thread::sleep_for(std::chrono::microseconds(c_.step_delay_us));
+    if (n_forward_++ == c_.fail_at_forward)
+      return make_error(ErrorCode::kInternal, "fake: injected failure");
     model::ForwardOutput out;
     out.vocab = c_.vocab;
     out.row_begin.push_back(0);
@@ -196,6 +199,7 @@ class FakeExecutor : public Executor {
   FakeConfig c_;
   std::map<int32_t, Seq> seqs_;
   std::vector<std::vector<int32_t>> kept_;
+  int64_t n_forward_ = 0;
   int32_t next_ = 0;
 };
 

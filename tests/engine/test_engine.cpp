@@ -221,6 +221,41 @@ TEST(Engine, CancelFromCallback) {
   EXPECT_EQ(raw->live_sequences(), 0);
 }
 
+// Cancels racing with submission (before, during and after the scheduler picked the request up):
+// every request still gets exactly one final output and nothing leaks.
+TEST(Engine, CancelRacesWithSubmit) {
+  FakeConfig fc;
+  FakeExecutor* raw = nullptr;
+  auto e = make_engine(fc, {}, &raw);
+  const int n = 200;
+  std::vector<std::atomic<int>> finals(n);
+  std::vector<std::atomic<int>> aborted(n);
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    r.prompt_tokens = {int32_t(1 + i % 90), 2, 3};
+    r.sampling = greedy(50);
+    auto id = e->submit(r, [&, i](const StepOutput& o) {
+      if (o.finished) {
+        ++finals[size_t(i)];
+        aborted[size_t(i)] += o.finish_reason == FinishReason::kAbort;
+      }
+    });
+    ASSERT_TRUE(id.ok());
+    if (i % 3 != 2) e->cancel(*id);
+    if (i % 3 == 0) e->cancel(*id);  // twice: ignored
+  }
+  e->wait_idle();
+  int n_aborted = 0;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(finals[size_t(i)].load(), 1) << i;
+    n_aborted += aborted[size_t(i)].load();
+    if (i % 3 == 2) EXPECT_EQ(aborted[size_t(i)].load(), 0) << i;
+  }
+  EXPECT_GE(n_aborted, 1);
+  EXPECT_EQ(raw->live_sequences(), 0);
+  EXPECT_EQ(e->stats().requests_aborted_total, n_aborted);
+}
+
 TEST(Engine, LogprobsStreamed) {
   FakeConfig fc;
   auto e = make_engine(fc, {});

@@ -360,6 +360,29 @@ TEST(Scheduler, SeededSamplingIndependentOfBatchAndPreemption) {
   EXPECT_NE(h2.out[id2].tokens, alone);
 }
 
+TEST(Scheduler, FailedStepFinishesItsBatchWithErrorAndCarriesOn) {
+  FakeConfig fc;
+  fc.fail_at_forward = 3;
+  EngineConfig ec;
+  ec.max_running_requests = 2;
+  Harness h(fc, ec);
+  RequestId a = h.add({1, 2, 3}, greedy(10));
+  RequestId b = h.add({4, 5}, greedy(10));
+  RequestId c = h.add({6, 7, 8, 9}, greedy(4));  // waits: 2 running at most
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.sched.step().ok());
+  Status st = h.sched.step();  // the 4th forward fails
+  EXPECT_EQ(st.code(), ErrorCode::kInternal);
+  EXPECT_EQ(h.out[a].reason, FinishReason::kError);
+  EXPECT_EQ(h.out[b].reason, FinishReason::kError);
+  EXPECT_EQ(h.out[a].tokens.size(), 3u);
+  EXPECT_FALSE(h.out[c].finished);
+  h.run();
+  EXPECT_EQ(h.out[c].reason, FinishReason::kLength);
+  EXPECT_EQ(h.out[c].tokens, fake_greedy({6, 7, 8, 9}, fc.vocab, 4));
+  for (const auto& u : h.exec.pool_usage()) EXPECT_EQ(u.used_pages, 0);
+  for (int64_t r : h.sched.reserved_pages()) EXPECT_EQ(r, 0);
+}
+
 TEST(Scheduler, PrefixHitsSkipCachedTokensAndRespectSnapshotPoints) {
   FakeConfig fc;
   fc.prefix_cache = true;
