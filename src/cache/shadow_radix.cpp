@@ -53,7 +53,7 @@ struct ShadowRadix::Seq {
     std::vector<int64_t> vblocks;
   };
   int32_t id = -1;
-  std::vector<int32_t> tokens;  // [0, len)
+  std::vector<int32_t> tokens;  // positions [start, len) (the prefix is the path to `node`)
   int64_t start = 0;            // first position computed by this sequence (R)
   int64_t len = 0;              // committed tokens
   int64_t reserved = 0;         // positions [0, reserved) have pages and SWA
@@ -396,7 +396,7 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
   s->id = next_seq_++;
   s->node = node;
   s->start = s->len = s->reserved = R;
-  s->tokens.assign(prompt.begin(), prompt.begin() + R);
+  s->tokens.reserve(size_t(n - R));
   s->pt = path_page_table(node);
   s->pt.resize(size_t(n_page_idx(R)));
   for (int32_t p : s->pt) pages_.ref(p);
@@ -514,8 +514,10 @@ Result<int32_t> ShadowRadix::begin_snapshot(int32_t id) {
 
 int64_t ShadowRadix::insert_seq(Seq& s) {
   const int64_t n = s.len, Rb = s.start;
-  if (n == 0) return 0;
-  std::span<const int32_t> toks(s.tokens);
+  if (n == Rb) return 0;
+  // tok(p) for p >= Rb; the prefix [0, Rb) is the path to the locked node s.node, which is still
+  // in the tree (locked) and still ends at Rb (splits keep the lower half's identity).
+  auto tok = [&](int64_t p) { return s.tokens[size_t(p - Rb)]; };
   auto seq_bound = [&](int64_t pos) -> Seq::Boundary* {
     for (auto& b : s.bounds)
       if (b.pos == pos && b.snap >= 0) return &b;
@@ -524,15 +526,15 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
   // 1. Walk the common prefix, splitting at its end E and at this sequence's boundaries in
   //    (Rb, E) so that each can become a node end.
   std::vector<RadixNode*> path;
-  RadixNode* cur = root_.get();
-  int64_t pos = 0;
+  RadixNode* cur = s.node;
+  int64_t pos = Rb;
   while (pos < n) {
-    auto it = cur->children.find(toks[size_t(pos)]);
+    auto it = cur->children.find(tok(pos));
     if (it == cur->children.end()) break;
     RadixNode* c = it->second.get();
     const int64_t len = int64_t(c->tokens.size());
     int64_t k = 0;
-    while (k < len && pos + k < n && c->tokens[size_t(k)] == toks[size_t(pos + k)]) ++k;
+    while (k < len && pos + k < n && c->tokens[size_t(k)] == tok(pos + k)) ++k;
     // A boundary of ours strictly inside the matched part of c: cut there first.
     int64_t cut = -1;
     for (const auto& b : s.bounds)
@@ -641,10 +643,10 @@ int64_t ShadowRadix::insert_seq(Seq& s) {
     x->id = next_node_id_++;
     x->parent = cur;
     x->start = a;
-    x->tokens.assign(toks.begin() + a, toks.begin() + c);
+    x->tokens.assign(s.tokens.begin() + (a - Rb), s.tokens.begin() + (c - Rb));
     x->pages.assign(s.pt.begin() + a / P, s.pt.begin() + (c - 1) / P + 1);
     for (int32_t p : x->pages) pages_.ref(p);
-    cur->children[toks[size_t(a)]] = std::move(node);
+    cur->children[tok(a)] = std::move(node);
     if (Seq::Boundary* b = seq_bound(c)) {
       auto xpt = window_page_table(x);
       auto vbs = window_vblocks(xpt, c);
@@ -803,7 +805,7 @@ Status ShadowRadix::check_invariants() const {
     if (s.node->end() != s.start) return err(fmt::format("seq {}: locked node moved", id));
     for (const RadixNode* x = s.node; x && !x->is_root(); x = x->parent) ++locks[x].first;
     if (!s.node->is_root()) ++locks[s.node].second;
-    if (int64_t(s.tokens.size()) != s.len || s.len > s.reserved || s.len < s.start)
+    if (int64_t(s.tokens.size()) != s.len - s.start || s.len > s.reserved || s.len < s.start)
       return err(fmt::format("seq {}: token counts inconsistent", id));
     if (int64_t(s.pt.size()) != n_page_idx(s.reserved))
       return err(fmt::format("seq {}: page table size {} for {} tokens", id, s.pt.size(),
