@@ -86,7 +86,8 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
     // Parse again with exceptions for the position in the message.
     std::string what = "malformed JSON";
     try {
-      (void)Json::parse(body);
+      Json again = Json::parse(body);
+      (void)again;
     } catch (const std::exception& e) {
       what = e.what();
     }

@@ -215,7 +215,7 @@ TEST_F(ApiTest, StreamingEqualsNonStreaming) {
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 20);
   EXPECT_EQ(usage["usage"]["prompt_tokens"], 3);
-  EXPECT_EQ(text, greedy_text(prompt, 20)) << r.body;
+  EXPECT_EQ(text, greedy_text(prompt, 20));
   EXPECT_EQ(finish, "length");
 }
 
@@ -390,7 +390,9 @@ TEST_F(ApiTest, ErrorsAreOpenAiShaped) {
     EXPECT_TRUE(j["error"].contains("type"));
     EXPECT_TRUE(j["error"].contains("param"));
     EXPECT_TRUE(j["error"].contains("code"));
-    if (!c.code.empty()) EXPECT_EQ(j["error"]["code"], c.code) << r.body;
+    if (!c.code.empty()) {
+      EXPECT_EQ(j["error"]["code"], c.code) << r.body;
+    }
   }
   // Still serving.
   EXPECT_EQ(http(port_, "POST", "/v1/completions", R"({"prompt":[1],"max_tokens":2})").status, 200);
