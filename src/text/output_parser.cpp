@@ -38,22 +38,23 @@ enum class Act {
   kDrop,           // stray marker: dropped
   kFinish,         // EOS
   kStrayCloser,    // </｜DSML｜...> in content: drop up to '>'
-  kBeginName,      // invoke name="
-  kEndName,        // ">
+  kBeginName,      // <｜DSML｜invoke: the head ` name="…">\n` follows
+  kEndName,        // next <｜DSML｜ / </｜DSML｜ after the head (not consumed)
   kBlockCloser,    // </｜DSML｜ in the tool block: end of block
   kParamBegin,     // parameter name="
   kInvokeEnd,      // </｜DSML｜invoke>
   kInvokeEndBlock, // other </｜DSML｜ inside invoke: end invoke and block
   kNameStr,        // " string="true">
   kNameRaw,        // " string="false">
-  kNameBare,       // ">  (no string= attribute: treat as string)
-  kValueEnd,       // </｜DSML｜ ending a value
+  kNameNoFlag,     // </｜DSML｜parameter while still in the name (no string= attribute)
+  kValueEnd,       // </｜DSML｜parameter ending a value
   kGt,             // '>' ending a skipped closer
 };
 
 struct Marker {
   std::string_view text;
   Act act;
+  bool v41 = false;  // DeepSeek-V4.1 spelling (leading space in tag names); opt-in
 };
 
 const std::vector<Marker>& markers(St s) {
@@ -66,18 +67,32 @@ const std::vector<Marker>& markers(St s) {
       {"</｜DSML｜", Act::kStrayCloser},    {kThinkEnd, Act::kDrop},            {kThinkStart, Act::kDrop},
       {kBos, Act::kDrop},                  {kEos, Act::kFinish},               {"｜DSML｜", Act::kDrop}};
   static const std::vector<Marker> tool_block = {
-      {"invoke name=\"", Act::kBeginName}, {"</｜DSML｜", Act::kBlockCloser}, {kEos, Act::kFinish}};
-  static const std::vector<Marker> tool_name = {{"\">", Act::kEndName}, {kEos, Act::kFinish}};
+      {"<｜DSML｜invoke", Act::kBeginName}, {"<｜DSML｜ invoke", Act::kBeginName, true},
+      {"invoke name=\"", Act::kBeginName},  // opener without its <｜DSML｜ (it opened the block)
+      {"</｜DSML｜", Act::kBlockCloser},    {kEos, Act::kFinish}};
+  // The invoke head ends where the reference stops reading it.
+  static const std::vector<Marker> tool_name = {{"<｜DSML｜parameter", Act::kEndName},
+                                                {"<｜DSML｜ parameter", Act::kEndName, true},
+                                                {"</｜DSML｜invoke", Act::kEndName},
+                                                {"</｜DSML｜ invoke", Act::kEndName, true}};
   static const std::vector<Marker> args = {{"parameter name=\"", Act::kParamBegin},
                                            {"</｜DSML｜invoke>", Act::kInvokeEnd},
+                                           {"</｜DSML｜ invoke>", Act::kInvokeEnd, true},
                                            {"</｜DSML｜parameter>", Act::kDrop},  // stray closer
+                                           {"</｜DSML｜ parameter>", Act::kDrop, true},
                                            {"</｜DSML｜", Act::kInvokeEndBlock},
                                            {kEos, Act::kFinish}};
   static const std::vector<Marker> param_name = {{"\" string=\"true\">", Act::kNameStr},
                                                  {"\" string=\"false\">", Act::kNameRaw},
-                                                 {"\">", Act::kNameBare},
-                                                 {kEos, Act::kFinish}};
-  static const std::vector<Marker> value = {{"</｜DSML｜", Act::kValueEnd}, {kEos, Act::kFinish}};
+                                                 {"</｜DSML｜parameter", Act::kNameNoFlag},
+                                                 {"</｜DSML｜ parameter", Act::kNameNoFlag, true}};
+  // A value ends only at its closer (as in the reference, which reads up to "/｜DSML｜parameter").
+  // Names and values may contain EOS text in the reference; the engine stops at the EOS token
+  // anyway, so these states have no EOS marker (finish() closes them).
+  static const std::vector<Marker> value = {
+      {"</｜DSML｜parameter", Act::kValueEnd},
+      {"<\n/｜DSML｜parameter", Act::kValueEnd},  // reference regex `<$` also matches before a final \n
+      {"</｜DSML｜ parameter", Act::kValueEnd, true}};
   static const std::vector<Marker> skip = {{">", Act::kGt}, {kEos, Act::kFinish}};
   static const std::vector<Marker> none;
   switch (s) {
@@ -116,7 +131,8 @@ struct OutputParser::State {
   St st = St::kReasoning;
   St after_gt = St::kArgs;  // state to enter after kSkipToGt
   std::string buf;          // unprocessed input (held-back marker prefix / partial UTF-8)
-  std::string name;         // tool name being read
+  std::string name;         // tool name head / parameter name being read
+  bool reprocess = false;   // the matched marker is not consumed (re-read in the new state)
   int n_calls = 0;          // tool calls begun
   int n_params = 0;         // parameters in the current call
   bool in_call = false;
@@ -146,6 +162,24 @@ struct OutputParser::State {
     in_call = true;
     name.clear();
   }
+  // The invoke head ` name="f">\n` -> f (reference: ^\s*name="(.*?)">\n$); tolerant of missing parts.
+  void finish_name() {
+    std::string_view h = name;
+    while (!h.empty() && (h.front() == ' ' || h.front() == '\n' || h.front() == '\t' || h.front() == '\r')) h.remove_prefix(1);
+    if (h.substr(0, 6) == "name=\"") h.remove_prefix(6);
+    while (!h.empty() && (h.back() == ' ' || h.back() == '\n' || h.back() == '\t' || h.back() == '\r')) h.remove_suffix(1);
+    if (!h.empty() && h.back() == '>') h.remove_suffix(1);
+    if (!h.empty() && h.back() == '"') h.remove_suffix(1);
+    name = std::string(h);
+  }
+  // `{"key": ` or `, "key": ` (key JSON-escaped like the reference's json.dumps(key)).
+  void emit_key(const std::string& key) {
+    std::string e;
+    json_escape_into(key, e);
+    args((n_params == 0 ? "{\"" : ", \"") + e + "\": ");
+    ++n_params;
+  }
+
   void end_call() {
     if (!in_call) return;
     args(n_params == 0 ? "{}" : "}");
@@ -158,8 +192,8 @@ struct OutputParser::State {
     switch (st) {
       case St::kReasoning: emit(ParserEvent::Kind::kReasoningDelta, t); break;
       case St::kContent: emit(ParserEvent::Kind::kContentDelta, t); break;
-      case St::kToolName: name.append(t); break;
-      case St::kParamName:
+      case St::kToolName:
+      case St::kParamName: name.append(t); break;
       case St::kValueStr: {
         std::string e;
         json_escape_into(t, e);
@@ -197,16 +231,17 @@ struct OutputParser::State {
         name.clear();
         break;
       case Act::kEndName:
+        finish_name();
         begin_call();
         st = St::kArgs;
+        reprocess = true;
         break;
       case Act::kBlockCloser:
         after_gt = St::kAfterBlock;
         st = St::kSkipToGt;
         break;
       case Act::kParamBegin:
-        args(n_params == 0 ? "{\"" : ", \"");
-        ++n_params;
+        name.clear();
         st = St::kParamName;
         break;
       case Act::kInvokeEnd:
@@ -219,14 +254,26 @@ struct OutputParser::State {
         st = St::kSkipToGt;
         break;
       case Act::kNameStr:
-      case Act::kNameBare:
-        args("\": \"");
+        emit_key(name);
+        args("\"");
         st = St::kValueStr;
         break;
       case Act::kNameRaw:
-        args("\": ");
+        emit_key(name);
         st = St::kValueRaw;
         break;
+      case Act::kNameNoFlag: {  // `name="k">v</｜DSML｜parameter`: recover k and v as a string
+        size_t gt = name.find("\">");
+        std::string key = gt == std::string::npos ? name : name.substr(0, gt);
+        std::string val = gt == std::string::npos ? "" : name.substr(gt + 2);
+        emit_key(key);
+        std::string e;
+        json_escape_into(val, e);
+        args("\"" + e + "\"");
+        after_gt = St::kArgs;
+        st = St::kSkipToGt;
+        break;
+      }
       case Act::kValueEnd:
         if (st == St::kValueStr) args("\"");
         after_gt = St::kArgs;
@@ -248,6 +295,7 @@ struct OutputParser::State {
         const Marker* best = nullptr;
         bool partial = false;
         for (const Marker& m : ms) {
+          if (m.v41 && !opt.accept_v41_spelling) continue;
           size_t avail = limit - p;
           if (avail >= m.text.size()) {
             if (std::string_view(buf).substr(p, m.text.size()) == m.text &&
@@ -264,8 +312,9 @@ struct OutputParser::State {
         }
         if (best) {
           text(std::string_view(buf).substr(emit_from, p - emit_from));
+          reprocess = false;
           act(best->act);
-          pos = p + best->text.size();
+          pos = reprocess ? p : p + best->text.size();
           done = true;
           break;
         }
@@ -310,10 +359,14 @@ std::vector<ParserEvent> OutputParser::finish() {
     s_->run(true);
     // Close an open tool call so its arguments are a complete JSON object.
     switch (s_->st) {
-      case St::kParamName: s_->args("\": null"); break;
+      case St::kParamName:
+        s_->emit_key(s_->name);
+        s_->args("null");
+        break;
       case St::kValueStr: s_->args("\""); break;
       case St::kValueRaw: break;
       case St::kToolName:
+        s_->finish_name();
         s_->begin_call();
         break;
       default: break;
@@ -348,6 +401,140 @@ ParsedMessage OutputParser::parse(std::string_view completion, const OutputParse
   bool in_call = p.s_->in_call;
   apply(p.finish(), msg);
   msg.truncated = before == St::kReasoning || in_call || before == St::kToolName;
+  return msg;
+}
+
+// ---- strict reference decoder --------------------------------------------------------------
+namespace {
+
+// Reads from `i` up to the earliest of `stops`; returns the text before it and sets `stop`
+// (empty when none was found: the rest of the text is returned and i = size).
+std::string_view read_until(std::string_view t, size_t& i, std::initializer_list<std::string_view> stops,
+                            std::string_view& stop) {
+  size_t best = std::string_view::npos;
+  stop = {};
+  for (auto s : stops) {
+    size_t p = t.find(s, i);
+    if (p != std::string_view::npos && p < best) {
+      best = p;
+      stop = s;
+    }
+  }
+  std::string_view out;
+  if (best == std::string_view::npos) {
+    out = t.substr(i);
+    i = t.size();
+  } else {
+    out = t.substr(i, best - i);
+    i = best + stop.size();
+  }
+  return out;
+}
+
+// Python `re` `X$` (no MULTILINE): X at the very end, or just before a final '\n'.
+bool ends_with_dollar(std::string_view s, std::string_view x, size_t& cut) {
+  if (s.size() >= x.size() && s.substr(s.size() - x.size()) == x) {
+    cut = s.size() - x.size();
+    return true;
+  }
+  if (s.size() >= x.size() + 1 && s.back() == '\n' && s.substr(s.size() - 1 - x.size(), x.size()) == x) {
+    cut = s.size() - 1 - x.size();
+    return true;
+  }
+  return false;
+}
+
+bool py_space(std::string_view s, size_t& i) {  // consumes one Unicode whitespace char (Python \s)
+  static const char* ws[] = {" ", "\t", "\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u00a0",
+                             "\u1680", "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006",
+                             "\u2007", "\u2008", "\u2009", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+  for (const char* w : ws) {
+    std::string_view x(w);
+    if (s.substr(i, x.size()) == x) {
+      i += x.size();
+      return true;
+    }
+  }
+  return false;
+}
+
+Status strict_error(std::string msg) { return Status(ErrorCode::kInvalidArgument, std::move(msg)); }
+
+}  // namespace
+
+Result<ParsedMessage> OutputParser::parse_strict(std::string_view t, ThinkingMode mode) {
+  const std::string d = "｜DSML｜";
+  const std::string block_start = "\n\n<" + d + "tool_calls";
+  const std::string block_end = "</" + d + "tool_calls>";
+  const std::string invoke = "<" + d + "invoke", invoke_end = "</" + d + "invoke";
+  const std::string param = "<" + d + "parameter", param_end = "/" + d + "parameter";
+  ParsedMessage msg;
+  size_t i = 0;
+  std::string_view stop;
+  if (mode == ThinkingMode::kThinking) {
+    msg.reasoning_content = std::string(read_until(t, i, {kThinkEnd, block_start}, stop));
+    if (stop != kThinkEnd) return strict_error("invalid thinking format: missing </think>");
+  }
+  msg.content = std::string(read_until(t, i, {kEos, block_start}, stop));
+  if (stop == block_start) {
+    while (i < t.size()) {
+      std::string_view gap = read_until(t, i, {invoke, block_end}, stop);
+      if (gap != ">\n") return strict_error("tool call format error: expected '>\\n' but got '" + std::string(gap) + "'");
+      if (stop == block_end) break;
+      if (stop.empty()) return strict_error("missing special token in tool calls");
+      std::string_view head = read_until(t, i, {param, invoke_end}, stop);
+      size_t k = 0, cut = 0;
+      while (py_space(head, k)) {
+      }
+      if (head.substr(k, 6) != "name=\"" || !ends_with_dollar(head, "\">\n", cut) || cut < k + 6)
+        return strict_error("tool name format error: '" + std::string(head) + "'");
+      ParsedToolCall call;
+      call.name = std::string(head.substr(k + 6, cut - k - 6));
+      std::vector<std::string> keys;
+      std::string args = "{";
+      while (stop == param) {
+        std::string_view pc = read_until(t, i, {param_end}, stop);
+        // ^ name="(.*?)" string="(true|false)">(.*?)<$  (DOTALL)
+        size_t vcut = 0;
+        bool ok = pc.substr(0, 7) == " name=\"" && ends_with_dollar(pc, "<", vcut);
+        std::string name, value, flag;
+        if (ok) {
+          ok = false;
+          for (size_t p = 7; p < pc.size(); ++p) {
+            for (std::string_view f : {std::string_view("\" string=\"true\">"), std::string_view("\" string=\"false\">")}) {
+              if (pc.substr(p, f.size()) == f && p + f.size() <= vcut) {
+                name = std::string(pc.substr(7, p - 7));
+                flag = f.find("true") != std::string_view::npos ? "true" : "false";
+                value = std::string(pc.substr(p + f.size(), vcut - p - f.size()));
+                ok = true;
+                break;
+              }
+            }
+            if (ok) break;
+          }
+        }
+        if (!ok) return strict_error("parameter format error: '" + std::string(pc) + "'");
+        if (std::find(keys.begin(), keys.end(), name) != keys.end())
+          return strict_error("duplicate parameter name: '" + name + "'");
+        keys.push_back(name);
+        args += (keys.size() > 1 ? ", " : "") + pyjson::dumps_string(name) + ": " +
+                (flag == "true" ? pyjson::dumps_string(value) : value);
+        std::string_view after = read_until(t, i, {param, invoke_end}, stop);
+        if (after != ">\n")
+          return strict_error("parameter format error: expected '>\\n' but got '" + std::string(after) + "'");
+      }
+      call.arguments = args + "}";
+      msg.tool_calls.push_back(std::move(call));
+    }
+    std::string_view tail = read_until(t, i, {kEos}, stop);
+    if (!tail.empty()) return strict_error("unexpected content after tool calls");
+  } else if (stop != kEos) {
+    return strict_error("invalid format: missing EOS token");
+  }
+  if (i != t.size() || !(stop == kEos || stop.empty())) return strict_error("unexpected content at end");
+  for (std::string_view sp : {kBos, kEos, kThinkStart, kThinkEnd, std::string_view("｜DSML｜")})
+    if (msg.content.find(sp) != std::string::npos || msg.reasoning_content.find(sp) != std::string::npos)
+      return strict_error("unexpected special token '" + std::string(sp) + "' in content");
   return msg;
 }
 

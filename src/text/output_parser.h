@@ -58,6 +58,9 @@ struct OutputParserOptions {
   std::string id_prefix = "call_";
   /// Seed mixed into ids (e.g. a request id) so ids differ across requests.
   uint64_t id_seed = 0;
+  /// Also accept DeepSeek-V4.1's DSML spelling (`<｜DSML｜ invoke …>`, `</｜DSML｜ parameter>`).
+  /// Off by default: for V4 the reference treats those spellings as ordinary value text.
+  bool accept_v41_spelling = false;
 };
 
 /// Streaming parser. Feed decoded text deltas (from a Detokenizer with skip_special_tokens=false);
@@ -83,6 +86,13 @@ class OutputParser {
 
   /// Parses a whole output (feed + finish, events folded into a message).
   static ParsedMessage parse(std::string_view completion, const OutputParserOptions& options = {});
+
+  /// The reference decoder's exact semantics (`parse_message_from_completion_text`, strict):
+  /// equal results where it accepts the text, kInvalidArgument with its reason where it raises
+  /// (missing </think>, markup in content, malformed DSML, duplicate parameter, text after the
+  /// block or EOS...). Tool call ids are left empty. For validation and tests; servers should use
+  /// the tolerant streaming parser.
+  static Result<ParsedMessage> parse_strict(std::string_view completion, ThinkingMode mode);
 
   /// Folds events into `msg` (what a non-streaming server does).
   static void apply(const std::vector<ParserEvent>& events, ParsedMessage& msg);

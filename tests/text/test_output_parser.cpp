@@ -49,9 +49,10 @@ std::vector<Golden> goldens() {
 }
 
 // Feeds `chunks` and folds the events; also checks event well-formedness.
-ParsedMessage run_chunks(const std::vector<std::string>& chunks, ThinkingMode mode) {
+ParsedMessage run_chunks(const std::vector<std::string>& chunks, ThinkingMode mode, bool v41 = false) {
   OutputParserOptions o;
   o.start = mode;
+  o.accept_v41_spelling = v41;
   OutputParser p(o);
   ParsedMessage m;
   int open = -1;
@@ -218,7 +219,7 @@ TEST(OutputParser, V41SpellingAlsoParses) {
       "</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"g\">\n<｜DSML｜ parameter name=\"n\" "
       "string=\"false\">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>";
   for (size_t k = 0; k <= c.size(); ++k) {
-    ParsedMessage m = run_chunks({c.substr(0, k), c.substr(k)}, ThinkingMode::kThinking);
+    ParsedMessage m = run_chunks({c.substr(0, k), c.substr(k)}, ThinkingMode::kThinking, /*v41=*/true);
     ASSERT_EQ(m.reasoning_content, "r");
     ASSERT_EQ(m.content, "ok");
     ASSERT_EQ(m.tool_calls.size(), 2u) << k;
@@ -227,4 +228,86 @@ TEST(OutputParser, V41SpellingAlsoParses) {
     EXPECT_EQ(m.tool_calls[1].name, "g");
     EXPECT_EQ(m.tool_calls[1].arguments, "{\"n\": 2}");
   }
+}
+
+TEST(OutputParser, StrictParserEqualsReferenceIncludingRejections) {
+  int ok = 0, rejected = 0;
+  for (auto& g : goldens()) {
+    auto r = OutputParser::parse_strict(g.completion, g.mode);
+    if (!g.has_expected) {
+      EXPECT_FALSE(r.ok()) << g.name << " should be rejected";
+      ++rejected;
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << g.name << ": " << r.status().to_string();
+    EXPECT_EQ(r->content, g.expected["content"].get<std::string>()) << g.name;
+    EXPECT_EQ(r->reasoning_content, g.expected["reasoning_content"].get<std::string>()) << g.name;
+    ASSERT_EQ(r->tool_calls.size(), g.expected["tool_calls"].size()) << g.name;
+    for (size_t i = 0; i < r->tool_calls.size(); ++i) {
+      EXPECT_EQ(r->tool_calls[i].name, g.expected["tool_calls"][i]["function"]["name"].get<std::string>()) << g.name;
+      EXPECT_EQ(r->tool_calls[i].arguments, g.expected["tool_calls"][i]["function"]["arguments"].get<std::string>())
+          << g.name;
+    }
+    ++ok;
+  }
+  EXPECT_EQ(ok, 20);
+  EXPECT_EQ(rejected, 14);
+}
+
+// Property: wherever the strict reference decoder accepts a text, the tolerant streaming parser
+// gives the same content, reasoning and tool calls; and on every variant (accepted or not) the
+// result does not depend on how the text is chunked. Inputs: the goldens with random edits made of
+// format fragments (deterministic seed). (No "no markup" check here: dropping a stray marker can
+// splice marker-looking text out of fragments, e.g. "<｜e<think>nd▁of▁sentence｜>".)
+TEST(OutputParser, TolerantEqualsStrictWhereverStrictAccepts) {
+  const std::vector<std::string> frags = {"\n", "\n\n", "<", ">", "\"", " ", "x", "é", "</think>", "<think>",
+                                          "｜DSML｜", "<｜DSML｜tool_calls>\n", "</｜DSML｜tool_calls>",
+                                          "<｜DSML｜invoke name=\"f\">\n", "</｜DSML｜invoke>\n",
+                                          "<｜DSML｜parameter name=\"k\" string=\"true\">", "</｜DSML｜parameter>\n",
+                                          " string=\"false\">", "<｜end▁of▁sentence｜>", "<\n", "/｜DSML｜parameter",
+                                          "\">\n", "name=\"", "\t", "<｜DSML｜", "</｜DSML｜", "<｜begin▁of▁sentence｜>"};
+  uint64_t rng = std::getenv("V4_FUZZ_SEED") ? std::strtoull(std::getenv("V4_FUZZ_SEED"), nullptr, 10) : 12345;
+  const int per_golden = std::getenv("V4_FUZZ_N") ? std::atoi(std::getenv("V4_FUZZ_N")) : 600;
+  auto next = [&] {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<size_t>(rng >> 33);
+  };
+  int accepted = 0, total = 0;
+  for (auto& g : goldens()) {
+    for (int v = 0; v < per_golden; ++v) {
+      std::string c = g.completion;
+      int edits = 1 + static_cast<int>(next() % 3);
+      for (int e = 0; e < edits; ++e) {
+        size_t pos = next() % (c.size() + 1);
+        while (pos < c.size() && (static_cast<unsigned char>(c[pos]) & 0xC0) == 0x80) ++pos;  // char boundary
+        if (next() % 3 == 0 && pos < c.size()) {
+          size_t len = 1 + next() % 8;
+          size_t end = std::min(c.size(), pos + len);
+          while (end < c.size() && (static_cast<unsigned char>(c[end]) & 0xC0) == 0x80) ++end;
+          c.erase(pos, end - pos);
+        } else {
+          c.insert(pos, frags[next() % frags.size()]);
+        }
+      }
+      ++total;
+      auto strict = OutputParser::parse_strict(c, g.mode);
+      OutputParserOptions o;
+      o.start = g.mode;
+      ParsedMessage tol = OutputParser::parse(c, o);
+      // Split invariance holds for malformed text too.
+      size_t k = next() % (c.size() + 1);
+      ASSERT_EQ(describe(run_chunks({c.substr(0, k), c.substr(k)}, g.mode)), describe(tol))
+          << g.name << " variant split at " << k << ": " << nlohmann::json(c).dump();
+      if (v % 10 == 0) {
+        std::vector<std::string> bytes;
+        for (char ch : c) bytes.emplace_back(1, ch);
+        ASSERT_EQ(describe(run_chunks(bytes, g.mode)), describe(tol)) << nlohmann::json(c).dump();
+      }
+      if (!strict.ok()) continue;
+      ++accepted;
+      ASSERT_EQ(describe(tol), describe(*strict)) << g.name << " variant: " << nlohmann::json(c).dump();
+    }
+  }
+  EXPECT_GT(accepted, total / 40) << "of " << total;
+  std::printf("strict accepted %d of %d variants\n", accepted, total);
 }
