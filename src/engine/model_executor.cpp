@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/log.h"
+
 namespace v4::engine {
 
 Result<std::unique_ptr<ModelExecutor>> ModelExecutor::load_cpu(const std::string& dir,
@@ -30,12 +32,19 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   e->swa_cap_pages_ = (opt.max_chunk_tokens + W - 1 + e->page_size_ - 1) / e->page_size_ + 1;
   const int64_t cfg_ctx = e->model_->config().max_position_embeddings;
   e->max_context_ = opt.max_context > 0 ? std::min(opt.max_context, cfg_ctx) : cfg_ctx;
+  if (opt.prefix_cache_bytes > 0) {
+    V4_ASSIGN_OR_RETURN(auto cfg,
+                        cache::PrefixCache::config_for_budget(*e->cache_, opt.prefix_cache_bytes));
+    V4_ASSIGN_OR_RETURN(e->prefix_, cache::PrefixCache::create(*e->cache_, cfg));
+    V4_LOG_INFO("{}", e->prefix_->explain());
+  }
   for (const auto& u : e->cache_->usage())
     e->pools_.push_back({u.name, u.total, u.name == "state_slots" ? 0 : e->page_size_});
   return e;
 }
 
 ModelExecutor::~ModelExecutor() {
+  prefix_.reset();
   cache_.reset();  // frees pool memory through ops_ before ops_ goes
   model_.reset();
 }
@@ -76,11 +85,38 @@ Result<int32_t> ModelExecutor::create_sequence() {
 }
 
 void ModelExecutor::free_sequence(int32_t seq) {
-  cache_->free_sequence(seq);
+  if (prefix_)
+    (void)prefix_->finish(*cache_, seq, /*insert=*/false);
+  else
+    cache_->free_sequence(seq);
+}
+
+Result<SequenceStart> ModelExecutor::start_sequence(std::span<const int32_t> tokens) {
+  if (!prefix_) return Executor::start_sequence(tokens);
+  V4_ASSIGN_OR_RETURN(auto h, prefix_->admit(*cache_, tokens));
+  SequenceStart st;
+  st.seq = h.kv_seq;
+  st.cached_tokens = h.cached_tokens;
+  st.snapshot_points = std::move(h.snapshot_points);
+  return st;
+}
+
+void ModelExecutor::end_sequence(int32_t seq, SequenceEnd how, std::span<const int32_t> computed) {
+  if (!prefix_) {
+    cache_->free_sequence(seq);
+    return;
+  }
+  const bool insert = how == SequenceEnd::kFinished || how == SequenceEnd::kPreempted;
+  auto r = prefix_->finish(*cache_, seq, insert);
+  if (!r.ok()) V4_LOG_WARN("prefix cache: finish of sequence {}: {}", seq, r.status().to_string());
 }
 
 Result<model::ForwardOutput> ModelExecutor::forward(const model::ForwardBatch& batch) {
-  return model_->forward(batch, *cache_);
+  auto out = model_->forward(batch, *cache_);
+  if (!out.ok() || !prefix_) return out;
+  for (const auto& sl : batch.slices)
+    V4_RETURN_IF_ERROR(prefix_->on_step(*cache_, sl.seq, sl.tokens));
+  return out;
 }
 
 }  // namespace v4::engine

@@ -8,11 +8,16 @@
 //   (max_chunk_tokens + W − 1) positions during a step: min(ceil(n / P), ceil((C + W − 1) / P) +
 //   1);
 // - "state_slots": one compressor-state ring slot per live sequence.
+// With `prefix_cache_bytes` > 0 the executor binds cache::PrefixCache (copy mode: the tree has
+// its own store, so the pools above still hold running sequences only): start_sequence → admit,
+// after each forward → on_step per slice, end_sequence → finish (insert on kFinished and
+// kPreempted).
 #pragma once
 #include <memory>
 #include <string>
 
 #include "cache/pools.h"
+#include "cache/radix_kv.h"
 #include "engine/executor.h"
 #include "model/deepseek_v4.h"
 #include "ops/ops.h"
@@ -25,6 +30,10 @@ struct ModelExecutorOptions {
   int page_size = 0;                           // tokens per page; 0 = the model's default
   int64_t max_chunk_tokens = 2048;             // the engine's chunked_prefill_size (bounds SWA use)
   int64_t max_context = 0;                     // 0 = config.json max_position_embeddings
+  /// Bytes for the prefix cache's tree store (cache::PrefixCache, docs/cache.md); 0 = no prefix
+  /// caching. With it, a request resumes at the longest cached boundary of its prompt and every
+  /// finished (or preempted) request's tokens are inserted for later requests.
+  int64_t prefix_cache_bytes = 0;
 };
 
 class ModelExecutor : public Executor {
@@ -51,13 +60,19 @@ class ModelExecutor : public Executor {
   std::vector<PoolUsage> pool_usage() const override;
   Result<int32_t> create_sequence() override;
   void free_sequence(int32_t seq) override;
+  Result<SequenceStart> start_sequence(std::span<const int32_t> tokens) override;
+  void end_sequence(int32_t seq, SequenceEnd how, std::span<const int32_t> computed) override;
   Result<model::ForwardOutput> forward(const model::ForwardBatch& batch) override;
+
+  /// The prefix cache, or nullptr when off (for its stats: prefix_cache()->radix().stats()).
+  const cache::PrefixCache* prefix_cache() const { return prefix_.get(); }
 
  private:
   ModelExecutor() = default;
   std::unique_ptr<ops::Ops> ops_;
   std::unique_ptr<model::DeepseekV4> model_;
   std::unique_ptr<cache::KvCache> cache_;
+  std::unique_ptr<cache::PrefixCache> prefix_;  // destroyed before cache_
   std::vector<PoolSpec> pools_;
   int64_t page_size_ = 0;
   int64_t swa_cap_pages_ = 0;  // per-sequence SWA bound

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -181,6 +182,79 @@ TEST(ModelEngine, EmbeddedModelBatchedEqualsSequential) {
       "batched %.2f s (%.1f tok/s), %lld steps\n",
       alone_s, 256 / alone_s, batched_s, 256 / batched_s, (long long)st.steps_total);
   EXPECT_LT(st.steps_total, 8 * 32);  // batching happened
+}
+
+// Prefix caching through the real executor: a second turn that extends the first one resumes
+// from the cache (usage.cached_tokens > 0) and still gives the tokens of a cold run.
+TEST(ModelEngine, PrefixCacheMultiTurnEqualsCold) {
+  const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors")) << dir;
+  auto make = [&](int64_t prefix_bytes) {
+    ModelExecutorOptions mo;
+    mo.kv_budget_bytes = int64_t(256) << 20;
+    mo.max_sequences = 8;
+    mo.max_chunk_tokens = 256;
+    mo.prefix_cache_bytes = prefix_bytes;
+    auto exec = ModelExecutor::load_cpu(dir, mo);
+    EXPECT_TRUE(exec.ok()) << exec.status().to_string();
+    EngineConfig ec;
+    ec.chunked_prefill_size = 256;
+    ec.stats_interval_s = 0;
+    auto e = Engine::create(std::move(exec).value(), ec);
+    EXPECT_TRUE(e.ok());
+    return std::move(e).value();
+  };
+  struct Run {
+    std::vector<int32_t> tokens;
+    int64_t cached = -1;
+  };
+  auto run = [](Engine& e, const std::vector<int32_t>& prompt, int64_t n) {
+    Run out;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Request r;
+    r.prompt_tokens = prompt;
+    r.sampling.temperature = 0.0f;
+    r.sampling.ignore_eos = true;
+    r.sampling.max_tokens = n;
+    auto id = e.submit(r, [&](const StepOutput& o) {
+      std::lock_guard<std::mutex> lk(mu);
+      out.tokens.insert(out.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      out.cached = o.usage.cached_tokens;
+      if (o.finished) {
+        done = true;
+        cv.notify_all();
+      }
+    });
+    EXPECT_TRUE(id.ok());
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return done; });
+    return out;
+  };
+  std::mt19937 rng(5);
+  std::vector<int32_t> turn1(300);
+  for (auto& t : turn1) t = int32_t(10 + rng() % 4000);
+  auto warm = make(int64_t(256) << 20);
+  auto cold = make(0);
+  Run a = run(*warm, turn1, 20);
+  EXPECT_EQ(a.cached, 0);
+  EXPECT_EQ(a.tokens, run(*cold, turn1, 20).tokens);
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), a.tokens.begin(), a.tokens.end());
+  for (int i = 0; i < 150; ++i) turn2.push_back(int32_t(10 + rng() % 4000));
+  Run b = run(*warm, turn2, 20);
+  Run b_cold = run(*cold, turn2, 20);
+  EXPECT_GT(b.cached, 0);
+  EXPECT_LT(b.cached, int64_t(turn2.size()));
+  EXPECT_EQ(b_cold.cached, 0);
+  EXPECT_EQ(b.tokens, b_cold.tokens);
+  warm->wait_idle();
+  const EngineStats st = warm->stats();
+  EXPECT_EQ(st.prefix_hit_tokens_total, b.cached);
+  EXPECT_EQ(st.prefix_query_tokens_total, int64_t(turn1.size() + turn2.size()));
+  std::printf("[engine] prefix cache: turn 2 of %zu prompt tokens resumed at %lld cached tokens\n",
+              turn2.size(), (long long)b.cached);
 }
 
 }  // namespace
