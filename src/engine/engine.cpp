@@ -102,8 +102,13 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
       pools += fmt::format(
           ", {} {:.1f}%", p.name,
           p.capacity_pages ? 100.0 * double(p.used_pages) / double(p.capacity_pages) : 0.0);
-    V4_LOG_INFO("running {}, waiting {}, in {:.1f} tok/s, out {:.1f} tok/s{}", s.running, s.waiting,
-                s.prompt_tokens_per_s, s.generation_tokens_per_s, pools);
+    std::string extra;
+    if (s.prefix_query_tokens_total > 0)
+      extra += fmt::format(", prefix hits {:.1f}%", 100.0 * double(s.prefix_hit_tokens_total) /
+                                                        double(s.prefix_query_tokens_total));
+    if (s.preemptions_total > 0) extra += fmt::format(", preemptions {}", s.preemptions_total);
+    V4_LOG_INFO("running {}, waiting {}, in {:.1f} tok/s, out {:.1f} tok/s{}{}", s.running,
+                s.waiting, s.prompt_tokens_per_s, s.generation_tokens_per_s, pools, extra);
   }
 }
 
