@@ -4,7 +4,7 @@
 // tokens (C4 KV, indexer keys and C128 KV of those pages are addressed by division of the slot).
 // The end of a node is a *boundary*; a boundary is resumable when it keeps
 //   - a compressor-state snapshot taken after exactly `end` tokens, and
-//   - the SWA window before it (positions [end - W, end)) live in the SWA pool,
+//   - the SWA window before it (positions [end - W, end)) live in the SWA pool, every row written,
 // so that a request matching it can start computing at `end` and reproduce a cold prefill bit
 // for bit. `match` only ever returns resumable boundaries (the root, 0 tokens, always is).
 //
@@ -34,7 +34,8 @@ namespace v4::cache {
 struct ShadowRadixConfig {
   int64_t page_tokens = 256;     // P: virtual page size, multiple of 128, >= window
   int64_t swa_page_tokens = 64;  // Ps: SWA page size, divides P
-  int64_t window_tokens = 128;   // W: sliding window (tokens kept before a boundary)
+  int64_t window_tokens = 128;   // W: SWA rows kept before a boundary (the rows a resumed query
+                                 // reads: sliding_window - 1 suffices; sliding_window is safe)
   int32_t n_pages = 0;           // virtual pages
   int32_t n_swa_pages = 0;
   int32_t n_snapshots = 0;
