@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "base/log.h"
+
 namespace v4::cache {
 
 Result<std::unique_ptr<StateSnapshots>> StateSnapshots::create(const KvCache& kv, int32_t n) {
@@ -162,6 +164,12 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
 
 void PrefixCache::detach(PrefixSeq& h) {
   if (h.radix_seq < 0) return;
+  if (detached_total_++ == 0) {
+    const auto st = radix_->stats();
+    V4_LOG_WARN("prefix cache: store full of state locked by running requests (pages {}/{}, SWA "
+                "{}/{}); request runs uncached. Raise the prefix cache budget.",
+                st.pages_used, st.pages_total, st.swa_used, st.swa_total);
+  }
   (void)radix_->finish(h.radix_seq, /*insert=*/false);
   h.radix_seq = -1;
 }
@@ -173,6 +181,7 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
   const int64_t n = int64_t(prompt.size());
   auto plan = radix_->admit(prompt, std::max<int64_t>(0, n - 1));
   if (!plan.ok()) {  // the tree is full of locked state: run cold, detached
+    ++detached_total_;
     live_[seq] = h;
     return h;
   }

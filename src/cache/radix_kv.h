@@ -104,6 +104,9 @@ class PrefixCache {
   /// Ends a request: with `insert`, its computed tokens enter the tree (with a boundary at its
   /// end); always frees the KvCache sequence. Returns tokens newly added to the tree.
   Result<int64_t> finish(KvCache& kv, int32_t kv_seq, bool insert = true);
+  /// Requests detached from the tree so far (the store was full of locked state; they ran
+  /// without being cached). Non-zero means the store is too small for the load.
+  int64_t detached_total() const { return detached_total_; }
   /// Bytes of the tree store and its startup line ("prefix cache: ... pages ... boundaries").
   int64_t store_bytes() const;
   std::string explain() const;
@@ -122,6 +125,7 @@ class PrefixCache {
   std::vector<std::vector<float>> comp_, index_, swa_;
   std::vector<int> ratio_, dim_, idim_;
   int64_t window_ = 0;  // SWA rows a boundary keeps: sliding_window - 1
+  int64_t detached_total_ = 0;
 };
 
 }  // namespace v4::cache

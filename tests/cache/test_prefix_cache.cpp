@@ -353,3 +353,20 @@ TEST(PrefixCache, LongHitWithFewSwaPages) {
   EXPECT_EQ(b.h.cached_tokens, 1100);  // a's prompt end is a boundary
   EXPECT_EQ(b.gen, ref_gen);
 }
+
+// A store too small for a request: it is detached (runs uncached, counted) and its tokens are
+// still those of a cold run; nothing hangs, nothing is inserted.
+TEST(PrefixCache, TooSmallStoreDetachesAndStillRuns) {
+  Env e = make_env(3, 40, 4);
+  ASSERT_TRUE(e.pc);
+  const auto p = toks(95, 600, e.V);
+  std::vector<float> ref;
+  std::vector<int32_t> ref_gen;
+  cold(e, p, 4, &ref, &ref_gen);
+  Req a{p, 4};
+  run_together(e, {&a}, 128);
+  EXPECT_EQ(a.gen, ref_gen);
+  EXPECT_EQ(e.pc->detached_total(), 1);
+  EXPECT_EQ(e.pc->radix().stats().nodes, 0);
+  EXPECT_EQ(e.pc->radix().stats().pages_used, 0);
+}
