@@ -46,11 +46,13 @@ struct ChatOptions {
 /// Renders OpenAI-style messages to the DeepSeek-V4 prompt string and tokenizes it.
 ///
 /// `messages` is a JSON array of objects with `role` in system/user/assistant/tool (also the
-/// reference's internal developer/latest_reminder), `content` (string or null; user/tool content may
-/// be an array of `{"type":"text","text":…}` parts, flattened with "\n\n"), assistant
-/// `reasoning_content`, `tool_calls` (`[{id,type,function:{name,arguments}}]`), `wo_eos`; tool
-/// `tool_call_id`; system `tools`, `response_format`. Use `nlohmann::ordered_json` so key order is
-/// kept: tool schemas and arguments are re-serialized like Python `json.dumps(ensure_ascii=False)`.
+/// reference's internal developer/latest_reminder), `content` (system/assistant: string or null;
+/// user: a string — null or a parts array is rejected like the reference does, so flatten OpenAI
+/// content parts before; tool: string, or parts whose text parts are joined with "\n\n"),
+/// assistant `reasoning_content`, `tool_calls` (`[{id,type,function:{name,arguments}}]`), `wo_eos`;
+/// tool `tool_call_id`; system `tools`, `response_format`; internal `task`. Use
+/// `nlohmann::ordered_json` so key order is kept: tool schemas and arguments are re-serialized
+/// like Python `json.dumps(ensure_ascii=False)`. docs/text.md lists every rule and deviation.
 class ChatEncoder {
  public:
   /// Attaches request-level `tools` the way the reference harness does: into `messages[0]` when it

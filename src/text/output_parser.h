@@ -66,10 +66,11 @@ struct OutputParserOptions {
 /// Streaming parser. Feed decoded text deltas (from a Detokenizer with skip_special_tokens=false);
 /// markers split across deltas are held back, never emitted as content. Rules (docs/text.md):
 /// reasoning ends at `</think>` (or implicitly at a DSML block); content ends at `<｜end▁of▁sentence｜>`
-/// (text after it is dropped) or at `\n\n<｜DSML｜` (the blank line is not content; any other newlines
-/// before `<｜DSML｜` are also dropped); stray `</think>`, `<think>`, BOS in content are dropped.
-/// Leading newlines of content and trailing newlines of reasoning are kept (reference behaviour).
-/// Equal to the reference parser on all inputs it accepts. Not thread-safe; one per request.
+/// (text after it is dropped) or at `<｜DSML｜` (one preceding `\n\n`, else `\n`, is the separator,
+/// not content); stray `</think>`, `<think>`, BOS, `｜DSML｜` in content are dropped. Leading
+/// newlines of content and trailing newlines of reasoning are kept (reference behaviour).
+/// Equal to the reference parser (`parse_strict`) on all inputs it accepts; the result never
+/// depends on how the text is split into deltas. Not thread-safe; one per request.
 class OutputParser {
  public:
   explicit OutputParser(OutputParserOptions options = {});
