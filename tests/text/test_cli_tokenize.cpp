@@ -68,6 +68,30 @@ TEST(CliTokenize, TextAndMessages) {
   EXPECT_EQ(j["text"].get<std::string>().substr(j["text"].get<std::string>().size() - 8), "</think>");
 }
 
+TEST(CliTokenize, RequestBodyAndOfficialFixture) {
+  REQUIRE_CLI();
+  // An OpenAI-style body with request-level tools; effort max in thinking mode.
+  std::string body = tmp_file("body.json", R"({"messages":[{"role":"user","content":"hi"}],
+      "tools":[{"type":"function","function":{"name":"ping","parameters":{"type":"object"}}}]})");
+  auto r = run("tokenize --tokenizer " + kTok + " --messages " + body + " --reasoning-effort max --added-tokens v4");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  std::string text = j["text"];
+  EXPECT_EQ(text.rfind("<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum", 0), 0u);
+  EXPECT_NE(text.find("\n\n\n\n## Tools"), std::string::npos);
+  EXPECT_EQ(j["ids"][0], 0);
+  EXPECT_EQ(j["ids"].back(), 128821);  // <think>
+  // DeepSeek's fixture 1 ({"tools", "messages"}) renders byte-exact through the CLI too.
+  std::string ref = "/work/shared/data/dsv4-reference/encoding-goldens/";
+  if (std::filesystem::exists(ref + "test_input_1.json")) {
+    r = run("tokenize --tokenizer " + kTok + " --messages " + ref + "test_input_1.json");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    std::ifstream f(ref + "test_output_1.txt", std::ios::binary);
+    std::string want((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(nlohmann::json::parse(r.out)["text"], want);
+  }
+}
+
 TEST(CliTokenize, DetokenizeRoundTrip) {
   REQUIRE_CLI();
   auto r = run("detokenize --tokenizer " + kTok + " --ids 19923,223,128803");
