@@ -72,6 +72,23 @@ def test_thinking_switch_gives_reasoning(client, model_name):
     assert r.usage.prompt_tokens >= plain.usage.prompt_tokens
 
 
+def test_reasoning_effort_reaches_the_encoder(server, model_name):
+    msgs = [{"role": "user", "content": "Think about cats"}]
+
+    def count(**kw):
+        t = server.post("/tokenize", json={"model": model_name, "messages": msgs, **kw})
+        assert t.status_code == 200, t.text
+        return t.json()["count"]
+
+    chat_mode = count()
+    thinking = count(chat_template_kwargs={"thinking": True})
+    effort_max = count(reasoning_effort="max")  # implies thinking; adds the effort prefix
+    assert effort_max > thinking >= chat_mode
+    assert count(reasoning_effort="max", chat_template_kwargs={"thinking": False}) == chat_mode
+    bad = server.post("/v1/chat/completions", json={"messages": msgs, "reasoning_effort": "ultra"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+
+
 def test_completions_streaming_and_not(client, model_name):
     kw = dict(model=model_name, prompt="The quick brown fox", max_tokens=16, temperature=0,
               extra_body={"ignore_eos": True})
