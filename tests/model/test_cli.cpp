@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -76,6 +77,21 @@ TEST(Cli, GenerateErrors) {
   std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt hello");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("tokenizer.json"), std::string::npos) << out;
+}
+
+// --prompt goes through the model directory's tokenizer.json (the embedded default model has one).
+TEST(Cli, GeneratePromptTextWithTokenizer) {
+  const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/tokenizer.json")) << dir;
+  auto [rc, out] = run(
+      std::string(V4_BINARY) + " generate --model " + dir +
+      " --prompt 'Once upon a time' --max-new-tokens 4 --ignore-eos --threads 2 --kv-budget-mb 64");
+  ASSERT_EQ(rc, 0) << out;
+  const auto p = out.find("tokens: ");
+  ASSERT_NE(p, std::string::npos) << out;
+  const std::string ids = out.substr(p + 8, out.find('\n', p) - p - 8);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), ','), 3) << ids;
+  EXPECT_NE(out.find("prefill: "), std::string::npos) << out;
 }
 
 TEST(Cli, InfoPrintsSummary) {
