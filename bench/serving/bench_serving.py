@@ -179,7 +179,7 @@ def markdown(rows, args, model, server_info):
     out = [f"# Serving benchmark: {args.label}", "",
            f"- date: {now}", f"- machine: {machine_line()}", f"- commit: {git_commit()}",
            f"- command: `{' '.join(shlex.quote(a) for a in sys.argv)}`",
-           f"- server: {server_info}", f"- model: {model}",
+           f"- server: {server_info}", f"- model: {model}"] + ([f"- note: {args.note}"] if args.note else []) + [
            f"- workload: {args.dataset}, input len uniform in [{int(0.8 * args.input_len)}, {args.input_len}], "
            f"output len uniform in [{int(0.8 * args.output_len)}, {args.output_len}], ignore_eos, streaming, "
            f"temperature 0, {'10x concurrency' if not args.num_prompts else args.num_prompts} prompts per level, "
@@ -217,6 +217,7 @@ def main():
     ap.add_argument("--token-id-low", type=int, default=1000, help="lowest random token id (skip specials)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--label", default="v4serve")
+    ap.add_argument("--note", default="", help="free text for the header (server build, flags)")
     ap.add_argument("--out", default="", help="Markdown file; '-' = stdout only")
     ap.add_argument("--json-out", default="", help="also write raw rows as JSON")
     args = ap.parse_args()
