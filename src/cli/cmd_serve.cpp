@@ -28,6 +28,7 @@ struct ServeOptions {
   int32_t max_running_requests = 256;
   int64_t kv_cache_bytes = int64_t(1) << 30;
   int64_t max_context = 0;
+  int64_t prefix_cache_bytes = 0;
   std::string served_model_name;
   int http_threads = 2;
   int64_t max_body_bytes = 32ll << 20;
@@ -88,6 +89,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_sequences = o.max_running_requests;
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
+  mo.prefix_cache_bytes = o.prefix_cache_bytes;
   auto exec = v4::engine::ModelExecutor::load_cpu(o.model, mo);
   loading = false;
   ticker.join();
@@ -175,6 +177,7 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch");
   app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "bytes for all KV cache pools");
   app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)");
+  app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes, "bytes for the prefix cache store (0 = no prefix caching)");
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
   app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)");
