@@ -504,7 +504,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
   }
   size_t start = out.size();
   bpe_uncached(piece, out);
-  if (cache.size() > 200000) cache.clear();
+  if (cache.size() > 65536) cache.clear();  // bound memory (~10 MB per slot)
   cache.emplace(std::string(piece), std::vector<TokenId>(out.begin() + start, out.end()));
 }
 
