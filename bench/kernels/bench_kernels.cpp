@@ -6,6 +6,7 @@
 // Method (performance.md): warm-up, CUDA events around each launch, median and p10–p90 of many
 // repetitions; the copy bandwidth is measured in the same run. Usage:
 //   bench_kernels --out DIR [--reps N]
+//   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -57,30 +58,72 @@ struct Stats {
   double med_us = 0, p10_us = 0, p90_us = 0;
 };
 
-// Times `fn(i)` (i = repetition index, for rotating inputs) with CUDA events per launch.
-Stats time_it(const std::function<void(int)>& fn, int reps, int warmup = 20) {
+// Times `fn(i)` (i = launch index, for rotating inputs): `samples` samples of `inner` launches
+// issued back to back between two CUDA events (the GPU stays busy, so host launch cost is hidden
+// as it is under CUDA graphs); per-launch time = sample / inner; median and p10–p90 over samples.
+Stats time_it(const std::function<void(int)>& fn, int samples, int inner = 10, int warmup = 20) {
   for (int i = 0; i < warmup; ++i) fn(i);
   BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * reps);
+  std::vector<cudaEvent_t> ev(2 * samples);
   for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
+  int idx = 0;
+  for (int i = 0; i < samples; ++i) {
     BENCH_CHECK(cudaEventRecord(ev[2 * i]));
-    fn(i);
+    for (int j = 0; j < inner; ++j) fn(idx++);
     BENCH_CHECK(cudaEventRecord(ev[2 * i + 1]));
   }
   BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<double> t(reps);
-  for (int i = 0; i < reps; ++i) {
+  std::vector<double> t(samples);
+  for (int i = 0; i < samples; ++i) {
     float ms = 0;
     BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1000.0;
+    t[i] = ms * 1000.0 / inner;
   }
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(t.begin(), t.end());
   Stats s;
-  s.med_us = t[reps / 2];
-  s.p10_us = t[reps / 10];
-  s.p90_us = t[(reps * 9) / 10];
+  s.med_us = t[samples / 2];
+  s.p10_us = t[samples / 10];
+  s.p90_us = t[(samples * 9) / 10];
+  return s;
+}
+
+// Per-launch time of `fn` replayed from a CUDA graph of `inner` captured launches (what a decode
+// step pays), median over `samples` replays.
+Stats time_graph(const std::function<void(int, cudaStream_t)>& fn, int samples, int inner = 20) {
+  cudaStream_t st;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int j = 0; j < inner; ++j) fn(j, st);
+  BENCH_CHECK(cudaStreamEndCapture(st, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 5; ++i) BENCH_CHECK(cudaGraphLaunch(exec, st));
+  BENCH_CHECK(cudaStreamSynchronize(st));
+  std::vector<double> t(samples);
+  cudaEvent_t a, b;
+  BENCH_CHECK(cudaEventCreate(&a));
+  BENCH_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < samples; ++i) {
+    BENCH_CHECK(cudaEventRecord(a, st));
+    BENCH_CHECK(cudaGraphLaunch(exec, st));
+    BENCH_CHECK(cudaEventRecord(b, st));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t[i] = ms * 1000.0 / inner;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  std::sort(t.begin(), t.end());
+  Stats s;
+  s.med_us = t[samples / 2];
+  s.p10_us = t[samples / 10];
+  s.p90_us = t[(samples * 9) / 10];
   return s;
 }
 
@@ -111,7 +154,7 @@ double copy_bandwidth_gbs() {
   BENCH_CHECK(cudaMalloc(&a, bytes));
   BENCH_CHECK(cudaMalloc(&b, bytes));
   BENCH_CHECK(cudaMemset(a, 1, bytes));
-  Stats s = time_it([&](int) { BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 20, 3);
+  Stats s = time_it([&](int) { BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10, 2, 3);
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes / (s.med_us * 1e-6) / 1e9;
@@ -128,7 +171,7 @@ struct TopkRow {
   int64_t n;
   int batch;
   std::string what;
-  Stats warm, cold;
+  Stats warm, cold, graph;
   double floor_us;
 };
 
@@ -136,12 +179,31 @@ struct TopkRow {
 
 int main(int argc, char** argv) {
   std::string out_dir = ".";
-  int reps = 200;
+  int reps = 40;  // samples of 10 back-to-back launches
   std::string cmd = "bench_kernels";
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
+    else if (!std::strcmp(argv[i], "--profile-topk")) {
+      const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
+      BENCH_CHECK(cudaSetDevice(0));
+      std::mt19937_64 g0(7);
+      const int64_t n = 262144;
+      auto host = randn(size_t(n), g0);
+      float* sc = nullptr;
+      int32_t *dn = nullptr, *out = nullptr;
+      const int32_t len = int32_t(n);
+      BENCH_CHECK(cudaMalloc(&sc, n * sizeof(float)));
+      BENCH_CHECK(cudaMalloc(&dn, sizeof(int32_t)));
+      BENCH_CHECK(cudaMalloc(&out, 512 * sizeof(int32_t)));
+      BENCH_CHECK(cudaMemcpy(sc, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(dn, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+      for (int it = 0; it < 30; ++it) BENCH_OK(v4::cuda::topk_rows(sc, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
+      BENCH_CHECK(cudaDeviceSynchronize());
+      std::printf("profile-topk done\n");
+      return 0;
+    }
   }
   BENCH_CHECK(cudaSetDevice(0));
   std::mt19937_64 g(12345);
@@ -171,16 +233,32 @@ int main(int argc, char** argv) {
       struct V { int id; const char* name; };
       std::vector<V> variants = {{0, "lightning (auto)"}};
       if (n > 32768) {
-        variants.push_back({3, "lightning cluster 8×512 thr"});
-        variants.push_back({4, "lightning cluster 16×512 thr"});
-        variants.push_back({6, "lightning cluster 8, no warp-aggregation"});
+        for (V v : {V{13, "v2 cluster 2×64"}, V{14, "v3 cluster 2×64"}, V{12, "v2 cluster 4×64"},
+                    V{15, "v3 cluster 4×64"}, V{18, "v3 cluster 8×32"}, V{9, "v2 cluster 8×64"},
+                    V{16, "v3 cluster 8×64"}, V{10, "v2 cluster 16×32"},
+                    V{3, "v1 cluster 8×64 (first version)"}})
+          variants.push_back(v);
       } else {
-        variants.push_back({3, "lightning cluster 8×512 thr"});
+        variants.push_back({9, "v2 cluster 8×64"});
+        variants.push_back({1, "v1 1 CTA (first version)"});
       }
+      const auto cap = [](int id) {
+        switch (id) {
+          case 13: case 14: return 65536;
+          case 12: case 15: case 18: return 131072;
+          default: return 262144;
+        }
+      };
+      variants.erase(std::remove_if(variants.begin(), variants.end(),
+                                    [&](const V& v) { return n > cap(v.id); }),
+                     variants.end());
       for (const auto& v : variants) {
-        TopkRow row{n, batch, v.name, {}, {}, floor_us};
+        TopkRow row{n, batch, v.name, {}, {}, {}, floor_us};
         row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_rows(sc, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
         row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
+        if (v.id == 0) {
+          row.graph = time_graph([&](int i, cudaStream_t st) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, st)); }, 20);
+        }
         rows.push_back(row);
         std::printf("topk n=%lld batch=%d %-40s warm %.2f us cold %.2f us (floor %.2f us)\n",
                     (long long)n, batch, v.name, row.warm.med_us, row.cold.med_us, floor_us);
@@ -196,9 +274,9 @@ int main(int argc, char** argv) {
         BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc, batch, n, keys_tmp, idx_in, idx_sorted, nullptr, &tb, nullptr));
         void* temp = nullptr;
         BENCH_CHECK(cudaMalloc(&temp, tb));
-        TopkRow row{n, batch, "CUB DeviceSegmentedSort (baseline)", {}, {}, floor_us};
-        row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc, batch, n, keys_tmp, idx_in, idx_sorted, temp, &tb, nullptr)); }, std::max(20, reps / 4));
-        row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc + (i % rot) * per, batch, n, keys_tmp, idx_in, idx_sorted, temp, &tb, nullptr)); }, std::max(20, reps / 4));
+        TopkRow row{n, batch, "CUB DeviceSegmentedSort (baseline)", {}, {}, {}, floor_us};
+        row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc, batch, n, keys_tmp, idx_in, idx_sorted, temp, &tb, nullptr)); }, 10, 3, 3);
+        row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_cub_sort_baseline(sc + (i % rot) * per, batch, n, keys_tmp, idx_in, idx_sorted, temp, &tb, nullptr)); }, 10, 3, 3);
         rows.push_back(row);
         std::printf("topk n=%lld batch=%d %-40s warm %.2f us cold %.2f us\n", (long long)n, batch,
                     row.what.c_str(), row.warm.med_us, row.cold.med_us);
@@ -220,15 +298,20 @@ int main(int argc, char** argv) {
       << "- inputs: N(0,1) f32 scores; warm = the same buffer every launch (L2-resident at batch 1, "
          "as when the indexer just wrote it); cold = rotating over 128 buffers (batch 1) or 4 "
          "(batch 64), larger than L2\n"
-      << "- times: CUDA events around each launch, median (p10–p90) of " << reps
-      << " launches (CUB: " << std::max(20, reps / 4) << ")\n\n"
-      << "| n | batch | kernel | warm µs | cold µs | byte floor µs | cold / floor |\n"
-      << "|---:|---:|---|---:|---:|---:|---:|\n";
+      << "- times: per launch, from CUDA events around 10 back-to-back launches, median (p10–p90) of "
+      << reps << " samples (CUB: 10 samples of 3); graph = per launch when replayed from a CUDA "
+         "graph of 20 cold launches (as in decode)\n"
+      << "- output: the k indices in ascending index order, exact (ties → lower index), verified by "
+         "tests/cuda (TopkExact*) in the same build\n\n"
+      << "| n | batch | kernel | warm µs | cold µs | graph µs | byte floor µs | cold / floor |\n"
+      << "|---:|---:|---|---:|---:|---:|---:|---:|\n";
     char buf[512];
     for (const auto& r : rows) {
-      std::snprintf(buf, sizeof buf, "| %lld | %d | %s | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %.2f | %.1f× |\n",
+      char g[64] = "–";
+      if (r.graph.med_us > 0) std::snprintf(g, sizeof g, "%.2f", r.graph.med_us);
+      std::snprintf(buf, sizeof buf, "| %lld | %d | %s | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %s | %.2f | %.1f× |\n",
                     (long long)r.n, r.batch, r.what.c_str(), r.warm.med_us, r.warm.p10_us, r.warm.p90_us,
-                    r.cold.med_us, r.cold.p10_us, r.cold.p90_us, r.floor_us, r.cold.med_us / r.floor_us);
+                    r.cold.med_us, r.cold.p10_us, r.cold.p90_us, g, r.floor_us, r.cold.med_us / r.floor_us);
       f << buf;
     }
   }
@@ -236,7 +319,7 @@ int main(int argc, char** argv) {
   // ---------------- indexer scores + GEMM ----------------
   std::ostringstream kt;
   kt << "# CUDA kernel timings (first versions)\n\n" << head << "- measured copy bandwidth (read + write): "
-     << int(bw) << " GB/s\n\n";
+     << int(bw) << " GB/s; times per launch from back-to-back launches (median)\n\n";
   {
     const int nI = 64, dI = 128;
     kt << "## Indexer scores (bf16 q·K, WMMA, fp32 accumulate) + top-512, nI=64, dI=128\n\n"
@@ -268,11 +351,11 @@ int main(int argc, char** argv) {
         BENCH_CHECK(cudaMemcpy(db, begin.data(), batch * 8, cudaMemcpyHostToDevice));
         BENCH_CHECK(cudaMemcpy(dn, lens.data(), batch * 4, cudaMemcpyHostToDevice));
         const float scale = 1.f / std::sqrt(float(dI) * nI);
-        Stats s1 = time_it([&](int) { BENCH_OK(v4::cuda::indexer_scores(dq, dw, dk, db, dn, batch, nI, dI, scale, ds, n, n, nullptr)); }, reps / 2);
+        Stats s1 = time_it([&](int) { BENCH_OK(v4::cuda::indexer_scores(dq, dw, dk, db, dn, batch, nI, dI, scale, ds, n, n, nullptr)); }, 20);
         Stats s2 = time_it([&](int) {
           BENCH_OK(v4::cuda::indexer_scores(dq, dw, dk, db, dn, batch, nI, dI, scale, ds, n, n, nullptr));
           BENCH_OK(v4::cuda::topk_rows(ds, n, dn, batch, k, n, out, nullptr, nullptr));
-        }, reps / 2);
+        }, 20);
         const double floor_us = double(batch) * (double(n) * dI * 2 + double(n) * 4) / (bw * 1e9) * 1e6;
         char buf[256];
         std::snprintf(buf, sizeof buf, "| %lld | %d | %.1f | %.1f | %.1f |\n", (long long)n, batch, s1.med_us, s2.med_us, floor_us);
@@ -298,7 +381,7 @@ int main(int argc, char** argv) {
       BENCH_CHECK(cudaMalloc(&y, size_t(s.M * s.N) * 2));
       BENCH_CHECK(cudaMemset(x, 0x3c, size_t(s.M * s.K) * 2));  // 0x3c3c ≈ 0.0115: non-zero data
       BENCH_CHECK(cudaMemset(w, 0x3c, size_t(s.N * s.K) * 2));
-      Stats st = time_it([&](int) { BENCH_OK((*gm)->bf16(x, w, y, v4::cuda::OutType::kBF16, s.M, s.N, s.K, nullptr)); }, 50, 5);
+      Stats st = time_it([&](int) { BENCH_OK((*gm)->bf16(x, w, y, v4::cuda::OutType::kBF16, s.M, s.N, s.K, nullptr)); }, 20, 5, 5);
       const double tf = 2.0 * s.M * s.N * s.K / (st.med_us * 1e-6) / 1e12;
       const double floor_us = double(s.N * s.K) * 2 / (bw * 1e9) * 1e6;
       char buf[256];

@@ -85,6 +85,16 @@ fi
 if [ "${V4_SKIP_BENCH:-0}" != 1 ] && [ -x $B/bench/bench_kernels ]; then
   step "kernel benchmarks"
   $B/bench/bench_kernels --out "$OUT" ${V4_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  step "ncu: Lightning TopK 262,144 -> 512, batch 1 (default and v3 cluster 8)"
+  if command -v ncu >/dev/null; then
+    for v in 0 16; do
+      echo "## variant $v" >>"$OUT/ncu-topk.txt"
+      timeout 100 ncu --kernel-name regex:topk_kernel --launch-skip 10 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+        $B/bench/bench_kernels --profile-topk $v >>"$OUT/ncu-topk.txt" 2>&1
+    done
+    grep -E "## variant|Duration|Elapsed Cycles" "$OUT/ncu-topk.txt" | head -20
+  fi
   step "torch.topk baseline"
   python3 scripts/device/torch_topk_baseline.py "$OUT/torch-topk.md" 2>&1 | tail -3
 fi

@@ -1,6 +1,7 @@
 """torch.topk baseline for bench/results/cuda-topk.md (runs on the device, in the same run as
 bench_kernels). Top-512 of n f32 scores, batch 1 and 64, CUDA events, median of 200 launches,
-L2-warm (same buffer) like the 'warm' column of bench_kernels. Usage: python3 torch_topk_baseline.py OUT.md"""
+L2-warm (same buffer) like the 'warm' column of bench_kernels, timed like it: events around 10
+back-to-back calls, per-call time, median of 40 samples. Usage: python3 torch_topk_baseline.py OUT.md"""
 import sys
 
 import torch
@@ -16,14 +17,15 @@ for batch in (1, 64):
             torch.topk(x, k, dim=-1, sorted=False)
         torch.cuda.synchronize()
         times = []
-        for _ in range(200):
+        for _ in range(40):
             s = torch.cuda.Event(enable_timing=True)
             e = torch.cuda.Event(enable_timing=True)
             s.record()
-            torch.topk(x, k, dim=-1, sorted=False)
+            for _ in range(10):
+                torch.topk(x, k, dim=-1, sorted=False)
             e.record()
             e.synchronize()
-            times.append(s.elapsed_time(e) * 1000.0)
+            times.append(s.elapsed_time(e) * 1000.0 / 10)
         times.sort()
         rows.append((n, batch, times[len(times) // 2], times[len(times) // 10], times[len(times) * 9 // 10]))
         print(f"torch.topk n={n} batch={batch}: {rows[-1][2]:.2f} us", flush=True)

@@ -4,6 +4,9 @@ namespace v4::cuda {
 
 Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
+  // Clear a non-sticky error (e.g. a rejected launch configuration) so it is not reported again
+  // by the next, unrelated launch check; sticky errors stay set anyway.
+  (void)cudaGetLastError();
   ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::kResourceExhausted
                                                     : ErrorCode::kInternal;
   return Status(code, std::string("CUDA error in ") + what + ": " + cudaGetErrorName(err) + " (" +

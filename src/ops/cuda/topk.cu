@@ -259,6 +259,432 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (out_len && rank == 0 && tid == 0) out_len[r] = k;
 }
 
+// ---- v2: fewer, cheaper cluster exchanges ---------------------------------------------------------
+// Same selection rule and output as topk_kernel (v1). Differences: the three histograms live in
+// separate buffers zeroed once at the start (no reuse hazard, no per-pass zeroing); the cross-CTA
+// histogram reduction reads each remote CTA's bins with 16-byte ld.shared::cluster loads, all
+// issued before any is used; no warp aggregation; early exit once the chosen bin holds exactly the
+// number of keys still needed (then no tie can straddle the boundary).
+
+__device__ __forceinline__ uint32_t cluster_map(const void* p, uint32_t rank) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p)), r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ uint4 ld_cluster_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long ld_cluster_u64(uint32_t addr) {
+  unsigned long long v;
+  asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+template <int C, int THREADS, int ITEMS>
+__global__ void __launch_bounds__(THREADS, 1)
+    topk_kernel_v2(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
+  static_assert(ITEMS % 4 == 0, "ITEMS must be a multiple of 4");
+  static_assert(THREADS == 512, "bin ownership below assumes 512 threads");
+  using ScanI = cub::BlockScan<int, THREADS>;
+  using ScanL = cub::BlockScan<unsigned long long, THREADS>;
+  __shared__ __align__(16) uint32_t hist0[4096];
+  __shared__ __align__(16) uint32_t hist1[4096];
+  __shared__ __align__(16) uint32_t hist2[256];
+  __shared__ union {
+    typename ScanI::TempStorage i;
+    typename ScanL::TempStorage l;
+  } tmp;
+  __shared__ int s_digit, s_above, s_count;
+  __shared__ __align__(16) unsigned long long s_tot;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const uint32_t rank = cluster.block_rank();
+  const int64_t r = blockIdx.y;
+  const int n = max(nrows[r], 0);
+  const float* row = scores + r * ld;
+  int32_t* orow = out + r * int64_t(k);
+  const int tid = threadIdx.x;
+
+  if (n <= k) {
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    return;
+  }
+  // zero all three histograms (8 + 8 + 0.5 words per thread)
+  {
+    uint4 z = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist0)[tid * 2 + 1] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2 + 1] = z;
+    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
+  }
+  int P = (n + C * THREADS - 1) / (C * THREADS);
+  P = (P + 3) & ~3;
+  const int64_t start = int64_t(int(rank) * THREADS + tid) * P;
+  const int64_t left = int64_t(n) - start;
+  const int cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  uint32_t key[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; i += 4) {
+    if (i < P) {
+      if (vec && i + 4 <= cnt) {
+        float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
+        key[i] = order_key(v.x);
+        key[i + 1] = order_key(v.y);
+        key[i + 2] = order_key(v.z);
+        key[i + 3] = order_key(v.w);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+      }
+    }
+  }
+  __syncthreads();  // zeroed histograms visible before any atomic
+
+  uint32_t prefix = 0, mask = 0;
+  int krem = k;
+  bool done = false;
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    if (done) break;  // cluster-uniform: every CTA computed the same bin
+    const int shift = pass == 0 ? 20 : (pass == 1 ? 8 : 0);
+    const uint32_t dmask = pass == 2 ? 0xffu : 0xfffu;
+    uint32_t* h = pass == 0 ? hist0 : (pass == 1 ? hist1 : hist2);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if (i < cnt && (key[i] & mask) == prefix) atomicAdd(&h[(key[i] >> shift) & dmask], 1u);
+    cluster.sync();  // every CTA's histogram complete and visible cluster-wide
+    // Thread t owns bins [nb − W(t+1), nb − Wt): W = 8 of 4096 bins, or 4 of 256 (t < 64).
+    const int nb = pass == 2 ? 256 : 4096;
+    const int W = pass == 2 ? 4 : 8;
+    const bool owner = tid * W < nb;
+    const int base = nb - W * (tid + 1);
+    uint32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // c[j] = count of bin base + W − 1 − j
+    if (owner) {
+      uint4 v[C][2];
+#pragma unroll
+      for (int q = 0; q < C; ++q) {
+        const uint32_t a = cluster_map(h + base, uint32_t(q));
+        v[q][0] = ld_cluster_v4(a);
+        if (W == 8) v[q][1] = ld_cluster_v4(a + 16);
+      }
+#pragma unroll
+      for (int q = 0; q < C; ++q) {
+        if (W == 8) {
+          c[0] += v[q][1].w; c[1] += v[q][1].z; c[2] += v[q][1].y; c[3] += v[q][1].x;
+          c[4] += v[q][0].w; c[5] += v[q][0].z; c[6] += v[q][0].y; c[7] += v[q][0].x;
+        } else {
+          c[0] += v[q][0].w; c[1] += v[q][0].z; c[2] += v[q][0].y; c[3] += v[q][0].x;
+        }
+      }
+    }
+    int sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += int(c[j]);
+    int excl;
+    ScanI(tmp.i).ExclusiveSum(sum, excl);
+    if (owner) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (j < W && excl < krem && excl + int(c[j]) >= krem) {
+          s_digit = base + W - 1 - j;
+          s_above = excl;
+          s_count = int(c[j]);
+        }
+        excl += int(c[j]);
+      }
+    }
+    __syncthreads();
+    prefix |= uint32_t(s_digit) << shift;
+    mask |= dmask << shift;
+    krem -= s_above;
+    done = s_count == krem;  // the whole bin is taken: no boundary ties
+    __syncthreads();         // s_* read by all before the next pass may write them
+  }
+
+  // Selection: key (masked) > prefix is taken; == prefix taken lowest index first, krem of them.
+  int gt = 0, eq = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (i < cnt) {
+      const uint32_t kk = key[i] & mask;
+      gt += kk > prefix;
+      eq += kk == prefix;
+    }
+  unsigned long long packed = (static_cast<unsigned long long>(gt) << 32) | unsigned(eq), excl, agg;
+  ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+  if (tid == 0) s_tot = agg;
+  cluster.sync();
+  unsigned long long before = 0;
+  if (C > 1) {
+    unsigned long long t[C];
+#pragma unroll
+    for (int q = 0; q < C; ++q) t[q] = q < int(rank) ? ld_cluster_u64(cluster_map(&s_tot, uint32_t(q))) : 0ull;
+#pragma unroll
+    for (int q = 0; q < C; ++q) before += t[q];
+  }
+  cluster.sync();  // remote reads done before any CTA of the cluster exits
+  excl += before;
+  int gt_b = int(excl >> 32), eq_b = int(excl & 0xffffffffu);
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (i < cnt) {
+      const uint32_t kk = key[i] & mask;
+      if (kk > prefix) {
+        orow[gt_b + min(eq_b, krem)] = int32_t(start + i);
+        ++gt_b;
+      } else if (kk == prefix) {
+        if (eq_b < krem) orow[gt_b + eq_b] = int32_t(start + i);
+        ++eq_b;
+      }
+    }
+  }
+  if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+}
+
+// ---- v3: reduce-scatter of the cluster histogram ------------------------------------------------
+// v2 has every CTA read every other CTA's whole histogram (C × 16 KiB per CTA per pass), which
+// made its time grow with the cluster size. v3 splits the bins into C slices: CTA q sums slice q
+// over the cluster (16 KiB read per CTA per pass, whatever C), stores it in place and publishes
+// the slice total; after a second cluster barrier every CTA reads the C totals, picks the slice
+// holding the k-th key, and scans that slice's (remote) bins to find the digit. Same selection
+// rule, output and early exit as v1/v2.
+
+__device__ __forceinline__ uint32_t ld_cluster_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+template <int C, int ITEMS>
+__global__ void __launch_bounds__(512, 1)
+    topk_kernel_v3(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
+  constexpr int THREADS = 512;
+  static_assert(C >= 2 && C <= 16 && (C & (C - 1)) == 0, "cluster size 2..16, power of two");
+  static_assert(ITEMS % 4 == 0, "ITEMS must be a multiple of 4");
+  using ScanI = cub::BlockScan<int, THREADS>;
+  using ScanL = cub::BlockScan<unsigned long long, THREADS>;
+  __shared__ __align__(16) uint32_t hist0[4096];
+  __shared__ __align__(16) uint32_t hist1[4096];
+  __shared__ __align__(16) uint32_t hist2[256];
+  __shared__ union {
+    typename ScanI::TempStorage i;
+    typename ScanL::TempStorage l;
+  } tmp;
+  __shared__ int s_digit, s_above, s_count, s_q, s_qabove;
+  __shared__ __align__(16) uint32_t s_slice_tot[4];
+  __shared__ int s_warp[THREADS / 32];
+  __shared__ __align__(16) unsigned long long s_tot;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const uint32_t rank = cluster.block_rank();
+  const int64_t r = blockIdx.y;
+  const int n = max(nrows[r], 0);
+  const float* row = scores + r * ld;
+  int32_t* orow = out + r * int64_t(k);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  if (n <= k) {
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    return;
+  }
+  {
+    uint4 z = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist0)[tid * 2 + 1] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2 + 1] = z;
+    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
+  }
+  int P = (n + C * THREADS - 1) / (C * THREADS);
+  P = (P + 3) & ~3;
+  const int64_t start = int64_t(int(rank) * THREADS + tid) * P;
+  const int64_t left = int64_t(n) - start;
+  const int cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  uint32_t key[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; i += 4) {
+    if (i < P) {
+      if (vec && i + 4 <= cnt) {
+        float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
+        key[i] = order_key(v.x);
+        key[i + 1] = order_key(v.y);
+        key[i + 2] = order_key(v.z);
+        key[i + 3] = order_key(v.w);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+      }
+    }
+  }
+  __syncthreads();
+
+  uint32_t prefix = 0, mask = 0;
+  int krem = k;
+  bool done = false;
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    if (done) break;
+    const int shift = pass == 0 ? 20 : (pass == 1 ? 8 : 0);
+    const uint32_t dmask = pass == 2 ? 0xffu : 0xfffu;
+    uint32_t* h = pass == 0 ? hist0 : (pass == 1 ? hist1 : hist2);
+    const int S = (pass == 2 ? 256 : 4096) / C;  // bins per slice
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if (i < cnt && (key[i] & mask) == prefix) atomicAdd(&h[(key[i] >> shift) & dmask], 1u);
+    cluster.sync();  // #1: all local histograms complete
+    // Reduce my slice [rank·S, (rank+1)·S) over the cluster, in place (no other CTA reads it yet).
+    int part = 0;
+    if (tid * 4 < S) {
+      uint32_t* mine = h + int(rank) * S + tid * 4;
+      uint4 v[C];
+#pragma unroll
+      for (int q = 0; q < C; ++q) v[q] = ld_cluster_v4(cluster_map(mine, uint32_t(q)));
+      uint4 sum = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < C; ++q) {
+        sum.x += v[q].x;
+        sum.y += v[q].y;
+        sum.z += v[q].z;
+        sum.w += v[q].w;
+      }
+      *reinterpret_cast<uint4*>(mine) = sum;
+      part = int(sum.x + sum.y + sum.z + sum.w);
+    }
+    part = __reduce_add_sync(0xffffffffu, part);
+    if (lane == 0) s_warp[warp] = part;
+    __syncthreads();
+    if (tid == 0) {
+      int t = 0;
+#pragma unroll
+      for (int w = 0; w < THREADS / 32; ++w) t += s_warp[w];
+      s_slice_tot[pass] = uint32_t(t);
+    }
+    cluster.sync();  // #2: reduced slices and slice totals visible cluster-wide
+    if (warp == 0) {
+      const uint32_t v = lane < C ? ld_cluster_u32(cluster_map(&s_slice_tot[pass], uint32_t(lane))) : 0u;
+      uint32_t suf = v;  // inclusive suffix sum over lanes ≥ lane
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_down_sync(0xffffffffu, suf, o);
+        if (lane + o < 32) suf += t;
+      }
+      const uint32_t above = suf - v;  // keys in higher slices
+      if (lane < C && int(above) < krem && int(above + v) >= krem) {
+        s_q = lane;
+        s_qabove = int(above);
+      }
+    }
+    __syncthreads();
+    const int qs = s_q, kr2 = krem - s_qabove;
+    // Scan slice qs (read from CTA qs) from its highest bin down.
+    const int W = S >= THREADS ? S / THREADS : 1;  // 4, 2 or 1 bins per thread
+    const bool owner = tid * W < S;
+    const int lbase = S - W * (tid + 1);
+    uint32_t c[4] = {0, 0, 0, 0};  // c[j] = bin lbase + W − 1 − j of the slice
+    if (owner) {
+      const uint32_t a = cluster_map(h + qs * S + lbase, uint32_t(qs));
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (j < W) c[j] = ld_cluster_u32(a + 4u * uint32_t(W - 1 - j));
+    }
+    int sum = int(c[0] + c[1] + c[2] + c[3]);
+    int excl;
+    ScanI(tmp.i).ExclusiveSum(sum, excl);
+    if (owner) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j < W && excl < kr2 && excl + int(c[j]) >= kr2) {
+          s_digit = qs * S + lbase + W - 1 - j;
+          s_above = s_qabove + excl;
+          s_count = int(c[j]);
+        }
+        excl += int(c[j]);
+      }
+    }
+    __syncthreads();
+    prefix |= uint32_t(s_digit) << shift;
+    mask |= dmask << shift;
+    krem -= s_above;
+    done = s_count == krem;
+    __syncthreads();
+  }
+
+  int gt = 0, eq = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (i < cnt) {
+      const uint32_t kk = key[i] & mask;
+      gt += kk > prefix;
+      eq += kk == prefix;
+    }
+  unsigned long long packed = (static_cast<unsigned long long>(gt) << 32) | unsigned(eq), excl, agg;
+  ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+  if (tid == 0) s_tot = agg;
+  cluster.sync();
+  unsigned long long before = 0;
+  {
+    unsigned long long t[C];
+#pragma unroll
+    for (int q = 0; q < C; ++q) t[q] = q < int(rank) ? ld_cluster_u64(cluster_map(&s_tot, uint32_t(q))) : 0ull;
+#pragma unroll
+    for (int q = 0; q < C; ++q) before += t[q];
+  }
+  cluster.sync();  // remote reads done before any CTA of the cluster exits
+  excl += before;
+  int gt_b = int(excl >> 32), eq_b = int(excl & 0xffffffffu);
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (i < cnt) {
+      const uint32_t kk = key[i] & mask;
+      if (kk > prefix) {
+        orow[gt_b + min(eq_b, krem)] = int32_t(start + i);
+        ++gt_b;
+      } else if (kk == prefix) {
+        if (eq_b < krem) orow[gt_b + eq_b] = int32_t(start + i);
+        ++eq_b;
+      }
+    }
+  }
+  if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+}
+
+template <int C, typename Kern>
+Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t* n, int64_t R,
+                      int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
+  if constexpr (C > 8) {
+    static bool attr_set = false;
+    if (!attr_set) {
+      V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      attr_set = true;
+    }
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C, unsigned(R), 1);
+  cfg.blockDim = dim3(512, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
+  return Status::Ok();
+}
+
 template <int C, int THREADS, int ITEMS, bool AGG>
 Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                    int32_t* out, int32_t* out_len, cudaStream_t stream) {
@@ -332,7 +758,16 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     return errorf(ErrorCode::kInvalidArgument, "topk_rows: k={} R={} max_n={} ld={}", k, R,
                       max_n, ld);
   if (variant == 0) {
-    variant = max_n <= 8192 ? 1 : max_n <= 32768 ? 2 : max_n <= 262144 ? 3 : 5;
+    // Fastest configuration per size measured on the H200 (bench/results/cuda-topk.md): one CTA
+    // for short rows; at batch 1 a cluster of 8 (v3); for many rows fewer CTAs per cluster win
+    // (the clusters then fill the GPU anyway), so R ≥ 16 switches to 2 or 4 CTAs.
+    const bool many = R >= 16;
+    variant = max_n <= 8192     ? 7
+              : max_n <= 32768  ? 8
+              : max_n <= 65536  ? (many ? 13 : 18)
+              : max_n <= 131072 ? (many ? 15 : 18)
+              : max_n <= 262144 ? 16
+                                : 5;
   }
   constexpr int T = 512;
   switch (variant) {
@@ -354,6 +789,44 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     case 6:  // cluster 8×64 without warp-aggregated atomics (benchmark comparison)
       if (max_n > 8 * T * 64) break;
       return launch_topk<8, T, 64, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    // v2 (default)
+    case 7:
+      if (max_n > 1 * T * 16) break;
+      return launch_cluster<1>(topk_kernel_v2<1, T, 16>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 8:
+      if (max_n > 1 * T * 64) break;
+      return launch_cluster<1>(topk_kernel_v2<1, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 9:
+      if (max_n > 8 * T * 64) break;
+      return launch_cluster<8>(topk_kernel_v2<8, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 10:
+      if (max_n > 16 * T * 32) break;
+      return launch_cluster<16>(topk_kernel_v2<16, T, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 11:
+      if (max_n > 16 * T * 64) break;
+      return launch_cluster<16>(topk_kernel_v2<16, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 12:
+      if (max_n > 4 * T * 64) break;
+      return launch_cluster<4>(topk_kernel_v2<4, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 13:
+      if (max_n > 2 * T * 64) break;
+      return launch_cluster<2>(topk_kernel_v2<2, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v3 (reduce-scatter histogram)
+    case 14:
+      if (max_n > 2 * T * 64) break;
+      return launch_cluster<2>(topk_kernel_v3<2, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 15:
+      if (max_n > 4 * T * 64) break;
+      return launch_cluster<4>(topk_kernel_v3<4, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 16:
+      if (max_n > 8 * T * 64) break;
+      return launch_cluster<8>(topk_kernel_v3<8, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 17:
+      if (max_n > 16 * T * 32) break;
+      return launch_cluster<16>(topk_kernel_v3<16, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 18:
+      if (max_n > 8 * T * 32) break;
+      return launch_cluster<8>(topk_kernel_v3<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

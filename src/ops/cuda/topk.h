@@ -34,10 +34,14 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// Algorithm: radix select (12+12+8 bits) over the 32-bit order-preserving key, one
 /// thread-block cluster per row whose CTAs keep their slice in registers and reduce their
 /// histograms through distributed shared memory; single-CTA path for short rows.
-/// `max_n` (host) ≥ every n[r] picks the configuration. `variant` = 0 auto, else a fixed
-/// configuration for benchmarks (1: 1 CTA×8/thread, 2: 1 CTA×32, 3: cluster 8×32, 4: cluster
-/// 16×16, 5: cluster 16×32). Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for
-/// the variant).
+/// `max_n` (host) ≥ every n[r] picks the configuration. `variant` = 0 auto (the fastest tested
+/// configuration per size on the H200), else a fixed configuration for benchmarks and tests, all
+/// with 512 threads per CTA ("cluster C×I" = C CTAs, I keys per thread, rows ≤ C·512·I):
+/// v1 kernel 1: 1 CTA×16, 2: 1 CTA×64, 3: cluster 8×64, 4: 16×32, 5: 16×64, 6: 8×64 without
+/// warp-aggregated atomics; v2 kernel 7: 1 CTA×16, 8: 1 CTA×64, 9: 8×64, 10: 16×32,
+/// 11: 16×64 (does not launch on the H200: 16 CTAs of 64K registers exceed a GPC), 12: 4×64,
+/// 13: 2×64; v3 kernel (reduce-scatter histograms) 14: 2×64, 15: 4×64, 16: 8×64, 17: 16×32
+/// (does not launch on the H200 either), 18: 8×32. Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant).
 Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
                  int variant = 0);
