@@ -4,6 +4,9 @@
 #include "text/chat_encoder.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <unordered_map>
 
 #include "text/py_json.h"
@@ -418,6 +421,17 @@ Result<ThinkingMode> parse_thinking_mode(std::string_view s) {
   if (s == "chat") return ThinkingMode::kChat;
   if (s == "thinking") return ThinkingMode::kThinking;
   return make_error(ErrorCode::kInvalidArgument, "invalid thinking_mode '{}' (chat or thinking)", s);
+}
+
+std::optional<EffortProfile> detect_effort_profile(const std::string& model_dir) {
+  std::ifstream f(std::filesystem::path(model_dir) / "encoding" / "encoding_dsv4.py", std::ios::binary);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string src = ss.str();
+  if (src.find("REASONING_EFFORT_PROMPTS") != std::string::npos) return EffortProfile::k0731;
+  if (src.find("REASONING_EFFORT_MAX") != std::string::npos) return EffortProfile::kPreview;
+  return std::nullopt;
 }
 
 std::string python_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii) {

@@ -25,6 +25,12 @@ enum class EffortProfile {
   k0731,     ///< 0731/0813 refresh: "low"(default)/"high"/"max"; high = old max text, max = new text.
 };
 
+/// Picks the effort table from a checkpoint directory's own reference encoder
+/// (`encoding/encoding_dsv4.py`), as SGLang does (chat-encoding.md §2.9): it defines
+/// `REASONING_EFFORT_PROMPTS` -> k0731, `REASONING_EFFORT_MAX` -> kPreview. nullopt when the file
+/// is absent or has neither (callers then default to kPreview or a flag).
+std::optional<EffortProfile> detect_effort_profile(const std::string& model_dir);
+
 /// Options of one rendering.
 struct ChatOptions {
   ThinkingMode thinking_mode = ThinkingMode::kThinking;

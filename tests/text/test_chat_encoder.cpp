@@ -1,6 +1,7 @@
 // ChatEncoder byte-exact against DeepSeek's reference encoder (official fixtures + chat-goldens).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -146,4 +147,17 @@ TEST(PyJson, FloatReprAndLoads) {
   EXPECT_FALSE(v4::text::pyjson::loads("\"a\nb\"").has_value());  // strict: raw control char
   EXPECT_EQ(v4::text::pyjson::dumps(*v4::text::pyjson::loads("123456789012345678901234567890")),
             "123456789012345678901234567890");
+}
+
+TEST(ChatEncoder, DetectEffortProfileFromCheckpointEncoder) {
+  namespace fs = std::filesystem;
+  fs::path root = fs::path(::testing::TempDir()) / "v4text_effort";
+  fs::create_directories(root / "a" / "encoding");
+  fs::create_directories(root / "b" / "encoding");
+  fs::create_directories(root / "c");
+  std::ofstream(root / "a" / "encoding" / "encoding_dsv4.py") << "REASONING_EFFORT_PROMPTS = {\"high\": ...}\n";
+  std::ofstream(root / "b" / "encoding" / "encoding_dsv4.py") << "REASONING_EFFORT_MAX = (\"...\")\n";
+  EXPECT_EQ(v4::text::detect_effort_profile((root / "a").string()), v4::text::EffortProfile::k0731);
+  EXPECT_EQ(v4::text::detect_effort_profile((root / "b").string()), v4::text::EffortProfile::kPreview);
+  EXPECT_FALSE(v4::text::detect_effort_profile((root / "c").string()).has_value());
 }
