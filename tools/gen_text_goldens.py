@@ -13,17 +13,30 @@ chat-encoding.md section 1), `ids` (add_special_tokens=False), `ids_special` (=T
 """
 import argparse
 import base64
+import gzip
 import hashlib
 import json
 import os
 import random
 import sys
+import tempfile
 
 from tokenizers import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_TOK = "/work/shared/data/tokenizers/deepseek-v3/tokenizer.json"
-GOLDENS = "/work/shared/data/dsv4-reference"
+SHARED_TOK = "/work/shared/data/tokenizers/deepseek-v3/tokenizer.json"
+BUNDLED_TOK = os.path.join(ROOT, "tests/data/text/deepseek-v3/tokenizer.json.gz")
+GOLDENS = os.path.join(ROOT, "tests/data/text/dsv4-reference")
+
+
+def default_tokenizer():
+    """The shared V3 tokenizer.json, else the copy bundled (gzip'd) in tests/data/text."""
+    if os.path.exists(SHARED_TOK):
+        return SHARED_TOK
+    out = os.path.join(tempfile.gettempdir(), "v4text_gen_tokenizer.json")
+    with gzip.open(BUNDLED_TOK, "rb") as f, open(out, "wb") as g:
+        g.write(f.read())
+    return out
 
 
 def v4_added_tokens():
@@ -133,11 +146,13 @@ def corpus():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", default=DEFAULT_TOK)
+    ap.add_argument("--tokenizer", default=None, help="default: the DeepSeek V3 tokenizer.json")
     ap.add_argument("--out", default=os.path.join(ROOT, "tests/data/text/tokenizer_goldens.jsonl"))
     ap.add_argument("--embedded", action="store_true",
                     help="the embedded model's tokenizer; no V4 overlay; first line records its sha256")
     a = ap.parse_args()
+    if a.tokenizer is None:
+        a.tokenizer = default_tokenizer()
     if a.embedded:
         a.tokenizer = os.path.join(ROOT, "models/default/tokenizer.json")
         if a.out == ap.get_default("out"):

@@ -7,6 +7,7 @@
 
 #include "text/chat_encoder.h"
 #include "text/py_json.h"
+#include "text_test_paths.h"
 
 using nlohmann::ordered_json;
 using v4::text::ChatEncoder;
@@ -14,7 +15,7 @@ using v4::text::ChatOptions;
 using v4::text::ThinkingMode;
 
 namespace {
-const std::string kRef = "/work/shared/data/dsv4-reference";
+const std::string kRef = v4test::ref_dir();
 
 std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

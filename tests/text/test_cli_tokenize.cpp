@@ -12,9 +12,10 @@
 #include <unistd.h>
 
 #include "text/tokenizer.h"
+#include "text_test_paths.h"
 
 namespace {
-const std::string kTok = "/work/shared/data/tokenizers/deepseek-v3";
+const std::string kTok = v4test::dsv3_tokenizer_dir();
 
 struct CmdResult {
   int rc;
@@ -35,12 +36,23 @@ CmdResult run(const std::string& args) {
 }
 
 #define REQUIRE_CLI()                                                                   \
-  if (!std::filesystem::exists(V4_BINARY) || !std::filesystem::exists(kTok + "/tokenizer.json")) \
+  if (!std::filesystem::exists(V4_BINARY) || kTok.empty()) \
   GTEST_SKIP() << "v4serve or tokenizer not available"
+
+// Temp files, removed at exit.
+struct TempFiles {
+  std::vector<std::filesystem::path> paths;
+  ~TempFiles() {
+    std::error_code ec;
+    for (auto& p : paths) std::filesystem::remove(p, ec);
+  }
+};
+TempFiles g_temp_files;
 
 std::string tmp_file(const std::string& name, const std::string& text) {
   auto p = std::filesystem::temp_directory_path() / ("v4text_" + std::to_string(::getpid()) + "_" + name);
   std::ofstream(p) << text;
+  g_temp_files.paths.push_back(p);
   return p.string();
 }
 }  // namespace
@@ -82,7 +94,7 @@ TEST(CliTokenize, RequestBodyAndOfficialFixture) {
   EXPECT_EQ(j["ids"][0], 0);
   EXPECT_EQ(j["ids"].back(), 128821);  // <think>
   // DeepSeek's fixture 1 ({"tools", "messages"}) renders byte-exact through the CLI too.
-  std::string ref = "/work/shared/data/dsv4-reference/encoding-goldens/";
+  std::string ref = v4test::ref_dir() + "/encoding-goldens/";
   if (std::filesystem::exists(ref + "test_input_1.json")) {
     r = run("tokenize --tokenizer " + kTok + " --messages " + ref + "test_input_1.json");
     ASSERT_EQ(r.rc, 0) << r.out;
@@ -129,8 +141,9 @@ TEST(CliTokenize, BadInputIsOneLineErrorNamingTheField) {
 }
 
 TEST(Tokenizer, ConcurrentEncodeIsDeterministic) {
+  if (kTok.empty()) GTEST_SKIP();
   auto t = v4::text::Tokenizer::from_file(kTok);
-  if (!t.ok()) GTEST_SKIP();
+  ASSERT_TRUE(t.ok());
   std::string text;
   for (int i = 0; i < 200; ++i) text += "Line " + std::to_string(i) + ": the quick brown fox 你好 🦊 <｜User｜>\n";
   auto want = t->encode(text);

@@ -7,6 +7,7 @@
 
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
+#include "text_test_paths.h"
 
 using v4::text::Detokenizer;
 using v4::text::DetokenizerOptions;
@@ -15,15 +16,11 @@ using v4::text::Tokenizer;
 
 namespace {
 
-const char* kV3 = "/work/shared/data/tokenizers/deepseek-v3/tokenizer.json";
-
-std::string tokenizer_path() {
-  if (const char* p = std::getenv("V4_DSV3_TOKENIZER")) return p;
-  return kV3;
-}
+std::string tokenizer_path() { return v4test::dsv3_tokenizer_json(); }
 
 const Tokenizer* tok_v3() {
-  static std::unique_ptr<Tokenizer> t = [] {
+  static std::unique_ptr<Tokenizer> t = []() -> std::unique_ptr<Tokenizer> {
+    if (tokenizer_path().empty()) return std::unique_ptr<Tokenizer>();
     auto r = Tokenizer::from_file(tokenizer_path());
     return r.ok() ? std::make_unique<Tokenizer>(*r) : nullptr;
   }();
@@ -92,8 +89,7 @@ TEST(Tokenizer, V4TableAndDirectory) {
   EXPECT_EQ(tok_v4()->token_to_id("｜DSML｜"), 128825);
   EXPECT_EQ(tok_v4()->token_to_id("<｜image｜>"), 129279);
   // Directory form: a model dir with tokenizer.json (+ tokenizer_config.json for BOS/EOS).
-  std::string dir = std::string(kV3).substr(0, std::string(kV3).rfind('/'));
-  auto t = Tokenizer::from_file(dir);
+  auto t = Tokenizer::from_file(v4test::dsv3_tokenizer_dir());
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ(t->encode("Hello"), std::vector<TokenId>{19923});
 }
