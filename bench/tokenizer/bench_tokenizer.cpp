@@ -4,6 +4,7 @@
 // design docs (Markdown with CJK) - whatever of these exists on the machine.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <time.h>
@@ -84,6 +85,12 @@ int main(int argc, char** argv) {
   struct Corpus {
     std::string name, source, text;
   };
+  if (!fs::exists(tok_path)) {  // clean clone: unpack the copy bundled with the tests
+    fs::path tmp = fs::temp_directory_path() / "v4text_bench_tokenizer.json";
+    std::string cmd = "gzip -dc '" + std::string(V4_SOURCE_DIR) + "/tests/data/text/deepseek-v3/tokenizer.json.gz' > '" +
+                      tmp.string() + "'";
+    if (std::system(cmd.c_str()) == 0) tok_path = tmp.string();
+  }
   std::vector<Corpus> corpora;
   if (!extra.empty()) {
     corpora.push_back({"files", "command line", collect(extra, "", 64 << 20)});
