@@ -28,7 +28,8 @@ struct ServeOptions {
   int32_t max_running_requests = 256;
   int64_t kv_cache_bytes = int64_t(1) << 30;
   int64_t max_context = 0;
-  int64_t prefix_cache_bytes = 0;
+  int64_t prefix_cache_bytes = int64_t(256) << 20;
+  bool disable_prefix_cache = false;
   std::string served_model_name;
   int http_threads = 2;
   int64_t max_body_bytes = 32ll << 20;
@@ -89,7 +90,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_sequences = o.max_running_requests;
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
-  mo.prefix_cache_bytes = o.prefix_cache_bytes;
+  mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
   auto exec = v4::engine::ModelExecutor::load_cpu(o.model, mo);
   loading = false;
   ticker.join();
@@ -170,14 +171,17 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   auto o = std::make_shared<ServeOptions>();
   app.add_option("--model", o->model, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   app.add_option("--host", o->host, "address to bind (default 127.0.0.1)");
-  app.add_option("--port", o->port, "port (default 30000; 0 = any free port)");
+  app.add_option("--port", o->port, "port (default 30000; 0 = any free port)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--tokenizer", o->tokenizer, "tokenizer.json overriding the checkpoint's");
   app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize");
   app.add_option("--chunked-prefill-size", o->chunked_prefill_size, "max tokens per engine step");
   app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch");
   app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "bytes for all KV cache pools");
-  app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)");
-  app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes, "bytes for the prefix cache store (0 = no prefix caching)");
+  app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes, "bytes for the prefix cache store (default 256 MiB; 0 = no prefix caching)");
+  app.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn prefix caching (ShadowRadix) off");
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
   app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)");

@@ -17,15 +17,17 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
     std::unique_ptr<ops::Ops> ops, std::unique_ptr<model::DeepseekV4> model,
     ModelExecutorOptions opt) {
   if (!ops || !model) return make_error(ErrorCode::kInvalidArgument, "ModelExecutor: no model");
+  // Own ops and model at once: every early return below then destroys them in the member order
+  // the destructor relies on (model and cache before the backend that allocated them).
+  std::unique_ptr<ModelExecutor> e(new ModelExecutor());
+  e->ops_ = std::move(ops);
+  e->model_ = std::move(model);
   if (opt.max_sequences < 1 || opt.max_chunk_tokens < 1)
     return make_error(ErrorCode::kInvalidArgument,
                       "ModelExecutor: max_sequences ({}) and max_chunk_tokens ({}) must be >= 1",
                       opt.max_sequences, opt.max_chunk_tokens);
-  std::unique_ptr<ModelExecutor> e(new ModelExecutor());
   V4_ASSIGN_OR_RETURN(e->cache_,
-                      model->make_cache(opt.kv_budget_bytes, opt.max_sequences, opt.page_size));
-  e->ops_ = std::move(ops);
-  e->model_ = std::move(model);
+                      e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences, opt.page_size));
   const auto& ko = e->cache_->options();
   e->page_size_ = ko.page_size;
   const int64_t W = e->cache_->spec().sliding_window;
