@@ -64,9 +64,19 @@ Metrics::Metrics()
       prompt_len_(length_bounds()),
       gen_len_(length_bounds()) {}
 
+// The endpoint label takes a fixed set of values (client-chosen paths must not create series).
+static std::string endpoint_label(const std::string& path) {
+  static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                 "/health", "/metrics", "/tokenize", "/detokenize"};
+  for (const char* k : kKnown)
+    if (path == k) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
 void Metrics::count_request(const std::string& endpoint, int status) {
   std::lock_guard<std::mutex> lk(mu_);
-  requests_[{endpoint, status}]++;
+  requests_[{endpoint_label(endpoint), status}]++;
 }
 
 void Metrics::observe_generation(int64_t prompt_tokens, int64_t completion_tokens,

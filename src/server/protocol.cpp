@@ -327,8 +327,8 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
             return rd.fail(fmt::format("'{}.content' text parts need a string 'text'", p), "messages");
           }
         }
-        if (rs != "user" && rs != "tool") {
-          // The encoder takes strings for these roles: join text parts.
+        if (rs != "tool") {
+          // The encoder takes strings for these roles: join text parts (OpenAI content parts).
           std::string joined;
           for (auto& part : *content) {
             if (part["type"] == "text") {

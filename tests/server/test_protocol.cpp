@@ -337,3 +337,27 @@ TEST(Metrics, PrometheusText) {
   EXPECT_NE(t.find("v4serve_open_connections 7\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE v4serve_time_to_first_token_seconds histogram\n"), std::string::npos);
 }
+
+TEST(Protocol, UserContentPartsAreJoined) {
+  GenerateRequest r;
+  ApiError e = chat_err(R"({"messages":[{"role":"user","content":[{"type":"text","text":"hello"},
+      {"type":"text","text":"world"}]}]})", &r);
+  ASSERT_EQ(e.status, 0) << e.message;
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0]["content"], "hello\n\nworld");
+}
+
+TEST(Metrics, EndpointLabelIsBounded) {
+  Metrics m;
+  m.count_request("/random12345", 404);
+  m.count_request("/random999", 404);
+  m.count_request("/v1/models/abc", 404);
+  m.count_request("/v1/models/xyz", 404);
+  m.count_request("/v1/chat/completions", 200);
+  v4::engine::EngineStats st;
+  std::string t = m.render(st, 0, "tiny");
+  EXPECT_EQ(t.find("random"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"other\",status=\"404\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/models/{id}\",status=\"404\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1\n"), std::string::npos);
+}
