@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/command.h"
+#include "model/backend.h"
 #include "model/deepseek_v4.h"
 #include "model/safetensors_writer.h"
 #include "ops/ops.h"
@@ -33,6 +34,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool no_bos = false;
   int threads = 0;
+  std::string device = "cpu";
   int64_t kv_budget_mb = 1024;
 };
 
@@ -61,7 +63,12 @@ int run_generate(const GenerateOptions& o) {
   }
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
-  auto ops = ops::make_cpu_ops(pool.get());
+  auto ops_r = model::make_backend(o.device, pool.get());
+  if (!ops_r.ok()) {
+    std::fprintf(stderr, "error: %s\n", ops_r.status().message().c_str());
+    return 2;
+  }
+  auto ops = std::move(ops_r).value();
   const double t_load = now_s();
   auto model_r = model::DeepseekV4::load(o.model_dir, ops.get());
   if (!model_r.ok()) {
@@ -203,7 +210,7 @@ int run_generate(const GenerateOptions& o) {
 }  // namespace
 
 V4_REGISTER_COMMAND(
-    generate, "generate", "run a prompt through the model on the CPU and decode",
+    generate, "generate", "run a prompt through the model (CPU, or CUDA with --device cuda) and decode",
     [](CLI::App& app) {
       auto o = std::make_shared<GenerateOptions>();
       app.add_option("--model", o->model_dir, "checkpoint directory (config.json + *.safetensors)")
@@ -220,6 +227,8 @@ V4_REGISTER_COMMAND(
       app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");
       app.add_flag("--no-bos", o->no_bos, "--prompt: do not start the prompt with the BOS token");
       app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
+      app.add_option("--device", o->device, "op backend: cpu (default) or cuda")
+          ->check(CLI::IsMember({"cpu", "cuda"}));
       app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB");
       return std::function<int()>([o] { return run_generate(*o); });
     });

@@ -32,6 +32,7 @@ struct ServeOptions {
   bool disable_prefix_cache = false;
   std::string served_model_name;
   int http_threads = 2;
+  std::string device = "cpu";
   int64_t max_body_bytes = 32ll << 20;
   double header_timeout_s = 10.0;
   double idle_timeout_s = 120.0;
@@ -91,7 +92,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
-  auto exec = v4::engine::ModelExecutor::load_cpu(o.model, mo);
+  auto exec = v4::engine::ModelExecutor::load(o.model, mo, o.device);
   loading = false;
   ticker.join();
   if (!exec.ok()) {
@@ -184,6 +185,8 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   app.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn prefix caching (ShadowRadix) off");
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
+  app.add_option("--device", o->device, "op backend: cpu (default) or cuda (fp32 CUDA backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)");
   app.add_option("--header-timeout", o->header_timeout_s, "seconds a new connection has to send its request head");
   app.add_option("--idle-timeout", o->idle_timeout_s, "seconds a keep-alive connection may idle");

@@ -3,12 +3,19 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "model/backend.h"
 
 namespace v4::engine {
 
 Result<std::unique_ptr<ModelExecutor>> ModelExecutor::load_cpu(const std::string& dir,
                                                                ModelExecutorOptions opt) {
-  auto ops = ops::make_cpu_ops();
+  return load(dir, opt, "cpu");
+}
+
+Result<std::unique_ptr<ModelExecutor>> ModelExecutor::load(const std::string& dir,
+                                                           ModelExecutorOptions opt,
+                                                           const std::string& device) {
+  V4_ASSIGN_OR_RETURN(auto ops, model::make_backend(device));
   V4_ASSIGN_OR_RETURN(auto model, model::DeepseekV4::load(dir, ops.get()));
   return create(std::move(ops), std::move(model), opt);
 }

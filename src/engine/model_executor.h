@@ -42,6 +42,10 @@ class ModelExecutor : public Executor {
   /// Errors: those of DeepseekV4::load and DeepseekV4::make_cache.
   static Result<std::unique_ptr<ModelExecutor>> load_cpu(const std::string& dir,
                                                          ModelExecutorOptions opt);
+  /// Same on the backend named `device` ("cpu" or "cuda", see model::make_backend).
+  static Result<std::unique_ptr<ModelExecutor>> load(const std::string& dir,
+                                                     ModelExecutorOptions opt,
+                                                     const std::string& device);
   /// Wraps an already loaded model (and the ops it was loaded with; both owned from here).
   static Result<std::unique_ptr<ModelExecutor>> create(std::unique_ptr<ops::Ops> ops,
                                                        std::unique_ptr<model::DeepseekV4> model,
