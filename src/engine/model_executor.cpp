@@ -41,6 +41,13 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   e->swa_cap_pages_ = (opt.max_chunk_tokens + W - 1 + e->page_size_ - 1) / e->page_size_ + 1;
   const int64_t cfg_ctx = e->model_->config().max_position_embeddings;
   e->max_context_ = opt.max_context > 0 ? std::min(opt.max_context, cfg_ctx) : cfg_ctx;
+  if (opt.prefix_cache_bytes > 0 && e->ops_->name() != "cpu") {
+    // The prefix store copies pool rows with host memcpy (two-tier binding, docs/cache.md §6);
+    // on a device backend the pools live in device memory, so prefix caching stays off there.
+    V4_LOG_WARN("prefix cache: not available on the {} backend yet; serving without it",
+                e->ops_->name());
+    opt.prefix_cache_bytes = 0;
+  }
   if (opt.prefix_cache_bytes > 0) {
     V4_ASSIGN_OR_RETURN(auto cfg,
                         cache::PrefixCache::config_for_budget(*e->cache_, opt.prefix_cache_bytes));
