@@ -453,6 +453,60 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
   }
 }
 
+Result<Checkpoint::NativeTensor> Checkpoint::read_native(const std::string& name,
+                                                        const std::vector<int64_t>& shape) const {
+  const TensorInfo* t = find(name);
+  if (!t)
+    return make_error(ErrorCode::kNotFound,
+                      "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name,
+                      naming_scheme_name(scheme_));
+  if (shape.size() != 2)
+    return make_error(ErrorCode::kUnsupported, "read_native: '{}' is not 2-D", name);
+  const int64_t N = shape[0], K = shape[1];
+  NativeTensor nt;
+  switch (t->dtype) {
+    case DType::kBF16:
+      if (t->shape != shape) return shape_error(*t, shape, "");
+      nt.format = 1;
+      nt.data.assign(t->data, t->data + t->bytes);
+      return nt;
+    case DType::kF8E4M3: {
+      if (t->shape != shape) return shape_error(*t, shape, "");
+      const int64_t gr = (N + 127) / 128, gc = (K + 127) / 128;
+      std::vector<float> sc(size_t(gr * gc), 1.f);
+      if (const TensorInfo* s = find(scale_name_for(name))) {
+        if (s->shape != std::vector<int64_t>{gr, gc} ||
+            (s->dtype != DType::kF8E8M0 && s->dtype != DType::kF32 && s->dtype != DType::kBF16))
+          return make_error(ErrorCode::kUnsupported, "read_native: '{}' scale grid {} {}", name,
+                            dtype_name(s->dtype), shape_str(s->shape));
+        for (int64_t i = 0; i < gr; ++i)
+          for (int64_t j = 0; j < gc; ++j) sc[size_t(i * gc + j)] = scale_at(*s, i, j);
+      }
+      nt.format = 2;
+      nt.data.assign(t->data, t->data + t->bytes);
+      nt.scale.resize(sc.size() * 4);
+      std::memcpy(nt.scale.data(), sc.data(), nt.scale.size());
+      return nt;
+    }
+    case DType::kI8:
+    case DType::kU8: {
+      if (K % 32 || t->shape != std::vector<int64_t>{N, K / 2})
+        return shape_error(*t, {N, K / 2}, fmt::format(" (packed FP4 of logical {})", shape_str(shape)));
+      const TensorInfo* s = find(scale_name_for(name));
+      if (!s || s->dtype != DType::kF8E8M0 || s->shape != std::vector<int64_t>{N, K / 32})
+        return make_error(ErrorCode::kUnsupported, "read_native: '{}' FP4 scale not ue8m0 [N, K/32]",
+                          name);
+      nt.format = 3;
+      nt.data.assign(t->data, t->data + t->bytes);
+      nt.scale.assign(s->data, s->data + s->bytes);
+      return nt;
+    }
+    default:
+      return make_error(ErrorCode::kUnsupported, "read_native: '{}' is {}", name,
+                        dtype_name(t->dtype));
+  }
+}
+
 Result<std::vector<int32_t>> Checkpoint::read_i32(const std::string& name,
                                                   const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);

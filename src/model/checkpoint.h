@@ -77,6 +77,19 @@ class Checkpoint {
   /// mismatch (message: file, stored name, expected vs found shape and dtype).
   Result<std::vector<float>> read_f32(const std::string& official_name,
                                       const std::vector<int64_t>& shape) const;
+  /// A 2-D weight in a format a GPU backend reads directly (ops::WFormat numbering):
+  /// format 1 = BF16 bits, 2 = FP8 e4m3 with a 128×128 block-scale grid (scales decoded to f32;
+  /// an FP8 tensor without a scale gets scale 1), 3 = packed MXFP4 with ue8m0 scale bytes.
+  struct NativeTensor {
+    int format = 0;
+    std::vector<uint8_t> data;   // stored bytes, row-major
+    std::vector<uint8_t> scale;  // FP8: f32 [ceil(N/128), ceil(K/128)]; MXFP4: u8 [N, K/32]
+  };
+  /// The native bytes of weight `official_name` with logical shape {N, K}. Returns kUnsupported
+  /// (not an error for the caller: decode with read_f32 instead) when the tensor is F32/F16, or
+  /// its scales are not 128×128 blocks (FP8) / ue8m0 (MXFP4); other errors as read_f32.
+  Result<NativeTensor> read_native(const std::string& official_name,
+                                   const std::vector<int64_t>& shape) const;
   /// Reads an integer tensor (I64 or I32) as int32 with shape `shape` (e.g. tid2eid).
   Result<std::vector<int32_t>> read_i32(const std::string& official_name,
                                         const std::vector<int64_t>& shape) const;

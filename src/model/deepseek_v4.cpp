@@ -61,6 +61,7 @@ struct CompressPlan {
   DeviceBuffer<int32_t> ring_src;  // [n_ring] batch rows
   DeviceBuffer<int32_t> ring_dst;  // [n_ring] ring rows
   DeviceRowMap cand;               // per query: all causal compressed rows (w < (t+1)/m)
+  int64_t max_cand = 0;            // max over queries of cand.count
 };
 
 }  // namespace
@@ -81,12 +82,13 @@ struct DeepseekV4::Step {
 
 DeepseekV4::~DeepseekV4() = default;
 
-Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load(const std::string& dir, ops::Ops* ops) {
+Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load(const std::string& dir, ops::Ops* ops,
+                                                     WeightFormatPolicy policy) {
   std::unique_ptr<DeepseekV4> m(new DeepseekV4());
   m->ops_ = ops;
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load(dir));
   V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));
-  V4_ASSIGN_OR_RETURN(m->w_, Weights::load(m->ck_, m->cfg_, ops));
+  V4_ASSIGN_OR_RETURN(m->w_, Weights::load(m->ck_, m->cfg_, ops, policy));
   auto make_rope = [&](const RopeSpec& r, RopeTable* t) {
     t->inv_freq = upload_vec(ops, r.inv_freq());
     t->rope_dim = r.rope_dim;
@@ -229,6 +231,7 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
       for (int64_t j = 0; j < n; ++j) {
         cand.offset.push_back(base);
         cand.count.push_back(int32_t((s0 + j + 1) / m));
+        plan->max_cand = std::max<int64_t>(plan->max_cand, (s0 + j + 1) / m);
       }
     }
     plan->n_out = int64_t(dst.size());
@@ -307,7 +310,7 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
   o.hc_head(hs.data(), w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n,
             D, float(c.rms_norm_eps), float(c.hc_eps), y.data());
   o.rms_norm(y.data(), w_.norm.data(), R, D, float(c.rms_norm_eps), y.data());
-  o.linear(y.data(), D, w_.head.data(), R, c.vocab_size, D, logits.data(), c.vocab_size);
+  o.linear_w(y.data(), D, w_.head.v(), R, logits.data(), c.vocab_size);
   out.logits.resize(size_t(R * c.vocab_size));
   o.download(out.logits.data(), logits.data(), out.logits.size() * sizeof(float));
 
@@ -328,14 +331,14 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
 
   // Q path: low-rank q, q_norm, per-head unweighted RMS norm, RoPE (dsv4-model.md §4).
   DeviceBuffer<float> cq(ops_, S * Rq), q(ops_, S * H * hd), kvv(ops_, S * hd);
-  o.linear(x, D, a.wq_a.data(), S, Rq, D, cq.data(), Rq);
+  o.linear_w(x, D, a.wq_a.v(), S, cq.data(), Rq);
   o.rms_norm(cq.data(), a.q_norm.data(), S, Rq, eps, cq.data());
-  o.linear(cq.data(), Rq, a.wq_b.data(), S, int64_t(H) * hd, Rq, q.data(), int64_t(H) * hd);
+  o.linear_w(cq.data(), Rq, a.wq_b.v(), S, q.data(), int64_t(H) * hd);
   o.rms_norm(q.data(), nullptr, S * H, hd, eps, q.data());
   o.rope(q.data(), S, H, hd, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
          rope.attention_scaling, false);
   // K = V path: kv_norm then RoPE, stored into the SWA pool.
-  o.linear(x, D, a.wkv.data(), S, hd, D, kvv.data(), hd);
+  o.linear_w(x, D, a.wkv.v(), S, kvv.data(), hd);
   o.rms_norm(kvv.data(), a.kv_norm.data(), S, hd, eps, kvv.data());
   o.rope(kvv.data(), S, 1, hd, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
          rope.attention_scaling, false);
@@ -346,8 +349,8 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
                       float* ring_kv, float* ring_gate) {
     const int cd = plan.overlap * d;
     DeviceBuffer<float> kc(ops_, S * cd), zc(ops_, S * cd);
-    o.linear(x, D, w.wkv.data(), S, cd, D, kc.data(), cd);
-    o.linear(x, D, w.wgate.data(), S, cd, D, zc.data(), cd);
+    o.linear_w(x, D, w.wkv.v(), S, kc.data(), cd);
+    o.linear_w(x, D, w.wgate.v(), S, zc.data(), cd);
     if (plan.n_out > 0) {
       DeviceBuffer<float> rows(ops_, plan.n_out * d);
       ops::CompressArgs ca;
@@ -400,11 +403,10 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
              st.kv->ring_gate(l, 1));
     // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x; top-k rows.
     DeviceBuffer<float> qi(ops_, S * nI * dI), wi(ops_, S * nI);
-    o.linear(cq.data(), Rq, a.index_wq_b.data(), S, int64_t(nI) * dI, Rq, qi.data(),
-             int64_t(nI) * dI);
+    o.linear_w(cq.data(), Rq, a.index_wq_b.v(), S, qi.data(), int64_t(nI) * dI);
     o.rope(qi.data(), S, nI, dI, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
            rope.attention_scaling, false);
-    o.linear(x, D, a.index_weights_proj.data(), S, nI, D, wi.data(), nI);
+    o.linear_w(x, D, a.index_weights_proj.v(), S, wi.data(), nI);
     sel_rows = DeviceBuffer<int32_t>(ops_, S * k);
     sel_count = DeviceBuffer<int32_t>(ops_, S);
     ops::IndexerArgs ia;
@@ -416,6 +418,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.n_heads = nI;
     ia.head_dim = dI;
     ia.topk = k;
+    ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
     ia.out_rows = sel_rows.data();
     ia.out_count = sel_count.data();
     o.indexer_topk(ia);
@@ -432,9 +435,9 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   const int64_t gw = int64_t(H) * hd / G;
   DeviceBuffer<float> og(ops_, S * G * R);
   for (int g = 0; g < G; ++g)
-    o.linear(attn.data() + g * gw, int64_t(H) * hd, w_.layers[l].attn.wo_a.data() + g * R * gw, S,
-             R, gw, og.data() + g * R, int64_t(G) * R);
-  o.linear(og.data(), int64_t(G) * R, a.wo_b.data(), S, D, int64_t(G) * R, out, D);
+    o.linear_w(attn.data() + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S,
+               og.data() + g * R, int64_t(G) * R);
+  o.linear_w(og.data(), int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 
 void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
@@ -465,8 +468,8 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   o.route(ra);
   ops::MoeArgs ma;
   ma.x = x;
-  ma.w13 = m.w13.data();
-  ma.w2 = m.w2.data();
+  ma.w13 = m.w13.v();
+  ma.w2 = m.w2.v();
   ma.idx = idx.data();
   ma.weight = wgt.data();
   ma.n_rows = S;
@@ -482,8 +485,8 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   std::vector<float> ones(size_t(S), 1.f);
   auto zi = upload_vec(ops_, zeros);
   auto on = upload_vec(ops_, ones);
-  ma.w13 = m.shared_w13.data();
-  ma.w2 = m.shared_w2.data();
+  ma.w13 = m.shared_w13.v();
+  ma.w2 = m.shared_w2.v();
   ma.idx = zi.data();
   ma.weight = on.data();
   ma.n_experts = 1;

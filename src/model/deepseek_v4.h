@@ -31,7 +31,9 @@ class DeepseekV4 {
  public:
   /// Loads config.json + safetensors from `dir` and decodes all weights through `ops`.
   /// Errors: see ModelConfig::load, Checkpoint::open, Weights::load.
-  static Result<std::unique_ptr<DeepseekV4>> load(const std::string& dir, ops::Ops* ops);
+  /// `policy`: how matrices are stored (native BF16/FP8/MXFP4 where the backend reads them).
+  static Result<std::unique_ptr<DeepseekV4>> load(const std::string& dir, ops::Ops* ops,
+                                                  WeightFormatPolicy policy = {});
   ~DeepseekV4();
 
   const ModelConfig& config() const { return cfg_; }

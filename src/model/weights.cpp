@@ -13,9 +13,117 @@ int64_t numel(const std::vector<int64_t>& s) {
   return n;
 }
 
+using ops::WFormat;
+
+/// Uploads stored bytes as a WBuf of E matrices [N, K] in format f.
+WBuf make_wbuf(ops::Ops* ops, WFormat f, int64_t E, int64_t N, int64_t K,
+               const std::vector<uint8_t>& data, const std::vector<uint8_t>& scale) {
+  WBuf w;
+  w.data = ops::DeviceBuffer<uint8_t>(ops, int64_t(data.size()));
+  if (!data.empty()) ops->upload(w.data.data(), data.data(), data.size());
+  if (!scale.empty()) {
+    w.scale = ops::DeviceBuffer<uint8_t>(ops, int64_t(scale.size()));
+    ops->upload(w.scale.data(), scale.data(), scale.size());
+  }
+  w.view.data = w.data.data();
+  w.view.scale = w.scale.data();
+  w.view.format = f;
+  w.view.n = N;
+  w.view.k = K;
+  w.view.experts = E;
+  w.view.row0 = 0;
+  w.view.rows_total = N;
+  return w;
+}
+
+std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+std::vector<uint8_t> bf16_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t h = f32_to_bf16(v[i]);
+    std::memcpy(&b[2 * i], &h, 2);
+  }
+  return b;
+}
+
 class Loader {
  public:
-  Loader(const Checkpoint& ck, ops::Ops* ops) : ck_(ck), ops_(ops) {}
+  Loader(const Checkpoint& ck, ops::Ops* ops, WeightFormatPolicy policy)
+      : ck_(ck), ops_(ops), policy_(policy) {}
+
+  /// A decoded f32 stack [E, N, K] stored per policy (f32, or bf16 when asked and supported).
+  WBuf from_f32(const std::vector<float>& host, int64_t E, int64_t N, int64_t K) {
+    if (policy_.f32_as_bf16 && ops_->supports(WFormat::kBF16))
+      return make_wbuf(ops_, WFormat::kBF16, E, N, K, bf16_bytes(host), {});
+    return make_wbuf(ops_, WFormat::kF32, E, N, K, f32_bytes(host), {});
+  }
+
+  /// Native bytes of a 2-D weight when the policy and backend allow; kUnsupported otherwise.
+  Result<Checkpoint::NativeTensor> native(const std::string& name, int64_t N, int64_t K) {
+    if (!policy_.native)
+      return make_error(ErrorCode::kUnsupported, "native formats off");
+    V4_ASSIGN_OR_RETURN(auto nt, ck_.read_native(name, {N, K}));
+    if (!ops_->supports(WFormat(nt.format)))
+      return make_error(ErrorCode::kUnsupported, "backend does not read {}",
+                        ops::wformat_name(WFormat(nt.format)));
+    return nt;
+  }
+
+  /// Weight matrix [N, K] (native format when possible).
+  Result<WBuf> matrix(const std::string& name, int64_t N, int64_t K, int64_t* counter) {
+    auto nt = native(name, N, K);
+    if (nt.ok()) {
+      if (counter) *counter += N * K;
+      return make_wbuf(ops_, WFormat(nt->format), 1, N, K, nt->data, nt->scale);
+    }
+    if (nt.status().code() != ErrorCode::kUnsupported) return nt.status();
+    V4_ASSIGN_OR_RETURN(std::vector<float> host, ck_.read_f32(name, {N, K}));
+    if (counter) *counter += N * K;
+    return from_f32(host, 1, N, K);
+  }
+
+  /// Stacks matrices parts[e] = {names of row blocks} (each [rows_i, K]) into E experts of
+  /// [Σ rows_i, K], natively when every part has the same native format and FP8 row blocks
+  /// stay aligned to 128 rows; else decoded to f32.
+  Result<WBuf> stack(const std::vector<std::vector<std::string>>& parts,
+                     const std::vector<int64_t>& rows, int64_t K) {
+    const int64_t E = int64_t(parts.size());
+    int64_t N = 0;
+    for (auto r : rows) N += r;
+    bool ok = policy_.native;
+    std::vector<uint8_t> data, scale;
+    int fmt0 = -1;
+    for (int64_t e = 0; ok && e < E; ++e)
+      for (size_t i = 0; ok && i < rows.size(); ++i) {
+        auto nt = native(parts[e][i], rows[i], K);
+        if (!nt.ok()) {
+          if (nt.status().code() != ErrorCode::kUnsupported) return nt.status();
+          ok = false;
+          break;
+        }
+        if (fmt0 < 0) fmt0 = nt->format;
+        if (nt->format != fmt0 || (fmt0 == int(WFormat::kFP8Block) && rows.size() > 1 &&
+                                   rows[i] % 128 != 0)) {
+          ok = false;
+          break;
+        }
+        data.insert(data.end(), nt->data.begin(), nt->data.end());
+        scale.insert(scale.end(), nt->scale.begin(), nt->scale.end());
+      }
+    if (ok && fmt0 >= 0) return make_wbuf(ops_, WFormat(fmt0), E, N, K, data, scale);
+    std::vector<float> host;
+    host.reserve(size_t(E * N * K));
+    for (int64_t e = 0; e < E; ++e)
+      for (size_t i = 0; i < rows.size(); ++i) {
+        V4_ASSIGN_OR_RETURN(auto v, ck_.read_f32(parts[e][i], {rows[i], K}));
+        host.insert(host.end(), v.begin(), v.end());
+      }
+    return from_f32(host, E, N, K);
+  }
 
   Result<FBuf> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t* counter) {
     V4_ASSIGN_OR_RETURN(std::vector<float> host, ck_.read_f32(name, shape));
@@ -46,14 +154,16 @@ class Loader {
  private:
   const Checkpoint& ck_;
   ops::Ops* ops_;
+  WeightFormatPolicy policy_;
 };
 
 #define LOAD(dst, name, shape, counter) V4_ASSIGN_OR_RETURN(dst, ld.f32(name, shape, counter))
+#define LOADW(dst, name, N, K, counter) V4_ASSIGN_OR_RETURN(dst, ld.matrix(name, N, K, counter))
 
 Status load_compressor(Loader& ld, const std::string& p, int c, int d, int m, int D,
                        CompressorWeights* w, int64_t* counter) {
-  LOAD(w->wkv, p + "wkv.weight", (std::vector<int64_t>{int64_t(c) * d, D}), counter);
-  LOAD(w->wgate, p + "wgate.weight", (std::vector<int64_t>{int64_t(c) * d, D}), counter);
+  LOADW(w->wkv, p + "wkv.weight", int64_t(c) * d, D, counter);
+  LOADW(w->wgate, p + "wgate.weight", int64_t(c) * d, D, counter);
   LOAD(w->ape, p + "ape", (std::vector<int64_t>{m, int64_t(c) * d}), counter);
   LOAD(w->norm, p + "norm.weight", (std::vector<int64_t>{d}), counter);
   return Status::Ok();
@@ -81,13 +191,13 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
   auto& a = L->attn;
   const std::string ap = p + "attn.";
   int64_t* at = &pc->attention;
-  LOAD(a.wq_a, ap + "wq_a.weight", (std::vector<int64_t>{Rq, D}), at);
+  LOADW(a.wq_a, ap + "wq_a.weight", Rq, D, at);
   LOAD(a.q_norm, ap + "q_norm.weight", (std::vector<int64_t>{Rq}), at);
-  LOAD(a.wq_b, ap + "wq_b.weight", (std::vector<int64_t>{H * hd, Rq}), at);
-  LOAD(a.wkv, ap + "wkv.weight", (std::vector<int64_t>{hd, D}), at);
+  LOADW(a.wq_b, ap + "wq_b.weight", H * hd, Rq, at);
+  LOADW(a.wkv, ap + "wkv.weight", hd, D, at);
   LOAD(a.kv_norm, ap + "kv_norm.weight", (std::vector<int64_t>{hd}), at);
-  LOAD(a.wo_a, ap + "wo_a.weight", (std::vector<int64_t>{G * R, H * hd / G}), at);
-  LOAD(a.wo_b, ap + "wo_b.weight", (std::vector<int64_t>{D, G * R}), at);
+  LOADW(a.wo_a, ap + "wo_a.weight", G * R, H * hd / G, at);
+  LOADW(a.wo_b, ap + "wo_b.weight", D, G * R, at);
   LOAD(a.sinks, ap + "attn_sink", (std::vector<int64_t>{H}), at);
   if (kind != LayerKind::kSliding) {
     const int m = c.compress_rate(kind);
@@ -98,10 +208,8 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
       const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
       V4_RETURN_IF_ERROR(load_compressor(ld, ap + "indexer.compressor.", 2, int(dI), m, int(D),
                                          &a.index_compressor, &pc->indexer));
-      LOAD(a.index_wq_b, ap + "indexer.wq_b.weight", (std::vector<int64_t>{nI * dI, Rq}),
-           &pc->indexer);
-      LOAD(a.index_weights_proj, ap + "indexer.weights_proj.weight", (std::vector<int64_t>{nI, D}),
-           &pc->indexer);
+      LOADW(a.index_wq_b, ap + "indexer.wq_b.weight", nI * dI, Rq, &pc->indexer);
+      LOADW(a.index_weights_proj, ap + "indexer.weights_proj.weight", nI, D, &pc->indexer);
     }
   }
 
@@ -115,31 +223,25 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
     LOAD(f.bias, fp + "gate.bias", (std::vector<int64_t>{E}), &pc->router);
   }
   if (ld.ck().has(fp + "experts.gate_up_proj")) {
-    LOAD(f.w13, fp + "experts.gate_up_proj", (std::vector<int64_t>{E, 2 * I, D}),
-         &pc->routed_experts);
-    LOAD(f.w2, fp + "experts.down_proj", (std::vector<int64_t>{E, D, I}), &pc->routed_experts);
+    V4_ASSIGN_OR_RETURN(auto w13, ld.ck().read_f32(fp + "experts.gate_up_proj", {E, 2 * I, D}));
+    V4_ASSIGN_OR_RETURN(auto w2, ld.ck().read_f32(fp + "experts.down_proj", {E, D, I}));
+    f.w13 = ld.from_f32(w13, E, 2 * I, D);
+    f.w2 = ld.from_f32(w2, E, D, I);
   } else {
-    std::vector<float> w13(size_t(E * 2 * I * D)), w2(size_t(E * D * I));
+    std::vector<std::vector<std::string>> up(static_cast<size_t>(E)), down(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
       const std::string ep = fp + "experts." + std::to_string(e) + ".";
-      V4_ASSIGN_OR_RETURN(auto g, ld.ck().read_f32(ep + "w1.weight", {I, D}));
-      V4_ASSIGN_OR_RETURN(auto u, ld.ck().read_f32(ep + "w3.weight", {I, D}));
-      V4_ASSIGN_OR_RETURN(auto dn, ld.ck().read_f32(ep + "w2.weight", {D, I}));
-      std::memcpy(&w13[size_t(e * 2 * I * D)], g.data(), g.size() * sizeof(float));
-      std::memcpy(&w13[size_t(e * 2 * I * D + I * D)], u.data(), u.size() * sizeof(float));
-      std::memcpy(&w2[size_t(e * D * I)], dn.data(), dn.size() * sizeof(float));
+      up[size_t(e)] = {ep + "w1.weight", ep + "w3.weight"};
+      down[size_t(e)] = {ep + "w2.weight"};
     }
-    f.w13 = ld.upload(w13);
-    f.w2 = ld.upload(w2);
-    pc->routed_experts += E * 3 * I * D;
+    V4_ASSIGN_OR_RETURN(f.w13, ld.stack(up, {I, I}, D));
+    V4_ASSIGN_OR_RETURN(f.w2, ld.stack(down, {D}, I));
   }
+  pc->routed_experts += E * 3 * I * D;
   {
     const std::string sp = fp + "shared_experts.";
-    V4_ASSIGN_OR_RETURN(auto g, ld.ck().read_f32(sp + "w1.weight", {I, D}));
-    V4_ASSIGN_OR_RETURN(auto u, ld.ck().read_f32(sp + "w3.weight", {I, D}));
-    g.insert(g.end(), u.begin(), u.end());
-    f.shared_w13 = ld.upload(g);
-    LOAD(f.shared_w2, sp + "w2.weight", (std::vector<int64_t>{D, I}), nullptr);
+    V4_ASSIGN_OR_RETURN(f.shared_w13, ld.stack({{sp + "w1.weight", sp + "w3.weight"}}, {I, I}, D));
+    V4_ASSIGN_OR_RETURN(f.shared_w2, ld.stack({{sp + "w2.weight"}}, {D}, I));
     pc->shared_experts += 3 * I * D;
   }
   return Status::Ok();
@@ -147,15 +249,16 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
 
 }  // namespace
 
-Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::Ops* ops) {
-  Loader ld(ck, ops);
+Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::Ops* ops,
+                              WeightFormatPolicy policy) {
+  Loader ld(ck, ops, policy);
   Weights w;
   const int64_t V = c.vocab_size, D = c.hidden_size, n = c.hc_mult;
   LOAD(w.embed, "embed.weight", (std::vector<int64_t>{V, D}), &w.counts.embed);
   if (!ck.has("head.weight") && c.tie_word_embeddings) {
-    LOAD(w.head, "embed.weight", (std::vector<int64_t>{V, D}), nullptr);
+    LOADW(w.head, "embed.weight", V, D, nullptr);
   } else {
-    LOAD(w.head, "head.weight", (std::vector<int64_t>{V, D}), &w.counts.head);
+    LOADW(w.head, "head.weight", V, D, &w.counts.head);
   }
   LOAD(w.norm, "norm.weight", (std::vector<int64_t>{D}), &w.counts.norms_and_mhc);
   LOAD(w.hc_head_fn, "hc_head_fn", (std::vector<int64_t>{n, n * D}), &w.counts.norms_and_mhc);
@@ -185,6 +288,25 @@ Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::O
     w.mtp.push_back(std::move(m));
   }
   return w;
+}
+
+std::map<std::string, int64_t> Weights::bytes_by_format() const {
+  std::map<std::string, int64_t> m;
+  auto add = [&](const WBuf& b) {
+    if (b.data.size() > 0) m[ops::wformat_name(b.view.format)] += b.bytes();
+  };
+  auto add_layer = [&](const LayerWeights& L) {
+    const auto& a = L.attn;
+    for (const WBuf* b : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.compressor.wkv,
+                          &a.compressor.wgate, &a.index_compressor.wkv, &a.index_compressor.wgate,
+                          &a.index_wq_b, &a.index_weights_proj, &L.ffn.w13, &L.ffn.w2,
+                          &L.ffn.shared_w13, &L.ffn.shared_w2})
+      add(*b);
+  };
+  add(head);
+  for (const auto& L : layers) add_layer(L);
+  for (const auto& mt : mtp) add_layer(mt.block);
+  return m;
 }
 
 }  // namespace v4::model

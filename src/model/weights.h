@@ -1,7 +1,9 @@
-// Weights: every parameter of a DeepSeek-V4 checkpoint decoded once at load to f32 backend
-// buffers (dsv4-model.md §11 for names/shapes). Memory cost on the CPU backend: 4 bytes per
-// parameter (e.g. the tiny fixtures: < 2 MB; V4-Flash would need ~1.1 TB — the CPU backend is a
-// reference for small models). Routed experts are stored fused as in transformers:
+// Weights: every parameter of a DeepSeek-V4 checkpoint in backend memory (dsv4-model.md §11 for
+// names/shapes). Vectors (norms, biases, mHC, sinks, ape) and the router are f32. Matrices are
+// `WBuf`s: on a backend that reads native formats (`Ops::supports`, the CUDA backend) they keep
+// the checkpoint's format — BF16, FP8 e4m3 with 128×128 block scales, MXFP4 experts — and are
+// dequantized inside the GEMM; otherwise (CPU backend) they are decoded once to f32 (4 bytes per
+// parameter: a reference for small models). Routed experts are stored fused as in transformers:
 // w13 [E, 2I, D] (rows [0,I) = w1/gate, [I,2I) = w3/up) and w2 [E, D, I].
 #pragma once
 #include <cstdint>
@@ -19,38 +21,58 @@ namespace v4::model {
 using FBuf = ops::DeviceBuffer<float>;
 using IBuf = ops::DeviceBuffer<int32_t>;
 
+/// A weight matrix (or a stack of expert matrices) in backend memory, in the format `view` says.
+struct WBuf {
+  ops::DeviceBuffer<uint8_t> data;   // values / codes (ops::WeightView::data)
+  ops::DeviceBuffer<uint8_t> scale;  // block or group scales (FP8 / MXFP4), else empty
+  ops::WeightView view;
+  const ops::WeightView& v() const { return view; }
+  /// Bytes held on the backend.
+  int64_t bytes() const { return data.size() + scale.size(); }
+};
+
+/// How matrices are stored (Weights::load and the dummy generator).
+struct WeightFormatPolicy {
+  /// Keep BF16 / FP8 / MXFP4 checkpoint tensors as stored when the backend supports the format
+  /// (else decode to f32).
+  bool native = true;
+  /// Store f32/f16 checkpoint matrices as bf16 on backends that support it (halves their bytes;
+  /// rounds the weights: the bf16 tolerance applies). Off = exact f32.
+  bool f32_as_bf16 = false;
+};
+
 /// One compressor (dsv4-model.md §5): c = 2 (CSA / indexer) or 1 (HCA), d = hd or dI.
 struct CompressorWeights {
-  FBuf wkv;    // [c·d, D]
-  FBuf wgate;  // [c·d, D]
+  WBuf wkv;    // [c·d, D]
+  WBuf wgate;  // [c·d, D]
   FBuf ape;    // [m, c·d] position_bias
   FBuf norm;   // [d] kv_norm
 };
 
 struct AttentionWeights {
-  FBuf wq_a;                     // [Rq, D]
+  WBuf wq_a;                     // [Rq, D]
   FBuf q_norm;                   // [Rq]
-  FBuf wq_b;                     // [H·hd, Rq]
-  FBuf wkv;                      // [hd, D]
+  WBuf wq_b;                     // [H·hd, Rq]
+  WBuf wkv;                      // [hd, D]
   FBuf kv_norm;                  // [hd]
-  FBuf wo_a;                     // [G·R, H·hd/G]
-  FBuf wo_b;                     // [D, G·R]
+  WBuf wo_a;                     // [G·R, H·hd/G]
+  WBuf wo_b;                     // [D, G·R]
   FBuf sinks;                    // [H]
   CompressorWeights compressor;  // CSA / HCA only
   // CSA indexer
   CompressorWeights index_compressor;  // c = 2, d = dI
-  FBuf index_wq_b;                     // [nI·dI, Rq]
-  FBuf index_weights_proj;             // [nI, D]
+  WBuf index_wq_b;                     // [nI·dI, Rq]
+  WBuf index_weights_proj;             // [nI, D]
 };
 
 struct MoeWeights {
   FBuf gate;        // [E, D]
   FBuf bias;        // [E] e_score_correction_bias (score layers)
   IBuf tid2eid;     // [V, k] (hash layers)
-  FBuf w13;         // [E, 2I, D]
-  FBuf w2;          // [E, D, I]
-  FBuf shared_w13;  // [2I, D]
-  FBuf shared_w2;   // [D, I]
+  WBuf w13;         // [E, 2I, D]
+  WBuf w2;          // [E, D, I]
+  WBuf shared_w13;  // [2I, D]
+  WBuf shared_w2;   // [D, I]
 };
 
 struct LayerWeights {
@@ -83,7 +105,7 @@ struct ParamCounts {
 
 struct Weights {
   FBuf embed;                                    // [V, D]
-  FBuf head;                                     // [V, D]
+  WBuf head;                                     // [V, D]
   FBuf norm;                                     // [D]
   FBuf hc_head_fn, hc_head_base, hc_head_scale;  // [n, nD], [n], [1]
   std::vector<LayerWeights> layers;
@@ -93,7 +115,10 @@ struct Weights {
   /// Decodes every tensor the config requires from `ck` (errors name the tensor, file, expected
   /// vs found shape/dtype) and uploads it through `ops`. MTP modules are loaded when `mtp.0.*`
   /// tensors are present.
-  static Result<Weights> load(const Checkpoint& ck, const ModelConfig& cfg, ops::Ops* ops);
+  static Result<Weights> load(const Checkpoint& ck, const ModelConfig& cfg, ops::Ops* ops,
+                              WeightFormatPolicy policy = {});
+  /// Backend bytes of all matrices by format name ("f32", "bf16", "fp8-block", "mxfp4").
+  std::map<std::string, int64_t> bytes_by_format() const;
 };
 
 }  // namespace v4::model

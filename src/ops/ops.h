@@ -33,6 +33,55 @@ namespace v4::ops {
 /// Router activation (config `scoring_func`), dsv4-model.md §8.
 enum class ScoringFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
 
+/// Storage format of a weight matrix as the backend reads it (docs/checkpoint-format.md).
+/// The CPU backend stores every matrix as kF32 (decoded at load); the CUDA backend keeps the
+/// checkpoint's format (FP8 blocks, MXFP4 experts, BF16) so decode reads native bytes.
+enum class WFormat : int {
+  kF32 = 0,   // f32 values [E, N, K]
+  kBF16 = 1,  // bf16 bits [E, N, K]
+  kFP8Block = 2,  // e4m3fn bytes [E, N, K]; scale f32 [E, ceil(N/128), ceil(K/128)]
+  kMXFP4 = 3,     // packed e2m1 [E, N, K/2] (low nibble = even k); scale ue8m0 bytes [E, N, K/32]
+};
+/// "f32", "bf16", "fp8-block", "mxfp4".
+const char* wformat_name(WFormat f);
+/// Bytes of one stored matrix of `n` rows × `k` columns in format `f` (data + scales).
+int64_t wformat_bytes(WFormat f, int64_t n, int64_t k);
+
+/// A weight matrix W [N, K] (row n = output channel n), or a stack of `experts` of them.
+/// Dequantized values: kFP8Block W[n,k] = e4m3(data[n,k]) · scale[n/128, k/128];
+/// kMXFP4 W[n,k] = e2m1(nibble(n,k)) · 2^(scale[n, k/32] − 127). Scales are indexed with the
+/// absolute row `row0 + n` of the stored matrix (`rows_total` rows per expert), so a view can
+/// select rows [row0, row0 + n) of a larger matrix (wo_a's groups) without copying.
+struct WeightView {
+  const void* data = nullptr;   // start of the stored matrix (expert 0, row 0)
+  const void* scale = nullptr;  // kFP8Block / kMXFP4 only
+  WFormat format = WFormat::kF32;
+  int64_t n = 0, k = 0;         // rows and columns of the view (per expert)
+  int64_t experts = 1;          // E
+  int64_t row0 = 0;             // first stored row of the view
+  int64_t rows_total = 0;       // stored rows per expert (>= row0 + n)
+  /// Rows [r0, r0 + nr) of this view.
+  WeightView rows(int64_t r0, int64_t nr) const {
+    WeightView v = *this;
+    v.row0 = row0 + r0;
+    v.n = nr;
+    return v;
+  }
+  /// A plain f32 matrix [n, k] (contiguous).
+  static WeightView f32(const float* w, int64_t n, int64_t k) {
+    WeightView v;
+    v.data = w;
+    v.n = n;
+    v.k = k;
+    v.rows_total = n;
+    return v;
+  }
+  /// f32 pointer to row 0 of the view (kF32 only, expert `e`).
+  const float* f32_rows(int64_t e = 0) const {
+    return static_cast<const float*>(data) + (e * rows_total + row0) * k;
+  }
+};
+
 /// A ragged list of physical pool rows per query row (see "Row maps" above).
 /// Query t reads rows[offset[t] + j] for j < count[t]; entries < 0 are skipped.
 struct RowMap {
@@ -99,6 +148,9 @@ struct IndexerArgs {
   int n_heads = 0;               // nI
   int head_dim = 0;              // dI
   int topk = 0;                  // index_topk
+  /// Upper bound of cand.count[t] over the call, known to the planner (0 = unknown: the
+  /// backend may read the counts back, which a CUDA graph capture cannot do).
+  int64_t max_count = 0;
   int32_t* out_rows = nullptr;   // [S, topk]
   int32_t* out_count = nullptr;  // [S] number of valid entries (min(k, count[t]))
 };
@@ -128,8 +180,8 @@ struct RouteArgs {
 /// The shared expert is this op with E = 1, k = 1, weight 1.
 struct MoeArgs {
   const float* x = nullptr;       // [S, D]
-  const float* w13 = nullptr;     // [E, 2I, D]
-  const float* w2 = nullptr;      // [E, D, I]
+  WeightView w13;                 // E experts of [2I, D]
+  WeightView w2;                  // E experts of [D, I]
   const int32_t* idx = nullptr;   // [S, k]
   const float* weight = nullptr;  // [S, k]
   int64_t n_rows = 0;
@@ -182,6 +234,13 @@ class Ops {
   /// y [M, N] (row stride ldy). Row i's result depends only on x[i] and w (batch-invariant).
   virtual void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
                       float* y, int64_t ldy) = 0;
+  /// Whether `linear_w` / `moe_experts` accept weights stored as `f` (kF32 always).
+  virtual bool supports(WFormat f) const { return f == WFormat::kF32; }
+  /// y[i, :] = x[i, :] · Wᵀ for i < M with W = w (one matrix, w.experts ignored: expert 0),
+  /// dequantized as WeightView says; x [M, w.k] (stride ldx), y [M, w.n] (stride ldy).
+  /// Default: kF32 views through `linear`; other formats need a backend that supports them.
+  virtual void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
+                        int64_t ldy);
   /// y = x + y elementwise over n values.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   /// dst[i, :] = src[rows[i], :] for i < n (width values per row).

@@ -493,14 +493,14 @@ TEST(CudaOps, MoeExperts) {
     a.swiglu_limit = c.limit;
     std::vector<float> out_cpu(size_t(c.S * c.D), kNaN);
     MoeArgs ac = a;
-    ac.x = x.data(); ac.w13 = w13.data(); ac.w2 = w2.data(); ac.idx = idx.data();
+    ac.x = x.data(); ac.w13 = ops::WeightView::f32(w13.data(), 2 * c.I, c.D); ac.w13.experts = c.E; ac.w2 = ops::WeightView::f32(w2.data(), c.D, c.I); ac.w2.experts = c.E; ac.idx = idx.data();
     ac.weight = wt.data(); ac.out = out_cpu.data();
     cpu()->moe_experts(ac);
     Dev<float> dx(x), dw13(w13), dw2(w2), dwt(wt), dout(out_cpu.size());
     Dev<int32_t> didx(idx);
     dout.poison();
     MoeArgs ag = a;
-    ag.x = dx.p; ag.w13 = dw13.p; ag.w2 = dw2.p; ag.idx = didx.p; ag.weight = dwt.p; ag.out = dout.p;
+    ag.x = dx.p; ag.w13 = ops::WeightView::f32(dw13.p, 2 * c.I, c.D); ag.w13.experts = c.E; ag.w2 = ops::WeightView::f32(dw2.p, c.D, c.I); ag.w2.experts = c.E; ag.idx = didx.p; ag.weight = dwt.p; ag.out = dout.p;
     gpu()->moe_experts(ag);
     gpu()->synchronize();
     EXPECT_LE(rel_err(dout.host(), out_cpu), kTol);

@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -504,6 +505,8 @@ class CpuOps final : public Ops {
   }
 
   void moe_experts(const MoeArgs& a) override {
+    if (a.w13.format != WFormat::kF32 || a.w2.format != WFormat::kF32)
+      throw std::invalid_argument("moe_experts: the CPU backend reads f32 expert weights only");
     const int64_t S = a.n_rows;
     const int D = a.hidden, I = a.inter, k = a.topk;
     // Bucket (token, slot) pairs by expert, in token order.
@@ -520,7 +523,7 @@ class CpuOps final : public Ops {
       for (int64_t i = 0; i < n; ++i)
         std::memcpy(&xin[i * D], a.x + (items[i] / k) * D, sizeof(float) * D);
       gu.resize(size_t(n) * 2 * I);
-      linear(xin.data(), D, a.w13 + int64_t(ex) * 2 * I * D, n, 2 * I, D, gu.data(), 2 * I);
+      linear(xin.data(), D, a.w13.f32_rows(ex), n, 2 * I, D, gu.data(), 2 * I);
       act.resize(size_t(n) * I);
       const float lim = a.swiglu_limit;
       for (int64_t i = 0; i < n; ++i) {
@@ -536,7 +539,7 @@ class CpuOps final : public Ops {
         }
       }
       down.resize(size_t(n) * D);
-      linear(act.data(), I, a.w2 + int64_t(ex) * D * I, n, D, I, down.data(), D);
+      linear(act.data(), I, a.w2.f32_rows(ex), n, D, I, down.data(), D);
       for (int64_t i = 0; i < n; ++i)
         std::memcpy(&per_slot[items[i] * D], &down[i * D], sizeof(float) * D);
     }

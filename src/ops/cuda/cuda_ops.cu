@@ -5,6 +5,7 @@
 // differ; tests/cuda compares within fp32 tolerance).
 #include <cub/block/block_radix_sort.cuh>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -330,7 +331,7 @@ __global__ void moe_up_kernel(MoeArgs a, float* __restrict__ gu) {
   const int c = int(wid % I2);
   const int e = a.idx[p];
   const float* xr = a.x + (p / a.topk) * D;
-  const float* wr = a.w13 + (int64_t(e) * I2 + c) * D;
+  const float* wr = a.w13.f32_rows(e) + int64_t(c) * D;
   float s = 0.f;
   for (int i = lane; i < D; i += 32) s += xr[i] * wr[i];
   for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
@@ -364,7 +365,7 @@ __global__ void moe_down_kernel(MoeArgs a, const float* __restrict__ act, float*
   const int c = int(wid % D);
   const int e = a.idx[p];
   const float* ar = act + p * I;
-  const float* wr = a.w2 + (int64_t(e) * D + c) * I;
+  const float* wr = a.w2.f32_rows(e) + int64_t(c) * I;
   float s = 0.f;
   for (int i = lane; i < I; i += 32) s += ar[i] * wr[i];
   for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
@@ -543,15 +544,17 @@ class CudaOps final : public Ops {
                           a.n_heads * a.head_dim));
       return;
     }
-    // The grid needs the longest candidate list: read the counts (one small sync per call;
-    // graph-friendly plans with a capacity are the next step, docs/cuda.md).
-    std::vector<int32_t> cnt(S);
-    check(cudaMemcpyAsync(cnt.data(), a.cand.count, S * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                          stream_),
-          "indexer counts");
-    check(cudaStreamSynchronize(stream_), "indexer counts sync");
-    int64_t maxc = 1;
-    for (int32_t c : cnt) maxc = c > maxc ? c : maxc;
+    // The grid needs the longest candidate list: the planner's bound when given (no sync, so a
+    // CUDA graph can capture this), else read the counts back.
+    int64_t maxc = std::max<int64_t>(1, a.max_count);
+    if (a.max_count <= 0) {
+      std::vector<int32_t> cnt(S);
+      check(cudaMemcpyAsync(cnt.data(), a.cand.count, S * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_),
+            "indexer counts");
+      check(cudaStreamSynchronize(stream_), "indexer counts sync");
+      for (int32_t c : cnt) maxc = c > maxc ? c : maxc;
+    }
     if (maxc > cuda::kTopkMaxRow) {
       record(cuda::errorf(ErrorCode::kUnsupported, "indexer_topk: {} candidates > {}", maxc,
                           cuda::kTopkMaxRow));
