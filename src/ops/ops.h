@@ -28,6 +28,13 @@ namespace v4 {
 class ThreadPool;
 }
 
+// Small helpers usable from CUDA kernels too.
+#if defined(__CUDACC__)
+#define V4_HOST_DEVICE __host__ __device__
+#else
+#define V4_HOST_DEVICE
+#endif
+
 namespace v4::ops {
 
 /// Router activation (config `scoring_func`), dsv4-model.md §8.
@@ -61,7 +68,7 @@ struct WeightView {
   int64_t row0 = 0;             // first stored row of the view
   int64_t rows_total = 0;       // stored rows per expert (>= row0 + n)
   /// Rows [r0, r0 + nr) of this view.
-  WeightView rows(int64_t r0, int64_t nr) const {
+  V4_HOST_DEVICE WeightView rows(int64_t r0, int64_t nr) const {
     WeightView v = *this;
     v.row0 = row0 + r0;
     v.n = nr;
@@ -77,7 +84,7 @@ struct WeightView {
     return v;
   }
   /// f32 pointer to row 0 of the view (kF32 only, expert `e`).
-  const float* f32_rows(int64_t e = 0) const {
+  V4_HOST_DEVICE const float* f32_rows(int64_t e = 0) const {
     return static_cast<const float*>(data) + (e * rows_total + row0) * k;
   }
 };
