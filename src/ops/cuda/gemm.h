@@ -38,17 +38,25 @@ class Gemm {
   /// non-positive sizes, kUnsupported/kInternal from cuBLASLt.
   Status bf16(const __nv_bfloat16* X, const __nv_bfloat16* W, void* Y, OutType out, int64_t M,
               int64_t N, int64_t K, cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
+  /// As `bf16` with row strides (elements): X [M, K] stride ldx, W [N, K] stride ldw, Y [M, N]
+  /// stride ldy (each ≥ its row length). Used for weight row slices and strided outputs.
+  Status bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat16* W, int64_t ldw,
+                      void* Y, int64_t ldy, OutType out, int64_t M, int64_t N, int64_t K,
+                      cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
 
 
  private:
   Gemm() = default;
   struct Plan;
-  Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out);
+  Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out, int64_t ldx,
+                     int64_t ldw, int64_t ldy, int align);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::mutex mu_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int>,
+           std::unique_ptr<Plan>>
+      plans_;
 };
 
 }  // namespace v4::cuda
