@@ -294,6 +294,7 @@ class CudaOps final : public Ops {
     V4_CUDA_TRY(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, dev));
     if (opts_.precision == Precision::kBf16) {
       V4_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::create(size_t(32) << 20));
+      V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
     }
     return Status::Ok();
   }

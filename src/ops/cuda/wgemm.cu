@@ -1,7 +1,6 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Weight GEMMs over native weight formats (see wgemm.h).
 #include <algorithm>
-#include <atomic>
 
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/wformat.cuh"
@@ -340,15 +339,21 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
 
 template <WFormat F, bool VEC, int MT, bool SWIGLU>
 Status launch_gemv(const GemvArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  auto kernel = wgemv_kernel<F, VEC, MT, SWIGLU>;
-  static std::atomic<size_t> attr_set{48 * 1024};
-  if (smem > attr_set.load()) {
-    V4_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(kGemvSmemMax)));
-    attr_set.store(kGemvSmemMax);
-  }
-  kernel<<<grid, kGemvThreads, smem, stream>>>(a);
+  wgemv_kernel<F, VEC, MT, SWIGLU><<<grid, kGemvThreads, smem, stream>>>(a);
   return check_launch("wgemv_kernel");
+}
+
+// Opt every GEMV instantiation in to kGemvSmemMax of dynamic shared memory (once, at backend
+// creation: no attribute call later, e.g. inside a CUDA graph capture).
+template <WFormat F, bool VEC>
+Status prepare_format() {
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, 1, false>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, kGemvMaxMc, false>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, kGemvMaxMc, true>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
+  return Status::Ok();
 }
 
 template <WFormat F, bool VEC>
@@ -410,6 +415,17 @@ Status wgemm_fp32(const float* x, int64_t ldx, const WeightView& w, int64_t e, i
       break;
   }
   return check_launch("wgemm_fp32_kernel");
+}
+
+Status wgemv_prepare() {
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kF32, true>()));
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kF32, false>()));
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kBF16, true>()));
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kBF16, false>()));
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kFP8Block, true>()));
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kFP8Block, false>()));
+  V4_RETURN_IF_ERROR((prepare_format<WFormat::kMXFP4, true>()));
+  return Status::Ok();
 }
 
 bool wgemv_supported(const WeightView& w) {

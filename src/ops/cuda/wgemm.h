@@ -55,6 +55,10 @@ struct GemvArgs {
 /// view is not 16-byte aligned (callers fall back to wgemm_fp32).
 Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream);
 
+/// Sets the kernels' shared-memory attributes (once per device, before any wgemv call; the
+/// backend calls it at creation so no attribute call happens inside a graph capture).
+Status wgemv_prepare();
+
 /// Whether wgemv can run this view (K fits shared memory, MXFP4 alignment).
 bool wgemv_supported(const ops::WeightView& w);
 
