@@ -512,8 +512,10 @@ class CudaOps final : public Ops {
     size_t need[cuda::kNumScratchSlots] = {};
     const cuda::KernelContext c = context();
     const bool bf16 = opts_.precision == Precision::kBf16;
-    if (bf16 && b.max_rows > 0 && b.max_n > 0 && b.max_k > 0)
+    if (bf16 && b.max_rows > 0 && b.max_n > 0 && b.max_k > 0) {
       cuda::linear_scratch_bytes(b.max_rows, b.max_n, b.max_k, false, c, need);
+      cuda::linear_scratch_bytes(b.max_rows, b.max_n, b.max_k, true, c, need);
+    }
     if (b.max_rows > 0 && b.hidden > 0 && b.inter > 0 && b.experts > 0 && b.topk > 0) {
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, b.experts, b.topk, c, need);
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, 1, 1, c, need);  // shared

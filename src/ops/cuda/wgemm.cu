@@ -454,8 +454,7 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   const int64_t warps1 = (a.n_out + opw - 1) / opw;
   int ks = warps1 >= 8 * int64_t(num_sms) ? 1 : warps1 >= 4 * int64_t(num_sms) ? 2 : 4;
   while (ks > 1 && ks > nchunks) ks /= 2;
-  int64_t mc = int64_t(kGemvSmemBudget / (size_t(Ks) * 4));
-  mc = std::clamp<int64_t>(mc, 1, kGemvMaxMc);
+  int64_t mc = wgemv_pass_rows(w);
   if (!a.list) mc = std::min<int64_t>(mc, a.rows);
   const int mt = (!a.list && a.rows == 1 && !a.swiglu) ? 1 : kGemvMaxMc;
   a.ks = ks;
@@ -499,9 +498,20 @@ Status rows_to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, __nv_bflo
 
 namespace v4::cuda {
 
+int64_t wgemv_pass_rows(const WeightView& w) {
+  const int V = vals_per_16b(w.format);
+  const int64_t Ks = (w.k + 32 * V - 1) / (32 * V) * (32 * V);
+  return std::clamp<int64_t>(int64_t(kGemvSmemBudget / (size_t(Ks) * 4)), 1, kGemvMaxMc);
+}
+
+bool linear_bf16_uses_gemv(const WeightView& w, int64_t M, int64_t gemv_max_rows) {
+  if (M > gemv_max_rows || !wgemv_supported(w)) return false;
+  return w.format != WFormat::kBF16 || M <= wgemv_pass_rows(w);
+}
+
 void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight,
                           const KernelContext& c, size_t* bytes) {
-  if (M <= c.gemv_max_rows) return;  // GEMV (or the fp32 fallback): no scratch
+  if (M <= c.gemv_max_rows && !bf16_weight) return;  // GEMV (or the fp32 fallback): no scratch
   bytes[kSlotXBf16] = std::max(bytes[kSlotXBf16], size_t(M * K) * 2);
   if (!bf16_weight) bytes[kSlotWBf16] = std::max(bytes[kSlotWBf16], size_t(n * K) * 2);
 }
@@ -509,7 +519,7 @@ void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight,
 Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                      int64_t ldy, const KernelContext& c) {
   if (M <= 0 || w.n <= 0) return Status::Ok();
-  if (M <= c.gemv_max_rows && wgemv_supported(w)) {
+  if (linear_bf16_uses_gemv(w, M, c.gemv_max_rows)) {
     GemvArgs a;
     a.w = w;
     a.w.experts = 1;
@@ -521,8 +531,8 @@ Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M
     a.n_out = w.n;
     return wgemv(a, 1, c.num_sms, c.stream);
   }
-  if (w.format == WFormat::kF32 || M <= c.gemv_max_rows)
-    return wgemm_fp32(x, ldx, w, 0, M, y, ldy, c.stream);
+  if (w.format == WFormat::kF32 || (M <= c.gemv_max_rows && w.format != WFormat::kBF16))
+    return wgemm_fp32(x, ldx, w, 0, M, y, ldy, c.stream);  // (exotic views wgemv cannot run)
   size_t need[kNumScratchSlots] = {};
   linear_scratch_bytes(M, w.n, w.k, w.format == WFormat::kBF16, c, need);
   auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));

@@ -105,6 +105,15 @@ struct KernelContext {
 Status linear_w_bf16(const float* x, int64_t ldx, const ops::WeightView& w, int64_t M, float* y,
                      int64_t ldy, const KernelContext& c);
 
+/// Rows of x one wgemv pass holds in shared memory for a view with w.k columns (≥ 1).
+int64_t wgemv_pass_rows(const ops::WeightView& w);
+
+/// Whether linear_w_bf16 runs M rows through wgemv (fp32 math, batch-invariant) rather than
+/// tensor cores: M ≤ gemv_max_rows and wgemv supports the view; for bf16-stored weights also
+/// M ≤ wgemv_pass_rows (cuBLASLt reads bf16 weights in place, while every further GEMV pass would
+/// read them again).
+bool linear_bf16_uses_gemv(const ops::WeightView& w, int64_t M, int64_t gemv_max_rows);
+
 /// Scratch bytes per slot linear_w_bf16 needs for M rows of an n × K view (`bf16_weight`: stored
 /// as bf16, no dequantized copy), maxed into bytes[kNumScratchSlots].
 void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight,
