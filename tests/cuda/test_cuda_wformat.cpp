@@ -158,7 +158,8 @@ HostW make_weights(WFormat f, int64_t E, int64_t rows, int64_t K, float amp, boo
       const int64_t rb = (rows + 127) / 128, kb = (K + 127) / 128;
       w.scale.resize(size_t(E * rb * kb) * 4);
       for (int64_t i = 0; i < E * rb * kb; ++i) {
-        const float s = pow2 ? std::ldexp(1.f, int(g.next() % 3) - 1) * amp * 0.25f
+        const int e0 = int(std::lround(std::log2(amp * 0.25f)));
+        const float s = pow2 ? std::ldexp(1.f, e0 + int(g.next() % 3) - 1)  // ue8m0-like
                              : amp * (0.1f + 0.3f * g.uniform());
         std::memcpy(&w.scale[size_t(i) * 4], &s, 4);
       }
