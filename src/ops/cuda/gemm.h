@@ -2,10 +2,10 @@
 // Layout convention (as nn.Linear): Y[M, N] = X[M, K] · W[N, K]ᵀ, all row-major, where M = tokens,
 // K = input features, N = output features. Accumulation is fp32.
 //
-// Weight formats (see docs/cuda.md): FP8 e4m3 weights with 128×128 ue8m0 block scales and
-// MXFP4 (e2m1 + one ue8m0 scale per 1×32) expert weights are dequantized to bf16 once at load
-// (ops/cuda/quant.h) and then use Gemm::bf16. Native FP8 block-scaled GEMMs (cuBLASLt
-// BLK128x128_32F / VEC128_32F scale modes, or a CUTLASS/wgmma kernel) are future work (issue 7).
+// Used by the bf16 precision mode's tensor-core paths (wgemm.h linear_w_bf16, moe.h): weights
+// stored as bf16 are read in place; FP8 (128×128 block scales) and MXFP4 weights are dequantized
+// to bf16 per call into scratch (one matrix or one expert). Native block-scaled FP8 GEMMs
+// (cuBLASLt BLK128x128_32F / VEC128_32F scale modes) are future work (docs/cuda.md).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
