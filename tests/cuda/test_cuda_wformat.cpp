@@ -318,6 +318,49 @@ void run_linear_cases(const std::vector<LinCase>& cases) {
   }
 }
 
+// Path selection of the bf16 mode (host logic, no GPU needed): the documented rules.
+TEST(CudaWFormat, Bf16PathSelection) {
+  alignas(16) static uint8_t dummy[64];
+  auto view = [&](WFormat f, int64_t n, int64_t k) {
+    WeightView v;
+    v.data = dummy;
+    v.scale = dummy;
+    v.format = f;
+    v.n = n;
+    v.k = k;
+    v.rows_total = n;
+    return v;
+  };
+  const int64_t G = CudaOptions{}.gemv_max_rows;
+  EXPECT_EQ(G, 32);
+  // FP8 / MXFP4 / f32: the GEMV up to 32 rows, whatever K.
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kF32})
+    for (int64_t k : {1024, 4096, 8192}) {
+      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 1, G));
+      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, G));
+      EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 33, G));
+    }
+  // bf16-stored weights: only within one shared-memory pass (96 KiB of f32 x rows).
+  EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 129280, 4096)), 6);
+  EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 1024, 1024)), 8);
+  EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kFP8Block, 4096, 8192)), 3);
+  EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 6, G));
+  EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 7, G));
+  // MXFP4 needs K % 32 == 0 and 16-byte aligned data; huge K does not fit shared memory.
+  WeightView odd = view(WFormat::kMXFP4, 64, 4096);
+  odd.data = dummy + 8;
+  EXPECT_FALSE(cuda::wgemv_supported(odd));
+  EXPECT_FALSE(cuda::wgemv_supported(view(WFormat::kFP8Block, 64, 1 << 20)));
+  // Scratch: decode-sized FP8 calls need none; prefill-sized ones x and W as bf16.
+  cuda::KernelContext c;
+  size_t b[cuda::kNumScratchSlots] = {};
+  cuda::linear_scratch_bytes(32, 1024, 4096, false, c, b);
+  for (size_t v : b) EXPECT_EQ(v, 0u);
+  cuda::linear_scratch_bytes(200, 1024, 4096, false, c, b);
+  EXPECT_EQ(b[cuda::kSlotXBf16], size_t(200 * 4096 * 2));
+  EXPECT_EQ(b[cuda::kSlotWBf16], size_t(1024 * 4096 * 2));
+}
+
 #define V4_GPU()              \
   V4_REQUIRE_GPU();           \
   ASSERT_NE(gpu(Precision::kFp32), nullptr); \
