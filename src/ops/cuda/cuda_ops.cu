@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/mhc.h"
@@ -404,6 +405,9 @@ class CudaOps final : public Ops {
       return cuda::errorf(ErrorCode::kUnsupported, "no CUDA device ({})", cudaGetErrorString(e));
     }
     V4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int dev = 0;
+    V4_CUDA_TRY(cudaGetDevice(&dev));
+    V4_CUDA_TRY(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
     return Status::Ok();
   }
   std::string name() const override { return "cuda"; }
@@ -589,6 +593,20 @@ class CudaOps final : public Ops {
                           kAttnMaxHd));
       return;
     }
+    if (a.head_dim <= cuda::kAttnSplitMaxHd) {
+      // Split-KV kernel (attention.h). The split count changes a row's summation order, so it
+      // depends on the batch only when batch invariance is not required.
+      const int splits = batch_invariant_ || a.max_keys <= 0
+                             ? 1
+                             : cuda::attention_auto_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = static_cast<float*>(scratch(
+            6, size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                   sizeof(float)));
+      record(cuda::sparse_attention_split(a, splits, ws, stream_));
+      return;
+    }
     const int64_t warps = a.n_rows * a.n_heads;
     attention_kernel<<<grid_for(warps * 32, 128, int64_t(1) << 31), 128, 0, stream_>>>(a);
     launched("attention_kernel");
@@ -656,6 +674,9 @@ class CudaOps final : public Ops {
   }
 
   cudaStream_t stream_ = nullptr;
+  int n_sms_ = 132;
+  // Results of a row may not depend on the other rows of the call (fp32 reference mode).
+  bool batch_invariant_ = true;
   Status status_;
   std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;

@@ -1,0 +1,221 @@
+#include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
+// Split-KV sparse MQA attention with sink (see attention.h).
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/attention.h"
+
+namespace v4::cuda {
+namespace {
+
+constexpr int kWarps = 4;               // warps per block
+constexpr int kHeadsPerWarp = 4;        // heads per warp
+constexpr int kHeadsPerBlock = kWarps * kHeadsPerWarp;
+constexpr int kTileKeys = 16;           // keys per shared-memory tile
+
+/// Physical pool row of key j of row t (SWA keys first, then compressed keys), −1 = skip.
+__device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t t, int j,
+                                           int n_swa) {
+  if (j < n_swa) return a.swa.rows[a.swa.offset[t] + j];
+  return a.comp.rows[a.comp.offset[t] + (j - n_swa)];
+}
+
+// PER = values per lane per head (hd ≤ 32·PER).
+template <int PER>
+__global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionArgs a,
+                                                                 int n_splits,
+                                                                 float* __restrict__ ws) {
+  extern __shared__ float tile[];  // [kTileKeys][hd]
+  __shared__ int32_t rows_s[kTileKeys];
+  __shared__ int8_t comp_s[kTileKeys];
+  const int64_t t = blockIdx.z;
+  const int s = blockIdx.x;
+  const int H = a.n_heads, hd = a.head_dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_swa = (a.swa_pool && a.swa.count) ? a.swa.count[t] : 0;
+  const int n_comp = (a.comp_pool && a.comp.count) ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  const int per_split = (n + n_splits - 1) / n_splits;
+  const int k0 = s * per_split;
+  const int k1 = min(n, k0 + per_split);
+
+  const int h0 = blockIdx.y * kHeadsPerBlock + warp * kHeadsPerWarp;
+  float q[kHeadsPerWarp][PER], o[kHeadsPerWarp][PER], m[kHeadsPerWarp], l[kHeadsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kHeadsPerWarp; ++i) {
+    const int h = h0 + i;
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int c = lane + 32 * j;
+      q[i][j] = (h < H && c < hd) ? a.q[(t * H + h) * hd + c] : 0.f;
+      o[i][j] = 0.f;
+    }
+  }
+  const bool vec4 = (hd % 4) == 0;
+  for (int kb = k0; kb < k1; kb += kTileKeys) {
+    const int nk = min(kTileKeys, k1 - kb);
+    if (threadIdx.x < nk) {
+      const int j = kb + threadIdx.x;
+      rows_s[threadIdx.x] = key_row(a, t, j, n_swa);
+      comp_s[threadIdx.x] = j >= n_swa;
+    }
+    __syncthreads();
+    if (vec4) {
+      const int w4 = hd / 4;
+      for (int e = threadIdx.x; e < nk * w4; e += blockDim.x) {
+        const int key = e / w4, c4 = e - key * w4;
+        const int32_t r = rows_s[key];
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r >= 0) {
+          const float* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
+          v = __ldg(reinterpret_cast<const float4*>(pool + int64_t(r) * hd) + c4);
+        }
+        reinterpret_cast<float4*>(tile + key * hd)[c4] = v;
+      }
+    } else {
+      for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
+        const int key = e / hd, c = e - key * hd;
+        const int32_t r = rows_s[key];
+        const float* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
+        tile[key * hd + c] = r >= 0 ? pool[int64_t(r) * hd + c] : 0.f;
+      }
+    }
+    __syncthreads();
+    for (int key = 0; key < nk; ++key) {
+      if (rows_s[key] < 0) continue;
+      float kv[PER];
+#pragma unroll
+      for (int j = 0; j < PER; ++j) {
+        const int c = lane + 32 * j;
+        kv[j] = c < hd ? tile[key * hd + c] : 0.f;
+      }
+      float d[kHeadsPerWarp];
+#pragma unroll
+      for (int i = 0; i < kHeadsPerWarp; ++i) {
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) acc = fmaf(q[i][j], kv[j], acc);
+        d[i] = acc;
+      }
+#pragma unroll
+      for (int off = 16; off; off >>= 1)
+#pragma unroll
+        for (int i = 0; i < kHeadsPerWarp; ++i) d[i] += __shfl_xor_sync(0xffffffffu, d[i], off);
+#pragma unroll
+      for (int i = 0; i < kHeadsPerWarp; ++i) {
+        const float logit = d[i] * a.scale;
+        const float nm = fmaxf(m[i], logit);
+        const float corr = __expf(m[i] - nm), p = __expf(logit - nm);
+        l[i] = l[i] * corr + p;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) o[i][j] = fmaf(p, kv[j], o[i][j] * corr);
+        m[i] = nm;
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kHeadsPerWarp; ++i) {
+    const int h = h0 + i;
+    if (h >= H) continue;
+    if (n_splits == 1) {
+      const float sink = a.sinks[h];
+      const float M = fmaxf(m[i], sink);
+      const float f = __expf(m[i] - M);  // 0 when the row had no keys (m = −inf)
+      const float inv = 1.f / (l[i] * f + __expf(sink - M));
+      float* out = a.out + (t * H + h) * hd;
+#pragma unroll
+      for (int j = 0; j < PER; ++j) {
+        const int c = lane + 32 * j;
+        if (c < hd) out[c] = o[i][j] * f * inv;
+      }
+    } else {
+      float* p = ws + ((t * H + h) * n_splits + s) * int64_t(hd + 2);
+      if (lane == 0) {
+        p[0] = m[i];
+        p[1] = l[i];
+      }
+#pragma unroll
+      for (int j = 0; j < PER; ++j) {
+        const int c = lane + 32 * j;
+        if (c < hd) p[2 + c] = o[i][j];
+      }
+    }
+  }
+}
+
+// Merges the n_splits partials of (t, h) with the sink: one block per (t, h).
+__global__ void attn_combine_kernel(ops::AttentionArgs a, int n_splits,
+                                    const float* __restrict__ ws) {
+  const int64_t th = blockIdx.x;
+  const int H = a.n_heads, hd = a.head_dim;
+  const int h = int(th % H);
+  const float* p = ws + th * n_splits * int64_t(hd + 2);
+  const float sink = a.sinks[h];
+  float M = sink;
+  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, p[s * int64_t(hd + 2)]);
+  float L = __expf(sink - M);
+  for (int s = 0; s < n_splits; ++s) {
+    const float* ps = p + s * int64_t(hd + 2);
+    L += ps[1] * __expf(ps[0] - M);
+  }
+  const float inv = 1.f / L;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float* ps = p + s * int64_t(hd + 2);
+      acc += ps[2 + c] * __expf(ps[0] - M);
+    }
+    a.out[th * hd + c] = acc * inv;
+  }
+}
+
+template <int PER>
+Status launch(const ops::AttentionArgs& a, int n_splits, float* ws, cudaStream_t stream) {
+  const size_t smem = size_t(kTileKeys) * a.head_dim * sizeof(float);
+  dim3 grid(unsigned(n_splits), unsigned((a.n_heads + kHeadsPerBlock - 1) / kHeadsPerBlock),
+            unsigned(a.n_rows));
+  attn_split_kernel<PER><<<grid, kWarps * 32, smem, stream>>>(a, n_splits, ws);
+  V4_RETURN_IF_ERROR(check_launch("attn_split_kernel"));
+  if (n_splits > 1) {
+    attn_combine_kernel<<<unsigned(a.n_rows * a.n_heads), 128, 0, stream>>>(a, n_splits, ws);
+    V4_RETURN_IF_ERROR(check_launch("attn_combine_kernel"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t attention_workspace_floats(int64_t S, int H, int hd, int n_splits) {
+  return n_splits > 1 ? S * H * int64_t(n_splits) * (hd + 2) : 0;
+}
+
+int attention_auto_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
+  const int64_t blocks = S * ((H + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  const int64_t want = 2 * int64_t(n_sms);
+  if (blocks >= want || max_keys <= 64) return 1;
+  const int64_t by_fill = (want + blocks - 1) / blocks;
+  const int64_t by_keys = std::max<int64_t>(1, max_keys / 64);
+  return int(std::max<int64_t>(1, std::min<int64_t>({by_fill, by_keys, 128})));
+}
+
+Status sparse_attention_split(const ops::AttentionArgs& a, int n_splits, float* workspace,
+                              cudaStream_t stream) {
+  if (a.n_rows <= 0) return Status::Ok();
+  if (a.head_dim > kAttnSplitMaxHd || a.head_dim <= 0)
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_split: head_dim {} not in [1, {}]",
+                  a.head_dim, kAttnSplitMaxHd);
+  if (n_splits < 1 || (n_splits > 1 && !workspace))
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_split: n_splits {} (workspace {})",
+                  n_splits, workspace ? "set" : "missing");
+  const int per = (a.head_dim + 31) / 32;
+  if (per <= 1) return launch<1>(a, n_splits, workspace, stream);
+  if (per <= 2) return launch<2>(a, n_splits, workspace, stream);
+  if (per <= 4) return launch<4>(a, n_splits, workspace, stream);
+  if (per <= 8) return launch<8>(a, n_splits, workspace, stream);
+  return launch<16>(a, n_splits, workspace, stream);
+}
+
+}  // namespace v4::cuda
