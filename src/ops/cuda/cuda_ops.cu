@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/indexer.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/norm_rope.h"
@@ -573,8 +574,13 @@ class CudaOps final : public Ops {
       check(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(smem)),
             "indexer smem attribute");
-    indexer_score_kernel<<<g1, 128, smem, stream_>>>(a, scores, ld);
-    launched("indexer_score_kernel");
+    if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
+      // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
+      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, stream_));
+    } else {
+      indexer_score_kernel<<<g1, 128, smem, stream_>>>(a, scores, ld);
+      launched("indexer_score_kernel");
+    }
     record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, stream_));
     if (k <= 256) {
       indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, stream_>>>(scores, ld, sel, a.cand, k,
