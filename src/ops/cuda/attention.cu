@@ -8,10 +8,11 @@
 namespace v4::cuda {
 namespace {
 
-constexpr int kWarps = 4;               // warps per block
-constexpr int kHeadsPerWarp = 4;        // heads per warp
+constexpr int kWarps = 8;               // warps per block
+constexpr int kHeadsPerWarp = 2;        // heads per warp
 constexpr int kHeadsPerBlock = kWarps * kHeadsPerWarp;
-constexpr int kTileKeys = 16;           // keys per shared-memory tile
+constexpr int kTileKeys = 16;           // keys per shared-memory tile (= 32 / kHeadsPerWarp)
+static_assert(kTileKeys * kHeadsPerWarp == 32, "one (head, key) logit per lane after the reduction");
 
 /// Physical pool row of key j of row t (SWA keys first, then compressed keys), −1 = skip.
 __device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t t, int j,
@@ -20,7 +21,22 @@ __device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t 
   return a.comp.rows[a.comp.offset[t] + (j - n_swa)];
 }
 
-// PER = values per lane per head (hd ≤ 32·PER).
+// One step of the reduce-scatter: lanes pair up across `off`, each keeps half of its 2·off values.
+template <int OFF>
+__device__ __forceinline__ void reduce_scatter_step(float* v, int lane) {
+  const bool upper = lane & OFF;
+#pragma unroll
+  for (int k = 0; k < OFF; ++k) {
+    const float send = upper ? v[k] : v[k + OFF];
+    const float keep = upper ? v[k + OFF] : v[k];
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+  }
+}
+
+// PER = values per lane per head (hd ≤ 32·PER). Per tile of 16 keys a warp forms the 32 partial
+// dot products (2 heads × 16 keys) of its lane's dims, reduce-scatters them so lane L holds the
+// full logit of (head L/16, key L%16), does one online-softmax update per head for the tile, and
+// accumulates p·key into its output dims. All orders are fixed (deterministic).
 template <int PER>
 __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionArgs a,
                                                                  int n_splits,
@@ -49,22 +65,23 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       const int c = lane + 32 * j;
-      q[i][j] = (h < H && c < hd) ? a.q[(t * H + h) * hd + c] : 0.f;
+      q[i][j] = (h < H && c < hd) ? a.q[(t * H + h) * hd + c] * a.scale : 0.f;
       o[i][j] = 0.f;
     }
   }
   const bool vec4 = (hd % 4) == 0;
+  const int my_head = lane / kTileKeys, my_key = lane % kTileKeys;
   for (int kb = k0; kb < k1; kb += kTileKeys) {
     const int nk = min(kTileKeys, k1 - kb);
-    if (threadIdx.x < nk) {
+    if (threadIdx.x < kTileKeys) {
       const int j = kb + threadIdx.x;
-      rows_s[threadIdx.x] = key_row(a, t, j, n_swa);
+      rows_s[threadIdx.x] = threadIdx.x < nk ? key_row(a, t, j, n_swa) : -1;
       comp_s[threadIdx.x] = j >= n_swa;
     }
     __syncthreads();
     if (vec4) {
       const int w4 = hd / 4;
-      for (int e = threadIdx.x; e < nk * w4; e += blockDim.x) {
+      for (int e = threadIdx.x; e < kTileKeys * w4; e += blockDim.x) {
         const int key = e / w4, c4 = e - key * w4;
         const int32_t r = rows_s[key];
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -75,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
         reinterpret_cast<float4*>(tile + key * hd)[c4] = v;
       }
     } else {
-      for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
+      for (int e = threadIdx.x; e < kTileKeys * hd; e += blockDim.x) {
         const int key = e / hd, c = e - key * hd;
         const int32_t r = rows_s[key];
         const float* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
@@ -83,35 +100,58 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
       }
     }
     __syncthreads();
-    for (int key = 0; key < nk; ++key) {
-      if (rows_s[key] < 0) continue;
-      float kv[PER];
+    // Partial logits of this lane's dims: v[i·16 + key].
+    float v[32];
+#pragma unroll
+    for (int key = 0; key < kTileKeys; ++key) {
+      float d0 = 0.f, d1 = 0.f;
 #pragma unroll
       for (int j = 0; j < PER; ++j) {
         const int c = lane + 32 * j;
-        kv[j] = c < hd ? tile[key * hd + c] : 0.f;
+        const float kv = c < hd ? tile[key * hd + c] : 0.f;
+        d0 = fmaf(q[0][j], kv, d0);
+        d1 = fmaf(q[1][j], kv, d1);
       }
-      float d[kHeadsPerWarp];
+      v[key] = d0;
+      v[kTileKeys + key] = d1;
+    }
+    reduce_scatter_step<16>(v, lane);
+    reduce_scatter_step<8>(v, lane);
+    reduce_scatter_step<4>(v, lane);
+    reduce_scatter_step<2>(v, lane);
+    reduce_scatter_step<1>(v, lane);
+    // Lane L holds the logit of (head L/16, key L%16).
+    const float logit = rows_s[my_key] >= 0 ? v[0] : -INFINITY;
+    float tmax = logit;
 #pragma unroll
-      for (int i = 0; i < kHeadsPerWarp; ++i) {
-        float acc = 0.f;
+    for (int off = 8; off; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+    const float m_old = my_head == 0 ? m[0] : m[1];
+    const float m_new = fmaxf(m_old, tmax);
+    const float p = m_new == -INFINITY ? 0.f : __expf(logit - m_new);
+    float psum = p;
 #pragma unroll
-        for (int j = 0; j < PER; ++j) acc = fmaf(q[i][j], kv[j], acc);
-        d[i] = acc;
-      }
+    for (int off = 8; off; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+    float corr_h[kHeadsPerWarp], mnew_h[kHeadsPerWarp];
 #pragma unroll
-      for (int off = 16; off; off >>= 1)
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
+      mnew_h[i] = __shfl_sync(0xffffffffu, m_new, i * kTileKeys);
+      const float ps = __shfl_sync(0xffffffffu, psum, i * kTileKeys);
+      corr_h[i] = mnew_h[i] == -INFINITY ? 1.f : __expf(m[i] - mnew_h[i]);
+      l[i] = l[i] * corr_h[i] + ps;
+      m[i] = mnew_h[i];
 #pragma unroll
-        for (int i = 0; i < kHeadsPerWarp; ++i) d[i] += __shfl_xor_sync(0xffffffffu, d[i], off);
+      for (int j = 0; j < PER; ++j) o[i][j] *= corr_h[i];
+    }
 #pragma unroll
-      for (int i = 0; i < kHeadsPerWarp; ++i) {
-        const float logit = d[i] * a.scale;
-        const float nm = fmaxf(m[i], logit);
-        const float corr = __expf(m[i] - nm), p = __expf(logit - nm);
-        l[i] = l[i] * corr + p;
+    for (int key = 0; key < kTileKeys; ++key) {
+      const float p0 = __shfl_sync(0xffffffffu, p, key);
+      const float p1 = __shfl_sync(0xffffffffu, p, kTileKeys + key);
 #pragma unroll
-        for (int j = 0; j < PER; ++j) o[i][j] = fmaf(p, kv[j], o[i][j] * corr);
-        m[i] = nm;
+      for (int j = 0; j < PER; ++j) {
+        const int c = lane + 32 * j;
+        const float kv = c < hd ? tile[key * hd + c] : 0.f;
+        o[0][j] = fmaf(p0, kv, o[0][j]);
+        o[1][j] = fmaf(p1, kv, o[1][j]);
       }
     }
     __syncthreads();
@@ -123,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
     if (n_splits == 1) {
       const float sink = a.sinks[h];
       const float M = fmaxf(m[i], sink);
-      const float f = __expf(m[i] - M);  // 0 when the row had no keys (m = −inf)
+      const float f = m[i] == -INFINITY ? 0.f : __expf(m[i] - M);  // no keys → sink only
       const float inv = 1.f / (l[i] * f + __expf(sink - M));
       float* out = a.out + (t * H + h) * hd;
 #pragma unroll
@@ -132,15 +172,15 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
         if (c < hd) out[c] = o[i][j] * f * inv;
       }
     } else {
-      float* p = ws + ((t * H + h) * n_splits + s) * int64_t(hd + 2);
+      float* pw = ws + ((t * H + h) * n_splits + s) * int64_t(hd + 2);
       if (lane == 0) {
-        p[0] = m[i];
-        p[1] = l[i];
+        pw[0] = m[i];
+        pw[1] = l[i];
       }
 #pragma unroll
       for (int j = 0; j < PER; ++j) {
         const int c = lane + 32 * j;
-        if (c < hd) p[2 + c] = o[i][j];
+        if (c < hd) pw[2 + c] = o[i][j];
       }
     }
   }
@@ -159,14 +199,14 @@ __global__ void attn_combine_kernel(ops::AttentionArgs a, int n_splits,
   float L = __expf(sink - M);
   for (int s = 0; s < n_splits; ++s) {
     const float* ps = p + s * int64_t(hd + 2);
-    L += ps[1] * __expf(ps[0] - M);
+    if (ps[0] != -INFINITY) L += ps[1] * __expf(ps[0] - M);
   }
   const float inv = 1.f / L;
   for (int c = threadIdx.x; c < hd; c += blockDim.x) {
     float acc = 0.f;
     for (int s = 0; s < n_splits; ++s) {
       const float* ps = p + s * int64_t(hd + 2);
-      acc += ps[2 + c] * __expf(ps[0] - M);
+      if (ps[0] != -INFINITY) acc += ps[2 + c] * __expf(ps[0] - M);
     }
     a.out[th * hd + c] = acc * inv;
   }

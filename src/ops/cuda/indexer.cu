@@ -12,7 +12,6 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kQB = 4;        // query rows per block group
 constexpr int kKT = 64;       // keys per tile
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kPad = 8;       // bf16 row padding (keeps WMMA pointers 32-byte aligned)
@@ -24,6 +23,7 @@ struct Layout {
 
 __host__ __device__ inline size_t align128(size_t x) { return (x + 127) / 128 * 128; }
 
+template <int kQB>
 __host__ __device__ inline Layout make_layout(int nI, int dI) {
   Layout L;
   L.nI = nI;
@@ -40,11 +40,13 @@ __host__ __device__ inline Layout make_layout(int nI, int dI) {
   return L;
 }
 
+// kQB = query rows per block group (1 for decode-shaped calls, 4 for prefill chunks).
+template <int kQB>
 __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a,
                                                               float* __restrict__ scores,
                                                               int64_t ld) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const Layout L = make_layout(a.n_heads, a.head_dim);
+  const Layout L = make_layout<kQB>(a.n_heads, a.head_dim);
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem + L.q_off);
   __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem + L.k_off);
   float* cs = reinterpret_cast<float*>(smem + L.c_off);
@@ -110,16 +112,20 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
         wmma::store_matrix_sync(cs + mi * 16 * L.ldc + ni * 16, fc, L.ldc, wmma::mem_row_major);
       }
       __syncthreads();
-      for (int e = threadIdx.x; e < pq * kKT; e += kThreads) {
-        const int qi = e / kKT, key = e - qi * kKT;
-        const int s = s0 + key;
-        const int64_t t = tq0 + qi;
-        if (s >= a.cand.count[t]) continue;
+      // Head reduction: 4 lanes per (query, key), each summing every 4th head, then a fixed
+      // shuffle tree (deterministic).
+      for (int e = threadIdx.x; e < pq * kKT * 4; e += kThreads) {
+        const int part = e & 3, pair = e >> 2;
+        const int qi = pair / kKT, key = pair - qi * kKT;
         const float* col = cs + (qi * nI) * L.ldc + key;
         const float* w = wsm + qi * nI;
         float acc = 0.f;
-        for (int h = 0; h < nI; ++h) acc += fmaxf(0.f, col[h * L.ldc]) * w[h];
-        scores[t * ld + s] = acc;
+        for (int h = part; h < nI; h += 4) acc += fmaxf(0.f, col[h * L.ldc]) * w[h];
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        const int s = s0 + key;
+        const int64_t t = tq0 + qi;
+        if (part == 0 && s < a.cand.count[t]) scores[t * ld + s] = acc;
       }
     }
   }
@@ -129,8 +135,30 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
 
 bool indexer_tc_supported(int n_heads, int head_dim) {
   return n_heads > 0 && head_dim > 0 && n_heads % 16 == 0 && head_dim % 16 == 0 &&
-         n_heads <= 128 && head_dim <= 256 && make_layout(n_heads, head_dim).bytes <= 227 * 1024;
+         n_heads <= 128 && head_dim <= 256 && make_layout<4>(n_heads, head_dim).bytes <= 227 * 1024;
 }
+
+namespace {
+template <int kQB>
+Status launch_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                 int n_sms, cudaStream_t stream) {
+  const Layout L = make_layout<kQB>(a.n_heads, a.head_dim);
+  static bool attr_set = false;  // process-wide attribute per instantiation (largest layout)
+  if (!attr_set) {
+    cudaError_t e = cudaFuncSetAttribute(indexer_tc_kernel<kQB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+    if (e != cudaSuccess) return cuda_status(e, "indexer_tc smem attribute");
+    attr_set = true;
+  }
+  const int64_t groups = (a.n_rows + kQB - 1) / kQB;
+  const int64_t tiles = (max_count + kKT - 1) / kKT;
+  const int64_t want = 8 * int64_t(n_sms);
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(tiles, (want + groups - 1) / groups));
+  const dim3 grid{unsigned(gx), unsigned(groups), 1u};
+  indexer_tc_kernel<kQB><<<grid, kThreads, L.bytes, stream>>>(a, scores, ld);
+  return check_launch("indexer_tc_kernel");
+}
+}  // namespace
 
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream) {
@@ -138,21 +166,10 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
   if (!indexer_tc_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: nI={} dI={} unsupported",
                   a.n_heads, a.head_dim);
-  const Layout L = make_layout(a.n_heads, a.head_dim);
-  static bool attr_set = false;  // one process-wide attribute per kernel (max layout)
-  if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(indexer_tc_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-    if (e != cudaSuccess) return cuda_status(e, "indexer_tc smem attribute");
-    attr_set = true;
-  }
-  const int64_t groups = (a.n_rows + kQB - 1) / kQB;
-  const int64_t tiles = (max_count + kKT - 1) / kKT;
-  const int64_t want = 4 * int64_t(n_sms);
-  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(tiles, (want + groups - 1) / groups));
-  const dim3 grid{unsigned(gx), unsigned(groups), 1u};
-  indexer_tc_kernel<<<grid, kThreads, L.bytes, stream>>>(a, scores, ld);
-  return check_launch("indexer_tc_kernel");
+  // Decode-shaped calls (few rows, each its own candidate list) use one query row per group:
+  // a quarter of the shared memory, so several blocks share an SM.
+  if (a.n_rows <= 64) return launch_tc<1>(a, max_count, scores, ld, n_sms, stream);
+  return launch_tc<4>(a, max_count, scores, ld, n_sms, stream);
 }
 
 }  // namespace v4::cuda
