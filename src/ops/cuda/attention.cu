@@ -71,6 +71,30 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
   }
   const bool vec4 = (hd % 4) == 0;
   const int my_head = lane / kTileKeys, my_key = lane % kTileKeys;
+  // Software pipeline (vec4 path): the next tile's float4s are loaded into registers while the
+  // current tile is computed from shared memory.
+  constexpr int kLoads = (kTileKeys * 8 * PER + kWarps * 32 - 1) / (kWarps * 32);  // float4/thread
+  const int w4 = hd / 4;
+  float4 pre[kLoads];
+  auto load_tile = [&](int kb) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = threadIdx.x + i * kWarps * 32;
+      pre[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (e < kTileKeys * w4) {
+        const int key = e / w4, c4 = e - key * w4;
+        const int j = kb + key;
+        if (j < k1) {
+          const int32_t r = key_row(a, t, j, n_swa);
+          if (r >= 0) {
+            const float* pool = j >= n_swa ? a.comp_pool : a.swa_pool;
+            pre[i] = __ldg(reinterpret_cast<const float4*>(pool + int64_t(r) * hd) + c4);
+          }
+        }
+      }
+    }
+  };
+  if (vec4 && k0 < k1) load_tile(k0);
   for (int kb = k0; kb < k1; kb += kTileKeys) {
     const int nk = min(kTileKeys, k1 - kb);
     if (threadIdx.x < kTileKeys) {
@@ -78,28 +102,24 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
       rows_s[threadIdx.x] = threadIdx.x < nk ? key_row(a, t, j, n_swa) : -1;
       comp_s[threadIdx.x] = j >= n_swa;
     }
-    __syncthreads();
     if (vec4) {
-      const int w4 = hd / 4;
-      for (int e = threadIdx.x; e < kTileKeys * w4; e += blockDim.x) {
-        const int key = e / w4, c4 = e - key * w4;
-        const int32_t r = rows_s[key];
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r >= 0) {
-          const float* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
-          v = __ldg(reinterpret_cast<const float4*>(pool + int64_t(r) * hd) + c4);
-        }
-        reinterpret_cast<float4*>(tile + key * hd)[c4] = v;
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int e = threadIdx.x + i * kWarps * 32;
+        if (e < kTileKeys * w4) reinterpret_cast<float4*>(tile)[e] = pre[i];
       }
+      __syncthreads();
+      if (kb + kTileKeys < k1) load_tile(kb + kTileKeys);
     } else {
+      __syncthreads();
       for (int e = threadIdx.x; e < kTileKeys * hd; e += blockDim.x) {
         const int key = e / hd, c = e - key * hd;
         const int32_t r = rows_s[key];
         const float* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
         tile[key * hd + c] = r >= 0 ? pool[int64_t(r) * hd + c] : 0.f;
       }
+      __syncthreads();
     }
-    __syncthreads();
     // Partial logits of this lane's dims: v[i·16 + key].
     float v[32];
 #pragma unroll
