@@ -206,28 +206,38 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
   }
 }
 
-// Merges the n_splits partials of (t, h) with the sink: one block per (t, h).
+// Merges the n_splits partials of (t, h) with the sink: one block per (t, h). The split weights
+// exp(m_s − M) / L are computed once into shared memory; each thread then sums its output
+// channels over the splits with independent loads.
+constexpr int kMaxCombineSplits = 256;
 __global__ void attn_combine_kernel(ops::AttentionArgs a, int n_splits,
                                     const float* __restrict__ ws) {
+  __shared__ float fs[kMaxCombineSplits];
+  __shared__ float red[32];
   const int64_t th = blockIdx.x;
   const int H = a.n_heads, hd = a.head_dim;
   const int h = int(th % H);
   const float* p = ws + th * n_splits * int64_t(hd + 2);
   const float sink = a.sinks[h];
+  // M = max(sink, m_s) (fixed order), then L = exp(sink − M) + Σ l_s exp(m_s − M).
   float M = sink;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, p[s * int64_t(hd + 2)]);
-  float L = __expf(sink - M);
-  for (int s = 0; s < n_splits; ++s) {
-    const float* ps = p + s * int64_t(hd + 2);
-    if (ps[0] != -INFINITY) L += ps[1] * __expf(ps[0] - M);
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float m = p[s * int64_t(hd + 2)];
+    fs[s] = m == -INFINITY ? 0.f : __expf(m - M);
   }
-  const float inv = 1.f / L;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float L = __expf(sink - M);
+    for (int s = 0; s < n_splits; ++s) L += p[s * int64_t(hd + 2) + 1] * fs[s];
+    red[0] = 1.f / L;
+  }
+  __syncthreads();
+  const float inv = red[0];
   for (int c = threadIdx.x; c < hd; c += blockDim.x) {
     float acc = 0.f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float* ps = p + s * int64_t(hd + 2);
-      if (ps[0] != -INFINITY) acc += ps[2 + c] * __expf(ps[0] - M);
-    }
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) acc = fmaf(p[s * int64_t(hd + 2) + 2 + c], fs[s], acc);
     a.out[th * hd + c] = acc * inv;
   }
 }
@@ -240,7 +250,7 @@ Status launch(const ops::AttentionArgs& a, int n_splits, float* ws, cudaStream_t
   attn_split_kernel<PER><<<grid, kWarps * 32, smem, stream>>>(a, n_splits, ws);
   V4_RETURN_IF_ERROR(check_launch("attn_split_kernel"));
   if (n_splits > 1) {
-    attn_combine_kernel<<<unsigned(a.n_rows * a.n_heads), 128, 0, stream>>>(a, n_splits, ws);
+    attn_combine_kernel<<<unsigned(a.n_rows * a.n_heads), 256, 0, stream>>>(a, n_splits, ws);
     V4_RETURN_IF_ERROR(check_launch("attn_combine_kernel"));
   }
   return Status::Ok();
@@ -267,7 +277,7 @@ Status sparse_attention_split(const ops::AttentionArgs& a, int n_splits, float* 
   if (a.head_dim > kAttnSplitMaxHd || a.head_dim <= 0)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_split: head_dim {} not in [1, {}]",
                   a.head_dim, kAttnSplitMaxHd);
-  if (n_splits < 1 || (n_splits > 1 && !workspace))
+  if (n_splits < 1 || n_splits > kMaxCombineSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_split: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
   const int per = (a.head_dim + 31) / 32;
