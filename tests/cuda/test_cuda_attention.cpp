@@ -93,6 +93,19 @@ TEST(CudaAttention, SplitKvEqualsCpu) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_LE(rel_err(dout.host(), out_cpu), 2e-5);
     }
+    if (cuda::attention_mma_supported(c.H, c.hd)) {
+      for (int splits : {1, 5, cuda::attention_auto_splits(S, c.H, max_keys, 132, 64)}) {
+        SCOPED_TRACE(::testing::Message() << "mma splits=" << splits);
+        Dev<float> ws(size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(S, c.H, c.hd, splits))));
+        dout.poison();
+        ASSERT_TRUE(cuda::sparse_attention_mma(ag, splits, ws.p, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const double e = rel_err(dout.host(), out_cpu);
+        std::printf("[attention mma] S=%lld H=%d keys<=%lld splits=%d rel err %.2e\n", (long long)S,
+                    c.H, (long long)max_keys, splits, e);
+        EXPECT_LE(e, 3e-3);  // TF32 q/k/p rounding (10 mantissa bits)
+      }
+    }
     // Error path: hd above the kernel's limit is refused, not run.
     AttentionArgs big = ag;
     big.head_dim = cuda::kAttnSplitMaxHd + 1;
@@ -136,25 +149,32 @@ TEST(CudaAttention, DecodeTimings) {
       a.comp_pool = pool.p;
       a.comp = {dr.p, dco.p, dcc.p};
       a.out = out.p;
-      const int splits = cuda::attention_auto_splits(S, H, 128 + comp, 132);
+      for (int kernel = 0; kernel < 2; ++kernel) {
+      const int splits = cuda::attention_auto_splits(S, H, 128 + comp, 132, kernel ? 64 : 16);
+      auto run = [&](float* wsp) {
+        return kernel ? cuda::sparse_attention_mma(a, splits, wsp, nullptr)
+                      : cuda::sparse_attention_split(a, splits, wsp, nullptr);
+      };
       Dev<float> ws(size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(S, H, hd, splits))));
-      for (int i = 0; i < 3; ++i) ASSERT_TRUE(cuda::sparse_attention_split(a, splits, ws.p, nullptr).ok());
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(run(ws.p).ok());
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0);
       cudaEventCreate(&e1);
       const int reps = 20;
       cudaEventRecord(e0);
-      for (int i = 0; i < reps; ++i) (void)cuda::sparse_attention_split(a, splits, ws.p, nullptr);
+      for (int i = 0; i < reps; ++i) (void)run(ws.p);
       cudaEventRecord(e1);
       ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
       float ms = 0;
       cudaEventElapsedTime(&ms, e0, e1);
       const double us = ms * 1000.0 / reps;
       const double bytes = double(S) * (128 + comp) * hd * 4 + 2.0 * S * H * hd * 4;
-      std::printf("[attention] S=%lld keys=%lld splits=%d: %.1f us, %.0f GB/s of key+q+out bytes\n",
-                  (long long)S, (long long)(128 + comp), splits, us, bytes / (us * 1e3));
+      std::printf("[attention %s] S=%lld keys=%lld splits=%d: %.1f us, %.0f GB/s of key+q+out bytes\n",
+                  kernel ? "mma-tf32" : "fp32", (long long)S, (long long)(128 + comp), splits, us,
+                  bytes / (us * 1e3));
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);
+      }
     }
 }
 

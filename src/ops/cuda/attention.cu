@@ -249,21 +249,27 @@ Status launch(const ops::AttentionArgs& a, int n_splits, float* ws, cudaStream_t
             unsigned(a.n_rows));
   attn_split_kernel<PER><<<grid, kWarps * 32, smem, stream>>>(a, n_splits, ws);
   V4_RETURN_IF_ERROR(check_launch("attn_split_kernel"));
-  if (n_splits > 1) {
-    attn_combine_kernel<<<unsigned(a.n_rows * a.n_heads), 256, 0, stream>>>(a, n_splits, ws);
-    V4_RETURN_IF_ERROR(check_launch("attn_combine_kernel"));
-  }
+  if (n_splits > 1) return attention_combine(a, n_splits, ws, stream);
   return Status::Ok();
 }
 
 }  // namespace
 
+Status attention_combine(const ops::AttentionArgs& a, int n_splits, const float* workspace,
+                         cudaStream_t stream) {
+  if (n_splits > kMaxCombineSplits)
+    return errorf(ErrorCode::kInvalidArgument, "attention_combine: {} splits > {}", n_splits,
+                  kMaxCombineSplits);
+  attn_combine_kernel<<<unsigned(a.n_rows * a.n_heads), 256, 0, stream>>>(a, n_splits, workspace);
+  return check_launch("attn_combine_kernel");
+}
+
 int64_t attention_workspace_floats(int64_t S, int H, int hd, int n_splits) {
   return n_splits > 1 ? S * H * int64_t(n_splits) * (hd + 2) : 0;
 }
 
-int attention_auto_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
-  const int64_t blocks = S * ((H + kHeadsPerBlock - 1) / kHeadsPerBlock);
+int attention_auto_splits(int64_t S, int H, int64_t max_keys, int n_sms, int heads_per_block) {
+  const int64_t blocks = S * ((H + heads_per_block - 1) / heads_per_block);
   const int64_t want = 2 * int64_t(n_sms);
   if (blocks >= want || max_keys <= 64) return 1;
   const int64_t by_fill = (want + blocks - 1) / blocks;

@@ -32,7 +32,22 @@ int64_t attention_workspace_floats(int64_t S, int H, int hd, int n_splits);
 
 /// Number of splits that fills the GPU for S rows of up to `max_keys` keys each: 1 when the rows
 /// alone give ≥ 2 blocks per SM, else enough splits to reach that, with ≥ 64 keys per split.
-int attention_auto_splits(int64_t S, int H, int64_t max_keys, int n_sms);
+/// `heads_per_block`: 16 for sparse_attention_split, 64 for sparse_attention_mma.
+int attention_auto_splits(int64_t S, int H, int64_t max_keys, int n_sms, int heads_per_block = 16);
+
+/// Merges split partials (layout of sparse_attention_split) with the sink into a.out.
+Status attention_combine(const ops::AttentionArgs& a, int n_splits, const float* workspace,
+                         cudaStream_t stream);
+
+/// Whether the tensor-core kernel handles (H, hd): hd == 512 and H a multiple of 16.
+bool attention_mma_supported(int n_heads, int head_dim);
+
+/// TF32 tensor-core version (attention_mma.cu): 64 heads per block, 8 warps (16 heads × 256
+/// dims each), key tiles of 16 rows double-buffered with cp.async. TF32 rounding of q, k and p:
+/// results within ~1e-3 relative of the fp32 op (not for the fp32 reference mode). Same split /
+/// workspace contract as sparse_attention_split.
+Status sparse_attention_mma(const ops::AttentionArgs& a, int n_splits, float* workspace,
+                            cudaStream_t stream);
 
 /// Runs the split-KV attention. `workspace` must hold attention_workspace_floats(...) floats
 /// (may be nullptr when n_splits == 1). Errors: kInvalidArgument for hd > kAttnSplitMaxHd or

@@ -599,6 +599,19 @@ class CudaOps final : public Ops {
                           kAttnMaxHd));
       return;
     }
+    if (!batch_invariant_ && cuda::attention_mma_supported(a.n_heads, a.head_dim)) {
+      // TF32 tensor cores (attention.h): outside the fp32 reference mode only.
+      const int splits = a.max_keys <= 0 ? 1
+                                         : cuda::attention_auto_splits(a.n_rows, a.n_heads,
+                                                                       a.max_keys, n_sms_, 64);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = static_cast<float*>(scratch(
+            6, size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                   sizeof(float)));
+      record(cuda::sparse_attention_mma(a, splits, ws, stream_));
+      return;
+    }
     if (a.head_dim <= cuda::kAttnSplitMaxHd) {
       // Split-KV kernel (attention.h). The split count changes a row's summation order, so it
       // depends on the batch only when batch invariance is not required.
