@@ -92,16 +92,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_mma_kernel(ops::AttentionArg
   const int k0 = s * per_split;
   const int k1 = min(n, k0 + per_split);
 
-  // Q of the block's 64 heads (scaled), f32 in shared memory.
+  // Q of the block's 64 heads (f32, unscaled; the scale is applied to the logits), copied with
+  // cp.async in the same group as the first key tile so both loads overlap.
   for (int e = threadIdx.x; e < kHeads * (kHd / 4); e += kThreads) {
     const int h = e / (kHd / 4), c4 = e % (kHd / 4);
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (hb + h < H) v = reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * kHd)[c4];
-    v.x *= a.scale;
-    v.y *= a.scale;
-    v.z *= a.scale;
-    v.w *= a.scale;
-    *reinterpret_cast<float4*>(qs + h * kLd + 4 * c4) = v;
+    const bool ok = hb + h < H;
+    cp_async16(qs + h * kLd + 4 * c4, ok ? a.q + (t * H + hb + h) * kHd + 4 * c4 : a.q, ok);
   }
   auto issue_tile = [&](int kb, int buf) {
     float* ks = ks0 + buf * (kKT * kLd);
@@ -135,7 +131,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_mma_kernel(ops::AttentionArg
   float* xp = xs + (warp ^ 1) * 256;  // partner (other dim half of the same head group)
   float* pw = ps + warp * 256;
   int buf = 0;
-  if (k0 < k1) issue_tile(k0, 0);
+  if (k0 < k1) {
+    issue_tile(k0, 0);  // commits the Q copies with tile 0
+  } else {
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
   for (int kb = k0; kb < k1; kb += kKT, buf ^= 1) {
     if (kb + kKT < k1) {
       issue_tile(kb + kKT, buf ^ 1);
@@ -177,10 +178,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_mma_kernel(ops::AttentionArg
       const int c0 = nt * 8 + 2 * tq;
       const float* first = half == 0 ? xw : xp;
       const float* second = half == 0 ? xp : xw;
-      sv[nt][0] = first[g * 16 + c0] + second[g * 16 + c0];
-      sv[nt][1] = first[g * 16 + c0 + 1] + second[g * 16 + c0 + 1];
-      sv[nt][2] = first[(g + 8) * 16 + c0] + second[(g + 8) * 16 + c0];
-      sv[nt][3] = first[(g + 8) * 16 + c0 + 1] + second[(g + 8) * 16 + c0 + 1];
+      sv[nt][0] = (first[g * 16 + c0] + second[g * 16 + c0]) * a.scale;
+      sv[nt][1] = (first[g * 16 + c0 + 1] + second[g * 16 + c0 + 1]) * a.scale;
+      sv[nt][2] = (first[(g + 8) * 16 + c0] + second[(g + 8) * 16 + c0]) * a.scale;
+      sv[nt][3] = (first[(g + 8) * 16 + c0 + 1] + second[(g + 8) * 16 + c0 + 1]) * a.scale;
       const bool v0 = rows_s[buf][c0] >= 0, v1 = rows_s[buf][c0 + 1] >= 0;
       if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
       if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
