@@ -19,6 +19,23 @@ using engine::Clock;
 
 namespace {
 
+// A text prompt of /v1/completions or /tokenize as token ids: with `add_special` (the default,
+// like vLLM's add_special_tokens) the sequence starts with BOS as the model was trained —
+// DeepSeek's tokenizer files add none themselves — unless the text already begins with it; the
+// same rule as `v4serve generate --prompt`. Token-id prompts are never changed.
+std::vector<int32_t> encode_prompt_text(const text::Tokenizer& tok, const std::string& text,
+                                        bool add_special) {
+  std::vector<int32_t> ids = tok.encode(text, true);
+  if (!add_special) return ids;
+  const auto bos = tok.bos_id();
+  if (bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  return ids;
+}
+
+}  // namespace
+
+namespace {
+
 std::string random_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
@@ -681,7 +698,7 @@ void OpenAiApi::handle_tokenize(const HttpRequest& req, ResponseWriter& w) {
       if (!b["add_special_tokens"].is_boolean()) return send_error(req, w, bad_request("'add_special_tokens' must be a boolean", "add_special_tokens"));
       add_special = b["add_special_tokens"].get<bool>();
     }
-    tokens = tok_.encode(b["prompt"].get<std::string>(), add_special);
+    tokens = encode_prompt_text(tok_, b["prompt"].get<std::string>(), add_special);
   } else {
     return send_error(req, w, bad_request("expected 'prompt' (a string) or 'messages' (an array)", "prompt"));
   }
@@ -755,7 +772,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   } else {
     for (auto& p : r.prompts) {
       if (p.text) {
-        prompts.push_back(tok_.encode(*p.text, true));
+        prompts.push_back(encode_prompt_text(tok_, *p.text, true));
         echo.push_back(r.echo ? *p.text : std::string());
       } else {
         prompts.push_back(p.token_ids);
