@@ -163,6 +163,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   int n_finished = 0;
   Clock::time_point t_arrival = Clock::now();
 
+  explicit Generation(OpenAiApi* owner) : api(owner) { api->active_.fetch_add(1); }
+  ~Generation() { api->active_.fetch_sub(1); }
+
   void emit(std::string chunk) {
     if (!started) {
       pending.push_back(std::move(chunk));
@@ -605,8 +608,11 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     return;
   }
   if (path == "/health" || path == "/") {
-    metrics_.count_request(path, 200);
-    w->respond(200, "application/json", R"({"status":"ok"})");
+    // Draining: report 503 so load balancers stop routing here while running streams finish.
+    const int code = draining_.load() ? 503 : 200;
+    metrics_.count_request(path, code);
+    w->respond(code, "application/json",
+               code == 200 ? R"({"status":"ok"})" : R"({"status":"shutting_down"})");
     return;
   }
   if (path == "/metrics") {
@@ -744,11 +750,14 @@ void OpenAiApi::handle_detokenize(const HttpRequest& req, ResponseWriter& w) {
 }
 
 void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<ResponseWriter> w, bool chat) {
+  if (draining_.load())
+    return send_error(hreq, *w,
+                      api_error(503, "the server is shutting down; retry on another replica",
+                                "service_unavailable", "shutting_down"));
   ApiError err;
   auto body = parse_json_body(hreq.body, &err);
   if (!body.ok()) return send_error(hreq, *w, err);
-  auto gen = std::make_shared<Generation>();
-  gen->api = this;
+  auto gen = std::make_shared<Generation>(this);
   gen->w = w;
   gen->chat = chat;
   gen->endpoint = hreq.path;
