@@ -82,6 +82,7 @@ enum ScratchSlot : int {
   kSlotWBf16 = 7,    // tensor-core paths: one dequantized weight matrix / expert as bf16
   kSlotMoeInts = 8,  // MoE routing: offsets, active experts, pair lists
   kSlotActBf16 = 9,  // MoE tensor-core paths: act as bf16
+  kSlotAttention = 10,  // sparse_attention split-KV workspace (attention.h)
   kNumScratchSlots = 12,
 };
 
