@@ -190,13 +190,27 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
   for (int64_t m0 = 0; m0 < rcnt; m0 += a.mc) {
     const int mc = int(rcnt - m0 < a.mc ? rcnt - m0 : a.mc);
     __syncthreads();  // the previous pass is done with xs
+    // float4 loads when every x row is 16-byte aligned (the loads of a thread are independent, so
+    // they are all in flight together); a swizzle moves whole float4 groups.
+    const bool x4 = (K & 3) == 0 && (a.ldx & 3) == 0 &&
+                    (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
     for (int i = 0; i < mc; ++i) {
       const int64_t item = rbeg + m0 + i;
       const int64_t xr = a.list ? int64_t(a.list[item] / a.xdiv) : item;
       const float* src = a.x + xr * a.ldx;
       float* dst = xs + int64_t(i) * Ks;
-      for (int64_t kk = threadIdx.x; kk < Ks; kk += kGemvThreads)
-        dst[xs_index<V>(kk)] = kk < K ? src[kk] : 0.f;
+      if (x4) {
+        const int64_t G = Ks / 4, GK = K / 4;
+#pragma unroll 8
+        for (int64_t g = threadIdx.x; g < G; g += kGemvThreads) {
+          const float4 v = g < GK ? __ldg(reinterpret_cast<const float4*>(src) + g)
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+          *reinterpret_cast<float4*>(dst + xs_index<V>(4 * g)) = v;
+        }
+      } else {
+        for (int64_t kk = threadIdx.x; kk < Ks; kk += kGemvThreads)
+          dst[xs_index<V>(kk)] = kk < K ? src[kk] : 0.f;
+      }
     }
     __syncthreads();
 
