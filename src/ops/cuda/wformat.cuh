@@ -94,6 +94,32 @@ __device__ __forceinline__ float2 e2m1x2_to_f32_2m14(uint32_t b) {
   return __half22float2(__half2(raw));
 }
 
+/// f16x2 bits -> two f32 (low half first), exact.
+__device__ __forceinline__ float2 f16x2_bits_to_f32(uint32_t h) {
+  __half2_raw raw;
+  raw.x = static_cast<unsigned short>(h & 0xffffu);
+  raw.y = static_cast<unsigned short>(h >> 16);
+  return __half22float2(__half2(raw));
+}
+
+/// 4 bytes of packed e2m1 (8 values, low nibble first) -> 8 f32 values scaled by 2^-14 (exact),
+/// ~3 integer ops per value: bytes are spread to 16-bit lanes with one byte permute, then the
+/// low and the high nibbles of two bytes become f16x2 words with two shifts and masks each
+/// (the e2m1x2_to_f32_2m14 placement).
+__device__ __forceinline__ void e2m1x8_to_f32_2m14(uint32_t u, float* f) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t a = __byte_perm(u, 0u, h ? 0x4342u : 0x4140u);  // [b, 0, b', 0]
+    const uint32_t lo = ((a << 12) & 0x80008000u) | ((a << 9) & 0x0E000E00u);
+    const uint32_t hi = ((a << 8) & 0x80008000u) | ((a << 5) & 0x0E000E00u);
+    const float2 l = f16x2_bits_to_f32(lo), g = f16x2_bits_to_f32(hi);
+    f[4 * h] = l.x;
+    f[4 * h + 1] = g.x;
+    f[4 * h + 2] = l.y;
+    f[4 * h + 3] = g.y;
+  }
+}
+
 /// Dequantized W[n, kk] of view row n, expert e (f32; FP8: e4m3·scale, MXFP4: e2m1·2^(s−127),
 /// each one f32 multiply, as the CPU loader computes it).
 __device__ __forceinline__ float wval(const WeightView& w, int64_t e, int64_t n, int64_t kk) {

@@ -151,12 +151,7 @@ __device__ __forceinline__ void unpack16(const uint4& q, float* f) {
       f[4 * i + 2] = b.x;
       f[4 * i + 3] = b.y;
     } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 v = e2m1x2_to_f32_2m14((u[i] >> (8 * j)) & 0xffu);
-        f[8 * i + 2 * j] = v.x;
-        f[8 * i + 2 * j + 1] = v.y;
-      }
+      e2m1x8_to_f32_2m14(u[i], f + 8 * i);
     }
   }
 }
