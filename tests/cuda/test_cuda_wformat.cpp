@@ -59,6 +59,19 @@ Ops* gpu(Precision p) {
   return o.get();
 }
 
+// bf16 mode with the fused tensor-core kernel enabled (CudaOptions::fused_tensor_cores).
+Ops* gpu_fused() {
+  static std::unique_ptr<Ops> o = [] {
+    CudaOptions opt;
+    opt.precision = Precision::kBf16;
+    opt.fused_tensor_cores = true;
+    auto r = make_cuda_ops(opt);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }();
+  return o.get();
+}
+
 // Fast deterministic bytes (splitmix64) for large weight tensors.
 struct Bits {
   uint64_t s;
@@ -249,13 +262,13 @@ bool uses_tensor_cores(Precision p, const WeightView& w, int64_t M) {
 // One linear_w case: GPU (mode p) vs cpu()->linear on the dequantized rows; returns the GPU rows.
 std::vector<float> check_linear(Precision p, const HostW& hw, const DevW& dw, int64_t row0,
                                 int64_t N, int64_t M, const std::vector<float>& x, int64_t ldx,
-                                const std::vector<float>& wref) {
+                                const std::vector<float>& wref, bool fused = false) {
   const int64_t K = hw.K, ldy = N + 3;
   std::vector<float> ref(size_t(M * ldy), kNaN);
   cpu()->linear(x.data(), ldx, wref.data(), M, N, K, ref.data(), ldy);
   Dev<float> dx(x), dy(size_t(M * ldy));
   dy.poison();
-  Ops* g = gpu(p);
+  Ops* g = fused ? gpu_fused() : gpu(p);
   g->linear_w(dx.p, ldx, dw.view(row0, N), M, dy.p, ldy);
   g->synchronize();
   auto y = dy.host();
@@ -267,8 +280,8 @@ std::vector<float> check_linear(Precision p, const HostW& hw, const DevW& dw, in
   EXPECT_EQ(e.clobbered, 0) << "padding columns of y written";
   EXPECT_LE(err, tol) << (tensor_core ? "worst row " : "") << e.bad_row << " (row rel "
                       << e.row_rel << ", overall rel " << e.rel << ")";
-  std::printf("[wformat] linear_w %-9s %s N=%lld K=%lld row0=%lld M=%lld: err %.3g (tol %.0e)\n",
-              wformat_name(hw.f), mode_name(p), (long long)N, (long long)K, (long long)row0,
+  std::printf("[wformat] linear_w %-9s %s%s N=%lld K=%lld row0=%lld M=%lld: err %.3g (tol %.0e)\n",
+              wformat_name(hw.f), mode_name(p), fused ? "+fused" : "", (long long)N, (long long)K, (long long)row0,
               (long long)M, err, tol);
   return y;
 }
@@ -280,12 +293,15 @@ struct LinCase {
   bool pow2 = true;
 };
 
-void run_linear_cases(const std::vector<LinCase>& cases) {
+void run_linear_cases(const std::vector<LinCase>& cases, bool fused = false) {
   for (const auto& c : cases) {
     const HostW hw = make_weights(c.f, 1, c.rows_total, c.K, 1.f / std::sqrt(float(c.K)), c.pow2);
     const DevW dw(hw);
     const std::vector<float> wref = hw.f32(0, c.row0, c.N);
-    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    const std::vector<Precision> modes =
+        fused ? std::vector<Precision>{Precision::kBf16}
+              : std::vector<Precision>{Precision::kFp32, Precision::kBf16};
+    for (Precision p : modes) {
       SCOPED_TRACE(::testing::Message()
                    << wformat_name(c.f) << " " << mode_name(p) << " N=" << c.N << " K=" << c.K
                    << " row0=" << c.row0 << " rows_total=" << c.rows_total);
@@ -297,7 +313,7 @@ void run_linear_cases(const std::vector<LinCase>& cases) {
       for (int64_t M : c.Ms) {
         SCOPED_TRACE(::testing::Message() << "M=" << M);
         std::vector<float> xm(x.begin(), x.begin() + M * ldx);
-        auto y = check_linear(p, hw, dw, c.row0, c.N, M, xm, ldx, wref);
+        auto y = check_linear(p, hw, dw, c.row0, c.N, M, xm, ldx, wref, fused);
         // Batch invariance: row 0 (same x row in every call) is bit-identical across M wherever
         // the mode promises it (fp32 always; bf16 within the GEMV range).
         const bool invariant = !uses_tensor_cores(p, dw.view(c.row0, c.N), M);
@@ -424,7 +440,7 @@ struct MoeCase {
   bool shared = false;  // shared-expert form: E = 1, k = 1, weight 1
 };
 
-void run_moe(const MoeCase& c, const std::vector<Precision>& modes) {
+void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused = false) {
   const HostW w13 = make_weights(c.f, c.E, 2 * int64_t(c.I), c.D, 1.f / std::sqrt(float(c.D)));
   const HostW w2 = make_weights(c.f, c.E, c.D, c.I, 1.f / std::sqrt(float(c.I)));
   const DevW d13(w13), d2(w2);
@@ -497,20 +513,22 @@ void run_moe(const MoeCase& c, const std::vector<Precision>& modes) {
     ag.idx = didx.p;
     ag.weight = dwt.p;
     ag.out = dout.p;
-    Ops* g = gpu(p);
+    Ops* g = fused && p == Precision::kBf16 ? gpu_fused() : gpu(p);
     g->moe_experts(ag);
     g->synchronize();
     const Err e = compare(dout.host(), ref, S, c.D, c.D);
     const CudaOptions def;
-    const bool tensor_core = p == Precision::kBf16 &&
-                             ((c.E == 1 && S > def.gemv_max_rows) || P >= def.moe_sync_min_pairs);
+    const bool tensor_core =
+        p == Precision::kBf16 &&
+        (fused ? S >= def.moe_fused_min_rows
+               : ((c.E == 1 && S > def.gemv_max_rows) || P >= def.moe_sync_min_pairs));
     const double tol = tensor_core ? kTolTensorCore : kTolFp32;
     const double err = tensor_core ? e.row_rel : e.rel;
     EXPECT_EQ(e.unwritten, 0) << "outputs never written";
     EXPECT_LE(err, tol) << "worst row " << e.bad_row << " (row rel " << e.row_rel
                         << ", overall rel " << e.rel << ")";
-    std::printf("[wformat] moe %-9s %s D=%d I=%d E=%d k=%d S=%lld (%d experts used): err %.3g (tol %.0e)\n",
-                wformat_name(c.f), mode_name(p), c.D, c.I, c.E, c.k, (long long)S, U, err, tol);
+    std::printf("[wformat] moe %-9s %s%s D=%d I=%d E=%d k=%d S=%lld (%d experts used): err %.3g (tol %.0e)\n",
+                wformat_name(c.f), mode_name(p), fused ? "+fused" : "", c.D, c.I, c.E, c.k, (long long)S, U, err, tol);
   }
 }
 
@@ -544,6 +562,37 @@ TEST(CudaWFormat, MoeV4Flash) {
   for (int64_t S : {1, 64, 256})
     run_moe({WFormat::kFP8Block, 4096, 2048, 1, 1, S, 10.f, 0, true},
             {Precision::kFp32, Precision::kBf16});
+}
+
+// The fused tensor-core kernel (CudaOptions::fused_tensor_cores, off by default until these pass
+// on the device): linear_w above the GEMV range and moe_experts with S ≥ 16, every stored format
+// it reads (bf16, FP8, MXFP4; K % 64 == 0), M and N edges, row slices, several M tiles.
+TEST(CudaWFormat, FusedLinear) {
+  V4_GPU();
+  ASSERT_NE(gpu_fused(), nullptr);
+  std::vector<LinCase> cases;
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kBF16}) {
+    cases.push_back({f, 1024, 0, 1024, 4096, {1, 33, 64, 200}});
+    cases.push_back({f, 257, 0, 257, 1024, {40, 129}});            // N and M edges
+    cases.push_back({f, 8192, 3072, 1024, 4096, {100}});           // wo_a group slice
+    cases.push_back({f, 4096, 0, 4096, 8192, {65}});
+    cases.push_back({f, 300, 0, 300, 1040, {50}});                 // K % 64 != 0: fallback path
+  }
+  cases.push_back({WFormat::kFP8Block, 520, 256, 264, 1024, {300}, false});  // f32 scales
+  cases.push_back({WFormat::kFP8Block, 2048, 0, 2048, 1024, {1000}});        // 16 M tiles
+  run_linear_cases(cases, true);
+}
+
+TEST(CudaWFormat, FusedMoe) {
+  V4_GPU();
+  ASSERT_NE(gpu_fused(), nullptr);
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kBF16}) {
+    for (int64_t S : {4, 16, 64, 300})
+      run_moe({f, 256, 128, 8, 6, S, 10.f}, {Precision::kBf16}, true);
+    run_moe({f, 512, 256, 1, 1, 100, 10.f, 0, true}, {Precision::kBf16}, true);  // shared form
+  }
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 64, 10.f, 24}, {Precision::kBf16}, true);
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 256, 10.f, 24}, {Precision::kBf16}, true);
 }
 
 // Scratch sized by reserve_cuda_scratch: decode-sized calls within the bounds then allocate

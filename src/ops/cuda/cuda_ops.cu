@@ -582,6 +582,8 @@ class CudaOps final : public Ops {
     c.num_sms = n_sms_;
     c.gemv_max_rows = opts_.gemv_max_rows;
     c.sync_min_pairs = opts_.moe_sync_min_pairs;
+    c.fused_tc = opts_.fused_tensor_cores;
+    c.fused_moe_min_rows = opts_.moe_fused_min_rows;
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

@@ -39,6 +39,13 @@ struct CudaOptions {
   /// or allocation, so it can be graph-captured. The shared-expert form (E = 1) with more than
   /// gemv_max_rows rows runs dense tensor-core GEMMs (no sync).
   int64_t moe_sync_min_pairs = 4096;
+  /// kBf16: use the fused tensor-core kernel (wgemm.h wmma_gemm: native weight bytes dequantized
+  /// to bf16 tiles in shared memory, WMMA, no scratch, no sync) for linear_w above the GEMV range
+  /// and for moe_experts with S ≥ moe_fused_min_rows (all its forms, prefill included).
+  /// Off until validated on the device (CudaWFormat.Fused* tests); then it replaces the
+  /// dequantize-to-scratch + cuBLASLt paths.
+  bool fused_tensor_cores = false;
+  int64_t moe_fused_min_rows = 16;
 };
 
 /// "fp32" or "bf16".

@@ -199,10 +199,11 @@ RouteBufs route_bufs(int32_t* base, int64_t P, int E) {
   return b;
 }
 
-enum class MoePath { kFp32, kGemv, kDenseShared, kSyncGemm };
+enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm };
 
 MoePath choose_path(bool bf16, int64_t S, int E, int k, const KernelContext& c) {
   if (!bf16) return MoePath::kFp32;
+  if (c.fused_tc && S >= c.fused_moe_min_rows) return MoePath::kFused;
   if (E == 1 && S > c.gemv_max_rows) return MoePath::kDenseShared;
   if (S * k >= c.sync_min_pairs) return MoePath::kSyncGemm;
   return MoePath::kGemv;
@@ -241,6 +242,7 @@ void path_bytes(MoePath path, int64_t S, int D, int I, int E, int k, size_t* byt
       need(kSlotF32C, size_t(P) * D * 4);
       break;
     case MoePath::kGemv:
+    case MoePath::kFused:
       need(kSlotMoeInts, route_ints(P, E) * 4);
       need(kSlotF32A, size_t(P) * I * 4);
       need(kSlotF32C, size_t(P) * D * 4);
@@ -300,6 +302,12 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
   const int64_t S = a.n_rows, P = S * a.topk;
   const int D = a.hidden, I = a.inter, E = a.n_experts;
   MoePath path = choose_path(true, S, E, a.topk, c);
+  if (path == MoePath::kFused &&
+      !(wmma_gemm_supported(a.w13, a.x, D) && wmma_gemm_supported(a.w2, a.x, I))) {
+    KernelContext no_fused = c;  // (act rows are scratch: aligned, stride I)
+    no_fused.fused_tc = false;
+    path = choose_path(true, S, E, a.topk, no_fused);
+  }
   if (path == MoePath::kGemv && !(wgemv_supported(a.w13) && wgemv_supported(a.w2)))
     path = E == 1 ? MoePath::kDenseShared : MoePath::kSyncGemm;  // exotic views only
   size_t need[kNumScratchSlots] = {};
@@ -336,7 +344,7 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
                                                       rb.active_count, rb.list, rb.pos_of);
   V4_CUDA_CHECK_LAUNCH("moe_route_kernel");
 
-  if (path == MoePath::kGemv) {
+  if (path == MoePath::kGemv || path == MoePath::kFused) {
     auto* act = static_cast<float*>(c.get(kSlotF32A, need[kSlotF32A]));
     auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
     const int slots = int(std::min<int64_t>(E, P));
@@ -354,7 +362,9 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.active = rb.active;
     up.active_count = rb.active_count;
     up.xdiv = a.topk;
-    V4_RETURN_IF_ERROR(wgemv(up, slots, c.num_sms, c.stream));
+    const bool fused = path == MoePath::kFused;
+    V4_RETURN_IF_ERROR(fused ? wmma_gemm(up, slots, c.num_sms, c.stream)
+                             : wgemv(up, slots, c.num_sms, c.stream));
     GemvArgs dn = up;
     dn.w = a.w2;
     dn.x = act;
@@ -364,7 +374,8 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     dn.n_out = D;
     dn.swiglu = false;
     dn.xdiv = 1;
-    V4_RETURN_IF_ERROR(wgemv(dn, slots, c.num_sms, c.stream));
+    V4_RETURN_IF_ERROR(fused ? wmma_gemm(dn, slots, c.num_sms, c.stream)
+                             : wgemv(dn, slots, c.num_sms, c.stream));
     moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 0);
     V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
     return Status::Ok();

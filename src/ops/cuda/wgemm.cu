@@ -542,6 +542,18 @@ Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M
   }
   if (w.format == WFormat::kF32 || (M <= c.gemv_max_rows && w.format != WFormat::kBF16))
     return wgemm_fp32(x, ldx, w, 0, M, y, ldy, c.stream);  // (exotic views wgemv cannot run)
+  if (c.fused_tc && wmma_gemm_supported(w, x, ldx)) {
+    GemvArgs a;
+    a.w = w;
+    a.w.experts = 1;
+    a.x = x;
+    a.ldx = ldx;
+    a.y = y;
+    a.ldy = ldy;
+    a.rows = M;
+    a.n_out = w.n;
+    return wmma_gemm(a, 1, c.num_sms, c.stream);
+  }
   size_t need[kNumScratchSlots] = {};
   linear_scratch_bytes(M, w.n, w.k, w.format == WFormat::kBF16, c, need);
   auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));

@@ -55,6 +55,13 @@ struct GemvArgs {
 /// view is not 16-byte aligned (callers fall back to wgemm_fp32).
 Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream);
 
+/// Fused tensor-core GEMM over native weight bytes (wmma_gemm.cu), same arguments as wgemv
+/// (plain, grouped and SwiGLU forms): 64 × 64 tiles, x rounded to bf16, weight tiles dequantized
+/// to bf16 in shared memory (exact for bf16 / ue8m0 FP8 / MXFP4), WMMA with fp32 accumulation.
+/// Needs K % 64 == 0, 16-byte aligned weight rows and x rows; f32 weights are not handled.
+Status wmma_gemm(const GemvArgs& a, int grid_y, int num_sms, cudaStream_t stream);
+bool wmma_gemm_supported(const ops::WeightView& w, const float* x, int64_t ldx);
+
 /// Sets the kernels' shared-memory attributes (once per device, before any wgemv call; the
 /// backend calls it at creation so no attribute call happens inside a graph capture).
 Status wgemv_prepare();
@@ -93,6 +100,8 @@ struct KernelContext {
   int num_sms = 132;
   int64_t gemv_max_rows = 32;    // CudaOptions::gemv_max_rows
   int64_t sync_min_pairs = 4096;  // CudaOptions::moe_sync_min_pairs
+  bool fused_tc = false;          // CudaOptions::fused_tensor_cores
+  int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   /// Grow-only scratch buffer `slot` of at least `bytes` (may throw, see cuda_ops.h).
   void* (*scratch)(void* self, int slot, size_t bytes) = nullptr;
   void* self = nullptr;
@@ -100,9 +109,9 @@ struct KernelContext {
 };
 
 /// bf16-mode linear_w: y[i, :] = x[i, :] · dequant(W)ᵀ (expert 0). M ≤ c.gemv_max_rows: wgemv
-/// (fp32 math on native bytes); larger M: x and W rounded to bf16 (W dequantized into scratch
-/// unless stored as bf16), cuBLASLt with fp32 accumulation and f32 output; f32 weights always run
-/// wgemm_fp32 above the GEMV range (exact).
+/// (fp32 math on native bytes); larger M: with c.fused_tc the fused wmma_gemm where supported,
+/// else x and W rounded to bf16 (W dequantized into scratch unless stored as bf16), cuBLASLt
+/// with fp32 accumulation and f32 output; f32 weights always run wgemm_fp32 above the GEMV range.
 Status linear_w_bf16(const float* x, int64_t ldx, const ops::WeightView& w, int64_t M, float* y,
                      int64_t ldy, const KernelContext& c);
 
