@@ -334,6 +334,67 @@ std::string bench_wformat(double bw, int samples) {
     cudaFree(y);
   }
 
+  // ---- mid-size batches: GEMV vs fused tensor cores vs dequantize + cuBLASLt ----
+  {
+    auto gm = v4::cuda::Gemm::create();
+    BENCH_OK(gm.status());
+    BenchScratch scr;
+    kt << "\n## linear_w at decode batches: fp32-math GEMV vs fused WMMA (native bytes → bf16 "
+          "tiles) vs dequantize-to-scratch + cuBLASLt (bf16 mode's paths)\n\n"
+       << "Byte floor = weight bytes read once + x + y. Median µs; weights rotate beyond L2.\n\n"
+       << "| weight | format | N | K | M | GEMV µs | fused µs | dequant+cuBLASLt µs | byte floor µs |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    struct Sh { const char* name; WFormat f; int64_t N, K; };
+    for (Sh sh : {Sh{"wq_a", WFormat::kFP8Block, 1024, 4096}, Sh{"wq_b", WFormat::kFP8Block, 32768, 1024},
+                  Sh{"wo_b", WFormat::kFP8Block, 4096, 8192}, Sh{"expert w13 (as linear)", WFormat::kMXFP4, 4096, 4096}}) {
+      const size_t one = size_t(v4::ops::wformat_bytes(sh.f, sh.N, sh.K));
+      const int copies = int(std::max<size_t>(1, std::min<size_t>(64, (kRotateBytes + one - 1) / one)));
+      BenchW w(sh.f, 1, sh.N, sh.K, copies, 78);
+      for (int64_t M : {8, 32, 64, 256}) {
+        float *x = nullptr, *y = nullptr;
+        BENCH_CHECK(cudaMalloc(&x, size_t(M * sh.K) * 4));
+        BENCH_CHECK(cudaMalloc(&y, size_t(M * sh.N) * 4));
+        std::mt19937_64 g(6);
+        auto xh = randn(size_t(M * sh.K), g);
+        BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+        v4::cuda::GemvArgs a;
+        a.x = x;
+        a.ldx = sh.K;
+        a.y = y;
+        a.ldy = sh.N;
+        a.rows = M;
+        a.n_out = sh.N;
+        double gemv = -1, fused = -1, cub = -1;
+        if (M <= 32)
+          gemv = time_it([&](int i) { a.w = w.copy(i); BENCH_OK(v4::cuda::wgemv(a, 1, sms, nullptr)); }, samples).med_us;
+        if (v4::cuda::wmma_gemm_supported(w.view, x, sh.K))
+          fused = time_it([&](int i) { a.w = w.copy(i); BENCH_OK(v4::cuda::wmma_gemm(a, 1, sms, nullptr)); }, samples).med_us;
+        v4::cuda::KernelContext c;
+        c.stream = nullptr;
+        c.gemm = gm->get();
+        c.num_sms = sms;
+        c.gemv_max_rows = 0;  // force the dequantize + cuBLASLt path
+        c.scratch = &BenchScratch::get;
+        c.self = &scr;
+        cub = time_it([&](int i) { BENCH_OK(v4::cuda::linear_w_bf16(x, sh.K, w.copy(i), M, y, sh.N, c)); }, samples).med_us;
+        const double floor_us = (double(one) + M * sh.K * 4.0 + M * sh.N * 4.0) / (bw * 1e9) * 1e6;
+        auto cell = [](double v) {
+          char b[32];
+          if (v < 0) return std::string("–");
+          std::snprintf(b, sizeof b, "%.1f", v);
+          return std::string(b);
+        };
+        kt << "| " << sh.name << " | " << v4::ops::wformat_name(sh.f) << " | " << sh.N << " | " << sh.K
+           << " | " << M << " | " << cell(gemv) << " | " << cell(fused) << " | " << cell(cub) << " | "
+           << cell(floor_us) << " |\n";
+        std::printf("linear %s M=%lld: gemv %.1f fused %.1f cublas %.1f (floor %.1f) us\n", sh.name,
+                    (long long)M, gemv, fused, cub, floor_us);
+        cudaFree(x);
+        cudaFree(y);
+      }
+    }
+  }
+
   // ---- MXFP4 MoE experts (grouped GEMV, device routing, no sync) ----
   const int E = 256, D = 4096, I = 2048, k = 6;
   kt << "\n## MoE experts, MXFP4, bf16 mode (device routing + grouped GEMV with fused SwiGLU + "
@@ -341,8 +402,8 @@ std::string bench_wformat(double bw, int samples) {
      << "Uniform random routing (a fresh set of expert ids per launch, 64 sets); byte floor = "
         "(distinct experts × (w13 + w2 bytes incl. scales) + x + out) / copy bandwidth, averaged "
         "over the sets. Median (p10–p90) of " << samples << " samples of 10 launches.\n\n"
-     << "| S | pairs | distinct experts (mean) | µs | byte floor µs | floor / time |\n"
-        "|---:|---:|---:|---:|---:|---:|\n";
+     << "| S | pairs | distinct experts (mean) | GEMV µs | byte floor µs | floor / time | fused WMMA µs |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|\n";
   {
     BenchW w13(WFormat::kMXFP4, E, 2 * I, D, 1, 91), w2(WFormat::kMXFP4, E, D, I, 1, 92);
     auto gm = v4::cuda::Gemm::create();
@@ -356,7 +417,7 @@ std::string bench_wformat(double bw, int samples) {
     c.self = &scr;
     const double expert_bytes = double(v4::ops::wformat_bytes(WFormat::kMXFP4, 2 * I, D)) +
                                 double(v4::ops::wformat_bytes(WFormat::kMXFP4, D, I));
-    for (int64_t S : {1, 64, 256}) {
+    for (int64_t S : {1, 16, 64, 256}) {
       const int sets = 64;
       const int64_t P = S * k;
       std::mt19937_64 g(1000 + S);
@@ -399,12 +460,19 @@ std::string bench_wformat(double bw, int samples) {
         a.idx = didx + (i % sets) * P;
         BENCH_OK(v4::cuda::moe_bf16(a, c));
       }, samples);
+      v4::cuda::KernelContext cf = c;
+      cf.fused_tc = true;
+      cf.fused_moe_min_rows = 1;
+      Stats sf = time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, cf));
+      }, samples);
       const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
       const double floor_us = bytes / (bw * 1e9) * 1e6;
       char buf[256];
-      std::snprintf(buf, sizeof buf, "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f | %.0f%% |\n",
+      std::snprintf(buf, sizeof buf, "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f | %.0f%% | %.1f |\n",
                     (long long)S, (long long)P, distinct, st.med_us, st.p10_us, st.p90_us, floor_us,
-                    100.0 * floor_us / st.med_us);
+                    100.0 * floor_us / st.med_us, sf.med_us);
       kt << buf;
       std::printf("moe mxfp4 S=%lld: %.1f us (floor %.1f us, %.1f experts)\n", (long long)S, st.med_us,
                   floor_us, distinct);
