@@ -741,7 +741,7 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
     (void)cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    status_ = Status::Ok();
+    (void)(status_ = Status::Ok());
     throw;
   }
   capturing_ = false;
@@ -751,7 +751,7 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
                 e != cudaSuccess ? std::string(cudaGetErrorString(e)) : status_.to_string());
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    status_ = Status::Ok();
+    (void)(status_ = Status::Ok());
     return nullptr;
   }
   cudaGraphExec_t exec = nullptr;
