@@ -428,11 +428,13 @@ TEST(CudaGraphs, RaggedBatchOfFiveEqualsAlone) {
   V4_REQUIRE_GPU();
   for (const auto& dir : fixture_dirs()) {
     SCOPED_TRACE(dir);
-    // min_context 64: the contexts below span several context buckets (several graphs per B).
-    Backend alone = load(dir, {false, false}), together = load(dir, {true, false, 64});
+    // Context buckets 96·2^k (min_context 96): the longest row (370 → 394) moves from bucket 384
+    // to 768 at step 14, while page crossings (row 250 at position 256) and SWA page frees
+    // (W=128: row 370 at length 383) happen during replays of a graph, not at a warm-up.
+    Backend alone = load(dir, {false, false}), together = load(dir, {true, false, 96});
     ASSERT_TRUE(alone.kv && together.kv);
     const int64_t V = alone.model->config().vocab_size;
-    const int lens[5] = {3, 17, 64, 129, 250};  // 250 + 24 crosses a 256-token page
+    const int lens[5] = {3, 17, 64, 250, 370};
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < 5; ++i) prompts.push_back(random_ids(V, lens[i], 7 + i));
     const int steps = 24;
@@ -448,7 +450,7 @@ TEST(CudaGraphs, RaggedBatchOfFiveEqualsAlone) {
         worst = std::max(worst, testing::rel_err(row.data(), a.logits[s].data(), size_t(V)));
         bitwise += first_diff(row, a.logits[s], V).empty();
       }
-      EXPECT_LE(worst, 1e-5) << "request " << i;
+      EXPECT_LE(worst, 1e-4) << "request " << i;
       std::printf("[cuda graphs] %s request %d (prompt %d): tokens equal alone, %d/%d steps "
                   "bit-identical, worst rel err %.3g\n",
                   dir.c_str(), i, lens[i], bitwise, steps, worst);
@@ -456,8 +458,8 @@ TEST(CudaGraphs, RaggedBatchOfFiveEqualsAlone) {
     const auto& st = together.model->decode_stats();
     std::printf("[cuda graphs] %s together: %s\n", dir.c_str(), stats_line(*together.model).c_str());
     EXPECT_EQ(st.capture_failures, 0);
-    EXPECT_GE(st.captures, 2) << "contexts 3..274 with min_context 64 span several buckets";
-    EXPECT_GE(st.graph_replays, steps - int64_t(st.replays.size()) - 1);
+    EXPECT_EQ(st.captures, 2) << "context buckets 384 and 768";
+    EXPECT_EQ(st.graph_replays, steps - 2) << "two warm-ups (one per context bucket)";
     EXPECT_GT(st.page_rows_sent, 5) << "page-table rows staged (first sight + page crossing)";
     int64_t reused = 0;
     for (auto& [key, n] : st.replays) {
@@ -493,7 +495,7 @@ TEST(CudaGraphs, PaddedBucketThreeInFour) {
     for (int s = 0; s < steps; ++s) {
       EXPECT_EQ(first_diff(g.logits[s], p.logits[s], V), "")
           << "step " << s << ": graph vs eager plan-op path, same bucket";
-      EXPECT_LE(testing::rel_err(g.logits[s].data(), e.logits[s].data(), g.logits[s].size()), 1e-5)
+      EXPECT_LE(testing::rel_err(g.logits[s].data(), e.logits[s].data(), g.logits[s].size()), 1e-4)
           << "step " << s;
     }
     const auto& st = graph.model->decode_stats();
