@@ -5,8 +5,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
 #include <map>
 #include <random>
 #include <set>
@@ -313,21 +317,169 @@ TEST(DecodePlan, StepMemoryWorkspaceReplaysEagerOffsets) {
 
 // ---- decode through the plan op vs through the host planner, real fixtures -----------------------
 
+// CUDA-graph semantics on the CPU backend, for testing the model's graph path without a GPU:
+// while capturing, every op call is recorded with its arguments (pointers and scalars, by value)
+// instead of run; replay runs the recorded calls in order, so a replay does exactly what a CUDA
+// graph does — the captured kernels on fixed addresses, no host code of the model. Like the CUDA
+// backend, alloc/free/upload/download/synchronize are refused while capturing (they throw here).
+class EmulatedGraphOps final : public ops::Ops {
+ public:
+  explicit EmulatedGraphOps(std::unique_ptr<ops::Ops> inner) : in_(std::move(inner)) {}
+  int64_t replays = 0, uploads = 0, downloads = 0, allocs = 0, host_ops = 0;
+  struct Counts {
+    int64_t uploads, downloads, allocs, host_ops;
+  };
+  Counts counts() const { return {uploads, downloads, allocs, host_ops}; }
+
+  std::string name() const override { return in_->name(); }
+  void* alloc(size_t b) override {
+    refuse("alloc");
+    ++allocs;
+    return in_->alloc(b);
+  }
+  void free(void* p) override {
+    refuse("free");
+    in_->free(p);
+  }
+  void upload(void* d, const void* s, size_t b) override {
+    refuse("upload");
+    ++uploads;
+    in_->upload(d, s, b);
+  }
+  void download(void* d, const void* s, size_t b) override {
+    refuse("download");
+    ++downloads;
+    in_->download(d, s, b);
+  }
+  void synchronize() override {
+    refuse("synchronize");
+    in_->synchronize();
+  }
+  bool supports(ops::WFormat f) const override { return in_->supports(f); }
+  void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
+              float* y, int64_t ldy) override {
+    run([=, this] { in_->linear(x, ldx, w, M, N, K, y, ldy); });
+  }
+  void linear_w(const float* x, int64_t ldx, const ops::WeightView& w, int64_t M, float* y,
+                int64_t ldy) override {
+    run([=, this] { in_->linear_w(x, ldx, w, M, y, ldy); });
+  }
+  void add(float* y, const float* x, int64_t n) override {
+    run([=, this] { in_->add(y, x, n); });
+  }
+  void gather_rows(const float* s, const int32_t* r, int64_t n, int64_t w, float* d) override {
+    run([=, this] { in_->gather_rows(s, r, n, w, d); });
+  }
+  void store_rows(float* p, const int32_t* r, int64_t n, int64_t w, const float* s) override {
+    run([=, this] { in_->store_rows(p, r, n, w, s); });
+  }
+  void embed(const float* t, const int32_t* ids, int64_t S, int D, int n, float* o) override {
+    run([=, this] { in_->embed(t, ids, S, D, n, o); });
+  }
+  void rms_norm(const float* x, const float* w, int64_t r, int d, float e, float* y) override {
+    run([=, this] { in_->rms_norm(x, w, r, d, e, y); });
+  }
+  void rope(float* x, int64_t r, int nh, int hd, int rd, const int64_t* p, const float* f, float sc,
+            bool inv) override {
+    run([=, this] { in_->rope(x, r, nh, hd, rd, p, f, sc, inv); });
+  }
+  void hc_pre(const ops::HcArgs& a) override {
+    run([=, this] { in_->hc_pre(a); });
+  }
+  void hc_post(float* h, const float* f, const float* p, const float* c, int64_t S, int n,
+               int D) override {
+    run([=, this] { in_->hc_post(h, f, p, c, S, n, D); });
+  }
+  void hc_head(const float* h, const float* fn, const float* b, const float* sc, int64_t S, int n,
+               int D, float re, float he, float* y) override {
+    run([=, this] { in_->hc_head(h, fn, b, sc, S, n, D, re, he, y); });
+  }
+  void compress_pool(const ops::CompressArgs& a) override {
+    run([=, this] { in_->compress_pool(a); });
+  }
+  void indexer_topk(const ops::IndexerArgs& a) override {
+    run([=, this] { in_->indexer_topk(a); });
+  }
+  void sparse_attention(const ops::AttentionArgs& a) override {
+    run([=, this] { in_->sparse_attention(a); });
+  }
+  void route(const ops::RouteArgs& a) override {
+    run([=, this] { in_->route(a); });
+  }
+  void moe_experts(const ops::MoeArgs& a) override {
+    run([=, this] { in_->moe_experts(a); });
+  }
+  void build_decode_plan(const ops::DecodePlanArgs& a) override {
+    run([=, this] { in_->build_decode_plan(a); });
+  }
+  bool supports_graphs() const override { return true; }
+  std::unique_ptr<ops::Graph> capture(const std::function<void()>& body) override {
+    auto list = std::make_shared<std::vector<std::function<void()>>>();
+    rec_ = list.get();
+    try {
+      body();
+    } catch (...) {
+      rec_ = nullptr;
+      throw;
+    }
+    rec_ = nullptr;
+    return std::make_unique<Recorded>(this, std::move(list));
+  }
+
+ private:
+  class Recorded final : public ops::Graph {
+   public:
+    Recorded(EmulatedGraphOps* o, std::shared_ptr<std::vector<std::function<void()>>> l)
+        : o_(o), l_(std::move(l)) {}
+    void replay() override {
+      ++o_->replays;
+      for (auto& f : *l_) f();
+    }
+
+   private:
+    EmulatedGraphOps* o_;
+    std::shared_ptr<std::vector<std::function<void()>>> l_;
+  };
+  void refuse(const char* what) {
+    if (rec_) throw std::logic_error(std::string(what) + " during graph capture");
+  }
+  template <typename F>
+  void run(F&& f) {
+    if (rec_) {
+      rec_->push_back(std::forward<F>(f));
+    } else {
+      ++host_ops;
+      f();
+    }
+  }
+  std::unique_ptr<ops::Ops> in_;
+  std::vector<std::function<void()>>* rec_ = nullptr;
+};
+
 struct Env {
   std::unique_ptr<ops::Ops> ops;
+  EmulatedGraphOps* emu = nullptr;  // when the backend emulates graphs
   std::unique_ptr<DeepseekV4> model;
   std::unique_ptr<cache::KvCache> kv;
 };
 
-Env make_env(const std::string& dir, bool device_plan) {
+enum class Path { kHostPlan, kDevicePlan, kEmulatedGraphs };
+
+Env make_env(const std::string& dir, Path path) {
   Env e;
   e.ops = ops::make_cpu_ops();
+  if (path == Path::kEmulatedGraphs) {
+    auto emu = std::make_unique<EmulatedGraphOps>(std::move(e.ops));
+    e.emu = emu.get();
+    e.ops = std::move(emu);
+  }
   auto m = DeepseekV4::load(dir, e.ops.get());
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   if (!m.ok()) return e;
   e.model = std::move(m).value();
   DeepseekV4::DecodeOptions o;
-  o.device_plan = device_plan;
+  o.device_plan = path == Path::kDevicePlan;
+  o.graphs = path == Path::kEmulatedGraphs;
   o.min_context = 16;  // small context buckets: the steps below cross several
   e.model->set_decode_options(o);
   auto kv = e.model->make_cache(int64_t(128) << 20, 8);
@@ -353,71 +505,128 @@ std::string first_diff(const std::vector<float>& a, const std::vector<float>& b,
   return "";
 }
 
+// Five sequences of different lengths (windows 8/16/128, rates 4..128, pages of 256), each
+// prefilled alone, then 30 steps in ragged batches of 3–5 rows (buckets 4 and 8 with padding,
+// rotating order; step 11 also carries a prefill chunk, a mixed batch), run on `ref` (host
+// planner) and `dev`: logits must be bit-identical at every step. Returns the number of
+// decode-only batches `dev` ran (including the 1-token prompt).
+int run_scenario(Env& ref, Env& dev, int steps) {
+  const int64_t V = ref.model->config().vocab_size;
+  const int lens[] = {1, 7, 40, 130, 253};
+  std::vector<int32_t> sr, sd, last;
+  std::vector<int64_t> pos;
+  int decode_batches = 1;  // the 1-token prompt is a decode row
+  for (int i = 0; i < 5; ++i) {
+    const auto prompt = random_ids(V, lens[i], 100 + i);
+    sr.push_back(*ref.kv->create_sequence());
+    sd.push_back(*dev.kv->create_sequence());
+    ForwardBatch br, bd;
+    br.slices.push_back({sr[i], 0, prompt, false});
+    bd.slices.push_back({sd[i], 0, prompt, false});
+    auto orf = ref.model->forward(br, *ref.kv);
+    auto od = dev.model->forward(bd, *dev.kv);
+    EXPECT_TRUE(orf.ok() && od.ok());
+    if (!orf.ok() || !od.ok()) return -1;
+    EXPECT_EQ(first_diff(orf->logits, od->logits, V), "") << "prefill " << i;
+    last.push_back(testing::argmax(orf->logits.data(), V));
+    pos.push_back(lens[i]);
+  }
+  for (int step = 0; step < steps; ++step) {
+    ForwardBatch br, bd;
+    std::vector<int> who;
+    for (int k = 0; k < 5; ++k) {
+      const int i = (k + step) % 5;
+      if (step % 3 != 0 && (i + step) % 4 == 0) continue;  // every 3rd step: all five
+      who.push_back(i);
+    }
+    const bool mixed = step == 11;
+    for (int i : who) {
+      std::vector<int32_t> toks = {last[i]};
+      if (mixed && i == who[0]) toks = random_ids(V, 5, 900 + step);
+      br.slices.push_back({sr[i], pos[i], toks, false});
+      bd.slices.push_back({sd[i], pos[i], toks, false});
+    }
+    auto orf = ref.model->forward(br, *ref.kv);
+    auto od = dev.model->forward(bd, *dev.kv);
+    EXPECT_TRUE(orf.ok()) << orf.status().to_string();
+    EXPECT_TRUE(od.ok()) << od.status().to_string();
+    if (!orf.ok() || !od.ok()) return -1;
+    const std::string d = first_diff(orf->logits, od->logits, V);
+    EXPECT_EQ(d, "") << "step " << step << " (" << who.size() << " rows"
+                     << (mixed ? ", mixed" : "") << ")";
+    if (!d.empty()) return -1;
+    for (size_t r = 0; r < who.size(); ++r) {
+      const int i = who[r];
+      pos[i] += int64_t(br.slices[r].tokens.size());
+      last[i] = testing::argmax(&orf->logits[size_t(r) * V], V);
+    }
+    decode_batches += !mixed;
+  }
+  return decode_batches;
+}
+
 TEST(DecodePlan, DevicePlanDecodeBitIdenticalToHostPlan) {
   const auto dirs = testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());
   for (const auto& dir : dirs) {
     SCOPED_TRACE(dir);
-    Env host = make_env(dir, false), dev = make_env(dir, true);
+    Env host = make_env(dir, Path::kHostPlan), dev = make_env(dir, Path::kDevicePlan);
     ASSERT_TRUE(host.kv && dev.kv);
-    const int64_t V = host.model->config().vocab_size;
-    // Five sequences of different lengths (windows 8/16/128, rates 4..128, pages of 256).
-    const int lens[] = {1, 7, 40, 130, 253};
-    std::vector<int32_t> sh, sd, last;
-    std::vector<int64_t> pos;
-    for (int i = 0; i < 5; ++i) {
-      const auto prompt = random_ids(V, lens[i], 100 + i);
-      sh.push_back(*host.kv->create_sequence());
-      sd.push_back(*dev.kv->create_sequence());
-      ForwardBatch bh, bd;
-      bh.slices.push_back({sh[i], 0, prompt, false});
-      bd.slices.push_back({sd[i], 0, prompt, false});
-      auto oh = host.model->forward(bh, *host.kv);
-      auto od = dev.model->forward(bd, *dev.kv);
-      ASSERT_TRUE(oh.ok() && od.ok());
-      ASSERT_EQ(first_diff(oh->logits, od->logits, V), "") << "prefill " << i;
-      last.push_back(testing::argmax(oh->logits.data(), V));
-      pos.push_back(lens[i]);
-    }
-    const int64_t host_steps0 = dev.model->decode_stats().host_plan_steps;
-    int decode_steps = 0, mixed_steps = 0;
-    for (int step = 0; step < 30; ++step) {
-      // Ragged membership (3–5 rows: buckets 4 and 8 with padding), rotating order; one step
-      // also carries a prefill chunk (a mixed batch takes the host planner on both sides).
-      ForwardBatch bh, bd;
-      std::vector<int> who;
-      for (int k = 0; k < 5; ++k) {
-        const int i = (k + step) % 5;
-        if ((i + step) % 4 == 0) continue;
-        who.push_back(i);
-      }
-      const bool mixed = step == 11;
-      for (int i : who) {
-        std::vector<int32_t> toks = {last[i]};
-        if (mixed && i == who[0]) toks = random_ids(V, 5, 900 + step);
-        bh.slices.push_back({sh[i], pos[i], toks, false});
-        bd.slices.push_back({sd[i], pos[i], toks, false});
-      }
-      auto oh = host.model->forward(bh, *host.kv);
-      auto od = dev.model->forward(bd, *dev.kv);
-      ASSERT_TRUE(oh.ok()) << oh.status().to_string();
-      ASSERT_TRUE(od.ok()) << od.status().to_string();
-      ASSERT_EQ(first_diff(oh->logits, od->logits, V), "")
-          << "step " << step << " (" << who.size() << " rows" << (mixed ? ", mixed" : "") << ")";
-      for (size_t r = 0; r < who.size(); ++r) {
-        const int i = who[r];
-        pos[i] += int64_t(bh.slices[r].tokens.size());
-        last[i] = testing::argmax(&oh->logits[size_t(r) * V], V);
-      }
-      (mixed ? mixed_steps : decode_steps)++;
-    }
+    const int decode_batches = run_scenario(host, dev, 30);
+    ASSERT_GT(decode_batches, 0);
     const auto& st = dev.model->decode_stats();
-    // Every decode-only step took the plan op, and so did the 1-token prompt (a decode row too).
-    EXPECT_EQ(st.device_plan_steps, decode_steps + 1);
-    EXPECT_EQ(st.host_plan_steps - host_steps0, mixed_steps);
-    EXPECT_EQ(st.graph_replays, 0);  // the CPU backend has no graphs
+    EXPECT_EQ(st.device_plan_steps, decode_batches) << "every decode-only batch took the plan op";
+    EXPECT_EQ(st.host_plan_steps, 5);  // 4 prompts of > 1 token + the mixed step
+    EXPECT_EQ(st.graph_replays, 0);    // the CPU backend has no graphs
     EXPECT_GT(st.page_rows_sent, 5);
     EXPECT_EQ(host.model->decode_stats().device_plan_steps, 0);
+  }
+}
+
+// The whole graph path (warm-up, capture into a workspace, replay of the recorded ops with new
+// raw state) on the CPU through EmulatedGraphOps: bit-identical to the host planner, graphs
+// reused, and a replayed step does one upload, one download and nothing else on the host.
+TEST(DecodePlan, EmulatedGraphDecodeBitIdenticalToHostPlan) {
+  const auto dirs = testing::fixture_dirs();
+  ASSERT_FALSE(dirs.empty());
+  for (const auto& dir : dirs) {
+    SCOPED_TRACE(dir);
+    Env host = make_env(dir, Path::kHostPlan), gr = make_env(dir, Path::kEmulatedGraphs);
+    ASSERT_TRUE(host.kv && gr.kv && gr.emu);
+    const int decode_batches = run_scenario(host, gr, 40);
+    ASSERT_GT(decode_batches, 0);
+    const auto& st = gr.model->decode_stats();
+    EXPECT_EQ(st.capture_failures, 0);
+    EXPECT_EQ(st.device_plan_steps + st.graph_replays, decode_batches);
+    EXPECT_EQ(st.captures, st.device_plan_steps) << "one warm-up per graph";
+    EXPECT_EQ(gr.emu->replays, st.graph_replays);
+    EXPECT_GE(st.captures, 3) << "buckets 4 and 8 × several context buckets";
+    int64_t reused = 0;
+    for (auto& [key, n] : st.replays) reused += n > 1;
+    EXPECT_GE(reused, 2);
+    std::string line;
+    for (auto& [key, n] : st.replays) line += fmt::format(" (B={}, ctx={}): {}", key.first, key.second, n);
+    std::printf("[emulated graphs] %s: %lld captures, %lld replays:%s\n", dir.c_str(),
+                (long long)st.captures, (long long)st.graph_replays, line.c_str());
+
+    // A replayed step: exactly one upload (raw state + page rows) and one download (logits).
+    auto seq = *gr.kv->create_sequence();
+    const int64_t V = gr.model->config().vocab_size;
+    ForwardBatch b;
+    b.slices.push_back({seq, 0, random_ids(V, 9, 5), false});
+    ASSERT_TRUE(gr.model->forward(b, *gr.kv).ok());
+    for (int i = 0; i < 4; ++i) {
+      b.slices = {{seq, 9 + i, {int32_t(i)}, false}};
+      const auto before = gr.emu->counts();
+      const int64_t replays = gr.model->decode_stats().graph_replays;
+      ASSERT_TRUE(gr.model->forward(b, *gr.kv).ok());
+      if (i == 0) continue;  // bucket 1 warms up and captures
+      EXPECT_EQ(gr.model->decode_stats().graph_replays, replays + 1);
+      EXPECT_EQ(gr.emu->allocs - before.allocs, 0) << "step " << i;
+      EXPECT_EQ(gr.emu->uploads - before.uploads, 1);
+      EXPECT_EQ(gr.emu->downloads - before.downloads, 1);
+      EXPECT_EQ(gr.emu->host_ops - before.host_ops, 0) << "no op ran outside the graph";
+    }
   }
 }
 
@@ -425,7 +634,7 @@ TEST(DecodePlan, DevicePlanDecodeBitIdenticalToHostPlan) {
 TEST(DecodePlan, GraphsOnCpuFallBackToHostPlanner) {
   const auto dirs = testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());
-  Env e = make_env(dirs[0], false);
+  Env e = make_env(dirs[0], Path::kHostPlan);
   ASSERT_TRUE(e.kv);
   EXPECT_FALSE(e.ops->supports_graphs());
   EXPECT_EQ(e.ops->capture([] {}), nullptr);
