@@ -639,6 +639,10 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = {sel_rows, st.topk_offset, sel_count};
   }
+  // Key-count bound: the window, plus top-k (CSA) or every causal compressed row (HCA).
+  aa.max_keys = c.sliding_window + (kind == LayerKind::kCsa   ? c.index_topk
+                                    : kind == LayerKind::kHca ? st.hca.max_cand
+                                                              : 0);
   float* attn = st.buf<float>(S * H * hd);
   aa.out = attn;
   o.sparse_attention(aa);
