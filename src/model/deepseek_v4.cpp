@@ -73,10 +73,10 @@ struct CompressPlan {
   const int64_t* positions = nullptr;  // [n_out] rope position w·m
   const int32_t* dst = nullptr;        // [n_out] compressed-pool rows
   int64_t n_ring = 0;
-  const int32_t* ring_src = nullptr;   // [n_ring] batch rows
-  const int32_t* ring_dst = nullptr;   // [n_ring] ring rows
-  ops::RowMap cand;                    // per query: all causal compressed rows (w < (t+1)/m)
-  int64_t max_cand = 0;                // ≥ every cand.count (indexer grid bound)
+  const int32_t* ring_src = nullptr;  // [n_ring] batch rows
+  const int32_t* ring_dst = nullptr;  // [n_ring] ring rows
+  ops::RowMap cand;                   // per query: all causal compressed rows (w < (t+1)/m)
+  int64_t max_cand = 0;               // ≥ every cand.count (indexer grid bound)
 };
 
 /// Releases the step-memory blocks of a scope (a layer's temporaries) when it ends.
@@ -100,11 +100,11 @@ struct DeepseekV4::Step {
   cache::KvCache* kv = nullptr;
   StepMemory* mem = nullptr;
   int64_t S = 0;
-  const int32_t* ids = nullptr;       // [S]
-  const int64_t* pos = nullptr;       // [S]
-  const int32_t* swa_dst = nullptr;   // [S] SWA row of each new token (−1 = skip)
-  ops::RowMap swa;                    // per query: window keys
-  CompressPlan csa, hca;              // by layer kind
+  const int32_t* ids = nullptr;          // [S]
+  const int64_t* pos = nullptr;          // [S]
+  const int32_t* swa_dst = nullptr;      // [S] SWA row of each new token (−1 = skip)
+  ops::RowMap swa;                       // per query: window keys
+  CompressPlan csa, hca;                 // by layer kind
   const int64_t* topk_offset = nullptr;  // [S] t·index_topk
   const int32_t* shared_idx = nullptr;   // [S] zeros: the shared expert's "expert 0"
   const float* shared_w = nullptr;       // [S] ones: its weight
@@ -128,9 +128,9 @@ struct DeepseekV4::DecodeState {
   uint64_t cache_id = 0;
   int64_t P = 0;  // pages per table row
   DecodeStager stager;
-  DeviceBuffer<int32_t> staging;                    // DecodeStager layout
-  DeviceBuffer<int32_t> page_table, swa_table;      // [max_seqs, P]
-  std::shared_ptr<DeviceBuffer<char>> workspace;    // region for the next capture (grows ×2)
+  DeviceBuffer<int32_t> staging;                  // DecodeStager layout
+  DeviceBuffer<int32_t> page_table, swa_table;    // [max_seqs, P]
+  std::shared_ptr<DeviceBuffer<char>> workspace;  // region for the next capture (grows ×2)
   std::map<std::pair<int64_t, int64_t>, Entry> entries;
 };
 
@@ -193,7 +193,6 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
       spec, opt, [ops](size_t b) { return ops->alloc(b); }, [ops](void* p) { ops->free(p); });
 }
 
-
 Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCache& kv) {
   const ModelConfig& c = cfg_;
   // ---- 1. validate and reserve ----------------------------------------------------------
@@ -228,8 +227,7 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
   return forward_host_plan(batch, kv);
 }
 
-Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch,
-                                                    cache::KvCache& kv) {
+Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, cache::KvCache& kv) {
   const ModelConfig& c = cfg_;
   ops::Ops& o = *ops_;
   StepMemory mem(ops_);
@@ -552,8 +550,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   // K = V path: kv_norm then RoPE, stored into the SWA pool.
   o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
   o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
-  o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
-         false);
+  o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
   o.store_rows(st.kv->swa_pool(l), st.swa_dst, S, hd, kvv);
 
   // Compressor: pool the rows that close in this step, norm + rope at w·m, store; refresh rings.
@@ -647,14 +644,13 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   aa.out = attn;
   o.sparse_attention(aa);
   // De-rotation (P3), then the grouped low-rank output projection (P9: G may exceed H).
-  o.rope(attn, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
-         true);
+  o.rope(attn, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, true);
   const int G = c.o_groups, R = c.o_lora_rank;
   const int64_t gw = int64_t(H) * hd / G;
   float* og = st.buf<float>(S * G * R);
   for (int g = 0; g < G; ++g)
-    o.linear_w(attn + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S,
-               og + g * R, int64_t(G) * R);
+    o.linear_w(attn + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S, og + g * R,
+               int64_t(G) * R);
   o.linear_w(og, int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 

@@ -84,12 +84,12 @@ class DeepseekV4 {
 
   /// Counters of the decode fast path since load.
   struct DecodeStats {
-    int64_t host_plan_steps = 0;     // steps planned on the host (any batch)
-    int64_t device_plan_steps = 0;   // decode steps run eagerly with the plan op
-    int64_t graph_replays = 0;       // decode steps run by replaying a graph
-    int64_t captures = 0;            // graphs captured
-    int64_t capture_failures = 0;    // captures that failed (that key then stays eager)
-    int64_t page_rows_sent = 0;      // page-table rows staged (changed addressing)
+    int64_t host_plan_steps = 0;    // steps planned on the host (any batch)
+    int64_t device_plan_steps = 0;  // decode steps run eagerly with the plan op
+    int64_t graph_replays = 0;      // decode steps run by replaying a graph
+    int64_t captures = 0;           // graphs captured
+    int64_t capture_failures = 0;   // captures that failed (that key then stays eager)
+    int64_t page_rows_sent = 0;     // page-table rows staged (changed addressing)
     /// Replays per (batch bucket B, context bucket) graph.
     std::map<std::pair<int64_t, int64_t>, int64_t> replays;
   };

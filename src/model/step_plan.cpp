@@ -90,7 +90,8 @@ int64_t decode_bucket(int64_t n) {
 
 int64_t decode_table_pages(const cache::KvCache& kv, int64_t max_positions) {
   const int64_t ps = kv.options().page_size;
-  return std::max<int64_t>(1, std::min<int64_t>(kv.options().n_pages, (max_positions + ps - 1) / ps));
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(kv.options().n_pages, (max_positions + ps - 1) / ps));
 }
 
 DecodeStager::DecodeStager(int table_rows, int64_t max_pages)
@@ -175,9 +176,9 @@ void* StepMemory::alloc(size_t bytes) {
   void* p = nullptr;
   if (base_) {
     if (off + bytes > cap_)
-      throw std::length_error(fmt::format(
-          "step workspace overflow: block {} of {} bytes at offset {} exceeds {} bytes",
-          n_allocs_, bytes, off, cap_));
+      throw std::length_error(
+          fmt::format("step workspace overflow: block {} of {} bytes at offset {} exceeds {} bytes",
+                      n_allocs_, bytes, off, cap_));
     p = base_ + off;
   } else {
     p = ops_->alloc(bytes);

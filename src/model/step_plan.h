@@ -43,25 +43,25 @@ struct HostRowMap {
 /// query the causal candidate rows (entries w < ⌊(t+1)/m⌋, in entry order).
 struct HostCompressPlan {
   int ratio = 0, overlap = 1;
-  std::vector<int32_t> src;         // [n_out, c·m]
-  std::vector<int64_t> positions;   // [n_out]
-  std::vector<int32_t> dst;         // [n_out]
-  std::vector<int32_t> ring_src;    // [n_ring] batch rows
-  std::vector<int32_t> ring_dst;    // [n_ring] ring rows
+  std::vector<int32_t> src;        // [n_out, c·m]
+  std::vector<int64_t> positions;  // [n_out]
+  std::vector<int32_t> dst;        // [n_out]
+  std::vector<int32_t> ring_src;   // [n_ring] batch rows
+  std::vector<int32_t> ring_dst;   // [n_ring] ring rows
   HostRowMap cand;
-  int64_t max_cand = 0;             // max over queries of cand.count
+  int64_t max_cand = 0;  // max over queries of cand.count
   /// Output window index of each compressed row (for tests: which slice produced it).
-  std::vector<int32_t> out_slice;   // [n_out] slice index
+  std::vector<int32_t> out_slice;  // [n_out] slice index
 };
 
 /// Everything the host planner builds for one step.
 struct HostStepPlan {
-  int64_t S = 0;                  // rows of the step
-  std::vector<int64_t> row0;      // [slices + 1] first batch row of each slice
-  std::vector<int32_t> ids;       // [S]
-  std::vector<int64_t> pos;       // [S]
-  std::vector<int32_t> swa_dst;   // [S] SWA row of each new token
-  HostRowMap swa;                 // per query: the window's key rows (W incl. itself)
+  int64_t S = 0;                 // rows of the step
+  std::vector<int64_t> row0;     // [slices + 1] first batch row of each slice
+  std::vector<int32_t> ids;      // [S]
+  std::vector<int64_t> pos;      // [S]
+  std::vector<int32_t> swa_dst;  // [S] SWA row of each new token
+  HostRowMap swa;                // per query: the window's key rows (W incl. itself)
   bool has_csa = false, has_hca = false;
   HostCompressPlan csa, hca;
   std::vector<int64_t> topk_offset;  // [S] t·index_topk (CSA only)

@@ -199,7 +199,8 @@ std::vector<int32_t> random_ids(int64_t vocab, int n, uint32_t seed) {
 
 // First bitwise difference of two logits arrays ("" if identical).
 std::string first_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  if (a.size() != b.size())
+    return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
   for (size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
       char buf[160];
@@ -259,8 +260,8 @@ std::string stats_line(const DeepseekV4& m) {
                   std::to_string(s.device_plan_steps) + ", host plan steps " +
                   std::to_string(s.host_plan_steps) + ", per graph {";
   for (auto& [k, v] : s.replays)
-    r += " (B=" + std::to_string(k.first) + ", ctx=" + std::to_string(k.second) + "): " +
-         std::to_string(v);
+    r += " (B=" + std::to_string(k.first) + ", ctx=" + std::to_string(k.second) +
+         "): " + std::to_string(v);
   return r + " }";
 }
 
@@ -299,7 +300,8 @@ TEST(CudaGraphs, PlanOpMatchesCpuOp) {
     staging[kCount] = 3;
     for (int r = 0; r < 3; ++r) {
       staging[kDSeq + r] = perm[r];
-      for (int64_t i = 0; i < 2 * P; ++i) staging[kDRows + r * 2 * P + i] = int32_t(g() % 2000) - 50;
+      for (int64_t i = 0; i < 2 * P; ++i)
+        staging[kDRows + r * 2 * P + i] = int32_t(g() % 2000) - 50;
     }
     // Output arrays (poisoned equally on both sides), as one int32 and one int64 arena.
     const int64_t s0 = (ctx + ratio[0] - 1) / ratio[0], s1 = (ctx + ratio[1] - 1) / ratio[1];
@@ -360,8 +362,8 @@ TEST(CudaGraphs, PlanOpMatchesCpuOp) {
     bind(ca, h32.data(), h64.data(), staging.data(), tb_h.data(), sw_h.data());
     (*cpu).build_decode_plan(ca);
 
-    cuda::testing::Dev<int32_t> d32(std::vector<int32_t>(size_t(n32), 0x5a5a5a5a)),
-        dst(staging), dtb(table), dsw(swa);
+    cuda::testing::Dev<int32_t> d32(std::vector<int32_t>(size_t(n32), 0x5a5a5a5a)), dst(staging),
+        dtb(table), dsw(swa);
     cuda::testing::Dev<int64_t> d64(std::vector<int64_t>(size_t(n64), 0x5a5a5a5a));
     ops::DecodePlanArgs ga;
     bind(ga, d32.p, d64.p, dst.p, dtb.p, dsw.p);
@@ -369,10 +371,8 @@ TEST(CudaGraphs, PlanOpMatchesCpuOp) {
     (*gpu)->synchronize();
     const auto g32 = d32.host(), gtb = dtb.host(), gsw = dsw.host();
     const auto g64 = d64.host();
-    for (size_t i = 0; i < h32.size(); ++i)
-      ASSERT_EQ(g32[i], h32[i]) << "int32 output " << i;
-    for (size_t i = 0; i < h64.size(); ++i)
-      ASSERT_EQ(g64[i], h64[i]) << "int64 output " << i;
+    for (size_t i = 0; i < h32.size(); ++i) ASSERT_EQ(g32[i], h32[i]) << "int32 output " << i;
+    for (size_t i = 0; i < h64.size(); ++i) ASSERT_EQ(g64[i], h64[i]) << "int64 output " << i;
     ASSERT_EQ(gtb, tb_h) << "page table after deltas";
     ASSERT_EQ(gsw, sw_h) << "SWA table after deltas";
   }
@@ -407,8 +407,7 @@ TEST(CudaGraphs, GoldenGreedyDecodeGraphsEqualEager) {
       const std::string dp = first_diff(g.logits[s], p.logits[s], V);
       if (!d.empty() && bad++ < 3)
         ADD_FAILURE() << "decode step " << s << ": graph vs eager (host plan) logits differ at "
-                      << d << "; graph vs eager plan-op path: "
-                      << (dp.empty() ? "identical" : dp);
+                      << d << "; graph vs eager plan-op path: " << (dp.empty() ? "identical" : dp);
       EXPECT_EQ(dp, "") << "decode step " << s << ": graph vs eager plan-op path (same kernels)";
     }
     const auto& st = graph.model->decode_stats();
@@ -451,12 +450,14 @@ TEST(CudaGraphs, RaggedBatchOfFiveEqualsAlone) {
         bitwise += first_diff(row, a.logits[s], V).empty();
       }
       EXPECT_LE(worst, 1e-4) << "request " << i;
-      std::printf("[cuda graphs] %s request %d (prompt %d): tokens equal alone, %d/%d steps "
-                  "bit-identical, worst rel err %.3g\n",
-                  dir.c_str(), i, lens[i], bitwise, steps, worst);
+      std::printf(
+          "[cuda graphs] %s request %d (prompt %d): tokens equal alone, %d/%d steps "
+          "bit-identical, worst rel err %.3g\n",
+          dir.c_str(), i, lens[i], bitwise, steps, worst);
     }
     const auto& st = together.model->decode_stats();
-    std::printf("[cuda graphs] %s together: %s\n", dir.c_str(), stats_line(*together.model).c_str());
+    std::printf("[cuda graphs] %s together: %s\n", dir.c_str(),
+                stats_line(*together.model).c_str());
     EXPECT_EQ(st.capture_failures, 0);
     EXPECT_EQ(st.captures, 2) << "context buckets 384 and 768";
     EXPECT_EQ(st.graph_replays, steps - 2) << "two warm-ups (one per context bucket)";
@@ -554,7 +555,8 @@ TEST(CudaGraphs, ReplayedStepAllocatesNothing) {
   }
 }
 
-// ---- micro-bench (printed, not asserted) ---------------------------------------------------------
+// ---- micro-bench (printed, not asserted)
+// ---------------------------------------------------------
 
 TEST(CudaGraphs, DecodeStepTimeEagerVsGraph) {
   V4_REQUIRE_GPU();
@@ -586,8 +588,10 @@ TEST(CudaGraphs, DecodeStepTimeEagerVsGraph) {
         const int n = 30;
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < n; ++i) step();
-        ms[graphs] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                         .count() / n;
+        ms[graphs] =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count() /
+            n;
         if (graphs) {
           EXPECT_GE(b.model->decode_stats().graph_replays, n);
         }

@@ -9,11 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <memory>
-#include <stdexcept>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
+#include <stdexcept>
 
 #include "cache/pools.h"
 #include "model/deepseek_v4.h"
@@ -57,8 +57,8 @@ struct PlanOut {
     std::vector<int32_t> src, dst, ring_src, ring_dst, cand_rows, cand_count;
     std::vector<int64_t> positions, cand_offset;
   } rate[2];
-  void bind(ops::DecodePlanArgs& a, int64_t B, int W, const int (&ratio)[2], const int (&overlap)[2],
-            int64_t ctx, int topk) {
+  void bind(ops::DecodePlanArgs& a, int64_t B, int W, const int (&ratio)[2],
+            const int (&overlap)[2], int64_t ctx, int topk) {
     auto fill32 = [](std::vector<int32_t>& v, int64_t n) { v.assign(size_t(n), kPoison); };
     auto fill64 = [](std::vector<int64_t>& v, int64_t n) { v.assign(size_t(n), kPoison); };
     fill64(positions, B);
@@ -106,8 +106,10 @@ struct PlanOut {
 std::string compare_row(const HostStepPlan& hp, const PlanOut& po, int64_t b, int W,
                         const int64_t (&stride)[2]) {
   auto list = [](const int32_t* p, int64_t n) { return std::vector<int32_t>(p, p + n); };
-  if (po.positions[b] != hp.pos[b]) return fmt::format("position {} vs {}", po.positions[b], hp.pos[b]);
-  if (po.swa_dst[b] != hp.swa_dst[b]) return fmt::format("swa_dst {} vs {}", po.swa_dst[b], hp.swa_dst[b]);
+  if (po.positions[b] != hp.pos[b])
+    return fmt::format("position {} vs {}", po.positions[b], hp.pos[b]);
+  if (po.swa_dst[b] != hp.swa_dst[b])
+    return fmt::format("swa_dst {} vs {}", po.swa_dst[b], hp.swa_dst[b]);
   if (po.swa_count[b] != hp.swa.count[b])
     return fmt::format("swa count {} vs {}", po.swa_count[b], hp.swa.count[b]);
   if (po.swa_offset[b] != b * W) return "swa offset";
@@ -127,9 +129,11 @@ std::string compare_row(const HostStepPlan& hp, const PlanOut& po, int64_t b, in
     if (k >= 0) {
       if (R.dst[b] != h.dst[k]) return tag + fmt::format("dst {} vs {}", R.dst[b], h.dst[k]);
       if (R.positions[b] != h.positions[k]) return tag + "closing position";
-      if (list(&R.src[b * slots], slots) != list(&h.src[k * slots], slots)) return tag + "src slots";
+      if (list(&R.src[b * slots], slots) != list(&h.src[k * slots], slots))
+        return tag + "src slots";
     } else {
-      if (R.dst[b] != -1) return tag + fmt::format("dst {} for a row that does not close", R.dst[b]);
+      if (R.dst[b] != -1)
+        return tag + fmt::format("dst {} for a row that does not close", R.dst[b]);
       for (int j = 0; j < slots; ++j)
         if (R.src[b * slots + j] != -1) return tag + "src of a row that does not close";
     }
@@ -203,19 +207,20 @@ void run_plan_case(const PlanCase& pc, uint32_t seed) {
     for (auto& sl : batch.slices) need = std::max<int64_t>(need, sl.start_pos + 1);
     int64_t ctx = 16;
     while (ctx < need) ctx *= 2;
-    ops::DecodePlanArgs a = decode_plan_inputs(stager.host(), pages.data(), swa.data(), P,
-                                               pc.page_size, pc.window, B);
+    ops::DecodePlanArgs a =
+        decode_plan_inputs(stager.host(), pages.data(), swa.data(), P, pc.page_size, pc.window, B);
     PlanOut po;
     const int ratio[2] = {pc.csa_ratio, pc.hca_ratio}, overlap[2] = {2, 1};
     po.bind(a, B, pc.window, ratio, overlap, ctx, pc.topk);
     ops->build_decode_plan(a);
     const int64_t stride[2] = {a.rates[0].cand_stride, a.rates[1].cand_stride};
     for (int64_t b = 0; b < B; ++b) {
-      const std::string d = b < n ? compare_row(hp, po, b, pc.window, stride) : check_padding(po, b);
-      ASSERT_EQ(d, "") << "step " << step << " row " << b << " of " << n << " (bucket " << B
-                       << ")" << (b < n ? fmt::format(", seq {} pos {}", batch.slices[b].seq,
-                                                      batch.slices[b].start_pos)
-                                        : std::string(", padding"));
+      const std::string d =
+          b < n ? compare_row(hp, po, b, pc.window, stride) : check_padding(po, b);
+      ASSERT_EQ(d, "") << "step " << step << " row " << b << " of " << n << " (bucket " << B << ")"
+                       << (b < n ? fmt::format(", seq {} pos {}", batch.slices[b].seq,
+                                               batch.slices[b].start_pos)
+                                 : std::string(", padding"));
     }
     for (auto& sl : batch.slices) {
       res4.insert(sl.start_pos % 4);
@@ -265,7 +270,7 @@ TEST(DecodePlan, StagerSendsOnlyChangedPageRows) {
   EXPECT_EQ(st.last_deltas(), 2);  // first sight
   EXPECT_EQ(st.host()[DecodeStager::kDeltaCount], 2);
   st.stage(batch, *kv, 2);
-  EXPECT_EQ(st.last_deltas(), 0);  // nothing changed
+  EXPECT_EQ(st.last_deltas(), 0);         // nothing changed
   ASSERT_TRUE(kv->reserve(b, 129).ok());  // b crosses into its second page
   const int64_t ints = st.stage(batch, *kv, 4);
   EXPECT_EQ(st.last_deltas(), 1);
@@ -315,7 +320,8 @@ TEST(DecodePlan, StepMemoryWorkspaceReplaysEagerOffsets) {
   EXPECT_THROW(run(tight, nullptr, nullptr), std::length_error);
 }
 
-// ---- decode through the plan op vs through the host planner, real fixtures -----------------------
+// ---- decode through the plan op vs through the host planner, real fixtures
+// -----------------------
 
 // CUDA-graph semantics on the CPU backend, for testing the model's graph path without a GPU:
 // while capturing, every op call is recorded with its arguments (pointers and scalars, by value)
@@ -500,8 +506,8 @@ std::string first_diff(const std::vector<float>& a, const std::vector<float>& b,
   if (a.size() != b.size()) return fmt::format("sizes {} vs {}", a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-      return fmt::format("row {} logit {}: {:.9g} vs {:.9g}", int64_t(i) / V, int64_t(i) % V,
-                         a[i], b[i]);
+      return fmt::format("row {} logit {}: {:.9g} vs {:.9g}", int64_t(i) / V, int64_t(i) % V, a[i],
+                         b[i]);
   return "";
 }
 
@@ -552,8 +558,8 @@ int run_scenario(Env& ref, Env& dev, int steps) {
     EXPECT_TRUE(od.ok()) << od.status().to_string();
     if (!orf.ok() || !od.ok()) return -1;
     const std::string d = first_diff(orf->logits, od->logits, V);
-    EXPECT_EQ(d, "") << "step " << step << " (" << who.size() << " rows"
-                     << (mixed ? ", mixed" : "") << ")";
+    EXPECT_EQ(d, "") << "step " << step << " (" << who.size() << " rows" << (mixed ? ", mixed" : "")
+                     << ")";
     if (!d.empty()) return -1;
     for (size_t r = 0; r < who.size(); ++r) {
       const int i = who[r];
@@ -605,7 +611,8 @@ TEST(DecodePlan, EmulatedGraphDecodeBitIdenticalToHostPlan) {
     for (auto& [key, n] : st.replays) reused += n > 1;
     EXPECT_GE(reused, 2);
     std::string line;
-    for (auto& [key, n] : st.replays) line += fmt::format(" (B={}, ctx={}): {}", key.first, key.second, n);
+    for (auto& [key, n] : st.replays)
+      line += fmt::format(" (B={}, ctx={}): {}", key.first, key.second, n);
     std::printf("[emulated graphs] %s: %lld captures, %lld replays:%s\n", dir.c_str(),
                 (long long)st.captures, (long long)st.graph_replays, line.c_str());
 
