@@ -410,7 +410,8 @@ Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cach
   out.logits.resize(size_t(n * c.vocab_size));
   const size_t out_bytes = out.logits.size() * sizeof(float);
   DecodeState::Entry& e = ds.entries[{B, ctx}];
-  if (e.graph) {
+  const bool graphs = decode_opt_.graphs && ops_->supports_graphs();
+  if (graphs && e.graph) {
     e.graph->replay();
     ops_->download(out.logits.data(), e.logits, out_bytes);
     ++decode_stats_.graph_replays;
@@ -427,7 +428,7 @@ Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cach
     }
     ++decode_stats_.device_plan_steps;
     // Warmed up with these shapes: capture the same body against a fixed workspace.
-    if (decode_opt_.graphs && ops_->supports_graphs() && !e.failed) {
+    if (graphs && !e.failed) {
       if (!ds.workspace || size_t(ds.workspace->size()) < e.peak) {
         const int64_t cur = ds.workspace ? ds.workspace->size() : 0;
         ds.workspace =

@@ -634,6 +634,13 @@ TEST(DecodePlan, EmulatedGraphDecodeBitIdenticalToHostPlan) {
       EXPECT_EQ(gr.emu->downloads - before.downloads, 1);
       EXPECT_EQ(gr.emu->host_ops - before.host_ops, 0) << "no op ran outside the graph";
     }
+    // Graphs switched off: the captured graphs are not replayed any more.
+    gr.model->set_decode_graphs(false);
+    const auto before = gr.model->decode_stats();
+    b.slices = {{seq, 13, {7}, false}};
+    ASSERT_TRUE(gr.model->forward(b, *gr.kv).ok());
+    EXPECT_EQ(gr.model->decode_stats().graph_replays, before.graph_replays);
+    EXPECT_EQ(gr.model->decode_stats().host_plan_steps, before.host_plan_steps + 1);
   }
 }
 
