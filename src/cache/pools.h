@@ -135,6 +135,15 @@ class KvCache {
   /// Compressor-state ring slot of `seq` (valid seq).
   int32_t state_slot(int32_t seq) const { return seqs_[seq].state_slot; }
 
+  // ---- copies between pools and host memory (prefix cache) ---------------------------------
+  /// Direction of a copy: pool rows live in backend memory (device memory on CUDA).
+  enum class CopyKind { kPoolToPool, kPoolToHost, kHostToPool };
+  using CopyFn = std::function<void(void* dst, const void* src, size_t bytes, CopyKind kind)>;
+  /// Installs the copy function for pool memory (default: memcpy, right for host pools).
+  void set_copy(CopyFn fn) { copy_ = std::move(fn); }
+  /// Copies `bytes` with the installed function.
+  void copy_bytes(void* dst, const void* src, size_t bytes, CopyKind kind) const;
+
  private:
   KvCache() = default;
   struct LayerPools {
@@ -161,6 +170,7 @@ class KvCache {
   std::vector<void*> allocations_;
   std::vector<int32_t> free_pages_, free_swa_pages_, free_slots_;
   std::vector<Seq> seqs_;
+  CopyFn copy_;
 };
 
 }  // namespace v4::cache
