@@ -680,18 +680,47 @@ TEST(CudaWFormat, ReservedScratchNeedsNoAllocation) {
   ops->moe_experts(a);
   ops->linear_w(dx.p, 4096, dl.view(0, 1024), S, dlin.p, 1024);
   ops->synchronize();
-  EXPECT_EQ(std::memcmp(moe1.data(), dmoe.host().data(), moe1.size() * 4), 0)
+  const auto moe_eager = dmoe.host(), lin_eager = dlin.host();
+  EXPECT_EQ(std::memcmp(moe1.data(), moe_eager.data(), moe1.size() * 4), 0)
       << "moe_experts: same inputs, different bits";
-  EXPECT_EQ(std::memcmp(lin1.data(), dlin.host().data(), lin1.size() * 4), 0)
+  EXPECT_EQ(std::memcmp(lin1.data(), lin_eager.data(), lin1.size() * 4), 0)
       << "linear_w: same inputs, different bits";
   for (float v : moe1) ASSERT_FALSE(std::isnan(v)) << "moe_experts output never written";
   // Control (printed, not asserted: whether cudaMalloc is refused under global capture is the
   // driver's business): the same calls on a backend without reserve.
-  auto fresh = make();
-  ASSERT_TRUE(fresh);
-  std::printf("[wformat] control without reserve under capture: %s\n",
-              run_under_capture(fresh.get(), false) ? "ran (allocation allowed by the driver)"
-                                             : "refused, as expected");
+  {
+    auto fresh = make();
+    ASSERT_TRUE(fresh);
+    std::printf("[wformat] control without reserve under capture: %s\n",
+                run_under_capture(fresh.get(), false) ? "ran (allocation allowed by the driver)"
+                                                      : "refused, as expected");
+  }
+  // The backend's own graph capture (Ops::capture): a reserved backend captures the decode-sized
+  // calls and replays them bit-identically; a fresh one (scratch never sized) fails the capture
+  // (returns nullptr) instead of capturing a too-small buffer.
+  if (ops->supports_graphs()) {
+    auto body = [&] {
+      ops->moe_experts(a);
+      ops->linear_w(dx.p, 4096, dl.view(0, 1024), S, dlin.p, 1024);
+    };
+    dmoe.poison();
+    dlin.poison();
+    auto graph = ops->capture(body);
+    ASSERT_TRUE(graph) << "capture of reserved decode-sized calls failed";
+    graph->replay();
+    ops->synchronize();
+    EXPECT_EQ(std::memcmp(dmoe.host().data(), moe_eager.data(), moe_eager.size() * 4), 0)
+        << "graph replay of moe_experts differs from eager";
+    EXPECT_EQ(std::memcmp(dlin.host().data(), lin_eager.data(), lin_eager.size() * 4), 0)
+        << "graph replay of linear_w differs from eager";
+    auto fresh = make();
+    ASSERT_TRUE(fresh);
+    auto bad = fresh->capture([&] { fresh->moe_experts(a); });
+    EXPECT_FALSE(bad) << "capture needing scratch growth must fail";
+    fresh->moe_experts(a);  // eager: grows the scratch, then capture works
+    fresh->synchronize();
+    EXPECT_TRUE(fresh->capture([&] { fresh->moe_experts(a); }));
+  }
 }
 
 }  // namespace

@@ -55,8 +55,8 @@ const char* precision_name(Precision p);
 /// kUnsupported when no CUDA device is present, kInternal for CUDA failures.
 /// Ops methods cannot return errors (ops.h); a failing CUDA call is recorded, logged, and thrown
 /// as std::runtime_error from the next synchronize()/download(); alloc throws std::bad_alloc.
-/// A grow-only scratch buffer that would have to grow while the stream is being captured into a
-/// CUDA graph throws std::runtime_error at once (run the shapes eagerly first, or reserve).
+/// A grow-only scratch buffer that would have to grow during Ops::capture fails that capture
+/// (capture returns nullptr; run the shapes eagerly first, or reserve_cuda_scratch).
 Result<std::unique_ptr<Ops>> make_cuda_ops(CudaOptions options = {});
 
 /// Upper bounds of the op calls a CUDA graph will capture (per call, not summed), so that every
