@@ -1,7 +1,7 @@
 // GPU tests of the native weight formats (bf16, FP8 128×128 blocks, MXFP4, f32) in both precision
 // modes of the CUDA backend: linear_w and moe_experts vs the CPU backend run on host-dequantized
-// f32 copies of the same weights (base/dtype.h conversions), outputs poisoned (NaN) before each run.
-// Tolerances (docs/cuda.md "Precision modes"):
+// f32 copies of the same weights (base/dtype.h conversions), outputs poisoned (NaN) before each
+// run. Tolerances (docs/cuda.md "Precision modes"):
 //   fp32 mode, and bf16 mode in its GEMV range (M ≤ gemv_max_rows, MoE below the sync threshold):
 //     max |Δ| / max |ref| ≤ 1e-5 (fp32 math on exact dequantized weights; only the summation order
 //     differs from the CPU).
@@ -213,11 +213,11 @@ struct DevW {
 };
 
 struct Err {
-  double rel = 0;        // max |Δ| / max |ref| over everything
-  double row_rel = 0;    // max over rows of max |Δ| / max |ref row|
-  int64_t bad_row = -1;  // row of the largest row_rel
-  int64_t unwritten = 0; // NaN outputs
-  int64_t clobbered = 0; // padding columns written
+  double rel = 0;         // max |Δ| / max |ref| over everything
+  double row_rel = 0;     // max over rows of max |Δ| / max |ref row|
+  int64_t bad_row = -1;   // row of the largest row_rel
+  int64_t unwritten = 0;  // NaN outputs
+  int64_t clobbered = 0;  // padding columns written
 };
 
 /// Compares y [M, N] (stride ldy) with ref (same layout); padding columns of y must stay NaN.
@@ -252,7 +252,9 @@ Err compare(const std::vector<float>& y, const std::vector<float>& ref, int64_t 
   return e;
 }
 
-const char* mode_name(Precision p) { return precision_name(p); }
+const char* mode_name(Precision p) {
+  return precision_name(p);
+}
 
 // Whether linear_w takes the bf16 tensor-core path (the backend's own predicate, default options).
 bool uses_tensor_cores(Precision p, const WeightView& w, int64_t M) {
@@ -278,11 +280,11 @@ std::vector<float> check_linear(Precision p, const HostW& hw, const DevW& dw, in
   const double err = tensor_core ? e.row_rel : e.rel;
   EXPECT_EQ(e.unwritten, 0) << "outputs never written";
   EXPECT_EQ(e.clobbered, 0) << "padding columns of y written";
-  EXPECT_LE(err, tol) << (tensor_core ? "worst row " : "") << e.bad_row << " (row rel "
-                      << e.row_rel << ", overall rel " << e.rel << ")";
+  EXPECT_LE(err, tol) << (tensor_core ? "worst row " : "") << e.bad_row << " (row rel " << e.row_rel
+                      << ", overall rel " << e.rel << ")";
   std::printf("[wformat] linear_w %-9s %s%s N=%lld K=%lld row0=%lld M=%lld: err %.3g (tol %.0e)\n",
-              wformat_name(hw.f), mode_name(p), fused ? "+fused" : "", (long long)N, (long long)K, (long long)row0,
-              (long long)M, err, tol);
+              wformat_name(hw.f), mode_name(p), fused ? "+fused" : "", (long long)N, (long long)K,
+              (long long)row0, (long long)M, err, tol);
   return y;
 }
 
@@ -377,8 +379,8 @@ TEST(CudaWFormat, Bf16PathSelection) {
   EXPECT_EQ(b[cuda::kSlotWBf16], size_t(1024 * 4096 * 2));
 }
 
-#define V4_GPU()              \
-  V4_REQUIRE_GPU();           \
+#define V4_GPU()                             \
+  V4_REQUIRE_GPU();                          \
   ASSERT_NE(gpu(Precision::kFp32), nullptr); \
   ASSERT_NE(gpu(Precision::kBf16), nullptr);
 
@@ -395,14 +397,14 @@ TEST(CudaWFormat, LinearOddSizes) {
   const std::vector<int64_t> Ms = {1, 3, 17, 33, 200};
   run_linear_cases({
       {WFormat::kF32, 70, 0, 70, 67, Ms},
-      {WFormat::kF32, 300, 37, 200, 1000, Ms},       // unaligned row slice
-      {WFormat::kBF16, 129, 0, 129, 333, Ms},        // K % 8 != 0: unaligned rows
-      {WFormat::kBF16, 300, 37, 200, 1000, Ms},      // unaligned row slice
-      {WFormat::kFP8Block, 200, 0, 200, 300, Ms},    // K % 16 != 0
-      {WFormat::kFP8Block, 257, 0, 257, 1040, Ms},   // partial 128-blocks both ways
+      {WFormat::kF32, 300, 37, 200, 1000, Ms},               // unaligned row slice
+      {WFormat::kBF16, 129, 0, 129, 333, Ms},                // K % 8 != 0: unaligned rows
+      {WFormat::kBF16, 300, 37, 200, 1000, Ms},              // unaligned row slice
+      {WFormat::kFP8Block, 200, 0, 200, 300, Ms},            // K % 16 != 0
+      {WFormat::kFP8Block, 257, 0, 257, 1040, Ms},           // partial 128-blocks both ways
       {WFormat::kFP8Block, 520, 256, 264, 1040, Ms, false},  // row slice at 128·2, f32 scales
-      {WFormat::kMXFP4, 67, 0, 67, 96, Ms},          // partial 1024-column chunk
-      {WFormat::kMXFP4, 300, 5, 200, 2080, Ms},      // per-row scales: any row0
+      {WFormat::kMXFP4, 67, 0, 67, 96, Ms},                  // partial 1024-column chunk
+      {WFormat::kMXFP4, 300, 5, 200, 2080, Ms},              // per-row scales: any row0
   });
 }
 
@@ -429,14 +431,15 @@ TEST(CudaWFormat, LinearHeadBf16) {
   run_linear_cases({{WFormat::kBF16, 129280, 0, 129280, 4096, {1, 3, 33}}});
 }
 
-// ---- moe_experts ---------------------------------------------------------------------------------
+// ---- moe_experts
+// ---------------------------------------------------------------------------------
 
 struct MoeCase {
   WFormat f;
   int D, I, E, k;
   int64_t S;
   float limit;
-  int pool = 0;      // > 0: route only to `pool` distinct experts (host reference memory)
+  int pool = 0;         // > 0: route only to `pool` distinct experts (host reference memory)
   bool shared = false;  // shared-expert form: E = 1, k = 1, weight 1
 };
 
@@ -453,7 +456,8 @@ void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused =
     while (int(s.size()) < std::min(c.pool, c.E)) s.insert(rand_int(0, c.E - 1));
     pool.assign(s.begin(), s.end());
   }
-  for (auto& e : idx) e = pool.empty() ? rand_int(0, c.E - 1) : pool[size_t(rand_int(0, int(pool.size()) - 1))];
+  for (auto& e : idx)
+    e = pool.empty() ? rand_int(0, c.E - 1) : pool[size_t(rand_int(0, int(pool.size()) - 1))];
   std::vector<float> wt(static_cast<size_t>(P));
   if (c.shared) {
     std::fill(idx.begin(), idx.end(), 0);
@@ -501,9 +505,9 @@ void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused =
   Dev<float> dx(x), dwt(wt), dout(ref.size());
   Dev<int32_t> didx(idx);
   for (Precision p : modes) {
-    SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " " << mode_name(p) << " D=" << c.D
-                                      << " I=" << c.I << " E=" << c.E << " k=" << c.k
-                                      << " S=" << S);
+    SCOPED_TRACE(::testing::Message()
+                 << wformat_name(c.f) << " " << mode_name(p) << " D=" << c.D << " I=" << c.I
+                 << " E=" << c.E << " k=" << c.k << " S=" << S);
     dout.poison();
     MoeArgs ag = a;
     ag.n_experts = c.E;
@@ -527,8 +531,11 @@ void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused =
     EXPECT_EQ(e.unwritten, 0) << "outputs never written";
     EXPECT_LE(err, tol) << "worst row " << e.bad_row << " (row rel " << e.row_rel
                         << ", overall rel " << e.rel << ")";
-    std::printf("[wformat] moe %-9s %s%s D=%d I=%d E=%d k=%d S=%lld (%d experts used): err %.3g (tol %.0e)\n",
-                wformat_name(c.f), mode_name(p), fused ? "+fused" : "", c.D, c.I, c.E, c.k, (long long)S, U, err, tol);
+    std::printf(
+        "[wformat] moe %-9s %s%s D=%d I=%d E=%d k=%d S=%lld (%d experts used): err %.3g (tol "
+        "%.0e)\n",
+        wformat_name(c.f), mode_name(p), fused ? "+fused" : "", c.D, c.I, c.E, c.k, (long long)S, U,
+        err, tol);
   }
 }
 
@@ -573,10 +580,10 @@ TEST(CudaWFormat, FusedLinear) {
   std::vector<LinCase> cases;
   for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kBF16}) {
     cases.push_back({f, 1024, 0, 1024, 4096, {1, 33, 64, 200}});
-    cases.push_back({f, 257, 0, 257, 1024, {40, 129}});            // N and M edges
-    cases.push_back({f, 8192, 3072, 1024, 4096, {100}});           // wo_a group slice
+    cases.push_back({f, 257, 0, 257, 1024, {40, 129}});   // N and M edges
+    cases.push_back({f, 8192, 3072, 1024, 4096, {100}});  // wo_a group slice
     cases.push_back({f, 4096, 0, 4096, 8192, {65}});
-    cases.push_back({f, 300, 0, 300, 1040, {50}});                 // K % 64 != 0: fallback path
+    cases.push_back({f, 300, 0, 300, 1040, {50}});  // K % 64 != 0: fallback path
   }
   cases.push_back({WFormat::kFP8Block, 520, 256, 264, 1024, {300}, false});  // f32 scales
   cases.push_back({WFormat::kFP8Block, 2048, 0, 2048, 1024, {1000}});        // 16 M tiles

@@ -12,7 +12,9 @@ namespace {
 
 using ops::MoeArgs;
 
-__device__ __forceinline__ bool valid_expert(int32_t e, int E) { return e >= 0 && e < E; }
+__device__ __forceinline__ bool valid_expert(int32_t e, int E) {
+  return e >= 0 && e < E;
+}
 
 __device__ __forceinline__ float swiglu(float g, float u, float lim) {
   if (lim > 0.f) {
@@ -94,15 +96,17 @@ __global__ void moe_combine_kernel(MoeArgs a, const float* __restrict__ down,
   }
 }
 
-// ---- device routing (bf16 mode) ------------------------------------------------------------------
-// One block: counts per expert (shared-memory atomics), offsets (exclusive scan), the ascending
-// list of active experts and its length, then every valid pair p is placed into its expert's
-// range of `list` (order inside a range is arbitrary: each pair's result does not depend on it).
-// pos_of[p] = position of p in `list` (−1 for an invalid expert id).
+// ---- device routing (bf16 mode)
+// ------------------------------------------------------------------ One block: counts per expert
+// (shared-memory atomics), offsets (exclusive scan), the ascending list of active experts and its
+// length, then every valid pair p is placed into its expert's range of `list` (order inside a range
+// is arbitrary: each pair's result does not depend on it). pos_of[p] = position of p in `list` (−1
+// for an invalid expert id).
 __global__ void __launch_bounds__(1024)
-    moe_route_kernel(const int32_t* __restrict__ idx, int64_t P, int E, int32_t* __restrict__ offset,
-                     int32_t* __restrict__ active, int32_t* __restrict__ active_count,
-                     int32_t* __restrict__ list, int32_t* __restrict__ pos_of) {
+    moe_route_kernel(const int32_t* __restrict__ idx, int64_t P, int E,
+                     int32_t* __restrict__ offset, int32_t* __restrict__ active,
+                     int32_t* __restrict__ active_count, int32_t* __restrict__ list,
+                     int32_t* __restrict__ pos_of) {
   extern __shared__ int32_t route_sm[];
   int32_t* cnt = route_sm;
   int32_t* cur = route_sm + E;
@@ -187,7 +191,9 @@ struct RouteBufs {
   int32_t *offset, *active, *active_count, *list, *pos_of;
 };
 
-size_t route_ints(int64_t P, int E) { return size_t(E + 1) + size_t(E) + 1 + 2 * size_t(P); }
+size_t route_ints(int64_t P, int E) {
+  return size_t(E + 1) + size_t(E) + 1 + 2 * size_t(P);
+}
 
 RouteBufs route_bufs(int32_t* base, int64_t P, int E) {
   RouteBufs b;
@@ -213,8 +219,7 @@ MoePath choose_path(bool bf16, int64_t S, int E, int k, const KernelContext& c) 
 // the scratch slot.
 Result<const __nv_bfloat16*> expert_bf16(const ops::WeightView& w, int64_t e,
                                          const KernelContext& c, size_t wbytes) {
-  if (w.format == ops::WFormat::kBF16)
-    return reinterpret_cast<const __nv_bfloat16*>(wrow(w, e, 0));
+  if (w.format == ops::WFormat::kBF16) return reinterpret_cast<const __nv_bfloat16*>(wrow(w, e, 0));
   auto* d = static_cast<__nv_bfloat16*>(c.get(kSlotWBf16, wbytes));
   V4_RETURN_IF_ERROR(dequant_view_bf16(w, e, d, c.stream));
   return static_cast<const __nv_bfloat16*>(d);
@@ -226,9 +231,10 @@ Status check_args(const MoeArgs& a) {
   if (a.topk <= 0 || a.hidden <= 0 || a.inter <= 0 || a.n_experts <= 0 ||
       u.n != 2 * int64_t(a.inter) || u.k != a.hidden || d.n != a.hidden || d.k != a.inter ||
       u.experts < a.n_experts || d.experts < a.n_experts)
-    return errorf(ErrorCode::kInvalidArgument,
-                  "moe_experts: w13 [{}, {}] ×{} / w2 [{}, {}] ×{} do not match D={} I={} E={} k={}",
-                  u.n, u.k, u.experts, d.n, d.k, d.experts, a.hidden, a.inter, a.n_experts, a.topk);
+    return errorf(
+        ErrorCode::kInvalidArgument,
+        "moe_experts: w13 [{}, {}] ×{} / w2 [{}, {}] ×{} do not match D={} I={} E={} k={}", u.n,
+        u.k, u.experts, d.n, d.k, d.experts, a.hidden, a.inter, a.n_experts, a.topk);
   return Status::Ok();
 }
 
@@ -285,13 +291,12 @@ Status moe_fp32(const MoeArgs& a, const KernelContext& c) {
   moe_up_fp32_kernel<<<grid_for(w1 * 32, 256, int64_t(1) << 31), 256, 0, c.stream>>>(a, gu);
   V4_CUDA_CHECK_LAUNCH("moe_up_fp32_kernel");
   moe_act_fp32_kernel<<<grid_for(P * a.inter, 256), 256, 0, c.stream>>>(gu, P, a.inter,
-                                                                       a.swiglu_limit, act);
+                                                                        a.swiglu_limit, act);
   V4_CUDA_CHECK_LAUNCH("moe_act_fp32_kernel");
   moe_down_fp32_kernel<<<grid_for(w2 * 32, 256, int64_t(1) << 31), 256, 0, c.stream>>>(a, act,
-                                                                                      down);
+                                                                                       down);
   V4_CUDA_CHECK_LAUNCH("moe_down_fp32_kernel");
-  moe_combine_kernel<<<grid_for(a.n_rows * a.hidden, 256), 256, 0, c.stream>>>(a, down, nullptr,
-                                                                               0);
+  moe_combine_kernel<<<grid_for(a.n_rows * a.hidden, 256), 256, 0, c.stream>>>(a, down, nullptr, 0);
   V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
   return Status::Ok();
 }

@@ -3,7 +3,8 @@
 //   kF32      f32 [E, rows_total, K]
 //   kBF16     bf16 bits [E, rows_total, K]
 //   kFP8Block e4m3fn [E, rows_total, K]; scale f32 [E, ceil(rows_total/128), ceil(K/128)]
-//   kMXFP4    e2m1 nibbles [E, rows_total, K/2] (low nibble = even k); scale ue8m0 [E, rows_total, K/32]
+//   kMXFP4    e2m1 nibbles [E, rows_total, K/2] (low nibble = even k);
+//             scale ue8m0 [E, rows_total, K/32]
 // A view selects rows [row0, row0 + n) of each expert; scales are indexed with the absolute row.
 // Every conversion here is exact (e4m3, e2m1, bf16 and powers of two are exact in f32), and the
 // dequantized value of `wval` is the f32 product value·scale the CPU loader computes, so fp32-mode
@@ -65,7 +66,9 @@ __device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) {
   return __half22float2(__half2(raw));
 }
 
-__device__ __forceinline__ float e4m3_to_f32(uint32_t b) { return e4m3x2_to_f32(b & 0xffu).x; }
+__device__ __forceinline__ float e4m3_to_f32(uint32_t b) {
+  return e4m3x2_to_f32(b & 0xffu).x;
+}
 
 /// ue8m0 byte -> 2^(b − 127) exactly (b = 0 -> 2^-127, a denormal; 255 -> NaN).
 __device__ __forceinline__ float ue8m0_to_f32(uint32_t b) {
@@ -86,8 +89,8 @@ __device__ __forceinline__ float e2m1_to_f32(uint32_t nib) {
 /// e1 e0 m bits placed at f16 bits 11..9 (sign at 15) are e2m1·2^-14 including the subnormal 0.5.
 /// Callers multiply the dot product by 2^14 (with the block scale).
 __device__ __forceinline__ float2 e2m1x2_to_f32_2m14(uint32_t b) {
-  const uint32_t h = ((b & 0x8u) << 12) | ((b & 0x7u) << 9) | ((b & 0x80u) << 24) |
-                     ((b & 0x70u) << 21);
+  const uint32_t h =
+      ((b & 0x8u) << 12) | ((b & 0x7u) << 9) | ((b & 0x80u) << 24) | ((b & 0x70u) << 21);
   __half2_raw raw;
   raw.x = static_cast<unsigned short>(h & 0xffffu);
   raw.y = static_cast<unsigned short>(h >> 16);

@@ -79,24 +79,28 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// ---- weight-streaming GEMV -----------------------------------------------------------------------
-// Block = 4 warps. The block's warps form 4/ks row groups × ks K-slices. A "chunk" is 32 lanes ×
-// V values, V = values per 16 bytes of the format (f32 4, bf16 8, FP8 16, MXFP4 32); chunk c goes to
-// K-slice c % ks. Each warp computes R = 2 weight rows (2 outputs, or gate+up of one output with
-// SwiGLU) for up to MT rows of x: per lane and chunk one 16-byte load per row, unpacked to f32,
-// dotted with x (f32, shared memory) as one FMA chain, scaled once per chunk (an FP8 chunk lies in
-// one 128-column block, an MXFP4 chunk in one 32-column group), accumulated over the warp's chunks
-// in order; then a butterfly over lanes and, with ks > 1, a sum over the K-slices in slice order.
-// All of it depends on (N, K, format) only, never on M: a row's result is batch-invariant.
-// x staging: rows of x are copied to shared memory in passes of mc rows; within a row, float4
-// group g is stored at g ^ ((g >> 3) & (V/4 − 1)) so that the 8 lanes of a quarter-warp reading
-// their V consecutive values hit 8 different bank quads (conflict-free 128-bit loads).
+// ---- weight-streaming GEMV
+// ----------------------------------------------------------------------- Block = 4 warps. The
+// block's warps form 4/ks row groups × ks K-slices. A "chunk" is 32 lanes × V values, V = values
+// per 16 bytes of the format (f32 4, bf16 8, FP8 16, MXFP4 32); chunk c goes to K-slice c % ks.
+// Each warp computes R = 2 weight rows (2 outputs, or gate+up of one output with SwiGLU) for up to
+// MT rows of x: per lane and chunk one 16-byte load per row, unpacked to f32, dotted with x (f32,
+// shared memory) as one FMA chain, scaled once per chunk (an FP8 chunk lies in one 128-column
+// block, an MXFP4 chunk in one 32-column group), accumulated over the warp's chunks in order; then
+// a butterfly over lanes and, with ks > 1, a sum over the K-slices in slice order. All of it
+// depends on (N, K, format) only, never on M: a row's result is batch-invariant. x staging: rows of
+// x are copied to shared memory in passes of mc rows; within a row, float4 group g is stored at g ^
+// ((g >> 3) & (V/4 − 1)) so that the 8 lanes of a quarter-warp reading their V consecutive values
+// hit 8 different bank quads (conflict-free 128-bit loads).
 constexpr int kGemvThreads = 128, kGemvWarps = 4, kGemvR = 2, kGemvU = 4, kGemvMaxMc = 8;
 constexpr size_t kGemvSmemBudget = 96 * 1024;  // x staging per block (2+ blocks per SM)
 constexpr size_t kGemvSmemMax = 200 * 1024;
 
 template <WFormat F>
-constexpr int kVals = F == WFormat::kF32 ? 4 : F == WFormat::kBF16 ? 8 : F == WFormat::kFP8Block ? 16 : 32;
+constexpr int kVals = F == WFormat::kF32        ? 4
+                      : F == WFormat::kBF16     ? 8
+                      : F == WFormat::kFP8Block ? 16
+                                                : 32;
 
 inline int vals_per_16b(WFormat f) {
   switch (f) {
@@ -187,8 +191,8 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
     __syncthreads();  // the previous pass is done with xs
     // float4 loads when every x row is 16-byte aligned (the loads of a thread are independent, so
     // they are all in flight together); a swizzle moves whole float4 groups.
-    const bool x4 = (K & 3) == 0 && (a.ldx & 3) == 0 &&
-                    (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
+    const bool x4 =
+        (K & 3) == 0 && (a.ldx & 3) == 0 && (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
     for (int i = 0; i < mc; ++i) {
       const int64_t item = rbeg + m0 + i;
       const int64_t xr = a.list ? int64_t(a.list[item] / a.xdiv) : item;
@@ -220,9 +224,12 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
         rok[r] = out < a.n_out;
         const int64_t n = rok[r] ? (SWIGLU ? o0 + r * a.n_out : o0 + r) : 0;
         rowp[r] = wrow(w, e, n);
-        if constexpr (F == WFormat::kFP8Block) scp[r] = fp8_scale_row(w, e, n);
-        else if constexpr (F == WFormat::kMXFP4) scp[r] = mxfp4_scale_row(w, e, n);
-        else scp[r] = nullptr;
+        if constexpr (F == WFormat::kFP8Block)
+          scp[r] = fp8_scale_row(w, e, n);
+        else if constexpr (F == WFormat::kMXFP4)
+          scp[r] = mxfp4_scale_row(w, e, n);
+        else
+          scp[r] = nullptr;
       }
       float acc[R][MT];
 #pragma unroll
@@ -441,8 +448,7 @@ bool wgemv_supported(const WeightView& w) {
   const int V = vals_per_16b(w.format);
   const int64_t Ks = (w.k + 32 * V - 1) / (32 * V) * (32 * V);
   if (size_t(Ks) * 4 + 1024 > kGemvSmemMax) return false;
-  if (w.format == WFormat::kMXFP4 &&
-      (w.k % 32 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0))
+  if (w.format == WFormat::kMXFP4 && (w.k % 32 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0))
     return false;
   return true;
 }
@@ -457,8 +463,8 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   const int V = vals_per_16b(w.format);
   const int64_t nchunks = (w.k + 32 * V - 1) / (32 * V);
   const int64_t Ks = nchunks * 32 * V;
-  const bool vec = wrow_bytes(w.format, w.k) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+  const bool vec =
+      wrow_bytes(w.format, w.k) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
   const int opw = a.swiglu ? 1 : kGemvR;
   const int64_t warps1 = (a.n_out + opw - 1) / opw;
   int ks = warps1 >= 8 * int64_t(num_sms) ? 1 : warps1 >= 4 * int64_t(num_sms) ? 2 : 4;
@@ -471,7 +477,8 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   const size_t smem = size_t(mc * Ks) * 4 + size_t(kGemvWarps * kGemvR * mt) * 4;
   const int64_t per_tile = int64_t(kGemvWarps / ks) * opw;
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
-  const int64_t gx = std::min<int64_t>(ntiles, std::max<int64_t>(1, (4 * int64_t(num_sms) + grid_y - 1) / grid_y));
+  const int64_t gx =
+      std::min<int64_t>(ntiles, std::max<int64_t>(1, (4 * int64_t(num_sms) + grid_y - 1) / grid_y));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(grid_y));
   switch (w.format) {
     case WFormat::kF32:
@@ -518,8 +525,8 @@ bool linear_bf16_uses_gemv(const WeightView& w, int64_t M, int64_t gemv_max_rows
   return w.format != WFormat::kBF16 || M <= wgemv_pass_rows(w);
 }
 
-void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight,
-                          const KernelContext& c, size_t* bytes) {
+void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight, const KernelContext& c,
+                          size_t* bytes) {
   if (M <= c.gemv_max_rows && !bf16_weight) return;  // GEMV (or the fp32 fallback): no scratch
   bytes[kSlotXBf16] = std::max(bytes[kSlotXBf16], size_t(M * K) * 2);
   if (!bf16_weight) bytes[kSlotWBf16] = std::max(bytes[kSlotWBf16], size_t(n * K) * 2);

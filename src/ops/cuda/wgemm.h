@@ -82,13 +82,13 @@ enum ScratchSlot : int {
   kSlotIndexerScores = 0,
   kSlotIndexerSel = 1,
   kSlotRoute = 2,
-  kSlotF32A = 3,     // MoE gate/up (f32) or act (f32)
-  kSlotF32B = 4,     // MoE act (fp32 mode)
-  kSlotF32C = 5,     // MoE per-pair down (f32)
-  kSlotXBf16 = 6,    // tensor-core paths: x as bf16
-  kSlotWBf16 = 7,    // tensor-core paths: one dequantized weight matrix / expert as bf16
-  kSlotMoeInts = 8,  // MoE routing: offsets, active experts, pair lists
-  kSlotActBf16 = 9,  // MoE tensor-core paths: act as bf16
+  kSlotF32A = 3,        // MoE gate/up (f32) or act (f32)
+  kSlotF32B = 4,        // MoE act (fp32 mode)
+  kSlotF32C = 5,        // MoE per-pair down (f32)
+  kSlotXBf16 = 6,       // tensor-core paths: x as bf16
+  kSlotWBf16 = 7,       // tensor-core paths: one dequantized weight matrix / expert as bf16
+  kSlotMoeInts = 8,     // MoE routing: offsets, active experts, pair lists
+  kSlotActBf16 = 9,     // MoE tensor-core paths: act as bf16
   kSlotAttention = 10,  // sparse_attention split-KV workspace (attention.h)
   kNumScratchSlots = 12,
 };
@@ -98,9 +98,9 @@ struct KernelContext {
   cudaStream_t stream = nullptr;
   Gemm* gemm = nullptr;
   int num_sms = 132;
-  int64_t gemv_max_rows = 32;    // CudaOptions::gemv_max_rows
-  int64_t sync_min_pairs = 4096;  // CudaOptions::moe_sync_min_pairs
-  bool fused_tc = false;          // CudaOptions::fused_tensor_cores
+  int64_t gemv_max_rows = 32;       // CudaOptions::gemv_max_rows
+  int64_t sync_min_pairs = 4096;    // CudaOptions::moe_sync_min_pairs
+  bool fused_tc = false;            // CudaOptions::fused_tensor_cores
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   /// Grow-only scratch buffer `slot` of at least `bytes` (may throw, see cuda_ops.h).
   void* (*scratch)(void* self, int slot, size_t bytes) = nullptr;
@@ -126,7 +126,7 @@ bool linear_bf16_uses_gemv(const ops::WeightView& w, int64_t M, int64_t gemv_max
 
 /// Scratch bytes per slot linear_w_bf16 needs for M rows of an n × K view (`bf16_weight`: stored
 /// as bf16, no dequantized copy), maxed into bytes[kNumScratchSlots].
-void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight,
-                          const KernelContext& c, size_t* bytes);
+void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight, const KernelContext& c,
+                          size_t* bytes);
 
 }  // namespace v4::cuda

@@ -25,7 +25,9 @@ constexpr int kTM = 64, kTN = 64, kTK = 64, kLdab = kTK + 8, kLdc = kTN + 4;
 constexpr int kThreads = 128;
 
 template <WFormat F>
-constexpr int kVals16 = F == WFormat::kBF16 ? 8 : F == WFormat::kFP8Block ? 16 : 32;
+constexpr int kVals16 = F == WFormat::kBF16       ? 8
+                        : F == WFormat::kFP8Block ? 16
+                                                  : 32;
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo (low half)
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) wmma_gemm_kernel(GemvArgs a) {
   __nv_bfloat16* Bs = As + kTM * kLdab;
   float* Cs = reinterpret_cast<float*>(smem);
   constexpr int V = kVals16<F>;
-  constexpr int kChunksPerRow = kTK / V;              // 16-byte chunks of a 64-column weight row
+  constexpr int kChunksPerRow = kTK / V;               // 16-byte chunks of a 64-column weight row
   constexpr int kOutPerTile = SWIGLU ? kTN / 2 : kTN;  // outputs per tile
 
   const WeightView& w = a.w;
@@ -138,7 +140,8 @@ __global__ void __launch_bounds__(kThreads) wmma_gemm_kernel(GemvArgs a) {
                 e2m1x8_to_f32_2m14(u[i], f);
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
-                  packed[4 * i + j] = pack_bf16x2(f[2 * j] * 16384.f * s, f[2 * j + 1] * 16384.f * s);
+                  packed[4 * i + j] =
+                      pack_bf16x2(f[2 * j] * 16384.f * s, f[2 * j + 1] * 16384.f * s);
               }
             }
           } else {
@@ -148,7 +151,8 @@ __global__ void __launch_bounds__(kThreads) wmma_gemm_kernel(GemvArgs a) {
           uint4* dst = reinterpret_cast<uint4*>(Bs + r * kLdab + c0);
 #pragma unroll
           for (int i = 0; i < V / 8; ++i)
-            dst[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
+            dst[i] =
+                make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
         }
         __syncthreads();
 #pragma unroll
@@ -217,8 +221,8 @@ Status wmma_gemm(const GemvArgs& a, int grid_y, int num_sms, cudaStream_t stream
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
   dim3 grid;
   if (a.list) {
-    const int64_t gx =
-        std::min<int64_t>(ntiles, std::max<int64_t>(1, (8 * int64_t(num_sms) + grid_y - 1) / grid_y));
+    const int64_t gx = std::min<int64_t>(
+        ntiles, std::max<int64_t>(1, (8 * int64_t(num_sms) + grid_y - 1) / grid_y));
     grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(grid_y));
   } else {
     const int64_t mtiles = (a.rows + kTM - 1) / kTM;
