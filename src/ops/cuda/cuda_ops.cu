@@ -19,6 +19,7 @@
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/norm_rope.h"
+#include "ops/cuda/sampling.h"
 #include "ops/cuda/topk.h"
 
 namespace v4::ops {
@@ -619,6 +620,12 @@ class CudaOps final : public Ops {
     launched("moe_combine_kernel");
   }
 
+  // Device sampling (ops/cuda/sampling.h): only token ids and logprobs leave the GPU.
+  bool sample(const SampleArgs& a) override {
+    if (a.n_rows > 0) record(sampler_.run(a, stream_));
+    return true;
+  }
+
  private:
   static constexpr size_t kSmallMax = size_t(64) << 20;
   static size_t size_class(size_t b) {
@@ -663,6 +670,7 @@ class CudaOps final : public Ops {
   std::map<void*, size_t> scratch_;
   void* scratch_ptr_[8] = {};
   size_t scratch_size_[8] = {};
+  cuda::DeviceSampler sampler_;  // grow-only scratch of `sample`
 };
 
 }  // namespace
