@@ -119,6 +119,15 @@ class KvCache {
   /// Ring rows per sequence of layer l's compressor `which` (c·m).
   int ring_rows(int l, int which) const;
 
+  // ---- copies between pools and host memory (prefix cache) ---------------------------------
+  /// Direction of a copy: pool rows live in backend memory (device memory on CUDA).
+  enum class CopyKind { kPoolToPool, kPoolToHost, kHostToPool };
+  using CopyFn = std::function<void(void* dst, const void* src, size_t bytes, CopyKind kind)>;
+  /// Installs the copy function for pool memory (default: memcpy, right for host pools).
+  void set_copy(CopyFn fn) { copy_ = std::move(fn); }
+  /// Copies `bytes` with the installed function.
+  void copy_bytes(void* dst, const void* src, size_t bytes, CopyKind kind) const;
+
  private:
   KvCache() = default;
   struct LayerPools {
@@ -143,6 +152,7 @@ class KvCache {
   std::vector<void*> allocations_;
   std::vector<int32_t> free_pages_, free_swa_pages_, free_slots_;
   std::vector<Seq> seqs_;
+  CopyFn copy_;
 };
 
 }  // namespace v4::cache
