@@ -1,6 +1,8 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "base/log.h"
 #include "model/backend.h"
@@ -42,6 +44,12 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   const int64_t cfg_ctx = e->model_->config().max_position_embeddings;
   e->max_context_ = opt.max_context > 0 ? std::min(opt.max_context, cfg_ctx) : cfg_ctx;
   e->device_sampling_ = opt.device_sampling;
+  if (const char* env = std::getenv("V4_DEVICE_SAMPLING"); env && std::string(env) == "0")
+    e->device_sampling_ = false;  // emergency switch without a CLI flag
+  if (e->ops_->sample(ops::SampleArgs{}))
+    V4_LOG_INFO("sampling: {} on the {} backend for requests without penalties",
+                e->device_sampling_ ? "on the device" : "on the host (device sampling off)",
+                e->ops_->name());
   if (opt.prefix_cache_bytes > 0 && e->ops_->name() != "cpu") {
     // The prefix store copies pool rows with host memcpy (two-tier binding, docs/cache.md §6);
     // on a device backend the pools live in device memory, so prefix caching stays off there.

@@ -36,7 +36,8 @@ struct ModelExecutorOptions {
   int64_t prefix_cache_bytes = 0;
   /// Sample on the backend when it can (ops::Ops::sample; the CUDA backend): slices that carry
   /// model::DeviceSampling then return a token id instead of a logits row. false = always
-  /// return logits (host sampling everywhere; for comparisons and debugging).
+  /// return logits (host sampling everywhere; for comparisons and debugging). The environment
+  /// variable V4_DEVICE_SAMPLING=0 also turns it off.
   bool device_sampling = true;
 };
 
