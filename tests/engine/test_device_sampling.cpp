@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -376,6 +377,11 @@ class HostSamplingOps : public ops::Ops {
   void sparse_attention(const ops::AttentionArgs& a) override { in_->sparse_attention(a); }
   void route(const ops::RouteArgs& a) override { in_->route(a); }
   void moe_experts(const ops::MoeArgs& a) override { in_->moe_experts(a); }
+  void build_decode_plan(const ops::DecodePlanArgs& a) override { in_->build_decode_plan(a); }
+  bool supports_graphs() const override { return in_->supports_graphs(); }
+  std::unique_ptr<ops::Graph> capture(const std::function<void()>& body) override {
+    return in_->capture(body);
+  }
 
   bool sample(const ops::SampleArgs& a) override {
     if (a.n_rows == 0) return true;
@@ -434,7 +440,10 @@ TEST(DeviceSampling, ModelHeadSamplesOnTheBackendLikeHostSampling) {
   ec.chunked_prefill_size = 29;
   ec.max_running_requests = 10;
 
-  auto run = [&](bool wrap, HostSamplingOps** ops_out) {
+  // device_plan: decode-only steps take the model's decode fast path (plan op, eager on the
+  // CPU), whose output stage is separate from the host-planned path's head.
+  auto run = [&](bool wrap, bool device_plan, HostSamplingOps** ops_out,
+                 int64_t* decode_steps) {
     std::unique_ptr<ops::Ops> ops = ops::make_cpu_ops();
     if (wrap) {
       auto w = std::make_unique<HostSamplingOps>(std::move(ops));
@@ -444,18 +453,28 @@ TEST(DeviceSampling, ModelHeadSamplesOnTheBackendLikeHostSampling) {
     auto model = model::DeepseekV4::load(dir, ops.get());
     EXPECT_TRUE(model.ok()) << model.status().to_string();
     const int64_t V = (*model)->config().vocab_size;
+    auto opt = (*model)->decode_options();
+    opt.device_plan = device_plan;
+    (*model)->set_decode_options(opt);
     auto exec = ModelExecutor::create(std::move(ops), std::move(model).value(), mo);
     EXPECT_TRUE(exec.ok()) << exec.status().to_string();
     const auto reqs = mixed_requests(V, 14, 11);
-    return run_all(**exec, ec, reqs, nullptr);
+    auto got = run_all(**exec, ec, reqs, nullptr);
+    if (decode_steps) *decode_steps = (*exec)->model().decode_stats().device_plan_steps;
+    return got;
   };
-  HostSamplingOps* dev_ops = nullptr;
-  const auto want = run(false, nullptr);
-  const auto got = run(true, &dev_ops);
-  expect_same(want, got);
-  ASSERT_NE(dev_ops, nullptr);
-  EXPECT_GT(dev_ops->calls, 10);
-  EXPECT_GT(dev_ops->rows, 60);
+  const auto want = run(false, false, nullptr, nullptr);
+  for (bool device_plan : {false, true}) {
+    SCOPED_TRACE(device_plan ? "decode fast path" : "host-planned steps");
+    HostSamplingOps* dev_ops = nullptr;
+    int64_t decode_steps = 0;
+    const auto got = run(true, device_plan, &dev_ops, &decode_steps);
+    expect_same(want, got);
+    ASSERT_NE(dev_ops, nullptr);
+    EXPECT_GT(dev_ops->calls, 10);
+    EXPECT_GT(dev_ops->rows, 60);
+    if (device_plan) EXPECT_GT(decode_steps, 5);
+  }
 }
 
 TEST(DeviceSampling, OptionOffKeepsLogitsPath) {

@@ -491,8 +491,9 @@ __global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(SampleArgs a)
 }  // namespace
 
 size_t DeviceSampler::scratch_bytes() const {
-  return keys_a_.bytes() + keys_b_.bytes() + vals_a_.bytes() + vals_b_.bytes() +
-         seg_begin_.bytes() + seg_end_.bytes() + row_sum_.bytes() + temp_.bytes();
+  size_t b = arena_.bytes() + temp_.bytes();
+  for (const auto& r : retired_) b += r.bytes();
+  return b;
 }
 
 namespace {
@@ -506,28 +507,39 @@ Status no_growth_in_capture(cudaStream_t stream, const char* what) {
                   what);
   return Status::Ok();
 }
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 }  // namespace
 
 Status DeviceSampler::reserve(int64_t rows, int64_t vocab, cudaStream_t stream) {
-  const size_t n = size_t(rows) * size_t(vocab);
-  if (keys_a_.size() >= n && seg_begin_.size() >= size_t(rows)) return Status::Ok();
+  if (arena_rows_ >= rows && arena_vocab_ == vocab) return Status::Ok();
   V4_RETURN_IF_ERROR(no_growth_in_capture(stream, "the sort scratch"));
-  V4_CUDA_TRY(cudaStreamSynchronize(stream));  // the old buffers may still be in use
-  V4_RETURN_IF_ERROR(keys_a_.alloc(n));
-  V4_RETURN_IF_ERROR(keys_b_.alloc(n));
-  V4_RETURN_IF_ERROR(vals_a_.alloc(n));
-  V4_RETURN_IF_ERROR(vals_b_.alloc(n));
-  V4_RETURN_IF_ERROR(seg_begin_.alloc(size_t(rows)));
-  V4_RETURN_IF_ERROR(seg_end_.alloc(size_t(rows)));
-  V4_RETURN_IF_ERROR(row_sum_.alloc(size_t(rows)));
+  const size_t n = size_t(rows) * size_t(vocab);
+  const size_t big = align256(n * 4), small = align256(size_t(rows) * 8);
+  DeviceBuffer<unsigned char> fresh;
+  V4_RETURN_IF_ERROR(fresh.alloc(4 * big + 3 * small));
+  if (arena_.size()) retired_.push_back(std::move(arena_));
+  arena_ = std::move(fresh);
+  unsigned char* p = arena_.get();
+  keys_a_ = reinterpret_cast<uint32_t*>(p);
+  keys_b_ = reinterpret_cast<uint32_t*>(p + big);
+  vals_a_ = reinterpret_cast<int32_t*>(p + 2 * big);
+  vals_b_ = reinterpret_cast<int32_t*>(p + 3 * big);
+  seg_begin_ = reinterpret_cast<int32_t*>(p + 4 * big);
+  seg_end_ = reinterpret_cast<int32_t*>(p + 4 * big + small);
+  row_sum_ = reinterpret_cast<double*>(p + 4 * big + 2 * small);
+  arena_rows_ = rows;
+  arena_vocab_ = vocab;
   return Status::Ok();
 }
 
 Status DeviceSampler::reserve_temp(size_t bytes, cudaStream_t stream) {
   if (temp_.size() >= bytes) return Status::Ok();
   V4_RETURN_IF_ERROR(no_growth_in_capture(stream, "the sort's temporary storage"));
-  V4_CUDA_TRY(cudaStreamSynchronize(stream));
-  return temp_.alloc(bytes);
+  DeviceBuffer<unsigned char> fresh;
+  V4_RETURN_IF_ERROR(fresh.alloc(align256(bytes)));
+  if (temp_.size()) retired_.push_back(std::move(temp_));
+  temp_ = std::move(fresh);
+  return Status::Ok();
 }
 
 Status DeviceSampler::run(const ops::SampleArgs& a, cudaStream_t stream) {
@@ -555,31 +567,31 @@ Status DeviceSampler::run(const ops::SampleArgs& a, cudaStream_t stream) {
     // Rows per chunk: the scratch bound, and chunk offsets (c · V) must fit int32 for CUB.
     const int64_t cap = std::max<int64_t>(1, std::min(chunk_rows_, ((int64_t(1) << 31) - 1) / V));
     const int64_t C = std::min(R, cap);
-    V4_RETURN_IF_ERROR(reserve(C, V, stream));
+    V4_RETURN_IF_ERROR(reserve(cap, V, stream));  // the whole chunk at once: no regrowth
     for (int64_t r0 = 0; r0 < R; r0 += C) {
       const int64_t rows = std::min(C, R - r0);
       SortScratch s;
-      s.keys = keys_a_.get();
-      s.vals = vals_a_.get();
-      s.seg_begin = seg_begin_.get();
-      s.seg_end = seg_end_.get();
-      s.row_sum = row_sum_.get();
+      s.keys = keys_a_;
+      s.vals = vals_a_;
+      s.seg_begin = seg_begin_;
+      s.seg_end = seg_end_;
+      s.row_sum = row_sum_;
       prep_kernel<<<unsigned(rows), kPrepThreads, 0, stream>>>(a, r0, s, prefilter_);
       V4_CUDA_CHECK_LAUNCH("sample prep_kernel");
 
-      cub::DoubleBuffer<uint32_t> dk(keys_a_.get(), keys_b_.get());
-      cub::DoubleBuffer<int32_t> dv(vals_a_.get(), vals_b_.get());
+      cub::DoubleBuffer<uint32_t> dk(keys_a_, keys_b_);
+      cub::DoubleBuffer<int32_t> dv(vals_a_, vals_b_);
       size_t temp_bytes = 0;
       V4_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairs(
-          nullptr, temp_bytes, dk, dv, int(rows * V), int(rows), seg_begin_.get(), seg_end_.get(),
+          nullptr, temp_bytes, dk, dv, int(rows * V), int(rows), seg_begin_, seg_end_,
           0, 32, stream));
       V4_RETURN_IF_ERROR(reserve_temp(std::max<size_t>(temp_bytes, 1), stream));
-      cub::DoubleBuffer<uint32_t> sk(keys_a_.get(), keys_b_.get());
-      cub::DoubleBuffer<int32_t> sv(vals_a_.get(), vals_b_.get());
+      cub::DoubleBuffer<uint32_t> sk(keys_a_, keys_b_);
+      cub::DoubleBuffer<int32_t> sv(vals_a_, vals_b_);
       size_t have = temp_.bytes();
       V4_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairs(temp_.get(), have, sk, sv,
                                                            int(rows * V), int(rows),
-                                                           seg_begin_.get(), seg_end_.get(), 0, 32,
+                                                           seg_begin_, seg_end_, 0, 32,
                                                            stream));
       s.sorted_keys = sk.Current();
       s.sorted_vals = sv.Current();

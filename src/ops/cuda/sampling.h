@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "base/status.h"
 #include "ops/cuda/cuda_common.h"
@@ -31,8 +32,10 @@
 
 namespace v4::cuda {
 
-/// Owns the sampler's grow-only scratch (sort buffers: 16 bytes per entry of a chunk of rows,
-/// 265 MB for 128 rows of V = 129,280). Not thread-safe; one per stream.
+/// Owns the sampler's scratch: sort buffers of 16 bytes per entry of a chunk of rows (265 MB for
+/// 128 rows of V = 129,280), allocated whole at the first call that sorts, so a fixed vocabulary
+/// never grows it again. Grown-out buffers are kept until destruction (a captured graph may
+/// still point at them). Not thread-safe; one per stream.
 class DeviceSampler {
  public:
   /// `chunk_rows`: rows sorted per pass (bounds the scratch; larger R loops over chunks).
@@ -59,11 +62,14 @@ class DeviceSampler {
 
   int64_t chunk_rows_;
   bool prefilter_ = true;
-  DeviceBuffer<uint32_t> keys_a_, keys_b_;
-  DeviceBuffer<int32_t> vals_a_, vals_b_;
-  DeviceBuffer<int32_t> seg_begin_, seg_end_;
-  DeviceBuffer<double> row_sum_;
-  DeviceBuffer<unsigned char> temp_;
+  // Views into arena_ (sized for arena_rows_ × arena_vocab_).
+  int64_t arena_rows_ = 0, arena_vocab_ = 0;
+  uint32_t *keys_a_ = nullptr, *keys_b_ = nullptr;
+  int32_t *vals_a_ = nullptr, *vals_b_ = nullptr;
+  int32_t *seg_begin_ = nullptr, *seg_end_ = nullptr;
+  double* row_sum_ = nullptr;
+  DeviceBuffer<unsigned char> arena_, temp_;
+  std::vector<DeviceBuffer<unsigned char>> retired_;  // grown-out buffers, freed at destruction
 };
 
 }  // namespace v4::cuda
