@@ -8,7 +8,10 @@
 //   almost always equal to the CPU token;
 // - the empirical distribution over 20,000 seeds matches sampling_distribution (chi-square);
 // - batch invariance (a row alone vs inside a batch of 100), logprobs vs the CPU, CUDA-graph
-//   capture and replay with new inputs, the CudaOps entry point; timings are printed.
+//   capture and replay with new inputs, the CudaOps entry point;
+// - the engine over the real model on the CUDA backend (decode graphs included): device
+//   sampling on gives the tokens and logprobs of device sampling off (same GPU logits);
+// timings are printed.
 // Inputs are fresh each run (seed printed; V4_TEST_SEED reproduces). Outputs are poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -18,13 +21,16 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "engine/model_executor.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/sampling.h"
 #include "ops/ops.h"
@@ -572,6 +578,80 @@ TEST(CudaSampling, CudaOpsEntryPoint) {
   o.free(dl);
   o.free(dp);
   o.free(dt);
+}
+
+// ---- the engine on the CUDA backend: device sampling on == off ------------------------------------
+
+// Tokens (and logprobs) of mixed requests through the scheduler over the real model on the CUDA
+// backend, with device sampling on and off: the logits are the same GPU logits either way, so
+// the tokens must be identical (greedy, seeded top-k/top-p/min-p, penalties on the host path)
+// and the logprobs equal to f32 rounding.
+std::map<engine::RequestId, std::pair<std::vector<int32_t>, std::vector<TokenLogprobs>>> run_engine(
+    const std::string& dir, bool device_sampling) {
+  engine::ModelExecutorOptions mo;
+  mo.kv_budget_bytes = int64_t(64) << 20;
+  mo.max_sequences = 16;
+  mo.max_chunk_tokens = 29;
+  mo.device_sampling = device_sampling;
+  auto exec = engine::ModelExecutor::load(dir, mo, "cuda");
+  EXPECT_TRUE(exec.ok()) << exec.status().to_string();
+  std::map<engine::RequestId, std::pair<std::vector<int32_t>, std::vector<TokenLogprobs>>> got;
+  if (!exec.ok()) return got;
+  engine::EngineConfig ec;
+  ec.chunked_prefill_size = 29;
+  ec.max_running_requests = 10;
+  engine::Scheduler sched(**exec, ec);
+  std::mt19937 g(7);
+  const int64_t V = (*exec)->vocab_size();
+  for (engine::RequestId id = 1; id <= 12; ++id) {
+    engine::Request r;
+    r.prompt_tokens.resize(size_t(3 + g() % 50));
+    for (auto& t : r.prompt_tokens) t = int32_t(g() % uint32_t(V));
+    SamplingParams& p = r.sampling;
+    p.max_tokens = 8 + int64_t(g() % 10);
+    p.ignore_eos = true;
+    switch (id % 6) {
+      case 0: p.temperature = 0.0f; break;
+      case 1: p.temperature = 0.8f; p.top_p = 0.9f; break;
+      case 2: p.temperature = 1.1f; p.top_k = 7; p.logprobs = true; p.top_logprobs = 4; break;
+      case 3: p.temperature = 0.9f; p.min_p = 0.05f; break;
+      case 4: p.temperature = 0.0f; p.logprobs = true; p.top_logprobs = 2; break;
+      case 5: p.temperature = 1.0f; p.presence_penalty = 0.4f; break;  // host path
+    }
+    sched.add(
+        id, r,
+        [&got, id](const engine::StepOutput& o) {
+          auto& e = got[id];
+          e.first.insert(e.first.end(), o.new_tokens.begin(), o.new_tokens.end());
+          e.second.insert(e.second.end(), o.logprobs.begin(), o.logprobs.end());
+        },
+        engine::Clock::now(), 1000 + id);
+  }
+  for (int n = 0; !sched.idle() && n < 10000; ++n) EXPECT_TRUE(sched.step().ok());
+  return got;
+}
+
+TEST(CudaSampling, EngineDeviceSamplingEqualsHostSampling) {
+  V4_REQUIRE_GPU();
+  const std::string dir = std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32";
+  const auto host = run_engine(dir, false);
+  const auto dev = run_engine(dir, true);
+  ASSERT_EQ(host.size(), 12u);
+  ASSERT_EQ(dev.size(), host.size());
+  for (const auto& [id, h] : host) {
+    const auto& d = dev.at(id);
+    EXPECT_EQ(d.first, h.first) << "request " << id;
+    ASSERT_EQ(d.second.size(), h.second.size()) << "request " << id;
+    for (size_t k = 0; k < h.second.size(); ++k) {
+      EXPECT_EQ(d.second[k].token, h.second[k].token) << "request " << id;
+      EXPECT_NEAR(d.second[k].logprob, h.second[k].logprob, 1e-5) << "request " << id;
+      ASSERT_EQ(d.second[k].top.size(), h.second[k].top.size()) << "request " << id;
+      for (size_t j = 0; j < h.second[k].top.size(); ++j) {
+        EXPECT_EQ(d.second[k].top[j].token, h.second[k].top[j].token) << "request " << id;
+        EXPECT_NEAR(d.second[k].top[j].logprob, h.second[k].top[j].logprob, 1e-5);
+      }
+    }
+  }
 }
 
 // ---- timings (printed; the numbers for docs/engine.md) --------------------------------------------
