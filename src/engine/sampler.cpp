@@ -94,8 +94,8 @@ float scale_logits(float* x, int64_t vocab, float temperature) {
 // `mx` = max x, finite). On return `idx` holds the kept ids in drawing order: (x desc, id asc)
 // when top-k or top-p is on, else ascending id; `e` (size vocab, indexed by id) holds their
 // unnormalized probabilities exp(x − mx). Returns the sum of kept weights (summed in that order).
-double build_candidates(int64_t vocab, const SamplingParams& p, float mx, const float* x,
-                        float* e, std::vector<int32_t>& idx) {
+double build_candidates(int64_t vocab, const SamplingParams& p, float mx, const float* x, float* e,
+                        std::vector<int32_t>& idx) {
   idx.resize(size_t(vocab));
   std::iota(idx.begin(), idx.end(), 0);
   const bool use_k = p.top_k > 0 && p.top_k < vocab;

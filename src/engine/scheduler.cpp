@@ -18,8 +18,7 @@ namespace {
 std::optional<model::DeviceSampling> device_sampling(const SamplingParams& sp, uint64_t seed,
                                                      int64_t step, bool draws) {
   if (!draws) return model::DeviceSampling{};
-  if (sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f ||
-      sp.frequency_penalty != 0.0f)
+  if (sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
     return std::nullopt;
   model::DeviceSampling d;
   d.temperature = sp.temperature;
@@ -50,7 +49,8 @@ TokenLogprobs device_logprobs(const model::ForwardOutput& out, size_t i, int32_t
 /// Every slice that draws a token must get a sampled token or at least one logits row.
 Status check_output(const model::ForwardOutput& out, size_t n_slices, int64_t vocab,
                     const std::vector<bool>& draws) {
-  if (out.row_begin.size() != n_slices + 1 || (!out.tokens.empty() && out.tokens.size() != n_slices))
+  if (out.row_begin.size() != n_slices + 1 ||
+      (!out.tokens.empty() && out.tokens.size() != n_slices))
     return make_error(ErrorCode::kInternal,
                       "forward returned {} row offsets and {} tokens for {} slices",
                       out.row_begin.size(), out.tokens.size(), n_slices);
@@ -61,8 +61,7 @@ Status check_output(const model::ForwardOutput& out, size_t n_slices, int64_t vo
   for (size_t i = 0; i < n_slices; ++i) {
     const int32_t t = out.tokens.empty() ? -1 : out.tokens[i];
     if (t >= vocab)
-      return make_error(ErrorCode::kInternal, "forward sampled token {} outside [0, {})", t,
-                        vocab);
+      return make_error(ErrorCode::kInternal, "forward sampled token {} outside [0, {})", t, vocab);
     if (draws[i] && t < 0 && out.row_begin[i + 1] <= out.row_begin[i])
       return make_error(ErrorCode::kInternal,
                         "forward returned neither a token nor logits for slice {}", i);

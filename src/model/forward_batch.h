@@ -18,8 +18,8 @@ struct DeviceSampling {
   float top_p = 1.f;        // (0, 1]
   float min_p = 0.f;        // [0, 1]
   uint64_t seed = 0;
-  int64_t step = 0;            // index of the token being generated (0 = first)
-  int32_t top_logprobs = -1;   // -1: no logprobs; 0..20: the token's logprob + that many top
+  int64_t step = 0;           // index of the token being generated (0 = first)
+  int32_t top_logprobs = -1;  // -1: no logprobs; 0..20: the token's logprob + that many top
 };
 
 /// One sequence's part of a step.

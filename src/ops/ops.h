@@ -254,10 +254,10 @@ struct SampleArgs {
   int32_t* out_tokens = nullptr;  // [R]
   // Optional raw logprobs, for the rows whose params.logprobs != 0 (every row when params is
   // nullptr); other rows' entries are left untouched. out_logprob == nullptr: none at all.
-  float* out_logprob = nullptr;         // [R] logprob of the chosen token
-  int32_t top_n = 0;                    // 0..20 most likely raw tokens per row
-  int32_t* out_top_tokens = nullptr;    // [R, top_n] descending logit, lower id first on ties
-  float* out_top_logprobs = nullptr;    // [R, top_n]; -1 / NaN past the vocabulary
+  float* out_logprob = nullptr;       // [R] logprob of the chosen token
+  int32_t top_n = 0;                  // 0..20 most likely raw tokens per row
+  int32_t* out_top_tokens = nullptr;  // [R, top_n] descending logit, lower id first on ties
+  float* out_top_logprobs = nullptr;  // [R, top_n]; -1 / NaN past the vocabulary
 };
 
 // ---- decode plans built on the backend, CUDA graphs (docs/cuda.md §Graphs, docs/model.md) ------

@@ -63,11 +63,15 @@ struct Stream {
   }
 };
 
-double uni(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng()); }
+double uni(double lo, double hi) {
+  return std::uniform_real_distribution<double>(lo, hi)(rng());
+}
 int64_t rint64(int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng());
 }
-bool coin(double p) { return uni(0, 1) < p; }
+bool coin(double p) {
+  return uni(0, 1) < p;
+}
 
 SamplingParams to_sp(const SampleRowParams& p) {
   SamplingParams sp;
@@ -86,8 +90,8 @@ std::string describe(const SampleRowParams& p) {
 }
 
 /// The CPU sampler's token for one row (and its raw logprobs when lp != nullptr).
-int32_t cpu_token(const float* row, int64_t V, const SampleRowParams& p, TokenLogprobs* lp = nullptr,
-                  int top_n = 0) {
+int32_t cpu_token(const float* row, int64_t V, const SampleRowParams& p,
+                  TokenLogprobs* lp = nullptr, int top_n = 0) {
   SamplingParams sp = to_sp(p);
   sp.logprobs = lp != nullptr;
   sp.top_logprobs = top_n;
@@ -144,8 +148,8 @@ struct DevOut {
 
 /// Runs the device sampler on host inputs (rows start `misalign` floats past a 256-byte boundary).
 DevOut run_device(DeviceSampler& ds, cudaStream_t st, const std::vector<float>& logits, int64_t V,
-                  const std::vector<SampleRowParams>* params, bool all_greedy, bool logprobs = false,
-                  int top_n = 0, size_t misalign = 0) {
+                  const std::vector<SampleRowParams>* params, bool all_greedy,
+                  bool logprobs = false, int top_n = 0, size_t misalign = 0) {
   const int64_t R = int64_t(logits.size()) / V;
   Dev<float> dl(logits.size() + misalign);
   EXPECT_EQ(cudaMemcpy(dl.p + misalign, logits.data(), logits.size() * sizeof(float),
@@ -178,7 +182,8 @@ DevOut run_device(DeviceSampler& ds, cudaStream_t st, const std::vector<float>& 
   return {dt.host(), dtt.host(), dlp.host(), dtlp.host()};
 }
 
-// ---- greedy ---------------------------------------------------------------------------------------
+// ---- greedy
+// ---------------------------------------------------------------------------------------
 
 TEST(CudaSampling, GreedyEqualsCpuArgmax) {
   V4_REQUIRE_GPU();
@@ -196,8 +201,12 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
             row[rint64(0, V - 1)] = row[amax];
             row[rint64(0, V - 1)] = row[amax];
             break;
-          case 2: std::fill(row, row + V, -kInf); break;
-          case 3: std::fill(row, row + V, kNaN); break;
+          case 2:
+            std::fill(row, row + V, -kInf);
+            break;
+          case 3:
+            std::fill(row, row + V, kNaN);
+            break;
           case 4:  // NaNs everywhere but a few values
             for (int64_t i = 0; i < V; ++i)
               if (coin(0.7)) row[i] = kNaN;
@@ -205,33 +214,39 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
           case 5:  // a NaN right before the maximum
             if (amax > 0) row[amax - 1] = kNaN;
             break;
-          case 6: row[rint64(0, V - 1)] = kInf; row[rint64(0, V - 1)] = kInf; break;
+          case 6:
+            row[rint64(0, V - 1)] = kInf;
+            row[rint64(0, V - 1)] = kInf;
+            break;
           case 7:  // ±0 tie as the maximum
             for (int64_t i = 0; i < V; ++i) row[i] = -std::fabs(row[i]) - 1.0f;
             row[rint64(0, V - 1)] = -0.0f;
             row[rint64(0, V - 1)] = 0.0f;
             break;
-          case 8: std::fill(row, row + V, 1.25f); break;
+          case 8:
+            std::fill(row, row + V, 1.25f);
+            break;
           case 9:
             std::fill(row, row + V, kNaN);
             row[rint64(0, V - 1)] = -kInf;
             break;
-          default: break;
+          default:
+            break;
         }
       }
       std::vector<SampleRowParams> prm(static_cast<size_t>(R));  // temperature 0
       for (auto& p : prm) p.seed = rng()();
       for (bool all_greedy : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << "V=" << V << " misalign=" << misalign
-                                          << " all_greedy=" << all_greedy);
-        DevOut d = run_device(ds, st.s, l, V, all_greedy ? nullptr : &prm, all_greedy, false, 0,
-                              misalign);
+        SCOPED_TRACE(::testing::Message()
+                     << "V=" << V << " misalign=" << misalign << " all_greedy=" << all_greedy);
+        DevOut d =
+            run_device(ds, st.s, l, V, all_greedy ? nullptr : &prm, all_greedy, false, 0, misalign);
         int bad = 0;
         for (int64_t r = 0; r < R; ++r) {
           const int32_t want = cpu_token(l.data() + r * V, V, prm[size_t(r)]);
           if (d.tokens[size_t(r)] != want && ++bad <= 5)
-            ADD_FAILURE() << "row " << r << " (case " << r % 12 << "): device " << d.tokens[size_t(r)]
-                          << " cpu " << want;
+            ADD_FAILURE() << "row " << r << " (case " << r % 12 << "): device "
+                          << d.tokens[size_t(r)] << " cpu " << want;
         }
         EXPECT_EQ(bad, 0);
       }
@@ -239,7 +254,8 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
   }
 }
 
-// ---- sampled rows vs the CPU sampler -------------------------------------------------------------
+// ---- sampled rows vs the CPU sampler
+// -------------------------------------------------------------
 
 TEST(CudaSampling, SampledEqualsCpuOnSeparatedLogits) {
   V4_REQUIRE_GPU();
@@ -262,7 +278,8 @@ TEST(CudaSampling, SampledEqualsCpuOnSeparatedLogits) {
       ++by_mode[p.temperature == 0.f ? 0 : k ? 2 : tp ? 3 : 1];
     }
     std::vector<int32_t> want(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) want[size_t(r)] = cpu_token(l.data() + r * V, V, prm[size_t(r)]);
+    for (int64_t r = 0; r < R; ++r)
+      want[size_t(r)] = cpu_token(l.data() + r * V, V, prm[size_t(r)]);
     for (bool prefilter : {true, false}) {
       ds.set_prefilter(prefilter);
       DevOut d = run_device(ds, st.s, l, V, &prm, false);
@@ -272,20 +289,22 @@ TEST(CudaSampling, SampledEqualsCpuOnSeparatedLogits) {
         if (got == w) continue;
         ++mismatches;
         if (mismatches <= 10) {
-          const auto dist = engine::sampling_distribution(l.data() + r * V, V, to_sp(prm[size_t(r)]), {});
+          const auto dist =
+              engine::sampling_distribution(l.data() + r * V, V, to_sp(prm[size_t(r)]), {});
           ADD_FAILURE() << "V=" << V << " row " << r << " prefilter=" << prefilter << " "
-                        << describe(prm[size_t(r)]) << ": device " << got << " (p="
-                        << (got >= 0 && got < V ? dist[size_t(got)] : -1.f) << ") cpu " << w
-                        << " (p=" << dist[size_t(w)] << ")";
+                        << describe(prm[size_t(r)]) << ": device " << got
+                        << " (p=" << (got >= 0 && got < V ? dist[size_t(got)] : -1.f) << ") cpu "
+                        << w << " (p=" << dist[size_t(w)] << ")";
         }
       }
     }
   }
   ds.set_prefilter(true);
-  std::printf("[sampling] %d cases (x2 prefilter on/off), %d mismatches; rows: %lld greedy, %lld "
-              "id-order, %lld top-k, %lld top-p only\n",
-              cases / 2, mismatches, (long long)by_mode[0], (long long)by_mode[1],
-              (long long)by_mode[2], (long long)by_mode[3]);
+  std::printf(
+      "[sampling] %d cases (x2 prefilter on/off), %d mismatches; rows: %lld greedy, %lld "
+      "id-order, %lld top-k, %lld top-p only\n",
+      cases / 2, mismatches, (long long)by_mode[0], (long long)by_mode[1], (long long)by_mode[2],
+      (long long)by_mode[3]);
   EXPECT_EQ(mismatches, 0);
 }
 
@@ -315,14 +334,15 @@ TEST(CudaSampling, TokenInCpuKeptSetOnGeneralLogits) {
       if (got < 0 || got >= V || dist[size_t(got)] <= 0.f) {
         ++outside;
         if (outside <= 10)
-          ADD_FAILURE() << "row " << r << " " << describe(prm[size_t(r)]) << ": device token " << got
-                        << " is outside the CPU's kept set";
+          ADD_FAILURE() << "row " << r << " " << describe(prm[size_t(r)]) << ": device token "
+                        << got << " is outside the CPU's kept set";
       }
     }
   }
-  std::printf("[sampling] general logits: %d rows, %d equal to the CPU token, %d outside the kept "
-              "set\n",
-              total, equal, outside);
+  std::printf(
+      "[sampling] general logits: %d rows, %d equal to the CPU token, %d outside the kept "
+      "set\n",
+      total, equal, outside);
   EXPECT_EQ(outside, 0);
   EXPECT_GE(equal, total * 9 / 10) << "systematic difference in the draw";
 }
@@ -337,8 +357,11 @@ TEST(CudaSampling, EmpiricalDistributionMatches) {
     float t, top_p, min_p;
     int32_t top_k;
   };
-  const Cfg cfgs[] = {{1.0f, 1.0f, 0.0f, 0},   {0.7f, 1.0f, 0.0f, 20}, {1.2f, 0.8f, 0.0f, 0},
-                      {1.0f, 1.0f, 0.05f, 0},  {0.9f, 0.9f, 0.02f, 50}};
+  const Cfg cfgs[] = {{1.0f, 1.0f, 0.0f, 0},
+                      {0.7f, 1.0f, 0.0f, 20},
+                      {1.2f, 0.8f, 0.0f, 0},
+                      {1.0f, 1.0f, 0.05f, 0},
+                      {0.9f, 0.9f, 0.02f, 50}};
   std::vector<float> l(size_t(N * V));
   for (int64_t r = 0; r < N; ++r) std::copy(row.begin(), row.end(), l.begin() + r * V);
   for (const Cfg& c : cfgs) {
@@ -377,8 +400,8 @@ TEST(CudaSampling, EmpiricalDistributionMatches) {
       ++df;
     }
     const double bound = df + 5.0 * std::sqrt(2.0 * std::max<int64_t>(df, 1)) + 10;
-    std::printf("[sampling] %s: chi2 = %.1f over %lld dof (bound %.1f)\n", describe(p).c_str(), chi2,
-                (long long)df, bound);
+    std::printf("[sampling] %s: chi2 = %.1f over %lld dof (bound %.1f)\n", describe(p).c_str(),
+                chi2, (long long)df, bound);
     EXPECT_EQ(zero_hits, 0) << "tokens outside the kept set were drawn";
     EXPECT_LT(chi2, bound);
   }
@@ -504,8 +527,8 @@ TEST(CudaSampling, GraphCaptureReplaysWithNewInputs) {
       const int32_t want = cpu_token(row, V, prm[size_t(r)]);
       equal += got[size_t(r)] == want;
       if (r % 2 == 1 || prm[size_t(r)].temperature == 0.f) {  // separated or greedy: exact
-        EXPECT_EQ(got[size_t(r)], want) << "replay " << rep << " row " << r << " "
-                                        << describe(prm[size_t(r)]);
+        EXPECT_EQ(got[size_t(r)], want)
+            << "replay " << rep << " row " << r << " " << describe(prm[size_t(r)]);
       }
       const auto dist = engine::sampling_distribution(row, V, to_sp(prm[size_t(r)]), {});
       EXPECT_TRUE(got[size_t(r)] >= 0 && got[size_t(r)] < V && dist[size_t(got[size_t(r)])] > 0)
@@ -580,7 +603,8 @@ TEST(CudaSampling, CudaOpsEntryPoint) {
   o.free(dt);
 }
 
-// ---- the engine on the CUDA backend: device sampling on == off ------------------------------------
+// ---- the engine on the CUDA backend: device sampling on == off
+// ------------------------------------
 
 // Tokens (and logprobs) of mixed requests through the scheduler over the real model on the CUDA
 // backend, with device sampling on and off: the logits are the same GPU logits either way, so
@@ -611,12 +635,32 @@ std::map<engine::RequestId, std::pair<std::vector<int32_t>, std::vector<TokenLog
     p.max_tokens = 8 + int64_t(g() % 10);
     p.ignore_eos = true;
     switch (id % 6) {
-      case 0: p.temperature = 0.0f; break;
-      case 1: p.temperature = 0.8f; p.top_p = 0.9f; break;
-      case 2: p.temperature = 1.1f; p.top_k = 7; p.logprobs = true; p.top_logprobs = 4; break;
-      case 3: p.temperature = 0.9f; p.min_p = 0.05f; break;
-      case 4: p.temperature = 0.0f; p.logprobs = true; p.top_logprobs = 2; break;
-      case 5: p.temperature = 1.0f; p.presence_penalty = 0.4f; break;  // host path
+      case 0:
+        p.temperature = 0.0f;
+        break;
+      case 1:
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        break;
+      case 2:
+        p.temperature = 1.1f;
+        p.top_k = 7;
+        p.logprobs = true;
+        p.top_logprobs = 4;
+        break;
+      case 3:
+        p.temperature = 0.9f;
+        p.min_p = 0.05f;
+        break;
+      case 4:
+        p.temperature = 0.0f;
+        p.logprobs = true;
+        p.top_logprobs = 2;
+        break;
+      case 5:
+        p.temperature = 1.0f;
+        p.presence_penalty = 0.4f;
+        break;  // host path
     }
     sched.add(
         id, r,
@@ -654,7 +698,8 @@ TEST(CudaSampling, EngineDeviceSamplingEqualsHostSampling) {
   }
 }
 
-// ---- timings (printed; the numbers for docs/engine.md) --------------------------------------------
+// ---- timings (printed; the numbers for docs/engine.md)
+// --------------------------------------------
 
 TEST(CudaSampling, Timing) {
   V4_REQUIRE_GPU();

@@ -188,9 +188,10 @@ struct Got {
 };
 
 template <typename Exec>
-std::map<RequestId, Got> run_all(Exec& exec, EngineConfig ec,
-                                 const std::vector<std::pair<std::vector<int32_t>, SamplingParams>>& reqs,
-                                 int64_t* preemptions) {
+std::map<RequestId, Got> run_all(
+    Exec& exec, EngineConfig ec,
+    const std::vector<std::pair<std::vector<int32_t>, SamplingParams>>& reqs,
+    int64_t* preemptions) {
   Scheduler sched(exec, ec);
   std::map<RequestId, Got> got;
   RequestId id = 1;
@@ -236,7 +237,7 @@ void expect_same(const std::map<RequestId, Got>& want, const std::map<RequestId,
 
 /// A mix of requests: greedy, every truncation, logprobs, and penalties (host only).
 std::vector<std::pair<std::vector<int32_t>, SamplingParams>> mixed_requests(int64_t vocab, int n,
-                                                                           uint32_t seed) {
+                                                                            uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<std::pair<std::vector<int32_t>, SamplingParams>> out;
   for (int i = 0; i < n; ++i) {
@@ -246,19 +247,51 @@ std::vector<std::pair<std::vector<int32_t>, SamplingParams>> mixed_requests(int6
     p.max_tokens = 6 + int64_t(rng() % 14);
     p.ignore_eos = true;
     switch (i % 10) {
-      case 0: p.temperature = 0.0f; break;
-      case 1: p.temperature = 0.8f; p.top_p = 0.9f; break;
-      case 2: p.temperature = 1.2f; p.top_k = 5; break;
-      case 3: p.temperature = 0.7f; p.min_p = 0.1f; break;
-      case 4:
-        p.temperature = 1.0f; p.top_k = 20; p.top_p = 0.8f; p.min_p = 0.05f;
-        p.logprobs = true; p.top_logprobs = 3;
+      case 0:
+        p.temperature = 0.0f;
         break;
-      case 5: p.temperature = 0.0f; p.logprobs = true; p.top_logprobs = 5; break;
-      case 6: p.temperature = 0.9f; p.presence_penalty = 0.5f; break;         // host
-      case 7: p.temperature = 0.0f; p.repetition_penalty = 1.3f; break;       // host
-      case 8: p.temperature = 1.0f; p.logprobs = true; break;                 // id-order draw
-      case 9: p.temperature = 1.5f; p.frequency_penalty = 0.3f; p.logprobs = true; break;  // host
+      case 1:
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        break;
+      case 2:
+        p.temperature = 1.2f;
+        p.top_k = 5;
+        break;
+      case 3:
+        p.temperature = 0.7f;
+        p.min_p = 0.1f;
+        break;
+      case 4:
+        p.temperature = 1.0f;
+        p.top_k = 20;
+        p.top_p = 0.8f;
+        p.min_p = 0.05f;
+        p.logprobs = true;
+        p.top_logprobs = 3;
+        break;
+      case 5:
+        p.temperature = 0.0f;
+        p.logprobs = true;
+        p.top_logprobs = 5;
+        break;
+      case 6:
+        p.temperature = 0.9f;
+        p.presence_penalty = 0.5f;
+        break;  // host
+      case 7:
+        p.temperature = 0.0f;
+        p.repetition_penalty = 1.3f;
+        break;  // host
+      case 8:
+        p.temperature = 1.0f;
+        p.logprobs = true;
+        break;  // id-order draw
+      case 9:
+        p.temperature = 1.5f;
+        p.frequency_penalty = 0.3f;
+        p.logprobs = true;
+        break;  // host
     }
     out.emplace_back(std::move(prompt), p);
   }
@@ -442,8 +475,7 @@ TEST(DeviceSampling, ModelHeadSamplesOnTheBackendLikeHostSampling) {
 
   // device_plan: decode-only steps take the model's decode fast path (plan op, eager on the
   // CPU), whose output stage is separate from the host-planned path's head.
-  auto run = [&](bool wrap, bool device_plan, HostSamplingOps** ops_out,
-                 int64_t* decode_steps) {
+  auto run = [&](bool wrap, bool device_plan, HostSamplingOps** ops_out, int64_t* decode_steps) {
     std::unique_ptr<ops::Ops> ops = ops::make_cpu_ops();
     if (wrap) {
       auto w = std::make_unique<HostSamplingOps>(std::move(ops));

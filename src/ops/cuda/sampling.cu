@@ -31,7 +31,8 @@ constexpr int kMaxTopN = 20;
 constexpr int kBinsPerThread = kBins / kPrepThreads;  // bins each prep thread scans
 static_assert(kBins % kPrepThreads == 0, "the bin scan splits the bins evenly");
 
-// ---- element helpers -----------------------------------------------------------------------------
+// ---- element helpers
+// -----------------------------------------------------------------------------
 
 /// x = logit · fl(1/T) with NaN → −inf (engine/sampler.cpp scale_logits). __fmul_rn: never
 /// contracted into an FMA with a later subtraction.
@@ -55,7 +56,8 @@ __device__ __forceinline__ float key_to_float(uint32_t key) {
 /// (order key, id) packed so that a larger value = larger key, then LOWER id. 0 is below every
 /// element (ids < 2^31), so it serves as "none".
 __device__ __forceinline__ unsigned long long pack(uint32_t key, int64_t i) {
-  return (static_cast<unsigned long long>(key) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(i));
+  return (static_cast<unsigned long long>(key) << 32) |
+         static_cast<uint32_t>(~static_cast<uint32_t>(i));
 }
 __device__ __forceinline__ int32_t unpack_id(unsigned long long p) {
   return int32_t(~static_cast<uint32_t>(p));
@@ -84,15 +86,21 @@ __device__ __forceinline__ void for_each_in_row(const float* __restrict__ row, i
 
 struct MaxOp {
   template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
 };
 struct MinOp {
   template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a < b ? a : b;
+  }
 };
 struct SumOp {
   template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 
 /// Block-wide reduction with a fixed order (warp butterfly, then warps 0..W−1 in order), so the
@@ -124,9 +132,12 @@ struct SortScratch {
 __device__ __forceinline__ bool use_top_k(const SampleRowParams& p, int64_t V) {
   return p.top_k > 0 && p.top_k < V;
 }
-__device__ __forceinline__ bool use_top_p(const SampleRowParams& p) { return p.top_p < 1.f; }
+__device__ __forceinline__ bool use_top_p(const SampleRowParams& p) {
+  return p.top_p < 1.f;
+}
 
-// ---- 1. greedy -----------------------------------------------------------------------------------
+// ---- 1. greedy
+// -----------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(SampleArgs a) {
   const int64_t r = blockIdx.x;
@@ -141,10 +152,11 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(SampleArgs a) {
   if (threadIdx.x == 0) a.out_tokens[r] = unpack_id(best);
 }
 
-// ---- 2a. prep: keys of the rows that sort ---------------------------------------------------------
+// ---- 2a. prep: keys of the rows that sort
+// ---------------------------------------------------------
 
-__global__ void __launch_bounds__(kPrepThreads) prep_kernel(SampleArgs a, int64_t r0, SortScratch s,
-                                                            bool prefilter) {
+__global__ void __launch_bounds__(kPrepThreads)
+    prep_kernel(SampleArgs a, int64_t r0, SortScratch s, bool prefilter) {
   using ScanI = cub::BlockScan<int, kPrepThreads>;
   using ScanL = cub::BlockScan<unsigned long long, kPrepThreads>;
   __shared__ unsigned int cnt[kBins];
@@ -292,7 +304,8 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(SampleArgs a, int64_
   }
 }
 
-// ---- 2c. draw --------------------------------------------------------------------------------------
+// ---- 2c. draw
+// --------------------------------------------------------------------------------------
 
 struct ScanShared {
   cub::BlockScan<double, kDrawThreads>::TempStorage scan;
@@ -368,7 +381,8 @@ __device__ int64_t scan_find(int64_t n, WOf w_of, Pred pred, double* cum_at, int
   return -1;
 }
 
-__global__ void __launch_bounds__(kDrawThreads) draw_kernel(SampleArgs a, int64_t r0, SortScratch s) {
+__global__ void __launch_bounds__(kDrawThreads)
+    draw_kernel(SampleArgs a, int64_t r0, SortScratch s) {
   __shared__ ScanShared sh;
   __shared__ unsigned long long redu[kDrawThreads / 32];
   const int64_t c = blockIdx.x, r = r0 + c, V = a.vocab;
@@ -404,7 +418,8 @@ __global__ void __launch_bounds__(kDrawThreads) draw_kernel(SampleArgs a, int64_
       double total;
       scan_find(V, w_of, never, &total, &last, sh);
       const double tu = u * total;
-      const int64_t j = scan_find(V, w_of, [tu](double cum) { return tu < cum; }, &dummy, &last, sh);
+      const int64_t j = scan_find(
+          V, w_of, [tu](double cum) { return tu < cum; }, &dummy, &last, sh);
       token = int32_t(j >= 0 ? j : last);
     }
   } else {
@@ -429,8 +444,8 @@ __global__ void __launch_bounds__(kDrawThreads) draw_kernel(SampleArgs a, int64_
       double kept_sum = sum;
       if (use_p) {
         const double target = double(p.top_p) * sum;
-        const int64_t j =
-            scan_find(lim, w_all, [target](double cum) { return cum >= target; }, &kept_sum, &last, sh);
+        const int64_t j = scan_find(
+            lim, w_all, [target](double cum) { return cum >= target; }, &kept_sum, &last, sh);
         L = j >= 0 ? j + 1 : lim;
       }
       auto w_kept = [&](int64_t j, bool& kept) {
@@ -440,14 +455,16 @@ __global__ void __launch_bounds__(kDrawThreads) draw_kernel(SampleArgs a, int64_
       };
       if (use_min) scan_find(L, w_kept, never, &kept_sum, &last, sh);
       const double tu = u * kept_sum;
-      const int64_t j = scan_find(L, w_kept, [tu](double cum) { return tu < cum; }, &dummy, &last, sh);
+      const int64_t j = scan_find(
+          L, w_kept, [tu](double cum) { return tu < cum; }, &dummy, &last, sh);
       token = I[j >= 0 ? j : (last >= 0 ? last : 0)];
     }
   }
   if (threadIdx.x == 0) a.out_tokens[r] = token;
 }
 
-// ---- 3. logprobs -----------------------------------------------------------------------------------
+// ---- 3. logprobs
+// -----------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(SampleArgs a) {
   __shared__ float redf[kLogprobThreads / 32];
@@ -507,7 +524,9 @@ Status no_growth_in_capture(cudaStream_t stream, const char* what) {
                   what);
   return Status::Ok();
 }
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
 }  // namespace
 
 Status DeviceSampler::reserve(int64_t rows, int64_t vocab, cudaStream_t stream) {
@@ -582,16 +601,15 @@ Status DeviceSampler::run(const ops::SampleArgs& a, cudaStream_t stream) {
       cub::DoubleBuffer<uint32_t> dk(keys_a_, keys_b_);
       cub::DoubleBuffer<int32_t> dv(vals_a_, vals_b_);
       size_t temp_bytes = 0;
-      V4_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairs(
-          nullptr, temp_bytes, dk, dv, int(rows * V), int(rows), seg_begin_, seg_end_,
-          0, 32, stream));
+      V4_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairs(nullptr, temp_bytes, dk, dv,
+                                                           int(rows * V), int(rows), seg_begin_,
+                                                           seg_end_, 0, 32, stream));
       V4_RETURN_IF_ERROR(reserve_temp(std::max<size_t>(temp_bytes, 1), stream));
       cub::DoubleBuffer<uint32_t> sk(keys_a_, keys_b_);
       cub::DoubleBuffer<int32_t> sv(vals_a_, vals_b_);
       size_t have = temp_.bytes();
-      V4_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairs(temp_.get(), have, sk, sv,
-                                                           int(rows * V), int(rows),
-                                                           seg_begin_, seg_end_, 0, 32,
+      V4_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairs(temp_.get(), have, sk, sv, int(rows * V),
+                                                           int(rows), seg_begin_, seg_end_, 0, 32,
                                                            stream));
       s.sorted_keys = sk.Current();
       s.sorted_vals = sv.Current();
