@@ -25,6 +25,7 @@
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
+#include "ops/cuda/sampling.h"
 #include "ops/cuda/topk.h"
 #include "ops/cuda/wgemm.h"
 
@@ -579,6 +580,12 @@ class CudaOps final : public Ops {
     return Status::Ok();
   }
 
+  // Device sampling (ops/cuda/sampling.h): only token ids and logprobs leave the GPU.
+  bool sample(const SampleArgs& a) override {
+    if (a.n_rows > 0) record(sampler_.run(a, stream_));
+    return true;
+  }
+
   // ---- decode plans and graphs (docs/cuda.md §Graphs) --------------------------------------
   void build_decode_plan(const DecodePlanArgs& a) override {
     record(cuda::build_decode_plan(a, stream_));
@@ -686,6 +693,7 @@ class CudaOps final : public Ops {
   bool capturing_ = false;
   int live_graphs_ = 0;
   std::vector<void*> retired_;  // grown-out scratch kept for live graphs
+  cuda::DeviceSampler sampler_;  // grow-only scratch of `sample`
 };
 
 // A captured graph of CudaOps work, replayed on its stream.
