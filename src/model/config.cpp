@@ -485,6 +485,17 @@ Status ModelConfig::validate(const std::string& src) const {
   return Status::Ok();
 }
 
+Status ModelConfig::truncate_layers(int n) {
+  if (n < 1 || n > num_hidden_layers)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--num-layers {}: must be in [1, {}] (the config's num_hidden_layers)", n,
+                      num_hidden_layers);
+  num_hidden_layers = n;
+  layer_types.resize(size_t(n));
+  mlp_layer_types.resize(size_t(n));
+  return Status::Ok();
+}
+
 std::string ModelConfig::summary() const {
   int n_swa = 0, n_csa = 0, n_hca = 0, n_hash = 0;
   for (auto k : layer_types)

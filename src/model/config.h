@@ -99,6 +99,11 @@ struct ModelConfig {
   Status validate(const std::string& source) const;
   /// One-paragraph human summary (for `v4serve info`).
   std::string summary() const;
+  /// Keeps the first `n` decoder layers (`--num-layers N`: a V4-Flash/Pro shaped model cut down
+  /// to what one GPU holds): num_hidden_layers = n and layer_types / mlp_layer_types (which carry
+  /// the compress ratios and hash layers) truncated to n. Every other field is unchanged.
+  /// Errors (kInvalidArgument): n < 1 or n > num_hidden_layers.
+  Status truncate_layers(int n);
 };
 
 }  // namespace v4::model

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_util.cuh"
+#include "ops/cuda/fill.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/norm_rope.h"
 #include "ops/cuda/topk.h"
@@ -617,6 +618,20 @@ class CudaOps final : public Ops {
     launched("moe_down_kernel");
     moe_combine_kernel<<<grid_for(a.n_rows * a.hidden, 256), 256, 0, stream_>>>(a, down);
     launched("moe_combine_kernel");
+  }
+
+  // ---- dummy weights, memory and device queries (ops.h; kernels in fill.cu) -------------
+  void fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) override {
+    record(cuda::fill_random(dst, n, fill::make_params(kind, scale, seed), stream_));
+  }
+  MemoryInfo memory_info() override {
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return {int64_t(free_b), int64_t(total_b)};
+  }
+  std::string device_info() override { return cuda::device_info(); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
 
  private:
