@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -207,6 +208,16 @@ Result<ModelConfig> ModelConfig::load(const std::string& dir) {
   if (!in)
     return make_error(ErrorCode::kNotFound, "{}: cannot open (is --model a checkpoint directory?)",
                       path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json_text(ss.str(), path);
+}
+
+Result<ModelConfig> ModelConfig::load_path(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return load(path);
+  std::ifstream in(path);
+  if (!in) return make_error(ErrorCode::kNotFound, "{}: cannot open", path);
   std::stringstream ss;
   ss << in.rdbuf();
   return from_json_text(ss.str(), path);

@@ -95,6 +95,9 @@ struct ModelConfig {
   static Result<ModelConfig> from_json(const nlohmann::json& j, const std::string& source);
   /// Reads `<dir>/config.json`.
   static Result<ModelConfig> load(const std::string& dir);
+  /// Reads `path` itself when it is a file, else `<path>/config.json` (shape-only configs,
+  /// models/configs/*). Errors: as load.
+  static Result<ModelConfig> load_path(const std::string& path);
   /// Checks cross-field consistency; one-line error naming the field.
   Status validate(const std::string& source) const;
   /// One-paragraph human summary (for `v4serve info`).
