@@ -6,10 +6,21 @@
 
 namespace v4::model {
 
-Result<std::unique_ptr<ops::Ops>> make_backend(const std::string& device, ThreadPool* pool) {
-  if (device == "cpu") return ops::make_cpu_ops(pool);
+Result<std::unique_ptr<ops::Ops>> make_backend(const std::string& device, ThreadPool* pool,
+                                               const BackendOptions& options) {
+  const std::string& p = options.precision;
+  if (p != "auto" && p != "fp32" && p != "bf16")
+    return make_error(ErrorCode::kInvalidArgument, "precision '{}': expected fp32, bf16 or auto", p);
+  if (device == "cpu") {
+    if (p == "bf16")
+      return make_error(ErrorCode::kInvalidArgument,
+                        "precision bf16: the cpu backend computes in fp32 only (use fp32 or auto)");
+    return ops::make_cpu_ops(pool);
+  }
   if (device == "cuda") {
 #ifdef V4_HAVE_CUDA
+    // The CUDA backend of this branch has one precision (fp32); the precision-aware
+    // make_cuda_ops(CudaOptions) replaces this call when the native-format kernels land.
     return ops::make_cuda_ops();
 #else
     return make_error(ErrorCode::kUnsupported,

@@ -147,4 +147,10 @@ struct Weights {
   int64_t vector_bytes() const;
 };
 
+/// An ops backend that allocates nothing (placeholder addresses, never dereferenced), claims to
+/// read every weight format and runs no op: Weights::dummy on it yields the tensors, formats and
+/// byte counts a model would have on a native-format backend without any memory (for `v4serve
+/// info --load-format dummy` and memory planning). Calling a compute op is a no-op.
+std::unique_ptr<ops::Ops> make_shape_only_ops();
+
 }  // namespace v4::model
