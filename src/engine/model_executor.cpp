@@ -46,8 +46,13 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
             workspace_reserve_bytes(e->model_->config(), opt.max_chunk_tokens, ctx), &why));
     V4_LOG_INFO("{}", why);
   }
-  V4_ASSIGN_OR_RETURN(e->cache_,
-                      e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences, opt.page_size));
+  // With --mem-fraction (large device budgets) the SWA pool is sized for live windows only
+  // (max_sequences × ceil((chunk + W − 1) / P) + 1 pages, the bound pages_for() reports): with
+  // equal page counts a V4 shape would spend ~7/8 of the budget on SWA pages.
+  V4_ASSIGN_OR_RETURN(e->cache_, e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences,
+                                                       opt.page_size,
+                                                       opt.mem_fraction > 0 ? opt.max_chunk_tokens
+                                                                            : 0));
   const auto& ko = e->cache_->options();
   e->page_size_ = ko.page_size;
   const int64_t W = e->cache_->spec().sliding_window;

@@ -38,7 +38,8 @@ struct ModelExecutorOptions {
   /// measured when the executor is created (after the weights are loaded):
   ///   budget = F · total − (total − free) − workspace_reserve_bytes(config, max_chunk_tokens,
   ///            max_context)
-  /// (Ops::memory_info; CPU: MemTotal / MemAvailable). The pools are allocated once, here.
+  /// (Ops::memory_info; CPU: MemTotal / MemAvailable). The pools are allocated once, here, with
+  /// the SWA pool sized for live windows (KvCache::options_from_budget with max_chunk_tokens).
   double mem_fraction = 0;
 };
 

@@ -3,7 +3,7 @@
 //   (fill_random is counter-based), so the GPU forward must give the CPU forward's logits within
 //   the fp32 tolerance of the golden tests (max|Δ| / max|logit| ≤ 1e-4) and the same greedy tokens.
 // - In native formats (FP8 / MXFP4 / BF16 where the backend reads them) a tiny quantized config
-//   and a one-layer V4-Flash-shaped model run prefill + decode with finite logits.
+//   and a three-layer V4-Flash-shaped model run prefill + decode with finite logits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,13 +18,13 @@ namespace {
 
 std::string src(const std::string& p) { return std::string(V4_SOURCE_DIR) + "/" + p; }
 
-struct Run {
+struct RunResult {
   std::vector<float> logits;  // prefill (all rows) then each decode step's row
   std::vector<int32_t> tokens;
 };
 
-Run run(DeepseekV4& m, int n_prompt, int n_decode, int64_t budget = int64_t(256) << 20) {
-  Run r;
+RunResult run(DeepseekV4& m, int n_prompt, int n_decode, int64_t budget = int64_t(256) << 20) {
+  RunResult r;
   auto kv = m.make_cache(budget, 1);
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   if (!kv.ok()) return r;
@@ -73,7 +73,7 @@ TEST(CudaDummy, F32DummyEqualsCpuDummy) {
     auto mg = DeepseekV4::load_dummy(src("tests/fixtures/") + fx, g->get(), f32, 0, 77);
     auto mc = DeepseekV4::load_dummy(src("tests/fixtures/") + fx, c.get(), f32, 0, 77);
     ASSERT_TRUE(mg.ok() && mc.ok()) << mg.status().to_string() << mc.status().to_string();
-    Run rg = run(**mg, 300, 8), rc = run(**mc, 300, 8);
+    RunResult rg = run(**mg, 300, 8), rc = run(**mc, 300, 8);
     ASSERT_EQ(rg.logits.size(), rc.logits.size());
     const double e = rel_err(rg.logits, rc.logits);
     std::printf("%s: GPU vs CPU dummy logits max|Δ|/max|logit| = %.3g\n", fx, e);
@@ -90,12 +90,12 @@ TEST(CudaDummy, NativeFormatsRun) {
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   for (const auto& [f, b] : (*m)->weights().bytes_by_format())
     std::printf("tiny-fp8-mxfp4 dummy on cuda: %s %lld bytes\n", f.c_str(), (long long)b);
-  Run r = run(**m, 100, 4);
+  RunResult r = run(**m, 100, 4);
   ASSERT_FALSE(r.logits.empty());
   for (float x : r.logits) ASSERT_TRUE(std::isfinite(x));
 }
 
-TEST(CudaDummy, OneLayerFlashShape) {
+TEST(CudaDummy, ThreeLayerFlashShape) {
   V4_REQUIRE_GPU();
   auto g = ops::make_cuda_ops();
   ASSERT_TRUE(g.ok()) << g.status().to_string();
@@ -103,7 +103,7 @@ TEST(CudaDummy, OneLayerFlashShape) {
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   for (const auto& [f, b] : (*m)->weights().bytes_by_format())
     std::printf("v4-flash 3 layers dummy on cuda: %s %.2f GiB\n", f.c_str(), b / 1073741824.0);
-  Run r = run(**m, 300, 2, int64_t(2) << 30);
+  RunResult r = run(**m, 300, 2, int64_t(2) << 30);
   ASSERT_FALSE(r.logits.empty());
   double mx = 0;
   for (float x : r.logits) {
