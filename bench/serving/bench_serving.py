@@ -182,7 +182,7 @@ def markdown(rows, args, model, server_info):
            f"- server: {server_info}", f"- model: {model}"] + ([f"- note: {args.note}"] if args.note else []) + [
            f"- workload: {args.dataset}, input len uniform in [{int(0.8 * args.input_len)}, {args.input_len}], "
            f"output len uniform in [{int(0.8 * args.output_len)}, {args.output_len}], ignore_eos, streaming, "
-           f"temperature 0, {'10x concurrency' if not args.num_prompts else args.num_prompts} prompts per level, "
+           f"temperature 0, {(f'{args.num_prompts_factor:g}x concurrency' if not args.num_prompts else args.num_prompts)} prompts per level, "
            f"seed {args.seed}, GPUs counted: {args.gpus}",
            "", "| conc | reqs | fail | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) | ITL mean / p99 (ms) "
            "| E2E mean / p99 (ms) | tok/s/user | out tok/s | tok/s/GPU (in+out) |",
@@ -210,7 +210,10 @@ def main():
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--num-prompts", type=int, default=0, help="per level; 0 = 10 x concurrency")
+    ap.add_argument("--num-prompts", type=int, default=0, help="per level; 0 = factor x concurrency")
+    ap.add_argument("--num-prompts-factor", type=float, default=10.0,
+                    help="prompts per level = ceil(factor x concurrency) when --num-prompts is 0 "
+                         "(InferenceX: 10)")
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=0, help="vocabulary size; 0 = probe /detokenize")
@@ -247,7 +250,7 @@ def main():
         url = base + "/v1/completions"
         rows = []
         for conc in args.concurrency:
-            n = args.num_prompts or 10 * conc
+            n = args.num_prompts or max(1, int(-(-args.num_prompts_factor * conc // 1)))
             prompts = make_prompts(args, n, rng, vocab, detok)
             # Warm-up: one short request.
             asyncio.run(run_level(args, url, headers, model, prompts[:1], 1))

@@ -1,5 +1,7 @@
 #include "cache/pools.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -293,6 +295,14 @@ int KvCache::ring_rows(int l, int which) const {
   if (sp.kind == AttnKind::kSliding) return 0;
   if (which == 1) return sp.kind == AttnKind::kCsa ? 2 * sp.ratio : 0;
   return overlap_of(sp.kind) * sp.ratio;
+}
+
+void KvCache::copy_bytes(void* dst, const void* src, size_t bytes, CopyKind kind) const {
+  if (bytes == 0) return;
+  if (copy_)
+    copy_(dst, src, bytes, kind);
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 }  // namespace v4::cache

@@ -141,6 +141,15 @@ class KvCache {
   /// Every buffer the pools allocated (to fill them with random values for benchmarks).
   std::vector<PoolBuffer> buffers() const { return buffers_; }
 
+  // ---- copies between pools and host memory (prefix cache) ---------------------------------
+  /// Direction of a copy: pool rows live in backend memory (device memory on CUDA).
+  enum class CopyKind { kPoolToPool, kPoolToHost, kHostToPool };
+  using CopyFn = std::function<void(void* dst, const void* src, size_t bytes, CopyKind kind)>;
+  /// Installs the copy function for pool memory (default: memcpy, right for host pools).
+  void set_copy(CopyFn fn) { copy_ = std::move(fn); }
+  /// Copies `bytes` with the installed function.
+  void copy_bytes(void* dst, const void* src, size_t bytes, CopyKind kind) const;
+
  private:
   KvCache() = default;
   struct LayerPools {
@@ -166,6 +175,7 @@ class KvCache {
   std::vector<PoolBuffer> buffers_;
   std::vector<int32_t> free_pages_, free_swa_pages_, free_slots_;
   std::vector<Seq> seqs_;
+  CopyFn copy_;
 };
 
 }  // namespace v4::cache

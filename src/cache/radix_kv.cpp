@@ -36,9 +36,9 @@ Status StateSnapshots::save(const KvCache& kv, int32_t seq, int32_t id) {
   float* dst = data_.data() + int64_t(id) * floats_per_slot_;
   for (const Ring& r : rings_) {
     const int64_t base = kv.ring_row(seq, 0, r.rows), n = int64_t(r.rows) * r.width;
-    std::memcpy(dst, kv.ring_kv(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float));
+    kv.copy_bytes(dst, kv.ring_kv(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float), KvCache::CopyKind::kPoolToHost);
     dst += n;
-    std::memcpy(dst, kv.ring_gate(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float));
+    kv.copy_bytes(dst, kv.ring_gate(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float), KvCache::CopyKind::kPoolToHost);
     dst += n;
   }
   return Status::Ok();
@@ -50,9 +50,9 @@ Status StateSnapshots::load(KvCache& kv, int32_t id, int32_t seq) const {
   const float* src = data_.data() + int64_t(id) * floats_per_slot_;
   for (const Ring& r : rings_) {
     const int64_t base = kv.ring_row(seq, 0, r.rows), n = int64_t(r.rows) * r.width;
-    std::memcpy(kv.ring_kv(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float));
+    kv.copy_bytes(kv.ring_kv(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float), KvCache::CopyKind::kHostToPool);
     src += n;
-    std::memcpy(kv.ring_gate(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float));
+    kv.copy_bytes(kv.ring_gate(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float), KvCache::CopyKind::kHostToPool);
     src += n;
   }
   return Status::Ok();
@@ -78,18 +78,16 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
         return make_error(ErrorCode::kInvalidArgument,
                           "copy_prefix_state: SWA row of position {} not live (src {}, dst {})",
                           p, a, b);
-      std::memcpy(kv.swa_pool(l) + int64_t(b) * d, kv.swa_pool(l) + int64_t(a) * d,
-                  size_t(d) * sizeof(float));
+      kv.copy_bytes(kv.swa_pool(l) + int64_t(b) * d, kv.swa_pool(l) + int64_t(a) * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
     }
     if (L.kind == AttnKind::kSliding) continue;
     const int m = L.ratio;
     for (int64_t e = 0; e < n / m; ++e) {
       const int64_t a = kv.compressed_row(src, e, m), b = kv.compressed_row(dst, e, m);
-      std::memcpy(kv.comp_pool(l) + b * d, kv.comp_pool(l) + a * d, size_t(d) * sizeof(float));
+      kv.copy_bytes(kv.comp_pool(l) + b * d, kv.comp_pool(l) + a * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
       if (L.kind == AttnKind::kCsa) {
         const int64_t di = L.index_dim;
-        std::memcpy(kv.index_pool(l) + b * di, kv.index_pool(l) + a * di,
-                    size_t(di) * sizeof(float));
+        kv.copy_bytes(kv.index_pool(l) + b * di, kv.index_pool(l) + a * di, size_t(di) * sizeof(float), KvCache::CopyKind::kPoolToPool);
       }
     }
   }
@@ -111,19 +109,13 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
       if (swa_src < 0 || swa_dst < 0 || swa_src >= o.n_swa_pages || swa_dst >= o.n_swa_pages)
         return make_error(ErrorCode::kInvalidArgument, "apply_page_copy: SWA pages {} -> {}",
                           swa_src, swa_dst);
-      std::memcpy(kv.swa_pool(l) + (int64_t(swa_dst) * P + c.swa_begin) * d,
-                  kv.swa_pool(l) + (int64_t(swa_src) * P + c.swa_begin) * d,
-                  size_t((c.n_tokens - c.swa_begin) * d) * sizeof(float));
+      kv.copy_bytes(kv.swa_pool(l) + (int64_t(swa_dst) * P + c.swa_begin) * d, kv.swa_pool(l) + (int64_t(swa_src) * P + c.swa_begin) * d, size_t((c.n_tokens - c.swa_begin) * d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
     }
     if (L.kind == AttnKind::kSliding) continue;
     const int64_t m = L.ratio, per_page = P / m, n = c.n_tokens / m;
-    std::memcpy(kv.comp_pool(l) + int64_t(c.dst_page) * per_page * d,
-                kv.comp_pool(l) + int64_t(c.src_page) * per_page * d,
-                size_t(n * d) * sizeof(float));
+    kv.copy_bytes(kv.comp_pool(l) + int64_t(c.dst_page) * per_page * d, kv.comp_pool(l) + int64_t(c.src_page) * per_page * d, size_t(n * d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
     if (L.kind == AttnKind::kCsa)
-      std::memcpy(kv.index_pool(l) + int64_t(c.dst_page) * per_page * L.index_dim,
-                  kv.index_pool(l) + int64_t(c.src_page) * per_page * L.index_dim,
-                  size_t(n * L.index_dim) * sizeof(float));
+      kv.copy_bytes(kv.index_pool(l) + int64_t(c.dst_page) * per_page * L.index_dim, kv.index_pool(l) + int64_t(c.src_page) * per_page * L.index_dim, size_t(n * L.index_dim) * sizeof(float), KvCache::CopyKind::kPoolToPool);
   }
   return Status::Ok();
 }
@@ -236,18 +228,16 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
     for (int64_t p = std::max<int64_t>(0, R - W); p < R; ++p) {
       const int64_t a = radix_->swa_row(rs, p);
       const int32_t b = kv.swa_row(seq, p);
-      std::memcpy(kv.swa_pool(int(l)) + int64_t(b) * d, &swa_[l][size_t(a * d)],
-                  size_t(d) * sizeof(float));
+      kv.copy_bytes(kv.swa_pool(int(l)) + int64_t(b) * d, &swa_[l][size_t(a * d)], size_t(d) * sizeof(float), KvCache::CopyKind::kHostToPool);
     }
     if (!ratio_[l]) continue;
     const int64_t m = ratio_[l], di = idim_[l];
     for (int64_t e = 0; e < R / m; ++e) {
       const int64_t a = radix_->slot(rs, e * m) / m;
       const int64_t b = kv.compressed_row(seq, e, int(m));
-      std::memcpy(kv.comp_pool(int(l)) + b * d, &comp_[l][size_t(a * d)], size_t(d) * sizeof(float));
+      kv.copy_bytes(kv.comp_pool(int(l)) + b * d, &comp_[l][size_t(a * d)], size_t(d) * sizeof(float), KvCache::CopyKind::kHostToPool);
       if (di)
-        std::memcpy(kv.index_pool(int(l)) + b * di, &index_[l][size_t(a * di)],
-                    size_t(di) * sizeof(float));
+        kv.copy_bytes(kv.index_pool(int(l)) + b * di, &index_[l][size_t(a * di)], size_t(di) * sizeof(float), KvCache::CopyKind::kHostToPool);
     }
   }
   st = snaps_->load(kv, plan->restore_snapshot, seq);
@@ -283,18 +273,16 @@ Status PrefixCache::on_step(KvCache& kv, int32_t kv_seq, std::span<const int32_t
       const int32_t a = kv.swa_row(h.kv_seq, p);
       const int64_t b = radix_->swa_row(rs, p);
       if (a < 0 || b < 0) continue;
-      std::memcpy(&swa_[l][size_t(b * d)], kv.swa_pool(int(l)) + int64_t(a) * d,
-                  size_t(d) * sizeof(float));
+      kv.copy_bytes(&swa_[l][size_t(b * d)], kv.swa_pool(int(l)) + int64_t(a) * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToHost);
     }
     if (!ratio_[l]) continue;
     const int64_t m = ratio_[l], di = idim_[l];
     for (int64_t e = before / m; e < after / m; ++e) {
       const int64_t a = kv.compressed_row(h.kv_seq, e, int(m));
       const int64_t b = radix_->slot(rs, e * m) / m;
-      std::memcpy(&comp_[l][size_t(b * d)], kv.comp_pool(int(l)) + a * d, size_t(d) * sizeof(float));
+      kv.copy_bytes(&comp_[l][size_t(b * d)], kv.comp_pool(int(l)) + a * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToHost);
       if (di)
-        std::memcpy(&index_[l][size_t(b * di)], kv.index_pool(int(l)) + a * di,
-                    size_t(di) * sizeof(float));
+        kv.copy_bytes(&index_[l][size_t(b * di)], kv.index_pool(int(l)) + a * di, size_t(di) * sizeof(float), KvCache::CopyKind::kPoolToHost);
     }
   }
   for (int64_t p : h.snapshot_points)

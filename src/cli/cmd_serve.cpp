@@ -42,6 +42,7 @@ struct ServeOptions {
   std::string effort_profile = "preview";
   bool default_thinking = false;
   bool no_access_log = false;
+  double shutdown_timeout_s = 30.0;
 };
 
 int64_t dir_weight_bytes(const std::string& dir) {
@@ -178,7 +179,22 @@ int run_serve(const ServeOptions& o) {
 
   int sig = 0;
   sigwait(&sigs, &sig);
-  V4_LOG_INFO("signal {}: shutting down", sig);
+  // Graceful shutdown: refuse new requests (503), let running streams finish for up to
+  // --shutdown-timeout seconds (a second signal ends the wait), then close everything.
+  api.begin_drain();
+  V4_LOG_INFO("signal {}: draining {} in-flight request(s) (up to {:.0f}s; signal again to stop now)",
+              sig, api.active_generations(), o.shutdown_timeout_s);
+  {
+    sigset_t pending;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(int64_t(o.shutdown_timeout_s * 1000));
+    while (api.active_generations() > 0 && std::chrono::steady_clock::now() < deadline) {
+      sigpending(&pending);
+      if (sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  V4_LOG_INFO("shutting down ({} request(s) still in flight)", api.active_generations());
   server.stop();
   engine->reset();
   return 0;
@@ -222,6 +238,9 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
       ->check(CLI::IsMember({"preview", "0731"}));
   app.add_flag("--default-thinking", o->default_thinking, "thinking mode when a request does not choose");
   app.add_flag("--no-access-log", o->no_access_log, "do not log one line per request");
+  app.add_option("--shutdown-timeout", o->shutdown_timeout_s,
+                 "seconds SIGTERM/SIGINT waits for running requests to finish (default 30)")
+      ->check(CLI::NonNegativeNumber);
   if (const char* k = std::getenv("V4SERVE_API_KEY")) o->api_key = k;
   return std::function<int()>([o] { return run_serve(*o); });
 });

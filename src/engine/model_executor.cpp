@@ -87,7 +87,7 @@ int64_t workspace_reserve_bytes(const model::ModelConfig& c, int64_t max_chunk_t
                             int64_t(c.index_n_heads) * c.index_head_dim + c.index_n_heads +
                             c.index_topk + max_context / std::max(1, c.compress_rate_csa) +
                             c.n_routed_experts + 2 * k + k * (3 * I + D);
-  return (int64_t(512) << 20) + 2 * std::max<int64_t>(1, max_chunk_tokens) * per_token * 4;
+  return (int64_t(512) << 20) + 5 * std::max<int64_t>(1, max_chunk_tokens) * per_token * 4 / 4;
 }
 
 Result<int64_t> kv_budget_from_mem_fraction(ops::Ops& ops, double fraction, int64_t reserve,

@@ -45,12 +45,13 @@ struct ModelExecutorOptions {
 
 /// Bytes kept free for one step's activations and backend scratch when the KV budget comes from
 /// --mem-fraction: 512 MiB (CUDA context growth, library workspaces, the backend's cached small
-/// blocks) + 2 × max_chunk_tokens × 4 bytes × the f32 values one token needs at once:
+/// blocks) + 1.25 × max_chunk_tokens × 4 bytes × the f32 values one token needs at once:
 ///   2·n·D + 4·D + n + n² (residual streams, mHC) + 3·H·hd + hd + Rq + G·R (attention)
 ///   + 4·hd + 4·dI + nI·dI + nI + topk (compressors, indexer q/weights, selected rows)
 ///   + max_context / m_csa (indexer scores over every candidate row)
 ///   + E + 2k + k·(3I + D) (router, MoE scratch).
-/// The factor 2 covers size-class rounding and temporaries of two layers alive at once.
+/// The sum counts every step temporary and the backend's grow-only scratch as alive together (an
+/// upper bound); the factor 1.25 covers allocator rounding (power-of-two classes ≤ 64 MiB).
 int64_t workspace_reserve_bytes(const model::ModelConfig& cfg, int64_t max_chunk_tokens,
                                 int64_t max_context);
 

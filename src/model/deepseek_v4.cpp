@@ -443,6 +443,10 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = {sel_rows.data(), st.topk_offset.data(), sel_count.data()};
   }
+  // Key-count bound: the window, plus top-k (CSA) or every causal compressed row (HCA).
+  aa.max_keys = c.sliding_window + (kind == LayerKind::kCsa   ? c.index_topk
+                                    : kind == LayerKind::kHca ? st.hca.max_cand
+                                                              : 0);
   DeviceBuffer<float> attn(ops_, S * H * hd);
   aa.out = attn.data();
   o.sparse_attention(aa);

@@ -113,6 +113,9 @@ struct AttentionArgs {
   int n_heads = 0;                   // H
   int head_dim = 0;                  // hd
   float scale = 0.f;                 // hd^-1/2
+  /// Upper bound of swa.count[t] + comp.count[t] over the call, known to the planner (0 =
+  /// unknown). Lets a backend split long key lists across thread blocks without reading counts.
+  int64_t max_keys = 0;
   float* out = nullptr;              // [S, H, hd]
 };
 

@@ -19,6 +19,23 @@ using engine::Clock;
 
 namespace {
 
+// A text prompt of /v1/completions or /tokenize as token ids: with `add_special` (the default,
+// like vLLM's add_special_tokens) the sequence starts with BOS as the model was trained —
+// DeepSeek's tokenizer files add none themselves — unless the text already begins with it; the
+// same rule as `v4serve generate --prompt`. Token-id prompts are never changed.
+std::vector<int32_t> encode_prompt_text(const text::Tokenizer& tok, const std::string& text,
+                                        bool add_special) {
+  std::vector<int32_t> ids = tok.encode(text, true);
+  if (!add_special) return ids;
+  const auto bos = tok.bos_id();
+  if (bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  return ids;
+}
+
+}  // namespace
+
+namespace {
+
 std::string random_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
@@ -145,6 +162,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   std::vector<std::string> pending;  // SSE chunks produced before `started`
   int n_finished = 0;
   Clock::time_point t_arrival = Clock::now();
+
+  explicit Generation(OpenAiApi* owner) : api(owner) { api->active_.fetch_add(1); }
+  ~Generation() { api->active_.fetch_sub(1); }
 
   void emit(std::string chunk) {
     if (!started) {
@@ -588,8 +608,11 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     return;
   }
   if (path == "/health" || path == "/") {
-    metrics_.count_request(path, 200);
-    w->respond(200, "application/json", R"({"status":"ok"})");
+    // Draining: report 503 so load balancers stop routing here while running streams finish.
+    const int code = draining_.load() ? 503 : 200;
+    metrics_.count_request(path, code);
+    w->respond(code, "application/json",
+               code == 200 ? R"({"status":"ok"})" : R"({"status":"shutting_down"})");
     return;
   }
   if (path == "/metrics") {
@@ -681,7 +704,7 @@ void OpenAiApi::handle_tokenize(const HttpRequest& req, ResponseWriter& w) {
       if (!b["add_special_tokens"].is_boolean()) return send_error(req, w, bad_request("'add_special_tokens' must be a boolean", "add_special_tokens"));
       add_special = b["add_special_tokens"].get<bool>();
     }
-    tokens = tok_.encode(b["prompt"].get<std::string>(), add_special);
+    tokens = encode_prompt_text(tok_, b["prompt"].get<std::string>(), add_special);
   } else {
     return send_error(req, w, bad_request("expected 'prompt' (a string) or 'messages' (an array)", "prompt"));
   }
@@ -727,11 +750,14 @@ void OpenAiApi::handle_detokenize(const HttpRequest& req, ResponseWriter& w) {
 }
 
 void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<ResponseWriter> w, bool chat) {
+  if (draining_.load())
+    return send_error(hreq, *w,
+                      api_error(503, "the server is shutting down; retry on another replica",
+                                "service_unavailable", "shutting_down"));
   ApiError err;
   auto body = parse_json_body(hreq.body, &err);
   if (!body.ok()) return send_error(hreq, *w, err);
-  auto gen = std::make_shared<Generation>();
-  gen->api = this;
+  auto gen = std::make_shared<Generation>(this);
   gen->w = w;
   gen->chat = chat;
   gen->endpoint = hreq.path;
@@ -755,7 +781,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   } else {
     for (auto& p : r.prompts) {
       if (p.text) {
-        prompts.push_back(tok_.encode(*p.text, true));
+        prompts.push_back(encode_prompt_text(tok_, *p.text, true));
         echo.push_back(r.echo ? *p.text : std::string());
       } else {
         prompts.push_back(p.token_ids);

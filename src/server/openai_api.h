@@ -5,6 +5,7 @@
 // cut at stop strings, parsed into reasoning/content/tool_calls and streamed over SSE or
 // collected into one JSON response. A client that disconnects has its requests cancelled.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,12 @@ class OpenAiApi {
   /// For /metrics: a function returning the open HTTP connections.
   void set_connection_counter(std::function<int64_t()> fn);
 
+  /// Graceful shutdown: from now on new generation requests get 503 ("shutting_down") and
+  /// /health answers 503, while requests already in flight keep streaming to their end.
+  void begin_drain() { draining_.store(true); }
+  /// Chat/completion requests still in flight (their HTTP responses not yet finished).
+  int64_t active_generations() const { return active_.load(); }
+
   Metrics& metrics() { return metrics_; }
   const ApiConfig& config() const { return cfg_; }
 
@@ -62,6 +69,8 @@ class OpenAiApi {
   Metrics metrics_;
   std::function<int64_t()> connections_;
   ValidationLimits limits_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> active_{0};
 };
 
 /// Maps an OpenAI `reasoning_effort` (minimal/low/medium/high/xhigh/max) to the value the

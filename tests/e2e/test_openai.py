@@ -213,6 +213,11 @@ def test_tokenize_detokenize(server, model_name):
     assert j["count"] == len(j["tokens"]) > 0 and j["max_model_len"] > 0
     d = server.post("/detokenize", json={"model": model_name, "tokens": j["tokens"]})
     assert d.json()["prompt"].endswith("hello world")
+    # Text prompts start with BOS (as `v4serve generate --prompt`), unless add_special_tokens is false.
+    raw = server.post("/tokenize", json={"model": model_name, "prompt": "hello world",
+                                         "add_special_tokens": False}).json()
+    assert j["tokens"][1:] == raw["tokens"] and j["tokens"][0] != raw["tokens"][0]
+    assert server.post("/detokenize", json={"tokens": j["tokens"][:1]}).json()["prompt"] == "<｜begin▁of▁sentence｜>"
 
 
 def _stream_completion(client, model, prompt, max_tokens, cancel_after=None):

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "base/log.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/indexer.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/fill.h"
 #include "ops/cuda/mhc.h"
@@ -405,6 +407,9 @@ class CudaOps final : public Ops {
       return cuda::errorf(ErrorCode::kUnsupported, "no CUDA device ({})", cudaGetErrorString(e));
     }
     V4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int dev = 0;
+    V4_CUDA_TRY(cudaGetDevice(&dev));
+    V4_CUDA_TRY(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
     return Status::Ok();
   }
   std::string name() const override { return "cuda"; }
@@ -570,8 +575,13 @@ class CudaOps final : public Ops {
       check(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(smem)),
             "indexer smem attribute");
-    indexer_score_kernel<<<g1, 128, smem, stream_>>>(a, scores, ld);
-    launched("indexer_score_kernel");
+    if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
+      // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
+      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, stream_));
+    } else {
+      indexer_score_kernel<<<g1, 128, smem, stream_>>>(a, scores, ld);
+      launched("indexer_score_kernel");
+    }
     record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, stream_));
     if (k <= 256) {
       indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, stream_>>>(scores, ld, sel, a.cand, k,
@@ -588,6 +598,33 @@ class CudaOps final : public Ops {
     if (a.head_dim > kAttnMaxHd) {
       record(cuda::errorf(ErrorCode::kUnsupported, "sparse_attention: head_dim {} > {}", a.head_dim,
                           kAttnMaxHd));
+      return;
+    }
+    if (!batch_invariant_ && cuda::attention_mma_supported(a.n_heads, a.head_dim)) {
+      // TF32 tensor cores (attention.h): outside the fp32 reference mode only.
+      const int splits = a.max_keys <= 0 ? 1
+                                         : cuda::attention_auto_splits(a.n_rows, a.n_heads,
+                                                                       a.max_keys, n_sms_, 64);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = static_cast<float*>(scratch(
+            6, size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                   sizeof(float)));
+      record(cuda::sparse_attention_mma(a, splits, ws, stream_));
+      return;
+    }
+    if (a.head_dim <= cuda::kAttnSplitMaxHd) {
+      // Split-KV kernel (attention.h). The split count changes a row's summation order, so it
+      // depends on the batch only when batch invariance is not required.
+      const int splits = batch_invariant_ || a.max_keys <= 0
+                             ? 1
+                             : cuda::attention_auto_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = static_cast<float*>(scratch(
+            6, size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                   sizeof(float)));
+      record(cuda::sparse_attention_split(a, splits, ws, stream_));
       return;
     }
     const int64_t warps = a.n_rows * a.n_heads;
@@ -671,6 +708,9 @@ class CudaOps final : public Ops {
   }
 
   cudaStream_t stream_ = nullptr;
+  int n_sms_ = 132;
+  // Results of a row may not depend on the other rows of the call (fp32 reference mode).
+  bool batch_invariant_ = true;
   Status status_;
   std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;
