@@ -1,4 +1,6 @@
 // `v4serve serve`: load a checkpoint, start the engine and the OpenAI-compatible HTTP server.
+#include <fmt/format.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -119,9 +121,22 @@ int run_serve(const ServeOptions& o) {
     return 1;
   }
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  V4_LOG_INFO("loaded weights: 100% | {:.1f} MiB in {:.2f}s ({:.2f} GB/s)", double(bytes) / (1 << 20),
-              load_s, load_s > 0 ? double(bytes) / load_s / 1e9 : 0.0);
   auto& ex = **exec;
+  if (dummy) {
+    const auto& w = ex.model().weights();
+    std::string by_format;
+    double total = double(w.vector_bytes());
+    for (const auto& [f, b] : w.bytes_by_format()) {
+      by_format += fmt::format("{} {:.2f} GiB, ", f, double(b) / (1 << 30));
+      total += double(b);
+    }
+    V4_LOG_INFO("generated dummy weights ({} layers): {}vectors {:.2f} GiB; {:.2f} GiB in {:.2f}s",
+                ex.model().config().num_hidden_layers, by_format, double(w.vector_bytes()) / (1 << 30),
+                total / (1 << 30), load_s);
+  } else {
+    V4_LOG_INFO("loaded weights: 100% | {:.1f} MiB in {:.2f}s ({:.2f} GB/s)", double(bytes) / (1 << 20),
+                load_s, load_s > 0 ? double(bytes) / load_s / 1e9 : 0.0);
+  }
   if (int64_t(tok->vocab_size()) > ex.vocab_size()) {
     V4_LOG_ERROR("the tokenizer has {} tokens but the model only {}: use the checkpoint's own tokenizer",
                  tok->vocab_size(), ex.vocab_size());
