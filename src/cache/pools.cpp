@@ -5,10 +5,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 
 namespace v4::cache {
 namespace {
 constexpr int64_t kF32 = 4;
+// Process-wide counter behind KvCache::id() and addressing_version(): values never repeat, so a
+// mirror keyed by (cache id, version) can never mistake a new state for an old one.
+std::atomic<uint64_t> g_counter{0};
+uint64_t next_stamp() {
+  return g_counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 int overlap_of(AttnKind k) {
   return k == AttnKind::kCsa ? 2 : 1;
 }
@@ -103,6 +110,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
     return make_error(ErrorCode::kInvalidArgument,
                       "KV cache: n_pages, n_swa_pages and max_seqs must be > 0");
   std::unique_ptr<KvCache> kv(new KvCache());
+  kv->id_ = next_stamp();
   kv->spec_ = spec;
   kv->opt_ = opt;
   kv->alloc_ = std::move(alloc);
@@ -153,6 +161,7 @@ Result<int32_t> KvCache::create_sequence() {
                       opt_.max_seqs);
   Seq s;
   s.live = true;
+  s.version = next_stamp();
   s.state_slot = free_slots_.back();
   free_slots_.pop_back();
   for (size_t i = 0; i < seqs_.size(); ++i)
@@ -176,6 +185,11 @@ void KvCache::free_sequence(int32_t seq) {
     if (p >= 0) free_swa_pages_.push_back(p);
   free_slots_.push_back(s.state_slot);
   s = Seq();
+  s.version = next_stamp();
+}
+
+uint64_t KvCache::addressing_version(int32_t seq) const {
+  return valid(seq) ? seqs_[seq].version : 0;
 }
 
 int64_t KvCache::length(int32_t seq) const {
@@ -207,6 +221,7 @@ Status KvCache::reserve(int32_t seq, int64_t n_tokens) {
     s.swa_pages.push_back(free_swa_pages_.back());
     free_swa_pages_.pop_back();
   }
+  s.version = next_stamp();
   return Status::Ok();
 }
 
@@ -221,6 +236,7 @@ void KvCache::commit(int32_t seq, int64_t new_length) {
     if (s.swa_pages[p] >= 0) {
       free_swa_pages_.push_back(s.swa_pages[p]);
       s.swa_pages[p] = -1;
+      s.version = next_stamp();
     }
 }
 

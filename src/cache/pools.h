@@ -141,6 +141,22 @@ class KvCache {
   /// Every buffer the pools allocated (to fill them with random values for benchmarks).
   std::vector<PoolBuffer> buffers() const { return buffers_; }
 
+  // ---- change tracking (device mirrors of the addressing, docs/model.md §Decode graphs) --------
+  /// Identity of this cache instance, unique in the process (a mirror built for another cache
+  /// must be rebuilt, even if this one reuses its address).
+  uint64_t id() const { return id_; }
+  /// A number that changes whenever `seq`'s virtual pages, SWA pages or state slot change
+  /// (create_sequence, reserve adding pages, commit freeing SWA pages, free_sequence); never 0 and
+  /// never repeated in the process, so "mirrored version != addressing_version" means "re-send".
+  /// 0 for an unknown sequence.
+  uint64_t addressing_version(int32_t seq) const;
+  /// Virtual page of each logical page of `seq` (valid seq).
+  const std::vector<int32_t>& pages(int32_t seq) const { return seqs_[seq].pages; }
+  /// SWA page of each logical page of `seq` (−1 = freed; valid seq).
+  const std::vector<int32_t>& swa_pages(int32_t seq) const { return seqs_[seq].swa_pages; }
+  /// Compressor-state ring slot of `seq` (valid seq).
+  int32_t state_slot(int32_t seq) const { return seqs_[seq].state_slot; }
+
   // ---- copies between pools and host memory (prefix cache) ---------------------------------
   /// Direction of a copy: pool rows live in backend memory (device memory on CUDA).
   enum class CopyKind { kPoolToPool, kPoolToHost, kHostToPool };
@@ -165,7 +181,9 @@ class KvCache {
     int32_t state_slot = -1;
     std::vector<int32_t> pages;      // virtual page per logical page
     std::vector<int32_t> swa_pages;  // SWA page per logical page (-1 = freed)
+    uint64_t version = 0;            // addressing_version()
   };
+  uint64_t id_ = 0;
   CacheSpec spec_;
   KvCacheOptions opt_;
   AllocFn alloc_;

@@ -4,8 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <exception>
 #include <numeric>
 #include <set>
+#include <string>
+
+#include "base/log.h"
+#include "model/step_plan.h"
 
 namespace v4::model {
 
@@ -20,6 +26,14 @@ DeviceBuffer<T> upload_vec(ops::Ops* ops, const std::vector<T>& v) {
   return b;
 }
 
+/// A host vector copied into step memory.
+template <typename T>
+T* to_step(ops::Ops* ops, StepMemory& mem, const std::vector<T>& v) {
+  T* p = mem.alloc_n<T>(int64_t(v.size()));
+  if (!v.empty()) ops->upload(p, v.data(), v.size() * sizeof(T));
+  return p;
+}
+
 cache::AttnKind to_cache_kind(LayerKind k) {
   switch (k) {
     case LayerKind::kSliding:
@@ -32,52 +46,92 @@ cache::AttnKind to_cache_kind(LayerKind k) {
   return cache::AttnKind::kSliding;
 }
 
-/// A RowMap with its device arrays.
-struct DeviceRowMap {
-  DeviceBuffer<int32_t> rows;
-  DeviceBuffer<int64_t> offset;
-  DeviceBuffer<int32_t> count;
-  ops::RowMap view() const { return {rows.data(), offset.data(), count.data()}; }
-};
+bool env_graphs_off() {
+  const char* e = std::getenv("V4_DECODE_GRAPHS");
+  return e && std::string(e) == "0";
+}
 
-struct HostRowMap {
-  std::vector<int32_t> rows;
-  std::vector<int64_t> offset;
-  std::vector<int32_t> count;
-  DeviceRowMap upload(ops::Ops* ops) const {
-    return {upload_vec(ops, rows), upload_vec(ops, offset), upload_vec(ops, count)};
+PlanShape shape_of(const ModelConfig& c) {
+  PlanShape s;
+  s.window = c.sliding_window;
+  for (auto k : c.layer_types) {
+    if (k == LayerKind::kCsa) s.csa_ratio = c.compress_rate_csa;
+    if (k == LayerKind::kHca) s.hca_ratio = c.compress_rate_hca;
   }
-};
+  s.index_topk = c.index_topk;
+  return s;
+}
 
-/// Compressor plan for one (rate m, overlap c): which rows close in this step, their sources,
-/// and the ring rows to refresh afterwards (dsv4-model.md §5).
+/// Compressor plan of one rate (dsv4-model.md §5) as the layers read it: the rows that close in
+/// this step with their sources, the ring rows to refresh, the causal candidate map. Host-planned
+/// steps list only closing rows; device-planned steps have one entry per batch row (dst −1 where
+/// nothing closes, ring_dst −1 for padding: store_rows skips them).
 struct CompressPlan {
   int ratio = 0, overlap = 1;
   int64_t n_out = 0;
-  DeviceBuffer<int32_t> src;        // [n_out, c·m]
-  DeviceBuffer<int64_t> positions;  // [n_out] rope position w·m
-  DeviceBuffer<int32_t> dst;        // [n_out] physical compressed-pool rows
+  const int32_t* src = nullptr;        // [n_out, c·m]
+  const int64_t* positions = nullptr;  // [n_out] rope position w·m
+  const int32_t* dst = nullptr;        // [n_out] compressed-pool rows
   int64_t n_ring = 0;
-  DeviceBuffer<int32_t> ring_src;  // [n_ring] batch rows
-  DeviceBuffer<int32_t> ring_dst;  // [n_ring] ring rows
-  DeviceRowMap cand;               // per query: all causal compressed rows (w < (t+1)/m)
-  int64_t max_cand = 0;            // max over queries of cand.count
+  const int32_t* ring_src = nullptr;  // [n_ring] batch rows
+  const int32_t* ring_dst = nullptr;  // [n_ring] ring rows
+  ops::RowMap cand;                   // per query: all causal compressed rows (w < (t+1)/m)
+  int64_t max_cand = 0;               // ≥ every cand.count (indexer grid bound)
+};
+
+/// Releases the step-memory blocks of a scope (a layer's temporaries) when it ends.
+class StepScope {
+ public:
+  explicit StepScope(StepMemory& m) : m_(m), mark_(m.mark()) {}
+  ~StepScope() { m_.release(mark_); }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+ private:
+  StepMemory& m_;
+  StepMemory::Mark mark_;
 };
 
 }  // namespace
 
-/// Everything one step computes once and every layer reuses ("plan, then run").
+/// Everything one step computes once and every layer reuses ("plan, then run"). Arrays live in
+/// `mem` (or, for ids on the decode path, in the staging buffer).
 struct DeepseekV4::Step {
   cache::KvCache* kv = nullptr;
+  StepMemory* mem = nullptr;
   int64_t S = 0;
-  std::vector<int32_t> ids_host;
-  std::vector<int64_t> pos_host;
-  DeviceBuffer<int32_t> ids;
-  DeviceBuffer<int64_t> pos;
-  DeviceBuffer<int32_t> swa_dst;      // [S] SWA row of each new token
-  DeviceRowMap swa;                   // per query: window keys
-  CompressPlan csa, hca;              // by layer kind
-  DeviceBuffer<int64_t> topk_offset;  // [S] t·index_topk
+  const int32_t* ids = nullptr;          // [S]
+  const int64_t* pos = nullptr;          // [S]
+  const int32_t* swa_dst = nullptr;      // [S] SWA row of each new token (−1 = skip)
+  ops::RowMap swa;                       // per query: window keys
+  CompressPlan csa, hca;                 // by layer kind
+  const int64_t* topk_offset = nullptr;  // [S] t·index_topk
+  const int32_t* shared_idx = nullptr;   // [S] zeros: the shared expert's "expert 0"
+  const float* shared_w = nullptr;       // [S] ones: its weight
+  template <typename T>
+  T* buf(int64_t n) {
+    return mem->alloc_n<T>(n);
+  }
+};
+
+/// The decode fast path's state for one KvCache: a device mirror of its page tables, the staging
+/// buffer of raw batch state, and the graphs captured against it (they bake in this cache's pool
+/// addresses and these buffers, so all of it is dropped when another cache comes).
+struct DeepseekV4::DecodeState {
+  struct Entry {  // one (batch bucket, context bucket)
+    std::unique_ptr<ops::Graph> graph;
+    std::shared_ptr<DeviceBuffer<char>> workspace;  // the region the graph's temporaries use
+    float* logits = nullptr;                        // [B, vocab] inside workspace
+    size_t peak = 0;                                // step-memory bytes (eager warm-up)
+    bool failed = false;                            // capture failed: stay eager
+  };
+  uint64_t cache_id = 0;
+  int64_t P = 0;  // pages per table row
+  DecodeStager stager;
+  DeviceBuffer<int32_t> staging;                  // DecodeStager layout
+  DeviceBuffer<int32_t> page_table, swa_table;    // [max_seqs, P]
+  std::shared_ptr<DeviceBuffer<char>> workspace;  // region for the next capture (grows ×2)
+  std::map<std::pair<int64_t, int64_t>, Entry> entries;
 };
 
 DeepseekV4::~DeepseekV4() = default;
@@ -90,7 +144,7 @@ Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load(const std::string& dir, ops
   if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
   V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::load(m->ck_, m->cfg_, ops, policy));
-  m->init_rope();
+  m->init_tables();
   return m;
 }
 
@@ -103,11 +157,11 @@ Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load_dummy(const std::string& co
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load_path(config_path));
   if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::dummy(m->cfg_, ops, policy, seed));
-  m->init_rope();
+  m->init_tables();
   return m;
 }
 
-void DeepseekV4::init_rope() {
+void DeepseekV4::init_tables() {
   auto make_rope = [&](const RopeSpec& r, RopeTable* t) {
     t->inv_freq = upload_vec(ops_, r.inv_freq());
     t->rope_dim = r.rope_dim;
@@ -115,6 +169,9 @@ void DeepseekV4::init_rope() {
   };
   make_rope(cfg_.rope_main, &rope_main_);
   make_rope(cfg_.rope_compress, &rope_compress_);
+  shared_idx_ = upload_vec(ops_, std::vector<int32_t>(kMaxDecodeRows, 0));
+  shared_w_ = upload_vec(ops_, std::vector<float>(kMaxDecodeRows, 1.f));
+  decode_opt_.graphs = ops_->supports_graphs() && !env_graphs_off();
 }
 
 cache::CacheSpec DeepseekV4::cache_spec() const {
@@ -156,10 +213,8 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
 
 Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCache& kv) {
   const ModelConfig& c = cfg_;
-  ops::Ops& o = *ops_;
   // ---- 1. validate and reserve ----------------------------------------------------------
   std::set<int32_t> seen;
-  int64_t S = 0;
   for (size_t i = 0; i < batch.slices.size(); ++i) {
     const SeqSlice& sl = batch.slices[i];
     if (!kv.valid(sl.seq))
@@ -182,159 +237,313 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
       if (t < 0 || t >= c.vocab_size)
         return make_error(ErrorCode::kInvalidArgument,
                           "forward: token id {} outside the vocabulary [0, {})", t, c.vocab_size);
-    S += int64_t(sl.tokens.size());
   }
   for (const SeqSlice& sl : batch.slices)
     V4_RETURN_IF_ERROR(kv.reserve(sl.seq, sl.start_pos + int64_t(sl.tokens.size())));
+  // ---- 2.–4. plan, layers, head, commit ---------------------------------------------------
+  if (decode_fast_path(batch, kv)) return forward_decode(batch, kv);
+  return forward_host_plan(batch, kv);
+}
 
-  // ---- 2. plans ---------------------------------------------------------------------------
+Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, cache::KvCache& kv) {
+  const ModelConfig& c = cfg_;
+  ops::Ops& o = *ops_;
+  StepMemory mem(ops_);
+  const HostStepPlan hp = plan_on_host(batch, kv, shape_of(c));
   Step st;
   st.kv = &kv;
-  st.S = S;
-  std::vector<int64_t> row0(batch.slices.size() + 1, 0);
-  std::vector<int32_t> swa_dst;
-  HostRowMap swa;
-  const int W = c.sliding_window;
-  for (size_t i = 0; i < batch.slices.size(); ++i) {
-    const SeqSlice& sl = batch.slices[i];
-    const int64_t s0 = sl.start_pos, n = int64_t(sl.tokens.size());
-    row0[i + 1] = row0[i] + n;
-    const int64_t lo = std::max<int64_t>(0, s0 - W + 1);
-    const int64_t base = int64_t(swa.rows.size());
-    for (int64_t p = lo; p < s0 + n; ++p) swa.rows.push_back(kv.swa_row(sl.seq, p));
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t t = s0 + j;
-      st.ids_host.push_back(sl.tokens[j]);
-      st.pos_host.push_back(t);
-      swa_dst.push_back(kv.swa_row(sl.seq, t));
-      const int64_t first = std::max<int64_t>(0, t - W + 1);
-      swa.offset.push_back(base + (first - lo));
-      swa.count.push_back(int32_t(t - first + 1));
-    }
-  }
-  st.ids = upload_vec(ops_, st.ids_host);
-  st.pos = upload_vec(ops_, st.pos_host);
-  st.swa_dst = upload_vec(ops_, swa_dst);
-  st.swa = swa.upload(ops_);
-
-  auto build_compress = [&](int m, int cc, CompressPlan* plan) {
-    plan->ratio = m;
-    plan->overlap = cc;
-    const int ring_rows = cc * m;
-    std::vector<int32_t> src, dst, ring_src, ring_dst;
-    std::vector<int64_t> positions;
-    HostRowMap cand;
-    for (size_t i = 0; i < batch.slices.size(); ++i) {
-      const SeqSlice& sl = batch.slices[i];
-      const int64_t s0 = sl.start_pos, n = int64_t(sl.tokens.size()), end = s0 + n;
-      // Source slot of token p: fresh batch row, or its ring row in the sequence's state.
-      auto source = [&](int64_t p) -> int32_t {
-        if (p < 0) return -1;
-        if (p >= s0) return int32_t(row0[i] + (p - s0));
-        return -(kv.ring_row(sl.seq, p, ring_rows) + 2);
-      };
-      for (int64_t w = s0 / m; w < end / m; ++w) {
-        if (cc == 2)
-          for (int j = 0; j < m; ++j) src.push_back(w == 0 ? -1 : source((w - 1) * m + j));
-        for (int j = 0; j < m; ++j) src.push_back(source(w * m + j));
-        positions.push_back(w * m);
-        dst.push_back(kv.compressed_row(sl.seq, w, m));
-      }
-      for (int64_t p = std::max(s0, end - ring_rows); p < end; ++p) {
-        ring_src.push_back(int32_t(row0[i] + (p - s0)));
-        ring_dst.push_back(kv.ring_row(sl.seq, p, ring_rows));
-      }
-      const int64_t base = int64_t(cand.rows.size());
-      for (int64_t e = 0; e < end / m; ++e) cand.rows.push_back(kv.compressed_row(sl.seq, e, m));
-      for (int64_t j = 0; j < n; ++j) {
-        cand.offset.push_back(base);
-        cand.count.push_back(int32_t((s0 + j + 1) / m));
-        plan->max_cand = std::max<int64_t>(plan->max_cand, (s0 + j + 1) / m);
-      }
-    }
-    plan->n_out = int64_t(dst.size());
-    plan->src = upload_vec(ops_, src);
-    plan->positions = upload_vec(ops_, positions);
-    plan->dst = upload_vec(ops_, dst);
-    plan->n_ring = int64_t(ring_dst.size());
-    plan->ring_src = upload_vec(ops_, ring_src);
-    plan->ring_dst = upload_vec(ops_, ring_dst);
-    plan->cand = cand.upload(ops_);
+  st.mem = &mem;
+  st.S = hp.S;
+  st.ids = to_step(ops_, mem, hp.ids);
+  st.pos = to_step(ops_, mem, hp.pos);
+  st.swa_dst = to_step(ops_, mem, hp.swa_dst);
+  st.swa = {to_step(ops_, mem, hp.swa.rows), to_step(ops_, mem, hp.swa.offset),
+            to_step(ops_, mem, hp.swa.count)};
+  auto upload_compress = [&](const HostCompressPlan& h, CompressPlan* p) {
+    p->ratio = h.ratio;
+    p->overlap = h.overlap;
+    p->n_out = int64_t(h.dst.size());
+    p->src = to_step(ops_, mem, h.src);
+    p->positions = to_step(ops_, mem, h.positions);
+    p->dst = to_step(ops_, mem, h.dst);
+    p->n_ring = int64_t(h.ring_dst.size());
+    p->ring_src = to_step(ops_, mem, h.ring_src);
+    p->ring_dst = to_step(ops_, mem, h.ring_dst);
+    p->cand = {to_step(ops_, mem, h.cand.rows), to_step(ops_, mem, h.cand.offset),
+               to_step(ops_, mem, h.cand.count)};
+    p->max_cand = h.max_cand;
   };
-  bool has_csa = false, has_hca = false;
-  for (auto k : c.layer_types) {
-    has_csa |= k == LayerKind::kCsa;
-    has_hca |= k == LayerKind::kHca;
+  if (hp.has_csa) {
+    upload_compress(hp.csa, &st.csa);
+    st.topk_offset = to_step(ops_, mem, hp.topk_offset);
   }
-  if (has_csa) {
-    build_compress(c.compress_rate_csa, 2, &st.csa);
-    std::vector<int64_t> off(S);
-    for (int64_t t = 0; t < S; ++t) off[t] = t * c.index_topk;
-    st.topk_offset = upload_vec(ops_, off);
-  }
-  if (has_hca) build_compress(c.compress_rate_hca, 1, &st.hca);
-
-  // ---- 3. layers -------------------------------------------------------------------------
-  const int n = c.hc_mult, D = c.hidden_size;
-  DeviceBuffer<float> h(ops_, S * n * D), collapsed(ops_, S * D), x(ops_, S * D), f(ops_, S * D);
-  DeviceBuffer<float> post(ops_, S * n), comb(ops_, S * n * n);
-  o.embed(w_.embed.data(), st.ids.data(), S, D, n, h.data());
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = w_.layers[l];
-    ops::HcArgs hc;
-    hc.h = h.data();
-    hc.n_rows = S;
-    hc.n_streams = n;
-    hc.hidden = D;
-    hc.rms_eps = float(c.rms_norm_eps);
-    hc.hc_eps = float(c.hc_eps);
-    hc.sinkhorn_iters = c.hc_sinkhorn_iters;
-    hc.collapsed = collapsed.data();
-    hc.post = post.data();
-    hc.comb = comb.data();
-    hc.fn = L.hc_attn_fn.data();
-    hc.base = L.hc_attn_base.data();
-    hc.scale = L.hc_attn_scale.data();
-    o.hc_pre(hc);
-    o.rms_norm(collapsed.data(), L.attn_norm.data(), S, D, float(c.rms_norm_eps), x.data());
-    attention(st, l, x.data(), f.data());
-    o.hc_post(h.data(), f.data(), post.data(), comb.data(), S, n, D);
-
-    hc.fn = L.hc_ffn_fn.data();
-    hc.base = L.hc_ffn_base.data();
-    hc.scale = L.hc_ffn_scale.data();
-    o.hc_pre(hc);
-    o.rms_norm(collapsed.data(), L.ffn_norm.data(), S, D, float(c.rms_norm_eps), x.data());
-    moe(st, l, x.data(), f.data());
-    o.hc_post(h.data(), f.data(), post.data(), comb.data(), S, n, D);
+  if (hp.has_hca) upload_compress(hp.hca, &st.hca);
+  if (st.S <= kMaxDecodeRows) {
+    st.shared_idx = shared_idx_.data();
+    st.shared_w = shared_w_.data();
+  } else {
+    st.shared_idx = to_step(ops_, mem, std::vector<int32_t>(size_t(st.S), 0));
+    st.shared_w = to_step(ops_, mem, std::vector<float>(size_t(st.S), 1.f));
   }
 
-  // ---- 4. head on the rows that return logits ----------------------------------------------
+  float* h = run_layers(st);
+
+  // Head on the rows that return logits.
   ForwardOutput out;
   out.vocab = c.vocab_size;
   out.row_begin.push_back(0);
   std::vector<int32_t> sel;
   for (size_t i = 0; i < batch.slices.size(); ++i) {
     if (batch.slices[i].logits_all)
-      for (int64_t r = row0[i]; r < row0[i + 1]; ++r) sel.push_back(int32_t(r));
+      for (int64_t r = hp.row0[i]; r < hp.row0[i + 1]; ++r) sel.push_back(int32_t(r));
     else
-      sel.push_back(int32_t(row0[i + 1] - 1));
+      sel.push_back(int32_t(hp.row0[i + 1] - 1));
     out.row_begin.push_back(int64_t(sel.size()));
   }
   const int64_t R = int64_t(sel.size());
-  auto sel_dev = upload_vec(ops_, sel);
-  DeviceBuffer<float> hs(ops_, R * n * D), y(ops_, R * D), logits(ops_, R * c.vocab_size);
-  o.gather_rows(h.data(), sel_dev.data(), R, int64_t(n) * D, hs.data());
-  o.hc_head(hs.data(), w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n,
-            D, float(c.rms_norm_eps), float(c.hc_eps), y.data());
-  o.rms_norm(y.data(), w_.norm.data(), R, D, float(c.rms_norm_eps), y.data());
-  o.linear_w(y.data(), D, w_.head.v(), R, logits.data(), c.vocab_size);
+  const float* logits = head(st, h, to_step(ops_, mem, sel), R);
   out.logits.resize(size_t(R * c.vocab_size));
-  o.download(out.logits.data(), logits.data(), out.logits.size() * sizeof(float));
+  o.download(out.logits.data(), logits, out.logits.size() * sizeof(float));
 
   for (const SeqSlice& sl : batch.slices)
     kv.commit(sl.seq, sl.start_pos + int64_t(sl.tokens.size()));
+  ++decode_stats_.host_plan_steps;
   return out;
+}
+
+bool DeepseekV4::decode_fast_path(const ForwardBatch& batch, const cache::KvCache& kv) const {
+  const bool graphs = decode_opt_.graphs && ops_->supports_graphs();
+  if (!graphs && !decode_opt_.device_plan) return false;
+  const int64_t n = int64_t(batch.slices.size());
+  if (n == 0 || n > kMaxDecodeRows) return false;
+  const int64_t P = decode_table_pages(kv, cfg_.max_position_embeddings);
+  for (const SeqSlice& sl : batch.slices) {
+    if (sl.tokens.size() != 1 || sl.logits_all) return false;
+    if (sl.seq >= kv.options().max_seqs || int64_t(kv.pages(sl.seq).size()) > P) return false;
+  }
+  return true;
+}
+
+DeepseekV4::DecodeState& DeepseekV4::decode_state(cache::KvCache& kv) {
+  if (decode_ && decode_->cache_id == kv.id()) return *decode_;
+  decode_.reset();  // graphs and tables of another cache
+  auto ds = std::make_unique<DecodeState>();
+  ds->cache_id = kv.id();
+  ds->P = decode_table_pages(kv, cfg_.max_position_embeddings);
+  const int rows = kv.options().max_seqs;
+  ds->stager = DecodeStager(rows, ds->P);
+  ds->staging = DeviceBuffer<int32_t>(ops_, ds->stager.total_ints());
+  ds->page_table = DeviceBuffer<int32_t>(ops_, int64_t(rows) * ds->P);
+  ds->swa_table = DeviceBuffer<int32_t>(ops_, int64_t(rows) * ds->P);
+  decode_ = std::move(ds);
+  return *decode_;
+}
+
+void DeepseekV4::plan_on_device(Step& st, DecodeState& ds, int64_t B, int64_t ctx) {
+  const PlanShape sh = shape_of(cfg_);
+  const int W = sh.window;
+  ops::DecodePlanArgs a =
+      decode_plan_inputs(ds.staging.data(), ds.page_table.data(), ds.swa_table.data(), ds.P,
+                         st.kv->options().page_size, W, B);
+  st.S = B;
+  st.ids = ds.staging.data() + DecodeStager::kIds;
+  a.positions = st.buf<int64_t>(B);
+  a.swa_dst = st.buf<int32_t>(B);
+  a.swa_rows = st.buf<int32_t>(B * W);
+  a.swa_offset = st.buf<int64_t>(B);
+  a.swa_count = st.buf<int32_t>(B);
+  auto add_rate = [&](int m, int cc, CompressPlan* p) {
+    ops::DecodePlanRate& r = a.rates[a.n_rates++];
+    r.ratio = m;
+    r.overlap = cc;
+    r.cand_stride = (ctx + m - 1) / m;
+    r.src = st.buf<int32_t>(B * cc * m);
+    r.positions = st.buf<int64_t>(B);
+    r.dst = st.buf<int32_t>(B);
+    r.ring_src = st.buf<int32_t>(B);
+    r.ring_dst = st.buf<int32_t>(B);
+    r.cand_rows = st.buf<int32_t>(B * r.cand_stride);
+    r.cand_offset = st.buf<int64_t>(B);
+    r.cand_count = st.buf<int32_t>(B);
+    p->ratio = m;
+    p->overlap = cc;
+    p->n_out = B;
+    p->src = r.src;
+    p->positions = r.positions;
+    p->dst = r.dst;
+    p->n_ring = B;
+    p->ring_src = r.ring_src;
+    p->ring_dst = r.ring_dst;
+    p->cand = {r.cand_rows, r.cand_offset, r.cand_count};
+    p->max_cand = r.cand_stride;
+  };
+  if (sh.csa_ratio > 0) {
+    add_rate(sh.csa_ratio, 2, &st.csa);
+    a.topk = sh.index_topk;
+    a.topk_offset = st.buf<int64_t>(B);
+    st.topk_offset = a.topk_offset;
+  }
+  if (sh.hca_ratio > 0) add_rate(sh.hca_ratio, 1, &st.hca);
+  ops_->build_decode_plan(a);
+  st.pos = a.positions;
+  st.swa_dst = a.swa_dst;
+  st.swa = {a.swa_rows, a.swa_offset, a.swa_count};
+  st.shared_idx = shared_idx_.data();
+  st.shared_w = shared_w_.data();
+}
+
+float* DeepseekV4::decode_body(Step& st, DecodeState& ds, int64_t B, int64_t ctx) {
+  plan_on_device(st, ds, B, ctx);
+  float* h = run_layers(st);
+  return head(st, h, nullptr, B);
+}
+
+Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cache::KvCache& kv) {
+  const ModelConfig& c = cfg_;
+  DecodeState& ds = decode_state(kv);
+  const int64_t n = int64_t(batch.slices.size());
+  const int64_t B = decode_bucket(n);
+  int64_t need = 1;
+  for (const SeqSlice& sl : batch.slices) need = std::max<int64_t>(need, sl.start_pos + 1);
+  int64_t ctx = std::max<int64_t>(1, decode_opt_.min_context);
+  while (ctx < need) ctx *= 2;
+  ctx = std::max(need, std::min<int64_t>(ctx, ds.P * kv.options().page_size));
+
+  // A failure between staging and the plan op would leave the device tables behind the
+  // stager's record: forget the record unless the step completes.
+  struct Invalidate {
+    DecodeStager& s;
+    bool done = false;
+    ~Invalidate() {
+      if (!done) s.invalidate();
+    }
+  } guard{ds.stager};
+  const int64_t ints = ds.stager.stage(batch, kv, B);
+  decode_stats_.page_rows_sent += ds.stager.last_deltas();
+  ops_->upload(ds.staging.data(), ds.stager.host(), size_t(ints) * sizeof(int32_t));
+
+  ForwardOutput out;
+  out.vocab = c.vocab_size;
+  for (int64_t i = 0; i <= n; ++i) out.row_begin.push_back(i);
+  out.logits.resize(size_t(n * c.vocab_size));
+  const size_t out_bytes = out.logits.size() * sizeof(float);
+  DecodeState::Entry& e = ds.entries[{B, ctx}];
+  const bool graphs = decode_opt_.graphs && ops_->supports_graphs();
+  if (graphs && e.graph) {
+    e.graph->replay();
+    ops_->download(out.logits.data(), e.logits, out_bytes);
+    ++decode_stats_.graph_replays;
+    ++decode_stats_.replays[{B, ctx}];
+  } else {
+    {
+      StepMemory mem(ops_);
+      Step st;
+      st.kv = &kv;
+      st.mem = &mem;
+      const float* logits = decode_body(st, ds, B, ctx);
+      ops_->download(out.logits.data(), logits, out_bytes);
+      e.peak = std::max(e.peak, mem.peak());
+    }
+    ++decode_stats_.device_plan_steps;
+    // Warmed up with these shapes: capture the same body against a fixed workspace.
+    if (graphs && !e.failed) {
+      if (!ds.workspace || size_t(ds.workspace->size()) < e.peak) {
+        const int64_t cur = ds.workspace ? ds.workspace->size() : 0;
+        ds.workspace =
+            std::make_shared<DeviceBuffer<char>>(ops_, std::max<int64_t>(int64_t(e.peak), 2 * cur));
+      }
+      StepMemory wmem(ds.workspace->data(), size_t(ds.workspace->size()));
+      float* logits = nullptr;
+      std::unique_ptr<ops::Graph> g;
+      try {
+        g = ops_->capture([&] {
+          Step st;
+          st.kv = &kv;
+          st.mem = &wmem;
+          logits = decode_body(st, ds, B, ctx);
+        });
+      } catch (const std::exception& ex) {
+        V4_LOG_WARN("decode graph B={} ctx={}: capture failed: {}", B, ctx, ex.what());
+      }
+      if (g) {
+        e.graph = std::move(g);
+        e.workspace = ds.workspace;
+        e.logits = logits;
+        ++decode_stats_.captures;
+      } else {
+        e.failed = true;
+        ++decode_stats_.capture_failures;
+        V4_LOG_WARN("decode graph B={} ctx={}: no graph, this bucket stays eager", B, ctx);
+      }
+    }
+  }
+  for (const SeqSlice& sl : batch.slices)
+    kv.commit(sl.seq, sl.start_pos + int64_t(sl.tokens.size()));
+  guard.done = true;
+  return out;
+}
+
+float* DeepseekV4::run_layers(Step& st) {
+  const ModelConfig& c = cfg_;
+  ops::Ops& o = *ops_;
+  const int64_t S = st.S;
+  const int n = c.hc_mult, D = c.hidden_size;
+  float* h = st.buf<float>(S * n * D);
+  float* collapsed = st.buf<float>(S * D);
+  float* x = st.buf<float>(S * D);
+  float* f = st.buf<float>(S * D);
+  float* post = st.buf<float>(S * n);
+  float* comb = st.buf<float>(S * n * n);
+  o.embed(w_.embed.data(), st.ids, S, D, n, h);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    ops::HcArgs hc;
+    hc.h = h;
+    hc.n_rows = S;
+    hc.n_streams = n;
+    hc.hidden = D;
+    hc.rms_eps = float(c.rms_norm_eps);
+    hc.hc_eps = float(c.hc_eps);
+    hc.sinkhorn_iters = c.hc_sinkhorn_iters;
+    hc.collapsed = collapsed;
+    hc.post = post;
+    hc.comb = comb;
+    hc.fn = L.hc_attn_fn.data();
+    hc.base = L.hc_attn_base.data();
+    hc.scale = L.hc_attn_scale.data();
+    o.hc_pre(hc);
+    o.rms_norm(collapsed, L.attn_norm.data(), S, D, float(c.rms_norm_eps), x);
+    attention(st, l, x, f);
+    o.hc_post(h, f, post, comb, S, n, D);
+
+    hc.fn = L.hc_ffn_fn.data();
+    hc.base = L.hc_ffn_base.data();
+    hc.scale = L.hc_ffn_scale.data();
+    o.hc_pre(hc);
+    o.rms_norm(collapsed, L.ffn_norm.data(), S, D, float(c.rms_norm_eps), x);
+    moe(st, l, x, f);
+    o.hc_post(h, f, post, comb, S, n, D);
+  }
+  return h;
+}
+
+float* DeepseekV4::head(Step& st, const float* h, const int32_t* sel, int64_t R) {
+  const ModelConfig& c = cfg_;
+  ops::Ops& o = *ops_;
+  const int n = c.hc_mult, D = c.hidden_size;
+  const float* hs = h;
+  if (sel) {
+    float* g = st.buf<float>(R * n * D);
+    o.gather_rows(h, sel, R, int64_t(n) * D, g);
+    hs = g;
+  }
+  float* y = st.buf<float>(R * D);
+  float* logits = st.buf<float>(R * c.vocab_size);
+  o.hc_head(hs, w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n, D,
+            float(c.rms_norm_eps), float(c.hc_eps), y);
+  o.rms_norm(y, w_.norm.data(), R, D, float(c.rms_norm_eps), y);
+  o.linear_w(y, D, w_.head.v(), R, logits, c.vocab_size);
+  return logits;
 }
 
 void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
@@ -343,76 +552,78 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   const LayerKind kind = c.layer_types[l];
   const RopeTable& rope = rope_for(kind);
   ops::Ops& o = *ops_;
+  StepScope scope(*st.mem);
   const int64_t S = st.S;
   const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, Rq = c.q_lora_rank;
   const float eps = float(c.rms_norm_eps);
 
   // Q path: low-rank q, q_norm, per-head unweighted RMS norm, RoPE (dsv4-model.md §4).
-  DeviceBuffer<float> cq(ops_, S * Rq), q(ops_, S * H * hd), kvv(ops_, S * hd);
-  o.linear_w(x, D, a.wq_a.v(), S, cq.data(), Rq);
-  o.rms_norm(cq.data(), a.q_norm.data(), S, Rq, eps, cq.data());
-  o.linear_w(cq.data(), Rq, a.wq_b.v(), S, q.data(), int64_t(H) * hd);
-  o.rms_norm(q.data(), nullptr, S * H, hd, eps, q.data());
-  o.rope(q.data(), S, H, hd, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
-         rope.attention_scaling, false);
+  float* cq = st.buf<float>(S * Rq);
+  float* q = st.buf<float>(S * H * hd);
+  float* kvv = st.buf<float>(S * hd);
+  o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
+  o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
+  o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
+  o.rms_norm(q, nullptr, S * H, hd, eps, q);
+  o.rope(q, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
   // K = V path: kv_norm then RoPE, stored into the SWA pool.
-  o.linear_w(x, D, a.wkv.v(), S, kvv.data(), hd);
-  o.rms_norm(kvv.data(), a.kv_norm.data(), S, hd, eps, kvv.data());
-  o.rope(kvv.data(), S, 1, hd, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
-         rope.attention_scaling, false);
-  o.store_rows(st.kv->swa_pool(l), st.swa_dst.data(), S, hd, kvv.data());
+  o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
+  o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
+  o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
+  o.store_rows(st.kv->swa_pool(l), st.swa_dst, S, hd, kvv);
 
   // Compressor: pool the rows that close in this step, norm + rope at w·m, store; refresh rings.
   auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, float* pool,
                       float* ring_kv, float* ring_gate) {
+    StepScope inner(*st.mem);
     const int cd = plan.overlap * d;
-    DeviceBuffer<float> kc(ops_, S * cd), zc(ops_, S * cd);
-    o.linear_w(x, D, w.wkv.v(), S, kc.data(), cd);
-    o.linear_w(x, D, w.wgate.v(), S, zc.data(), cd);
+    float* kc = st.buf<float>(S * cd);
+    float* zc = st.buf<float>(S * cd);
+    o.linear_w(x, D, w.wkv.v(), S, kc, cd);
+    o.linear_w(x, D, w.wgate.v(), S, zc, cd);
     if (plan.n_out > 0) {
-      DeviceBuffer<float> rows(ops_, plan.n_out * d);
+      float* rows = st.buf<float>(plan.n_out * d);
       ops::CompressArgs ca;
-      ca.fresh_kv = kc.data();
-      ca.fresh_gate = zc.data();
+      ca.fresh_kv = kc;
+      ca.fresh_gate = zc;
       ca.state_kv = ring_kv;
       ca.state_gate = ring_gate;
       ca.bias = w.ape.data();
-      ca.src = plan.src.data();
+      ca.src = plan.src;
       ca.n_out = plan.n_out;
       ca.ratio = plan.ratio;
       ca.overlap = plan.overlap;
       ca.dim = d;
-      ca.out = rows.data();
+      ca.out = rows;
       o.compress_pool(ca);
-      o.rms_norm(rows.data(), w.norm.data(), plan.n_out, d, eps, rows.data());
-      o.rope(rows.data(), plan.n_out, 1, d, rope.rope_dim, plan.positions.data(),
-             rope.inv_freq.data(), rope.attention_scaling, false);
-      o.store_rows(pool, plan.dst.data(), plan.n_out, d, rows.data());
+      o.rms_norm(rows, w.norm.data(), plan.n_out, d, eps, rows);
+      o.rope(rows, plan.n_out, 1, d, rope.rope_dim, plan.positions, rope.inv_freq.data(),
+             rope.attention_scaling, false);
+      o.store_rows(pool, plan.dst, plan.n_out, d, rows);
     }
     if (plan.n_ring > 0) {
-      DeviceBuffer<float> tmp(ops_, plan.n_ring * cd);
-      o.gather_rows(kc.data(), plan.ring_src.data(), plan.n_ring, cd, tmp.data());
-      o.store_rows(ring_kv, plan.ring_dst.data(), plan.n_ring, cd, tmp.data());
-      o.gather_rows(zc.data(), plan.ring_src.data(), plan.n_ring, cd, tmp.data());
-      o.store_rows(ring_gate, plan.ring_dst.data(), plan.n_ring, cd, tmp.data());
+      float* tmp = st.buf<float>(plan.n_ring * cd);
+      o.gather_rows(kc, plan.ring_src, plan.n_ring, cd, tmp);
+      o.store_rows(ring_kv, plan.ring_dst, plan.n_ring, cd, tmp);
+      o.gather_rows(zc, plan.ring_src, plan.n_ring, cd, tmp);
+      o.store_rows(ring_gate, plan.ring_dst, plan.n_ring, cd, tmp);
     }
   };
 
   ops::AttentionArgs aa;
-  aa.q = q.data();
   aa.sinks = a.sinks.data();
   aa.swa_pool = st.kv->swa_pool(l);
-  aa.swa = st.swa.view();
+  aa.swa = st.swa;
   aa.n_rows = S;
   aa.n_heads = H;
   aa.head_dim = hd;
   aa.scale = 1.f / std::sqrt(float(hd));
-  DeviceBuffer<int32_t> sel_rows, sel_count;
+  aa.q = q;
   if (kind == LayerKind::kHca) {
     compress(a.compressor, st.hca, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0));
     aa.comp_pool = st.kv->comp_pool(l);
-    aa.comp = st.hca.cand.view();
+    aa.comp = st.hca.cand;
   } else if (kind == LayerKind::kCsa) {
     const int nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
     compress(a.compressor, st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
@@ -420,70 +631,73 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1));
     // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x; top-k rows.
-    DeviceBuffer<float> qi(ops_, S * nI * dI), wi(ops_, S * nI);
-    o.linear_w(cq.data(), Rq, a.index_wq_b.v(), S, qi.data(), int64_t(nI) * dI);
-    o.rope(qi.data(), S, nI, dI, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
-           rope.attention_scaling, false);
-    o.linear_w(x, D, a.index_weights_proj.v(), S, wi.data(), nI);
-    sel_rows = DeviceBuffer<int32_t>(ops_, S * k);
-    sel_count = DeviceBuffer<int32_t>(ops_, S);
+    float* qi = st.buf<float>(S * nI * dI);
+    float* wi = st.buf<float>(S * nI);
+    o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
+    o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
+           false);
+    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
+    int32_t* sel_rows = st.buf<int32_t>(S * k);
+    int32_t* sel_count = st.buf<int32_t>(S);
     ops::IndexerArgs ia;
-    ia.q = qi.data();
-    ia.weights = wi.data();
+    ia.q = qi;
+    ia.weights = wi;
     ia.key_pool = st.kv->index_pool(l);
-    ia.cand = st.csa.cand.view();
+    ia.cand = st.csa.cand;
     ia.n_rows = S;
     ia.n_heads = nI;
     ia.head_dim = dI;
     ia.topk = k;
     ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
-    ia.out_rows = sel_rows.data();
-    ia.out_count = sel_count.data();
+    ia.out_rows = sel_rows;
+    ia.out_count = sel_count;
     o.indexer_topk(ia);
     aa.comp_pool = st.kv->comp_pool(l);
-    aa.comp = {sel_rows.data(), st.topk_offset.data(), sel_count.data()};
+    aa.comp = {sel_rows, st.topk_offset, sel_count};
   }
   // Key-count bound: the window, plus top-k (CSA) or every causal compressed row (HCA).
   aa.max_keys = c.sliding_window + (kind == LayerKind::kCsa   ? c.index_topk
                                     : kind == LayerKind::kHca ? st.hca.max_cand
                                                               : 0);
-  DeviceBuffer<float> attn(ops_, S * H * hd);
-  aa.out = attn.data();
+  float* attn = st.buf<float>(S * H * hd);
+  aa.out = attn;
   o.sparse_attention(aa);
   // De-rotation (P3), then the grouped low-rank output projection (P9: G may exceed H).
-  o.rope(attn.data(), S, H, hd, rope.rope_dim, st.pos.data(), rope.inv_freq.data(),
-         rope.attention_scaling, true);
+  o.rope(attn, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, true);
   const int G = c.o_groups, R = c.o_lora_rank;
   const int64_t gw = int64_t(H) * hd / G;
-  DeviceBuffer<float> og(ops_, S * G * R);
+  float* og = st.buf<float>(S * G * R);
   for (int g = 0; g < G; ++g)
-    o.linear_w(attn.data() + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S,
-               og.data() + g * R, int64_t(G) * R);
-  o.linear_w(og.data(), int64_t(G) * R, a.wo_b.v(), S, out, D);
+    o.linear_w(attn + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S, og + g * R,
+               int64_t(G) * R);
+  o.linear_w(og, int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 
 void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   const ModelConfig& c = cfg_;
   const MoeWeights& m = w_.layers[l].ffn;
   ops::Ops& o = *ops_;
+  StepScope scope(*st.mem);
   const int64_t S = st.S;
   const int D = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok,
             I = c.moe_intermediate_size;
-  DeviceBuffer<float> logits(ops_, S * E), wgt(ops_, S * k), shared(ops_, S * D);
-  DeviceBuffer<int32_t> idx(ops_, S * k);
-  o.linear(x, D, m.gate.data(), S, E, D, logits.data(), E);
+  float* logits = st.buf<float>(S * E);
+  float* wgt = st.buf<float>(S * k);
+  float* shared = st.buf<float>(S * D);
+  int32_t* idx = st.buf<int32_t>(S * k);
+  o.linear(x, D, m.gate.data(), S, E, D, logits, E);
   ops::RouteArgs ra;
-  ra.logits = logits.data();
+  ra.logits = logits;
   ra.n_rows = S;
   ra.n_experts = E;
   ra.topk = k;
   ra.scoring = c.scoring;
   ra.routed_scaling_factor = float(c.routed_scaling_factor);
-  ra.out_idx = idx.data();
-  ra.out_weight = wgt.data();
+  ra.out_idx = idx;
+  ra.out_weight = wgt;
   if (c.mlp_layer_types[l] == MlpKind::kHashMoe) {
     ra.tid2eid = m.tid2eid.data();
-    ra.token_ids = st.ids.data();
+    ra.token_ids = st.ids;
   } else {
     ra.bias = m.bias.data();
   }
@@ -492,8 +706,8 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   ma.x = x;
   ma.w13 = m.w13.v();
   ma.w2 = m.w2.v();
-  ma.idx = idx.data();
-  ma.weight = wgt.data();
+  ma.idx = idx;
+  ma.weight = wgt;
   ma.n_rows = S;
   ma.hidden = D;
   ma.inter = I;
@@ -502,20 +716,17 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   ma.swiglu_limit = float(c.swiglu_limit);
   ma.out = out;
   o.moe_experts(ma);
-  // Shared expert = the same op with one expert of weight 1 (exact: v·1 = v).
-  std::vector<int32_t> zeros(size_t(S), 0);
-  std::vector<float> ones(size_t(S), 1.f);
-  auto zi = upload_vec(ops_, zeros);
-  auto on = upload_vec(ops_, ones);
+  // Shared expert = the same op with one expert of weight 1 (exact: v·1 = v); its constant
+  // routing arrays are hoisted out of the layer loop (Step::shared_idx / shared_w).
   ma.w13 = m.shared_w13.v();
   ma.w2 = m.shared_w2.v();
-  ma.idx = zi.data();
-  ma.weight = on.data();
+  ma.idx = st.shared_idx;
+  ma.weight = st.shared_w;
   ma.n_experts = 1;
   ma.topk = 1;
-  ma.out = shared.data();
+  ma.out = shared;
   o.moe_experts(ma);
-  o.add(out, shared.data(), S * D);
+  o.add(out, shared, S * D);
 }
 
 }  // namespace v4::model

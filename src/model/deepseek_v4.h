@@ -4,7 +4,10 @@
 //
 // One step:
 //   1. validate slices (start_pos == cached length), reserve pages, build the step's plans once
-//      (SWA key maps, compressed-row maps per rate, compressor pooling plans, ring updates);
+//      (SWA key maps, compressed-row maps per rate, compressor pooling plans, ring updates) —
+//      on the host (model/step_plan.h), or for decode-only batches on the backend
+//      (Ops::build_decode_plan) from raw batch state, optionally replayed as a CUDA graph per
+//      batch bucket (docs/model.md §Decode plans and graphs);
 //   2. embed → for each layer: mHC pre → RMSNorm → attention → mHC post → mHC pre → RMSNorm →
 //      MoE → mHC post;
 //   3. HyperHead → final RMSNorm → lm_head on the rows that return logits;
@@ -14,8 +17,11 @@
 // request's logits are bit-identical whatever else shares the step (all ops are row-wise with fixed
 // summation order; see src/ops/cpu).
 #pragma once
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "base/status.h"
 #include "cache/pools.h"
@@ -68,9 +74,43 @@ class DeepseekV4 {
   /// kInvalidArgument (bad slice), kResourceExhausted (cache full; nothing computed).
   Result<ForwardOutput> forward(const ForwardBatch& batch, cache::KvCache& cache);
 
+  // ---- decode fast path (docs/model.md §Decode plans and graphs) ----------------------------
+  /// How decode-only batches (every slice one token, no logits_all, ≤ 256 slices) run.
+  struct DecodeOptions {
+    /// Replay a graph per (batch bucket, context bucket), captured after one eager warm-up step
+    /// (backend must support graphs). Default: on where the backend supports graphs, unless the
+    /// environment sets V4_DECODE_GRAPHS=0.
+    bool graphs = false;
+    /// Without graphs: still build the plan with Ops::build_decode_plan (eager, padded to the
+    /// bucket) instead of the host planner. For tests: the CPU backend runs the plan-op path.
+    bool device_plan = false;
+    /// Smallest context bucket (tokens). A decode step's candidate maps have a fixed per-row
+    /// capacity ctx/m with ctx = max(min_context, next power of two ≥ longest row's position+1);
+    /// each context bucket is its own graph.
+    int64_t min_context = 1024;
+  };
+  /// Turns graph replay on/off (decode results are unchanged either way).
+  void set_decode_graphs(bool on) { decode_opt_.graphs = on; }
+  void set_decode_options(const DecodeOptions& o) { decode_opt_ = o; }
+  const DecodeOptions& decode_options() const { return decode_opt_; }
+
+  /// Counters of the decode fast path since load.
+  struct DecodeStats {
+    int64_t host_plan_steps = 0;    // steps planned on the host (any batch)
+    int64_t device_plan_steps = 0;  // decode steps run eagerly with the plan op
+    int64_t graph_replays = 0;      // decode steps run by replaying a graph
+    int64_t captures = 0;           // graphs captured
+    int64_t capture_failures = 0;   // captures that failed (that key then stays eager)
+    int64_t page_rows_sent = 0;     // page-table rows staged (changed addressing)
+    /// Replays per (batch bucket B, context bucket) graph.
+    std::map<std::pair<int64_t, int64_t>, int64_t> replays;
+  };
+  const DecodeStats& decode_stats() const { return decode_stats_; }
+
  private:
   DeepseekV4() = default;
   struct Step;
+  struct DecodeState;
   struct RopeTable {
     ops::DeviceBuffer<float> inv_freq;
     int rope_dim = 0;
@@ -79,15 +119,35 @@ class DeepseekV4 {
   const RopeTable& rope_for(LayerKind k) const {
     return k == LayerKind::kSliding ? rope_main_ : rope_compress_;
   }
-  void init_rope();
+  /// Rope tables and the decode fast path's constant arrays (after the weights are in place).
+  void init_tables();
   void attention(Step& st, int layer, const float* x, float* out);
   void moe(Step& st, int layer, const float* x, float* out);
+  /// Embedding and every layer over st.S rows; returns h [S, n, D] (step memory).
+  float* run_layers(Step& st);
+  /// HyperHead → norm → lm_head on R rows of h (rows `sel`, or rows 0..R−1 when sel is null);
+  /// returns logits [R, vocab] (step memory).
+  float* head(Step& st, const float* h, const int32_t* sel, int64_t R);
+  Result<ForwardOutput> forward_host_plan(const ForwardBatch& batch, cache::KvCache& kv);
+  Result<ForwardOutput> forward_decode(const ForwardBatch& batch, cache::KvCache& kv);
+  bool decode_fast_path(const ForwardBatch& batch, const cache::KvCache& kv) const;
+  DecodeState& decode_state(cache::KvCache& kv);
+  /// Plans a decode step of bucket B on the backend from the staged raw state (st.mem memory).
+  void plan_on_device(Step& st, DecodeState& ds, int64_t B, int64_t ctx);
+  /// Graph body and warm-up: plan on the backend + layers + head; returns logits [B, vocab].
+  float* decode_body(Step& st, DecodeState& ds, int64_t B, int64_t ctx);
 
   ModelConfig cfg_;
   Checkpoint ck_;
   Weights w_;
   ops::Ops* ops_ = nullptr;
   RopeTable rope_main_, rope_compress_;
+  /// Shared-expert routing constants (expert 0, weight 1) for up to kMaxDecodeRows rows.
+  ops::DeviceBuffer<int32_t> shared_idx_;
+  ops::DeviceBuffer<float> shared_w_;
+  DecodeOptions decode_opt_;
+  DecodeStats decode_stats_;
+  std::unique_ptr<DecodeState> decode_;
 };
 
 }  // namespace v4::model

@@ -586,6 +586,7 @@ class ShapeOnlyOps final : public ops::Ops {
   void sparse_attention(const ops::AttentionArgs&) override {}
   void route(const ops::RouteArgs&) override {}
   void moe_experts(const ops::MoeArgs&) override {}
+  void build_decode_plan(const ops::DecodePlanArgs&) override {}
   void fill_random(void*, int64_t, ops::RandomFill, float, uint64_t) override {}
   void copy(void*, const void*, size_t) override {}
 

@@ -20,6 +20,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -239,6 +240,70 @@ struct MemoryInfo {
   int64_t total_bytes = 0;
 };
 
+// ---- decode plans built on the backend, CUDA graphs (docs/cuda.md §Graphs, docs/model.md) ------
+/// One compression rate's part of a decode plan (`DecodePlanArgs`); every array has the fixed
+/// capacity B (the bucket), row b describes batch row b. A row "closes" window w = pos / m iff
+/// (pos + 1) % m == 0; rows that do not close get dst −1 (store_rows skips it), src all −1 (the
+/// pooled row is 0) and position 0.
+struct DecodePlanRate {
+  int ratio = 0;             // m
+  int overlap = 1;           // c: 1 (HCA) or 2 (CSA + indexer); ring rows per sequence = c·m
+  int64_t cand_stride = 0;   // per-row capacity of cand_rows, ≥ (pos + 1) / m for every row
+  int32_t* src = nullptr;          // [B, c·m] CompressArgs::src of the closing window
+  int64_t* positions = nullptr;    // [B] rope position w·m of the closing window
+  int32_t* dst = nullptr;          // [B] compressed-pool row of the closing window, or −1
+  int32_t* ring_src = nullptr;     // [B] = b (the row's fresh kv/gate)
+  int32_t* ring_dst = nullptr;     // [B] ring row of pos (slot·c·m + pos % (c·m)), −1 for padding
+  int32_t* cand_rows = nullptr;    // [B, cand_stride] compressed rows of entries e < cand_count[b]
+  int64_t* cand_offset = nullptr;  // [B] = b·cand_stride
+  int32_t* cand_count = nullptr;   // [B] = (pos + 1) / m, 0 for padding
+};
+
+/// Arguments of `Ops::build_decode_plan`: a decode step (one new token per sequence) planned on
+/// the backend from raw batch state, so the step needs no host planning and a graph can replay it.
+/// Phase 1 applies page-table updates: for r < delta_count[0], table row delta_seq[r] becomes
+/// delta_rows[r] = [P virtual pages, P SWA pages]. Phase 2 writes, for every row b < B, the maps
+/// the host planner builds (model/step_plan.h), at fixed capacity and fixed strides:
+///   positions[b] = pos;  swa_dst[b] = SWA row of pos;  SWA keys = rows of positions
+///   max(0, pos−W+1)..pos (count min(W, pos+1), stride W);  per rate the pooling plan, ring
+///   update and candidate map (DecodePlanRate);  topk_offset[b] = b·topk.
+/// Addressing (cache/pools.h): SWA row of p = swa_page[p / ps]·ps + p % ps (−1 if freed);
+/// compressed row of entry e = (page[e·m / ps]·ps + e·m % ps) / m; ring row = slot·c·m + p % (c·m).
+/// Padding rows (seq < 0): counts 0, dst/swa_dst/ring_dst −1, position 0. Entries past a row's
+/// count are not written.
+struct DecodePlanArgs {
+  int64_t n_rows = 0;              // B
+  const int32_t* seq = nullptr;    // [B] page-table row of the row's sequence, −1 = padding
+  const int32_t* slot = nullptr;   // [B] compressor-state ring slot
+  const int32_t* pos = nullptr;    // [B] position of the row's new token
+  int32_t* page_table = nullptr;   // [rows, P] virtual page per logical page (−1 none)
+  int32_t* swa_table = nullptr;    // [rows, P] SWA page per logical page (−1 freed)
+  int64_t max_pages = 0;           // P
+  int page_size = 0;               // ps
+  int window = 0;                  // W
+  const int32_t* delta_count = nullptr;  // [1] (backend memory: read by the backend)
+  const int32_t* delta_seq = nullptr;    // [delta_cap]
+  const int32_t* delta_rows = nullptr;   // [delta_cap, 2·P]
+  int64_t delta_cap = 0;                 // ≥ delta_count[0]
+  int64_t* positions = nullptr;    // [B]
+  int32_t* swa_dst = nullptr;      // [B]
+  int32_t* swa_rows = nullptr;     // [B, W]
+  int64_t* swa_offset = nullptr;   // [B] = b·W
+  int32_t* swa_count = nullptr;    // [B]
+  int n_rates = 0;                 // ≤ 2
+  DecodePlanRate rates[2];
+  int topk = 0;                    // index_topk (topk_offset only)
+  int64_t* topk_offset = nullptr;  // [B] or nullptr
+};
+
+/// A recorded sequence of backend work (`Ops::capture`), replayed with the same arguments and
+/// addresses. Replays are queued in order with other backend work (like a launch).
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  virtual void replay() = 0;
+};
+
 /// Backend interface. One instance per device; not thread-safe (one forward at a time).
 class Ops {
  public:
@@ -322,6 +387,19 @@ class Ops {
   /// Backend-to-backend copy of `bytes` (stream-ordered; call synchronize() to wait).
   /// Default: through a host buffer.
   virtual void copy(void* dst, const void* src, size_t bytes);
+
+  // ---- decode plans and graphs ------------------------------------------------------------
+  /// Writes a decode step's plan from raw batch state (DecodePlanArgs); on a device backend it
+  /// is two kernels with no host work, so graphs can capture it.
+  virtual void build_decode_plan(const DecodePlanArgs& a) = 0;
+  /// Whether `capture` can return graphs.
+  virtual bool supports_graphs() const { return false; }
+  /// Records (does not run) the backend work `body` issues as a replayable graph; nullptr where
+  /// unsupported or when capture failed (the reason is logged). `body` must issue only kernels:
+  /// no alloc/free, upload/download or synchronize, and every kernel it calls must already have
+  /// run once with the same shapes (first-call scratch growth). Exceptions from `body` end the
+  /// capture and propagate.
+  virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { return nullptr; }
 };
 
 /// RAII owner of backend memory holding `n` values of T.

@@ -156,6 +156,7 @@ class NativeClaimingOps : public ops::Ops {
   void sparse_attention(const ops::AttentionArgs&) override {}
   void route(const ops::RouteArgs&) override {}
   void moe_experts(const ops::MoeArgs&) override {}
+  void build_decode_plan(const ops::DecodePlanArgs&) override {}
   void fill_random(void* d, int64_t n, ops::RandomFill k, float s, uint64_t seed) override {
     o_->fill_random(d, n, k, s, seed);
   }

@@ -37,6 +37,7 @@ class MemOps : public ops::Ops {
   void sparse_attention(const ops::AttentionArgs&) override {}
   void route(const ops::RouteArgs&) override {}
   void moe_experts(const ops::MoeArgs&) override {}
+  void build_decode_plan(const ops::DecodePlanArgs&) override {}
 
  private:
   ops::MemoryInfo m_;

@@ -29,6 +29,7 @@
 #include "base/thread_pool.h"
 #include "ops/cpu/gemm.h"
 #include "ops/fill_random.h"
+#include "ops/decode_plan_rows.h"
 #include "ops/ops.h"
 
 namespace v4::ops {
@@ -605,6 +606,15 @@ class CpuOps final : public Ops {
                     std::min(kChunk, bytes - off));
       }
     });
+  }
+
+  // Reference of the device-built decode plan: the shared per-row arithmetic, serially.
+  void build_decode_plan(const DecodePlanArgs& a) override {
+    const int64_t n_delta = a.delta_count ? *a.delta_count : 0;
+    if (n_delta < 0 || n_delta > a.delta_cap)
+      throw std::invalid_argument("build_decode_plan: delta_count outside [0, delta_cap]");
+    for (int64_t r = 0; r < n_delta; ++r) plan::decode_plan_delta(a, r, 0, 1);
+    for (int64_t b = 0; b < a.n_rows; ++b) plan::decode_plan_row(a, b, 0, 1);
   }
 
  private:

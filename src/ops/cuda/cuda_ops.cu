@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
@@ -17,6 +18,7 @@
 #include "base/log.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_plan.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/fill.h"
@@ -397,6 +399,7 @@ class CudaOps final : public Ops {
     for (auto& [sz, list] : free_)
       for (void* p : list) cudaFree(p);
     for (auto& [p, sz] : scratch_) cudaFree(p);
+    for (void* p : retired_) cudaFree(p);
     if (stream_) cudaStreamDestroy(stream_);
   }
   Status init() {
@@ -418,6 +421,7 @@ class CudaOps final : public Ops {
   // buffers do not hit cudaMalloc/cudaFree (which synchronizes); large pools go straight through.
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
+    if (capturing_) throw std::logic_error("CudaOps::alloc during graph capture");
     size_t cls = bytes <= kSmallMax ? size_class(bytes) : (bytes + 255) / 256 * 256;
     void* p = nullptr;
     {
@@ -441,6 +445,10 @@ class CudaOps final : public Ops {
   }
   void free(void* ptr) override {
     if (!ptr) return;
+    if (capturing_) {  // a captured kernel may still use it: keep it (leak) and fail the capture
+      record(Status(ErrorCode::kInternal, "CudaOps::free during graph capture"));
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(ptr);
     if (it == live_.end()) {
@@ -458,14 +466,17 @@ class CudaOps final : public Ops {
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    if (capturing_) return record(Status(ErrorCode::kInternal, "upload during graph capture"));
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
     check(cudaStreamSynchronize(stream_), "upload sync");
   }
   void download(void* dst, const void* src, size_t bytes) override {
+    if (capturing_) return record(Status(ErrorCode::kInternal, "download during graph capture"));
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     synchronize();
   }
   void synchronize() override {
+    if (capturing_) return record(Status(ErrorCode::kInternal, "synchronize during graph capture"));
     check(cudaStreamSynchronize(stream_), "synchronize");
     if (!status_.ok()) throw std::runtime_error(status_.to_string());
   }
@@ -671,7 +682,35 @@ class CudaOps final : public Ops {
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
 
+  // ---- decode plans and graphs (docs/cuda.md §Graphs) --------------------------------------
+  void build_decode_plan(const DecodePlanArgs& a) override {
+    record(cuda::build_decode_plan(a, stream_));
+  }
+  bool supports_graphs() const override { return true; }
+  std::unique_ptr<Graph> capture(const std::function<void()>& body) override;
+  /// Graph launch on the backend stream (CudaGraph::replay).
+  void launch_graph(cudaGraphExec_t exec) {
+    if (capturing_) return record(Status(ErrorCode::kInternal, "graph replay during capture"));
+    check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+  }
+  /// A graph was destroyed; scratch buffers retired while graphs lived are freed with the last.
+  void graph_released() {
+    if (--live_graphs_ > 0 || retired_.empty()) return;
+    check(cudaStreamSynchronize(stream_), "retired scratch sync");
+    for (void* p : retired_) cudaFree(p);
+    retired_.clear();
+  }
+
  private:
+  // A grown scratch buffer: freed, or kept while graphs live (a captured kernel may point at it).
+  void retire_scratch(void* p) {
+    scratch_.erase(p);
+    if (live_graphs_ > 0) {
+      retired_.push_back(p);
+    } else {
+      cudaFree(p);
+    }
+  }
   static constexpr size_t kSmallMax = size_t(64) << 20;
   static size_t size_class(size_t b) {
     size_t c = 256;
@@ -683,8 +722,7 @@ class CudaOps final : public Ops {
     if (scratch_size_[slot] < bytes) {
       if (scratch_ptr_[slot]) {
         check(cudaStreamSynchronize(stream_), "scratch sync");
-        cudaFree(scratch_ptr_[slot]);
-        scratch_.erase(scratch_ptr_[slot]);
+        retire_scratch(scratch_ptr_[slot]);
       }
       void* p = nullptr;
       if (cudaMalloc(&p, bytes) != cudaSuccess) {
@@ -718,7 +756,70 @@ class CudaOps final : public Ops {
   std::map<void*, size_t> scratch_;
   void* scratch_ptr_[8] = {};
   size_t scratch_size_[8] = {};
+  bool capturing_ = false;
+  int live_graphs_ = 0;
+  std::vector<void*> retired_;  // grown-out scratch kept for live graphs
 };
+
+// A captured graph of CudaOps work, replayed on its stream.
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(CudaOps* ops, cudaGraphExec_t exec) : ops_(ops), exec_(exec) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    ops_->graph_released();
+  }
+  void replay() override { ops_->launch_graph(exec_); }
+
+ private:
+  CudaOps* ops_;
+  cudaGraphExec_t exec_;
+};
+
+// Stream capture (relaxed mode: a stray unsafe call elsewhere in the process does not break it;
+// our own alloc/free/upload/download/synchronize refuse to run while capturing). Errors recorded
+// during the capture belong to it (nothing ran) and are cleared after logging.
+std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
+  if (!status_.ok()) return nullptr;
+  cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
+  if (e != cudaSuccess) {
+    V4_LOG_WARN("CUDA graph capture: begin: {}", cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  capturing_ = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    body();
+  } catch (...) {
+    capturing_ = false;
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    (void)(status_ = Status::Ok());
+    throw;
+  }
+  capturing_ = false;
+  e = cudaStreamEndCapture(stream_, &graph);
+  if (e != cudaSuccess || !status_.ok()) {
+    V4_LOG_WARN("CUDA graph capture failed: {}",
+                e != cudaSuccess ? std::string(cudaGetErrorString(e)) : status_.to_string());
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    (void)(status_ = Status::Ok());
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (e != cudaSuccess) {
+    V4_LOG_WARN("CUDA graph instantiate failed: {}", cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  ++live_graphs_;
+  return std::make_unique<CudaGraph>(this, exec);
+}
 
 }  // namespace
 
