@@ -273,6 +273,7 @@ Status KvCache::fast_forward(int32_t seq, int64_t n) {
     }
   }
   s.length = n;
+  s.version = next_stamp();  // the pages changed: device mirrors must re-read this sequence
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include "cache/pools.h"
 #include "model/deepseek_v4.h"
@@ -102,6 +103,61 @@ TEST(FastForward, ModelDecodesOnAFastForwardedSequence) {
     for (float x : out->logits) ASSERT_TRUE(std::isfinite(x));
   }
   EXPECT_EQ((*kv)->length(s), L + 3);
+}
+
+// The decode fast path keeps a mirror of the page tables keyed by addressing_version: a
+// fast-forwarded batch decoded with the plan op (device_plan, as graphs use it) must give the host
+// planner's logits bit for bit (a stale mirror would read other rows).
+TEST(FastForward, PlanOpDecodeEqualsHostPlanner) {
+  auto ops = ops::make_cpu_ops();
+  const std::string fx = std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32";
+  std::vector<std::vector<float>> logits[2];
+  for (int device_plan = 0; device_plan < 2; ++device_plan) {
+    auto m = model::DeepseekV4::load_dummy(fx, ops.get(), {}, 0, 9);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    model::DeepseekV4::DecodeOptions o = (*m)->decode_options();
+    o.graphs = false;
+    o.device_plan = device_plan == 1;
+    (*m)->set_decode_options(o);
+    auto kv = (*m)->make_cache(int64_t(32) << 20, 4);
+    ASSERT_TRUE(kv.ok());
+    for (const auto& b : (*kv)->buffers())
+      ops->fill_random(b.data, b.values, ops::RandomFill::kF32Normal, 1.f, 77);
+    // Sequences created, fast-forwarded, one freed and re-created longer (pages change).
+    std::vector<int64_t> lens = {300, 1000, 17};
+    std::vector<int32_t> seqs;
+    for (int64_t L : lens) {
+      seqs.push_back(*(*kv)->create_sequence());
+      ASSERT_TRUE((*kv)->fast_forward(seqs.back(), L).ok());
+    }
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {
+        (*kv)->free_sequence(seqs[0]);
+        seqs[0] = *(*kv)->create_sequence();
+        lens[0] = 700;
+        ASSERT_TRUE((*kv)->fast_forward(seqs[0], lens[0]).ok());
+      }
+      model::ForwardBatch d;
+      for (size_t i = 0; i < seqs.size(); ++i)
+        d.slices.push_back({seqs[i], lens[i], {int32_t(3 + step + 5 * i)}, false});
+      auto out = (*m)->forward(d, **kv);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      logits[device_plan].push_back(out->logits);
+      for (auto& L : lens) ++L;
+    }
+    if (device_plan) EXPECT_GT((*m)->decode_stats().device_plan_steps, 0);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t s = 0; s < logits[0].size(); ++s)
+    EXPECT_EQ(logits[0][s], logits[1][s]) << "step " << s;
+}
+
+TEST(FastForward, ChangesTheAddressingVersion) {
+  auto kv = make(20, 20);
+  const int32_t s = *kv->create_sequence();
+  const uint64_t v0 = kv->addressing_version(s);
+  ASSERT_TRUE(kv->fast_forward(s, 600).ok());
+  EXPECT_NE(kv->addressing_version(s), v0);
 }
 
 }  // namespace
