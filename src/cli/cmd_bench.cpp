@@ -2,9 +2,9 @@
 // lengths, each next to its floor (docs/bench.md):
 // - decode: B sequences brought to L tokens with KvCache::fast_forward (not computed) over pools
 //   filled once with random values (so the indexer's top-k sees a real score spread); each timed
-//   step decodes one token per sequence through DeepseekV4::forward (host plan, every layer,
-//   lm_head, logits download) followed by Ops::synchronize, timed with steady_clock; median of
-//   --steps after --warmup. Byte floor = model::decode_step_bytes / the device-to-device copy
+//   step decodes one token per sequence through DeepseekV4::forward (plan — host, or device plan
+//   + graph replay on CUDA, reported per cell —, every layer, lm_head, logits download) followed by
+//   Ops::synchronize, timed with steady_clock; median of --steps after --warmup. Byte floor = model::decode_step_bytes / the device-to-device copy
 //   bandwidth measured in the same run.
 // - prefill: one sequence fast-forwarded to L − chunk, one timed step of `chunk` tokens.
 //   FLOP floor = model::prefill_step_flops / a dense peak constant (--peak-tflops).
@@ -185,18 +185,30 @@ struct Row {
   double ms = 0, ms_min = 0, ms_max = 0, tok_s = 0;
   double floor_amount = 0;  // decode: bytes; prefill: FLOPs
   double floor_ms = 0;      // 0: no floor
+  std::string path;         // how the timed steps ran (decode fast path counters)
 };
 
 std::string row_md(const Row& r) {
   if (!r.ok)
-    return fmt::format("| {} | {} | {} | {} | {} | | | | | |", r.phase, r.context, r.batch,
+    return fmt::format("| {} | {} | {} | {} | {} | | | | | | |", r.phase, r.context, r.batch,
                        r.tokens, r.why);
   const std::string amount = r.phase == "decode" ? num(r.floor_amount / 1e9) + " GB"
                                                  : num(r.floor_amount / 1e9) + " GFLOP";
-  return fmt::format("| {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} |", r.phase,
+  return fmt::format("| {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} | {} |", r.phase,
                      r.context, r.batch, r.tokens, num(r.ms), num(r.ms_min), num(r.ms_max),
                      num(r.tok_s), amount, r.floor_ms > 0 ? num(r.floor_ms) : "—",
-                     r.floor_ms > 0 ? num(r.ms / r.floor_ms) + "×" : "—");
+                     r.floor_ms > 0 ? num(r.ms / r.floor_ms) + "×" : "—", r.path);
+}
+
+/// How `steps` decode steps ran, from the model's decode counters before and after.
+std::string path_of(const model::DeepseekV4::DecodeStats& a, const model::DeepseekV4::DecodeStats& b,
+                    int steps) {
+  const int64_t g = b.graph_replays - a.graph_replays, d = b.device_plan_steps - a.device_plan_steps;
+  const int64_t h = b.host_plan_steps - a.host_plan_steps;
+  if (g == steps) return "graph replay";
+  if (d == steps) return "device plan";
+  if (h == steps) return "host plan";
+  return fmt::format("mixed: {} graph, {} device plan, {} host plan", g, d, h);
 }
 
 class Bench {
@@ -408,7 +420,9 @@ class Bench {
       }
       if (st.ok()) {
         const int64_t V = c.vocab_size;
+        model::DeepseekV4::DecodeStats st0;
         time_steps(r, o_.warmup, o_.steps, [&](int i, double* dt) -> Status {
+          if (i == o_.warmup) st0 = model_.decode_stats();
           model::ForwardBatch batch;
           for (int64_t b = 0; b < B; ++b)
             batch.slices.push_back({seqs[size_t(b)], L + i,
@@ -419,6 +433,7 @@ class Bench {
           *dt = now_s() - t0;
           return out.ok() ? Status::Ok() : out.status();
         });
+        r.path = path_of(st0, model_.decode_stats(), o_.steps);
       } else {
         r.why = "does not fit (" + st.message() + ")";
       }
@@ -468,6 +483,7 @@ class Bench {
         kv_->free_sequence(s);
         return st;
       });
+      r.path = "host plan";
       if (r.ok) {
         r.tok_s = double(chunk) / (r.ms / 1e3);
         const auto f = model::prefill_step_flops(c, L - chunk, chunk);
@@ -512,8 +528,8 @@ class Bench {
     if (o_.m.dummy()) md += fmt::format("- note: {}\n", cli::kDummyRoutingNote);
     md += fmt::format(
         "- decode: B sequences brought to `context` tokens by KvCache::fast_forward (not computed); "
-        "a step decodes 1 token per sequence (host plan, all layers, lm_head, logits download of "
-        "B × {} f32); median (and min–max) of {} steps after {} warm-up, synchronize + "
+        "a step decodes 1 token per sequence (plan — on the host, or on the device with graph "
+        "replay: column `path` —, all layers, lm_head, logits download of B × {} f32); median (and min–max) of {} steps after {} warm-up, synchronize + "
         "steady_clock. Byte floor = bytes the step must read (all non-expert matrices, expected "
         "distinct routed experts E·(1 − (1 − k/E)^B) per MoE layer, lm_head, the KV rows the "
         "queries read, model::decode_step_bytes) / measured copy bandwidth.\n",
@@ -531,8 +547,8 @@ class Bench {
                                 "cuBLASLt bf16 GEMM at 790–872 TFLOP/s on the H200")
             : std::string("no peak given (--peak-tflops): no FLOP floor"));
     md += "| phase | context | batch | tokens/step | ms/step (median) | min–max ms | tok/s | "
-          "floor amount | floor ms | time/floor |\n";
-    md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+          "floor amount | floor ms | time/floor | path |\n";
+    md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for (const Row& r : rows_)
       if (r.phase == "decode") md += row_md(r) + "\n";
     for (const Row& r : rows_)

@@ -62,7 +62,8 @@ TEST(CliBench, TinyDummyWritesEveryCell) {
     if (!d && !p) continue;
     (d ? decode : prefill)++;
     const auto c = cells(line);
-    ASSERT_EQ(c.size(), 10u) << line;
+    ASSERT_EQ(c.size(), 11u) << line;
+    EXPECT_EQ(c[10], "host plan") << "the CPU backend plans on the host: " << line;
     const double ms = std::atof(c[4].c_str());
     EXPECT_GT(ms, 0) << line;
     EXPECT_GT(std::atof(c[6].c_str()), 0) << "tok/s: " << line;
