@@ -2,11 +2,16 @@
 //   cuda-topk.md    Lightning TopK (radix select over a thread-block cluster) vs a CUB
 //                   segmented-sort baseline, 8K…256K candidates → top-512, batch 1 and 64,
 //                   L2-warm and L2-cold inputs, next to the byte floor at the measured copy bandwidth
-//   cuda-kernels.md indexer scores (bf16 WMMA) at 262,144 keys, cuBLASLt bf16 GEMM shapes
+//   cuda-kernels.md indexer scores (bf16 WMMA) at 262,144 keys, cuBLASLt bf16 GEMM shapes,
+//                   native-weight GEMV (linear_w, bf16 mode) at batch 1 for the V4-Flash FP8/BF16
+//                   shapes and the MXFP4 MoE experts (grouped GEMV) at S = 1/64/256, each next to
+//                   its byte floor (bytes read / measured copy bandwidth)
 // Method (performance.md): warm-up, CUDA events around each launch, median and p10–p90 of many
 // repetitions; the copy bandwidth is measured in the same run. Usage:
 //   bench_kernels --out DIR [--reps N]
 //   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
+//   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
+//                                             DIR/cuda-wformat.md)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -31,7 +36,9 @@ int main() {
 
 #include "base/dtype.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/moe.h"
 #include "ops/cuda/topk.h"
+#include "ops/cuda/wgemm.h"
 
 namespace {
 
@@ -175,16 +182,322 @@ struct TopkRow {
   double floor_us;
 };
 
+// Fast random bytes (splitmix64): weights must not be zeros.
+void fill_random(std::vector<uint8_t>& v, uint64_t seed) {
+  uint64_t st = seed;
+  for (size_t i = 0; i < v.size(); i += 8) {
+    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    for (size_t b = 0; b < 8 && i + b < v.size(); ++b, z >>= 8) v[i + b] = uint8_t(z);
+  }
+}
+
+// Device copy of random weights in format f: `copies` stacked [E, N, K] sets (rotated through so
+// that repeated launches read HBM, not L2), with sane scales (FP8: f32 2^-8; MXFP4: ue8m0 2^-7).
+struct BenchW {
+  uint8_t* data = nullptr;
+  uint8_t* scale = nullptr;
+  size_t data_bytes = 0, scale_bytes = 0;  // per copy
+  v4::ops::WeightView view;                // copy 0
+  int copies = 1;
+  BenchW(v4::ops::WFormat f, int64_t E, int64_t N, int64_t K, int copies_, uint64_t seed) : copies(copies_) {
+    using v4::ops::WFormat;
+    const int64_t n = E * N * K;
+    data_bytes = f == WFormat::kF32 ? n * 4 : f == WFormat::kBF16 ? n * 2 : f == WFormat::kFP8Block ? n : n / 2;
+    scale_bytes = f == WFormat::kFP8Block ? E * ((N + 127) / 128) * ((K + 127) / 128) * 4
+                  : f == WFormat::kMXFP4  ? E * N * (K / 32)
+                                          : 0;
+    std::vector<uint8_t> h(data_bytes);
+    fill_random(h, seed);
+    if (f == WFormat::kFP8Block)
+      for (auto& b : h)
+        if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN
+    if (f == WFormat::kBF16 || f == WFormat::kF32) {  // finite, modest values
+      const size_t step = f == WFormat::kBF16 ? 2 : 4;
+      for (size_t i = step - 1; i < h.size(); i += step) h[i] = uint8_t((h[i] & 0x80) | 0x3c);
+    }
+    BENCH_CHECK(cudaMalloc(&data, data_bytes * copies));
+    for (int c = 0; c < copies; ++c)
+      BENCH_CHECK(cudaMemcpy(data + c * data_bytes, h.data(), data_bytes, cudaMemcpyHostToDevice));
+    if (scale_bytes) {
+      std::vector<uint8_t> sh(scale_bytes);
+      if (f == WFormat::kFP8Block) {
+        const float sv = 1.f / 256.f;
+        for (size_t i = 0; i < scale_bytes; i += 4) std::memcpy(&sh[i], &sv, 4);
+      } else {
+        std::fill(sh.begin(), sh.end(), uint8_t(120));
+      }
+      BENCH_CHECK(cudaMalloc(&scale, scale_bytes * copies));
+      for (int c = 0; c < copies; ++c)
+        BENCH_CHECK(cudaMemcpy(scale + c * scale_bytes, sh.data(), scale_bytes, cudaMemcpyHostToDevice));
+    }
+    view.data = data;
+    view.scale = scale;
+    view.format = f;
+    view.n = N;
+    view.k = K;
+    view.experts = E;
+    view.rows_total = N;
+  }
+  v4::ops::WeightView copy(int i) const {
+    v4::ops::WeightView v = view;
+    v.data = data + (i % copies) * data_bytes;
+    v.scale = scale ? scale + (i % copies) * scale_bytes : nullptr;
+    return v;
+  }
+  ~BenchW() {
+    cudaFree(data);
+    if (scale) cudaFree(scale);
+  }
+};
+
+// Grow-only scratch for the MoE paths outside the backend.
+struct BenchScratch {
+  void* p[v4::cuda::kNumScratchSlots] = {};
+  size_t n[v4::cuda::kNumScratchSlots] = {};
+  static void* get(void* self, int slot, size_t bytes) {
+    auto* s = static_cast<BenchScratch*>(self);
+    if (s->n[slot] < bytes) {
+      BENCH_CHECK(cudaDeviceSynchronize());
+      if (s->p[slot]) cudaFree(s->p[slot]);
+      BENCH_CHECK(cudaMalloc(&s->p[slot], bytes));
+      s->n[slot] = bytes;
+    }
+    return s->p[slot];
+  }
+  ~BenchScratch() {
+    for (void* q : p)
+      if (q) cudaFree(q);
+  }
+};
+
+// Native-weight GEMV (bf16 mode's decode path) and the MXFP4 MoE experts: time vs byte floor.
+std::string bench_wformat(double bw, int samples) {
+  using v4::ops::WFormat;
+  std::ostringstream kt;
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_OK(v4::cuda::wgemv_prepare());
+  const size_t kRotateBytes = size_t(256) << 20;  // rotate weight copies over ≥ 256 MiB (> L2)
+  kt << "## Native-weight GEMV, batch 1 (linear_w in bf16 mode: 16-byte loads of the stored "
+        "format, fp32 math)\n\n"
+     << "Byte floor = (weight + scale bytes + x + y) / measured copy bandwidth; weights rotate over "
+        "copies totalling ≥ 256 MiB (cold in L2) except the 1 GB head. Median (p10–p90) of "
+     << samples << " samples of 10 back-to-back launches.\n\n"
+     << "| weight | format | N | K | µs | byte floor µs | floor / time | GB/s |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  struct Sh { const char* name; WFormat f; int64_t N, K, rows_total, row0; };
+  const Sh shapes[] = {
+      {"wq_a", WFormat::kFP8Block, 1024, 4096, 1024, 0},
+      {"wq_b", WFormat::kFP8Block, 32768, 1024, 32768, 0},
+      {"wkv", WFormat::kFP8Block, 512, 4096, 512, 0},
+      {"wo_a group (rows 3072+1024 of 8192)", WFormat::kFP8Block, 1024, 4096, 8192, 3072},
+      {"wo_b", WFormat::kFP8Block, 4096, 8192, 4096, 0},
+      {"indexer wq_b", WFormat::kFP8Block, 8192, 1024, 8192, 0},
+      {"shared w13 (as linear)", WFormat::kFP8Block, 4096, 4096, 4096, 0},
+      {"compressor wkv (CSA)", WFormat::kBF16, 1024, 4096, 1024, 0},
+      {"head", WFormat::kBF16, 129280, 4096, 129280, 0},
+  };
+  for (const auto& sh : shapes) {
+    const size_t one = size_t(v4::ops::wformat_bytes(sh.f, sh.rows_total, sh.K));
+    const int copies = int(std::max<size_t>(1, std::min<size_t>(64, (kRotateBytes + one - 1) / one)));
+    BenchW w(sh.f, 1, sh.rows_total, sh.K, one > (size_t(512) << 20) ? 1 : copies, 77);
+    float *x = nullptr, *y = nullptr;
+    BENCH_CHECK(cudaMalloc(&x, size_t(sh.K) * 4));
+    BENCH_CHECK(cudaMalloc(&y, size_t(sh.N) * 4));
+    std::mt19937_64 g(5);
+    auto xh = randn(size_t(sh.K), g);
+    BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+    Stats st = time_it([&](int i) {
+      v4::cuda::GemvArgs a;
+      a.w = w.copy(i).rows(sh.row0, sh.N);
+      a.x = x;
+      a.ldx = sh.K;
+      a.y = y;
+      a.ldy = sh.N;
+      a.rows = 1;
+      a.n_out = sh.N;
+      BENCH_OK(v4::cuda::wgemv(a, 1, sms, nullptr));
+    }, samples);
+    const double bytes = double(v4::ops::wformat_bytes(sh.f, sh.N, sh.K)) + sh.K * 4.0 + sh.N * 4.0;
+    const double floor_us = bytes / (bw * 1e9) * 1e6;
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %lld | %.2f (%.2f–%.2f) | %.2f | %.0f%% | %.0f |\n",
+                  sh.name, v4::ops::wformat_name(sh.f), (long long)sh.N, (long long)sh.K, st.med_us,
+                  st.p10_us, st.p90_us, floor_us, 100.0 * floor_us / st.med_us, bytes / (st.med_us * 1e3));
+    kt << buf;
+    std::printf("gemv %s %s N=%lld K=%lld: %.2f us (floor %.2f us)\n", sh.name, v4::ops::wformat_name(sh.f),
+                (long long)sh.N, (long long)sh.K, st.med_us, floor_us);
+    cudaFree(x);
+    cudaFree(y);
+  }
+
+  // ---- mid-size batches: GEMV vs fused tensor cores vs dequantize + cuBLASLt ----
+  {
+    auto gm = v4::cuda::Gemm::create();
+    BENCH_OK(gm.status());
+    BenchScratch scr;
+    kt << "\n## linear_w at decode batches: fp32-math GEMV vs fused WMMA (native bytes → bf16 "
+          "tiles) vs dequantize-to-scratch + cuBLASLt (bf16 mode's paths)\n\n"
+       << "Byte floor = weight bytes read once + x + y. Median µs; weights rotate beyond L2.\n\n"
+       << "| weight | format | N | K | M | GEMV µs | fused µs | dequant+cuBLASLt µs | byte floor µs |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    struct Sh { const char* name; WFormat f; int64_t N, K; };
+    for (Sh sh : {Sh{"wq_a", WFormat::kFP8Block, 1024, 4096}, Sh{"wq_b", WFormat::kFP8Block, 32768, 1024},
+                  Sh{"wo_b", WFormat::kFP8Block, 4096, 8192}, Sh{"expert w13 (as linear)", WFormat::kMXFP4, 4096, 4096}}) {
+      const size_t one = size_t(v4::ops::wformat_bytes(sh.f, sh.N, sh.K));
+      const int copies = int(std::max<size_t>(1, std::min<size_t>(64, (kRotateBytes + one - 1) / one)));
+      BenchW w(sh.f, 1, sh.N, sh.K, copies, 78);
+      for (int64_t M : {8, 32, 64, 256}) {
+        float *x = nullptr, *y = nullptr;
+        BENCH_CHECK(cudaMalloc(&x, size_t(M * sh.K) * 4));
+        BENCH_CHECK(cudaMalloc(&y, size_t(M * sh.N) * 4));
+        std::mt19937_64 g(6);
+        auto xh = randn(size_t(M * sh.K), g);
+        BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+        v4::cuda::GemvArgs a;
+        a.x = x;
+        a.ldx = sh.K;
+        a.y = y;
+        a.ldy = sh.N;
+        a.rows = M;
+        a.n_out = sh.N;
+        double gemv = -1, fused = -1, cub = -1;
+        if (M <= 32)
+          gemv = time_it([&](int i) { a.w = w.copy(i); BENCH_OK(v4::cuda::wgemv(a, 1, sms, nullptr)); }, samples).med_us;
+        if (v4::cuda::wmma_gemm_supported(w.view, x, sh.K))
+          fused = time_it([&](int i) { a.w = w.copy(i); BENCH_OK(v4::cuda::wmma_gemm(a, 1, sms, nullptr)); }, samples).med_us;
+        v4::cuda::KernelContext c;
+        c.stream = nullptr;
+        c.gemm = gm->get();
+        c.num_sms = sms;
+        c.gemv_max_rows = 0;  // force the dequantize + cuBLASLt path
+        c.scratch = &BenchScratch::get;
+        c.self = &scr;
+        cub = time_it([&](int i) { BENCH_OK(v4::cuda::linear_w_bf16(x, sh.K, w.copy(i), M, y, sh.N, c)); }, samples).med_us;
+        const double floor_us = (double(one) + M * sh.K * 4.0 + M * sh.N * 4.0) / (bw * 1e9) * 1e6;
+        auto cell = [](double v) {
+          char b[32];
+          if (v < 0) return std::string("–");
+          std::snprintf(b, sizeof b, "%.1f", v);
+          return std::string(b);
+        };
+        kt << "| " << sh.name << " | " << v4::ops::wformat_name(sh.f) << " | " << sh.N << " | " << sh.K
+           << " | " << M << " | " << cell(gemv) << " | " << cell(fused) << " | " << cell(cub) << " | "
+           << cell(floor_us) << " |\n";
+        std::printf("linear %s M=%lld: gemv %.1f fused %.1f cublas %.1f (floor %.1f) us\n", sh.name,
+                    (long long)M, gemv, fused, cub, floor_us);
+        cudaFree(x);
+        cudaFree(y);
+      }
+    }
+  }
+
+  // ---- MXFP4 MoE experts (grouped GEMV, device routing, no sync) ----
+  const int E = 256, D = 4096, I = 2048, k = 6;
+  kt << "\n## MoE experts, MXFP4, bf16 mode (device routing + grouped GEMV with fused SwiGLU + "
+        "down GEMV + combine), E=256 D=4096 I=2048 k=6\n\n"
+     << "Uniform random routing (a fresh set of expert ids per launch, 64 sets); byte floor = "
+        "(distinct experts × (w13 + w2 bytes incl. scales) + x + out) / copy bandwidth, averaged "
+        "over the sets. Median (p10–p90) of " << samples << " samples of 10 launches.\n\n"
+     << "| S | pairs | distinct experts (mean) | GEMV µs | byte floor µs | floor / time | fused WMMA µs |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|\n";
+  {
+    BenchW w13(WFormat::kMXFP4, E, 2 * I, D, 1, 91), w2(WFormat::kMXFP4, E, D, I, 1, 92);
+    auto gm = v4::cuda::Gemm::create();
+    BENCH_OK(gm.status());
+    BenchScratch scr;
+    v4::cuda::KernelContext c;
+    c.stream = nullptr;
+    c.gemm = gm->get();
+    c.num_sms = sms;
+    c.scratch = &BenchScratch::get;
+    c.self = &scr;
+    const double expert_bytes = double(v4::ops::wformat_bytes(WFormat::kMXFP4, 2 * I, D)) +
+                                double(v4::ops::wformat_bytes(WFormat::kMXFP4, D, I));
+    for (int64_t S : {1, 16, 64, 256}) {
+      const int sets = 64;
+      const int64_t P = S * k;
+      std::mt19937_64 g(1000 + S);
+      std::vector<int32_t> idx(size_t(P * sets));
+      double distinct = 0;
+      for (int s2 = 0; s2 < sets; ++s2) {
+        std::vector<char> seen(E, 0);
+        for (int64_t p = 0; p < P; ++p) {
+          const int32_t e = int32_t(g() % E);
+          idx[size_t(s2 * P + p)] = e;
+          distinct += !seen[e];
+          seen[e] = 1;
+        }
+      }
+      distinct /= sets;
+      auto xh = randn(size_t(S * D), g);
+      auto wh = randn(size_t(P), g);
+      float *x = nullptr, *wt = nullptr, *out = nullptr;
+      int32_t* didx = nullptr;
+      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
+      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
+      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+      v4::ops::MoeArgs a;
+      a.x = x;
+      a.w13 = w13.view;
+      a.w2 = w2.view;
+      a.weight = wt;
+      a.n_rows = S;
+      a.hidden = D;
+      a.inter = I;
+      a.n_experts = E;
+      a.topk = k;
+      a.swiglu_limit = 10.f;
+      a.out = out;
+      Stats st = time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, c));
+      }, samples);
+      v4::cuda::KernelContext cf = c;
+      cf.fused_tc = true;
+      cf.fused_moe_min_rows = 1;
+      Stats sf = time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, cf));
+      }, samples);
+      const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f | %.0f%% | %.1f |\n",
+                    (long long)S, (long long)P, distinct, st.med_us, st.p10_us, st.p90_us, floor_us,
+                    100.0 * floor_us / st.med_us, sf.med_us);
+      kt << buf;
+      std::printf("moe mxfp4 S=%lld: %.1f us (floor %.1f us, %.1f experts)\n", (long long)S, st.med_us,
+                  floor_us, distinct);
+      cudaFree(x);
+      cudaFree(wt);
+      cudaFree(out);
+      cudaFree(didx);
+    }
+  }
+  kt << "\n";
+  return kt.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string out_dir = ".";
   int reps = 40;  // samples of 10 back-to-back launches
   std::string cmd = "bench_kernels";
+  bool only_wformat = false;
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
+    else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
     else if (!std::strcmp(argv[i], "--profile-topk")) {
       const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
       BENCH_CHECK(cudaSetDevice(0));
@@ -210,6 +523,14 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth_gbs();
   std::printf("copy bandwidth (read+write): %.0f GB/s\n", bw);
   const std::string head = header_block(cmd);
+  if (only_wformat) {
+    std::ofstream(out_dir + "/cuda-wformat.md")
+        << "# Native weight formats on the GPU: GEMV and MoE experts\n\n" << head
+        << "- measured copy bandwidth (read + write): " << int(bw) << " GB/s\n\n"
+        << bench_wformat(bw, std::max(reps, 50));
+    std::printf("wrote %s/cuda-wformat.md\n", out_dir.c_str());
+    return 0;
+  }
 
   // ---------------- Lightning TopK ----------------
   const int k = 512;
@@ -391,6 +712,8 @@ int main(int argc, char** argv) {
       cudaFree(x); cudaFree(w); cudaFree(y);
     }
   }
+  kt << "\n";
+  kt << "\n" << bench_wformat(bw, std::max(reps, 50));
   std::ofstream(out_dir + "/cuda-kernels.md") << kt.str();
   std::printf("wrote %s/cuda-topk.md and %s/cuda-kernels.md\n", out_dir.c_str(), out_dir.c_str());
   return 0;

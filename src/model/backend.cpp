@@ -10,7 +10,8 @@ Result<std::unique_ptr<ops::Ops>> make_backend(const std::string& device, Thread
                                                const BackendOptions& options) {
   const std::string& p = options.precision;
   if (p != "auto" && p != "fp32" && p != "bf16")
-    return make_error(ErrorCode::kInvalidArgument, "precision '{}': expected fp32, bf16 or auto", p);
+    return make_error(ErrorCode::kInvalidArgument, "precision '{}': expected fp32, bf16 or auto",
+                      p);
   if (device == "cpu") {
     if (p == "bf16")
       return make_error(ErrorCode::kInvalidArgument,
@@ -19,12 +20,13 @@ Result<std::unique_ptr<ops::Ops>> make_backend(const std::string& device, Thread
   }
   if (device == "cuda") {
 #ifdef V4_HAVE_CUDA
-    // The CUDA backend of this branch has one precision (fp32); the precision-aware
-    // make_cuda_ops(CudaOptions) replaces this call when the native-format kernels land.
-    return ops::make_cuda_ops();
+    ops::CudaOptions o;
+    o.precision = p == "fp32" ? ops::Precision::kFp32 : ops::Precision::kBf16;
+    return ops::make_cuda_ops(o);
 #else
-    return make_error(ErrorCode::kUnsupported,
-                      "--device cuda: this binary was built without CUDA (configure with -DV4_CUDA=ON)");
+    return make_error(
+        ErrorCode::kUnsupported,
+        "--device cuda: this binary was built without CUDA (configure with -DV4_CUDA=ON)");
 #endif
   }
   return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu or cuda", device);

@@ -21,7 +21,8 @@ struct BackendOptions {
 /// "cuda" (current CUDA device; only in binaries built with -DV4_CUDA=ON).
 /// Errors: kInvalidArgument for another device or precision name, or precision "bf16" on cpu;
 /// kUnsupported for "cuda" without CUDA support or without a GPU.
-Result<std::unique_ptr<ops::Ops>> make_backend(const std::string& device, ThreadPool* pool = nullptr,
+Result<std::unique_ptr<ops::Ops>> make_backend(const std::string& device,
+                                               ThreadPool* pool = nullptr,
                                                const BackendOptions& options = {});
 
 }  // namespace v4::model

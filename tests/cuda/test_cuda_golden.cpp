@@ -26,9 +26,11 @@ struct Loaded {
   Golden golden;
 };
 
-Loaded load(const std::string& dir) {
+Loaded load(const std::string& dir, ops::Precision precision = ops::Precision::kFp32) {
   Loaded l;
-  auto o = ops::make_cuda_ops();
+  ops::CudaOptions opt;
+  opt.precision = precision;
+  auto o = ops::make_cuda_ops(opt);
   EXPECT_TRUE(o.ok()) << o.status().to_string();
   if (!o.ok()) return l;
   l.ops = std::move(o).value();
@@ -125,6 +127,57 @@ TEST(CudaGolden, PrefillDecodeChunked) {
       EXPECT_LE(err, kTol);
       std::printf("[cuda golden] %s chunked rel_err=%.3g\n", dir.c_str(), err);
     }
+  }
+}
+
+// bf16 mode over whole fixtures (native weights: bf16 / FP8 / MXFP4): decode-sized calls run the
+// fp32-math GEMV, prompts longer than 32 tokens the bf16 tensor-core path. Tolerance: prefill and
+// decode logits within 5e-2 of max |logit| (bf16-rounded activations through every layer of a
+// random tiny model); greedy-token agreement with the oracle is printed.
+TEST(CudaGolden, Bf16ModeWithinTolerance) {
+  V4_REQUIRE_GPU();
+  ASSERT_FALSE(fixture_dirs().empty());
+  constexpr double kTolBf16 = 5e-2;
+  for (const auto& dir : fixture_dirs()) {
+    SCOPED_TRACE(dir);
+    Loaded l = load(dir, ops::Precision::kBf16);
+    ASSERT_TRUE(l.model);
+    const int64_t V = l.model->config().vocab_size;
+    const auto& g = l.golden;
+    auto kv = make_cache(*l.model);
+    ASSERT_TRUE(kv);
+    auto seq = kv->create_sequence();
+    ASSERT_TRUE(seq.ok());
+    ForwardBatch b;
+    b.slices.push_back({*seq, 0, g.prompt_ids, true});
+    auto out = l.model->forward(b, *kv);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    const int64_t T = int64_t(g.prompt_ids.size());
+    ASSERT_EQ(out->logits.size(), size_t(T * V));
+    const double err = rel_err(out->logits.data(), g.prefill_logits.data(), size_t(T * V));
+    EXPECT_LE(err, kTolBf16) << "prefill";
+    int same = 0;
+    for (int64_t t = 0; t < T; ++t)
+      same += testing::argmax(&out->logits[t * V], V) == testing::argmax(&g.prefill_logits[t * V], V);
+    // decode through the cache, fed the oracle's tokens
+    double worst = 0;
+    int64_t pos = T;
+    const int64_t N = int64_t(g.tokens.size());
+    int dsame = 0;
+    for (int64_t i = 1; i < N; ++i) {
+      ForwardBatch d;
+      d.slices.push_back({*seq, pos++, {g.tokens[i - 1]}, false});
+      auto o = l.model->forward(d, *kv);
+      ASSERT_TRUE(o.ok()) << o.status().to_string();
+      const double e = rel_err(o->logits.data(), &g.decode_logits[i * V], size_t(V));
+      worst = std::max(worst, e);
+      EXPECT_LE(e, kTolBf16) << "decode step " << i;
+      dsame += testing::argmax(o->logits.data(), V) == g.tokens[i];
+    }
+    std::printf("[cuda golden bf16] %s prefill T=%lld rel_err=%.3g (greedy equal %d/%lld), decode "
+                "worst rel_err=%.3g (greedy equal %d/%lld)\n",
+                dir.c_str(), (long long)T, err, same, (long long)T, worst, dsame,
+                (long long)(N > 0 ? N - 1 : 0));
   }
 }
 

@@ -22,67 +22,18 @@
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/fill.h"
+#include "ops/cuda/gemm.h"
 #include "ops/cuda/mhc.h"
+#include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
 #include "ops/cuda/topk.h"
+#include "ops/cuda/wgemm.h"
 
 namespace v4::ops {
 namespace {
 
 using cuda::grid_for;
 using cuda::order_key;
-
-// ---- fp32 GEMM: y[M,N] = x[M,K]·w[N,K]ᵀ ------------------------------------------------------
-// 64×64 output tile per block of 256 threads (4×4 per thread), K in steps of 16 through shared
-// memory. Each output is one sequential FMA chain over k = 0..K−1 → independent of M.
-constexpr int kBM = 64, kBN = 64, kBK = 16;
-
-__global__ void __launch_bounds__(256) sgemm_nt_kernel(const float* __restrict__ x, int64_t ldx,
-                                                       const float* __restrict__ w, int64_t M,
-                                                       int64_t N, int64_t K, float* __restrict__ y,
-                                                       int64_t ldy) {
-  __shared__ float xs[kBK][kBM + 4];
-  __shared__ float ws[kBK][kBN + 4];
-  const int tid = threadIdx.x;
-  const int tx = tid % 16, ty = tid / 16;
-  const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * kBN;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kBK) {
-    // 64 rows × 16 k of x and of w: 1024 values each, 4 per thread.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int e = tid + i * 256;
-      const int r = e / kBK, c = e % kBK;
-      const int64_t gm = m0 + r, gn = n0 + r, gk = k0 + c;
-      xs[c][r] = (gm < M && gk < K) ? x[gm * ldx + gk] : 0.f;
-      ws[c][r] = (gn < N && gk < K) ? w[gn * K + gk] : 0.f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kBK; ++kk) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t gm = m0 + ty + 16 * i;
-    if (gm >= M) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t gn = n0 + tx + 16 * j;
-      if (gn < N) y[gm * ldy + gn] = acc[i][j];
-    }
-  }
-}
 
 // ---- elementwise / copies -----------------------------------------------------------------------
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
@@ -324,76 +275,11 @@ __global__ void route_kernel(RouteArgs a, float* __restrict__ sbuf) {
   for (int j = 0; j < k; ++j) a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
 }
 
-// ---- MoE experts: one warp per output dot product (correctness-first; grouped GEMM is issue 7) ----
-// gu[p, c] = x[p/k] · w13[e_p][c], c < 2I, p = t·k + j
-__global__ void moe_up_kernel(MoeArgs a, float* __restrict__ gu) {
-  const int D = a.hidden, I2 = 2 * a.inter;
-  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t P = a.n_rows * a.topk;
-  if (wid >= P * I2) return;
-  const int64_t p = wid / I2;
-  const int c = int(wid % I2);
-  const int e = a.idx[p];
-  const float* xr = a.x + (p / a.topk) * D;
-  const float* wr = a.w13.f32_rows(e) + int64_t(c) * D;
-  float s = 0.f;
-  for (int i = lane; i < D; i += 32) s += xr[i] * wr[i];
-  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) gu[p * I2 + c] = s;
-}
-
-__global__ void moe_act_kernel(const float* __restrict__ gu, int64_t P, int I, float lim,
-                               float* __restrict__ act) {
-  const int64_t total = P * I;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i / I;
-    const int c = int(i - p * I);
-    float g = gu[p * 2 * I + c], u = gu[p * 2 * I + I + c];
-    if (lim > 0.f) {
-      g = fminf(g, lim);
-      u = fminf(fmaxf(u, -lim), lim);
-    }
-    act[i] = g / (1.f + expf(-g)) * u;
-  }
-}
-
-// down[p, c] = act[p] · w2[e_p][c], c < D
-__global__ void moe_down_kernel(MoeArgs a, const float* __restrict__ act, float* __restrict__ down) {
-  const int D = a.hidden, I = a.inter;
-  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t P = a.n_rows * a.topk;
-  if (wid >= P * D) return;
-  const int64_t p = wid / D;
-  const int c = int(wid % D);
-  const int e = a.idx[p];
-  const float* ar = act + p * I;
-  const float* wr = a.w2.f32_rows(e) + int64_t(c) * I;
-  float s = 0.f;
-  for (int i = lane; i < I; i += 32) s += ar[i] * wr[i];
-  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) down[p * D + c] = s;
-}
-
-__global__ void moe_combine_kernel(MoeArgs a, const float* __restrict__ down) {
-  const int D = a.hidden, k = a.topk;
-  const int64_t total = a.n_rows * D;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / D;
-    const int c = int(i - t * D);
-    float o = 0.f;
-    for (int j = 0; j < k; ++j) o += down[(t * k + j) * D + c] * a.weight[t * k + j];
-    a.out[i] = o;
-  }
-}
-
 // ---- the backend --------------------------------------------------------------------------------
 class CudaOps final : public Ops {
  public:
-  CudaOps() = default;
+  explicit CudaOps(CudaOptions opts)
+      : batch_invariant_(opts.precision == Precision::kFp32), opts_(opts) {}
   ~CudaOps() override {
     if (stream_) cudaStreamSynchronize(stream_);
     for (auto& [sz, list] : free_)
@@ -413,6 +299,10 @@ class CudaOps final : public Ops {
     int dev = 0;
     V4_CUDA_TRY(cudaGetDevice(&dev));
     V4_CUDA_TRY(cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, dev));
+    if (opts_.precision == Precision::kBf16) {
+      V4_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::create(size_t(32) << 20));
+      V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
+    }
     return Status::Ok();
   }
   std::string name() const override { return "cuda"; }
@@ -484,9 +374,17 @@ class CudaOps final : public Ops {
   void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
               float* y, int64_t ldy) override {
     if (M <= 0 || N <= 0) return;
-    dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned((M + kBM - 1) / kBM));
-    sgemm_nt_kernel<<<grid, 256, 0, stream_>>>(x, ldx, w, M, N, K, y, ldy);
-    launched("sgemm_nt_kernel");
+    record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, stream_));
+  }
+  bool supports(WFormat) const override { return true; }
+  void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
+                int64_t ldy) override {
+    if (M <= 0 || w.n <= 0) return;
+    if (opts_.precision == Precision::kBf16) {
+      record(cuda::linear_w_bf16(x, ldx, w, M, y, ldy, context()));
+    } else {
+      record(cuda::wgemm_fp32(x, ldx, w, 0, M, y, ldy, stream_));
+    }
   }
   void add(float* y, const float* x, int64_t n) override {
     if (n <= 0) return;
@@ -619,8 +517,9 @@ class CudaOps final : public Ops {
       float* ws = nullptr;
       if (splits > 1)
         ws = static_cast<float*>(scratch(
-            6, size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
-                   sizeof(float)));
+            cuda::kSlotAttention,
+            size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                sizeof(float)));
       record(cuda::sparse_attention_mma(a, splits, ws, stream_));
       return;
     }
@@ -633,8 +532,9 @@ class CudaOps final : public Ops {
       float* ws = nullptr;
       if (splits > 1)
         ws = static_cast<float*>(scratch(
-            6, size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
-                   sizeof(float)));
+            cuda::kSlotAttention,
+            size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                sizeof(float)));
       record(cuda::sparse_attention_split(a, splits, ws, stream_));
       return;
     }
@@ -652,20 +552,32 @@ class CudaOps final : public Ops {
 
   void moe_experts(const MoeArgs& a) override {
     if (a.n_rows <= 0) return;
-    const int64_t P = a.n_rows * a.topk;
-    float* gu = static_cast<float*>(scratch(3, size_t(P * 2 * a.inter) * sizeof(float)));
-    float* act = static_cast<float*>(scratch(4, size_t(P * a.inter) * sizeof(float)));
-    float* down = static_cast<float*>(scratch(5, size_t(P * a.hidden) * sizeof(float)));
-    const int64_t w1 = P * 2 * a.inter, w2 = P * a.hidden;
-    moe_up_kernel<<<grid_for(w1 * 32, 256, int64_t(1) << 31), 256, 0, stream_>>>(a, gu);
-    launched("moe_up_kernel");
-    moe_act_kernel<<<grid_for(P * a.inter, 256), 256, 0, stream_>>>(gu, P, a.inter, a.swiglu_limit,
-                                                                    act);
-    launched("moe_act_kernel");
-    moe_down_kernel<<<grid_for(w2 * 32, 256, int64_t(1) << 31), 256, 0, stream_>>>(a, act, down);
-    launched("moe_down_kernel");
-    moe_combine_kernel<<<grid_for(a.n_rows * a.hidden, 256), 256, 0, stream_>>>(a, down);
-    launched("moe_combine_kernel");
+    record(opts_.precision == Precision::kBf16 ? cuda::moe_bf16(a, context())
+                                                : cuda::moe_fp32(a, context()));
+  }
+
+  /// Grows the scratch buffers to what calls within `b` need (reserve_cuda_scratch).
+  Status reserve(const CudaScratchBounds& b) {
+    size_t need[cuda::kNumScratchSlots] = {};
+    const cuda::KernelContext c = context();
+    const bool bf16 = opts_.precision == Precision::kBf16;
+    if (bf16 && b.max_rows > 0 && b.max_n > 0 && b.max_k > 0) {
+      cuda::linear_scratch_bytes(b.max_rows, b.max_n, b.max_k, false, c, need);
+      cuda::linear_scratch_bytes(b.max_rows, b.max_n, b.max_k, true, c, need);
+    }
+    if (b.max_rows > 0 && b.hidden > 0 && b.inter > 0 && b.experts > 0 && b.topk > 0) {
+      cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, b.experts, b.topk, c, need);
+      cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, 1, 1, c, need);  // shared
+    }
+    if (b.max_rows > 0 && b.experts > 0)
+      need[cuda::kSlotRoute] = std::max(need[cuda::kSlotRoute], size_t(b.max_rows * b.experts) * 4);
+    try {
+      for (int s = 0; s < cuda::kNumScratchSlots; ++s)
+        if (need[s]) scratch(s, need[s]);
+    } catch (const std::bad_alloc&) {
+      return Status(ErrorCode::kResourceExhausted, "reserve_cuda_scratch: out of device memory");
+    }
+    return Status::Ok();
   }
 
   // ---- dummy weights, memory and device queries (ops.h; kernels in fill.cu) -------------
@@ -717,9 +629,37 @@ class CudaOps final : public Ops {
     while (c < b) c <<= 1;
     return c;
   }
+  cuda::KernelContext context() {
+    cuda::KernelContext c;
+    c.stream = stream_;
+    c.gemm = gemm_.get();
+    c.num_sms = n_sms_;
+    c.gemv_max_rows = opts_.gemv_max_rows;
+    c.sync_min_pairs = opts_.moe_sync_min_pairs;
+    c.fused_tc = opts_.fused_tensor_cores;
+    c.fused_moe_min_rows = opts_.moe_fused_min_rows;
+    c.scratch = [](void* self, int slot, size_t bytes) {
+      return static_cast<CudaOps*>(self)->scratch(slot, bytes);
+    };
+    c.self = this;
+    return c;
+  }
   // Grow-only scratch buffer `slot` of at least `bytes` (device memory, stream-ordered reuse).
+  // Growing needs cudaMalloc and a sync, which a stream capture cannot contain: during a capture
+  // the error is recorded, which makes capture() discard the graph (nothing captured runs; the
+  // caller runs eagerly, which grows the buffer, and captures again later).
   void* scratch(int slot, size_t bytes) {
     if (scratch_size_[slot] < bytes) {
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      if (capturing_ ||
+          (cudaStreamIsCapturing(stream_, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)) {
+        record(cuda::errorf(
+            ErrorCode::kInternal,
+            "scratch slot {} must grow from {} to {} bytes during CUDA graph capture (run the "
+            "same shapes eagerly first, or reserve_cuda_scratch)",
+            slot, scratch_size_[slot], bytes));
+        return scratch_ptr_[slot];
+      }
       if (scratch_ptr_[slot]) {
         check(cudaStreamSynchronize(stream_), "scratch sync");
         retire_scratch(scratch_ptr_[slot]);
@@ -754,8 +694,10 @@ class CudaOps final : public Ops {
   std::map<size_t, std::vector<void*>> free_;
   std::map<void*, size_t> live_;
   std::map<void*, size_t> scratch_;
-  void* scratch_ptr_[8] = {};
-  size_t scratch_size_[8] = {};
+  void* scratch_ptr_[cuda::kNumScratchSlots] = {};
+  size_t scratch_size_[cuda::kNumScratchSlots] = {};
+  CudaOptions opts_;
+  std::unique_ptr<cuda::Gemm> gemm_;
   bool capturing_ = false;
   int live_graphs_ = 0;
   std::vector<void*> retired_;  // grown-out scratch kept for live graphs
@@ -823,10 +765,18 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
 
 }  // namespace
 
-Result<std::unique_ptr<Ops>> make_cuda_ops() {
-  auto ops = std::make_unique<CudaOps>();
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+Result<std::unique_ptr<Ops>> make_cuda_ops(CudaOptions options) {
+  auto ops = std::make_unique<CudaOps>(options);
   V4_RETURN_IF_ERROR(ops->init());
   return Result<std::unique_ptr<Ops>>(std::unique_ptr<Ops>(std::move(ops)));
+}
+
+Status reserve_cuda_scratch(Ops* ops, const CudaScratchBounds& b) {
+  auto* c = dynamic_cast<CudaOps*>(ops);
+  if (!c) return Status(ErrorCode::kInvalidArgument, "reserve_cuda_scratch: not a CUDA backend");
+  return c->reserve(b);
 }
 
 }  // namespace v4::ops

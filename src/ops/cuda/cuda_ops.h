@@ -1,10 +1,18 @@
-// The CUDA backend of ops::Ops (ops.h): every op of the forward on the device, fp32 activations
-// and weights (the same contract as the CPU reference), so the model runs on the GPU unchanged.
-// This is the correctness-first backend of issue 6: plain kernels with fixed summation order
-// (a row's result does not depend on the other rows of the batch), cuBLAS-free fp32 GEMM, one
-// stream. The bf16/FP8 fast paths (ops/cuda/gemm.h, quant.h, topk.h) are the building blocks of
-// the next step. See docs/cuda.md.
+// The CUDA backend of ops::Ops (ops.h): every op of the forward on the device with f32
+// activations (the same contract as the CPU reference), so the model runs on the GPU unchanged.
+// Weights are read in their checkpoint format (WFormat: f32, bf16, FP8 128×128 blocks, MXFP4) and
+// dequantized inside the GEMM / MoE kernels (never a dequantized copy of the model). Two precision
+// modes (CudaOptions::precision), see docs/cuda.md "Precision modes":
+//   kFp32 — reference: every output is one fp32 FMA chain over k of x·dequant(W) in a fixed order
+//           (batch-invariant; golden fixtures match the CPU backend's tolerance).
+//   kBf16 — speed: decode-sized calls (M ≤ gemv_max_rows rows, MoE below moe_sync_min_pairs
+//           pairs) run weight-streaming GEMV kernels with fp32 math on native bytes (≤ 1e-5 of
+//           the fp32 result, batch-invariant within that range); larger calls round x and W to
+//           bf16 and use tensor cores (cuBLASLt), ≤ 2e-2 of a row's max |y|.
+// One stream; ops given the same shapes again neither allocate nor synchronize (grow-only scratch
+// sized on first use or by reserve_cuda_scratch), so decode steps can be captured in CUDA graphs.
 #pragma once
+#include <cstdint>
 #include <memory>
 
 #include "base/status.h"
@@ -12,10 +20,60 @@
 
 namespace v4::ops {
 
+/// Arithmetic of the weight GEMMs and MoE experts (activations stay f32 in the op interface).
+enum class Precision {
+  kFp32,  // "fp32": fp32 FMA chains over dequantized weights, fixed order (reference)
+  kBf16,  // "bf16": native-byte GEMV for small M (fp32 math); bf16 tensor cores for large M
+};
+
+/// Options of the CUDA backend.
+struct CudaOptions {
+  Precision precision = Precision::kFp32;
+  /// kBf16: linear_w with M ≤ this many rows (decode) runs the weight-streaming GEMV (fp32 math,
+  /// ≤ 1e-5); larger M runs x→bf16, W→bf16 and cuBLASLt. 32: the fp32-math GEMV stays faster than
+  /// dequantize-to-scratch + tensor cores up to about 32 rows for FP8 weights (docs/cuda.md).
+  int64_t gemv_max_rows = 32;
+  /// kBf16 moe_experts: with S·k ≥ this many (token, expert) pairs (prefill) the per-expert counts
+  /// are read back (one host sync) and every active expert runs cuBLASLt GEMMs on a bf16 copy of
+  /// that expert; below it (decode, up to 256 rows × k = 6) the grouped GEMV runs without any sync
+  /// or allocation, so it can be graph-captured. The shared-expert form (E = 1) with more than
+  /// gemv_max_rows rows runs dense tensor-core GEMMs (no sync).
+  int64_t moe_sync_min_pairs = 4096;
+  /// kBf16: use the fused tensor-core kernel (wgemm.h wmma_gemm: native weight bytes dequantized
+  /// to bf16 tiles in shared memory, WMMA, no scratch, no sync) for linear_w above the GEMV range
+  /// and for moe_experts with S ≥ moe_fused_min_rows (all its forms, prefill included).
+  /// Off until validated on the device (CudaWFormat.Fused* tests); then it replaces the
+  /// dequantize-to-scratch + cuBLASLt paths.
+  bool fused_tensor_cores = false;
+  int64_t moe_fused_min_rows = 16;
+};
+
+/// "fp32" or "bf16".
+const char* precision_name(Precision p);
+
 /// Creates the CUDA backend on the current device (cudaSetDevice before). Errors:
 /// kUnsupported when no CUDA device is present, kInternal for CUDA failures.
 /// Ops methods cannot return errors (ops.h); a failing CUDA call is recorded, logged, and thrown
 /// as std::runtime_error from the next synchronize()/download(); alloc throws std::bad_alloc.
-Result<std::unique_ptr<Ops>> make_cuda_ops();
+/// A grow-only scratch buffer that would have to grow during Ops::capture fails that capture
+/// (capture returns nullptr; run the shapes eagerly first, or reserve_cuda_scratch).
+Result<std::unique_ptr<Ops>> make_cuda_ops(CudaOptions options = {});
+
+/// Upper bounds of the op calls a CUDA graph will capture (per call, not summed), so that every
+/// grow-only scratch buffer of the CUDA backend can be sized before capture.
+struct CudaScratchBounds {
+  int64_t max_rows = 0;  // M of linear_w, S of moe_experts / route
+  int64_t max_n = 0;     // largest linear_w view: rows (N) ...
+  int64_t max_k = 0;     // ... and columns (K)
+  int hidden = 0;        // moe_experts D
+  int inter = 0;         // moe_experts I
+  int experts = 0;       // moe_experts / route E
+  int topk = 0;          // moe_experts k
+};
+
+/// Grows the scratch buffers of a backend made by make_cuda_ops to what calls within `b` need
+/// (in its precision mode). Errors: kInvalidArgument when `ops` is not a CUDA backend,
+/// kResourceExhausted when device memory runs out.
+Status reserve_cuda_scratch(Ops* ops, const CudaScratchBounds& b);
 
 }  // namespace v4::ops

@@ -38,9 +38,12 @@ Gemm::~Gemm() {
 
 // Row-major Y[M,N] = X[M,K]·W[N,K]ᵀ is column-major Yᵀ[N,M] = (W as col-major [K,N])ᵀ · (X as
 // col-major [K,M]): cuBLASLt A = W with op T, B = X with op N, C = D = Y (ld N). ("TN")
-Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutType out) {
+// `align`: the smallest alignment (bytes, power of two ≤ 256) of the A, B, C pointers; cuBLASLt
+// assumes 256-byte alignment unless told otherwise.
+Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutType out,
+                               int64_t ldx, int64_t ldw, int64_t ldy, int align) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto key = std::make_tuple(kind, M, N, K, int(out));
+  auto key = std::make_tuple(kind, M, N, K, int(out), ldx, ldw, ldy, align);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
@@ -50,14 +53,18 @@ Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutTyp
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   V4_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   V4_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->a, ab, K, N, K));
-  V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->b, ab, K, M, K));
-  V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->c, cd, N, M, N));
+  V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->a, ab, K, N, ldw));
+  V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->b, ab, K, M, ldx));
+  V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->c, cd, N, M, ldy));
   cublasLtMatmulPreference_t pref = nullptr;
   V4_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = workspace_bytes_;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof(ws));
+  const uint32_t al = uint32_t(align);
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
   cublasLtMatmulHeuristicResult_t res{};
   int n_res = 0;
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op,
@@ -76,9 +83,21 @@ Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutTyp
 
 Status Gemm::bf16(const __nv_bfloat16* X, const __nv_bfloat16* W, void* Y, OutType out, int64_t M,
                   int64_t N, int64_t K, cudaStream_t stream, float alpha, float beta) {
-  if (M <= 0 || N <= 0 || K <= 0)
-    return errorf(ErrorCode::kInvalidArgument, "gemm bf16: bad shape M={} N={} K={}", M, N, K);
-  V4_ASSIGN_OR_RETURN(Plan * p, plan(0, M, N, K, out));
+  return bf16_strided(X, K, W, K, Y, N, out, M, N, K, stream, alpha, beta);
+}
+
+Status Gemm::bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat16* W,
+                          int64_t ldw, void* Y, int64_t ldy, OutType out, int64_t M, int64_t N,
+                          int64_t K, cudaStream_t stream, float alpha, float beta) {
+  if (M <= 0 || N <= 0 || K <= 0 || ldx < K || ldw < K || ldy < N)
+    return errorf(ErrorCode::kInvalidArgument,
+                  "gemm bf16: bad shape M={} N={} K={} (ldx {} ldw {} ldy {})", M, N, K, ldx, ldw,
+                  ldy);
+  int align = 256;
+  for (const void* ptr : {static_cast<const void*>(X), static_cast<const void*>(W),
+                          static_cast<const void*>(Y)})
+    while (align > 1 && reinterpret_cast<uintptr_t>(ptr) % uintptr_t(align)) align >>= 1;
+  V4_ASSIGN_OR_RETURN(Plan * p, plan(0, M, N, K, out, ldx, ldw, ldy, align));
   V4_CUBLAS_TRY(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, W, p->a, X,
                                p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace_,
                                workspace_bytes_, stream));

@@ -2,10 +2,10 @@
 // Layout convention (as nn.Linear): Y[M, N] = X[M, K] · W[N, K]ᵀ, all row-major, where M = tokens,
 // K = input features, N = output features. Accumulation is fp32.
 //
-// Weight formats (see docs/cuda.md): FP8 e4m3 weights with 128×128 ue8m0 block scales and
-// MXFP4 (e2m1 + one ue8m0 scale per 1×32) expert weights are dequantized to bf16 once at load
-// (ops/cuda/quant.h) and then use Gemm::bf16. Native FP8 block-scaled GEMMs (cuBLASLt
-// BLK128x128_32F / VEC128_32F scale modes, or a CUTLASS/wgmma kernel) are future work (issue 7).
+// Used by the bf16 precision mode's tensor-core paths (wgemm.h linear_w_bf16, moe.h): weights
+// stored as bf16 are read in place; FP8 (128×128 block scales) and MXFP4 weights are dequantized
+// to bf16 per call into scratch (one matrix or one expert). Native block-scaled FP8 GEMMs
+// (cuBLASLt BLK128x128_32F / VEC128_32F scale modes) are future work (docs/cuda.md).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,17 +38,25 @@ class Gemm {
   /// non-positive sizes, kUnsupported/kInternal from cuBLASLt.
   Status bf16(const __nv_bfloat16* X, const __nv_bfloat16* W, void* Y, OutType out, int64_t M,
               int64_t N, int64_t K, cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
+  /// As `bf16` with row strides (elements): X [M, K] stride ldx, W [N, K] stride ldw, Y [M, N]
+  /// stride ldy (each ≥ its row length). Used for weight row slices and strided outputs.
+  Status bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat16* W, int64_t ldw,
+                      void* Y, int64_t ldy, OutType out, int64_t M, int64_t N, int64_t K,
+                      cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
 
 
  private:
   Gemm() = default;
   struct Plan;
-  Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out);
+  Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out, int64_t ldx,
+                     int64_t ldw, int64_t ldy, int align);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::mutex mu_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int>,
+           std::unique_ptr<Plan>>
+      plans_;
 };
 
 }  // namespace v4::cuda

@@ -1,0 +1,424 @@
+#include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
+// MoE experts over native weight formats (see moe.h).
+#include <algorithm>
+#include <vector>
+
+#include "ops/cuda/device_util.cuh"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/wformat.cuh"
+
+namespace v4::cuda {
+namespace {
+
+using ops::MoeArgs;
+
+__device__ __forceinline__ bool valid_expert(int32_t e, int E) {
+  return e >= 0 && e < E;
+}
+
+__device__ __forceinline__ float swiglu(float g, float u, float lim) {
+  if (lim > 0.f) {
+    g = fminf(g, lim);
+    u = fminf(fmaxf(u, -lim), lim);
+  }
+  return g / (1.f + expf(-g)) * u;
+}
+
+// ---- fp32 mode: one warp per output dot product -------------------------------------------------
+// gu[p, c] = x[p/k] · dequant(w13[e_p])[c], c < 2I, p = t·k + j (fixed lane-strided order + tree).
+__global__ void moe_up_fp32_kernel(MoeArgs a, float* __restrict__ gu) {
+  const int D = a.hidden, I2 = 2 * a.inter;
+  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t P = a.n_rows * a.topk;
+  if (wid >= P * I2) return;
+  const int64_t p = wid / I2;
+  const int c = int(wid % I2);
+  const int e = a.idx[p];
+  float s = 0.f;
+  if (valid_expert(e, a.n_experts)) {
+    const float* xr = a.x + (p / a.topk) * D;
+    for (int i = lane; i < D; i += 32) s += xr[i] * wval(a.w13, e, c, i);
+  }
+  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) gu[p * I2 + c] = s;
+}
+
+__global__ void moe_act_fp32_kernel(const float* __restrict__ gu, int64_t P, int I, float lim,
+                                    float* __restrict__ act) {
+  const int64_t total = P * I;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = i / I;
+    const int c = int(i - p * I);
+    act[i] = swiglu(gu[p * 2 * I + c], gu[p * 2 * I + I + c], lim);
+  }
+}
+
+// down[p, c] = act[p] · dequant(w2[e_p])[c], c < D
+__global__ void moe_down_fp32_kernel(MoeArgs a, const float* __restrict__ act,
+                                     float* __restrict__ down) {
+  const int D = a.hidden, I = a.inter;
+  const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t P = a.n_rows * a.topk;
+  if (wid >= P * D) return;
+  const int64_t p = wid / D;
+  const int c = int(wid % D);
+  const int e = a.idx[p];
+  float s = 0.f;
+  if (valid_expert(e, a.n_experts)) {
+    const float* ar = act + p * I;
+    for (int i = lane; i < I; i += 32) s += ar[i] * wval(a.w2, e, c, i);
+  }
+  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) down[p * D + c] = s;
+}
+
+// out[t, c] = Σ_j weight[t,j] · down[row(t·k + j), c] in j order, over valid experts only.
+// mode 0: row = p (per-pair rows); 1: row = pos_of[p] (expert-sorted rows); 2: row = t (per token).
+__global__ void moe_combine_kernel(MoeArgs a, const float* __restrict__ down,
+                                   const int32_t* __restrict__ pos_of, int mode) {
+  const int D = a.hidden, k = a.topk;
+  const int64_t total = a.n_rows * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D;
+    const int c = int(i - t * D);
+    float o = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = t * k + j;
+      if (!valid_expert(a.idx[p], a.n_experts)) continue;
+      const int64_t row = mode == 0 ? p : mode == 1 ? int64_t(pos_of[p]) : t;
+      o += down[row * D + c] * a.weight[p];
+    }
+    a.out[i] = o;
+  }
+}
+
+// ---- device routing (bf16 mode)
+// ------------------------------------------------------------------ One block: counts per expert
+// (shared-memory atomics), offsets (exclusive scan), the ascending list of active experts and its
+// length, then every valid pair p is placed into its expert's range of `list` (order inside a range
+// is arbitrary: each pair's result does not depend on it). pos_of[p] = position of p in `list` (−1
+// for an invalid expert id).
+__global__ void __launch_bounds__(1024)
+    moe_route_kernel(const int32_t* __restrict__ idx, int64_t P, int E,
+                     int32_t* __restrict__ offset, int32_t* __restrict__ active,
+                     int32_t* __restrict__ active_count, int32_t* __restrict__ list,
+                     int32_t* __restrict__ pos_of) {
+  extern __shared__ int32_t route_sm[];
+  int32_t* cnt = route_sm;
+  int32_t* cur = route_sm + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int32_t e = idx[p];
+    if (valid_expert(e, E)) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const int per = (E + 31) / 32;
+    const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
+    int s = 0, na = 0;
+    for (int e = e0; e < e1; ++e) {
+      s += cnt[e];
+      na += cnt[e] > 0;
+    }
+    int is = s, ia = na;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int ts = __shfl_up_sync(0xffffffffu, is, off);
+      const int ta = __shfl_up_sync(0xffffffffu, ia, off);
+      if (lane >= off) {
+        is += ts;
+        ia += ta;
+      }
+    }
+    int base = is - s, abase = ia - na;
+    for (int e = e0; e < e1; ++e) {
+      offset[e] = base;
+      cur[e] = base;
+      if (cnt[e] > 0) active[abase++] = e;
+      base += cnt[e];
+    }
+    if (lane == 31) {
+      offset[E] = is;
+      *active_count = ia;
+    }
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int32_t e = idx[p];
+    if (valid_expert(e, E)) {
+      const int32_t pos = atomicAdd(&cur[e], 1);
+      list[pos] = int32_t(p);
+      pos_of[p] = pos;
+    } else {
+      pos_of[p] = -1;
+    }
+  }
+}
+
+// xs[i, :] = bf16(x[list[i] / k, :]) for i < offset[E] (expert-sorted rows).
+__global__ void gather_rows_bf16_kernel(const float* __restrict__ x, int D,
+                                        const int32_t* __restrict__ list,
+                                        const int32_t* __restrict__ total, int k, int64_t P,
+                                        __nv_bfloat16* __restrict__ xs) {
+  const int64_t tot = *total;
+  const int64_t n = P < tot ? P : tot;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * D;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / D, c = i - r * D;
+    xs[i] = __float2bfloat16_rn(x[int64_t(list[r] / k) * D + c]);
+  }
+}
+
+// act[r, c] = bf16(swiglu(gu[r, c], gu[r, I + c])) for r < rows (rows = *total when given).
+__global__ void swiglu_bf16_kernel(const float* __restrict__ gu, int64_t rows,
+                                   const int32_t* __restrict__ total, int I, float lim,
+                                   __nv_bfloat16* __restrict__ act) {
+  const int64_t tot = total ? int64_t(*total) : rows;
+  const int64_t n = rows < tot ? rows : tot;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * I;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / I, c = i - r * I;
+    act[i] = __float2bfloat16_rn(swiglu(gu[r * 2 * I + c], gu[r * 2 * I + I + c], lim));
+  }
+}
+
+struct RouteBufs {
+  int32_t *offset, *active, *active_count, *list, *pos_of;
+};
+
+size_t route_ints(int64_t P, int E) {
+  return size_t(E + 1) + size_t(E) + 1 + 2 * size_t(P);
+}
+
+RouteBufs route_bufs(int32_t* base, int64_t P, int E) {
+  RouteBufs b;
+  b.offset = base;
+  b.active = b.offset + E + 1;
+  b.active_count = b.active + E;
+  b.list = b.active_count + 1;
+  b.pos_of = b.list + P;
+  return b;
+}
+
+enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm };
+
+MoePath choose_path(bool bf16, int64_t S, int E, int k, const KernelContext& c) {
+  if (!bf16) return MoePath::kFp32;
+  if (c.fused_tc && S >= c.fused_moe_min_rows) return MoePath::kFused;
+  if (E == 1 && S > c.gemv_max_rows) return MoePath::kDenseShared;
+  if (S * k >= c.sync_min_pairs) return MoePath::kSyncGemm;
+  return MoePath::kGemv;
+}
+
+// bf16 view of expert e of `w` for cuBLASLt: the stored rows when bf16, else dequantized into
+// the scratch slot.
+Result<const __nv_bfloat16*> expert_bf16(const ops::WeightView& w, int64_t e,
+                                         const KernelContext& c, size_t wbytes) {
+  if (w.format == ops::WFormat::kBF16) return reinterpret_cast<const __nv_bfloat16*>(wrow(w, e, 0));
+  auto* d = static_cast<__nv_bfloat16*>(c.get(kSlotWBf16, wbytes));
+  V4_RETURN_IF_ERROR(dequant_view_bf16(w, e, d, c.stream));
+  return static_cast<const __nv_bfloat16*>(d);
+}
+
+Status check_args(const MoeArgs& a) {
+  const auto& u = a.w13;
+  const auto& d = a.w2;
+  if (a.topk <= 0 || a.hidden <= 0 || a.inter <= 0 || a.n_experts <= 0 ||
+      u.n != 2 * int64_t(a.inter) || u.k != a.hidden || d.n != a.hidden || d.k != a.inter ||
+      u.experts < a.n_experts || d.experts < a.n_experts)
+    return errorf(
+        ErrorCode::kInvalidArgument,
+        "moe_experts: w13 [{}, {}] ×{} / w2 [{}, {}] ×{} do not match D={} I={} E={} k={}", u.n,
+        u.k, u.experts, d.n, d.k, d.experts, a.hidden, a.inter, a.n_experts, a.topk);
+  return Status::Ok();
+}
+
+void path_bytes(MoePath path, int64_t S, int D, int I, int E, int k, size_t* bytes) {
+  const int64_t P = S * k;
+  auto need = [&](int slot, size_t b) { bytes[slot] = std::max(bytes[slot], b); };
+  switch (path) {
+    case MoePath::kFp32:
+      need(kSlotF32A, size_t(P) * 2 * I * 4);
+      need(kSlotF32B, size_t(P) * I * 4);
+      need(kSlotF32C, size_t(P) * D * 4);
+      break;
+    case MoePath::kGemv:
+    case MoePath::kFused:
+      need(kSlotMoeInts, route_ints(P, E) * 4);
+      need(kSlotF32A, size_t(P) * I * 4);
+      need(kSlotF32C, size_t(P) * D * 4);
+      break;
+    case MoePath::kDenseShared:
+      need(kSlotXBf16, size_t(S) * D * 2);
+      need(kSlotWBf16, size_t(2) * I * D * 2);
+      need(kSlotF32A, size_t(S) * 2 * I * 4);
+      need(kSlotActBf16, size_t(S) * I * 2);
+      need(kSlotF32C, size_t(S) * D * 4);
+      break;
+    case MoePath::kSyncGemm:
+      need(kSlotMoeInts, route_ints(P, E) * 4);
+      need(kSlotXBf16, size_t(P) * D * 2);
+      need(kSlotWBf16, size_t(2) * I * D * 2);
+      need(kSlotF32A, size_t(P) * 2 * I * 4);
+      need(kSlotActBf16, size_t(P) * I * 2);
+      need(kSlotF32C, size_t(P) * D * 4);
+      break;
+  }
+}
+
+}  // namespace
+
+void moe_scratch_bytes(bool bf16, int64_t S, int D, int I, int E, int k, const KernelContext& c,
+                       size_t* bytes) {
+  path_bytes(choose_path(bf16, S, E, k, c), S, D, I, E, k, bytes);
+}
+
+Status moe_fp32(const MoeArgs& a, const KernelContext& c) {
+  if (a.n_rows <= 0) return Status::Ok();
+  V4_RETURN_IF_ERROR(check_args(a));
+  size_t need[kNumScratchSlots] = {};
+  moe_scratch_bytes(false, a.n_rows, a.hidden, a.inter, a.n_experts, a.topk, c, need);
+  const int64_t P = a.n_rows * a.topk;
+  auto* gu = static_cast<float*>(c.get(kSlotF32A, need[kSlotF32A]));
+  auto* act = static_cast<float*>(c.get(kSlotF32B, need[kSlotF32B]));
+  auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
+  const int64_t w1 = P * 2 * a.inter, w2 = P * a.hidden;
+  moe_up_fp32_kernel<<<grid_for(w1 * 32, 256, int64_t(1) << 31), 256, 0, c.stream>>>(a, gu);
+  V4_CUDA_CHECK_LAUNCH("moe_up_fp32_kernel");
+  moe_act_fp32_kernel<<<grid_for(P * a.inter, 256), 256, 0, c.stream>>>(gu, P, a.inter,
+                                                                        a.swiglu_limit, act);
+  V4_CUDA_CHECK_LAUNCH("moe_act_fp32_kernel");
+  moe_down_fp32_kernel<<<grid_for(w2 * 32, 256, int64_t(1) << 31), 256, 0, c.stream>>>(a, act,
+                                                                                       down);
+  V4_CUDA_CHECK_LAUNCH("moe_down_fp32_kernel");
+  moe_combine_kernel<<<grid_for(a.n_rows * a.hidden, 256), 256, 0, c.stream>>>(a, down, nullptr, 0);
+  V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+  return Status::Ok();
+}
+
+Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
+  if (a.n_rows <= 0) return Status::Ok();
+  V4_RETURN_IF_ERROR(check_args(a));
+  const int64_t S = a.n_rows, P = S * a.topk;
+  const int D = a.hidden, I = a.inter, E = a.n_experts;
+  MoePath path = choose_path(true, S, E, a.topk, c);
+  if (path == MoePath::kFused &&
+      !(wmma_gemm_supported(a.w13, a.x, D) && wmma_gemm_supported(a.w2, a.x, I))) {
+    KernelContext no_fused = c;  // (act rows are scratch: aligned, stride I)
+    no_fused.fused_tc = false;
+    path = choose_path(true, S, E, a.topk, no_fused);
+  }
+  if (path == MoePath::kGemv && !(wgemv_supported(a.w13) && wgemv_supported(a.w2)))
+    path = E == 1 ? MoePath::kDenseShared : MoePath::kSyncGemm;  // exotic views only
+  size_t need[kNumScratchSlots] = {};
+  path_bytes(path, S, D, I, E, a.topk, need);
+  const int combine_grid = int(grid_for(S * D, 256));
+
+  if (path == MoePath::kDenseShared) {
+    // One expert: per-token dense GEMMs (x and W as bf16, tensor cores), combine per token.
+    auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));
+    auto* gu = static_cast<float*>(c.get(kSlotF32A, need[kSlotF32A]));
+    auto* actb = static_cast<__nv_bfloat16*>(c.get(kSlotActBf16, need[kSlotActBf16]));
+    auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
+    V4_RETURN_IF_ERROR(rows_to_bf16(a.x, D, S, D, xb, c.stream));
+    V4_ASSIGN_OR_RETURN(const __nv_bfloat16* w13, expert_bf16(a.w13, 0, c, need[kSlotWBf16]));
+    V4_RETURN_IF_ERROR(c.gemm->bf16_strided(xb, D, w13, D, gu, 2 * int64_t(I), OutType::kF32, S,
+                                            2 * int64_t(I), D, c.stream));
+    swiglu_bf16_kernel<<<grid_for(S * I, 256), 256, 0, c.stream>>>(gu, S, nullptr, I,
+                                                                   a.swiglu_limit, actb);
+    V4_CUDA_CHECK_LAUNCH("swiglu_bf16_kernel");
+    V4_ASSIGN_OR_RETURN(const __nv_bfloat16* w2, expert_bf16(a.w2, 0, c, need[kSlotWBf16]));
+    V4_RETURN_IF_ERROR(
+        c.gemm->bf16_strided(actb, I, w2, I, down, D, OutType::kF32, S, D, I, c.stream));
+    moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 2);
+    V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+    return Status::Ok();
+  }
+
+  auto* ints = static_cast<int32_t*>(c.get(kSlotMoeInts, need[kSlotMoeInts]));
+  const RouteBufs rb = route_bufs(ints, P, E);
+  const size_t route_smem = size_t(2) * E * sizeof(int32_t);
+  if (route_smem > 48 * 1024)
+    return errorf(ErrorCode::kUnsupported, "moe_experts: {} experts > 6144", E);
+  moe_route_kernel<<<1, 1024, route_smem, c.stream>>>(a.idx, P, E, rb.offset, rb.active,
+                                                      rb.active_count, rb.list, rb.pos_of);
+  V4_CUDA_CHECK_LAUNCH("moe_route_kernel");
+
+  if (path == MoePath::kGemv || path == MoePath::kFused) {
+    auto* act = static_cast<float*>(c.get(kSlotF32A, need[kSlotF32A]));
+    auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
+    const int slots = int(std::min<int64_t>(E, P));
+    GemvArgs up;
+    up.w = a.w13;
+    up.x = a.x;
+    up.ldx = D;
+    up.y = act;
+    up.ldy = I;
+    up.n_out = I;
+    up.swiglu = true;
+    up.limit = a.swiglu_limit;
+    up.list = rb.list;
+    up.offset = rb.offset;
+    up.active = rb.active;
+    up.active_count = rb.active_count;
+    up.xdiv = a.topk;
+    const bool fused = path == MoePath::kFused;
+    V4_RETURN_IF_ERROR(fused ? wmma_gemm(up, slots, c.num_sms, c.stream)
+                             : wgemv(up, slots, c.num_sms, c.stream));
+    GemvArgs dn = up;
+    dn.w = a.w2;
+    dn.x = act;
+    dn.ldx = I;
+    dn.y = down;
+    dn.ldy = D;
+    dn.n_out = D;
+    dn.swiglu = false;
+    dn.xdiv = 1;
+    V4_RETURN_IF_ERROR(fused ? wmma_gemm(dn, slots, c.num_sms, c.stream)
+                             : wgemv(dn, slots, c.num_sms, c.stream));
+    moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 0);
+    V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+    return Status::Ok();
+  }
+
+  // Prefill-sized: read the per-expert offsets back (one sync), then per active expert
+  // cuBLASLt GEMMs on a bf16 copy of that expert, over expert-sorted rows.
+  std::vector<int32_t> off(size_t(E) + 1);
+  V4_CUDA_TRY(cudaMemcpyAsync(off.data(), rb.offset, off.size() * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, c.stream));
+  V4_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  auto* xs = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));
+  auto* gu = static_cast<float*>(c.get(kSlotF32A, need[kSlotF32A]));
+  auto* actb = static_cast<__nv_bfloat16*>(c.get(kSlotActBf16, need[kSlotActBf16]));
+  auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
+  gather_rows_bf16_kernel<<<grid_for(P * D, 256), 256, 0, c.stream>>>(a.x, D, rb.list,
+                                                                      rb.offset + E, a.topk, P, xs);
+  V4_CUDA_CHECK_LAUNCH("gather_rows_bf16_kernel");
+  for (int e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], n = off[e + 1] - off[e];
+    if (n <= 0) continue;
+    V4_ASSIGN_OR_RETURN(const __nv_bfloat16* w13, expert_bf16(a.w13, e, c, need[kSlotWBf16]));
+    V4_RETURN_IF_ERROR(c.gemm->bf16_strided(xs + r0 * D, D, w13, D, gu + r0 * 2 * I, 2 * int64_t(I),
+                                            OutType::kF32, n, 2 * int64_t(I), D, c.stream));
+  }
+  swiglu_bf16_kernel<<<grid_for(P * I, 256), 256, 0, c.stream>>>(gu, P, rb.offset + E, I,
+                                                                 a.swiglu_limit, actb);
+  V4_CUDA_CHECK_LAUNCH("swiglu_bf16_kernel");
+  for (int e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], n = off[e + 1] - off[e];
+    if (n <= 0) continue;
+    V4_ASSIGN_OR_RETURN(const __nv_bfloat16* w2, expert_bf16(a.w2, e, c, need[kSlotWBf16]));
+    V4_RETURN_IF_ERROR(c.gemm->bf16_strided(actb + r0 * I, I, w2, I, down + r0 * D, D,
+                                            OutType::kF32, n, D, I, c.stream));
+  }
+  moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, rb.pos_of, 1);
+  V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+  return Status::Ok();
+}
+
+}  // namespace v4::cuda

@@ -1,0 +1,39 @@
+// MoE experts of the CUDA backend (ops::Ops::moe_experts, dsv4-model.md §8) over native weight
+// formats, in the two precision modes of cuda_ops.h:
+//   moe_fp32  reference: one warp per output dot product (fixed order), dequantizing on the fly.
+//   moe_bf16  speed:
+//     - decode-sized calls (S·k < sync_min_pairs): (token, slot) pairs are routed to experts on
+//       the device (counts, offsets, active-expert list, pair lists; no host sync), then a grouped
+//       GEMV (wgemv over active experts × output tiles, every active expert's native weights read
+//       once for all its pairs, fp32 math) computes gate/up with the SwiGLU clamp fused, a second
+//       grouped GEMV the down projection per pair, and a combine sums the pairs of a token in
+//       j order. No allocation, no sync: graph-capturable.
+//     - the shared-expert form (E = 1) with more than gemv_max_rows rows: dense bf16 tensor-core
+//       GEMMs (cuBLASLt) on a bf16 copy of the one expert (no sync).
+//     - prefill-sized calls (S·k ≥ sync_min_pairs): the per-expert counts are read back (one sync)
+//       and every active expert runs cuBLASLt GEMMs on a bf16 dequantized copy of that expert.
+// Every path writes per-(token, slot) results first and combines them in j order (deterministic).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/status.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/wgemm.h"
+#include "ops/ops.h"
+
+namespace v4::cuda {
+
+/// Scratch bytes per slot that moe_experts needs for S rows, D hidden, I inter, E experts, top-k
+/// k in the given mode (the path the call takes), maxed into `bytes[kNumScratchSlots]`.
+void moe_scratch_bytes(bool bf16, int64_t S, int D, int I, int E, int k, const KernelContext& c,
+                       size_t* bytes);
+
+/// fp32-mode moe_experts (reference).
+Status moe_fp32(const ops::MoeArgs& a, const KernelContext& c);
+/// bf16-mode moe_experts (see the file comment).
+Status moe_bf16(const ops::MoeArgs& a, const KernelContext& c);
+
+}  // namespace v4::cuda

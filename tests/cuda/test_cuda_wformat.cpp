@@ -1,0 +1,734 @@
+// GPU tests of the native weight formats (bf16, FP8 128×128 blocks, MXFP4, f32) in both precision
+// modes of the CUDA backend: linear_w and moe_experts vs the CPU backend run on host-dequantized
+// f32 copies of the same weights (base/dtype.h conversions), outputs poisoned (NaN) before each
+// run. Tolerances (docs/cuda.md "Precision modes"):
+//   fp32 mode, and bf16 mode in its GEMV range (M ≤ gemv_max_rows, MoE below the sync threshold):
+//     max |Δ| / max |ref| ≤ 1e-5 (fp32 math on exact dequantized weights; only the summation order
+//     differs from the CPU).
+//   bf16 mode tensor-core range: per row max |Δ| / max |ref row| ≤ 2e-2. x (and act) are rounded to
+//     bf16 (relative 2^-9) and W is exact in bf16 for bf16/ue8m0-FP8/MXFP4 (rounded for FP8 with
+//     non-power-of-two scales); with fp32 accumulation the error of a K-term dot product grows like
+//     2^-9·sqrt(K)·rms(x·w), a few 1e-3 of the row's largest output at these sizes.
+// Batch invariance: fp32 mode, and bf16 mode in the GEMV range (M ≤ 32; bf16-stored weights: M
+// within one shared-memory pass, see cuda::linear_bf16_uses_gemv), give bit-identical rows when M
+// changes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "cuda_test_util.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/wgemm.h"
+#include "ops/ops.h"
+
+namespace v4::ops {
+namespace {
+
+using cuda::testing::Dev;
+using cuda::testing::rand_int;
+using cuda::testing::randn;
+using cuda::testing::test_seed;
+
+constexpr double kTolFp32 = 1e-5;
+constexpr double kTolTensorCore = 2e-2;
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Ops* cpu() {
+  static auto o = make_cpu_ops();
+  return o.get();
+}
+Ops* gpu(Precision p) {
+  static std::map<int, std::unique_ptr<Ops>> ops;
+  auto& o = ops[int(p)];
+  if (!o) {
+    CudaOptions opt;
+    opt.precision = p;
+    auto r = make_cuda_ops(opt);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (r.ok()) o = std::move(r).value();
+  }
+  return o.get();
+}
+
+// bf16 mode with the fused tensor-core kernel enabled (CudaOptions::fused_tensor_cores).
+Ops* gpu_fused() {
+  static std::unique_ptr<Ops> o = [] {
+    CudaOptions opt;
+    opt.precision = Precision::kBf16;
+    opt.fused_tensor_cores = true;
+    auto r = make_cuda_ops(opt);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }();
+  return o.get();
+}
+
+// Fast deterministic bytes (splitmix64) for large weight tensors.
+struct Bits {
+  uint64_t s;
+  explicit Bits(uint64_t seed) : s(seed) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(next() >> 40) / float(1 << 24); }  // [0, 1)
+};
+uint64_t fresh_seed() {
+  static uint64_t n = 0;
+  return test_seed() * 1000003ull + (++n);
+}
+
+/// Host weights of E experts × rows × K in format f, with their exact f32 dequantization.
+struct HostW {
+  WFormat f = WFormat::kF32;
+  int64_t E = 1, rows = 0, K = 0;
+  std::vector<uint8_t> data, scale;
+  float at(int64_t e, int64_t r, int64_t k) const {
+    const int64_t row = e * rows + r;
+    switch (f) {
+      case WFormat::kF32: {
+        float v;
+        std::memcpy(&v, &data[size_t(row * K + k) * 4], 4);
+        return v;
+      }
+      case WFormat::kBF16: {
+        uint16_t h;
+        std::memcpy(&h, &data[size_t(row * K + k) * 2], 2);
+        return bf16_to_f32(h);
+      }
+      case WFormat::kFP8Block: {
+        const int64_t rb = (rows + 127) / 128, kb = (K + 127) / 128;
+        float s;
+        std::memcpy(&s, &scale[size_t((e * rb + r / 128) * kb + k / 128) * 4], 4);
+        return fp8e4m3_to_f32(data[size_t(row * K + k)]) * s;
+      }
+      case WFormat::kMXFP4: {
+        const uint8_t b = data[size_t(row * (K / 2) + k / 2)];
+        const uint8_t nib = (k & 1) ? (b >> 4) : (b & 0xf);
+        return fp4e2m1_to_f32(nib) * ue8m0_to_f32(scale[size_t(row * (K / 32) + k / 32)]);
+      }
+    }
+    return 0.f;
+  }
+  /// Rows [r0, r0 + n) of expert e as f32 [n, K].
+  std::vector<float> f32(int64_t e, int64_t r0, int64_t n) const {
+    std::vector<float> out(size_t(n * K));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t k = 0; k < K; ++k) out[size_t(r * K + k)] = at(e, r0 + r, k);
+    return out;
+  }
+};
+
+/// Random weights with |W| around `amp`. FP8 scales: powers of two (as ue8m0 checkpoints) or,
+/// with pow2 = false, arbitrary positive f32. MXFP4 scales: ue8m0 bytes.
+HostW make_weights(WFormat f, int64_t E, int64_t rows, int64_t K, float amp, bool pow2 = true) {
+  HostW w;
+  w.f = f;
+  w.E = E;
+  w.rows = rows;
+  w.K = K;
+  Bits g(fresh_seed());
+  const int64_t n = E * rows * K;
+  switch (f) {
+    case WFormat::kF32: {
+      w.data.resize(size_t(n) * 4);
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = (g.uniform() * 2.f - 1.f) * amp * 1.7f;
+        std::memcpy(&w.data[size_t(i) * 4], &v, 4);
+      }
+      break;
+    }
+    case WFormat::kBF16: {
+      w.data.resize(size_t(n) * 2);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16((g.uniform() * 2.f - 1.f) * amp * 1.7f);
+        std::memcpy(&w.data[size_t(i) * 2], &h, 2);
+      }
+      break;
+    }
+    case WFormat::kFP8Block: {
+      w.data.resize(size_t(n));
+      for (int64_t i = 0; i < n; i += 8) {
+        uint64_t r = g.next();
+        for (int b = 0; b < 8 && i + b < n; ++b, r >>= 8) {
+          // exponent field ≤ 9 (|v| ≤ 7.5): well-scaled values, no NaN (0x7f / 0xff)
+          uint8_t v = uint8_t(r & 0xff);
+          if (((v >> 3) & 0xf) > 9) v = uint8_t(v & 0xcf);
+          w.data[size_t(i + b)] = v;
+        }
+      }
+      const int64_t rb = (rows + 127) / 128, kb = (K + 127) / 128;
+      w.scale.resize(size_t(E * rb * kb) * 4);
+      for (int64_t i = 0; i < E * rb * kb; ++i) {
+        const int e0 = int(std::lround(std::log2(amp * 0.25f)));
+        const float s = pow2 ? std::ldexp(1.f, e0 + int(g.next() % 3) - 1)  // ue8m0-like
+                             : amp * (0.1f + 0.3f * g.uniform());
+        std::memcpy(&w.scale[size_t(i) * 4], &s, 4);
+      }
+      break;
+    }
+    case WFormat::kMXFP4: {
+      w.data.resize(size_t(n / 2));
+      for (size_t i = 0; i < w.data.size(); i += 8) {
+        uint64_t r = g.next();
+        for (size_t b = 0; b < 8 && i + b < w.data.size(); ++b, r >>= 8) w.data[i + b] = uint8_t(r);
+      }
+      const int e0 = int(std::lround(std::log2(amp / 2.f))) + 127;  // |e2m1| averages ~2.6
+      w.scale.resize(size_t(E * rows * (K / 32)));
+      for (auto& s : w.scale) s = uint8_t(e0 - 1 + int(g.next() % 3));
+      break;
+    }
+  }
+  return w;
+}
+
+/// Device copy of HostW and views into it.
+struct DevW {
+  Dev<uint8_t> data, scale;
+  const HostW* h = nullptr;
+  explicit DevW(const HostW& hw) : data(hw.data), scale(hw.scale), h(&hw) {}
+  WeightView view(int64_t row0, int64_t n) const {
+    WeightView v;
+    v.data = data.p;
+    v.scale = scale.n ? scale.p : nullptr;
+    v.format = h->f;
+    v.n = n;
+    v.k = h->K;
+    v.experts = h->E;
+    v.row0 = row0;
+    v.rows_total = h->rows;
+    return v;
+  }
+};
+
+struct Err {
+  double rel = 0;         // max |Δ| / max |ref| over everything
+  double row_rel = 0;     // max over rows of max |Δ| / max |ref row|
+  int64_t bad_row = -1;   // row of the largest row_rel
+  int64_t unwritten = 0;  // NaN outputs
+  int64_t clobbered = 0;  // padding columns written
+};
+
+/// Compares y [M, N] (stride ldy) with ref (same layout); padding columns of y must stay NaN.
+Err compare(const std::vector<float>& y, const std::vector<float>& ref, int64_t M, int64_t N,
+            int64_t ldy) {
+  Err e;
+  double num = 0, den = 1e-30;
+  for (int64_t i = 0; i < M; ++i) {
+    double rn = 0, rd = 1e-30;
+    for (int64_t j = 0; j < ldy; ++j) {
+      const float a = y[size_t(i * ldy + j)];
+      if (j >= N) {
+        e.clobbered += !std::isnan(a);
+        continue;
+      }
+      const float b = ref[size_t(i * ldy + j)];
+      if (std::isnan(a)) {
+        ++e.unwritten;
+        continue;
+      }
+      rn = std::max(rn, double(std::fabs(a - b)));
+      rd = std::max(rd, double(std::fabs(b)));
+    }
+    num = std::max(num, rn);
+    den = std::max(den, rd);
+    if (rn / rd > e.row_rel) {
+      e.row_rel = rn / rd;
+      e.bad_row = i;
+    }
+  }
+  e.rel = num / den;
+  return e;
+}
+
+const char* mode_name(Precision p) {
+  return precision_name(p);
+}
+
+// Whether linear_w takes the bf16 tensor-core path (the backend's own predicate, default options).
+bool uses_tensor_cores(Precision p, const WeightView& w, int64_t M) {
+  return p == Precision::kBf16 && !cuda::linear_bf16_uses_gemv(w, M, CudaOptions{}.gemv_max_rows);
+}
+
+// One linear_w case: GPU (mode p) vs cpu()->linear on the dequantized rows; returns the GPU rows.
+std::vector<float> check_linear(Precision p, const HostW& hw, const DevW& dw, int64_t row0,
+                                int64_t N, int64_t M, const std::vector<float>& x, int64_t ldx,
+                                const std::vector<float>& wref, bool fused = false) {
+  const int64_t K = hw.K, ldy = N + 3;
+  std::vector<float> ref(size_t(M * ldy), kNaN);
+  cpu()->linear(x.data(), ldx, wref.data(), M, N, K, ref.data(), ldy);
+  Dev<float> dx(x), dy(size_t(M * ldy));
+  dy.poison();
+  Ops* g = fused ? gpu_fused() : gpu(p);
+  g->linear_w(dx.p, ldx, dw.view(row0, N), M, dy.p, ldy);
+  g->synchronize();
+  auto y = dy.host();
+  const Err e = compare(y, ref, M, N, ldy);
+  const bool tensor_core = uses_tensor_cores(p, dw.view(row0, N), M);
+  const double tol = tensor_core ? kTolTensorCore : kTolFp32;
+  const double err = tensor_core ? e.row_rel : e.rel;
+  EXPECT_EQ(e.unwritten, 0) << "outputs never written";
+  EXPECT_EQ(e.clobbered, 0) << "padding columns of y written";
+  EXPECT_LE(err, tol) << (tensor_core ? "worst row " : "") << e.bad_row << " (row rel " << e.row_rel
+                      << ", overall rel " << e.rel << ")";
+  std::printf("[wformat] linear_w %-9s %s%s N=%lld K=%lld row0=%lld M=%lld: err %.3g (tol %.0e)\n",
+              wformat_name(hw.f), mode_name(p), fused ? "+fused" : "", (long long)N, (long long)K,
+              (long long)row0, (long long)M, err, tol);
+  return y;
+}
+
+struct LinCase {
+  WFormat f;
+  int64_t rows_total, row0, N, K;
+  std::vector<int64_t> Ms;
+  bool pow2 = true;
+};
+
+void run_linear_cases(const std::vector<LinCase>& cases, bool fused = false) {
+  for (const auto& c : cases) {
+    const HostW hw = make_weights(c.f, 1, c.rows_total, c.K, 1.f / std::sqrt(float(c.K)), c.pow2);
+    const DevW dw(hw);
+    const std::vector<float> wref = hw.f32(0, c.row0, c.N);
+    const std::vector<Precision> modes =
+        fused ? std::vector<Precision>{Precision::kBf16}
+              : std::vector<Precision>{Precision::kFp32, Precision::kBf16};
+    for (Precision p : modes) {
+      SCOPED_TRACE(::testing::Message()
+                   << wformat_name(c.f) << " " << mode_name(p) << " N=" << c.N << " K=" << c.K
+                   << " row0=" << c.row0 << " rows_total=" << c.rows_total);
+      const int64_t Mmax = *std::max_element(c.Ms.begin(), c.Ms.end());
+      const int64_t ldx = c.K + 5;
+      const auto x = randn(size_t(Mmax * ldx));
+      const int64_t ldy = c.N + 3;
+      std::vector<float> first;
+      for (int64_t M : c.Ms) {
+        SCOPED_TRACE(::testing::Message() << "M=" << M);
+        std::vector<float> xm(x.begin(), x.begin() + M * ldx);
+        auto y = check_linear(p, hw, dw, c.row0, c.N, M, xm, ldx, wref, fused);
+        // Batch invariance: row 0 (same x row in every call) is bit-identical across M wherever
+        // the mode promises it (fp32 always; bf16 within the GEMV range).
+        const bool invariant = !uses_tensor_cores(p, dw.view(c.row0, c.N), M);
+        if (!invariant) continue;
+        std::vector<float> row0(y.begin(), y.begin() + c.N);
+        if (first.empty()) {
+          first = row0;
+        } else {
+          int64_t diff = 0;
+          for (int64_t j = 0; j < c.N; ++j)
+            diff += std::memcmp(&first[size_t(j)], &row0[size_t(j)], 4) != 0;
+          EXPECT_EQ(diff, 0) << "row 0 differs bitwise from the first M's row 0 in " << diff
+                             << " of " << c.N << " outputs (batch invariance)";
+        }
+      }
+      (void)ldy;
+    }
+  }
+}
+
+// Path selection of the bf16 mode (host logic, no GPU needed): the documented rules.
+TEST(CudaWFormat, Bf16PathSelection) {
+  alignas(16) static uint8_t dummy[64];
+  auto view = [&](WFormat f, int64_t n, int64_t k) {
+    WeightView v;
+    v.data = dummy;
+    v.scale = dummy;
+    v.format = f;
+    v.n = n;
+    v.k = k;
+    v.rows_total = n;
+    return v;
+  };
+  const int64_t G = CudaOptions{}.gemv_max_rows;
+  EXPECT_EQ(G, 32);
+  // FP8 / MXFP4 / f32: the GEMV up to 32 rows, whatever K.
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kF32})
+    for (int64_t k : {1024, 4096, 8192}) {
+      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 1, G));
+      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, G));
+      EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 33, G));
+    }
+  // bf16-stored weights: only within one shared-memory pass (96 KiB of f32 x rows).
+  EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 129280, 4096)), 6);
+  EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 1024, 1024)), 8);
+  EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kFP8Block, 4096, 8192)), 3);
+  EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 6, G));
+  EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 7, G));
+  // MXFP4 needs K % 32 == 0 and 16-byte aligned data; huge K does not fit shared memory.
+  WeightView odd = view(WFormat::kMXFP4, 64, 4096);
+  odd.data = dummy + 8;
+  EXPECT_FALSE(cuda::wgemv_supported(odd));
+  EXPECT_FALSE(cuda::wgemv_supported(view(WFormat::kFP8Block, 64, 1 << 20)));
+  // Scratch: decode-sized FP8 calls need none; prefill-sized ones x and W as bf16.
+  cuda::KernelContext c;
+  size_t b[cuda::kNumScratchSlots] = {};
+  cuda::linear_scratch_bytes(32, 1024, 4096, false, c, b);
+  for (size_t v : b) EXPECT_EQ(v, 0u);
+  cuda::linear_scratch_bytes(200, 1024, 4096, false, c, b);
+  EXPECT_EQ(b[cuda::kSlotXBf16], size_t(200 * 4096 * 2));
+  EXPECT_EQ(b[cuda::kSlotWBf16], size_t(1024 * 4096 * 2));
+}
+
+#define V4_GPU()                             \
+  V4_REQUIRE_GPU();                          \
+  ASSERT_NE(gpu(Precision::kFp32), nullptr); \
+  ASSERT_NE(gpu(Precision::kBf16), nullptr);
+
+TEST(CudaWFormat, SupportsAllFormats) {
+  V4_GPU();
+  for (Precision p : {Precision::kFp32, Precision::kBf16})
+    for (WFormat f : {WFormat::kF32, WFormat::kBF16, WFormat::kFP8Block, WFormat::kMXFP4})
+      EXPECT_TRUE(gpu(p)->supports(f)) << wformat_name(f);
+}
+
+// Odd sizes: N, K not multiples of the tiles / the 128-blocks / 16-byte rows; all M of the brief.
+TEST(CudaWFormat, LinearOddSizes) {
+  V4_GPU();
+  const std::vector<int64_t> Ms = {1, 3, 17, 33, 200};
+  run_linear_cases({
+      {WFormat::kF32, 70, 0, 70, 67, Ms},
+      {WFormat::kF32, 300, 37, 200, 1000, Ms},               // unaligned row slice
+      {WFormat::kBF16, 129, 0, 129, 333, Ms},                // K % 8 != 0: unaligned rows
+      {WFormat::kBF16, 300, 37, 200, 1000, Ms},              // unaligned row slice
+      {WFormat::kFP8Block, 200, 0, 200, 300, Ms},            // K % 16 != 0
+      {WFormat::kFP8Block, 257, 0, 257, 1040, Ms},           // partial 128-blocks both ways
+      {WFormat::kFP8Block, 520, 256, 264, 1040, Ms, false},  // row slice at 128·2, f32 scales
+      {WFormat::kMXFP4, 67, 0, 67, 96, Ms},                  // partial 1024-column chunk
+      {WFormat::kMXFP4, 300, 5, 200, 2080, Ms},              // per-row scales: any row0
+  });
+}
+
+// V4-Flash shapes (N, K): wq_a (1024, 4096), wq_b (32768, 1024), wkv (512, 4096), wo_b
+// (4096, 8192), a wo_a group (rows [3072, 4096) of [8192, 4096]), indexer wq_b (8192, 1024).
+TEST(CudaWFormat, LinearV4FlashShapes) {
+  V4_GPU();
+  const std::vector<int64_t> Ms = {1, 3, 17, 33, 200};
+  std::vector<LinCase> cases;
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kBF16, WFormat::kMXFP4, WFormat::kF32}) {
+    cases.push_back({f, 1024, 0, 1024, 4096, Ms});
+    cases.push_back({f, 32768, 0, 32768, 1024, {1, 17, 200}});
+    cases.push_back({f, 512, 0, 512, 4096, Ms});
+    cases.push_back({f, 4096, 0, 4096, 8192, {1, 33, 200}});
+    cases.push_back({f, 8192, 3072, 1024, 4096, Ms});
+  }
+  cases.push_back({WFormat::kFP8Block, 8192, 0, 8192, 1024, {1, 33}});
+  run_linear_cases(cases);
+}
+
+// The lm_head: bf16 [129280, 4096].
+TEST(CudaWFormat, LinearHeadBf16) {
+  V4_GPU();
+  run_linear_cases({{WFormat::kBF16, 129280, 0, 129280, 4096, {1, 3, 33}}});
+}
+
+// ---- moe_experts
+// ---------------------------------------------------------------------------------
+
+struct MoeCase {
+  WFormat f;
+  int D, I, E, k;
+  int64_t S;
+  float limit;
+  int pool = 0;         // > 0: route only to `pool` distinct experts (host reference memory)
+  bool shared = false;  // shared-expert form: E = 1, k = 1, weight 1
+};
+
+void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused = false) {
+  const HostW w13 = make_weights(c.f, c.E, 2 * int64_t(c.I), c.D, 1.f / std::sqrt(float(c.D)));
+  const HostW w2 = make_weights(c.f, c.E, c.D, c.I, 1.f / std::sqrt(float(c.I)));
+  const DevW d13(w13), d2(w2);
+  const int64_t S = c.S, P = S * c.k;
+  auto x = randn(size_t(S * c.D), 2.f);
+  std::vector<int32_t> idx(static_cast<size_t>(P));
+  std::vector<int> pool;
+  if (c.pool > 0) {
+    std::set<int> s;
+    while (int(s.size()) < std::min(c.pool, c.E)) s.insert(rand_int(0, c.E - 1));
+    pool.assign(s.begin(), s.end());
+  }
+  for (auto& e : idx)
+    e = pool.empty() ? rand_int(0, c.E - 1) : pool[size_t(rand_int(0, int(pool.size()) - 1))];
+  std::vector<float> wt(static_cast<size_t>(P));
+  if (c.shared) {
+    std::fill(idx.begin(), idx.end(), 0);
+    std::fill(wt.begin(), wt.end(), 1.f);
+  } else {
+    wt = randn(size_t(P));
+  }
+  // CPU reference on f32 copies of the experts that are used (compact ids).
+  std::map<int, int> compact;
+  for (int32_t e : idx) compact.emplace(e, 0);
+  int next = 0;
+  for (auto& [e, id] : compact) id = next++;
+  const int U = next;
+  std::vector<float> r13, r2;
+  r13.reserve(size_t(U) * 2 * c.I * c.D);
+  r2.reserve(size_t(U) * c.D * c.I);
+  for (auto& [e, id] : compact) {
+    auto a = w13.f32(e, 0, 2 * int64_t(c.I));
+    auto b = w2.f32(e, 0, c.D);
+    r13.insert(r13.end(), a.begin(), a.end());
+    r2.insert(r2.end(), b.begin(), b.end());
+  }
+  std::vector<int32_t> cidx(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) cidx[i] = compact[idx[i]];
+  MoeArgs a;
+  a.n_rows = S;
+  a.hidden = c.D;
+  a.inter = c.I;
+  a.topk = c.k;
+  a.swiglu_limit = c.limit;
+  std::vector<float> ref(size_t(S * c.D), kNaN);
+  {
+    MoeArgs ac = a;
+    ac.n_experts = U;
+    ac.x = x.data();
+    ac.w13 = WeightView::f32(r13.data(), 2 * int64_t(c.I), c.D);
+    ac.w13.experts = U;
+    ac.w2 = WeightView::f32(r2.data(), c.D, c.I);
+    ac.w2.experts = U;
+    ac.idx = cidx.data();
+    ac.weight = wt.data();
+    ac.out = ref.data();
+    cpu()->moe_experts(ac);
+  }
+  Dev<float> dx(x), dwt(wt), dout(ref.size());
+  Dev<int32_t> didx(idx);
+  for (Precision p : modes) {
+    SCOPED_TRACE(::testing::Message()
+                 << wformat_name(c.f) << " " << mode_name(p) << " D=" << c.D << " I=" << c.I
+                 << " E=" << c.E << " k=" << c.k << " S=" << S);
+    dout.poison();
+    MoeArgs ag = a;
+    ag.n_experts = c.E;
+    ag.x = dx.p;
+    ag.w13 = d13.view(0, 2 * int64_t(c.I));
+    ag.w2 = d2.view(0, c.D);
+    ag.idx = didx.p;
+    ag.weight = dwt.p;
+    ag.out = dout.p;
+    Ops* g = fused && p == Precision::kBf16 ? gpu_fused() : gpu(p);
+    g->moe_experts(ag);
+    g->synchronize();
+    const Err e = compare(dout.host(), ref, S, c.D, c.D);
+    const CudaOptions def;
+    const bool tensor_core =
+        p == Precision::kBf16 &&
+        (fused ? S >= def.moe_fused_min_rows
+               : ((c.E == 1 && S > def.gemv_max_rows) || P >= def.moe_sync_min_pairs));
+    const double tol = tensor_core ? kTolTensorCore : kTolFp32;
+    const double err = tensor_core ? e.row_rel : e.rel;
+    EXPECT_EQ(e.unwritten, 0) << "outputs never written";
+    EXPECT_LE(err, tol) << "worst row " << e.bad_row << " (row rel " << e.row_rel
+                        << ", overall rel " << e.rel << ")";
+    std::printf(
+        "[wformat] moe %-9s %s%s D=%d I=%d E=%d k=%d S=%lld (%d experts used): err %.3g (tol "
+        "%.0e)\n",
+        wformat_name(c.f), mode_name(p), fused ? "+fused" : "", c.D, c.I, c.E, c.k, (long long)S, U,
+        err, tol);
+  }
+}
+
+TEST(CudaWFormat, MoeSmall) {
+  V4_GPU();
+  for (WFormat f : {WFormat::kF32, WFormat::kBF16, WFormat::kFP8Block, WFormat::kMXFP4}) {
+    const bool fp4 = f == WFormat::kMXFP4;
+    run_moe({f, 256, 128, 8, 3, 5, 10.f}, {Precision::kFp32, Precision::kBf16});
+    run_moe({f, fp4 ? 96 : 67, fp4 ? 64 : 33, 8, 2, 4, 0.f}, {Precision::kFp32, Precision::kBf16});
+    run_moe({f, 256, 128, 8, 6, 40, 10.f}, {Precision::kFp32, Precision::kBf16});
+    // shared-expert form, decode-sized and prefill-sized (tensor cores in bf16 mode)
+    run_moe({f, 512, 256, 1, 1, 9, 10.f, 0, true}, {Precision::kFp32, Precision::kBf16});
+    run_moe({f, 512, 256, 1, 1, 100, 10.f, 0, true}, {Precision::kFp32, Precision::kBf16});
+    // prefill-sized routed call: S·k ≥ moe_sync_min_pairs → per-expert cuBLASLt in bf16 mode
+    run_moe({f, 256, 128, 8, 6, 700, 10.f}, {Precision::kBf16});
+  }
+}
+
+// V4-Flash experts: E = 256, D = 4096, I = 2048, k = 6, MXFP4, duplicates allowed; S = 1, 64, 256
+// (decode: grouped GEMV, no sync). The host reference holds f32 copies of the experts used only,
+// so S = 64 and 256 route to a pool of 24 experts (the device still holds all 256).
+TEST(CudaWFormat, MoeV4Flash) {
+  V4_GPU();
+  for (int64_t S : {1, 64, 256})
+    run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, S, 10.f, S == 1 ? 0 : 24}, {Precision::kBf16});
+  // fp32 reference mode at decode size
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 1, 10.f}, {Precision::kFp32});
+  // prefill-sized: one sync, per-expert cuBLASLt
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 1024, 10.f, 12}, {Precision::kBf16});
+  // the shared expert: FP8, E = 1, k = 1, weight 1
+  for (int64_t S : {1, 64, 256})
+    run_moe({WFormat::kFP8Block, 4096, 2048, 1, 1, S, 10.f, 0, true},
+            {Precision::kFp32, Precision::kBf16});
+}
+
+// The fused tensor-core kernel (CudaOptions::fused_tensor_cores, off by default until these pass
+// on the device): linear_w above the GEMV range and moe_experts with S ≥ 16, every stored format
+// it reads (bf16, FP8, MXFP4; K % 64 == 0), M and N edges, row slices, several M tiles.
+TEST(CudaWFormat, FusedLinear) {
+  V4_GPU();
+  ASSERT_NE(gpu_fused(), nullptr);
+  std::vector<LinCase> cases;
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kBF16}) {
+    cases.push_back({f, 1024, 0, 1024, 4096, {1, 33, 64, 200}});
+    cases.push_back({f, 257, 0, 257, 1024, {40, 129}});   // N and M edges
+    cases.push_back({f, 8192, 3072, 1024, 4096, {100}});  // wo_a group slice
+    cases.push_back({f, 4096, 0, 4096, 8192, {65}});
+    cases.push_back({f, 300, 0, 300, 1040, {50}});  // K % 64 != 0: fallback path
+  }
+  cases.push_back({WFormat::kFP8Block, 520, 256, 264, 1024, {300}, false});  // f32 scales
+  cases.push_back({WFormat::kFP8Block, 2048, 0, 2048, 1024, {1000}});        // 16 M tiles
+  run_linear_cases(cases, true);
+}
+
+TEST(CudaWFormat, FusedMoe) {
+  V4_GPU();
+  ASSERT_NE(gpu_fused(), nullptr);
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kBF16}) {
+    for (int64_t S : {4, 16, 64, 300})
+      run_moe({f, 256, 128, 8, 6, S, 10.f}, {Precision::kBf16}, true);
+    run_moe({f, 512, 256, 1, 1, 100, 10.f, 0, true}, {Precision::kBf16}, true);  // shared form
+  }
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 64, 10.f, 24}, {Precision::kBf16}, true);
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 256, 10.f, 24}, {Precision::kBf16}, true);
+}
+
+// Scratch sized by reserve_cuda_scratch: decode-sized calls within the bounds then allocate
+// nothing. Checked by running them while another stream captures in global mode, where
+// cudaMalloc (a growing scratch buffer) is refused. Outputs equal an eager run bit for bit.
+TEST(CudaWFormat, ReservedScratchNeedsNoAllocation) {
+  V4_GPU();
+  auto make = [] {
+    CudaOptions o;
+    o.precision = Precision::kBf16;
+    auto r = make_cuda_ops(o);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? std::move(r).value() : nullptr;
+  };
+  auto ops = make();
+  ASSERT_TRUE(ops);
+  const int64_t S = 32;
+  CudaScratchBounds b;
+  b.max_rows = S;
+  b.max_n = 1024;
+  b.max_k = 4096;
+  b.hidden = 512;
+  b.inter = 256;
+  b.experts = 8;
+  b.topk = 6;
+  ASSERT_TRUE(reserve_cuda_scratch(ops.get(), b).ok());
+  EXPECT_FALSE(reserve_cuda_scratch(cpu(), b).ok());
+  const HostW w13 = make_weights(WFormat::kMXFP4, 8, 512, 512, 0.05f);
+  const HostW w2 = make_weights(WFormat::kMXFP4, 8, 512, 256, 0.05f);
+  const HostW wl = make_weights(WFormat::kFP8Block, 1, 1024, 4096, 0.02f);
+  const DevW d13(w13), d2(w2), dl(wl);
+  auto x = randn(size_t(S * 4096));
+  std::vector<int32_t> idx(size_t(S * 6));
+  for (auto& e : idx) e = rand_int(0, 7);
+  auto wt = randn(idx.size());
+  Dev<float> dx(x), dwt(wt), dmoe(size_t(S * 512)), dlin(size_t(S * 1024));
+  Dev<int32_t> didx(idx);
+  MoeArgs a;
+  a.x = dx.p;
+  a.w13 = d13.view(0, 512);
+  a.w2 = d2.view(0, 512);
+  a.idx = didx.p;
+  a.weight = dwt.p;
+  a.n_rows = S;
+  a.hidden = 512;
+  a.inter = 256;
+  a.n_experts = 8;
+  a.topk = 6;
+  a.swiglu_limit = 10.f;
+  a.out = dmoe.p;
+  auto run_under_capture = [&](Ops* o, bool strict) {
+    cudaStream_t side;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(side, cudaStreamCaptureModeGlobal), cudaSuccess);
+    bool ok = true;
+    try {
+      o->moe_experts(a);
+      o->linear_w(dx.p, 4096, dl.view(0, 1024), S, dlin.p, 1024);
+    } catch (const std::exception& ex) {
+      ok = false;
+      std::printf("[wformat] under capture: %s\n", ex.what());
+    }
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(side, &g);
+    if (strict) {
+      EXPECT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+    }
+    (void)cudaGetLastError();
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(side);
+    try {
+      o->synchronize();
+    } catch (const std::exception& ex) {
+      ok = false;
+      std::printf("[wformat] after capture: %s\n", ex.what());
+    }
+    return ok;
+  };
+  dmoe.poison();
+  dlin.poison();
+  EXPECT_TRUE(run_under_capture(ops.get(), true)) << "a reserved backend allocated or synchronized";
+  const auto moe1 = dmoe.host(), lin1 = dlin.host();
+  dmoe.poison();
+  dlin.poison();
+  ops->moe_experts(a);
+  ops->linear_w(dx.p, 4096, dl.view(0, 1024), S, dlin.p, 1024);
+  ops->synchronize();
+  const auto moe_eager = dmoe.host(), lin_eager = dlin.host();
+  EXPECT_EQ(std::memcmp(moe1.data(), moe_eager.data(), moe1.size() * 4), 0)
+      << "moe_experts: same inputs, different bits";
+  EXPECT_EQ(std::memcmp(lin1.data(), lin_eager.data(), lin1.size() * 4), 0)
+      << "linear_w: same inputs, different bits";
+  for (float v : moe1) ASSERT_FALSE(std::isnan(v)) << "moe_experts output never written";
+  // Control (printed, not asserted: whether cudaMalloc is refused under global capture is the
+  // driver's business): the same calls on a backend without reserve.
+  {
+    auto fresh = make();
+    ASSERT_TRUE(fresh);
+    std::printf("[wformat] control without reserve under capture: %s\n",
+                run_under_capture(fresh.get(), false) ? "ran (allocation allowed by the driver)"
+                                                      : "refused, as expected");
+  }
+  // The backend's own graph capture (Ops::capture): a reserved backend captures the decode-sized
+  // calls and replays them bit-identically; a fresh one (scratch never sized) fails the capture
+  // (returns nullptr) instead of capturing a too-small buffer.
+  if (ops->supports_graphs()) {
+    auto body = [&] {
+      ops->moe_experts(a);
+      ops->linear_w(dx.p, 4096, dl.view(0, 1024), S, dlin.p, 1024);
+    };
+    dmoe.poison();
+    dlin.poison();
+    auto graph = ops->capture(body);
+    ASSERT_TRUE(graph) << "capture of reserved decode-sized calls failed";
+    graph->replay();
+    ops->synchronize();
+    EXPECT_EQ(std::memcmp(dmoe.host().data(), moe_eager.data(), moe_eager.size() * 4), 0)
+        << "graph replay of moe_experts differs from eager";
+    EXPECT_EQ(std::memcmp(dlin.host().data(), lin_eager.data(), lin_eager.size() * 4), 0)
+        << "graph replay of linear_w differs from eager";
+    auto fresh = make();
+    ASSERT_TRUE(fresh);
+    auto bad = fresh->capture([&] { fresh->moe_experts(a); });
+    EXPECT_FALSE(bad) << "capture needing scratch growth must fail";
+    fresh->moe_experts(a);  // eager: grows the scratch, then capture works
+    fresh->synchronize();
+    EXPECT_TRUE(fresh->capture([&] { fresh->moe_experts(a); }));
+  }
+}
+
+}  // namespace
+}  // namespace v4::ops
