@@ -115,30 +115,34 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
   kv->opt_ = opt;
   kv->alloc_ = std::move(alloc);
   kv->free_ = std::move(free);
-  auto get = [&](int64_t n_floats) {
+  int layer = 0;
+  auto get = [&](int64_t n_floats, const char* name) {
     void* p = kv->alloc_(size_t(n_floats) * sizeof(float));
     kv->allocations_.push_back(p);
+    kv->buffers_.push_back({name, layer, static_cast<float*>(p), n_floats});
     return static_cast<float*>(p);
   };
   const int64_t tokens = opt.n_pages * opt.page_size;
   const int64_t swa_tokens = opt.n_swa_pages * opt.page_size;
   for (const auto& l : spec.layers) {
     LayerPools p;
-    p.swa = get(swa_tokens * l.kv_dim);
+    p.swa = get(swa_tokens * l.kv_dim, "swa");
     if (l.kind != AttnKind::kSliding) {
       const int c = overlap_of(l.kind);
-      p.comp = get(tokens / l.ratio * l.kv_dim);
+      const bool csa = l.kind == AttnKind::kCsa;
+      p.comp = get(tokens / l.ratio * l.kv_dim, csa ? "c4_kv" : "c128_kv");
       const int64_t ring = int64_t(opt.max_seqs) * c * l.ratio;
-      p.ring_kv[0] = get(ring * c * l.kv_dim);
-      p.ring_gate[0] = get(ring * c * l.kv_dim);
-      if (l.kind == AttnKind::kCsa) {
-        p.index = get(tokens / l.ratio * l.index_dim);
+      p.ring_kv[0] = get(ring * c * l.kv_dim, "ring_kv");
+      p.ring_gate[0] = get(ring * c * l.kv_dim, "ring_gate");
+      if (csa) {
+        p.index = get(tokens / l.ratio * l.index_dim, "c4_index");
         const int64_t iring = int64_t(opt.max_seqs) * 2 * l.ratio;
-        p.ring_kv[1] = get(iring * 2 * l.index_dim);
-        p.ring_gate[1] = get(iring * 2 * l.index_dim);
+        p.ring_kv[1] = get(iring * 2 * l.index_dim, "index_ring_kv");
+        p.ring_gate[1] = get(iring * 2 * l.index_dim, "index_ring_gate");
       }
     }
     kv->layers_.push_back(p);
+    ++layer;
   }
   for (int64_t i = opt.n_pages - 1; i >= 0; --i) kv->free_pages_.push_back(int32_t(i));
   for (int64_t i = opt.n_swa_pages - 1; i >= 0; --i) kv->free_swa_pages_.push_back(int32_t(i));
@@ -234,6 +238,43 @@ void KvCache::commit(int32_t seq, int64_t new_length) {
       s.swa_pages[p] = -1;
       s.version = next_stamp();
     }
+}
+
+std::pair<int64_t, int64_t> KvCache::fast_forward_pages(int64_t n) const {
+  const int64_t P = opt_.page_size;
+  const int64_t pages = (n + P - 1) / P;
+  const int64_t first_swa = std::max<int64_t>(0, n - (spec_.sliding_window - 1)) / P;
+  return {pages, std::max<int64_t>(0, pages - first_swa)};
+}
+
+Status KvCache::fast_forward(int32_t seq, int64_t n) {
+  if (!valid(seq))
+    return make_error(ErrorCode::kInvalidArgument, "KV cache: unknown sequence {}", seq);
+  Seq& s = seqs_[seq];
+  if (s.length != 0 || !s.pages.empty() || n < 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV cache: fast_forward needs an empty sequence and n_tokens >= 0 (sequence "
+                      "{} holds {} tokens, n_tokens {})",
+                      seq, s.length, n);
+  const auto [pages, swa] = fast_forward_pages(n);
+  if (int64_t(free_pages_.size()) < pages || int64_t(free_swa_pages_.size()) < swa)
+    return make_error(ErrorCode::kResourceExhausted,
+                      "KV cache full: fast_forward of sequence {} to {} tokens needs {} virtual and "
+                      "{} SWA pages ({} and {} free)",
+                      seq, n, pages, swa, free_pages_.size(), free_swa_pages_.size());
+  for (int64_t p = 0; p < pages; ++p) {
+    s.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+    if (p >= pages - swa) {
+      s.swa_pages.push_back(free_swa_pages_.back());
+      free_swa_pages_.pop_back();
+    } else {
+      s.swa_pages.push_back(-1);
+    }
+  }
+  s.length = n;
+  s.version = next_stamp();  // the pages changed: device mirrors must re-read this sequence
+  return Status::Ok();
 }
 
 std::vector<PoolUsage> KvCache::usage() const {

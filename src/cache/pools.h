@@ -95,6 +95,16 @@ class KvCache {
   Status reserve(int32_t seq, int64_t n_tokens);
   /// Records that positions [0, new_length) are written; frees SWA pages out of the window.
   void commit(int32_t seq, int64_t new_length);
+  /// Brings the empty sequence `seq` to length n_tokens without computing anything (benchmarks:
+  /// `v4serve bench` decodes at 1M context without a 1M-token prefill): reserves the virtual
+  /// pages of [0, n_tokens) and SWA pages only for the pages holding the last W − 1 positions
+  /// (exactly what a computed sequence holds after commit), then sets the length. The rows keep
+  /// whatever they hold (fill the pools first, e.g. buffers() + Ops::fill_random). Errors:
+  /// kInvalidArgument (unknown or non-empty sequence, n_tokens < 0), kResourceExhausted when a
+  /// pool is short (nothing allocated).
+  Status fast_forward(int32_t seq, int64_t n_tokens);
+  /// Virtual and SWA pages fast_forward(seq, n_tokens) takes.
+  std::pair<int64_t, int64_t> fast_forward_pages(int64_t n_tokens) const;
   /// Pages still needed to grow `seq` to n_tokens (virtual, swa), for admission checks.
   std::pair<int64_t, int64_t> pages_needed(int32_t seq, int64_t n_tokens) const;
   std::vector<PoolUsage> usage() const;
@@ -118,6 +128,18 @@ class KvCache {
   float* ring_gate(int l, int which) const { return layers_[l].ring_gate[which]; }
   /// Ring rows per sequence of layer l's compressor `which` (c·m).
   int ring_rows(int l, int which) const;
+
+  /// Bytes of one stored value in every pool (f32).
+  static constexpr int64_t kValueBytes = 4;
+  /// One allocated pool buffer: what it holds, where, and its size in f32 values.
+  struct PoolBuffer {
+    std::string name;  // "swa", "c4_kv", "c128_kv", "c4_index", "ring_kv", "ring_gate", ...
+    int layer = 0;
+    float* data = nullptr;
+    int64_t values = 0;
+  };
+  /// Every buffer the pools allocated (to fill them with random values for benchmarks).
+  std::vector<PoolBuffer> buffers() const { return buffers_; }
 
   // ---- change tracking (device mirrors of the addressing, docs/model.md §Decode graphs) --------
   /// Identity of this cache instance, unique in the process (a mirror built for another cache
@@ -168,6 +190,7 @@ class KvCache {
   FreeFn free_;
   std::vector<LayerPools> layers_;
   std::vector<void*> allocations_;
+  std::vector<PoolBuffer> buffers_;
   std::vector<int32_t> free_pages_, free_swa_pages_, free_slots_;
   std::vector<Seq> seqs_;
   CopyFn copy_;

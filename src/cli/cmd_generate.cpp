@@ -15,7 +15,8 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/command.h"
-#include "model/backend.h"
+#include "cli/model_args.h"
+#include "engine/model_executor.h"
 #include "model/deepseek_v4.h"
 #include "model/safetensors_writer.h"
 #include "ops/ops.h"
@@ -24,7 +25,7 @@
 namespace {
 
 struct GenerateOptions {
-  std::string model_dir;
+  v4::cli::ModelArgs m;
   std::string prompt;
   std::string prompt_ids;
   int max_new_tokens = 16;
@@ -34,8 +35,8 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool no_bos = false;
   int threads = 0;
-  std::string device = "cpu";
   int64_t kv_budget_mb = 1024;
+  double mem_fraction = 0;  // > 0: KV budget from device memory (overrides --kv-budget-mb)
 };
 
 double now_s() {
@@ -63,25 +64,20 @@ int run_generate(const GenerateOptions& o) {
   }
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
-  auto ops_r = model::make_backend(o.device, pool.get());
-  if (!ops_r.ok()) {
-    std::fprintf(stderr, "error: %s\n", ops_r.status().message().c_str());
-    return 2;
-  }
-  auto ops = std::move(ops_r).value();
   const double t_load = now_s();
-  auto model_r = model::DeepseekV4::load(o.model_dir, ops.get());
-  if (!model_r.ok()) {
-    std::fprintf(stderr, "error: %s\n", model_r.status().message().c_str());
-    return 1;
+  auto lm = cli::load_model(o.m, pool.get());
+  if (!lm.ok()) {
+    std::fprintf(stderr, "error: %s\n", lm.status().message().c_str());
+    return lm.status().code() == ErrorCode::kInvalidArgument ? 2 : 1;
   }
-  auto& model = *model_r.value();
+  auto& model = *lm->model;
   const auto& cfg = model.config();
-  V4_LOG_INFO("loaded {} in {:.2f} s", o.model_dir, now_s() - t_load);
+  V4_LOG_INFO("loaded {} in {:.2f} s", o.m.model, now_s() - t_load);
+  const std::string model_dir = cli::model_dir_of(o.m.model);
 
   std::optional<text::Tokenizer> tok;
-  if (std::filesystem::exists(o.model_dir + "/tokenizer.json")) {
-    auto t = text::Tokenizer::from_file(o.model_dir);
+  if (std::filesystem::exists(model_dir + "/tokenizer.json")) {
+    auto t = text::Tokenizer::from_file(model_dir);
     if (!t.ok()) {
       std::fprintf(stderr, "error: %s\n", t.status().message().c_str());
       return 1;
@@ -106,7 +102,7 @@ int run_generate(const GenerateOptions& o) {
   } else {
     if (!tok) {
       std::fprintf(stderr, "error: --prompt needs %s/tokenizer.json (or use --prompt-ids)\n",
-                   o.model_dir.c_str());
+                   model_dir.c_str());
       return 1;
     }
     // A sequence starts with BOS, as the model was trained (DeepSeek's tokenizer files add none
@@ -128,7 +124,22 @@ int run_generate(const GenerateOptions& o) {
       return 2;
     }
 
-  auto kv_r = model.make_cache(o.kv_budget_mb << 20, 1);
+  int64_t kv_budget = o.kv_budget_mb << 20;
+  if (o.mem_fraction > 0) {
+    std::string why;
+    auto b = engine::kv_budget_from_mem_fraction(
+        *lm->ops, o.mem_fraction,
+        engine::workspace_reserve_bytes(cfg, int64_t(prompt.size()),
+                                        int64_t(prompt.size()) + o.max_new_tokens),
+        &why);
+    if (!b.ok()) {
+      std::fprintf(stderr, "error: %s\n", b.status().message().c_str());
+      return 1;
+    }
+    V4_LOG_INFO("{}", why);
+    kv_budget = *b;
+  }
+  auto kv_r = model.make_cache(kv_budget, 1);
   if (!kv_r.ok()) {
     std::fprintf(stderr, "error: %s\n", kv_r.status().message().c_str());
     return 1;
@@ -213,7 +224,9 @@ V4_REGISTER_COMMAND(
     generate, "generate", "run a prompt through the model (CPU, or CUDA with --device cuda) and decode",
     [](CLI::App& app) {
       auto o = std::make_shared<GenerateOptions>();
-      app.add_option("--model", o->model_dir, "checkpoint directory (config.json + *.safetensors)")
+      app.add_option("--model", o->m.model,
+                     "checkpoint directory (config.json + *.safetensors); with --load-format "
+                     "dummy also a config.json file")
           ->required();
       app.add_option("--prompt", o->prompt,
                      "prompt text (needs tokenizer.json in the model directory)");
@@ -227,8 +240,13 @@ V4_REGISTER_COMMAND(
       app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");
       app.add_flag("--no-bos", o->no_bos, "--prompt: do not start the prompt with the BOS token");
       app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
-      app.add_option("--device", o->device, "op backend: cpu (default) or cuda")
+      app.add_option("--device", o->m.device, "op backend: cpu (default) or cuda")
           ->check(CLI::IsMember({"cpu", "cuda"}));
       app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB");
+      app.add_option("--mem-fraction", o->mem_fraction,
+                     "size the KV cache from device memory: fraction x total - in use - "
+                     "workspace reserve (overrides --kv-budget-mb)")
+          ->check(CLI::Range(0.0, 1.0));
+      v4::cli::add_model_options(app, &o->m);
       return std::function<int()>([o] { return run_generate(*o); });
     });

@@ -1,13 +1,21 @@
 // `v4serve info --model DIR`: config summary, parameter count by part, weight formats and KV
 // bytes per token by pool. Reads only config.json and the safetensors headers (mmap; no weight
-// decoding), so it works on full-size checkpoints too.
+// decoding), so it works on full-size checkpoints too. With --load-format dummy only config.json
+// is read (DIR or the file itself) and the parameters / bytes by format are those the dummy
+// weights would have; --num-layers cuts the model first.
+#include <fmt/format.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "cache/pools.h"
 #include "cli/command.h"
+#include "cli/model_args.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace {
 
@@ -30,24 +38,87 @@ bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
-int run_info(const std::string& dir) {
+int print_kv(const v4::model::ModelConfig& c);
+
+// Layer index of an official tensor name "layers.N.…" (-1 for others).
+int layer_of(const std::string& n) {
+  if (n.rfind("layers.", 0) != 0) return -1;
+  return std::atoi(n.c_str() + 7);
+}
+
+// --load-format dummy: parameters by part and bytes by format that Weights::dummy generates on
+// a backend reading every format (no memory is allocated: model::make_shape_only_ops).
+int print_dummy_weights(const v4::model::ModelConfig& cfg) {
   using namespace v4;
-  auto cfg = model::ModelConfig::load(dir);
+  auto ops = model::make_shape_only_ops();
+  auto w = model::Weights::dummy(cfg, ops.get());
+  if (!w.ok()) {
+    std::fprintf(stderr, "error: %s\n", w.status().message().c_str());
+    return 1;
+  }
+  const auto& c = w->counts;
+  std::printf("\n== dummy weights (--load-format dummy: random, real shapes; MTP not generated)\n");
+  std::printf("%-16s %16s\n", "part", "parameters");
+  for (auto [name, n] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"embedding", c.embed},
+           {"lm_head", c.head},
+           {"attention", c.attention},
+           {"compressor", c.compressor},
+           {"indexer", c.indexer},
+           {"routed experts", c.routed_experts},
+           {"shared expert", c.shared_experts},
+           {"router", c.router},
+           {"norms + mHC", c.norms_and_mhc}})
+    std::printf("%-16s %16lld\n", name, (long long)n);
+  std::printf("%-16s %16lld\n", "total", (long long)c.total());
+  const double gib = double(int64_t(1) << 30);
+  int64_t total = w->vector_bytes();
+  std::printf("stored bytes on a backend reading every format:\n");
+  for (const auto& [f, b] : w->bytes_by_format()) {
+    std::printf("  %-10s %10.3f GiB (matrices)\n", f.c_str(), double(b) / gib);
+    total += b;
+  }
+  std::printf("  %-10s %10.3f GiB (embedding, norms, mHC, router, tables)\n", "f32/i32",
+              double(w->vector_bytes()) / gib);
+  std::printf("  %-10s %10.3f GiB\n", "total", double(total) / gib);
+  return 0;
+}
+
+int run_info(const std::string& dir, const std::string& load_format, int num_layers) {
+  using namespace v4;
+  const bool dummy = load_format == "dummy";
+  auto cfg = dummy ? model::ModelConfig::load_path(dir) : model::ModelConfig::load(dir);
   if (!cfg.ok()) {
     std::fprintf(stderr, "error: %s\n", cfg.status().message().c_str());
     return 1;
   }
+  if (num_layers > 0) {
+    if (Status st = cfg->truncate_layers(num_layers); !st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      return 2;
+    }
+  }
+  std::printf("== config (%s%s)%s\n%s", dir.c_str(),
+              std::filesystem::is_regular_file(dir) ? "" : "/config.json",
+              num_layers > 0 ? fmt::format(" cut to the first {} layers", num_layers).c_str()
+                             : "",
+              cfg->summary().c_str());
+  if (dummy) {
+    if (int rc = print_dummy_weights(*cfg); rc != 0) return rc;
+    return print_kv(*cfg);
+  }
   auto ck = model::Checkpoint::open(dir);
   if (!ck.ok()) {
-    std::fprintf(stderr, "error: %s\n", ck.status().message().c_str());
+    std::fprintf(stderr, "error: %s%s\n", ck.status().message().c_str(),
+                 " (for a config.json alone use --load-format dummy)");
     return 1;
   }
-  std::printf("== config (%s/config.json)\n%s", dir.c_str(), cfg->summary().c_str());
 
   std::map<std::string, int64_t> params;
   std::map<std::string, std::map<std::string, int>> formats;  // part -> dtype -> tensors
   int64_t scale_values = 0, total = 0;
   for (const auto& [name, t] : ck->tensors()) {
+    if (num_layers > 0 && layer_of(name) >= num_layers) continue;
     int64_t numel = 1;
     for (auto d : t.shape) numel *= d;
     if (ends_with(name, ".scale")) {
@@ -85,7 +156,12 @@ int run_info(const std::string& dir) {
   if (cfg->has_quantization_config)
     std::printf("quantization_config: present (expert_dtype %s)\n",
                 cfg->expert_dtype.empty() ? "-" : cfg->expert_dtype.c_str());
+  return print_kv(*cfg);
+}
 
+int print_kv(const v4::model::ModelConfig& c) {
+  using namespace v4;
+  const model::ModelConfig* cfg = &c;
   cache::CacheSpec spec;
   spec.sliding_window = cfg->sliding_window;
   for (auto k : cfg->layer_types) {
@@ -122,7 +198,13 @@ int run_info(const std::string& dir) {
 V4_REGISTER_COMMAND(info, "info",
                     "print config summary, parameter counts, weight formats, KV bytes/token",
                     [](CLI::App& app) {
-                      auto dir = std::make_shared<std::string>();
-                      app.add_option("--model", *dir, "checkpoint directory")->required();
-                      return std::function<int()>([dir] { return run_info(*dir); });
+                      auto o = std::make_shared<v4::cli::ModelArgs>();
+                      app.add_option("--model", o->model,
+                                     "checkpoint directory (with --load-format dummy also a "
+                                     "config.json file)")
+                          ->required();
+                      v4::cli::add_model_options(app, o.get(), /*with_precision=*/false);
+                      return std::function<int()>([o] {
+                        return run_info(o->model, o->load_format, o->num_layers);
+                      });
                     });

@@ -1,4 +1,6 @@
 // `v4serve serve`: load a checkpoint, start the engine and the OpenAI-compatible HTTP server.
+#include <fmt/format.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +10,7 @@
 
 #include "base/log.h"
 #include "cli/command.h"
+#include "cli/model_args.h"
 #include "engine/engine.h"
 #include "engine/model_executor.h"
 #include "server/http_server.h"
@@ -19,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ServeOptions {
-  std::string model;
+  v4::cli::ModelArgs m;
   std::string host = "127.0.0.1";
   int port = 30000;
   std::string tokenizer;
@@ -27,12 +30,13 @@ struct ServeOptions {
   int64_t chunked_prefill_size = 2048;
   int32_t max_running_requests = 256;
   int64_t kv_cache_bytes = int64_t(1) << 30;
+  bool kv_cache_bytes_given = false;  // an explicit --kv-cache-bytes wins over --mem-fraction
+  double mem_fraction = 0;
   int64_t max_context = 0;
   int64_t prefix_cache_bytes = int64_t(256) << 20;
   bool disable_prefix_cache = false;
   std::string served_model_name;
   int http_threads = 2;
-  std::string device = "cpu";
   int64_t max_body_bytes = 32ll << 20;
   double header_timeout_s = 10.0;
   double idle_timeout_s = 120.0;
@@ -60,11 +64,18 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  if (o.model.empty() || !fs::is_directory(o.model)) {
-    V4_LOG_ERROR("--model '{}' is not a directory (expected config.json + *.safetensors)", o.model);
+  const bool dummy = o.m.dummy();
+  if (o.m.model.empty() || !(fs::is_directory(o.m.model) || (dummy && fs::is_regular_file(o.m.model)))) {
+    V4_LOG_ERROR("--model '{}' is not a directory (expected config.json + *.safetensors{})", o.m.model,
+                 dummy ? ", or a config.json file with --load-format dummy" : "");
     return 2;
   }
-  std::string tok_path = o.tokenizer.empty() ? (fs::path(o.model) / "tokenizer.json").string() : o.tokenizer;
+  const std::string model_dir = v4::cli::model_dir_of(o.m.model);
+  const std::string tok_path = o.tokenizer.empty() ? (fs::path(model_dir) / "tokenizer.json").string() : o.tokenizer;
+  if (o.tokenizer.empty() && !fs::exists(tok_path)) {
+    V4_LOG_ERROR("no tokenizer.json in {}: pass --tokenizer FILE", model_dir);
+    return 2;
+  }
   auto tok = v4::text::Tokenizer::from_file(tok_path);
   if (!tok.ok()) {
     V4_LOG_ERROR("cannot load the tokenizer: {} (pass --tokenizer FILE)", tok.status().to_string());
@@ -73,8 +84,11 @@ int run_serve(const ServeOptions& o) {
 
   // Weights: there is no byte-level progress callback from the loader yet, so a ticker line
   // shows elapsed time while loading and the final line gives bytes, seconds and GB/s.
-  const int64_t bytes = dir_weight_bytes(o.model);
-  V4_LOG_INFO("loading {} ({:.1f} MiB of weights) ...", o.model, double(bytes) / (1 << 20));
+  const int64_t bytes = dummy ? 0 : dir_weight_bytes(o.m.model);
+  if (dummy)
+    V4_LOG_INFO("generating dummy weights for {} on {} ...", o.m.model, o.m.device);
+  else
+    V4_LOG_INFO("loading {} ({:.1f} MiB of weights) ...", o.m.model, double(bytes) / (1 << 20));
   auto t0 = std::chrono::steady_clock::now();
   std::atomic<bool> loading{true};
   std::thread ticker([&] {
@@ -89,11 +103,17 @@ int run_serve(const ServeOptions& o) {
   });
   v4::engine::ModelExecutorOptions mo;
   mo.kv_budget_bytes = o.kv_cache_bytes;
+  mo.mem_fraction = o.kv_cache_bytes_given ? 0.0 : o.mem_fraction;
+  if (o.kv_cache_bytes_given && o.mem_fraction > 0)
+    V4_LOG_INFO("--kv-cache-bytes {} given: --mem-fraction ignored", o.kv_cache_bytes);
   mo.max_sequences = o.max_running_requests;
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
-  auto exec = v4::engine::ModelExecutor::load(o.model, mo, o.device);
+  auto lm = v4::cli::load_model(o.m);
+  v4::Result<std::unique_ptr<v4::engine::ModelExecutor>> exec =
+      lm.ok() ? v4::engine::ModelExecutor::create(std::move(lm->ops), std::move(lm->model), mo)
+              : v4::Result<std::unique_ptr<v4::engine::ModelExecutor>>(lm.status());
   loading = false;
   ticker.join();
   if (!exec.ok()) {
@@ -101,9 +121,22 @@ int run_serve(const ServeOptions& o) {
     return 1;
   }
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  V4_LOG_INFO("loaded weights: 100% | {:.1f} MiB in {:.2f}s ({:.2f} GB/s)", double(bytes) / (1 << 20),
-              load_s, load_s > 0 ? double(bytes) / load_s / 1e9 : 0.0);
   auto& ex = **exec;
+  if (dummy) {
+    const auto& w = ex.model().weights();
+    std::string by_format;
+    double total = double(w.vector_bytes());
+    for (const auto& [f, b] : w.bytes_by_format()) {
+      by_format += fmt::format("{} {:.2f} GiB, ", f, double(b) / (1 << 30));
+      total += double(b);
+    }
+    V4_LOG_INFO("generated dummy weights ({} layers): {}vectors {:.2f} GiB; {:.2f} GiB in {:.2f}s",
+                ex.model().config().num_hidden_layers, by_format, double(w.vector_bytes()) / (1 << 30),
+                total / (1 << 30), load_s);
+  } else {
+    V4_LOG_INFO("loaded weights: 100% | {:.1f} MiB in {:.2f}s ({:.2f} GB/s)", double(bytes) / (1 << 20),
+                load_s, load_s > 0 ? double(bytes) / load_s / 1e9 : 0.0);
+  }
   if (int64_t(tok->vocab_size()) > ex.vocab_size()) {
     V4_LOG_ERROR("the tokenizer has {} tokens but the model only {}: use the checkpoint's own tokenizer",
                  tok->vocab_size(), ex.vocab_size());
@@ -129,10 +162,10 @@ int run_serve(const ServeOptions& o) {
   }
 
   v4::server::ApiConfig ac;
-  ac.served_model_name = o.served_model_name.empty() ? fs::path(o.model).lexically_normal().filename().string()
+  ac.served_model_name = o.served_model_name.empty() ? fs::path(model_dir).lexically_normal().filename().string()
                                                      : o.served_model_name;
-  if (ac.served_model_name.empty()) ac.served_model_name = fs::path(o.model).lexically_normal().parent_path().filename().string();
-  ac.model_aliases = {o.model};
+  if (ac.served_model_name.empty()) ac.served_model_name = fs::path(model_dir).lexically_normal().parent_path().filename().string();
+  ac.model_aliases = {o.m.model};
   ac.api_key = o.api_key;
   ac.effort_profile = o.effort_profile == "0731" ? v4::text::EffortProfile::k0731 : v4::text::EffortProfile::kPreview;
   ac.default_thinking = o.default_thinking;
@@ -186,7 +219,10 @@ int run_serve(const ServeOptions& o) {
 
 V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
-  app.add_option("--model", o->model, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  app.add_option("--model", o->m.model,
+                 "checkpoint directory (config.json, *.safetensors, tokenizer.json); with --load-format dummy "
+                 "also a config.json file")
+      ->required();
   app.add_option("--host", o->host, "address to bind (default 127.0.0.1)");
   app.add_option("--port", o->port, "port (default 30000; 0 = any free port)")
       ->check(CLI::Range(0, 65535));
@@ -194,15 +230,21 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize");
   app.add_option("--chunked-prefill-size", o->chunked_prefill_size, "max tokens per engine step");
   app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch");
-  app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "bytes for all KV cache pools");
+  app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "bytes for all KV cache pools (default 1 GiB; wins over --mem-fraction)")
+      ->each([o](const std::string&) { o->kv_cache_bytes_given = true; });
+  app.add_option("--mem-fraction", o->mem_fraction,
+                 "size the KV pools from device memory: fraction x total - memory in use after the weights - "
+                 "workspace reserve (docs/bench.md)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes, "bytes for the prefix cache store (default 256 MiB; 0 = no prefix caching)");
   app.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn prefix caching (ShadowRadix) off");
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
-  app.add_option("--device", o->device, "op backend: cpu (default) or cuda (fp32 CUDA backend)")
+  app.add_option("--device", o->m.device, "op backend: cpu (default) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  v4::cli::add_model_options(app, &o->m);
   app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)");
   app.add_option("--header-timeout", o->header_timeout_s, "seconds a new connection has to send its request head");
   app.add_option("--idle-timeout", o->idle_timeout_s, "seconds a keep-alive connection may idle");

@@ -1,5 +1,7 @@
 #include "engine/model_executor.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -35,8 +37,24 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
     return make_error(ErrorCode::kInvalidArgument,
                       "ModelExecutor: max_sequences ({}) and max_chunk_tokens ({}) must be >= 1",
                       opt.max_sequences, opt.max_chunk_tokens);
-  V4_ASSIGN_OR_RETURN(e->cache_,
-                      e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences, opt.page_size));
+  const int64_t cfg_ctx0 = e->model_->config().max_position_embeddings;
+  if (opt.mem_fraction > 0) {
+    const int64_t ctx = opt.max_context > 0 ? std::min(opt.max_context, cfg_ctx0) : cfg_ctx0;
+    std::string why;
+    V4_ASSIGN_OR_RETURN(
+        opt.kv_budget_bytes,
+        kv_budget_from_mem_fraction(
+            *e->ops_, opt.mem_fraction,
+            workspace_reserve_bytes(e->model_->config(), opt.max_chunk_tokens, ctx), &why));
+    V4_LOG_INFO("{}", why);
+  }
+  // With --mem-fraction (large device budgets) the SWA pool is sized for live windows only
+  // (max_sequences × ceil((chunk + W − 1) / P) + 1 pages, the bound pages_for() reports): with
+  // equal page counts a V4 shape would spend ~7/8 of the budget on SWA pages.
+  V4_ASSIGN_OR_RETURN(e->cache_, e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences,
+                                                       opt.page_size,
+                                                       opt.mem_fraction > 0 ? opt.max_chunk_tokens
+                                                                            : 0));
   const auto& ko = e->cache_->options();
   e->page_size_ = ko.page_size;
   const int64_t W = e->cache_->spec().sliding_window;
@@ -66,6 +84,44 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   for (const auto& u : e->cache_->usage())
     e->pools_.push_back({u.name, u.total, u.name == "state_slots" ? 0 : e->page_size_});
   return e;
+}
+
+int64_t workspace_reserve_bytes(const model::ModelConfig& c, int64_t max_chunk_tokens,
+                                int64_t max_context) {
+  const int64_t n = c.hc_mult, D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
+  const int64_t k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const int64_t per_token = 2 * n * D + 4 * D + n + n * n + 3 * H * hd + hd + c.q_lora_rank +
+                            int64_t(c.o_groups) * c.o_lora_rank + 4 * hd +
+                            4 * int64_t(c.index_head_dim) +
+                            int64_t(c.index_n_heads) * c.index_head_dim + c.index_n_heads +
+                            c.index_topk + max_context / std::max(1, c.compress_rate_csa) +
+                            c.n_routed_experts + 2 * k + k * (3 * I + D);
+  return (int64_t(512) << 20) + 5 * std::max<int64_t>(1, max_chunk_tokens) * per_token * 4 / 4;
+}
+
+Result<int64_t> kv_budget_from_mem_fraction(ops::Ops& ops, double fraction, int64_t reserve,
+                                            std::string* explanation) {
+  if (!(fraction > 0 && fraction <= 1))
+    return make_error(ErrorCode::kInvalidArgument, "--mem-fraction {}: must be in (0, 1]",
+                      fraction);
+  const ops::MemoryInfo m = ops.memory_info();
+  if (m.total_bytes <= 0)
+    return make_error(ErrorCode::kUnsupported,
+                      "--mem-fraction: the {} backend does not report its memory size; give "
+                      "--kv-cache-bytes",
+                      ops.name());
+  const double gib = double(int64_t(1) << 30);
+  const int64_t used = m.total_bytes - m.free_bytes;
+  const int64_t budget = int64_t(fraction * double(m.total_bytes)) - used - reserve;
+  const std::string why = fmt::format(
+      "KV budget {:.2f} GiB = --mem-fraction {} × {:.2f} GiB total − {:.2f} GiB in use (weights, "
+      "context, other processes) − {:.2f} GiB workspace reserve",
+      double(budget) / gib, fraction, double(m.total_bytes) / gib, double(used) / gib,
+      double(reserve) / gib);
+  if (explanation) *explanation = why;
+  if (budget <= 0)
+    return make_error(ErrorCode::kResourceExhausted, "--mem-fraction leaves no KV cache: {}", why);
+  return budget;
 }
 
 ModelExecutor::~ModelExecutor() {

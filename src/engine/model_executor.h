@@ -39,7 +39,33 @@ struct ModelExecutorOptions {
   /// return logits (host sampling everywhere; for comparisons and debugging). The environment
   /// variable V4_DEVICE_SAMPLING=0 also turns it off.
   bool device_sampling = true;
+  /// > 0 (`--mem-fraction F`): size the KV pools from device memory instead of kv_budget_bytes,
+  /// measured when the executor is created (after the weights are loaded):
+  ///   budget = F · total − (total − free) − workspace_reserve_bytes(config, max_chunk_tokens,
+  ///            max_context)
+  /// (Ops::memory_info; CPU: MemTotal / MemAvailable). The pools are allocated once, here, with
+  /// the SWA pool sized for live windows (KvCache::options_from_budget with max_chunk_tokens).
+  double mem_fraction = 0;
 };
+
+/// Bytes kept free for one step's activations and backend scratch when the KV budget comes from
+/// --mem-fraction: 512 MiB (CUDA context growth, library workspaces, the backend's cached small
+/// blocks) + 1.25 × max_chunk_tokens × 4 bytes × the f32 values one token needs at once:
+///   2·n·D + 4·D + n + n² (residual streams, mHC) + 3·H·hd + hd + Rq + G·R (attention)
+///   + 4·hd + 4·dI + nI·dI + nI + topk (compressors, indexer q/weights, selected rows)
+///   + max_context / m_csa (indexer scores over every candidate row)
+///   + E + 2k + k·(3I + D) (router, MoE scratch).
+/// The sum counts every step temporary and the backend's grow-only scratch as alive together (an
+/// upper bound); the factor 1.25 covers allocator rounding (power-of-two classes ≤ 64 MiB).
+int64_t workspace_reserve_bytes(const model::ModelConfig& cfg, int64_t max_chunk_tokens,
+                                int64_t max_context);
+
+/// The KV budget `--mem-fraction F` gives on `ops` now: F · total − (total − free) −
+/// reserve_bytes. `explanation` (optional) gets the one-line arithmetic. Errors:
+/// kInvalidArgument for F outside (0, 1]; kUnsupported when the backend reports no memory
+/// size; kResourceExhausted when the result is ≤ 0 (the message has the numbers).
+Result<int64_t> kv_budget_from_mem_fraction(ops::Ops& ops, double fraction, int64_t reserve_bytes,
+                                            std::string* explanation = nullptr);
 
 class ModelExecutor : public Executor {
  public:
@@ -51,7 +77,9 @@ class ModelExecutor : public Executor {
   static Result<std::unique_ptr<ModelExecutor>> load(const std::string& dir,
                                                      ModelExecutorOptions opt,
                                                      const std::string& device);
-  /// Wraps an already loaded model (and the ops it was loaded with; both owned from here).
+  /// Wraps an already loaded model (and the ops it was loaded with; both owned from here), e.g.
+  /// a DeepseekV4::load_dummy model. With opt.mem_fraction > 0 the KV budget comes from the
+  /// device memory left after the weights (kv_budget_from_mem_fraction).
   static Result<std::unique_ptr<ModelExecutor>> create(std::unique_ptr<ops::Ops> ops,
                                                        std::unique_ptr<model::DeepseekV4> model,
                                                        ModelExecutorOptions opt);

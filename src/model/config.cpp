@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -207,6 +208,16 @@ Result<ModelConfig> ModelConfig::load(const std::string& dir) {
   if (!in)
     return make_error(ErrorCode::kNotFound, "{}: cannot open (is --model a checkpoint directory?)",
                       path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json_text(ss.str(), path);
+}
+
+Result<ModelConfig> ModelConfig::load_path(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return load(path);
+  std::ifstream in(path);
+  if (!in) return make_error(ErrorCode::kNotFound, "{}: cannot open", path);
   std::stringstream ss;
   ss << in.rdbuf();
   return from_json_text(ss.str(), path);
@@ -482,6 +493,17 @@ Status ModelConfig::validate(const std::string& src) const {
       return field_error(src, name,
                          "yarn needs factor > 0 and original_max_position_embeddings > 0");
   }
+  return Status::Ok();
+}
+
+Status ModelConfig::truncate_layers(int n) {
+  if (n < 1 || n > num_hidden_layers)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--num-layers {}: must be in [1, {}] (the config's num_hidden_layers)", n,
+                      num_hidden_layers);
+  num_hidden_layers = n;
+  layer_types.resize(size_t(n));
+  mlp_layer_types.resize(size_t(n));
   return Status::Ok();
 }
 

@@ -95,10 +95,18 @@ struct ModelConfig {
   static Result<ModelConfig> from_json(const nlohmann::json& j, const std::string& source);
   /// Reads `<dir>/config.json`.
   static Result<ModelConfig> load(const std::string& dir);
+  /// Reads `path` itself when it is a file, else `<path>/config.json` (shape-only configs,
+  /// models/configs/*). Errors: as load.
+  static Result<ModelConfig> load_path(const std::string& path);
   /// Checks cross-field consistency; one-line error naming the field.
   Status validate(const std::string& source) const;
   /// One-paragraph human summary (for `v4serve info`).
   std::string summary() const;
+  /// Keeps the first `n` decoder layers (`--num-layers N`: a V4-Flash/Pro shaped model cut down
+  /// to what one GPU holds): num_hidden_layers = n and layer_types / mlp_layer_types (which carry
+  /// the compress ratios and hash layers) truncated to n. Every other field is unchanged.
+  /// Errors (kInvalidArgument): n < 1 or n > num_hidden_layers.
+  Status truncate_layers(int n);
 };
 
 }  // namespace v4::model

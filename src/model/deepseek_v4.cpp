@@ -264,23 +264,41 @@ struct DeepseekV4::DecodeState {
 DeepseekV4::~DeepseekV4() = default;
 
 Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load(const std::string& dir, ops::Ops* ops,
-                                                     WeightFormatPolicy policy) {
+                                                     WeightFormatPolicy policy, int num_layers) {
   std::unique_ptr<DeepseekV4> m(new DeepseekV4());
   m->ops_ = ops;
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load(dir));
+  if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
   V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::load(m->ck_, m->cfg_, ops, policy));
+  m->init_tables();
+  return m;
+}
+
+Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load_dummy(const std::string& config_path,
+                                                           ops::Ops* ops,
+                                                           WeightFormatPolicy policy,
+                                                           int num_layers, uint64_t seed) {
+  std::unique_ptr<DeepseekV4> m(new DeepseekV4());
+  m->ops_ = ops;
+  V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load_path(config_path));
+  if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
+  V4_ASSIGN_OR_RETURN(m->w_, Weights::dummy(m->cfg_, ops, policy, seed));
+  m->init_tables();
+  return m;
+}
+
+void DeepseekV4::init_tables() {
   auto make_rope = [&](const RopeSpec& r, RopeTable* t) {
-    t->inv_freq = upload_vec(ops, r.inv_freq());
+    t->inv_freq = upload_vec(ops_, r.inv_freq());
     t->rope_dim = r.rope_dim;
     t->attention_scaling = float(r.attention_factor);
   };
-  make_rope(m->cfg_.rope_main, &m->rope_main_);
-  make_rope(m->cfg_.rope_compress, &m->rope_compress_);
-  m->shared_idx_ = upload_vec(ops, std::vector<int32_t>(kMaxDecodeRows, 0));
-  m->shared_w_ = upload_vec(ops, std::vector<float>(kMaxDecodeRows, 1.f));
-  m->decode_opt_.graphs = ops->supports_graphs() && !env_graphs_off();
-  return m;
+  make_rope(cfg_.rope_main, &rope_main_);
+  make_rope(cfg_.rope_compress, &rope_compress_);
+  shared_idx_ = upload_vec(ops_, std::vector<int32_t>(kMaxDecodeRows, 0));
+  shared_w_ = upload_vec(ops_, std::vector<float>(kMaxDecodeRows, 1.f));
+  decode_opt_.graphs = ops_->supports_graphs() && !env_graphs_off();
 }
 
 cache::CacheSpec DeepseekV4::cache_spec() const {

@@ -38,8 +38,20 @@ class DeepseekV4 {
   /// Loads config.json + safetensors from `dir` and decodes all weights through `ops`.
   /// Errors: see ModelConfig::load, Checkpoint::open, Weights::load.
   /// `policy`: how matrices are stored (native BF16/FP8/MXFP4 where the backend reads them).
+  /// `num_layers` > 0 keeps only the first num_layers decoder layers (ModelConfig::
+  /// truncate_layers; the other layers' tensors are not read).
   static Result<std::unique_ptr<DeepseekV4>> load(const std::string& dir, ops::Ops* ops,
-                                                  WeightFormatPolicy policy = {});
+                                                  WeightFormatPolicy policy = {},
+                                                  int num_layers = 0);
+  /// A model with random weights of the real shapes and formats ("--load-format dummy",
+  /// Weights::dummy) for the config `config_path` (a config.json file or a directory holding
+  /// one; no safetensors needed), generated on the backend. `num_layers` > 0 keeps the first
+  /// num_layers layers (to fit a V4-Flash/Pro-shaped model on one GPU). checkpoint() is empty.
+  /// Errors: ModelConfig::load_path, truncate_layers, Weights::dummy.
+  static Result<std::unique_ptr<DeepseekV4>> load_dummy(const std::string& config_path,
+                                                        ops::Ops* ops,
+                                                        WeightFormatPolicy policy = {},
+                                                        int num_layers = 0, uint64_t seed = 0);
   ~DeepseekV4();
 
   const ModelConfig& config() const { return cfg_; }
@@ -107,6 +119,8 @@ class DeepseekV4 {
   const RopeTable& rope_for(LayerKind k) const {
     return k == LayerKind::kSliding ? rope_main_ : rope_compress_;
   }
+  /// Rope tables and the decode fast path's constant arrays (after the weights are in place).
+  void init_tables();
   void attention(Step& st, int layer, const float* x, float* out);
   void moe(Step& st, int layer, const float* x, float* out);
   /// Embedding and every layer over st.S rows; returns h [S, n, D] (step memory).

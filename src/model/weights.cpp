@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
+#include <new>
+
+#include "ops/fill_random.h"
 
 namespace v4::model {
 namespace {
@@ -307,6 +311,293 @@ std::map<std::string, int64_t> Weights::bytes_by_format() const {
   for (const auto& L : layers) add_layer(L);
   for (const auto& mt : mtp) add_layer(mt.block);
   return m;
+}
+
+int64_t Weights::vector_bytes() const {
+  int64_t b = 0;
+  auto f = [&](const FBuf& x) { b += x.size() * int64_t(sizeof(float)); };
+  auto i = [&](const IBuf& x) { b += x.size() * int64_t(sizeof(int32_t)); };
+  auto comp = [&](const CompressorWeights& c) {
+    f(c.ape);
+    f(c.norm);
+  };
+  auto layer = [&](const LayerWeights& L) {
+    for (const FBuf* x : {&L.attn_norm, &L.ffn_norm, &L.hc_attn_fn, &L.hc_attn_base,
+                          &L.hc_attn_scale, &L.hc_ffn_fn, &L.hc_ffn_base, &L.hc_ffn_scale,
+                          &L.attn.q_norm, &L.attn.kv_norm, &L.attn.sinks, &L.ffn.gate, &L.ffn.bias})
+      f(*x);
+    comp(L.attn.compressor);
+    comp(L.attn.index_compressor);
+    i(L.ffn.tid2eid);
+  };
+  for (const FBuf* x : {&embed, &norm, &hc_head_fn, &hc_head_base, &hc_head_scale}) f(*x);
+  for (const auto& L : layers) layer(L);
+  for (const auto& m : mtp) {
+    for (const FBuf* x : {&m.e_proj, &m.h_proj, &m.enorm, &m.hnorm, &m.norm, &m.hc_head_fn,
+                          &m.hc_head_base, &m.hc_head_scale})
+      f(*x);
+    layer(m.block);
+  }
+  return b;
+}
+
+// ---- dummy weights (--load-format dummy) ------------------------------------------------------
+namespace {
+
+using ops::RandomFill;
+
+/// Generates the tensors of Weights::dummy on the backend, one fresh seed per tensor.
+class DummyGen {
+ public:
+  DummyGen(ops::Ops* ops, WeightFormatPolicy policy, uint64_t seed)
+      : ops_(ops), policy_(policy), seed_(seed) {}
+
+  FBuf normal(int64_t n, float stddev) {
+    FBuf b(ops_, n);
+    ops_->fill_random(b.data(), n, RandomFill::kF32Normal, stddev, next_seed());
+    return b;
+  }
+  FBuf constant(int64_t n, float v) {
+    FBuf b(ops_, n);
+    ops_->fill_random(b.data(), n, RandomFill::kF32Constant, v, next_seed());
+    return b;
+  }
+  IBuf uniform_int(int64_t n, int64_t bound) {
+    IBuf b(ops_, n);
+    ops_->fill_random(b.data(), n, RandomFill::kI32Uniform, float(bound), next_seed());
+    return b;
+  }
+
+  /// The format a matrix stored as `want` in a real checkpoint gets on this backend (the same
+  /// fallbacks as Weights::load: unsupported → f32, or bf16 with f32_as_bf16).
+  WFormat resolve(WFormat want, int64_t K) const {
+    if (want == WFormat::kMXFP4 && K % 32 != 0) want = WFormat::kFP8Block;
+    if (want != WFormat::kF32 && policy_.native && ops_->supports(want)) return want;
+    if (policy_.f32_as_bf16 && ops_->supports(WFormat::kBF16)) return WFormat::kBF16;
+    return WFormat::kF32;
+  }
+
+  /// E matrices [N, K] with values ≈ N(0, 1/K), stored as `resolve(want, K)`.
+  WBuf matrix(WFormat want, int64_t E, int64_t N, int64_t K) {
+    const WFormat f = resolve(want, K);
+    const float sigma = 1.f / std::sqrt(float(K));
+    const int64_t units = E * N * K;
+    WBuf w;
+    switch (f) {
+      case WFormat::kF32:
+        w.data = ops::DeviceBuffer<uint8_t>(ops_, units * 4);
+        ops_->fill_random(w.data.data(), units, RandomFill::kF32Normal, sigma, next_seed());
+        break;
+      case WFormat::kBF16:
+        w.data = ops::DeviceBuffer<uint8_t>(ops_, units * 2);
+        ops_->fill_random(w.data.data(), units, RandomFill::kBF16Normal, sigma, next_seed());
+        break;
+      case WFormat::kFP8Block: {
+        // Power-of-two block scale b near σ; e4m3 codes carry σ/b ∈ [0.7, 1.4].
+        const float b = std::ldexp(1.f, int(std::lround(std::log2(double(sigma)))));
+        w.data = ops::DeviceBuffer<uint8_t>(ops_, units);
+        ops_->fill_random(w.data.data(), units, RandomFill::kE4M3Normal, sigma / b, next_seed());
+        const int64_t n_scale = E * ((N + 127) / 128) * ((K + 127) / 128);
+        w.scale = ops::DeviceBuffer<uint8_t>(ops_, n_scale * 4);
+        ops_->fill_random(w.scale.data(), n_scale, RandomFill::kF32Constant, b, next_seed());
+        break;
+      }
+      case WFormat::kMXFP4: {
+        // Uniform e2m1 codes have RMS √8.5625 ≈ 2.926; the ±1 exponent jitter multiplies the
+        // RMS by √((1/4 + 1 + 4)/3) ≈ 1.323.
+        const float s = sigma / (2.9262f * 1.3229f);
+        w.data = ops::DeviceBuffer<uint8_t>(ops_, units / 2);
+        ops_->fill_random(w.data.data(), units / 2, RandomFill::kE2M1Packed, 1.f, next_seed());
+        w.scale = ops::DeviceBuffer<uint8_t>(ops_, units / 32);
+        ops_->fill_random(w.scale.data(), units / 32, RandomFill::kUe8m0, s, next_seed());
+        break;
+      }
+    }
+    w.view.data = w.data.data();
+    w.view.scale = w.scale.data();
+    w.view.format = f;
+    w.view.n = N;
+    w.view.k = K;
+    w.view.experts = E;
+    w.view.row0 = 0;
+    w.view.rows_total = N;
+    return w;
+  }
+
+ private:
+  uint64_t next_seed() { return ops::fill::mix64(seed_ + 0x632be59bd9b4e019ull * ++counter_); }
+  ops::Ops* ops_;
+  WeightFormatPolicy policy_;
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+};
+
+/// Checkpoint formats of a config (dsv4-model.md §11.1).
+struct DummyFormats {
+  WFormat fp8_matrix;  // attention, indexer wq_b, shared expert
+  WFormat bf16_matrix; // compressors, indexer weights_proj, lm_head
+  WFormat experts;     // routed experts
+};
+DummyFormats checkpoint_formats(const ModelConfig& c) {
+  const bool bf16 = c.torch_dtype == "bfloat16" || c.torch_dtype == "bf16";
+  const WFormat dense = bf16 ? WFormat::kBF16 : WFormat::kF32;
+  if (!c.has_quantization_config) return {dense, dense, dense};
+  return {WFormat::kFP8Block, WFormat::kBF16,
+          c.expert_dtype == "fp4" ? WFormat::kMXFP4 : WFormat::kFP8Block};
+}
+
+void dummy_compressor(DummyGen& g, WFormat f, int c, int d, int m, int D, CompressorWeights* w,
+                      int64_t* counter) {
+  w->wkv = g.matrix(f, 1, int64_t(c) * d, D);
+  w->wgate = g.matrix(f, 1, int64_t(c) * d, D);
+  w->ape = g.normal(int64_t(m) * c * d, 0.1f);
+  w->norm = g.constant(d, 1.f);
+  *counter += 2 * int64_t(c) * d * D + int64_t(m) * c * d + d;
+}
+
+void dummy_block(DummyGen& g, const ModelConfig& c, const DummyFormats& fm, LayerKind kind,
+                 MlpKind mlp, LayerWeights* L, ParamCounts* pc) {
+  const int64_t D = c.hidden_size, n = c.hc_mult, H = c.num_attention_heads, hd = c.head_dim;
+  const int64_t Rq = c.q_lora_rank, G = c.o_groups, R = c.o_lora_rank;
+  const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
+  const int64_t mix = (2 + n) * n;
+  L->kind = kind;
+  L->mlp = mlp;
+  L->attn_norm = g.constant(D, 1.f);
+  L->ffn_norm = g.constant(D, 1.f);
+  // mHC: mix = RMS(flat)·fnᵀ has standard deviation 0.1 (fn entries N(0, 0.01/(n·D))).
+  const float fn_std = 0.1f / std::sqrt(float(n * D));
+  L->hc_attn_fn = g.normal(mix * n * D, fn_std);
+  L->hc_attn_base = g.normal(mix, 0.1f);
+  L->hc_attn_scale = g.constant(3, 1.f);
+  L->hc_ffn_fn = g.normal(mix * n * D, fn_std);
+  L->hc_ffn_base = g.normal(mix, 0.1f);
+  L->hc_ffn_scale = g.constant(3, 1.f);
+  pc->norms_and_mhc += 2 * D + 2 * (mix * n * D + mix + 3);
+
+  auto& a = L->attn;
+  a.wq_a = g.matrix(fm.fp8_matrix, 1, Rq, D);
+  a.q_norm = g.constant(Rq, 1.f);
+  a.wq_b = g.matrix(fm.fp8_matrix, 1, H * hd, Rq);
+  a.wkv = g.matrix(fm.fp8_matrix, 1, hd, D);
+  a.kv_norm = g.constant(hd, 1.f);
+  a.wo_a = g.matrix(fm.fp8_matrix, 1, G * R, H * hd / G);
+  a.wo_b = g.matrix(fm.fp8_matrix, 1, D, G * R);
+  a.sinks = g.normal(H, 1.f);
+  pc->attention += Rq * D + Rq + H * hd * Rq + hd * D + hd + G * R * (H * hd / G) + D * G * R + H;
+  if (kind != LayerKind::kSliding) {
+    const int m = c.compress_rate(kind);
+    const int cc = kind == LayerKind::kCsa ? 2 : 1;
+    dummy_compressor(g, fm.bf16_matrix, cc, int(hd), m, int(D), &a.compressor, &pc->compressor);
+    if (kind == LayerKind::kCsa) {
+      const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+      dummy_compressor(g, fm.bf16_matrix, 2, int(dI), m, int(D), &a.index_compressor,
+                       &pc->indexer);
+      a.index_wq_b = g.matrix(fm.fp8_matrix, 1, nI * dI, Rq);
+      a.index_weights_proj = g.matrix(fm.bf16_matrix, 1, nI, D);
+      pc->indexer += nI * dI * Rq + nI * D;
+    }
+  }
+
+  auto& f = L->ffn;
+  f.gate = g.normal(E * D, 1.f / std::sqrt(float(D)));
+  pc->router += E * D;
+  if (mlp == MlpKind::kHashMoe) {
+    f.tid2eid = g.uniform_int(c.vocab_size * k, E);
+    pc->router += c.vocab_size * k;
+  } else {
+    f.bias = g.normal(E, 0.01f);
+    pc->router += E;
+  }
+  f.w13 = g.matrix(fm.experts, E, 2 * I, D);
+  f.w2 = g.matrix(fm.experts, E, D, I);
+  pc->routed_experts += E * 3 * I * D;
+  f.shared_w13 = g.matrix(fm.fp8_matrix, 1, 2 * I, D);
+  f.shared_w2 = g.matrix(fm.fp8_matrix, 1, D, I);
+  pc->shared_experts += 3 * I * D;
+}
+
+}  // namespace
+
+Result<Weights> Weights::dummy(const ModelConfig& c, ops::Ops* ops, WeightFormatPolicy policy,
+                               uint64_t seed) {
+  DummyGen g(ops, policy, seed);
+  const DummyFormats fm = checkpoint_formats(c);
+  Weights w;
+  const int64_t V = c.vocab_size, D = c.hidden_size, n = c.hc_mult;
+  int done = 0;
+  try {
+    w.embed = g.normal(V * D, 1.f);
+    w.counts.embed = V * D;
+    w.head = g.matrix(fm.bf16_matrix, 1, V, D);
+    w.counts.head = V * D;
+    w.norm = g.constant(D, 1.f);
+    w.hc_head_fn = g.normal(n * n * D, 0.1f / std::sqrt(float(n * D)));
+    w.hc_head_base = g.normal(n, 0.1f);
+    w.hc_head_scale = g.constant(1, 1.f);
+    w.counts.norms_and_mhc += D + n * n * D + n + 1;
+    w.layers.resize(size_t(c.num_hidden_layers));
+    for (int l = 0; l < c.num_hidden_layers; ++l, ++done)
+      dummy_block(g, c, fm, c.layer_types[l], c.mlp_layer_types[l], &w.layers[l], &w.counts);
+    ops->synchronize();
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "--load-format dummy: the {} backend ran out of memory after {} layers "
+                      "({:.2f} GiB of matrices); use --num-layers to keep fewer layers",
+                      ops->name(), done, [&] {
+                        int64_t b = 0;
+                        for (const auto& [fmt_name, bytes] : w.bytes_by_format()) b += bytes;
+                        return double(b) / double(int64_t(1) << 30);
+                      }());
+  }
+  return w;
+}
+
+namespace {
+
+class ShapeOnlyOps final : public ops::Ops {
+ public:
+  std::string name() const override { return "shape-only"; }
+  bool supports(WFormat) const override { return true; }
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    next_ += (bytes + 255) / 256 * 256;  // distinct, aligned, never dereferenced
+    return reinterpret_cast<void*>(next_);
+  }
+  void free(void*) override {}
+  void upload(void*, const void*, size_t) override {}
+  void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void synchronize() override {}
+  void linear(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*,
+              int64_t) override {}
+  void linear_w(const float*, int64_t, const ops::WeightView&, int64_t, float*, int64_t) override {}
+  void add(float*, const float*, int64_t) override {}
+  void gather_rows(const float*, const int32_t*, int64_t, int64_t, float*) override {}
+  void store_rows(float*, const int32_t*, int64_t, int64_t, const float*) override {}
+  void embed(const float*, const int32_t*, int64_t, int, int, float*) override {}
+  void rms_norm(const float*, const float*, int64_t, int, float, float*) override {}
+  void rope(float*, int64_t, int, int, int, const int64_t*, const float*, float, bool) override {}
+  void hc_pre(const ops::HcArgs&) override {}
+  void hc_post(float*, const float*, const float*, const float*, int64_t, int, int) override {}
+  void hc_head(const float*, const float*, const float*, const float*, int64_t, int, int, float,
+               float, float*) override {}
+  void compress_pool(const ops::CompressArgs&) override {}
+  void indexer_topk(const ops::IndexerArgs&) override {}
+  void sparse_attention(const ops::AttentionArgs&) override {}
+  void route(const ops::RouteArgs&) override {}
+  void moe_experts(const ops::MoeArgs&) override {}
+  void build_decode_plan(const ops::DecodePlanArgs&) override {}
+  void fill_random(void*, int64_t, ops::RandomFill, float, uint64_t) override {}
+  void copy(void*, const void*, size_t) override {}
+
+ private:
+  uintptr_t next_ = uintptr_t(1) << 40;
+};
+
+}  // namespace
+
+std::unique_ptr<ops::Ops> make_shape_only_ops() {
+  return std::make_unique<ShapeOnlyOps>();
 }
 
 }  // namespace v4::model

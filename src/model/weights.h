@@ -117,8 +117,40 @@ struct Weights {
   /// tensors are present.
   static Result<Weights> load(const Checkpoint& ck, const ModelConfig& cfg, ops::Ops* ops,
                               WeightFormatPolicy policy = {});
+  /// Random weights ("--load-format dummy") of every tensor `load` produces for `cfg` (MTP
+  /// modules excepted: the forward does not run them), generated on the backend with
+  /// Ops::fill_random (no host copy of a large tensor). Formats are those a real checkpoint
+  /// of `cfg` stores (dsv4-model.md §11.1), subject to the backend like `load`:
+  /// - with `quantization_config`: attention wq_a/wq_b/wkv/wo_a/wo_b, indexer wq_b and the
+  ///   shared expert FP8 e4m3 with 128×128 block scales; routed experts MXFP4 (e2m1 + ue8m0 per
+  ///   32) when `expert_dtype` is "fp4" (and the input dims are multiples of 32), else FP8;
+  ///   compressor / indexer-compressor wkv/wgate, indexer weights_proj and lm_head BF16;
+  /// - without: every matrix in the config's dtype (bf16 → BF16, otherwise f32);
+  /// - a format the backend does not read (`Ops::supports`, or policy.native off) becomes f32
+  ///   (bf16 with policy.f32_as_bf16 where supported): on the CPU backend everything is f32,
+  ///   drawn from the same distributions.
+  /// Values (so activations stay finite and O(1) through any number of layers): a matrix
+  /// [N, K] ≈ N(0, 1/K) (FP8: e4m3 codes ≈ N(0, (σ/b)²) times a power-of-two block scale b;
+  /// MXFP4: uniform e2m1 codes times ue8m0 scales 2^(round(log2 s) ± 1) with s chosen so the
+  /// product's standard deviation ≈ 1/√K); norm weights 1; embeddings N(0, 1); mHC fn
+  /// N(0, 0.01/(n·D)), base N(0, 0.01), scale 1; router gate N(0, 1/D), bias N(0, 1e-4);
+  /// hash tables tid2eid uniform in [0, E); sinks N(0, 1); position biases N(0, 0.01).
+  /// Routing over random weights is roughly uniform over the experts. Same `seed` → the same
+  /// weights on any backend (fill_random is counter-based). Errors: kResourceExhausted when
+  /// the backend cannot allocate.
+  static Result<Weights> dummy(const ModelConfig& cfg, ops::Ops* ops,
+                               WeightFormatPolicy policy = {}, uint64_t seed = 0);
   /// Backend bytes of all matrices by format name ("f32", "bf16", "fp8-block", "mxfp4").
   std::map<std::string, int64_t> bytes_by_format() const;
+  /// Backend bytes of everything else (f32 embedding, norms, mHC, router, biases, sinks, ape;
+  /// int32 hash tables), MTP modules included.
+  int64_t vector_bytes() const;
 };
+
+/// An ops backend that allocates nothing (placeholder addresses, never dereferenced), claims to
+/// read every weight format and runs no op: Weights::dummy on it yields the tensors, formats and
+/// byte counts a model would have on a native-format backend without any memory (for `v4serve
+/// info --load-format dummy` and memory planning). Calling a compute op is a no-op.
+std::unique_ptr<ops::Ops> make_shape_only_ops();
 
 }  // namespace v4::model

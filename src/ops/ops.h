@@ -260,6 +260,25 @@ struct SampleArgs {
   float* out_top_logprobs = nullptr;  // [R, top_n]; -1 / NaN past the vocabulary
 };
 
+// ---- dummy weights, memory and device queries (v4serve bench, --load-format dummy) ----------
+/// What `Ops::fill_random` writes; the exact generator is src/ops/fill_random.h (counter-based, so
+/// the CPU and CUDA backends give identical bytes for the same seed). "normal" = approximately
+/// N(0, scale²) (Irwin–Hall sum of four uniforms, bounded at ±3.46·scale).
+enum class RandomFill : int {
+  kF32Normal = 0,    // f32 normal · scale
+  kF32Constant = 1,  // f32 = scale
+  kBF16Normal = 2,   // bf16 bits of normal · scale (round to nearest even)
+  kE4M3Normal = 3,   // FP8 e4m3fn bytes of normal · scale (RNE, saturating ±448; no NaN codes)
+  kE2M1Packed = 4,   // bytes of two uniformly random FP4 e2m1 codes (all 16 codes)
+  kUe8m0 = 5,        // ue8m0 bytes 127 + round(log2(scale)) + {−1, 0, +1} (uniform jitter)
+  kI32Uniform = 6,   // int32 uniform in [0, scale) (e.g. a hash-routing table tid2eid)
+};
+/// Device memory of a backend, in bytes (CPU: MemAvailable / MemTotal of /proc/meminfo).
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 // ---- decode plans built on the backend, CUDA graphs (docs/cuda.md §Graphs, docs/model.md) ------
 /// One compression rate's part of a decode plan (`DecodePlanArgs`); every array has the fixed
 /// capacity B (the bucket), row b describes batch row b. A row "closes" window w = pos / m iff
@@ -393,6 +412,20 @@ class Ops {
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void route(const RouteArgs& a) = 0;
   virtual void moe_experts(const MoeArgs& a) = 0;
+
+  // ---- dummy weights, memory and device queries ------------------------------------------
+  /// Writes `n` stored units of `kind` (f32 / bf16 / int32 values, or bytes for the 8-bit kinds;
+  /// kE2M1Packed: n bytes = 2n codes) to backend memory `dst`, generated on the backend from
+  /// (seed, unit index) only (fill_random.h). Default: generated on the host and uploaded.
+  virtual void fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed);
+  /// Free and total device memory (bytes). Default: {0, 0} (unknown).
+  virtual MemoryInfo memory_info();
+  /// One line naming the device: GPU name, driver and CUDA runtime versions / CPU model and
+  /// threads. Default: name().
+  virtual std::string device_info();
+  /// Backend-to-backend copy of `bytes` (stream-ordered; call synchronize() to wait).
+  /// Default: through a host buffer.
+  virtual void copy(void* dst, const void* src, size_t bytes);
 
   // ---- decode plans and graphs ------------------------------------------------------------
   /// Writes a decode step's plan from raw batch state (DecodePlanArgs); on a device backend it

@@ -15,6 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -25,6 +28,7 @@
 
 #include "base/thread_pool.h"
 #include "ops/cpu/gemm.h"
+#include "ops/fill_random.h"
 #include "ops/decode_plan_rows.h"
 #include "ops/ops.h"
 
@@ -553,6 +557,55 @@ class CpuOps final : public Ops {
         for (int c = 0; c < D; ++c) o[c] += v[c] * wj;
       }
     }
+  }
+
+  // ---- dummy weights, memory and device queries (ops.h) ---------------------------------
+  void fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) override {
+    if (n <= 0) return;
+    const fill::FillParams p = fill::make_params(kind, scale, seed);
+    pool_->parallel_for(
+        n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) fill::fill_one(dst, uint64_t(i), p);
+        },
+        int64_t(1) << 16);
+  }
+  MemoryInfo memory_info() override {
+    MemoryInfo m;
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb) {
+      std::getline(in, unit);
+      if (key == "MemTotal:") m.total_bytes = kb * 1024;
+      if (key == "MemAvailable:") m.free_bytes = kb * 1024;
+    }
+    return m;
+  }
+  std::string device_info() override {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line, model = "unknown CPU";
+    while (std::getline(in, line))
+      if (line.rfind("model name", 0) == 0) {
+        const size_t colon = line.find(':');
+        if (colon != std::string::npos) model = line.substr(colon + 2);
+        break;
+      }
+    return "CPU: " + model + ", " + std::to_string(std::thread::hardware_concurrency()) +
+           " hardware threads, backend pool " + std::to_string(pool_->size()) + " threads";
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    constexpr size_t kChunk = size_t(4) << 20;
+    const int64_t chunks = int64_t((bytes + kChunk - 1) / kChunk);
+    pool_->parallel_for(chunks, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const size_t off = size_t(c) * kChunk;
+        std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
+                    std::min(kChunk, bytes - off));
+      }
+    });
   }
 
   // Reference of the device-built decode plan: the shared per-row arithmetic, serially.

@@ -1,7 +1,9 @@
 // Backend-independent parts of ops.h: weight formats and the default `linear_w`.
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "ops/fill_random.h"
 #include "ops/ops.h"
 
 namespace v4::ops {
@@ -40,6 +42,29 @@ void Ops::linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, 
     throw std::invalid_argument(std::string("linear_w: backend '") + name() +
                                 "' does not read weights stored as " + wformat_name(w.format));
   linear(x, ldx, w.f32_rows(), M, w.n, w.k, y, ldy);
+}
+
+void Ops::fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) {
+  if (n <= 0) return;
+  const fill::FillParams p = fill::make_params(kind, scale, seed);
+  std::vector<uint8_t> host(size_t(n) * size_t(fill::unit_bytes(kind)));
+  for (int64_t i = 0; i < n; ++i) fill::fill_one(host.data(), uint64_t(i), p);
+  upload(dst, host.data(), host.size());
+}
+
+MemoryInfo Ops::memory_info() {
+  return {};
+}
+
+std::string Ops::device_info() {
+  return name();
+}
+
+void Ops::copy(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  std::vector<uint8_t> host(bytes);
+  download(host.data(), src, bytes);
+  upload(dst, host.data(), bytes);
 }
 
 }  // namespace v4::ops

@@ -21,6 +21,7 @@
 #include "ops/cuda/decode_plan.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/device_util.cuh"
+#include "ops/cuda/fill.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/moe.h"
@@ -584,6 +585,20 @@ class CudaOps final : public Ops {
   bool sample(const SampleArgs& a) override {
     if (a.n_rows > 0) record(sampler_.run(a, stream_));
     return true;
+  }
+
+  // ---- dummy weights, memory and device queries (ops.h; kernels in fill.cu) -------------
+  void fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) override {
+    record(cuda::fill_random(dst, n, fill::make_params(kind, scale, seed), stream_));
+  }
+  MemoryInfo memory_info() override {
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return {int64_t(free_b), int64_t(total_b)};
+  }
+  std::string device_info() override { return cuda::device_info(); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
 
   // ---- decode plans and graphs (docs/cuda.md §Graphs) --------------------------------------

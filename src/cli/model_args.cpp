@@ -1,0 +1,68 @@
+#include "cli/model_args.h"
+
+#include <filesystem>
+
+#include "base/log.h"
+#include "model/backend.h"
+
+namespace v4::cli {
+
+namespace fs = std::filesystem;
+
+void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
+  app.add_option("--load-format", a->load_format,
+                 "auto (the checkpoint's safetensors) or dummy (random weights of the real shapes "
+                 "and formats, generated on the device; only config.json is read)")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  app.add_option("--num-layers", a->num_layers,
+                 "keep only the first N decoder layers (e.g. a V4-Flash shape cut to one GPU)")
+      ->check(CLI::PositiveNumber);
+  if (with_precision)
+    app.add_option("--precision", a->precision,
+                   "weight GEMM arithmetic: auto (fp32 on cpu, bf16 on cuda), fp32 or bf16")
+        ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights");
+}
+
+std::string model_dir_of(const std::string& model) {
+  std::error_code ec;
+  if (fs::is_regular_file(model, ec)) {
+    const fs::path parent = fs::path(model).parent_path();
+    return parent.empty() ? "." : parent.string();
+  }
+  return model;
+}
+
+Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool) {
+  LoadedModel lm;
+  model::BackendOptions bo;
+  bo.precision = a.precision;
+  V4_ASSIGN_OR_RETURN(lm.ops, model::make_backend(a.device, pool, bo));
+  if (a.dummy()) {
+    V4_ASSIGN_OR_RETURN(lm.model, model::DeepseekV4::load_dummy(a.model, lm.ops.get(), {},
+                                                                a.num_layers, a.dummy_seed));
+    V4_LOG_WARN("{}", kDummyRoutingNote);
+    return lm;
+  }
+  std::error_code ec;
+  if (fs::is_regular_file(a.model, ec))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--model {}: a file; --load-format auto needs a checkpoint directory "
+                      "(or use --load-format dummy for a config.json alone)",
+                      a.model);
+  auto m = model::DeepseekV4::load(a.model, lm.ops.get(), {}, a.num_layers);
+  if (!m.ok()) {
+    bool has_weights = false;
+    for (auto& e : fs::directory_iterator(a.model, ec))
+      has_weights |= e.path().extension() == ".safetensors";
+    if (fs::exists(fs::path(a.model) / "config.json", ec) && !has_weights)
+      return make_error(m.status().code(), "{} (config.json only: use --load-format dummy for "
+                                           "random weights of this shape)",
+                        m.status().message());
+    return m.status();
+  }
+  lm.model = std::move(m).value();
+  return lm;
+}
+
+}  // namespace v4::cli

@@ -1,0 +1,58 @@
+// Model-loading options shared by `serve`, `generate`, `info` and `bench`:
+//   --load-format auto|dummy   auto = the checkpoint's safetensors; dummy = random weights of the
+//                              real shapes and formats generated on the device (only config.json
+//                              is read; --model may name the file itself)
+//   --num-layers N             keep the first N decoder layers (fit a V4-Flash/Pro shape on one GPU)
+//   --precision auto|fp32|bf16 arithmetic of the weight GEMMs (model::BackendOptions)
+//   --dummy-seed S             seed of the dummy weights (same seed → same weights on any backend)
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "model/deepseek_v4.h"
+#include "ops/ops.h"
+
+namespace v4 {
+class ThreadPool;
+}
+
+namespace v4::cli {
+
+/// Printed next to every number measured with --load-format dummy.
+inline constexpr const char* kDummyRoutingNote =
+    "weights are random (--load-format dummy): expert routing is roughly uniform over the "
+    "experts, unlike a trained model's";
+
+struct ModelArgs {
+  std::string model;  // --model: checkpoint directory; with dummy also a config.json file
+  std::string device = "cpu";
+  std::string load_format = "auto";
+  int num_layers = 0;  // 0 = all
+  std::string precision = "auto";
+  uint64_t dummy_seed = 0;
+  bool dummy() const { return load_format == "dummy"; }
+};
+
+/// Adds --load-format, --num-layers, --precision and --dummy-seed to `app` (--model and
+/// --device stay with each command: their help texts differ).
+void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision = true);
+
+struct LoadedModel {
+  std::unique_ptr<ops::Ops> ops;
+  std::unique_ptr<model::DeepseekV4> model;  // declared after ops: destroyed first
+};
+
+/// Creates the backend (model::make_backend with the precision) and loads the model as the
+/// options say. Errors: those of make_backend, DeepseekV4::load / load_dummy; a directory with
+/// config.json but no safetensors under --load-format auto gets a hint naming
+/// --load-format dummy.
+Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool = nullptr);
+
+/// The directory a --model argument refers to (itself, or the parent of a config file).
+std::string model_dir_of(const std::string& model);
+
+}  // namespace v4::cli

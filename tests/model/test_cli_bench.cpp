@@ -1,0 +1,99 @@
+// `v4serve bench` and `info --load-format dummy` as a user runs them on the CPU with a tiny config:
+// the Markdown report has every decode and prefill cell with a time, a floor and the header
+// lines (device, commit, command, weights by format, KV pools, bandwidth, the routing note).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  return {WEXITSTATUS(rc), out};
+}
+
+std::vector<std::string> cells(const std::string& row) {
+  std::vector<std::string> out;
+  std::stringstream ss(row.substr(1));
+  std::string c;
+  while (std::getline(ss, c, '|')) {
+    const size_t a = c.find_first_not_of(' '), b = c.find_last_not_of(' ');
+    out.push_back(a == std::string::npos ? "" : c.substr(a, b - a + 1));
+  }
+  return out;
+}
+
+TEST(CliBench, TinyDummyWritesEveryCell) {
+  const std::string md = (std::filesystem::temp_directory_path() /
+                          ("v4bench-" + std::to_string(::getpid()) + ".md"))
+                             .string();
+  const auto [rc, out] =
+      run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+          "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1,2 --context 64,256 "
+          "--steps 2 --threads 2 --out " + md);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream in(md);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  for (const char* s : {"- device: CPU", "- commit: ", "- command: `", "- date: ",
+                        "- weights (--load-format dummy): matrices f32", "- KV budget",
+                        "- KV pools", "- measured copy bandwidth: ",
+                        "expert routing is roughly uniform"})
+    EXPECT_NE(text.find(s), std::string::npos) << "missing '" << s << "' in\n" << text;
+  int decode = 0, prefill = 0;
+  std::stringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const bool d = line.rfind("| decode |", 0) == 0, p = line.rfind("| prefill |", 0) == 0;
+    if (!d && !p) continue;
+    (d ? decode : prefill)++;
+    const auto c = cells(line);
+    ASSERT_EQ(c.size(), 11u) << line;
+    EXPECT_EQ(c[10], "host plan") << "the CPU backend plans on the host: " << line;
+    const double ms = std::atof(c[4].c_str());
+    EXPECT_GT(ms, 0) << line;
+    EXPECT_GT(std::atof(c[6].c_str()), 0) << "tok/s: " << line;
+    if (d) {
+      EXPECT_GT(std::atof(c[8].c_str()), 0) << "byte floor: " << line;
+      EXPECT_NE(c[9].find("×"), std::string::npos) << line;
+      // tok/s = batch / step time
+      EXPECT_NEAR(std::atof(c[6].c_str()), std::atof(c[2].c_str()) / (ms / 1e3),
+                  0.01 * std::atof(c[6].c_str()) + 1)
+          << line;
+    } else {
+      EXPECT_EQ(c[3], c[1]) << "a chunk larger than the context is cut to the context: " << line;
+    }
+  }
+  EXPECT_EQ(decode, 4) << text;
+  EXPECT_EQ(prefill, 2) << text;
+  std::filesystem::remove(md);
+}
+
+TEST(CliBench, InfoDummyOnAShapeOnlyConfig) {
+  const auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
+                             "/models/configs/v4-flash --load-format dummy --num-layers 20");
+  ASSERT_EQ(rc, 0) << out;
+  for (const char* s : {"cut to the first 20 layers", "layers           20 (sliding 2, CSA 9, HCA 9",
+                        "mxfp4", "fp8-block", "bf16", "routed experts", "c4_kv"})
+    EXPECT_NE(out.find(s), std::string::npos) << "missing '" << s << "' in\n" << out;
+  const auto [rc2, out2] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
+                               "/models/configs/v4-flash");
+  EXPECT_NE(rc2, 0);
+  EXPECT_NE(out2.find("--load-format dummy"), std::string::npos) << out2;
+}
+
+}  // namespace
