@@ -25,7 +25,7 @@ rows, fails = [], 0
 
 def generate(model, ids, n, device):
     r = subprocess.run([binary, "generate", "--model", model, "--prompt-ids", ",".join(map(str, ids)),
-                        "--max-new-tokens", str(n), "--temperature", "0", "--device", device],
+                        "--max-new-tokens", str(n), "--temperature", "0", "--device", device] + (["--precision", "fp32"] if device == "cuda" else []),
                        capture_output=True, text=True, timeout=300)
     for line in r.stdout.splitlines():
         if line.startswith("tokens:"):
@@ -45,7 +45,7 @@ for name in sorted(os.listdir("tests/fixtures")):
     rows.append(f"| generate | {name} | {len(ids)} | {n} | {'identical' if ok else 'DIFFERENT'} |")
 
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-srv = subprocess.Popen([binary, "serve", "--model", "models/default", "--port", str(port), "--device", "cuda"],
+srv = subprocess.Popen([binary, "serve", "--model", "models/default", "--port", str(port), "--device", "cuda", "--precision", "fp32"],
                        stdout=open(os.path.join(os.path.dirname(out), "gpu-serve.log"), "w"), stderr=subprocess.STDOUT)
 try:
     for _ in range(600):

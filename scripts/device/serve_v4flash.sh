@@ -5,7 +5,7 @@
 #   1. /metrics scraped before and after everything;
 #   2. the 8K-in / 1K-out concurrency sweep ($V4_SWEEP, prefix cache off, random token ids,
 #      ignore_eos, $V4_FACTOR x concurrency prompts per level) -> sweep.md + sweep.json;
-#   3. GPU busy/idle between steps from the server's v4_gpu_* counters per sweep level;
+#   3. GPU busy/idle between steps from the server's v4serve_gpu_* counters per sweep level;
 #   4. optional ($V4_LONG=1): one request with a $V4_LONG_LEN-token prompt (TTFT, decode tok/s,
 #      pool use).
 # From the developer machine:
@@ -78,9 +78,9 @@ for c in sweep.split():
     except Exception as e:
         print("no rows for", c, e)
     d = lambda k: after.get(k, 0) - before.get(k, 0)
-    steps = d("v4_gpu_steps_total")
-    gaps.append((int(c), steps, d("v4_gpu_busy_seconds_total"), d("v4_gpu_idle_seconds_total"),
-                 d("v4_gpu_decode_steps_total"), d("v4_gpu_decode_idle_seconds_total"), wall))
+    steps = d("v4serve_gpu_steps_total")
+    gaps.append((int(c), steps, d("v4serve_gpu_busy_seconds_total"), d("v4serve_gpu_idle_seconds_total"),
+                 d("v4serve_gpu_decode_steps_total"), d("v4serve_gpu_decode_idle_seconds_total"), wall))
 json.dump(rows_all, open(f"{out}/sweep.json", "w"), indent=1)
 with open(f"{out}/gpu-idle.md", "w") as f:
     f.write("| concurrency | steps | GPU busy (s) | GPU idle between steps (s) | idle / step (us) | decode steps | idle / decode step (us) | wall (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")

@@ -141,6 +141,7 @@ struct EngineStats {
   double prompt_tokens_per_s = 0;         // input throughput, last interval
   double generation_tokens_per_s = 0;     // output throughput, last interval
   std::vector<PoolStats> pools;
+  DeviceTiming device;  // GPU busy/idle around steps (Executor::device_timing)
 };
 
 /// The engine: one scheduler thread owning the executor and all request state.

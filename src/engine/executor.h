@@ -45,6 +45,17 @@ struct SequenceStart {
   std::vector<int64_t> snapshot_points;
 };
 
+/// Device time around model steps (from ops::Ops::step_timing; zero on the CPU backend):
+/// busy = device time inside steps, idle = device time between a step's end and the next
+/// step's start (what host scheduling costs the GPU); decode_* = between consecutive decode-only
+/// steps. Seconds.
+struct DeviceTiming {
+  int64_t steps = 0;
+  double busy_s = 0, idle_s = 0;
+  int64_t decode_steps = 0;
+  double decode_busy_s = 0, decode_idle_s = 0;
+};
+
 /// Why a sequence ends (see Executor::end_sequence).
 enum class SequenceEnd { kFinished, kCancelled, kPreempted, kError };
 
@@ -64,6 +75,8 @@ class Executor {
   /// Must be non-decreasing in n_tokens and an upper bound of what `forward` really allocates,
   /// so that a step the scheduler admitted never runs out of memory.
   virtual std::vector<int64_t> pages_for(int64_t n_tokens) const = 0;
+  /// Device timing totals (thread-safe; default: none).
+  virtual DeviceTiming device_timing() const { return {}; }
   /// Pages in use right now, per pool (what the cache really holds).
   virtual std::vector<PoolUsage> pool_usage() const = 0;
 

@@ -205,4 +205,16 @@ Result<model::ForwardOutput> ModelExecutor::forward(const model::ForwardBatch& b
   return out;
 }
 
+DeviceTiming ModelExecutor::device_timing() const {
+  const ops::StepTiming t = ops_->step_timing();
+  DeviceTiming d;
+  d.steps = t.steps;
+  d.busy_s = t.busy_s;
+  d.idle_s = t.idle_s;
+  d.decode_steps = t.decode_steps;
+  d.decode_busy_s = t.decode_busy_s;
+  d.decode_idle_s = t.decode_idle_s;
+  return d;
+}
+
 }  // namespace v4::engine

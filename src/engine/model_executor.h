@@ -91,6 +91,7 @@ class ModelExecutor : public Executor {
   std::vector<int32_t> eos_token_ids() const;
 
   int64_t vocab_size() const override;
+  DeviceTiming device_timing() const override;
   int64_t max_context() const override { return max_context_; }
   std::vector<PoolSpec> pools() const override { return pools_; }
   std::vector<int64_t> pages_for(int64_t n_tokens) const override;

@@ -368,6 +368,11 @@ Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCa
   for (const SeqSlice& sl : batch.slices)
     V4_RETURN_IF_ERROR(kv.reserve(sl.seq, sl.start_pos + int64_t(sl.tokens.size())));
   // ---- 2.–4. plan, layers, head, commit ---------------------------------------------------
+  // Device-time markers (ops.h StepTiming): the paths call step_begin after host planning.
+  struct EndMarker {
+    ops::Ops* o;
+    ~EndMarker() { o->step_end(); }
+  } end_marker{ops_};
   if (decode_fast_path(batch, kv)) return forward_decode(batch, kv);
   return forward_host_plan(batch, kv);
 }
@@ -377,6 +382,11 @@ Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, c
   ops::Ops& o = *ops_;
   StepMemory mem(ops_);
   const HostStepPlan hp = plan_on_host(batch, kv, shape_of(c));
+  {
+    bool decode_only = true;
+    for (const SeqSlice& sl : batch.slices) decode_only &= sl.tokens.size() == 1;
+    ops_->step_begin(decode_only);
+  }
   Step st;
   st.kv = &kv;
   st.mem = &mem;
@@ -561,6 +571,7 @@ Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cach
   } guard{ds.stager};
   const int64_t ints = ds.stager.stage(batch, kv, B);
   decode_stats_.page_rows_sent += ds.stager.last_deltas();
+  ops_->step_begin(/*decode_only=*/true);
   ops_->upload(ds.staging.data(), ds.stager.host(), size_t(ints) * sizeof(int32_t));
 
   // Logits rows 0..n−1 (slice order) → tokens sampled on the backend and/or logits rows.

@@ -343,6 +343,17 @@ class Graph {
   virtual void replay() = 0;
 };
 
+/// GPU time around model steps (Ops::step_begin / step_end), for the overlap of host work with
+/// device work (/metrics v4_gpu_*). `idle` = device time between one step's end marker and the
+/// next step's begin marker (host scheduling, planning and sampling that the device waits for);
+/// `decode_*` counts only gaps between two consecutive decode-only steps. Seconds.
+struct StepTiming {
+  int64_t steps = 0;
+  double busy_s = 0, idle_s = 0;
+  int64_t decode_steps = 0;
+  double decode_busy_s = 0, decode_idle_s = 0;
+};
+
 /// Backend interface. One instance per device; not thread-safe (one forward at a time).
 class Ops {
  public:
@@ -411,6 +422,13 @@ class Ops {
   virtual void indexer_topk(const IndexerArgs& a) = 0;
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void route(const RouteArgs& a) = 0;
+  /// Markers around one model step's device work: `step_begin` right before its first device
+  /// operation (after host planning), `step_end` after its last result reached the host.
+  /// Backends without timers ignore them (CPU).
+  virtual void step_begin(bool decode_only) { (void)decode_only; }
+  virtual void step_end() {}
+  /// Totals since creation (all zero on backends without timers). Thread-safe.
+  virtual StepTiming step_timing() const { return {}; }
   virtual void moe_experts(const MoeArgs& a) = 0;
 
   // ---- dummy weights, memory and device queries ------------------------------------------

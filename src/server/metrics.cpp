@@ -164,6 +164,18 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   head("v4serve_generation_throughput_tokens_per_second", "gauge", "Generated tokens/s over the last stats interval.");
   o += fmt::format("v4serve_generation_throughput_tokens_per_second {}\n", st.generation_tokens_per_s);
 
+  head("v4serve_gpu_steps_total", "counter", "Model steps timed on the device (CUDA events).");
+  o += fmt::format("v4serve_gpu_steps_total {}\n", st.device.steps);
+  head("v4serve_gpu_busy_seconds_total", "counter", "Device time inside model steps.");
+  o += fmt::format("v4serve_gpu_busy_seconds_total {}\n", st.device.busy_s);
+  head("v4serve_gpu_idle_seconds_total", "counter", "Device time between one step's end and the next step's start.");
+  o += fmt::format("v4serve_gpu_idle_seconds_total {}\n", st.device.idle_s);
+  head("v4serve_gpu_decode_steps_total", "counter", "Decode-only steps that followed a decode-only step.");
+  o += fmt::format("v4serve_gpu_decode_steps_total {}\n", st.device.decode_steps);
+  head("v4serve_gpu_decode_busy_seconds_total", "counter", "Device time inside those decode steps.");
+  o += fmt::format("v4serve_gpu_decode_busy_seconds_total {}\n", st.device.decode_busy_s);
+  head("v4serve_gpu_decode_idle_seconds_total", "counter", "Device idle time before those decode steps.");
+  o += fmt::format("v4serve_gpu_decode_idle_seconds_total {}\n", st.device.decode_idle_s);
   head("v4serve_cache_used_pages", "gauge", "Pages in use per cache pool.");
   for (auto& p : st.pools) o += fmt::format("v4serve_cache_used_pages{{pool=\"{}\"}} {}\n", escape_label(p.name), p.used_pages);
   head("v4serve_cache_capacity_pages", "gauge", "Total pages per cache pool.");

@@ -287,6 +287,8 @@ class CudaOps final : public Ops {
       for (void* p : list) cudaFree(p);
     for (auto& [p, sz] : scratch_) cudaFree(p);
     for (void* p : retired_) cudaFree(p);
+    for (cudaEvent_t e : {ev_begin_, ev_end_[0], ev_end_[1]})
+      if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
   Status init() {
@@ -544,6 +546,46 @@ class CudaOps final : public Ops {
     launched("attention_kernel");
   }
 
+  // ---- step timing (ops.h StepTiming): CUDA events around each model step ----------------
+  void step_begin(bool decode_only) override {
+    if (capturing_) return;
+    if (!ev_begin_) {
+      for (cudaEvent_t* e : {&ev_begin_, &ev_end_[0], &ev_end_[1]})
+        check(cudaEventCreate(e), "cudaEventCreate");
+    }
+    check(cudaEventRecord(ev_begin_, stream_), "step_begin");
+    in_step_ = true;
+    cur_decode_ = decode_only;
+  }
+  void step_end() override {
+    if (capturing_ || !in_step_) return;
+    in_step_ = false;
+    cudaEvent_t end = ev_end_[cur_end_ ^ 1];
+    check(cudaEventRecord(end, stream_), "step_end");
+    check(cudaEventSynchronize(end), "step_end sync");
+    float busy_ms = 0, idle_ms = 0;
+    check(cudaEventElapsedTime(&busy_ms, ev_begin_, end), "step busy");
+    if (have_prev_) check(cudaEventElapsedTime(&idle_ms, ev_end_[cur_end_], ev_begin_), "step idle");
+    {
+      std::lock_guard<std::mutex> lk(timing_mu_);
+      timing_.steps += 1;
+      timing_.busy_s += busy_ms * 1e-3;
+      timing_.idle_s += idle_ms * 1e-3;
+      if (cur_decode_ && prev_decode_ && have_prev_) {
+        timing_.decode_steps += 1;
+        timing_.decode_busy_s += busy_ms * 1e-3;
+        timing_.decode_idle_s += idle_ms * 1e-3;
+      }
+    }
+    cur_end_ ^= 1;
+    have_prev_ = true;
+    prev_decode_ = cur_decode_;
+  }
+  StepTiming step_timing() const override {
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    return timing_;
+  }
+
   void route(const RouteArgs& a) override {
     if (a.n_rows <= 0) return;
     float* s = static_cast<float*>(scratch(2, size_t(a.n_rows * a.n_experts) * sizeof(float)));
@@ -694,6 +736,12 @@ class CudaOps final : public Ops {
 
   cudaStream_t stream_ = nullptr;
   int n_sms_ = 132;
+  // Step timing (step_begin / step_end).
+  cudaEvent_t ev_begin_ = nullptr, ev_end_[2] = {nullptr, nullptr};
+  int cur_end_ = 0;
+  bool in_step_ = false, have_prev_ = false, cur_decode_ = false, prev_decode_ = false;
+  mutable std::mutex timing_mu_;
+  StepTiming timing_;
   // Results of a row may not depend on the other rows of the call (fp32 reference mode).
   bool batch_invariant_ = true;
   Status status_;
