@@ -67,9 +67,10 @@ std::string device_info() {
   (void)cudaDriverGetVersion(&drv);
   (void)cudaRuntimeGetVersion(&rt);
   const std::string drv_str = driver_string();
-  return fmt::format(fmt::runtime("{} ({} SMs, {:.1f} GiB), driver {}(API {}.{}), CUDA runtime {}.{}"),
-                     name, sms, mem_gib, drv_str.empty() ? "" : drv_str + " ", drv / 1000,
-                     (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+  return fmt::format(
+      fmt::runtime("{} ({} SMs, {:.1f} GiB), driver {}(API {}.{}), CUDA runtime {}.{}"), name, sms,
+      mem_gib, drv_str.empty() ? "" : drv_str + " ", drv / 1000, (drv % 1000) / 10, rt / 1000,
+      (rt % 1000) / 10);
 }
 
 }  // namespace v4::cuda
