@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "base/log.h"
 #include "model/backend.h"
@@ -59,6 +61,13 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   e->swa_cap_pages_ = (opt.max_chunk_tokens + W - 1 + e->page_size_ - 1) / e->page_size_ + 1;
   const int64_t cfg_ctx = e->model_->config().max_position_embeddings;
   e->max_context_ = opt.max_context > 0 ? std::min(opt.max_context, cfg_ctx) : cfg_ctx;
+  e->device_sampling_ = opt.device_sampling;
+  if (const char* env = std::getenv("V4_DEVICE_SAMPLING"); env && std::string(env) == "0")
+    e->device_sampling_ = false;  // emergency switch without a CLI flag
+  if (e->ops_->sample(ops::SampleArgs{}))
+    V4_LOG_INFO("sampling: {} on the {} backend for requests without penalties",
+                e->device_sampling_ ? "on the device" : "on the host (device sampling off)",
+                e->ops_->name());
   if (opt.prefix_cache_bytes > 0 && e->ops_->name() != "cpu") {
     // The prefix store copies pool rows with host memcpy (two-tier binding, docs/cache.md §6);
     // on a device backend the pools live in device memory, so prefix caching stays off there.
@@ -184,7 +193,12 @@ void ModelExecutor::end_sequence(int32_t seq, SequenceEnd how, std::span<const i
 }
 
 Result<model::ForwardOutput> ModelExecutor::forward(const model::ForwardBatch& batch) {
-  auto out = model_->forward(batch, *cache_);
+  Result<model::ForwardOutput> out = [&] {
+    if (device_sampling_) return model_->forward(batch, *cache_);
+    model::ForwardBatch logits_only = batch;  // device sampling off: every slice gets logits
+    for (auto& sl : logits_only.slices) sl.sample.reset();
+    return model_->forward(logits_only, *cache_);
+  }();
   if (!out.ok() || !prefix_) return out;
   for (const auto& sl : batch.slices)
     V4_RETURN_IF_ERROR(prefix_->on_step(*cache_, sl.seq, sl.tokens));

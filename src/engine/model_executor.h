@@ -34,6 +34,11 @@ struct ModelExecutorOptions {
   /// caching. With it, a request resumes at the longest cached boundary of its prompt and every
   /// finished (or preempted) request's tokens are inserted for later requests.
   int64_t prefix_cache_bytes = 0;
+  /// Sample on the backend when it can (ops::Ops::sample; the CUDA backend): slices that carry
+  /// model::DeviceSampling then return a token id instead of a logits row. false = always
+  /// return logits (host sampling everywhere; for comparisons and debugging). The environment
+  /// variable V4_DEVICE_SAMPLING=0 also turns it off.
+  bool device_sampling = true;
   /// > 0 (`--mem-fraction F`): size the KV pools from device memory instead of kv_budget_bytes,
   /// measured when the executor is created (after the weights are loaded):
   ///   budget = F · total − (total − free) − workspace_reserve_bytes(config, max_chunk_tokens,
@@ -109,6 +114,7 @@ class ModelExecutor : public Executor {
   int64_t page_size_ = 0;
   int64_t swa_cap_pages_ = 0;  // per-sequence SWA bound
   int64_t max_context_ = 0;
+  bool device_sampling_ = true;
 };
 
 }  // namespace v4::engine

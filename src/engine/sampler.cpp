@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "ops/sample_math.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -12,13 +14,6 @@
 namespace v4::engine {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Greater-than on (value, -id): descending value, ascending id on ties (deterministic order).
 struct ByValueDesc {
@@ -50,50 +45,57 @@ void apply_penalties(const float* logits, int64_t vocab, const SamplingParams& p
   }
 }
 
+// Largest non-NaN value (NaNs are ignored; −inf when there is none).
 float max_value(const float* v, int64_t n) {
   int64_t i = 0;
   float m = -std::numeric_limits<float>::infinity();
 #if defined(__SSE2__)
   // Four independent 4-wide accumulators (vocabularies are ~10^5: this is the hot loop of greedy).
+  // MAXPS returns its second operand when either is NaN: the loaded values go first so a NaN
+  // never replaces the running maximum.
   __m128 a0 = _mm_set1_ps(m), a1 = a0, a2 = a0, a3 = a0;
   for (; i + 16 <= n; i += 16) {
-    a0 = _mm_max_ps(a0, _mm_loadu_ps(v + i));
-    a1 = _mm_max_ps(a1, _mm_loadu_ps(v + i + 4));
-    a2 = _mm_max_ps(a2, _mm_loadu_ps(v + i + 8));
-    a3 = _mm_max_ps(a3, _mm_loadu_ps(v + i + 12));
+    a0 = _mm_max_ps(_mm_loadu_ps(v + i), a0);
+    a1 = _mm_max_ps(_mm_loadu_ps(v + i + 4), a1);
+    a2 = _mm_max_ps(_mm_loadu_ps(v + i + 8), a2);
+    a3 = _mm_max_ps(_mm_loadu_ps(v + i + 12), a3);
   }
   alignas(16) float t[4];
   _mm_store_ps(t, _mm_max_ps(_mm_max_ps(a0, a1), _mm_max_ps(a2, a3)));
   m = std::max(std::max(t[0], t[1]), std::max(t[2], t[3]));
 #endif
-  for (; i < n; ++i) m = std::max(m, v[i]);
+  for (; i < n; ++i) m = std::max(m, v[i]);  // (m < NaN) is false: NaN ignored
   return m;
 }
 
-// Lowest index holding the maximum (ties go to the lowest id).
+// Lowest index holding the maximum (ties go to the lowest id; −0 == +0). NaNs are ignored; a row
+// of NaNs only gives 0. The device sampler (ops/cuda/sampling.cu) follows the same policy.
 int32_t argmax(const float* v, int64_t n) {
   const float m = max_value(v, n);
   for (int64_t i = 0; i < n; ++i)
     if (v[i] == m) return int32_t(i);
-  // Only NaNs: fall back to a scalar scan that ignores them.
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;
-  return int32_t(best);
+  return 0;  // only NaNs
 }
 
-// Builds the kept candidate set for non-greedy sampling. On return `idx` holds the kept ids (in
-// a deterministic order) and `w` (size vocab, indexed by id) their unnormalized probabilities;
-// returns the sum of kept weights. `w` initially holds penalized logits.
-double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<float>& w,
-                        std::vector<int32_t>& idx) {
-  const float inv_t = 1.0f / p.temperature;
-  float* x = w.data();
+// x = logits / T in place, as logit · fl(1/T) (the device does the same), NaN → −inf (a NaN
+// logit, or 0 · inf for a denormal T, never gets probability). Returns max x.
+float scale_logits(float* x, int64_t vocab, float temperature) {
+  const float inv_t = 1.0f / temperature;
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < vocab; ++i) {
     x[i] *= inv_t;
+    if (std::isnan(x[i])) x[i] = -std::numeric_limits<float>::infinity();
     mx = std::max(mx, x[i]);
   }
+  return mx;
+}
+
+// Builds the kept candidate set for non-greedy sampling from the scaled logits `x` (scale_logits;
+// `mx` = max x, finite). On return `idx` holds the kept ids in drawing order: (x desc, id asc)
+// when top-k or top-p is on, else ascending id; `e` (size vocab, indexed by id) holds their
+// unnormalized probabilities exp(x − mx). Returns the sum of kept weights (summed in that order).
+double build_candidates(int64_t vocab, const SamplingParams& p, float mx, const float* x, float* e,
+                        std::vector<int32_t>& idx) {
   idx.resize(size_t(vocab));
   std::iota(idx.begin(), idx.end(), 0);
   const bool use_k = p.top_k > 0 && p.top_k < vocab;
@@ -103,11 +105,11 @@ double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<floa
     idx.resize(size_t(p.top_k));
     std::sort(idx.begin(), idx.end(), ByValueDesc{x});
   }
-  // exp in place (only the candidates are read later).
+  // Weights of the candidates only (nothing else is read later).
   double sum = 0;
   for (int32_t i : idx) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
+    e[i] = std::exp(x[i] - mx);
+    sum += e[i];
   }
   if (use_p) {
     // Sort only as many of the most likely tokens as needed to reach the mass: select the top m
@@ -125,7 +127,7 @@ double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<floa
       keep = 0;
       bool reached = false;
       while (keep < m) {
-        cum += x[idx[keep]];
+        cum += e[idx[keep]];
         ++keep;
         if (cum >= target) {
           reached = true;
@@ -140,14 +142,14 @@ double build_candidates(int64_t vocab, const SamplingParams& p, std::vector<floa
   }
   if (p.min_p > 0.0f) {
     float pmax = 0;
-    for (int32_t i : idx) pmax = std::max(pmax, x[i]);
+    for (int32_t i : idx) pmax = std::max(pmax, e[i]);
     const float thr = p.min_p * pmax;  // relative to the max, so normalization cancels
     size_t o = 0;
     double s = 0;
     for (int32_t i : idx)
-      if (x[i] >= thr) {
+      if (e[i] >= thr) {
         idx[o++] = i;
-        s += x[i];
+        s += e[i];
       }
     idx.resize(o);
     sum = s;
@@ -175,8 +177,7 @@ void raw_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top
 }  // namespace
 
 double sampler_uniform(uint64_t seed, uint64_t index) {
-  uint64_t h = splitmix64(splitmix64(seed) ^ (index * 0xD1B54A32D192ED03ull));
-  return double(h >> 11) * (1.0 / 9007199254740992.0);
+  return ops::sample_uniform(seed, index);
 }
 
 Status validate_sampling(const SamplingParams& p, int64_t vocab) {
@@ -218,17 +219,24 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
     apply_penalties(logits, vocab, p, penalties, w.data());
     token = argmax(w.data(), vocab);
   } else {
-    w.resize(size_t(vocab));
-    apply_penalties(logits, vocab, p, penalties, w.data());
-    const double sum = build_candidates(vocab, p, w, idx);
-    const double u = sampler_uniform(seed, uint64_t(step)) * sum;
-    double cum = 0;
-    token = idx.empty() ? argmax(logits, vocab) : idx.back();
-    for (int32_t i : idx) {
-      cum += w[i];
-      if (u < cum) {
-        token = i;
-        break;
+    w.resize(size_t(vocab) * 2);  // [0, V): scaled logits x; [V, 2V): weights
+    float* x = w.data();
+    float* e = w.data() + vocab;
+    apply_penalties(logits, vocab, p, penalties, x);
+    const float mx = scale_logits(x, vocab, p.temperature);
+    if (!std::isfinite(mx)) {
+      token = argmax(x, vocab);  // no distribution (all −inf, or +inf present)
+    } else {
+      const double sum = build_candidates(vocab, p, mx, x, e, idx);
+      const double u = sampler_uniform(seed, uint64_t(step)) * sum;
+      double cum = 0;
+      token = idx.empty() ? argmax(logits, vocab) : idx.back();
+      for (int32_t i : idx) {
+        cum += e[i];
+        if (u < cum) {
+          token = i;
+          break;
+        }
       }
     }
   }
@@ -239,15 +247,20 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
 std::vector<float> sampling_distribution(const float* logits, int64_t vocab,
                                          const SamplingParams& p, const PenaltyState& penalties) {
   std::vector<float> out(static_cast<size_t>(vocab), 0.0f);
-  std::vector<float> w(static_cast<size_t>(vocab));
-  apply_penalties(logits, vocab, p, penalties, w.data());
+  std::vector<float> x(static_cast<size_t>(vocab)), e(static_cast<size_t>(vocab));
+  apply_penalties(logits, vocab, p, penalties, x.data());
   if (p.temperature == 0.0f) {
-    out[size_t(argmax(w.data(), vocab))] = 1.0f;
+    out[size_t(argmax(x.data(), vocab))] = 1.0f;
+    return out;
+  }
+  const float mx = scale_logits(x.data(), vocab, p.temperature);
+  if (!std::isfinite(mx)) {
+    out[size_t(argmax(x.data(), vocab))] = 1.0f;
     return out;
   }
   std::vector<int32_t> idx;
-  const double sum = build_candidates(vocab, p, w, idx);
-  for (int32_t i : idx) out[size_t(i)] = float(w[i] / sum);
+  const double sum = build_candidates(vocab, p, mx, x.data(), e.data(), idx);
+  for (int32_t i : idx) out[size_t(i)] = float(e[i] / sum);
   return out;
 }
 

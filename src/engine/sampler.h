@@ -7,6 +7,12 @@
 // (seed, i). So a seeded request gives the same tokens whatever else is in the batch, and a
 // preempted request recomputes to the same tokens.
 // Logprobs are log-softmax of the RAW logits (before penalties, temperature and truncation).
+// Exact rules (the device sampler, ops::Ops::sample, follows them for requests without
+// penalties): x = logit · fl(1/T) with NaN → −inf; a row whose max x is not finite gives argmax x;
+// top-k and top-p order tokens by (x desc, id asc); weights are exp(x − max x) in f32, summed in
+// f64 in drawing order; min-p keeps weights ≥ min_p; the draw walks the kept tokens in that
+// order (ascending id when neither top-k nor top-p is on). Greedy ignores NaN (an all-NaN row
+// gives token 0).
 #pragma once
 #include <cstdint>
 #include <unordered_map>
@@ -23,7 +29,8 @@ struct PenaltyState {
   std::vector<int32_t> prompt_tokens_unique;  // sorted, deduplicated; empty unless needed
 };
 
-/// A uniform double in [0, 1) from (seed, index): splitmix64 of both, 53 mantissa bits.
+/// A uniform double in [0, 1) from (seed, index): splitmix64 of both, 53 mantissa bits
+/// (ops::sample_uniform, shared with the device sampler).
 double sampler_uniform(uint64_t seed, uint64_t index);
 
 /// Checks sampling values; kInvalidArgument with the field name on error.

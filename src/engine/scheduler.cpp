@@ -1,11 +1,75 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
 
 namespace v4::engine {
+
+namespace {
+
+/// What a slice asks the executor to sample on the backend (model::DeviceSampling, used when
+/// the backend can): the request's own parameters when the slice ends its sequence's computed
+/// tokens (a token is drawn from it) and the request has no penalties (those need the token
+/// history, which stays on the host); when the slice does not end its sequence (a prefill chunk)
+/// nothing of its output is used, so a greedy draw spares the download of its logits row.
+std::optional<model::DeviceSampling> device_sampling(const SamplingParams& sp, uint64_t seed,
+                                                     int64_t step, bool draws) {
+  if (!draws) return model::DeviceSampling{};
+  if (sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
+    return std::nullopt;
+  model::DeviceSampling d;
+  d.temperature = sp.temperature;
+  d.top_k = sp.top_k;
+  d.top_p = sp.top_p;
+  d.min_p = sp.min_p;
+  d.seed = seed;
+  d.step = step;
+  d.top_logprobs = sp.logprobs ? sp.top_logprobs : -1;
+  return d;
+}
+
+/// The device-sampled logprobs of slice i (ForwardOutput's logprob fields).
+TokenLogprobs device_logprobs(const model::ForwardOutput& out, size_t i, int32_t token,
+                              int32_t top_logprobs) {
+  TokenLogprobs lp;
+  lp.token = token;
+  if (i < out.token_logprob.size()) lp.logprob = out.token_logprob[i];
+  const int32_t n = std::min(top_logprobs, out.top_n);
+  for (int32_t j = 0; j < n; ++j) {
+    const size_t o = i * size_t(out.top_n) + size_t(j);
+    if (o >= out.top_tokens.size() || out.top_tokens[o] < 0) break;
+    lp.top.push_back({out.top_tokens[o], out.top_logprobs[o]});
+  }
+  return lp;
+}
+
+/// Every slice that draws a token must get a sampled token or at least one logits row.
+Status check_output(const model::ForwardOutput& out, size_t n_slices, int64_t vocab,
+                    const std::vector<bool>& draws) {
+  if (out.row_begin.size() != n_slices + 1 ||
+      (!out.tokens.empty() && out.tokens.size() != n_slices))
+    return make_error(ErrorCode::kInternal,
+                      "forward returned {} row offsets and {} tokens for {} slices",
+                      out.row_begin.size(), out.tokens.size(), n_slices);
+  if (out.vocab != vocab || int64_t(out.logits.size()) < out.row_begin.back() * vocab)
+    return make_error(ErrorCode::kInternal,
+                      "forward returned {} logits of vocab {} for {} rows (vocab {})",
+                      out.logits.size(), out.vocab, out.row_begin.back(), vocab);
+  for (size_t i = 0; i < n_slices; ++i) {
+    const int32_t t = out.tokens.empty() ? -1 : out.tokens[i];
+    if (t >= vocab)
+      return make_error(ErrorCode::kInternal, "forward sampled token {} outside [0, {})", t, vocab);
+    if (draws[i] && t < 0 && out.row_begin[i + 1] <= out.row_begin[i])
+      return make_error(ErrorCode::kInternal,
+                        "forward returned neither a token nor logits for slice {}", i);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Scheduler::Scheduler(Executor& exec, EngineConfig config)
     : exec_(exec), config_(std::move(config)), pools_(exec.pools()), vocab_(exec.vocab_size()) {
@@ -324,29 +388,35 @@ Status Scheduler::step() {
   // 3. Run.
   model::ForwardBatch batch;
   batch.slices.resize(plan.size());
+  std::vector<bool> draws(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
     auto& sl = batch.slices[i];
     const Seq& s = *plan[i].s;
     sl.seq = s.exec_seq;
     sl.start_pos = s.n_computed;
     sl.tokens.assign(s.tokens.begin() + s.n_computed, s.tokens.begin() + s.n_computed + plan[i].n);
+    draws[i] = s.n_computed + plan[i].n == int64_t(s.tokens.size());
+    sl.sample = device_sampling(s.req.sampling, s.seed, s.n_generated, draws[i]);
     last_step_.n_tokens += plan[i].n;
     if (plan[i].decode) ++last_step_.n_decode_rows;
   }
   last_step_.n_slices = int32_t(plan.size());
   ++counters_.steps_total;
   auto fwd = exec_.forward(batch);
-  if (!fwd.ok()) {
+  const Status fwd_status =
+      fwd.ok() ? check_output(*fwd, plan.size(), vocab_, draws) : fwd.status();
+  if (!fwd_status.ok()) {
     V4_LOG_ERROR("step failed ({} sequences, {} tokens): {}", plan.size(), last_step_.n_tokens,
-                 fwd.status().to_string());
-    for (auto& pl : plan) finish(pl.s, FinishReason::kError, fwd.status(), &pending);
+                 fwd_status.to_string());
+    for (auto& pl : plan) finish(pl.s, FinishReason::kError, fwd_status, &pending);
     deliver(pending);
-    return fwd.status();
+    return fwd_status;
   }
   const model::ForwardOutput& out = *fwd;
 
-  // 4. Sample the rows whose sequence is fully computed (parallel over rows; each row's draw
-  //    depends only on its own logits, seed and step index).
+  // 4. Sample the rows whose sequence is fully computed: the token the backend sampled when
+  //    it did (same rules, ops.h SampleArgs), else on the host from the logits row (parallel
+  //    over rows; each row's draw depends only on its own logits, seed and step index).
   std::vector<size_t> sample_rows;
   for (size_t i = 0; i < plan.size(); ++i) {
     Seq& s = *plan[i].s;
@@ -356,18 +426,31 @@ Status Scheduler::step() {
   }
   std::vector<int32_t> sampled(sample_rows.size());
   std::vector<TokenLogprobs> lps(sample_rows.size());
+  std::vector<size_t> host_rows;  // indices into sample_rows drawn on the host
+  for (size_t k = 0; k < sample_rows.size(); ++k) {
+    const size_t i = sample_rows[k];
+    const int32_t t = out.tokens.empty() ? -1 : out.tokens[i];
+    if (t < 0) {
+      host_rows.push_back(k);
+      continue;
+    }
+    sampled[k] = t;
+    const SamplingParams& sp = plan[i].s->req.sampling;
+    if (sp.logprobs) lps[k] = device_logprobs(out, i, t, sp.top_logprobs);
+  }
   const int64_t vocab = out.vocab;
   ThreadPool::global().parallel_for(
-      int64_t(sample_rows.size()),
+      int64_t(host_rows.size()),
       [&](int64_t b, int64_t e) {
         std::vector<float> scratch;
         std::vector<int32_t> scratch_idx;
-        for (int64_t k = b; k < e; ++k) {
-          const size_t i = sample_rows[size_t(k)];
+        for (int64_t h = b; h < e; ++h) {
+          const size_t k = host_rows[size_t(h)];
+          const size_t i = sample_rows[k];
           const Seq& s = *plan[i].s;
           const float* row = out.logits.data() + (out.row_begin[i + 1] - 1) * vocab;
-          sampled[size_t(k)] = sample_token(row, vocab, s.req.sampling, s.seed, s.n_generated,
-                                            s.penalties, &lps[size_t(k)], &scratch, &scratch_idx);
+          sampled[k] = sample_token(row, vocab, s.req.sampling, s.seed, s.n_generated, s.penalties,
+                                    &lps[k], &scratch, &scratch_idx);
         }
       },
       // Rows of a small vocabulary are not worth a thread wake-up each.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
@@ -91,6 +92,132 @@ class StepScope {
   StepMemory& m_;
   StepMemory::Mark mark_;
 };
+
+/// The head's device sampling: rows `logits` [slices.size(), V] belong to batch.slices[slices[k]]
+/// (each with `sample` set); fills out->tokens (and the logprob fields when asked).
+/// Errors: kInternal when the backend refuses or returns a token outside the vocabulary.
+Status sample_on_device(ops::Ops* ops, int64_t V, const ForwardBatch& batch,
+                        const std::vector<size_t>& slices, const float* logits,
+                        ForwardOutput* out) {
+  const int64_t R = int64_t(slices.size());
+  std::vector<ops::SampleRowParams> prm(slices.size());
+  bool all_greedy = true, want_lp = false;
+  int32_t top_n = 0;
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const DeviceSampling& d = *batch.slices[slices[k]].sample;
+    ops::SampleRowParams& p = prm[k];
+    p.seed = d.seed;
+    p.step = d.step;
+    p.temperature = d.temperature;
+    p.top_p = d.top_p;
+    p.min_p = d.min_p;
+    p.top_k = d.top_k;
+    p.logprobs = d.top_logprobs >= 0 ? 1 : 0;
+    all_greedy &= d.temperature == 0.f;
+    want_lp |= d.top_logprobs >= 0;
+    top_n = std::max(top_n, d.top_logprobs);
+  }
+  if (top_n > 20)
+    return make_error(ErrorCode::kInvalidArgument, "forward: top_logprobs {} > 20", top_n);
+  auto prm_dev = upload_vec(ops, prm);
+  DeviceBuffer<int32_t> tok(ops, R), top_tok;
+  DeviceBuffer<float> lp, top_lp;
+  ops::SampleArgs sa;
+  sa.logits = logits;
+  sa.params = prm_dev.data();
+  sa.n_rows = R;
+  sa.vocab = V;
+  sa.all_greedy = all_greedy;
+  sa.out_tokens = tok.data();
+  if (want_lp) {
+    lp = DeviceBuffer<float>(ops, R);
+    sa.out_logprob = lp.data();
+    sa.top_n = top_n;
+    if (top_n > 0) {
+      top_tok = DeviceBuffer<int32_t>(ops, R * top_n);
+      top_lp = DeviceBuffer<float>(ops, R * top_n);
+      sa.out_top_tokens = top_tok.data();
+      sa.out_top_logprobs = top_lp.data();
+    }
+  }
+  if (!ops->sample(sa))
+    return make_error(ErrorCode::kInternal, "forward: the {} backend refused to sample",
+                      ops->name());
+  std::vector<int32_t> toks(slices.size());
+  ops->download(toks.data(), tok.data(), toks.size() * sizeof(int32_t));
+  const size_t n_sl = batch.slices.size();
+  out->tokens.assign(n_sl, -1);
+  for (size_t k = 0; k < slices.size(); ++k) {
+    if (toks[k] < 0 || toks[k] >= V)
+      return make_error(ErrorCode::kInternal, "forward: sampled token {} outside [0, {})", toks[k],
+                        V);
+    out->tokens[slices[k]] = toks[k];
+  }
+  if (want_lp) {
+    std::vector<float> l(slices.size()), tl(size_t(R * top_n));
+    std::vector<int32_t> tt(size_t(R * top_n));
+    ops->download(l.data(), lp.data(), l.size() * sizeof(float));
+    if (top_n > 0) {
+      ops->download(tt.data(), top_tok.data(), tt.size() * sizeof(int32_t));
+      ops->download(tl.data(), top_lp.data(), tl.size() * sizeof(float));
+    }
+    out->token_logprob.assign(n_sl, std::numeric_limits<float>::quiet_NaN());
+    out->top_n = top_n;
+    out->top_tokens.assign(n_sl * size_t(top_n), -1);
+    out->top_logprobs.assign(n_sl * size_t(top_n), std::numeric_limits<float>::quiet_NaN());
+    for (size_t k = 0; k < slices.size(); ++k) {
+      if (prm[k].logprobs == 0) continue;
+      const size_t i = slices[k];
+      out->token_logprob[i] = l[k];
+      for (int32_t j = 0; j < top_n; ++j) {
+        out->top_tokens[i * size_t(top_n) + size_t(j)] = tt[k * size_t(top_n) + size_t(j)];
+        out->top_logprobs[i * size_t(top_n) + size_t(j)] = tl[k * size_t(top_n) + size_t(j)];
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+/// Output of a decode step whose logits rows [n, V] (on the backend) follow the slices, one row
+/// per slice: slices asking for `sample` get a token sampled on the backend when it can (no
+/// logits row), the others their row. Mixed steps gather each kind into one block first.
+Status decode_output(ops::Ops* ops, int64_t V, const ForwardBatch& batch, const float* logits,
+                     ForwardOutput* out) {
+  const size_t n = batch.slices.size();
+  std::vector<size_t> dev;
+  std::vector<int32_t> dev_rows, host_rows;
+  for (size_t i = 0; i < n; ++i)
+    if (batch.slices[i].sample && !batch.slices[i].logits_all) dev.push_back(i);
+  if (!dev.empty() && !ops->sample(ops::SampleArgs{})) dev.clear();
+  out->row_begin.assign(1, 0);
+  for (size_t i = 0, k = 0; i < n; ++i) {
+    if (k < dev.size() && dev[k] == i) {
+      dev_rows.push_back(int32_t(i));
+      ++k;
+    } else {
+      host_rows.push_back(int32_t(i));
+    }
+    out->row_begin.push_back(int64_t(host_rows.size()));
+  }
+  auto gathered = [&](const std::vector<int32_t>& rows, DeviceBuffer<float>* tmp) {
+    if (rows.size() == n) return logits;  // every row, in order
+    auto idx = upload_vec(ops, rows);
+    *tmp = DeviceBuffer<float>(ops, int64_t(rows.size()) * V);
+    ops->gather_rows(logits, idx.data(), int64_t(rows.size()), V, tmp->data());
+    return static_cast<const float*>(tmp->data());
+  };
+  if (!dev.empty()) {
+    DeviceBuffer<float> tmp;
+    V4_RETURN_IF_ERROR(sample_on_device(ops, V, batch, dev, gathered(dev_rows, &tmp), out));
+  }
+  out->logits.resize(host_rows.size() * size_t(V));
+  if (!host_rows.empty()) {
+    DeviceBuffer<float> tmp;
+    ops->download(out->logits.data(), gathered(host_rows, &tmp),
+                  out->logits.size() * sizeof(float));
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -288,21 +415,35 @@ Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, c
 
   float* h = run_layers(st);
 
-  // Head on the rows that return logits.
+  // Head on the rows that return logits or a sampled token. Slices asking for `sample` (not
+  // logits_all) are sampled on the backend when it can (Ops::sample; a call with no rows asks).
+  // Their rows go last in the head's row list, so the logits rows to download stay one block in
+  // slice order and the sampled rows only send back token ids (and logprobs).
   ForwardOutput out;
-  out.vocab = c.vocab_size;
+  const int64_t V = c.vocab_size;
+  out.vocab = V;
   out.row_begin.push_back(0);
+  std::vector<size_t> dev_slices;
+  for (size_t i = 0; i < batch.slices.size(); ++i)
+    if (batch.slices[i].sample && !batch.slices[i].logits_all) dev_slices.push_back(i);
+  if (!dev_slices.empty() && !o.sample(ops::SampleArgs{})) dev_slices.clear();
   std::vector<int32_t> sel;
-  for (size_t i = 0; i < batch.slices.size(); ++i) {
-    if (batch.slices[i].logits_all)
+  for (size_t i = 0, k = 0; i < batch.slices.size(); ++i) {
+    if (k < dev_slices.size() && dev_slices[k] == i)
+      ++k;  // no logits rows
+    else if (batch.slices[i].logits_all)
       for (int64_t r = hp.row0[i]; r < hp.row0[i + 1]; ++r) sel.push_back(int32_t(r));
     else
       sel.push_back(int32_t(hp.row0[i + 1] - 1));
     out.row_begin.push_back(int64_t(sel.size()));
   }
+  const int64_t R_logits = int64_t(sel.size()), R_dev = int64_t(dev_slices.size());
+  for (size_t i : dev_slices) sel.push_back(int32_t(hp.row0[i + 1] - 1));
   const int64_t R = int64_t(sel.size());
   const float* logits = head(st, h, to_step(ops_, mem, sel), R);
-  out.logits.resize(size_t(R * c.vocab_size));
+  if (R_dev > 0)
+    V4_RETURN_IF_ERROR(sample_on_device(ops_, V, batch, dev_slices, logits + R_logits * V, &out));
+  out.logits.resize(size_t(R_logits * V));
   o.download(out.logits.data(), logits, out.logits.size() * sizeof(float));
 
   for (const SeqSlice& sl : batch.slices)
@@ -422,16 +563,14 @@ Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cach
   decode_stats_.page_rows_sent += ds.stager.last_deltas();
   ops_->upload(ds.staging.data(), ds.stager.host(), size_t(ints) * sizeof(int32_t));
 
+  // Logits rows 0..n−1 (slice order) → tokens sampled on the backend and/or logits rows.
   ForwardOutput out;
   out.vocab = c.vocab_size;
-  for (int64_t i = 0; i <= n; ++i) out.row_begin.push_back(i);
-  out.logits.resize(size_t(n * c.vocab_size));
-  const size_t out_bytes = out.logits.size() * sizeof(float);
   DecodeState::Entry& e = ds.entries[{B, ctx}];
   const bool graphs = decode_opt_.graphs && ops_->supports_graphs();
   if (graphs && e.graph) {
     e.graph->replay();
-    ops_->download(out.logits.data(), e.logits, out_bytes);
+    V4_RETURN_IF_ERROR(decode_output(ops_, c.vocab_size, batch, e.logits, &out));
     ++decode_stats_.graph_replays;
     ++decode_stats_.replays[{B, ctx}];
   } else {
@@ -441,7 +580,7 @@ Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cach
       st.kv = &kv;
       st.mem = &mem;
       const float* logits = decode_body(st, ds, B, ctx);
-      ops_->download(out.logits.data(), logits, out_bytes);
+      V4_RETURN_IF_ERROR(decode_output(ops_, c.vocab_size, batch, logits, &out));
       e.peak = std::max(e.peak, mem.peak());
     }
     ++decode_stats_.device_plan_steps;

@@ -221,6 +221,45 @@ struct HcArgs {
   float* comb = nullptr;       // [S, n, n] Sinkhorn-normalized, comb[j][k]
 };
 
+/// One row's parameters of `Ops::sample` (device array [R]; 40 bytes, the same layout on host
+/// and device). Same meaning as engine::SamplingParams for a request without penalties.
+struct SampleRowParams {
+  uint64_t seed = 0;        // the request's seed
+  int64_t step = 0;         // index of the token being generated (0 = first)
+  float temperature = 0.f;  // 0 = greedy (argmax); > 0 divides the logits
+  float top_p = 1.f;        // nucleus mass in (0, 1]; 1 = off
+  float min_p = 0.f;        // in [0, 1]; 0 = off
+  int32_t top_k = 0;        // <= 0 or >= V = off
+  int32_t logprobs = 0;     // non-zero: fill this row's logprob outputs (when given)
+  int32_t reserved = 0;
+};
+static_assert(sizeof(SampleRowParams) == 40, "SampleRowParams layout is shared with the device");
+
+/// Arguments of `Ops::sample`: one token per row of logits, chosen exactly as the CPU sampler
+/// (engine/sampler.h, sample_token) does for a request without penalties:
+/// temperature == 0 → argmax (lowest id on ties; NaN ignored; an all-NaN row gives 0).
+/// Otherwise x = logit / T (as logit · fl(1/T), NaN → −inf) → top-k → top-p (the shortest prefix
+/// of the (x desc, id asc) order whose mass reaches top_p · mass) → min-p (keep w ≥ min_p, w =
+/// exp(x − max x)) → one draw u = sample_uniform(seed, step) (ops/sample_math.h) walked over
+/// the kept tokens in that order (in id order when neither top-k nor top-p is on). A row whose
+/// max x is not finite gives the argmax of x. Logprobs are log-softmax of the RAW logits.
+/// A row's result depends only on that row (batch-invariant).
+struct SampleArgs {
+  const float* logits = nullptr;            // [R, V] f32, row stride V
+  const SampleRowParams* params = nullptr;  // [R]; may be nullptr when all_greedy
+  int64_t n_rows = 0;                       // R
+  int64_t vocab = 0;                        // V
+  /// Host hint: every row is greedy (temperatures are not read; only the argmax runs).
+  bool all_greedy = false;
+  int32_t* out_tokens = nullptr;  // [R]
+  // Optional raw logprobs, for the rows whose params.logprobs != 0 (every row when params is
+  // nullptr); other rows' entries are left untouched. out_logprob == nullptr: none at all.
+  float* out_logprob = nullptr;       // [R] logprob of the chosen token
+  int32_t top_n = 0;                  // 0..20 most likely raw tokens per row
+  int32_t* out_top_tokens = nullptr;  // [R, top_n] descending logit, lower id first on ties
+  float* out_top_logprobs = nullptr;  // [R, top_n]; -1 / NaN past the vocabulary
+};
+
 // ---- dummy weights, memory and device queries (v4serve bench, --load-format dummy) ----------
 /// What `Ops::fill_random` writes; the exact generator is src/ops/fill_random.h (counter-based, so
 /// the CPU and CUDA backends give identical bytes for the same seed). "normal" = approximately
@@ -400,6 +439,12 @@ class Ops {
   /// run once with the same shapes (first-call scratch growth). Exceptions from `body` end the
   /// capture and propagate.
   virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { return nullptr; }
+
+  // ---- sampling ------------------------------------------------------------------------------
+  /// Chooses one token per row on the backend (SampleArgs). Returns false when the backend does
+  /// not sample (the default: the caller downloads logits and samples on the host); a call with
+  /// n_rows == 0 is a capability query that does nothing. Asynchronous like every op.
+  virtual bool sample(const SampleArgs& a) { return false; }
 };
 
 /// RAII owner of backend memory holding `n` values of T.

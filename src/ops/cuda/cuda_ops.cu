@@ -26,6 +26,7 @@
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
+#include "ops/cuda/sampling.h"
 #include "ops/cuda/topk.h"
 #include "ops/cuda/wgemm.h"
 
@@ -580,6 +581,12 @@ class CudaOps final : public Ops {
     return Status::Ok();
   }
 
+  // Device sampling (ops/cuda/sampling.h): only token ids and logprobs leave the GPU.
+  bool sample(const SampleArgs& a) override {
+    if (a.n_rows > 0) record(sampler_.run(a, stream_));
+    return true;
+  }
+
   // ---- dummy weights, memory and device queries (ops.h; kernels in fill.cu) -------------
   void fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) override {
     record(cuda::fill_random(dst, n, fill::make_params(kind, scale, seed), stream_));
@@ -701,6 +708,7 @@ class CudaOps final : public Ops {
   bool capturing_ = false;
   int live_graphs_ = 0;
   std::vector<void*> retired_;  // grown-out scratch kept for live graphs
+  cuda::DeviceSampler sampler_;  // grow-only scratch of `sample`
 };
 
 // A captured graph of CudaOps work, replayed on its stream.
