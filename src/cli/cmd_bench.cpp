@@ -261,6 +261,11 @@ class Bench {
 
  private:
   int64_t steps_total() const { return o_.warmup + o_.steps; }
+  /// Context a decode cell runs at: L, or max_position_embeddings − (warm-up + steps) when the
+  /// steps would pass the model's last position (so "1M" decodes with ~1M tokens cached).
+  int64_t decode_context(int64_t L) const {
+    return std::min(L, model_.config().max_position_embeddings - steps_total());
+  }
   int64_t chunk_for(int64_t L) const { return std::min(o_.prefill_chunk, L); }
 
   // Pages one decode cell needs: per sequence the virtual pages of L + steps tokens, SWA pages
@@ -313,11 +318,11 @@ class Bench {
         n_pages = std::max(n_pages, prefill_vpages(L));
         n_swa = std::max(n_swa, prefill_swa(L));
       }
+      const int64_t Ld = decode_context(L);
       for (int64_t B : batches_)
-        if (L + steps_total() <= c.max_position_embeddings &&
-            decode_need_bytes(L, B) <= double(budget)) {
+        if (Ld > 0 && decode_need_bytes(Ld, B) <= double(budget)) {
           max_seqs = std::max(max_seqs, B);
-          n_pages = std::max(n_pages, B * decode_vpages(L));
+          n_pages = std::max(n_pages, B * decode_vpages(Ld));
           n_swa = std::max(n_swa, B * decode_swa_per_seq());
         }
     }
@@ -396,17 +401,20 @@ class Bench {
     return r;
   }
 
-  Row decode_cell(int64_t L, int64_t B) {
+  Row decode_cell(int64_t L_asked, int64_t B) {
     const model::ModelConfig& c = model_.config();
     Row r;
     r.phase = "decode";
-    r.context = L;
+    r.context = L_asked;
     r.batch = B;
     r.tokens = B;
-    if (L + steps_total() > c.max_position_embeddings) {
+    if (L_asked > c.max_position_embeddings || decode_context(L_asked) < 1) {
       r.why = fmt::format("exceeds max_position_embeddings {}", c.max_position_embeddings);
       return r;
     }
+    const int64_t L = decode_context(L_asked);
+    r.context = L;
+    if (L != L_asked) clamped_ = true;
     const auto& ko = kv_->options();
     if (B > ko.max_seqs || B * decode_vpages(L) > ko.n_pages ||
         B * decode_swa_per_seq() > ko.n_swa_pages)
@@ -541,6 +549,11 @@ class Bench {
         "distinct routed experts E·(1 − (1 − k/E)^B) per MoE layer, lm_head, the KV rows the "
         "queries read, model::decode_step_bytes) / measured copy bandwidth.\n",
         c.vocab_size, o_.steps, o_.warmup);
+    if (clamped_)
+      md += fmt::format(
+          "- decode cells whose warm-up + steps would pass max_position_embeddings ({}) start at "
+          "{} − {} tokens; the context column shows the context used.\n",
+          c.max_position_embeddings, c.max_position_embeddings, steps_total());
     md += fmt::format(
         "- prefill: one sequence fast-forwarded to context − chunk, one step of `chunk` tokens; "
         "median of {} after {} warm-up. FLOP floor = model::prefill_step_flops (2 · active "
@@ -581,6 +594,7 @@ class Bench {
   std::unique_ptr<cache::KvCache> kv_;
   std::vector<Row> rows_;
   bool fatal_ = false;
+  bool clamped_ = false;  // a decode cell ran below its asked context (max_position_embeddings)
 };
 
 int run_bench(const BenchOptions& o) {

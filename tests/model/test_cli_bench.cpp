@@ -84,6 +84,22 @@ TEST(CliBench, TinyDummyWritesEveryCell) {
   std::filesystem::remove(md);
 }
 
+// Decode "at 1M" on a model whose last position is 1M − 1 runs with the cache at 1M − (warm-up +
+// steps) tokens and says so; prefill at 1M ends exactly at the last position.
+TEST(CliBench, DecodeAtTheLastPositionsIsClamped) {
+  const auto [rc, out] =
+      run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+          "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1 --context 1M "
+          "--steps 2 --warmup 1 --prefill-chunk 16 --prefill-steps 1 --prefill-warmup 0 "
+          "--threads 2");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("| decode | 1048573 | 1 | 1 | "), std::string::npos) << out;
+  EXPECT_NE(out.find("| prefill | 1048576 | 1 | 16 | "), std::string::npos) << out;
+  EXPECT_NE(out.find("start at 1048576 − 3 tokens"), std::string::npos) << out;
+  EXPECT_EQ(out.find("exceeds"), std::string::npos) << out;
+  EXPECT_EQ(out.find("does not fit"), std::string::npos) << out;
+}
+
 TEST(CliBench, InfoDummyOnAShapeOnlyConfig) {
   const auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
                              "/models/configs/v4-flash --load-format dummy --num-layers 20");
