@@ -4,8 +4,8 @@
 //   filled once with random values (so the indexer's top-k sees a real score spread); each timed
 //   step decodes one token per sequence through DeepseekV4::forward (plan — host, or device plan
 //   + graph replay on CUDA, reported per cell —, every layer, lm_head, logits download) followed by
-//   Ops::synchronize, timed with steady_clock; median of --steps after --warmup. Byte floor = model::decode_step_bytes / the device-to-device copy
-//   bandwidth measured in the same run.
+//   Ops::synchronize, timed with steady_clock; median of --steps after --warmup. Byte floor =
+//   model::decode_step_bytes / the device-to-device copy bandwidth measured in the same run.
 // - prefill: one sequence fast-forwarded to L − chunk, one timed step of `chunk` tokens.
 //   FLOP floor = model::prefill_step_flops / a dense peak constant (--peak-tflops).
 // A cell that does not fit in the KV pools prints "does not fit (needs X GiB)".
@@ -59,7 +59,9 @@ struct BenchOptions {
   uint64_t seed = 1;
 };
 
-double gib(double b) { return b / double(int64_t(1) << 30); }
+double gib(double b) {
+  return b / double(int64_t(1) << 30);
+}
 
 /// "1,16,4K,1M" → {1, 16, 4096, 1048576} (K = 1024, M = 1048576).
 Result<std::vector<int64_t>> parse_list(const std::string& s, const char* flag) {
@@ -79,8 +81,8 @@ Result<std::vector<int64_t>> parse_list(const std::string& s, const char* flag) 
       if (used != item.size() || v <= 0) throw std::invalid_argument(item);
       out.push_back(int64_t(v) * mult);
     } catch (const std::exception&) {
-      return make_error(ErrorCode::kInvalidArgument, "{} '{}': expected positive integers like 1,16,4K,1M",
-                        flag, s);
+      return make_error(ErrorCode::kInvalidArgument,
+                        "{} '{}': expected positive integers like 1,16,4K,1M", flag, s);
     }
   }
   if (out.empty()) return make_error(ErrorCode::kInvalidArgument, "{}: empty list", flag);
@@ -115,7 +117,8 @@ std::string commit_id(const std::string& model_dir) {
     const std::string q = "'" + dir + "'";
     std::string id = shell(("git -C " + q + " rev-parse --short HEAD 2>/dev/null").c_str());
     if (id.empty()) continue;
-    if (!shell(("git -C " + q + " status --porcelain --untracked-files=no 2>/dev/null | head -1").c_str())
+    if (!shell(("git -C " + q + " status --porcelain --untracked-files=no 2>/dev/null | head -1")
+                   .c_str())
              .empty())
       id += " + uncommitted changes";
     return id;
@@ -201,9 +204,10 @@ std::string row_md(const Row& r) {
 }
 
 /// How `steps` decode steps ran, from the model's decode counters before and after.
-std::string path_of(const model::DeepseekV4::DecodeStats& a, const model::DeepseekV4::DecodeStats& b,
-                    int steps) {
-  const int64_t g = b.graph_replays - a.graph_replays, d = b.device_plan_steps - a.device_plan_steps;
+std::string path_of(const model::DeepseekV4::DecodeStats& a,
+                    const model::DeepseekV4::DecodeStats& b, int steps) {
+  const int64_t g = b.graph_replays - a.graph_replays,
+                d = b.device_plan_steps - a.device_plan_steps;
   const int64_t h = b.host_plan_steps - a.host_plan_steps;
   if (g == steps) return "graph replay";
   if (d == steps) return "device plan";
@@ -219,8 +223,7 @@ class Bench {
     auto bs = parse_list(o_.batches, "--batch");
     auto ls = parse_list(o_.contexts, "--context");
     if (!bs.ok() || !ls.ok()) {
-      std::fprintf(stderr, "error: %s\n",
-                   (!bs.ok() ? bs.status() : ls.status()).message().c_str());
+      std::fprintf(stderr, "error: %s\n", (!bs.ok() ? bs.status() : ls.status()).message().c_str());
       return 2;
     }
     batches_ = *bs;
@@ -234,7 +237,8 @@ class Bench {
     try {
       bw_ = measure_copy_bandwidth(ops_, copy_bytes, &copy_ms);
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "error: cannot allocate 2 × %lld MiB for the copy-bandwidth measurement\n",
+      std::fprintf(stderr,
+                   "error: cannot allocate 2 × %lld MiB for the copy-bandwidth measurement\n",
                    (long long)(copy_bytes >> 20));
       return 1;
     }
@@ -257,6 +261,11 @@ class Bench {
 
  private:
   int64_t steps_total() const { return o_.warmup + o_.steps; }
+  /// Context a decode cell runs at: L, or max_position_embeddings − (warm-up + steps) when the
+  /// steps would pass the model's last position (so "1M" decodes with ~1M tokens cached).
+  int64_t decode_context(int64_t L) const {
+    return std::min(L, model_.config().max_position_embeddings - steps_total());
+  }
   int64_t chunk_for(int64_t L) const { return std::min(o_.prefill_chunk, L); }
 
   // Pages one decode cell needs: per sequence the virtual pages of L + steps tokens, SWA pages
@@ -270,8 +279,8 @@ class Bench {
     return (chunk_for(L) + spec_.sliding_window - 1 + P_ - 1) / P_ + 1;
   }
   double decode_need_bytes(int64_t L, int64_t B) const {
-    return double(B) * (double(decode_vpages(L)) * vpage_b_ +
-                        double(decode_swa_per_seq()) * swa_b_ + state_b_);
+    return double(B) *
+           (double(decode_vpages(L)) * vpage_b_ + double(decode_swa_per_seq()) * swa_b_ + state_b_);
   }
   double prefill_need_bytes(int64_t L) const {
     return double(prefill_vpages(L)) * vpage_b_ + double(prefill_swa(L)) * swa_b_ + state_b_;
@@ -288,7 +297,8 @@ class Bench {
     const int64_t Lmax = *std::max_element(contexts_.begin(), contexts_.end());
     int64_t budget = o_.kv_cache_bytes;
     if (budget > 0) {
-      budget_line_ = fmt::format("KV budget {:.2f} GiB (--kv-cache-bytes {})", gib(double(budget)), budget);
+      budget_line_ =
+          fmt::format("KV budget {:.2f} GiB (--kv-cache-bytes {})", gib(double(budget)), budget);
     } else {
       const int64_t reserve = engine::workspace_reserve_bytes(
           c, std::max(o_.prefill_chunk, Bmax), std::min<int64_t>(Lmax, c.max_position_embeddings));
@@ -308,11 +318,11 @@ class Bench {
         n_pages = std::max(n_pages, prefill_vpages(L));
         n_swa = std::max(n_swa, prefill_swa(L));
       }
+      const int64_t Ld = decode_context(L);
       for (int64_t B : batches_)
-        if (L + steps_total() <= c.max_position_embeddings &&
-            decode_need_bytes(L, B) <= double(budget)) {
+        if (Ld > 0 && decode_need_bytes(Ld, B) <= double(budget)) {
           max_seqs = std::max(max_seqs, B);
-          n_pages = std::max(n_pages, B * decode_vpages(L));
+          n_pages = std::max(n_pages, B * decode_vpages(Ld));
           n_swa = std::max(n_swa, B * decode_swa_per_seq());
         }
     }
@@ -362,9 +372,8 @@ class Bench {
       Status st = step(i, &dt);
       if (!st.ok()) {
         r.ok = false;
-        r.why = st.code() == ErrorCode::kResourceExhausted
-                    ? "does not fit (" + st.message() + ")"
-                    : "error: " + st.message();
+        r.why = st.code() == ErrorCode::kResourceExhausted ? "does not fit (" + st.message() + ")"
+                                                           : "error: " + st.message();
         return false;
       }
       if (i >= warmup) t.push_back(dt * 1e3);
@@ -392,19 +401,23 @@ class Bench {
     return r;
   }
 
-  Row decode_cell(int64_t L, int64_t B) {
+  Row decode_cell(int64_t L_asked, int64_t B) {
     const model::ModelConfig& c = model_.config();
     Row r;
     r.phase = "decode";
-    r.context = L;
+    r.context = L_asked;
     r.batch = B;
     r.tokens = B;
-    if (L + steps_total() > c.max_position_embeddings) {
+    if (L_asked > c.max_position_embeddings || decode_context(L_asked) < 1) {
       r.why = fmt::format("exceeds max_position_embeddings {}", c.max_position_embeddings);
       return r;
     }
+    const int64_t L = decode_context(L_asked);
+    r.context = L;
+    if (L != L_asked) clamped_ = true;
     const auto& ko = kv_->options();
-    if (B > ko.max_seqs || B * decode_vpages(L) > ko.n_pages || B * decode_swa_per_seq() > ko.n_swa_pages)
+    if (B > ko.max_seqs || B * decode_vpages(L) > ko.n_pages ||
+        B * decode_swa_per_seq() > ko.n_swa_pages)
       return not_fit(r, decode_need_bytes(L, B));
     return guarded(r, [&](Row r) {
       std::vector<int32_t> seqs;
@@ -425,8 +438,8 @@ class Bench {
           if (i == o_.warmup) st0 = model_.decode_stats();
           model::ForwardBatch batch;
           for (int64_t b = 0; b < B; ++b)
-            batch.slices.push_back({seqs[size_t(b)], L + i,
-                                    {int32_t((b * 7919 + i * 104729 + 13) % V)}, false});
+            batch.slices.push_back(
+                {seqs[size_t(b)], L + i, {int32_t((b * 7919 + i * 104729 + 13) % V)}, false});
           const double t0 = now_s();
           auto out = model_.forward(batch, *kv_);
           ops_.synchronize();
@@ -527,13 +540,20 @@ class Bench {
     md += fmt::format("- measured copy bandwidth: {}\n", bw_line_);
     if (o_.m.dummy()) md += fmt::format("- note: {}\n", cli::kDummyRoutingNote);
     md += fmt::format(
-        "- decode: B sequences brought to `context` tokens by KvCache::fast_forward (not computed); "
+        "- decode: B sequences brought to `context` tokens by KvCache::fast_forward (not "
+        "computed); "
         "a step decodes 1 token per sequence (plan — on the host, or on the device with graph "
-        "replay: column `path` —, all layers, lm_head, logits download of B × {} f32); median (and min–max) of {} steps after {} warm-up, synchronize + "
+        "replay: column `path` —, all layers, lm_head, logits download of B × {} f32); median (and "
+        "min–max) of {} steps after {} warm-up, synchronize + "
         "steady_clock. Byte floor = bytes the step must read (all non-expert matrices, expected "
         "distinct routed experts E·(1 − (1 − k/E)^B) per MoE layer, lm_head, the KV rows the "
         "queries read, model::decode_step_bytes) / measured copy bandwidth.\n",
         c.vocab_size, o_.steps, o_.warmup);
+    if (clamped_)
+      md += fmt::format(
+          "- decode cells whose warm-up + steps would pass max_position_embeddings ({}) start at "
+          "{} − {} tokens; the context column shows the context used.\n",
+          c.max_position_embeddings, c.max_position_embeddings, steps_total());
     md += fmt::format(
         "- prefill: one sequence fast-forwarded to context − chunk, one step of `chunk` tokens; "
         "median of {} after {} warm-up. FLOP floor = model::prefill_step_flops (2 · active "
@@ -546,8 +566,9 @@ class Bench {
                               : "not measured in this run: bench/results/cuda-kernels.md measured "
                                 "cuBLASLt bf16 GEMM at 790–872 TFLOP/s on the H200")
             : std::string("no peak given (--peak-tflops): no FLOP floor"));
-    md += "| phase | context | batch | tokens/step | ms/step (median) | min–max ms | tok/s | "
-          "floor amount | floor ms | time/floor | path |\n";
+    md +=
+        "| phase | context | batch | tokens/step | ms/step (median) | min–max ms | tok/s | "
+        "floor amount | floor ms | time/floor | path |\n";
     md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for (const Row& r : rows_)
       if (r.phase == "decode") md += row_md(r) + "\n";
@@ -573,6 +594,7 @@ class Bench {
   std::unique_ptr<cache::KvCache> kv_;
   std::vector<Row> rows_;
   bool fatal_ = false;
+  bool clamped_ = false;  // a decode cell ran below its asked context (max_position_embeddings)
 };
 
 int run_bench(const BenchOptions& o) {
@@ -610,21 +632,25 @@ V4_REGISTER_COMMAND(
       app.add_option("--batch", o->batches, "decode batch sizes (default 1,16,64,256)");
       app.add_option("--context", o->contexts,
                      "context lengths, K/M suffixes allowed (default 4096,131072,1048576)");
-      app.add_option("--prefill-chunk", o->prefill_chunk, "tokens of the timed prefill step (default 4096)")
+      app.add_option("--prefill-chunk", o->prefill_chunk,
+                     "tokens of the timed prefill step (default 4096)")
           ->check(CLI::PositiveNumber);
       app.add_option("--steps", o->steps, "timed decode steps per cell (default 10)")
           ->check(CLI::PositiveNumber);
       app.add_option("--warmup", o->warmup, "untimed decode steps first (default 3)")
           ->check(CLI::NonNegativeNumber);
-      app.add_option("--prefill-steps", o->prefill_steps, "timed prefill steps per context (default 3)")
+      app.add_option("--prefill-steps", o->prefill_steps,
+                     "timed prefill steps per context (default 3)")
           ->check(CLI::PositiveNumber);
-      app.add_option("--prefill-warmup", o->prefill_warmup, "untimed prefill steps first (default 1)")
+      app.add_option("--prefill-warmup", o->prefill_warmup,
+                     "untimed prefill steps first (default 1)")
           ->check(CLI::NonNegativeNumber);
       app.add_option("--mem-fraction", o->mem_fraction,
                      "KV budget = fraction x total - in use after the weights - workspace reserve "
                      "(default 0.9)")
           ->check(CLI::Range(0.0, 1.0));
-      app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV budget in bytes (wins over --mem-fraction)")
+      app.add_option("--kv-cache-bytes", o->kv_cache_bytes,
+                     "KV budget in bytes (wins over --mem-fraction)")
           ->check(CLI::NonNegativeNumber);
       app.add_option("--peak-tflops", o->peak_tflops,
                      "dense peak for the prefill FLOP floor (default: 790 on cuda, none on cpu)");

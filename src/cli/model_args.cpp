@@ -56,8 +56,9 @@ Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool) {
     for (auto& e : fs::directory_iterator(a.model, ec))
       has_weights |= e.path().extension() == ".safetensors";
     if (fs::exists(fs::path(a.model) / "config.json", ec) && !has_weights)
-      return make_error(m.status().code(), "{} (config.json only: use --load-format dummy for "
-                                           "random weights of this shape)",
+      return make_error(m.status().code(),
+                        "{} (config.json only: use --load-format dummy for "
+                        "random weights of this shape)",
                         m.status().message());
     return m.status();
   }

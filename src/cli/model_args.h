@@ -2,7 +2,8 @@
 //   --load-format auto|dummy   auto = the checkpoint's safetensors; dummy = random weights of the
 //                              real shapes and formats generated on the device (only config.json
 //                              is read; --model may name the file itself)
-//   --num-layers N             keep the first N decoder layers (fit a V4-Flash/Pro shape on one GPU)
+//   --num-layers N             keep the first N decoder layers (fit a V4-Flash/Pro shape on one
+//   GPU)
 //   --precision auto|fp32|bf16 arithmetic of the weight GEMMs (model::BackendOptions)
 //   --dummy-seed S             seed of the dummy weights (same seed → same weights on any backend)
 #pragma once

@@ -14,10 +14,10 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B,
   auto f32 = [](const FBuf& b) { return double(b.size()) * 4.0; };
   for (const LayerWeights& Lw : w.layers) {
     const auto& a = Lw.attn;
-    for (const WBuf* m : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.compressor.wkv,
-                          &a.compressor.wgate, &a.index_compressor.wkv, &a.index_compressor.wgate,
-                          &a.index_wq_b, &a.index_weights_proj, &Lw.ffn.shared_w13,
-                          &Lw.ffn.shared_w2})
+    for (const WBuf* m :
+         {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.compressor.wkv, &a.compressor.wgate,
+          &a.index_compressor.wkv, &a.index_compressor.wgate, &a.index_wq_b, &a.index_weights_proj,
+          &Lw.ffn.shared_w13, &Lw.ffn.shared_w2})
       r.dense += double(m->bytes());
     r.dense += f32(Lw.ffn.gate) + f32(Lw.hc_attn_fn) + f32(Lw.hc_ffn_fn);
     r.experts += r.expected_experts_per_layer * double(Lw.ffn.w13.bytes() + Lw.ffn.w2.bytes()) / E;

@@ -99,8 +99,8 @@ V4_HOST_DEVICE inline uint8_t to_e4m3(float f) {
 struct FillParams {
   RandomFill kind = RandomFill::kF32Normal;
   uint64_t seed_mixed = 0;
-  float std_scale = 0.f;  // normal kinds: kIrwinHallInvStd · scale
-  float constant = 0.f;   // kF32Constant
+  float std_scale = 0.f;     // normal kinds: kIrwinHallInvStd · scale
+  float constant = 0.f;      // kF32Constant
   int32_t ue8m0_base = 127;  // kUe8m0: 127 + round(log2(scale)), clamped to [1, 253]
   uint32_t bound = 1;        // kI32Uniform: values in [0, bound)
 };

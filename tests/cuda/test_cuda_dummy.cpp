@@ -16,7 +16,9 @@
 namespace v4::model {
 namespace {
 
-std::string src(const std::string& p) { return std::string(V4_SOURCE_DIR) + "/" + p; }
+std::string src(const std::string& p) {
+  return std::string(V4_SOURCE_DIR) + "/" + p;
+}
 
 struct RunResult {
   std::vector<float> logits;  // prefill (all rows) then each decode step's row

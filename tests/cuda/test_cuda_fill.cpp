@@ -70,8 +70,8 @@ TEST(CudaFill, SameBytesAsTheCpuBackend) {
         while (diff < c.size() && c[diff] == g[diff]) ++diff;
         EXPECT_EQ(diff, c.size()) << "kind " << int(k) << " n " << n << " scale " << s
                                   << ": first differing byte " << diff << " (unit "
-                                  << diff / unit_bytes(k) << "): cpu " << int(c[diff])
-                                  << " gpu " << int(g[diff]);
+                                  << diff / unit_bytes(k) << "): cpu " << int(c[diff]) << " gpu "
+                                  << int(g[diff]);
       }
     }
   }

@@ -37,22 +37,23 @@ std::vector<std::string> cells(const std::string& row) {
 }
 
 TEST(CliBench, TinyDummyWritesEveryCell) {
-  const std::string md = (std::filesystem::temp_directory_path() /
-                          ("v4bench-" + std::to_string(::getpid()) + ".md"))
-                             .string();
+  const std::string md =
+      (std::filesystem::temp_directory_path() / ("v4bench-" + std::to_string(::getpid()) + ".md"))
+          .string();
   const auto [rc, out] =
       run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
           "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1,2 --context 64,256 "
-          "--steps 2 --threads 2 --out " + md);
+          "--steps 2 --threads 2 --out " +
+          md);
   ASSERT_EQ(rc, 0) << out;
   std::ifstream in(md);
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  for (const char* s : {"- device: CPU", "- commit: ", "- command: `", "- date: ",
-                        "- weights (--load-format dummy): matrices f32", "- KV budget",
-                        "- KV pools", "- measured copy bandwidth: ",
-                        "expert routing is roughly uniform"})
+  for (const char* s :
+       {"- device: CPU", "- commit: ", "- command: `",
+        "- date: ", "- weights (--load-format dummy): matrices f32", "- KV budget", "- KV pools",
+        "- measured copy bandwidth: ", "expert routing is roughly uniform"})
     EXPECT_NE(text.find(s), std::string::npos) << "missing '" << s << "' in\n" << text;
   int decode = 0, prefill = 0;
   std::stringstream lines(text);
@@ -83,15 +84,32 @@ TEST(CliBench, TinyDummyWritesEveryCell) {
   std::filesystem::remove(md);
 }
 
+// Decode "at 1M" on a model whose last position is 1M − 1 runs with the cache at 1M − (warm-up +
+// steps) tokens and says so; prefill at 1M ends exactly at the last position.
+TEST(CliBench, DecodeAtTheLastPositionsIsClamped) {
+  const auto [rc, out] =
+      run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+          "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1 --context 1M "
+          "--steps 2 --warmup 1 --prefill-chunk 16 --prefill-steps 1 --prefill-warmup 0 "
+          "--threads 2");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("| decode | 1048573 | 1 | 1 | "), std::string::npos) << out;
+  EXPECT_NE(out.find("| prefill | 1048576 | 1 | 16 | "), std::string::npos) << out;
+  EXPECT_NE(out.find("start at 1048576 − 3 tokens"), std::string::npos) << out;
+  EXPECT_EQ(out.find("exceeds"), std::string::npos) << out;
+  EXPECT_EQ(out.find("does not fit"), std::string::npos) << out;
+}
+
 TEST(CliBench, InfoDummyOnAShapeOnlyConfig) {
   const auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
                              "/models/configs/v4-flash --load-format dummy --num-layers 20");
   ASSERT_EQ(rc, 0) << out;
-  for (const char* s : {"cut to the first 20 layers", "layers           20 (sliding 2, CSA 9, HCA 9",
-                        "mxfp4", "fp8-block", "bf16", "routed experts", "c4_kv"})
+  for (const char* s :
+       {"cut to the first 20 layers", "layers           20 (sliding 2, CSA 9, HCA 9", "mxfp4",
+        "fp8-block", "bf16", "routed experts", "c4_kv"})
     EXPECT_NE(out.find(s), std::string::npos) << "missing '" << s << "' in\n" << out;
-  const auto [rc2, out2] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
-                               "/models/configs/v4-flash");
+  const auto [rc2, out2] =
+      run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR + "/models/configs/v4-flash");
   EXPECT_NE(rc2, 0);
   EXPECT_NE(out2.find("--load-format dummy"), std::string::npos) << out2;
 }

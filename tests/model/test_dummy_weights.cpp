@@ -305,7 +305,8 @@ TEST(DummyWeights, NonQuantizedConfigsKeepTheirDtypeAndPolicyFallsBackToF32) {
   EXPECT_EQ(f->bytes_by_format().count("f32"), 1u);
 }
 
-// ---- the forward over dummy weights --------------------------------------------------------------
+// ---- the forward over dummy weights
+// --------------------------------------------------------------
 struct RunOut {
   std::vector<float> prefill, decode;
 };

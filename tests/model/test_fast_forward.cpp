@@ -85,8 +85,8 @@ TEST(FastForward, BuffersListEveryPool) {
 
 TEST(FastForward, ModelDecodesOnAFastForwardedSequence) {
   auto ops = ops::make_cpu_ops();
-  auto m = model::DeepseekV4::load_dummy(std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32",
-                                         ops.get(), {}, 0, 9);
+  auto m = model::DeepseekV4::load_dummy(
+      std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32", ops.get(), {}, 0, 9);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   auto kv = (*m)->make_cache(int64_t(32) << 20, 2);
   ASSERT_TRUE(kv.ok());

@@ -48,8 +48,9 @@ TEST(ShapeConfigs, FlashHasThePublishedShape) {
   EXPECT_DOUBLE_EQ(c->rope_compress.theta, 160000);
   // Layers 0,1 sliding; i >= 2 even -> CSA, odd -> HCA (dsv4-model.md §1.3).
   for (int i = 0; i < 43; ++i) {
-    const LayerKind want = i < 2 ? LayerKind::kSliding : i % 2 == 0 ? LayerKind::kCsa
-                                                                    : LayerKind::kHca;
+    const LayerKind want = i < 2        ? LayerKind::kSliding
+                           : i % 2 == 0 ? LayerKind::kCsa
+                                        : LayerKind::kHca;
     EXPECT_EQ(c->layer_types[i], want) << "layer " << i;
   }
   const Counts n = count(*c);

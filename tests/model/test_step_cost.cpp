@@ -16,8 +16,8 @@ namespace v4::model {
 namespace {
 
 std::unique_ptr<DeepseekV4> tiny(ops::Ops* ops) {
-  auto m = DeepseekV4::load_dummy(std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32",
-                                  ops);
+  auto m =
+      DeepseekV4::load_dummy(std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32", ops);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return std::move(m).value();
 }
@@ -58,14 +58,16 @@ TEST(StepCost, DecodeBytesOfTheTinyConfig) {
       EXPECT_DOUBLE_EQ(d.head, double(c.vocab_size * c.hidden_size * 4));
       // Experts: all layers' routed expert bytes × expected fraction touched.
       double expert_bytes = 0;
-      for (const auto& Lw : w.layers) expert_bytes += double(Lw.ffn.w13.bytes() + Lw.ffn.w2.bytes());
-      EXPECT_NEAR(d.experts, expert_bytes * d.expected_experts_per_layer / c.n_routed_experts, 1e-6);
+      for (const auto& Lw : w.layers)
+        expert_bytes += double(Lw.ffn.w13.bytes() + Lw.ffn.w2.bytes());
+      EXPECT_NEAR(d.experts, expert_bytes * d.expected_experts_per_layer / c.n_routed_experts,
+                  1e-6);
     }
   }
   // Closed form at B = 1: exactly k experts; Monte-Carlo check of E·(1 − (1 − k/E)^B) for the
   // V4-Flash numbers (E = 256, k = 6) — B·k independent uniform picks.
-  EXPECT_NEAR(decode_step_bytes(c, w, 1, 10, 4).expected_experts_per_layer,
-              c.num_experts_per_tok, 1e-12);
+  EXPECT_NEAR(decode_step_bytes(c, w, 1, 10, 4).expected_experts_per_layer, c.num_experts_per_tok,
+              1e-12);
   std::mt19937_64 g(5);
   for (int B : {1, 16, 64, 256}) {
     double mean = 0;
@@ -89,10 +91,10 @@ TEST(StepCost, PrefillFlopsOfTheTinyConfig) {
   double params = 0;
   for (const auto& Lw : w.layers) {
     const auto& a = Lw.attn;
-    for (const WBuf* b : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.compressor.wkv,
-                          &a.compressor.wgate, &a.index_compressor.wkv, &a.index_compressor.wgate,
-                          &a.index_wq_b, &a.index_weights_proj, &Lw.ffn.shared_w13,
-                          &Lw.ffn.shared_w2})
+    for (const WBuf* b :
+         {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.compressor.wkv, &a.compressor.wgate,
+          &a.index_compressor.wkv, &a.index_compressor.wgate, &a.index_wq_b, &a.index_weights_proj,
+          &Lw.ffn.shared_w13, &Lw.ffn.shared_w2})
       if (b->data.size() > 0) params += double(b->view.n * b->view.k * b->view.experts);
     params += double(Lw.ffn.gate.size() + Lw.hc_attn_fn.size() + Lw.hc_ffn_fn.size());
     params += double(c.num_experts_per_tok) *

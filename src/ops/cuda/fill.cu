@@ -17,21 +17,27 @@ __global__ void fill_random_kernel(void* dst, int64_t n, ops::fill::FillParams p
     ops::fill::fill_one(dst, uint64_t(i), p);
 }
 
-// Driver version string from NVML's file in /proc (no NVML link dependency); empty if absent.
+// Driver version from the kernel module's line in /proc/driver/nvidia/version ("NVRM version:
+// NVIDIA UNIX [Open Kernel Module for] x86_64  580.159.04  ..."): the first token made of digits
+// and dots with at least one dot; empty if absent.
 std::string driver_string() {
   FILE* f = std::fopen("/proc/driver/nvidia/version", "r");
   if (!f) return {};
   char line[512] = {};
   std::string out;
   if (std::fgets(line, sizeof line, f)) {
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
-    const char* k = std::strstr(line, "Module");
-    if (k) {
-      k += 6;
-      while (*k == ' ') ++k;
-      const char* e = k;
-      while (*e && *e != ' ') ++e;
-      out.assign(k, e);
+    const char* p = line;
+    while (*p && out.empty()) {
+      while (*p == ' ' || *p == '\t') ++p;
+      const char* e = p;
+      bool digits_dots = true, dot = false;
+      while (*e && *e != ' ' && *e != '\t' && *e != '\n') {
+        digits_dots &= (*e >= '0' && *e <= '9') || *e == '.';
+        dot |= *e == '.';
+        ++e;
+      }
+      if (e > p && digits_dots && dot && *p != '.') out.assign(p, e);
+      p = e;
     }
   }
   std::fclose(f);
@@ -67,9 +73,10 @@ std::string device_info() {
   (void)cudaDriverGetVersion(&drv);
   (void)cudaRuntimeGetVersion(&rt);
   const std::string drv_str = driver_string();
-  return fmt::format(fmt::runtime("{} ({} SMs, {:.1f} GiB), driver {}(API {}.{}), CUDA runtime {}.{}"),
-                     name, sms, mem_gib, drv_str.empty() ? "" : drv_str + " ", drv / 1000,
-                     (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+  return fmt::format(
+      fmt::runtime("{} ({} SMs, {:.1f} GiB), driver {}(API {}.{}), CUDA runtime {}.{}"), name, sms,
+      mem_gib, drv_str.empty() ? "" : drv_str + " ", drv / 1000, (drv % 1000) / 10, rt / 1000,
+      (rt % 1000) / 10);
 }
 
 }  // namespace v4::cuda
