@@ -35,7 +35,7 @@ ARGS=(serve --model models/configs/v4-flash --load-format dummy --num-layers "$L
       --precision bf16 --mem-fraction "${V4_MEM_FRACTION:-0.90}" --disable-prefix-cache
       --tokenizer tests/data/text/deepseek-v3/tokenizer.json --port $PORT
       --max-running-requests "${V4_MAX_RUNNING:-256}" --chunked-prefill-size "${V4_CHUNK:-8192}"
-      --context-length "${V4_CONTEXT:-1049000}" --stats-interval 10 --no-access-log)
+      --context-length "${V4_SERVE_CONTEXT:-1048576}" --stats-interval 10 --no-access-log)
 echo "server: $BIN ${ARGS[*]}" | tee "$OUT/serve-command.txt"
 $BIN "${ARGS[@]}" >"$OUT/server.log" 2>&1 &
 SRV=$!
