@@ -31,9 +31,11 @@ export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 BIN=build-gpu/v4serve
 [ -x $BIN ] || { echo "no v4serve binary"; exit 4; }
 PORT=30111
+TOK=/tmp/dsv3-tokenizer.json  # DeepSeek's tokenizer (V3 vocabulary, V4 uses the same merges)
+gunzip -c tests/data/text/deepseek-v3/tokenizer.json.gz >"$TOK"
 ARGS=(serve --model models/configs/v4-flash --load-format dummy --num-layers "$LAYERS" --device cuda
       --precision bf16 --mem-fraction "${V4_MEM_FRACTION:-0.90}" --disable-prefix-cache
-      --tokenizer tests/data/text/deepseek-v3/tokenizer.json --port $PORT
+      --tokenizer "$TOK" --port $PORT
       --max-running-requests "${V4_MAX_RUNNING:-256}" --chunked-prefill-size "${V4_CHUNK:-8192}"
       --context-length "${V4_SERVE_CONTEXT:-1048576}" --stats-interval 10 --no-access-log)
 echo "server: $BIN ${ARGS[*]}" | tee "$OUT/serve-command.txt"
