@@ -123,3 +123,6 @@ fi
 curl -s localhost:$PORT/metrics >"$OUT/metrics-after.txt"
 kill -TERM $SRV; wait $SRV
 echo "server exit: $?"; tail -5 "$OUT/server.log"
+# At most 8 files come back from the device: bundle everything but the summary tables.
+(cd "$OUT" && tar czf serve-results.tgz sweep*.json sweep-c*.md metrics-*.txt server.log serve-command.txt 2>/dev/null \
+  && rm -f sweep-c*.json sweep-c*.md metrics-*.txt server.log serve-command.txt)
