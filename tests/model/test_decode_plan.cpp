@@ -113,8 +113,8 @@ std::string compare_row(const HostStepPlan& hp, const PlanOut& po, int64_t b, in
   if (po.swa_count[b] != hp.swa.count[b])
     return fmt::format("swa count {} vs {}", po.swa_count[b], hp.swa.count[b]);
   if (po.swa_offset[b] != b * W) return "swa offset";
-  if (list(&po.swa_rows[po.swa_offset[b]], po.swa_count[b]) !=
-      list(&hp.swa.rows[hp.swa.offset[b]], hp.swa.count[b]))
+  if (list(po.swa_rows.data() + (po.swa_offset[b]), po.swa_count[b]) !=
+      list(hp.swa.rows.data() + (hp.swa.offset[b]), hp.swa.count[b]))
     return "swa key rows";
   if (po.topk_offset[b] != hp.topk_offset[b]) return "topk offset";
   const HostCompressPlan* hc[2] = {&hp.csa, &hp.hca};
@@ -129,7 +129,7 @@ std::string compare_row(const HostStepPlan& hp, const PlanOut& po, int64_t b, in
     if (k >= 0) {
       if (R.dst[b] != h.dst[k]) return tag + fmt::format("dst {} vs {}", R.dst[b], h.dst[k]);
       if (R.positions[b] != h.positions[k]) return tag + "closing position";
-      if (list(&R.src[b * slots], slots) != list(&h.src[k * slots], slots))
+      if (list(R.src.data() + (b * slots), slots) != list(h.src.data() + (k * slots), slots))
         return tag + "src slots";
     } else {
       if (R.dst[b] != -1)
@@ -145,8 +145,8 @@ std::string compare_row(const HostStepPlan& hp, const PlanOut& po, int64_t b, in
     if (R.cand_count[b] != h.cand.count[b])
       return tag + fmt::format("cand count {} vs {}", R.cand_count[b], h.cand.count[b]);
     if (R.cand_offset[b] != b * stride[r]) return tag + "cand offset";
-    if (list(&R.cand_rows[R.cand_offset[b]], R.cand_count[b]) !=
-        list(&h.cand.rows[h.cand.offset[b]], h.cand.count[b]))
+    if (list(R.cand_rows.data() + (R.cand_offset[b]), R.cand_count[b]) !=
+        list(h.cand.rows.data() + (h.cand.offset[b]), h.cand.count[b]))
       return tag + "candidate rows";
   }
   return "";
