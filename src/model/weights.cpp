@@ -1,4 +1,5 @@
 #include "model/weights.h"
+#include "ops/null_ops.h"
 
 #include <fmt/format.h>
 
@@ -555,7 +556,7 @@ Result<Weights> Weights::dummy(const ModelConfig& c, ops::Ops* ops, WeightFormat
 
 namespace {
 
-class ShapeOnlyOps final : public ops::Ops {
+class ShapeOnlyOps final : public ops::NullOps {
  public:
   std::string name() const override { return "shape-only"; }
   bool supports(WFormat) const override { return true; }
@@ -564,29 +565,8 @@ class ShapeOnlyOps final : public ops::Ops {
     next_ += (bytes + 255) / 256 * 256;  // distinct, aligned, never dereferenced
     return reinterpret_cast<void*>(next_);
   }
-  void free(void*) override {}
-  void upload(void*, const void*, size_t) override {}
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
-  void synchronize() override {}
-  void linear(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*,
-              int64_t) override {}
   void linear_w(const float*, int64_t, const ops::WeightView&, int64_t, float*, int64_t) override {}
-  void add(float*, const float*, int64_t) override {}
-  void gather_rows(const float*, const int32_t*, int64_t, int64_t, float*) override {}
-  void store_rows(float*, const int32_t*, int64_t, int64_t, const float*) override {}
-  void embed(const float*, const int32_t*, int64_t, int, int, float*) override {}
-  void rms_norm(const float*, const float*, int64_t, int, float, float*) override {}
-  void rope(float*, int64_t, int, int, int, const int64_t*, const float*, float, bool) override {}
-  void hc_pre(const ops::HcArgs&) override {}
-  void hc_post(float*, const float*, const float*, const float*, int64_t, int, int) override {}
-  void hc_head(const float*, const float*, const float*, const float*, int64_t, int, int, float,
-               float, float*) override {}
-  void compress_pool(const ops::CompressArgs&) override {}
-  void indexer_topk(const ops::IndexerArgs&) override {}
-  void sparse_attention(const ops::AttentionArgs&) override {}
-  void route(const ops::RouteArgs&) override {}
-  void moe_experts(const ops::MoeArgs&) override {}
-  void build_decode_plan(const ops::DecodePlanArgs&) override {}
   void fill_random(void*, int64_t, ops::RandomFill, float, uint64_t) override {}
   void copy(void*, const void*, size_t) override {}
 

@@ -5,39 +5,17 @@
 
 #include "engine/model_executor.h"
 #include "model/config.h"
+#include "ops/null_ops.h"
 
 namespace v4::engine {
 namespace {
 
 /// Runs no op; reports the memory it is told to.
-class MemOps : public ops::Ops {
+class MemOps : public ops::NullOps {
  public:
   MemOps(int64_t free_b, int64_t total_b) : m_{free_b, total_b} {}
   std::string name() const override { return "mem"; }
   ops::MemoryInfo memory_info() override { return m_; }
-  void* alloc(size_t) override { return nullptr; }
-  void free(void*) override {}
-  void upload(void*, const void*, size_t) override {}
-  void download(void*, const void*, size_t) override {}
-  void synchronize() override {}
-  void linear(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*,
-              int64_t) override {}
-  void add(float*, const float*, int64_t) override {}
-  void gather_rows(const float*, const int32_t*, int64_t, int64_t, float*) override {}
-  void store_rows(float*, const int32_t*, int64_t, int64_t, const float*) override {}
-  void embed(const float*, const int32_t*, int64_t, int, int, float*) override {}
-  void rms_norm(const float*, const float*, int64_t, int, float, float*) override {}
-  void rope(float*, int64_t, int, int, int, const int64_t*, const float*, float, bool) override {}
-  void hc_pre(const ops::HcArgs&) override {}
-  void hc_post(float*, const float*, const float*, const float*, int64_t, int, int) override {}
-  void hc_head(const float*, const float*, const float*, const float*, int64_t, int, int, float,
-               float, float*) override {}
-  void compress_pool(const ops::CompressArgs&) override {}
-  void indexer_topk(const ops::IndexerArgs&) override {}
-  void sparse_attention(const ops::AttentionArgs&) override {}
-  void route(const ops::RouteArgs&) override {}
-  void moe_experts(const ops::MoeArgs&) override {}
-  void build_decode_plan(const ops::DecodePlanArgs&) override {}
 
  private:
   ops::MemoryInfo m_;
