@@ -8,12 +8,22 @@ requests are in flight at a time. Metrics: TTFT, TPOT (per request: (E2E - TTFT)
 (gaps between streamed chunks), E2E; tok/s/user = 1000 / mean TPOT(ms); throughput = (input +
 output tokens) / wall time; tok/s/GPU = throughput / --gpus.
 
+Shared-prefix workload (--dataset shared-prefix, the prefix cache's case): every prompt is one of
+--num-prefixes common "system prompts" of --prefix-len random token ids followed by a distinct
+random question of [0.8*L, L] ids (L = --input-len); the system prompts are the same for every
+level. Per level it also reports the prefix hit rate: cached / prompt tokens from each response's
+usage.prompt_tokens_details.cached_tokens, and, when the server exposes them (v4serve), the
+/metrics counters v4serve_prefix_cache_hits_total / _queries_total (delta over the level,
+including its warm-up request).
+
 Writes a Markdown table (with machine, commit, command and date) to --out (default
 bench/results/serving-<date>-<label>.md) and prints it.
 
 Example:
   python3 bench/serving/bench_serving.py --base-url http://127.0.0.1:30000 \
       --input-len 128 --output-len 32 --concurrency 1 2 4 8
+  python3 bench/serving/bench_serving.py --dataset shared-prefix --prefix-len 4096 \
+      --input-len 128 --output-len 64 --concurrency 1 8 32
 """
 import argparse
 import asyncio
@@ -53,6 +63,7 @@ class Result:
         self.itl = []
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.cached_tokens = 0
 
 
 async def one_request(client, url, headers, model, prompt, out_len, res):
@@ -75,6 +86,8 @@ async def one_request(client, url, headers, model, prompt, out_len, res):
                 if chunk.get("usage"):
                     res.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     res.output_tokens = chunk["usage"]["completion_tokens"]
+                    details = chunk["usage"].get("prompt_tokens_details") or {}
+                    res.cached_tokens = int(details.get("cached_tokens") or 0)
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     now = time.perf_counter()
                     if last is None:
@@ -90,14 +103,45 @@ async def one_request(client, url, headers, model, prompt, out_len, res):
         res.error = repr(e)
 
 
-def make_prompts(args, n, rng, vocab, detok):
+def make_system_prompts(args, vocab):
+    """The shared prefixes of --dataset shared-prefix (fixed seed: the same for every level)."""
+    rng = random.Random(args.seed + 7919)
+    return [[rng.randrange(args.token_id_low, vocab) for _ in range(args.prefix_len)]
+            for _ in range(max(1, args.num_prefixes))]
+
+
+def make_prompts(args, n, rng, vocab, detok, systems=None):
     prompts = []
-    for _ in range(n):
+    for i in range(n):
         in_len = rng.randint(max(1, int(0.8 * args.input_len)), args.input_len)
         out_len = rng.randint(max(1, int(0.8 * args.output_len)), args.output_len)
         ids = [rng.randrange(args.token_id_low, vocab) for _ in range(in_len)]
-        prompts.append((ids if args.dataset == "random-ids" else detok(ids), in_len, out_len))
+        if args.dataset == "shared-prefix":
+            sys_ids = systems[i % len(systems)]
+            prompts.append((sys_ids + ids, len(sys_ids) + in_len, out_len))
+        else:
+            prompts.append((ids if args.dataset == "random-ids" else detok(ids), in_len, out_len))
     return prompts
+
+
+def scrape_metrics(client, base, headers):
+    """Numeric samples of /metrics ({} when the server has none)."""
+    try:
+        r = client.get(base + "/metrics", headers=headers)
+        if r.status_code != 200:
+            return {}
+    except httpx.HTTPError:
+        return {}
+    m = {}
+    for line in r.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        k, _, v = line.rpartition(" ")
+        try:
+            m[k] = float(v)
+        except ValueError:
+            pass
+    return m
 
 
 async def run_level(args, url, headers, model, prompts, concurrency):
@@ -123,10 +167,12 @@ def summarize(results, wall, concurrency, gpus):
     itls = [x for r in ok for x in r.itl]
     tin = sum(r.prompt_tokens for r in ok)
     tout = sum(r.output_tokens for r in ok)
+    tcached = sum(r.cached_tokens for r in ok)
     mean_tpot_ms = mean(tpots) * 1000
     return {
         "concurrency": concurrency, "requests": len(results), "failed": len(results) - len(ok),
-        "wall_s": wall, "in_tokens": tin, "out_tokens": tout,
+        "wall_s": wall, "in_tokens": tin, "out_tokens": tout, "cached_tokens": tcached,
+        "hit_rate": tcached / tin if tin else float("nan"),
         "ttft_mean_ms": mean([r.ttft for r in ok]) * 1000,
         "ttft_p50_ms": percentile([r.ttft for r in ok], 50) * 1000,
         "ttft_p99_ms": percentile([r.ttft for r in ok], 99) * 1000,
@@ -174,30 +220,40 @@ def git_commit():
         return "unknown"
 
 
+def pct(x):
+    return "-" if x != x else f"{100 * x:.1f}%"
+
+
 def markdown(rows, args, model, server_info):
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"# Serving benchmark: {args.label}", "",
            f"- date: {now}", f"- machine: {machine_line()}", f"- commit: {git_commit()}",
            f"- command: `{' '.join(shlex.quote(a) for a in sys.argv)}`",
            f"- server: {server_info}", f"- model: {model}"] + ([f"- note: {args.note}"] if args.note else []) + [
+           (f"- shared prefix: {max(1, args.num_prefixes)} system prompt(s) of {args.prefix_len} token ids, "
+            f"request i uses system prompt i mod {max(1, args.num_prefixes)}; 'input len' below is the question"
+            if args.dataset == "shared-prefix" else "- no shared prefix"),
            f"- workload: {args.dataset}, input len uniform in [{int(0.8 * args.input_len)}, {args.input_len}], "
            f"output len uniform in [{int(0.8 * args.output_len)}, {args.output_len}], ignore_eos, streaming, "
            f"temperature 0, {(f'{args.num_prompts_factor:g}x concurrency' if not args.num_prompts else args.num_prompts)} prompts per level, "
            f"seed {args.seed}, GPUs counted: {args.gpus}",
            "", "| conc | reqs | fail | TTFT mean / p50 / p99 (ms) | TPOT mean / p50 / p99 (ms) | ITL mean / p99 (ms) "
-           "| E2E mean / p99 (ms) | tok/s/user | out tok/s | tok/s/GPU (in+out) |",
-           "|---:|---:|---:|---|---|---|---|---:|---:|---:|"]
+           "| E2E mean / p99 (ms) | tok/s/user | out tok/s | tok/s/GPU (in+out) | prefix hit (usage / metrics) |",
+           "|---:|---:|---:|---|---|---|---|---:|---:|---:|---|"]
     for r in rows:
         out.append(
             f"| {r['concurrency']} | {r['requests']} | {r['failed']} | {r['ttft_mean_ms']:.1f} / {r['ttft_p50_ms']:.1f} / "
             f"{r['ttft_p99_ms']:.1f} | {r['tpot_mean_ms']:.2f} / {r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f} | "
             f"{r['itl_mean_ms']:.2f} / {r['itl_p99_ms']:.2f} | {r['e2e_mean_ms']:.0f} / {r['e2e_p99_ms']:.0f} | "
-            f"{r['tok_s_user']:.1f} | {r['out_tok_s']:.1f} | {r['tok_s_gpu']:.1f} |")
+            f"{r['tok_s_user']:.1f} | {r['out_tok_s']:.1f} | {r['tok_s_gpu']:.1f} | {pct(r['hit_rate'])} / "
+            f"{pct(r.get('metrics_hit_rate', float('nan')))} |")
     errs = [e for r in rows for e in r["errors"]]
     if errs:
         out += ["", "Errors (first few): " + "; ".join(errs[:5])]
     out += ["", "tok/s/user = 1000 / mean TPOT; tok/s/GPU = (input + output tokens) / wall time / GPUs "
-            "(on a CPU-only machine the whole machine counts as one 'GPU')."]
+            "(on a CPU-only machine the whole machine counts as one 'GPU'). Prefix hit: cached / prompt "
+            "tokens of the level's requests (usage.prompt_tokens_details.cached_tokens) / the server's "
+            "v4serve_prefix_cache_hits_total / _queries_total over the level incl. its warm-up ('-': none)."]
     return "\n".join(out) + "\n"
 
 
@@ -206,8 +262,11 @@ def main():
     ap.add_argument("--base-url", default="http://127.0.0.1:30000")
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""))
     ap.add_argument("--model", default="", help="default: the first of /v1/models")
-    ap.add_argument("--dataset", choices=["random-ids", "random-text"], default="random-ids")
-    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--dataset", choices=["random-ids", "random-text", "shared-prefix"], default="random-ids")
+    ap.add_argument("--input-len", type=int, default=1024,
+                    help="prompt length (shared-prefix: the question after the system prompt)")
+    ap.add_argument("--prefix-len", type=int, default=4096, help="shared-prefix: system prompt tokens")
+    ap.add_argument("--num-prefixes", type=int, default=1, help="shared-prefix: distinct system prompts")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--num-prompts", type=int, default=0, help="per level; 0 = factor x concurrency")
@@ -247,19 +306,28 @@ def main():
 
         args.token_id_low = token_low
         rng = random.Random(args.seed)
+        systems = make_system_prompts(args, vocab) if args.dataset == "shared-prefix" else None
         url = base + "/v1/completions"
         rows = []
         for conc in args.concurrency:
             n = args.num_prompts or max(1, int(-(-args.num_prompts_factor * conc // 1)))
-            prompts = make_prompts(args, n, rng, vocab, detok)
+            prompts = make_prompts(args, n, rng, vocab, detok, systems)
+            before = scrape_metrics(c, base, headers)
             # Warm-up: one short request.
             asyncio.run(run_level(args, url, headers, model, prompts[:1], 1))
             results, wall = asyncio.run(run_level(args, url, headers, model, prompts, conc))
+            after = scrape_metrics(c, base, headers)
             row = summarize(results, wall, conc, args.gpus)
+            d = {k: after.get(k, 0.0) - before.get(k, 0.0)
+                 for k in ("v4serve_prefix_cache_hits_total", "v4serve_prefix_cache_queries_total")}
+            if after and d["v4serve_prefix_cache_queries_total"] > 0:
+                row["metrics_hit_rate"] = d["v4serve_prefix_cache_hits_total"] / d["v4serve_prefix_cache_queries_total"]
+                row["metrics_hit_tokens"] = d["v4serve_prefix_cache_hits_total"]
+                row["metrics_query_tokens"] = d["v4serve_prefix_cache_queries_total"]
             rows.append(row)
             print(f"concurrency {conc}: {row['requests'] - row['failed']}/{row['requests']} ok, "
                   f"TTFT {row['ttft_mean_ms']:.1f} ms, TPOT {row['tpot_mean_ms']:.2f} ms, "
-                  f"{row['tok_s_gpu']:.1f} tok/s/GPU", file=sys.stderr)
+                  f"{row['tok_s_gpu']:.1f} tok/s/GPU, prefix hit {pct(row['hit_rate'])}", file=sys.stderr)
     server_info = f"{base} (context {max_len}, vocab {vocab})"
     md = markdown(rows, args, model, server_info)
     print(md)

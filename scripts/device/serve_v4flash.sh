@@ -8,6 +8,13 @@
 #   3. GPU busy/idle between steps from the server's v4serve_gpu_* counters per sweep level;
 #   4. optional ($V4_LONG=1): one request with a $V4_LONG_LEN-token prompt (TTFT, decode tok/s,
 #      pool use).
+# With V4_PREFIX=1 it runs the prefix-cache comparison INSTEAD of steps 2-4: the shared-prefix
+# workload (bench_serving.py --dataset shared-prefix: $V4_PREFIX_NUM system prompt(s) of
+# $V4_PREFIX_LEN token ids + distinct questions of up to $V4_PREFIX_Q_LEN ids, $V4_PREFIX_OUT
+# output tokens, concurrency $V4_PREFIX_CONC, $V4_PREFIX_FACTOR x concurrency prompts per level)
+# once against a server with the prefix cache on (--prefix-cache-bytes $V4_PREFIX_BYTES) and once
+# with --disable-prefix-cache, then writes the comparison (TTFT, TPOT, throughput, hit rate from
+# usage and /metrics) to $OUT/prefix-compare.md and bench/results/prefix-<date>-v4flash.md.
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/serve_v4flash.sh", carry=[".devdeps"], timeout_s=600)
@@ -33,20 +40,78 @@ BIN=build-gpu/v4serve
 PORT=30111
 TOK=/tmp/dsv3-tokenizer.json  # DeepSeek's tokenizer (V3 vocabulary, V4 uses the same merges)
 gunzip -c tests/data/text/deepseek-v3/tokenizer.json.gz >"$TOK"
-ARGS=(serve --model models/configs/v4-flash --load-format dummy --num-layers "$LAYERS" --device cuda
-      --precision bf16 --mem-fraction "${V4_MEM_FRACTION:-0.90}" --disable-prefix-cache
+BASE_ARGS=(serve --model models/configs/v4-flash --load-format dummy --num-layers "$LAYERS" --device cuda
+      --precision bf16 --mem-fraction "${V4_MEM_FRACTION:-0.90}"
       --tokenizer "$TOK" --port $PORT
       --max-running-requests "${V4_MAX_RUNNING:-256}" --chunked-prefill-size "${V4_CHUNK:-8192}"
       --context-length "${V4_SERVE_CONTEXT:-1048576}" --stats-interval 10 --no-access-log)
-echo "server: $BIN ${ARGS[*]}" | tee "$OUT/serve-command.txt"
-$BIN "${ARGS[@]}" >"$OUT/server.log" 2>&1 &
-SRV=$!
-for i in $(seq 1 240); do
-  curl -sf localhost:$PORT/health >/dev/null 2>&1 && break
-  kill -0 $SRV 2>/dev/null || { echo "server died"; tail -30 "$OUT/server.log"; exit 5; }
-  sleep 1
-done
-echo "server up after ${i}s"; grep -iE "kv cache|weights|layers|memory" "$OUT/server.log" | head -12
+# start_server LOGNAME EXTRA_ARGS...: starts v4serve in the background (pid in $SRV), waits for
+# /health; exits the script if the server dies.
+start_server() {
+  local log=$1; shift
+  echo "server: $BIN ${BASE_ARGS[*]} $*" | tee -a "$OUT/serve-command.txt"
+  $BIN "${BASE_ARGS[@]}" "$@" >"$OUT/$log" 2>&1 &
+  SRV=$!
+  for i in $(seq 1 240); do
+    curl -sf localhost:$PORT/health >/dev/null 2>&1 && break
+    kill -0 $SRV 2>/dev/null || { echo "server died"; tail -30 "$OUT/$log"; exit 5; }
+    sleep 1
+  done
+  echo "server up after ${i}s"; grep -iE "kv cache|weights|layers|memory|prefix" "$OUT/$log" | head -14
+}
+stop_server() {
+  kill -TERM $SRV; wait $SRV
+  echo "server exit: $?"
+}
+export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
+if [ "${V4_PREFIX:-0}" = 1 ]; then
+  P_LEN=${V4_PREFIX_LEN:-4096}; P_Q=${V4_PREFIX_Q_LEN:-128}; P_OUT=${V4_PREFIX_OUT:-64}
+  P_CONC=${V4_PREFIX_CONC:-"1 8 32"}; P_FACTOR=${V4_PREFIX_FACTOR:-4}; P_NUM=${V4_PREFIX_NUM:-1}
+  P_BYTES=${V4_PREFIX_BYTES:-8589934592}
+  note="V4-Flash-shaped dummy weights, $LAYERS of 43 layers, bf16 precision mode, 1xH200, commit $V4_COMMIT"
+  for mode in on off; do
+    if [ $mode = on ]; then extra=(--prefix-cache-bytes "$P_BYTES"); else extra=(--disable-prefix-cache); fi
+    start_server "server-prefix-$mode.log" "${extra[@]}"
+    curl -s localhost:$PORT/metrics >"$OUT/metrics-prefix-$mode-before.txt"
+    python3 bench/serving/bench_serving.py --base-url "http://127.0.0.1:$PORT" --dataset shared-prefix \
+      --prefix-len "$P_LEN" --num-prefixes "$P_NUM" --input-len "$P_Q" --output-len "$P_OUT" \
+      --concurrency $P_CONC --num-prompts-factor "$P_FACTOR" --label "v4flash-prefix-$mode" \
+      --note "$note, prefix cache $mode" --out "$OUT/prefix-$mode.md" --json-out "$OUT/prefix-$mode.json" \
+      --timeout 1800 2>&1 | tail -8
+    curl -s localhost:$PORT/metrics >"$OUT/metrics-prefix-$mode-after.txt"
+    stop_server
+  done
+  python3 - "$OUT" "$P_LEN" "$P_Q" "$P_OUT" "$P_NUM" "$P_BYTES" "$LAYERS" "$V4_COMMIT" <<'PY'
+import datetime as dt, json, os, sys
+out, p_len, p_q, p_out, p_num, p_bytes, layers, commit = sys.argv[1:9]
+on = json.load(open(f"{out}/prefix-on.json")); off = json.load(open(f"{out}/prefix-off.json"))
+pct = lambda x: "-" if x != x else f"{100 * x:.1f}%"
+rows = ["| conc | reqs (fail) on / off | TTFT mean on / off (ms) | TTFT p99 on / off (ms) | TTFT speed-up | "
+        "TPOT mean on / off (ms) | tok/s/GPU on / off | prefix hit on (usage / metrics) |",
+        "|---:|---|---|---|---:|---|---|---|"]
+for a, b in zip(on, off):
+    sp = b["ttft_mean_ms"] / a["ttft_mean_ms"] if a["ttft_mean_ms"] > 0 else float("nan")
+    rows.append(f"| {a['concurrency']} | {a['requests']} ({a['failed']}) / {b['requests']} ({b['failed']}) | "
+                f"{a['ttft_mean_ms']:.1f} / {b['ttft_mean_ms']:.1f} | {a['ttft_p99_ms']:.1f} / {b['ttft_p99_ms']:.1f} | "
+                f"{sp:.2f}x | {a['tpot_mean_ms']:.2f} / {b['tpot_mean_ms']:.2f} | {a['tok_s_gpu']:.0f} / {b['tok_s_gpu']:.0f} | "
+                f"{pct(a['hit_rate'])} / {pct(a.get('metrics_hit_rate', float('nan')))} |")
+date = dt.date.today().isoformat()
+md = "\n".join([f"# Prefix cache on vs off: shared-prefix serving, V4-Flash-shaped ({layers} layers), H200", "",
+                f"- date: {date}; commit {commit}",
+                f"- workload: {p_num} system prompt(s) of {p_len} random token ids + a distinct question of "
+                f"[{int(0.8 * int(p_q))}, {p_q}] ids, {p_out} output tokens (ignore_eos, greedy, streaming)",
+                f"- on: --prefix-cache-bytes {p_bytes}; off: --disable-prefix-cache; the rest as serve_v4flash.sh",
+                "- per-level tables: prefix-on.md / prefix-off.md (bundled in serve-results.tgz)", ""] + rows) + "\n"
+open(f"{out}/prefix-compare.md", "w").write(md)
+os.makedirs("bench/results", exist_ok=True)
+open(f"bench/results/prefix-{date}-v4flash.md", "w").write(md)
+print(md)
+PY
+  (cd "$OUT" && tar czf serve-results.tgz prefix-on.* prefix-off.* metrics-prefix-*.txt server-prefix-*.log serve-command.txt 2>/dev/null \
+    && rm -f prefix-on.* prefix-off.* metrics-prefix-*.txt server-prefix-*.log serve-command.txt)
+  exit 0
+fi
+start_server server.log --disable-prefix-cache
 curl -s localhost:$PORT/metrics >"$OUT/metrics-before.txt"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
 note="V4-Flash-shaped dummy weights (random; expert routing ~uniform), $LAYERS of 43 layers, FP8 blocks + MXFP4 experts, bf16 precision mode, 1xH200, commit $V4_COMMIT"
@@ -121,8 +186,7 @@ print(open(f"{out}/long-request.md").read())
 PY
 fi
 curl -s localhost:$PORT/metrics >"$OUT/metrics-after.txt"
-kill -TERM $SRV; wait $SRV
-echo "server exit: $?"; tail -5 "$OUT/server.log"
+stop_server; tail -5 "$OUT/server.log"
 # At most 8 files come back from the device: bundle everything but the summary tables.
 (cd "$OUT" && tar czf serve-results.tgz sweep*.json sweep-c*.md metrics-*.txt server.log serve-command.txt 2>/dev/null \
   && rm -f sweep-c*.json sweep-c*.md metrics-*.txt server.log serve-command.txt)

@@ -314,12 +314,14 @@ int KvCache::ring_rows(int l, int which) const {
   return overlap_of(sp.kind) * sp.ratio;
 }
 
-void KvCache::copy_bytes(void* dst, const void* src, size_t bytes, CopyKind kind) const {
-  if (bytes == 0) return;
-  if (copy_)
-    copy_(dst, src, bytes, kind);
-  else
-    std::memcpy(dst, src, bytes);
+void KvCache::copy_batch(const CopySegment* segs, int64_t n) const {
+  if (n <= 0) return;
+  if (copy_) {
+    copy_(segs, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (segs[i].bytes) std::memcpy(segs[i].dst, segs[i].src, segs[i].bytes);
 }
 
 }  // namespace v4::cache

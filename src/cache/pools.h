@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "base/copy_segment.h"
 #include "base/status.h"
 
 namespace v4::cache {
@@ -157,14 +158,24 @@ class KvCache {
   /// Compressor-state ring slot of `seq` (valid seq).
   int32_t state_slot(int32_t seq) const { return seqs_[seq].state_slot; }
 
-  // ---- copies between pools and host memory (prefix cache) ---------------------------------
-  /// Direction of a copy: pool rows live in backend memory (device memory on CUDA).
-  enum class CopyKind { kPoolToPool, kPoolToHost, kHostToPool };
-  using CopyFn = std::function<void(void* dst, const void* src, size_t bytes, CopyKind kind)>;
-  /// Installs the copy function for pool memory (default: memcpy, right for host pools).
-  void set_copy(CopyFn fn) { copy_ = std::move(fn); }
-  /// Copies `bytes` with the installed function.
-  void copy_bytes(void* dst, const void* src, size_t bytes, CopyKind kind) const;
+  // ---- backend memory and copies (prefix cache store, docs/cache.md §6) -------------------
+  /// Allocates / frees `bytes` of the pools' memory (the AllocFn / FreeFn given to create:
+  /// backend memory, device memory on CUDA). The prefix cache keeps its store there. Callers free
+  /// what they allocate before the allocator's owner (the backend) goes.
+  void* alloc_bytes(size_t bytes) const { return alloc_(bytes); }
+  void free_bytes(void* p) const { free_(p); }
+  /// A copy of the free function (for owners that may outlive this KvCache, not the backend).
+  FreeFn free_fn() const { return free_; }
+  /// Executes a list of copies between pool memory and memory from alloc_bytes (both sides
+  /// backend memory): see CopySegment. Segments of one call may run concurrently (no segment's
+  /// destination overlaps another's source or destination); calls run in order.
+  using CopyBatchFn = std::function<void(const CopySegment* segs, int64_t n)>;
+  /// Installs the copy for backend memory (a device backend: ops::Ops::copy_batch, stream-ordered
+  /// with the forward). Default: memcpy per segment, right for host memory only.
+  void set_copy_batch(CopyBatchFn fn) { copy_ = std::move(fn); }
+  bool has_copy_batch() const { return bool(copy_); }
+  /// Runs `n` segments with the installed copy (n == 0: nothing).
+  void copy_batch(const CopySegment* segs, int64_t n) const;
 
  private:
   KvCache() = default;
@@ -193,7 +204,7 @@ class KvCache {
   std::vector<PoolBuffer> buffers_;
   std::vector<int32_t> free_pages_, free_swa_pages_, free_slots_;
   std::vector<Seq> seqs_;
-  CopyFn copy_;
+  CopyBatchFn copy_;
 };
 
 }  // namespace v4::cache

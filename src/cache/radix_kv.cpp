@@ -1,6 +1,7 @@
 #include "cache/radix_kv.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -26,35 +27,49 @@ Result<std::unique_ptr<StateSnapshots>> StateSnapshots::create(const KvCache& kv
     }
   }
   s->n_slots_ = n;
-  s->data_.assign(size_t(s->floats_per_slot_) * size_t(n), 0.f);
+  const size_t bytes = size_t(s->floats_per_slot_) * size_t(n) * sizeof(float);
+  if (bytes > 0) {
+    s->data_ = static_cast<float*>(kv.alloc_bytes(bytes));
+    s->free_ = kv.free_fn();
+  }
   return s;
 }
 
-Status StateSnapshots::save(const KvCache& kv, int32_t seq, int32_t id) {
+StateSnapshots::~StateSnapshots() {
+  if (data_ && free_) free_(data_);
+}
+
+Status StateSnapshots::save(const KvCache& kv, int32_t seq, int32_t id, CopyList* list) {
   if (id < 0 || id >= n_slots_ || !kv.valid(seq))
     return make_error(ErrorCode::kInvalidArgument, "snapshots: bad slot {} or sequence {}", id, seq);
-  float* dst = data_.data() + int64_t(id) * floats_per_slot_;
+  CopyList own;
+  CopyList& out = list ? *list : own;
+  float* dst = data_ + int64_t(id) * floats_per_slot_;
   for (const Ring& r : rings_) {
     const int64_t base = kv.ring_row(seq, 0, r.rows), n = int64_t(r.rows) * r.width;
-    kv.copy_bytes(dst, kv.ring_kv(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float), KvCache::CopyKind::kPoolToHost);
+    out.add(dst, kv.ring_kv(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float));
     dst += n;
-    kv.copy_bytes(dst, kv.ring_gate(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float), KvCache::CopyKind::kPoolToHost);
+    out.add(dst, kv.ring_gate(r.layer, r.which) + base * r.width, size_t(n) * sizeof(float));
     dst += n;
   }
+  own.flush(kv);
   return Status::Ok();
 }
 
-Status StateSnapshots::load(KvCache& kv, int32_t id, int32_t seq) const {
+Status StateSnapshots::load(KvCache& kv, int32_t id, int32_t seq, CopyList* list) const {
   if (id < 0 || id >= n_slots_ || !kv.valid(seq))
     return make_error(ErrorCode::kInvalidArgument, "snapshots: bad slot {} or sequence {}", id, seq);
-  const float* src = data_.data() + int64_t(id) * floats_per_slot_;
+  CopyList own;
+  CopyList& out = list ? *list : own;
+  const float* src = data_ + int64_t(id) * floats_per_slot_;
   for (const Ring& r : rings_) {
     const int64_t base = kv.ring_row(seq, 0, r.rows), n = int64_t(r.rows) * r.width;
-    kv.copy_bytes(kv.ring_kv(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float), KvCache::CopyKind::kHostToPool);
+    out.add(kv.ring_kv(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float));
     src += n;
-    kv.copy_bytes(kv.ring_gate(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float), KvCache::CopyKind::kHostToPool);
+    out.add(kv.ring_gate(r.layer, r.which) + base * r.width, src, size_t(n) * sizeof(float));
     src += n;
   }
+  own.flush(kv);
   return Status::Ok();
 }
 
@@ -69,6 +84,7 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
                       kv.length(src), n, kv.length(dst));
   const auto& spec = kv.spec();
   const int64_t W = spec.sliding_window;
+  CopyList list;  // src rows → dst rows: distinct sequences, so no copy reads another's target
   for (int l = 0; l < int(spec.layers.size()); ++l) {
     const auto& L = spec.layers[size_t(l)];
     const int64_t d = L.kv_dim;
@@ -78,19 +94,24 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
         return make_error(ErrorCode::kInvalidArgument,
                           "copy_prefix_state: SWA row of position {} not live (src {}, dst {})",
                           p, a, b);
-      kv.copy_bytes(kv.swa_pool(l) + int64_t(b) * d, kv.swa_pool(l) + int64_t(a) * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
+      list.add(kv.swa_pool(l) + int64_t(b) * d, kv.swa_pool(l) + int64_t(a) * d,
+               size_t(d) * sizeof(float));
     }
     if (L.kind == AttnKind::kSliding) continue;
     const int m = L.ratio;
     for (int64_t e = 0; e < n / m; ++e) {
       const int64_t a = kv.compressed_row(src, e, m), b = kv.compressed_row(dst, e, m);
-      kv.copy_bytes(kv.comp_pool(l) + b * d, kv.comp_pool(l) + a * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
-      if (L.kind == AttnKind::kCsa) {
-        const int64_t di = L.index_dim;
-        kv.copy_bytes(kv.index_pool(l) + b * di, kv.index_pool(l) + a * di, size_t(di) * sizeof(float), KvCache::CopyKind::kPoolToPool);
+      list.add(kv.comp_pool(l) + b * d, kv.comp_pool(l) + a * d, size_t(d) * sizeof(float));
+    }
+    if (L.kind == AttnKind::kCsa) {
+      const int64_t di = L.index_dim;
+      for (int64_t e = 0; e < n / m; ++e) {
+        const int64_t a = kv.compressed_row(src, e, m), b = kv.compressed_row(dst, e, m);
+        list.add(kv.index_pool(l) + b * di, kv.index_pool(l) + a * di, size_t(di) * sizeof(float));
       }
     }
   }
+  list.flush(kv);
   return Status::Ok();
 }
 
@@ -98,25 +119,33 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
   const auto& o = kv.options();
   const int64_t P = o.page_size;
   if (c.src_page < 0 || c.dst_page < 0 || c.src_page >= o.n_pages || c.dst_page >= o.n_pages ||
-      c.n_tokens > P || c.swa_begin < 0)
+      c.src_page == c.dst_page || c.n_tokens > P || c.swa_begin < 0)
     return make_error(ErrorCode::kInvalidArgument, "apply_page_copy: bad pages {} -> {} ({} tokens)",
                       c.src_page, c.dst_page, c.n_tokens);
   const auto& spec = kv.spec();
+  CopyList list;
   for (int l = 0; l < int(spec.layers.size()); ++l) {
     const auto& L = spec.layers[size_t(l)];
     const int64_t d = L.kv_dim;
     if (c.swa_begin < c.n_tokens) {
-      if (swa_src < 0 || swa_dst < 0 || swa_src >= o.n_swa_pages || swa_dst >= o.n_swa_pages)
+      if (swa_src < 0 || swa_dst < 0 || swa_src == swa_dst || swa_src >= o.n_swa_pages ||
+          swa_dst >= o.n_swa_pages)
         return make_error(ErrorCode::kInvalidArgument, "apply_page_copy: SWA pages {} -> {}",
                           swa_src, swa_dst);
-      kv.copy_bytes(kv.swa_pool(l) + (int64_t(swa_dst) * P + c.swa_begin) * d, kv.swa_pool(l) + (int64_t(swa_src) * P + c.swa_begin) * d, size_t((c.n_tokens - c.swa_begin) * d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
+      list.add(kv.swa_pool(l) + (int64_t(swa_dst) * P + c.swa_begin) * d,
+               kv.swa_pool(l) + (int64_t(swa_src) * P + c.swa_begin) * d,
+               size_t((c.n_tokens - c.swa_begin) * d) * sizeof(float));
     }
     if (L.kind == AttnKind::kSliding) continue;
     const int64_t m = L.ratio, per_page = P / m, n = c.n_tokens / m;
-    kv.copy_bytes(kv.comp_pool(l) + int64_t(c.dst_page) * per_page * d, kv.comp_pool(l) + int64_t(c.src_page) * per_page * d, size_t(n * d) * sizeof(float), KvCache::CopyKind::kPoolToPool);
+    list.add(kv.comp_pool(l) + int64_t(c.dst_page) * per_page * d,
+             kv.comp_pool(l) + int64_t(c.src_page) * per_page * d, size_t(n * d) * sizeof(float));
     if (L.kind == AttnKind::kCsa)
-      kv.copy_bytes(kv.index_pool(l) + int64_t(c.dst_page) * per_page * L.index_dim, kv.index_pool(l) + int64_t(c.src_page) * per_page * L.index_dim, size_t(n * L.index_dim) * sizeof(float), KvCache::CopyKind::kPoolToPool);
+      list.add(kv.index_pool(l) + int64_t(c.dst_page) * per_page * L.index_dim,
+               kv.index_pool(l) + int64_t(c.src_page) * per_page * L.index_dim,
+               size_t(n * L.index_dim) * sizeof(float));
   }
+  list.flush(kv);
   return Status::Ok();
 }
 
@@ -141,17 +170,40 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
   pc->window_ = cfg.window_tokens;
   const int64_t slots = int64_t(cfg.n_pages) * cfg.page_tokens;
   const int64_t swa_rows = int64_t(cfg.n_swa_pages) * cfg.swa_page_tokens;
+  // One block for the whole store; each buffer starts on a 256-byte boundary.
+  auto round = [](int64_t floats) { return (floats * 4 + 255) / 256 * 256; };
+  std::vector<int64_t> off;
+  int64_t total = 0;
   for (const auto& L : spec.layers) {
     const int m = L.kind == AttnKind::kSliding ? 0 : L.ratio;
     const int di = L.kind == AttnKind::kCsa ? L.index_dim : 0;
     pc->ratio_.push_back(m);
     pc->dim_.push_back(L.kv_dim);
     pc->idim_.push_back(di);
-    pc->swa_.emplace_back(size_t(swa_rows * L.kv_dim), 0.f);
-    pc->comp_.emplace_back(m ? size_t(slots / m * L.kv_dim) : 0, 0.f);
-    pc->index_.emplace_back(m ? size_t(slots / m * di) : 0, 0.f);
+    for (int64_t floats : {swa_rows * L.kv_dim, m ? slots / m * L.kv_dim : int64_t(0),
+                           m ? slots / m * di : int64_t(0)}) {
+      off.push_back(floats ? total : -1);
+      total += floats ? round(floats) : 0;
+    }
+  }
+  if (total > 0) {
+    pc->store_ = kv.alloc_bytes(size_t(total));
+    pc->free_ = kv.free_fn();
+  }
+  pc->store_bytes_ = total;
+  char* base = static_cast<char*>(pc->store_);
+  auto at = [&](size_t i) { return off[i] < 0 ? nullptr : reinterpret_cast<float*>(base + off[i]); };
+  for (size_t l = 0; l < spec.layers.size(); ++l) {
+    pc->swa_.push_back(at(3 * l));
+    pc->comp_.push_back(at(3 * l + 1));
+    pc->index_.push_back(at(3 * l + 2));
   }
   return pc;
+}
+
+PrefixCache::~PrefixCache() {
+  snaps_.reset();
+  if (store_ && free_) free_(store_);
 }
 
 void PrefixCache::detach(PrefixSeq& h) {
@@ -182,7 +234,9 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
   h.snapshot_points = plan->snapshot_points;
   const auto& cfg = radix_->config();
   const int64_t P = cfg.page_tokens, Ps = cfg.swa_page_tokens, W = window_;
-  if (plan->has_copy) {  // the tail page of the hit, inside the store
+  CopyList list;
+  if (plan->has_copy) {  // the tail page of the hit, inside the store (its own phase: the
+                         // copies into the KvCache sequence below read the new page)
     const PageCopy& c = plan->copy;
     for (size_t l = 0; l < dim_.size(); ++l) {
       const int64_t d = dim_[l];
@@ -190,17 +244,18 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
         const int32_t a = radix_->swa_map().page((c.src_page * P + off) / Ps);
         const int32_t b = radix_->swa_map().page((c.dst_page * P + off) / Ps);
         if (a < 0 || b < 0) continue;  // not needed by any reader (outside the window)
-        std::memcpy(&swa_[l][size_t((int64_t(b) * Ps + off % Ps) * d)],
-                    &swa_[l][size_t((int64_t(a) * Ps + off % Ps) * d)], size_t(d) * sizeof(float));
+        list.add(swa_[l] + (int64_t(b) * Ps + off % Ps) * d, swa_[l] + (int64_t(a) * Ps + off % Ps) * d,
+                 size_t(d) * sizeof(float));
       }
       if (!ratio_[l]) continue;
       const int64_t m = ratio_[l], per = P / m, ne = c.n_tokens / m, di = idim_[l];
-      std::memcpy(&comp_[l][size_t(c.dst_page * per * d)], &comp_[l][size_t(c.src_page * per * d)],
-                  size_t(ne * d) * sizeof(float));
+      list.add(comp_[l] + c.dst_page * per * d, comp_[l] + c.src_page * per * d,
+               size_t(ne * d) * sizeof(float));
       if (di)
-        std::memcpy(&index_[l][size_t(c.dst_page * per * di)],
-                    &index_[l][size_t(c.src_page * per * di)], size_t(ne * di) * sizeof(float));
+        list.add(index_[l] + c.dst_page * per * di, index_[l] + c.src_page * per * di,
+                 size_t(ne * di) * sizeof(float));
     }
+    list.flush(kv, &copies_);
   }
   const int64_t R = plan->cached_tokens;
   h.cached_tokens = R;
@@ -223,49 +278,86 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
     kv.free_sequence(seq);
     return st;
   }
+  // Store → the new sequence's rows: SWA rows [R − W, R), compressed entries < R/m, the rings.
   for (size_t l = 0; l < dim_.size(); ++l) {
     const int64_t d = dim_[l];
     for (int64_t p = std::max<int64_t>(0, R - W); p < R; ++p) {
       const int64_t a = radix_->swa_row(rs, p);
       const int32_t b = kv.swa_row(seq, p);
-      kv.copy_bytes(kv.swa_pool(int(l)) + int64_t(b) * d, &swa_[l][size_t(a * d)], size_t(d) * sizeof(float), KvCache::CopyKind::kHostToPool);
+      list.add(kv.swa_pool(int(l)) + int64_t(b) * d, swa_[l] + a * d, size_t(d) * sizeof(float));
     }
     if (!ratio_[l]) continue;
     const int64_t m = ratio_[l], di = idim_[l];
     for (int64_t e = 0; e < R / m; ++e) {
       const int64_t a = radix_->slot(rs, e * m) / m;
       const int64_t b = kv.compressed_row(seq, e, int(m));
-      kv.copy_bytes(kv.comp_pool(int(l)) + b * d, &comp_[l][size_t(a * d)], size_t(d) * sizeof(float), KvCache::CopyKind::kHostToPool);
-      if (di)
-        kv.copy_bytes(kv.index_pool(int(l)) + b * di, &index_[l][size_t(a * di)], size_t(di) * sizeof(float), KvCache::CopyKind::kHostToPool);
+      list.add(kv.comp_pool(int(l)) + b * d, comp_[l] + a * d, size_t(d) * sizeof(float));
     }
+    if (di)
+      for (int64_t e = 0; e < R / m; ++e) {
+        const int64_t a = radix_->slot(rs, e * m) / m;
+        const int64_t b = kv.compressed_row(seq, e, int(m));
+        list.add(kv.index_pool(int(l)) + b * di, index_[l] + a * di, size_t(di) * sizeof(float));
+      }
   }
-  st = snaps_->load(kv, plan->restore_snapshot, seq);
+  st = snaps_->load(kv, plan->restore_snapshot, seq, &list);
   if (!st.ok()) {
     detach(h);
     kv.free_sequence(seq);
     return st;
   }
+  list.flush(kv, &copies_);
   kv.commit(seq, R);
   live_[seq] = h;
   return h;
 }
 
 Status PrefixCache::on_step(KvCache& kv, int32_t kv_seq, std::span<const int32_t> tokens) {
-  auto it = live_.find(kv_seq);
+  const StepAppend one{kv_seq, tokens};
+  return on_steps(kv, std::span<const StepAppend>(&one, 1));
+}
+
+Status PrefixCache::on_steps(KvCache& kv, std::span<const StepAppend> steps) {
+  // Every sequence's copies target its own store pages, SWA blocks and snapshot slots (held by
+  // it alone) and read KvCache rows, so they can all run as one batch. A sequence detached
+  // half-way contributes nothing (its pages may be handed to the next sequence of the loop).
+  CopyList list, one;
+  Status first;
+  for (const StepAppend& st : steps) {
+    Status s = step_one(kv, st, &one);
+    if (!s.ok() && first.ok()) first = s;
+    list.append(one);
+  }
+  list.flush(kv, &copies_);
+  return first;
+}
+
+Status PrefixCache::step_one(KvCache& kv, const StepAppend& step, CopyList* list) {
+  auto it = live_.find(step.kv_seq);
   if (it == live_.end() || it->second.radix_seq < 0) return Status::Ok();
   PrefixSeq& h = it->second;
   const int32_t rs = h.radix_seq;
+  const std::span<const int32_t> tokens = step.tokens;
   const int64_t before = radix_->seq_len(rs), n = int64_t(tokens.size()), after = before + n;
   if (kv.length(h.kv_seq) != after)
     return make_error(ErrorCode::kInvalidArgument,
                       "prefix cache: sequence {} holds {} tokens, expected {} after this step",
                       h.kv_seq, kv.length(h.kv_seq), after);
-  if (!radix_->reserve(rs, n).ok()) {
-    detach(h);  // the tree cannot take this request's state now; it keeps running
-    return Status::Ok();
+  // Take the step into the tree a page at a time: reserve + commit release the SWA blocks that
+  // leave the window at once, so a long chunk holds one page of SWA blocks beyond the window.
+  // Only the rows of the final window [after − window, after) are written back (and marked).
+  const int64_t P = radix_->config().page_tokens;
+  for (int64_t done = 0; done < n;) {
+    const int64_t lo = before + done, k = std::min(n - done, P - lo % P), hi = lo + k;
+    if (!radix_->reserve(rs, k).ok()) {
+      list->clear();
+      detach(h);  // the tree cannot take this request's state now; it keeps running
+      return Status::Ok();
+    }
+    const int64_t written = std::max<int64_t>(0, hi - std::max(lo, after - window_));
+    V4_RETURN_IF_ERROR(radix_->commit(rs, tokens.subspan(size_t(done), size_t(k)), written));
+    done += k;
   }
-  V4_RETURN_IF_ERROR(radix_->commit(rs, tokens, window_));
   // Write-back of what the step computed: SWA rows of the new tokens, completed entries.
   for (size_t l = 0; l < dim_.size(); ++l) {
     const int64_t d = dim_[l];
@@ -273,26 +365,30 @@ Status PrefixCache::on_step(KvCache& kv, int32_t kv_seq, std::span<const int32_t
       const int32_t a = kv.swa_row(h.kv_seq, p);
       const int64_t b = radix_->swa_row(rs, p);
       if (a < 0 || b < 0) continue;
-      kv.copy_bytes(&swa_[l][size_t(b * d)], kv.swa_pool(int(l)) + int64_t(a) * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToHost);
+      list->add(swa_[l] + b * d, kv.swa_pool(int(l)) + int64_t(a) * d, size_t(d) * sizeof(float));
     }
     if (!ratio_[l]) continue;
     const int64_t m = ratio_[l], di = idim_[l];
     for (int64_t e = before / m; e < after / m; ++e) {
       const int64_t a = kv.compressed_row(h.kv_seq, e, int(m));
       const int64_t b = radix_->slot(rs, e * m) / m;
-      kv.copy_bytes(&comp_[l][size_t(b * d)], kv.comp_pool(int(l)) + a * d, size_t(d) * sizeof(float), KvCache::CopyKind::kPoolToHost);
-      if (di)
-        kv.copy_bytes(&index_[l][size_t(b * di)], kv.index_pool(int(l)) + a * di, size_t(di) * sizeof(float), KvCache::CopyKind::kPoolToHost);
+      list->add(comp_[l] + b * d, kv.comp_pool(int(l)) + a * d, size_t(d) * sizeof(float));
     }
+    if (di)
+      for (int64_t e = before / m; e < after / m; ++e) {
+        const int64_t a = kv.compressed_row(h.kv_seq, e, int(m));
+        const int64_t b = radix_->slot(rs, e * m) / m;
+        list->add(index_[l] + b * di, kv.index_pool(int(l)) + a * di, size_t(di) * sizeof(float));
+      }
   }
   for (int64_t p : h.snapshot_points)
-    if (p == after) (void)snapshot(kv, h);
+    if (p == after) (void)snapshot(kv, h, list);
   return Status::Ok();
 }
 
-Status PrefixCache::snapshot(KvCache& kv, PrefixSeq& h) {
+Status PrefixCache::snapshot(KvCache& kv, PrefixSeq& h, CopyList* list) {
   V4_ASSIGN_OR_RETURN(int32_t id, radix_->begin_snapshot(h.radix_seq));
-  return snaps_->save(kv, h.kv_seq, id);
+  return snaps_->save(kv, h.kv_seq, id, list);
 }
 
 Result<int64_t> PrefixCache::finish(KvCache& kv, int32_t kv_seq, bool insert) {
@@ -305,7 +401,9 @@ Result<int64_t> PrefixCache::finish(KvCache& kv, int32_t kv_seq, bool insert) {
   live_.erase(it);
   int64_t added = 0;
   if (h.radix_seq >= 0) {
-    if (insert && radix_->seq_len(h.radix_seq) > 0) (void)snapshot(kv, h);
+    CopyList list;
+    if (insert && radix_->seq_len(h.radix_seq) > 0) (void)snapshot(kv, h, &list);
+    list.flush(kv, &copies_);  // before the KvCache sequence's rings can be reused
     auto r = radix_->finish(h.radix_seq, insert);
     h.radix_seq = -1;
     if (!r.ok()) {
@@ -338,25 +436,34 @@ Result<ShadowRadixConfig> PrefixCache::config_for_budget(const KvCache& kv, int6
   auto probe = StateSnapshots::create(kv, 0);
   const int64_t snap_bytes = (*probe)->floats_per_slot() * 4;
   const int64_t swa_per_window = (c.window_tokens + Ps - 1) / Ps + 1;
-  // Running sequences also hold SWA pages for their own window + step (up to 8 × window).
-  c.n_swa_pages = int32_t(swa_per_window * (int64_t(kept) + 8) + 8 * (4096 / Ps));
-  c.n_snapshots = kept + 16;
-  const int64_t fixed = int64_t(c.n_swa_pages) * Ps * swa_row_floats * 4 +
-                        int64_t(c.n_snapshots) * snap_bytes;
   const int64_t page_bytes = std::max<int64_t>(page_floats * 4, 1);
+  // The store's buffers start on 256-byte boundaries (3 per layer).
+  const int64_t slack = int64_t(kv.spec().layers.size()) * 3 * 256;
+  // SWA windows: the kept boundaries, 16 more for running sequences (their own window and
+  // pending boundaries), and one page of positions beyond a window (on_steps takes a step a page
+  // at a time). Fewer kept boundaries (down to 8) when the budget cannot hold `kept` of them
+  // with one page each.
+  int64_t fixed = 0;
+  for (;;) {
+    c.n_swa_pages = int32_t(swa_per_window * (int64_t(kept) + 16) + P / Ps);
+    c.n_snapshots = kept + 16;
+    fixed = int64_t(c.n_swa_pages) * Ps * swa_row_floats * 4 + int64_t(c.n_snapshots) * snap_bytes +
+            slack;
+    if (budget - fixed >= page_bytes * kept || kept <= 8) break;
+    kept = std::max<int32_t>(8, kept / 2);
+  }
   if (budget - fixed < page_bytes * kept)
     return make_error(ErrorCode::kInvalidArgument,
                       "prefix cache: budget {} B too small: {} kept boundaries need {} B of SWA "
-                      "windows and snapshots plus {} B per {}-token page",
+                      "windows and snapshots plus {} B per {}-token page (raise the budget, "
+                      "--prefix-cache-bytes, or turn the cache off, --disable-prefix-cache)",
                       budget, kept, fixed, page_bytes, P);
-  c.n_pages = int32_t((budget - fixed) / page_bytes);
+  c.n_pages = int32_t(std::min<int64_t>((budget - fixed) / page_bytes, INT32_MAX));
   return c;
 }
 
 int64_t PrefixCache::store_bytes() const {
-  int64_t f = snaps_->floats_per_slot() * snaps_->n_slots();
-  for (size_t l = 0; l < comp_.size(); ++l) f += int64_t(comp_[l].size() + index_[l].size() + swa_[l].size());
-  return f * 4;
+  return store_bytes_ + snaps_->floats_per_slot() * snaps_->n_slots() * 4;
 }
 
 std::string PrefixCache::explain() const {

@@ -1,4 +1,4 @@
-// The physical side of prefix reuse on top of KvCache's pools (src/cache/pools.h, CPU f32 rows):
+// The physical side of prefix reuse on top of KvCache's pools (src/cache/pools.h, f32 rows):
 // what ShadowRadix's plans ask the tensor owner to do.
 //
 // - `StateSnapshots`: compressor-state snapshot slots (ShadowRadix snapshot ids). A snapshot is
@@ -7,8 +7,7 @@
 //   computation bit for bit (the rings are indexed by position, row p % (c·m)).
 // - `copy_prefix_state`: copy-mode reuse. Copies what a sequence resuming at L reads from a
 //   source sequence: compressed entries e < L/m of every C4 / indexer / C128 pool and the SWA rows
-//   [L - W + 1, L). Used by the exactness tests and by the engine until KvCache takes shared
-//   pages (see docs/cache.md "Binding to the pools").
+//   [L - W + 1, L). Used by the exactness tests.
 // - `apply_page_copy`: ShadowRadix's tail-page copy at page-id level (shared-page mode).
 // - `PrefixCache`: ShadowRadix bound to KvCache in two tiers (copy mode). The radix tree's pages
 //   live in a store with the pools' layout, addressed by ShadowRadix's ids; running sequences
@@ -16,40 +15,55 @@
 //   sequence; snapshot points and finish copy the sequence's new state into the tree's pages.
 //   When KvCache can address external pages, the store goes away and nothing is copied; the API
 //   stays the same (docs/cache.md "Binding to the pools").
+//
+// Memory: the store and the snapshots live in the pools' memory (KvCache::alloc_bytes: device
+// memory on CUDA) and every copy — pool ↔ store, store → store, pool → pool — is a segment of a
+// KvCache::copy_batch call (one per phase: admission, a step's write-back, finish), so the host
+// never touches row bytes and a device backend runs each phase as one kernel, stream-ordered
+// with the forward.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
+#include "cache/copy_list.h"
 #include "cache/pools.h"
 #include "cache/shadow_radix.h"
 
 namespace v4::cache {
 
-/// Host-memory snapshot slots sized for one KvCache's rings.
+/// Snapshot slots sized for one KvCache's rings, in the pools' memory (KvCache::alloc_bytes).
 class StateSnapshots {
  public:
-  /// Errors (kInvalidArgument): n_slots < 0.
+  /// Errors (kInvalidArgument): n_slots < 0. Must be destroyed before the backend that
+  /// allocated `kv`'s pools.
   static Result<std::unique_ptr<StateSnapshots>> create(const KvCache& kv, int32_t n_slots);
+  ~StateSnapshots();
+  StateSnapshots(const StateSnapshots&) = delete;
+  StateSnapshots& operator=(const StateSnapshots&) = delete;
   /// f32 values of one snapshot (all layers' rings, kv + gate).
   int64_t floats_per_slot() const { return floats_per_slot_; }
   int32_t n_slots() const { return n_slots_; }
-  /// Copies the rings of `seq` into slot `id`. Errors: bad id or sequence.
-  Status save(const KvCache& kv, int32_t seq, int32_t id);
-  /// Copies slot `id` into the rings of `seq`. Errors: bad id or sequence.
-  Status load(KvCache& kv, int32_t id, int32_t seq) const;
+  /// Copies the rings of `seq` into slot `id`: appended to `list` (the caller flushes it), or,
+  /// without a list, run at once. Errors: bad id or sequence.
+  Status save(const KvCache& kv, int32_t seq, int32_t id, CopyList* list = nullptr);
+  /// Copies slot `id` into the rings of `seq` (same `list` rule). Errors: bad id or sequence.
+  Status load(KvCache& kv, int32_t id, int32_t seq, CopyList* list = nullptr) const;
 
  private:
+  StateSnapshots() = default;
   struct Ring {
     int layer, which, rows, width;
   };
   std::vector<Ring> rings_;
   int64_t floats_per_slot_ = 0;
   int32_t n_slots_ = 0;
-  std::vector<float> data_;
+  float* data_ = nullptr;  // [n_slots, floats_per_slot] in backend memory
+  KvCache::FreeFn free_;
 };
 
 /// Copies the compressed entries of positions [0, n_tokens) and the SWA rows
@@ -65,6 +79,13 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n_tokens
 /// swa_map). Errors: page size mismatch, ids out of range.
 Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src_page,
                        int32_t swa_dst_page);
+
+/// One step of one sequence for PrefixCache::on_steps: the KvCache sequence and the tokens the
+/// step appended.
+struct StepAppend {
+  int32_t kv_seq = -1;
+  std::span<const int32_t> tokens;
+};
 
 /// A request's handle in PrefixCache.
 struct PrefixSeq {
@@ -90,8 +111,13 @@ class PrefixCache {
   /// `cfg` sizes the tree's store; its page_tokens must be a multiple of every compression
   /// ratio; window_tokens is set to sliding_window - 1 (the rows a resumed query reads).
   /// Errors (kInvalidArgument): bad config (see ShadowRadix::create).
+  /// The store (sized by `cfg`) is allocated with kv.alloc_bytes and freed by the destructor,
+  /// which must therefore run before the backend that allocated `kv`'s pools goes.
   static Result<std::unique_ptr<PrefixCache>> create(const KvCache& kv,
                                                      const ShadowRadixConfig& cfg);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
   /// Starts a request: a new KvCache sequence that already holds the longest resumable cached
   /// prefix of `prompt` (at most prompt.size() - 1 tokens). Errors: kResourceExhausted when
   /// KvCache has no free sequence or pages (retry later); the tree side never blocks admission.
@@ -101,6 +127,11 @@ class PrefixCache {
   /// state (everything locked by running requests) the request is detached from the tree: it
   /// keeps running, it is only not inserted at the end. Unknown sequences are ignored.
   Status on_step(KvCache& kv, int32_t kv_seq, std::span<const int32_t> tokens);
+  /// on_step for every sequence of a step (each at most once), with all their write-back and
+  /// snapshot copies in one KvCache::copy_batch call. The tree takes a step's positions a page
+  /// at a time, so a long chunk needs no more of the store's SWA pages than one page plus the
+  /// window. Errors: as on_step (the first one; the other sequences are still processed).
+  Status on_steps(KvCache& kv, std::span<const StepAppend> steps);
   /// Ends a request: with `insert`, its computed tokens enter the tree (with a boundary at its
   /// end); always frees the KvCache sequence. Returns tokens newly added to the tree.
   Result<int64_t> finish(KvCache& kv, int32_t kv_seq, bool insert = true);
@@ -110,19 +141,28 @@ class PrefixCache {
   /// Bytes of the tree store and its startup line ("prefix cache: ... pages ... boundaries").
   int64_t store_bytes() const;
   std::string explain() const;
+  /// Copies issued so far (every byte the prefix cache moved went through KvCache::copy_batch).
+  const CopyCounters& copy_counters() const { return copies_; }
 
   ShadowRadix& radix() { return *radix_; }
   const ShadowRadix& radix() const { return *radix_; }
 
  private:
   PrefixCache() = default;
-  Status snapshot(KvCache& kv, PrefixSeq& h);
+  Status snapshot(KvCache& kv, PrefixSeq& h, CopyList* list);
+  /// One sequence's part of on_steps: tree bookkeeping, its copies appended to `list`.
+  Status step_one(KvCache& kv, const StepAppend& st, CopyList* list);
   void detach(PrefixSeq& h);
   std::unique_ptr<ShadowRadix> radix_;
   std::unique_ptr<StateSnapshots> snaps_;
   std::unordered_map<int32_t, PrefixSeq> live_;  // by KvCache sequence
-  // Store of the tree tier, per layer: compressed rows by slot / m, indexer rows, SWA rows.
-  std::vector<std::vector<float>> comp_, index_, swa_;
+  // Store of the tree tier, per layer: compressed rows by slot / m, indexer rows, SWA rows (into
+  // one block of backend memory, store_).
+  std::vector<float*> comp_, index_, swa_;
+  void* store_ = nullptr;
+  int64_t store_bytes_ = 0;
+  KvCache::FreeFn free_;
+  CopyCounters copies_;
   std::vector<int> ratio_, dim_, idim_;
   int64_t window_ = 0;  // SWA rows a boundary keeps: sliding_window - 1
   int64_t detached_total_ = 0;

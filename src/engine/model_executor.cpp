@@ -47,6 +47,17 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
             *e->ops_, opt.mem_fraction,
             workspace_reserve_bytes(e->model_->config(), opt.max_chunk_tokens, ctx), &why));
     V4_LOG_INFO("{}", why);
+    if (opt.prefix_cache_bytes > 0) {  // the prefix store is allocated next to the pools
+      if (opt.kv_budget_bytes - opt.prefix_cache_bytes <= 0)
+        return make_error(ErrorCode::kResourceExhausted,
+                          "--mem-fraction leaves {} bytes, not more than the prefix cache's {} "
+                          "bytes (--prefix-cache-bytes)",
+                          opt.kv_budget_bytes, opt.prefix_cache_bytes);
+      opt.kv_budget_bytes -= opt.prefix_cache_bytes;
+      V4_LOG_INFO("KV budget {:.2f} GiB after the prefix cache store ({:.2f} GiB)",
+                  double(opt.kv_budget_bytes) / double(int64_t(1) << 30),
+                  double(opt.prefix_cache_bytes) / double(int64_t(1) << 30));
+    }
   }
   // With --mem-fraction (large device budgets) the SWA pool is sized for live windows only
   // (max_sequences × ceil((chunk + W − 1) / P) + 1 pages, the bound pages_for() reports): with
@@ -68,13 +79,12 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
     V4_LOG_INFO("sampling: {} on the {} backend for requests without penalties",
                 e->device_sampling_ ? "on the device" : "on the host (device sampling off)",
                 e->ops_->name());
-  if (opt.prefix_cache_bytes > 0 && e->ops_->name() != "cpu") {
-    // The prefix store copies pool rows with host memcpy (two-tier binding, docs/cache.md §6);
-    // on a device backend the pools live in device memory, so prefix caching stays off there.
-    V4_LOG_WARN("prefix cache: not available on the {} backend yet; serving without it",
-                e->ops_->name());
-    opt.prefix_cache_bytes = 0;
-  }
+  // Prefix-cache copies (store <-> pools, docs/cache.md §6) run on the backend: one
+  // Ops::copy_batch per phase, stream-ordered with the forward (the pools and the store are
+  // backend memory, which the host must not touch on a device backend).
+  e->cache_->set_copy_batch([ops = e->ops_.get()](const CopySegment* segs, int64_t n) {
+    ops->copy_batch(segs, n);
+  });
   if (opt.prefix_cache_bytes > 0) {
     V4_ASSIGN_OR_RETURN(auto cfg,
                         cache::PrefixCache::config_for_budget(*e->cache_, opt.prefix_cache_bytes));
@@ -200,8 +210,10 @@ Result<model::ForwardOutput> ModelExecutor::forward(const model::ForwardBatch& b
     return model_->forward(logits_only, *cache_);
   }();
   if (!out.ok() || !prefix_) return out;
-  for (const auto& sl : batch.slices)
-    V4_RETURN_IF_ERROR(prefix_->on_step(*cache_, sl.seq, sl.tokens));
+  std::vector<cache::StepAppend> steps;
+  steps.reserve(batch.slices.size());
+  for (const auto& sl : batch.slices) steps.push_back({sl.seq, sl.tokens});
+  V4_RETURN_IF_ERROR(prefix_->on_steps(*cache_, steps));  // one batched copy for the step
   return out;
 }
 

@@ -10,8 +10,9 @@
 // - "state_slots": one compressor-state ring slot per live sequence.
 // With `prefix_cache_bytes` > 0 the executor binds cache::PrefixCache (copy mode: the tree has
 // its own store, so the pools above still hold running sequences only): start_sequence → admit,
-// after each forward → on_step per slice, end_sequence → finish (insert on kFinished and
-// kPreempted).
+// after each forward → on_steps for all slices, end_sequence → finish (insert on kFinished and
+// kPreempted). On every backend the store lives in backend memory and its copies run as
+// Ops::copy_batch (installed with KvCache::set_copy_batch), so the prefix cache works on CUDA.
 #pragma once
 #include <memory>
 #include <string>
@@ -32,7 +33,8 @@ struct ModelExecutorOptions {
   int64_t max_context = 0;                     // 0 = config.json max_position_embeddings
   /// Bytes for the prefix cache's tree store (cache::PrefixCache, docs/cache.md); 0 = no prefix
   /// caching. With it, a request resumes at the longest cached boundary of its prompt and every
-  /// finished (or preempted) request's tokens are inserted for later requests.
+  /// finished (or preempted) request's tokens are inserted for later requests. The store is
+  /// backend memory (device memory on CUDA); with mem_fraction it comes out of the KV budget.
   int64_t prefix_cache_bytes = 0;
   /// Sample on the backend when it can (ops::Ops::sample; the CUDA backend): slices that carry
   /// model::DeviceSampling then return a token id instead of a logits row. false = always

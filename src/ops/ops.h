@@ -25,6 +25,8 @@
 #include <string>
 #include <utility>
 
+#include "base/copy_segment.h"
+
 namespace v4 {
 class ThreadPool;
 }
@@ -444,6 +446,16 @@ class Ops {
   /// Backend-to-backend copy of `bytes` (stream-ordered; call synchronize() to wait).
   /// Default: through a host buffer.
   virtual void copy(void* dst, const void* src, size_t bytes);
+  /// Batched backend-to-backend copy: every segment segs[i] (i < n; `segs` is a HOST array,
+  /// dst/src backend memory) copies segs[i].bytes from src to dst. Stream-ordered like `copy`: it
+  /// runs after all earlier backend work and before all later work, with no host synchronization
+  /// (the segment list is read or staged before the call returns, so the caller may reuse it at
+  /// once). Segments run concurrently: no segment's destination may overlap another segment's
+  /// source or destination (a dependent copy goes into a later call). Zero-byte segments and
+  /// n == 0 are allowed. Not inside `capture`. The CUDA backend uploads the list once and copies
+  /// all segments with one kernel (16-byte moves where dst, src and bytes allow); the CPU backend
+  /// memcpy's them. Default: `copy` per segment.
+  virtual void copy_batch(const CopySegment* segs, int64_t n);
 
   // ---- decode plans and graphs ------------------------------------------------------------
   /// Writes a decode step's plan from raw batch state (DecodePlanArgs); on a device backend it

@@ -608,6 +608,22 @@ class CpuOps final : public Ops {
     });
   }
 
+  // Serial memcpy's for small lists (the prefix cache's per-step write-back is a few KiB);
+  // large lists split over the pool by segment (each segment is copied by one thread).
+  void copy_batch(const CopySegment* segs, int64_t n) override {
+    if (n <= 0) return;
+    size_t total = 0;
+    for (int64_t i = 0; i < n; ++i) total += segs[i].bytes;
+    auto run = [segs](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        if (segs[i].bytes) std::memcpy(segs[i].dst, segs[i].src, segs[i].bytes);
+    };
+    if (total < (size_t(4) << 20) || n < 2)
+      run(0, n);
+    else
+      pool_->parallel_for(n, run);
+  }
+
   // Reference of the device-built decode plan: the shared per-row arithmetic, serially.
   void build_decode_plan(const DecodePlanArgs& a) override {
     const int64_t n_delta = a.delta_count ? *a.delta_count : 0;

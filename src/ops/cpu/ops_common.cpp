@@ -67,4 +67,9 @@ void Ops::copy(void* dst, const void* src, size_t bytes) {
   upload(dst, host.data(), bytes);
 }
 
+void Ops::copy_batch(const CopySegment* segs, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (segs[i].bytes) copy(segs[i].dst, segs[i].src, segs[i].bytes);
+}
+
 }  // namespace v4::ops

@@ -59,6 +59,30 @@ __global__ void rows_copy_kernel(const float* __restrict__ src, const int32_t* _
   }
 }
 
+// Batched copy (Ops::copy_batch): block b copies segments b, b + gridDim.x, ... (the host splits
+// segments into pieces of at most kCopyPiece bytes, so blocks get similar work). 16-byte moves
+// when dst, src and the length are 16-byte aligned, else 4-byte, else single bytes.
+constexpr size_t kCopyPiece = size_t(64) << 10;
+__global__ void copy_batch_kernel(const CopySegment* __restrict__ segs, int64_t n) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    char* d = static_cast<char*>(segs[i].dst);
+    const char* s = static_cast<const char*>(segs[i].src);
+    const size_t bytes = segs[i].bytes;
+    const size_t align = reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s) | bytes;
+    if ((align & 15) == 0) {
+      int4* d4 = reinterpret_cast<int4*>(d);
+      const int4* s4 = reinterpret_cast<const int4*>(s);
+      for (size_t j = threadIdx.x; j < bytes / 16; j += blockDim.x) d4[j] = s4[j];
+    } else if ((align & 3) == 0) {
+      int* d1 = reinterpret_cast<int*>(d);
+      const int* s1 = reinterpret_cast<const int*>(s);
+      for (size_t j = threadIdx.x; j < bytes / 4; j += blockDim.x) d1[j] = s1[j];
+    } else {
+      for (size_t j = threadIdx.x; j < bytes; j += blockDim.x) d[j] = s[j];
+    }
+  }
+}
+
 __global__ void embed_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
                              int64_t S, int D, int n, float* __restrict__ out) {
   const int64_t total = S * n * int64_t(D);
@@ -287,8 +311,10 @@ class CudaOps final : public Ops {
       for (void* p : list) cudaFree(p);
     for (auto& [p, sz] : scratch_) cudaFree(p);
     for (void* p : retired_) cudaFree(p);
-    for (cudaEvent_t e : {ev_begin_, ev_end_[0], ev_end_[1]})
+    for (cudaEvent_t e : {ev_begin_, ev_end_[0], ev_end_[1], ev_copy_})
       if (e) cudaEventDestroy(e);
+    if (copy_host_) cudaFreeHost(copy_host_);
+    if (copy_dev_) cudaFree(copy_dev_);
     if (stream_) cudaStreamDestroy(stream_);
   }
   Status init() {
@@ -642,6 +668,63 @@ class CudaOps final : public Ops {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
+  // One H2D copy of the piece list (from a pinned staging buffer, so it is asynchronous; the
+  // staging buffer is rewritten only after the previous list's upload finished) + one kernel.
+  void copy_batch(const CopySegment* segs, int64_t n) override {
+    if (n <= 0) return;
+    if (capturing_) return record(Status(ErrorCode::kInternal, "copy_batch during graph capture"));
+    int64_t pieces = 0;
+    for (int64_t i = 0; i < n; ++i) pieces += int64_t((segs[i].bytes + kCopyPiece - 1) / kCopyPiece);
+    if (pieces == 0) return;
+    if (pieces == 1) {  // one piece: a plain async copy, no list upload
+      for (int64_t i = 0; i < n; ++i) copy(segs[i].dst, segs[i].src, segs[i].bytes);
+      return;
+    }
+    if (!ev_copy_) check(cudaEventCreateWithFlags(&ev_copy_, cudaEventDisableTiming), "copy event");
+    check(cudaEventSynchronize(ev_copy_), "copy_batch staging wait");  // previous list uploaded
+    if (copy_host_cap_ < pieces) {
+      if (copy_host_) cudaFreeHost(copy_host_);
+      copy_host_ = nullptr;
+      const int64_t cap = std::max<int64_t>(pieces, 2 * copy_host_cap_);
+      if (cudaMallocHost(reinterpret_cast<void**>(&copy_host_), size_t(cap) * sizeof(CopySegment)) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        copy_host_cap_ = 0;
+        throw std::bad_alloc();
+      }
+      copy_host_cap_ = cap;
+    }
+    if (copy_dev_cap_ < pieces) {
+      if (copy_dev_) {
+        check(cudaStreamSynchronize(stream_), "copy_batch list sync");  // a kernel may read it
+        cudaFree(copy_dev_);
+      }
+      copy_dev_ = nullptr;
+      const int64_t cap = std::max<int64_t>(pieces, 2 * copy_dev_cap_);
+      if (cudaMalloc(reinterpret_cast<void**>(&copy_dev_), size_t(cap) * sizeof(CopySegment)) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        copy_dev_cap_ = 0;
+        throw std::bad_alloc();
+      }
+      copy_dev_cap_ = cap;
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (size_t off = 0; off < segs[i].bytes; off += kCopyPiece) {
+        CopySegment& p = copy_host_[k++];
+        p.dst = static_cast<char*>(segs[i].dst) + off;
+        p.src = static_cast<const char*>(segs[i].src) + off;
+        p.bytes = std::min(kCopyPiece, segs[i].bytes - off);
+      }
+    check(cudaMemcpyAsync(copy_dev_, copy_host_, size_t(pieces) * sizeof(CopySegment),
+                          cudaMemcpyHostToDevice, stream_),
+          "copy_batch list upload");
+    check(cudaEventRecord(ev_copy_, stream_), "copy_batch event");
+    const int64_t blocks = std::min<int64_t>(pieces, int64_t(n_sms_) * 16);
+    copy_batch_kernel<<<unsigned(blocks), 256, 0, stream_>>>(copy_dev_, pieces);
+    launched("copy_batch_kernel");
+  }
 
   // ---- decode plans and graphs (docs/cuda.md §Graphs) --------------------------------------
   void build_decode_plan(const DecodePlanArgs& a) override {
@@ -738,6 +821,12 @@ class CudaOps final : public Ops {
   int n_sms_ = 132;
   // Step timing (step_begin / step_end).
   cudaEvent_t ev_begin_ = nullptr, ev_end_[2] = {nullptr, nullptr};
+  // copy_batch: pinned staging and device copy of the piece list (grow-only), and the event
+  // marking the end of the last list upload (the staging buffer is free again after it).
+  CopySegment* copy_host_ = nullptr;
+  CopySegment* copy_dev_ = nullptr;
+  int64_t copy_host_cap_ = 0, copy_dev_cap_ = 0;
+  cudaEvent_t ev_copy_ = nullptr;
   int cur_end_ = 0;
   bool in_step_ = false, have_prev_ = false, cur_decode_ = false, prev_decode_ = false;
   mutable std::mutex timing_mu_;
