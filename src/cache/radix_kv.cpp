@@ -21,7 +21,8 @@ Result<std::unique_ptr<StateSnapshots>> StateSnapshots::create(const KvCache& kv
       const int rows = kv.ring_rows(l, which);
       if (rows <= 0) continue;
       // Ring widths as allocated by KvCache: main c·hd (c = 2 for CSA), indexer 2·dI.
-      const int width = which == 0 ? (L.kind == AttnKind::kCsa ? 2 : 1) * L.kv_dim : 2 * L.index_dim;
+      const int width =
+          which == 0 ? (L.kind == AttnKind::kCsa ? 2 : 1) * L.kv_dim : 2 * L.index_dim;
       s->rings_.push_back({l, which, rows, width});
       s->floats_per_slot_ += 2 * int64_t(rows) * width;  // kv + gate
     }
@@ -41,7 +42,8 @@ StateSnapshots::~StateSnapshots() {
 
 Status StateSnapshots::save(const KvCache& kv, int32_t seq, int32_t id, CopyList* list) {
   if (id < 0 || id >= n_slots_ || !kv.valid(seq))
-    return make_error(ErrorCode::kInvalidArgument, "snapshots: bad slot {} or sequence {}", id, seq);
+    return make_error(ErrorCode::kInvalidArgument, "snapshots: bad slot {} or sequence {}", id,
+                      seq);
   CopyList own;
   CopyList& out = list ? *list : own;
   float* dst = data_ + int64_t(id) * floats_per_slot_;
@@ -58,7 +60,8 @@ Status StateSnapshots::save(const KvCache& kv, int32_t seq, int32_t id, CopyList
 
 Status StateSnapshots::load(KvCache& kv, int32_t id, int32_t seq, CopyList* list) const {
   if (id < 0 || id >= n_slots_ || !kv.valid(seq))
-    return make_error(ErrorCode::kInvalidArgument, "snapshots: bad slot {} or sequence {}", id, seq);
+    return make_error(ErrorCode::kInvalidArgument, "snapshots: bad slot {} or sequence {}", id,
+                      seq);
   CopyList own;
   CopyList& out = list ? *list : own;
   const float* src = data_ + int64_t(id) * floats_per_slot_;
@@ -75,8 +78,8 @@ Status StateSnapshots::load(KvCache& kv, int32_t id, int32_t seq, CopyList* list
 
 Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
   if (!kv.valid(src) || !kv.valid(dst) || src == dst)
-    return make_error(ErrorCode::kInvalidArgument, "copy_prefix_state: bad sequences {} -> {}",
-                      src, dst);
+    return make_error(ErrorCode::kInvalidArgument, "copy_prefix_state: bad sequences {} -> {}", src,
+                      dst);
   if (kv.length(src) < n || kv.length(dst) != 0)
     return make_error(ErrorCode::kInvalidArgument,
                       "copy_prefix_state: source holds {} tokens (need >= {}), target holds {} "
@@ -92,8 +95,8 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
       const int32_t a = kv.swa_row(src, p), b = kv.swa_row(dst, p);
       if (a < 0 || b < 0)
         return make_error(ErrorCode::kInvalidArgument,
-                          "copy_prefix_state: SWA row of position {} not live (src {}, dst {})",
-                          p, a, b);
+                          "copy_prefix_state: SWA row of position {} not live (src {}, dst {})", p,
+                          a, b);
       list.add(kv.swa_pool(l) + int64_t(b) * d, kv.swa_pool(l) + int64_t(a) * d,
                size_t(d) * sizeof(float));
     }
@@ -120,8 +123,9 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
   const int64_t P = o.page_size;
   if (c.src_page < 0 || c.dst_page < 0 || c.src_page >= o.n_pages || c.dst_page >= o.n_pages ||
       c.src_page == c.dst_page || c.n_tokens > P || c.swa_begin < 0)
-    return make_error(ErrorCode::kInvalidArgument, "apply_page_copy: bad pages {} -> {} ({} tokens)",
-                      c.src_page, c.dst_page, c.n_tokens);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "apply_page_copy: bad pages {} -> {} ({} tokens)", c.src_page, c.dst_page,
+                      c.n_tokens);
   const auto& spec = kv.spec();
   CopyList list;
   for (int l = 0; l < int(spec.layers.size()); ++l) {
@@ -192,7 +196,9 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
   }
   pc->store_bytes_ = total;
   char* base = static_cast<char*>(pc->store_);
-  auto at = [&](size_t i) { return off[i] < 0 ? nullptr : reinterpret_cast<float*>(base + off[i]); };
+  auto at = [&](size_t i) {
+    return off[i] < 0 ? nullptr : reinterpret_cast<float*>(base + off[i]);
+  };
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     pc->swa_.push_back(at(3 * l));
     pc->comp_.push_back(at(3 * l + 1));
@@ -210,9 +216,10 @@ void PrefixCache::detach(PrefixSeq& h) {
   if (h.radix_seq < 0) return;
   if (detached_total_++ == 0) {
     const auto st = radix_->stats();
-    V4_LOG_WARN("prefix cache: store full of state locked by running requests (pages {}/{}, SWA "
-                "{}/{}); request runs uncached. Raise the prefix cache budget.",
-                st.pages_used, st.pages_total, st.swa_used, st.swa_total);
+    V4_LOG_WARN(
+        "prefix cache: store full of state locked by running requests (pages {}/{}, SWA "
+        "{}/{}); request runs uncached. Raise the prefix cache budget.",
+        st.pages_used, st.pages_total, st.swa_used, st.swa_total);
   }
   (void)radix_->finish(h.radix_seq, /*insert=*/false);
   h.radix_seq = -1;
@@ -244,8 +251,8 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
         const int32_t a = radix_->swa_map().page((c.src_page * P + off) / Ps);
         const int32_t b = radix_->swa_map().page((c.dst_page * P + off) / Ps);
         if (a < 0 || b < 0) continue;  // not needed by any reader (outside the window)
-        list.add(swa_[l] + (int64_t(b) * Ps + off % Ps) * d, swa_[l] + (int64_t(a) * Ps + off % Ps) * d,
-                 size_t(d) * sizeof(float));
+        list.add(swa_[l] + (int64_t(b) * Ps + off % Ps) * d,
+                 swa_[l] + (int64_t(a) * Ps + off % Ps) * d, size_t(d) * sizeof(float));
       }
       if (!ratio_[l]) continue;
       const int64_t m = ratio_[l], per = P / m, ne = c.n_tokens / m, di = idim_[l];

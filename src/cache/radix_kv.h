@@ -77,8 +77,7 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n_tokens
 /// (shared-page mode: ShadowRadix page_tokens == swa_page_tokens == KvCache page size).
 /// `swa_src_page`/`swa_dst_page` are the SWA pages of the two virtual pages (ShadowRadix
 /// swa_map). Errors: page size mismatch, ids out of range.
-Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src_page,
-                       int32_t swa_dst_page);
+Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src_page, int32_t swa_dst_page);
 
 /// One step of one sequence for PrefixCache::on_steps: the KvCache sequence and the tokens the
 /// step appended.
@@ -89,9 +88,9 @@ struct StepAppend {
 
 /// A request's handle in PrefixCache.
 struct PrefixSeq {
-  int32_t kv_seq = -1;       // KvCache sequence (ForwardBatch SeqSlice::seq)
-  int32_t radix_seq = -1;    // ShadowRadix sequence, -1 once detached (not inserted at finish)
-  int64_t cached_tokens = 0; // prompt tokens served from the cache (usage.cached_tokens)
+  int32_t kv_seq = -1;        // KvCache sequence (ForwardBatch SeqSlice::seq)
+  int32_t radix_seq = -1;     // ShadowRadix sequence, -1 once detached (not inserted at finish)
+  int64_t cached_tokens = 0;  // prompt tokens served from the cache (usage.cached_tokens)
   std::vector<int64_t> snapshot_points;  // lengths at which a step must end (then: on_step)
 };
 

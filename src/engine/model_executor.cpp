@@ -82,9 +82,8 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   // Prefix-cache copies (store <-> pools, docs/cache.md §6) run on the backend: one
   // Ops::copy_batch per phase, stream-ordered with the forward (the pools and the store are
   // backend memory, which the host must not touch on a device backend).
-  e->cache_->set_copy_batch([ops = e->ops_.get()](const CopySegment* segs, int64_t n) {
-    ops->copy_batch(segs, n);
-  });
+  e->cache_->set_copy_batch(
+      [ops = e->ops_.get()](const CopySegment* segs, int64_t n) { ops->copy_batch(segs, n); });
   if (opt.prefix_cache_bytes > 0) {
     V4_ASSIGN_OR_RETURN(auto cfg,
                         cache::PrefixCache::config_for_budget(*e->cache_, opt.prefix_cache_bytes));

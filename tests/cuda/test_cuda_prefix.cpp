@@ -164,18 +164,17 @@ TEST(CudaPrefix, GoldenFixturesCacheOnEqualsOff) {
       EXPECT_EQ(on.tokens[i], off.tokens[i]) << "prompt " << i << ": cache on != cache off";
     }
     EXPECT_GT(on.stats.prefix_hit_tokens_total, 0);
-    for (size_t i = 2; i < w.prompts.size(); ++i)
-      EXPECT_EQ(on.cached[i], S) << "prompt " << i;
+    for (size_t i = 2; i < w.prompts.size(); ++i) EXPECT_EQ(on.cached[i], S) << "prompt " << i;
     EXPECT_EQ(off.stats.prefix_hit_tokens_total, 0);
     EXPECT_EQ(on.detached, 0);
     EXPECT_GT(on.copies.calls, 0);
     EXPECT_LE(on.copies.calls, on.stats.steps_total + 3 * int64_t(w.prompts.size()));
-    std::printf("[cuda prefix] %s: %lld hit tokens, %lld copy calls (%lld rows in %lld segments, "
-                "%.1f KiB), %lld steps\n",
-                dir.c_str(), (long long)on.stats.prefix_hit_tokens_total,
-                (long long)on.copies.calls, (long long)on.copies.rows,
-                (long long)on.copies.segments, double(on.copies.bytes) / 1024,
-                (long long)on.stats.steps_total);
+    std::printf(
+        "[cuda prefix] %s: %lld hit tokens, %lld copy calls (%lld rows in %lld segments, "
+        "%.1f KiB), %lld steps\n",
+        dir.c_str(), (long long)on.stats.prefix_hit_tokens_total, (long long)on.copies.calls,
+        (long long)on.copies.rows, (long long)on.copies.segments, double(on.copies.bytes) / 1024,
+        (long long)on.stats.steps_total);
   }
 }
 

@@ -232,7 +232,8 @@ class OpaqueOps final : public ops::Ops {
     std::sort(dst.begin(), dst.end(), by_lo);
     std::sort(src.begin(), src.end(), by_lo);
     auto fail = [&](const char* what, int64_t a, int64_t b) {
-      std::fprintf(stderr, "OpaqueOps::copy_batch: segment %lld's destination overlaps segment "
+      std::fprintf(stderr,
+                   "OpaqueOps::copy_batch: segment %lld's destination overlaps segment "
                    "%lld's %s (copy_batch segments run concurrently)\n",
                    (long long)a, (long long)b, what);
       std::abort();
@@ -243,7 +244,7 @@ class OpaqueOps final : public ops::Ops {
     std::vector<std::pair<uintptr_t, int64_t>> max_hi(src.size());  // prefix max of src.hi
     for (size_t k = 0; k < src.size(); ++k)
       max_hi[k] = (k && max_hi[k - 1].first >= src[k].hi) ? max_hi[k - 1]
-                                                           : std::make_pair(src[k].hi, src[k].i);
+                                                          : std::make_pair(src[k].hi, src[k].i);
     for (const Iv& d : dst) {
       const auto it = std::lower_bound(src.begin(), src.end(), Iv{d.hi, 0, 0}, by_lo);
       if (it == src.begin()) continue;

@@ -22,7 +22,7 @@
 namespace v4::engine::testing {
 
 struct PrefixWorkload {
-  std::vector<int32_t> system;            // S
+  std::vector<int32_t> system;                // S
   std::vector<std::vector<int32_t>> prompts;  // S + question i
   int64_t max_tokens = 0;
 };

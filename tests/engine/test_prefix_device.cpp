@@ -98,8 +98,7 @@ TEST(PrefixOnDevice, OpaqueBackendServesSharedPrefixWithTheCacheOn) {
     // Waves 1 and 2 are cold; wave 3 resumes every request at the system prompt.
     EXPECT_EQ(on.cached[0], 0);
     EXPECT_EQ(on.cached[1], 0);
-    for (size_t i = 2; i < w.prompts.size(); ++i)
-      EXPECT_EQ(on.cached[i], S) << "prompt " << i;
+    for (size_t i = 2; i < w.prompts.size(); ++i) EXPECT_EQ(on.cached[i], S) << "prompt " << i;
     EXPECT_EQ(on.stats.prefix_hit_tokens_total, S * int64_t(w.prompts.size() - 2));
     EXPECT_EQ(on.detached, 0);
     for (int64_t c : off.cached) EXPECT_EQ(c, 0);
@@ -115,11 +114,12 @@ TEST(PrefixOnDevice, OpaqueBackendServesSharedPrefixWithTheCacheOn) {
         << "more than one copy call per step / admission / finish";
     EXPECT_EQ(on_counts.copy_calls, 0) << "per-segment Ops::copy instead of copy_batch";
     EXPECT_EQ(off_counts.copy_batch_calls, 0);
-    std::printf("[prefix on device] %s: %lld hit tokens, %lld copy calls, %lld rows in %lld "
-                "segments, %.1f KiB; %lld steps\n",
-                name, (long long)on.stats.prefix_hit_tokens_total, (long long)on.copies.calls,
-                (long long)on.copies.rows, (long long)on.copies.segments,
-                double(on.copies.bytes) / 1024, (long long)on.stats.steps_total);
+    std::printf(
+        "[prefix on device] %s: %lld hit tokens, %lld copy calls, %lld rows in %lld "
+        "segments, %.1f KiB; %lld steps\n",
+        name, (long long)on.stats.prefix_hit_tokens_total, (long long)on.copies.calls,
+        (long long)on.copies.rows, (long long)on.copies.segments, double(on.copies.bytes) / 1024,
+        (long long)on.stats.steps_total);
   }
 }
 
