@@ -34,6 +34,7 @@ struct ServeOptions {
   double mem_fraction = 0;
   int64_t max_context = 0;
   int64_t prefix_cache_bytes = int64_t(256) << 20;
+  bool prefix_cache_bytes_given = false;
   bool disable_prefix_cache = false;
   std::string served_model_name;
   int http_threads = 2;
@@ -110,6 +111,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
+  mo.prefix_cache_optional = !o.prefix_cache_bytes_given;  // the default budget may not fit
   auto lm = v4::cli::load_model(o.m);
   v4::Result<std::unique_ptr<v4::engine::ModelExecutor>> exec =
       lm.ok() ? v4::engine::ModelExecutor::create(std::move(lm->ops), std::move(lm->model), mo)
@@ -238,7 +240,10 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes, "bytes for the prefix cache store (default 256 MiB; 0 = no prefix caching)");
+  app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes,
+                 "bytes for the prefix cache store, device memory on cuda (default 256 MiB, dropped with a "
+                 "warning if too small for the model; 0 = no prefix caching)")
+      ->each([o](const std::string&) { o->prefix_cache_bytes_given = true; });
   app.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn prefix caching (ShadowRadix) off");
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");

@@ -85,10 +85,14 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   e->cache_->set_copy_batch(
       [ops = e->ops_.get()](const CopySegment* segs, int64_t n) { ops->copy_batch(segs, n); });
   if (opt.prefix_cache_bytes > 0) {
-    V4_ASSIGN_OR_RETURN(auto cfg,
-                        cache::PrefixCache::config_for_budget(*e->cache_, opt.prefix_cache_bytes));
-    V4_ASSIGN_OR_RETURN(e->prefix_, cache::PrefixCache::create(*e->cache_, cfg));
-    V4_LOG_INFO("{}", e->prefix_->explain());
+    auto cfg = cache::PrefixCache::config_for_budget(*e->cache_, opt.prefix_cache_bytes);
+    if (!cfg.ok() && opt.prefix_cache_optional) {
+      V4_LOG_WARN("{}; serving without the prefix cache", cfg.status().message());
+    } else {
+      if (!cfg.ok()) return cfg.status();
+      V4_ASSIGN_OR_RETURN(e->prefix_, cache::PrefixCache::create(*e->cache_, *cfg));
+      V4_LOG_INFO("{}", e->prefix_->explain());
+    }
   }
   for (const auto& u : e->cache_->usage())
     e->pools_.push_back({u.name, u.total, u.name == "state_slots" ? 0 : e->page_size_});

@@ -36,6 +36,10 @@ struct ModelExecutorOptions {
   /// finished (or preempted) request's tokens are inserted for later requests. The store is
   /// backend memory (device memory on CUDA); with mem_fraction it comes out of the KV budget.
   int64_t prefix_cache_bytes = 0;
+  /// true: when prefix_cache_bytes cannot hold the model's boundary state
+  /// (PrefixCache::config_for_budget fails), serve without the prefix cache and log a warning
+  /// instead of failing (serve's default budget on a large model). false: that is an error.
+  bool prefix_cache_optional = false;
   /// Sample on the backend when it can (ops::Ops::sample; the CUDA backend): slices that carry
   /// model::DeviceSampling then return a token id instead of a logits row. false = always
   /// return logits (host sampling everywhere; for comparisons and debugging). The environment

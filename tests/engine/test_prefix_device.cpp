@@ -187,5 +187,29 @@ TEST(PrefixOnDevice, AdmissionOnAReusedHandleRestagesItsPageTable) {
   ASSERT_TRUE(pc.finish(kv, hb.kv_seq, true).ok());
 }
 
+// A store budget too small for the model's boundary state: an error, or (serve's default budget,
+// prefix_cache_optional) serving without the cache.
+TEST(PrefixOnDevice, TooSmallBudgetFailsOrTurnsTheCacheOff) {
+  for (bool optional : {false, true}) {
+    auto ops = ops::make_cpu_ops();
+    auto model = model::DeepseekV4::load(fixture("tiny-real-rates"), ops.get());
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    ModelExecutorOptions mo;
+    mo.kv_budget_bytes = int64_t(32) << 20;
+    mo.max_sequences = 4;
+    mo.prefix_cache_bytes = int64_t(1) << 16;
+    mo.prefix_cache_optional = optional;
+    auto exec = ModelExecutor::create(std::move(ops), std::move(model).value(), mo);
+    if (optional) {
+      ASSERT_TRUE(exec.ok()) << exec.status().to_string();
+      EXPECT_EQ((*exec)->prefix_cache(), nullptr);
+    } else {
+      ASSERT_FALSE(exec.ok());
+      EXPECT_NE(exec.status().message().find("too small"), std::string::npos)
+          << exec.status().to_string();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace v4::engine
