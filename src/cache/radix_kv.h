@@ -96,7 +96,7 @@ struct PrefixSeq {
 
 /// ShadowRadix + KvCache, two-tier binding (see file comment). Sequences are named by their
 /// KvCache handle, so an Executor wires it in three calls (docs/cache.md "Engine API"):
-/// start_sequence → admit, after each forward → on_step per slice, end_sequence → finish.
+/// start_sequence → admit, after each forward → on_steps (all slices), end_sequence → finish.
 /// Not thread-safe.
 class PrefixCache {
  public:
