@@ -289,6 +289,8 @@ class CudaOps final : public Ops {
     for (void* p : retired_) cudaFree(p);
     for (cudaEvent_t e : {ev_begin_, ev_end_[0], ev_end_[1]})
       if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : eager_events_) cudaEventDestroy(e);
+    for (const Mark& m : capture_marks_) cudaEventDestroy(m.ev);
     if (stream_) cudaStreamDestroy(stream_);
   }
   Status init() {
@@ -580,10 +582,51 @@ class CudaOps final : public Ops {
     cur_end_ ^= 1;
     have_prev_ = true;
     prev_decode_ = cur_decode_;
+    if (profiling_) accumulate_regions(end);
+    step_marks_.clear();
+    eager_used_ = 0;
   }
   StepTiming step_timing() const override {
     std::lock_guard<std::mutex> lk(timing_mu_);
     return timing_;
+  }
+
+  // ---- per-region step profile (ops.h region / set_profiling) -------------------------------
+  struct Mark {
+    const char* name;
+    cudaEvent_t ev;
+  };
+  void region(const char* name) override {
+    if (!profiling_) return;
+    cudaEvent_t ev = nullptr;
+    if (capturing_) {  // an event-record node of the graph, timed on every replay
+      check(cudaEventCreate(&ev), "region event");
+      check(cudaEventRecordWithFlags(ev, stream_, cudaEventRecordExternal), "region record");
+      capture_marks_.push_back({name, ev});
+      return;
+    }
+    if (!in_step_) return;
+    if (eager_used_ == eager_events_.size()) {
+      check(cudaEventCreate(&ev), "region event");
+      eager_events_.push_back(ev);
+    }
+    ev = eager_events_[eager_used_++];
+    check(cudaEventRecord(ev, stream_), "region record");
+    step_marks_.push_back({name, ev});
+  }
+  bool set_profiling(bool on) override {
+    profiling_ = on;
+    return true;
+  }
+  std::vector<RegionTime> region_profile() const override {
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    std::vector<RegionTime> out;
+    for (const auto& [name, t] : profile_) out.push_back(t);
+    return out;
+  }
+  void reset_region_profile() override {
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    profile_.clear();
   }
 
   void route(const RouteArgs& a) override {
@@ -650,9 +693,16 @@ class CudaOps final : public Ops {
   bool supports_graphs() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override;
   /// Graph launch on the backend stream (CudaGraph::replay).
-  void launch_graph(cudaGraphExec_t exec) {
+  void launch_graph(cudaGraphExec_t exec, const std::vector<Mark>& marks) {
     if (capturing_) return record(Status(ErrorCode::kInternal, "graph replay during capture"));
     check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+    if (profiling_ && in_step_) step_marks_.insert(step_marks_.end(), marks.begin(), marks.end());
+  }
+  /// The region markers recorded by the capture that just ended (owned by its graph from now).
+  std::vector<Mark> take_capture_marks() { return std::move(capture_marks_); }
+  void drop_capture_marks() {
+    for (const Mark& m : capture_marks_) cudaEventDestroy(m.ev);
+    capture_marks_.clear();
   }
   /// A graph was destroyed; scratch buffers retired while graphs lived are freed with the last.
   void graph_released() {
@@ -663,6 +713,26 @@ class CudaOps final : public Ops {
   }
 
  private:
+  // Adds this step's region times (markers in stream order, the last one ending at `end`).
+  void accumulate_regions(cudaEvent_t end) {
+    if (step_marks_.empty()) return;
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    auto add = [&](const char* name, cudaEvent_t a, cudaEvent_t b) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+      }
+      RegionTime& t = profile_[name];
+      t.name = name;
+      t.calls += 1;
+      t.ms += ms;
+    };
+    add("(before first region)", ev_begin_, step_marks_.front().ev);
+    for (size_t i = 0; i < step_marks_.size(); ++i)
+      add(step_marks_[i].name, step_marks_[i].ev,
+          i + 1 < step_marks_.size() ? step_marks_[i + 1].ev : end);
+  }
   // A grown scratch buffer: freed, or kept while graphs live (a captured kernel may point at it).
   void retire_scratch(void* p) {
     scratch_.erase(p);
@@ -742,6 +812,13 @@ class CudaOps final : public Ops {
   bool in_step_ = false, have_prev_ = false, cur_decode_ = false, prev_decode_ = false;
   mutable std::mutex timing_mu_;
   StepTiming timing_;
+  // Region profile: this step's markers (eager events are reused step to step; graph markers
+  // belong to their graph), the markers of the capture in progress, totals per name.
+  bool profiling_ = false;
+  std::vector<Mark> step_marks_, capture_marks_;
+  std::vector<cudaEvent_t> eager_events_;
+  size_t eager_used_ = 0;
+  std::map<std::string, RegionTime> profile_;
   // Results of a row may not depend on the other rows of the call (fp32 reference mode).
   bool batch_invariant_ = true;
   Status status_;
@@ -762,16 +839,19 @@ class CudaOps final : public Ops {
 // A captured graph of CudaOps work, replayed on its stream.
 class CudaGraph final : public Graph {
  public:
-  CudaGraph(CudaOps* ops, cudaGraphExec_t exec) : ops_(ops), exec_(exec) {}
+  CudaGraph(CudaOps* ops, cudaGraphExec_t exec, std::vector<CudaOps::Mark> marks)
+      : ops_(ops), exec_(exec), marks_(std::move(marks)) {}
   ~CudaGraph() override {
     cudaGraphExecDestroy(exec_);
+    for (const CudaOps::Mark& m : marks_) cudaEventDestroy(m.ev);
     ops_->graph_released();
   }
-  void replay() override { ops_->launch_graph(exec_); }
+  void replay() override { ops_->launch_graph(exec_, marks_); }
 
  private:
   CudaOps* ops_;
   cudaGraphExec_t exec_;
+  std::vector<CudaOps::Mark> marks_;  // region markers inside the graph (profiling)
 };
 
 // Stream capture (relaxed mode: a stray unsafe call elsewhere in the process does not break it;
@@ -786,11 +866,13 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
     return nullptr;
   }
   capturing_ = true;
+  drop_capture_marks();
   cudaGraph_t graph = nullptr;
   try {
     body();
   } catch (...) {
     capturing_ = false;
+    drop_capture_marks();
     (void)cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
@@ -805,6 +887,7 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
     (void)(status_ = Status::Ok());
+    drop_capture_marks();
     return nullptr;
   }
   cudaGraphExec_t exec = nullptr;
@@ -813,10 +896,11 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
   if (e != cudaSuccess) {
     V4_LOG_WARN("CUDA graph instantiate failed: {}", cudaGetErrorString(e));
     (void)cudaGetLastError();
+    drop_capture_marks();
     return nullptr;
   }
   ++live_graphs_;
-  return std::make_unique<CudaGraph>(this, exec);
+  return std::make_unique<CudaGraph>(this, exec, take_capture_marks());
 }
 
 }  // namespace
