@@ -233,47 +233,94 @@ __global__ void attention_kernel(AttentionArgs a) {
 // ---- routing (dsv4-model.md §8): one thread per row ---------------------------------------------
 __device__ __forceinline__ float softplus_t(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
-__global__ void route_kernel(RouteArgs a, float* __restrict__ sbuf) {
-  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= a.n_rows) return;
+// One block per token row: scores of the E experts in shared memory (one thread per expert),
+// then k rounds of a block argmax over (score + bias), excluding chosen experts; ties → lower id
+// (the CPU op's order). Weights = chosen scores normalised, times routed_scaling_factor.
+constexpr int kRouteThreads = 256;
+constexpr int kRouteMaxK = 32;
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
+  extern __shared__ float route_s[];  // [E] scores
+  __shared__ float red_v[kRouteThreads / 32];
+  __shared__ int red_i[kRouteThreads / 32];
+  __shared__ int chosen[kRouteMaxK];
+  const int64_t t = blockIdx.x;
   const int E = a.n_experts, k = a.topk;
   const float* lg = a.logits + t * E;
-  float* s = sbuf + t * E;
   if (a.scoring == ScoringFunc::kSqrtSoftplus) {
-    for (int i = 0; i < E; ++i) s[i] = sqrtf(softplus_t(lg[i]));
+    for (int i = threadIdx.x; i < E; i += kRouteThreads) route_s[i] = sqrtf(softplus_t(lg[i]));
   } else if (a.scoring == ScoringFunc::kSigmoid) {
-    for (int i = 0; i < E; ++i) s[i] = 1.f / (1.f + expf(-lg[i]));
+    for (int i = threadIdx.x; i < E; i += kRouteThreads) route_s[i] = 1.f / (1.f + expf(-lg[i]));
   } else {
-    float mx = -INFINITY;
-    for (int i = 0; i < E; ++i) mx = fmaxf(mx, lg[i]);
-    float sum = 0.f;
-    for (int i = 0; i < E; ++i) sum += (s[i] = expf(lg[i] - mx));
-    for (int i = 0; i < E; ++i) s[i] /= sum;
-  }
-  int32_t* idx = a.out_idx + t * k;
-  if (a.tid2eid) {
-    for (int j = 0; j < k; ++j) idx[j] = a.tid2eid[int64_t(a.token_ids[t]) * k + j];
-  } else {
-    // k rounds of argmax over (s + bias), excluding already chosen experts; ties → lower id.
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      float bv = 0.f;
-      for (int i = 0; i < E; ++i) {
-        bool taken = false;
-        for (int q = 0; q < j; ++q) taken |= idx[q] == i;
-        if (taken) continue;
-        const float v = s[i] + (a.bias ? a.bias[i] : 0.f);
-        if (best < 0 || v > bv) {
-          best = i;
-          bv = v;
-        }
-      }
-      idx[j] = best;
+    if (threadIdx.x == 0) {  // softmax: the CPU op's sequential order
+      float mx = -INFINITY;
+      for (int i = 0; i < E; ++i) mx = fmaxf(mx, lg[i]);
+      float sum = 0.f;
+      for (int i = 0; i < E; ++i) sum += (route_s[i] = expf(lg[i] - mx));
+      for (int i = 0; i < E; ++i) route_s[i] /= sum;
     }
   }
-  float sum = 0.f;
-  for (int j = 0; j < k; ++j) sum += s[idx[j]];
-  for (int j = 0; j < k; ++j) a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (a.tid2eid) {
+    if (threadIdx.x < k) chosen[threadIdx.x] = a.tid2eid[int64_t(a.token_ids[t]) * k + threadIdx.x];
+  } else {
+    for (int j = 0; j < k; ++j) {
+      // (best value, best id) of this thread's experts; id −1 = none. Higher value wins, ties →
+      // lower id (the CPU op's scan); NaN ranks as −inf here (the CPU scan keeps a NaN only when
+      // it is the first candidate).
+      float bv = -INFINITY;
+      int bi = -1;
+      auto better = [](float v, int i, float bv, int bi) {
+        return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+      };
+      for (int i = threadIdx.x; i < E; i += kRouteThreads) {
+        bool taken = false;
+        for (int q = 0; q < j; ++q) taken |= chosen[q] == i;
+        if (taken) continue;
+        float v = route_s[i] + (a.bias ? a.bias[i] : 0.f);
+        if (v != v) v = -INFINITY;
+        if (better(v, i, bv, bi)) {
+          bv = v;
+          bi = i;
+        }
+      }
+      for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_down_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        red_v[warp] = bv;
+        red_i[warp] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float v = red_v[0];
+        int id = red_i[0];
+        for (int w = 1; w < kRouteThreads / 32; ++w)
+          if (better(red_v[w], red_i[w], v, id)) {
+            v = red_v[w];
+            id = red_i[w];
+          }
+        chosen[j] = id;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* idx = a.out_idx + t * k;
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) {
+      idx[j] = chosen[j];
+      sum += route_s[chosen[j]];
+    }
+    for (int j = 0; j < k; ++j)
+      a.out_weight[t * k + j] = route_s[chosen[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
+  }
 }
 
 // ---- the backend --------------------------------------------------------------------------------
@@ -379,7 +426,13 @@ class CudaOps final : public Ops {
   void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
               float* y, int64_t ldy) override {
     if (M <= 0 || N <= 0) return;
-    record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, stream_));
+    if (opts_.precision == Precision::kBf16) {
+      // f32 weights (the MoE router): the weight-streaming GEMV for small M (fp32 math, every SM
+      // busy), the tiled fp32 kernel above the GEMV range (linear_w_bf16 never rounds f32 views).
+      record(cuda::linear_w_bf16(x, ldx, WeightView::f32(w, N, K), M, y, ldy, context()));
+    } else {
+      record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, stream_));
+    }
   }
   bool supports(WFormat) const override { return true; }
   void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
@@ -435,7 +488,8 @@ class CudaOps final : public Ops {
     p.sinkhorn_iters = a.sinkhorn_iters;
     p.rms_eps = a.rms_eps;
     p.hc_eps = a.hc_eps;
-    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, stream_));
+    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, stream_,
+                                mhc_work(a.n_rows)));
   }
   void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S, int n,
                int D) override {
@@ -443,7 +497,8 @@ class CudaOps final : public Ops {
   }
   void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
                int n, int D, float rms_eps, float hc_eps, float* y) override {
-    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, stream_));
+    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, stream_,
+                                 mhc_work(S)));
   }
   void compress_pool(const CompressArgs& a) override {
     if (a.n_out <= 0) return;
@@ -631,8 +686,12 @@ class CudaOps final : public Ops {
 
   void route(const RouteArgs& a) override {
     if (a.n_rows <= 0) return;
-    float* s = static_cast<float*>(scratch(2, size_t(a.n_rows * a.n_experts) * sizeof(float)));
-    route_kernel<<<grid_for(a.n_rows, 64, int64_t(1) << 31), 64, 0, stream_>>>(a, s);
+    if (a.topk > kRouteMaxK) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "route: topk {} > {}", a.topk, kRouteMaxK));
+      return;
+    }
+    route_kernel<<<unsigned(a.n_rows), kRouteThreads, size_t(a.n_experts) * sizeof(float),
+                   stream_>>>(a);
     launched("route_kernel");
   }
 
@@ -655,8 +714,8 @@ class CudaOps final : public Ops {
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, b.experts, b.topk, c, need);
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, 1, 1, c, need);  // shared
     }
-    if (b.max_rows > 0 && b.experts > 0)
-      need[cuda::kSlotRoute] = std::max(need[cuda::kSlotRoute], size_t(b.max_rows * b.experts) * 4);
+    if (b.max_rows > 0)
+      need[cuda::kSlotMhc] = size_t(cuda::mhc_work_floats(b.max_rows)) * sizeof(float);
     try {
       for (int s = 0; s < cuda::kNumScratchSlots; ++s)
         if (need[s]) scratch(s, need[s]);
@@ -713,6 +772,10 @@ class CudaOps final : public Ops {
   }
 
  private:
+  float* mhc_work(int64_t S) {
+    return static_cast<float*>(
+        scratch(cuda::kSlotMhc, size_t(cuda::mhc_work_floats(S)) * sizeof(float)));
+  }
   // Adds this step's region times (markers in stream order, the last one ending at `end`).
   void accumulate_regions(cudaEvent_t end) {
     if (step_marks_.empty()) return;
