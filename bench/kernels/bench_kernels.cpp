@@ -503,7 +503,36 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
-    else if (!std::strcmp(argv[i], "--profile-topk")) {
+    else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
+      // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
+      const int variant = std::atoi(argv[i + 1]);
+      const int64_t n = std::atoll(argv[i + 2]);
+      BENCH_CHECK(cudaSetDevice(0));
+      std::mt19937_64 g0(7);
+      auto host = randn(size_t(n), g0);
+      float* sc = nullptr;
+      int32_t *dn = nullptr, *out = nullptr;
+      const int32_t len = int32_t(n);
+      BENCH_CHECK(cudaMalloc(&sc, n * sizeof(float)));
+      BENCH_CHECK(cudaMalloc(&dn, sizeof(int32_t)));
+      BENCH_CHECK(cudaMalloc(&out, 512 * sizeof(int32_t)));
+      BENCH_CHECK(cudaMemcpy(sc, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(dn, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+      long long acc[16] = {}, cyc[16];
+      const int iters = 50;
+      for (int it = 0; it < iters + 5; ++it) {
+        BENCH_OK(v4::cuda::topk_rows(sc, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
+        BENCH_CHECK(cudaDeviceSynchronize());
+        std::fill(cyc, cyc + 16, 0LL);
+        BENCH_OK(v4::cuda::topk_phase_cycles(cyc));
+        if (it >= 5)
+          for (int j = 1; j < 16; ++j) acc[j] += cyc[j] > 0 && cyc[j - 1] > 0 ? cyc[j] - cyc[0] : 0;
+      }
+      std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean of %d launches):", variant, (long long)n, iters);
+      for (int j = 1; j < 16; ++j) std::printf(" %d:%lld", j, acc[j] / iters);
+      std::printf("\n");
+      return 0;
+    } else if (!std::strcmp(argv[i], "--profile-topk")) {
       const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
       BENCH_CHECK(cudaSetDevice(0));
       std::mt19937_64 g0(7);
@@ -564,7 +593,9 @@ int main(int argc, char** argv) {
                     V{16, "v3 cluster 8×64"}, V{10, "v2 cluster 16×32"},
                     V{3, "v1 cluster 8×64 (first version)"}, V{19, "v4 cluster 8×64 (cap 2k)"},
                     V{20, "v4 cluster 8×64 (cap 1.25k)"}, V{21, "v4 cluster 16×32 (cap 2k)"},
-                    V{22, "v4 cluster 8×32 (cap 2k)"}, V{23, "v4 cluster 4×64 (cap 2k)"}})
+                    V{22, "v4 cluster 8×32 (cap 2k)"}, V{23, "v4 cluster 4×64 (cap 2k)"},
+                    V{24, "v4 gather 16×32 (cap 1.25k)"}, V{25, "v4 gather 8×32 (cap 1.25k)"},
+                    V{26, "v3 cluster 8 (keys/thread sized to the row)"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -574,7 +605,7 @@ int main(int argc, char** argv) {
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: return 65536;
-          case 12: case 15: case 18: case 22: case 23: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: return 131072;
           default: return 262144;
         }
       };

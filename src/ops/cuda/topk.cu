@@ -13,6 +13,20 @@ namespace {
 
 namespace cg = cooperative_groups;
 
+// Phase timing (debug aid, off by default): build with -DV4_TOPK_PHASES=1 and thread 0 of CTA 0 of
+// row 0 records clock64() at fixed points of the v3/v4 kernels; topk_phase_cycles() reads them.
+#ifdef V4_TOPK_PHASES
+__device__ long long g_topk_phase[16];
+#define TOPK_TS(i)                                                                        \
+  do {                                                                                    \
+    if (blockIdx.y == 0 && blockIdx.x == 0 && threadIdx.x == 0) g_topk_phase[i] = clock64(); \
+  } while (0)
+#else
+#define TOPK_TS(i) \
+  do {             \
+  } while (0)
+#endif
+
 // ------------------------------------------------------------------------------------------------
 // Indexer scores
 
@@ -498,6 +512,7 @@ __global__ void __launch_bounds__(512, 1)
     if (out_len && rank == 0 && tid == 0) out_len[r] = n;
     return;
   }
+  TOPK_TS(0);
   {
     uint4 z = make_uint4(0, 0, 0, 0);
     reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
@@ -529,6 +544,7 @@ __global__ void __launch_bounds__(512, 1)
     }
   }
   __syncthreads();
+  TOPK_TS(1);
 
   uint32_t prefix = 0, mask = 0;
   int krem = k;
@@ -544,6 +560,7 @@ __global__ void __launch_bounds__(512, 1)
     for (int i = 0; i < ITEMS; ++i)
       if (i < cnt && (key[i] & mask) == prefix) atomicAdd(&h[(key[i] >> shift) & dmask], 1u);
     cluster.sync();  // #1: all local histograms complete
+    TOPK_TS(2 + 2 * pass);
     // Reduce my slice [rank·S, (rank+1)·S) over the cluster, in place (no other CTA reads it yet).
     int part = 0;
     if (tid * 4 < S) {
@@ -618,6 +635,7 @@ __global__ void __launch_bounds__(512, 1)
     mask |= dmask << shift;
     krem -= s_above;
     done = s_count == krem;
+    TOPK_TS(3 + 2 * pass);
     __syncthreads();
   }
 
@@ -642,6 +660,7 @@ __global__ void __launch_bounds__(512, 1)
     for (int q = 0; q < C; ++q) before += t[q];
   }
   cluster.sync();  // remote reads done before any CTA of the cluster exits
+  TOPK_TS(8);
   excl += before;
   int gt_b = int(excl >> 32), eq_b = int(excl & 0xffffffffu);
 #pragma unroll
@@ -657,6 +676,7 @@ __global__ void __launch_bounds__(512, 1)
       }
     }
   }
+  TOPK_TS(9);
   if (out_len && rank == 0 && tid == 0) out_len[r] = k;
 }
 
@@ -744,7 +764,7 @@ __device__ __forceinline__ void zero_hist4096(uint32_t* h) {
 }
 
 // `cap`: per-CTA candidate capacity (≥ k); the dynamic shared memory holds C·cap (key, index) pairs.
-template <int C, int ITEMS>
+template <int C, int ITEMS, bool GATHER>
 __global__ void __launch_bounds__(512, 1)
     topk_kernel_v4(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
                    int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len, int cap) {
@@ -764,6 +784,7 @@ __global__ void __launch_bounds__(512, 1)
   __shared__ uint32_t s_thr[16], s_max[16];     // pushed by every CTA before barrier #1
   __shared__ unsigned long long s_ge[16];       // (G_q << 32 | E_q), pushed before barrier #2
   __shared__ int s_gtq[16], s_eqq[16];
+  __shared__ uint32_t s_res[4];  // GATHER: (lo, mask, prefix, krem) from CTA 0
 
   cg::cluster_group cluster = cg::this_cluster();
   const uint32_t rank = cluster.block_rank();
@@ -779,6 +800,7 @@ __global__ void __launch_bounds__(512, 1)
     return;
   }
   zero_hist4096(hist[0]);
+  TOPK_TS(0);
 
   int P = (n + C * THREADS - 1) / (C * THREADS);
   P = (P + 3) & ~3;
@@ -833,6 +855,7 @@ __global__ void __launch_bounds__(512, 1)
     Mq = max(Mq, s_red[1][w]);
   }
   if (2 * threads_with_data < k || cnt_cta <= cap) F = 0;
+  TOPK_TS(1);
 
   // 2. local threshold T_q
   int hp = 0;  // histogram buffer in use: hist[hp & 1]; the other one is zeroed meanwhile
@@ -863,11 +886,13 @@ __global__ void __launch_bounds__(512, 1)
   }
 
   // 3. exchange (T_q, max) and take T0 = max T_q, M = max key
+  TOPK_TS(2);
   if (tid < C) {
     st_cluster_u32(cluster_map(&s_thr[rank], uint32_t(tid)), Tq);
     st_cluster_u32(cluster_map(&s_max[rank], uint32_t(tid)), Mq);
   }
   cluster.sync();  // #1
+  TOPK_TS(3);
   uint32_t T0 = 0, M = 0;
 #pragma unroll
   for (int q = 0; q < C; ++q) {
@@ -893,7 +918,7 @@ __global__ void __launch_bounds__(512, 1)
       for (int i = 0; i < ITEMS; ++i)
         if (i < cnt && key[i] > T0) {
 #pragma unroll 1
-          for (int q = 0; q < C; ++q) {
+          for (int q = 0; q < (GATHER ? 1 : C); ++q) {
             uint32_t a;
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(base0 + slot * 8u), "r"(uint32_t(q)));
             st_cluster_v2(a, key[i], uint32_t(start + i));
@@ -901,16 +926,19 @@ __global__ void __launch_bounds__(512, 1)
           ++slot;
         }
     }
-    if (tid < C) st_cluster_u64(cluster_map(&s_ge[rank], uint32_t(tid)), agg);
+    if (tid < (GATHER ? 1 : C)) st_cluster_u64(cluster_map(&s_ge[rank], uint32_t(tid)), agg);
   }
+  TOPK_TS(4);
   cluster.sync();  // #2: candidates and counts everywhere; no cross-CTA access after this point
+  TOPK_TS(5);
 
-  // 5. the k-th key among the candidates (or the T0 tie case)
+  // 5. the k-th key among the candidates (or the T0 tie case); GATHER: CTA 0 only
+  uint32_t lo = 0, mask = 0xffffffffu, prefix = T0;
+  int krem = 0;
+  if (!GATHER || rank == 0) {  // CTA-uniform
   int Gtot = 0;
 #pragma unroll
   for (int q = 0; q < C; ++q) Gtot += int(s_ge[q] >> 32);
-  uint32_t lo = 0, mask = 0xffffffffu, prefix = T0;
-  int krem;
   if (Gtot < k) {  // all keys > T0, then ties == T0 in index order
     krem = k - Gtot;
     if (tid < C) {
@@ -969,6 +997,26 @@ __global__ void __launch_bounds__(512, 1)
   }
 
   // 6. this CTA's output offset and tie quota, then the ordered write
+  }
+  if constexpr (GATHER) {
+    if (rank == 0 && tid < C) {  // CTA 0 hands the result to every CTA
+      const uint32_t q = uint32_t(tid);
+      st_cluster_u32(cluster_map(&s_res[0], q), lo);
+      st_cluster_u32(cluster_map(&s_res[1], q), mask);
+      st_cluster_u32(cluster_map(&s_res[2], q), prefix);
+      st_cluster_u32(cluster_map(&s_res[3], q), uint32_t(krem));
+      for (int p = 0; p < C; ++p) {
+        st_cluster_u32(cluster_map(&s_gtq[p], q), uint32_t(s_gtq[p]));
+        st_cluster_u32(cluster_map(&s_eqq[p], q), uint32_t(s_eqq[p]));
+      }
+    }
+    cluster.sync();  // #3: the result everywhere; no cross-CTA access after this point
+    lo = s_res[0];
+    mask = s_res[1];
+    prefix = s_res[2];
+    krem = int(s_res[3]);
+  }
+  TOPK_TS(6);
   int off = 0, before_eq = 0;
   for (int q = 0; q < int(rank); ++q) {
     const int e = s_eqq[q];
@@ -1000,16 +1048,17 @@ __global__ void __launch_bounds__(512, 1)
       }
     }
   }
+  TOPK_TS(7);
   if (out_len && rank == 0 && tid == 0) out_len[r] = k;
 }
 
 // Launches topk_kernel_v4<C, ITEMS> with per-CTA candidate capacity cap = k·cap_x4/4 (≥ k).
 // kUnsupported when the cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0) or the
 // candidate buffer exceeds the shared memory.
-template <int C, int ITEMS>
+template <int C, int ITEMS, bool GATHER>
 Status launch_topk_v4(int cap_x4, const float* scores, int64_t ld, const int32_t* n, int64_t R,
                       int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
-  auto kern = topk_kernel_v4<C, ITEMS>;
+  auto kern = topk_kernel_v4<C, ITEMS, GATHER>;
   const int cap = (int((int64_t(k) * cap_x4 + 3) / 4) + 1) & ~1;
   const size_t smem = size_t(C) * size_t(cap) * sizeof(uint2);
   if (smem > 160 * 1024)
@@ -1214,27 +1263,54 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     case 18:
       if (max_n > 8 * T * 32) break;
       return launch_cluster<8>(topk_kernel_v3<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
-    // v4 (local thresholds + candidate exchange); cap = per-CTA candidate capacity in k/4 units
+    // v4 (local thresholds + candidate exchange); first argument = per-CTA candidate capacity in
+    // k/4 units. The 8×64 variants use the 32-key instantiation when rows fit it (fewer guarded
+    // iterations, no spills).
     case 19:
       if (max_n > 8 * T * 64) break;
-      return launch_topk_v4<8, 64>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_topk_v4<8, 32, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<8, 64, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
     case 20:
       if (max_n > 8 * T * 64) break;
-      return launch_topk_v4<8, 64>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_topk_v4<8, 32, false>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<8, 64, false>(5, scores, ld, n, R, k, out_idx, out_len, stream);
     case 21:
       if (max_n > 16 * T * 32) break;
-      return launch_topk_v4<16, 32>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<16, 32, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
     case 22:
       if (max_n > 8 * T * 32) break;
-      return launch_topk_v4<8, 32>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<8, 32, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
     case 23:
       if (max_n > 4 * T * 64) break;
-      return launch_topk_v4<4, 64>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<4, 64, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v4 gather: candidates only to CTA 0, which selects and hands the result back (3 barriers)
+    case 24:
+      if (max_n > 16 * T * 32) break;
+      return launch_topk_v4<16, 32, true>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 25:
+      if (max_n > 8 * T * 32) break;
+      return launch_topk_v4<8, 32, true>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v3 with the key array sized to the row (v3 8×64 for rows ≤ 131072 runs as 8×32)
+    case 26:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 16) return launch_cluster<8>(topk_kernel_v3<8, 16>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_cluster<8>(topk_kernel_v3<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<8>(topk_kernel_v3<8, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }
   return errorf(ErrorCode::kInvalidArgument, "topk_rows: variant {} cannot take rows of {}",
                     variant, max_n);
+}
+
+Status topk_phase_cycles(long long* cycles16) {
+#ifdef V4_TOPK_PHASES
+  V4_CUDA_TRY(cudaMemcpyFromSymbol(cycles16, g_topk_phase, 16 * sizeof(long long)));
+  return Status::Ok();
+#else
+  (void)cycles16;
+  return errorf(ErrorCode::kUnsupported, "topk_phase_cycles: built without V4_TOPK_PHASES");
+#endif
 }
 
 Status topk_cub_sort_baseline(const float* scores, int64_t R, int64_t n, float* keys_tmp,

@@ -46,6 +46,11 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
                  int variant = 0);
 
+/// Debug aid: clock64() stamps (SM cycles) recorded by thread 0 of CTA 0 of row 0 at fixed points
+/// of the last v3/v4 launch (see TOPK_TS in topk.cu), 16 entries, unset ones stale. Only in builds
+/// with -DV4_TOPK_PHASES=1; otherwise kUnsupported.
+Status topk_phase_cycles(long long* cycles16);
+
 /// Baseline for benchmarks: full descending segmented sort of (score, index) pairs with CUB
 /// (cub::DeviceSegmentedSort) of R rows of equal length n; the first k values of each row of
 /// `idx_sorted` [R, n] are the top-k (ties in no guaranteed order). `temp`/`temp_bytes`: query with
