@@ -595,17 +595,22 @@ int main(int argc, char** argv) {
                     V{20, "v4 cluster 8×64 (cap 1.25k)"}, V{21, "v4 cluster 16×32 (cap 2k)"},
                     V{22, "v4 cluster 8×32 (cap 2k)"}, V{23, "v4 cluster 4×64 (cap 2k)"},
                     V{24, "v4 gather 16×32 (cap 1.25k)"}, V{25, "v4 gather 8×32 (cap 1.25k)"},
-                    V{26, "v3 cluster 8 (keys/thread sized to the row)"}})
+                    V{26, "v3 cluster 8 (keys/thread sized to the row)"},
+                    V{27, "v3 cluster 8, coalesced loads (sized to the row)"},
+                    V{28, "v3 cluster 4, coalesced loads (sized to the row)"},
+                    V{29, "v3 cluster 2, coalesced loads (sized to the row)"},
+                    V{17, "v3 cluster 16×32"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
         variants.push_back({1, "v1 1 CTA (first version)"});
         variants.push_back({22, "v4 cluster 8×32 (cap 2k)"});
+        variants.push_back({27, "v3 cluster 8, coalesced loads (sized to the row)"});
       }
       const auto cap = [](int id) {
         switch (id) {
-          case 13: case 14: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: return 131072;
+          case 13: case 14: case 29: return 65536;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: return 131072;
           default: return 262144;
         }
       };

@@ -267,14 +267,15 @@ TEST(CudaKernels, TopkExactLongRowsAllVariants) {
   }
 }
 
-// v4 (local thresholds + candidate exchange) and v3 sized to the row: every distribution, several k, rows that leave
+// v4 (local thresholds + candidate exchange), v3 sized to the row, v3 with coalesced loads: every distribution, several k, rows that leave
 // some CTAs of the cluster empty, the best keys concentrated in one CTA, batches of mixed lengths.
 TEST(CudaKernels, TopkExactV4Variants) {
   V4_REQUIRE_GPU();
   const std::pair<int, int> variants[] = {{19, 262144}, {20, 262144}, {21, 262144}, {22, 131072},
-                                          {23, 131072}, {24, 262144}, {25, 131072}, {26, 262144}};
+                                          {23, 131072}, {24, 262144}, {25, 131072}, {26, 262144},
+                                          {27, 262144}, {28, 131072}, {29, 65536}, {17, 262144}};
   for (auto [variant, cap] : variants) {
-    const bool maybe = variant == 21 || variant == 24;  // 16-CTA clusters: may not be resident
+    const bool maybe = variant == 21 || variant == 24 || variant == 17;  // 16-CTA clusters: may not be resident
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
                    Dist::kRampUp, Dist::kRampDown}) {
       SCOPED_TRACE(::testing::Message() << "variant " << variant << " dist " << int(d));

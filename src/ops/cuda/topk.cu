@@ -3,7 +3,11 @@
 #include <cooperative_groups.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cub/cub.cuh>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/topk.h"
@@ -478,7 +482,7 @@ __device__ __forceinline__ uint32_t ld_cluster_u32(uint32_t addr) {
   return v;
 }
 
-template <int C, int ITEMS>
+template <int C, int ITEMS, bool COAL = false>
 __global__ void __launch_bounds__(512, 1)
     topk_kernel_v3(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
                    int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
@@ -497,6 +501,7 @@ __global__ void __launch_bounds__(512, 1)
   __shared__ int s_digit, s_above, s_count, s_q, s_qabove;
   __shared__ __align__(16) uint32_t s_slice_tot[4];
   __shared__ int s_warp[THREADS / 32];
+  __shared__ unsigned long long s_wtot[THREADS / 32];
   __shared__ __align__(16) unsigned long long s_tot;
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -523,23 +528,49 @@ __global__ void __launch_bounds__(512, 1)
   }
   int P = (n + C * THREADS - 1) / (C * THREADS);
   P = (P + 3) & ~3;
-  const int64_t start = int64_t(int(rank) * THREADS + tid) * P;
-  const int64_t left = int64_t(n) - start;
-  const int cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+  // Element i of this thread: COAL = false: start + i (a contiguous slice per thread);
+  // COAL = true: warp-contiguous slices, lane-interleaved by float4 (coalesced 512 B per warp
+  // load): wbase + (i/4·32 + lane)·4 + i%4. Either way the valid elements are a prefix i < cnt.
+  const int64_t start = COAL ? int64_t(int(rank) * THREADS + warp * 32) * P
+                             : int64_t(int(rank) * THREADS + tid) * P;
   const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
   uint32_t key[ITEMS];
+  int cnt = 0;
+  if constexpr (COAL) {
 #pragma unroll
-  for (int i = 0; i < ITEMS; i += 4) {
-    if (i < P) {
-      if (vec && i + 4 <= cnt) {
-        float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
-        key[i] = order_key(v.x);
-        key[i + 1] = order_key(v.y);
-        key[i + 2] = order_key(v.z);
-        key[i + 3] = order_key(v.w);
-      } else {
+    for (int i = 0; i < ITEMS; i += 4) {
+      if (i < P) {
+        const int64_t g = start + int64_t((i / 4) * 32 + lane) * 4;
+        if (vec && g + 4 <= n) {
+          float4 v = __ldg(reinterpret_cast<const float4*>(row + g));
+          key[i] = order_key(v.x);
+          key[i + 1] = order_key(v.y);
+          key[i + 2] = order_key(v.z);
+          key[i + 3] = order_key(v.w);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+          for (int j = 0; j < 4; ++j) key[i + j] = (g + j < n) ? order_key(row[g + j]) : 0u;
+        }
+        const int64_t v = int64_t(n) - g;
+        cnt += v <= 0 ? 0 : (v < 4 ? int(v) : 4);
+      }
+    }
+  } else {
+    const int64_t left = int64_t(n) - start;
+    cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+#pragma unroll
+    for (int i = 0; i < ITEMS; i += 4) {
+      if (i < P) {
+        if (vec && i + 4 <= cnt) {
+          float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
+          key[i] = order_key(v.x);
+          key[i + 1] = order_key(v.y);
+          key[i + 2] = order_key(v.z);
+          key[i + 3] = order_key(v.w);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+        }
       }
     }
   }
@@ -648,7 +679,22 @@ __global__ void __launch_bounds__(512, 1)
       eq += kk == prefix;
     }
   unsigned long long packed = (static_cast<unsigned long long>(gt) << 32) | unsigned(eq), excl, agg;
-  ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+  if constexpr (COAL) {  // index order is warp-major: per-warp totals, exclusive over warps
+    const unsigned wg = __reduce_add_sync(0xffffffffu, unsigned(gt));
+    const unsigned we = __reduce_add_sync(0xffffffffu, unsigned(eq));
+    if (lane == 0) s_wtot[warp] = (static_cast<unsigned long long>(wg) << 32) | we;
+    __syncthreads();
+    excl = 0;
+    agg = 0;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; ++w) {
+      const unsigned long long t = s_wtot[w];
+      excl += w < warp ? t : 0ull;
+      agg += t;
+    }
+  } else {
+    ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+  }
   if (tid == 0) s_tot = agg;
   cluster.sync();
   unsigned long long before = 0;
@@ -663,6 +709,50 @@ __global__ void __launch_bounds__(512, 1)
   TOPK_TS(8);
   excl += before;
   int gt_b = int(excl >> 32), eq_b = int(excl & 0xffffffffu);
+  if constexpr (COAL) {
+    // Walk the warp's slice in index order, one float4 group (32 lanes × 4) at a time; gt_b/eq_b
+    // are warp-uniform counts of the selected keys before the group.
+#pragma unroll
+    for (int i = 0; i < ITEMS; i += 4) {
+      if (i < P) {
+        unsigned ng = 0, ne = 0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const uint32_t kk = key[i + c] & mask;
+          ng += (i + c < cnt) && kk > prefix;
+          ne += (i + c < cnt) && kk == prefix;
+        }
+        const unsigned v = ng | (ne << 16);
+        if (__any_sync(0xffffffffu, v != 0)) {
+          unsigned inc = v;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const unsigned t = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += t;
+          }
+          const unsigned tot = __shfl_sync(0xffffffffu, inc, 31);
+          const unsigned ex = inc - v;
+          int g = gt_b + int(ex & 0xffffu), e = eq_b + int(ex >> 16);
+          const int64_t gidx = start + int64_t((i / 4) * 32 + lane) * 4;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            if (i + c < cnt) {
+              const uint32_t kk = key[i + c] & mask;
+              if (kk > prefix) {
+                orow[g + min(e, krem)] = int32_t(gidx + c);
+                ++g;
+              } else if (kk == prefix) {
+                if (e < krem) orow[g + e] = int32_t(gidx + c);
+                ++e;
+              }
+            }
+          }
+          gt_b += int(tot & 0xffffu);
+          eq_b += int(tot >> 16);
+        }
+      }
+    }
+  } else {
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (i < cnt) {
@@ -675,6 +765,7 @@ __global__ void __launch_bounds__(512, 1)
         ++eq_b;
       }
     }
+  }
   }
   TOPK_TS(9);
   if (out_len && rank == 0 && tid == 0) out_len[r] = k;
@@ -1096,16 +1187,33 @@ Status launch_topk_v4(int cap_x4, const float* scores, int64_t ld, const int32_t
   return Status::Ok();
 }
 
+// Clusters of more than 8 CTAs are non-portable: allow them once, then ask whether one such
+// cluster can be resident at all (one 512-thread CTA per SM, so 16 SMs of one GPC); kUnsupported
+// when not, instead of a failing launch. `cfg` is the launch configuration (cluster dims set).
+// The answer is cached per kernel (keyed by its address: kernels of one signature share the
+// template instantiation, which is why a per-instantiation flag is not enough).
+template <int C, typename Kern>
+Status check_big_cluster(Kern kern, const cudaLaunchConfig_t& cfg) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, bool>> known;  // kernel -> fits
+  const void* key = reinterpret_cast<const void*>(kern);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = std::find_if(known.begin(), known.end(), [&](const auto& e) { return e.first == key; });
+  if (it == known.end()) {
+    V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int clusters = 0;
+    V4_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
+    known.emplace_back(key, clusters >= 1);
+    it = known.end() - 1;
+  }
+  if (!it->second)
+    return errorf(ErrorCode::kUnsupported, "topk_rows: a cluster of {} CTAs cannot be resident", C);
+  return Status::Ok();
+}
+
 template <int C, typename Kern>
 Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t* n, int64_t R,
                       int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
-  if constexpr (C > 8) {
-    static bool attr_set = false;
-    if (!attr_set) {
-      V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      attr_set = true;
-    }
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C, unsigned(R), 1);
   cfg.blockDim = dim3(512, 1, 1);
@@ -1117,6 +1225,7 @@ Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t*
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
   return Status::Ok();
 }
@@ -1125,13 +1234,6 @@ template <int C, int THREADS, int ITEMS, bool AGG>
 Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                    int32_t* out, int32_t* out_len, cudaStream_t stream) {
   auto kern = topk_kernel<C, THREADS, ITEMS, AGG>;
-  if constexpr (C > 8) {
-    static bool attr_set = false;
-    if (!attr_set) {
-      V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      attr_set = true;
-    }
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C, unsigned(R), 1);
   cfg.blockDim = dim3(THREADS, 1, 1);
@@ -1144,6 +1246,7 @@ Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R,
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
   return Status::Ok();
 }
@@ -1296,6 +1399,20 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 8 * T * 16) return launch_cluster<8>(topk_kernel_v3<8, 16>, scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 8 * T * 32) return launch_cluster<8>(topk_kernel_v3<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_cluster<8>(topk_kernel_v3<8, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v3 with coalesced (warp-interleaved) loads, keys/thread sized to the row
+    case 27:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 16) return launch_cluster<8>(topk_kernel_v3<8, 16, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_cluster<8>(topk_kernel_v3<8, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<8>(topk_kernel_v3<8, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 28:
+      if (max_n > 4 * T * 64) break;
+      if (max_n <= 4 * T * 32) return launch_cluster<4>(topk_kernel_v3<4, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<4>(topk_kernel_v3<4, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 29:
+      if (max_n > 2 * T * 64) break;
+      if (max_n <= 2 * T * 32) return launch_cluster<2>(topk_kernel_v3<2, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<2>(topk_kernel_v3<2, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }
