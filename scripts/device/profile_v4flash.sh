@@ -4,7 +4,8 @@
 # (bench_kernels --only-wformat) for each V4_GEMV_BLOCKS_PER_SM in $V4_GEMV_SWEEP, then the
 # per-region decode profile of the V4-Flash-shaped dummy model (v4serve bench --profile, batch
 # $V4_BATCH at 4K context) for each value again. Results under $OUT:
-#   cuda-op-tests.log, device.log, cuda-wformat-bps<N>.md, profile-v4flash-20l-bps<N>.md.
+#   cuda-op-tests.log, device.log, cuda-wformat-bps<N>.md, profile-v4flash-20l-bps<N>.md,
+#   cuda-topk.md (V4_TOPK=1, default), logs.tgz.
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/profile_v4flash.sh", carry=[".devdeps"], timeout_s=600)
@@ -25,6 +26,10 @@ for bps in ${V4_GEMV_SWEEP:-4 16}; do
   mv "$OUT/cuda-wformat.md" "$OUT/cuda-wformat-bps$bps.md" 2>/dev/null
   grep -E "^(gemv|moe)" "$OUT/wformat-bps$bps.log" | sed "s/^/[bps=$bps] /"
 done
+if [ "${V4_TOPK:-1}" = 1 ]; then  # Lightning TopK table, every variant + CUB baseline
+  timeout 240 build-gpu/bench/bench_kernels --out "$OUT" --only-topk > "$OUT/bench-topk.log" 2>&1
+  echo "topk bench rc=$?"; grep -E "batch=1 " "$OUT/bench-topk.log" | sed 's/  */ /g' | head -60
+fi
 for bps in ${V4_PROFILE_SWEEP:-4 16}; do
   V4_GEMV_BLOCKS_PER_SM=$bps build-gpu/v4serve bench --model models/configs/v4-flash --load-format dummy \
     --num-layers "${V4_LAYERS:-20}" --device cuda --precision bf16 --mem-fraction 0.9 \
