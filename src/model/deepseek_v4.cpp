@@ -855,9 +855,8 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   const int G = c.o_groups, R = c.o_lora_rank;
   const int64_t gw = int64_t(H) * hd / G;
   float* og = st.buf<float>(S * G * R);
-  for (int g = 0; g < G; ++g)
-    o.linear_w(attn + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S, og + g * R,
-               int64_t(G) * R);
+  (void)gw;  // = wo_a.k: group g reads attn columns [g·gw, (g+1)·gw)
+  o.linear_w_grouped(attn, int64_t(H) * hd, a.wo_a.v(), G, S, og, int64_t(G) * R);
   o.linear_w(og, int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 

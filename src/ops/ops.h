@@ -386,6 +386,12 @@ class Ops {
   /// Default: kF32 views through `linear`; other formats need a backend that supports them.
   virtual void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                         int64_t ldy);
+  /// Grouped linear (the o-projection's wo_a, dsv4-model.md §4): with n = w.n / groups and
+  /// K = w.k, for g < groups: y[:, g·n, (g+1)·n) = x[:, g·K, (g+1)·K) · W_gᵀ where W_g = rows
+  /// [g·n, (g+1)·n) of w. x [M, ldx ≥ groups·K], y [M, ldy ≥ groups·n]; w.n % groups == 0.
+  /// Default: one linear_w per group (a backend may run all groups in one launch).
+  virtual void linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups,
+                                int64_t M, float* y, int64_t ldy);
   /// y = x + y elementwise over n values.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   /// dst[i, :] = src[rows[i], :] for i < n (width values per row).

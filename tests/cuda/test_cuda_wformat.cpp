@@ -426,6 +426,49 @@ TEST(CudaWFormat, LinearV4FlashShapes) {
   run_linear_cases(cases);
 }
 
+// Ops::linear_w_grouped (the o-projection's wo_a: 8 groups of [1024, 4096] FP8 for V4-Flash, and
+// odd shapes): GPU (one grouped GEMV launch in bf16 mode for small M, per-group calls otherwise)
+// vs the CPU op on the dequantized rows, group by group; padding columns must stay untouched.
+TEST(CudaWFormat, LinearGrouped) {
+  V4_GPU();
+  struct Case {
+    WFormat f;
+    int groups;
+    int64_t n, K;
+    std::vector<int64_t> Ms;
+  };
+  for (const Case& c : {Case{WFormat::kFP8Block, 8, 1024, 4096, {1, 3, 33}},
+                        Case{WFormat::kBF16, 3, 67, 96, {1, 2, 40}},
+                        Case{WFormat::kMXFP4, 4, 64, 256, {1, 5}}}) {
+    const HostW hw = make_weights(c.f, 1, c.groups * c.n, c.K, 0.05f);
+    const DevW dw(hw);
+    const std::vector<float> wref = hw.f32(0, 0, c.groups * c.n);
+    for (int64_t M : c.Ms) {
+      for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+        SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " groups=" << c.groups
+                                          << " M=" << M << " " << mode_name(p));
+        const int64_t ldx = c.groups * c.K + 5, N = c.groups * c.n, ldy = N + 3;
+        std::vector<float> x(size_t(M * ldx));
+        Bits g(fresh_seed());
+        for (auto& v : x) v = g.uniform() * 2.f - 1.f;
+        std::vector<float> ref(size_t(M * ldy), kNaN);
+        for (int gi = 0; gi < c.groups; ++gi)
+          cpu()->linear(x.data() + gi * c.K, ldx, wref.data() + size_t(gi * c.n * c.K), M, c.n,
+                        c.K, ref.data() + gi * c.n, ldy);
+        Dev<float> dx(x), dy(size_t(M * ldy));
+        dy.poison();
+        gpu(p)->linear_w_grouped(dx.p, ldx, dw.view(0, N), c.groups, M, dy.p, ldy);
+        gpu(p)->synchronize();
+        const Err e = compare(dy.host(), ref, M, N, ldy);
+        const bool tc = uses_tensor_cores(p, dw.view(0, c.n), M);
+        EXPECT_EQ(e.unwritten, 0);
+        EXPECT_EQ(e.clobbered, 0);
+        EXPECT_LE(tc ? e.row_rel : e.rel, tc ? kTolTensorCore : kTolFp32);
+      }
+    }
+  }
+}
+
 // Ops::linear (f32 weights: the MoE router, [256, 4096] for V4-Flash) in bf16 mode runs the
 // weight-streaming GEMV for small M and the tiled fp32 kernel above: fp32 math either way, so it
 // stays within fp32 tolerance of the CPU op (expert choices must not flip).

@@ -44,6 +44,16 @@ void Ops::linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, 
   linear(x, ldx, w.f32_rows(), M, w.n, w.k, y, ldy);
 }
 
+void Ops::linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups,
+                           int64_t M, float* y, int64_t ldy) {
+  if (groups < 1 || w.n % groups)
+    throw std::invalid_argument("linear_w_grouped: " + std::to_string(w.n) +
+                                " rows do not split into " + std::to_string(groups) + " groups");
+  const int64_t n = w.n / groups;
+  for (int g = 0; g < groups; ++g)
+    linear_w(x + int64_t(g) * w.k, ldx, w.rows(int64_t(g) * n, n), M, y + int64_t(g) * n, ldy);
+}
+
 void Ops::fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) {
   if (n <= 0) return;
   const fill::FillParams p = fill::make_params(kind, scale, seed);

@@ -435,6 +435,14 @@ class CudaOps final : public Ops {
     }
   }
   bool supports(WFormat) const override { return true; }
+  void linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups, int64_t M,
+                        float* y, int64_t ldy) override {
+    if (opts_.precision == Precision::kBf16) {
+      record(cuda::linear_w_grouped_bf16(x, ldx, w, groups, M, y, ldy, context()));
+    } else {
+      Ops::linear_w_grouped(x, ldx, w, groups, M, y, ldy);
+    }
+  }
   void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                 int64_t ldy) override {
     if (M <= 0 || w.n <= 0) return;

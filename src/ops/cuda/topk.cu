@@ -1300,13 +1300,22 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // Fastest configuration per size measured on the H200 (bench/results/cuda-topk.md): one CTA
     // for short rows; at batch 1 a cluster of 8 (v3); for many rows fewer CTAs per cluster win
     // (the clusters then fill the GPU anyway), so R ≥ 16 switches to 2 or 4 CTAs.
+    // Session 3 run (cuda-topk.md): at batch 1, v3 with keys per thread sized to the row (26)
+    // wins at 64K (11.4 µs) and the 16-CTA v3 cluster (17, non-portable size) at 128K–256K
+    // (15.0 / 17.0 µs vs 15.4 / 22.1 for 18 / 16); 17 falls back to 16 where a 16-CTA cluster
+    // cannot be resident.
     const bool many = R >= 16;
     variant = max_n <= 8192     ? 7
               : max_n <= 32768  ? 8
-              : max_n <= 65536  ? (many ? 13 : 18)
-              : max_n <= 131072 ? (many ? 15 : 18)
-              : max_n <= 262144 ? 16
+              : max_n <= 65536  ? (many ? 13 : 26)
+              : max_n <= 131072 ? (many ? 15 : 17)
+              : max_n <= 262144 ? (many ? 16 : 17)
                                 : 5;
+    if (variant == 17) {
+      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 17);
+      if (st.code() != ErrorCode::kUnsupported) return st;
+      variant = max_n <= 131072 ? 18 : 16;
+    }
   }
   constexpr int T = 512;
   switch (variant) {

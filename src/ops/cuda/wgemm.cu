@@ -174,6 +174,10 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
   const int64_t Ks = nchunks * 32 * V;
   float* red = xs + int64_t(a.mc) * Ks;  // [warps][R][MT]
   int64_t e = 0, rbeg = 0, rcnt = a.rows;
+  const int64_t grp = a.list ? 0 : blockIdx.y;  // grouped plain form (GemvArgs)
+  const float* const X = a.x + grp * a.x_group_stride;
+  float* const Y = a.y + grp * a.y_group_stride;
+  const int64_t nb = grp * a.n_out;
   if (a.list) {
     if (int(blockIdx.y) >= *a.active_count) return;
     e = a.active[blockIdx.y];
@@ -187,6 +191,23 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
   const int64_t rbytes = wrow_bytes(F, K);
 
+  // The first tile's weight bytes are requested into L2 before x is staged, so the two memory
+  // latencies overlap (most small GEMVs give a block a single tile: its whole weight slice).
+  if (rcnt > 0 && int64_t(blockIdx.x) < ntiles) {
+    const int64_t o0 = int64_t(blockIdx.x) * per_tile + int64_t(group) * OPW;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t out = SWIGLU ? o0 : o0 + r;
+      if (out >= a.n_out) continue;
+      const uint8_t* row = wrow(w, e, nb + (SWIGLU ? o0 + r * a.n_out : o0 + r));
+      for (int64_t c = kslice; c < nchunks; c += ks) {
+        const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
+        if (kk0 < K)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(row + wrow_bytes(F, kk0)));
+      }
+    }
+  }
+
   for (int64_t m0 = 0; m0 < rcnt; m0 += a.mc) {
     const int mc = int(rcnt - m0 < a.mc ? rcnt - m0 : a.mc);
     __syncthreads();  // the previous pass is done with xs
@@ -197,7 +218,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
     for (int i = 0; i < mc; ++i) {
       const int64_t item = rbeg + m0 + i;
       const int64_t xr = a.list ? int64_t(a.list[item] / a.xdiv) : item;
-      const float* src = a.x + xr * a.ldx;
+      const float* src = X + xr * a.ldx;
       float* dst = xs + int64_t(i) * Ks;
       if (x4) {
         const int64_t G = Ks / 4, GK = K / 4;
@@ -223,7 +244,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
       for (int r = 0; r < R; ++r) {
         const int64_t out = SWIGLU ? o0 : o0 + r;
         rok[r] = out < a.n_out;
-        const int64_t n = rok[r] ? (SWIGLU ? o0 + r * a.n_out : o0 + r) : 0;
+        const int64_t n = nb + (rok[r] ? (SWIGLU ? o0 + r * a.n_out : o0 + r) : 0);
         rowp[r] = wrow(w, e, n);
         if constexpr (F == WFormat::kFP8Block)
           scp[r] = fp8_scale_row(w, e, n);
@@ -333,7 +354,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
           if (m >= mc) continue;
           const int64_t item = rbeg + m0 + m;
           const int64_t yr = a.list ? int64_t(a.list[item]) : item;
-          float* yrow = a.y + yr * a.ldy;
+          float* yrow = Y + yr * a.ldy;
           if constexpr (SWIGLU) {
             if (o0 < a.n_out) {
               float g = acc[0][m], u = acc[1][m];
@@ -555,6 +576,33 @@ void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight, con
   if (M <= c.gemv_max_rows && !bf16_weight) return;  // GEMV (or the fp32 fallback): no scratch
   bytes[kSlotXBf16] = std::max(bytes[kSlotXBf16], size_t(M * K) * 2);
   if (!bf16_weight) bytes[kSlotWBf16] = std::max(bytes[kSlotWBf16], size_t(n * K) * 2);
+}
+
+Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, int groups,
+                             int64_t M, float* y, int64_t ldy, const KernelContext& c) {
+  if (M <= 0 || w.n <= 0) return Status::Ok();
+  if (groups < 1 || w.n % groups)
+    return errorf(ErrorCode::kInvalidArgument, "linear_w_grouped: {} rows into {} groups", w.n,
+                  groups);
+  const int64_t n = w.n / groups;
+  if (linear_bf16_uses_gemv(w.rows(0, n), M, c.gemv_max_rows)) {
+    GemvArgs a;
+    a.w = w;
+    a.w.experts = 1;
+    a.x = x;
+    a.ldx = ldx;
+    a.y = y;
+    a.ldy = ldy;
+    a.rows = M;
+    a.n_out = n;
+    a.x_group_stride = w.k;
+    a.y_group_stride = n;
+    return wgemv(a, groups, c.num_sms, c.stream);
+  }
+  for (int g = 0; g < groups; ++g)
+    V4_RETURN_IF_ERROR(linear_w_bf16(x + int64_t(g) * w.k, ldx, w.rows(int64_t(g) * n, n), M,
+                                     y + int64_t(g) * n, ldy, c));
+  return Status::Ok();
 }
 
 Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
