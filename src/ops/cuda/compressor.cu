@@ -56,7 +56,7 @@ __global__ void compress_fused_rows_kernel(ops::CompressArgs pa, ops::CompressFu
   // 3. RoPE on the trailing rd channels (pairs 2i, 2i+1), then one store of the finished row.
   const int rd = a.rope_dim, nope = d - rd;
   float* out = a.pool + int64_t(dst) * d;
-  const float pos = float(a.positions[r]);
+  const float pos = rd > 0 ? float(a.positions[r]) : 0.f;
   for (int ch = tid; ch < d; ch += blockDim.x) {
     if (ch < nope) {
       out[ch] = row[ch];
