@@ -47,6 +47,29 @@ cache::AttnKind to_cache_kind(LayerKind k) {
   return cache::AttnKind::kSliding;
 }
 
+// Region names of the step profile (ops::Ops::region), per attention kind: the parts of a layer
+// whose device time `v4serve bench --profile` reports.
+enum Region { kRHcAttn, kRQ, kRKv, kRComp, kRIndexComp, kRIndexQ, kRIndexTopk, kRCore, kROut,
+              kRHcFfn, kRRouter, kRRouted, kRShared, kNumRegions };
+const char* region_name(LayerKind k, Region r) {
+  static const char* const names[3][kNumRegions] = {
+      {"swa: mHC pre + norm (attn)", "swa: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "swa: kv (wkv, norm, rope, SWA store)", "", "", "", "", "swa: sparse attention",
+       "swa: out (inverse rope, wo_a, wo_b, mHC post)", "swa: mHC pre + norm (ffn)", "swa: MoE router",
+       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post"},
+      {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
+       "csa: indexer compressor", "csa: indexer q + weights", "csa: indexer scores + top-k",
+       "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
+       "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post"},
+      {"hca: mHC pre + norm (attn)", "hca: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "hca: kv (wkv, norm, rope, SWA store)", "hca: compressor (wkv, wgate, pool, norm, rope, store, ring)",
+       "", "", "", "hca: sparse attention", "hca: out (inverse rope, wo_a, wo_b, mHC post)",
+       "hca: mHC pre + norm (ffn)", "hca: MoE router", "hca: MoE routed experts",
+       "hca: MoE shared expert + add + mHC post"}};
+  return names[int(k)][r];
+}
+
 bool env_graphs_off() {
   const char* e = std::getenv("V4_DECODE_GRAPHS");
   return e && std::string(e) == "0";
@@ -183,6 +206,7 @@ Status sample_on_device(ops::Ops* ops, int64_t V, const ForwardBatch& batch,
 /// logits row), the others their row. Mixed steps gather each kind into one block first.
 Status decode_output(ops::Ops* ops, int64_t V, const ForwardBatch& batch, const float* logits,
                      ForwardOutput* out) {
+  ops->region("output (sampling / logits download)");
   const size_t n = batch.slices.size();
   std::vector<size_t> dev;
   std::vector<int32_t> dev_rows, host_rows;
@@ -644,9 +668,12 @@ float* DeepseekV4::run_layers(Step& st) {
   float* f = st.buf<float>(S * D);
   float* post = st.buf<float>(S * n);
   float* comb = st.buf<float>(S * n * n);
+  o.region("embed");
   o.embed(w_.embed.data(), st.ids, S, D, n, h);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
+    const LayerKind kind = c.layer_types[l];
+    o.region(region_name(kind, kRHcAttn));
     ops::HcArgs hc;
     hc.h = h;
     hc.n_rows = S;
@@ -666,6 +693,7 @@ float* DeepseekV4::run_layers(Step& st) {
     attention(st, l, x, f);
     o.hc_post(h, f, post, comb, S, n, D);
 
+    o.region(region_name(kind, kRHcFfn));
     hc.fn = L.hc_ffn_fn.data();
     hc.base = L.hc_ffn_base.data();
     hc.scale = L.hc_ffn_scale.data();
@@ -689,6 +717,7 @@ float* DeepseekV4::head(Step& st, const float* h, const int32_t* sel, int64_t R)
   }
   float* y = st.buf<float>(R * D);
   float* logits = st.buf<float>(R * c.vocab_size);
+  o.region("head (mHC head, norm, lm_head)");
   o.hc_head(hs, w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n, D,
             float(c.rms_norm_eps), float(c.hc_eps), y);
   o.rms_norm(y, w_.norm.data(), R, D, float(c.rms_norm_eps), y);
@@ -711,12 +740,14 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   float* cq = st.buf<float>(S * Rq);
   float* q = st.buf<float>(S * H * hd);
   float* kvv = st.buf<float>(S * hd);
+  o.region(region_name(kind, kRQ));
   o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
   o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
   o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
   o.rms_norm(q, nullptr, S * H, hd, eps, q);
   o.rope(q, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
   // K = V path: kv_norm then RoPE, stored into the SWA pool.
+  o.region(region_name(kind, kRKv));
   o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
   o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
   o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
@@ -769,19 +800,23 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   aa.scale = 1.f / std::sqrt(float(hd));
   aa.q = q;
   if (kind == LayerKind::kHca) {
+    o.region(region_name(kind, kRComp));
     compress(a.compressor, st.hca, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0));
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = st.hca.cand;
   } else if (kind == LayerKind::kCsa) {
     const int nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
+    o.region(region_name(kind, kRComp));
     compress(a.compressor, st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0));
+    o.region(region_name(kind, kRIndexComp));
     compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1));
     // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x; top-k rows.
     float* qi = st.buf<float>(S * nI * dI);
     float* wi = st.buf<float>(S * nI);
+    o.region(region_name(kind, kRIndexQ));
     o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
     o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
            false);
@@ -800,6 +835,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
     ia.out_rows = sel_rows;
     ia.out_count = sel_count;
+    o.region(region_name(kind, kRIndexTopk));
     o.indexer_topk(ia);
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = {sel_rows, st.topk_offset, sel_count};
@@ -810,7 +846,9 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
                                                               : 0);
   float* attn = st.buf<float>(S * H * hd);
   aa.out = attn;
+  o.region(region_name(kind, kRCore));
   o.sparse_attention(aa);
+  o.region(region_name(kind, kROut));
   // De-rotation (P3), then the grouped low-rank output projection (P9: G may exceed H).
   o.rope(attn, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, true);
   const int G = c.o_groups, R = c.o_lora_rank;
@@ -834,6 +872,8 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   float* wgt = st.buf<float>(S * k);
   float* shared = st.buf<float>(S * D);
   int32_t* idx = st.buf<int32_t>(S * k);
+  const LayerKind kind = c.layer_types[l];
+  o.region(region_name(kind, kRRouter));
   o.linear(x, D, m.gate.data(), S, E, D, logits, E);
   ops::RouteArgs ra;
   ra.logits = logits;
@@ -864,7 +904,9 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   ma.topk = k;
   ma.swiglu_limit = float(c.swiglu_limit);
   ma.out = out;
+  o.region(region_name(kind, kRRouted));
   o.moe_experts(ma);
+  o.region(region_name(kind, kRShared));
   // Shared expert = the same op with one expert of weight 1 (exact: v·1 = v); its constant
   // routing arrays are hoisted out of the layer loop (Step::shared_idx / shared_w).
   ma.w13 = m.shared_w13.v();

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace v4 {
 class ThreadPool;
@@ -490,6 +491,28 @@ class Ops {
   virtual void step_end() {}
   /// Totals since creation (all zero on backends without timers). Thread-safe.
   virtual StepTiming step_timing() const { return {}; }
+  /// Names the device work issued from now until the next `region` call or `step_end` (an
+  /// NVTX-style range without a pop), for the per-region step profile. `name` must outlive the
+  /// backend (a string literal). Ignored unless profiling is on; works inside graph capture (the
+  /// marker becomes part of the graph and is timed on every replay).
+  virtual void region(const char* name) { (void)name; }
+  /// Turns the per-region profile on or off (off by default; on costs one event per region).
+  /// Returns false on backends without device timers (CPU).
+  virtual bool set_profiling(bool on) {
+    (void)on;
+    return false;
+  }
+  /// Device time per region name summed over profiled steps since the last reset. `calls` counts
+  /// region entries (a name entered once per layer counts once per layer), `ms` is milliseconds
+  /// between its marker and the next marker (or the step's end), so regions tile the step from
+  /// its first marker. Work between `step_begin` and the first marker is "(before first region)".
+  struct RegionTime {
+    std::string name;
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  virtual std::vector<RegionTime> region_profile() const { return {}; }
+  virtual void reset_region_profile() {}
   virtual void moe_experts(const MoeArgs& a) = 0;
 
   // ---- dummy weights, memory and device queries ------------------------------------------

@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Weight GEMMs over native weight formats (see wgemm.h).
 #include <algorithm>
+#include <cstdlib>
 
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/wformat.cuh"
@@ -361,22 +362,44 @@ Status launch_gemv(const GemvArgs& a, dim3 grid, size_t smem, cudaStream_t strea
 
 // Opt every GEMV instantiation in to kGemvSmemMax of dynamic shared memory (once, at backend
 // creation: no attribute call later, e.g. inside a CUDA graph capture).
-template <WFormat F, bool VEC>
-Status prepare_format() {
-  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, 1, false>,
+template <WFormat F, bool VEC, int MT>
+Status prepare_mt() {
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, MT, false>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
-  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, kGemvMaxMc, false>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
-  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, kGemvMaxMc, true>,
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, MT, true>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
   return Status::Ok();
 }
+template <WFormat F, bool VEC>
+Status prepare_format() {
+  V4_RETURN_IF_ERROR((prepare_mt<F, VEC, 1>()));
+  V4_RETURN_IF_ERROR((prepare_mt<F, VEC, 2>()));
+  return prepare_mt<F, VEC, kGemvMaxMc>();
+}
 
+// Rows per shared-memory pass as a template (1, 2 or kGemvMaxMc): fewer unrolled accumulators
+// and less x staging (more blocks per SM) when the rows per item are few (decode).
 template <WFormat F, bool VEC>
 Status dispatch_mt(const GemvArgs& a, int mt, dim3 grid, size_t smem, cudaStream_t stream) {
-  if (a.swiglu) return launch_gemv<F, VEC, kGemvMaxMc, true>(a, grid, smem, stream);
-  if (mt == 1) return launch_gemv<F, VEC, 1, false>(a, grid, smem, stream);
-  return launch_gemv<F, VEC, kGemvMaxMc, false>(a, grid, smem, stream);
+  if (mt == 1)
+    return a.swiglu ? launch_gemv<F, VEC, 1, true>(a, grid, smem, stream)
+                    : launch_gemv<F, VEC, 1, false>(a, grid, smem, stream);
+  if (mt == 2)
+    return a.swiglu ? launch_gemv<F, VEC, 2, true>(a, grid, smem, stream)
+                    : launch_gemv<F, VEC, 2, false>(a, grid, smem, stream);
+  return a.swiglu ? launch_gemv<F, VEC, kGemvMaxMc, true>(a, grid, smem, stream)
+                  : launch_gemv<F, VEC, kGemvMaxMc, false>(a, grid, smem, stream);
+}
+
+// Resident blocks per SM the grid aims for (V4_GEMV_BLOCKS_PER_SM, default 4): more blocks keep
+// more weight loads in flight (the GEMV is latency-bound at small M).
+int gemv_blocks_per_sm() {
+  static const int v = [] {
+    const char* e = std::getenv("V4_GEMV_BLOCKS_PER_SM");
+    const int n = e ? std::atoi(e) : 0;
+    return n > 0 ? n : 4;
+  }();
+  return v;
 }
 
 // ---- bf16 operands for the tensor-core path ---------------------------------------------------
@@ -470,15 +493,17 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   int ks = warps1 >= 8 * int64_t(num_sms) ? 1 : warps1 >= 4 * int64_t(num_sms) ? 2 : 4;
   while (ks > 1 && ks > nchunks) ks /= 2;
   int64_t mc = wgemv_pass_rows(w);
-  if (!a.list) mc = std::min<int64_t>(mc, a.rows);
-  const int mt = (!a.list && a.rows == 1 && !a.swiglu) ? 1 : kGemvMaxMc;
+  const int64_t rows_per_item = a.list ? (a.rows_hint > 0 ? a.rows_hint : kGemvMaxMc) : a.rows;
+  const int mt = rows_per_item <= 1 ? 1 : rows_per_item <= 2 ? 2 : kGemvMaxMc;
+  mc = std::min<int64_t>({mc, int64_t(mt), a.list ? int64_t(mt) : a.rows});
   a.ks = ks;
   a.mc = int(mc);
   const size_t smem = size_t(mc * Ks) * 4 + size_t(kGemvWarps * kGemvR * mt) * 4;
   const int64_t per_tile = int64_t(kGemvWarps / ks) * opw;
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
-  const int64_t gx =
-      std::min<int64_t>(ntiles, std::max<int64_t>(1, (4 * int64_t(num_sms) + grid_y - 1) / grid_y));
+  const int64_t gx = std::min<int64_t>(
+      ntiles,
+      std::max<int64_t>(1, (gemv_blocks_per_sm() * int64_t(num_sms) + grid_y - 1) / grid_y));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(grid_y));
   switch (w.format) {
     case WFormat::kF32:

@@ -46,6 +46,10 @@ struct GemvArgs {
   const int32_t* active = nullptr;        // [E] active experts, ascending
   const int32_t* active_count = nullptr;  // [1]
   int xdiv = 1;
+  /// Grouped form: an expected bound on rows per expert (e.g. the token count S when a token's
+  /// experts are distinct); picks the kernel's rows-per-pass template (1, 2 or 8). Any value is
+  /// correct — more rows run in further passes —; 0 = unknown (8).
+  int64_t rows_hint = 0;
   // Filled by wgemv: warps splitting K, rows of x per shared-memory pass, row capacity per pass.
   int ks = 1, mc = 1;
 };
@@ -90,6 +94,7 @@ enum ScratchSlot : int {
   kSlotMoeInts = 8,     // MoE routing: offsets, active experts, pair lists
   kSlotActBf16 = 9,     // MoE tensor-core paths: act as bf16
   kSlotAttention = 10,  // sparse_attention split-KV workspace (attention.h)
+  kSlotMhc = 11,        // mHC split-form partial sums (mhc.h mhc_work_floats)
   kNumScratchSlots = 12,
 };
 
