@@ -2,6 +2,8 @@
 //   cuda-topk.md    Lightning TopK (radix select over a thread-block cluster) vs a CUB
 //                   segmented-sort baseline, 8K…256K candidates → top-512, batch 1 and 64,
 //                   L2-warm and L2-cold inputs, next to the byte floor at the measured copy bandwidth
+//   cuda-compressor.md FlashCompressor (compress_fused, 2 launches) vs the 8-launch composition,
+//                   prefill 8K and decode B=64/1, bytes moved and % of the copy bandwidth
 //   cuda-kernels.md indexer scores (bf16 WMMA) at 262,144 keys, cuBLASLt bf16 GEMM shapes,
 //                   native-weight GEMV (linear_w, bf16 mode) at batch 1 for the V4-Flash FP8/BF16
 //                   shapes and the MXFP4 MoE experts (grouped GEMV) at S = 1/64/256, each next to
@@ -12,6 +14,8 @@
 //   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
 //   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
 //                                             DIR/cuda-wformat.md)
+//   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
+//                                             DIR/cuda-compressor.md; also part of the full run)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
@@ -42,6 +46,9 @@ int main() {
 #include "ops/cuda/moe.h"
 #include "ops/cuda/topk.h"
 #include "ops/cuda/wgemm.h"
+
+// compressor_bench.cpp: the cuda-compressor.md body at copy bandwidth `bw` GB/s.
+std::string bench_compressor(double bw);
 
 namespace {
 
@@ -495,13 +502,14 @@ int main(int argc, char** argv) {
   std::string out_dir = ".";
   int reps = 40;  // samples of 10 back-to-back launches
   std::string cmd = "bench_kernels";
-  bool only_wformat = false;
+  bool only_wformat = false, only_compressor = false;
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
+    else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
@@ -557,6 +565,17 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth_gbs();
   std::printf("copy bandwidth (read+write): %.0f GB/s\n", bw);
   const std::string head = header_block(cmd);
+  auto write_compressor = [&] {
+    std::ofstream(out_dir + "/cuda-compressor.md")
+        << "# FlashCompressor: fused compressor step vs the unfused op sequence\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_compressor(bw);
+    std::printf("wrote %s/cuda-compressor.md\n", out_dir.c_str());
+  };
+  if (only_compressor) {
+    write_compressor();
+    return 0;
+  }
   if (only_wformat) {
     std::ofstream(out_dir + "/cuda-wformat.md")
         << "# Native weight formats on the GPU: GEMV and MoE experts\n\n" << head
@@ -774,6 +793,7 @@ int main(int argc, char** argv) {
   kt << "\n";
   kt << "\n" << bench_wformat(bw, std::max(reps, 50));
   std::ofstream(out_dir + "/cuda-kernels.md") << kt.str();
+  write_compressor();
   std::printf("wrote %s/cuda-topk.md and %s/cuda-kernels.md\n", out_dir.c_str(), out_dir.c_str());
   return 0;
 }

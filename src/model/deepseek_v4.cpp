@@ -762,33 +762,32 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     float* zc = st.buf<float>(S * cd);
     o.linear_w(x, D, w.wkv.v(), S, kc, cd);
     o.linear_w(x, D, w.wgate.v(), S, zc, cd);
-    if (plan.n_out > 0) {
-      float* rows = st.buf<float>(plan.n_out * d);
-      ops::CompressArgs ca;
-      ca.fresh_kv = kc;
-      ca.fresh_gate = zc;
-      ca.state_kv = ring_kv;
-      ca.state_gate = ring_gate;
-      ca.bias = w.ape.data();
-      ca.src = plan.src;
-      ca.n_out = plan.n_out;
-      ca.ratio = plan.ratio;
-      ca.overlap = plan.overlap;
-      ca.dim = d;
-      ca.out = rows;
-      o.compress_pool(ca);
-      o.rms_norm(rows, w.norm.data(), plan.n_out, d, eps, rows);
-      o.rope(rows, plan.n_out, 1, d, rope.rope_dim, plan.positions, rope.inv_freq.data(),
-             rope.attention_scaling, false);
-      o.store_rows(pool, plan.dst, plan.n_out, d, rows);
-    }
-    if (plan.n_ring > 0) {
-      float* tmp = st.buf<float>(plan.n_ring * cd);
-      o.gather_rows(kc, plan.ring_src, plan.n_ring, cd, tmp);
-      o.store_rows(ring_kv, plan.ring_dst, plan.n_ring, cd, tmp);
-      o.gather_rows(zc, plan.ring_src, plan.n_ring, cd, tmp);
-      o.store_rows(ring_gate, plan.ring_dst, plan.n_ring, cd, tmp);
-    }
+    // Pool + norm + rope + store, then the ring refresh: one op (FlashCompressor on CUDA).
+    ops::CompressFusedArgs ca;
+    ca.fresh_kv = kc;
+    ca.fresh_gate = zc;
+    ca.state_kv = ring_kv;
+    ca.state_gate = ring_gate;
+    ca.bias = w.ape.data();
+    ca.norm = w.norm.data();
+    ca.eps = eps;
+    ca.src = plan.src;
+    ca.positions = plan.positions;
+    ca.dst = plan.dst;
+    ca.n_out = plan.n_out;
+    ca.ring_src = plan.ring_src;
+    ca.ring_dst = plan.ring_dst;
+    ca.n_ring = plan.n_ring;
+    ca.ratio = plan.ratio;
+    ca.overlap = plan.overlap;
+    ca.dim = d;
+    ca.rope_dim = rope.rope_dim;
+    ca.inv_freq = rope.inv_freq.data();
+    ca.attention_scaling = rope.attention_scaling;
+    ca.pool = pool;
+    const int64_t need = std::max<int64_t>(plan.n_out * d, plan.n_ring * cd);
+    if (need > 0) ca.scratch = st.buf<float>(need);
+    o.compress_fused(ca);
   };
 
   ops::AttentionArgs aa;

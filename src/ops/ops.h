@@ -145,6 +145,62 @@ struct CompressArgs {
   float* out = nullptr;  // [n_out, d]
 };
 
+/// Arguments of `Ops::compress_fused` (dsv4-model.md §5): one compressor step after the two
+/// projections — pool the windows that close (as `compress_pool`), RMSNorm them with `norm`,
+/// RoPE the trailing `rope_dim` channels at `positions` (as `rope`, one head of width d), store
+/// them into `pool` at `dst`, then refresh the compressor-state ring from this step's fresh rows.
+///   rows[r]  = rope(rms_norm(compress_pool(src[r])) ⊙ norm, positions[r])   r < n_out
+///   pool[dst[r], :] = rows[r]                          (dst[r] < 0: skipped)
+///   state_kv[ring_dst[i], :]   = fresh_kv[ring_src[i], :]     i < n_ring (ring_dst[i] < 0: skipped)
+///   state_gate[ring_dst[i], :] = fresh_gate[ring_src[i], :]
+/// Ordering: every state row the pooling reads is read BEFORE any ring row is written (a ring
+/// row refreshed by this call may also be a state slot of one of its windows, e.g. a prefill chunk
+/// longer than c·m tokens), i.e. the result equals the sequence above run op after op.
+/// All f32; c = overlap, m = ratio, d = dim. `scratch` is used only by the default (composed)
+/// implementation: ≥ max(n_out·d, n_ring·c·d) floats of backend memory; nullptr → the default
+/// allocates and frees it (not allowed under graph capture). Backends overriding the op with a
+/// fused kernel ignore it and neither allocate nor synchronize.
+struct CompressFusedArgs {
+  const float* fresh_kv = nullptr;    // [n_fresh, c·d]  Kc = x·W_ckvᵀ of this step
+  const float* fresh_gate = nullptr;  // [n_fresh, c·d]  Zc = x·W_cgᵀ of this step
+  float* state_kv = nullptr;          // [ring rows, c·d] compressor-state ring (read, then updated)
+  float* state_gate = nullptr;        // [ring rows, c·d]
+  const float* bias = nullptr;        // [m, c·d]  position_bias (`ape`)
+  const float* norm = nullptr;        // [d]  compressor RMSNorm weight (nullptr = unweighted)
+  float eps = 1e-6f;                  // RMSNorm epsilon
+  const int32_t* src = nullptr;       // [n_out, c·m]  slots as CompressArgs::src
+  const int64_t* positions = nullptr; // [n_out]  rope position w·m of each window
+  const int32_t* dst = nullptr;       // [n_out]  pool row per output, −1 = skip
+  int64_t n_out = 0;
+  const int32_t* ring_src = nullptr;  // [n_ring]  fresh row to keep as state
+  const int32_t* ring_dst = nullptr;  // [n_ring]  ring row it goes to, −1 = skip
+  int64_t n_ring = 0;
+  int ratio = 0;                      // m
+  int overlap = 1;                    // c: 1 (HCA) or 2 (CSA, indexer)
+  int dim = 0;                        // d
+  int rope_dim = 0;                   // rd: trailing channels rotated (even, ≤ d)
+  const float* inv_freq = nullptr;    // [rd/2]
+  float attention_scaling = 1.f;
+  float* pool = nullptr;              // [pool rows, d]  compressed (or indexer) pool
+  float* scratch = nullptr;           // default implementation only (see above)
+  /// The pooling part as `compress_pool` arguments, writing to `out`.
+  CompressArgs pool_args(float* out) const {
+    CompressArgs c;
+    c.fresh_kv = fresh_kv;
+    c.fresh_gate = fresh_gate;
+    c.state_kv = state_kv;
+    c.state_gate = state_gate;
+    c.bias = bias;
+    c.src = src;
+    c.n_out = n_out;
+    c.ratio = ratio;
+    c.overlap = overlap;
+    c.dim = dim;
+    c.out = out;
+    return c;
+  }
+};
+
 /// Arguments of `Ops::indexer_topk` (dsv4-model.md §6, lightning indexer).
 ///   score(t, s) = Σ_h (ReLU(q[t,h] · K[s]) · dI^-1/2) · (w[t,h] · nI^-1/2)
 /// over the candidate rows of query t (row map `cand`, logical order = map order), then selects
@@ -426,6 +482,11 @@ class Ops {
   virtual void hc_head(const float* h, const float* fn, const float* base, const float* scale,
                        int64_t S, int n_streams, int D, float rms_eps, float hc_eps, float* y) = 0;
   virtual void compress_pool(const CompressArgs& a) = 0;
+  /// One compressor step after the projections (CompressFusedArgs): pool, norm, rope, store,
+  /// ring refresh. Default: composed of compress_pool, rms_norm, rope, store_rows and
+  /// gather_rows/store_rows (the reference); the CUDA backend runs two kernels (FlashCompressor,
+  /// docs/cuda.md).
+  virtual void compress_fused(const CompressFusedArgs& a);
   virtual void indexer_topk(const IndexerArgs& a) = 0;
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void route(const RouteArgs& a) = 0;

@@ -120,6 +120,10 @@ class CountingOps final : public ops::Ops {
     ++kernels;
     in_->compress_pool(a);
   }
+  void compress_fused(const ops::CompressFusedArgs& a) override {
+    ++kernels;
+    in_->compress_fused(a);
+  }
   void indexer_topk(const ops::IndexerArgs& a) override {
     ++kernels;
     in_->indexer_topk(a);

@@ -17,6 +17,8 @@
 
 #include "base/log.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/compress_pool.cuh"
+#include "ops/cuda/compressor.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_plan.h"
 #include "ops/cuda/indexer.h"
@@ -71,45 +73,13 @@ __global__ void embed_kernel(const float* __restrict__ table, const int32_t* __r
 
 // ---- compressor pooling (dsv4-model.md §5), one thread per (output row, channel) ------------------
 __global__ void compress_pool_kernel(CompressArgs a) {
-  const int m = a.ratio, c = a.overlap, d = a.dim, n_slots = c * m;
-  const int64_t width = int64_t(c) * d;
+  const int d = a.dim;
   const int64_t total = a.n_out * d;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / d;
     const int ch = int(i - r * d);
-    float mx = -INFINITY;
-    for (int j = 0; j < n_slots; ++j) {
-      const int32_t v = a.src[r * n_slots + j];
-      if (v == -1) continue;
-      const int ch0 = (c == 2 && j >= m) ? d : 0;
-      const int brow = (c == 2 && j >= m) ? j - m : j;
-      const float* g = v >= 0 ? a.fresh_gate + int64_t(v) * width : a.state_gate + int64_t(-v - 2) * width;
-      mx = fmaxf(mx, g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch]);
-    }
-    float sum = 0.f;
-    for (int j = 0; j < n_slots; ++j) {
-      const int32_t v = a.src[r * n_slots + j];
-      if (v == -1) continue;
-      const int ch0 = (c == 2 && j >= m) ? d : 0;
-      const int brow = (c == 2 && j >= m) ? j - m : j;
-      const float* g = v >= 0 ? a.fresh_gate + int64_t(v) * width : a.state_gate + int64_t(-v - 2) * width;
-      sum += expf(g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch] - mx);
-    }
-    float acc = 0.f;
-    for (int j = 0; j < n_slots; ++j) {
-      const int32_t v = a.src[r * n_slots + j];
-      if (v == -1) continue;
-      const int ch0 = (c == 2 && j >= m) ? d : 0;
-      const int brow = (c == 2 && j >= m) ? j - m : j;
-      const bool fresh = v >= 0;
-      const int64_t row = fresh ? v : (-v - 2);
-      const float* g = (fresh ? a.fresh_gate : a.state_gate) + row * width;
-      const float* kv = (fresh ? a.fresh_kv : a.state_kv) + row * width;
-      const float p = expf(g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch] - mx) / sum;
-      acc += kv[ch0 + ch] * p;
-    }
-    a.out[r * d + ch] = acc;
+    a.out[r * d + ch] = cuda::compress_pool_channel(a, r, ch);
   }
 }
 
@@ -512,6 +482,10 @@ class CudaOps final : public Ops {
     if (a.n_out <= 0) return;
     compress_pool_kernel<<<grid_for(a.n_out * a.dim, 256), 256, 0, stream_>>>(a);
     launched("compress_pool_kernel");
+  }
+
+  void compress_fused(const CompressFusedArgs& a) override {
+    record(cuda::compress_fused(a, stream_));
   }
 
   void indexer_topk(const IndexerArgs& a) override {
