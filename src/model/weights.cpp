@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -363,12 +364,10 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
 
 Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::Ops* ops,
                               WeightFormatPolicy policy, const LoadObserver& obs) {
-  int64_t bytes_total = 0, tensors_total = 0;
+  const int64_t bytes_total = checkpoint_load_bytes(ck, c);
+  int64_t tensors_total = 0;
   for (const auto& [name, t] : ck.tensors())
-    if (loaded_tensor(name, c)) {
-      bytes_total += int64_t(t.bytes);
-      tensors_total += ends_with(name, ".scale") ? 0 : 1;
-    }
+    if (loaded_tensor(name, c)) tensors_total += ends_with(name, ".scale") ? 0 : 1;
   ProgressReporter progress(fmt::format("loading weights from {}", ck.dir()), bytes_total,
                             tensors_total, obs);
   Loader ld(ck, ops, policy, &progress);
@@ -700,11 +699,22 @@ WeightFootprint estimate_weight_footprint(const ModelConfig& c, const ops::Ops& 
   return g.footprint();
 }
 
+int64_t checkpoint_load_bytes(const Checkpoint& ck, const ModelConfig& c) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : ck.tensors())
+    if (loaded_tensor(name, c)) bytes += int64_t(t.bytes);
+  return bytes;
+}
+
 Status check_weights_fit(const std::string& model_name, const ModelConfig& c, ops::Ops* ops,
-                         WeightFormatPolicy policy) {
+                         WeightFormatPolicy policy, int64_t stored_bytes) {
   const ops::MemoryInfo m = ops->memory_info();
   if (m.free_bytes <= 0) return Status::Ok();  // the backend does not say
-  const WeightFootprint need = estimate_weight_footprint(c, *ops, policy);
+  WeightFootprint need = estimate_weight_footprint(c, *ops, policy);
+  const bool native = policy.native && (ops->supports(WFormat::kBF16) ||
+                                        ops->supports(WFormat::kFP8Block) ||
+                                        ops->supports(WFormat::kMXFP4));
+  if (stored_bytes >= 0 && native) need.bytes = std::min(need.bytes, stored_bytes);
   if (need.bytes <= m.free_bytes) return Status::Ok();
   return make_error(ErrorCode::kResourceExhausted,
                     "{}: the weights of {} layers need {} ({} bytes) on the {} backend but only "

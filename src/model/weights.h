@@ -74,12 +74,21 @@ struct WeightFootprint {
 WeightFootprint estimate_weight_footprint(const ModelConfig& cfg, const ops::Ops& ops,
                                           WeightFormatPolicy policy = {});
 
+/// Bytes, as stored in the safetensors files, of the tensors Weights::load reads for `cfg` (every
+/// tensor but those of layers past cfg.num_hidden_layers and MTP modules past
+/// num_nextn_predict_layers; scale tensors included). A lower bound of what the load allocates
+/// on any backend (native formats keep their bytes, decoding only grows them).
+int64_t checkpoint_load_bytes(const Checkpoint& ck, const ModelConfig& cfg);
+
 /// Refuses up front a model whose weights cannot fit: kResourceExhausted, one line naming
-/// `model_name`, the bytes estimate_weight_footprint needs and the bytes ops->memory_info()
-/// reports free (CPU: /proc/meminfo MemAvailable; CUDA: cudaMemGetInfo), with a --num-layers
-/// hint. OK when they fit or when the backend does not report its memory (free_bytes ≤ 0).
+/// `model_name`, the bytes needed and the bytes ops->memory_info() reports free (CPU:
+/// /proc/meminfo MemAvailable; CUDA: cudaMemGetInfo), with a --num-layers hint. Needed =
+/// estimate_weight_footprint, capped at `stored_bytes` (checkpoint_load_bytes; ≥ 0 for a real
+/// checkpoint) on a backend that keeps any native format — there the checkpoint may store smaller
+/// formats than its config implies, and a model that fits must never be refused. OK when they
+/// fit or when the backend does not report its memory (free_bytes ≤ 0).
 Status check_weights_fit(const std::string& model_name, const ModelConfig& cfg, ops::Ops* ops,
-                         WeightFormatPolicy policy = {});
+                         WeightFormatPolicy policy = {}, int64_t stored_bytes = -1);
 
 /// One compressor (dsv4-model.md §5): c = 2 (CSA / indexer) or 1 (HCA), d = hd or dI.
 struct CompressorWeights {

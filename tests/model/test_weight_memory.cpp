@@ -4,7 +4,9 @@
 // - check_weights_fit refuses up front (kResourceExhausted, no allocation, no tensor read) a
 //   model whose weights exceed the backend's free memory, for load_dummy and load, with a message
 //   naming the model and both byte counts; a backend that reports no memory is not checked;
-//   --num-layers cuts lower the need. V4-Flash on the CPU backend is refused at once.
+//   --num-layers cuts lower the need; a real checkpoint's need is capped at its stored bytes on a
+//   native-format backend (never refused on the word of a config claiming larger formats).
+//   V4-Flash on the CPU backend is refused at once.
 // - LoadObserver: progress reports are monotone and end at bytes_total / tensors_total for a real
 //   checkpoint (full and cut by --num-layers; totals = the checkpoint's tensor bytes) and for
 //   dummy weights (totals = the footprint); the log gets "bytes / total, tensors / total" lines.
@@ -13,7 +15,11 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "model/deepseek_v4.h"
@@ -123,6 +129,45 @@ TEST(WeightMemory, RefusesCheckpointThatDoesNotFit) {
   EXPECT_EQ(m.status().code(), ErrorCode::kResourceExhausted);
   EXPECT_NE(m.status().message().find(dir), std::string::npos) << m.status().message();
   EXPECT_EQ(small.allocated, 0);
+}
+
+// A checkpoint storing smaller formats than its config implies (FP8 / MXFP4 tensors, a config
+// without quantization_config and f32 dtype): on a native-format backend the need is capped at
+// the stored bytes, so a model that fits is never refused on the config's word.
+TEST(WeightMemory, NativeCheckpointSmallerThanConfigIsNotRefused) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("v4-fit-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(fixture("tiny-fp8-mxfp4") + "/model.safetensors", dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  nlohmann::json j;
+  std::ifstream(fixture("tiny-fp8-mxfp4") + "/config.json") >> j;
+  j.erase("quantization_config");
+  j["torch_dtype"] = "float32";
+  std::ofstream(dir / "config.json") << j.dump();
+
+  auto cfg = ModelConfig::load(dir.string());
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto ck = Checkpoint::open(dir.string());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const int64_t stored = checkpoint_load_bytes(*ck, *cfg);
+  MemOps probe(0, 0, true);
+  const int64_t from_config = estimate_weight_footprint(*cfg, probe).bytes;
+  ASSERT_GT(from_config, stored) << "the config claims f32 everywhere";
+
+  MemOps fits(stored, 4 * from_config, true);
+  auto m = DeepseekV4::load(dir.string(), &fits);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  MemOps tight(stored - 1, 4 * from_config, true);
+  auto r = DeepseekV4::load(dir.string(), &tight);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find(std::to_string(stored) + " bytes"), std::string::npos)
+      << r.status().message();
+  // On an f32-only backend (everything decoded) the config's f32 estimate stands.
+  MemOps f32_only(stored, 4 * from_config, false);
+  EXPECT_FALSE(DeepseekV4::load(dir.string(), &f32_only).ok());
+  fs::remove_all(dir);
 }
 
 TEST(WeightMemory, FlashOnCpuIsRefusedAtOnce) {
