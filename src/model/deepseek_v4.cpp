@@ -293,7 +293,9 @@ Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load(const std::string& dir, ops
   m->ops_ = ops;
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load(dir));
   if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
-  V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));
+  V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));  // headers only (mapped, not read)
+  V4_RETURN_IF_ERROR(
+      check_weights_fit(dir, m->cfg_, ops, policy, checkpoint_load_bytes(m->ck_, m->cfg_)));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::load(m->ck_, m->cfg_, ops, policy));
   m->init_tables();
   return m;
@@ -307,6 +309,7 @@ Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load_dummy(const std::string& co
   m->ops_ = ops;
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load_path(config_path));
   if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
+  V4_RETURN_IF_ERROR(check_weights_fit(config_path, m->cfg_, ops, policy));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::dummy(m->cfg_, ops, policy, seed));
   m->init_tables();
   return m;
