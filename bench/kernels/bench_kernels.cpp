@@ -2,6 +2,8 @@
 //   cuda-topk.md    Lightning TopK (radix select over a thread-block cluster) vs a CUB
 //                   segmented-sort baseline, 8K…256K candidates → top-512, batch 1 and 64,
 //                   L2-warm and L2-cold inputs, next to the byte floor at the measured copy bandwidth
+//   cuda-compressor.md FlashCompressor (compress_fused, 2 launches) vs the 8-launch composition,
+//                   prefill 8K and decode B=64/1, bytes moved and % of the copy bandwidth
 //   cuda-kernels.md indexer scores (bf16 WMMA) at 262,144 keys, cuBLASLt bf16 GEMM shapes,
 //                   native-weight GEMV (linear_w, bf16 mode) at batch 1 for the V4-Flash FP8/BF16
 //                   shapes and the MXFP4 MoE experts (grouped GEMV) at S = 1/64/256, each next to
@@ -12,6 +14,11 @@
 //   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
 //   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
 //                                             DIR/cuda-wformat.md)
+//   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
+//                                             DIR/cuda-compressor.md; also part of the full run)
+//   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
+//                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
+//                                             warm and cold, with the CUB baseline)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -39,6 +46,9 @@ int main() {
 #include "ops/cuda/moe.h"
 #include "ops/cuda/topk.h"
 #include "ops/cuda/wgemm.h"
+
+// compressor_bench.cpp: the cuda-compressor.md body at copy bandwidth `bw` GB/s.
+std::string bench_compressor(double bw);
 
 namespace {
 
@@ -492,13 +502,45 @@ int main(int argc, char** argv) {
   std::string out_dir = ".";
   int reps = 40;  // samples of 10 back-to-back launches
   std::string cmd = "bench_kernels";
-  bool only_wformat = false;
+  bool only_wformat = false, only_compressor = false;
+  bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
-    else if (!std::strcmp(argv[i], "--profile-topk")) {
+    else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
+    else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
+    else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
+      // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
+      const int variant = std::atoi(argv[i + 1]);
+      const int64_t n = std::atoll(argv[i + 2]);
+      BENCH_CHECK(cudaSetDevice(0));
+      std::mt19937_64 g0(7);
+      auto host = randn(size_t(n), g0);
+      float* sc = nullptr;
+      int32_t *dn = nullptr, *out = nullptr;
+      const int32_t len = int32_t(n);
+      BENCH_CHECK(cudaMalloc(&sc, n * sizeof(float)));
+      BENCH_CHECK(cudaMalloc(&dn, sizeof(int32_t)));
+      BENCH_CHECK(cudaMalloc(&out, 512 * sizeof(int32_t)));
+      BENCH_CHECK(cudaMemcpy(sc, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(dn, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+      long long acc[16] = {}, cyc[16];
+      const int iters = 50;
+      for (int it = 0; it < iters + 5; ++it) {
+        BENCH_OK(v4::cuda::topk_rows(sc, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
+        BENCH_CHECK(cudaDeviceSynchronize());
+        std::fill(cyc, cyc + 16, 0LL);
+        BENCH_OK(v4::cuda::topk_phase_cycles(cyc));
+        if (it >= 5)
+          for (int j = 1; j < 16; ++j) acc[j] += cyc[j] > 0 && cyc[j - 1] > 0 ? cyc[j] - cyc[0] : 0;
+      }
+      std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean of %d launches):", variant, (long long)n, iters);
+      for (int j = 1; j < 16; ++j) std::printf(" %d:%lld", j, acc[j] / iters);
+      std::printf("\n");
+      return 0;
+    } else if (!std::strcmp(argv[i], "--profile-topk")) {
       const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
       BENCH_CHECK(cudaSetDevice(0));
       std::mt19937_64 g0(7);
@@ -523,6 +565,17 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth_gbs();
   std::printf("copy bandwidth (read+write): %.0f GB/s\n", bw);
   const std::string head = header_block(cmd);
+  auto write_compressor = [&] {
+    std::ofstream(out_dir + "/cuda-compressor.md")
+        << "# FlashCompressor: fused compressor step vs the unfused op sequence\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_compressor(bw);
+    std::printf("wrote %s/cuda-compressor.md\n", out_dir.c_str());
+  };
+  if (only_compressor) {
+    write_compressor();
+    return 0;
+  }
   if (only_wformat) {
     std::ofstream(out_dir + "/cuda-wformat.md")
         << "# Native weight formats on the GPU: GEMV and MoE experts\n\n" << head
@@ -557,16 +610,26 @@ int main(int argc, char** argv) {
         for (V v : {V{13, "v2 cluster 2×64"}, V{14, "v3 cluster 2×64"}, V{12, "v2 cluster 4×64"},
                     V{15, "v3 cluster 4×64"}, V{18, "v3 cluster 8×32"}, V{9, "v2 cluster 8×64"},
                     V{16, "v3 cluster 8×64"}, V{10, "v2 cluster 16×32"},
-                    V{3, "v1 cluster 8×64 (first version)"}})
+                    V{3, "v1 cluster 8×64 (first version)"}, V{19, "v4 cluster 8×64 (cap 2k)"},
+                    V{20, "v4 cluster 8×64 (cap 1.25k)"}, V{21, "v4 cluster 16×32 (cap 2k)"},
+                    V{22, "v4 cluster 8×32 (cap 2k)"}, V{23, "v4 cluster 4×64 (cap 2k)"},
+                    V{24, "v4 gather 16×32 (cap 1.25k)"}, V{25, "v4 gather 8×32 (cap 1.25k)"},
+                    V{26, "v3 cluster 8 (keys/thread sized to the row)"},
+                    V{27, "v3 cluster 8, coalesced loads (sized to the row)"},
+                    V{28, "v3 cluster 4, coalesced loads (sized to the row)"},
+                    V{29, "v3 cluster 2, coalesced loads (sized to the row)"},
+                    V{17, "v3 cluster 16×32"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
         variants.push_back({1, "v1 1 CTA (first version)"});
+        variants.push_back({22, "v4 cluster 8×32 (cap 2k)"});
+        variants.push_back({27, "v3 cluster 8, coalesced loads (sized to the row)"});
       }
       const auto cap = [](int id) {
         switch (id) {
-          case 13: case 14: return 65536;
-          case 12: case 15: case 18: return 131072;
+          case 13: case 14: case 29: return 65536;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: return 131072;
           default: return 262144;
         }
       };
@@ -575,6 +638,17 @@ int main(int argc, char** argv) {
                      variants.end());
       for (const auto& v : variants) {
         TopkRow row{n, batch, v.name, {}, {}, {}, floor_us};
+        {  // a variant whose cluster cannot be resident here reports kUnsupported: note it, skip it
+          const v4::Status st = v4::cuda::topk_rows(sc, n, dn, batch, k, n, out, nullptr, nullptr, v.id);
+          if (st.code() == v4::ErrorCode::kUnsupported) {
+            std::printf("topk n=%lld batch=%d %-40s unsupported: %s\n", (long long)n, batch, v.name,
+                        st.message().c_str());
+            row.what += " — does not launch here";
+            rows.push_back(row);
+            continue;
+          }
+          BENCH_OK(st);
+        }
         row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_rows(sc, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
         row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
         if (v.id == 0) {
@@ -635,6 +709,10 @@ int main(int argc, char** argv) {
                     r.cold.med_us, r.cold.p10_us, r.cold.p90_us, g, r.floor_us, r.cold.med_us / r.floor_us);
       f << buf;
     }
+  }
+  if (only_topk) {
+    std::printf("wrote %s/cuda-topk.md\n", out_dir.c_str());
+    return 0;
   }
 
   // ---------------- indexer scores + GEMM ----------------
@@ -715,6 +793,7 @@ int main(int argc, char** argv) {
   kt << "\n";
   kt << "\n" << bench_wformat(bw, std::max(reps, 50));
   std::ofstream(out_dir + "/cuda-kernels.md") << kt.str();
+  write_compressor();
   std::printf("wrote %s/cuda-topk.md and %s/cuda-kernels.md\n", out_dir.c_str(), out_dir.c_str());
   return 0;
 }

@@ -9,7 +9,8 @@
 #   run(command="bash scripts/device/bench_v4flash.sh", carry=[".devdeps"], timeout_s=600)
 # Options (env): V4_LAYERS (20), V4_BATCH (1,16,64,256), V4_CONTEXT (4K,128K,1M),
 #   V4_PRECISION (bf16), V4_MEM_FRACTION (0.9), V4_STEPS (10), V4_BENCH_EXTRA (more flags),
-#   V4_SKIP_BUILD=1.
+#   V4_SKIP_BUILD=1, V4_OUT_NAME (report file name, default bench-v4flash-${V4_LAYERS}l.md).
+# Per-region decode profile: V4_BENCH_EXTRA=--profile V4_OUT_NAME=profile-v4flash-20l.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -30,5 +31,5 @@ $BIN info --model models/configs/v4-flash --load-format dummy --num-layers "$LAY
 $BIN bench --model models/configs/v4-flash --load-format dummy --num-layers "$LAYERS" --device cuda \
   --precision "${V4_PRECISION:-bf16}" --mem-fraction "${V4_MEM_FRACTION:-0.9}" \
   --batch "${V4_BATCH:-1,16,64,256}" --context "${V4_CONTEXT:-4K,128K,1M}" --steps "${V4_STEPS:-10}" \
-  --out "$OUT/bench-v4flash-${LAYERS}l.md" ${V4_BENCH_EXTRA:-} 2>&1 | tee "$OUT/bench-v4flash.log"
+  --out "$OUT/${V4_OUT_NAME:-bench-v4flash-${LAYERS}l.md}" ${V4_BENCH_EXTRA:-} 2>&1 | tee "$OUT/bench-v4flash.log"
 echo "bench rc=${PIPESTATUS[0]}"

@@ -57,6 +57,7 @@ struct BenchOptions {
   double peak_tflops = -1;  // < 0: kCudaBf16PeakTflops on cuda, none on cpu
   int64_t copy_mib = 0;     // 0: 1024 on cuda, 256 on cpu
   uint64_t seed = 1;
+  bool profile = false;  // per-region device time of the timed decode steps (Ops::region)
 };
 
 double gib(double b) {
@@ -189,6 +190,7 @@ struct Row {
   double floor_amount = 0;  // decode: bytes; prefill: FLOPs
   double floor_ms = 0;      // 0: no floor
   std::string path;         // how the timed steps ran (decode fast path counters)
+  std::vector<ops::Ops::RegionTime> profile;  // --profile: summed over the timed steps
 };
 
 std::string row_md(const Row& r) {
@@ -229,6 +231,11 @@ class Bench {
     batches_ = *bs;
     contexts_ = *ls;
     const bool cuda = ops_.name() == "cuda";
+    if (o_.profile && !ops_.set_profiling(true)) {
+      std::fprintf(stderr, "error: --profile: the %s backend has no device timers\n",
+                   ops_.name().c_str());
+      return 2;
+    }
     peak_tflops_ = o_.peak_tflops >= 0 ? o_.peak_tflops : (cuda ? kCudaBf16PeakTflops : 0.0);
 
     // 1. Copy bandwidth of this device, this run.
@@ -435,7 +442,10 @@ class Bench {
         const int64_t V = c.vocab_size;
         model::DeepseekV4::DecodeStats st0;
         time_steps(r, o_.warmup, o_.steps, [&](int i, double* dt) -> Status {
-          if (i == o_.warmup) st0 = model_.decode_stats();
+          if (i == o_.warmup) {
+            st0 = model_.decode_stats();
+            ops_.reset_region_profile();
+          }
           model::ForwardBatch batch;
           for (int64_t b = 0; b < B; ++b)
             batch.slices.push_back(
@@ -447,6 +457,7 @@ class Bench {
           return out.ok() ? Status::Ok() : out.status();
         });
         r.path = path_of(st0, model_.decode_stats(), o_.steps);
+        if (o_.profile) r.profile = ops_.region_profile();
       } else {
         r.why = "does not fit (" + st.message() + ")";
       }
@@ -574,12 +585,37 @@ class Bench {
       if (r.phase == "decode") md += row_md(r) + "\n";
     for (const Row& r : rows_)
       if (r.phase == "prefill") md += row_md(r) + "\n";
+    for (const Row& r : rows_)
+      if (r.ok && !r.profile.empty()) md += profile_md(r);
     std::printf("\n%s", md.c_str());
     if (!o_.out.empty()) {
       std::ofstream f(o_.out);
       f << md;
       if (!f) std::fprintf(stderr, "error: cannot write %s\n", o_.out.c_str());
     }
+  }
+
+  // --profile: the decode step split into the model's regions (ops.h Ops::region), device time
+  // from CUDA events between consecutive region markers, per step.
+  std::string profile_md(const Row& r) const {
+    std::vector<ops::Ops::RegionTime> p = r.profile;
+    std::sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
+    double total = 0;
+    for (const auto& t : p) total += t.ms;
+    const double steps = double(o_.steps);
+    std::string md = fmt::format(
+        "\n## Decode step profile: batch {}, context {}\n\n"
+        "Device time per step between region markers (CUDA events recorded in the step, inside "
+        "the graph when replayed), summed over the layers of each kind; {} steps. Sum of regions "
+        "{:.3f} ms/step vs {:.3f} ms/step wall (the difference is host time outside the device "
+        "step: plan staging, synchronize).\n\n"
+        "| region | entries/step | µs/step | µs/entry | share |\n|---|---:|---:|---:|---:|\n",
+        r.batch, r.context, o_.steps, total / steps, r.ms);
+    for (const auto& t : p)
+      md += fmt::format("| {} | {:.0f} | {} | {} | {:.1f}% |\n", t.name, double(t.calls) / steps,
+                        num(t.ms * 1e3 / steps), num(t.ms * 1e3 / double(std::max<int64_t>(1, t.calls))),
+                        total > 0 ? 100.0 * t.ms / total : 0.0);
+    return md;
   }
 
   const BenchOptions& o_;
@@ -658,5 +694,7 @@ V4_REGISTER_COMMAND(
       app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
       app.add_option("--seed", o->seed, "seed of the random KV pool contents");
       app.add_option("--out", o->out, "write the Markdown report to this file");
+      app.add_flag("--profile", o->profile,
+                   "per-region device time of the timed decode steps (CUDA events; cuda only)");
       return std::function<int()>([o] { return run_bench(*o); });
     });

@@ -48,15 +48,6 @@ struct ServeOptions {
   double shutdown_timeout_s = 30.0;
 };
 
-int64_t dir_weight_bytes(const std::string& dir) {
-  int64_t total = 0;
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().extension() == ".safetensors") total += int64_t(e.file_size(ec));
-  }
-  return total;
-}
-
 int run_serve(const ServeOptions& o) {
   // Block the stop signals in every thread; the main thread waits for them with sigwait.
   sigset_t sigs;
@@ -83,25 +74,11 @@ int run_serve(const ServeOptions& o) {
     return 2;
   }
 
-  // Weights: there is no byte-level progress callback from the loader yet, so a ticker line
-  // shows elapsed time while loading and the final line gives bytes, seconds and GB/s.
-  const int64_t bytes = dummy ? 0 : dir_weight_bytes(o.m.model);
-  if (dummy)
-    V4_LOG_INFO("generating dummy weights for {} on {} ...", o.m.model, o.m.device);
-  else
-    V4_LOG_INFO("loading {} ({:.1f} MiB of weights) ...", o.m.model, double(bytes) / (1 << 20));
+  // Weights: the loader logs the totals, "bytes / total, tensors / total" every 5 s and a final
+  // line with seconds and GB/s (model::LoadObserver); it refuses up front what cannot fit.
+  V4_LOG_INFO("{} {} on {} ...", dummy ? "generating dummy weights for" : "loading", o.m.model,
+              o.m.device);
   auto t0 = std::chrono::steady_clock::now();
-  std::atomic<bool> loading{true};
-  std::thread ticker([&] {
-    int tick = 0;
-    while (loading.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (++tick % 10 == 0 && loading.load()) {
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        V4_LOG_INFO("loading weights ... {:.0f}s elapsed ({:.1f} MiB total)", s, double(bytes) / (1 << 20));
-      }
-    }
-  });
   v4::engine::ModelExecutorOptions mo;
   mo.kv_budget_bytes = o.kv_cache_bytes;
   mo.mem_fraction = o.kv_cache_bytes_given ? 0.0 : o.mem_fraction;
@@ -116,8 +93,6 @@ int run_serve(const ServeOptions& o) {
   v4::Result<std::unique_ptr<v4::engine::ModelExecutor>> exec =
       lm.ok() ? v4::engine::ModelExecutor::create(std::move(lm->ops), std::move(lm->model), mo)
               : v4::Result<std::unique_ptr<v4::engine::ModelExecutor>>(lm.status());
-  loading = false;
-  ticker.join();
   if (!exec.ok()) {
     V4_LOG_ERROR("cannot load the model: {}", exec.status().to_string());
     return 1;
@@ -135,9 +110,6 @@ int run_serve(const ServeOptions& o) {
     V4_LOG_INFO("generated dummy weights ({} layers): {}vectors {:.2f} GiB; {:.2f} GiB in {:.2f}s",
                 ex.model().config().num_hidden_layers, by_format, double(w.vector_bytes()) / (1 << 30),
                 total / (1 << 30), load_s);
-  } else {
-    V4_LOG_INFO("loaded weights: 100% | {:.1f} MiB in {:.2f}s ({:.2f} GB/s)", double(bytes) / (1 << 20),
-                load_s, load_s > 0 ? double(bytes) / load_s / 1e9 : 0.0);
   }
   if (int64_t(tok->vocab_size()) > ex.vocab_size()) {
     V4_LOG_ERROR("the tokenizer has {} tokens but the model only {}: use the checkpoint's own tokenizer",

@@ -47,6 +47,29 @@ cache::AttnKind to_cache_kind(LayerKind k) {
   return cache::AttnKind::kSliding;
 }
 
+// Region names of the step profile (ops::Ops::region), per attention kind: the parts of a layer
+// whose device time `v4serve bench --profile` reports.
+enum Region { kRHcAttn, kRQ, kRKv, kRComp, kRIndexComp, kRIndexQ, kRIndexTopk, kRCore, kROut,
+              kRHcFfn, kRRouter, kRRouted, kRShared, kNumRegions };
+const char* region_name(LayerKind k, Region r) {
+  static const char* const names[3][kNumRegions] = {
+      {"swa: mHC pre + norm (attn)", "swa: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "swa: kv (wkv, norm, rope, SWA store)", "", "", "", "", "swa: sparse attention",
+       "swa: out (inverse rope, wo_a, wo_b, mHC post)", "swa: mHC pre + norm (ffn)", "swa: MoE router",
+       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post"},
+      {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
+       "csa: indexer compressor", "csa: indexer q + weights", "csa: indexer scores + top-k",
+       "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
+       "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post"},
+      {"hca: mHC pre + norm (attn)", "hca: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "hca: kv (wkv, norm, rope, SWA store)", "hca: compressor (wkv, wgate, pool, norm, rope, store, ring)",
+       "", "", "", "hca: sparse attention", "hca: out (inverse rope, wo_a, wo_b, mHC post)",
+       "hca: mHC pre + norm (ffn)", "hca: MoE router", "hca: MoE routed experts",
+       "hca: MoE shared expert + add + mHC post"}};
+  return names[int(k)][r];
+}
+
 bool env_graphs_off() {
   const char* e = std::getenv("V4_DECODE_GRAPHS");
   return e && std::string(e) == "0";
@@ -183,6 +206,7 @@ Status sample_on_device(ops::Ops* ops, int64_t V, const ForwardBatch& batch,
 /// logits row), the others their row. Mixed steps gather each kind into one block first.
 Status decode_output(ops::Ops* ops, int64_t V, const ForwardBatch& batch, const float* logits,
                      ForwardOutput* out) {
+  ops->region("output (sampling / logits download)");
   const size_t n = batch.slices.size();
   std::vector<size_t> dev;
   std::vector<int32_t> dev_rows, host_rows;
@@ -269,7 +293,9 @@ Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load(const std::string& dir, ops
   m->ops_ = ops;
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load(dir));
   if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
-  V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));
+  V4_ASSIGN_OR_RETURN(m->ck_, Checkpoint::open(dir));  // headers only (mapped, not read)
+  V4_RETURN_IF_ERROR(
+      check_weights_fit(dir, m->cfg_, ops, policy, checkpoint_load_bytes(m->ck_, m->cfg_)));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::load(m->ck_, m->cfg_, ops, policy));
   m->init_tables();
   return m;
@@ -283,6 +309,7 @@ Result<std::unique_ptr<DeepseekV4>> DeepseekV4::load_dummy(const std::string& co
   m->ops_ = ops;
   V4_ASSIGN_OR_RETURN(m->cfg_, ModelConfig::load_path(config_path));
   if (num_layers > 0) V4_RETURN_IF_ERROR(m->cfg_.truncate_layers(num_layers));
+  V4_RETURN_IF_ERROR(check_weights_fit(config_path, m->cfg_, ops, policy));
   V4_ASSIGN_OR_RETURN(m->w_, Weights::dummy(m->cfg_, ops, policy, seed));
   m->init_tables();
   return m;
@@ -644,9 +671,12 @@ float* DeepseekV4::run_layers(Step& st) {
   float* f = st.buf<float>(S * D);
   float* post = st.buf<float>(S * n);
   float* comb = st.buf<float>(S * n * n);
+  o.region("embed");
   o.embed(w_.embed.data(), st.ids, S, D, n, h);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
+    const LayerKind kind = c.layer_types[l];
+    o.region(region_name(kind, kRHcAttn));
     ops::HcArgs hc;
     hc.h = h;
     hc.n_rows = S;
@@ -666,6 +696,7 @@ float* DeepseekV4::run_layers(Step& st) {
     attention(st, l, x, f);
     o.hc_post(h, f, post, comb, S, n, D);
 
+    o.region(region_name(kind, kRHcFfn));
     hc.fn = L.hc_ffn_fn.data();
     hc.base = L.hc_ffn_base.data();
     hc.scale = L.hc_ffn_scale.data();
@@ -689,6 +720,7 @@ float* DeepseekV4::head(Step& st, const float* h, const int32_t* sel, int64_t R)
   }
   float* y = st.buf<float>(R * D);
   float* logits = st.buf<float>(R * c.vocab_size);
+  o.region("head (mHC head, norm, lm_head)");
   o.hc_head(hs, w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n, D,
             float(c.rms_norm_eps), float(c.hc_eps), y);
   o.rms_norm(y, w_.norm.data(), R, D, float(c.rms_norm_eps), y);
@@ -711,12 +743,14 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   float* cq = st.buf<float>(S * Rq);
   float* q = st.buf<float>(S * H * hd);
   float* kvv = st.buf<float>(S * hd);
+  o.region(region_name(kind, kRQ));
   o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
   o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
   o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
   o.rms_norm(q, nullptr, S * H, hd, eps, q);
   o.rope(q, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
   // K = V path: kv_norm then RoPE, stored into the SWA pool.
+  o.region(region_name(kind, kRKv));
   o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
   o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
   o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
@@ -731,33 +765,32 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     float* zc = st.buf<float>(S * cd);
     o.linear_w(x, D, w.wkv.v(), S, kc, cd);
     o.linear_w(x, D, w.wgate.v(), S, zc, cd);
-    if (plan.n_out > 0) {
-      float* rows = st.buf<float>(plan.n_out * d);
-      ops::CompressArgs ca;
-      ca.fresh_kv = kc;
-      ca.fresh_gate = zc;
-      ca.state_kv = ring_kv;
-      ca.state_gate = ring_gate;
-      ca.bias = w.ape.data();
-      ca.src = plan.src;
-      ca.n_out = plan.n_out;
-      ca.ratio = plan.ratio;
-      ca.overlap = plan.overlap;
-      ca.dim = d;
-      ca.out = rows;
-      o.compress_pool(ca);
-      o.rms_norm(rows, w.norm.data(), plan.n_out, d, eps, rows);
-      o.rope(rows, plan.n_out, 1, d, rope.rope_dim, plan.positions, rope.inv_freq.data(),
-             rope.attention_scaling, false);
-      o.store_rows(pool, plan.dst, plan.n_out, d, rows);
-    }
-    if (plan.n_ring > 0) {
-      float* tmp = st.buf<float>(plan.n_ring * cd);
-      o.gather_rows(kc, plan.ring_src, plan.n_ring, cd, tmp);
-      o.store_rows(ring_kv, plan.ring_dst, plan.n_ring, cd, tmp);
-      o.gather_rows(zc, plan.ring_src, plan.n_ring, cd, tmp);
-      o.store_rows(ring_gate, plan.ring_dst, plan.n_ring, cd, tmp);
-    }
+    // Pool + norm + rope + store, then the ring refresh: one op (FlashCompressor on CUDA).
+    ops::CompressFusedArgs ca;
+    ca.fresh_kv = kc;
+    ca.fresh_gate = zc;
+    ca.state_kv = ring_kv;
+    ca.state_gate = ring_gate;
+    ca.bias = w.ape.data();
+    ca.norm = w.norm.data();
+    ca.eps = eps;
+    ca.src = plan.src;
+    ca.positions = plan.positions;
+    ca.dst = plan.dst;
+    ca.n_out = plan.n_out;
+    ca.ring_src = plan.ring_src;
+    ca.ring_dst = plan.ring_dst;
+    ca.n_ring = plan.n_ring;
+    ca.ratio = plan.ratio;
+    ca.overlap = plan.overlap;
+    ca.dim = d;
+    ca.rope_dim = rope.rope_dim;
+    ca.inv_freq = rope.inv_freq.data();
+    ca.attention_scaling = rope.attention_scaling;
+    ca.pool = pool;
+    const int64_t need = std::max<int64_t>(plan.n_out * d, plan.n_ring * cd);
+    if (need > 0) ca.scratch = st.buf<float>(need);
+    o.compress_fused(ca);
   };
 
   ops::AttentionArgs aa;
@@ -770,19 +803,23 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   aa.scale = 1.f / std::sqrt(float(hd));
   aa.q = q;
   if (kind == LayerKind::kHca) {
+    o.region(region_name(kind, kRComp));
     compress(a.compressor, st.hca, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0));
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = st.hca.cand;
   } else if (kind == LayerKind::kCsa) {
     const int nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
+    o.region(region_name(kind, kRComp));
     compress(a.compressor, st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0));
+    o.region(region_name(kind, kRIndexComp));
     compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1));
     // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x; top-k rows.
     float* qi = st.buf<float>(S * nI * dI);
     float* wi = st.buf<float>(S * nI);
+    o.region(region_name(kind, kRIndexQ));
     o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
     o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
            false);
@@ -801,6 +838,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
     ia.out_rows = sel_rows;
     ia.out_count = sel_count;
+    o.region(region_name(kind, kRIndexTopk));
     o.indexer_topk(ia);
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = {sel_rows, st.topk_offset, sel_count};
@@ -811,15 +849,16 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
                                                               : 0);
   float* attn = st.buf<float>(S * H * hd);
   aa.out = attn;
+  o.region(region_name(kind, kRCore));
   o.sparse_attention(aa);
+  o.region(region_name(kind, kROut));
   // De-rotation (P3), then the grouped low-rank output projection (P9: G may exceed H).
   o.rope(attn, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, true);
   const int G = c.o_groups, R = c.o_lora_rank;
   const int64_t gw = int64_t(H) * hd / G;
   float* og = st.buf<float>(S * G * R);
-  for (int g = 0; g < G; ++g)
-    o.linear_w(attn + g * gw, int64_t(H) * hd, a.wo_a.v().rows(int64_t(g) * R, R), S, og + g * R,
-               int64_t(G) * R);
+  (void)gw;  // = wo_a.k: group g reads attn columns [g·gw, (g+1)·gw)
+  o.linear_w_grouped(attn, int64_t(H) * hd, a.wo_a.v(), G, S, og, int64_t(G) * R);
   o.linear_w(og, int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 
@@ -835,6 +874,8 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   float* wgt = st.buf<float>(S * k);
   float* shared = st.buf<float>(S * D);
   int32_t* idx = st.buf<int32_t>(S * k);
+  const LayerKind kind = c.layer_types[l];
+  o.region(region_name(kind, kRRouter));
   o.linear(x, D, m.gate.data(), S, E, D, logits, E);
   ops::RouteArgs ra;
   ra.logits = logits;
@@ -865,7 +906,9 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   ma.topk = k;
   ma.swiglu_limit = float(c.swiglu_limit);
   ma.out = out;
+  o.region(region_name(kind, kRRouted));
   o.moe_experts(ma);
+  o.region(region_name(kind, kRShared));
   // Shared expert = the same op with one expert of weight 1 (exact: v·1 = v); its constant
   // routing arrays are hoisted out of the layer loop (Step::shared_idx / shared_w).
   ma.w13 = m.shared_w13.v();

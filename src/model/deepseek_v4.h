@@ -36,7 +36,9 @@ namespace v4::model {
 class DeepseekV4 {
  public:
   /// Loads config.json + safetensors from `dir` and decodes all weights through `ops`.
-  /// Errors: see ModelConfig::load, Checkpoint::open, Weights::load.
+  /// Errors: see ModelConfig::load, Checkpoint::open, Weights::load; kResourceExhausted before
+  /// reading any weight when they cannot fit in the backend's free memory (check_weights_fit).
+  /// Progress (bytes and tensors loaded / total) is logged every 5 s (LoadObserver).
   /// `policy`: how matrices are stored (native BF16/FP8/MXFP4 where the backend reads them).
   /// `num_layers` > 0 keeps only the first num_layers decoder layers (ModelConfig::
   /// truncate_layers; the other layers' tensors are not read).
@@ -47,7 +49,8 @@ class DeepseekV4 {
   /// Weights::dummy) for the config `config_path` (a config.json file or a directory holding
   /// one; no safetensors needed), generated on the backend. `num_layers` > 0 keeps the first
   /// num_layers layers (to fit a V4-Flash/Pro-shaped model on one GPU). checkpoint() is empty.
-  /// Errors: ModelConfig::load_path, truncate_layers, Weights::dummy.
+  /// Errors: ModelConfig::load_path, truncate_layers, check_weights_fit (refused before any
+  /// allocation when the weights cannot fit), Weights::dummy.
   static Result<std::unique_ptr<DeepseekV4>> load_dummy(const std::string& config_path,
                                                         ops::Ops* ops,
                                                         WeightFormatPolicy policy = {},

@@ -3,14 +3,91 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <set>
 
+#include "base/log.h"
 #include "ops/fill_random.h"
 
 namespace v4::model {
 namespace {
+
+/// "12.34 GiB", or "5.6 MiB" below 1 GiB.
+std::string gib_str(int64_t bytes) {
+  if (bytes < (int64_t(1) << 30)) return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20));
+  return fmt::format("{:.2f} GiB", double(bytes) / double(int64_t(1) << 30));
+}
+
+/// Counts a load's bytes and tensors against known totals; calls the observer after every
+/// tensor and logs a line every log_interval_s (LoadObserver).
+class ProgressReporter {
+ public:
+  ProgressReporter(std::string what, int64_t bytes_total, int64_t tensors_total,
+                   const LoadObserver& obs)
+      : what_(std::move(what)), obs_(obs), t0_(std::chrono::steady_clock::now()) {
+    p_.bytes_total = bytes_total;
+    p_.tensors_total = tensors_total;
+    last_log_ = t0_;
+    V4_LOG_INFO("{}: {} in {} tensors ...", what_, gib_str(bytes_total), tensors_total);
+  }
+  void add(int64_t bytes, int64_t tensors) {
+    p_.bytes_done += bytes;
+    p_.tensors_done += tensors;
+    const auto now = std::chrono::steady_clock::now();
+    p_.elapsed_s = std::chrono::duration<double>(now - t0_).count();
+    if (obs_.on_progress) obs_.on_progress(p_);
+    if (obs_.log_interval_s > 0 &&
+        std::chrono::duration<double>(now - last_log_).count() >= obs_.log_interval_s) {
+      last_log_ = now;
+      V4_LOG_INFO("{}: {} / {} ({:.0f}%), {} / {} tensors, {:.0f}s elapsed", what_,
+                  gib_str(p_.bytes_done), gib_str(p_.bytes_total), percent(), p_.tensors_done,
+                  p_.tensors_total, p_.elapsed_s);
+    }
+  }
+  void finish() {
+    p_.elapsed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    p_.finished = true;
+    if (obs_.on_progress) obs_.on_progress(p_);
+    V4_LOG_INFO("{}: done, {} / {} ({:.0f}%), {} / {} tensors in {:.2f}s ({:.2f} GB/s)", what_,
+                gib_str(p_.bytes_done), gib_str(p_.bytes_total), percent(), p_.tensors_done,
+                p_.tensors_total, p_.elapsed_s,
+                p_.elapsed_s > 0 ? double(p_.bytes_done) / p_.elapsed_s / 1e9 : 0.0);
+  }
+
+ private:
+  double percent() const {
+    return p_.bytes_total > 0 ? 100.0 * double(p_.bytes_done) / double(p_.bytes_total) : 100.0;
+  }
+  std::string what_;
+  const LoadObserver& obs_;
+  std::chrono::steady_clock::time_point t0_, last_log_;
+  LoadProgress p_;
+};
+
+/// The checkpoint tensors Weights::load reads for `cfg`: everything but the layers past
+/// num_hidden_layers (a --num-layers cut) and MTP modules past num_nextn_predict_layers.
+bool loaded_tensor(const std::string& name, const ModelConfig& cfg) {
+  auto index_after = [&](const std::string& prefix, int bound) {
+    if (name.rfind(prefix, 0) != 0) return true;
+    const size_t dot = name.find('.', prefix.size());
+    try {
+      return std::stoi(name.substr(prefix.size(), dot - prefix.size())) < bound;
+    } catch (...) {
+      return true;
+    }
+  };
+  return index_after("layers.", cfg.num_hidden_layers) &&
+         index_after("mtp.", cfg.num_nextn_predict_layers);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 int64_t numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
@@ -57,8 +134,20 @@ std::vector<uint8_t> bf16_bytes(const std::vector<float>& v) {
 
 class Loader {
  public:
-  Loader(const Checkpoint& ck, ops::Ops* ops, WeightFormatPolicy policy)
-      : ck_(ck), ops_(ops), policy_(policy) {}
+  Loader(const Checkpoint& ck, ops::Ops* ops, WeightFormatPolicy policy,
+         ProgressReporter* progress = nullptr)
+      : ck_(ck), ops_(ops), policy_(policy), progress_(progress) {}
+
+  /// Reports checkpoint tensor `name` (and its `.scale`) as loaded, once.
+  void loaded(const std::string& name) {
+    if (!progress_ || !seen_.insert(name).second) return;
+    const TensorInfo* t = ck_.find(name);
+    int64_t bytes = t ? int64_t(t->bytes) : 0;
+    if (ends_with(name, ".weight"))
+      if (const TensorInfo* sc = ck_.find(name.substr(0, name.size() - 7) + ".scale"))
+        bytes += int64_t(sc->bytes);
+    progress_->add(bytes, 1);
+  }
 
   /// A decoded f32 stack [E, N, K] stored per policy (f32, or bf16 when asked and supported).
   WBuf from_f32(const std::vector<float>& host, int64_t E, int64_t N, int64_t K) {
@@ -83,12 +172,16 @@ class Loader {
     auto nt = native(name, N, K);
     if (nt.ok()) {
       if (counter) *counter += N * K;
-      return make_wbuf(ops_, WFormat(nt->format), 1, N, K, nt->data, nt->scale);
+      WBuf w = make_wbuf(ops_, WFormat(nt->format), 1, N, K, nt->data, nt->scale);
+      loaded(name);
+      return w;
     }
     if (nt.status().code() != ErrorCode::kUnsupported) return nt.status();
     V4_ASSIGN_OR_RETURN(std::vector<float> host, ck_.read_f32(name, {N, K}));
     if (counter) *counter += N * K;
-    return from_f32(host, 1, N, K);
+    WBuf w = from_f32(host, 1, N, K);
+    loaded(name);
+    return w;
   }
 
   /// Stacks matrices parts[e] = {names of row blocks} (each [rows_i, K]) into E experts of
@@ -119,7 +212,12 @@ class Loader {
         data.insert(data.end(), nt->data.begin(), nt->data.end());
         scale.insert(scale.end(), nt->scale.begin(), nt->scale.end());
       }
-    if (ok && fmt0 >= 0) return make_wbuf(ops_, WFormat(fmt0), E, N, K, data, scale);
+    if (ok && fmt0 >= 0) {
+      WBuf w = make_wbuf(ops_, WFormat(fmt0), E, N, K, data, scale);
+      for (const auto& p : parts)
+        for (const auto& name : p) loaded(name);
+      return w;
+    }
     std::vector<float> host;
     host.reserve(size_t(E * N * K));
     for (int64_t e = 0; e < E; ++e)
@@ -127,13 +225,18 @@ class Loader {
         V4_ASSIGN_OR_RETURN(auto v, ck_.read_f32(parts[e][i], {rows[i], K}));
         host.insert(host.end(), v.begin(), v.end());
       }
-    return from_f32(host, E, N, K);
+    WBuf w = from_f32(host, E, N, K);
+    for (const auto& p : parts)
+      for (const auto& name : p) loaded(name);
+    return w;
   }
 
   Result<FBuf> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t* counter) {
     V4_ASSIGN_OR_RETURN(std::vector<float> host, ck_.read_f32(name, shape));
     if (counter) *counter += numel(shape);
-    return upload(host);
+    FBuf b = upload(host);
+    loaded(name);
+    return b;
   }
   FBuf upload(const std::vector<float>& host) {
     FBuf b(ops_, int64_t(host.size()));
@@ -152,6 +255,7 @@ class Loader {
       }
     IBuf b(ops_, int64_t(host.size()));
     ops_->upload(b.data(), host.data(), host.size() * sizeof(int32_t));
+    loaded(name);
     return b;
   }
   const Checkpoint& ck() const { return ck_; }
@@ -160,6 +264,8 @@ class Loader {
   const Checkpoint& ck_;
   ops::Ops* ops_;
   WeightFormatPolicy policy_;
+  ProgressReporter* progress_;
+  std::set<std::string> seen_;
 };
 
 #define LOAD(dst, name, shape, counter) V4_ASSIGN_OR_RETURN(dst, ld.f32(name, shape, counter))
@@ -232,6 +338,8 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
     V4_ASSIGN_OR_RETURN(auto w2, ld.ck().read_f32(fp + "experts.down_proj", {E, D, I}));
     f.w13 = ld.from_f32(w13, E, 2 * I, D);
     f.w2 = ld.from_f32(w2, E, D, I);
+    ld.loaded(fp + "experts.gate_up_proj");
+    ld.loaded(fp + "experts.down_proj");
   } else {
     std::vector<std::vector<std::string>> up(static_cast<size_t>(E)), down(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
@@ -255,8 +363,14 @@ Status load_block(Loader& ld, const ModelConfig& c, const std::string& p, LayerK
 }  // namespace
 
 Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::Ops* ops,
-                              WeightFormatPolicy policy) {
-  Loader ld(ck, ops, policy);
+                              WeightFormatPolicy policy, const LoadObserver& obs) {
+  const int64_t bytes_total = checkpoint_load_bytes(ck, c);
+  int64_t tensors_total = 0;
+  for (const auto& [name, t] : ck.tensors())
+    if (loaded_tensor(name, c)) tensors_total += ends_with(name, ".scale") ? 0 : 1;
+  ProgressReporter progress(fmt::format("loading weights from {}", ck.dir()), bytes_total,
+                            tensors_total, obs);
+  Loader ld(ck, ops, policy, &progress);
   Weights w;
   const int64_t V = c.vocab_size, D = c.hidden_size, n = c.hc_mult;
   LOAD(w.embed, "embed.weight", (std::vector<int64_t>{V, D}), &w.counts.embed);
@@ -292,6 +406,7 @@ Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::O
     w.counts.mtp += pc.total();
     w.mtp.push_back(std::move(m));
   }
+  progress.finish();
   return w;
 }
 
@@ -350,31 +465,40 @@ using ops::RandomFill;
 /// Generates the tensors of Weights::dummy on the backend, one fresh seed per tensor.
 class DummyGen {
  public:
-  DummyGen(ops::Ops* ops, WeightFormatPolicy policy, uint64_t seed)
-      : ops_(ops), policy_(policy), seed_(seed) {}
+  /// `formats` resolves formats (ops->supports); usually the backend itself (the estimate runs
+  /// on a counting backend that asks the real one).
+  DummyGen(ops::Ops* ops, WeightFormatPolicy policy, uint64_t seed,
+           ProgressReporter* progress = nullptr, const ops::Ops* formats = nullptr)
+      : ops_(ops), formats_(formats ? formats : ops), policy_(policy), seed_(seed),
+        progress_(progress) {}
 
   FBuf normal(int64_t n, float stddev) {
     FBuf b(ops_, n);
     ops_->fill_random(b.data(), n, RandomFill::kF32Normal, stddev, next_seed());
+    generated(n * 4);
     return b;
   }
   FBuf constant(int64_t n, float v) {
     FBuf b(ops_, n);
     ops_->fill_random(b.data(), n, RandomFill::kF32Constant, v, next_seed());
+    generated(n * 4);
     return b;
   }
   IBuf uniform_int(int64_t n, int64_t bound) {
     IBuf b(ops_, n);
     ops_->fill_random(b.data(), n, RandomFill::kI32Uniform, float(bound), next_seed());
+    generated(n * 4);
     return b;
   }
+  /// Tensors generated so far and their backend bytes.
+  const WeightFootprint& footprint() const { return footprint_; }
 
   /// The format a matrix stored as `want` in a real checkpoint gets on this backend (the same
   /// fallbacks as Weights::load: unsupported → f32, or bf16 with f32_as_bf16).
   WFormat resolve(WFormat want, int64_t K) const {
     if (want == WFormat::kMXFP4 && K % 32 != 0) want = WFormat::kFP8Block;
-    if (want != WFormat::kF32 && policy_.native && ops_->supports(want)) return want;
-    if (policy_.f32_as_bf16 && ops_->supports(WFormat::kBF16)) return WFormat::kBF16;
+    if (want != WFormat::kF32 && policy_.native && formats_->supports(want)) return want;
+    if (policy_.f32_as_bf16 && formats_->supports(WFormat::kBF16)) return WFormat::kBF16;
     return WFormat::kF32;
   }
 
@@ -422,15 +546,24 @@ class DummyGen {
     w.view.experts = E;
     w.view.row0 = 0;
     w.view.rows_total = N;
+    generated(w.bytes());
     return w;
   }
 
  private:
+  void generated(int64_t bytes) {
+    footprint_.bytes += bytes;
+    footprint_.tensors += 1;
+    if (progress_) progress_->add(bytes, 1);
+  }
   uint64_t next_seed() { return ops::fill::mix64(seed_ + 0x632be59bd9b4e019ull * ++counter_); }
   ops::Ops* ops_;
+  const ops::Ops* formats_;
   WeightFormatPolicy policy_;
   uint64_t seed_;
+  ProgressReporter* progress_;
   uint64_t counter_ = 0;
+  WeightFootprint footprint_;
 };
 
 /// Checkpoint formats of a config (dsv4-model.md §11.1).
@@ -518,28 +651,91 @@ void dummy_block(DummyGen& g, const ModelConfig& c, const DummyFormats& fm, Laye
   pc->shared_experts += 3 * I * D;
 }
 
+/// Allocates nothing (distinct placeholder addresses, never dereferenced), runs no op: the
+/// generator run on it only counts.
+class CountingOps final : public ops::NullOps {
+ public:
+  std::string name() const override { return "counting"; }
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    next_ += (bytes + 255) / 256 * 256;
+    return reinterpret_cast<void*>(next_);
+  }
+  void fill_random(void*, int64_t, ops::RandomFill, float, uint64_t) override {}
+
+ private:
+  uintptr_t next_ = uintptr_t(1) << 40;
+};
+
+/// Generates (or, on a counting backend, counts) every tensor of Weights::dummy into `w`.
+void generate_dummy(DummyGen& g, const ModelConfig& c, Weights& w, int* done) {
+  const DummyFormats fm = checkpoint_formats(c);
+  const int64_t V = c.vocab_size, D = c.hidden_size, n = c.hc_mult;
+  w.embed = g.normal(V * D, 1.f);
+  w.counts.embed = V * D;
+  w.head = g.matrix(fm.bf16_matrix, 1, V, D);
+  w.counts.head = V * D;
+  w.norm = g.constant(D, 1.f);
+  w.hc_head_fn = g.normal(n * n * D, 0.1f / std::sqrt(float(n * D)));
+  w.hc_head_base = g.normal(n, 0.1f);
+  w.hc_head_scale = g.constant(1, 1.f);
+  w.counts.norms_and_mhc += D + n * n * D + n + 1;
+  w.layers.resize(size_t(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers; ++l, ++*done)
+    dummy_block(g, c, fm, c.layer_types[l], c.mlp_layer_types[l], &w.layers[l], &w.counts);
+}
+
 }  // namespace
 
+WeightFootprint estimate_weight_footprint(const ModelConfig& c, const ops::Ops& ops,
+                                          WeightFormatPolicy policy) {
+  CountingOps counting;
+  DummyGen g(&counting, policy, 0, nullptr, &ops);
+  int done = 0;
+  {
+    Weights w;
+    generate_dummy(g, c, w, &done);
+  }
+  return g.footprint();
+}
+
+int64_t checkpoint_load_bytes(const Checkpoint& ck, const ModelConfig& c) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : ck.tensors())
+    if (loaded_tensor(name, c)) bytes += int64_t(t.bytes);
+  return bytes;
+}
+
+Status check_weights_fit(const std::string& model_name, const ModelConfig& c, ops::Ops* ops,
+                         WeightFormatPolicy policy, int64_t stored_bytes) {
+  const ops::MemoryInfo m = ops->memory_info();
+  if (m.free_bytes <= 0) return Status::Ok();  // the backend does not say
+  WeightFootprint need = estimate_weight_footprint(c, *ops, policy);
+  const bool native = policy.native && (ops->supports(WFormat::kBF16) ||
+                                        ops->supports(WFormat::kFP8Block) ||
+                                        ops->supports(WFormat::kMXFP4));
+  if (stored_bytes >= 0 && native) need.bytes = std::min(need.bytes, stored_bytes);
+  if (need.bytes <= m.free_bytes) return Status::Ok();
+  return make_error(ErrorCode::kResourceExhausted,
+                    "{}: the weights of {} layers need {} ({} bytes) on the {} backend but only "
+                    "{} ({} bytes) is available{}; use --num-layers N to keep fewer layers{}",
+                    model_name, c.num_hidden_layers, gib_str(need.bytes), need.bytes, ops->name(),
+                    gib_str(m.free_bytes), m.free_bytes,
+                    ops->name() == "cpu" ? " (MemAvailable)" : "",
+                    ops->name() == "cpu" ? " or a GPU backend (--device cuda) that keeps the "
+                                           "checkpoint's FP8/FP4 formats"
+                                         : "");
+}
+
 Result<Weights> Weights::dummy(const ModelConfig& c, ops::Ops* ops, WeightFormatPolicy policy,
-                               uint64_t seed) {
-  DummyGen g(ops, policy, seed);
-  const DummyFormats fm = checkpoint_formats(c);
+                               uint64_t seed, const LoadObserver& obs) {
+  const WeightFootprint total = estimate_weight_footprint(c, *ops, policy);
+  ProgressReporter progress("generating dummy weights", total.bytes, total.tensors, obs);
+  DummyGen g(ops, policy, seed, &progress);
   Weights w;
-  const int64_t V = c.vocab_size, D = c.hidden_size, n = c.hc_mult;
   int done = 0;
   try {
-    w.embed = g.normal(V * D, 1.f);
-    w.counts.embed = V * D;
-    w.head = g.matrix(fm.bf16_matrix, 1, V, D);
-    w.counts.head = V * D;
-    w.norm = g.constant(D, 1.f);
-    w.hc_head_fn = g.normal(n * n * D, 0.1f / std::sqrt(float(n * D)));
-    w.hc_head_base = g.normal(n, 0.1f);
-    w.hc_head_scale = g.constant(1, 1.f);
-    w.counts.norms_and_mhc += D + n * n * D + n + 1;
-    w.layers.resize(size_t(c.num_hidden_layers));
-    for (int l = 0; l < c.num_hidden_layers; ++l, ++done)
-      dummy_block(g, c, fm, c.layer_types[l], c.mlp_layer_types[l], &w.layers[l], &w.counts);
+    generate_dummy(g, c, w, &done);
     ops->synchronize();
   } catch (const std::bad_alloc&) {
     return make_error(ErrorCode::kResourceExhausted,
@@ -551,6 +747,7 @@ Result<Weights> Weights::dummy(const ModelConfig& c, ops::Ops* ops, WeightFormat
                         return double(b) / double(int64_t(1) << 30);
                       }());
   }
+  progress.finish();
   return w;
 }
 

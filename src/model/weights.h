@@ -7,6 +7,7 @@
 // w13 [E, 2I, D] (rows [0,I) = w1/gate, [I,2I) = w3/up) and w2 [E, D, I].
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -40,6 +41,54 @@ struct WeightFormatPolicy {
   /// rounds the weights: the bf16 tolerance applies). Off = exact f32.
   bool f32_as_bf16 = false;
 };
+
+/// Progress of a weight load (Weights::load: checkpoint tensors read and uploaded, bytes as
+/// stored in the safetensors files, scale tensors counted with their weight; Weights::dummy:
+/// tensors generated, backend bytes).
+struct LoadProgress {
+  int64_t bytes_done = 0, bytes_total = 0;
+  int64_t tensors_done = 0, tensors_total = 0;
+  double elapsed_s = 0;  // since the load started
+  bool finished = false;  // the last report of a successful load
+};
+
+/// What a load reports. Independently of `on_progress`, the load logs (info) one line with the
+/// totals when it starts, a "bytes done / total, tensors done / total" line every
+/// `log_interval_s` seconds (≤ 0: none), and a final line with bytes, tensors, seconds and GB/s.
+struct LoadObserver {
+  /// Called after every tensor (and once more with finished = true); may be empty.
+  std::function<void(const LoadProgress&)> on_progress;
+  double log_interval_s = 5.0;
+};
+
+/// Backend memory a set of weights takes.
+struct WeightFootprint {
+  int64_t bytes = 0;    // backend bytes (matrices in their resolved format, vectors f32/int32)
+  int64_t tensors = 0;  // tensors (a WBuf with scales counts once)
+};
+
+/// The backend bytes and tensor count Weights::dummy(cfg, ops, policy) allocates, computed
+/// without allocating anything (formats resolved through ops.supports as the generator does).
+/// For Weights::load of a checkpoint that stores the formats `cfg` implies (dsv4-model.md §11.1)
+/// this is the footprint less the MTP modules, i.e. a lower bound.
+WeightFootprint estimate_weight_footprint(const ModelConfig& cfg, const ops::Ops& ops,
+                                          WeightFormatPolicy policy = {});
+
+/// Bytes, as stored in the safetensors files, of the tensors Weights::load reads for `cfg` (every
+/// tensor but those of layers past cfg.num_hidden_layers and MTP modules past
+/// num_nextn_predict_layers; scale tensors included). A lower bound of what the load allocates
+/// on any backend (native formats keep their bytes, decoding only grows them).
+int64_t checkpoint_load_bytes(const Checkpoint& ck, const ModelConfig& cfg);
+
+/// Refuses up front a model whose weights cannot fit: kResourceExhausted, one line naming
+/// `model_name`, the bytes needed and the bytes ops->memory_info() reports free (CPU:
+/// /proc/meminfo MemAvailable; CUDA: cudaMemGetInfo), with a --num-layers hint. Needed =
+/// estimate_weight_footprint, capped at `stored_bytes` (checkpoint_load_bytes; ≥ 0 for a real
+/// checkpoint) on a backend that keeps any native format — there the checkpoint may store smaller
+/// formats than its config implies, and a model that fits must never be refused. OK when they
+/// fit or when the backend does not report its memory (free_bytes ≤ 0).
+Status check_weights_fit(const std::string& model_name, const ModelConfig& cfg, ops::Ops* ops,
+                         WeightFormatPolicy policy = {}, int64_t stored_bytes = -1);
 
 /// One compressor (dsv4-model.md §5): c = 2 (CSA / indexer) or 1 (HCA), d = hd or dI.
 struct CompressorWeights {
@@ -115,8 +164,10 @@ struct Weights {
   /// Decodes every tensor the config requires from `ck` (errors name the tensor, file, expected
   /// vs found shape/dtype) and uploads it through `ops`. MTP modules are loaded when `mtp.0.*`
   /// tensors are present.
+  /// Progress goes to `obs` (LoadObserver; totals from the checkpoint's tensor headers: every
+  /// tensor of the kept layers, the MTP modules the config names, and the globals).
   static Result<Weights> load(const Checkpoint& ck, const ModelConfig& cfg, ops::Ops* ops,
-                              WeightFormatPolicy policy = {});
+                              WeightFormatPolicy policy = {}, const LoadObserver& obs = {});
   /// Random weights ("--load-format dummy") of every tensor `load` produces for `cfg` (MTP
   /// modules excepted: the forward does not run them), generated on the backend with
   /// Ops::fill_random (no host copy of a large tensor). Formats are those a real checkpoint
@@ -137,9 +188,10 @@ struct Weights {
   /// hash tables tid2eid uniform in [0, E); sinks N(0, 1); position biases N(0, 0.01).
   /// Routing over random weights is roughly uniform over the experts. Same `seed` → the same
   /// weights on any backend (fill_random is counter-based). Errors: kResourceExhausted when
-  /// the backend cannot allocate.
+  /// the backend cannot allocate. Progress goes to `obs` (totals: estimate_weight_footprint).
   static Result<Weights> dummy(const ModelConfig& cfg, ops::Ops* ops,
-                               WeightFormatPolicy policy = {}, uint64_t seed = 0);
+                               WeightFormatPolicy policy = {}, uint64_t seed = 0,
+                               const LoadObserver& obs = {});
   /// Backend bytes of all matrices by format name ("f32", "bf16", "fp8-block", "mxfp4").
   std::map<std::string, int64_t> bytes_by_format() const;
   /// Backend bytes of everything else (f32 embedding, norms, mHC, router, biases, sinks, ape;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "base/copy_segment.h"
 
@@ -144,6 +145,62 @@ struct CompressArgs {
   int overlap = 1;       // c: 1 (HCA) or 2 (CSA, indexer)
   int dim = 0;           // d
   float* out = nullptr;  // [n_out, d]
+};
+
+/// Arguments of `Ops::compress_fused` (dsv4-model.md §5): one compressor step after the two
+/// projections — pool the windows that close (as `compress_pool`), RMSNorm them with `norm`,
+/// RoPE the trailing `rope_dim` channels at `positions` (as `rope`, one head of width d), store
+/// them into `pool` at `dst`, then refresh the compressor-state ring from this step's fresh rows.
+///   rows[r]  = rope(rms_norm(compress_pool(src[r])) ⊙ norm, positions[r])   r < n_out
+///   pool[dst[r], :] = rows[r]                          (dst[r] < 0: skipped)
+///   state_kv[ring_dst[i], :]   = fresh_kv[ring_src[i], :]     i < n_ring (ring_dst[i] < 0: skipped)
+///   state_gate[ring_dst[i], :] = fresh_gate[ring_src[i], :]
+/// Ordering: every state row the pooling reads is read BEFORE any ring row is written (a ring
+/// row refreshed by this call may also be a state slot of one of its windows, e.g. a prefill chunk
+/// longer than c·m tokens), i.e. the result equals the sequence above run op after op.
+/// All f32; c = overlap, m = ratio, d = dim. `scratch` is used only by the default (composed)
+/// implementation: ≥ max(n_out·d, n_ring·c·d) floats of backend memory; nullptr → the default
+/// allocates and frees it (not allowed under graph capture). Backends overriding the op with a
+/// fused kernel ignore it and neither allocate nor synchronize.
+struct CompressFusedArgs {
+  const float* fresh_kv = nullptr;    // [n_fresh, c·d]  Kc = x·W_ckvᵀ of this step
+  const float* fresh_gate = nullptr;  // [n_fresh, c·d]  Zc = x·W_cgᵀ of this step
+  float* state_kv = nullptr;          // [ring rows, c·d] compressor-state ring (read, then updated)
+  float* state_gate = nullptr;        // [ring rows, c·d]
+  const float* bias = nullptr;        // [m, c·d]  position_bias (`ape`)
+  const float* norm = nullptr;        // [d]  compressor RMSNorm weight (nullptr = unweighted)
+  float eps = 1e-6f;                  // RMSNorm epsilon
+  const int32_t* src = nullptr;       // [n_out, c·m]  slots as CompressArgs::src
+  const int64_t* positions = nullptr; // [n_out]  rope position w·m of each window
+  const int32_t* dst = nullptr;       // [n_out]  pool row per output, −1 = skip
+  int64_t n_out = 0;
+  const int32_t* ring_src = nullptr;  // [n_ring]  fresh row to keep as state
+  const int32_t* ring_dst = nullptr;  // [n_ring]  ring row it goes to, −1 = skip
+  int64_t n_ring = 0;
+  int ratio = 0;                      // m
+  int overlap = 1;                    // c: 1 (HCA) or 2 (CSA, indexer)
+  int dim = 0;                        // d
+  int rope_dim = 0;                   // rd: trailing channels rotated (even, ≤ d)
+  const float* inv_freq = nullptr;    // [rd/2]
+  float attention_scaling = 1.f;
+  float* pool = nullptr;              // [pool rows, d]  compressed (or indexer) pool
+  float* scratch = nullptr;           // default implementation only (see above)
+  /// The pooling part as `compress_pool` arguments, writing to `out`.
+  CompressArgs pool_args(float* out) const {
+    CompressArgs c;
+    c.fresh_kv = fresh_kv;
+    c.fresh_gate = fresh_gate;
+    c.state_kv = state_kv;
+    c.state_gate = state_gate;
+    c.bias = bias;
+    c.src = src;
+    c.n_out = n_out;
+    c.ratio = ratio;
+    c.overlap = overlap;
+    c.dim = dim;
+    c.out = out;
+    return c;
+  }
 };
 
 /// Arguments of `Ops::indexer_topk` (dsv4-model.md §6, lightning indexer).
@@ -387,6 +444,12 @@ class Ops {
   /// Default: kF32 views through `linear`; other formats need a backend that supports them.
   virtual void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                         int64_t ldy);
+  /// Grouped linear (the o-projection's wo_a, dsv4-model.md §4): with n = w.n / groups and
+  /// K = w.k, for g < groups: y[:, g·n, (g+1)·n) = x[:, g·K, (g+1)·K) · W_gᵀ where W_g = rows
+  /// [g·n, (g+1)·n) of w. x [M, ldx ≥ groups·K], y [M, ldy ≥ groups·n]; w.n % groups == 0.
+  /// Default: one linear_w per group (a backend may run all groups in one launch).
+  virtual void linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups,
+                                int64_t M, float* y, int64_t ldy);
   /// y = x + y elementwise over n values.
   virtual void add(float* y, const float* x, int64_t n) = 0;
   /// dst[i, :] = src[rows[i], :] for i < n (width values per row).
@@ -421,6 +484,11 @@ class Ops {
   virtual void hc_head(const float* h, const float* fn, const float* base, const float* scale,
                        int64_t S, int n_streams, int D, float rms_eps, float hc_eps, float* y) = 0;
   virtual void compress_pool(const CompressArgs& a) = 0;
+  /// One compressor step after the projections (CompressFusedArgs): pool, norm, rope, store,
+  /// ring refresh. Default: composed of compress_pool, rms_norm, rope, store_rows and
+  /// gather_rows/store_rows (the reference); the CUDA backend runs two kernels (FlashCompressor,
+  /// docs/cuda.md).
+  virtual void compress_fused(const CompressFusedArgs& a);
   virtual void indexer_topk(const IndexerArgs& a) = 0;
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void route(const RouteArgs& a) = 0;
@@ -431,6 +499,28 @@ class Ops {
   virtual void step_end() {}
   /// Totals since creation (all zero on backends without timers). Thread-safe.
   virtual StepTiming step_timing() const { return {}; }
+  /// Names the device work issued from now until the next `region` call or `step_end` (an
+  /// NVTX-style range without a pop), for the per-region step profile. `name` must outlive the
+  /// backend (a string literal). Ignored unless profiling is on; works inside graph capture (the
+  /// marker becomes part of the graph and is timed on every replay).
+  virtual void region(const char* name) { (void)name; }
+  /// Turns the per-region profile on or off (off by default; on costs one event per region).
+  /// Returns false on backends without device timers (CPU).
+  virtual bool set_profiling(bool on) {
+    (void)on;
+    return false;
+  }
+  /// Device time per region name summed over profiled steps since the last reset. `calls` counts
+  /// region entries (a name entered once per layer counts once per layer), `ms` is milliseconds
+  /// between its marker and the next marker (or the step's end), so regions tile the step from
+  /// its first marker. Work between `step_begin` and the first marker is "(before first region)".
+  struct RegionTime {
+    std::string name;
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  virtual std::vector<RegionTime> region_profile() const { return {}; }
+  virtual void reset_region_profile() {}
   virtual void moe_experts(const MoeArgs& a) = 0;
 
   // ---- dummy weights, memory and device queries ------------------------------------------

@@ -538,6 +538,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
 
 OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfig config)
     : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)) {
+  drop_tokens_ = text::template_special_tokens(&tok_);
   limits_.max_context = engine_->max_context();
   limits_.vocab_size = engine_->vocab_size();
 }
@@ -679,6 +680,12 @@ bool OpenAiApi::encode_chat(const GenerateRequest& r, std::vector<int32_t>* toke
     return false;
   }
   *tokens = std::move(res.value());
+  // tool_choice "required" / a named function: pre-fill the tool-call opener (forced_tool_call).
+  const ForcedToolCall forced = forced_tool_call(r);
+  if (!forced.prefill.empty()) {
+    const auto more = tok_.encode(forced.prefill);
+    tokens->insert(tokens->end(), more.begin(), more.end());
+  }
   return true;
 }
 
@@ -819,6 +826,10 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
         text::OutputParserOptions popt;
         popt.start = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
         popt.id_seed = std::hash<std::string>{}(gen->id) + uint64_t(c.index);
+        popt.drop_tokens = drop_tokens_;
+        const ForcedToolCall forced = forced_tool_call(r);
+        popt.start_in_tool_block = forced.start_in_tool_block;
+        popt.start_tool_name = forced.tool_name;
         c.parser.emplace(popt);
       }
       c.echo_text = echo[pi];

@@ -65,6 +65,8 @@ class OpenAiApi {
 
   engine::Engine* engine_;
   text::Tokenizer tok_;
+  /// Template special tokens dropped from chat content / reasoning (text::template_special_tokens).
+  std::vector<std::string> drop_tokens_;
   ApiConfig cfg_;
   Metrics metrics_;
   std::function<int64_t()> connections_;

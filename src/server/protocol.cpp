@@ -391,6 +391,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
                (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
       r->tool_choice = (*tc)["function"]["name"].get<std::string>();
+      r->tool_choice_function = true;
       bool found = false;
       if (!r->tools.is_null()) {
         for (auto& t : r->tools) found = found || t["function"]["name"] == r->tool_choice;
@@ -399,8 +400,10 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     } else {
       return rd.fail("'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
     }
-    if (r->tool_choice != "none" && r->tool_choice != "auto" && r->tools.is_null()) {
-      return rd.fail("'tool_choice' requires 'tools'", "tool_choice");
+    if ((r->tool_choice_function || r->tool_choice == "required") && r->tools.is_null()) {
+      return rd.fail(fmt::format("'tool_choice' {} requires 'tools'",
+                                 r->tool_choice_function ? "naming a function" : "\"required\""),
+                     "tool_choice");
     }
   }
 
@@ -566,6 +569,24 @@ std::string StopMatcher::flush() {
   std::string out = std::move(held_);
   held_.clear();
   return out;
+}
+
+ForcedToolCall forced_tool_call(const GenerateRequest& r) {
+  ForcedToolCall f;
+  if (r.kind != GenerateRequest::Kind::kChat || r.tools.is_null()) return f;
+  if (!r.tool_choice_function && r.tool_choice != "required") return f;
+  if (!r.add_generation_prompt) return f;
+  if (r.messages.is_array() && !r.messages.empty() && r.messages.back().is_object() &&
+      r.messages.back().value("role", "") == "assistant")
+    return f;  // continuing a final assistant message: no generation header to fill after
+  if (r.thinking) f.prefill = "</think>";
+  f.prefill += "\n\n<｜DSML｜tool_calls>\n";
+  f.start_in_tool_block = true;
+  if (r.tool_choice_function) {
+    f.tool_name = r.tool_choice;
+    f.prefill += "<｜DSML｜invoke name=\"" + r.tool_choice + "\">\n";
+  }
+  return f;
 }
 
 }  // namespace v4::server

@@ -54,6 +54,7 @@ struct GenerateRequest {
   Json messages = Json::array();
   Json tools;          // null or array of {"type": "function", "function": {...}}
   std::string tool_choice = "auto";  // "auto" | "none" | "required" | function name
+  bool tool_choice_function = false;  // tool_choice names a function (tool_choice holds its name)
   bool thinking = false;             // chat_template_kwargs.thinking / enable_thinking / thinking.type
   bool thinking_set = false;         // the request chose (else the server default applies)
   std::optional<std::string> reasoning_effort;
@@ -75,6 +76,24 @@ struct GenerateRequest {
   int top_logprobs = 0;               // with sampling.logprobs
   std::string user;
 };
+
+/// How the assistant turn is forced to call a tool (`tool_choice` "required" or a named function):
+/// text appended to the chat prompt after the generation header, and where the output parser
+/// starts. chat-encoding.md §2.10 / §4.1 (DeepSeek's recipe pre-fills the block opener):
+/// - "required": `\n\n<｜DSML｜tool_calls>\n` — the model continues inside a tool-call block and
+///   must name a function (the sampler is not constrained: it may still close the block empty);
+/// - a named function: that plus `<｜DSML｜invoke name="NAME">\n` — the call to NAME is certain,
+///   the model writes its parameters;
+/// - in thinking mode the prompt ends with `<think>`: `</think>` is pre-filled first (empty
+///   reasoning, as a thinking-mode tool turn with no reasoning is rendered).
+/// Empty prefill (no forcing) for "auto" / "none", or when the prompt has no generation header
+/// (add_generation_prompt false, or a final assistant message being continued).
+struct ForcedToolCall {
+  std::string prefill;
+  bool start_in_tool_block = false;
+  std::string tool_name;  // named function, else empty
+};
+ForcedToolCall forced_tool_call(const GenerateRequest& r);
 
 /// Limits used by validation.
 struct ValidationLimits {

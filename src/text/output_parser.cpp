@@ -8,6 +8,7 @@
 
 #include "text/detokenizer.h"
 #include "text/py_json.h"
+#include "text/tokenizer.h"
 
 namespace v4::text {
 
@@ -117,6 +118,23 @@ void json_escape_into(std::string_view s, std::string& out) {
   out.append(q, 1, q.size() - 2);
 }
 
+/// Template special tokens of DeepSeek V4 / V4.1 (chat-encoding.md §1) that the state machine
+/// has no rule for (BOS, EOS, <think>, </think> and ｜DSML｜ have their own markers).
+constexpr std::string_view kTemplateTokens[] = {
+    "<｜▁pad▁｜>", "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>", "<｜User｜>", "<｜Assistant｜>",
+    "<｜System｜>", "<|EOT|>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜tool▁sep｜>", "<｜begin▁of▁repo▁name｜>",
+    "<｜end▁of▁repo▁name｜>", "<｜begin▁of▁file▁name｜>", "<｜end▁of▁file▁name｜>",
+    "<｜begin▁of▁file｜>", "<｜end▁of▁file｜>", "<｜place▁holder▁for▁copy｜>",
+    "<｜place▁holder▁for▁pointer▁replace｜>", "<｜begin▁sys｜>", "<｜end▁sys｜>",
+    "<｜latest_reminder｜>", "<｜action｜>", "<｜query｜>", "<｜authority｜>", "<｜domain｜>",
+    "<｜task｜>", "<｜political｜>", "<｜entity｜>", "<｜title｜>", "<｜safety｜>", "<｜answer｜>",
+    "<｜search｜>", "<｜search▁begin｜>", "<｜search▁end｜>", "<｜extracted_url｜>", "<｜read_url｜>",
+    "<｜end_of_query｜>", "<｜image｜>", "<｜image2｜>", "<｜table｜>", "<｜/table>｜", "<｜td｜>",
+    "<｜/td｜>", "<｜tr｜>", "<｜/tr｜>", "<｜rl_image_pad｜>", "<｜rl_image_start｜>",
+    "<｜deepseek_image｜>"};
+
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -137,6 +155,17 @@ struct OutputParser::State {
   int n_params = 0;         // parameters in the current call
   bool in_call = false;
   std::vector<ParserEvent> out;
+  std::vector<Marker> drops;  // opt.drop_tokens (template special tokens) as kDrop markers
+  bool pending_call = false;  // opt.start_tool_name: begin that call with the first events
+
+  void start_events() {
+    out.clear();
+    if (pending_call) {
+      pending_call = false;
+      name = opt.start_tool_name;
+      begin_call();
+    }
+  }
 
   void emit(ParserEvent::Kind k, std::string_view text) {
     if (text.empty()) return;
@@ -291,20 +320,26 @@ struct OutputParser::State {
       const auto& ms = markers(st);
       size_t emit_from = pos;
       bool done = false;
+      const bool text_state = st == St::kReasoning || st == St::kContent || st == St::kAfterBlock;
       for (size_t p = pos; p < limit; ++p) {
         const Marker* best = nullptr;
         bool partial = false;
-        for (const Marker& m : ms) {
-          if (m.v41 && !opt.accept_v41_spelling) continue;
-          size_t avail = limit - p;
-          if (avail >= m.text.size()) {
-            if (std::string_view(buf).substr(p, m.text.size()) == m.text &&
-                (!best || m.text.size() > best->text.size()))
-              best = &m;
-          } else if (!final && std::string_view(m.text).substr(0, avail) == std::string_view(buf).substr(p, avail)) {
-            partial = true;
+        auto try_markers = [&](const std::vector<Marker>& list) {
+          for (const Marker& m : list) {
+            if (m.text.empty() || m.text[0] != buf[p]) continue;
+            if (m.v41 && !opt.accept_v41_spelling) continue;
+            size_t avail = limit - p;
+            if (avail >= m.text.size()) {
+              if (std::string_view(buf).substr(p, m.text.size()) == m.text &&
+                  (!best || m.text.size() > best->text.size()))
+                best = &m;
+            } else if (!final && std::string_view(m.text).substr(0, avail) == std::string_view(buf).substr(p, avail)) {
+              partial = true;
+            }
           }
-        }
+        };
+        try_markers(ms);
+        if (text_state) try_markers(drops);
         if (partial) {  // might still become a (longer) marker: hold back from p
           text(std::string_view(buf).substr(emit_from, p - emit_from));
           buf.erase(0, p);
@@ -334,7 +369,11 @@ struct OutputParser::State {
 
 OutputParser::OutputParser(OutputParserOptions options) : s_(std::make_unique<State>()) {
   s_->opt = std::move(options);
-  s_->st = s_->opt.start_in_tool_block ? St::kToolBlock
+  for (const std::string& t : s_->opt.drop_tokens)
+    if (!t.empty()) s_->drops.push_back(Marker{t, Act::kDrop});
+  s_->pending_call = !s_->opt.start_tool_name.empty();
+  s_->st = s_->pending_call               ? St::kArgs
+           : s_->opt.start_in_tool_block ? St::kToolBlock
            : s_->opt.start == ThinkingMode::kThinking ? St::kReasoning
                                                      : St::kContent;
 }
@@ -343,7 +382,7 @@ OutputParser::OutputParser(OutputParser&&) noexcept = default;
 OutputParser& OutputParser::operator=(OutputParser&&) noexcept = default;
 
 std::vector<ParserEvent> OutputParser::feed(std::string_view delta) {
-  s_->out.clear();
+  s_->start_events();
   if (s_->st != St::kFinished) {
     s_->buf.append(delta);
     s_->run(false);
@@ -352,7 +391,7 @@ std::vector<ParserEvent> OutputParser::feed(std::string_view delta) {
 }
 
 std::vector<ParserEvent> OutputParser::finish() {
-  s_->out.clear();
+  s_->start_events();
   if (s_->st != St::kFinished) {
     // Replace any incomplete UTF-8 at the very end, then flush everything held back.
     s_->buf = utf8_lossy(s_->buf);
@@ -377,7 +416,19 @@ std::vector<ParserEvent> OutputParser::finish() {
   return std::move(s_->out);
 }
 
-int OutputParser::tool_call_count() const { return s_->n_calls; }
+int OutputParser::tool_call_count() const { return s_->n_calls + (s_->pending_call ? 1 : 0); }
+
+std::vector<std::string> template_special_tokens(const Tokenizer* tok) {
+  std::vector<std::string> out(std::begin(kTemplateTokens), std::end(kTemplateTokens));
+  if (tok)
+    for (const AddedToken& t : tok->added_tokens()) {
+      const std::string& c = t.content;
+      const bool markup = c.rfind("<｜", 0) == 0 || c.rfind("<|", 0) == 0;
+      const bool own_rule = c == kEos || c == kBos;
+      if (markup && !own_rule && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    }
+  return out;
+}
 
 void OutputParser::apply(const std::vector<ParserEvent>& events, ParsedMessage& msg) {
   for (const ParserEvent& e : events) {

@@ -14,6 +14,15 @@
 
 namespace v4::text {
 
+class Tokenizer;
+
+/// Template special-token strings that must never reach a user as content or reasoning: the
+/// DeepSeek V4 / V4.1 tokens of chat-encoding.md §1 (`<｜User｜>`, `<｜Assistant｜>`, `<｜▁pad▁｜>`,
+/// `<|EOT|>`, the legacy tool / FIM / task / search / image tokens, ...) plus, with `tok`, every
+/// added token of that tokenizer written `<｜…` or `<|…` (e.g. the 800 placeholders). BOS, EOS,
+/// `<think>`, `</think>` and `｜DSML｜` are not listed: the parser has its own rules for them.
+std::vector<std::string> template_special_tokens(const Tokenizer* tok = nullptr);
+
 /// One streamed piece of the parsed message.
 struct ParserEvent {
   enum class Kind {
@@ -54,6 +63,10 @@ struct OutputParserOptions {
   ThinkingMode start = ThinkingMode::kThinking;
   /// Start inside a `<｜DSML｜tool_calls>` block (the prompt pre-filled the opener).
   bool start_in_tool_block = false;
+  /// Non-empty: start inside `<｜DSML｜invoke name="start_tool_name">\n` within a tool block (the
+  /// prompt pre-filled both openers, tool_choice naming a function); the call's kToolCallBegin
+  /// comes with the first feed() / finish(). Implies start_in_tool_block.
+  std::string start_tool_name;
   /// Tool call ids are `id_prefix` + a per-parser counter-derived suffix (unique per parser).
   std::string id_prefix = "call_";
   /// Seed mixed into ids (e.g. a request id) so ids differ across requests.
@@ -61,13 +74,17 @@ struct OutputParserOptions {
   /// Also accept DeepSeek-V4.1's DSML spelling (`<｜DSML｜ invoke …>`, `</｜DSML｜ parameter>`).
   /// Off by default: for V4 the reference treats those spellings as ordinary value text.
   bool accept_v41_spelling = false;
+  /// Strings dropped wherever they occur in reasoning or content (held back while partial, like
+  /// the markers); tool-call names and argument values are left as written.
+  std::vector<std::string> drop_tokens = template_special_tokens();
 };
 
 /// Streaming parser. Feed decoded text deltas (from a Detokenizer with skip_special_tokens=false);
 /// markers split across deltas are held back, never emitted as content. Rules (docs/text.md):
 /// reasoning ends at `</think>` (or implicitly at a DSML block); content ends at `<｜end▁of▁sentence｜>`
 /// (text after it is dropped) or at `<｜DSML｜` (one preceding `\n\n`, else `\n`, is the separator,
-/// not content); stray `</think>`, `<think>`, BOS, `｜DSML｜` in content are dropped. Leading
+/// not content); stray `</think>`, `<think>`, BOS, `｜DSML｜` and the `drop_tokens` (template special
+/// tokens such as `<｜Assistant｜>`) in reasoning and content are dropped. Leading
 /// newlines of content and trailing newlines of reasoning are kept (reference behaviour).
 /// Equal to the reference parser (`parse_strict`) on all inputs it accepts; the result never
 /// depends on how the text is split into deltas. Not thread-safe; one per request.

@@ -4,10 +4,12 @@
 //   the fp32 tolerance of the golden tests (max|Δ| / max|logit| ≤ 1e-4) and the same greedy tokens.
 // - In native formats (FP8 / MXFP4 / BF16 where the backend reads them) a tiny quantized config
 //   and a three-layer V4-Flash-shaped model run prefill + decode with finite logits.
+// - The weight-fit check: footprint estimate = allocation; a model over free memory is refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "cuda_test_util.h"
 #include "model/deepseek_v4.h"
@@ -114,6 +116,43 @@ TEST(CudaDummy, ThreeLayerFlashShape) {
   }
   std::printf("v4-flash 3 layers: max |logit| %.3f\n", mx);
   EXPECT_GT(mx, 0.01);
+}
+
+// The fit check on the GPU: estimate_weight_footprint equals what load_dummy allocates in native
+// formats (a three-layer V4-Flash cut), and a model larger than the free device memory (the full
+// V4-Flash when it does not fit) is refused up front — kResourceExhausted naming the bytes,
+// without allocating.
+TEST(CudaDummy, FootprintEstimateAndFitCheck) {
+  V4_REQUIRE_GPU();
+  auto g = ops::make_cuda_ops();
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  auto cfg = ModelConfig::load(src("models/configs/v4-flash"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  ModelConfig cut = *cfg;
+  ASSERT_TRUE(cut.truncate_layers(3).ok());
+  const WeightFootprint est3 = estimate_weight_footprint(cut, **g);
+  {
+    auto m = DeepseekV4::load_dummy(src("models/configs/v4-flash"), g->get(), {}, 3, 1);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    int64_t actual = (*m)->weights().vector_bytes();
+    for (const auto& [f, b] : (*m)->weights().bytes_by_format()) actual += b;
+    EXPECT_EQ(est3.bytes, actual);
+  }
+  const WeightFootprint full = estimate_weight_footprint(*cfg, **g);
+  const ops::MemoryInfo before = (*g)->memory_info();
+  std::printf("v4-flash on cuda: weights %.2f GiB, free %.2f GiB\n", full.bytes / 1073741824.0,
+              before.free_bytes / 1073741824.0);
+  ASSERT_GT(before.free_bytes, 0);
+  EXPECT_GT(full.bytes, 40 * est3.bytes / 3 / 2);  // 43 layers vs 3 (plus embeddings)
+  if (full.bytes <= before.free_bytes) GTEST_SKIP() << "the full V4-Flash fits on this GPU";
+  auto m = DeepseekV4::load_dummy(src("models/configs/v4-flash"), g->get(), {}, 0, 1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(m.status().message().find(std::to_string(full.bytes) + " bytes"), std::string::npos)
+      << m.status().message();
+  const ops::MemoryInfo after = (*g)->memory_info();
+  EXPECT_LT(std::llabs(after.free_bytes - before.free_bytes), int64_t(256) << 20)
+      << "refused before allocating";
 }
 
 }  // namespace

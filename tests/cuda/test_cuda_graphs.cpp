@@ -120,6 +120,10 @@ class CountingOps final : public ops::Ops {
     ++kernels;
     in_->compress_pool(a);
   }
+  void compress_fused(const ops::CompressFusedArgs& a) override {
+    ++kernels;
+    in_->compress_fused(a);
+  }
   void indexer_topk(const ops::IndexerArgs& a) override {
     ++kernels;
     in_->indexer_topk(a);
@@ -553,6 +557,65 @@ TEST(CudaGraphs, ReplayedStepAllocatesNothing) {
       EXPECT_EQ(c.kernels - before.kernels, 0) << "no op called on the host";
     }
   }
+}
+
+// ---- per-region step profile (Ops::region): eager and replayed steps tile the same regions ------
+
+TEST(CudaGraphs, RegionProfileTilesEagerAndReplayedSteps) {
+  V4_REQUIRE_GPU();
+  const auto dirs = fixture_dirs();
+  ASSERT_FALSE(dirs.empty());
+  const std::string dir = dirs.front();
+  std::map<std::string, int64_t> calls[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    SCOPED_TRACE(graphs ? "graph replay" : "eager");
+    Backend b = load(dir, {graphs == 1, true});
+    ASSERT_TRUE(b.kv);
+    ASSERT_TRUE(b.cuda->set_profiling(true));
+    const ModelConfig& c = b.model->config();
+    auto s = b.kv->create_sequence();
+    ASSERT_TRUE(s.ok());
+    ForwardBatch pre;
+    pre.slices.push_back({*s, 0, random_ids(c.vocab_size, 20, 5), false});
+    ASSERT_TRUE(b.model->forward(pre, *b.kv).ok());
+    int64_t pos = 20;
+    auto step = [&] {
+      ForwardBatch fb;
+      fb.slices.push_back({*s, pos++, {3}, false});
+      auto out = b.model->forward(fb, *b.kv);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+    };
+    step();  // eager (and capture)
+    b.cuda->reset_region_profile();
+    const ops::StepTiming t0 = b.cuda->step_timing();
+    const int n = 4;
+    const int64_t replays0 = b.model->decode_stats().graph_replays;
+    for (int i = 0; i < n; ++i) step();
+    if (graphs) ASSERT_EQ(b.model->decode_stats().graph_replays, replays0 + n);
+    const ops::StepTiming t1 = b.cuda->step_timing();
+    double sum_ms = 0;
+    for (const auto& r : b.cuda->region_profile()) {
+      calls[graphs][r.name] = r.calls;
+      sum_ms += r.ms;
+      EXPECT_GE(r.ms, 0.0) << r.name;
+    }
+    // Every layer enters its q region once per step; embed and head once.
+    int per_kind[3] = {0, 0, 0};
+    for (int l = 0; l < c.num_hidden_layers; ++l) ++per_kind[int(c.layer_types[l])];
+    const char* q_names[3] = {"swa: q (wq_a, q_norm, wq_b, head norm, rope)",
+                              "csa: q (wq_a, q_norm, wq_b, head norm, rope)",
+                              "hca: q (wq_a, q_norm, wq_b, head norm, rope)"};
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(calls[graphs][q_names[k]], int64_t(per_kind[k]) * n) << q_names[k];
+    EXPECT_EQ(calls[graphs]["embed"], n);
+    EXPECT_EQ(calls[graphs]["head (mHC head, norm, lm_head)"], n);
+    // Regions tile the step from the first marker: their sum is the busy time (within the
+    // resolution of the events).
+    const double busy_ms = (t1.busy_s - t0.busy_s) * 1e3;
+    EXPECT_GT(sum_ms, 0.0);
+    EXPECT_NEAR(sum_ms, busy_ms, 0.02 * busy_ms + 0.05) << "regions vs step busy time";
+  }
+  EXPECT_EQ(calls[0], calls[1]) << "eager and replayed steps enter the same regions";
 }
 
 // ---- micro-bench (printed, not asserted)

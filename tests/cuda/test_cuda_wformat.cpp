@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -423,6 +424,87 @@ TEST(CudaWFormat, LinearV4FlashShapes) {
   }
   cases.push_back({WFormat::kFP8Block, 8192, 0, 8192, 1024, {1, 33}});
   run_linear_cases(cases);
+}
+
+// Ops::linear_w_grouped (the o-projection's wo_a: 8 groups of [1024, 4096] FP8 for V4-Flash, and
+// odd shapes): GPU (one grouped GEMV launch in bf16 mode for small M, per-group calls otherwise)
+// vs the CPU op on the dequantized rows, group by group; padding columns must stay untouched.
+TEST(CudaWFormat, LinearGrouped) {
+  V4_GPU();
+  struct Case {
+    WFormat f;
+    int groups;
+    int64_t n, K;
+    std::vector<int64_t> Ms;
+  };
+  for (const Case& c : {Case{WFormat::kFP8Block, 8, 1024, 4096, {1, 3, 33}},
+                        Case{WFormat::kBF16, 3, 67, 96, {1, 2, 40}},
+                        Case{WFormat::kMXFP4, 4, 64, 256, {1, 5}}}) {
+    const HostW hw = make_weights(c.f, 1, c.groups * c.n, c.K, 0.05f);
+    const DevW dw(hw);
+    const std::vector<float> wref = hw.f32(0, 0, c.groups * c.n);
+    for (int64_t M : c.Ms) {
+      for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+        SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " groups=" << c.groups
+                                          << " M=" << M << " " << mode_name(p));
+        const int64_t ldx = c.groups * c.K + 5, N = c.groups * c.n, ldy = N + 3;
+        std::vector<float> x(size_t(M * ldx));
+        Bits g(fresh_seed());
+        for (auto& v : x) v = g.uniform() * 2.f - 1.f;
+        std::vector<float> ref(size_t(M * ldy), kNaN);
+        for (int gi = 0; gi < c.groups; ++gi)
+          cpu()->linear(x.data() + gi * c.K, ldx, wref.data() + size_t(gi * c.n * c.K), M, c.n,
+                        c.K, ref.data() + gi * c.n, ldy);
+        Dev<float> dx(x), dy(size_t(M * ldy));
+        dy.poison();
+        gpu(p)->linear_w_grouped(dx.p, ldx, dw.view(0, N), c.groups, M, dy.p, ldy);
+        gpu(p)->synchronize();
+        const Err e = compare(dy.host(), ref, M, N, ldy);
+        const bool tc = uses_tensor_cores(p, dw.view(0, c.n), M);
+        EXPECT_EQ(e.unwritten, 0);
+        EXPECT_EQ(e.clobbered, 0);
+        EXPECT_LE(tc ? e.row_rel : e.rel, tc ? kTolTensorCore : kTolFp32);
+      }
+    }
+  }
+}
+
+// Ops::linear (f32 weights: the MoE router, [256, 4096] for V4-Flash) in bf16 mode runs the
+// weight-streaming GEMV for small M and the tiled fp32 kernel above: fp32 math either way, so it
+// stays within fp32 tolerance of the CPU op (expert choices must not flip).
+TEST(CudaWFormat, LinearF32RouterBf16Mode) {
+  V4_GPU();
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t M : {1, 6, 32, 33, 300}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    const int64_t N = 256, K = 4096;
+    std::vector<float> x(size_t(M * K)), w(size_t(N * K)), y(size_t(M * N), kNaN);
+    for (auto& v : x) v = nd(g);
+    for (auto& v : w) v = nd(g) * 0.02f;
+    cpu()->linear(x.data(), K, w.data(), M, N, K, y.data(), N);
+    Ops* o = gpu(Precision::kBf16);
+    ASSERT_NE(o, nullptr);
+    float* dx = static_cast<float*>(o->alloc(x.size() * 4));
+    float* dw = static_cast<float*>(o->alloc(w.size() * 4));
+    float* dy = static_cast<float*>(o->alloc(y.size() * 4));
+    o->upload(dx, x.data(), x.size() * 4);
+    o->upload(dw, w.data(), w.size() * 4);
+    std::vector<float> poison(y.size(), kNaN), got(y.size());
+    o->upload(dy, poison.data(), poison.size() * 4);
+    o->linear(dx, K, dw, M, N, K, dy, N);
+    o->download(got.data(), dy, got.size() * 4);
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "output " << i;
+      max_err = std::max(max_err, double(std::fabs(got[i] - y[i])));
+      max_ref = std::max(max_ref, double(std::fabs(y[i])));
+    }
+    EXPECT_LE(max_err, kTolFp32 * max_ref) << "max |gpu − cpu| vs max |cpu|";
+    o->free(dx);
+    o->free(dw);
+    o->free(dy);
+  }
 }
 
 // The lm_head: bf16 [129280, 4096].

@@ -280,3 +280,35 @@ def test_64_concurrent_streams_greedy_and_cancel_half(server, client, model_name
     # Pool usage is back to its idle level (nothing leaked by the cancelled requests).
     for k, v in after.items():
         assert v <= idle.get(k, 0), f"{k}: {v} pages in use after idle, {idle.get(k)} before"
+
+
+def test_tool_choice_named_and_required(server, client, model_name):
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    # A named function is pre-filled in the prompt: the reply is a call to it, whatever the model.
+    for thinking in (False, True):
+        r = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS, tool_choice=named,
+                                           max_tokens=12, temperature=0,
+                                           extra_body={"chat_template_kwargs": {"thinking": thinking}})
+        calls = r.choices[0].message.tool_calls
+        assert calls and calls[0].function.name == "get_weather", r
+        assert r.choices[0].finish_reason in ("tool_calls", "length"), r
+        assert not r.choices[0].message.content, r
+        stream = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS,
+                                                tool_choice=named, max_tokens=12, temperature=0, stream=True,
+                                                extra_body={"chat_template_kwargs": {"thinking": thinking}})
+        names = [tc.function.name for ch in stream for c in ch.choices for tc in (c.delta.tool_calls or [])
+                 if tc.function and tc.function.name]
+        assert names == ["get_weather"], names
+    # The prompt ends with the pre-filled openers (what /tokenize shows).
+    for choice, tail in ((named, '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'),
+                         ("required", "</think>\n\n<｜DSML｜tool_calls>\n")):
+        t = server.post("/tokenize", json={"model": model_name, "messages": messages, "tools": TOOLS,
+                                           "tool_choice": choice})
+        assert t.status_code == 200, t.text
+        prompt = server.post("/detokenize", json={"tokens": t.json()["tokens"]}).json()["prompt"]
+        assert prompt.endswith(tail), prompt[-200:]
+    # "required" or a named function without tools: 400 on tool_choice.
+    for choice in ("required", named):
+        bad = server.post("/v1/chat/completions", json={"messages": messages, "tool_choice": choice})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice", bad.text

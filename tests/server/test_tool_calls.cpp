@@ -246,3 +246,175 @@ TEST(ToolCalls, StopStringInsideReasoningCutsEverything) {
   EXPECT_EQ(c["message"]["reasoning_content"], "I should ");
   EXPECT_FALSE(c["message"].contains("tool_calls"));
 }
+
+namespace {
+
+struct Streamed {
+  std::string reasoning, content, args, name, finish;
+  int calls = 0;
+  bool done = false;
+};
+
+Streamed read_stream(const std::string& body) {
+  Streamed s;
+  size_t p = 0;
+  while (true) {
+    size_t e = body.find("\n\n", p);
+    if (e == std::string::npos) break;
+    std::string ev = body.substr(p + 6, e - p - 6);
+    p = e + 2;
+    if (ev == "[DONE]") {
+      s.done = true;
+      continue;
+    }
+    json c = json::parse(ev);
+    for (auto& ch : c["choices"]) {
+      auto& d = ch["delta"];
+      if (d.contains("reasoning_content")) s.reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content") && d["content"].is_string()) s.content += d["content"].get<std::string>();
+      if (d.contains("tool_calls"))
+        for (auto& tc : d["tool_calls"]) {
+          if (tc["function"].contains("name")) {
+            s.name = tc["function"]["name"];
+            ++s.calls;
+          }
+          s.args += tc["function"]["arguments"].get<std::string>();
+        }
+      if (!ch["finish_reason"].is_null()) s.finish = ch["finish_reason"];
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+// A model writing template special tokens (the generation header `<｜Assistant｜>`, `<｜User｜>`)
+// by mistake: they never reach content or reasoning_content, streaming or not, and the tool call
+// after them still parses.
+TEST(ToolCalls, TemplateTokensNeverReachTheUser) {
+  Harness h(
+      "I should<｜Assistant｜> look it up.</think><｜Assistant｜>Let me<｜User｜> check.\n\n"
+      "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
+  json r = json::parse(h.post("/v1/chat/completions", request(false).dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  auto& m = r["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "I should look it up.");
+  EXPECT_EQ(m["content"], "Let me check.");
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()), json::parse(R"({"city":"Paris"})"));
+  Streamed s = read_stream(h.post("/v1/chat/completions", request(true).dump()));
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.reasoning, "I should look it up.");
+  EXPECT_EQ(s.content, "Let me check.");
+  EXPECT_EQ(s.name, "get_weather");
+  EXPECT_EQ(s.finish, "tool_calls");
+  // Chat mode, no tools: plain content with a stray header.
+  Harness h2("<｜Assistant｜>Hello<｜User｜> world");
+  json req = request(false);
+  req.erase("tools");
+  req["chat_template_kwargs"]["thinking"] = false;
+  json r2 = json::parse(h2.post("/v1/chat/completions", req.dump()));
+  EXPECT_EQ(r2["choices"][0]["message"]["content"], "Hello world") << r2.dump();
+  req["stream"] = true;
+  EXPECT_EQ(read_stream(h2.post("/v1/chat/completions", req.dump())).content, "Hello world");
+}
+
+// tool_choice naming a function: the prompt pre-fills `<｜DSML｜tool_calls>` and the invoke of
+// that function (after `</think>` in thinking mode), the parser starts inside the call, so the
+// "model" only writes parameters and the response is a call to that function.
+TEST(ToolCalls, NamedToolChoiceForcesThatCall) {
+  const std::string params =
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  Harness h(params);
+  for (bool thinking : {true, false}) {
+    json req = request(false);
+    req["chat_template_kwargs"]["thinking"] = thinking;
+    req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+    // The prompt (what /tokenize shows) ends with the pre-filled opener.
+    json t = json::parse(h.post("/tokenize", req.dump()));
+    ASSERT_TRUE(t.contains("tokens")) << t.dump();
+    std::string prompt;
+    for (auto& id : t["tokens"]) prompt += char(id.get<int>());
+    const std::string tail = std::string(thinking ? "<think></think>" : "</think>") +
+                             "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
+    ASSERT_GE(prompt.size(), tail.size());
+    EXPECT_EQ(prompt.substr(prompt.size() - tail.size()), tail) << prompt;
+
+    json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+              json::parse(R"({"city":"Oslo"})"));
+    EXPECT_TRUE(c["message"]["content"].is_null() || c["message"]["content"] == "") << r.dump();
+    if (c["message"].contains("reasoning_content") && c["message"]["reasoning_content"].is_string())
+      EXPECT_EQ(c["message"]["reasoning_content"], "");
+
+    req["stream"] = true;
+    Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+    EXPECT_TRUE(s.done);
+    EXPECT_EQ(s.calls, 1);
+    EXPECT_EQ(s.name, "get_weather");
+    EXPECT_EQ(json::parse(s.args), json::parse(R"({"city":"Oslo"})"));
+    EXPECT_EQ(s.content, "");
+    EXPECT_EQ(s.finish, "tool_calls");
+  }
+}
+
+// tool_choice "required": the prompt pre-fills the block opener; the model names the function.
+TEST(ToolCalls, RequiredToolChoicePrefillsTheBlock) {
+  Harness h(
+      "<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
+  json req = request(false);
+  req["chat_template_kwargs"]["thinking"] = false;
+  req["tool_choice"] = "required";
+  json t = json::parse(h.post("/tokenize", req.dump()));
+  std::string prompt;
+  for (auto& id : t["tokens"]) prompt += char(id.get<int>());
+  const std::string tail = "</think>\n\n<｜DSML｜tool_calls>\n";
+  ASSERT_GE(prompt.size(), tail.size());
+  EXPECT_EQ(prompt.substr(prompt.size() - tail.size()), tail);
+  json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+  auto& c = r["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls") << r.dump();
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], "{\"days\": 2}");
+  // "auto" pre-fills nothing.
+  req["tool_choice"] = "auto";
+  json ta = json::parse(h.post("/tokenize", req.dump()));
+  EXPECT_LT(ta["tokens"].size(), t["tokens"].size());
+}
+
+TEST(ToolCalls, ToolChoiceErrors) {
+  Harness h("x");
+  json req = request(false);
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
+  json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(r.contains("error")) << r.dump();
+  EXPECT_EQ(r["error"]["param"], "tool_choice");
+  req.erase("tools");
+  for (json choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "get_weather"}}}})}) {
+    req["tool_choice"] = choice;
+    json e = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(e.contains("error")) << e.dump();
+    EXPECT_EQ(e["error"]["param"], "tool_choice") << e.dump();
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+  }
+  // A function that happens to be called "required" is a named choice, not "required".
+  json tools = json::array({{{"type", "function"}, {"function", {{"name", "required"}}}}});
+  req["tools"] = tools;
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "required"}}}};
+  req["chat_template_kwargs"]["thinking"] = false;
+  json t = json::parse(h.post("/tokenize", req.dump()));
+  std::string prompt;
+  for (auto& id : t["tokens"]) prompt += char(id.get<int>());
+  EXPECT_NE(prompt.find("<｜DSML｜invoke name=\"required\">\n"), std::string::npos);
+}

@@ -2,6 +2,7 @@
 // boundary, byte by byte, and in tokenizer-token chunks must give the same result.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -105,6 +106,7 @@ TEST(OutputParser, WholeOutputEqualsReferenceOnValidGoldens) {
     if (!g.has_expected) continue;
     OutputParserOptions o;
     o.start = g.mode;
+    o.drop_tokens.clear();  // the reference keeps template tokens (e.g. <｜User｜>) in content
     ParsedMessage m = OutputParser::parse(g.completion, o);
     EXPECT_EQ(m.content, g.expected["content"].get<std::string>()) << g.name;
     EXPECT_EQ(m.reasoning_content, g.expected["reasoning_content"].get<std::string>()) << g.name;
@@ -309,9 +311,68 @@ TEST(OutputParser, TolerantEqualsStrictWhereverStrictAccepts) {
       }
       if (!strict.ok()) continue;
       ++accepted;
-      ASSERT_EQ(describe(tol), describe(*strict)) << g.name << " variant: " << nlohmann::json(c).dump();
+      o.drop_tokens.clear();  // reference semantics: template tokens stay in content
+      ASSERT_EQ(describe(OutputParser::parse(c, o)), describe(*strict))
+          << g.name << " variant: " << nlohmann::json(c).dump();
     }
   }
   EXPECT_GT(accepted, total / 40) << "of " << total;
   std::printf("strict accepted %d of %d variants\n", accepted, total);
+}
+
+// Template special tokens (`<｜Assistant｜>`, `<｜User｜>`, ...) a model writes by mistake never
+// reach content or reasoning — at any chunking — while tool calls still parse and argument values
+// keep what the model wrote.
+TEST(OutputParser, TemplateSpecialTokensAreDroppedFromContentAndReasoning) {
+  const std::string c =
+      "Let<｜Assistant｜> me<｜User｜> think<｜▁pad▁｜></think><｜Assistant｜>Hello<|EOT|> world"
+      "<｜latest_reminder｜>!\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
+      "<｜DSML｜parameter name=\"k\" string=\"true\">a<｜User｜>b</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>after<｜Assistant｜>";
+  OutputParserOptions o;
+  o.start = ThinkingMode::kThinking;
+  ParsedMessage m = OutputParser::parse(c, o);
+  EXPECT_EQ(m.reasoning_content, "Let me think");
+  EXPECT_EQ(m.content, "Hello world!after");
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].name, "f");
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"k\": \"a<｜User｜>b\"}");
+  const std::string want = describe(m);
+  std::vector<std::string> bytes;
+  for (char ch : c) bytes.emplace_back(1, ch);
+  EXPECT_EQ(describe(run_chunks(bytes, ThinkingMode::kThinking)), want);
+  for (size_t k = 0; k <= c.size(); ++k)
+    ASSERT_EQ(describe(run_chunks({c.substr(0, k), c.substr(k)}, ThinkingMode::kThinking)), want) << k;
+  // Chat mode: the stray generation header right at the start of the output.
+  o.start = ThinkingMode::kChat;
+  EXPECT_EQ(OutputParser::parse("<｜Assistant｜>Hi<｜User｜>", o).content, "Hi");
+  // A partial token at the very end is released at finish (it is not a token).
+  EXPECT_EQ(OutputParser::parse("Hi <｜Assist", o).content, "Hi <｜Assist");
+  // An empty list keeps them (what the reference decoder does).
+  o.drop_tokens.clear();
+  EXPECT_EQ(OutputParser::parse("<｜Assistant｜>Hi", o).content, "<｜Assistant｜>Hi");
+}
+
+TEST(OutputParser, TemplateSpecialTokensIncludeTheTokenizersMarkup) {
+  auto builtin = v4::text::template_special_tokens();
+  auto has = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  EXPECT_TRUE(has(builtin, "<｜Assistant｜>"));
+  EXPECT_TRUE(has(builtin, "<｜User｜>"));
+  EXPECT_FALSE(has(builtin, "<｜end▁of▁sentence｜>"));  // has its own rule (end of content)
+  EXPECT_FALSE(has(builtin, "<think>"));
+  if (v4test::dsv3_tokenizer_dir().empty()) GTEST_SKIP() << "tokenizer missing";
+  auto tok = v4::text::Tokenizer::from_file(v4test::dsv3_tokenizer_dir());
+  if (!tok.ok()) GTEST_SKIP() << "tokenizer missing";
+  auto v4tok = tok->with_added_tokens(v4::text::Tokenizer::dsv4_added_tokens());
+  ASSERT_TRUE(v4tok.ok());
+  auto all = v4::text::template_special_tokens(&*v4tok);
+  EXPECT_TRUE(has(all, "<｜place▁holder▁no▁5｜>"));
+  EXPECT_FALSE(has(all, "<｜begin▁of▁sentence｜>"));
+  EXPECT_FALSE(has(all, "｜DSML｜"));
+  OutputParserOptions o;
+  o.start = ThinkingMode::kChat;
+  o.drop_tokens = all;
+  EXPECT_EQ(OutputParser::parse("a<｜place▁holder▁no▁5｜>b", o).content, "ab");
 }

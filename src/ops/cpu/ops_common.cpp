@@ -1,4 +1,5 @@
 // Backend-independent parts of ops.h: weight formats and the default `linear_w`.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,12 +45,48 @@ void Ops::linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, 
   linear(x, ldx, w.f32_rows(), M, w.n, w.k, y, ldy);
 }
 
+void Ops::linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups,
+                           int64_t M, float* y, int64_t ldy) {
+  if (groups < 1 || w.n % groups)
+    throw std::invalid_argument("linear_w_grouped: " + std::to_string(w.n) +
+                                " rows do not split into " + std::to_string(groups) + " groups");
+  const int64_t n = w.n / groups;
+  for (int g = 0; g < groups; ++g)
+    linear_w(x + int64_t(g) * w.k, ldx, w.rows(int64_t(g) * n, n), M, y + int64_t(g) * n, ldy);
+}
+
 void Ops::fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) {
   if (n <= 0) return;
   const fill::FillParams p = fill::make_params(kind, scale, seed);
   std::vector<uint8_t> host(size_t(n) * size_t(fill::unit_bytes(kind)));
   for (int64_t i = 0; i < n; ++i) fill::fill_one(host.data(), uint64_t(i), p);
   upload(dst, host.data(), host.size());
+}
+
+void Ops::compress_fused(const CompressFusedArgs& a) {
+  const int64_t cd = int64_t(a.overlap) * a.dim;
+  const int64_t need = std::max<int64_t>(a.n_out * a.dim, a.n_ring * cd);
+  if (need <= 0) return;
+  DeviceBuffer<float> own;
+  float* tmp = a.scratch;
+  if (!tmp) {
+    own = DeviceBuffer<float>(this, need);
+    tmp = own.data();
+  }
+  if (a.n_out > 0) {
+    compress_pool(a.pool_args(tmp));
+    rms_norm(tmp, a.norm, a.n_out, a.dim, a.eps, tmp);
+    if (a.rope_dim > 0)
+      rope(tmp, a.n_out, 1, a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_scaling,
+           false);
+    store_rows(a.pool, a.dst, a.n_out, a.dim, tmp);
+  }
+  if (a.n_ring > 0) {  // after the pooling: it may read ring rows refreshed here
+    gather_rows(a.fresh_kv, a.ring_src, a.n_ring, cd, tmp);
+    store_rows(a.state_kv, a.ring_dst, a.n_ring, cd, tmp);
+    gather_rows(a.fresh_gate, a.ring_src, a.n_ring, cd, tmp);
+    store_rows(a.state_gate, a.ring_dst, a.n_ring, cd, tmp);
+  }
 }
 
 MemoryInfo Ops::memory_info() {

@@ -17,6 +17,8 @@
 
 #include "base/log.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/compress_pool.cuh"
+#include "ops/cuda/compressor.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_plan.h"
 #include "ops/cuda/indexer.h"
@@ -95,45 +97,13 @@ __global__ void embed_kernel(const float* __restrict__ table, const int32_t* __r
 
 // ---- compressor pooling (dsv4-model.md §5), one thread per (output row, channel) ------------------
 __global__ void compress_pool_kernel(CompressArgs a) {
-  const int m = a.ratio, c = a.overlap, d = a.dim, n_slots = c * m;
-  const int64_t width = int64_t(c) * d;
+  const int d = a.dim;
   const int64_t total = a.n_out * d;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / d;
     const int ch = int(i - r * d);
-    float mx = -INFINITY;
-    for (int j = 0; j < n_slots; ++j) {
-      const int32_t v = a.src[r * n_slots + j];
-      if (v == -1) continue;
-      const int ch0 = (c == 2 && j >= m) ? d : 0;
-      const int brow = (c == 2 && j >= m) ? j - m : j;
-      const float* g = v >= 0 ? a.fresh_gate + int64_t(v) * width : a.state_gate + int64_t(-v - 2) * width;
-      mx = fmaxf(mx, g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch]);
-    }
-    float sum = 0.f;
-    for (int j = 0; j < n_slots; ++j) {
-      const int32_t v = a.src[r * n_slots + j];
-      if (v == -1) continue;
-      const int ch0 = (c == 2 && j >= m) ? d : 0;
-      const int brow = (c == 2 && j >= m) ? j - m : j;
-      const float* g = v >= 0 ? a.fresh_gate + int64_t(v) * width : a.state_gate + int64_t(-v - 2) * width;
-      sum += expf(g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch] - mx);
-    }
-    float acc = 0.f;
-    for (int j = 0; j < n_slots; ++j) {
-      const int32_t v = a.src[r * n_slots + j];
-      if (v == -1) continue;
-      const int ch0 = (c == 2 && j >= m) ? d : 0;
-      const int brow = (c == 2 && j >= m) ? j - m : j;
-      const bool fresh = v >= 0;
-      const int64_t row = fresh ? v : (-v - 2);
-      const float* g = (fresh ? a.fresh_gate : a.state_gate) + row * width;
-      const float* kv = (fresh ? a.fresh_kv : a.state_kv) + row * width;
-      const float p = expf(g[ch0 + ch] + a.bias[int64_t(brow) * width + ch0 + ch] - mx) / sum;
-      acc += kv[ch0 + ch] * p;
-    }
-    a.out[r * d + ch] = acc;
+    a.out[r * d + ch] = cuda::compress_pool_channel(a, r, ch);
   }
 }
 
@@ -257,47 +227,94 @@ __global__ void attention_kernel(AttentionArgs a) {
 // ---- routing (dsv4-model.md §8): one thread per row ---------------------------------------------
 __device__ __forceinline__ float softplus_t(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
-__global__ void route_kernel(RouteArgs a, float* __restrict__ sbuf) {
-  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= a.n_rows) return;
+// One block per token row: scores of the E experts in shared memory (one thread per expert),
+// then k rounds of a block argmax over (score + bias), excluding chosen experts; ties → lower id
+// (the CPU op's order). Weights = chosen scores normalised, times routed_scaling_factor.
+constexpr int kRouteThreads = 256;
+constexpr int kRouteMaxK = 32;
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
+  extern __shared__ float route_s[];  // [E] scores
+  __shared__ float red_v[kRouteThreads / 32];
+  __shared__ int red_i[kRouteThreads / 32];
+  __shared__ int chosen[kRouteMaxK];
+  const int64_t t = blockIdx.x;
   const int E = a.n_experts, k = a.topk;
   const float* lg = a.logits + t * E;
-  float* s = sbuf + t * E;
   if (a.scoring == ScoringFunc::kSqrtSoftplus) {
-    for (int i = 0; i < E; ++i) s[i] = sqrtf(softplus_t(lg[i]));
+    for (int i = threadIdx.x; i < E; i += kRouteThreads) route_s[i] = sqrtf(softplus_t(lg[i]));
   } else if (a.scoring == ScoringFunc::kSigmoid) {
-    for (int i = 0; i < E; ++i) s[i] = 1.f / (1.f + expf(-lg[i]));
+    for (int i = threadIdx.x; i < E; i += kRouteThreads) route_s[i] = 1.f / (1.f + expf(-lg[i]));
   } else {
-    float mx = -INFINITY;
-    for (int i = 0; i < E; ++i) mx = fmaxf(mx, lg[i]);
-    float sum = 0.f;
-    for (int i = 0; i < E; ++i) sum += (s[i] = expf(lg[i] - mx));
-    for (int i = 0; i < E; ++i) s[i] /= sum;
-  }
-  int32_t* idx = a.out_idx + t * k;
-  if (a.tid2eid) {
-    for (int j = 0; j < k; ++j) idx[j] = a.tid2eid[int64_t(a.token_ids[t]) * k + j];
-  } else {
-    // k rounds of argmax over (s + bias), excluding already chosen experts; ties → lower id.
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      float bv = 0.f;
-      for (int i = 0; i < E; ++i) {
-        bool taken = false;
-        for (int q = 0; q < j; ++q) taken |= idx[q] == i;
-        if (taken) continue;
-        const float v = s[i] + (a.bias ? a.bias[i] : 0.f);
-        if (best < 0 || v > bv) {
-          best = i;
-          bv = v;
-        }
-      }
-      idx[j] = best;
+    if (threadIdx.x == 0) {  // softmax: the CPU op's sequential order
+      float mx = -INFINITY;
+      for (int i = 0; i < E; ++i) mx = fmaxf(mx, lg[i]);
+      float sum = 0.f;
+      for (int i = 0; i < E; ++i) sum += (route_s[i] = expf(lg[i] - mx));
+      for (int i = 0; i < E; ++i) route_s[i] /= sum;
     }
   }
-  float sum = 0.f;
-  for (int j = 0; j < k; ++j) sum += s[idx[j]];
-  for (int j = 0; j < k; ++j) a.out_weight[t * k + j] = s[idx[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (a.tid2eid) {
+    if (threadIdx.x < k) chosen[threadIdx.x] = a.tid2eid[int64_t(a.token_ids[t]) * k + threadIdx.x];
+  } else {
+    for (int j = 0; j < k; ++j) {
+      // (best value, best id) of this thread's experts; id −1 = none. Higher value wins, ties →
+      // lower id (the CPU op's scan); NaN ranks as −inf here (the CPU scan keeps a NaN only when
+      // it is the first candidate).
+      float bv = -INFINITY;
+      int bi = -1;
+      auto better = [](float v, int i, float bv, int bi) {
+        return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+      };
+      for (int i = threadIdx.x; i < E; i += kRouteThreads) {
+        bool taken = false;
+        for (int q = 0; q < j; ++q) taken |= chosen[q] == i;
+        if (taken) continue;
+        float v = route_s[i] + (a.bias ? a.bias[i] : 0.f);
+        if (v != v) v = -INFINITY;
+        if (better(v, i, bv, bi)) {
+          bv = v;
+          bi = i;
+        }
+      }
+      for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_down_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        red_v[warp] = bv;
+        red_i[warp] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float v = red_v[0];
+        int id = red_i[0];
+        for (int w = 1; w < kRouteThreads / 32; ++w)
+          if (better(red_v[w], red_i[w], v, id)) {
+            v = red_v[w];
+            id = red_i[w];
+          }
+        chosen[j] = id;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* idx = a.out_idx + t * k;
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) {
+      idx[j] = chosen[j];
+      sum += route_s[chosen[j]];
+    }
+    for (int j = 0; j < k; ++j)
+      a.out_weight[t * k + j] = route_s[chosen[j]] / (sum + 1e-20f) * a.routed_scaling_factor;
+  }
 }
 
 // ---- the backend --------------------------------------------------------------------------------
@@ -315,6 +332,8 @@ class CudaOps final : public Ops {
       if (e) cudaEventDestroy(e);
     if (copy_host_) cudaFreeHost(copy_host_);
     if (copy_dev_) cudaFree(copy_dev_);
+    for (cudaEvent_t e : eager_events_) cudaEventDestroy(e);
+    for (const Mark& m : capture_marks_) cudaEventDestroy(m.ev);
     if (stream_) cudaStreamDestroy(stream_);
   }
   Status init() {
@@ -403,9 +422,23 @@ class CudaOps final : public Ops {
   void linear(const float* x, int64_t ldx, const float* w, int64_t M, int64_t N, int64_t K,
               float* y, int64_t ldy) override {
     if (M <= 0 || N <= 0) return;
-    record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, stream_));
+    if (opts_.precision == Precision::kBf16) {
+      // f32 weights (the MoE router): the weight-streaming GEMV for small M (fp32 math, every SM
+      // busy), the tiled fp32 kernel above the GEMV range (linear_w_bf16 never rounds f32 views).
+      record(cuda::linear_w_bf16(x, ldx, WeightView::f32(w, N, K), M, y, ldy, context()));
+    } else {
+      record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, stream_));
+    }
   }
   bool supports(WFormat) const override { return true; }
+  void linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups, int64_t M,
+                        float* y, int64_t ldy) override {
+    if (opts_.precision == Precision::kBf16) {
+      record(cuda::linear_w_grouped_bf16(x, ldx, w, groups, M, y, ldy, context()));
+    } else {
+      Ops::linear_w_grouped(x, ldx, w, groups, M, y, ldy);
+    }
+  }
   void linear_w(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                 int64_t ldy) override {
     if (M <= 0 || w.n <= 0) return;
@@ -459,7 +492,8 @@ class CudaOps final : public Ops {
     p.sinkhorn_iters = a.sinkhorn_iters;
     p.rms_eps = a.rms_eps;
     p.hc_eps = a.hc_eps;
-    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, stream_));
+    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, stream_,
+                                mhc_work(a.n_rows)));
   }
   void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S, int n,
                int D) override {
@@ -467,12 +501,17 @@ class CudaOps final : public Ops {
   }
   void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
                int n, int D, float rms_eps, float hc_eps, float* y) override {
-    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, stream_));
+    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, stream_,
+                                 mhc_work(S)));
   }
   void compress_pool(const CompressArgs& a) override {
     if (a.n_out <= 0) return;
     compress_pool_kernel<<<grid_for(a.n_out * a.dim, 256), 256, 0, stream_>>>(a);
     launched("compress_pool_kernel");
+  }
+
+  void compress_fused(const CompressFusedArgs& a) override {
+    record(cuda::compress_fused(a, stream_));
   }
 
   void indexer_topk(const IndexerArgs& a) override {
@@ -606,16 +645,61 @@ class CudaOps final : public Ops {
     cur_end_ ^= 1;
     have_prev_ = true;
     prev_decode_ = cur_decode_;
+    if (profiling_) accumulate_regions(end);
+    step_marks_.clear();
+    eager_used_ = 0;
   }
   StepTiming step_timing() const override {
     std::lock_guard<std::mutex> lk(timing_mu_);
     return timing_;
   }
 
+  // ---- per-region step profile (ops.h region / set_profiling) -------------------------------
+  struct Mark {
+    const char* name;
+    cudaEvent_t ev;
+  };
+  void region(const char* name) override {
+    if (!profiling_) return;
+    cudaEvent_t ev = nullptr;
+    if (capturing_) {  // an event-record node of the graph, timed on every replay
+      check(cudaEventCreate(&ev), "region event");
+      check(cudaEventRecordWithFlags(ev, stream_, cudaEventRecordExternal), "region record");
+      capture_marks_.push_back({name, ev});
+      return;
+    }
+    if (!in_step_) return;
+    if (eager_used_ == eager_events_.size()) {
+      check(cudaEventCreate(&ev), "region event");
+      eager_events_.push_back(ev);
+    }
+    ev = eager_events_[eager_used_++];
+    check(cudaEventRecord(ev, stream_), "region record");
+    step_marks_.push_back({name, ev});
+  }
+  bool set_profiling(bool on) override {
+    profiling_ = on;
+    return true;
+  }
+  std::vector<RegionTime> region_profile() const override {
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    std::vector<RegionTime> out;
+    for (const auto& [name, t] : profile_) out.push_back(t);
+    return out;
+  }
+  void reset_region_profile() override {
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    profile_.clear();
+  }
+
   void route(const RouteArgs& a) override {
     if (a.n_rows <= 0) return;
-    float* s = static_cast<float*>(scratch(2, size_t(a.n_rows * a.n_experts) * sizeof(float)));
-    route_kernel<<<grid_for(a.n_rows, 64, int64_t(1) << 31), 64, 0, stream_>>>(a, s);
+    if (a.topk > kRouteMaxK) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "route: topk {} > {}", a.topk, kRouteMaxK));
+      return;
+    }
+    route_kernel<<<unsigned(a.n_rows), kRouteThreads, size_t(a.n_experts) * sizeof(float),
+                   stream_>>>(a);
     launched("route_kernel");
   }
 
@@ -638,8 +722,8 @@ class CudaOps final : public Ops {
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, b.experts, b.topk, c, need);
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, 1, 1, c, need);  // shared
     }
-    if (b.max_rows > 0 && b.experts > 0)
-      need[cuda::kSlotRoute] = std::max(need[cuda::kSlotRoute], size_t(b.max_rows * b.experts) * 4);
+    if (b.max_rows > 0)
+      need[cuda::kSlotMhc] = size_t(cuda::mhc_work_floats(b.max_rows)) * sizeof(float);
     try {
       for (int s = 0; s < cuda::kNumScratchSlots; ++s)
         if (need[s]) scratch(s, need[s]);
@@ -733,9 +817,16 @@ class CudaOps final : public Ops {
   bool supports_graphs() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override;
   /// Graph launch on the backend stream (CudaGraph::replay).
-  void launch_graph(cudaGraphExec_t exec) {
+  void launch_graph(cudaGraphExec_t exec, const std::vector<Mark>& marks) {
     if (capturing_) return record(Status(ErrorCode::kInternal, "graph replay during capture"));
     check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+    if (profiling_ && in_step_) step_marks_.insert(step_marks_.end(), marks.begin(), marks.end());
+  }
+  /// The region markers recorded by the capture that just ended (owned by its graph from now).
+  std::vector<Mark> take_capture_marks() { return std::move(capture_marks_); }
+  void drop_capture_marks() {
+    for (const Mark& m : capture_marks_) cudaEventDestroy(m.ev);
+    capture_marks_.clear();
   }
   /// A graph was destroyed; scratch buffers retired while graphs lived are freed with the last.
   void graph_released() {
@@ -746,6 +837,30 @@ class CudaOps final : public Ops {
   }
 
  private:
+  float* mhc_work(int64_t S) {
+    return static_cast<float*>(
+        scratch(cuda::kSlotMhc, size_t(cuda::mhc_work_floats(S)) * sizeof(float)));
+  }
+  // Adds this step's region times (markers in stream order, the last one ending at `end`).
+  void accumulate_regions(cudaEvent_t end) {
+    if (step_marks_.empty()) return;
+    std::lock_guard<std::mutex> lk(timing_mu_);
+    auto add = [&](const char* name, cudaEvent_t a, cudaEvent_t b) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+      }
+      RegionTime& t = profile_[name];
+      t.name = name;
+      t.calls += 1;
+      t.ms += ms;
+    };
+    add("(before first region)", ev_begin_, step_marks_.front().ev);
+    for (size_t i = 0; i < step_marks_.size(); ++i)
+      add(step_marks_[i].name, step_marks_[i].ev,
+          i + 1 < step_marks_.size() ? step_marks_[i + 1].ev : end);
+  }
   // A grown scratch buffer: freed, or kept while graphs live (a captured kernel may point at it).
   void retire_scratch(void* p) {
     scratch_.erase(p);
@@ -831,6 +946,13 @@ class CudaOps final : public Ops {
   bool in_step_ = false, have_prev_ = false, cur_decode_ = false, prev_decode_ = false;
   mutable std::mutex timing_mu_;
   StepTiming timing_;
+  // Region profile: this step's markers (eager events are reused step to step; graph markers
+  // belong to their graph), the markers of the capture in progress, totals per name.
+  bool profiling_ = false;
+  std::vector<Mark> step_marks_, capture_marks_;
+  std::vector<cudaEvent_t> eager_events_;
+  size_t eager_used_ = 0;
+  std::map<std::string, RegionTime> profile_;
   // Results of a row may not depend on the other rows of the call (fp32 reference mode).
   bool batch_invariant_ = true;
   Status status_;
@@ -851,16 +973,19 @@ class CudaOps final : public Ops {
 // A captured graph of CudaOps work, replayed on its stream.
 class CudaGraph final : public Graph {
  public:
-  CudaGraph(CudaOps* ops, cudaGraphExec_t exec) : ops_(ops), exec_(exec) {}
+  CudaGraph(CudaOps* ops, cudaGraphExec_t exec, std::vector<CudaOps::Mark> marks)
+      : ops_(ops), exec_(exec), marks_(std::move(marks)) {}
   ~CudaGraph() override {
     cudaGraphExecDestroy(exec_);
+    for (const CudaOps::Mark& m : marks_) cudaEventDestroy(m.ev);
     ops_->graph_released();
   }
-  void replay() override { ops_->launch_graph(exec_); }
+  void replay() override { ops_->launch_graph(exec_, marks_); }
 
  private:
   CudaOps* ops_;
   cudaGraphExec_t exec_;
+  std::vector<CudaOps::Mark> marks_;  // region markers inside the graph (profiling)
 };
 
 // Stream capture (relaxed mode: a stray unsafe call elsewhere in the process does not break it;
@@ -875,11 +1000,13 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
     return nullptr;
   }
   capturing_ = true;
+  drop_capture_marks();
   cudaGraph_t graph = nullptr;
   try {
     body();
   } catch (...) {
     capturing_ = false;
+    drop_capture_marks();
     (void)cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
@@ -894,6 +1021,7 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
     (void)(status_ = Status::Ok());
+    drop_capture_marks();
     return nullptr;
   }
   cudaGraphExec_t exec = nullptr;
@@ -902,10 +1030,11 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
   if (e != cudaSuccess) {
     V4_LOG_WARN("CUDA graph instantiate failed: {}", cudaGetErrorString(e));
     (void)cudaGetLastError();
+    drop_capture_marks();
     return nullptr;
   }
   ++live_graphs_;
-  return std::make_unique<CudaGraph>(this, exec);
+  return std::make_unique<CudaGraph>(this, exec, take_capture_marks());
 }
 
 }  // namespace

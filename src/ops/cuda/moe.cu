@@ -367,6 +367,7 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.active = rb.active;
     up.active_count = rb.active_count;
     up.xdiv = a.topk;
+    up.rows_hint = S;  // rows per expert ≤ S unless a token repeats an expert
     const bool fused = path == MoePath::kFused;
     V4_RETURN_IF_ERROR(fused ? wmma_gemm(up, slots, c.num_sms, c.stream)
                              : wgemv(up, slots, c.num_sms, c.stream));

@@ -3,7 +3,11 @@
 #include <cooperative_groups.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cub/cub.cuh>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/topk.h"
@@ -12,6 +16,20 @@ namespace v4::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+
+// Phase timing (debug aid, off by default): build with -DV4_TOPK_PHASES=1 and thread 0 of CTA 0 of
+// row 0 records clock64() at fixed points of the v3/v4 kernels; topk_phase_cycles() reads them.
+#ifdef V4_TOPK_PHASES
+__device__ long long g_topk_phase[16];
+#define TOPK_TS(i)                                                                        \
+  do {                                                                                    \
+    if (blockIdx.y == 0 && blockIdx.x == 0 && threadIdx.x == 0) g_topk_phase[i] = clock64(); \
+  } while (0)
+#else
+#define TOPK_TS(i) \
+  do {             \
+  } while (0)
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // Indexer scores
@@ -464,7 +482,7 @@ __device__ __forceinline__ uint32_t ld_cluster_u32(uint32_t addr) {
   return v;
 }
 
-template <int C, int ITEMS>
+template <int C, int ITEMS, bool COAL = false>
 __global__ void __launch_bounds__(512, 1)
     topk_kernel_v3(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
                    int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
@@ -483,6 +501,7 @@ __global__ void __launch_bounds__(512, 1)
   __shared__ int s_digit, s_above, s_count, s_q, s_qabove;
   __shared__ __align__(16) uint32_t s_slice_tot[4];
   __shared__ int s_warp[THREADS / 32];
+  __shared__ unsigned long long s_wtot[THREADS / 32];
   __shared__ __align__(16) unsigned long long s_tot;
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -498,6 +517,7 @@ __global__ void __launch_bounds__(512, 1)
     if (out_len && rank == 0 && tid == 0) out_len[r] = n;
     return;
   }
+  TOPK_TS(0);
   {
     uint4 z = make_uint4(0, 0, 0, 0);
     reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
@@ -508,27 +528,54 @@ __global__ void __launch_bounds__(512, 1)
   }
   int P = (n + C * THREADS - 1) / (C * THREADS);
   P = (P + 3) & ~3;
-  const int64_t start = int64_t(int(rank) * THREADS + tid) * P;
-  const int64_t left = int64_t(n) - start;
-  const int cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+  // Element i of this thread: COAL = false: start + i (a contiguous slice per thread);
+  // COAL = true: warp-contiguous slices, lane-interleaved by float4 (coalesced 512 B per warp
+  // load): wbase + (i/4·32 + lane)·4 + i%4. Either way the valid elements are a prefix i < cnt.
+  const int64_t start = COAL ? int64_t(int(rank) * THREADS + warp * 32) * P
+                             : int64_t(int(rank) * THREADS + tid) * P;
   const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
   uint32_t key[ITEMS];
+  int cnt = 0;
+  if constexpr (COAL) {
 #pragma unroll
-  for (int i = 0; i < ITEMS; i += 4) {
-    if (i < P) {
-      if (vec && i + 4 <= cnt) {
-        float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
-        key[i] = order_key(v.x);
-        key[i + 1] = order_key(v.y);
-        key[i + 2] = order_key(v.z);
-        key[i + 3] = order_key(v.w);
-      } else {
+    for (int i = 0; i < ITEMS; i += 4) {
+      if (i < P) {
+        const int64_t g = start + int64_t((i / 4) * 32 + lane) * 4;
+        if (vec && g + 4 <= n) {
+          float4 v = __ldg(reinterpret_cast<const float4*>(row + g));
+          key[i] = order_key(v.x);
+          key[i + 1] = order_key(v.y);
+          key[i + 2] = order_key(v.z);
+          key[i + 3] = order_key(v.w);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+          for (int j = 0; j < 4; ++j) key[i + j] = (g + j < n) ? order_key(row[g + j]) : 0u;
+        }
+        const int64_t v = int64_t(n) - g;
+        cnt += v <= 0 ? 0 : (v < 4 ? int(v) : 4);
+      }
+    }
+  } else {
+    const int64_t left = int64_t(n) - start;
+    cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+#pragma unroll
+    for (int i = 0; i < ITEMS; i += 4) {
+      if (i < P) {
+        if (vec && i + 4 <= cnt) {
+          float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
+          key[i] = order_key(v.x);
+          key[i + 1] = order_key(v.y);
+          key[i + 2] = order_key(v.z);
+          key[i + 3] = order_key(v.w);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+        }
       }
     }
   }
   __syncthreads();
+  TOPK_TS(1);
 
   uint32_t prefix = 0, mask = 0;
   int krem = k;
@@ -544,6 +591,7 @@ __global__ void __launch_bounds__(512, 1)
     for (int i = 0; i < ITEMS; ++i)
       if (i < cnt && (key[i] & mask) == prefix) atomicAdd(&h[(key[i] >> shift) & dmask], 1u);
     cluster.sync();  // #1: all local histograms complete
+    TOPK_TS(2 + 2 * pass);
     // Reduce my slice [rank·S, (rank+1)·S) over the cluster, in place (no other CTA reads it yet).
     int part = 0;
     if (tid * 4 < S) {
@@ -618,6 +666,7 @@ __global__ void __launch_bounds__(512, 1)
     mask |= dmask << shift;
     krem -= s_above;
     done = s_count == krem;
+    TOPK_TS(3 + 2 * pass);
     __syncthreads();
   }
 
@@ -630,7 +679,22 @@ __global__ void __launch_bounds__(512, 1)
       eq += kk == prefix;
     }
   unsigned long long packed = (static_cast<unsigned long long>(gt) << 32) | unsigned(eq), excl, agg;
-  ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+  if constexpr (COAL) {  // index order is warp-major: per-warp totals, exclusive over warps
+    const unsigned wg = __reduce_add_sync(0xffffffffu, unsigned(gt));
+    const unsigned we = __reduce_add_sync(0xffffffffu, unsigned(eq));
+    if (lane == 0) s_wtot[warp] = (static_cast<unsigned long long>(wg) << 32) | we;
+    __syncthreads();
+    excl = 0;
+    agg = 0;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; ++w) {
+      const unsigned long long t = s_wtot[w];
+      excl += w < warp ? t : 0ull;
+      agg += t;
+    }
+  } else {
+    ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+  }
   if (tid == 0) s_tot = agg;
   cluster.sync();
   unsigned long long before = 0;
@@ -642,8 +706,53 @@ __global__ void __launch_bounds__(512, 1)
     for (int q = 0; q < C; ++q) before += t[q];
   }
   cluster.sync();  // remote reads done before any CTA of the cluster exits
+  TOPK_TS(8);
   excl += before;
   int gt_b = int(excl >> 32), eq_b = int(excl & 0xffffffffu);
+  if constexpr (COAL) {
+    // Walk the warp's slice in index order, one float4 group (32 lanes × 4) at a time; gt_b/eq_b
+    // are warp-uniform counts of the selected keys before the group.
+#pragma unroll
+    for (int i = 0; i < ITEMS; i += 4) {
+      if (i < P) {
+        unsigned ng = 0, ne = 0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const uint32_t kk = key[i + c] & mask;
+          ng += (i + c < cnt) && kk > prefix;
+          ne += (i + c < cnt) && kk == prefix;
+        }
+        const unsigned v = ng | (ne << 16);
+        if (__any_sync(0xffffffffu, v != 0)) {
+          unsigned inc = v;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const unsigned t = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += t;
+          }
+          const unsigned tot = __shfl_sync(0xffffffffu, inc, 31);
+          const unsigned ex = inc - v;
+          int g = gt_b + int(ex & 0xffffu), e = eq_b + int(ex >> 16);
+          const int64_t gidx = start + int64_t((i / 4) * 32 + lane) * 4;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            if (i + c < cnt) {
+              const uint32_t kk = key[i + c] & mask;
+              if (kk > prefix) {
+                orow[g + min(e, krem)] = int32_t(gidx + c);
+                ++g;
+              } else if (kk == prefix) {
+                if (e < krem) orow[g + e] = int32_t(gidx + c);
+                ++e;
+              }
+            }
+          }
+          gt_b += int(tot & 0xffffu);
+          eq_b += int(tot >> 16);
+        }
+      }
+    }
+  } else {
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (i < cnt) {
@@ -657,19 +766,454 @@ __global__ void __launch_bounds__(512, 1)
       }
     }
   }
+  }
+  TOPK_TS(9);
   if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+}
+
+// ---- v4: local thresholds + candidate exchange (two cluster barriers) ---------------------------
+// v1–v3 run the radix passes over the whole row cluster-wide: 3 passes × 2 cluster barriers plus
+// the output prefix, ~8 cluster round trips, and the first pass's shared-memory atomics all land on
+// the ~100 bins N(0,1)-like scores occupy. v4 does the heavy passes CTA-locally and exchanges only a
+// few thousand candidates:
+//  1. Each CTA q loads its slice into registers. Pre-filter F_q = min over threads of the thread's
+//     max (or 2nd max when k > threads): ≥ k keys of the CTA are ≥ F_q, so F_q ≤ the global k-th
+//     key; only keys ≥ F_q enter the local histograms (~10% of N(0,1) data at 64 keys/thread).
+//  2. Local radix passes (12, 12, 8 bits; block barriers only) locate the CTA's own k-th key and
+//     stop as soon as T_q = max(F_q, floor of its bin) has count(keys ≥ T_q) ≤ `cap` (≥ k). Every
+//     T_q is ≤ the global k-th key (≥ k keys of the row are ≥ T_q); CTAs with ≤ cap keys use 0.
+//  3. Each CTA pushes (T_q, its max key) into every CTA's shared memory; cluster barrier #1;
+//     T0 = max_q T_q ≤ the global k-th key, M = the row's max key.
+//  4. Each CTA pushes its keys > T0 (≤ cap, by step 2) as (key, index) pairs into region q of every
+//     CTA's candidate buffer, and its counts G_q = #(key > T0), E_q = #(key == T0); barrier #2.
+//     No shared-memory access crosses CTAs after this barrier.
+//  5. Every CTA now holds the same candidates. If ΣG < k, the answer is all keys > T0 plus the
+//     first k − ΣG keys == T0 in index order. Otherwise every CTA redundantly radix-selects the
+//     k-th candidate (block barriers only; the digits start below the common prefix of T0 and M,
+//     so the few candidates spread over many bins), and counts per source CTA how many candidates
+//     are above / equal to the final prefix.
+//  6. Each CTA derives its output offset and tie quota from those per-CTA counts and writes its
+//     selected indices in ascending index order (block scan), as v1–v3 do.
+// Same selection rule and output as v1–v3.
+
+__device__ __forceinline__ void st_cluster_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_cluster_u64(uint32_t addr, unsigned long long v) {
+  asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_cluster_v2(uint32_t addr, uint32_t a, uint32_t b) {
+  asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
+
+// Block-wide (512 threads): in histogram h of nb bins (power of two ≤ 4096), the bin d where the
+// count accumulated from the highest bin down first reaches krem. out[0] = d, out[1] = keys in
+// bins above d, out[2] = keys in d. All threads must call; ends with __syncthreads.
+__device__ __forceinline__ void block_pick_bin(const uint32_t* h, int nb, int krem,
+                                               typename cub::BlockScan<int, 512>::TempStorage& ts,
+                                               int* out) {
+  const int tid = threadIdx.x;
+  const int W = nb >= 512 ? nb / 512 : 1;
+  const bool owner = tid * W < nb;
+  const int base = nb - W * (tid + 1);
+  uint32_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // c[j] = count of bin base + W − 1 − j
+  if (owner) {
+    if (W == 8) {
+      const uint4 a = *reinterpret_cast<const uint4*>(h + base);
+      const uint4 b = *reinterpret_cast<const uint4*>(h + base + 4);
+      c[0] = b.w; c[1] = b.z; c[2] = b.y; c[3] = b.x;
+      c[4] = a.w; c[5] = a.z; c[6] = a.y; c[7] = a.x;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < W) c[j] = h[base + W - 1 - j];
+    }
+  }
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sum += int(c[j]);
+  int excl;
+  cub::BlockScan<int, 512>(ts).ExclusiveSum(sum, excl);
+  if (owner) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < W && excl < krem && excl + int(c[j]) >= krem) {
+        out[0] = base + W - 1 - j;
+        out[1] = excl;
+        out[2] = int(c[j]);
+      }
+      excl += int(c[j]);
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void zero_hist4096(uint32_t* h) {
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  reinterpret_cast<uint4*>(h)[threadIdx.x * 2] = z;
+  reinterpret_cast<uint4*>(h)[threadIdx.x * 2 + 1] = z;
+}
+
+// `cap`: per-CTA candidate capacity (≥ k); the dynamic shared memory holds C·cap (key, index) pairs.
+template <int C, int ITEMS, bool GATHER>
+__global__ void __launch_bounds__(512, 1)
+    topk_kernel_v4(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len, int cap) {
+  constexpr int THREADS = 512;
+  static_assert(C >= 1 && C <= 16, "cluster size 1..16");
+  static_assert(ITEMS % 4 == 0, "ITEMS must be a multiple of 4");
+  using ScanI = cub::BlockScan<int, THREADS>;
+  using ScanL = cub::BlockScan<unsigned long long, THREADS>;
+  extern __shared__ __align__(16) uint2 cand[];  // [C][cap] (key, index)
+  __shared__ __align__(16) uint32_t hist[2][4096];
+  __shared__ union {
+    typename ScanI::TempStorage i;
+    typename ScanL::TempStorage l;
+  } tmp;
+  __shared__ int s_pick[3];
+  __shared__ uint32_t s_red[2][THREADS / 32];
+  __shared__ uint32_t s_thr[16], s_max[16];     // pushed by every CTA before barrier #1
+  __shared__ unsigned long long s_ge[16];       // (G_q << 32 | E_q), pushed before barrier #2
+  __shared__ int s_gtq[16], s_eqq[16];
+  __shared__ uint32_t s_res[4];  // GATHER: (lo, mask, prefix, krem) from CTA 0
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const uint32_t rank = cluster.block_rank();
+  const int64_t r = blockIdx.y;
+  const int n = max(nrows[r], 0);
+  const float* row = scores + r * ld;
+  int32_t* orow = out + r * int64_t(k);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  if (n <= k) {  // cluster-uniform; no cluster barrier is reached
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    return;
+  }
+  zero_hist4096(hist[0]);
+  TOPK_TS(0);
+
+  int P = (n + C * THREADS - 1) / (C * THREADS);
+  P = (P + 3) & ~3;
+  const int64_t start = int64_t(int(rank) * THREADS + tid) * P;
+  const int64_t left = int64_t(n) - start;
+  const int cnt = left <= 0 ? 0 : (left < P ? int(left) : P);
+  const int64_t cta_left = int64_t(n) - int64_t(rank) * THREADS * P;
+  const int cnt_cta = cta_left <= 0 ? 0 : (cta_left < int64_t(THREADS) * P ? int(cta_left) : THREADS * P);
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  uint32_t key[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; i += 4) {
+    if (i < P) {
+      if (vec && i + 4 <= cnt) {
+        float4 v = __ldg(reinterpret_cast<const float4*>(row + start + i));
+        key[i] = order_key(v.x);
+        key[i + 1] = order_key(v.y);
+        key[i + 2] = order_key(v.z);
+        key[i + 3] = order_key(v.w);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) key[i + j] = (i + j < cnt) ? order_key(row[start + i + j]) : 0u;
+      }
+    }
+  }
+
+  // 1. pre-filter F and the CTA's max key
+  const int threads_with_data = min(THREADS, (cnt_cta + P - 1) / P);
+  const bool need2 = k > threads_with_data;
+  uint32_t m1 = 0, m2 = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (i < cnt) {
+      const uint32_t x = key[i];
+      m2 = max(m2, min(m1, x));
+      m1 = max(m1, x);
+    }
+  {
+    const uint32_t mine = cnt == 0 ? 0xffffffffu : (need2 ? m2 : m1);
+    const uint32_t wmin = __reduce_min_sync(0xffffffffu, mine);
+    const uint32_t wmax = __reduce_max_sync(0xffffffffu, m1);
+    if (lane == 0) {
+      s_red[0][warp] = wmin;
+      s_red[1][warp] = wmax;
+    }
+  }
+  __syncthreads();
+  uint32_t F = 0xffffffffu, Mq = 0;
+#pragma unroll
+  for (int w = 0; w < THREADS / 32; ++w) {
+    F = min(F, s_red[0][w]);
+    Mq = max(Mq, s_red[1][w]);
+  }
+  if (2 * threads_with_data < k || cnt_cta <= cap) F = 0;
+  TOPK_TS(1);
+
+  // 2. local threshold T_q
+  int hp = 0;  // histogram buffer in use: hist[hp & 1]; the other one is zeroed meanwhile
+  uint32_t Tq = 0;
+  if (cnt_cta > cap) {  // CTA-uniform
+    uint32_t lmask = 0, lprefix = 0;
+    int krem = k;
+#pragma unroll 1
+    for (int pass = 0; pass < 3; ++pass) {
+      const int shift = pass == 0 ? 20 : (pass == 1 ? 8 : 0);
+      const uint32_t dmask = pass == 2 ? 0xffu : 0xfffu;
+      uint32_t* h = hist[hp & 1];
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+        if (i < cnt && key[i] >= F && (key[i] & lmask) == lprefix)
+          atomicAdd(&h[(key[i] >> shift) & dmask], 1u);
+      zero_hist4096(hist[(hp + 1) & 1]);
+      __syncthreads();
+      block_pick_bin(h, int(dmask) + 1, krem, tmp.i, s_pick);
+      ++hp;
+      lprefix |= uint32_t(s_pick[0]) << shift;
+      lmask |= dmask << shift;
+      krem -= s_pick[1];
+      const int ge = (k - krem) + s_pick[2];  // keys ≥ T_q counted so far (only keys ≥ F count)
+      Tq = max(lprefix, F);
+      if (ge <= cap) break;  // then #(keys > T_q) ≤ cap; after the last pass T_q is the k-th key
+    }
+  }
+
+  // 3. exchange (T_q, max) and take T0 = max T_q, M = max key
+  TOPK_TS(2);
+  if (tid < C) {
+    st_cluster_u32(cluster_map(&s_thr[rank], uint32_t(tid)), Tq);
+    st_cluster_u32(cluster_map(&s_max[rank], uint32_t(tid)), Mq);
+  }
+  cluster.sync();  // #1
+  TOPK_TS(3);
+  uint32_t T0 = 0, M = 0;
+#pragma unroll
+  for (int q = 0; q < C; ++q) {
+    T0 = max(T0, s_thr[q]);
+    M = max(M, s_max[q]);
+  }
+
+  // 4. push candidates (keys > T0) to every CTA
+  {
+    int gt = 0, eq = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if (i < cnt) {
+        gt += key[i] > T0;
+        eq += key[i] == T0;
+      }
+    unsigned long long packed = (static_cast<unsigned long long>(gt) << 32) | unsigned(eq), excl, agg;
+    ScanL(tmp.l).ExclusiveSum(packed, excl, agg);
+    if (gt > 0) {
+      uint32_t slot = uint32_t(rank) * uint32_t(cap) + uint32_t(excl >> 32);
+      const uint32_t base0 = static_cast<uint32_t>(__cvta_generic_to_shared(cand));
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+        if (i < cnt && key[i] > T0) {
+#pragma unroll 1
+          for (int q = 0; q < (GATHER ? 1 : C); ++q) {
+            uint32_t a;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(base0 + slot * 8u), "r"(uint32_t(q)));
+            st_cluster_v2(a, key[i], uint32_t(start + i));
+          }
+          ++slot;
+        }
+    }
+    if (tid < (GATHER ? 1 : C)) st_cluster_u64(cluster_map(&s_ge[rank], uint32_t(tid)), agg);
+  }
+  TOPK_TS(4);
+  cluster.sync();  // #2: candidates and counts everywhere; no cross-CTA access after this point
+  TOPK_TS(5);
+
+  // 5. the k-th key among the candidates (or the T0 tie case); GATHER: CTA 0 only
+  uint32_t lo = 0, mask = 0xffffffffu, prefix = T0;
+  int krem = 0;
+  if (!GATHER || rank == 0) {  // CTA-uniform
+  int Gtot = 0;
+#pragma unroll
+  for (int q = 0; q < C; ++q) Gtot += int(s_ge[q] >> 32);
+  if (Gtot < k) {  // all keys > T0, then ties == T0 in index order
+    krem = k - Gtot;
+    if (tid < C) {
+      s_gtq[tid] = int(s_ge[tid] >> 32);
+      s_eqq[tid] = int(s_ge[tid] & 0xffffffffu);
+    }
+    __syncthreads();
+  } else {
+    lo = T0 + 1;  // T0 < M here
+    const int pfx = __clz(T0 ^ M);
+    mask = pfx == 0 ? 0u : (0xffffffffu << (32 - pfx));
+    prefix = M & mask;
+    int rem = 32 - pfx;
+    krem = k;
+#pragma unroll 1
+    while (rem > 0) {
+      const int w = min(12, rem), shift = rem - w;
+      const uint32_t dmask = (1u << w) - 1u;
+      uint32_t* h = hist[hp & 1];
+#pragma unroll 1
+      for (int q = 0; q < C; ++q) {
+        const int g = int(s_ge[q] >> 32);
+        const uint2* cq = cand + q * cap;
+        for (int o = tid; o < g; o += THREADS) {
+          const uint32_t x = cq[o].x;
+          if ((x & mask) == prefix) atomicAdd(&h[(x >> shift) & dmask], 1u);
+        }
+      }
+      zero_hist4096(hist[(hp + 1) & 1]);
+      __syncthreads();
+      block_pick_bin(h, int(dmask) + 1, krem, tmp.i, s_pick);
+      ++hp;
+      prefix |= uint32_t(s_pick[0]) << shift;
+      mask |= dmask << shift;
+      krem -= s_pick[1];
+      rem -= w;
+      if (s_pick[2] == krem) break;  // the whole bin is taken: no boundary ties
+    }
+    // per source CTA: candidates above / equal to the final prefix
+    if (warp < C) {
+      const int g = int(s_ge[warp] >> 32);
+      const uint2* cq = cand + warp * cap;
+      int ngt = 0, neq = 0;
+      for (int o0 = 0; o0 < g; o0 += 32) {
+        const int o = o0 + lane;
+        const uint32_t x = o < g ? (cq[o].x & mask) : 0u;
+        ngt += __popc(__ballot_sync(0xffffffffu, o < g && x > prefix));
+        neq += __popc(__ballot_sync(0xffffffffu, o < g && x == prefix));
+      }
+      if (lane == 0) {
+        s_gtq[warp] = ngt;
+        s_eqq[warp] = neq;
+      }
+    }
+    __syncthreads();
+  }
+
+  // 6. this CTA's output offset and tie quota, then the ordered write
+  }
+  if constexpr (GATHER) {
+    if (rank == 0 && tid < C) {  // CTA 0 hands the result to every CTA
+      const uint32_t q = uint32_t(tid);
+      st_cluster_u32(cluster_map(&s_res[0], q), lo);
+      st_cluster_u32(cluster_map(&s_res[1], q), mask);
+      st_cluster_u32(cluster_map(&s_res[2], q), prefix);
+      st_cluster_u32(cluster_map(&s_res[3], q), uint32_t(krem));
+      for (int p = 0; p < C; ++p) {
+        st_cluster_u32(cluster_map(&s_gtq[p], q), uint32_t(s_gtq[p]));
+        st_cluster_u32(cluster_map(&s_eqq[p], q), uint32_t(s_eqq[p]));
+      }
+    }
+    cluster.sync();  // #3: the result everywhere; no cross-CTA access after this point
+    lo = s_res[0];
+    mask = s_res[1];
+    prefix = s_res[2];
+    krem = int(s_res[3]);
+  }
+  TOPK_TS(6);
+  int off = 0, before_eq = 0;
+  for (int q = 0; q < int(rank); ++q) {
+    const int e = s_eqq[q];
+    off += s_gtq[q] + min(e, max(0, krem - before_eq));
+    before_eq += e;
+  }
+  const int take = min(s_eqq[rank], max(0, krem - before_eq));
+  int gt = 0, eq = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (i < cnt && key[i] >= lo) {
+      const uint32_t kk = key[i] & mask;
+      gt += kk > prefix;
+      eq += kk == prefix;
+    }
+  unsigned long long packed = (static_cast<unsigned long long>(gt) << 32) | unsigned(eq), excl;
+  ScanL(tmp.l).ExclusiveSum(packed, excl);
+  int gt_b = off + int(excl >> 32), eq_b = int(excl & 0xffffffffu);
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (i < cnt && key[i] >= lo) {
+      const uint32_t kk = key[i] & mask;
+      if (kk > prefix) {
+        orow[gt_b + min(eq_b, take)] = int32_t(start + i);
+        ++gt_b;
+      } else if (kk == prefix) {
+        if (eq_b < take) orow[gt_b + eq_b] = int32_t(start + i);
+        ++eq_b;
+      }
+    }
+  }
+  TOPK_TS(7);
+  if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+}
+
+// Launches topk_kernel_v4<C, ITEMS> with per-CTA candidate capacity cap = k·cap_x4/4 (≥ k).
+// kUnsupported when the cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0) or the
+// candidate buffer exceeds the shared memory.
+template <int C, int ITEMS, bool GATHER>
+Status launch_topk_v4(int cap_x4, const float* scores, int64_t ld, const int32_t* n, int64_t R,
+                      int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
+  auto kern = topk_kernel_v4<C, ITEMS, GATHER>;
+  const int cap = (int((int64_t(k) * cap_x4 + 3) / 4) + 1) & ~1;
+  const size_t smem = size_t(C) * size_t(cap) * sizeof(uint2);
+  if (smem > 160 * 1024)
+    return errorf(ErrorCode::kUnsupported, "topk_rows v4: k={} needs {} B of candidate buffer",
+                  k, smem);
+  static size_t smem_set = 0;  // largest dynamic size granted so far (host-side cache)
+  static bool fits_checked = false;
+  if (smem > smem_set) {
+    V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if constexpr (C > 8)
+      V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    smem_set = smem;
+    fits_checked = false;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C, unsigned(R), 1);
+  cfg.blockDim = dim3(512, 1, 1);
+  cfg.dynamicSmemBytes = smem_set;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (!fits_checked) {
+    int clusters = 0;
+    V4_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
+    if (clusters < 1)
+      return errorf(ErrorCode::kUnsupported, "topk_rows v4: a cluster of {} CTAs cannot be resident", C);
+    fits_checked = true;
+  }
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len, cap));
+  return Status::Ok();
+}
+
+// Clusters of more than 8 CTAs are non-portable: allow them once, then ask whether one such
+// cluster can be resident at all (one 512-thread CTA per SM, so 16 SMs of one GPC); kUnsupported
+// when not, instead of a failing launch. `cfg` is the launch configuration (cluster dims set).
+// The answer is cached per kernel (keyed by its address: kernels of one signature share the
+// template instantiation, which is why a per-instantiation flag is not enough).
+template <int C, typename Kern>
+Status check_big_cluster(Kern kern, const cudaLaunchConfig_t& cfg) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, bool>> known;  // kernel -> fits
+  const void* key = reinterpret_cast<const void*>(kern);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = std::find_if(known.begin(), known.end(), [&](const auto& e) { return e.first == key; });
+  if (it == known.end()) {
+    V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int clusters = 0;
+    V4_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
+    known.emplace_back(key, clusters >= 1);
+    it = known.end() - 1;
+  }
+  if (!it->second)
+    return errorf(ErrorCode::kUnsupported, "topk_rows: a cluster of {} CTAs cannot be resident", C);
+  return Status::Ok();
 }
 
 template <int C, typename Kern>
 Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t* n, int64_t R,
                       int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
-  if constexpr (C > 8) {
-    static bool attr_set = false;
-    if (!attr_set) {
-      V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      attr_set = true;
-    }
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C, unsigned(R), 1);
   cfg.blockDim = dim3(512, 1, 1);
@@ -681,6 +1225,7 @@ Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t*
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
   return Status::Ok();
 }
@@ -689,13 +1234,6 @@ template <int C, int THREADS, int ITEMS, bool AGG>
 Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                    int32_t* out, int32_t* out_len, cudaStream_t stream) {
   auto kern = topk_kernel<C, THREADS, ITEMS, AGG>;
-  if constexpr (C > 8) {
-    static bool attr_set = false;
-    if (!attr_set) {
-      V4_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      attr_set = true;
-    }
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C, unsigned(R), 1);
   cfg.blockDim = dim3(THREADS, 1, 1);
@@ -708,6 +1246,7 @@ Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R,
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
   return Status::Ok();
 }
@@ -761,13 +1300,22 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // Fastest configuration per size measured on the H200 (bench/results/cuda-topk.md): one CTA
     // for short rows; at batch 1 a cluster of 8 (v3); for many rows fewer CTAs per cluster win
     // (the clusters then fill the GPU anyway), so R ≥ 16 switches to 2 or 4 CTAs.
+    // Session 3 run (cuda-topk.md): at batch 1, v3 with keys per thread sized to the row (26)
+    // wins at 64K (11.4 µs) and the 16-CTA v3 cluster (17, non-portable size) at 128K–256K
+    // (15.0 / 17.0 µs vs 15.4 / 22.1 for 18 / 16); 17 falls back to 16 where a 16-CTA cluster
+    // cannot be resident.
     const bool many = R >= 16;
     variant = max_n <= 8192     ? 7
               : max_n <= 32768  ? 8
-              : max_n <= 65536  ? (many ? 13 : 18)
-              : max_n <= 131072 ? (many ? 15 : 18)
-              : max_n <= 262144 ? 16
+              : max_n <= 65536  ? (many ? 13 : 26)
+              : max_n <= 131072 ? (many ? 15 : 17)
+              : max_n <= 262144 ? (many ? 16 : 17)
                                 : 5;
+    if (variant == 17) {
+      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 17);
+      if (st.code() != ErrorCode::kUnsupported) return st;
+      variant = max_n <= 131072 ? 18 : 16;
+    }
   }
   constexpr int T = 512;
   switch (variant) {
@@ -827,11 +1375,68 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     case 18:
       if (max_n > 8 * T * 32) break;
       return launch_cluster<8>(topk_kernel_v3<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v4 (local thresholds + candidate exchange); first argument = per-CTA candidate capacity in
+    // k/4 units. The 8×64 variants use the 32-key instantiation when rows fit it (fewer guarded
+    // iterations, no spills).
+    case 19:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 32) return launch_topk_v4<8, 32, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<8, 64, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 20:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 32) return launch_topk_v4<8, 32, false>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v4<8, 64, false>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 21:
+      if (max_n > 16 * T * 32) break;
+      return launch_topk_v4<16, 32, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 22:
+      if (max_n > 8 * T * 32) break;
+      return launch_topk_v4<8, 32, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 23:
+      if (max_n > 4 * T * 64) break;
+      return launch_topk_v4<4, 64, false>(8, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v4 gather: candidates only to CTA 0, which selects and hands the result back (3 barriers)
+    case 24:
+      if (max_n > 16 * T * 32) break;
+      return launch_topk_v4<16, 32, true>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 25:
+      if (max_n > 8 * T * 32) break;
+      return launch_topk_v4<8, 32, true>(5, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v3 with the key array sized to the row (v3 8×64 for rows ≤ 131072 runs as 8×32)
+    case 26:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 16) return launch_cluster<8>(topk_kernel_v3<8, 16>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_cluster<8>(topk_kernel_v3<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<8>(topk_kernel_v3<8, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v3 with coalesced (warp-interleaved) loads, keys/thread sized to the row
+    case 27:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 16) return launch_cluster<8>(topk_kernel_v3<8, 16, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_cluster<8>(topk_kernel_v3<8, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<8>(topk_kernel_v3<8, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 28:
+      if (max_n > 4 * T * 64) break;
+      if (max_n <= 4 * T * 32) return launch_cluster<4>(topk_kernel_v3<4, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<4>(topk_kernel_v3<4, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 29:
+      if (max_n > 2 * T * 64) break;
+      if (max_n <= 2 * T * 32) return launch_cluster<2>(topk_kernel_v3<2, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<2>(topk_kernel_v3<2, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }
   return errorf(ErrorCode::kInvalidArgument, "topk_rows: variant {} cannot take rows of {}",
                     variant, max_n);
+}
+
+Status topk_phase_cycles(long long* cycles16) {
+#ifdef V4_TOPK_PHASES
+  V4_CUDA_TRY(cudaMemcpyFromSymbol(cycles16, g_topk_phase, 16 * sizeof(long long)));
+  return Status::Ok();
+#else
+  (void)cycles16;
+  return errorf(ErrorCode::kUnsupported, "topk_phase_cycles: built without V4_TOPK_PHASES");
+#endif
 }
 
 Status topk_cub_sort_baseline(const float* scores, int64_t R, int64_t n, float* keys_tmp,

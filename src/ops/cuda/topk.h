@@ -41,10 +41,31 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// warp-aggregated atomics; v2 kernel 7: 1 CTA×16, 8: 1 CTA×64, 9: 8×64, 10: 16×32,
 /// 11: 16×64 (does not launch on the H200: 16 CTAs of 64K registers exceed a GPC), 12: 4×64,
 /// 13: 2×64; v3 kernel (reduce-scatter histograms) 14: 2×64, 15: 4×64, 16: 8×64, 17: 16×32
-/// (does not launch on the H200 either), 18: 8×32. Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant).
+/// (does not launch on the H200 either), 18: 8×32.
+/// v4 kernel (CTA-local radix passes find each CTA's own k-th key T_q after a min-of-thread-max
+/// pre-filter; T0 = max T_q is exchanged through DSMEM; the keys > T0 (≤ cap per CTA) are pushed
+/// as (key, index) candidates; the k-th candidate is radix-selected in shared memory; 2 cluster
+/// barriers instead of ~8; cap = per-CTA candidate capacity, dynamic shared memory C·cap·8 B):
+/// 19: 8×64 cap 2k, 20: 8×64 cap 1.25k (both run as 8×32 for rows ≤ 131072), 21: 16×32 cap 2k
+/// (non-portable cluster of 16), 22: 8×32 cap 2k, 23: 4×64 cap 2k; v4 "gather" (candidates only to
+/// CTA 0, which selects and hands the result back; 3 barriers) 24: 16×32 cap 1.25k, 25: 8×32
+/// cap 1.25k. Measured on the H200 (bench/results/cuda-topk.md) v4 is slower than v3: pushing
+/// ~4–10K candidates over DSMEM and selecting among them costs more than the barriers it saves.
+/// 26: v3 cluster 8 with keys/thread sized to the row (16/32/64). 27/28/29: v3 cluster 8/4/2,
+/// sized to the row, with coalesced loads (each warp owns a contiguous slice, lanes interleaved by
+/// float4; output order from warp shuffles instead of a block scan).
+/// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
+/// candidate buffer would not fit (v4 with large k), returns kUnsupported.
+/// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
+/// kUnsupported (above).
 Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
                  int variant = 0);
+
+/// Debug aid: clock64() stamps (SM cycles) recorded by thread 0 of CTA 0 of row 0 at fixed points
+/// of the last v3/v4 launch (see TOPK_TS in topk.cu), 16 entries, unset ones stale. Only in builds
+/// with -DV4_TOPK_PHASES=1; otherwise kUnsupported.
+Status topk_phase_cycles(long long* cycles16);
 
 /// Baseline for benchmarks: full descending segmented sort of (score, index) pairs with CUB
 /// (cub::DeviceSegmentedSort) of R rows of equal length n; the first k values of each row of

@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Weight GEMMs over native weight formats (see wgemm.h).
 #include <algorithm>
+#include <cstdlib>
 
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/wformat.cuh"
@@ -173,6 +174,10 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
   const int64_t Ks = nchunks * 32 * V;
   float* red = xs + int64_t(a.mc) * Ks;  // [warps][R][MT]
   int64_t e = 0, rbeg = 0, rcnt = a.rows;
+  const int64_t grp = a.list ? 0 : blockIdx.y;  // grouped plain form (GemvArgs)
+  const float* const X = a.x + grp * a.x_group_stride;
+  float* const Y = a.y + grp * a.y_group_stride;
+  const int64_t nb = grp * a.n_out;
   if (a.list) {
     if (int(blockIdx.y) >= *a.active_count) return;
     e = a.active[blockIdx.y];
@@ -186,6 +191,23 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
   const int64_t rbytes = wrow_bytes(F, K);
 
+  // The first tile's weight bytes are requested into L2 before x is staged, so the two memory
+  // latencies overlap (most small GEMVs give a block a single tile: its whole weight slice).
+  if (rcnt > 0 && int64_t(blockIdx.x) < ntiles) {
+    const int64_t o0 = int64_t(blockIdx.x) * per_tile + int64_t(group) * OPW;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t out = SWIGLU ? o0 : o0 + r;
+      if (out >= a.n_out) continue;
+      const uint8_t* row = wrow(w, e, nb + (SWIGLU ? o0 + r * a.n_out : o0 + r));
+      for (int64_t c = kslice; c < nchunks; c += ks) {
+        const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
+        if (kk0 < K)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(row + wrow_bytes(F, kk0)));
+      }
+    }
+  }
+
   for (int64_t m0 = 0; m0 < rcnt; m0 += a.mc) {
     const int mc = int(rcnt - m0 < a.mc ? rcnt - m0 : a.mc);
     __syncthreads();  // the previous pass is done with xs
@@ -196,7 +218,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
     for (int i = 0; i < mc; ++i) {
       const int64_t item = rbeg + m0 + i;
       const int64_t xr = a.list ? int64_t(a.list[item] / a.xdiv) : item;
-      const float* src = a.x + xr * a.ldx;
+      const float* src = X + xr * a.ldx;
       float* dst = xs + int64_t(i) * Ks;
       if (x4) {
         const int64_t G = Ks / 4, GK = K / 4;
@@ -222,7 +244,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
       for (int r = 0; r < R; ++r) {
         const int64_t out = SWIGLU ? o0 : o0 + r;
         rok[r] = out < a.n_out;
-        const int64_t n = rok[r] ? (SWIGLU ? o0 + r * a.n_out : o0 + r) : 0;
+        const int64_t n = nb + (rok[r] ? (SWIGLU ? o0 + r * a.n_out : o0 + r) : 0);
         rowp[r] = wrow(w, e, n);
         if constexpr (F == WFormat::kFP8Block)
           scp[r] = fp8_scale_row(w, e, n);
@@ -332,7 +354,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
           if (m >= mc) continue;
           const int64_t item = rbeg + m0 + m;
           const int64_t yr = a.list ? int64_t(a.list[item]) : item;
-          float* yrow = a.y + yr * a.ldy;
+          float* yrow = Y + yr * a.ldy;
           if constexpr (SWIGLU) {
             if (o0 < a.n_out) {
               float g = acc[0][m], u = acc[1][m];
@@ -361,22 +383,44 @@ Status launch_gemv(const GemvArgs& a, dim3 grid, size_t smem, cudaStream_t strea
 
 // Opt every GEMV instantiation in to kGemvSmemMax of dynamic shared memory (once, at backend
 // creation: no attribute call later, e.g. inside a CUDA graph capture).
-template <WFormat F, bool VEC>
-Status prepare_format() {
-  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, 1, false>,
+template <WFormat F, bool VEC, int MT>
+Status prepare_mt() {
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, MT, false>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
-  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, kGemvMaxMc, false>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
-  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, kGemvMaxMc, true>,
+  V4_CUDA_TRY(cudaFuncSetAttribute(wgemv_kernel<F, VEC, MT, true>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvSmemMax)));
   return Status::Ok();
 }
+template <WFormat F, bool VEC>
+Status prepare_format() {
+  V4_RETURN_IF_ERROR((prepare_mt<F, VEC, 1>()));
+  V4_RETURN_IF_ERROR((prepare_mt<F, VEC, 2>()));
+  return prepare_mt<F, VEC, kGemvMaxMc>();
+}
 
+// Rows per shared-memory pass as a template (1, 2 or kGemvMaxMc): fewer unrolled accumulators
+// and less x staging (more blocks per SM) when the rows per item are few (decode).
 template <WFormat F, bool VEC>
 Status dispatch_mt(const GemvArgs& a, int mt, dim3 grid, size_t smem, cudaStream_t stream) {
-  if (a.swiglu) return launch_gemv<F, VEC, kGemvMaxMc, true>(a, grid, smem, stream);
-  if (mt == 1) return launch_gemv<F, VEC, 1, false>(a, grid, smem, stream);
-  return launch_gemv<F, VEC, kGemvMaxMc, false>(a, grid, smem, stream);
+  if (mt == 1)
+    return a.swiglu ? launch_gemv<F, VEC, 1, true>(a, grid, smem, stream)
+                    : launch_gemv<F, VEC, 1, false>(a, grid, smem, stream);
+  if (mt == 2)
+    return a.swiglu ? launch_gemv<F, VEC, 2, true>(a, grid, smem, stream)
+                    : launch_gemv<F, VEC, 2, false>(a, grid, smem, stream);
+  return a.swiglu ? launch_gemv<F, VEC, kGemvMaxMc, true>(a, grid, smem, stream)
+                  : launch_gemv<F, VEC, kGemvMaxMc, false>(a, grid, smem, stream);
+}
+
+// Resident blocks per SM the grid aims for (V4_GEMV_BLOCKS_PER_SM, default 4): more blocks keep
+// more weight loads in flight (the GEMV is latency-bound at small M).
+int gemv_blocks_per_sm() {
+  static const int v = [] {
+    const char* e = std::getenv("V4_GEMV_BLOCKS_PER_SM");
+    const int n = e ? std::atoi(e) : 0;
+    return n > 0 ? n : 4;
+  }();
+  return v;
 }
 
 // ---- bf16 operands for the tensor-core path ---------------------------------------------------
@@ -470,15 +514,17 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   int ks = warps1 >= 8 * int64_t(num_sms) ? 1 : warps1 >= 4 * int64_t(num_sms) ? 2 : 4;
   while (ks > 1 && ks > nchunks) ks /= 2;
   int64_t mc = wgemv_pass_rows(w);
-  if (!a.list) mc = std::min<int64_t>(mc, a.rows);
-  const int mt = (!a.list && a.rows == 1 && !a.swiglu) ? 1 : kGemvMaxMc;
+  const int64_t rows_per_item = a.list ? (a.rows_hint > 0 ? a.rows_hint : kGemvMaxMc) : a.rows;
+  const int mt = rows_per_item <= 1 ? 1 : rows_per_item <= 2 ? 2 : kGemvMaxMc;
+  mc = std::min<int64_t>({mc, int64_t(mt), a.list ? int64_t(mt) : a.rows});
   a.ks = ks;
   a.mc = int(mc);
   const size_t smem = size_t(mc * Ks) * 4 + size_t(kGemvWarps * kGemvR * mt) * 4;
   const int64_t per_tile = int64_t(kGemvWarps / ks) * opw;
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
-  const int64_t gx =
-      std::min<int64_t>(ntiles, std::max<int64_t>(1, (4 * int64_t(num_sms) + grid_y - 1) / grid_y));
+  const int64_t gx = std::min<int64_t>(
+      ntiles,
+      std::max<int64_t>(1, (gemv_blocks_per_sm() * int64_t(num_sms) + grid_y - 1) / grid_y));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(grid_y));
   switch (w.format) {
     case WFormat::kF32:
@@ -530,6 +576,33 @@ void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight, con
   if (M <= c.gemv_max_rows && !bf16_weight) return;  // GEMV (or the fp32 fallback): no scratch
   bytes[kSlotXBf16] = std::max(bytes[kSlotXBf16], size_t(M * K) * 2);
   if (!bf16_weight) bytes[kSlotWBf16] = std::max(bytes[kSlotWBf16], size_t(n * K) * 2);
+}
+
+Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, int groups,
+                             int64_t M, float* y, int64_t ldy, const KernelContext& c) {
+  if (M <= 0 || w.n <= 0) return Status::Ok();
+  if (groups < 1 || w.n % groups)
+    return errorf(ErrorCode::kInvalidArgument, "linear_w_grouped: {} rows into {} groups", w.n,
+                  groups);
+  const int64_t n = w.n / groups;
+  if (linear_bf16_uses_gemv(w.rows(0, n), M, c.gemv_max_rows)) {
+    GemvArgs a;
+    a.w = w;
+    a.w.experts = 1;
+    a.x = x;
+    a.ldx = ldx;
+    a.y = y;
+    a.ldy = ldy;
+    a.rows = M;
+    a.n_out = n;
+    a.x_group_stride = w.k;
+    a.y_group_stride = n;
+    return wgemv(a, groups, c.num_sms, c.stream);
+  }
+  for (int g = 0; g < groups; ++g)
+    V4_RETURN_IF_ERROR(linear_w_bf16(x + int64_t(g) * w.k, ldx, w.rows(int64_t(g) * n, n), M,
+                                     y + int64_t(g) * n, ldy, c));
+  return Status::Ok();
 }
 
 Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,

@@ -46,6 +46,13 @@ struct GemvArgs {
   const int32_t* active = nullptr;        // [E] active experts, ascending
   const int32_t* active_count = nullptr;  // [1]
   int xdiv = 1;
+  /// Grouped form: an expected bound on rows per expert (e.g. the token count S when a token's
+  /// experts are distinct); picks the kernel's rows-per-pass template (1, 2 or 8). Any value is
+  /// correct — more rows run in further passes —; 0 = unknown (8).
+  int64_t rows_hint = 0;
+  /// Grouped plain form (list == nullptr, grid_y = groups): group g = blockIdx.y reads x from
+  /// x + g·x_group_stride, weight rows from g·n_out and writes y + g·y_group_stride.
+  int64_t x_group_stride = 0, y_group_stride = 0;
   // Filled by wgemv: warps splitting K, rows of x per shared-memory pass, row capacity per pass.
   int ks = 1, mc = 1;
 };
@@ -90,6 +97,7 @@ enum ScratchSlot : int {
   kSlotMoeInts = 8,     // MoE routing: offsets, active experts, pair lists
   kSlotActBf16 = 9,     // MoE tensor-core paths: act as bf16
   kSlotAttention = 10,  // sparse_attention split-KV workspace (attention.h)
+  kSlotMhc = 11,        // mHC split-form partial sums (mhc.h mhc_work_floats)
   kNumScratchSlots = 12,
 };
 
@@ -112,6 +120,11 @@ struct KernelContext {
 /// (fp32 math on native bytes); larger M: with c.fused_tc the fused wmma_gemm where supported,
 /// else x and W rounded to bf16 (W dequantized into scratch unless stored as bf16), cuBLASLt
 /// with fp32 accumulation and f32 output; f32 weights always run wgemm_fp32 above the GEMV range.
+/// bf16-mode Ops::linear_w_grouped: all groups in one grouped wgemv launch when the GEMV takes
+/// M rows (linear_bf16_uses_gemv), else linear_w_bf16 per group. Errors: kInvalidArgument when
+/// w.n % groups != 0.
+Status linear_w_grouped_bf16(const float* x, int64_t ldx, const ops::WeightView& w, int groups,
+                             int64_t M, float* y, int64_t ldy, const KernelContext& c);
 Status linear_w_bf16(const float* x, int64_t ldx, const ops::WeightView& w, int64_t M, float* y,
                      int64_t ldy, const KernelContext& c);
 

@@ -1,0 +1,23 @@
+// FlashCompressor: the KV compressor step after its two projections (ops.h CompressFusedArgs,
+// dsv4-model.md §5) on the device in two launches instead of eight (docs/cuda.md "FlashCompressor").
+#pragma once
+#include <cuda_runtime.h>
+
+#include "base/status.h"
+#include "ops/ops.h"
+
+namespace v4::cuda {
+
+/// Runs `Ops::compress_fused` (same contract, fp32 pools) on `stream`:
+///   1. compress_fused_rows_kernel: one CTA per output row r with dst[r] ≥ 0 (others exit at
+///      once): pooled channels (the compress_pool math, ops/cuda/compress_pool.cuh) into shared
+///      memory, RMSNorm (the rmsnorm kernel's reduction order), interleaved RoPE at positions[r],
+///      one store of the finished row into pool[dst[r]].
+///   2. compress_ring_kernel: ring rows refreshed from the fresh rows (kv and gate in one launch,
+///      float4 when the rows allow). Stream order puts it after every state read of launch 1.
+/// No allocation, no host sync: graph-capturable. `scratch` is ignored.
+/// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range;
+/// launch failures.
+Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream);
+
+}  // namespace v4::cuda

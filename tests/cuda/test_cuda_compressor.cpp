@@ -1,0 +1,254 @@
+// FlashCompressor (ops/cuda/compressor.h): CudaOps::compress_fused vs (1) the default composition
+// of the same backend's ops (compress_pool → rms_norm → rope → store_rows, ring gather/store:
+// the unfused CUDA sequence the model ran before) and (2) the CPU backend's composition, on
+// C4 (m 4, overlap 2, d 512 and the indexer's d 128) and C128 (m 128, overlap 1, d 512), for
+// host-planned prefill steps (many closing windows, chunks longer than the ring so refreshed
+// ring rows are also read as state) and device-planned decode steps (B rows, a few closing,
+// padding). Every pool row and ring row the step must write is NaN before the call.
+// Tolerance: ≤ 1e-5 relative to the largest magnitude (fp32 reference mode).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "../model/compressor_cases.h"
+#include "cuda_test_util.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/ops.h"
+
+namespace v4::ops {
+namespace {
+
+using cuda::testing::Dev;
+using cuda::testing::rel_err;
+using v4::testing::CompressCase;
+using v4::testing::CompressSlice;
+
+constexpr double kTol = 1e-5;
+constexpr float kEps = 1e-6f;
+
+Ops* cpu() {
+  static auto o = make_cpu_ops();
+  return o.get();
+}
+Ops* gpu() {
+  static std::unique_ptr<Ops> o = [] {
+    auto r = make_cuda_ops();
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }();
+  return o.get();
+}
+
+// Inputs with NaN in every pool row and ring row the step writes (ring rows also read as state
+// keep their values: the pooling must see them).
+void poison_outputs(CompressCase& k) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int32_t r : k.dst)
+    if (r >= 0) std::fill_n(k.pool.begin() + int64_t(r) * k.d, k.d, nan);
+  std::vector<char> read(size_t(k.ring_total), 0);
+  for (int32_t v : k.src)
+    if (v <= -2) read[size_t(-v - 2)] = 1;
+  for (int32_t r : k.ring_dst)
+    if (r >= 0 && !read[size_t(r)]) {
+      std::fill_n(k.ring_kv.begin() + int64_t(r) * k.width(), k.width(), nan);
+      std::fill_n(k.ring_gate.begin() + int64_t(r) * k.width(), k.width(), nan);
+    }
+}
+
+// The case's buffers on one backend (host vectors for the CPU, device copies for the GPU).
+struct Bufs {
+  std::vector<float> pool, rkv, rg, scratch;  // CPU
+  std::unique_ptr<Dev<float>> dkc, dzc, drkv, drg, dbias, dnorm, dfreq, dpool, dscratch;
+  std::unique_ptr<Dev<int32_t>> dsrc, ddst, drs, drd;
+  std::unique_ptr<Dev<int64_t>> dpos;
+};
+
+CompressFusedArgs base_args(const CompressCase& k) {
+  CompressFusedArgs a;
+  a.eps = kEps;
+  a.n_out = k.n_out();
+  a.n_ring = k.n_ring();
+  a.ratio = k.m;
+  a.overlap = k.c;
+  a.dim = k.d;
+  a.rope_dim = k.rd;
+  a.attention_scaling = 1.f;
+  return a;
+}
+
+CompressFusedArgs cpu_args(CompressCase& k, Bufs& b) {
+  CompressFusedArgs a = base_args(k);
+  b.pool = k.pool;
+  b.rkv = k.ring_kv;
+  b.rg = k.ring_gate;
+  b.scratch.assign(size_t(std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width())), 0.f);
+  a.fresh_kv = k.kc.data();
+  a.fresh_gate = k.zc.data();
+  a.state_kv = b.rkv.data();
+  a.state_gate = b.rg.data();
+  a.bias = k.bias.data();
+  a.norm = k.norm.data();
+  a.src = k.src.data();
+  a.positions = k.positions.data();
+  a.dst = k.dst.data();
+  a.ring_src = k.ring_src.data();
+  a.ring_dst = k.ring_dst.data();
+  a.inv_freq = k.inv_freq.data();
+  a.pool = b.pool.data();
+  a.scratch = b.scratch.data();
+  return a;
+}
+
+CompressFusedArgs gpu_args(const CompressCase& k, Bufs& b) {
+  CompressFusedArgs a = base_args(k);
+  b.dkc = std::make_unique<Dev<float>>(k.kc);
+  b.dzc = std::make_unique<Dev<float>>(k.zc);
+  b.drkv = std::make_unique<Dev<float>>(k.ring_kv);
+  b.drg = std::make_unique<Dev<float>>(k.ring_gate);
+  b.dbias = std::make_unique<Dev<float>>(k.bias);
+  b.dnorm = std::make_unique<Dev<float>>(k.norm);
+  b.dfreq = std::make_unique<Dev<float>>(k.inv_freq);
+  b.dpool = std::make_unique<Dev<float>>(k.pool);
+  b.dscratch = std::make_unique<Dev<float>>(
+      size_t(std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width())));
+  b.dsrc = std::make_unique<Dev<int32_t>>(k.src);
+  b.ddst = std::make_unique<Dev<int32_t>>(k.dst);
+  b.drs = std::make_unique<Dev<int32_t>>(k.ring_src);
+  b.drd = std::make_unique<Dev<int32_t>>(k.ring_dst);
+  b.dpos = std::make_unique<Dev<int64_t>>(k.positions);
+  a.fresh_kv = b.dkc->p;
+  a.fresh_gate = b.dzc->p;
+  a.state_kv = b.drkv->p;
+  a.state_gate = b.drg->p;
+  a.bias = b.dbias->p;
+  a.norm = b.dnorm->p;
+  a.src = b.dsrc->p;
+  a.positions = b.dpos->p;
+  a.dst = b.ddst->p;
+  a.ring_src = b.drs->p;
+  a.ring_dst = b.drd->p;
+  a.inv_freq = b.dfreq->p;
+  a.pool = b.dpool->p;
+  a.scratch = b.dscratch->p;
+  return a;
+}
+
+enum class Mode { kEager, kGraph };
+
+void run_case(CompressCase k, Mode mode = Mode::kEager) {
+  poison_outputs(k);
+  Bufs c, fused, unfused;
+  cpu()->compress_fused(cpu_args(k, c));
+  // The CPU composition is the reference: it wrote every poisoned row.
+  for (float v : c.pool) ASSERT_FALSE(std::isnan(v));
+  for (float v : c.rkv) ASSERT_FALSE(std::isnan(v));
+
+  const CompressFusedArgs af = gpu_args(k, fused);
+  if (mode == Mode::kGraph) {
+    std::unique_ptr<Graph> g = gpu()->capture([&] { gpu()->compress_fused(af); });
+    ASSERT_NE(g, nullptr);
+    g->replay();
+  } else {
+    gpu()->compress_fused(af);
+  }
+  const CompressFusedArgs au = gpu_args(k, unfused);
+  gpu()->Ops::compress_fused(au);  // the default composition on the CUDA backend
+  gpu()->synchronize();
+
+  const auto pf = fused.dpool->host(), pu = unfused.dpool->host();
+  const double e_unfused = rel_err(pf, pu), e_cpu = rel_err(pf, c.pool);
+  std::printf("  n_out=%lld n_ring=%lld: fused vs CUDA unfused %.2e, vs CPU %.2e\n",
+              (long long)k.n_out(), (long long)k.n_ring(), e_unfused, e_cpu);
+  EXPECT_LE(e_unfused, kTol);
+  EXPECT_LE(e_cpu, kTol);
+  EXPECT_LE(rel_err(pu, c.pool), kTol);  // the two compositions agree too
+  // Ring refresh: exact copies.
+  EXPECT_TRUE(fused.drkv->host() == c.rkv);
+  EXPECT_TRUE(fused.drg->host() == c.rg);
+  EXPECT_TRUE(unfused.drkv->host() == c.rkv);
+}
+
+struct Rate {
+  int m, c, d;
+};
+const Rate kRates[] = {{4, 2, 512}, {4, 2, 128}, {128, 1, 512}};
+
+TEST(CudaCompressor, PrefillMatchesUnfused) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  for (Rate r : kRates) {
+    SCOPED_TRACE(::testing::Message() << "m=" << r.m << " c=" << r.c << " d=" << r.d);
+    // Three chunks: one from position 0, two starting mid-window with earlier tokens in the ring;
+    // each longer than the ring, so refreshed ring rows are read as state in the same step.
+    const int64_t L = 3 * r.c * r.m + 5;
+    CompressCase k = v4::testing::prefill_case(
+        r.m, r.c, r.d, 64, {{0, r.m + 3, L}, {3, 0, L + r.m}, {1, 2 * r.m - 1, L + 1}},
+        cuda::testing::test_seed() + r.m + r.d);
+    ASSERT_TRUE(k.ring_hazard());
+    ASSERT_GE(k.n_out(), 6);
+    run_case(std::move(k));
+  }
+}
+
+TEST(CudaCompressor, LongPrefillC4) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  // 2K tokens of one sequence after 130 earlier ones: 512 closing windows.
+  for (int d : {512, 128})
+    run_case(v4::testing::prefill_case(4, 2, d, 64, {{2, 130, 2048}},
+                                       cuda::testing::test_seed() + d));
+}
+
+std::vector<int64_t> decode_positions(int B, int m, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int64_t> pos(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    const int u = int(g() % 8);
+    const int64_t base = int64_t(g() % 4000);
+    pos[size_t(b)] = u == 0 ? -1 : u <= 2 ? (base / m + 1) * m - 1 : base;  // pad / close / any
+  }
+  pos[0] = 2 * int64_t(m) - 1;  // at least one closing row with both series
+  return pos;
+}
+
+TEST(CudaCompressor, DecodeMatchesUnfused) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  for (Rate r : kRates)
+    for (int B : {1, 7, 64}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d << " B=" << B);
+      const uint64_t seed = cuda::testing::test_seed() + B * 31 + r.m;
+      run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(B, r.m, seed), seed));
+    }
+}
+
+TEST(CudaCompressor, DecodeUnderGraphCapture) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  ASSERT_TRUE(gpu()->supports_graphs());
+  for (Rate r : kRates) {
+    SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d);
+    const uint64_t seed = cuda::testing::test_seed() + 977 + r.m;
+    run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(64, r.m, seed), seed),
+             Mode::kGraph);
+  }
+}
+
+TEST(CudaCompressor, OddShapes) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  // d odd (scalar ring copy, blockDim > d), d > 1024 (channel loop), rope_dim = d.
+  struct S { int m, c, d, rd; };
+  for (S s : {S{3, 2, 37, 8}, S{5, 1, 1100, 64}, S{4, 2, 64, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "m=" << s.m << " c=" << s.c << " d=" << s.d);
+    CompressCase k = v4::testing::prefill_case(s.m, s.c, s.d, s.rd, {{0, 1, 4 * s.m + 3}, {1, 0, 9}},
+                                               cuda::testing::test_seed() + s.d);
+    run_case(std::move(k));
+  }
+}
+
+}  // namespace
+}  // namespace v4::ops
