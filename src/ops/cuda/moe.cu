@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // MoE experts over native weight formats (see moe.h).
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "ops/cuda/device_util.cuh"
@@ -367,7 +368,14 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.active = rb.active;
     up.active_count = rb.active_count;
     up.xdiv = a.topk;
-    up.rows_hint = S;  // rows per expert ≤ S unless a token repeats an expert
+    // Rows per shared-memory pass: at most S rows per expert (unless a token repeats one);
+    // V4_MOE_PASS_ROWS caps it (fewer rows per pass: more blocks per SM, but experts with more
+    // rows than a pass re-read their weights).
+    static const int64_t pass_cap = [] {
+      const char* e = std::getenv("V4_MOE_PASS_ROWS");
+      return e && std::atoi(e) > 0 ? int64_t(std::atoi(e)) : int64_t(0);
+    }();
+    up.rows_hint = pass_cap > 0 ? std::min<int64_t>(S, pass_cap) : S;
     const bool fused = path == MoePath::kFused;
     V4_RETURN_IF_ERROR(fused ? wmma_gemm(up, slots, c.num_sms, c.stream)
                              : wgemv(up, slots, c.num_sms, c.stream));
