@@ -375,7 +375,9 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
       const char* e = std::getenv("V4_MOE_PASS_ROWS");
       return e && std::atoi(e) > 0 ? int64_t(std::atoi(e)) : int64_t(0);
     }();
-    up.rows_hint = pass_cap > 0 ? std::min<int64_t>(S, pass_cap) : S;
+    // Default from the H200 sweep (bench/results/cuda-wformat.md): 2-row passes win at S = 16
+    // and 64 (1.39× / 1.13×), the 8-row template at S = 256.
+    up.rows_hint = std::min<int64_t>(S, pass_cap > 0 ? pass_cap : (S <= 64 ? 2 : S));
     const bool fused = path == MoePath::kFused;
     V4_RETURN_IF_ERROR(fused ? wmma_gemm(up, slots, c.num_sms, c.stream)
                              : wgemv(up, slots, c.num_sms, c.stream));
