@@ -368,6 +368,14 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
     const bool live = w.M == n && w.m_live;
     if (!live && n > w.R) w.points.push_back(n);
   }
+  if (cfg_.enable_prefix_cache && cfg_.snapshot_interval > 0 && n > 0) {
+    // Periodic boundaries inside the prompt (ShadowRadixConfig::snapshot_interval). Every point
+    // in (R, n) is past the deepest resumable boundary, so none is live already.
+    const int64_t iv = cfg_.snapshot_interval;
+    for (int64_t p = (w.R / iv + 1) * iv; p < n; p += iv) w.points.push_back(p);
+    std::sort(w.points.begin(), w.points.end());
+    w.points.erase(std::unique(w.points.begin(), w.points.end()), w.points.end());
+  }
   ++counters_.match_queries;
   counters_.query_tokens += n;
   const int64_t R = w.R;

@@ -40,6 +40,13 @@ struct ShadowRadixConfig {
   int32_t n_swa_pages = 0;
   int32_t n_snapshots = 0;
   bool enable_prefix_cache = true;  // false: match always returns 0, finish never inserts
+  /// > 0: `admit` also asks for boundaries at every multiple of this many tokens inside the
+  /// prompt, so a later request that shares only part of this prompt (e.g. the system prompt of
+  /// the first two requests of a chat service) resumes at the last multiple ≤ the shared length
+  /// instead of recomputing it once more. Each point ends a prefill step there and keeps a
+  /// compressor snapshot + SWA window (LRU-evicted like any boundary). 0: branch points and the
+  /// prompt end only.
+  int64_t snapshot_interval = 0;
   /// Debug builds (NDEBUG undefined): run check_invariants() after every public mutating call
   /// and abort with the violation. O(tree + pools) per call; ignored in release builds.
   bool debug_checks = true;

@@ -35,6 +35,7 @@ struct ServeOptions {
   int64_t max_context = 0;
   int64_t prefix_cache_bytes = int64_t(256) << 20;
   bool prefix_cache_bytes_given = false;
+  int64_t prefix_snapshot_interval = 0;
   bool disable_prefix_cache = false;
   std::string served_model_name;
   int http_threads = 2;
@@ -89,6 +90,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_context = o.max_context;
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
   mo.prefix_cache_optional = !o.prefix_cache_bytes_given;  // the default budget may not fit
+  mo.prefix_snapshot_interval = o.prefix_snapshot_interval;
   auto lm = v4::cli::load_model(o.m);
   v4::Result<std::unique_ptr<v4::engine::ModelExecutor>> exec =
       lm.ok() ? v4::engine::ModelExecutor::create(std::move(lm->ops), std::move(lm->model), mo)
@@ -217,6 +219,11 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
                  "warning if too small for the model; 0 = no prefix caching)")
       ->each([o](const std::string&) { o->prefix_cache_bytes_given = true; });
   app.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn prefix caching (ShadowRadix) off");
+  app.add_option("--prefix-snapshot-interval", o->prefix_snapshot_interval,
+                 "also keep prefix-cache boundaries every N prompt tokens, so a request sharing part of an "
+                 "earlier prompt resumes at the last multiple instead of recomputing it once more (each point "
+                 "ends a prefill step; default 0 = branch points and prompt ends only)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
   app.add_option("--device", o->m.device, "op backend: cpu (default) or cuda")

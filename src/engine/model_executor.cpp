@@ -90,6 +90,7 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
       V4_LOG_WARN("{}; serving without the prefix cache", cfg.status().message());
     } else {
       if (!cfg.ok()) return cfg.status();
+      cfg->snapshot_interval = opt.prefix_snapshot_interval;
       V4_ASSIGN_OR_RETURN(e->prefix_, cache::PrefixCache::create(*e->cache_, *cfg));
       V4_LOG_INFO("{}", e->prefix_->explain());
     }

@@ -40,6 +40,9 @@ struct ModelExecutorOptions {
   /// (PrefixCache::config_for_budget fails), serve without the prefix cache and log a warning
   /// instead of failing (serve's default budget on a large model). false: that is an error.
   bool prefix_cache_optional = false;
+  /// cache::ShadowRadixConfig::snapshot_interval (tokens; 0 = boundaries only at branch points
+  /// and prompt ends, so the second request sharing part of a prompt recomputes it once).
+  int64_t prefix_snapshot_interval = 0;
   /// Sample on the backend when it can (ops::Ops::sample; the CUDA backend): slices that carry
   /// model::DeviceSampling then return a token id instead of a logits row. false = always
   /// return logits (host sampling everywhere; for comparisons and debugging). The environment

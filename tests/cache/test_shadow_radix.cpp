@@ -72,6 +72,42 @@ TEST(ShadowRadix, ColdThenHitAtEnd) {
   EXPECT_EQ(r->stats().hit_tokens, 319);
 }
 
+// snapshot_interval: admit asks for boundaries at every multiple inside the prompt (sorted, once
+// each, merged with the prompt end), so a request sharing 290 tokens resumes at 256.
+TEST(ShadowRadix, SnapshotIntervalAddsPeriodicBoundaries) {
+  ShadowRadixConfig c;
+  c.page_tokens = 128;
+  c.swa_page_tokens = 32;
+  c.window_tokens = 48;
+  c.n_pages = 64;
+  c.n_swa_pages = 96;
+  c.n_snapshots = 32;
+  c.snapshot_interval = 128;
+  auto rr = ShadowRadix::create(c);
+  ASSERT_TRUE(rr.ok());
+  ShadowRadix& r = **rr;
+  SimStore s(r);
+  auto shared = seq_tokens(7, 290);
+  auto pa = concat(shared, seq_tokens(100, 110, 1000));
+  auto pb = concat(shared, seq_tokens(200, 60, 1000));
+  auto plan = r.admit(pa, int64_t(pa.size()) - 1);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->snapshot_points, (std::vector<int64_t>{128, 256, 384, 400}));
+  ASSERT_TRUE(r.finish(plan->seq, /*insert=*/false).ok());
+  int32_t a = s.admit(pa, int64_t(pa.size()) - 1);
+  ASSERT_GE(a, 0);
+  ASSERT_TRUE(s.run(a));
+  s.finish(a);
+  CHECK_INV(r);
+  int64_t R = -1;
+  int32_t b = s.admit(pb, int64_t(pb.size()) - 1, &R);
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(R, 256) << r.debug_string();
+  ASSERT_TRUE(s.run(b, 2));
+  s.finish(b);
+  CHECK_INV(r);
+}
+
 // A hit resumes at any node boundary: cut points of every residue mod 4 and around multiples of
 // 128 (the index side of requirement 1; the model side lives in the model tests).
 TEST(ShadowRadix, BranchPointsAtEveryResidue) {

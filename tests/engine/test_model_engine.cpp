@@ -257,5 +257,70 @@ TEST(ModelEngine, PrefixCacheMultiTurnEqualsCold) {
               turn2.size(), (long long)b.cached);
 }
 
+// Two requests that share only a system prompt: without periodic boundaries the second one
+// recomputes it (the first request left a boundary only at its prompt end); with
+// prefix_snapshot_interval = 128 it resumes at the last multiple of 128 inside the shared part,
+// with the tokens of a cold run.
+TEST(ModelEngine, PrefixSnapshotIntervalLetsTheSecondRequestResume) {
+  const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors")) << dir;
+  auto make = [&](int64_t prefix_bytes, int64_t interval) {
+    ModelExecutorOptions mo;
+    mo.kv_budget_bytes = int64_t(256) << 20;
+    mo.max_sequences = 8;
+    mo.max_chunk_tokens = 256;
+    mo.prefix_cache_bytes = prefix_bytes;
+    mo.prefix_snapshot_interval = interval;
+    auto exec = ModelExecutor::load_cpu(dir, mo);
+    EXPECT_TRUE(exec.ok()) << exec.status().to_string();
+    EngineConfig ec;
+    ec.chunked_prefill_size = 256;
+    ec.stats_interval_s = 0;
+    auto e = Engine::create(std::move(exec).value(), ec);
+    EXPECT_TRUE(e.ok());
+    return std::move(e).value();
+  };
+  auto run = [](Engine& e, const std::vector<int32_t>& prompt) {
+    std::pair<std::vector<int32_t>, int64_t> out{{}, -1};
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Request r;
+    r.prompt_tokens = prompt;
+    r.sampling.temperature = 0.0f;
+    r.sampling.ignore_eos = true;
+    r.sampling.max_tokens = 8;
+    auto id = e.submit(r, [&](const StepOutput& o) {
+      std::lock_guard<std::mutex> lk(mu);
+      out.first.insert(out.first.end(), o.new_tokens.begin(), o.new_tokens.end());
+      out.second = o.usage.cached_tokens;
+      if (o.finished) {
+        done = true;
+        cv.notify_all();
+      }
+    });
+    EXPECT_TRUE(id.ok());
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return done; });
+    return out;
+  };
+  std::mt19937 rng(9);
+  std::vector<int32_t> system(300), a, b;
+  for (auto& t : system) t = int32_t(10 + rng() % 4000);
+  a = b = system;
+  for (int i = 0; i < 50; ++i) a.push_back(int32_t(10 + rng() % 4000));
+  for (int i = 0; i < 40; ++i) b.push_back(int32_t(10 + rng() % 4000));
+  auto cold = make(0, 0);
+  const auto b_cold = run(*cold, b);
+  for (int64_t interval : {int64_t(0), int64_t(128)}) {
+    SCOPED_TRACE("interval " + std::to_string(interval));
+    auto warm = make(int64_t(256) << 20, interval);
+    EXPECT_EQ(run(*warm, a).second, 0);
+    const auto got = run(*warm, b);
+    EXPECT_EQ(got.second, interval == 0 ? 0 : 256) << "cached tokens of the second request";
+    EXPECT_EQ(got.first, b_cold.first) << "tokens vs a cold run";
+  }
+}
+
 }  // namespace
 }  // namespace v4::engine
