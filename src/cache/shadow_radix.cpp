@@ -368,6 +368,14 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
     const bool live = w.M == n && w.m_live;
     if (!live && n > w.R) w.points.push_back(n);
   }
+  if (n > 1 && cfg_.enable_prefix_cache && n - 1 > w.R) {
+    // And one token before it: the deepest point a request with the same prompt can resume at
+    // (it needs the last token's logits, so match stops at n − 1 and a boundary at n never
+    // serves an exact repeat). Costs one extra 1-token prefill step and a kept boundary.
+    w.points.push_back(n - 1);
+    std::sort(w.points.begin(), w.points.end());
+    w.points.erase(std::unique(w.points.begin(), w.points.end()), w.points.end());
+  }
   if (cfg_.enable_prefix_cache && cfg_.snapshot_interval > 0 && n > 0) {
     // Periodic boundaries inside the prompt (ShadowRadixConfig::snapshot_interval). Every point
     // in (R, n) is past the deepest resumable boundary, so none is live already.

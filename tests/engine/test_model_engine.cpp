@@ -319,6 +319,11 @@ TEST(ModelEngine, PrefixSnapshotIntervalLetsTheSecondRequestResume) {
     const auto got = run(*warm, b);
     EXPECT_EQ(got.second, interval == 0 ? 0 : 256) << "cached tokens of the second request";
     EXPECT_EQ(got.first, b_cold.first) << "tokens vs a cold run";
+    // The same prompt again resumes one token before its end (the boundary admit keeps at
+    // n − 1: the last token must be computed for its logits).
+    const auto again = run(*warm, b);
+    EXPECT_EQ(again.second, int64_t(b.size()) - 1) << "cached tokens of an exact repeat";
+    EXPECT_EQ(again.first, b_cold.first) << "tokens of the repeat vs a cold run";
   }
 }
 
