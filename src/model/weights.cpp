@@ -717,9 +717,10 @@ Status check_weights_fit(const std::string& model_name, const ModelConfig& c, op
   if (stored_bytes >= 0 && native) need.bytes = std::min(need.bytes, stored_bytes);
   if (need.bytes <= m.free_bytes) return Status::Ok();
   return make_error(ErrorCode::kResourceExhausted,
-                    "{}: the weights of {} layers need {} ({} bytes) on the {} backend but only "
+                    "{}: the weights of {} layer{} need {} ({} bytes) on the {} backend but only "
                     "{} ({} bytes) is available{}; use --num-layers N to keep fewer layers{}",
-                    model_name, c.num_hidden_layers, gib_str(need.bytes), need.bytes, ops->name(),
+                    model_name, c.num_hidden_layers, c.num_hidden_layers == 1 ? "" : "s",
+                    gib_str(need.bytes), need.bytes, ops->name(),
                     gib_str(m.free_bytes), m.free_bytes,
                     ops->name() == "cpu" ? " (MemAvailable)" : "",
                     ops->name() == "cpu" ? " or a GPU backend (--device cuda) that keeps the "

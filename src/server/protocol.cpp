@@ -388,6 +388,9 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
         return rd.fail("'tool_choice' must be \"auto\", \"none\", \"required\" or a named function", "tool_choice");
       }
       r->tool_choice = v;
+    } else if (tc->is_object() && tc->contains("type") &&
+               (!(*tc)["type"].is_string() || (*tc)["type"] != "function")) {
+      return rd.fail("'tool_choice.type' must be \"function\"", "tool_choice");
     } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
                (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
       r->tool_choice = (*tc)["function"]["name"].get<std::string>();

@@ -400,6 +400,11 @@ TEST(ToolCalls, ToolChoiceErrors) {
   json r = json::parse(h.post("/v1/chat/completions", req.dump()));
   ASSERT_TRUE(r.contains("error")) << r.dump();
   EXPECT_EQ(r["error"]["param"], "tool_choice");
+  // A known function under a type other than "function" is refused too.
+  req["tool_choice"] = {{"type", "xyz"}, {"function", {{"name", "get_weather"}}}};
+  r = json::parse(h.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(r.contains("error")) << r.dump();
+  EXPECT_EQ(r["error"]["param"], "tool_choice");
   req.erase("tools");
   for (json choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "get_weather"}}}})}) {
     req["tool_choice"] = choice;
