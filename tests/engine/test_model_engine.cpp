@@ -184,67 +184,76 @@ TEST(ModelEngine, EmbeddedModelBatchedEqualsSequential) {
   EXPECT_LT(st.steps_total, 8 * 32);  // batching happened
 }
 
+// Engine over the embedded model with a 256 MiB KV budget, 256-token chunks and the given prefix
+// store (0 = off) and snapshot interval.
+std::unique_ptr<Engine> make_prefix_engine(const std::string& dir, int64_t prefix_bytes,
+                                           int64_t snapshot_interval) {
+  ModelExecutorOptions mo;
+  mo.kv_budget_bytes = int64_t(256) << 20;
+  mo.max_sequences = 8;
+  mo.max_chunk_tokens = 256;
+  mo.prefix_cache_bytes = prefix_bytes;
+  mo.prefix_snapshot_interval = snapshot_interval;
+  auto exec = ModelExecutor::load_cpu(dir, mo);
+  EXPECT_TRUE(exec.ok()) << exec.status().to_string();
+  EngineConfig ec;
+  ec.chunked_prefill_size = 256;
+  ec.stats_interval_s = 0;
+  auto e = Engine::create(std::move(exec).value(), ec);
+  EXPECT_TRUE(e.ok());
+  return std::move(e).value();
+}
+
+// Greedy tokens of one request (n new tokens, ignore_eos) and its usage.cached_tokens.
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  int64_t cached = -1;
+};
+GreedyRun run_greedy(Engine& e, const std::vector<int32_t>& prompt, int64_t n) {
+  GreedyRun out;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Request r;
+  r.prompt_tokens = prompt;
+  r.sampling.temperature = 0.0f;
+  r.sampling.ignore_eos = true;
+  r.sampling.max_tokens = n;
+  auto id = e.submit(r, [&](const StepOutput& o) {
+    std::lock_guard<std::mutex> lk(mu);
+    out.tokens.insert(out.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+    out.cached = o.usage.cached_tokens;
+    if (o.finished) {
+      done = true;
+      cv.notify_all();
+    }
+  });
+  EXPECT_TRUE(id.ok());
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return done; });
+  return out;
+}
+
 // Prefix caching through the real executor: a second turn that extends the first one resumes
 // from the cache (usage.cached_tokens > 0) and still gives the tokens of a cold run.
 TEST(ModelEngine, PrefixCacheMultiTurnEqualsCold) {
   const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors")) << dir;
-  auto make = [&](int64_t prefix_bytes) {
-    ModelExecutorOptions mo;
-    mo.kv_budget_bytes = int64_t(256) << 20;
-    mo.max_sequences = 8;
-    mo.max_chunk_tokens = 256;
-    mo.prefix_cache_bytes = prefix_bytes;
-    auto exec = ModelExecutor::load_cpu(dir, mo);
-    EXPECT_TRUE(exec.ok()) << exec.status().to_string();
-    EngineConfig ec;
-    ec.chunked_prefill_size = 256;
-    ec.stats_interval_s = 0;
-    auto e = Engine::create(std::move(exec).value(), ec);
-    EXPECT_TRUE(e.ok());
-    return std::move(e).value();
-  };
-  struct Run {
-    std::vector<int32_t> tokens;
-    int64_t cached = -1;
-  };
-  auto run = [](Engine& e, const std::vector<int32_t>& prompt, int64_t n) {
-    Run out;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    Request r;
-    r.prompt_tokens = prompt;
-    r.sampling.temperature = 0.0f;
-    r.sampling.ignore_eos = true;
-    r.sampling.max_tokens = n;
-    auto id = e.submit(r, [&](const StepOutput& o) {
-      std::lock_guard<std::mutex> lk(mu);
-      out.tokens.insert(out.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
-      out.cached = o.usage.cached_tokens;
-      if (o.finished) {
-        done = true;
-        cv.notify_all();
-      }
-    });
-    EXPECT_TRUE(id.ok());
-    std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return done; });
-    return out;
-  };
+  auto make = [&](int64_t prefix_bytes) { return make_prefix_engine(dir, prefix_bytes, 0); };
+  auto run = run_greedy;
   std::mt19937 rng(5);
   std::vector<int32_t> turn1(300);
   for (auto& t : turn1) t = int32_t(10 + rng() % 4000);
   auto warm = make(int64_t(256) << 20);
   auto cold = make(0);
-  Run a = run(*warm, turn1, 20);
+  GreedyRun a = run(*warm, turn1, 20);
   EXPECT_EQ(a.cached, 0);
   EXPECT_EQ(a.tokens, run(*cold, turn1, 20).tokens);
   std::vector<int32_t> turn2 = turn1;
   turn2.insert(turn2.end(), a.tokens.begin(), a.tokens.end());
   for (int i = 0; i < 150; ++i) turn2.push_back(int32_t(10 + rng() % 4000));
-  Run b = run(*warm, turn2, 20);
-  Run b_cold = run(*cold, turn2, 20);
+  GreedyRun b = run(*warm, turn2, 20);
+  GreedyRun b_cold = run(*cold, turn2, 20);
   EXPECT_GT(b.cached, 0);
   EXPECT_LT(b.cached, int64_t(turn2.size()));
   EXPECT_EQ(b_cold.cached, 0);
@@ -265,44 +274,11 @@ TEST(ModelEngine, PrefixSnapshotIntervalLetsTheSecondRequestResume) {
   const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors")) << dir;
   auto make = [&](int64_t prefix_bytes, int64_t interval) {
-    ModelExecutorOptions mo;
-    mo.kv_budget_bytes = int64_t(256) << 20;
-    mo.max_sequences = 8;
-    mo.max_chunk_tokens = 256;
-    mo.prefix_cache_bytes = prefix_bytes;
-    mo.prefix_snapshot_interval = interval;
-    auto exec = ModelExecutor::load_cpu(dir, mo);
-    EXPECT_TRUE(exec.ok()) << exec.status().to_string();
-    EngineConfig ec;
-    ec.chunked_prefill_size = 256;
-    ec.stats_interval_s = 0;
-    auto e = Engine::create(std::move(exec).value(), ec);
-    EXPECT_TRUE(e.ok());
-    return std::move(e).value();
+    return make_prefix_engine(dir, prefix_bytes, interval);
   };
   auto run = [](Engine& e, const std::vector<int32_t>& prompt) {
-    std::pair<std::vector<int32_t>, int64_t> out{{}, -1};
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    Request r;
-    r.prompt_tokens = prompt;
-    r.sampling.temperature = 0.0f;
-    r.sampling.ignore_eos = true;
-    r.sampling.max_tokens = 8;
-    auto id = e.submit(r, [&](const StepOutput& o) {
-      std::lock_guard<std::mutex> lk(mu);
-      out.first.insert(out.first.end(), o.new_tokens.begin(), o.new_tokens.end());
-      out.second = o.usage.cached_tokens;
-      if (o.finished) {
-        done = true;
-        cv.notify_all();
-      }
-    });
-    EXPECT_TRUE(id.ok());
-    std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return done; });
-    return out;
+    const GreedyRun g = run_greedy(e, prompt, 8);
+    return std::make_pair(g.tokens, g.cached);
   };
   std::mt19937 rng(9);
   std::vector<int32_t> system(300), a, b;

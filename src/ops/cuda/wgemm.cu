@@ -578,6 +578,21 @@ void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight, con
   if (!bf16_weight) bytes[kSlotWBf16] = std::max(bytes[kSlotWBf16], size_t(n * K) * 2);
 }
 
+// Plain-form GEMV arguments: M rows of x against expert 0 of w, n_out outputs per row.
+static GemvArgs plain_gemv_args(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
+                         int64_t ldy, int64_t n_out) {
+  GemvArgs a;
+  a.w = w;
+  a.w.experts = 1;
+  a.x = x;
+  a.ldx = ldx;
+  a.y = y;
+  a.ldy = ldy;
+  a.rows = M;
+  a.n_out = n_out;
+  return a;
+}
+
 Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, int groups,
                              int64_t M, float* y, int64_t ldy, const KernelContext& c) {
   if (M <= 0 || w.n <= 0) return Status::Ok();
@@ -586,15 +601,7 @@ Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, i
                   groups);
   const int64_t n = w.n / groups;
   if (linear_bf16_uses_gemv(w.rows(0, n), M, c.gemv_max_rows)) {
-    GemvArgs a;
-    a.w = w;
-    a.w.experts = 1;
-    a.x = x;
-    a.ldx = ldx;
-    a.y = y;
-    a.ldy = ldy;
-    a.rows = M;
-    a.n_out = n;
+    GemvArgs a = plain_gemv_args(x, ldx, w, M, y, ldy, n);
     a.x_group_stride = w.k;
     a.y_group_stride = n;
     return wgemv(a, groups, c.num_sms, c.stream);
@@ -608,32 +615,12 @@ Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, i
 Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                      int64_t ldy, const KernelContext& c) {
   if (M <= 0 || w.n <= 0) return Status::Ok();
-  if (linear_bf16_uses_gemv(w, M, c.gemv_max_rows)) {
-    GemvArgs a;
-    a.w = w;
-    a.w.experts = 1;
-    a.x = x;
-    a.ldx = ldx;
-    a.y = y;
-    a.ldy = ldy;
-    a.rows = M;
-    a.n_out = w.n;
-    return wgemv(a, 1, c.num_sms, c.stream);
-  }
+  if (linear_bf16_uses_gemv(w, M, c.gemv_max_rows))
+    return wgemv(plain_gemv_args(x, ldx, w, M, y, ldy, w.n), 1, c.num_sms, c.stream);
   if (w.format == WFormat::kF32 || (M <= c.gemv_max_rows && w.format != WFormat::kBF16))
     return wgemm_fp32(x, ldx, w, 0, M, y, ldy, c.stream);  // (exotic views wgemv cannot run)
-  if (c.fused_tc && wmma_gemm_supported(w, x, ldx)) {
-    GemvArgs a;
-    a.w = w;
-    a.w.experts = 1;
-    a.x = x;
-    a.ldx = ldx;
-    a.y = y;
-    a.ldy = ldy;
-    a.rows = M;
-    a.n_out = w.n;
-    return wmma_gemm(a, 1, c.num_sms, c.stream);
-  }
+  if (c.fused_tc && wmma_gemm_supported(w, x, ldx))
+    return wmma_gemm(plain_gemv_args(x, ldx, w, M, y, ldy, w.n), 1, c.num_sms, c.stream);
   size_t need[kNumScratchSlots] = {};
   linear_scratch_bytes(M, w.n, w.k, w.format == WFormat::kBF16, c, need);
   auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));
