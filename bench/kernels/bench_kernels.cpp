@@ -290,6 +290,7 @@ std::string bench_wformat(double bw, int samples) {
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   BENCH_OK(v4::cuda::wgemv_prepare());
+  BENCH_OK(v4::cuda::moe_mma_prepare());
   const size_t kRotateBytes = size_t(256) << 20;  // rotate weight copies over ≥ 256 MiB (> L2)
   kt << "## Native-weight GEMV, batch 1 (linear_w in bf16 mode: 16-byte loads of the stored "
         "format, fp32 math)\n\n"
@@ -407,13 +408,16 @@ std::string bench_wformat(double bw, int samples) {
 
   // ---- MXFP4 MoE experts (grouped GEMV, device routing, no sync) ----
   const int E = 256, D = 4096, I = 2048, k = 6;
-  kt << "\n## MoE experts, MXFP4, bf16 mode (device routing + grouped GEMV with fused SwiGLU + "
-        "down GEMV + combine), E=256 D=4096 I=2048 k=6\n\n"
+  kt << "\n## MoE experts, MXFP4, bf16 mode (device routing + grouped gate/up with fused SwiGLU + "
+        "grouped down + combine), E=256 D=4096 I=2048 k=6\n\n"
+        "Grouped GEMM columns: moe_mma (tensor cores, bf16 mma on native MXFP4 bytes, 8 tokens "
+        "per pass; the default), the fp32-math grouped GEMV (CudaOptions::moe_mma = false) and "
+        "the optional fused WMMA kernel.\n\n"
      << "Uniform random routing (a fresh set of expert ids per launch, 64 sets); byte floor = "
         "(distinct experts × (w13 + w2 bytes incl. scales) + x + out) / copy bandwidth, averaged "
         "over the sets. Median (p10–p90) of " << samples << " samples of 10 launches.\n\n"
-     << "| S | pairs | distinct experts (mean) | GEMV µs | byte floor µs | floor / time | fused WMMA µs |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|\n";
+     << "| S | pairs | distinct experts (mean) | tensor-core grouped GEMM (moe_mma) µs | byte floor µs | floor / time | fp32 grouped GEMV µs | fused WMMA µs |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   {
     BenchW w13(WFormat::kMXFP4, E, 2 * I, D, 1, 91), w2(WFormat::kMXFP4, E, D, I, 1, 92);
     auto gm = v4::cuda::Gemm::create();
@@ -427,7 +431,7 @@ std::string bench_wformat(double bw, int samples) {
     c.self = &scr;
     const double expert_bytes = double(v4::ops::wformat_bytes(WFormat::kMXFP4, 2 * I, D)) +
                                 double(v4::ops::wformat_bytes(WFormat::kMXFP4, D, I));
-    for (int64_t S : {1, 16, 64, 256}) {
+    for (int64_t S : {1, 16, 64, 128, 256}) {
       const int sets = 64;
       const int64_t P = S * k;
       std::mt19937_64 g(1000 + S);
@@ -466,6 +470,12 @@ std::string bench_wformat(double bw, int samples) {
       a.topk = k;
       a.swiglu_limit = 10.f;
       a.out = out;
+      v4::cuda::KernelContext cg = c;
+      cg.moe_mma = false;
+      Stats sg = time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, cg));
+      }, samples);
       Stats st = time_it([&](int i) {
         a.idx = didx + (i % sets) * P;
         BENCH_OK(v4::cuda::moe_bf16(a, c));
@@ -480,9 +490,9 @@ std::string bench_wformat(double bw, int samples) {
       const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
       const double floor_us = bytes / (bw * 1e9) * 1e6;
       char buf[256];
-      std::snprintf(buf, sizeof buf, "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f | %.0f%% | %.1f |\n",
+      std::snprintf(buf, sizeof buf, "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f | %.0f%% | %.1f | %.1f |\n",
                     (long long)S, (long long)P, distinct, st.med_us, st.p10_us, st.p90_us, floor_us,
-                    100.0 * floor_us / st.med_us, sf.med_us);
+                    100.0 * floor_us / st.med_us, sg.med_us, sf.med_us);
       kt << buf;
       std::printf("moe mxfp4 S=%lld: %.1f us (floor %.1f us, %.1f experts)\n", (long long)S, st.med_us,
                   floor_us, distinct);

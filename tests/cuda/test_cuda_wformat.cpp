@@ -5,7 +5,8 @@
 //   fp32 mode, and bf16 mode in its GEMV range (M ≤ gemv_max_rows, MoE below the sync threshold):
 //     max |Δ| / max |ref| ≤ 1e-5 (fp32 math on exact dequantized weights; only the summation order
 //     differs from the CPU).
-//   bf16 mode tensor-core range: per row max |Δ| / max |ref row| ≤ 2e-2. x (and act) are rounded to
+//   bf16 mode tensor-core range (incl. routed FP8/MXFP4 experts on moe_mma, decode sizes
+//   too — cuda::moe_bf16_uses_tensor_cores): per row max |Δ| / max |ref row| ≤ 2e-2. x (and act) are rounded to
 //     bf16 (relative 2^-9) and W is exact in bf16 for bf16/ue8m0-FP8/MXFP4 (rounded for FP8 with
 //     non-power-of-two scales); with fp32 accumulation the error of a K-term dot product grows like
 //     2^-9·sqrt(K)·rms(x·w), a few 1e-3 of the row's largest output at these sizes.
@@ -28,6 +29,8 @@
 #include "base/dtype.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_mma.h"
 #include "ops/cuda/wgemm.h"
 #include "ops/ops.h"
 
@@ -604,10 +607,15 @@ void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused =
     g->synchronize();
     const Err e = compare(dout.host(), ref, S, c.D, c.D);
     const CudaOptions def;
+    cuda::KernelContext kc;  // the default options' path choice
+    kc.gemv_max_rows = def.gemv_max_rows;
+    kc.sync_min_pairs = def.moe_sync_min_pairs;
+    kc.moe_mma = def.moe_mma;
     const bool tensor_core =
         p == Precision::kBf16 &&
         (fused ? S >= def.moe_fused_min_rows
-               : ((c.E == 1 && S > def.gemv_max_rows) || P >= def.moe_sync_min_pairs));
+               : cuda::moe_bf16_uses_tensor_cores(ag.w13, ag.w2, S, c.E, c.k,
+                                                  c.D % 4 == 0, kc));
     const double tol = tensor_core ? kTolTensorCore : kTolFp32;
     const double err = tensor_core ? e.row_rel : e.rel;
     EXPECT_EQ(e.unwritten, 0) << "outputs never written";
@@ -633,6 +641,73 @@ TEST(CudaWFormat, MoeSmall) {
     run_moe({f, 512, 256, 1, 1, 100, 10.f, 0, true}, {Precision::kFp32, Precision::kBf16});
     // prefill-sized routed call: S·k ≥ moe_sync_min_pairs → per-expert cuBLASLt in bf16 mode
     run_moe({f, 256, 128, 8, 6, 700, 10.f}, {Precision::kBf16});
+  }
+  // Tensor-core grouped GEMM (moe_mma) edges: output tiles past the view (D = 384: the second
+  // down-projection CTA is half empty), experts with > 8 items (several passes), S = 1.
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4}) {
+    const int I = f == WFormat::kMXFP4 ? 256 : 128;
+    const int D = f == WFormat::kMXFP4 ? 512 : 384;
+    run_moe({f, D, I, 8, 6, 1, 10.f}, {Precision::kBf16});
+    run_moe({f, D, I, 8, 6, 33, 10.f}, {Precision::kBf16});
+    run_moe({f, D, I, 4, 4, 50, 0.f}, {Precision::kBf16});
+  }
+}
+
+// moe_mma's operand layout and dequantization, bit-exact: the plain (down) form with one-hot bf16
+// rows (item i = 1.0 at column k_i) must return W_e[o, k_i] exactly for every output row o — a
+// wrong k permutation between the weight chunks and the staged x, a wrong scale or a flushed
+// subnormal (the e2m1 0.5 → bf16 2^-127 step) shows up as a mismatch. MXFP4 scales span s > 128
+// (the two-multiply path); experts with 0, 3 and 11 items (two passes); 96 rows (a partly empty
+// CTA); split-K (KS = 4, many SMs) and not (1 SM).
+TEST(CudaWFormat, MoeMmaOneHotIsExact) {
+  V4_GPU();
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    const int64_t E = 3, N = 96, K = f == WFormat::kMXFP4 ? 2048 : 1024;
+    HostW hw = make_weights(f, E, N, K, 0.05f);
+    if (f == WFormat::kMXFP4)
+      for (auto& b : hw.scale) b = uint8_t(100 + rand_int(0, 50));
+    const DevW dw(hw);
+    const std::vector<int32_t> offset = {0, 3, 3, 14}, active = {0, 2}, count = {2};
+    const int64_t P = offset.back();
+    std::vector<int32_t> list(static_cast<size_t>(P)), kcol(static_cast<size_t>(P));
+    std::vector<uint16_t> xb(size_t(P * K), 0);
+    for (int64_t i = 0; i < P; ++i) {
+      list[size_t(i)] = int32_t((i * 5) % P);  // items write permuted output rows
+      kcol[size_t(i)] = rand_int(0, int(K) - 1);
+      xb[size_t(i * K + kcol[size_t(i)])] = 0x3f80;  // bf16 1.0
+    }
+    Dev<int32_t> doff(offset), dact(active), dcnt(count), dlist(list);
+    Dev<uint16_t> dxb(xb);
+    Dev<float> dy(size_t(P * N));
+    for (int sms : {132, 1}) {
+      SCOPED_TRACE(::testing::Message() << wformat_name(f) << " num_sms=" << sms);
+      dy.poison();
+      cuda::MoeMmaArgs a;
+      a.w = dw.view(0, N);
+      a.xb = reinterpret_cast<const __nv_bfloat16*>(dxb.p);
+      a.y = dy.p;
+      a.ldy = N;
+      a.n_out = N;
+      a.list = dlist.p;
+      a.offset = doff.p;
+      a.active = dact.p;
+      a.active_count = dcnt.p;
+      ASSERT_TRUE(cuda::moe_mma_supported(a.w));
+      ASSERT_TRUE(cuda::moe_mma(a, 2, sms, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto y = dy.host();
+      int64_t bad = 0;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = offset[size_t(e)]; i < offset[size_t(e) + 1]; ++i)
+          for (int64_t o = 0; o < N; ++o) {
+            const float want = hw.at(e, o, kcol[size_t(i)]);
+            const float got = y[size_t(list[size_t(i)] * N + o)];
+            if (!(got == want) && bad++ < 5)
+              ADD_FAILURE() << "expert " << e << " item " << i << " row " << o << " col "
+                            << kcol[size_t(i)] << ": " << got << " != " << want;
+          }
+      EXPECT_EQ(bad, 0);
+    }
   }
 }
 

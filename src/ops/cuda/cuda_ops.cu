@@ -350,6 +350,7 @@ class CudaOps final : public Ops {
     if (opts_.precision == Precision::kBf16) {
       V4_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::create(size_t(32) << 20));
       V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
+      V4_RETURN_IF_ERROR(cuda::moe_mma_prepare());
     }
     return Status::Ok();
   }
@@ -885,6 +886,7 @@ class CudaOps final : public Ops {
     c.sync_min_pairs = opts_.moe_sync_min_pairs;
     c.fused_tc = opts_.fused_tensor_cores;
     c.fused_moe_min_rows = opts_.moe_fused_min_rows;
+    c.moe_mma = opts_.moe_mma;
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

@@ -46,6 +46,11 @@ struct CudaOptions {
   /// dequantize-to-scratch + cuBLASLt paths.
   bool fused_tensor_cores = false;
   int64_t moe_fused_min_rows = 16;
+  /// kBf16 moe_experts below moe_sync_min_pairs with E > 1 (routed experts) and FP8 / MXFP4
+  /// weights that moe_mma supports: the tensor-core grouped GEMM (moe_mma.h: native weight
+  /// bytes → bf16 A fragments, 8 tokens per mma, one read of each active expert per 8 of its
+  /// pairs) instead of the fp32-math grouped GEMV. Off: the GEMV (for A/B measurements).
+  bool moe_mma = true;
 };
 
 /// "fp32" or "bf16".

@@ -206,14 +206,21 @@ RouteBufs route_bufs(int32_t* base, int64_t P, int E) {
   return b;
 }
 
-enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm };
+enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm, kMma };
 
+// The path of a call before the per-view checks of moe_bf16 (kGemv may become kMma there).
 MoePath choose_path(bool bf16, int64_t S, int E, int k, const KernelContext& c) {
   if (!bf16) return MoePath::kFp32;
   if (c.fused_tc && S >= c.fused_moe_min_rows) return MoePath::kFused;
   if (E == 1 && S > c.gemv_max_rows) return MoePath::kDenseShared;
   if (S * k >= c.sync_min_pairs) return MoePath::kSyncGemm;
   return MoePath::kGemv;
+}
+
+// Routed experts whose two weights moe_mma supports, x rows loadable as float4.
+bool mma_eligible(const ops::WeightView& w13, const ops::WeightView& w2, int E, bool x_aligned,
+                  const KernelContext& c) {
+  return c.moe_mma && E > 1 && x_aligned && moe_mma_supported(w13) && moe_mma_supported(w2);
 }
 
 // bf16 view of expert e of `w` for cuBLASLt: the stored rows when bf16, else dequantized into
@@ -254,6 +261,11 @@ void path_bytes(MoePath path, int64_t S, int D, int I, int E, int k, size_t* byt
       need(kSlotF32A, size_t(P) * I * 4);
       need(kSlotF32C, size_t(P) * D * 4);
       break;
+    case MoePath::kMma:
+      need(kSlotMoeInts, route_ints(P, E) * 4);
+      need(kSlotActBf16, size_t(P) * I * 2);
+      need(kSlotF32C, size_t(P) * D * 4);
+      break;
     case MoePath::kDenseShared:
       need(kSlotXBf16, size_t(S) * D * 2);
       need(kSlotWBf16, size_t(2) * I * D * 2);
@@ -276,7 +288,17 @@ void path_bytes(MoePath path, int64_t S, int D, int I, int E, int k, size_t* byt
 
 void moe_scratch_bytes(bool bf16, int64_t S, int D, int I, int E, int k, const KernelContext& c,
                        size_t* bytes) {
-  path_bytes(choose_path(bf16, S, E, k, c), S, D, I, E, k, bytes);
+  const MoePath path = choose_path(bf16, S, E, k, c);
+  path_bytes(path, S, D, I, E, k, bytes);
+  // The per-view choice (kGemv → kMma) is made at call time: reserve both.
+  if (path == MoePath::kGemv && c.moe_mma && E > 1) path_bytes(MoePath::kMma, S, D, I, E, k, bytes);
+}
+
+bool moe_bf16_uses_tensor_cores(const ops::WeightView& w13, const ops::WeightView& w2, int64_t S,
+                                int E, int k, bool x_aligned, const KernelContext& c) {
+  const MoePath path = choose_path(true, S, E, k, c);
+  if (path == MoePath::kGemv) return mma_eligible(w13, w2, E, x_aligned, c);
+  return path != MoePath::kFp32;
 }
 
 Status moe_fp32(const MoeArgs& a, const KernelContext& c) {
@@ -314,6 +336,8 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     no_fused.fused_tc = false;
     path = choose_path(true, S, E, a.topk, no_fused);
   }
+  const bool x_aligned = D % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+  if (path == MoePath::kGemv && mma_eligible(a.w13, a.w2, E, x_aligned, c)) path = MoePath::kMma;
   if (path == MoePath::kGemv && !(wgemv_supported(a.w13) && wgemv_supported(a.w2)))
     path = E == 1 ? MoePath::kDenseShared : MoePath::kSyncGemm;  // exotic views only
   size_t need[kNumScratchSlots] = {};
@@ -349,6 +373,39 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
   moe_route_kernel<<<1, 1024, route_smem, c.stream>>>(a.idx, P, E, rb.offset, rb.active,
                                                       rb.active_count, rb.list, rb.pos_of);
   V4_CUDA_CHECK_LAUNCH("moe_route_kernel");
+
+  if (path == MoePath::kMma) {
+    auto* act = static_cast<__nv_bfloat16*>(c.get(kSlotActBf16, need[kSlotActBf16]));
+    auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
+    const int slots = int(std::min<int64_t>(E, P));
+    MoeMmaArgs up;
+    up.w = a.w13;
+    up.x = a.x;
+    up.ldx = D;
+    up.xdiv = a.topk;
+    up.act = act;
+    up.n_out = I;
+    up.swiglu = true;
+    up.limit = a.swiglu_limit;
+    up.list = rb.list;
+    up.offset = rb.offset;
+    up.active = rb.active;
+    up.active_count = rb.active_count;
+    V4_RETURN_IF_ERROR(moe_mma(up, slots, c.num_sms, c.stream));
+    MoeMmaArgs dn = up;
+    dn.w = a.w2;
+    dn.x = nullptr;
+    dn.xb = act;
+    dn.act = nullptr;
+    dn.y = down;
+    dn.ldy = D;
+    dn.n_out = D;
+    dn.swiglu = false;
+    V4_RETURN_IF_ERROR(moe_mma(dn, slots, c.num_sms, c.stream));
+    moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 0);
+    V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+    return Status::Ok();
+  }
 
   if (path == MoePath::kGemv || path == MoePath::kFused) {
     auto* act = static_cast<float*>(c.get(kSlotF32A, need[kSlotF32A]));

@@ -8,6 +8,9 @@
 //       once for all its pairs, fp32 math) computes gate/up with the SwiGLU clamp fused, a second
 //       grouped GEMV the down projection per pair, and a combine sums the pairs of a token in
 //       j order. No allocation, no sync: graph-capturable.
+//       With FP8 / MXFP4 routed experts (E > 1) the two grouped GEMVs are replaced by the
+//       tensor-core grouped GEMM of moe_mma.h (CudaOptions::moe_mma, default on): x and the
+//       SwiGLU output rounded to bf16, bf16 mma with fp32 accumulation.
 //     - the shared-expert form (E = 1) with more than gemv_max_rows rows: dense bf16 tensor-core
 //       GEMMs (cuBLASLt) on a bf16 copy of the one expert (no sync).
 //     - prefill-sized calls (S·k ≥ sync_min_pairs): the per-expert counts are read back (one sync)
@@ -21,6 +24,7 @@
 
 #include "base/status.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/moe_mma.h"
 #include "ops/cuda/wgemm.h"
 #include "ops/ops.h"
 
@@ -35,5 +39,11 @@ void moe_scratch_bytes(bool bf16, int64_t S, int D, int I, int E, int k, const K
 Status moe_fp32(const ops::MoeArgs& a, const KernelContext& c);
 /// bf16-mode moe_experts (see the file comment).
 Status moe_bf16(const ops::MoeArgs& a, const KernelContext& c);
+
+/// Whether a bf16-mode moe_experts call with these operands runs on tensor cores (moe_mma,
+/// the dense shared-expert GEMMs or the prefill cuBLASLt path) rather than fp32-math GEMVs —
+/// tests pick their tolerance with it. x_aligned: x is 16-byte aligned with hidden % 4 == 0.
+bool moe_bf16_uses_tensor_cores(const ops::WeightView& w13, const ops::WeightView& w2, int64_t S,
+                                int E, int k, bool x_aligned, const KernelContext& c);
 
 }  // namespace v4::cuda

@@ -567,6 +567,10 @@ int64_t wgemv_pass_rows(const WeightView& w) {
 }
 
 bool linear_bf16_uses_gemv(const WeightView& w, int64_t M, int64_t gemv_max_rows) {
+  // f32 weights (the MoE router, small f32 matrices) have no tensor-core path: their other route
+  // is the 64×64-tiled fp32 GEMM, which runs N/64 blocks (4 for a 256-expert router: ~500 µs at
+  // M = 64 on the H200). The GEMV re-reads the weight once per 8 rows instead.
+  if (w.format == WFormat::kF32) gemv_max_rows = std::max<int64_t>(gemv_max_rows, kF32GemvMaxRows);
   if (M > gemv_max_rows || !wgemv_supported(w)) return false;
   return w.format != WFormat::kBF16 || M <= wgemv_pass_rows(w);
 }

@@ -110,6 +110,7 @@ struct KernelContext {
   int64_t sync_min_pairs = 4096;    // CudaOptions::moe_sync_min_pairs
   bool fused_tc = false;            // CudaOptions::fused_tensor_cores
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
+  bool moe_mma = true;              // CudaOptions::moe_mma
   /// Grow-only scratch buffer `slot` of at least `bytes` (may throw, see cuda_ops.h).
   void* (*scratch)(void* self, int slot, size_t bytes) = nullptr;
   void* self = nullptr;
@@ -136,6 +137,8 @@ int64_t wgemv_pass_rows(const ops::WeightView& w);
 /// M ≤ wgemv_pass_rows (cuBLASLt reads bf16 weights in place, while every further GEMV pass would
 /// read them again).
 bool linear_bf16_uses_gemv(const ops::WeightView& w, int64_t M, int64_t gemv_max_rows);
+/// f32-stored weights use the GEMV up to this many rows whatever gemv_max_rows says.
+constexpr int64_t kF32GemvMaxRows = 256;
 
 /// Scratch bytes per slot linear_w_bf16 needs for M rows of an n × K view (`bf16_weight`: stored
 /// as bf16, no dequantized copy), maxed into bytes[kNumScratchSlots].

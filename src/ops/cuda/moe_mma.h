@@ -1,0 +1,58 @@
+// Routed-expert grouped GEMM on tensor cores for decode-sized MoE calls (bf16 precision mode):
+// the expert's native weight bytes (FP8 128×128 blocks or MXFP4) are the A operand (weight rows
+// = mma M), the expert's tokens the B operand (mma N = 8 tokens per pass), bf16 mma.sync
+// m16n8k16 with fp32 accumulation. Every active expert's weights are read once per pass of
+// 8 tokens (one pass for all but the most loaded experts at decode batch sizes), through a
+// per-warp cp.async ring (no block barrier in the K loop); x is staged once per CTA pass.
+// See moe_mma.cu for the operand layout (a k permutation that lets each lane consume its own
+// 16-byte weight chunks) and docs/cuda.md §MoE.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "ops/ops.h"
+
+namespace v4::cuda {
+
+/// Arguments of one grouped expert GEMM (gate/up with SwiGLU, or down), over the routing of
+/// moe.cu (pairs sorted by expert: expert e owns items offset[e] .. offset[e+1] of `list`,
+/// item i is pair list[i] = token·k + slot; active[y] for y < *active_count are the experts
+/// with at least one pair).
+///   swiglu (up):  act[i, o] = bf16(silu(min(g, lim)) · clamp(u, −lim, lim)), g/u = x[list[i]/xdiv]
+///                 · W[o] / W[n_out + o] (lim ≤ 0: no clamp), o < n_out; W has 2·n_out rows.
+///   plain (down): y[list[i], o] = xb[i] · W[o] (f32), o < n_out = W rows.
+struct MoeMmaArgs {
+  ops::WeightView w;                  // E experts of [rows, K], kFP8Block or kMXFP4
+  const float* x = nullptr;           // swiglu: f32 token rows [S, ldx]
+  int64_t ldx = 0;
+  int xdiv = 1;                       // swiglu: token of pair p = p / xdiv
+  const __nv_bfloat16* xb = nullptr;  // plain: bf16 rows per item [P, K] (expert-sorted)
+  __nv_bfloat16* act = nullptr;       // swiglu output [P, n_out] per item (expert-sorted)
+  float* y = nullptr;                 // plain output [P, ldy] per pair
+  int64_t ldy = 0;
+  int64_t n_out = 0;
+  bool swiglu = false;
+  float limit = 0.f;
+  const int32_t* list = nullptr;          // [P]
+  const int32_t* offset = nullptr;        // [E + 1]
+  const int32_t* active = nullptr;        // [E]
+  const int32_t* active_count = nullptr;  // [1]
+};
+
+/// Whether moe_mma can run `w` as an expert weight with inputs of K = w.k columns: FP8 with
+/// K % 128 == 0 or MXFP4 with K % 256 == 0, 16-byte aligned rows and scale rows, and the
+/// shared-memory tile (8 token rows of K bf16 + the weight ring) within the device limit.
+bool moe_mma_supported(const ops::WeightView& w);
+
+/// Runs the grouped GEMM over `slots` expert slots (min(E, pairs)); with few CTAs for the
+/// `num_sms` SMs, 4 warps of a CTA split K (fixed-order sum). No sync, no allocation
+/// (graph-capturable). Errors: kUnsupported when !moe_mma_supported(a.w).
+Status moe_mma(const MoeMmaArgs& a, int slots, int num_sms, cudaStream_t stream);
+
+/// Sets the kernels' dynamic shared-memory limits (once per device, at backend creation).
+Status moe_mma_prepare();
+
+}  // namespace v4::cuda
