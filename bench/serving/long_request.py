@@ -156,7 +156,7 @@ def markdown(a, res, pools, meta):
             "| pool | peak used pages | capacity pages | peak used (GiB) | capacity (GiB) |", "|---|---:|---:|---:|---:|"]
     for name in sorted(p for p in pools if not p.startswith("_")):
         p = pools[name]
-        gib = lambda b: "-" if b is None else f"{b / 2**30:.2f}"  # noqa: E731
+        gib = lambda b: "-" if b is None else f"{b / 2**30:.3f}"  # noqa: E731
         out.append(f"| {name} | {p.get('used_pages', 0):.0f} | {p.get('capacity_pages', 0):.0f} | "
                    f"{gib(p.get('used_bytes'))} | {gib(p.get('capacity_bytes'))} |")
     return "\n".join(out) + "\n"

@@ -102,6 +102,7 @@ def cmd_run(a):
     server_cmd = ""
     if a.server_command_file and os.path.exists(a.server_command_file):
         server_cmd = open(a.server_command_file).read().strip().splitlines()[-1]
+        server_cmd = server_cmd[len("server: "):] if server_cmd.startswith("server: ") else server_cmd
     part = {"meta": {"part": a.part, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                      "commit": git_commit(), "gpu": gpu_name(), "command": a.command or " ".join(sys.argv),
                      "server": server_cmd, "layers": a.layers, "input_len": a.input_len, "output_len": a.output_len,

@@ -107,7 +107,7 @@ stop_server() {
   kill -TERM $SRV; wait $SRV
   echo "server exit: $?"
 }
-export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
+export V4_COMMIT="${V4_COMMIT:-$(cat .devdeps/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 if [ "${V4_PREFIX:-0}" = 1 ]; then
   P_LEN=${V4_PREFIX_LEN:-4096}; P_Q=${V4_PREFIX_Q_LEN:-128}; P_OUT=${V4_PREFIX_OUT:-64}
   P_CONC=${V4_PREFIX_CONC:-"1 8 32"}; P_FACTOR=${V4_PREFIX_FACTOR:-4}; P_NUM=${V4_PREFIX_NUM:-1}
@@ -163,7 +163,7 @@ if [ "${V4_LONG:-0}" = 1 ]; then
   python3 bench/serving/long_request.py --base-url "http://127.0.0.1:$PORT" --prompt-len "${V4_LONG_LEN:-1000000}" \
     --decode-contexts ${V4_LONG_CONTEXTS:-921600 131072 4096} --max-tokens "${V4_LONG_OUT:-128}" \
     --deadline $(( T0 + BUDGET - 25 )) --commit "$V4_COMMIT" --gpu "$GPU_NAME" --command "$RECORD_CMD" \
-    --server "$(tail -1 "$OUT/serve-command.txt")" \
+    --server "$(tail -1 "$OUT/serve-command.txt" | sed 's/^server: //')" \
     --note "V4-Flash-shaped dummy weights, $LAYERS of 43 layers, bf16 precision mode" \
     --out-md "$OUT/long-request.md" --out-json "$OUT/long-request.json"
   echo "long_request rc=$?"
