@@ -159,6 +159,14 @@ def markdown(a, res, pools, meta):
         gib = lambda b: "-" if b is None else f"{b / 2**30:.3f}"  # noqa: E731
         out.append(f"| {name} | {p.get('used_pages', 0):.0f} | {p.get('capacity_pages', 0):.0f} | "
                    f"{gib(p.get('used_bytes'))} | {gib(p.get('capacity_bytes'))} |")
+    vp = pools.get("virtual_pages", {})
+    if vp.get("capacity_pages") and vp.get("capacity_bytes") and res:
+        n = res[0]["prompt_len"] + a.max_tokens
+        pages = -(-n // 256)
+        bpp = vp["capacity_bytes"] / vp["capacity_pages"]
+        out += ["", f"Polling gives a lower bound (the last poll can precede the last step). At its end the long "
+                f"request holds ceil({n:,} / 256) = {pages:,} virtual pages = {pages * bpp / 2**30:.3f} GiB "
+                f"({bpp / 2**20:.3f} MiB per page, from /metrics), plus its SWA window pages and one state slot."]
     return "\n".join(out) + "\n"
 
 
@@ -181,7 +189,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--token-id-low", type=int, default=1000)
-    ap.add_argument("--poll-s", type=float, default=1.0)
+    ap.add_argument("--poll-s", type=float, default=0.5)
     ap.add_argument("--deadline", type=float, default=0, help="epoch seconds; 0 = an hour per request")
     ap.add_argument("--note", default="")
     ap.add_argument("--command", default="")
