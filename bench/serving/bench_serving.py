@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--num-prompts-factor", type=float, default=10.0,
                     help="prompts per level = ceil(factor x concurrency) when --num-prompts is 0 "
                          "(InferenceX: 10)")
+    ap.add_argument("--warmup-output-len", type=int, default=0,
+                    help="output tokens of each level's warm-up request (0 = as the first prompt)")
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=0, help="vocabulary size; 0 = probe /detokenize")
@@ -313,8 +315,9 @@ def main():
             n = args.num_prompts or max(1, int(-(-args.num_prompts_factor * conc // 1)))
             prompts = make_prompts(args, n, rng, vocab, detok, systems)
             before = scrape_metrics(c, base, headers)
-            # Warm-up: one short request.
-            asyncio.run(run_level(args, url, headers, model, prompts[:1], 1))
+            # Warm-up: one request (its prompt; --warmup-output-len tokens when given).
+            warm = [(prompts[0][0], prompts[0][1], args.warmup_output_len or prompts[0][2])]
+            asyncio.run(run_level(args, url, headers, model, warm, 1))
             results, wall = asyncio.run(run_level(args, url, headers, model, prompts, conc))
             after = scrape_metrics(c, base, headers)
             row = summarize(results, wall, conc, args.gpus)

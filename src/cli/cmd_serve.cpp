@@ -1,6 +1,7 @@
 // `v4serve serve`: load a checkpoint, start the engine and the OpenAI-compatible HTTP server.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -118,8 +119,14 @@ int run_serve(const ServeOptions& o) {
                  tok->vocab_size(), ex.vocab_size());
     return 2;
   }
-  for (auto& p : ex.pools()) {
-    V4_LOG_INFO("cache pool {}: {} pages ({} tokens/page)", p.name, p.capacity_pages, p.page_tokens);
+  const auto specs = ex.pools();
+  for (auto& p : ex.pool_usage()) {
+    const auto spec = std::find_if(specs.begin(), specs.end(),
+                                   [&](const auto& q) { return q.name == p.name; });
+    V4_LOG_INFO("cache pool {}: {} pages ({} tokens/page, {:.1f} KiB/page, {:.2f} GiB)", p.name,
+                p.capacity_pages, spec == specs.end() ? 0 : spec->page_tokens,
+                double(p.bytes_per_page) / 1024.0,
+                double(p.bytes_per_page * p.capacity_pages) / double(int64_t(1) << 30));
   }
 
   v4::engine::EngineConfig ec;

@@ -75,7 +75,7 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
   waiting_now.store(s.waiting);
   s.requests_rejected_total = rejected.load();
   for (const auto& u : exec->pool_usage())
-    s.pools.push_back({u.name, u.used_pages, u.capacity_pages});
+    s.pools.push_back({u.name, u.used_pages, u.capacity_pages, u.bytes_per_page});
   s.device = exec->device_timing();
   const double window_s = std::max(1.0, config.stats_interval_s);
   const double dt = std::chrono::duration<double>(now - window_start).count();

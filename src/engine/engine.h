@@ -123,6 +123,7 @@ struct PoolStats {
   std::string name;
   int64_t used_pages = 0;
   int64_t capacity_pages = 0;
+  int64_t bytes_per_page = 0;  // backend memory of one page / slot (0 = not known)
 };
 
 /// Snapshot of engine counters; totals are since start, rates over the last stats interval.

@@ -34,6 +34,7 @@ struct PoolUsage {
   std::string name;
   int64_t used_pages = 0;
   int64_t capacity_pages = 0;
+  int64_t bytes_per_page = 0;  // backend memory of one page / slot (0 = not known)
 };
 
 /// What a sequence starts with (see Executor::start_sequence).

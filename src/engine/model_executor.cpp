@@ -171,7 +171,7 @@ std::vector<int64_t> ModelExecutor::pages_for(int64_t n) const {
 
 std::vector<PoolUsage> ModelExecutor::pool_usage() const {
   std::vector<PoolUsage> out;
-  for (const auto& u : cache_->usage()) out.push_back({u.name, u.used, u.total});
+  for (const auto& u : cache_->usage()) out.push_back({u.name, u.used, u.total, u.bytes_per_unit});
   return out;
 }
 

@@ -180,6 +180,16 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   for (auto& p : st.pools) o += fmt::format("v4serve_cache_used_pages{{pool=\"{}\"}} {}\n", escape_label(p.name), p.used_pages);
   head("v4serve_cache_capacity_pages", "gauge", "Total pages per cache pool.");
   for (auto& p : st.pools) o += fmt::format("v4serve_cache_capacity_pages{{pool=\"{}\"}} {}\n", escape_label(p.name), p.capacity_pages);
+  // Bytes (pages x backend bytes per page), so a long request's memory per pool can be read off
+  // /metrics; only for pools whose page size is known.
+  head("v4serve_cache_used_bytes", "gauge", "Backend memory of the pages in use per cache pool.");
+  for (auto& p : st.pools)
+    if (p.bytes_per_page > 0)
+      o += fmt::format("v4serve_cache_used_bytes{{pool=\"{}\"}} {}\n", escape_label(p.name), p.used_pages * p.bytes_per_page);
+  head("v4serve_cache_capacity_bytes", "gauge", "Backend memory of each cache pool.");
+  for (auto& p : st.pools)
+    if (p.bytes_per_page > 0)
+      o += fmt::format("v4serve_cache_capacity_bytes{{pool=\"{}\"}} {}\n", escape_label(p.name), p.capacity_pages * p.bytes_per_page);
   head("v4serve_cache_usage_ratio", "gauge", "Fraction of each cache pool in use (0..1).");
   for (auto& p : st.pools) {
     double r = p.capacity_pages > 0 ? double(p.used_pages) / double(p.capacity_pages) : 0.0;

@@ -318,7 +318,7 @@ TEST(Metrics, PrometheusText) {
   v4::engine::EngineStats st;
   st.running = 3;
   st.waiting = 4;
-  st.pools = {{"kv", 10, 100}, {"state", 1, 8}};
+  st.pools = {{"kv", 10, 100, 4096}, {"state", 1, 8}};
   std::string t = m.render(st, 7, "tiny");
   EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"} 1\n"), std::string::npos);
@@ -334,6 +334,10 @@ TEST(Metrics, PrometheusText) {
   EXPECT_NE(t.find("v4serve_num_requests_waiting 4\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_cache_used_pages{pool=\"kv\"} 10\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_cache_usage_ratio{pool=\"kv\"} 0.1\n"), std::string::npos);
+  // Bytes only where the page size is known.
+  EXPECT_NE(t.find("v4serve_cache_used_bytes{pool=\"kv\"} 40960\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_cache_capacity_bytes{pool=\"kv\"} 409600\n"), std::string::npos);
+  EXPECT_EQ(t.find("v4serve_cache_used_bytes{pool=\"state\"}"), std::string::npos);
   EXPECT_NE(t.find("v4serve_open_connections 7\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE v4serve_time_to_first_token_seconds histogram\n"), std::string::npos);
 }
