@@ -355,13 +355,16 @@ TEST(CudaWFormat, Bf16PathSelection) {
   };
   const int64_t G = CudaOptions{}.gemv_max_rows;
   EXPECT_EQ(G, 32);
-  // FP8 / MXFP4 / f32: the GEMV up to 32 rows, whatever K.
+  // FP8 / MXFP4: the GEMV up to 32 rows, whatever K; f32 (no tensor-core path) up to 256.
   for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kF32})
     for (int64_t k : {1024, 4096, 8192}) {
+      const int64_t lim = f == WFormat::kF32 ? cuda::kF32GemvMaxRows : G;
       EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 1, G));
       EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, G));
-      EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 33, G));
+      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), lim, G));
+      EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), lim + 1, G));
     }
+  EXPECT_EQ(cuda::kF32GemvMaxRows, 256);
   // bf16-stored weights: only within one shared-memory pass (96 KiB of f32 x rows).
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 129280, 4096)), 6);
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 1024, 1024)), 8);
