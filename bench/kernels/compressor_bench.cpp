@@ -32,14 +32,18 @@ using v4::testing::CompressCase;
     }                                                                                   \
   } while (0)
 
-// Bytes of one step, counted from the plan. Fused (the floor any implementation moves):
-//   pooling  Σ_closing rows Σ_non-empty slots 2·d·4   (kv + gate of the slot's channel half)
-//          + n_closing·(c·m·4 src + 4 dst + 8 position) + (m·c·d + d)·4 (bias, norm)
-//   store    n_closing·d·4
-//   ring     n_live_ring·(2 reads + 2 writes)·c·d·4 + n_ring·8 (indices)
-// Unfused adds the round trips of the intermediate rows: compress_pool writes n_out·d·4, rms_norm
-// reads + writes n_out·d·4, rope reads + writes n_out·rd·4, store_rows reads n_closing·d·4, the ring
-// gathers write and the stores read n_ring·c·d·4 (× kv, gate) more.
+// Bytes of one step, counted from the plan. Fused = the floor any implementation must move, each
+// byte once:
+//   reads   every distinct (row, channel half) of kc / zc and of the state ring that a closing
+//           window or the ring refresh reads (a fresh row pooled by a window AND copied into the
+//           ring counts once: a one-pass kernel could read it once) · 2 (kv + gate) · d·4
+//         + n_closing·(c·m·4 src + 4 dst + 8 position) + n_ring·8 (ring indices)
+//         + (m·c·d + d)·4 (bias, norm: once, they are shared by every row)
+//   writes  n_closing·d·4 (pool rows) + n_live_ring·2·c·d·4 (ring rows, kv + gate)
+// Unfused = the default composition's traffic: the pooling reads above (without the ring's
+// fresh-row reads) plus compress_pool's n_out·d·4 write, rms_norm's read + write, rope's read +
+// write of the rd channels, store_rows' read + write, and per ring array a gather (read + write
+// of n_ring·c·d·4) and a store (read + write of n_live_ring·c·d·4).
 struct Bytes {
   double fused = 0, unfused = 0;
   int64_t closing = 0;
@@ -48,22 +52,41 @@ Bytes count_bytes(const CompressCase& k) {
   Bytes b;
   const int ns = k.c * k.m;
   const double d4 = double(k.d) * 4, cd4 = double(k.width()) * 4;
-  double pool_reads = 0;
+  // halves read per fresh row / state row (bit h = channel half h)
+  std::vector<unsigned char> fresh(size_t(k.n_fresh), 0), state(size_t(k.ring_total), 0);
+  double idx = 0;
   for (int64_t r = 0; r < k.n_out(); ++r) {
     if (k.dst[size_t(r)] < 0) continue;
     ++b.closing;
-    for (int j = 0; j < ns; ++j)
-      if (k.src[size_t(r * ns + j)] != -1) pool_reads += 2 * d4;
-    pool_reads += ns * 4 + 4 + 8;
+    for (int j = 0; j < ns; ++j) {
+      const int32_t v = k.src[size_t(r * ns + j)];
+      if (v == -1) continue;
+      const unsigned char half = (k.c == 2 && j >= k.m) ? 2 : 1;
+      if (v >= 0)
+        fresh[size_t(v)] |= half;
+      else
+        state[size_t(-v - 2)] |= half;
+    }
+    idx += ns * 4 + 4 + 8;
   }
-  pool_reads += (double(k.m) * k.width() + k.d) * 4;
+  auto halves = [](const std::vector<unsigned char>& v) {
+    double n = 0;
+    for (unsigned char h : v) n += (h & 1) + ((h >> 1) & 1);
+    return n;
+  };
+  const double pool_reads = (halves(fresh) + halves(state)) * 2 * d4;
   int64_t live = 0;
-  for (int32_t r : k.ring_dst) live += r >= 0;
-  const double ring = double(live) * 4 * cd4 + double(k.n_ring()) * 8;
-  b.fused = pool_reads + b.closing * d4 + ring;
+  for (size_t i = 0; i < k.ring_dst.size(); ++i)
+    if (k.ring_dst[i] >= 0) {
+      ++live;
+      fresh[size_t(k.ring_src[i])] |= k.c == 2 ? 3 : 1;  // the copy reads the whole row
+    }
+  const double shared = (double(k.m) * k.width() + k.d) * 4 + idx + double(k.n_ring()) * 8;
+  b.fused = (halves(fresh) + halves(state)) * 2 * d4 + shared + b.closing * d4 +
+            double(live) * 2 * cd4;
   const double n_out = double(k.n_out());
-  b.unfused = pool_reads + n_out * d4 + 2 * n_out * d4 + 2 * n_out * k.rd * 4 + 2 * b.closing * d4 +
-              ring + 2 * double(k.n_ring()) * cd4;
+  b.unfused = pool_reads + shared + n_out * d4 + 2 * n_out * d4 + 2 * n_out * k.rd * 4 +
+              2 * b.closing * d4 + 2 * (2 * double(k.n_ring()) * cd4 + 2 * double(live) * cd4);
   return b;
 }
 
@@ -158,11 +181,12 @@ std::string bench_compressor(double bw) {
   std::unique_ptr<v4::ops::Ops> ops = std::move(made).value();
   v4::ops::Ops* o = ops.get();
   std::ostringstream md;
-  md << "Byte counts from the plan (compressor_bench.cpp `count_bytes`): fused = pooled window "
-        "reads (2·d·4 B per non-empty slot: kv + gate channel half) + indices + bias/norm + "
-        "n_closing·d·4 B pool writes + 4·c·d·4 B per refreshed ring row; unfused adds the "
-        "intermediate rows' round trips. GB/s and % columns use the FUSED bytes for both variants "
-        "(the work to be done). Times: per call, replayed from a CUDA graph of many calls (host "
+  md << "Byte counts from the plan (compressor_bench.cpp `count_bytes`): fused = the floor, each "
+        "byte once: every distinct kc / zc / state (row, channel half) a closing window or the "
+        "ring refresh reads (kv + gate, d·4 B each) + indices + bias/norm once + n_closing·d·4 B "
+        "pool writes + 2·c·d·4 B per refreshed ring row; unfused = the default composition's "
+        "traffic (intermediate rows' round trips, ring rows through a temporary). GB/s and % "
+        "columns use the FUSED bytes for both variants (the work to be done). Times: per call, replayed from a CUDA graph of many calls (host "
         "clock around replay + sync), median. Decode inputs stay L2-resident across calls; 8K "
         "prefill inputs (64 MiB kc+zc at d 512) exceed L2.\n\n"
      << "| case | rows (closing / ring) | variant | launches | µs | fused MB | unfused MB | GB/s | "

@@ -9,15 +9,18 @@
 namespace v4::cuda {
 
 /// Runs `Ops::compress_fused` (same contract, fp32 pools) on `stream`:
-///   1. compress_fused_rows_kernel: one CTA per output row r with dst[r] ≥ 0 (others exit at
-///      once): pooled channels (the compress_pool math, ops/cuda/compress_pool.cuh) into shared
-///      memory, RMSNorm (the rmsnorm kernel's reduction order), interleaved RoPE at positions[r],
-///      one store of the finished row into pool[dst[r]].
+///   1. compress_fused_rows_kernel: a cluster of K ≤ 8 CTAs per output row r with dst[r] ≥ 0
+///      (others exit at once), each CTA a channel slice, its threads P slot partitions of the
+///      window (plan: compress_split.h, a function of (m, c, d) only): float4 reads of kv / gate /
+///      bias, online softmax per channel, partitions merged in shared memory, Σx² over the
+///      cluster through distributed shared memory, RMSNorm, interleaved RoPE at positions[r], one
+///      float4 store of the finished row into pool[dst[r]]. Scalar path (1 channel per thread,
+///      K = 1) when d % 4 ≠ 0 or a pointer is not 16-byte aligned.
 ///   2. compress_ring_kernel: ring rows refreshed from the fresh rows (kv and gate in one launch,
 ///      float4 when the rows allow). Stream order puts it after every state read of launch 1.
 /// No allocation, no host sync: graph-capturable. `scratch` is ignored.
-/// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range;
-/// launch failures.
+/// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range,
+/// d too large for the shared-memory plan (> ~12K); launch failures.
 Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream);
 
 }  // namespace v4::cuda

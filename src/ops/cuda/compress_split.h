@@ -1,0 +1,220 @@
+// FlashCompressor work split (docs/cuda.md "FlashCompressor"): how compress_fused_rows_kernel
+// (compressor.cu) divides one closing window over CTAs and threads, and the per-thread pooling
+// math (online softmax over a contiguous slot range, then the merge of the slot partitions).
+// Plain C++ with __host__ __device__ functions when compiled by nvcc, so the CPU tests
+// (tests/model/test_compress_split.cpp) run the same plan and the same arithmetic on the host
+// against the CPU op composition (internal header; no CUDA headers).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define V4_CS_HD __host__ __device__ __forceinline__
+#else
+#define V4_CS_HD inline
+#endif
+#if defined(__CUDA_ARCH__)
+#define V4_CS_UNROLL _Pragma("unroll")
+#else
+#define V4_CS_UNROLL
+#endif
+
+namespace v4::cuda {
+
+/// Launch plan of the FlashCompressor rows kernel for one (m, c, d, vector path) shape. It
+/// depends on the shape only — never on the number of rows — so a row's result (summation order)
+/// is the same in prefill and decode steps of any batch (fp32 batch invariance).
+///
+/// Output row r is served by `ctas` CTAs (a thread-block cluster when > 1); CTA k owns the channel
+/// groups [k·gpc, min((k+1)·gpc, G)) (G = d / vec groups of `vec` adjacent channels). Inside a
+/// CTA, thread t is (column x = t % gw, partition p = t / gw) for t < gw·parts: it walks the
+/// groups x, x + gw, … of its CTA's range and, for each, the slots [p·spp, min((p+1)·spp, c·m)).
+struct CompressRowsPlan {
+  int vec = 1;       // channels per group: 4 (16-byte loads/stores) or 1
+  int groups = 0;    // G = d / vec
+  int spp = 1;       // slots per partition (contiguous)
+  int parts = 1;     // P = ceil(c·m / spp) window partitions merged in shared memory
+  int ctas = 1;      // K ≤ 8 CTAs per output row (cluster size), split over channels
+  int gpc = 0;       // channel groups per CTA = ceil(G / K)
+  int gw = 0;        // thread columns per CTA (≤ gpc)
+  int threads = 0;   // blockDim: gw·P rounded up to a multiple of 32
+  size_t smem = 0;   // dynamic shared memory bytes (layout: compress_rows_smem)
+};
+
+/// Byte offsets inside the dynamic shared memory of one CTA.
+struct CompressRowsSmem {
+  size_t src = 0;    // int32 [c·m]        the row's slot indices
+  size_t part = 0;   // float [3][P][cw]   partition max / Σexp / Σexp·kv (only when P > 1)
+  size_t row = 0;    // float [cw]         pooled channels of the CTA's slice
+  size_t total = 0;
+};
+
+V4_CS_HD CompressRowsSmem compress_rows_smem(int n_slots, int parts, int cw) {
+  CompressRowsSmem s;
+  s.src = 0;
+  s.part = (size_t(n_slots) * 4 + 15) / 16 * 16;
+  s.row = s.part + (parts > 1 ? size_t(3) * size_t(parts) * size_t(cw) * 4 : 0);
+  s.total = s.row + size_t(cw) * 4;
+  return s;
+}
+
+/// Default dynamic shared memory limit the plan stays under (no opt-in attribute needed).
+constexpr size_t kCompressSmemLimit = 48 * 1024;
+
+/// The plan for ratio m, overlap c, dim d; `vec_ok` = d % 4 == 0 and every row pointer is 16-byte
+/// aligned. Rules: ≤ 8 slots per thread (two batches of 4 in flight), ≤ 32 partitions; rows with
+/// fewer than 64 (group, partition) pairs halve spp down to 4; K = ceil(G·P / 256) CTAs per row
+/// (≤ 8; 1 on the scalar path, whose RoPE pairs may straddle a CTA boundary). Returns threads = 0
+/// when even P = 1 does not fit the shared memory limit (d > ~12K).
+inline CompressRowsPlan plan_compress_rows(int m, int c, int d, bool vec_ok) {
+  CompressRowsPlan pl;
+  const int ns = c * m;
+  pl.vec = vec_ok && d % 4 == 0 ? 4 : 1;
+  pl.groups = d / pl.vec;
+  pl.spp = std::min(ns, 8);
+  pl.parts = (ns + pl.spp - 1) / pl.spp;
+  if (pl.parts > 32) {
+    pl.parts = 32;
+    pl.spp = (ns + 31) / 32;
+    pl.parts = (ns + pl.spp - 1) / pl.spp;
+  }
+  while (int64_t(pl.groups) * pl.parts < 64 && pl.spp > 4) {
+    pl.spp = (pl.spp + 1) / 2;
+    pl.parts = (ns + pl.spp - 1) / pl.spp;
+  }
+  for (;;) {
+    const int64_t per_row = int64_t(pl.groups) * pl.parts;
+    pl.ctas = pl.vec == 4 ? int(std::min<int64_t>(8, std::max<int64_t>(1, (per_row + 255) / 256))) : 1;
+    pl.ctas = std::min(pl.ctas, pl.groups);
+    pl.gpc = (pl.groups + pl.ctas - 1) / pl.ctas;
+    pl.gw = std::min(pl.gpc, std::max(1, 512 / pl.parts));
+    pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
+    pl.smem = compress_rows_smem(ns, pl.parts, pl.gpc * pl.vec).total;
+    if (pl.smem <= kCompressSmemLimit) return pl;
+    if (pl.parts == 1) {
+      pl.threads = 0;
+      return pl;
+    }
+    pl.spp *= 2;  // fewer partitions: less merge storage
+    pl.parts = (ns + pl.spp - 1) / pl.spp;
+  }
+}
+
+/// `vec` consecutive floats (a register array; 16-byte loads on the device when vec = 4).
+template <int V>
+struct CsVec {
+  float v[V];
+};
+
+template <int V>
+V4_CS_HD CsVec<V> cs_load(const float* p) {
+  CsVec<V> r;
+#if defined(__CUDA_ARCH__)
+  if constexpr (V == 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = t.x;
+    r.v[1] = t.y;
+    r.v[2] = t.z;
+    r.v[3] = t.w;
+  } else {
+    r.v[0] = __ldg(p);
+    static_assert(V == 1, "vec is 4 or 1");
+  }
+#else
+  for (int i = 0; i < V; ++i) r.v[i] = p[i];
+#endif
+  return r;
+}
+
+/// Online softmax state of one channel over some slots: running max of gate + bias, Σexp(l − mx)
+/// and Σexp(l − mx)·kv. Empty state: mx = −inf, sum = acc = 0.
+struct CsAcc {
+  float mx, sum, acc;
+};
+
+/// The pooling inputs (CompressArgs fields; state = the ring before this step's refresh).
+struct CsInputs {
+  const float* fresh_kv;
+  const float* fresh_gate;
+  const float* state_kv;
+  const float* state_gate;
+  const float* bias;
+  int m, c, d;
+};
+
+/// Folds slots [j0, j1) of one row (slot indices `slots`, CompressArgs::src convention) into the
+/// states of channels ch..ch+V−1 (ch % V == 0). Slots are taken in batches of 4: every load of a
+/// batch is issued before any use; per batch and channel the running max is updated once
+/// (rescaling sum/acc by exp(old − new)), then each slot adds exp(l − mx) and exp(l − mx)·kv.
+template <int V>
+V4_CS_HD void cs_fold_slots(const CsInputs& in, const int32_t* slots, int j0, int j1, int ch,
+                            CsAcc (&st)[V]) {
+  constexpr int U = 4;
+  const int64_t width = int64_t(in.c) * in.d;
+  for (int jb = j0; jb < j1; jb += U) {
+    CsVec<V> lg[U], kv[U];
+V4_CS_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int j = jb + u;
+      const int32_t s = j < j1 ? slots[j] : -1;
+      if (s == -1) {
+V4_CS_UNROLL
+        for (int i = 0; i < V; ++i) {
+          lg[u].v[i] = -INFINITY;
+          kv[u].v[i] = 0.f;
+        }
+        continue;
+      }
+      const bool b = in.c == 2 && j >= in.m;  // series b: own window, channels [d, 2d)
+      const int64_t off = (b ? in.d : 0) + ch;
+      const int brow = b ? j - in.m : j;
+      const bool fresh = s >= 0;
+      const int64_t row = fresh ? s : (-int64_t(s) - 2);
+      const CsVec<V> g = cs_load<V>((fresh ? in.fresh_gate : in.state_gate) + row * width + off);
+      const CsVec<V> bb = cs_load<V>(in.bias + int64_t(brow) * width + off);
+      kv[u] = cs_load<V>((fresh ? in.fresh_kv : in.state_kv) + row * width + off);
+V4_CS_UNROLL
+      for (int i = 0; i < V; ++i) lg[u].v[i] = g.v[i] + bb.v[i];
+    }
+V4_CS_UNROLL
+    for (int i = 0; i < V; ++i) {
+      float bm = lg[0].v[i];
+V4_CS_UNROLL
+      for (int u = 1; u < U; ++u) bm = fmaxf(bm, lg[u].v[i]);
+      const float nm = fmaxf(st[i].mx, bm);
+      if (nm == -INFINITY) continue;  // nothing non-empty yet
+      const float sc = expf(st[i].mx - nm);  // 0 when the state was empty, 1 when mx is unchanged
+      float sum = st[i].sum * sc, acc = st[i].acc * sc;
+V4_CS_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const float e = expf(lg[u].v[i] - nm);  // empty slot: exp(−inf) = 0, kv = 0
+        sum += e;
+        acc += e * kv[u].v[i];
+      }
+      st[i] = CsAcc{nm, sum, acc};
+    }
+  }
+}
+
+/// Merges partition states (in partition order p = 0..n−1, element p at parts[p·stride]) with
+/// the standard rescale and returns the pooled value Σacc_p·e_p / Σsum_p·e_p, e_p = exp(mx_p − M),
+/// M = max mx_p; 0 when every slot was empty (as compress_pool).
+V4_CS_HD float cs_merge(const float* mx, const float* sum, const float* acc, int n,
+                        int64_t stride) {
+  float M = -INFINITY;
+  for (int p = 0; p < n; ++p) M = fmaxf(M, mx[p * stride]);
+  if (M == -INFINITY) return 0.f;
+  float S = 0.f, A = 0.f;
+  for (int p = 0; p < n; ++p) {
+    const float q = mx[p * stride];
+    if (q == -INFINITY) continue;
+    const float e = expf(q - M);
+    S += sum[p * stride] * e;
+    A += acc[p * stride] * e;
+  }
+  return A / S;
+}
+
+}  // namespace v4::cuda
