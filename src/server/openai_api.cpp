@@ -361,7 +361,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
             "anew), or use tool_choice \"auto\" and check message.tool_calls.",
             req.tool_choice_function ? "naming '" + req.tool_choice + "'" : "\"required\"",
             c.visible.empty() ? std::string()
-                              : fmt::format(" (it wrote: {})", Json(c.visible).dump()));
+                              : fmt::format(" (it wrote: {})",
+                                            Json(c.visible).dump(-1, ' ', false,
+                                                                 Json::error_handler_t::replace)));
       }
       double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
       double e2e = seconds((c.have_first ? c.last_token : out.now) - c.arrival);

@@ -458,8 +458,14 @@ TEST(ToolCalls, RequiredToolChoiceWithoutACallIsAnError) {
   EXPECT_EQ(err["error"]["code"], "invalid_model_output") << err.dump();
   EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body;
 
-  // Cut by max_tokens: "length", no error.
   req["stream"] = false;
+  // Bytes that are not UTF-8 in what the model wrote still give a well-formed error body.
+  Harness bad("</｜DSML｜tool_calls>bad \xff\xfe bytes");
+  json rb = json::parse(bad.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(rb.contains("error")) << rb.dump();
+  EXPECT_EQ(rb["error"]["code"], "invalid_model_output");
+
+  // Cut by max_tokens: "length", no error.
   req["max_tokens"] = 5;
   json cut = json::parse(h.post("/v1/chat/completions", req.dump()));
   ASSERT_TRUE(cut.contains("choices")) << cut.dump();
