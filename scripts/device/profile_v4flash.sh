@@ -2,8 +2,9 @@
 # Runs ON the lent GPU machine (issue 7): builds v4serve + test_cuda + bench_kernels, runs the GPU
 # op tests named by $V4_GTEST_FILTER, the native-weight GEMV / MoE kernel rows
 # (bench_kernels --only-wformat) for each V4_GEMV_BLOCKS_PER_SM in $V4_GEMV_SWEEP, then the
-# per-region decode profile of the V4-Flash-shaped dummy model (v4serve bench --profile, batch
-# $V4_BATCH at 4K context) for each value again. Results under $OUT:
+# per-region decode and prefill profile of the V4-Flash-shaped dummy model (v4serve bench
+# --profile, batch $V4_BATCH at 4K context; the 4K cell's prefill step of 4096 tokens gets its own
+# table) for each value again. Results under $OUT:
 #   cuda-op-tests.log, device.log, cuda-wformat-bps<N>.md, profile-v4flash-20l-bps<N>.md,
 #   cuda-topk.md (V4_TOPK=1, default), logs.tgz.
 # From the developer machine:
@@ -36,6 +37,6 @@ for bps in ${V4_PROFILE_SWEEP:-4 16}; do
     --batch "${V4_BATCH:-1,64}" --context 4K --steps 5 --profile \
     --out "$OUT/profile-v4flash-20l-bps$bps.md" > "$OUT/profile-bps$bps.log" 2>&1
   echo "[bps=$bps] bench rc=$?"
-  grep -E "^\| decode" "$OUT/profile-v4flash-20l-bps$bps.md" | sed "s/^/[bps=$bps] /"
+  grep -E "^\| (decode|prefill)" "$OUT/profile-v4flash-20l-bps$bps.md" | sed "s/^/[bps=$bps] /"
 done
 cd "$OUT" && tar czf logs.tgz *.log && rm -f wformat-bps*.log profile-bps*.log

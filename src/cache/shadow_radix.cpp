@@ -356,6 +356,53 @@ Status ShadowRadix::check_fits(int64_t total_tokens, int64_t chunk_tokens) const
   return Status::Ok();
 }
 
+int64_t thinned_snapshot_interval(int64_t interval, int64_t R, int64_t n, int32_t cap) {
+  if (interval <= 0 || n <= 1 || R < 0 || R >= n - 1) return 0;
+  cap = std::max<int32_t>(1, cap);
+  int64_t iv = interval;
+  // Multiples of iv in (R, n): (n − 1)/iv − R/iv. iv < n here, so doubling cannot overflow.
+  while (iv < n && (n - 1) / iv - R / iv > cap) iv *= 2;
+  return iv < n && (n - 1) / iv - R / iv > 0 ? iv : 0;
+}
+
+std::string describe_snapshot_interval(int64_t interval, int32_t cap, int32_t n_snapshots,
+                                       int64_t max_prompt, bool* warn) {
+  *warn = false;
+  cap = std::max<int32_t>(1, cap);
+  if (interval <= 0)
+    return "prefix cache: --prefix-snapshot-interval 0: boundaries at branch points and prompt "
+           "ends only";
+  if (interval >= max_prompt) {
+    *warn = true;
+    return fmt::format(
+        "prefix cache: --prefix-snapshot-interval {} has no effect: it is not below the context "
+        "length ({} tokens), so no prompt contains a multiple of it (0 turns it off)",
+        interval, max_prompt);
+  }
+  const int64_t worst = (max_prompt - 1) / interval;
+  if (worst > cap) {
+    *warn = true;
+    const int64_t min_iv = (max_prompt - 1) / (int64_t(cap) + 1) + 1;  // (max_prompt−1)/iv <= cap
+    return fmt::format(
+        "prefix cache: --prefix-snapshot-interval {}: a prompt of up to {} tokens (the context "
+        "length) would ask for {} boundaries but one prompt may take at most {} of the store's {} "
+        "compressor snapshots (more would evict every other cached prefix and the prompt's own "
+        "end: less caching than interval 0), so prompts longer than {} tokens get one every "
+        "{}·2^k tokens (smallest k that fits); an interval >= {} is never thinned",
+        interval, max_prompt, worst, cap, n_snapshots, (int64_t(cap) + 1) * interval, interval,
+        min_iv);
+  }
+  return fmt::format(
+      "prefix cache: --prefix-snapshot-interval {}: a boundary every {} prompt tokens (at most "
+      "{} per prompt of up to {} tokens; the store keeps {} compressor snapshots)",
+      interval, interval, worst, max_prompt, n_snapshots);
+}
+
+int32_t ShadowRadix::interval_point_cap() const {
+  return cfg_.max_interval_points > 0 ? cfg_.max_interval_points
+                                      : std::max<int32_t>(1, cfg_.n_snapshots / 4);
+}
+
 Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t max_cached) {
   CheckOnExit<ShadowRadix> check_on_exit{this, "admit"};
   const int64_t P = cfg_.page_tokens, Ps = cfg_.swa_page_tokens, W = cfg_.window_tokens;
@@ -376,11 +423,15 @@ Result<AdmitPlan> ShadowRadix::admit(std::span<const int32_t> prompt, int64_t ma
     std::sort(w.points.begin(), w.points.end());
     w.points.erase(std::unique(w.points.begin(), w.points.end()), w.points.end());
   }
-  if (cfg_.enable_prefix_cache && cfg_.snapshot_interval > 0 && n > 0) {
-    // Periodic boundaries inside the prompt (ShadowRadixConfig::snapshot_interval). Every point
-    // in (R, n) is past the deepest resumable boundary, so none is live already.
-    const int64_t iv = cfg_.snapshot_interval;
-    for (int64_t p = (w.R / iv + 1) * iv; p < n; p += iv) w.points.push_back(p);
+  const int64_t iv =
+      cfg_.enable_prefix_cache && n > 0
+          ? thinned_snapshot_interval(cfg_.snapshot_interval, w.R, n, interval_point_cap())
+          : 0;
+  if (iv > 0) {
+    // Periodic boundaries inside the prompt (ShadowRadixConfig::snapshot_interval, thinned so
+    // that one prompt never asks for more than the store keeps). Every point in (R, n) is past
+    // the deepest resumable boundary, so none is live already.
+    for (int64_t p = w.R - w.R % iv + iv; p < n; p += iv) w.points.push_back(p);
     std::sort(w.points.begin(), w.points.end());
     w.points.erase(std::unique(w.points.begin(), w.points.end()), w.points.end());
   }

@@ -47,6 +47,11 @@ struct ShadowRadixConfig {
   /// compressor snapshot + SWA window (LRU-evicted like any boundary). 0: branch points and the
   /// prompt end only.
   int64_t snapshot_interval = 0;
+  /// Most periodic points (snapshot_interval) one prompt asks for; a prompt with more multiples
+  /// gets them at a power-of-two multiple of the interval instead
+  /// (thinned_snapshot_interval), so its boundaries always fit in the store next to those of
+  /// other requests and its prompt-end boundaries. 0: n_snapshots / 4 (at least 1).
+  int32_t max_interval_points = 0;
   /// Debug builds (NDEBUG undefined): run check_invariants() after every public mutating call
   /// and abort with the violation. O(tree + pools) per call; ignored in release builds.
   bool debug_checks = true;
@@ -96,6 +101,21 @@ struct CacheStats {
   int64_t match_queries = 0, query_tokens = 0, hit_tokens = 0;
   int64_t evicted_nodes = 0, tombstoned_nodes = 0, adopted_nodes = 0;
 };
+
+/// Periodic snapshot interval `admit` uses for a prompt of `n` tokens that resumes at `R`:
+/// `interval` doubled until the multiples in (R, n) number at most `cap` (>= 1), so the points of
+/// a long prompt are a subset of those of a short one (multiples of interval·2^k nest). Returns 0
+/// (no periodic points) when interval <= 0 or no multiple lies in (R, n).
+int64_t thinned_snapshot_interval(int64_t interval, int64_t R, int64_t n, int32_t cap);
+
+/// The startup line for ShadowRadixConfig::snapshot_interval (serve
+/// --prefix-snapshot-interval): the interval in use, the per-prompt cap `cap` and the store's
+/// `n_snapshots`. `warn` is set when the value misbehaves for prompts up to `max_prompt` tokens
+/// (the context length): the interval is >= it (no effect), or such a prompt would ask for more
+/// than `cap` boundaries (they are thinned, thinned_snapshot_interval; the line says from which
+/// prompt length and the smallest interval that is never thinned).
+std::string describe_snapshot_interval(int64_t interval, int32_t cap, int32_t n_snapshots,
+                                       int64_t max_prompt, bool* warn);
 
 struct RadixNode;
 
@@ -161,6 +181,8 @@ class ShadowRadix {
   int64_t seq_len(int32_t seq) const;
   const SwaMap& swa_map() const { return swa_; }
   const ShadowRadixConfig& config() const { return cfg_; }
+  /// ShadowRadixConfig::max_interval_points, resolved (0 → n_snapshots / 4, at least 1).
+  int32_t interval_point_cap() const;
 
   // ---- accounting and checks --------------------------------------------------------------
   CacheStats stats() const;

@@ -29,6 +29,7 @@
 #include "cache/pools.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
+#include "cli/validators.h"
 #include "engine/model_executor.h"
 #include "model/deepseek_v4.h"
 #include "model/step_cost.h"
@@ -57,7 +58,7 @@ struct BenchOptions {
   double peak_tflops = -1;  // < 0: kCudaBf16PeakTflops on cuda, none on cpu
   int64_t copy_mib = 0;     // 0: 1024 on cuda, 256 on cpu
   uint64_t seed = 1;
-  bool profile = false;  // per-region device time of the timed decode steps (Ops::region)
+  bool profile = false;  // per-region device time of the timed decode and prefill steps
 };
 
 double gib(double b) {
@@ -231,7 +232,9 @@ class Bench {
     batches_ = *bs;
     contexts_ = *ls;
     const bool cuda = ops_.name() == "cuda";
-    if (o_.profile && !ops_.set_profiling(true)) {
+    // (run_bench refused --profile on a backend without timers before loading the weights.)
+    profiling_supported_ = ops_.set_profiling(o_.profile);
+    if (o_.profile && !profiling_supported_) {
       std::fprintf(stderr, "error: --profile: the %s backend has no device timers\n",
                    ops_.name().c_str());
       return 2;
@@ -492,7 +495,8 @@ class Bench {
       const int64_t V = c.vocab_size;
       std::vector<int32_t> ids(static_cast<size_t>(chunk));
       for (int64_t i = 0; i < chunk; ++i) ids[size_t(i)] = int32_t((i * 7919 + 7) % V);
-      time_steps(r, o_.prefill_warmup, o_.prefill_steps, [&](int, double* dt) -> Status {
+      time_steps(r, o_.prefill_warmup, o_.prefill_steps, [&](int i, double* dt) -> Status {
+        if (i == o_.prefill_warmup) ops_.reset_region_profile();  // time the timed steps only
         V4_ASSIGN_OR_RETURN(int32_t s, kv_->create_sequence());
         Status st = kv_->fast_forward(s, L - chunk);
         if (st.ok()) {
@@ -508,6 +512,7 @@ class Bench {
         return st;
       });
       r.path = "host plan";
+      if (o_.profile) r.profile = ops_.region_profile();
       if (r.ok) {
         r.tok_s = double(chunk) / (r.ms / 1e3);
         const auto f = model::prefill_step_flops(c, L - chunk, chunk);
@@ -550,6 +555,16 @@ class Bench {
     md += fmt::format("- KV pools (allocated once, filled with random values): {}\n", pools_line_);
     md += fmt::format("- measured copy bandwidth: {}\n", bw_line_);
     if (o_.m.dummy()) md += fmt::format("- note: {}\n", cli::kDummyRoutingNote);
+    md += o_.profile
+              ? std::string("- per-region profile (--profile): tables after the results, one per "
+                            "decode and prefill cell that ran\n")
+              : fmt::format("- per-region profile: not taken ({})\n",
+                            profiling_supported_
+                                ? "add --profile for per-region device time of decode and "
+                                  "prefill steps"
+                                : "the " + ops_.name() +
+                                      " backend has no device timers; --profile needs --device "
+                                      "cuda");
     md += fmt::format(
         "- decode: B sequences brought to `context` tokens by KvCache::fast_forward (not "
         "computed); "
@@ -585,8 +600,17 @@ class Bench {
       if (r.phase == "decode") md += row_md(r) + "\n";
     for (const Row& r : rows_)
       if (r.phase == "prefill") md += row_md(r) + "\n";
-    for (const Row& r : rows_)
-      if (r.ok && !r.profile.empty()) md += profile_md(r);
+    for (const Row& r : rows_) {
+      if (!o_.profile || !r.ok) continue;
+      if (!r.profile.empty()) {
+        md += profile_md(r);
+      } else {  // profiling on but no marker came back (a backend that records none)
+        md += fmt::format("\n## {} step profile: batch {}, context {}\n\nNo region markers were "
+                          "recorded by the {} backend for this cell.\n",
+                          r.phase == "decode" ? "Decode" : "Prefill", r.batch, r.context,
+                          ops_.name());
+      }
+    }
     std::printf("\n%s", md.c_str());
     if (!o_.out.empty()) {
       std::ofstream f(o_.out);
@@ -595,22 +619,37 @@ class Bench {
     }
   }
 
-  // --profile: the decode step split into the model's regions (ops.h Ops::region), device time
-  // from CUDA events between consecutive region markers, per step.
+  // --profile: a timed step split into the model's regions (ops.h Ops::region), device time
+  // from CUDA events between consecutive region markers, per step. Decode cells: the decode path
+  // (events inside the graph when replayed); prefill cells: the host-plan path, launched eagerly.
   std::string profile_md(const Row& r) const {
     std::vector<ops::Ops::RegionTime> p = r.profile;
     std::sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
     double total = 0;
     for (const auto& t : p) total += t.ms;
-    const double steps = double(o_.steps);
-    std::string md = fmt::format(
-        "\n## Decode step profile: batch {}, context {}\n\n"
-        "Device time per step between region markers (CUDA events recorded in the step, inside "
-        "the graph when replayed), summed over the layers of each kind; {} steps. Sum of regions "
-        "{:.3f} ms/step vs {:.3f} ms/step wall (the difference is host time outside the device "
-        "step: plan staging, synchronize).\n\n"
-        "| region | entries/step | µs/step | µs/entry | share |\n|---|---:|---:|---:|---:|\n",
-        r.batch, r.context, o_.steps, total / steps, r.ms);
+    const bool decode = r.phase == "decode";
+    const int n_steps = decode ? o_.steps : o_.prefill_steps;
+    const double steps = double(n_steps);
+    std::string md =
+        decode
+            ? fmt::format(
+                  "\n## Decode step profile: batch {}, context {}\n\n"
+                  "Device time per step between region markers (CUDA events recorded in the "
+                  "step, inside the graph when replayed), summed over the layers of each kind; "
+                  "{} steps. Sum of regions {:.3f} ms/step vs {:.3f} ms/step wall (the difference "
+                  "is host time outside the device step: plan staging, synchronize).\n\n",
+                  r.batch, r.context, n_steps, total / steps, r.ms)
+            : fmt::format(
+                  "\n## Prefill step profile: {} tokens at context {}\n\n"
+                  "Device time per step between region markers (CUDA events recorded in the "
+                  "step; the prefill path plans on the host and launches eagerly, so a region "
+                  "also holds any device idle time while the host issues its kernels), summed "
+                  "over the layers of each kind; {} steps. Sum of regions {:.3f} ms/step vs "
+                  "{:.3f} ms/step wall{}.\n\n",
+                  r.tokens, r.context, n_steps, total / steps, r.ms,
+                  r.floor_ms > 0 ? fmt::format(" and a FLOP floor of {} ms", num(r.floor_ms))
+                                 : std::string());
+    md += "| region | entries/step | µs/step | µs/entry | share |\n|---|---:|---:|---:|---:|\n";
     for (const auto& t : p)
       md += fmt::format("| {} | {:.0f} | {} | {} | {:.1f}% |\n", t.name, double(t.calls) / steps,
                         num(t.ms * 1e3 / steps), num(t.ms * 1e3 / double(std::max<int64_t>(1, t.calls))),
@@ -631,13 +670,28 @@ class Bench {
   std::vector<Row> rows_;
   bool fatal_ = false;
   bool clamped_ = false;  // a decode cell ran below its asked context (max_position_embeddings)
+  bool profiling_supported_ = false;  // the backend has device timers (Ops::set_profiling)
 };
 
 int run_bench(const BenchOptions& o) {
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
   const double t0 = now_s();
-  auto lm = cli::load_model(o.m, pool.get());
+  // The backend first: --profile is refused on one without device timers before the weights
+  // load (minutes on a large model).
+  auto backend = cli::make_model_backend(o.m, pool.get());
+  if (!backend.ok()) {
+    std::fprintf(stderr, "error: %s\n", backend.status().message().c_str());
+    return backend.status().code() == ErrorCode::kInvalidArgument ? 2 : 1;
+  }
+  if (o.profile && !(*backend)->set_profiling(true)) {
+    std::fprintf(stderr,
+                 "error: --profile: the %s backend has no device timers (per-region profiles "
+                 "need --device cuda)\n",
+                 (*backend)->name().c_str());
+    return 2;
+  }
+  auto lm = cli::load_model(o.m, std::move(backend).value());
   if (!lm.ok()) {
     std::fprintf(stderr, "error: %s\n", lm.status().message().c_str());
     return lm.status().code() == ErrorCode::kInvalidArgument ? 2 : 1;
@@ -670,31 +724,36 @@ V4_REGISTER_COMMAND(
                      "context lengths, K/M suffixes allowed (default 4096,131072,1048576)");
       app.add_option("--prefill-chunk", o->prefill_chunk,
                      "tokens of the timed prefill step (default 4096)")
-          ->check(CLI::PositiveNumber);
+          ->check(v4::cli::int_at_least(1));
       app.add_option("--steps", o->steps, "timed decode steps per cell (default 10)")
-          ->check(CLI::PositiveNumber);
+          ->check(v4::cli::int_at_least(1, INT32_MAX));
       app.add_option("--warmup", o->warmup, "untimed decode steps first (default 3)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(v4::cli::int_at_least(0, INT32_MAX));
       app.add_option("--prefill-steps", o->prefill_steps,
                      "timed prefill steps per context (default 3)")
-          ->check(CLI::PositiveNumber);
+          ->check(v4::cli::int_at_least(1, INT32_MAX));
       app.add_option("--prefill-warmup", o->prefill_warmup,
                      "untimed prefill steps first (default 1)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(v4::cli::int_at_least(0, INT32_MAX));
       app.add_option("--mem-fraction", o->mem_fraction,
                      "KV budget = fraction x total - in use after the weights - workspace reserve "
                      "(default 0.9)")
-          ->check(CLI::Range(0.0, 1.0));
+          ->check(v4::cli::number_range(0.0, 1.0, /*open_lo=*/true));
       app.add_option("--kv-cache-bytes", o->kv_cache_bytes,
                      "KV budget in bytes (wins over --mem-fraction)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(v4::cli::int_at_least(0));
       app.add_option("--peak-tflops", o->peak_tflops,
-                     "dense peak for the prefill FLOP floor (default: 790 on cuda, none on cpu)");
-      app.add_option("--copy-mib", o->copy_mib, "MiB per copy of the bandwidth measurement");
-      app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
+                     "dense peak for the prefill FLOP floor (default: 790 on cuda, none on cpu)")
+          ->check(v4::cli::number_at_least(0.0));
+      app.add_option("--copy-mib", o->copy_mib,
+                     "MiB per copy of the bandwidth measurement (default 0: 1024 on cuda, 256 on cpu)")
+          ->check(v4::cli::int_at_least(0, int64_t(1) << 20));
+      app.add_option("--threads", o->threads,
+                     "CPU threads (default 0: V4_NUM_THREADS or all cores)")
+          ->check(v4::cli::int_range(0, 4096));
       app.add_option("--seed", o->seed, "seed of the random KV pool contents");
       app.add_option("--out", o->out, "write the Markdown report to this file");
       app.add_flag("--profile", o->profile,
-                   "per-region device time of the timed decode steps (CUDA events; cuda only)");
+                   "per-region device time of the timed decode and prefill steps (CUDA events; cuda only)");
       return std::function<int()>([o] { return run_bench(*o); });
     });

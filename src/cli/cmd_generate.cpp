@@ -16,6 +16,7 @@
 #include "base/thread_pool.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
+#include "cli/validators.h"
 #include "engine/model_executor.h"
 #include "model/deepseek_v4.h"
 #include "model/safetensors_writer.h"
@@ -232,21 +233,25 @@ V4_REGISTER_COMMAND(
                      "prompt text (needs tokenizer.json in the model directory)");
       app.add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated");
       app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")
-          ->check(CLI::PositiveNumber);
-      app.add_option("--temperature", o->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+          ->check(v4::cli::int_at_least(1, INT32_MAX));
+      app.add_option("--temperature", o->temperature, "0 = greedy")
+          ->check(v4::cli::number_at_least(0.0));
       app.add_option("--seed", o->seed, "sampling seed (temperature > 0)");
       app.add_option("--dump-logits", o->dump_logits,
                      "write prompt/prefill/decode logits to this safetensors file");
       app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");
       app.add_flag("--no-bos", o->no_bos, "--prompt: do not start the prompt with the BOS token");
-      app.add_option("--threads", o->threads, "CPU threads (default: V4_NUM_THREADS or all cores)");
+      app.add_option("--threads", o->threads,
+                     "CPU threads (default 0: V4_NUM_THREADS or all cores)")
+          ->check(v4::cli::int_range(0, 4096));
       app.add_option("--device", o->m.device, "op backend: cpu (default) or cuda")
           ->check(CLI::IsMember({"cpu", "cuda"}));
-      app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB");
+      app.add_option("--kv-budget-mb", o->kv_budget_mb, "KV cache budget in MiB")
+          ->check(v4::cli::int_at_least(1, int64_t(1) << 40));
       app.add_option("--mem-fraction", o->mem_fraction,
                      "size the KV cache from device memory: fraction x total - in use - "
                      "workspace reserve (overrides --kv-budget-mb)")
-          ->check(CLI::Range(0.0, 1.0));
+          ->check(v4::cli::number_range(0.0, 1.0));
       v4::cli::add_model_options(app, &o->m);
       return std::function<int()>([o] { return run_generate(*o); });
     });

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
+#include "cli/validators.h"
 #include "engine/engine.h"
 #include "engine/model_executor.h"
 #include "server/http_server.h"
@@ -21,6 +22,9 @@
 namespace {
 
 namespace fs = std::filesystem;
+
+/// Upper bound of the seconds flags (a year): they become int64 milliseconds or chrono durations.
+constexpr double kMaxSeconds = 365.0 * 24 * 3600;
 
 struct ServeOptions {
   v4::cli::ModelArgs m;
@@ -208,45 +212,54 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
       ->required();
   app.add_option("--host", o->host, "address to bind (default 127.0.0.1)");
   app.add_option("--port", o->port, "port (default 30000; 0 = any free port)")
-      ->check(CLI::Range(0, 65535));
+      ->check(v4::cli::int_range(0, 65535));
   app.add_option("--tokenizer", o->tokenizer, "tokenizer.json overriding the checkpoint's");
   app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize");
-  app.add_option("--chunked-prefill-size", o->chunked_prefill_size, "max tokens per engine step");
-  app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch");
+  app.add_option("--chunked-prefill-size", o->chunked_prefill_size, "max tokens per engine step")
+      ->check(v4::cli::int_at_least(1));
+  app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch")
+      ->check(v4::cli::int_at_least(1, INT32_MAX));
   app.add_option("--kv-cache-bytes", o->kv_cache_bytes, "bytes for all KV cache pools (default 1 GiB; wins over --mem-fraction)")
+      ->check(v4::cli::int_at_least(1))
       ->each([o](const std::string&) { o->kv_cache_bytes_given = true; });
   app.add_option("--mem-fraction", o->mem_fraction,
                  "size the KV pools from device memory: fraction x total - memory in use after the weights - "
                  "workspace reserve (docs/bench.md)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(v4::cli::number_range(0.0, 1.0));
   app.add_option("--context-length", o->max_context, "max tokens per sequence (0 = config.json)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(v4::cli::int_at_least(0));
   app.add_option("--prefix-cache-bytes", o->prefix_cache_bytes,
                  "bytes for the prefix cache store, device memory on cuda (default 256 MiB, dropped with a "
                  "warning if too small for the model; 0 = no prefix caching)")
+      ->check(v4::cli::int_at_least(0))
       ->each([o](const std::string&) { o->prefix_cache_bytes_given = true; });
   app.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn prefix caching (ShadowRadix) off");
   app.add_option("--prefix-snapshot-interval", o->prefix_snapshot_interval,
                  "also keep prefix-cache boundaries every N prompt tokens, so a request sharing part of an "
                  "earlier prompt resumes at the last multiple instead of recomputing it once more (each point "
                  "ends a prefill step; default 0 = branch points and prompt ends only)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(v4::cli::int_at_least(0));
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
-  app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server");
+  app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server")
+      ->check(v4::cli::int_range(1, 1024));
   app.add_option("--device", o->m.device, "op backend: cpu (default) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   v4::cli::add_model_options(app, &o->m);
-  app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)");
-  app.add_option("--header-timeout", o->header_timeout_s, "seconds a new connection has to send its request head");
-  app.add_option("--idle-timeout", o->idle_timeout_s, "seconds a keep-alive connection may idle");
-  app.add_option("--stats-interval", o->stats_interval_s, "seconds between status lines (0 = off)");
+  app.add_option("--max-body-bytes", o->max_body_bytes, "request body limit (413 beyond)")
+      ->check(v4::cli::int_at_least(1));
+  app.add_option("--header-timeout", o->header_timeout_s, "seconds a new connection has to send its request head")
+      ->check(v4::cli::number_at_least(0.0, /*open_lo=*/true, kMaxSeconds));
+  app.add_option("--idle-timeout", o->idle_timeout_s, "seconds a keep-alive connection may idle")
+      ->check(v4::cli::number_at_least(0.0, /*open_lo=*/true, kMaxSeconds));
+  app.add_option("--stats-interval", o->stats_interval_s, "seconds between status lines (0 = off)")
+      ->check(v4::cli::number_at_least(0.0, /*open_lo=*/false, kMaxSeconds));
   app.add_option("--reasoning-effort-profile", o->effort_profile, "preview or 0731 (encoder effort table)")
       ->check(CLI::IsMember({"preview", "0731"}));
   app.add_flag("--default-thinking", o->default_thinking, "thinking mode when a request does not choose");
   app.add_flag("--no-access-log", o->no_access_log, "do not log one line per request");
   app.add_option("--shutdown-timeout", o->shutdown_timeout_s,
                  "seconds SIGTERM/SIGINT waits for running requests to finish (default 30)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(v4::cli::number_at_least(0.0, /*open_lo=*/false, kMaxSeconds));
   if (const char* k = std::getenv("V4SERVE_API_KEY")) o->api_key = k;
   return std::function<int()>([o] { return run_serve(*o); });
 });

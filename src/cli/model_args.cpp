@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "base/log.h"
+#include "cli/validators.h"
 #include "model/backend.h"
 
 namespace v4::cli {
@@ -16,7 +17,7 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
       ->check(CLI::IsMember({"auto", "dummy"}));
   app.add_option("--num-layers", a->num_layers,
                  "keep only the first N decoder layers (e.g. a V4-Flash shape cut to one GPU)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_at_least(1, INT32_MAX));
   if (with_precision)
     app.add_option("--precision", a->precision,
                    "weight GEMM arithmetic: auto (fp32 on cpu, bf16 on cuda), fp32 or bf16")
@@ -33,11 +34,20 @@ std::string model_dir_of(const std::string& model) {
   return model;
 }
 
-Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool) {
-  LoadedModel lm;
+Result<std::unique_ptr<ops::Ops>> make_model_backend(const ModelArgs& a, ThreadPool* pool) {
   model::BackendOptions bo;
   bo.precision = a.precision;
-  V4_ASSIGN_OR_RETURN(lm.ops, model::make_backend(a.device, pool, bo));
+  return model::make_backend(a.device, pool, bo);
+}
+
+Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool) {
+  V4_ASSIGN_OR_RETURN(auto ops, make_model_backend(a, pool));
+  return load_model(a, std::move(ops));
+}
+
+Result<LoadedModel> load_model(const ModelArgs& a, std::unique_ptr<ops::Ops> ops) {
+  LoadedModel lm;
+  lm.ops = std::move(ops);
   if (a.dummy()) {
     V4_ASSIGN_OR_RETURN(lm.model, model::DeepseekV4::load_dummy(a.model, lm.ops.get(), {},
                                                                 a.num_layers, a.dummy_seed));

@@ -53,6 +53,13 @@ struct LoadedModel {
 /// --load-format dummy.
 Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool = nullptr);
 
+/// The backend load_model creates (--device, --precision), for a command that must query it
+/// before the weights load (bench --profile). Errors: those of model::make_backend.
+Result<std::unique_ptr<ops::Ops>> make_model_backend(const ModelArgs& a, ThreadPool* pool = nullptr);
+
+/// load_model on a backend from make_model_backend (not null).
+Result<LoadedModel> load_model(const ModelArgs& a, std::unique_ptr<ops::Ops> ops);
+
 /// The directory a --model argument refers to (itself, or the parent of a config file).
 std::string model_dir_of(const std::string& model);
 

@@ -93,8 +93,21 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
       cfg->snapshot_interval = opt.prefix_snapshot_interval;
       V4_ASSIGN_OR_RETURN(e->prefix_, cache::PrefixCache::create(*e->cache_, *cfg));
       V4_LOG_INFO("{}", e->prefix_->explain());
+      // The interval in use, or why it misbehaves (too small for the store: thinned per prompt;
+      // not below the context: no effect) — one line.
+      bool warn = false;
+      const std::string line = cache::describe_snapshot_interval(
+          cfg->snapshot_interval, e->prefix_->radix().interval_point_cap(), cfg->n_snapshots,
+          e->max_context_, &warn);
+      if (warn)
+        V4_LOG_WARN("{}", line);
+      else
+        V4_LOG_INFO("{}", line);
     }
   }
+  if (!e->prefix_ && opt.prefix_snapshot_interval > 0)
+    V4_LOG_WARN("--prefix-snapshot-interval {} ignored: the prefix cache is off",
+                opt.prefix_snapshot_interval);
   for (const auto& u : e->cache_->usage())
     e->pools_.push_back({u.name, u.total, u.name == "state_slots" ? 0 : e->page_size_});
   return e;

@@ -139,7 +139,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     int64_t completion_tokens = 0;
     int64_t cached_tokens = 0;
     std::string finish_reason;
-    std::string error;
+    std::string error;       // finish_reason "error": what failed
+    std::string error_code;  // its error code ("" = internal_error, "generation failed: " prefix)
+    std::string visible;     // chat: the first bytes of content the model wrote (error messages)
     Clock::time_point arrival, first_token, last_token;
     bool have_first = false;
     bool role_sent = false;
@@ -150,6 +152,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   std::shared_ptr<ResponseWriter> w;
   GenerateRequest req;
   bool chat = true;
+  /// tool_choice "required" or a named function: a choice that ends by itself (EOS) without a
+  /// tool call fails with invalid_model_output (docs/server.md "tool_choice").
+  bool require_tool_call = false;
   std::string id;
   int64_t created = 0;
   std::string endpoint;
@@ -316,6 +321,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
         auto tail = c.parser->finish();
         evs.insert(evs.end(), tail.begin(), tail.end());
       }
+      if (require_tool_call) keep_visible(evs, &c.visible);
       add_events(evs, &delta, c, streaming);
     } else if (!streaming) {
       c.text += text_delta;
@@ -339,7 +345,26 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           default: c.finish_reason = "stop"; break;
         }
       }
-      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+      const bool ended_by_model = !stopped && out.finish_reason == engine::FinishReason::kStop;
+      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") {
+        c.finish_reason = "tool_calls";
+      } else if (chat && require_tool_call && ended_by_model && c.parser->tool_call_count() == 0) {
+        // The sampler is not constrained: the model closed the forced tool-call block (or never
+        // named a function) and ended its turn. OpenAI answers "The model produced invalid
+        // content" (500) when it cannot produce the required call; clients (the openai SDKs
+        // retry 500s) can retry, with temperature > 0 a retry samples anew.
+        c.finish_reason = "error";
+        c.error_code = "invalid_model_output";
+        c.error = fmt::format(
+            "The model produced invalid content: tool_choice {} requires a tool call, but the "
+            "model ended its turn without one{}. Retry (with temperature > 0 a retry samples "
+            "anew), or use tool_choice \"auto\" and check message.tool_calls.",
+            req.tool_choice_function ? "naming '" + req.tool_choice + "'" : "\"required\"",
+            c.visible.empty() ? std::string()
+                              : fmt::format(" (it wrote: {})",
+                                            Json(c.visible).dump(-1, ' ', false,
+                                                                 Json::error_handler_t::replace)));
+      }
       double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
       double e2e = seconds((c.have_first ? c.last_token : out.now) - c.arrival);
       api->metrics_.observe_generation(c.prompt_tokens, c.completion_tokens, c.cached_tokens, ttft,
@@ -409,12 +434,30 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           emit(sse_event(chunk));
         }
       }
-      if (finishing && c.finish_reason == "error") {
-        ApiError e = api_error(500, "generation failed: " + c.error, "server_error", "internal_error");
-        emit(sse_event(Json::parse(error_body(e))));
-      }
+      if (finishing && c.finish_reason == "error") emit(sse_event(Json::parse(error_body(choice_error(c)))));
     }
     if (n_finished == int(choices.size())) finish_all();
+  }
+
+  // The first ~200 bytes of content (cut at a UTF-8 boundary), quoted in error messages.
+  static void keep_visible(const std::vector<text::ParserEvent>& evs, std::string* out) {
+    constexpr size_t kMax = 200;
+    for (auto& e : evs) {
+      if (out->size() >= kMax) break;
+      if (e.kind == text::ParserEvent::Kind::kContentDelta) *out += e.text;
+    }
+    if (out->size() <= kMax) return;
+    size_t cut = kMax;
+    while (cut > 0 && (static_cast<unsigned char>((*out)[cut]) & 0xC0) == 0x80) --cut;
+    out->resize(cut);
+    *out += "…";
+  }
+
+  // The 500 a failed choice answers with (non-streaming body, or the streaming `error` event).
+  static ApiError choice_error(const Choice& c) {
+    if (c.error_code.empty())
+      return api_error(500, "generation failed: " + c.error, "server_error", "internal_error");
+    return api_error(500, c.error, "server_error", c.error_code, "tool_choice");
   }
 
   // Prompt tokens are counted once per prompt (OpenAI semantics for n > 1).
@@ -464,7 +507,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   void send_final() {
     for (auto& c : choices) {
       if (c.finish_reason == "error") {
-        ApiError e = api_error(500, "generation failed: " + c.error, "server_error", "internal_error");
+        ApiError e = choice_error(c);
         api->metrics_.count_request(endpoint, 500);
         w->respond(500, "application/json", error_body(e));
         return;
@@ -776,6 +819,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   if (!ok) return send_error(hreq, *w, err);
   if (!check_model(r.model, &err)) return send_error(hreq, *w, err);
   if (chat && !r.thinking_set) r.thinking = cfg_.default_thinking;
+  gen->require_tool_call =
+      chat && !r.tools.is_null() && (r.tool_choice_function || r.tool_choice == "required");
 
   // Prompts -> token ids.
   std::vector<std::vector<int32_t>> prompts;

@@ -108,6 +108,70 @@ TEST(ShadowRadix, SnapshotIntervalAddsPeriodicBoundaries) {
   CHECK_INV(r);
 }
 
+// A prompt with more multiples of the interval than the store keeps gets its periodic points at
+// interval·2^k (at most interval_point_cap() of them), so the points of a long prompt nest in
+// those of a short one; the prompt end and n − 1 are always asked for.
+TEST(ShadowRadix, SnapshotIntervalIsThinnedToTheStore) {
+  EXPECT_EQ(thinned_snapshot_interval(0, 0, 1000, 8), 0);
+  EXPECT_EQ(thinned_snapshot_interval(100, 0, 1000, 9), 100);   // 9 multiples in (0, 1000)
+  EXPECT_EQ(thinned_snapshot_interval(100, 0, 1000, 8), 200);   // 4 of 200
+  EXPECT_EQ(thinned_snapshot_interval(100, 0, 1001, 4), 400);   // 5 multiples of 200 > 4
+  EXPECT_EQ(thinned_snapshot_interval(100, 0, 1001, 5), 200);
+  EXPECT_EQ(thinned_snapshot_interval(1, 0, 1000, 16), 64);     // 15 multiples of 64
+  EXPECT_EQ(thinned_snapshot_interval(1, 900, 1000, 16), 8);    // 12 multiples of 8 in (900, 1000)
+  EXPECT_EQ(thinned_snapshot_interval(1000, 0, 1000, 4), 0);    // no multiple inside the prompt
+  EXPECT_EQ(thinned_snapshot_interval(int64_t(1) << 62, 0, 1000, 4), 0);
+  EXPECT_EQ(thinned_snapshot_interval(INT64_MAX, 5, 7, 1), 0);  // no overflow
+  EXPECT_EQ(thinned_snapshot_interval(3, 998, 1000, 1), 3);      // 999
+  EXPECT_EQ(thinned_snapshot_interval(4, 998, 1000, 1), 0);      // no multiple in (998, 1000)
+
+  ShadowRadixConfig c;
+  c.page_tokens = 128;
+  c.swa_page_tokens = 32;
+  c.window_tokens = 48;
+  c.n_pages = 64;
+  c.n_swa_pages = 96;
+  c.n_snapshots = 32;
+  c.snapshot_interval = 2;
+  auto rr = ShadowRadix::create(c);
+  ASSERT_TRUE(rr.ok());
+  ShadowRadix& r = **rr;
+  EXPECT_EQ(r.interval_point_cap(), 8);  // n_snapshots / 4
+  auto pa = seq_tokens(7, 1000);
+  auto plan = r.admit(pa, int64_t(pa.size()) - 1);
+  ASSERT_TRUE(plan.ok());
+  // 499 multiples of 2 → of 128: 7 of them, then n − 1 and n.
+  EXPECT_EQ(plan->snapshot_points,
+            (std::vector<int64_t>{128, 256, 384, 512, 640, 768, 896, 999, 1000}));
+  ASSERT_TRUE(r.finish(plan->seq, /*insert=*/false).ok());
+  CHECK_INV(r);
+}
+
+// The startup line names the flag, the value and, when the store cannot keep every multiple of a
+// context-length prompt, the cap, the store size, from which length it thins and the smallest
+// interval that never thins; an interval not below the context is flagged as having no effect.
+TEST(ShadowRadix, SnapshotIntervalStartupLine) {
+  bool warn = true;
+  std::string l = describe_snapshot_interval(0, 20, 80, 4096, &warn);
+  EXPECT_FALSE(warn);
+  EXPECT_NE(l.find("--prefix-snapshot-interval 0"), std::string::npos) << l;
+  l = describe_snapshot_interval(256, 20, 80, 4096, &warn);  // 15 points: fits
+  EXPECT_FALSE(warn) << l;
+  EXPECT_NE(l.find("--prefix-snapshot-interval 256: a boundary every 256"), std::string::npos) << l;
+  l = describe_snapshot_interval(2, 20, 80, 4096, &warn);
+  EXPECT_TRUE(warn);
+  for (const char* want : {"--prefix-snapshot-interval 2:", "4096 tokens", "ask for 2047 ",
+                           "at most 20 ", "store's 80 ", "longer than 42 tokens",
+                           "interval >= 196 "})
+    EXPECT_NE(l.find(want), std::string::npos) << want << " in: " << l;
+  // 196 is the smallest interval that is not thinned for a 4096-token prompt.
+  EXPECT_EQ(thinned_snapshot_interval(196, 0, 4096, 20), 196);
+  EXPECT_EQ(thinned_snapshot_interval(195, 0, 4096, 20), 390);
+  l = describe_snapshot_interval(4096, 20, 80, 4096, &warn);
+  EXPECT_TRUE(warn);
+  EXPECT_NE(l.find("no effect"), std::string::npos) << l;
+}
+
 // A hit resumes at any node boundary: cut points of every residue mod 4 and around multiples of
 // 128 (the index side of requirement 1; the model side lives in the model tests).
 TEST(ShadowRadix, BranchPointsAtEveryResidue) {

@@ -303,5 +303,35 @@ TEST(ModelEngine, PrefixSnapshotIntervalLetsTheSecondRequestResume) {
   }
 }
 
+// A snapshot interval so small that one prompt asks for more boundaries than the prefix store
+// keeps (here 2 tokens: ~170 points against 80 snapshot slots) must never cache less than
+// interval 0: the exact repeat still resumes at n − 1, and the second request still resumes
+// inside the shared part (the periodic points of a long prompt are thinned to multiples of a
+// power-of-two multiple of the interval, ShadowRadixConfig::max_interval_points).
+TEST(ModelEngine, TinySnapshotIntervalNeverCachesLessThanNone) {
+  const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors")) << dir;
+  std::mt19937 rng(21);
+  std::vector<int32_t> system(300), a, b;
+  for (auto& t : system) t = int32_t(10 + rng() % 4000);
+  a = b = system;
+  for (int i = 0; i < 50; ++i) a.push_back(int32_t(10 + rng() % 4000));
+  for (int i = 0; i < 40; ++i) b.push_back(int32_t(10 + rng() % 4000));
+  auto cold = make_prefix_engine(dir, 0, 0);
+  const GreedyRun b_cold = run_greedy(*cold, b, 4);
+  for (int64_t interval : {int64_t(2), int64_t(1)}) {
+    SCOPED_TRACE("interval " + std::to_string(interval));
+    auto warm = make_prefix_engine(dir, int64_t(256) << 20, interval);
+    EXPECT_EQ(run_greedy(*warm, a, 4).cached, 0);
+    const GreedyRun second = run_greedy(*warm, b, 4);
+    EXPECT_GT(second.cached, 0) << "the second request resumes inside the shared 300 tokens";
+    EXPECT_LE(second.cached, 300);
+    EXPECT_EQ(second.tokens, b_cold.tokens);
+    const GreedyRun again = run_greedy(*warm, b, 4);
+    EXPECT_EQ(again.cached, int64_t(b.size()) - 1) << "an exact repeat resumes at n - 1";
+    EXPECT_EQ(again.tokens, b_cold.tokens);
+  }
+}
+
 }  // namespace
 }  // namespace v4::engine

@@ -423,3 +423,61 @@ TEST(ToolCalls, ToolChoiceErrors) {
   for (auto& id : t["tokens"]) prompt += char(id.get<int>());
   EXPECT_NE(prompt.find("<｜DSML｜invoke name=\"required\">\n"), std::string::npos);
 }
+
+// tool_choice "required" (or a named function) when the model closes the pre-filled block and
+// ends its turn without a call: not a 200 without tool_calls, but OpenAI's "The model produced
+// invalid content" 500 (code invalid_model_output, param tool_choice) quoting what it wrote;
+// streaming: the last chunk has finish_reason "error", then an error event and [DONE]. A choice
+// cut by max_tokens keeps finish_reason "length" (the client asked for the limit), and the
+// same output under tool_choice "auto" is a plain answer.
+TEST(ToolCalls, RequiredToolChoiceWithoutACallIsAnError) {
+  Harness h("</｜DSML｜tool_calls>I will not call anything.");
+  json req = request(false);
+  req["chat_template_kwargs"]["thinking"] = false;
+  req["tool_choice"] = "required";
+  const std::string raw = h.post("/v1/chat/completions", req.dump());
+  json r = json::parse(raw);
+  ASSERT_TRUE(r.contains("error")) << r.dump();
+  EXPECT_EQ(r["error"]["type"], "server_error");
+  EXPECT_EQ(r["error"]["code"], "invalid_model_output");
+  EXPECT_EQ(r["error"]["param"], "tool_choice");
+  const std::string msg = r["error"]["message"];
+  EXPECT_NE(msg.find("The model produced invalid content"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"required\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("I will not call anything."), std::string::npos) << msg;
+
+  req["stream"] = true;
+  const std::string body = h.post("/v1/chat/completions", req.dump());
+  Streamed s = read_stream(body.substr(0, body.find("data: {\"error\"")) + "data: [DONE]\n\n");
+  EXPECT_EQ(s.finish, "error") << body;
+  EXPECT_EQ(s.calls, 0);
+  EXPECT_EQ(s.content, "I will not call anything.");
+  const size_t ev = body.find("data: {\"error\"");
+  ASSERT_NE(ev, std::string::npos) << body;
+  json err = json::parse(body.substr(ev + 6, body.find("\n\n", ev) - ev - 6));
+  EXPECT_EQ(err["error"]["code"], "invalid_model_output") << err.dump();
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body;
+
+  req["stream"] = false;
+  // Bytes that are not UTF-8 in what the model wrote still give a well-formed error body.
+  Harness bad("</｜DSML｜tool_calls>bad \xff\xfe bytes");
+  json rb = json::parse(bad.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(rb.contains("error")) << rb.dump();
+  EXPECT_EQ(rb["error"]["code"], "invalid_model_output");
+
+  // Cut by max_tokens: "length", no error.
+  req["max_tokens"] = 5;
+  json cut = json::parse(h.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(cut.contains("choices")) << cut.dump();
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "length");
+
+  // tool_choice "auto": the same kind of answer is fine (nothing pre-filled: plain content).
+  Harness plain("No tools needed.");
+  json a = request(false);
+  a["chat_template_kwargs"]["thinking"] = false;
+  a["tool_choice"] = "auto";
+  json ra = json::parse(plain.post("/v1/chat/completions", a.dump()));
+  ASSERT_TRUE(ra.contains("choices")) << ra.dump();
+  EXPECT_EQ(ra["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ra["choices"][0]["message"]["content"], "No tools needed.");
+}

@@ -1,0 +1,122 @@
+"""Command-line checks that need no model run: every numeric flag of serve / generate / bench /
+info with a range is refused with one line naming the flag, what it accepts and what it got
+(src/cli/validators.h; CLI11's own checks printed "Value -1 not in range 0.000000 to 1.797...e308"
+for integer flags), and `bench --profile` on a backend without device timers is refused before
+the weights load."""
+import os
+import time
+
+import pytest
+
+from conftest import binary, source_dir
+import subprocess
+
+MODEL = os.path.join(source_dir(), "models", "default")
+FLASH = os.path.join(source_dir(), "models", "configs", "v4-flash")
+
+
+def run(args, timeout=60):
+    return subprocess.run([binary()] + args, capture_output=True, text=True, timeout=timeout)
+
+
+# (command, flag, bad value, expected message after "FLAG: ")
+CASES = [
+    ("serve", "--port", "-1", "must be in [0, 65535] (got -1)"),
+    ("serve", "--port", "70000", "must be in [0, 65535] (got 70000)"),
+    ("serve", "--chunked-prefill-size", "0", "must be >= 1 (got 0)"),
+    ("serve", "--max-running-requests", "0", "must be >= 1 (got 0)"),
+    ("serve", "--max-running-requests", "4294967296", "must be <= 2147483647 (got 4294967296)"),
+    ("serve", "--kv-cache-bytes", "0", "must be >= 1 (got 0)"),
+    ("serve", "--mem-fraction", "1.5", "must be in [0, 1] (got 1.5)"),
+    ("serve", "--context-length", "-1", "must be >= 0 (got -1)"),
+    ("serve", "--prefix-cache-bytes", "-5", "must be >= 0 (got -5)"),
+    ("serve", "--prefix-snapshot-interval", "-1", "must be >= 0 (got -1)"),
+    ("serve", "--prefix-snapshot-interval", "99999999999999999999",
+     "must be <= 9223372036854775807 (got 99999999999999999999)"),
+    ("serve", "--http-threads", "0", "must be in [1, 1024] (got 0)"),
+    ("serve", "--max-body-bytes", "0", "must be >= 1 (got 0)"),
+    ("serve", "--header-timeout", "0", "must be > 0 (got 0)"),
+    ("serve", "--idle-timeout", "-1", "must be > 0 (got -1)"),
+    ("serve", "--stats-interval", "-1", "must be >= 0 (got -1)"),
+    ("serve", "--shutdown-timeout", "-0.5", "must be >= 0 (got -0.5)"),
+    ("serve", "--shutdown-timeout", "inf", "must be a number (got 'inf')"),
+    ("serve", "--num-layers", "0", "must be >= 1 (got 0)"),
+    ("generate", "--max-new-tokens", "0", "must be >= 1 (got 0)"),
+    ("generate", "--temperature", "-1", "must be >= 0 (got -1)"),
+    ("generate", "--temperature", "nan", "must be a number (got 'nan')"),
+    ("generate", "--threads", "-1", "must be in [0, 4096] (got -1)"),
+    ("generate", "--kv-budget-mb", "0", "must be >= 1 (got 0)"),
+    ("generate", "--mem-fraction", "-0.1", "must be in [0, 1] (got -0.1)"),
+    ("generate", "--num-layers", "-3", "must be >= 1 (got -3)"),
+    ("bench", "--prefill-chunk", "0", "must be >= 1 (got 0)"),
+    ("bench", "--steps", "0", "must be >= 1 (got 0)"),
+    ("bench", "--steps", "ten", "must be an integer (got 'ten')"),
+    ("bench", "--warmup", "-1", "must be >= 0 (got -1)"),
+    ("bench", "--prefill-steps", "0", "must be >= 1 (got 0)"),
+    ("bench", "--prefill-warmup", "-1", "must be >= 0 (got -1)"),
+    ("bench", "--mem-fraction", "0", "must be in (0, 1] (got 0)"),
+    ("bench", "--kv-cache-bytes", "-1", "must be >= 0 (got -1)"),
+    ("bench", "--peak-tflops", "-3", "must be >= 0 (got -3)"),
+    ("bench", "--copy-mib", "-1", "must be >= 0 (got -1)"),
+    ("bench", "--threads", "5000", "must be in [0, 4096] (got 5000)"),
+    ("bench", "--num-layers", "0", "must be >= 1 (got 0)"),
+    ("info", "--num-layers", "0", "must be >= 1 (got 0)"),
+]
+
+
+@pytest.mark.parametrize("cmd,flag,value,want", CASES, ids=[f"{c}{f}={v}" for c, f, v, _ in CASES])
+def test_numeric_flag_ranges(cmd, flag, value, want):
+    r = run([cmd, "--model", MODEL, f"{flag}={value}"])
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert f"{flag}: {want}" in out, out
+    assert "not in range" not in out and "1.797" not in out, out
+    # One error line (plus CLI11's "Run with --help" hint), nothing loaded.
+    lines = [l for l in out.splitlines() if l.strip() and not l.startswith("Run with --help")]
+    assert len(lines) == 1, out
+
+
+def test_in_range_values_still_parse():
+    # Values at the edges of the ranges are accepted (the command then fails for another reason:
+    # no such model directory), so the checks are not off by one.
+    r = run(["serve", "--model", "/nonexistent", "--port", "0", "--mem-fraction", "0",
+             "--prefix-snapshot-interval", "0", "--http-threads", "1", "--shutdown-timeout", "0",
+             "--context-length", "0", "--num-layers", "1"])
+    assert "must be" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "/nonexistent" in r.stdout + r.stderr
+    r = run(["bench", "--model", "/nonexistent", "--mem-fraction", "1", "--warmup", "0",
+             "--prefill-warmup", "0", "--kv-cache-bytes", "0", "--peak-tflops", "0"])
+    assert "must be" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_bench_profile_refused_before_loading():
+    """`bench --profile` on the CPU: one line, exit 2, before the weights load. A V4-Flash shape
+    (dummy weights) would be refused by the load guard or take minutes if loading came first."""
+    t = time.time()
+    r = run(["bench", "--model", FLASH, "--load-format", "dummy", "--device", "cpu", "--profile",
+             "--batch", "1", "--context", "64", "--steps", "1"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert time.time() - t < 30, out
+    lines = [l for l in out.splitlines() if l.strip()]
+    assert len(lines) == 1, out
+    assert "--profile" in lines[0] and "cpu backend has no device timers" in lines[0], out
+    assert "loading" not in out and "available" not in out, out  # no load, no load guard
+    # The embedded model: same refusal, no "model ready" line.
+    r = run(["bench", "--model", MODEL, "--profile", "--batch", "1", "--context", "64"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "model ready" not in r.stdout + r.stderr
+
+
+def test_bench_without_profile_says_why_on_cpu(tmp_path):
+    """A CPU bench run (no --profile) says in its report that no per-region profile was taken and
+    why (the backend has no device timers)."""
+    out = tmp_path / "bench.md"
+    r = run(["bench", "--model", MODEL, "--batch", "1", "--context", "256", "--steps", "1",
+             "--warmup", "0", "--prefill-steps", "1", "--prefill-warmup", "0", "--prefill-chunk",
+             "128", "--kv-cache-bytes", "100000000", "--copy-mib", "8", "--out", str(out)],
+            timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    md = out.read_text()
+    assert "per-region profile: not taken (the cpu backend has no device timers" in md, md
+    assert "| prefill | 256 | 1 | 128 |" in md, md
