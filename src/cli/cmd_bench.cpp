@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <new>
 #include <sstream>
@@ -80,7 +81,9 @@ Result<std::vector<int64_t>> parse_list(const std::string& s, const char* flag) 
     try {
       size_t used = 0;
       const long long v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      // v * mult must fit in int64 (9999999999999999K wrapped to a negative context).
+      if (used != item.size() || v <= 0 || v > std::numeric_limits<int64_t>::max() / mult)
+        throw std::invalid_argument(item);
       out.push_back(int64_t(v) * mult);
     } catch (const std::exception&) {
       return make_error(ErrorCode::kInvalidArgument,
@@ -222,15 +225,11 @@ class Bench {
  public:
   Bench(const BenchOptions& o, cli::LoadedModel& lm) : o_(o), ops_(*lm.ops), model_(*lm.model) {}
 
-  int run() {
-    auto bs = parse_list(o_.batches, "--batch");
-    auto ls = parse_list(o_.contexts, "--context");
-    if (!bs.ok() || !ls.ok()) {
-      std::fprintf(stderr, "error: %s\n", (!bs.ok() ? bs.status() : ls.status()).message().c_str());
-      return 2;
-    }
-    batches_ = *bs;
-    contexts_ = *ls;
+  /// `batches`, `contexts`: the parsed --batch / --context lists (run_bench checks them before
+  /// the weights load).
+  int run(std::vector<int64_t> batches, std::vector<int64_t> contexts) {
+    batches_ = std::move(batches);
+    contexts_ = std::move(contexts);
     const bool cuda = ops_.name() == "cuda";
     // (run_bench refused --profile on a backend without timers before loading the weights.)
     profiling_supported_ = ops_.set_profiling(o_.profile);
@@ -677,7 +676,15 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
   const double t0 = now_s();
-  // The backend first: --profile is refused on one without device timers before the weights
+  // The lists first: a typo in --batch / --context is reported before the weights load (minutes
+  // on a large model).
+  auto bs = parse_list(o.batches, "--batch");
+  auto ls = parse_list(o.contexts, "--context");
+  if (!bs.ok() || !ls.ok()) {
+    std::fprintf(stderr, "error: %s\n", (!bs.ok() ? bs.status() : ls.status()).message().c_str());
+    return 2;
+  }
+  // Then the backend: --profile is refused on one without device timers before the weights
   // load (minutes on a large model).
   auto backend = cli::make_model_backend(o.m, pool.get());
   if (!backend.ok()) {
@@ -700,7 +707,7 @@ int run_bench(const BenchOptions& o) {
   int rc = 0;
   {
     Bench b(o, *lm);
-    rc = b.run();
+    rc = b.run(std::move(bs).value(), std::move(ls).value());
   }  // pools freed before the model and the backend
   return rc;
 }
@@ -751,7 +758,8 @@ V4_REGISTER_COMMAND(
       app.add_option("--threads", o->threads,
                      "CPU threads (default 0: V4_NUM_THREADS or all cores)")
           ->check(v4::cli::int_range(0, 4096));
-      app.add_option("--seed", o->seed, "seed of the random KV pool contents");
+      app.add_option("--seed", o->seed, "seed of the random KV pool contents")
+          ->check(v4::cli::int_at_least(0));
       app.add_option("--out", o->out, "write the Markdown report to this file");
       app.add_flag("--profile", o->profile,
                    "per-region device time of the timed decode and prefill steps (CUDA events; cuda only)");

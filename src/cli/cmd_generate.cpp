@@ -236,7 +236,8 @@ V4_REGISTER_COMMAND(
           ->check(v4::cli::int_at_least(1, INT32_MAX));
       app.add_option("--temperature", o->temperature, "0 = greedy")
           ->check(v4::cli::number_at_least(0.0));
-      app.add_option("--seed", o->seed, "sampling seed (temperature > 0)");
+      app.add_option("--seed", o->seed, "sampling seed (temperature > 0)")
+          ->check(v4::cli::int_at_least(0));
       app.add_option("--dump-logits", o->dump_logits,
                      "write prompt/prefill/decode logits to this safetensors file");
       app.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an EOS token");

@@ -142,6 +142,9 @@ int run_serve(const ServeOptions& o) {
   }
   ec.stats_interval_s = o.stats_interval_s;
   const int64_t ctx = ex.max_context();
+  if (o.max_context > ctx)
+    V4_LOG_WARN("--context-length {} is above what the model supports: serving {} tokens per sequence",
+                o.max_context, ctx);
   auto engine = v4::engine::Engine::create(std::move(exec).value(), ec);
   if (!engine.ok()) {
     V4_LOG_ERROR("cannot start the engine: {}", engine.status().to_string());

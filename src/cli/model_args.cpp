@@ -22,7 +22,8 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
     app.add_option("--precision", a->precision,
                    "weight GEMM arithmetic: auto (fp32 on cpu, bf16 on cuda), fp32 or bf16")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
-  app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights");
+  app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights")
+      ->check(int_at_least(0));
 }
 
 std::string model_dir_of(const std::string& model) {

@@ -173,6 +173,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Executor> executo
   im.exec = std::move(executor);
   im.config = config;
   im.sched = std::make_unique<Scheduler>(*im.exec, config);
+  im.sched->set_before_final_outputs([&im] { im.publish_stats(Clock::now()); });
   im.seed_base = (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
   im.publish_stats(Clock::now());
   im.thread = std::thread([&im] { im.loop(); });

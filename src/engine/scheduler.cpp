@@ -200,6 +200,9 @@ void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
 }
 
 void Scheduler::deliver(std::vector<Pending>& pending) {
+  if (before_final_ &&
+      std::any_of(pending.begin(), pending.end(), [](const Pending& p) { return p.out.finished; }))
+    before_final_();
   for (auto& p : pending)
     if (p.cb && *p.cb) (*p.cb)(p.out);
   pending.clear();

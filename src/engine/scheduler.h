@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -68,6 +69,11 @@ class Scheduler {
   const StepRecord& last_step() const { return last_step_; }
   /// Cumulative counters (running/waiting/pools/rates are filled by Engine).
   const EngineStats& counters() const { return counters_; }
+  /// Called (on the scheduler's thread) after the state update and before the callbacks of
+  /// outputs that finish a request run: the finished requests are out of running/waiting, their
+  /// pages freed and counted. Engine publishes its stats here, so a client that reads /metrics
+  /// right after its response sees them (they were published after the callbacks).
+  void set_before_final_outputs(std::function<void()> f) { before_final_ = std::move(f); }
 
  private:
   struct Seq {
@@ -108,6 +114,7 @@ class Scheduler {
 
   Executor& exec_;
   EngineConfig config_;
+  std::function<void()> before_final_;  // set_before_final_outputs
   std::vector<PoolSpec> pools_;
   int64_t vocab_ = 0;
   std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;

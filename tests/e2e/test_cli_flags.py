@@ -120,3 +120,69 @@ def test_bench_without_profile_says_why_on_cpu(tmp_path):
     md = out.read_text()
     assert "per-region profile: not taken (the cpu backend has no device timers" in md, md
     assert "| prefill | 256 | 1 | 128 |" in md, md
+
+
+LIST_CASES = [
+    ("--batch", "0", "--batch '0': expected positive integers like 1,16,4K,1M"),
+    ("--batch", "", "--batch: empty list"),
+    ("--context", "-4K", "--context '-4K': expected positive integers like 1,16,4K,1M"),
+    ("--context", "1.5K", "--context '1.5K': expected positive integers like 1,16,4K,1M"),
+    # 9999999999999999 * 1024 is past int64: was a wrapped negative context, then an error naming
+    # --mem-fraction ("KV budget -2936779053.12 GiB ... workspace reserve").
+    ("--context", "9999999999999999K", "--context '9999999999999999K': expected positive integers"),
+    ("--batch", "1,99999999999999M", "--batch '1,99999999999999M': expected positive integers"),
+]
+
+
+@pytest.mark.parametrize("flag,value,want", LIST_CASES, ids=[f"{f}={v}" for f, v, _ in LIST_CASES])
+def test_bench_lists_refused_before_loading(flag, value, want):
+    """`bench --batch/--context` lists are checked before the weights load (one line, exit 2): a
+    V4-Flash shape with dummy weights would take minutes to load before the typo was reported."""
+    t = time.time()
+    r = run(["bench", "--model", FLASH, "--load-format", "dummy", "--device", "cpu", flag, value])
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert time.time() - t < 30, out
+    lines = [l for l in out.splitlines() if l.strip()]
+    assert len(lines) == 1 and want in lines[0], out
+    assert "loading" not in out and "model ready" not in out and "available" not in out, out
+
+
+@pytest.mark.parametrize("cmd,flag", [("generate", "--seed"), ("bench", "--seed"),
+                                      ("serve", "--dummy-seed"), ("generate", "--dummy-seed")])
+def test_seed_flags_say_what_they_accept(cmd, flag):
+    """Seeds are non-negative integers: text or a negative value is refused like the other integer
+    flags (was CLI11's "Could not convert: --seed = abc"; -1 was taken as 2^64 - 1)."""
+    for value, want in (("abc", "must be an integer (got 'abc')"), ("-1", "must be >= 0 (got -1)")):
+        r = run([cmd, "--model", MODEL, f"{flag}={value}"])
+        out = r.stdout + r.stderr
+        assert r.returncode != 0, out
+        assert f"{flag}: {want}" in out, out
+        lines = [l for l in out.splitlines() if l.strip() and not l.startswith("Run with --help")]
+        assert len(lines) == 1, out
+
+
+def test_serve_context_length_above_the_model_warns():
+    """--context-length above max_position_embeddings is served at the model's limit with a
+    warning naming the flag (it was cut silently: a client then got context_length_exceeded
+    errors below the length it configured)."""
+    p = subprocess.Popen([binary(), "serve", "--model", MODEL, "--port", "0", "--context-length",
+                          "99999999999", "--disable-prefix-cache"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "serving '" in line:
+                break
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
+    out = "".join(lines)
+    assert "context 1048576 tokens" in out, out
+    warn = [l for l in lines if "--context-length 99999999999" in l]
+    assert len(warn) == 1 and "1048576" in warn[0], out

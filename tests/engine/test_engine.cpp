@@ -278,6 +278,37 @@ TEST(Engine, LogprobsStreamed) {
   }
 }
 
+TEST(Engine, StatsAreCurrentWhenARequestsFinalOutputArrives) {
+  // /metrics read right after a response (the final callback) must not show the finished request
+  // as running or its pages as used: the stats snapshot was published after the step's callbacks,
+  // so a client that scraped /metrics at once saw running 1 and pages in use.
+  FakeConfig fc;
+  auto e = make_engine(fc, {});
+  for (int k = 0; k < 3; ++k) {
+    Request r;
+    r.prompt_tokens.assign(40 + k, int32_t(k + 1));
+    r.sampling = greedy(5);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    EngineStats seen;
+    ASSERT_TRUE(e->submit(r, [&](const StepOutput& o) {
+                   if (!o.finished) return;
+                   std::lock_guard<std::mutex> lk(mu);
+                   seen = e->stats();
+                   done = true;
+                   cv.notify_all();
+                 }).ok());
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return done; });
+    EXPECT_EQ(seen.running, 0) << k;
+    EXPECT_EQ(seen.waiting, 0) << k;
+    EXPECT_EQ(seen.requests_finished_total, k + 1) << k;
+    ASSERT_EQ(seen.pools.size(), 2u);
+    for (const auto& p : seen.pools) EXPECT_EQ(p.used_pages, 0) << p.name << " request " << k;
+  }
+}
+
 TEST(Engine, ShutdownAbortsOutstanding) {
   FakeConfig fc;
   std::atomic<int> finals{0};
