@@ -21,27 +21,14 @@ import datetime as dt
 import json
 import os
 import random
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
-
-def scrape(base):
-    try:
-        txt = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-    except OSError:
-        return {}
-    m = {}
-    for line in txt.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        k, _, v = line.rpartition(" ")
-        try:
-            m[k] = float(v)
-        except ValueError:
-            pass
-    return m
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep_parts import scrape  # noqa: E402  (the /metrics reader shared with the sweep)
 
 
 def vocab_size(base):
