@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/decode_plan_rows.h"
+#include "ops/ops.h"
 
 namespace v4::testing {
 
@@ -210,6 +211,38 @@ inline void reference_step(const CompressCase& k, float eps, float scaling, std:
     std::copy_n(k.kc.data() + from * w, w, ring_kv->data() + int64_t(to) * w);
     std::copy_n(k.zc.data() + from * w, w, ring_gate->data() + int64_t(to) * w);
   }
+}
+
+/// compress_fused arguments over the host vectors of `k`: inputs from `k`, the state ring and
+/// pool from the caller's copies (the op updates them), `scratch` as CompressFusedArgs::scratch
+/// (nullptr allowed).
+inline ops::CompressFusedArgs host_args(CompressCase& k, float* pool, float* ring_kv,
+                                        float* ring_gate, float* scratch, float eps,
+                                        float attention_scaling) {
+  ops::CompressFusedArgs a;
+  a.fresh_kv = k.kc.data();
+  a.fresh_gate = k.zc.data();
+  a.state_kv = ring_kv;
+  a.state_gate = ring_gate;
+  a.bias = k.bias.data();
+  a.norm = k.norm.data();
+  a.eps = eps;
+  a.src = k.src.data();
+  a.positions = k.positions.data();
+  a.dst = k.dst.data();
+  a.n_out = k.n_out();
+  a.ring_src = k.ring_src.data();
+  a.ring_dst = k.ring_dst.data();
+  a.n_ring = k.n_ring();
+  a.ratio = k.m;
+  a.overlap = k.c;
+  a.dim = k.d;
+  a.rope_dim = k.rd;
+  a.inv_freq = k.inv_freq.data();
+  a.attention_scaling = attention_scaling;
+  a.pool = pool;
+  a.scratch = scratch;
+  return a;
 }
 
 }  // namespace v4::testing

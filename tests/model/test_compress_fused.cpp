@@ -34,30 +34,7 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 
 CompressFusedArgs args_for(CompressCase& k, std::vector<float>& pool, std::vector<float>& rkv,
                            std::vector<float>& rg, float* scratch) {
-  CompressFusedArgs a;
-  a.fresh_kv = k.kc.data();
-  a.fresh_gate = k.zc.data();
-  a.state_kv = rkv.data();
-  a.state_gate = rg.data();
-  a.bias = k.bias.data();
-  a.norm = k.norm.data();
-  a.eps = kEps;
-  a.src = k.src.data();
-  a.positions = k.positions.data();
-  a.dst = k.dst.data();
-  a.n_out = k.n_out();
-  a.ring_src = k.ring_src.data();
-  a.ring_dst = k.ring_dst.data();
-  a.n_ring = k.n_ring();
-  a.ratio = k.m;
-  a.overlap = k.c;
-  a.dim = k.d;
-  a.rope_dim = k.rd;
-  a.inv_freq = k.inv_freq.data();
-  a.attention_scaling = kScaling;
-  a.pool = pool.data();
-  a.scratch = scratch;
-  return a;
+  return v4::testing::host_args(k, pool.data(), rkv.data(), rg.data(), scratch, kEps, kScaling);
 }
 
 void check(CompressCase& k, bool with_scratch) {

@@ -168,27 +168,8 @@ void check(const CompressCase& k) {
   auto cpu = make_cpu_ops();
   std::vector<float> pool = k.pool, rkv = k.ring_kv, rg = k.ring_gate;
   CompressCase kk = k;
-  CompressFusedArgs a;
-  a.fresh_kv = kk.kc.data();
-  a.fresh_gate = kk.zc.data();
-  a.state_kv = rkv.data();
-  a.state_gate = rg.data();
-  a.bias = kk.bias.data();
-  a.norm = kk.norm.data();
-  a.eps = kEps;
-  a.src = kk.src.data();
-  a.positions = kk.positions.data();
-  a.dst = kk.dst.data();
-  a.n_out = kk.n_out();
-  a.ring_src = kk.ring_src.data();
-  a.ring_dst = kk.ring_dst.data();
-  a.n_ring = kk.n_ring();
-  a.ratio = kk.m;
-  a.overlap = kk.c;
-  a.dim = kk.d;
-  a.rope_dim = kk.rd;
-  a.inv_freq = kk.inv_freq.data();
-  a.pool = pool.data();
+  const CompressFusedArgs a =
+      v4::testing::host_args(kk, pool.data(), rkv.data(), rg.data(), nullptr, kEps, 1.f);
   cpu->compress_fused(a);
   for (bool vec_ok : {true, false}) {
     SCOPED_TRACE(::testing::Message() << "vec_ok=" << vec_ok);
