@@ -42,6 +42,7 @@ int main() {
 #include <vector>
 
 #include "base/dtype.h"
+#include "ops/cuda/dense_mma.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/topk.h"
@@ -291,6 +292,7 @@ std::string bench_wformat(double bw, int samples) {
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   BENCH_OK(v4::cuda::wgemv_prepare());
   BENCH_OK(v4::cuda::moe_mma_prepare());
+  BENCH_OK(v4::cuda::dense_mma_prepare());
   const size_t kRotateBytes = size_t(256) << 20;  // rotate weight copies over ≥ 256 MiB (> L2)
   kt << "## Native-weight GEMV, batch 1 (linear_w in bf16 mode: 16-byte loads of the stored "
         "format, fp32 math)\n\n"
@@ -353,15 +355,15 @@ std::string bench_wformat(double bw, int samples) {
     kt << "\n## linear_w at decode batches: fp32-math GEMV vs fused WMMA (native bytes → bf16 "
           "tiles) vs dequantize-to-scratch + cuBLASLt (bf16 mode's paths)\n\n"
        << "Byte floor = weight bytes read once + x + y. Median µs; weights rotate beyond L2.\n\n"
-       << "| weight | format | N | K | M | GEMV µs | fused µs | dequant+cuBLASLt µs | byte floor µs |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+       << "| weight | format | N | K | M | GEMV µs | fused µs | dequant+cuBLASLt µs | dense_mma µs | byte floor µs |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     struct Sh { const char* name; WFormat f; int64_t N, K; };
     for (Sh sh : {Sh{"wq_a", WFormat::kFP8Block, 1024, 4096}, Sh{"wq_b", WFormat::kFP8Block, 32768, 1024},
                   Sh{"wo_b", WFormat::kFP8Block, 4096, 8192}, Sh{"expert w13 (as linear)", WFormat::kMXFP4, 4096, 4096}}) {
       const size_t one = size_t(v4::ops::wformat_bytes(sh.f, sh.N, sh.K));
       const int copies = int(std::max<size_t>(1, std::min<size_t>(64, (kRotateBytes + one - 1) / one)));
       BenchW w(sh.f, 1, sh.N, sh.K, copies, 78);
-      for (int64_t M : {8, 32, 64, 256}) {
+      for (int64_t M : {8, 32, 64, 128, 256}) {
         float *x = nullptr, *y = nullptr;
         BENCH_CHECK(cudaMalloc(&x, size_t(M * sh.K) * 4));
         BENCH_CHECK(cudaMalloc(&y, size_t(M * sh.N) * 4));
@@ -385,9 +387,16 @@ std::string bench_wformat(double bw, int samples) {
         c.gemm = gm->get();
         c.num_sms = sms;
         c.gemv_max_rows = 0;  // force the dequantize + cuBLASLt path
+        c.dense_mma = false;
         c.scratch = &BenchScratch::get;
         c.self = &scr;
         cub = time_it([&](int i) { BENCH_OK(v4::cuda::linear_w_bf16(x, sh.K, w.copy(i), M, y, sh.N, c)); }, samples).med_us;
+        double dense = -1;
+        if (v4::cuda::dense_mma_supported(w.view, x, sh.K, M)) {
+          v4::cuda::KernelContext cd = c;
+          cd.dense_mma = true;
+          dense = time_it([&](int i) { BENCH_OK(v4::cuda::dense_mma(x, sh.K, w.copy(i), M, y, sh.N, cd)); }, samples).med_us;
+        }
         const double floor_us = (double(one) + M * sh.K * 4.0 + M * sh.N * 4.0) / (bw * 1e9) * 1e6;
         auto cell = [](double v) {
           char b[32];
@@ -397,9 +406,9 @@ std::string bench_wformat(double bw, int samples) {
         };
         kt << "| " << sh.name << " | " << v4::ops::wformat_name(sh.f) << " | " << sh.N << " | " << sh.K
            << " | " << M << " | " << cell(gemv) << " | " << cell(fused) << " | " << cell(cub) << " | "
-           << cell(floor_us) << " |\n";
-        std::printf("linear %s M=%lld: gemv %.1f fused %.1f cublas %.1f (floor %.1f) us\n", sh.name,
-                    (long long)M, gemv, fused, cub, floor_us);
+           << cell(dense) << " | " << cell(floor_us) << " |\n";
+        std::printf("linear %s M=%lld: gemv %.1f fused %.1f cublas %.1f dense %.1f (floor %.1f) us\n",
+                    sh.name, (long long)M, gemv, fused, cub, dense, floor_us);
         cudaFree(x);
         cudaFree(y);
       }

@@ -30,6 +30,7 @@
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/dense_mma.h"
 #include "ops/cuda/moe_mma.h"
 #include "ops/cuda/wgemm.h"
 #include "ops/ops.h"
@@ -517,6 +518,73 @@ TEST(CudaWFormat, LinearF32RouterBf16Mode) {
 TEST(CudaWFormat, LinearHeadBf16) {
   V4_GPU();
   run_linear_cases({{WFormat::kBF16, 129280, 0, 129280, 4096, {1, 3, 33}}});
+}
+
+// dense_mma (bf16 mode, FP8 / MXFP4, 32 < M ≤ 256, x rows 16-byte aligned): against the CPU on
+// the dequantized rows, tensor-core tolerance. Partial CTAs (N % 128 ≠ 0), a row slice (row0 ≠
+// 0: scale rows), one and several 64-row chunks, split-K (small N, long K) and none (large N).
+TEST(CudaWFormat, LinearDenseMma) {
+  V4_GPU();
+  struct C {
+    WFormat f;
+    int64_t rows_total, row0, N, K;
+  };
+  const std::vector<C> cases = {
+      {WFormat::kFP8Block, 1100, 0, 1000, 1024},
+      {WFormat::kFP8Block, 700, 130, 520, 2048},
+      {WFormat::kFP8Block, 4096, 0, 4096, 8192},  // wo_b
+      {WFormat::kMXFP4, 300, 0, 300, 512},
+      {WFormat::kMXFP4, 4096, 2048, 2048, 4096},  // up half of an expert's w13
+  };
+  for (const auto& c : cases) {
+    const HostW hw = make_weights(c.f, 1, c.rows_total, c.K, 1.f / std::sqrt(float(c.K)));
+    const DevW dw(hw);
+    const std::vector<float> wref = hw.f32(0, c.row0, c.N);
+    const int64_t ldx = c.K + 4;  // 16-byte aligned rows
+    for (int64_t M : {33, 64, 65, 130, 256}) {
+      SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " N=" << c.N << " K=" << c.K
+                                        << " row0=" << c.row0 << " M=" << M);
+      ASSERT_TRUE(cuda::dense_mma_supported(dw.view(c.row0, c.N), reinterpret_cast<float*>(
+                                                                       uintptr_t(256)), ldx, M));
+      const auto x = randn(size_t(M * ldx));
+      check_linear(Precision::kBf16, hw, dw, c.row0, c.N, M, x, ldx, wref);
+    }
+  }
+}
+
+// dense_mma bit-exactness: one-hot x rows (row m = 1.0 at column k_m) return W[n, k_m] exactly
+// for every n — the k permutation between weight chunks and staged x, the scales and the split-K
+// sum (a sum of one nonzero partial and zeros) all show up as mismatches.
+TEST(CudaWFormat, DenseMmaOneHotIsExact) {
+  V4_GPU();
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4}) {
+    const int64_t N = 200, K = 2048, M = 70;
+    HostW hw = make_weights(f, 1, N, K, 0.05f);
+    if (f == WFormat::kMXFP4)
+      for (auto& b : hw.scale) b = uint8_t(100 + rand_int(0, 50));
+    const DevW dw(hw);
+    std::vector<float> x(size_t(M * K), 0.f);
+    std::vector<int> kcol(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) {
+      kcol[size_t(m)] = rand_int(0, int(K) - 1);
+      x[size_t(m * K + kcol[size_t(m)])] = 1.f;
+    }
+    Dev<float> dx(x), dy(size_t(M * N));
+    dy.poison();
+    Ops* g = gpu(Precision::kBf16);
+    g->linear_w(dx.p, K, dw.view(0, N), M, dy.p, N);
+    g->synchronize();
+    const auto y = dy.host();
+    int64_t bad = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float want = hw.at(0, n, kcol[size_t(m)]), got = y[size_t(m * N + n)];
+        if (!(got == want) && bad++ < 5)
+          ADD_FAILURE() << wformat_name(f) << " row " << m << " col " << n << ": " << got
+                        << " != " << want;
+      }
+    EXPECT_EQ(bad, 0) << wformat_name(f);
+  }
 }
 
 // ---- moe_experts

@@ -26,6 +26,7 @@
 #include "ops/cuda/fill.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/mhc.h"
+#include "ops/cuda/dense_mma.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
 #include "ops/cuda/sampling.h"
@@ -351,6 +352,7 @@ class CudaOps final : public Ops {
       V4_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::create(size_t(32) << 20));
       V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
       V4_RETURN_IF_ERROR(cuda::moe_mma_prepare());
+      V4_RETURN_IF_ERROR(cuda::dense_mma_prepare());
     }
     return Status::Ok();
   }
@@ -887,6 +889,7 @@ class CudaOps final : public Ops {
     c.fused_tc = opts_.fused_tensor_cores;
     c.fused_moe_min_rows = opts_.moe_fused_min_rows;
     c.moe_mma = opts_.moe_mma;
+    c.dense_mma = opts_.dense_mma;
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

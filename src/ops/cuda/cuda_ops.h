@@ -51,6 +51,9 @@ struct CudaOptions {
   /// bytes → bf16 A fragments, 8 tokens per mma, one read of each active expert per 8 of its
   /// pairs) instead of the fp32-math grouped GEMV. Off: the GEMV (for A/B measurements).
   bool moe_mma = true;
+  /// kBf16 linear_w with gemv_max_rows < M ≤ 256 on FP8 / MXFP4 weights: the tensor-core dense
+  /// GEMM over native bytes (dense_mma.h) instead of dequantize-to-scratch + cuBLASLt.
+  bool dense_mma = true;
 };
 
 /// "fp32" or "bf16".

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ops/cuda/dense_mma.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/wformat.cuh"
@@ -290,6 +291,11 @@ void moe_scratch_bytes(bool bf16, int64_t S, int D, int I, int E, int k, const K
                        size_t* bytes) {
   const MoePath path = choose_path(bf16, S, E, k, c);
   path_bytes(path, S, D, I, E, k, bytes);
+  if (path == MoePath::kDenseShared && c.dense_mma) {  // dense_mma's own scratch + f32 act
+    dense_mma_scratch_bytes(S, 2 * int64_t(I), D, c.num_sms, bytes);
+    dense_mma_scratch_bytes(S, D, I, c.num_sms, bytes);
+    bytes[kSlotF32B] = std::max(bytes[kSlotF32B], size_t(S) * I * 4);
+  }
   // The per-view choice (kGemv → kMma) is made at call time: reserve both.
   if (path == MoePath::kGemv && c.moe_mma && E > 1) path_bytes(MoePath::kMma, S, D, I, E, k, bytes);
 }
@@ -344,6 +350,20 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
   path_bytes(path, S, D, I, E, a.topk, need);
   const int combine_grid = int(grid_for(S * D, 256));
 
+  if (path == MoePath::kDenseShared && c.dense_mma && dense_mma_supported(a.w13, a.x, D, S) &&
+      dense_mma_supported(a.w2, a.x, I, S)) {
+    // One expert on the dense tensor-core GEMM over native bytes: gate/up, SwiGLU (f32), down.
+    auto* gu = static_cast<float*>(c.get(kSlotF32A, size_t(S) * 2 * I * 4));
+    auto* act = static_cast<float*>(c.get(kSlotF32B, size_t(S) * I * 4));
+    auto* down = static_cast<float*>(c.get(kSlotF32C, size_t(S) * D * 4));
+    V4_RETURN_IF_ERROR(dense_mma(a.x, D, a.w13, S, gu, 2 * int64_t(I), c));
+    moe_act_fp32_kernel<<<grid_for(S * I, 256), 256, 0, c.stream>>>(gu, S, I, a.swiglu_limit, act);
+    V4_CUDA_CHECK_LAUNCH("moe_act_fp32_kernel");
+    V4_RETURN_IF_ERROR(dense_mma(act, I, a.w2, S, down, D, c));
+    moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 2);
+    V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+    return Status::Ok();
+  }
   if (path == MoePath::kDenseShared) {
     // One expert: per-token dense GEMMs (x and W as bf16, tensor cores), combine per token.
     auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));
