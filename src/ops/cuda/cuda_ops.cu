@@ -27,6 +27,7 @@
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/dense_mma.h"
+#include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
 #include "ops/cuda/sampling.h"
@@ -353,6 +354,7 @@ class CudaOps final : public Ops {
       V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
       V4_RETURN_IF_ERROR(cuda::moe_mma_prepare());
       V4_RETURN_IF_ERROR(cuda::dense_mma_prepare());
+      V4_RETURN_IF_ERROR(cuda::gmoe_mma_prepare());
     }
     return Status::Ok();
   }
@@ -890,6 +892,7 @@ class CudaOps final : public Ops {
     c.fused_moe_min_rows = opts_.moe_fused_min_rows;
     c.moe_mma = opts_.moe_mma;
     c.dense_mma = opts_.dense_mma;
+    c.grouped_moe = opts_.moe_grouped_mma;
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

@@ -112,6 +112,7 @@ struct KernelContext {
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   bool moe_mma = true;              // CudaOptions::moe_mma
   bool dense_mma = true;            // CudaOptions::dense_mma
+  bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
   /// Grow-only scratch buffer `slot` of at least `bytes` (may throw, see cuda_ops.h).
   void* (*scratch)(void* self, int slot, size_t bytes) = nullptr;
   void* self = nullptr;
