@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -881,6 +882,15 @@ class CudaOps final : public Ops {
     while (c < b) c <<= 1;
     return c;
   }
+  // V4_MOE_GROUPED_MIN_ROWS=N (N ≥ 1): MoE calls below moe_sync_min_pairs with S ≥ N rows also
+  // take the grouped tensor-core path (decode A/B runs, CudaOptions::moe_grouped_mma); unset: 0.
+  static int64_t grouped_min_rows_env() {
+    static const int64_t v = [] {
+      const char* e = std::getenv("V4_MOE_GROUPED_MIN_ROWS");
+      return e && std::atoll(e) > 0 ? int64_t(std::atoll(e)) : int64_t(0);
+    }();
+    return v;
+  }
   cuda::KernelContext context() {
     cuda::KernelContext c;
     c.stream = stream_;
@@ -893,6 +903,7 @@ class CudaOps final : public Ops {
     c.moe_mma = opts_.moe_mma;
     c.dense_mma = opts_.dense_mma;
     c.grouped_moe = opts_.moe_grouped_mma;
+    c.grouped_min_rows = grouped_min_rows_env();
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

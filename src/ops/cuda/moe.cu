@@ -210,23 +210,12 @@ RouteBufs route_bufs(int32_t* base, int64_t P, int E) {
 
 enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm, kMma, kGrouped };
 
-// V4_MOE_GROUPED_MIN_ROWS=N (N ≥ 1): calls below sync_min_pairs with S ≥ N rows also take the
-// grouped tensor-core path (decode A/B runs); unset or 0: prefill-sized calls only.
-int64_t grouped_min_rows_env() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("V4_MOE_GROUPED_MIN_ROWS");
-    return e && std::atoll(e) > 0 ? int64_t(std::atoll(e)) : int64_t(0);
-  }();
-  return v;
-}
-
 // Whether a call of path `path` (choose_path) with S rows wants the grouped tensor-core GEMM
 // (before the per-view checks of grouped_eligible).
 bool grouped_wanted(MoePath path, int64_t S, int E, const KernelContext& c) {
   if (!c.grouped_moe || E <= 1) return false;
   if (path == MoePath::kSyncGemm) return true;
-  const int64_t m = grouped_min_rows_env();
-  return path == MoePath::kGemv && m > 0 && S >= m;
+  return path == MoePath::kGemv && c.grouped_min_rows > 0 && S >= c.grouped_min_rows;
 }
 
 // Routed experts whose two weights gmoe_mma supports (x rows loadable as float4), within the
