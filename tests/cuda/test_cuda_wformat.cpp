@@ -851,7 +851,7 @@ TEST(CudaWFormat, GmoeOneHotIsExact) {
     }
     const std::vector<int32_t> count = {int32_t(active.size())};
     Dev<int32_t> doff(offset), dact(active), dcnt(count), dlist(list);
-    Dev<int32_t> dte(size_t(max_tiles)), dti(size_t(max_tiles)), dtc(size_t(1));
+    Dev<int32_t> dte{size_t(max_tiles)}, dti{size_t(max_tiles)}, dtc{size_t(1)};
     Dev<float> dx(x), dy(size_t(P * N));
     Dev<uint16_t> dxb(size_t(P * K)), dactb(size_t(P * NI));
     dy.poison();
