@@ -42,6 +42,8 @@ int main() {
 #include <vector>
 
 #include "base/dtype.h"
+#include "ops/cuda/dense_mma.h"
+#include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/topk.h"
@@ -291,6 +293,7 @@ std::string bench_wformat(double bw, int samples) {
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   BENCH_OK(v4::cuda::wgemv_prepare());
   BENCH_OK(v4::cuda::moe_mma_prepare());
+  BENCH_OK(v4::cuda::dense_mma_prepare());
   const size_t kRotateBytes = size_t(256) << 20;  // rotate weight copies over ≥ 256 MiB (> L2)
   kt << "## Native-weight GEMV, batch 1 (linear_w in bf16 mode: 16-byte loads of the stored "
         "format, fp32 math)\n\n"
@@ -353,15 +356,15 @@ std::string bench_wformat(double bw, int samples) {
     kt << "\n## linear_w at decode batches: fp32-math GEMV vs fused WMMA (native bytes → bf16 "
           "tiles) vs dequantize-to-scratch + cuBLASLt (bf16 mode's paths)\n\n"
        << "Byte floor = weight bytes read once + x + y. Median µs; weights rotate beyond L2.\n\n"
-       << "| weight | format | N | K | M | GEMV µs | fused µs | dequant+cuBLASLt µs | byte floor µs |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+       << "| weight | format | N | K | M | GEMV µs | fused µs | dequant+cuBLASLt µs | dense_mma µs | byte floor µs |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     struct Sh { const char* name; WFormat f; int64_t N, K; };
     for (Sh sh : {Sh{"wq_a", WFormat::kFP8Block, 1024, 4096}, Sh{"wq_b", WFormat::kFP8Block, 32768, 1024},
                   Sh{"wo_b", WFormat::kFP8Block, 4096, 8192}, Sh{"expert w13 (as linear)", WFormat::kMXFP4, 4096, 4096}}) {
       const size_t one = size_t(v4::ops::wformat_bytes(sh.f, sh.N, sh.K));
       const int copies = int(std::max<size_t>(1, std::min<size_t>(64, (kRotateBytes + one - 1) / one)));
       BenchW w(sh.f, 1, sh.N, sh.K, copies, 78);
-      for (int64_t M : {8, 32, 64, 256}) {
+      for (int64_t M : {8, 32, 64, 128, 256}) {
         float *x = nullptr, *y = nullptr;
         BENCH_CHECK(cudaMalloc(&x, size_t(M * sh.K) * 4));
         BENCH_CHECK(cudaMalloc(&y, size_t(M * sh.N) * 4));
@@ -385,9 +388,16 @@ std::string bench_wformat(double bw, int samples) {
         c.gemm = gm->get();
         c.num_sms = sms;
         c.gemv_max_rows = 0;  // force the dequantize + cuBLASLt path
+        c.dense_mma = false;
         c.scratch = &BenchScratch::get;
         c.self = &scr;
         cub = time_it([&](int i) { BENCH_OK(v4::cuda::linear_w_bf16(x, sh.K, w.copy(i), M, y, sh.N, c)); }, samples).med_us;
+        double dense = -1;
+        if (v4::cuda::dense_mma_supported(w.view, x, sh.K, M)) {
+          v4::cuda::KernelContext cd = c;
+          cd.dense_mma = true;
+          dense = time_it([&](int i) { BENCH_OK(v4::cuda::dense_mma(x, sh.K, w.copy(i), M, y, sh.N, cd)); }, samples).med_us;
+        }
         const double floor_us = (double(one) + M * sh.K * 4.0 + M * sh.N * 4.0) / (bw * 1e9) * 1e6;
         auto cell = [](double v) {
           char b[32];
@@ -397,9 +407,9 @@ std::string bench_wformat(double bw, int samples) {
         };
         kt << "| " << sh.name << " | " << v4::ops::wformat_name(sh.f) << " | " << sh.N << " | " << sh.K
            << " | " << M << " | " << cell(gemv) << " | " << cell(fused) << " | " << cell(cub) << " | "
-           << cell(floor_us) << " |\n";
-        std::printf("linear %s M=%lld: gemv %.1f fused %.1f cublas %.1f (floor %.1f) us\n", sh.name,
-                    (long long)M, gemv, fused, cub, floor_us);
+           << cell(dense) << " | " << cell(floor_us) << " |\n";
+        std::printf("linear %s M=%lld: gemv %.1f fused %.1f cublas %.1f dense %.1f (floor %.1f) us\n",
+                    sh.name, (long long)M, gemv, fused, cub, dense, floor_us);
         cudaFree(x);
         cudaFree(y);
       }
@@ -496,6 +506,94 @@ std::string bench_wformat(double bw, int samples) {
       kt << buf;
       std::printf("moe mxfp4 S=%lld: %.1f us (floor %.1f us, %.1f experts)\n", (long long)S, st.med_us,
                   floor_us, distinct);
+      cudaFree(x);
+      cudaFree(wt);
+      cudaFree(out);
+      cudaFree(didx);
+    }
+
+    // ---- grouped tensor-core MoE (gmoe_mma, no sync) vs the one-sync per-expert path ----
+    constexpr double kBf16PeakTflops = 989.0;  // H200 dense bf16 tensor-core peak
+    kt << "\n## MoE experts at prefill sizes (and decode S ≥ 128), MXFP4, bf16 mode, E=256 "
+          "D=4096 I=2048 k=6\n\n"
+          "Grouped tensor-core GEMM (gmoe_mma: device routing + tile list, 64 items per CTA, no "
+          "host sync; the default for S·k ≥ 4096, at S = 128/256 via "
+          "V4_MOE_GROUPED_MIN_ROWS) next to the old path (one host sync, per active expert "
+          "dequantize to bf16 + two cuBLASLt GEMMs; CudaOptions::moe_grouped_mma = false) and "
+          "moe_mma (8 tokens per pass, every expert re-read per pass). Byte floor as above; "
+          "FLOP floor = 6·pairs·D·I / " << kBf16PeakTflops << " TFLOP/s (dense bf16 peak).\n\n"
+       << "| S | pairs | distinct experts (mean) | grouped gmoe_mma µs | sync path µs | moe_mma µs | "
+          "byte floor µs | FLOP floor µs | max(floors) / grouped |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    BENCH_OK(v4::cuda::gmoe_mma_prepare());
+    for (int64_t S : {128, 256, 1024, 4096}) {
+      const int sets = S >= 1024 ? 8 : 32;
+      const int64_t P = S * k;
+      std::mt19937_64 g(5000 + S);
+      std::vector<int32_t> idx(size_t(P * sets));
+      double distinct = 0;
+      for (int s2 = 0; s2 < sets; ++s2) {
+        std::vector<char> seen(E, 0);
+        for (int64_t p = 0; p < P; ++p) {
+          const int32_t e = int32_t(g() % E);
+          idx[size_t(s2 * P + p)] = e;
+          distinct += !seen[e];
+          seen[e] = 1;
+        }
+      }
+      distinct /= sets;
+      auto xh = randn(size_t(S * D), g);
+      auto wh = randn(size_t(P), g);
+      float *x = nullptr, *wt = nullptr, *out = nullptr;
+      int32_t* didx = nullptr;
+      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
+      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
+      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+      v4::ops::MoeArgs a;
+      a.x = x;
+      a.w13 = w13.view;
+      a.w2 = w2.view;
+      a.weight = wt;
+      a.n_rows = S;
+      a.hidden = D;
+      a.inter = I;
+      a.n_experts = E;
+      a.topk = k;
+      a.swiglu_limit = 10.f;
+      a.out = out;
+      auto run = [&](const v4::cuda::KernelContext& cx) {
+        return time_it([&](int i) {
+          a.idx = didx + (i % sets) * P;
+          BENCH_OK(v4::cuda::moe_bf16(a, cx));
+        }, samples);
+      };
+      v4::cuda::KernelContext cgr = c;  // grouped: prefill by default, decode via the threshold
+      cgr.grouped_moe = true;
+      cgr.grouped_min_rows = 1;
+      v4::cuda::KernelContext csy = c;  // the one-sync per-expert cuBLASLt path
+      csy.grouped_moe = false;
+      csy.sync_min_pairs = 1;
+      v4::cuda::KernelContext cmm = c;  // moe_mma at any size
+      cmm.grouped_moe = false;
+      cmm.sync_min_pairs = int64_t(1) << 40;
+      const Stats sgr = run(cgr), ssy = run(csy), smm = run(cmm);
+      const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      const double flop_us = 6.0 * double(P) * D * I / (kBf16PeakTflops * 1e12) * 1e6;
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n",
+                    (long long)S, (long long)P, distinct, sgr.med_us, sgr.p10_us, sgr.p90_us,
+                    ssy.med_us, smm.med_us, floor_us, flop_us,
+                    100.0 * std::max(floor_us, flop_us) / sgr.med_us);
+      kt << buf;
+      std::printf("moe grouped mxfp4 S=%lld: grouped %.1f us, sync %.1f us, moe_mma %.1f us "
+                  "(floors %.1f / %.1f us)\n",
+                  (long long)S, sgr.med_us, ssy.med_us, smm.med_us, floor_us, flop_us);
       cudaFree(x);
       cudaFree(wt);
       cudaFree(out);

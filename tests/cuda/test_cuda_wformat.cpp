@@ -30,6 +30,8 @@
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/dense_mma.h"
+#include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/moe_mma.h"
 #include "ops/cuda/wgemm.h"
 #include "ops/ops.h"
@@ -519,6 +521,73 @@ TEST(CudaWFormat, LinearHeadBf16) {
   run_linear_cases({{WFormat::kBF16, 129280, 0, 129280, 4096, {1, 3, 33}}});
 }
 
+// dense_mma (bf16 mode, FP8 / MXFP4, 32 < M ≤ 256, x rows 16-byte aligned): against the CPU on
+// the dequantized rows, tensor-core tolerance. Partial CTAs (N % 128 ≠ 0), a row slice (row0 ≠
+// 0: scale rows), one and several 64-row chunks, split-K (small N, long K) and none (large N).
+TEST(CudaWFormat, LinearDenseMma) {
+  V4_GPU();
+  struct C {
+    WFormat f;
+    int64_t rows_total, row0, N, K;
+  };
+  const std::vector<C> cases = {
+      {WFormat::kFP8Block, 1100, 0, 1000, 1024},
+      {WFormat::kFP8Block, 700, 130, 520, 2048},
+      {WFormat::kFP8Block, 4096, 0, 4096, 8192},  // wo_b
+      {WFormat::kMXFP4, 300, 0, 300, 512},
+      {WFormat::kMXFP4, 4096, 2048, 2048, 4096},  // up half of an expert's w13
+  };
+  for (const auto& c : cases) {
+    const HostW hw = make_weights(c.f, 1, c.rows_total, c.K, 1.f / std::sqrt(float(c.K)));
+    const DevW dw(hw);
+    const std::vector<float> wref = hw.f32(0, c.row0, c.N);
+    const int64_t ldx = c.K + 4;  // 16-byte aligned rows
+    for (int64_t M : {33, 64, 65, 130, 256}) {
+      SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " N=" << c.N << " K=" << c.K
+                                        << " row0=" << c.row0 << " M=" << M);
+      ASSERT_TRUE(cuda::dense_mma_supported(dw.view(c.row0, c.N), reinterpret_cast<float*>(
+                                                                       uintptr_t(256)), ldx, M));
+      const auto x = randn(size_t(M * ldx));
+      check_linear(Precision::kBf16, hw, dw, c.row0, c.N, M, x, ldx, wref);
+    }
+  }
+}
+
+// dense_mma bit-exactness: one-hot x rows (row m = 1.0 at column k_m) return W[n, k_m] exactly
+// for every n — the k permutation between weight chunks and staged x, the scales and the split-K
+// sum (a sum of one nonzero partial and zeros) all show up as mismatches.
+TEST(CudaWFormat, DenseMmaOneHotIsExact) {
+  V4_GPU();
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4}) {
+    const int64_t N = 200, K = 2048, M = 70;
+    HostW hw = make_weights(f, 1, N, K, 0.05f);
+    if (f == WFormat::kMXFP4)
+      for (auto& b : hw.scale) b = uint8_t(100 + rand_int(0, 50));
+    const DevW dw(hw);
+    std::vector<float> x(size_t(M * K), 0.f);
+    std::vector<int> kcol(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) {
+      kcol[size_t(m)] = rand_int(0, int(K) - 1);
+      x[size_t(m * K + kcol[size_t(m)])] = 1.f;
+    }
+    Dev<float> dx(x), dy(size_t(M * N));
+    dy.poison();
+    Ops* g = gpu(Precision::kBf16);
+    g->linear_w(dx.p, K, dw.view(0, N), M, dy.p, N);
+    g->synchronize();
+    const auto y = dy.host();
+    int64_t bad = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float want = hw.at(0, n, kcol[size_t(m)]), got = y[size_t(m * N + n)];
+        if (!(got == want) && bad++ < 5)
+          ADD_FAILURE() << wformat_name(f) << " row " << m << " col " << n << ": " << got
+                        << " != " << want;
+      }
+    EXPECT_EQ(bad, 0) << wformat_name(f);
+  }
+}
+
 // ---- moe_experts
 // ---------------------------------------------------------------------------------
 
@@ -531,7 +600,23 @@ struct MoeCase {
   bool shared = false;  // shared-expert form: E = 1, k = 1, weight 1
 };
 
-void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused = false) {
+// bf16 mode with the grouped prefill MoE off (CudaOptions::moe_grouped_mma = false): the old
+// one-sync per-expert cuBLASLt path.
+Ops* gpu_sync_moe() {
+  static std::unique_ptr<Ops> o = [] {
+    CudaOptions opt;
+    opt.precision = Precision::kBf16;
+    opt.moe_grouped_mma = false;
+    auto r = make_cuda_ops(opt);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }();
+  return o.get();
+}
+
+// `bf16_ops`: the backend for bf16 mode (default gpu(kBf16)).
+void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused = false,
+             Ops* bf16_ops = nullptr) {
   const HostW w13 = make_weights(c.f, c.E, 2 * int64_t(c.I), c.D, 1.f / std::sqrt(float(c.D)));
   const HostW w2 = make_weights(c.f, c.E, c.D, c.I, 1.f / std::sqrt(float(c.I)));
   const DevW d13(w13), d2(w2);
@@ -606,6 +691,7 @@ void run_moe(const MoeCase& c, const std::vector<Precision>& modes, bool fused =
     ag.weight = dwt.p;
     ag.out = dout.p;
     Ops* g = fused && p == Precision::kBf16 ? gpu_fused() : gpu(p);
+    if (bf16_ops && p == Precision::kBf16) g = bf16_ops;
     g->moe_experts(ag);
     g->synchronize();
     const Err e = compare(dout.host(), ref, S, c.D, c.D);
@@ -642,8 +728,18 @@ TEST(CudaWFormat, MoeSmall) {
     // shared-expert form, decode-sized and prefill-sized (tensor cores in bf16 mode)
     run_moe({f, 512, 256, 1, 1, 9, 10.f, 0, true}, {Precision::kFp32, Precision::kBf16});
     run_moe({f, 512, 256, 1, 1, 100, 10.f, 0, true}, {Precision::kFp32, Precision::kBf16});
-    // prefill-sized routed call: S·k ≥ moe_sync_min_pairs → per-expert cuBLASLt in bf16 mode
+    // prefill-sized routed call: S·k ≥ moe_sync_min_pairs → the grouped tensor-core GEMM
+    // (gmoe_mma) for FP8 / MXFP4, per-expert cuBLASLt for f32 / bf16 weights and when it is off
     run_moe({f, 256, 128, 8, 6, 700, 10.f}, {Precision::kBf16});
+    run_moe({f, 256, 128, 8, 6, 700, 10.f}, {Precision::kBf16}, false, gpu_sync_moe());
+  }
+  // gmoe_mma edges at prefill size: D = 384 (the second down CTA half empty), I = 256, experts
+  // with very different loads (pool of 3 of 64 experts: hundreds of items, several tiles each),
+  // no clamp.
+  for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4}) {
+    const int D = f == WFormat::kMXFP4 ? 512 : 384;
+    run_moe({f, D, 256, 64, 6, 683, 0.f}, {Precision::kBf16});
+    run_moe({f, D, 256, 64, 8, 600, 10.f, 3}, {Precision::kBf16});
   }
   // Tensor-core grouped GEMM (moe_mma) edges: output tiles past the view (D = 384: the second
   // down-projection CTA is half empty), experts with > 8 items (several passes), S = 1.
@@ -714,6 +810,111 @@ TEST(CudaWFormat, MoeMmaOneHotIsExact) {
   }
 }
 
+// gmoe_mma (the grouped prefill form) bit-exact, as MoeMmaOneHotIsExact: experts with 0, 1, 63,
+// 64, 65 and 200 items (empty, partial, exact and multi-tile chunks), items writing permuted pair
+// rows, 96 output rows (a partly empty down CTA). The tile list (gmoe_tiles) and the gather into
+// the logical k order (gmoe_gather) run on the device too. The plain form must return
+// W_e[o, k_i] exactly; the SwiGLU form must write act[i, logical(o)] = bf16(swiglu(W_e[o, k_i],
+// W_e[n + o, k_i])) (within a bf16 ulp: expf vs std::exp) at the position gmoe_logical_col
+// gives; act is poisoned (NaN) first, so a column the kernel misses fails.
+TEST(CudaWFormat, GmoeOneHotIsExact) {
+  V4_GPU();
+  ASSERT_TRUE(cuda::gmoe_mma_prepare().ok());
+  const std::vector<int32_t> counts = {0, 1, 63, 64, 65, 200};
+  const int E = int(counts.size());
+  std::vector<int32_t> offset(size_t(E) + 1, 0), active;
+  for (int e = 0; e < E; ++e) {
+    offset[size_t(e) + 1] = offset[size_t(e)] + counts[size_t(e)];
+    if (counts[size_t(e)] > 0) active.push_back(e);
+  }
+  const int64_t P = offset.back();
+  int64_t want_tiles = 0;
+  for (int32_t n : counts) want_tiles += (n + cuda::kGmoeChunk - 1) / cuda::kGmoeChunk;
+  const int64_t max_tiles = cuda::gmoe_max_tiles(P, E);
+  ASSERT_GE(max_tiles, want_tiles);
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    SCOPED_TRACE(wformat_name(f));
+    const int64_t N = 96, K = f == WFormat::kMXFP4 ? 2048 : 1024, NI = 256;
+    HostW hw = make_weights(f, E, N, K, 0.05f);
+    HostW hu = make_weights(f, E, 2 * NI, K, 0.05f);
+    if (f == WFormat::kMXFP4) {
+      for (auto& b : hw.scale) b = uint8_t(100 + rand_int(0, 50));
+      for (auto& b : hu.scale) b = uint8_t(120 + rand_int(0, 10));
+    }
+    const DevW dw(hw), du(hu);
+    std::vector<int32_t> list(static_cast<size_t>(P)), kcol(static_cast<size_t>(P));
+    std::vector<float> x(size_t(P * K), 0.f);
+    for (int64_t i = 0; i < P; ++i) {
+      list[size_t(i)] = int32_t((i * 5) % P);  // items write permuted pair rows
+      kcol[size_t(i)] = rand_int(0, int(K) - 1);
+      x[size_t(list[size_t(i)] * K + kcol[size_t(i)])] = 1.f;  // x row = pair (xdiv 1)
+    }
+    const std::vector<int32_t> count = {int32_t(active.size())};
+    Dev<int32_t> doff(offset), dact(active), dcnt(count), dlist(list);
+    Dev<int32_t> dte{size_t(max_tiles)}, dti{size_t(max_tiles)}, dtc{size_t(1)};
+    Dev<float> dx(x), dy(size_t(P * N));
+    Dev<uint16_t> dxb(size_t(P * K)), dactb(size_t(P * NI));
+    dy.poison();
+    dactb.poison();
+    ASSERT_TRUE(
+        cuda::gmoe_tiles(doff.p, dact.p, dcnt.p, dte.p, dti.p, dtc.p, nullptr).ok());
+    auto* xb = reinterpret_cast<__nv_bfloat16*>(dxb.p);
+    ASSERT_TRUE(cuda::gmoe_gather(dx.p, K, 1, dlist.p, doff.p + E, P, K, f, xb, nullptr).ok());
+    cuda::GmoeArgs a;
+    a.w = dw.view(0, N);
+    a.xb = xb;
+    a.y = dy.p;
+    a.ldy = N;
+    a.n_out = N;
+    a.list = dlist.p;
+    a.offset = doff.p;
+    a.tile_expert = dte.p;
+    a.tile_item = dti.p;
+    a.tile_count = dtc.p;
+    ASSERT_TRUE(cuda::gmoe_supported(a.w));
+    ASSERT_TRUE(cuda::gmoe_mma(a, max_tiles, nullptr).ok());
+    const float lim = 0.2f;
+    cuda::GmoeArgs u = a;
+    u.w = du.view(0, 2 * NI);
+    u.y = nullptr;
+    u.act = reinterpret_cast<__nv_bfloat16*>(dactb.p);
+    u.act_format = f;
+    u.n_out = NI;
+    u.swiglu = true;
+    u.limit = lim;
+    ASSERT_TRUE(cuda::gmoe_mma(u, max_tiles, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(dtc.host()[0], want_tiles);
+    const auto y = dy.host();
+    const auto act = dactb.host();
+    int64_t bad = 0, bad_act = 0;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = offset[size_t(e)]; i < offset[size_t(e) + 1]; ++i) {
+        const int k = kcol[size_t(i)];
+        for (int64_t o = 0; o < N; ++o) {
+          const float want = hw.at(e, o, k);
+          const float got = y[size_t(list[size_t(i)] * N + o)];
+          if (!(got == want) && bad++ < 5)
+            ADD_FAILURE() << "expert " << e << " item " << i << " row " << o << " col " << k
+                          << ": " << got << " != " << want;
+        }
+        for (int64_t o = 0; o < NI; ++o) {
+          float g = hu.at(e, o, k), v = hu.at(e, NI + o, k);
+          g = std::min(g, lim);
+          v = std::min(std::max(v, -lim), lim);
+          const float want = bf16_to_f32(f32_to_bf16(g / (1.f + std::exp(-g)) * v));
+          const float got =
+              bf16_to_f32(act[size_t(i * NI + cuda::gmoe_logical_col(f, o))]);
+          if (!(std::fabs(got - want) <= std::fabs(want) * 0x1p-6f + 1e-30f) && bad_act++ < 5)
+            ADD_FAILURE() << "act: expert " << e << " item " << i << " col " << o << ": " << got
+                          << " != " << want;
+        }
+      }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(bad_act, 0);
+  }
+}
+
 // V4-Flash experts: E = 256, D = 4096, I = 2048, k = 6, MXFP4, duplicates allowed; S = 1, 64, 256
 // (decode: grouped GEMV, no sync). The host reference holds f32 copies of the experts used only,
 // so S = 64 and 256 route to a pool of 24 experts (the device still holds all 256).
@@ -723,8 +924,11 @@ TEST(CudaWFormat, MoeV4Flash) {
     run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, S, 10.f, S == 1 ? 0 : 24}, {Precision::kBf16});
   // fp32 reference mode at decode size
   run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 1, 10.f}, {Precision::kFp32});
-  // prefill-sized: one sync, per-expert cuBLASLt
+  // prefill-sized: the grouped tensor-core GEMM (gmoe_mma, no sync); and the old one-sync
+  // per-expert cuBLASLt path (CudaOptions::moe_grouped_mma = false)
   run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 1024, 10.f, 12}, {Precision::kBf16});
+  run_moe({WFormat::kMXFP4, 4096, 2048, 256, 6, 1024, 10.f, 12}, {Precision::kBf16}, false,
+          gpu_sync_moe());
   // the shared expert: FP8, E = 1, k = 1, weight 1
   for (int64_t S : {1, 64, 256})
     run_moe({WFormat::kFP8Block, 4096, 2048, 1, 1, S, 10.f, 0, true},

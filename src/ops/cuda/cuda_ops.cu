@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,6 +27,8 @@
 #include "ops/cuda/fill.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/mhc.h"
+#include "ops/cuda/dense_mma.h"
+#include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
 #include "ops/cuda/sampling.h"
@@ -351,6 +354,8 @@ class CudaOps final : public Ops {
       V4_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::create(size_t(32) << 20));
       V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
       V4_RETURN_IF_ERROR(cuda::moe_mma_prepare());
+      V4_RETURN_IF_ERROR(cuda::dense_mma_prepare());
+      V4_RETURN_IF_ERROR(cuda::gmoe_mma_prepare());
     }
     return Status::Ok();
   }
@@ -877,6 +882,15 @@ class CudaOps final : public Ops {
     while (c < b) c <<= 1;
     return c;
   }
+  // V4_MOE_GROUPED_MIN_ROWS=N (N ≥ 1): MoE calls below moe_sync_min_pairs with S ≥ N rows also
+  // take the grouped tensor-core path (decode A/B runs, CudaOptions::moe_grouped_mma); unset: 0.
+  static int64_t grouped_min_rows_env() {
+    static const int64_t v = [] {
+      const char* e = std::getenv("V4_MOE_GROUPED_MIN_ROWS");
+      return e && std::atoll(e) > 0 ? int64_t(std::atoll(e)) : int64_t(0);
+    }();
+    return v;
+  }
   cuda::KernelContext context() {
     cuda::KernelContext c;
     c.stream = stream_;
@@ -887,6 +901,9 @@ class CudaOps final : public Ops {
     c.fused_tc = opts_.fused_tensor_cores;
     c.fused_moe_min_rows = opts_.moe_fused_min_rows;
     c.moe_mma = opts_.moe_mma;
+    c.dense_mma = opts_.dense_mma;
+    c.grouped_moe = opts_.moe_grouped_mma;
+    c.grouped_min_rows = grouped_min_rows_env();
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

@@ -51,6 +51,16 @@ struct CudaOptions {
   /// bytes → bf16 A fragments, 8 tokens per mma, one read of each active expert per 8 of its
   /// pairs) instead of the fp32-math grouped GEMV. Off: the GEMV (for A/B measurements).
   bool moe_mma = true;
+  /// kBf16 linear_w with gemv_max_rows < M ≤ 256 on FP8 / MXFP4 weights: the tensor-core dense
+  /// GEMM over native bytes (dense_mma.h) instead of dequantize-to-scratch + cuBLASLt.
+  bool dense_mma = true;
+  /// kBf16 moe_experts at or above moe_sync_min_pairs with E > 1 and FP8 / MXFP4 weights that
+  /// gmoe_mma supports: device routing + the grouped tensor-core GEMM over native bytes
+  /// (gmoe_mma.h: 64 items per CTA, SwiGLU fused, no host sync, no allocation, graph-capturable)
+  /// instead of one sync + per-expert dequantize + cuBLASLt. Off: the sync path (A/B runs).
+  /// The env knob V4_MOE_GROUPED_MIN_ROWS=N (N ≥ 1, e.g. 128) also sends calls below
+  /// moe_sync_min_pairs with S ≥ N rows to it (instead of moe_mma), for decode A/B benchmarks.
+  bool moe_grouped_mma = true;
 };
 
 /// "fp32" or "bf16".

@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ops/cuda/dense_mma.h"
 #include "ops/cuda/device_util.cuh"
+#include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/wformat.cuh"
 
@@ -206,7 +208,23 @@ RouteBufs route_bufs(int32_t* base, int64_t P, int E) {
   return b;
 }
 
-enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm, kMma };
+enum class MoePath { kFp32, kGemv, kFused, kDenseShared, kSyncGemm, kMma, kGrouped };
+
+// Whether a call of path `path` (choose_path) with S rows wants the grouped tensor-core GEMM
+// (before the per-view checks of grouped_eligible).
+bool grouped_wanted(MoePath path, int64_t S, int E, const KernelContext& c) {
+  if (!c.grouped_moe || E <= 1) return false;
+  if (path == MoePath::kSyncGemm) return true;
+  return path == MoePath::kGemv && c.grouped_min_rows > 0 && S >= c.grouped_min_rows;
+}
+
+// Routed experts whose two weights gmoe_mma supports (x rows loadable as float4), within the
+// grid's tile limit.
+bool grouped_eligible(const ops::WeightView& w13, const ops::WeightView& w2, int64_t P, int E,
+                      bool x_aligned) {
+  return x_aligned && gmoe_supported(w13) && gmoe_supported(w2) &&
+         gmoe_max_tiles(P, E) <= 65535;
+}
 
 // The path of a call before the per-view checks of moe_bf16 (kGemv may become kMma there).
 MoePath choose_path(bool bf16, int64_t S, int E, int k, const KernelContext& c) {
@@ -266,6 +284,12 @@ void path_bytes(MoePath path, int64_t S, int D, int I, int E, int k, size_t* byt
       need(kSlotActBf16, size_t(P) * I * 2);
       need(kSlotF32C, size_t(P) * D * 4);
       break;
+    case MoePath::kGrouped:
+      need(kSlotMoeInts, (route_ints(P, E) + 2 * size_t(gmoe_max_tiles(P, E)) + 1) * 4);
+      need(kSlotXBf16, size_t(P) * D * 2);
+      need(kSlotActBf16, size_t(P) * I * 2);
+      need(kSlotF32C, size_t(P) * D * 4);
+      break;
     case MoePath::kDenseShared:
       need(kSlotXBf16, size_t(S) * D * 2);
       need(kSlotWBf16, size_t(2) * I * D * 2);
@@ -290,13 +314,22 @@ void moe_scratch_bytes(bool bf16, int64_t S, int D, int I, int E, int k, const K
                        size_t* bytes) {
   const MoePath path = choose_path(bf16, S, E, k, c);
   path_bytes(path, S, D, I, E, k, bytes);
+  if (path == MoePath::kDenseShared && c.dense_mma) {  // dense_mma's own scratch + f32 act
+    dense_mma_scratch_bytes(S, 2 * int64_t(I), D, c.num_sms, bytes);
+    dense_mma_scratch_bytes(S, D, I, c.num_sms, bytes);
+    bytes[kSlotF32B] = std::max(bytes[kSlotF32B], size_t(S) * I * 4);
+  }
   // The per-view choice (kGemv → kMma) is made at call time: reserve both.
   if (path == MoePath::kGemv && c.moe_mma && E > 1) path_bytes(MoePath::kMma, S, D, I, E, k, bytes);
+  // Likewise the grouped tensor-core path (its fallback, the sync path, syncs anyway and may grow
+  // its scratch on first use).
+  if (bf16 && grouped_wanted(path, S, E, c)) path_bytes(MoePath::kGrouped, S, D, I, E, k, bytes);
 }
 
 bool moe_bf16_uses_tensor_cores(const ops::WeightView& w13, const ops::WeightView& w2, int64_t S,
                                 int E, int k, bool x_aligned, const KernelContext& c) {
   const MoePath path = choose_path(true, S, E, k, c);
+  if (grouped_wanted(path, S, E, c) && grouped_eligible(w13, w2, S * k, E, x_aligned)) return true;
   if (path == MoePath::kGemv) return mma_eligible(w13, w2, E, x_aligned, c);
   return path != MoePath::kFp32;
 }
@@ -337,6 +370,8 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     path = choose_path(true, S, E, a.topk, no_fused);
   }
   const bool x_aligned = D % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+  if (grouped_wanted(path, S, E, c) && grouped_eligible(a.w13, a.w2, P, E, x_aligned))
+    path = MoePath::kGrouped;
   if (path == MoePath::kGemv && mma_eligible(a.w13, a.w2, E, x_aligned, c)) path = MoePath::kMma;
   if (path == MoePath::kGemv && !(wgemv_supported(a.w13) && wgemv_supported(a.w2)))
     path = E == 1 ? MoePath::kDenseShared : MoePath::kSyncGemm;  // exotic views only
@@ -344,6 +379,20 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
   path_bytes(path, S, D, I, E, a.topk, need);
   const int combine_grid = int(grid_for(S * D, 256));
 
+  if (path == MoePath::kDenseShared && c.dense_mma && dense_mma_supported(a.w13, a.x, D, S) &&
+      dense_mma_supported(a.w2, a.x, I, S)) {
+    // One expert on the dense tensor-core GEMM over native bytes: gate/up, SwiGLU (f32), down.
+    auto* gu = static_cast<float*>(c.get(kSlotF32A, size_t(S) * 2 * I * 4));
+    auto* act = static_cast<float*>(c.get(kSlotF32B, size_t(S) * I * 4));
+    auto* down = static_cast<float*>(c.get(kSlotF32C, size_t(S) * D * 4));
+    V4_RETURN_IF_ERROR(dense_mma(a.x, D, a.w13, S, gu, 2 * int64_t(I), c));
+    moe_act_fp32_kernel<<<grid_for(S * I, 256), 256, 0, c.stream>>>(gu, S, I, a.swiglu_limit, act);
+    V4_CUDA_CHECK_LAUNCH("moe_act_fp32_kernel");
+    V4_RETURN_IF_ERROR(dense_mma(act, I, a.w2, S, down, D, c));
+    moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 2);
+    V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+    return Status::Ok();
+  }
   if (path == MoePath::kDenseShared) {
     // One expert: per-token dense GEMMs (x and W as bf16, tensor cores), combine per token.
     auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));
@@ -373,6 +422,48 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
   moe_route_kernel<<<1, 1024, route_smem, c.stream>>>(a.idx, P, E, rb.offset, rb.active,
                                                       rb.active_count, rb.list, rb.pos_of);
   V4_CUDA_CHECK_LAUNCH("moe_route_kernel");
+
+  if (path == MoePath::kGrouped) {
+    // Grouped tensor-core GEMMs over native bytes, no sync: tile list, gather (bf16, logical k
+    // order of w13), gate/up + SwiGLU → act (logical k order of w2), down → per-pair rows.
+    const int64_t max_tiles = gmoe_max_tiles(P, E);
+    int32_t* tile_expert = ints + route_ints(P, E);
+    int32_t* tile_item = tile_expert + max_tiles;
+    int32_t* tile_count = tile_item + max_tiles;
+    auto* xs = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, need[kSlotXBf16]));
+    auto* act = static_cast<__nv_bfloat16*>(c.get(kSlotActBf16, need[kSlotActBf16]));
+    auto* down = static_cast<float*>(c.get(kSlotF32C, need[kSlotF32C]));
+    V4_RETURN_IF_ERROR(gmoe_tiles(rb.offset, rb.active, rb.active_count, tile_expert, tile_item,
+                                  tile_count, c.stream));
+    V4_RETURN_IF_ERROR(gmoe_gather(a.x, D, a.topk, rb.list, rb.offset + E, P, D, a.w13.format, xs,
+                                   c.stream));
+    GmoeArgs up;
+    up.w = a.w13;
+    up.xb = xs;
+    up.act = act;
+    up.act_format = a.w2.format;
+    up.n_out = I;
+    up.swiglu = true;
+    up.limit = a.swiglu_limit;
+    up.list = rb.list;
+    up.offset = rb.offset;
+    up.tile_expert = tile_expert;
+    up.tile_item = tile_item;
+    up.tile_count = tile_count;
+    V4_RETURN_IF_ERROR(gmoe_mma(up, max_tiles, c.stream));
+    GmoeArgs dn = up;
+    dn.w = a.w2;
+    dn.xb = act;
+    dn.act = nullptr;
+    dn.swiglu = false;
+    dn.y = down;
+    dn.ldy = D;
+    dn.n_out = D;
+    V4_RETURN_IF_ERROR(gmoe_mma(dn, max_tiles, c.stream));
+    moe_combine_kernel<<<combine_grid, 256, 0, c.stream>>>(a, down, nullptr, 0);
+    V4_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+    return Status::Ok();
+  }
 
   if (path == MoePath::kMma) {
     auto* act = static_cast<__nv_bfloat16*>(c.get(kSlotActBf16, need[kSlotActBf16]));

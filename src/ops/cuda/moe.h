@@ -13,8 +13,12 @@
 //       SwiGLU output rounded to bf16, bf16 mma with fp32 accumulation.
 //     - the shared-expert form (E = 1) with more than gemv_max_rows rows: dense bf16 tensor-core
 //       GEMMs (cuBLASLt) on a bf16 copy of the one expert (no sync).
-//     - prefill-sized calls (S·k ≥ sync_min_pairs): the per-expert counts are read back (one sync)
-//       and every active expert runs cuBLASLt GEMMs on a bf16 dequantized copy of that expert.
+//     - prefill-sized calls (S·k ≥ sync_min_pairs): with FP8 / MXFP4 routed experts (E > 1,
+//       CudaOptions::moe_grouped_mma, default on) device routing + the grouped tensor-core GEMM of
+//       gmoe_mma.h (64 items per CTA, no sync, graph-capturable; also for S ≥
+//       KernelContext::grouped_min_rows below the threshold); otherwise the per-expert counts are
+//       read back (one sync) and every active expert runs cuBLASLt GEMMs on a bf16 dequantized
+//       copy of that expert.
 // Every path writes per-(token, slot) results first and combines them in j order (deterministic).
 #pragma once
 #include <cuda_runtime.h>

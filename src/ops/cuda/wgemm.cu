@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "ops/cuda/dense_mma.h"
 #include "ops/cuda/device_util.cuh"
 #include "ops/cuda/wformat.cuh"
 #include "ops/cuda/wgemm.h"
@@ -578,6 +579,8 @@ bool linear_bf16_uses_gemv(const WeightView& w, int64_t M, int64_t gemv_max_rows
 void linear_scratch_bytes(int64_t M, int64_t n, int64_t K, bool bf16_weight, const KernelContext& c,
                           size_t* bytes) {
   if (M <= c.gemv_max_rows && !bf16_weight) return;  // GEMV (or the fp32 fallback): no scratch
+  if (!bf16_weight && c.dense_mma && M <= kDenseMmaMaxRows)
+    dense_mma_scratch_bytes(M, n, K, c.num_sms, bytes);
   bytes[kSlotXBf16] = std::max(bytes[kSlotXBf16], size_t(M * K) * 2);
   if (!bf16_weight) bytes[kSlotWBf16] = std::max(bytes[kSlotWBf16], size_t(n * K) * 2);
 }
@@ -623,6 +626,8 @@ Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M
     return wgemv(plain_gemv_args(x, ldx, w, M, y, ldy, w.n), 1, c.num_sms, c.stream);
   if (w.format == WFormat::kF32 || (M <= c.gemv_max_rows && w.format != WFormat::kBF16))
     return wgemm_fp32(x, ldx, w, 0, M, y, ldy, c.stream);  // (exotic views wgemv cannot run)
+  if (c.dense_mma && dense_mma_supported(w, x, ldx, M))
+    return dense_mma(x, ldx, w, M, y, ldy, c);
   if (c.fused_tc && wmma_gemm_supported(w, x, ldx))
     return wmma_gemm(plain_gemv_args(x, ldx, w, M, y, ldy, w.n), 1, c.num_sms, c.stream);
   size_t need[kNumScratchSlots] = {};

@@ -111,6 +111,11 @@ struct KernelContext {
   bool fused_tc = false;            // CudaOptions::fused_tensor_cores
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   bool moe_mma = true;              // CudaOptions::moe_mma
+  bool dense_mma = true;            // CudaOptions::dense_mma
+  bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
+  /// > 0: MoE calls below sync_min_pairs with S ≥ this many rows also take the grouped
+  /// tensor-core path (CudaOps: env V4_MOE_GROUPED_MIN_ROWS; decode A/B runs). 0: off.
+  int64_t grouped_min_rows = 0;
   /// Grow-only scratch buffer `slot` of at least `bytes` (may throw, see cuda_ops.h).
   void* (*scratch)(void* self, int slot, size_t bytes) = nullptr;
   void* self = nullptr;
