@@ -1022,9 +1022,9 @@ class CudaOps final : public Ops {
                     "those branches; logged once)", slot, prev, cur_);
     }
     if (scratch_size_[slot] < bytes) {
-      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
       if (capturing_ ||
-          (cudaStreamIsCapturing(cs(), &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)) {
+          (cudaStreamIsCapturing(cs(), &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone)) {
         record(cuda::errorf(
             ErrorCode::kInternal,
             "scratch slot {} must grow from {} to {} bytes during CUDA graph capture (run the "
