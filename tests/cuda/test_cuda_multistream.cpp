@@ -10,6 +10,7 @@
 //   runs the branches serially (no fork counted).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

@@ -61,7 +61,7 @@ class BranchOps final : public ops::Ops {
     host("synchronize");
     in_->synchronize();
   }
-  void copy_batch(const ops::CopySegment* segs, int64_t n) override {
+  void copy_batch(const CopySegment* segs, int64_t n) override {
     host("copy_batch");
     in_->copy_batch(segs, n);
   }
