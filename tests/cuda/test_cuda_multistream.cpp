@@ -152,17 +152,20 @@ void on_off_identical(ops::Precision p) {
           ADD_FAILURE() << "decode step " << s << ": multi-stream on vs off differ at " << d;
       }
       EXPECT_EQ(a.tokens, b.tokens);
-      if (p == ops::Precision::kFp32)
-        for (size_t i = 0; i < gold->tokens.size() && i < b.tokens[0].size(); ++i)
+      if (p == ops::Precision::kFp32) {
+        for (size_t i = 0; i < gold->tokens.size() && i < b.tokens[0].size(); ++i) {
           EXPECT_EQ(b.tokens[0][i], gold->tokens[i]) << "multi-stream on vs golden token " << i;
+        }
+      }
       const auto& c = on.model->config();
       // Eager: one fork per layer and step; graphs: forks are counted while capturing only.
       EXPECT_GE(b.after_prefill.forks, int64_t(prompts.size()) * c.num_hidden_layers);
-      if (!graphs)
+      if (!graphs) {
         EXPECT_EQ(b.after_decode.forks - b.after_prefill.forks,
                   int64_t(steps) * c.num_hidden_layers);
-      else
+      } else {
         EXPECT_GT(b.after_decode.forks, b.after_prefill.forks) << "captured with branches";
+      }
       EXPECT_EQ(b.after_decode.scratch_handoffs, b.after_prefill.scratch_handoffs)
           << "a decode branch took a scratch slot (serialized)";
       EXPECT_EQ(a.after_decode.forks, 0) << "multi_stream off forked on side streams";
@@ -241,8 +244,11 @@ TEST(CudaMultiStream, ForkJoinEagerAndCaptured) {
     }
     o.download(out.data(), dy0.data(), out.size() * 4);
     const auto st = ops::cuda_stream_stats(&o);
-    if (multi) EXPECT_GE(st.forks, capture ? 2 : 1);
-    if (!multi) EXPECT_EQ(st.forks, 0);
+    if (multi) {
+      EXPECT_GE(st.forks, capture ? 2 : 1);
+    } else {
+      EXPECT_EQ(st.forks, 0);
+    }
     return out;
   };
   const auto ref = result(false, false, 0);

@@ -385,7 +385,9 @@ void compare(const std::string& dir, bool device_plan) {
   EXPECT_GT(dev.br->branched, 0) << dir;
   EXPECT_FALSE(dev.br->forked()) << dir;
   for (const std::string& e : dev.br->errors) ADD_FAILURE() << dir << ": " << e;
-  if (device_plan) EXPECT_GT(dev.model->decode_stats().device_plan_steps, 0) << dir;
+  if (device_plan) {
+    EXPECT_GT(dev.model->decode_stats().device_plan_steps, 0) << dir;
+  }
 }
 
 TEST(MultiStream, BranchesReorderedGiveIdenticalLogitsHostPlan) {
