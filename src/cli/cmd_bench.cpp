@@ -60,6 +60,8 @@ struct BenchOptions {
   int64_t copy_mib = 0;     // 0: 1024 on cuda, 256 on cpu
   uint64_t seed = 1;
   bool profile = false;  // per-region device time of the timed decode and prefill steps
+  /// --multi-stream: modes every cell runs in ("off", "on"; empty = the backend's default, once).
+  std::string multi_stream;
 };
 
 double gib(double b) {
@@ -258,10 +260,25 @@ class Bench {
     // 2. Pools: allocated once, sized from the budget and the largest cell that fits.
     if (int rc = make_pools(); rc != 0) return rc;
 
-    // 3. Cells.
+    // 3. Cells (each once per --multi-stream mode).
+    std::vector<int> modes = {-1};  // -1: the backend's default
+    if (!o_.multi_stream.empty()) {
+      modes.clear();
+      std::stringstream ss(o_.multi_stream);
+      std::string item;
+      while (std::getline(ss, item, ','))
+        if (item == "on" || item == "off") modes.push_back(item == "on" ? 1 : 0);
+    }
     for (int64_t L : contexts_) {
-      for (int64_t B : batches_) emit(decode_cell(L, B));
-      emit(prefill_cell(L));
+      for (int64_t B : batches_)
+        for (int m : modes) {
+          if (!set_mode(m)) return 2;
+          emit(decode_cell(L, B));
+        }
+      for (int m : modes) {
+        if (!set_mode(m)) return 2;
+        emit(prefill_cell(L));
+      }
       if (fatal_) break;
     }
     write_markdown();
@@ -269,6 +286,22 @@ class Bench {
   }
 
  private:
+  // --multi-stream mode m (−1: leave the backend as it is). Decode graphs captured in the other
+  // mode are dropped, so the next decode steps capture again in this one.
+  bool set_mode(int m) {
+    if (m < 0 || m == mode_) return true;
+    if (!ops_.set_multi_stream(m == 1)) {
+      std::fprintf(stderr, "error: --multi-stream: the %s backend has no streams to overlap\n",
+                   ops_.name().c_str());
+      return false;
+    }
+    model_.reset_decode_graphs();
+    mode_ = m;
+    return true;
+  }
+  std::string mode_suffix() const {
+    return mode_ < 0 ? "" : mode_ == 1 ? ", multi-stream on" : ", multi-stream off";
+  }
   int64_t steps_total() const { return o_.warmup + o_.steps; }
   /// Context a decode cell runs at: L, or max_position_embeddings − (warm-up + steps) when the
   /// steps would pass the model's last position (so "1M" decodes with ~1M tokens cached).
@@ -458,7 +491,7 @@ class Bench {
           *dt = now_s() - t0;
           return out.ok() ? Status::Ok() : out.status();
         });
-        r.path = path_of(st0, model_.decode_stats(), o_.steps);
+        r.path = path_of(st0, model_.decode_stats(), o_.steps) + mode_suffix();
         if (o_.profile) r.profile = ops_.region_profile();
       } else {
         r.why = "does not fit (" + st.message() + ")";
@@ -510,7 +543,7 @@ class Bench {
         kv_->free_sequence(s);
         return st;
       });
-      r.path = "host plan";
+      r.path = "host plan" + mode_suffix();
       if (o_.profile) r.profile = ops_.region_profile();
       if (r.ok) {
         r.tok_s = double(chunk) / (r.ms / 1e3);
@@ -539,6 +572,10 @@ class Bench {
     md += fmt::format("- command: `{}`\n", command_line());
     md += fmt::format("- date: {}\n", utc_now());
     md += fmt::format("- backend: {}, precision {}\n", ops_.name(), o_.m.precision);
+    if (!o_.multi_stream.empty())
+      md += fmt::format("- multi-stream (--multi-stream {}): each cell once per mode, named in "
+                        "its path column\n",
+                        o_.multi_stream);
     std::string wb;
     double total = double(w.vector_bytes());
     for (const auto& [f, b] : w.bytes_by_format()) {
@@ -670,6 +707,7 @@ class Bench {
   bool fatal_ = false;
   bool clamped_ = false;  // a decode cell ran below its asked context (max_position_embeddings)
   bool profiling_supported_ = false;  // the backend has device timers (Ops::set_profiling)
+  int mode_ = -1;                     // current --multi-stream mode (−1: backend default)
 };
 
 int run_bench(const BenchOptions& o) {
@@ -761,6 +799,19 @@ V4_REGISTER_COMMAND(
       app.add_option("--seed", o->seed, "seed of the random KV pool contents")
           ->check(v4::cli::int_at_least(0));
       app.add_option("--out", o->out, "write the Markdown report to this file");
+      app.add_option("--multi-stream", o->multi_stream,
+                     "run every cell in these multi-stream modes, e.g. off,on (cuda only; "
+                     "default: the backend's, V4_MULTI_STREAM)")
+          ->check([](const std::string& v) -> std::string {
+            std::stringstream ss(v);
+            std::string item;
+            int n = 0;
+            while (std::getline(ss, item, ',')) {
+              if (item != "on" && item != "off") return "expected a list of on/off, e.g. off,on";
+              ++n;
+            }
+            return n ? "" : "expected a list of on/off, e.g. off,on";
+          });
       app.add_flag("--profile", o->profile,
                    "per-region device time of the timed decode and prefill steps (CUDA events; cuda only)");
       return std::function<int()>([o] { return run_bench(*o); });

@@ -502,6 +502,8 @@ bool DeepseekV4::decode_fast_path(const ForwardBatch& batch, const cache::KvCach
   return true;
 }
 
+void DeepseekV4::reset_decode_graphs() { decode_.reset(); }
+
 DeepseekV4::DecodeState& DeepseekV4::decode_state(cache::KvCache& kv) {
   if (decode_ && decode_->cache_id == kv.id()) return *decode_;
   decode_.reset();  // graphs and tables of another cache
@@ -739,36 +741,43 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, Rq = c.q_lora_rank;
   const float eps = float(c.rms_norm_eps);
 
-  // Q path: low-rank q, q_norm, per-head unweighted RMS norm, RoPE (dsv4-model.md §4).
+  // Four independent chains read the layer input x (read-only) and write disjoint buffers, so
+  // they run as Ops branches (ops.h fork/join; concurrent streams on CUDA with multi_stream):
+  //   0 (main): q path, then the indexer's q (from cq) and weights;  1: kv + SWA store;
+  //   2: compressor (comp pool, ring 0);  3: indexer compressor (index pool, ring 1).
+  // They join before the indexer top-k and the sparse attention, which read the pools. Every
+  // buffer a branch writes is allocated before the fork and released after the join (a
+  // release inside would let another branch's allocation reuse memory still in use).
+  const bool csa = kind == LayerKind::kCsa, hca = kind == LayerKind::kHca;
+  const int nI = c.index_n_heads, dI = c.index_head_dim, topk = c.index_topk;
   float* cq = st.buf<float>(S * Rq);
   float* q = st.buf<float>(S * H * hd);
   float* kvv = st.buf<float>(S * hd);
-  o.region(region_name(kind, kRQ));
-  o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
-  o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
-  o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
-  o.rms_norm(q, nullptr, S * H, hd, eps, q);
-  o.rope(q, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
-  // K = V path: kv_norm then RoPE, stored into the SWA pool.
-  o.region(region_name(kind, kRKv));
-  o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
-  o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
-  o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
-  o.store_rows(st.kv->swa_pool(l), st.swa_dst, S, hd, kvv);
 
   // Compressor: pool the rows that close in this step, norm + rope at w·m, store; refresh rings.
-  auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, float* pool,
-                      float* ring_kv, float* ring_gate) {
-    StepScope inner(*st.mem);
+  struct CompressBufs {
+    float* kc = nullptr;
+    float* zc = nullptr;
+    float* scratch = nullptr;
+  };
+  auto compress_bufs = [&](const CompressPlan& plan, int d) {
+    CompressBufs b;
     const int cd = plan.overlap * d;
-    float* kc = st.buf<float>(S * cd);
-    float* zc = st.buf<float>(S * cd);
-    o.linear_w(x, D, w.wkv.v(), S, kc, cd);
-    o.linear_w(x, D, w.wgate.v(), S, zc, cd);
+    b.kc = st.buf<float>(S * cd);
+    b.zc = st.buf<float>(S * cd);
+    const int64_t need = std::max<int64_t>(plan.n_out * d, plan.n_ring * cd);
+    if (need > 0) b.scratch = st.buf<float>(need);
+    return b;
+  };
+  auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, float* pool,
+                      float* ring_kv, float* ring_gate, const CompressBufs& b) {
+    const int cd = plan.overlap * d;
+    o.linear_w(x, D, w.wkv.v(), S, b.kc, cd);
+    o.linear_w(x, D, w.wgate.v(), S, b.zc, cd);
     // Pool + norm + rope + store, then the ring refresh: one op (FlashCompressor on CUDA).
     ops::CompressFusedArgs ca;
-    ca.fresh_kv = kc;
-    ca.fresh_gate = zc;
+    ca.fresh_kv = b.kc;
+    ca.fresh_gate = b.zc;
     ca.state_kv = ring_kv;
     ca.state_gate = ring_gate;
     ca.bias = w.ape.data();
@@ -788,10 +797,57 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.inv_freq = rope.inv_freq.data();
     ca.attention_scaling = rope.attention_scaling;
     ca.pool = pool;
-    const int64_t need = std::max<int64_t>(plan.n_out * d, plan.n_ring * cd);
-    if (need > 0) ca.scratch = st.buf<float>(need);
+    ca.scratch = b.scratch;
     o.compress_fused(ca);
   };
+  CompressBufs comp_b, icomp_b;
+  if (hca) comp_b = compress_bufs(st.hca, hd);
+  if (csa) {
+    comp_b = compress_bufs(st.csa, hd);
+    icomp_b = compress_bufs(st.csa, dI);
+  }
+  float* qi = csa ? st.buf<float>(S * nI * dI) : nullptr;
+  float* wi = csa ? st.buf<float>(S * nI) : nullptr;
+  int32_t* sel_rows = csa ? st.buf<int32_t>(S * topk) : nullptr;
+  int32_t* sel_count = csa ? st.buf<int32_t>(S) : nullptr;
+
+  o.fork(csa ? 4 : hca ? 3 : 2);
+  // Branch 0 — Q path: low-rank q, q_norm, per-head unweighted RMS norm, RoPE (dsv4-model.md §4).
+  o.region(region_name(kind, kRQ));
+  o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
+  o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
+  o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
+  o.rms_norm(q, nullptr, S * H, hd, eps, q);
+  o.rope(q, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
+  // Branch 1 — K = V path: kv_norm then RoPE, stored into the SWA pool.
+  o.branch(1);
+  o.region(region_name(kind, kRKv));
+  o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
+  o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
+  o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
+  o.store_rows(st.kv->swa_pool(l), st.swa_dst, S, hd, kvv);
+  if (hca || csa) {
+    // Branch 2 — the compressor of this layer's rate.
+    o.branch(2);
+    o.region(region_name(kind, kRComp));
+    compress(a.compressor, hca ? st.hca : st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
+             st.kv->ring_gate(l, 0), comp_b);
+  }
+  if (csa) {
+    // Branch 3 — the indexer's compressor (keys of the lightning indexer).
+    o.branch(3);
+    o.region(region_name(kind, kRIndexComp));
+    compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
+             st.kv->ring_gate(l, 1), icomp_b);
+    // Branch 0 again — lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x.
+    o.branch(0);
+    o.region(region_name(kind, kRIndexQ));
+    o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
+    o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
+           false);
+    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
+  }
+  o.join();
 
   ops::AttentionArgs aa;
   aa.sinks = a.sinks.data();
@@ -802,30 +858,11 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   aa.head_dim = hd;
   aa.scale = 1.f / std::sqrt(float(hd));
   aa.q = q;
-  if (kind == LayerKind::kHca) {
-    o.region(region_name(kind, kRComp));
-    compress(a.compressor, st.hca, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
-             st.kv->ring_gate(l, 0));
+  if (hca) {
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = st.hca.cand;
-  } else if (kind == LayerKind::kCsa) {
-    const int nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
-    o.region(region_name(kind, kRComp));
-    compress(a.compressor, st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
-             st.kv->ring_gate(l, 0));
-    o.region(region_name(kind, kRIndexComp));
-    compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
-             st.kv->ring_gate(l, 1));
-    // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x; top-k rows.
-    float* qi = st.buf<float>(S * nI * dI);
-    float* wi = st.buf<float>(S * nI);
-    o.region(region_name(kind, kRIndexQ));
-    o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
-    o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
-           false);
-    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
-    int32_t* sel_rows = st.buf<int32_t>(S * k);
-    int32_t* sel_count = st.buf<int32_t>(S);
+  } else if (csa) {
+    // Top-k compressed rows per query from the indexer keys (all branches joined).
     ops::IndexerArgs ia;
     ia.q = qi;
     ia.weights = wi;
@@ -834,7 +871,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.n_rows = S;
     ia.n_heads = nI;
     ia.head_dim = dI;
-    ia.topk = k;
+    ia.topk = topk;
     ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
     ia.out_rows = sel_rows;
     ia.out_count = sel_count;

@@ -92,6 +92,10 @@ class DeepseekV4 {
     /// each context bucket is its own graph.
     int64_t min_context = 1024;
   };
+  /// Drops the decode fast path's graphs and device tables (the next decode step restages and
+  /// captures again), e.g. after a backend setting that captured graphs bake in changed
+  /// (Ops::set_multi_stream).
+  void reset_decode_graphs();
   /// Turns graph replay on/off (decode results are unchanged either way).
   void set_decode_graphs(bool on) { decode_opt_.graphs = on; }
   void set_decode_options(const DecodeOptions& o) { decode_opt_ = o; }

@@ -547,6 +547,38 @@ class Ops {
   /// memcpy's them. Default: `copy` per segment.
   virtual void copy_batch(const CopySegment* segs, int64_t n);
 
+  // ---- concurrency: fork / join of independent op chains (docs/cuda.md §Multi-stream) ------
+  /// Splits the work issued from now on into `branches` ≥ 1 independent chains until `join`.
+  /// Branch 0 is the main chain (selected after fork); `branch(b)` selects chain b for the ops
+  /// issued next. Ordering: every op of a branch runs after all work issued before the fork and
+  /// after the earlier ops of the same branch; ops of different branches are unordered (a device
+  /// backend may run them concurrently); `join` orders all branches' work before everything
+  /// issued after it and selects branch 0 again.
+  /// Contract for the caller:
+  /// - ops on different branches must not touch the same buffer unless all of them only read it
+  ///   (shared inputs such as the layer input x are fine; a pool row written in one branch may
+  ///   not be read in another before the join);
+  /// - no alloc/free, upload/download, synchronize or copy_batch between fork and join (buffers
+  ///   a branch uses are allocated before the fork and released after the join: a release
+  ///   inside a branch would let a later allocation reuse memory another branch still uses);
+  /// - no nesting: fork while forked is an error, and every fork is joined before the step (or
+  ///   the `capture` body) ends. Inside `capture` the branches become parallel graph nodes.
+  /// Scratch memory a backend keeps internally (CUDA scratch slots, cuBLASLt workspace) is the
+  /// backend's business: it orders branches that share it (see cuda_ops.h multi_stream).
+  /// Default (CPU, doubles, a backend with multi-stream off): everything runs in issue order;
+  /// fork/branch/join are no-ops, so results are identical with or without them.
+  virtual void fork(int branches) { (void)branches; }
+  /// Selects branch `b` (0 ≤ b < the fork's branch count) for the ops issued next.
+  virtual void branch(int b) { (void)b; }
+  /// Ends the fork (see `fork`).
+  virtual void join() {}
+  /// Turns running branches concurrently on or off at run time (graphs captured before keep the
+  /// mode they were captured in). Returns false on backends without concurrency (CPU).
+  virtual bool set_multi_stream(bool on) {
+    (void)on;
+    return false;
+  }
+
   // ---- decode plans and graphs ------------------------------------------------------------
   /// Writes a decode step's plan from raw batch state (DecodePlanArgs); on a device backend it
   /// is two kernels with no host work, so graphs can capture it.

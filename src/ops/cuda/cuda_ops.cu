@@ -324,9 +324,25 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(CudaOptions opts)
-      : batch_invariant_(opts.precision == Precision::kFp32), opts_(opts) {}
+      : batch_invariant_(opts.precision == Precision::kFp32), opts_(opts) {
+    // A/B override of the multi-stream branches (docs/cuda.md §Multi-stream).
+    if (const char* e = std::getenv("V4_MULTI_STREAM")) {
+      if (std::string(e) == "1") opts_.multi_stream = true;
+      if (std::string(e) == "0") opts_.multi_stream = false;
+    }
+  }
   ~CudaOps() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaStream_t& st : side_)
+      if (st) {
+        cudaStreamSynchronize(st);
+        cudaStreamDestroy(st);
+      }
+    for (cudaEvent_t e : ev_join_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : ev_handoff_)
+      if (e) cudaEventDestroy(e);
+    if (ev_fork_) cudaEventDestroy(ev_fork_);
     for (auto& [sz, list] : free_)
       for (void* p : list) cudaFree(p);
     for (auto& [p, sz] : scratch_) cudaFree(p);
@@ -357,6 +373,18 @@ class CudaOps final : public Ops {
       V4_RETURN_IF_ERROR(cuda::dense_mma_prepare());
       V4_RETURN_IF_ERROR(cuda::gmoe_mma_prepare());
     }
+    if (opts_.multi_stream) V4_RETURN_IF_ERROR(make_side_streams());
+    return Status::Ok();
+  }
+  // Side streams and the fork / join / scratch-handoff events, created once (never during a
+  // capture: set_multi_stream refuses then).
+  Status make_side_streams() {
+    if (side_[0]) return Status::Ok();
+    for (cudaStream_t& st : side_) V4_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    V4_CUDA_TRY(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : ev_join_) V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : ev_handoff_)
+      V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return Status::Ok();
   }
   std::string name() const override { return "cuda"; }
@@ -366,6 +394,7 @@ class CudaOps final : public Ops {
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     if (capturing_) throw std::logic_error("CudaOps::alloc during graph capture");
+    if (forked_) record(Status(ErrorCode::kInternal, "CudaOps::alloc between fork and join"));
     size_t cls = bytes <= kSmallMax ? size_class(bytes) : (bytes + 255) / 256 * 256;
     void* p = nullptr;
     {
@@ -393,6 +422,7 @@ class CudaOps final : public Ops {
       record(Status(ErrorCode::kInternal, "CudaOps::free during graph capture"));
       return;
     }
+    if (forked_) record(Status(ErrorCode::kInternal, "CudaOps::free between fork and join"));
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(ptr);
     if (it == live_.end()) {
@@ -411,16 +441,19 @@ class CudaOps final : public Ops {
   void upload(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
     if (capturing_) return record(Status(ErrorCode::kInternal, "upload during graph capture"));
+    if (forked_) record(Status(ErrorCode::kInternal, "upload between fork and join"));
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
     check(cudaStreamSynchronize(stream_), "upload sync");
   }
   void download(void* dst, const void* src, size_t bytes) override {
     if (capturing_) return record(Status(ErrorCode::kInternal, "download during graph capture"));
+    if (forked_) record(Status(ErrorCode::kInternal, "download between fork and join"));
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     synchronize();
   }
   void synchronize() override {
     if (capturing_) return record(Status(ErrorCode::kInternal, "synchronize during graph capture"));
+    if (forked_) record(Status(ErrorCode::kInternal, "synchronize between fork and join"));
     check(cudaStreamSynchronize(stream_), "synchronize");
     if (!status_.ok()) throw std::runtime_error(status_.to_string());
   }
@@ -433,7 +466,7 @@ class CudaOps final : public Ops {
       // busy), the tiled fp32 kernel above the GEMV range (linear_w_bf16 never rounds f32 views).
       record(cuda::linear_w_bf16(x, ldx, WeightView::f32(w, N, K), M, y, ldy, context()));
     } else {
-      record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, stream_));
+      record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, cs()));
     }
   }
   bool supports(WFormat) const override { return true; }
@@ -451,42 +484,42 @@ class CudaOps final : public Ops {
     if (opts_.precision == Precision::kBf16) {
       record(cuda::linear_w_bf16(x, ldx, w, M, y, ldy, context()));
     } else {
-      record(cuda::wgemm_fp32(x, ldx, w, 0, M, y, ldy, stream_));
+      record(cuda::wgemm_fp32(x, ldx, w, 0, M, y, ldy, cs()));
     }
   }
   void add(float* y, const float* x, int64_t n) override {
     if (n <= 0) return;
-    add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(y, x, n);
+    add_kernel<<<grid_for(n, 256), 256, 0, cs()>>>(y, x, n);
     launched("add_kernel");
   }
   void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t width,
                    float* dst) override {
     if (n <= 0 || width <= 0) return;
-    rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, stream_>>>(src, rows, n, width, dst, false);
+    rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, cs()>>>(src, rows, n, width, dst, false);
     launched("gather_rows");
   }
   void store_rows(float* pool, const int32_t* rows, int64_t n, int64_t width,
                   const float* src) override {
     if (n <= 0 || width <= 0) return;
-    rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, stream_>>>(src, rows, n, width, pool, true);
+    rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, cs()>>>(src, rows, n, width, pool, true);
     launched("store_rows");
   }
   void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
              float* out) override {
     if (S <= 0) return;
-    embed_kernel<<<grid_for(S * n_streams * int64_t(D), 256), 256, 0, stream_>>>(table, ids, S, D,
+    embed_kernel<<<grid_for(S * n_streams * int64_t(D), 256), 256, 0, cs()>>>(table, ids, S, D,
                                                                               n_streams, out);
     launched("embed_kernel");
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int dim, float eps,
                 float* y) override {
-    record(cuda::rmsnorm<float>(x, weight, y, rows, dim, eps, stream_));
+    record(cuda::rmsnorm<float>(x, weight, y, rows, dim, eps, cs()));
   }
   void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
             const int64_t* positions, const float* inv_freq, float attention_scaling,
             bool inverse) override {
     record(cuda::rope_interleaved<float>(x, positions, inv_freq, rows, n_heads, head_dim, rope_dim,
-                                         int64_t(n_heads) * head_dim, inverse, stream_,
+                                         int64_t(n_heads) * head_dim, inverse, cs(),
                                          attention_scaling));
   }
   void hc_pre(const HcArgs& a) override {
@@ -498,26 +531,26 @@ class CudaOps final : public Ops {
     p.sinkhorn_iters = a.sinkhorn_iters;
     p.rms_eps = a.rms_eps;
     p.hc_eps = a.hc_eps;
-    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, stream_,
+    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, cs(),
                                 mhc_work(a.n_rows)));
   }
   void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S, int n,
                int D) override {
-    record(cuda::mhc_post<float>(h, f, post, comb, h, S, n, D, stream_));
+    record(cuda::mhc_post<float>(h, f, post, comb, h, S, n, D, cs()));
   }
   void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
                int n, int D, float rms_eps, float hc_eps, float* y) override {
-    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, stream_,
+    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, cs(),
                                  mhc_work(S)));
   }
   void compress_pool(const CompressArgs& a) override {
     if (a.n_out <= 0) return;
-    compress_pool_kernel<<<grid_for(a.n_out * a.dim, 256), 256, 0, stream_>>>(a);
+    compress_pool_kernel<<<grid_for(a.n_out * a.dim, 256), 256, 0, cs()>>>(a);
     launched("compress_pool_kernel");
   }
 
   void compress_fused(const CompressFusedArgs& a) override {
-    record(cuda::compress_fused(a, stream_));
+    record(cuda::compress_fused(a, cs()));
   }
 
   void indexer_topk(const IndexerArgs& a) override {
@@ -539,9 +572,9 @@ class CudaOps final : public Ops {
     if (a.max_count <= 0) {
       std::vector<int32_t> cnt(S);
       check(cudaMemcpyAsync(cnt.data(), a.cand.count, S * sizeof(int32_t),
-                            cudaMemcpyDeviceToHost, stream_),
+                            cudaMemcpyDeviceToHost, cs()),
             "indexer counts");
-      check(cudaStreamSynchronize(stream_), "indexer counts sync");
+      check(cudaStreamSynchronize(cs()), "indexer counts sync");
       for (int32_t c : cnt) maxc = c > maxc ? c : maxc;
     }
     if (maxc > cuda::kTopkMaxRow) {
@@ -560,17 +593,17 @@ class CudaOps final : public Ops {
             "indexer smem attribute");
     if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
-      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, stream_));
+      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, cs()));
     } else {
-      indexer_score_kernel<<<g1, 128, smem, stream_>>>(a, scores, ld);
+      indexer_score_kernel<<<g1, 128, smem, cs()>>>(a, scores, ld);
       launched("indexer_score_kernel");
     }
-    record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, stream_));
+    record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs()));
     if (k <= 256) {
-      indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, stream_>>>(scores, ld, sel, a.cand, k,
+      indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, cs()>>>(scores, ld, sel, a.cand, k,
                                                                         a.out_rows, a.out_count);
     } else {
-      indexer_finalize_kernel<256, 4><<<unsigned(S), 256, 0, stream_>>>(scores, ld, sel, a.cand, k,
+      indexer_finalize_kernel<256, 4><<<unsigned(S), 256, 0, cs()>>>(scores, ld, sel, a.cand, k,
                                                                         a.out_rows, a.out_count);
     }
     launched("indexer_finalize_kernel");
@@ -594,7 +627,7 @@ class CudaOps final : public Ops {
             cuda::kSlotAttention,
             size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
                 sizeof(float)));
-      record(cuda::sparse_attention_mma(a, splits, ws, stream_));
+      record(cuda::sparse_attention_mma(a, splits, ws, cs()));
       return;
     }
     if (a.head_dim <= cuda::kAttnSplitMaxHd) {
@@ -609,11 +642,11 @@ class CudaOps final : public Ops {
             cuda::kSlotAttention,
             size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
                 sizeof(float)));
-      record(cuda::sparse_attention_split(a, splits, ws, stream_));
+      record(cuda::sparse_attention_split(a, splits, ws, cs()));
       return;
     }
     const int64_t warps = a.n_rows * a.n_heads;
-    attention_kernel<<<grid_for(warps * 32, 128, int64_t(1) << 31), 128, 0, stream_>>>(a);
+    attention_kernel<<<grid_for(warps * 32, 128, int64_t(1) << 31), 128, 0, cs()>>>(a);
     launched("attention_kernel");
   }
 
@@ -629,6 +662,10 @@ class CudaOps final : public Ops {
     cur_decode_ = decode_only;
   }
   void step_end() override {
+    if (forked_) {
+      record(Status(ErrorCode::kInternal, "step_end between fork and join"));
+      join();
+    }
     if (capturing_ || !in_step_) return;
     in_step_ = false;
     cudaEvent_t end = ev_end_[cur_end_ ^ 1];
@@ -698,6 +735,75 @@ class CudaOps final : public Ops {
     profile_.clear();
   }
 
+  // ---- multi-stream branches (ops.h fork / branch / join; docs/cuda.md §Multi-stream) -------
+  // fork: an event on the main stream; a side stream waits on it the first time its branch is
+  // selected (under capture that wait pulls the side stream into the capture). join: an event on
+  // every side stream that joined, main waits on each. Branches past the side streams share them
+  // modulo kStreams (same stream = issue order, still valid). Inactive (multi_stream off, or the
+  // region profile on, whose markers live on the main stream): every branch is the main stream.
+  void fork(int branches) override {
+    if (forked_) {
+      record(Status(ErrorCode::kInternal, "fork while forked (no nesting)"));
+      return;
+    }
+    forked_ = true;
+    n_branches_ = std::max(1, branches);
+    cur_ = 0;
+    for (bool& w : side_waited_) w = false;
+    fork_active_ = opts_.multi_stream && !profiling_ && n_branches_ > 1 && side_[0] != nullptr;
+    if (fork_active_) {
+      check(cudaEventRecord(ev_fork_, stream_), "fork event");
+      ++forks_;
+    }
+  }
+  void branch(int b) override {
+    if (!forked_ || b < 0 || b >= n_branches_) {
+      record(cuda::errorf(ErrorCode::kInternal, "branch({}) outside a fork of {} branches", b,
+                          forked_ ? n_branches_ : 0));
+      return;
+    }
+    if (!fork_active_) return;
+    cur_ = b % kStreams;
+    if (cur_ > 0 && !side_waited_[cur_ - 1]) {
+      check(cudaStreamWaitEvent(side_[cur_ - 1], ev_fork_, 0), "fork wait");
+      side_waited_[cur_ - 1] = true;
+    }
+  }
+  void join() override {
+    if (!forked_) {
+      record(Status(ErrorCode::kInternal, "join without fork"));
+      return;
+    }
+    if (fork_active_) {
+      for (int i = 0; i < kStreams - 1; ++i) {
+        if (!side_waited_[i]) continue;
+        check(cudaEventRecord(ev_join_[i], side_[i]), "join event");
+        check(cudaStreamWaitEvent(stream_, ev_join_[i], 0), "join wait");
+        side_waited_[i] = false;
+      }
+    }
+    // Main now follows every branch: scratch slots are main's again.
+    for (int& o : scratch_owner_) o = 0;
+    forked_ = false;
+    fork_active_ = false;
+    cur_ = 0;
+  }
+  bool set_multi_stream(bool on) override {
+    if (capturing_ || forked_) return false;
+    if (on) {
+      const Status st = make_side_streams();
+      if (!st.ok()) {
+        record(st);
+        return false;
+      }
+    }
+    opts_.multi_stream = on;
+    return true;
+  }
+  /// Forks that ran concurrently / scratch handoffs between streams since creation (tests).
+  int64_t forks() const { return forks_; }
+  int64_t scratch_handoffs() const { return handoffs_; }
+
   void route(const RouteArgs& a) override {
     if (a.n_rows <= 0) return;
     if (a.topk > kRouteMaxK) {
@@ -705,7 +811,7 @@ class CudaOps final : public Ops {
       return;
     }
     route_kernel<<<unsigned(a.n_rows), kRouteThreads, size_t(a.n_experts) * sizeof(float),
-                   stream_>>>(a);
+                   cs()>>>(a);
     launched("route_kernel");
   }
 
@@ -741,13 +847,13 @@ class CudaOps final : public Ops {
 
   // Device sampling (ops/cuda/sampling.h): only token ids and logprobs leave the GPU.
   bool sample(const SampleArgs& a) override {
-    if (a.n_rows > 0) record(sampler_.run(a, stream_));
+    if (a.n_rows > 0) record(sampler_.run(a, cs()));
     return true;
   }
 
   // ---- dummy weights, memory and device queries (ops.h; kernels in fill.cu) -------------
   void fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64_t seed) override {
-    record(cuda::fill_random(dst, n, fill::make_params(kind, scale, seed), stream_));
+    record(cuda::fill_random(dst, n, fill::make_params(kind, scale, seed), cs()));
   }
   MemoryInfo memory_info() override {
     size_t free_b = 0, total_b = 0;
@@ -756,13 +862,14 @@ class CudaOps final : public Ops {
   }
   std::string device_info() override { return cuda::device_info(); }
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cs()), "copy");
   }
   // One H2D copy of the piece list (from a pinned staging buffer, so it is asynchronous; the
   // staging buffer is rewritten only after the previous list's upload finished) + one kernel.
   void copy_batch(const CopySegment* segs, int64_t n) override {
     if (n <= 0) return;
     if (capturing_) return record(Status(ErrorCode::kInternal, "copy_batch during graph capture"));
+    if (forked_) return record(Status(ErrorCode::kInternal, "copy_batch between fork and join"));
     int64_t pieces = 0;
     for (int64_t i = 0; i < n; ++i) pieces += int64_t((segs[i].bytes + kCopyPiece - 1) / kCopyPiece);
     if (pieces == 0) return;
@@ -818,7 +925,7 @@ class CudaOps final : public Ops {
 
   // ---- decode plans and graphs (docs/cuda.md §Graphs) --------------------------------------
   void build_decode_plan(const DecodePlanArgs& a) override {
-    record(cuda::build_decode_plan(a, stream_));
+    record(cuda::build_decode_plan(a, cs()));
   }
   bool supports_graphs() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override;
@@ -893,7 +1000,7 @@ class CudaOps final : public Ops {
   }
   cuda::KernelContext context() {
     cuda::KernelContext c;
-    c.stream = stream_;
+    c.stream = cs();
     c.gemm = gemm_.get();
     c.num_sms = n_sms_;
     c.gemv_max_rows = opts_.gemv_max_rows;
@@ -914,11 +1021,26 @@ class CudaOps final : public Ops {
   // Growing needs cudaMalloc and a sync, which a stream capture cannot contain: during a capture
   // the error is recorded, which makes capture() discard the graph (nothing captured runs; the
   // caller runs eagerly, which grows the buffer, and captures again later).
+  // Between fork and join the slots are shared by the streams: a stream taking a slot that
+  // another stream used last first waits for that stream's work so far (an event recorded on it
+  // now, after its last user was issued), so concurrent branches never share a slot; the
+  // cuBLASLt workspace is covered by kSlotXBf16 (every cuBLASLt call follows a kSlotXBf16
+  // request in the same op). At the model's decode sizes the branches take no slot (docs/cuda.md
+  // §Multi-stream), so this never serializes them there.
   void* scratch(int slot, size_t bytes) {
+    if (forked_ && scratch_owner_[slot] != cur_) {
+      const int prev = scratch_owner_[slot];
+      check(cudaEventRecord(ev_handoff_[prev], stream_of(prev)), "scratch handoff event");
+      check(cudaStreamWaitEvent(cs(), ev_handoff_[prev], 0), "scratch handoff wait");
+      scratch_owner_[slot] = cur_;
+      if (handoffs_++ == 0)
+        V4_LOG_INFO("CUDA multi-stream: scratch slot {} handed from stream {} to {} (serializes "
+                    "those branches; logged once)", slot, prev, cur_);
+    }
     if (scratch_size_[slot] < bytes) {
-      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
       if (capturing_ ||
-          (cudaStreamIsCapturing(stream_, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)) {
+          (cudaStreamIsCapturing(cs(), &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone)) {
         record(cuda::errorf(
             ErrorCode::kInternal,
             "scratch slot {} must grow from {} to {} bytes during CUDA graph capture (run the "
@@ -928,6 +1050,8 @@ class CudaOps final : public Ops {
       }
       if (scratch_ptr_[slot]) {
         check(cudaStreamSynchronize(stream_), "scratch sync");
+        for (cudaStream_t st : side_)  // a branch may have used the old buffer
+          if (st) check(cudaStreamSynchronize(st), "scratch sync (side stream)");
         retire_scratch(scratch_ptr_[slot]);
       }
       void* p = nullptr;
@@ -952,6 +1076,18 @@ class CudaOps final : public Ops {
   }
 
   cudaStream_t stream_ = nullptr;
+  // Multi-stream branches: the stream ops are issued on (branch `cur_`: 0 = stream_, b > 0 =
+  // side_[b − 1]); every op method launches on cs().
+  static constexpr int kStreams = 4;
+  cudaStream_t stream_of(int i) const { return i == 0 ? stream_ : side_[i - 1]; }
+  cudaStream_t cs() const { return stream_of(cur_); }
+  cudaStream_t side_[kStreams - 1] = {};
+  cudaEvent_t ev_fork_ = nullptr, ev_join_[kStreams - 1] = {}, ev_handoff_[kStreams] = {};
+  bool side_waited_[kStreams - 1] = {};
+  bool forked_ = false, fork_active_ = false;
+  int n_branches_ = 1, cur_ = 0;
+  int scratch_owner_[cuda::kNumScratchSlots] = {};
+  int64_t forks_ = 0, handoffs_ = 0;
   int n_sms_ = 132;
   // Step timing (step_begin / step_end).
   cudaEvent_t ev_begin_ = nullptr, ev_end_[2] = {nullptr, nullptr};
@@ -1024,6 +1160,7 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
   try {
     body();
   } catch (...) {
+    if (forked_) join();  // side streams must rejoin before the capture ends
     capturing_ = false;
     drop_capture_marks();
     (void)cudaStreamEndCapture(stream_, &graph);
@@ -1031,6 +1168,10 @@ std::unique_ptr<Graph> CudaOps::capture(const std::function<void()>& body) {
     (void)cudaGetLastError();
     (void)(status_ = Status::Ok());
     throw;
+  }
+  if (forked_) {
+    record(Status(ErrorCode::kInternal, "capture body ended between fork and join"));
+    join();
   }
   capturing_ = false;
   e = cudaStreamEndCapture(stream_, &graph);
@@ -1064,6 +1205,12 @@ Result<std::unique_ptr<Ops>> make_cuda_ops(CudaOptions options) {
   auto ops = std::make_unique<CudaOps>(options);
   V4_RETURN_IF_ERROR(ops->init());
   return Result<std::unique_ptr<Ops>>(std::unique_ptr<Ops>(std::move(ops)));
+}
+
+CudaStreamStats cuda_stream_stats(const Ops* ops) {
+  const auto* c = dynamic_cast<const CudaOps*>(ops);
+  if (!c) return {};
+  return {c->forks(), c->scratch_handoffs()};
 }
 
 Status reserve_cuda_scratch(Ops* ops, const CudaScratchBounds& b) {

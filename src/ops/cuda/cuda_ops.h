@@ -9,7 +9,8 @@
 //           pairs) run weight-streaming GEMV kernels with fp32 math on native bytes (≤ 1e-5 of
 //           the fp32 result, batch-invariant within that range); larger calls round x and W to
 //           bf16 and use tensor cores (cuBLASLt), ≤ 2e-2 of a row's max |y|.
-// One stream; ops given the same shapes again neither allocate nor synchronize (grow-only scratch
+// One main stream, plus side streams for the multi-stream branches (CudaOptions::multi_stream,
+// ops.h fork/branch/join); ops given the same shapes again neither allocate nor synchronize (grow-only scratch
 // sized on first use or by reserve_cuda_scratch), so decode steps can be captured in CUDA graphs.
 #pragma once
 #include <cstdint>
@@ -61,7 +62,24 @@ struct CudaOptions {
   /// The env knob V4_MOE_GROUPED_MIN_ROWS=N (N ≥ 1, e.g. 128) also sends calls below
   /// moe_sync_min_pairs with S ≥ N rows to it (instead of moe_mma), for decode A/B benchmarks.
   bool moe_grouped_mma = true;
+  /// Runs the branches of Ops::fork / branch / join (the model's independent attention chains:
+  /// SWA store, compressor, indexer compressor) on side streams, concurrently with the main
+  /// stream, eagerly and inside graph captures (docs/cuda.md §Multi-stream). Off: every branch
+  /// runs on the main stream in issue order (bit-identical results either way: branches touch
+  /// disjoint buffers). Overridden by the environment: V4_MULTI_STREAM=1 / 0. Also off while the
+  /// region profile is on (its markers time the main stream). Off until measured on the H200.
+  bool multi_stream = false;
 };
+
+/// Counters of the multi-stream branches of a CUDA backend since creation: forks that ran on
+/// side streams, and scratch-slot handoffs between streams inside a fork (each serializes the
+/// two branches involved; 0 at the model's decode sizes, docs/cuda.md §Multi-stream).
+/// All zero for a backend that is not CUDA.
+struct CudaStreamStats {
+  int64_t forks = 0;
+  int64_t scratch_handoffs = 0;
+};
+CudaStreamStats cuda_stream_stats(const Ops* ops);
 
 /// "fp32" or "bf16".
 const char* precision_name(Precision p);

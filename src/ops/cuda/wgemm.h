@@ -84,7 +84,10 @@ Status dequant_view_bf16(const ops::WeightView& w, int64_t e, __nv_bfloat16* out
 Status rows_to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, __nv_bfloat16* out,
                     cudaStream_t stream);
 
-/// Scratch slots of the CUDA backend (grow-only buffers, CudaOps::scratch).
+/// Scratch slots of the CUDA backend (grow-only buffers, CudaOps::scratch). One buffer per slot
+/// for all streams: between Ops::fork and join a stream that takes a slot another stream used
+/// last waits for that stream first (CudaOps::scratch "handoff"), so concurrent branches never
+/// share one; the model's decode branches take none at their sizes (docs/cuda.md §Multi-stream).
 enum ScratchSlot : int {
   kSlotIndexerScores = 0,
   kSlotIndexerSel = 1,
