@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Runs ON the lent GPU machine (issue 7, multi-stream attention branches; one call): builds
-# v4serve + test_cuda + bench_kernels, runs the multi-stream GPU tests first (CudaMultiStream.*:
-# on vs off bit-identical, fp32/bf16, eager/graphs), then the graph and golden tests, then
-# `v4serve bench --multi-stream off,on` on the V4-Flash-shaped dummy model (20 layers, bf16):
-# decode at batch $V4_BATCH (default 1,64) × context $V4_CONTEXT (default 4K), every cell once
-# with multi-stream off and once on (path column), without --profile (the region profile runs
-# branches serially). A second, profiled run with multi-stream off gives the per-region split.
-# Results under $OUT (≤ 8 files): device.log, build.log, cuda-op-tests.log,
-# bench-v4flash-20l-mstream.md, bench-v4flash-20l-mstream-profile.md, logs.tgz.
+# Runs ON the lent GPU machine (issue 7, one call): builds v4serve + test_cuda + bench_kernels,
+# runs the GPU op tests, then the stages named in $V4_STAGES (default all, in this order):
+#   compressor  bench_kernels --only-compressor  -> cuda-compressor.md
+#   wformat     bench_kernels --only-wformat     -> cuda-wformat.md (GEMV / dense_mma / MoE tables)
+#   topk        bench_kernels --only-topk        -> cuda-topk.md
+#   attention   bench_kernels --only-attention   -> cuda-attention.md
+#   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
+#               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
+#               per-region split, and prefill per context -> bench-v4flash-20l-after.md
+#   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
+#               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
+# Results under $OUT (≤ 8 files come back): device.log, build.log, cuda-op-tests.log, the tables
+# above, logs.tgz (every program's full output).
+# Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
+#   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/issue7_run.sh", carry=[".devdeps"], timeout_s=600)
@@ -16,21 +22,48 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 OUT=${OUT:-$root/out-local}
 mkdir -p "$OUT"
-V4_TARGETS="v4serve test_cuda bench_kernels" V4_SKIP_BENCH=1 \
-  V4_GTEST_FILTER="${V4_GTEST_FILTER:-CudaMultiStream.*:CudaGraphs.*:CudaGolden*}" \
-  bash scripts/device/run_gpu.sh
-echo "build+tests rc=$?"
+if [ "${V4_SKIP_BUILD:-0}" = 1 ] && [ -x build-gpu/v4serve ]; then
+  echo "skip build (warm machine)"
+  V4_GTEST_FILTER="${V4_GTEST_FILTER:-*}" V4_REQUIRE_GPU=1 \
+    build-gpu/tests/test_cuda --gtest_filter="${V4_GTEST_FILTER:-*}" --gtest_color=no \
+    > "$OUT/cuda-op-tests.log" 2>&1
+  echo "test_cuda rc=$?"; grep -E "FAILED|PASSED" "$OUT/cuda-op-tests.log" | head -20
+else
+  V4_TARGETS="v4serve test_cuda bench_kernels" V4_SKIP_BENCH=1 \
+    V4_GTEST_FILTER="${V4_GTEST_FILTER:-*}" bash scripts/device/run_gpu.sh > /dev/null 2>&1
+  echo "build+tests rc=$?"; grep -E "^\[  FAILED|PASSED|build FAILED|error" "$OUT/device.log" | head -30
+fi
 D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
+export V4_DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+stages=" ${V4_STAGES:-compressor wformat topk attention decode mstream} "
+has() { [[ "$stages" == *" $1 "* ]]; }
+logs=()
+kb() {  # kb <stage> <flag>
+  timeout 150 build-gpu/bench/bench_kernels --out "$OUT" "$2" > "$OUT/$1.log" 2>&1
+  echo "$1 bench rc=$?"; logs+=("$1.log")
+}
+has compressor && kb compressor --only-compressor
+has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wformat.log"; }
+has topk && kb topk --only-topk
+has attention && kb attention --only-attention
 unset V4_MULTI_STREAM
 common=(--model models/configs/v4-flash --load-format dummy --num-layers "${V4_LAYERS:-20}"
-        --device cuda --precision bf16 --mem-fraction 0.9 --batch "${V4_BATCH:-1,64}"
-        --context "${V4_CONTEXT:-4K}" --steps "${V4_STEPS:-20}" --prefill-steps 2)
-timeout 300 build-gpu/v4serve bench "${common[@]}" --multi-stream off,on \
-  --out "$OUT/bench-v4flash-20l-mstream.md" > "$OUT/bench.log" 2>&1
-echo "bench (multi-stream off,on) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-mstream.md"
-timeout 200 build-gpu/v4serve bench "${common[@]}" --profile \
-  --out "$OUT/bench-v4flash-20l-mstream-profile.md" > "$OUT/bench-profile.log" 2>&1
-echo "bench (profile) rc=$?"
-cd "$OUT" && tar czf logs.tgz bench.log bench-profile.log && rm -f bench.log bench-profile.log
+        --device cuda --precision bf16 --mem-fraction 0.9)
+if has decode; then
+  timeout 240 build-gpu/v4serve bench "${common[@]}" --batch "${V4_BATCH:-1,64}" \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --out "$OUT/bench-v4flash-20l-after.md" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-after.md"
+  logs+=(bench.log)
+fi
+if has mstream; then
+  timeout 200 build-gpu/v4serve bench "${common[@]}" --batch "${V4_MS_BATCH:-1,64}" --context 4K \
+    --steps 20 --prefill-steps 2 --multi-stream off,on \
+    --out "$OUT/bench-v4flash-20l-mstream.md" > "$OUT/bench-mstream.log" 2>&1
+  echo "bench (multi-stream off,on) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-mstream.md"
+  logs+=(bench-mstream.log)
+fi
+cd "$OUT" && { [ ${#logs[@]} -eq 0 ] || { tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"; }; }
+ls "$OUT"
