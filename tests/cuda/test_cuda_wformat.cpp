@@ -383,9 +383,18 @@ TEST(CudaWFormat, Bf16PathSelection) {
   size_t b[cuda::kNumScratchSlots] = {};
   cuda::linear_scratch_bytes(32, 1024, 4096, false, c, b);
   for (size_t v : b) EXPECT_EQ(v, 0u);
+  c.dense_mma = false;  // the dequantize + cuBLASLt path: x and W as bf16
   cuda::linear_scratch_bytes(200, 1024, 4096, false, c, b);
   EXPECT_EQ(b[cuda::kSlotXBf16], size_t(200 * 4096 * 2));
   EXPECT_EQ(b[cuda::kSlotWBf16], size_t(1024 * 4096 * 2));
+  // dense_mma on: the reserve also covers its split-K partials (64 rows · max(2·SMs, n/128)
+  // CTAs · 128 outputs · 4 B) in the W slot, since either path may run for these shapes.
+  c.dense_mma = true;
+  c.num_sms = 132;
+  size_t d[cuda::kNumScratchSlots] = {};
+  cuda::linear_scratch_bytes(200, 1024, 4096, false, c, d);
+  EXPECT_EQ(d[cuda::kSlotXBf16], size_t(200 * 4096 * 2));
+  EXPECT_EQ(d[cuda::kSlotWBf16], std::max(size_t(1024 * 4096 * 2), size_t(64) * 264 * 128 * 4));
 }
 
 #define V4_GPU()                             \
