@@ -41,7 +41,7 @@ stages=" ${V4_STAGES:-compressor wformat topk attention decode mstream} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 logs=()
 kb() {  # kb <stage> <flag>
-  timeout 150 build-gpu/bench/bench_kernels --out "$OUT" "$2" > "$OUT/$1.log" 2>&1
+  timeout "${V4_KB_TIMEOUT:-240}" stdbuf -oL build-gpu/bench/bench_kernels --out "$OUT" "$2" > "$OUT/$1.log" 2>&1
   echo "$1 bench rc=$?"; logs+=("$1.log")
 }
 has compressor && kb compressor --only-compressor
