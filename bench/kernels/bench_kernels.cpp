@@ -12,6 +12,7 @@
 // repetitions; the copy bandwidth is measured in the same run. Usage:
 //   bench_kernels --out DIR [--reps N]
 //   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
+//   bench_kernels --profile-gemv             (30 batch-1 FP8 GEMVs of wq_b and of wo_b, for ncu)
 //   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
@@ -651,6 +652,38 @@ int main(int argc, char** argv) {
       std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean of %d launches):", variant, (long long)n, iters);
       for (int j = 1; j < 16; ++j) std::printf(" %d:%lld", j, acc[j] / iters);
       std::printf("\n");
+      return 0;
+    } else if (!std::strcmp(argv[i], "--profile-gemv")) {
+      // 30 batch-1 GEMVs each of wq_b (FP8 32768×1024) and wo_b (FP8 4096×8192) over 8 weight
+      // copies (cold in L2), for ncu: why the GEMV reaches only ~35% of the copy bandwidth.
+      using v4::ops::WFormat;
+      BENCH_CHECK(cudaSetDevice(0));
+      int sms = 0;
+      BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      BENCH_OK(v4::cuda::wgemv_prepare());
+      for (const int64_t nk : {int64_t(32768) * 100000 + 1024, int64_t(4096) * 100000 + 8192}) {
+        const int64_t N = nk / 100000, K = nk % 100000;
+        BenchW w(WFormat::kFP8Block, 1, N, K, 8, 77);
+        float *x = nullptr, *y = nullptr;
+        BENCH_CHECK(cudaMalloc(&x, size_t(K) * 4));
+        BENCH_CHECK(cudaMalloc(&y, size_t(N) * 4));
+        BENCH_CHECK(cudaMemset(x, 0, size_t(K) * 4));
+        for (int it = 0; it < 30; ++it) {
+          v4::cuda::GemvArgs a;
+          a.w = w.copy(it);
+          a.x = x;
+          a.ldx = K;
+          a.y = y;
+          a.ldy = N;
+          a.rows = 1;
+          a.n_out = N;
+          BENCH_OK(v4::cuda::wgemv(a, 1, sms, nullptr));
+        }
+        BENCH_CHECK(cudaDeviceSynchronize());
+        cudaFree(x);
+        cudaFree(y);
+      }
+      std::printf("profile-gemv done\n");
       return 0;
     } else if (!std::strcmp(argv[i], "--profile-topk")) {
       const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;

@@ -5,6 +5,7 @@
 #   wformat     bench_kernels --only-wformat     -> cuda-wformat.md (GEMV / dense_mma / MoE tables)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
+#   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
@@ -48,6 +49,14 @@ has compressor && kb compressor --only-compressor
 has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wformat.log"; }
 has topk && kb topk --only-topk
 has attention && kb attention --only-attention
+if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
+  timeout 120 ncu --kernel-name regex:wgemv_kernel --launch-skip 20 --launch-count 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    build-gpu/bench/bench_kernels --profile-gemv > "$OUT/ncu-gemv.txt" 2>&1
+  echo "ncu gemv rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu-gemv.txt" | head -30
+  logs+=(ncu-gemv.txt)
+fi
 unset V4_MULTI_STREAM
 common=(--model models/configs/v4-flash --load-format dummy --num-layers "${V4_LAYERS:-20}"
         --device cuda --precision bf16 --mem-fraction 0.9)

@@ -741,7 +741,7 @@ class CudaOps final : public Ops {
   // every side stream that joined, main waits on each. Branches past the side streams share them
   // modulo kStreams (same stream = issue order, still valid). Inactive (multi_stream off, or the
   // region profile on, whose markers live on the main stream): every branch is the main stream.
-  void fork(int branches) override {
+  void fork(int branches, int64_t rows = 0) override {
     if (forked_) {
       record(Status(ErrorCode::kInternal, "fork while forked (no nesting)"));
       return;
@@ -750,7 +750,8 @@ class CudaOps final : public Ops {
     n_branches_ = std::max(1, branches);
     cur_ = 0;
     for (bool& w : side_waited_) w = false;
-    fork_active_ = opts_.multi_stream && !profiling_ && n_branches_ > 1 && side_[0] != nullptr;
+    fork_active_ = opts_.multi_stream && !profiling_ && n_branches_ > 1 && side_[0] != nullptr &&
+                   (opts_.multi_stream_max_rows <= 0 || rows <= opts_.multi_stream_max_rows);
     if (fork_active_) {
       check(cudaEventRecord(ev_fork_, stream_), "fork event");
       ++forks_;
