@@ -30,10 +30,12 @@ enum class Precision {
 /// Options of the CUDA backend.
 struct CudaOptions {
   Precision precision = Precision::kFp32;
-  /// kBf16: linear_w with M ≤ this many rows (decode) runs the weight-streaming GEMV (fp32 math,
-  /// ≤ 1e-5); larger M runs x→bf16, W→bf16 and cuBLASLt. 32: the fp32-math GEMV stays faster than
-  /// dequantize-to-scratch + tensor cores up to about 32 rows for FP8 weights (docs/cuda.md).
-  int64_t gemv_max_rows = 32;
+  /// kBf16: linear_w with M ≤ this many rows runs the weight-streaming GEMV (fp32 math, ≤ 1e-5);
+  /// larger M runs the tensor-core dense_mma on FP8 / MXFP4 bytes (else x→bf16, W→bf16 and
+  /// cuBLASLt). 1: at 8 rows dense_mma takes 12–23 µs where the GEMV takes 35–141 µs (FP8 wq_a,
+  /// wq_b, wo_b; bench/results/cuda-wformat.md, H200), i.e. about the GEMV's 1-row time.
+  /// (f32-stored weights use the GEMV up to kF32GemvMaxRows whatever this says.)
+  int64_t gemv_max_rows = 1;
   /// kBf16 moe_experts: with S·k ≥ this many (token, expert) pairs (prefill) the per-expert counts
   /// are read back (one host sync) and every active expert runs cuBLASLt GEMMs on a bf16 copy of
   /// that expert; below it (decode, up to 256 rows × k = 6) the grouped GEMV runs without any sync
