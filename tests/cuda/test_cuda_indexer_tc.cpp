@@ -131,7 +131,11 @@ TEST(CudaIndexerTc, ScoresMatchBf16Reference) {
     a.n_heads = c.nI;
     a.head_dim = c.dI;
     ASSERT_TRUE(cuda::indexer_tc_supported(c.nI, c.dI));
-    ASSERT_TRUE(cuda::indexer_scores_tc(a, c.max_count, dscores.p, ld, 132, nullptr).ok());
+    // variant 0: auto (the decode kernel for the 64 × 128 cases), 1: the WMMA kernel only.
+    for (int variant : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    dscores.poison();
+    ASSERT_TRUE(cuda::indexer_scores_tc(a, c.max_count, dscores.p, ld, 132, nullptr, variant).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto got = dscores.host();
     double worst = 0;
@@ -145,9 +149,11 @@ TEST(CudaIndexerTc, ScoresMatchBf16Reference) {
         }
         worst = std::max(worst, std::fabs(double(g) - r) / (1e-3 + std::fabs(double(r))));
       }
-    std::printf("[indexer tc] nI=%d dI=%d S=%lld worst rel err %.2e\n", c.nI, c.dI, (long long)S, worst);
+    std::printf("[indexer tc] nI=%d dI=%d S=%lld variant %d worst rel err %.2e\n", c.nI, c.dI,
+                (long long)S, variant, worst);
     EXPECT_LE(worst, 2e-4);
     EXPECT_EQ(bad_untouched, 0) << "entries beyond count[t] were written";
+    }
   }
   EXPECT_FALSE(cuda::indexer_tc_supported(60, 128));
 }

@@ -172,7 +172,7 @@ constexpr int kDNI = 16 * kDMT, kDDI = 16 * kDKT;
 
 __device__ __forceinline__ float4 ld_stream_f4(const float* p) {
   float4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "l"(p));
   return v;
@@ -346,7 +346,8 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   const int64_t S = a.n_rows;
   const int64_t blocks_needed = (max_count + kDWarps * kDChunk - 1) / (kDWarps * kDChunk);
   const int64_t want = int64_t(per_sm) * std::max(1, n_sms);  // one wave over the GPU
-  const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, (want + S - 1) / S));
+  // Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave adds a block's duration.
+  const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
   indexer_decode_kernel<<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
   return check_launch("indexer_decode_kernel");
