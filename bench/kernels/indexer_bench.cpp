@@ -110,12 +110,13 @@ std::string bench_indexer(double bw, int reps) {
        "finalize; includes any host gap)\n"
     << "- byte floor (per launch): keys n·512 B + row map n·4 B + scores n·4 B written, per row; "
        "+ top-512: scores read back n·4 B; / the copy bandwidth " << int(bw) << " GB/s\n"
-    << "- new = decode kernel (`indexer_scores_tc` variant 2: keys straight into mma.sync B "
-       "registers, one wave over the GPU); old = the WMMA kernel (variant 1, the previous decode "
-       "path)\n\n"
+    << "- new = decode kernel (`indexer_scores_tc` variant 2, 16-key chunks, the auto choice: keys "
+       "straight into mma.sync B registers, one wave over the GPU); old = the WMMA kernel "
+       "(variant 1, the previous decode path); last two columns: variant 3 (32-key chunks)\n\n"
     << "| n | batch | scores new µs | scores old µs | floor µs | new / floor | old / floor | "
-       "+ top-512 new µs | + top-512 old µs | floor µs | new / floor | Ops::indexer_topk µs |\n"
-    << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+       "+ top-512 new µs | + top-512 old µs | floor µs | new / floor | Ops::indexer_topk µs | "
+       "scores new, 32-key chunks µs | + top-512 µs |\n"
+    << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   struct Shape { int64_t n; int batch; };
   for (Shape sh : {Shape{1024, 1}, Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1},
                    Shape{1024, 64}, Shape{32768, 64}}) {
@@ -172,8 +173,8 @@ std::string bench_indexer(double bw, int reps) {
       a.out_count = out_cnt;
       return a;
     };
-    double t_sc[3] = {}, t_tk[3] = {};
-    for (int v : {1, 2}) {
+    double t_sc[4] = {}, t_tk[4] = {};
+    for (int v : {1, 2, 3}) {
       t_sc[v] = time_on(st, [&](int i, cudaStream_t s) {
         IB_OK(v4::cuda::indexer_scores_tc(args(i), n, scores, n, n_sms, s, v));
       }, reps);
@@ -203,9 +204,9 @@ std::string bench_indexer(double bw, int reps) {
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "| %lld | %lld | %.1f | %.1f | %.1f | %.2f× | %.2f× | %.1f | %.1f | %.1f | %.2f× | "
-                  "%.1f |\n",
+                  "%.1f | %.1f | %.1f |\n",
                   (long long)n, (long long)B, t_sc[2], t_sc[1], f_sc, t_sc[2] / f_sc, t_sc[1] / f_sc,
-                  t_tk[2], t_tk[1], f_tk, t_tk[2] / f_tk, t_op);
+                  t_tk[2], t_tk[1], f_tk, t_tk[2] / f_tk, t_op, t_sc[3], t_tk[3]);
     o << buf;
     std::printf("indexer n=%lld batch=%lld: scores new %.1f old %.1f (floor %.1f) us; +top-512 new "
                 "%.1f old %.1f (floor %.1f) us; Ops::indexer_topk %.1f us\n",

@@ -220,20 +220,23 @@ TEST(CudaIndexerTc, DecodeKernelMatchesBf16Reference) {
     Dev<float> dq(q), dw(w), dpool(pool), dscores(size_t(S * ld));
     Dev<int32_t> drows(l.rows), dcount(l.count);
     Dev<int64_t> doff(l.offset);
-    dscores.poison();
     IndexerArgs a;
     a.q = dq.p; a.weights = dw.p; a.key_pool = dpool.p;
     a.cand = {drows.p, doff.p, dcount.p};
     a.n_rows = S; a.n_heads = nI; a.head_dim = dI;
     ASSERT_TRUE(cuda::indexer_decode_supported(a));
-    ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, dscores.p, ld, c.n_sms, nullptr, 2).ok());
+    std::vector<std::vector<double>> ref(S);
+    for (int64_t t = 0; t < S; ++t)
+      ref[t] = ref_row(q, w, pool, l.rows.data() + l.offset[t], l.count[t], t, nI, dI, true);
+    for (int variant : {2, 3}) {  // 16- and 32-key chunks
+    dscores.poison();
+    ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, dscores.p, ld, c.n_sms, nullptr, variant).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto got = dscores.host();
     double worst = 0;
     int64_t bad_untouched = 0, checked = 0;
     for (int64_t t = 0; t < S; ++t) {
       const int n = l.count[t];
-      auto ref = ref_row(q, w, pool, l.rows.data() + l.offset[t], n, t, nI, dI, true);
       for (int64_t s = 0; s < ld; ++s) {
         const float g = got[t * ld + s];
         if (s >= n) {
@@ -241,13 +244,15 @@ TEST(CudaIndexerTc, DecodeKernelMatchesBf16Reference) {
           continue;
         }
         ++checked;
-        worst = std::max(worst, std::fabs(double(g) - ref[s]) / (1e-3 + std::fabs(ref[s])));
+        const double r = ref[t][s];
+        worst = std::max(worst, std::fabs(double(g) - r) / (1e-3 + std::fabs(r)));
       }
     }
-    std::printf("[indexer decode] S=%lld max count %d: %lld scores, worst rel err %.2e\n",
-                (long long)S, maxc, (long long)checked, worst);
-    EXPECT_LE(worst, 2e-4);
-    EXPECT_EQ(bad_untouched, 0) << "entries beyond count[t] were written";
+    std::printf("[indexer decode] variant %d S=%lld max count %d: %lld scores, worst rel err %.2e\n",
+                variant, (long long)S, maxc, (long long)checked, worst);
+    EXPECT_LE(worst, 2e-4) << "variant " << variant;
+    EXPECT_EQ(bad_untouched, 0) << "variant " << variant << ": entries beyond count[t] were written";
+    }
   }
   // Dims other than 64 × 128 are refused by the forced variant and served by the WMMA kernel in auto.
   IndexerArgs small;

@@ -164,8 +164,6 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
 // over g (4, 8, 16) completes Σ_h. The order depends on nothing but (nI, dI): deterministic and
 // independent of the batch and the grid.
 constexpr int kDWarps = 4;   // warps per block
-constexpr int kDNT = 2;      // n-tiles (8 keys each) per chunk
-constexpr int kDChunk = 8 * kDNT;
 constexpr int kDMT = 4;      // m-tiles: nI = 64
 constexpr int kDKT = 8;      // k-steps: dI = 128
 constexpr int kDNI = 16 * kDMT, kDDI = 16 * kDKT;
@@ -178,9 +176,12 @@ __device__ __forceinline__ float4 ld_stream_f4(const float* p) {
   return v;
 }
 
+// kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
+template <int kDNT>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
+  constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
@@ -332,15 +333,19 @@ bool decode_kernel_enabled() {
   return on;
 }
 
+template <int kDNT>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                      int n_sms, cudaStream_t stream) {
+  constexpr int kDChunk = 8 * kDNT;
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel, kDWarps * 32, 0) !=
-            cudaSuccess ||
-        b < 1)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT>,
+                                                      kDWarps * 32, 0) != cudaSuccess ||
+        b < 1) {
+      (void)cudaGetLastError();
       b = 4;
+    }
     return b;
   }();
   const int64_t S = a.n_rows;
@@ -349,7 +354,7 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   // Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave adds a block's duration.
   const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
-  indexer_decode_kernel<<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
+  indexer_decode_kernel<kDNT><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
   return check_launch("indexer_decode_kernel");
 }
 }  // namespace
@@ -357,19 +362,20 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream, int variant) {
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
-  if (variant < 0 || variant > 2)
+  if (variant < 0 || variant > 3)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: variant {}", variant);
   if (max_count > int64_t(1) << 30)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: max_count {} too large",
                   max_count);
-  if (variant == 2 || (variant == 0 && a.n_rows <= 64 && decode_kernel_enabled() &&
+  if (variant >= 2 || (variant == 0 && a.n_rows <= 64 && decode_kernel_enabled() &&
                        indexer_decode_supported(a))) {
     if (!indexer_decode_supported(a))
       return errorf(ErrorCode::kInvalidArgument,
                     "indexer_scores_tc: decode kernel needs nI={} dI={} (got {}, {}), rows <= "
                     "65535, 16-byte aligned q and keys",
                     kDNI, kDDI, a.n_heads, a.head_dim);
-    return launch_decode(a, max_count, scores, ld, n_sms, stream);
+    return variant == 3 ? launch_decode<4>(a, max_count, scores, ld, n_sms, stream)
+                        : launch_decode<2>(a, max_count, scores, ld, n_sms, stream);
   }
   if (!indexer_tc_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: nI={} dI={} unsupported",

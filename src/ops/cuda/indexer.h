@@ -30,7 +30,8 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// (grid sizing). `variant`: 0 auto — the decode kernel (below) for S ≤ 64 rows when
 /// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), else the WMMA kernel (one
 /// query row per group for S ≤ 64, 4 rows sharing key tiles above); 1 the WMMA kernel only (the
-/// previous decode path, for benchmarks); 2 the decode kernel only. No host sync, no allocation
+/// previous decode path, for benchmarks); 2 the decode kernel only; 3 the decode kernel with
+/// 32-key chunks (benchmarks). No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
 /// Decode path: blocks of 4 warps per query row, spread over one wave of the GPU; each warp
