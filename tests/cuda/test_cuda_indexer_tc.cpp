@@ -245,7 +245,9 @@ TEST(CudaIndexerTc, DecodeKernelMatchesBf16Reference) {
         }
         ++checked;
         const double r = ref[t][s];
-        worst = std::max(worst, std::fabs(double(g) - r) / (1e-3 + std::fabs(r)));
+        // abs floor 1e-2 (scores are O(1)): near-zero scores are sums that cancel, where fp32
+        // summation noise (~1e-7 abs) is not a relative error of the score
+        worst = std::max(worst, std::fabs(double(g) - r) / (1e-2 + std::fabs(r)));
       }
     }
     std::printf("[indexer decode] variant %d S=%lld max count %d: %lld scores, worst rel err %.2e\n",
@@ -378,6 +380,7 @@ TEST(CudaIndexerTc, Bf16IndexerTopkMatchesCpuOp) {
         ASSERT_GE(j, 0) << "row " << t << ": not a candidate";
         EXPECT_FALSE(g_sel[j]) << "row " << t << ": duplicate";
         g_sel[j] = 1;
+        ASSERT_TRUE(rc >= 0 && rc < pool_rows && pos[rc] >= 0) << "CPU op row " << rc;
         c_sel[pos[rc]] = 1;
         EXPECT_GE(sb[j], thr_b - tb) << "row " << t << " entry " << i << " below the k-th score";
         EXPECT_LE(sb[j], prev + tb) << "row " << t << " entry " << i << " not in descending order";
