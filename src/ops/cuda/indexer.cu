@@ -134,7 +134,6 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
   }
 }
 
-
 // ---- decode kernel: mma.sync over register-fed keys (see indexer.h, "decode path") -------------
 //
 // One block = kDWarps warps working on one query row (blockIdx.y); warps take chunks of
@@ -170,9 +169,10 @@ constexpr int kDNI = 16 * kDMT, kDDI = 16 * kDKT;
 
 __device__ __forceinline__ float4 ld_stream_f4(const float* p) {
   float4 v;
+  // read-only during the kernel, touched once: not volatile, no L1 allocation
   asm("ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p));
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(p));
   return v;
 }
 

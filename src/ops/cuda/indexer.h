@@ -3,7 +3,9 @@
 // with q and keys rounded to bf16 (fp32 accumulate) — the bf16 tolerance applies, so the CUDA
 // backend uses this only when batch invariance / fp32 results are not required.
 //
-// Blocks take groups of 4 consecutive query rows; when the 4 rows share one candidate list (rows
+// Two kernels: the decode kernel (≤ 64 rows, nI = 64, dI = 128; described at indexer_scores_tc)
+// and the WMMA kernel (any supported dims, prefill). WMMA kernel: blocks take groups of 4
+// consecutive query rows; when the 4 rows share one candidate list (rows
 // of one sequence's prefill chunk: same RowMap offset), every key tile is loaded once for all of
 // them (a [4·nI, dI] × [dI, 64] product per tile), otherwise row by row. Key tiles of 64 candidates
 // are gathered through the row map, converted to bf16 in shared memory, multiplied with WMMA
