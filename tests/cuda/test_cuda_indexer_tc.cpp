@@ -317,12 +317,21 @@ TEST(CudaIndexerTc, Bf16IndexerTopkMatchesCpuOp) {
   const int nI = 64, dI = 128, k = 512;
   std::vector<int> batch64(64);
   for (int& c : batch64) c = rand_int(300, 2500);
-  for (const std::vector<int>& counts :
-       {std::vector<int>{1024}, std::vector<int>{5, 512, 513, 3000, 40000}, batch64}) {
+  struct TopkCase { std::vector<int> counts; bool ties; };
+  for (const TopkCase& tc : {TopkCase{{1024}, false}, TopkCase{{5, 512, 513, 3000, 40000}, false},
+                             TopkCase{batch64, false}, TopkCase{{3000, 700}, true}}) {
+    const std::vector<int>& counts = tc.counts;
     const int64_t S = int64_t(counts.size()), pool_rows = 60000;
-    SCOPED_TRACE(::testing::Message() << "S=" << S);
+    SCOPED_TRACE(::testing::Message() << "S=" << S << " ties=" << tc.ties);
     auto q = randn(size_t(S * nI * dI), 1.f), w = randn(size_t(S * nI), 1.f);
     auto pool = randn(size_t(pool_rows * dI), 1.f);
+    if (tc.ties) {
+      // Pool rows 8g … 8g+7 hold the same vector: candidates at consecutive map positions tie
+      // exactly (identical inputs give bit-identical scores on both backends), so the order
+      // "equal score → lower map position first" decides both the k-th boundary and the order.
+      for (int64_t r = 0; r < pool_rows; ++r)
+        std::copy_n(&pool[size_t(r / 8 * 8) * dI], dI, &pool[size_t(r) * dI]);
+    }
     Lists l = paged_lists(counts, pool_rows);
     IndexerArgs a;
     a.n_rows = S; a.n_heads = nI; a.head_dim = dI; a.topk = k;
@@ -398,6 +407,23 @@ TEST(CudaIndexerTc, Bf16IndexerTopkMatchesCpuOp) {
             EXPECT_LE(sf[j], thr_f + tf) << "row " << t << ": CPU-only pick is no near-tie";
           }
         }
+      }
+      if (tc.ties) {
+        // Exact ties: ascending map positions within equal scores, in the order and at the
+        // boundary (a tied candidate left out must come after every tied one taken).
+        for (int i = 1; i < n_sel; ++i) {
+          const int j0 = pos[out[t * k + i - 1]], j1 = pos[out[t * k + i]];
+          if (sb[j0] == sb[j1]) {
+            EXPECT_LT(j0, j1) << "row " << t << " entry " << i << ": tie not in position order";
+          }
+        }
+        int max_taken = -1, min_left = n;
+        for (int j = 0; j < n; ++j)
+          if (sb[j] == thr_b) {
+            if (g_sel[j]) max_taken = std::max(max_taken, j);
+            else min_left = std::min(min_left, j);
+          }
+        EXPECT_LT(max_taken, min_left) << "row " << t << ": boundary tie broken against position order";
       }
       exact_rows += std::equal(out.begin() + t * k, out.begin() + (t + 1) * k,
                                out_cpu.begin() + t * k);
