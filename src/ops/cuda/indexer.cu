@@ -324,6 +324,11 @@ bool indexer_decode_supported(const ops::IndexerArgs& a) {
 }
 
 namespace {
+// Auto picks the decode kernel up to this many query rows: decode batches (each row its own
+// list; the WMMA kernel would take such rows one by one) and short prefill chunks (rows of one
+// sequence then each read the shared keys, mostly from L2). Longer prefill chunks keep the WMMA
+// kernel, whose 4-row groups load each key tile once.
+constexpr int64_t kDecodeMaxRows = 128;
 // V4_INDEXER_DECODE=0 turns the decode kernel off (A/B against the WMMA kernel); read once.
 bool decode_kernel_enabled() {
   static const bool on = [] {
@@ -367,7 +372,7 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
   if (max_count > int64_t(1) << 30)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: max_count {} too large",
                   max_count);
-  if (variant >= 2 || (variant == 0 && a.n_rows <= 64 && decode_kernel_enabled() &&
+  if (variant >= 2 || (variant == 0 && a.n_rows <= kDecodeMaxRows && decode_kernel_enabled() &&
                        indexer_decode_supported(a))) {
     if (!indexer_decode_supported(a))
       return errorf(ErrorCode::kInvalidArgument,

@@ -3,7 +3,7 @@
 // with q and keys rounded to bf16 (fp32 accumulate) — the bf16 tolerance applies, so the CUDA
 // backend uses this only when batch invariance / fp32 results are not required.
 //
-// Two kernels: the decode kernel (≤ 64 rows, nI = 64, dI = 128; described at indexer_scores_tc)
+// Two kernels: the decode kernel (≤ 128 rows, nI = 64, dI = 128; described at indexer_scores_tc)
 // and the WMMA kernel (any supported dims, prefill). WMMA kernel: blocks take groups of 4
 // consecutive query rows; when the 4 rows share one candidate list (rows
 // of one sequence's prefill chunk: same RowMap offset), every key tile is loaded once for all of
@@ -29,7 +29,7 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 
 /// Writes score[t, s] for s < a.cand.count[t] into `scores` (f32 [S, ld]); other entries are
 /// untouched. `max_count` ≥ every count (host bound; sizes the grid). `n_sms`: SMs of the device
-/// (grid sizing). `variant`: 0 auto — the decode kernel (below) for S ≤ 64 rows when
+/// (grid sizing). `variant`: 0 auto — the decode kernel (below) for S ≤ 128 rows when
 /// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), else the WMMA kernel (one
 /// query row per group for S ≤ 64, 4 rows sharing key tiles above); 1 the WMMA kernel only (the
 /// previous decode path, for benchmarks); 2 the decode kernel only; 3 the decode kernel with
