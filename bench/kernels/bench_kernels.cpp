@@ -20,6 +20,10 @@
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
+//   bench_kernels --out DIR --only-indexer   (only the indexer scores over the paged f32 key
+//                                             pool, decode kernel vs WMMA, ± top-512, and the
+//                                             whole Ops::indexer_topk: DIR/cuda-indexer.md;
+//                                             also part of the full run)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -52,6 +56,8 @@ int main() {
 
 // compressor_bench.cpp: the cuda-compressor.md body at copy bandwidth `bw` GB/s.
 std::string bench_compressor(double bw);
+// indexer_bench.cpp: the cuda-indexer.md body at copy bandwidth `bw` GB/s.
+std::string bench_indexer(double bw, int reps);
 
 namespace {
 
@@ -617,6 +623,7 @@ int main(int argc, char** argv) {
   std::string cmd = "bench_kernels";
   bool only_wformat = false, only_compressor = false;
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
+  bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
@@ -624,6 +631,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
     else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
+    else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);
@@ -719,6 +727,17 @@ int main(int argc, char** argv) {
   };
   if (only_compressor) {
     write_compressor();
+    return 0;
+  }
+  auto write_indexer = [&] {
+    std::ofstream(out_dir + "/cuda-indexer.md")
+        << "# Indexer scores (bf16, paged f32 key pool) and top-512 on the GPU\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n" << bench_indexer(bw, reps);
+    std::printf("wrote %s/cuda-indexer.md\n", out_dir.c_str());
+  };
+  if (only_indexer) {
+    write_indexer();
     return 0;
   }
   if (only_wformat) {
@@ -939,6 +958,7 @@ int main(int argc, char** argv) {
   kt << "\n" << bench_wformat(bw, std::max(reps, 50));
   std::ofstream(out_dir + "/cuda-kernels.md") << kt.str();
   write_compressor();
+  write_indexer();
   std::printf("wrote %s/cuda-topk.md and %s/cuda-kernels.md\n", out_dir.c_str(), out_dir.c_str());
   return 0;
 }
