@@ -8,6 +8,7 @@
 //   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32: 2 KiB a row);
 //                                 the stage just converted doubles as the S exchange buffer
 //                                 ([8 warps][16][40] f32) until the tile after next is issued
+// Split partials are merged by attn_dec_combine_kernel (one block per (row, head, 128 dims)).
 // Per tile (it): wait for stage it%2 → sync → convert to kb → sync → QK, write partial S →
 // sync → add the partner's partial S, online softmax, P·V → sync → issue tile it+2 into the
 // freed stage. Every tile therefore has one other tile (64 KiB) in flight while it computes,
@@ -30,7 +31,7 @@ constexpr int kKT = kAttnDecTileKeys;       // keys per tile (32)
 constexpr int kThreads = 256;               // 8 warps
 constexpr int kLdB = kHd + 8;               // bf16 row stride of qs / kb (elements)
 constexpr int kSxLd = 40;                   // f32 row stride of the S exchange (conflict-free)
-constexpr int kMaxSplits = 256;             // attention_combine's limit
+constexpr int kMaxSplits = 256;             // the combine kernel's weight buffer
 
 /// How key rows of a pool element type are staged and turned into bf16: rows are copied as
 /// 16-byte chunks (cp.async) and each chunk converts to kElems bf16 values. The only place that
@@ -141,27 +142,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k1 = min(n, k0 + tiles_per * kKT);
   const int n_tiles = (k1 - k0 + kKT - 1) / kKT;  // 0 for an empty split
 
+  // Stages tile [kt0, kt0 + 32) into stage `buf`: lane L of every warp looks up the pool row of
+  // key kt0 + L once; the 16-byte chunks then take their key's row by shuffle (kKT == 32).
+  static_assert(kKT == 32, "one key per lane in issue()");
+  constexpr int kIssueIters = kKT * kChunksPerRow / kThreads;
+  static_assert(kKT * kChunksPerRow % kThreads == 0, "uniform issue loop (shuffles)");
   auto issue = [&](int kt0, int buf) {
     unsigned char* st = stage0 + buf * kStage;
-    for (int e = threadIdx.x; e < kKT * kChunksPerRow; e += kThreads) {
+    const int jl = kt0 + lane;
+    const int32_t my_r = jl < k1 ? key_row(a, t, jl, n_swa) : -1;
+#pragma unroll 4
+    for (int i = 0; i < kIssueIters; ++i) {
+      const int e = threadIdx.x + i * kThreads;
       const int key = e / kChunksPerRow, c = e % kChunksPerRow;
-      const int j = kt0 + key;
-      int32_t r = -1;
-      const T* pool = swa_pool;
-      if (j < k1) {
-        r = key_row(a, t, j, n_swa);
-        pool = j >= n_swa ? comp_pool : swa_pool;
-      }
+      const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+      const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
       const void* src = r >= 0 ? static_cast<const void*>(
                                      reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) +
                                      16 * c)
                                : static_cast<const void*>(a.q);
       cp_async16(st + size_t(key) * KeyPool<T>::kRowBytes + 16 * c, src, r >= 0);
     }
-    if (threadIdx.x < kKT) {
-      const int j = kt0 + threadIdx.x;
-      rows_s[buf][threadIdx.x] = j < k1 ? key_row(a, t, j, n_swa) : -1;
-    }
+    if (warp == 0) rows_s[buf][lane] = my_r;
     cp_async_commit();
   };
 
@@ -174,8 +176,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue(k0, 0);
     if (n_tiles > 1) issue(k0 + kKT, 1);
     // Q of the block's heads → bf16 (rows ≥ H are zero), while the first tiles are in flight.
-#pragma unroll 8
-    for (int e = threadIdx.x; e < kHeads * (kHd / 4); e += kThreads) {
+#pragma unroll 16
+    for (int i = 0; i < kHeads * (kHd / 4) / kThreads; ++i) {
+      const int e = threadIdx.x + i * kThreads;
       const int h = e / (kHd / 4), c4 = e % (kHd / 4);
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (hb + h < H)
@@ -331,6 +334,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// Merges the split partials of (t, h) with the sink (the attention.h partial layout), spread
+// over (t·H + h, dim quarter) blocks of 128 threads so that batch 1 still fills the GPU: every
+// block recomputes the split weights (max, then exp(m_s − M) and L, fixed reduction order) and
+// sums its 128 output dims over the splits.
+constexpr int kCombThreads = 128;
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
+#pragma unroll
+  for (int off = 16; off; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < kCombThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();  // red reusable
+  return r;
+}
+__global__ void __launch_bounds__(kCombThreads) attn_dec_combine_kernel(ops::AttentionArgs a,
+                                                                       int n_splits,
+                                                                       const float* __restrict__ ws) {
+  __shared__ float fs[kMaxSplits];
+  __shared__ float red[kCombThreads / 32];
+  const int64_t th = blockIdx.x;
+  const int h = int(th % a.n_heads);
+  const float* p = ws + th * n_splits * int64_t(kHd + 2);
+  const float sink = a.sinks[h];
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < n_splits; s += kCombThreads) mx = fmaxf(mx, p[s * int64_t(kHd + 2)]);
+  const float M = fmaxf(sink, block_reduce(mx, true, red));
+  float ls = 0.f;
+  for (int s = threadIdx.x; s < n_splits; s += kCombThreads) {
+    const float m = p[s * int64_t(kHd + 2)];
+    const float f = m == -INFINITY ? 0.f : __expf(m - M);
+    fs[s] = f;
+    ls += p[s * int64_t(kHd + 2) + 1] * f;
+  }
+  const float inv = 1.f / (__expf(sink - M) + block_reduce(ls, false, red));  // syncs: fs ready
+  const int d = blockIdx.y * kCombThreads + threadIdx.x;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < n_splits; ++s) acc = fmaf(p[s * int64_t(kHd + 2) + 2 + d], fs[s], acc);
+  a.out[th * kHd + d] = acc * inv;
+}
+
 }  // namespace
 
 bool attention_dec_supported(int n_heads, int head_dim) {
@@ -343,7 +392,7 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
   const double kTile = kKT * kHd * 4 / 1024.0;  // 64: one f32 key tile
   const double kQ = kHeads * kHd * 4 / 1024.0;  // 128: q of 64 heads (f32), also out / partial
   const double kBoost = 1.5;                    // one SM draws ≤ 1.5× its fair share
-  const double kWaveLatency = 48, kCombine = 64;
+  const double kWaveLatency = 48;  // ~1.5 µs of latency per wave (and per extra launch)
   const int64_t groups = S * ((H + kHeads - 1) / kHeads);
   const int64_t tiles = (max_keys + kKT - 1) / kKT;
   int best = 1;
@@ -353,12 +402,13 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
     const int64_t used = (tiles + per - 1) / per;  // splits that get keys
     if (used != sp) continue;
     const int64_t ctas = groups * sp;
-    const double per_cta = double(per) * kTile + kQ + (sp > 1 ? 2 * kQ : kQ);
+    // Split: the partial write here, the combine's read of it (spread over all SMs) below.
+    const double per_cta = double(per) * kTile + kQ + kQ;
     const int64_t waves = (ctas + n_sms - 1) / n_sms;
     const double active = double(std::min<int64_t>(ctas, n_sms));
     const double cost = double(waves) * (per_cta * std::max(active, n_sms / kBoost) / n_sms +
                                          kWaveLatency) +
-                        (sp > 1 ? kCombine : 0);
+                        (sp > 1 ? kWaveLatency + double(groups) * kQ * double(sp) / n_sms : 0);
     if (sp == 1 || cost < best_cost) {
       best = int(sp);
       best_cost = cost;
@@ -376,7 +426,8 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (a.n_rows * n_splits > int64_t(0x7fffffff) || (a.n_heads + kHeads - 1) / kHeads > 65535)
+  if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
+      (a.n_heads + kHeads - 1) / kHeads > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   constexpr size_t kSmem = smem_bytes<float>();
@@ -391,8 +442,10 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   attn_dec_kernel<float><<<grid, kThreads, kSmem, stream>>>(a, a.swa_pool, a.comp_pool, n_splits,
                                                             workspace);
   V4_RETURN_IF_ERROR(check_launch("attn_dec_kernel"));
-  if (n_splits > 1) return attention_combine(a, n_splits, workspace, stream);
-  return Status::Ok();
+  if (n_splits == 1) return Status::Ok();
+  const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
+  attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
+  return check_launch("attn_dec_combine_kernel");
 }
 
 }  // namespace v4::cuda

@@ -18,7 +18,8 @@
 // fp32 op's max |out| (bf16 mode only; fp32 mode keeps the batch-invariant kernels).
 // Splits: the keys of a row are cut into n_splits ranges of whole tiles; with n_splits > 1 the
 // blocks write (max, sum, unnormalized output) partials to `workspace` (attention.h layout) and
-// attention_combine merges them with the sink. No host sync, no allocation: graph-capturable.
+// a combine kernel (one block per row, head and 128 dims) merges them with the sink. No host
+// sync, no allocation: graph-capturable.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -36,8 +37,9 @@ constexpr int kAttnDecTileKeys = 32;
 bool attention_dec_supported(int n_heads, int head_dim);
 
 /// Split count for S rows of up to `max_keys` keys on `n_sms` SMs (one block per SM resident),
-/// from a byte-cost model: per block, its key tiles + q + output (+ partial write and combine
-/// read when split), per wave, with one SM drawing at most 1.5× its fair share of bandwidth.
+/// from a byte-cost model: per block, its key tiles + q + output or partial, per wave, with one
+/// SM drawing at most 1.5× its fair share of bandwidth; split: + the combine's read of the
+/// partials and one more launch.
 /// Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
 int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms);
 
