@@ -176,6 +176,8 @@ std::string bench_attention(double bw) {
         for (int sp : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
           if (sp > tiles || sp == dec_splits) continue;
           const double us = t_dec(sp);
+          std::printf("  sweep %s S=%lld keys=%lld splits=%d: %.2f us\n", kind, (long long)S,
+                      (long long)keys, sp, us);
           if (us < best_us) best_us = us, best_splits = sp;
         }
         const int mma_splits = v4::cuda::attention_auto_splits(S, H, keys, n_sms, 64);

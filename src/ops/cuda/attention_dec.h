@@ -38,7 +38,7 @@ bool attention_dec_supported(int n_heads, int head_dim);
 
 /// Split count for S rows of up to `max_keys` keys on `n_sms` SMs (one block per SM resident),
 /// from a byte-cost model: per block, its key tiles + q + output or partial, per wave, with one
-/// SM drawing at most 1.5× its fair share of bandwidth; split: + the combine's read of the
+/// SM running at most 1.25× its fair share of bandwidth; split: + the combine's read of the
 /// partials and one more launch.
 /// Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
 int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms);
