@@ -277,10 +277,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       psum += __shfl_xor_sync(0xffffffffu, psum, 2);
       l_r[r] = l_r[r] * corr + psum;
       m_r[r] = m_new;
+      // Rescale only when some row's max moved (× 1 is exact, so skipping changes nothing).
+      if (__any_sync(0xffffffffu, corr != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        o[i][2 * r] *= corr;
-        o[i][2 * r + 1] *= corr;
+        for (int i = 0; i < 32; ++i) {
+          o[i][2 * r] *= corr;
+          o[i][2 * r + 1] *= corr;
+        }
       }
     }
     // 3. O += P · V: the S accumulators of n-tiles (2ks, 2ks+1) are the A fragment of k-step ks.
