@@ -17,6 +17,9 @@
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
 //                                             DIR/cuda-compressor.md; also part of the full run)
+//   bench_kernels --out DIR --only-attention (only decode attention, attention_dec vs
+//                                             attention_mma vs the byte floor, CSA/HCA × batch
+//                                             1/64 × 4K/128K/1M: DIR/cuda-attention.md)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
@@ -58,6 +61,8 @@ int main() {
 std::string bench_compressor(double bw);
 // indexer_bench.cpp: the cuda-indexer.md body at copy bandwidth `bw` GB/s.
 std::string bench_indexer(double bw, int reps);
+// attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
+std::string bench_attention(double bw);
 
 namespace {
 
@@ -624,6 +629,7 @@ int main(int argc, char** argv) {
   bool only_wformat = false, only_compressor = false;
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
+  bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
@@ -632,6 +638,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
+    else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);
@@ -738,6 +745,14 @@ int main(int argc, char** argv) {
   };
   if (only_indexer) {
     write_indexer();
+    return 0;
+  }
+  if (only_attention) {
+    std::ofstream(out_dir + "/cuda-attention.md")
+        << "# Decode sparse attention vs its byte floor\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_attention(bw);
+    std::printf("wrote %s/cuda-attention.md\n", out_dir.c_str());
     return 0;
   }
   if (only_wformat) {

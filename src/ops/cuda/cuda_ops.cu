@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
 #include "ops/cuda/compress_pool.cuh"
 #include "ops/cuda/compressor.h"
 #include "ops/cuda/cuda_ops.h"
@@ -334,6 +335,10 @@ class CudaOps final : public Ops {
       if (std::string(e) == "1") opts_.multi_stream = true;
       if (std::string(e) == "0") opts_.multi_stream = false;
     }
+    if (const char* e = std::getenv("V4_ATTN_DEC")) {
+      if (std::string(e) == "1") opts_.attention_dec = true;
+      if (std::string(e) == "0") opts_.attention_dec = false;
+    }
   }
   ~CudaOps() override {
     if (stream_) cudaStreamSynchronize(stream_);
@@ -620,6 +625,20 @@ class CudaOps final : public Ops {
     if (a.head_dim > kAttnMaxHd) {
       record(cuda::errorf(ErrorCode::kUnsupported, "sparse_attention: head_dim {} > {}", a.head_dim,
                           kAttnMaxHd));
+      return;
+    }
+    if (!batch_invariant_ && opts_.attention_dec && a.n_rows <= opts_.attention_dec_max_rows &&
+        cuda::attention_dec_supported(a.n_heads, a.head_dim)) {
+      // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
+      const int splits =
+          cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = static_cast<float*>(scratch(
+            cuda::kSlotAttention,
+            size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                sizeof(float)));
+      record(cuda::sparse_attention_dec(a, splits, ws, cs()));
       return;
     }
     if (!batch_invariant_ && cuda::attention_mma_supported(a.n_heads, a.head_dim)) {

@@ -76,6 +76,14 @@ struct CudaOptions {
   /// limit). Measured on the H200 (bench-v4flash-20l-mstream.md, 20 layers, 4K): on vs off at
   /// batch 1: 6.96 vs 7.12 ms per decode step (−2.2%); at batch 64: 43.4 vs 41.5 ms (+4.6%).
   int64_t multi_stream_max_rows = 16;
+  /// kBf16 sparse_attention with head_dim 512 and n_rows ≤ attention_dec_max_rows: the decode
+  /// kernel (attention_dec.h: bf16 mma.sync, 64 heads per block, cp.async-staged 32-key tiles,
+  /// cost-model split-KV) instead of the TF32 kernel (attention_mma). Off: attention_mma for
+  /// every bf16 call (the A/B baseline). Environment override: V4_ATTN_DEC=1 / 0.
+  bool attention_dec = true;
+  /// Prefill-sized calls (more rows) keep attention_mma until the decode kernel is measured
+  /// there (it is correct for any row count).
+  int64_t attention_dec_max_rows = 256;
 };
 
 /// Counters of the multi-stream branches of a CUDA backend since creation: forks that ran on
