@@ -12,8 +12,8 @@
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
-# Results under $OUT (≤ 8 files come back): device.log, build.log, cuda-op-tests.log, the tables
-# above, logs.tgz (every program's full output).
+# Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
+# cuda-op-tests.log, every program's full output).
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5).
 # From the developer machine:
@@ -76,5 +76,8 @@ if has mstream; then
   echo "bench (multi-stream off,on) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-mstream.md"
   logs+=(bench-mstream.log)
 fi
-cd "$OUT" && { [ ${#logs[@]} -eq 0 ] || { tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"; }; }
+# At most 8 files come back: the .md tables stay loose, every log goes into logs.tgz (the test log
+# and device.log too; their summary lines are printed above).
+cd "$OUT" && grep -hE "^\[  (PASSED|FAILED)|tests? rc=" cuda-op-tests.log device.log 2>/dev/null | head -20
+cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.md' . && find . -maxdepth 1 -type f ! -name '*.md' ! -name logs.tgz -delete
 ls "$OUT"
