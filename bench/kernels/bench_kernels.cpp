@@ -729,7 +729,8 @@ int main(int argc, char** argv) {
                     V{17, "v3 cluster 16×32"},
                     V{30, "v5 cluster 16 (1 barrier/pass, window, candidates)"},
                     V{31, "v5 cluster 8 (1 barrier/pass, window, candidates)"},
-                    V{32, "v5 cluster 4 (1 barrier/pass, window, candidates)"}})
+                    V{32, "v5 cluster 4 (1 barrier/pass, window, candidates)"},
+                    V{33, "v5 cluster 16 + programmatic dependent launch"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -739,6 +740,7 @@ int main(int argc, char** argv) {
         variants.push_back({30, "v5 cluster 16 (1 barrier/pass, window, candidates)"});
         variants.push_back({31, "v5 cluster 8 (1 barrier/pass, window, candidates)"});
         variants.push_back({32, "v5 cluster 4 (1 barrier/pass, window, candidates)"});
+        variants.push_back({33, "v5 cluster 16 + programmatic dependent launch"});
       }
       const auto cap = [](int id) {
         switch (id) {

@@ -319,9 +319,9 @@ TEST(CudaKernels, TopkExactV4Variants) {
 TEST(CudaKernels, TopkExactV5Variants) {
   V4_REQUIRE_GPU();
   const std::pair<int, int> variants[] = {{30, 524288}, {30, 262144}, {30, 65536}, {31, 262144},
-                                          {31, 65536},  {32, 131072}};
+                                          {31, 65536},  {32, 131072}, {33, 262144}};
   for (auto [variant, cap] : variants) {
-    const bool maybe = variant == 30;  // a 16-CTA cluster may not be resident
+    const bool maybe = variant == 30 || variant == 33;  // a 16-CTA cluster may not be resident
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
                    Dist::kRampUp, Dist::kRampDown, Dist::kOutlier, Dist::kLowBits}) {
       SCOPED_TRACE(::testing::Message() << "variant " << variant << " cap " << cap << " dist " << int(d));
@@ -358,6 +358,26 @@ TEST(CudaKernels, TopkV5Batch64At256K) {
     if (!run_topk_case(lens, 512, Dist::kNormal, variant, variant == 30)) continue;
     run_topk_case(lens, 1024, Dist::kTies, variant);
   }
+}
+
+// Variant 33 (v5 with programmatic dependent launch: each launch lets the next one start early and
+// waits for the previous one before touching global memory): back-to-back launches on one stream
+// alternating two inputs into the same output; the result must be the last input's top-k.
+TEST(CudaKernels, TopkV5PdlBackToBack) {
+  V4_REQUIRE_GPU();
+  const int n = 262144, k = 512;
+  const std::vector<int32_t> lens = {n};
+  const auto a = make_row(n, Dist::kNormal), b = make_row(n, Dist::kRampUp);
+  Dev<float> da(a), db(b);
+  Dev<int32_t> dn(lens), dout{size_t(k)};
+  dout.poison();
+  for (int it = 0; it < 21; ++it) {
+    const Status st = topk_rows(it % 2 ? db.p : da.p, n, dn.p, 1, k, n, dout.p, nullptr, nullptr, 33);
+    if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.message();
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(dout.host(), ref_topk(a.data(), n, k));  // it = 20 reads a
 }
 
 TEST(CudaKernels, TopkBatch64At256K) {

@@ -1179,7 +1179,11 @@ constexpr int kV5WinGroups = 32;  // 4-bin groups read per window step at most (
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
 
-template <int C, int ITEMS>
+// PDL: launched with programmatic stream serialization (variant 33): the kernel lets the next
+// kernel of the stream launch at once (griddepcontrol.launch_dependents) and waits for the
+// previous one to complete (griddepcontrol.wait: all its memory visible) before its first global
+// memory access, so its launch and shared-memory setup overlap the previous kernel's tail.
+template <int C, int ITEMS, bool PDL = false>
 __global__ void __launch_bounds__(512, 1)
     topk_kernel_v5(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
                    int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
@@ -1194,20 +1198,37 @@ __global__ void __launch_bounds__(512, 1)
   __shared__ __align__(16) uint32_t cand[kV5Cap];
   __shared__ __align__(16) uint32_t win[2][2][4 * kV5WinGroups];  // [parity][total, lower][bin desc]
   __shared__ typename cub::BlockScan<int, THREADS>::TempStorage scan_tmp;
-  __shared__ uint32_t s_top[3], s_gtop, s_wmin[NW];
+  __shared__ uint32_t s_top[3], s_gtop, s_wmin[NW], s_wmax[NW];
+  __shared__ uint32_t s_top0[C];  // pass-0 top of CTA q, pushed by CTA q before the pass barrier
   __shared__ int s_pick[3], s_cslot, s_red[2][NW];
   __shared__ unsigned long long s_wtot[NW];
 
   const uint32_t rank = cg::this_cluster().block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  {  // zero the three histograms and the per-pass tops (shared memory only)
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist0)[tid * 2 + 1] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2 + 1] = z;
+    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
+    if (tid < 3) s_top[tid] = 0u;
+    if (tid == 0) s_cslot = 0;
+  }
+  // Split cluster barrier #0: its wait (before the first remote store, ~µs later) only guarantees
+  // that every CTA of the cluster has started, so it costs no waiting.
+  cluster_arrive();
+  if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t r = blockIdx.y;
   const int n = max(nrows[r], 0);
   const float* row = scores + r * ld;
   int32_t* orow = out + r * int64_t(k);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   if (n <= k) {  // short row (cluster-uniform, no shared-memory exchange)
     for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
     if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    cluster_wait();
     return;
   }
   TOPK_TS(0);
@@ -1239,16 +1260,6 @@ __global__ void __launch_bounds__(512, 1)
       }
     }
   }
-  {  // while the loads are in flight: zero the three histograms and the per-pass tops
-    const uint4 z = make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
-    reinterpret_cast<uint4*>(hist0)[tid * 2 + 1] = z;
-    reinterpret_cast<uint4*>(hist1)[tid * 2] = z;
-    reinterpret_cast<uint4*>(hist1)[tid * 2 + 1] = z;
-    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
-    if (tid < 3) s_top[tid] = 0u;
-    if (tid == 0) s_cslot = 0;
-  }
   int cnt = 0;
 #pragma unroll
   for (int j = 0; j < ITEMS / 4; ++j)
@@ -1266,14 +1277,24 @@ __global__ void __launch_bounds__(512, 1)
   }
   // Pre-filter F (see above); threads without keys have tmax = 0, which disables it.
   {
-    const uint32_t wmin = __reduce_min_sync(FULL, tmax);
-    if (lane == 0) s_wmin[warp] = wmin;
+    const uint32_t wmin = __reduce_min_sync(FULL, tmax), wmax = __reduce_max_sync(FULL, tmax);
+    if (lane == 0) {
+      s_wmin[warp] = wmin;
+      s_wmax[warp] = wmax;
+    }
   }
   __syncthreads();
-  uint32_t F = 0xffffffffu;
+  uint32_t F = 0xffffffffu, M = 0u;
 #pragma unroll
-  for (int w = 0; w < NW; ++w) F = min(F, s_wmin[w]);
+  for (int w = 0; w < NW; ++w) {
+    F = min(F, s_wmin[w]);
+    M = max(M, s_wmax[w]);
+  }
   if (k > THREADS) F = 0u;
+  // Pass-0 top (highest digit + 1 of the keys ≥ F: M's digit; 1 for a CTA without keys, harmless)
+  // into slot `rank` of every CTA; ordered before the reads by the pass-0 cluster barrier.
+  cluster_wait();
+  if (tid < C) st_cluster_u32(cluster_map(&s_top0[rank], uint32_t(tid)), (M >> 20) + 1u);
   TOPK_TS(1);
 
   uint32_t prefix = 0, mask = 0;
@@ -1296,18 +1317,27 @@ __global__ void __launch_bounds__(512, 1)
         atomicAdd(&h[d], 1u);
         dtop = max(dtop, d + 1);
       }
-    dtop = __reduce_max_sync(FULL, dtop);
-    if (lane == 0 && dtop != 0) atomicMax(&s_top[p], dtop);
+    if (p > 0) {
+      dtop = __reduce_max_sync(FULL, dtop);
+      if (lane == 0 && dtop != 0) atomicMax(&s_top[p], dtop);
+    }
     cg::this_cluster().sync();  // pass barrier: local histograms and tops visible cluster-wide
     TOPK_TS(2 + 2 * p);
-    if (warp == 0) {
-      uint32_t t = lane < C ? ld_cluster_u32(cluster_map(&s_top[p], uint32_t(lane))) : 0u;
-      t = __reduce_max_sync(FULL, t);
-      if (lane == 0) s_gtop = t;
+    uint32_t gtop = 0;
+    if (p == 0) {
+#pragma unroll
+      for (int qq = 0; qq < C; ++qq) gtop = max(gtop, s_top0[qq]);
+    } else {
+      if (warp == 0) {
+        uint32_t t = lane < C ? ld_cluster_u32(cluster_map(&s_top[p], uint32_t(lane))) : 0u;
+        t = __reduce_max_sync(FULL, t);
+        if (lane == 0) s_gtop = t;
+      }
+      __syncthreads();
+      gtop = s_gtop;
     }
-    __syncthreads();
     // Window walk from the row's highest non-empty bin down (groups [hi − ng, hi) per step).
-    int hi = int((s_gtop + 3u) >> 2);
+    int hi = int((gtop + 3u) >> 2);
     int carry = 0, carry_lo = 0, zg = 4;
     int bstar = 0, G = 0, Gl = 0, E = 0, El = 0;
     while (hi > 0) {  // CTA-uniform
@@ -1621,6 +1651,32 @@ Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t*
   return Status::Ok();
 }
 
+// launch_cluster with programmatic stream serialization (PDL, v5 variant 33).
+template <int C, typename Kern>
+Status launch_cluster_pdl(Kern kern, const float* scores, int64_t ld, const int32_t* n, int64_t R,
+                          int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C, unsigned(R), 1);
+  cfg.blockDim = dim3(512, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  if constexpr (C > 8) {
+    cudaLaunchConfig_t probe = cfg;  // residency question without the PDL attribute
+    probe.numAttrs = 1;
+    V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, probe));
+  }
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
+  return Status::Ok();
+}
+
 template <int C, int THREADS, int ITEMS, bool AGG>
 Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                    int32_t* out, int32_t* out_len, cudaStream_t stream) {
@@ -1838,6 +1894,12 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n > 4 * T * 64) break;
       if (max_n <= 4 * T * 32) return launch_cluster<4>(topk_kernel_v5<4, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_cluster<4>(topk_kernel_v5<4, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 33:  // 30 launched with programmatic dependent launch
+      if (max_n > 16 * T * 64) break;
+      if (max_n <= 16 * T * 8) return launch_cluster_pdl<16>(topk_kernel_v5<16, 8, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_cluster_pdl<16>(topk_kernel_v5<16, 16, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 32) return launch_cluster_pdl<16>(topk_kernel_v5<16, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster_pdl<16>(topk_kernel_v5<16, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

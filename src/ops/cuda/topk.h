@@ -61,7 +61,8 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// selected locally; output offsets come from the window counts, no extra exchange), keys/thread
 /// sized to the row, coalesced loads: 30: cluster 16 (rows ≤ 524288; auto for < 16 rows above
 /// 8192 where a 16-CTA cluster can be resident), 31: cluster 8 (≤ 262144), 32: cluster 4
-/// (≤ 131072).
+/// (≤ 131072), 33: as 30, launched with programmatic dependent launch (waits for the previous
+/// kernel of the stream before its first global access; lets the next one launch early).
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
