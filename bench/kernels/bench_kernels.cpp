@@ -797,18 +797,26 @@ int main(int argc, char** argv) {
                     V{27, "v3 cluster 8, coalesced loads (sized to the row)"},
                     V{28, "v3 cluster 4, coalesced loads (sized to the row)"},
                     V{29, "v3 cluster 2, coalesced loads (sized to the row)"},
-                    V{17, "v3 cluster 16×32"}})
+                    V{17, "v3 cluster 16×32"},
+                    V{30, "v5 cluster 16 (1 barrier/pass, window, candidates)"},
+                    V{31, "v5 cluster 8 (1 barrier/pass, window, candidates)"},
+                    V{32, "v5 cluster 4 (1 barrier/pass, window, candidates)"},
+                    V{33, "v5 cluster 16 + programmatic dependent launch"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
         variants.push_back({1, "v1 1 CTA (first version)"});
         variants.push_back({22, "v4 cluster 8×32 (cap 2k)"});
         variants.push_back({27, "v3 cluster 8, coalesced loads (sized to the row)"});
+        variants.push_back({30, "v5 cluster 16 (1 barrier/pass, window, candidates)"});
+        variants.push_back({31, "v5 cluster 8 (1 barrier/pass, window, candidates)"});
+        variants.push_back({32, "v5 cluster 4 (1 barrier/pass, window, candidates)"});
+        variants.push_back({33, "v5 cluster 16 + programmatic dependent launch"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: return 131072;
           default: return 262144;
         }
       };
