@@ -29,6 +29,30 @@ namespace cg = cooperative_groups;
 // cluster forms the same total); RMSNorm · norm; RoPE pairs (2i, 2i+1) on the trailing rope_dim
 // channels (a pair never straddles a slice: slices are multiples of 4 channels on the vector path
 // and whole rows on the scalar one); one `VEC`-wide store into pool[dst[r]].
+// Stores VEC finished values o[0..VEC) at value index i of the pool (i % VEC == 0) in the pool's
+// element type (a.pool_dtype: f32, or bf16 rounded to nearest even as the CPU backend does).
+template <int VEC>
+__device__ __forceinline__ void store_pool_values(const ops::CompressFusedArgs& a, int64_t i,
+                                                  const float* o) {
+  if (a.pool_dtype == KvDtype::kBf16) {
+    uint16_t* p = static_cast<uint16_t*>(a.pool) + i;
+    if constexpr (VEC == 4) {  // 8 bytes, 8-byte aligned (pool 16-aligned, i % 4 == 0)
+      const uint2 u = make_uint2(
+          uint32_t(kv_f32_to_bf16(o[0])) | (uint32_t(kv_f32_to_bf16(o[1])) << 16),
+          uint32_t(kv_f32_to_bf16(o[2])) | (uint32_t(kv_f32_to_bf16(o[3])) << 16));
+      *reinterpret_cast<uint2*>(p) = u;
+    } else {
+      p[0] = kv_f32_to_bf16(o[0]);
+    }
+    return;
+  }
+  float* p = static_cast<float*>(a.pool) + i;
+  if constexpr (VEC == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]);
+  else
+    p[0] = o[0];
+}
+
 template <int VEC>
 __global__ void __launch_bounds__(512)
     compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl) {
@@ -113,7 +137,7 @@ __global__ void __launch_bounds__(512)
   // 3. Normalise + weight, RoPE, store (VEC channels per thread).
   const int rd = a.rope_dim, nope = d - rd;
   const float pos = rd > 0 ? float(a.positions[r]) : 0.f;
-  float* out = a.pool + int64_t(dst) * d;
+  const int64_t out = int64_t(dst) * d;  // value index of the row in the pool
   auto normed = [&](int ch) {  // channel ch of the row (inside this slice), normalised · norm
     float v = s_row[ch - c0] * inv;
     if (a.norm) v *= a.norm[ch];
@@ -138,10 +162,7 @@ __global__ void __launch_bounds__(512)
       cs *= a.attention_scaling;
       o[i] = ((ch - nope) & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
     }
-    if constexpr (VEC == 4)
-      *reinterpret_cast<float4*>(out + ch0) = make_float4(o[0], o[1], o[2], o[3]);
-    else
-      out[ch0] = o[0];
+    store_pool_values<VEC>(a, out + ch0, o);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/cuda/device_util.cuh"  // kv_load4 (f32 or bf16 key pools)
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/wfrag.cuh"
 
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
         const int key = e / w4, c4 = e - key * w4;
         const int32_t r = rows_s[key];
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r >= 0) v = __ldg(reinterpret_cast<const float4*>(a.key_pool + int64_t(r) * dI) + c4);
+        if (r >= 0) v = kv_load4(a.key_pool, a.key_dtype, int64_t(r) * dI + 4 * c4);
         __nv_bfloat16* dst = ks + key * L.ldk + 4 * c4;
         dst[0] = __float2bfloat16(v.x);
         dst[1] = __float2bfloat16(v.y);
@@ -175,6 +176,21 @@ __device__ __forceinline__ float4 ld_stream_f4(const float* p) {
       : "l"(p));
   return v;
 }
+// Four consecutive bf16 values (8 bytes at p, 8-byte aligned) widened to f32 (exact), loaded
+// like ld_stream_f4.
+__device__ __forceinline__ float4 ld_stream_bf16x4(const uint16_t* p) {
+  uint32_t x, y;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(x), "=r"(y) : "l"(p));
+  // little endian: value 0 is the low half of x
+  return make_float4(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u),
+                     __uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
+}
+// Values [i, i + 4) of the key pool (i % 4 == 0) in its element type, as ld_stream_f4.
+__device__ __forceinline__ float4 ld_stream_key4(const ops::IndexerArgs& a, int64_t i) {
+  if (a.key_dtype == KvDtype::kBf16)
+    return ld_stream_bf16x4(static_cast<const uint16_t*>(a.key_pool) + i);
+  return ld_stream_f4(static_cast<const float*>(a.key_pool) + i);
+}
 
 // kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
 template <int kDNT>
@@ -229,10 +245,10 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
     float4 kv[kDNT][kDKT];
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) {
-      const float* kp = a.key_pool + int64_t(r[j] < 0 ? 0 : r[j]) * kDDI + 4 * t;
+      const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI + 4 * t;  // value index
 #pragma unroll
       for (int kk = 0; kk < kDKT; ++kk)
-        kv[j][kk] = r[j] < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : ld_stream_f4(kp + 16 * kk);
+        kv[j][kk] = r[j] < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : ld_stream_key4(a, kp + 16 * kk);
     }
     // Next chunk's candidate rows while the keys are in flight.
 #pragma unroll
