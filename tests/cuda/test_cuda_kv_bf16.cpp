@@ -78,7 +78,7 @@ TEST(CudaKvBf16, StoreRowsKvBitIdenticalToCpu) {
   auto src = randn(size_t(n * width), 3.f);
   src[0] = 1.f + 0x1p-8f;  // ties to even
   src[1] = 1.f + 3 * 0x1p-8f;
-  std::vector<int32_t> rows(size_t(n));
+  std::vector<int32_t> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = i % 5 == 3 ? -1 : int32_t((i * 7) % pool_rows);
   // distinct targets: i·7 mod 50 is injective for i < 50
   std::vector<uint16_t> cpu(size_t(pool_rows * width), 0x1234);
@@ -278,8 +278,8 @@ TEST(CudaKvBf16, IndexerBf16KeysMatchReference) {
     const int64_t S = c.S, pool_rows = 5000;
     auto q = randn(size_t(S * c.nI * c.dI)), w = randn(size_t(S * c.nI));
     const auto keys = to_bf16(randn(size_t(pool_rows * c.dI)));
-    std::vector<int32_t> rows, count(size_t(S));
-    std::vector<int64_t> offset(size_t(S));
+    std::vector<int32_t> rows, count(static_cast<size_t>(S));
+    std::vector<int64_t> offset(static_cast<size_t>(S));
     for (int64_t t = 0; t < S; ++t) {
       offset[size_t(t)] = int64_t(rows.size());
       count[size_t(t)] = t == 0 ? c.max_count : rand_int(1, c.max_count);
@@ -301,7 +301,7 @@ TEST(CudaKvBf16, IndexerBf16KeysMatchReference) {
       return acc;
     };
     const int64_t ld = (c.max_count + 3) / 4 * 4;
-    Dev<float> dq(q), dw(w), dscores(size_t(S * ld));
+    Dev<float> dq(q), dw(w), dscores(static_cast<size_t>(S * ld));
     Dev<uint16_t> dkeys(keys);
     Dev<int32_t> drows(rows), dcount(count);
     Dev<int64_t> doff(offset);
@@ -336,7 +336,7 @@ TEST(CudaKvBf16, IndexerBf16KeysMatchReference) {
     auto g = cuda_ops(Precision::kFp32);
     ASSERT_TRUE(g);
     const int k = 64;
-    Dev<int32_t> out_rows(size_t(S * k)), out_cnt(size_t(S));
+    Dev<int32_t> out_rows(static_cast<size_t>(S * k)), out_cnt(static_cast<size_t>(S));
     out_rows.poison();
     IndexerArgs ia = a;
     ia.topk = k;
@@ -350,7 +350,7 @@ TEST(CudaKvBf16, IndexerBf16KeysMatchReference) {
     for (int64_t t = 0; t < S; ++t) {
       const int n = count[size_t(t)], want = std::min(n, k);
       ASSERT_EQ(cnt[size_t(t)], want);
-      std::vector<double> sc(size_t(n));
+      std::vector<double> sc(static_cast<size_t>(n));
       double scale = 1e-30;
       for (int s = 0; s < n; ++s) scale = std::max(scale, std::fabs(sc[size_t(s)] = ref(t, s, false)));
       std::vector<double> sorted = sc;
