@@ -50,7 +50,6 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
     y[i] += x[i];
 }
 
-// dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
 // pool[rows[r], c] = src[r, c] (rows[r] < 0: skipped) into a bf16 KV pool, round to nearest even
 // (kv_f32_to_bf16: bit-identical to the CPU backend's store).
 __global__ void store_rows_bf16_kernel(const float* __restrict__ src,
@@ -65,6 +64,7 @@ __global__ void store_rows_bf16_kernel(const float* __restrict__ src,
   }
 }
 
+// dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
 __global__ void rows_copy_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
                                  int64_t n, int64_t width, float* __restrict__ dst, bool scatter) {
   const int64_t total = n * width;
