@@ -163,6 +163,10 @@ struct CompressArgs {
 /// implementation: ≥ max(n_out·d, n_ring·c·d) floats of backend memory; nullptr → the default
 /// allocates and frees it (not allowed under graph capture). Backends overriding the op with a
 /// fused kernel ignore it and neither allocate nor synchronize.
+/// CUDA: the plan arrays (src, positions, dst, ring_src, ring_dst), norm and inv_freq must not be
+/// written by the kernel issued immediately before the call on the same stream (they are read
+/// while that kernel may still be running: programmatic dependent launch); the fresh rows, the
+/// state ring and the pool may be (the model's predecessor is the zc projection).
 struct CompressFusedArgs {
   const float* fresh_kv = nullptr;    // [n_fresh, c·d]  Kc = x·W_ckvᵀ of this step
   const float* fresh_gate = nullptr;  // [n_fresh, c·d]  Zc = x·W_cgᵀ of this step

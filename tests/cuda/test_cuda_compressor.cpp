@@ -165,7 +165,9 @@ void run_case(CompressCase k, Mode mode = Mode::kEager, bool expect_one = false)
   const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                k.ring_dst.data(), k.n_ring());
   ASSERT_EQ(disjoint, !k.ring_hazard());
-  if (expect_one) ASSERT_TRUE(disjoint);
+  if (expect_one) {
+    ASSERT_TRUE(disjoint);
+  }
   for (bool one : {false, true}) {
     if (one && !disjoint) continue;
     SCOPED_TRACE(one ? "one launch (ring_disjoint)" : "two launches");

@@ -42,8 +42,11 @@ struct CompressRowsPlan {
   int threads = 0;   // blockDim: gw·P rounded up to a multiple of 32 (≤ kCompressMaxThreads)
   bool stage = true; // norm / inv_freq of the slice staged in shared memory with the slot
                      // indices (false only when that would not fit: very large d)
-  int unroll = 4;    // slots per load batch of cs_fold_slots (8 when spp > 4 on the vector path:
-                     // a thread's whole partition in one batch of loads)
+  int unroll = 4;    // slots per load batch of cs_fold_slots: 8 (a thread's whole partition in
+                     // one batch of loads, ~116 registers) when spp > 4 on the vector path with
+                     // one CTA per row; 4 (64 registers) otherwise — cluster plans launch K CTAs
+                     // per row, also for the non-closing rows of a decode batch, and need the
+                     // occupancy to stay in one wave
   size_t smem = 0;   // dynamic shared memory bytes (layout: compress_rows_smem)
 };
 
@@ -104,7 +107,7 @@ inline CompressRowsPlan plan_compress_rows(int m, int c, int d, bool vec_ok) {
     pl.gpc = (pl.groups + pl.ctas - 1) / pl.ctas;
     pl.gw = std::min(pl.gpc, std::max(1, kCompressMaxThreads / pl.parts));
     pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
-    pl.unroll = pl.vec == 4 && pl.spp > 4 ? 8 : 4;
+    pl.unroll = pl.vec == 4 && pl.spp > 4 && pl.ctas == 1 ? 8 : 4;
     pl.stage = true;
     pl.smem = compress_rows_smem(ns, pl.parts, pl.gpc * pl.vec, true).total;
     if (pl.smem <= kCompressSmemLimit) return pl;

@@ -23,10 +23,13 @@ namespace cg = cooperative_groups;
 // Programmatic dependent launch (PDL, sm_90): every kernel here is launched with programmatic
 // stream serialization, so it may start while the previous kernel of the stream is still running;
 // `pdl_wait` (griddepcontrol.wait) blocks until that kernel has completed and its memory is
-// visible. Every CTA calls it first, before any global access and before any exit, so a kernel of
-// this file never completes before its predecessor (the dependency stays transitive). `pdl_trigger`
-// lets the next PDL-launched kernel be scheduled once every CTA of this grid has started; it still
-// waits for this grid's completion before touching memory.
+// visible. Every CTA calls it after its first round of loads (plan indices and parameters only —
+// CompressFusedArgs forbids the immediately preceding kernel to write those) and before reading
+// the fresh rows / state or writing anything, and before any exit, so a kernel of this file never
+// completes before its predecessor (the dependency stays transitive). `pdl_trigger`, right after
+// the wait, lets the next PDL-launched kernel be scheduled once every CTA of this grid has passed
+// its wait (so the next kernel's pre-wait loads never race with this one's predecessor); that
+// kernel still waits for this grid's completion before touching the data.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -66,6 +69,10 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
       from[u] = __ldg(a.ring_src + k[u]);
     }
   }
+  // The index loads above may overlap the predecessor kernel (never written by it: ops.h); the
+  // fresh rows are read and the ring written only after it completed.
+  pdl_wait();
+  pdl_trigger();
   V v[kRingPerThread];
 #pragma unroll
   for (int u = 0; u < kRingPerThread; ++u)
@@ -107,8 +114,6 @@ __global__ void __launch_bounds__(kCompressMaxThreads)
   __shared__ float red[32];
   __shared__ float slice_ss;
   __shared__ int32_t s_dst;
-  pdl_wait();
-  pdl_trigger();
   const int K = pl.ctas;
   const int tid = threadIdx.x, nt = blockDim.x;
   if (RING && int64_t(blockIdx.x) >= a.n_out * K) {
@@ -140,6 +145,11 @@ __global__ void __launch_bounds__(kCompressMaxThreads)
   const int q_lo = max(0, c0 - nope) / 2, q_hi = min(rd / 2, max(0, c0 + cw - nope) / 2);
   if (pl.stage)
     for (int q = q_lo + tid; q < q_hi; q += nt) s_freq[q - q_lo] = __ldg(a.inv_freq + q);
+  // Round 1 overlaps the predecessor kernel's tail: the arrays above are never written by the
+  // kernel issued right before compress_fused (ops.h CompressFusedArgs); everything below
+  // (fresh rows, state ring, pool) may be.
+  pdl_wait();
+  pdl_trigger();
   __syncthreads();
   if (s_dst < 0) return;  // window not closing (device-planned decode rows): the whole cluster exits
 
@@ -239,8 +249,6 @@ __global__ void __launch_bounds__(kCompressMaxThreads)
 // in stream order, i.e. after every state read of the pooling). kRingPerThread items per thread.
 template <int RV>
 __global__ void compress_ring_kernel(ops::CompressFusedArgs a) {
-  pdl_wait();
-  pdl_trigger();
   ring_copy_items<RV>(a, int64_t(blockIdx.x) * kRingPerThread * blockDim.x, threadIdx.x,
                       blockDim.x);
 }
@@ -257,14 +265,14 @@ bool use_pdl() {
   return on;
 }
 
-// V4_COMPRESS_UNROLL=4: load batches of 4 slots even where the plan says 8 (A/B runs; results
-// move by rounding only).
-bool force_unroll4() {
-  static const bool on = [] {
+// V4_COMPRESS_UNROLL=4 / =8: load batches of 4 / 8 slots whatever the plan says (8 only on the
+// vector path; A/B runs; results move by rounding only). 0 = the plan's choice.
+int forced_unroll() {
+  static const int u = [] {
     const char* e = std::getenv("V4_COMPRESS_UNROLL");
-    return e && e[0] == '4';
+    return e && e[0] == '4' ? 4 : e && e[0] == '8' ? 8 : 0;
   }();
-  return on;
+  return u;
 }
 
 // Launches `kern` with an optional cluster dimension and the PDL attribute.
@@ -315,7 +323,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
                         aligned16(a.state_kv) && aligned16(a.state_gate) && aligned16(a.bias) &&
                         aligned16(a.pool);
     CompressRowsPlan pl = plan_compress_rows(a.ratio, a.overlap, d, vec_ok);
-    if (force_unroll4()) pl.unroll = 4;  // A/B: two load batches of 4 (fewer registers)
+    if (forced_unroll() != 0 && pl.vec == 4) pl.unroll = forced_unroll();  // A/B runs
     if (pl.threads == 0)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: dim {} too large", d);
     if (pl.threads > kCompressMaxThreads || pl.smem > kCompressSmemLimit)
