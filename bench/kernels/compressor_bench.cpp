@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "../../tests/model/compressor_cases.h"
+#include "ops/cuda/compress_split.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
@@ -189,7 +191,9 @@ std::string bench_compressor(double bw) {
         "the same bytes does not either) and `% of that memcpy` (against a cudaMemcpy D2D moving "
         "the same number of bytes, timed the same way); `≥ 85%?` judges the latter. Launches: 1 "
         "when the call sets `ring_disjoint` (no refreshed ring row is read as state: decode, a "
-        "prefill chunk from position 0), else 2; the unfused rows are the baseline (8 launches).\n\n";
+        "prefill chunk from position 0), else 2; the unfused rows are the baseline (8 launches); "
+        "`(A/B)` rows rerun the fused op with one switch flipped (two-launch form, "
+        "V4_COMPRESS_PDL=0, V4_COMPRESS_UNROLL=4).\n\n";
   md << "Byte counts from the plan (compressor_bench.cpp `count_bytes`): fused = the floor, each "
         "byte once: every distinct kc / zc / state (row, channel half) a closing window or the "
         "ring refresh reads (kv + gate, d·4 B each) + indices + bias/norm once + n_closing·d·4 B "
@@ -252,18 +256,35 @@ std::string bench_compressor(double bw) {
       const double t_f = time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15);
       const double t_u = time_graph_ops(o, [&] { o->v4::ops::Ops::compress_fused(a); }, inner, 15);
       const double t_mc = memcpy_us(by.fused);
-      for (int v = 0; v < 2; ++v) {
-        const double t = v == 0 ? t_f : t_u;
+      auto row = [&](const char* variant, int n_launch, double t, const char* verdict) {
         const double gbs = by.fused / (t * 1e-6) / 1e9;
         char buf[512];
         std::snprintf(buf, sizeof buf,
                       "| %s %s | %lld / %lld | %s | %d | %.2f | %.3f | %.3f | %.0f | %.1f%% | %.2f | "
                       "%.1f%% | %s |\n",
-                      sc.name, s.name, (long long)by.closing, (long long)k.n_ring(),
-                      v == 0 ? "fused" : "unfused", v == 0 ? launches : 8, t, by.fused / 1e6,
-                      by.unfused / 1e6, gbs, 100.0 * gbs / bw, t_mc, 100.0 * t_mc / t,
-                      v == 1 ? "(baseline)" : 100.0 * t_mc / t >= 85.0 ? "yes" : "**no**");
+                      sc.name, s.name, (long long)by.closing, (long long)k.n_ring(), variant,
+                      n_launch, t, by.fused / 1e6, by.unfused / 1e6, gbs, 100.0 * gbs / bw, t_mc,
+                      100.0 * t_mc / t, verdict ? verdict : 100.0 * t_mc / t >= 85.0 ? "yes" : "**no**");
         md << buf;
+      };
+      row("fused", launches, t_f, nullptr);
+      row("unfused", 8, t_u, "(baseline)");
+      // A/B rows of the FlashCompressor's switches (compressor.cu reads them at every call).
+      if (launches == 1 && a.n_ring > 0) {
+        CompressFusedArgs two = a;
+        two.ring_disjoint = false;
+        row("fused, 2 launches (A/B)", 2,
+            time_graph_ops(o, [&] { o->compress_fused(two); }, inner, 15), "(A/B)");
+      }
+      setenv("V4_COMPRESS_PDL", "0", 1);
+      row("fused, PDL off (A/B)", launches,
+          time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
+      unsetenv("V4_COMPRESS_PDL");
+      if (v4::cuda::plan_compress_rows(s.m, s.c, s.d, true).unroll == 8) {
+        setenv("V4_COMPRESS_UNROLL", "4", 1);
+        row("fused, 4-slot batches (A/B)", launches,
+            time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
+        unsetenv("V4_COMPRESS_UNROLL");
       }
       std::printf("compressor %s %s: fused %.2f us (%d launches), unfused %.2f us, memcpy %.2f us\n",
                   sc.name, s.name, t_f, launches, t_u, t_mc);

@@ -101,28 +101,32 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // store into pool[dst[r]]. The row's slot indices, dst, position, norm slice and inv_freq slice
 // are all fetched in one first round of loads.
 //
-// RING (one-launch form, CompressFusedArgs::ring_disjoint): CTAs [n_out · K, gridDim.x) refresh
-// the ring instead (ring_copy_items with RV = VEC, kRingPerThread items per thread). Correct only
-// because no refreshed ring row is read as state by any window of the call (the caller's
-// promise); they run concurrently with the pooling CTAs. Whole clusters of them: n_out · K is a
-// multiple of K, so a cluster is all-pooling or all-ring and ring clusters never reach the
-// cluster barriers.
+// RING (one-launch form, CompressFusedArgs::ring_disjoint): the first `ring_ctas` CTAs refresh
+// the ring instead (ring_copy_items with RV = VEC, kRingPerThread items per thread), the pooling
+// CTAs follow (row r = (blockIdx − ring_ctas) / K). Correct only because no refreshed ring row is
+// read as state by any window of the call (the caller's promise); they run concurrently with the
+// pooling CTAs (first, so in the first wave of a multi-wave prefill grid, not its tail). Whole
+// clusters of them: ring_ctas is a multiple of K, so a cluster is all-ring or all-pooling and
+// ring clusters never reach the cluster barriers. ring_ctas = 0 without RING.
+// Batches of 4: ≤ 64 registers (4 CTAs of 256 threads per SM: the C128 prefill-8K grid of 512
+// CTAs and a decode B = 64 grid of 512 + ring CTAs stay one wave); batches of 8 need ~116.
 template <int VEC, int U, bool RING>
-__global__ void __launch_bounds__(kCompressMaxThreads)
-    compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl) {
+__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
+    compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas) {
   extern __shared__ float4 smem_f4[];
   __shared__ float red[32];
   __shared__ float slice_ss;
   __shared__ int32_t s_dst;
   const int K = pl.ctas;
   const int tid = threadIdx.x, nt = blockDim.x;
-  if (RING && int64_t(blockIdx.x) >= a.n_out * K) {
-    ring_copy_items<VEC>(a, (int64_t(blockIdx.x) - a.n_out * K) * kRingPerThread * nt, tid, nt);
+  if (RING && int64_t(blockIdx.x) < ring_ctas) {
+    ring_copy_items<VEC>(a, int64_t(blockIdx.x) * kRingPerThread * nt, tid, nt);
     return;
   }
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem_f4);
-  const int64_t r = blockIdx.x / K;
-  const int rank = int(blockIdx.x % K);
+  const int64_t cta = int64_t(blockIdx.x) - (RING ? ring_ctas : 0);
+  const int64_t r = cta / K;
+  const int rank = int(cta % K);
   const int d = a.dim, ns = a.overlap * a.ratio;
   const int g0 = rank * pl.gpc, g1 = min(pl.groups, g0 + pl.gpc);
   const int c0 = g0 * VEC, cw = max(0, g1 - g0) * VEC, cw_max = pl.gpc * VEC;
@@ -256,23 +260,19 @@ __global__ void compress_ring_kernel(ops::CompressFusedArgs a) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Programmatic dependent launch on (default) unless V4_COMPRESS_PDL=0 (A/B runs, or a driver
-// that refuses the attribute).
+// that refuses the attribute). Read at every call (a getenv per launch: negligible; lets the
+// benchmark switch it between variants).
 bool use_pdl() {
-  static const bool on = [] {
-    const char* e = std::getenv("V4_COMPRESS_PDL");
-    return !(e && e[0] == '0');
-  }();
-  return on;
+  const char* e = std::getenv("V4_COMPRESS_PDL");
+  return !(e && e[0] == '0');
 }
 
 // V4_COMPRESS_UNROLL=4 / =8: load batches of 4 / 8 slots whatever the plan says (8 only on the
-// vector path; A/B runs; results move by rounding only). 0 = the plan's choice.
+// vector path; A/B runs; results move by rounding only). 0 = the plan's choice. Read at every
+// call, as use_pdl.
 int forced_unroll() {
-  static const int u = [] {
-    const char* e = std::getenv("V4_COMPRESS_UNROLL");
-    return e && e[0] == '4' ? 4 : e && e[0] == '8' ? 8 : 0;
-  }();
-  return u;
+  const char* e = std::getenv("V4_COMPRESS_UNROLL");
+  return e && e[0] == '4' ? 4 : e && e[0] == '8' ? 8 : 0;
 }
 
 // Launches `kern` with an optional cluster dimension and the PDL attribute.
@@ -330,7 +330,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
       return errorf(ErrorCode::kInternal, "compress_fused: plan of {} threads, {} B", pl.threads,
                     pl.smem);
     // One launch when the caller promises that no refreshed ring row is a state slot of a window
-    // (CompressFusedArgs::ring_disjoint): ring CTAs appended to the grid, whole clusters of them.
+    // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
     const bool one = a.ring_disjoint && a.n_ring > 0;
     int64_t ring_ctas = 0;
     if (one) {
@@ -342,7 +342,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     const int64_t grid = a.n_out * pl.ctas + ring_ctas;
     if (grid > 0x7fffffff)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan);
+    using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t);
     Kern kern;
     if (pl.vec == 4)
       kern = pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true>
@@ -352,7 +352,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     else
       kern = one ? compress_fused_rows_kernel<1, 4, true> : compress_fused_rows_kernel<1, 4, false>;
     V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
-                              unsigned(pl.ctas), stream, a, pl));
+                              unsigned(pl.ctas), stream, a, pl, ring_ctas));
     ring_done = ring_done || one;
   }
   if (!ring_done) {

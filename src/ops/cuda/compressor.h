@@ -24,7 +24,8 @@ namespace v4::cuda {
 ///      - otherwise compress_ring_kernel, a second launch: stream order puts it after every state
 ///        read of launch 1.
 /// Both kernels use programmatic dependent launch (griddepcontrol.wait before any memory access
-/// in every CTA; off with V4_COMPRESS_PDL=0). V4_COMPRESS_UNROLL=4 forces load batches of 4 slots.
+/// in every CTA, after its plan-index loads; off with V4_COMPRESS_PDL=0). V4_COMPRESS_UNROLL=4|8
+/// forces load batches of 4 / 8 slots. Both variables are read at every call.
 /// No allocation, no host sync: graph-capturable. `scratch` is ignored.
 /// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range,
 /// d too large for the shared-memory plan (> ~12K); launch failures.
