@@ -88,8 +88,8 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
     }
 }
 
-// One closing window per cluster of pl.ctas CTAs (compress_split.h: CompressRowsPlan); the first
-// n_out · pl.ctas CTAs of the grid. Each CTA owns a channel slice of the row; its threads split the
+// One closing window per cluster of pl.ctas CTAs (compress_split.h: CompressRowsPlan); n_out ·
+// pl.ctas CTAs after the ring CTAs (if any). Each CTA owns a channel slice of the row; its threads split the
 // window's slots into pl.parts contiguous partitions and read the kv / gate / bias rows of their
 // slots with `VEC`-wide loads (a batch of U slots, all its loads in flight before any use),
 // folding them into an online softmax state per channel (cs_fold_slots). Then, per CTA:
@@ -99,7 +99,7 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // (2i, 2i+1) on the trailing rope_dim channels (a pair never straddles a slice: slices are
 // multiples of 4 channels on the vector path and whole rows on the scalar one); one `VEC`-wide
 // store into pool[dst[r]]. The row's slot indices, dst, position, norm slice and inv_freq slice
-// are all fetched in one first round of loads.
+// are all fetched in one first round of loads, before the PDL wait.
 //
 // RING (one-launch form, CompressFusedArgs::ring_disjoint): the first `ring_ctas` CTAs refresh
 // the ring instead (ring_copy_items with RV = VEC, kRingPerThread items per thread), the pooling
