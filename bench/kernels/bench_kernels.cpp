@@ -16,6 +16,8 @@
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
 //                                             DIR/cuda-compressor.md; also part of the full run)
+//   bench_kernels --out DIR --only-mhc       (only the fused mHC rows: DIR/cuda-mhc.md, old vs
+//                                             new kernels at batch 1/7/64 vs the byte floor)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
@@ -51,6 +53,8 @@ int main() {
 
 // compressor_bench.cpp: the cuda-compressor.md body at copy bandwidth `bw` GB/s.
 std::string bench_compressor(double bw);
+// mhc_bench.cpp: the cuda-mhc.md body at copy bandwidth `bw` GB/s.
+std::string bench_mhc(double bw);
 
 namespace {
 
@@ -612,6 +616,7 @@ int main(int argc, char** argv) {
   std::string cmd = "bench_kernels";
   bool only_wformat = false, only_compressor = false;
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
+  bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
@@ -619,6 +624,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
     else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
+    else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);
@@ -682,6 +688,14 @@ int main(int argc, char** argv) {
   };
   if (only_compressor) {
     write_compressor();
+    return 0;
+  }
+  if (only_mhc) {
+    std::ofstream(out_dir + "/cuda-mhc.md")
+        << "# Fused mHC kernels: pre + norm, head + norm, post + add (old vs new)\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_mhc(bw);
+    std::printf("wrote %s/cuda-mhc.md\n", out_dir.c_str());
     return 0;
   }
   if (only_wformat) {
