@@ -246,7 +246,7 @@ TEST(CudaMhc, HeadNormMatchesCpu) {
         EXPECT_LE(rel_err(dy.host(), y_ref), kTol);
         EXPECT_LE(rel_err(dx.host(), x_ref), kTol);
         if (p == Precision::kFp32 && S == 64) {  // batch invariance of the head
-          Dev<float> dx1(size_t(D));
+          Dev<float> dx1(static_cast<size_t>(D));
           dx1.poison();
           g->hc_head_norm(dh.p + 17 * n * D, dfn.p, dbase.p, dscale.p, 1, n, D, 1e-6f, 1e-6f, dw.p,
                           1e-5f, dx1.p);
@@ -301,7 +301,7 @@ TEST(CudaNormRope, MatchesCpu) {
                                             << " att=" << att);
           auto x = randn(size_t(rows * s.heads * s.hd), 3.f);
           auto w = randn(size_t(s.hd), 1.f);
-          std::vector<int64_t> pos(size_t(rows));
+          std::vector<int64_t> pos(static_cast<size_t>(rows));
           for (auto& q : pos) q = cuda::testing::rand_int(0, 1 << 20);
           pos[0] = 0;
           std::vector<float> inv(size_t(s.rd / 2));
