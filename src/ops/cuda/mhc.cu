@@ -328,17 +328,18 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
   if (!xr) return;
   const float inv2 = rsqrtf(ss / float(D) + a.norm_eps);
   if (vec) {
-    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128 * kB) {
-      float4 cv[kB], wv[kB];
+    constexpr int kB2 = 8;  // groups per batch of the second pass (2 float4 each)
+    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128 * kB2) {
+      float4 cv[kB2], wv[kB2];
 #pragma unroll
-      for (int b = 0; b < kB; ++b) {
+      for (int b = 0; b < kB2; ++b) {
         const int64_t d = d0 + 128 * b;
         cv[b] = d < D ? *reinterpret_cast<const float4*>(cb + d) : make_float4(0.f, 0.f, 0.f, 0.f);
         wv[b] = d < D && w ? *reinterpret_cast<const float4*>(w + d)
                            : make_float4(1.f, 1.f, 1.f, 1.f);
       }
 #pragma unroll
-      for (int b = 0; b < kB; ++b) {
+      for (int b = 0; b < kB2; ++b) {
         const int64_t d = d0 + 128 * b;
         if (d >= D) break;
         float4 v = make_float4(cv[b].x * inv2, cv[b].y * inv2, cv[b].z * inv2, cv[b].w * inv2);
@@ -428,8 +429,8 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
     if (g < gn && j < NV) {
       const float* p = work + ((t0 + g) * kMhcFusedParts + hf * 32) * NV + j;
       float s = 0.f;
-#pragma unroll 8
-      for (int cc = 0; cc < 32; ++cc) s += __ldcg(p + cc * NV);
+#pragma unroll
+      for (int cc = 0; cc < 32; ++cc) s += __ldcg(p + cc * NV);  // 32 loads in flight, in order
       half_s[hf][g][j] = s;
     }
   }
