@@ -5,6 +5,7 @@
 #   wformat     bench_kernels --only-wformat     -> cuda-wformat.md (GEMV / dense_mma / MoE tables)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
+#   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
@@ -37,7 +38,7 @@ D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
 export V4_DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-stages=" ${V4_STAGES:-compressor wformat topk attention decode mstream} "
+stages=" ${V4_STAGES:-compressor wformat topk attention mhc decode mstream} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 logs=()
 kb() {  # kb <stage> <flag>
@@ -48,6 +49,7 @@ has compressor && kb compressor --only-compressor
 has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wformat.log"; }
 has topk && kb topk --only-topk
 has attention && kb attention --only-attention
+has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 unset V4_MULTI_STREAM
 common=(--model models/configs/v4-flash --load-format dummy --num-layers "${V4_LAYERS:-20}"
         --device cuda --precision bf16 --mem-fraction 0.9)
