@@ -12,15 +12,23 @@
 // repetitions; the copy bandwidth is measured in the same run. Usage:
 //   bench_kernels --out DIR [--reps N]
 //   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
+//   bench_kernels --profile-gemv             (30 batch-1 FP8 GEMVs of wq_b and of wo_b, for ncu)
 //   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
 //                                             DIR/cuda-compressor.md; also part of the full run)
 //   bench_kernels --out DIR --only-mhc       (only the fused mHC rows: DIR/cuda-mhc.md, old vs
 //                                             new kernels at batch 1/7/64 vs the byte floor)
+//   bench_kernels --out DIR --only-attention (only decode attention, attention_dec vs
+//                                             attention_mma vs the byte floor, CSA/HCA × batch
+//                                             1/64 × 4K/128K/1M: DIR/cuda-attention.md)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
+//   bench_kernels --out DIR --only-indexer   (only the indexer scores over the paged f32 key
+//                                             pool, decode kernel vs WMMA, ± top-512, and the
+//                                             whole Ops::indexer_topk: DIR/cuda-indexer.md;
+//                                             also part of the full run)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -55,6 +63,10 @@ int main() {
 std::string bench_compressor(double bw);
 // mhc_bench.cpp: the cuda-mhc.md body at copy bandwidth `bw` GB/s.
 std::string bench_mhc(double bw);
+// indexer_bench.cpp: the cuda-indexer.md body at copy bandwidth `bw` GB/s.
+std::string bench_indexer(double bw, int reps);
+// attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
+std::string bench_attention(double bw);
 
 namespace {
 
@@ -569,11 +581,15 @@ std::string bench_wformat(double bw, int samples) {
       a.topk = k;
       a.swiglu_limit = 10.f;
       a.out = out;
+      // Large S: each launch is milliseconds (moe_mma re-reads every expert per 8 tokens), so
+      // fewer samples, inner launches and warm-ups keep the table within the device call.
+      const int ns = S >= 1024 ? std::min(samples, 8) : samples;
+      const int inner = S >= 1024 ? 2 : 10, warm = S >= 1024 ? 2 : 20;
       auto run = [&](const v4::cuda::KernelContext& cx) {
         return time_it([&](int i) {
           a.idx = didx + (i % sets) * P;
           BENCH_OK(v4::cuda::moe_bf16(a, cx));
-        }, samples);
+        }, ns, inner, warm);
       };
       v4::cuda::KernelContext cgr = c;  // grouped: prefill by default, decode via the threshold
       cgr.grouped_moe = true;
@@ -617,6 +633,8 @@ int main(int argc, char** argv) {
   bool only_wformat = false, only_compressor = false;
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
+  bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
+  bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
@@ -625,6 +643,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
     else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
+    else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
+    else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);
@@ -653,6 +673,38 @@ int main(int argc, char** argv) {
       std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean of %d launches):", variant, (long long)n, iters);
       for (int j = 1; j < 16; ++j) std::printf(" %d:%lld", j, acc[j] / iters);
       std::printf("\n");
+      return 0;
+    } else if (!std::strcmp(argv[i], "--profile-gemv")) {
+      // 30 batch-1 GEMVs each of wq_b (FP8 32768×1024) and wo_b (FP8 4096×8192) over 8 weight
+      // copies (cold in L2), for ncu: why the GEMV reaches only ~35% of the copy bandwidth.
+      using v4::ops::WFormat;
+      BENCH_CHECK(cudaSetDevice(0));
+      int sms = 0;
+      BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      BENCH_OK(v4::cuda::wgemv_prepare());
+      for (const int64_t nk : {int64_t(32768) * 100000 + 1024, int64_t(4096) * 100000 + 8192}) {
+        const int64_t N = nk / 100000, K = nk % 100000;
+        BenchW w(WFormat::kFP8Block, 1, N, K, 8, 77);
+        float *x = nullptr, *y = nullptr;
+        BENCH_CHECK(cudaMalloc(&x, size_t(K) * 4));
+        BENCH_CHECK(cudaMalloc(&y, size_t(N) * 4));
+        BENCH_CHECK(cudaMemset(x, 0, size_t(K) * 4));
+        for (int it = 0; it < 30; ++it) {
+          v4::cuda::GemvArgs a;
+          a.w = w.copy(it);
+          a.x = x;
+          a.ldx = K;
+          a.y = y;
+          a.ldy = N;
+          a.rows = 1;
+          a.n_out = N;
+          BENCH_OK(v4::cuda::wgemv(a, 1, sms, nullptr));
+        }
+        BENCH_CHECK(cudaDeviceSynchronize());
+        cudaFree(x);
+        cudaFree(y);
+      }
+      std::printf("profile-gemv done\n");
       return 0;
     } else if (!std::strcmp(argv[i], "--profile-topk")) {
       const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
@@ -698,6 +750,25 @@ int main(int argc, char** argv) {
     std::printf("wrote %s/cuda-mhc.md\n", out_dir.c_str());
     return 0;
   }
+  auto write_indexer = [&] {
+    std::ofstream(out_dir + "/cuda-indexer.md")
+        << "# Indexer scores (bf16, paged f32 key pool) and top-512 on the GPU\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n" << bench_indexer(bw, reps);
+    std::printf("wrote %s/cuda-indexer.md\n", out_dir.c_str());
+  };
+  if (only_indexer) {
+    write_indexer();
+    return 0;
+  }
+  if (only_attention) {
+    std::ofstream(out_dir + "/cuda-attention.md")
+        << "# Decode sparse attention vs its byte floor\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_attention(bw);
+    std::printf("wrote %s/cuda-attention.md\n", out_dir.c_str());
+    return 0;
+  }
   if (only_wformat) {
     std::ofstream(out_dir + "/cuda-wformat.md")
         << "# Native weight formats on the GPU: GEMV and MoE experts\n\n" << head
@@ -740,18 +811,26 @@ int main(int argc, char** argv) {
                     V{27, "v3 cluster 8, coalesced loads (sized to the row)"},
                     V{28, "v3 cluster 4, coalesced loads (sized to the row)"},
                     V{29, "v3 cluster 2, coalesced loads (sized to the row)"},
-                    V{17, "v3 cluster 16×32"}})
+                    V{17, "v3 cluster 16×32"},
+                    V{30, "v5 cluster 16 (1 barrier/pass, window, candidates)"},
+                    V{31, "v5 cluster 8 (1 barrier/pass, window, candidates)"},
+                    V{32, "v5 cluster 4 (1 barrier/pass, window, candidates)"},
+                    V{33, "v5 cluster 16 + programmatic dependent launch"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
         variants.push_back({1, "v1 1 CTA (first version)"});
         variants.push_back({22, "v4 cluster 8×32 (cap 2k)"});
         variants.push_back({27, "v3 cluster 8, coalesced loads (sized to the row)"});
+        variants.push_back({30, "v5 cluster 16 (1 barrier/pass, window, candidates)"});
+        variants.push_back({31, "v5 cluster 8 (1 barrier/pass, window, candidates)"});
+        variants.push_back({32, "v5 cluster 4 (1 barrier/pass, window, candidates)"});
+        variants.push_back({33, "v5 cluster 16 + programmatic dependent launch"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: return 131072;
           default: return 262144;
         }
       };
@@ -916,6 +995,7 @@ int main(int argc, char** argv) {
   kt << "\n" << bench_wformat(bw, std::max(reps, 50));
   std::ofstream(out_dir + "/cuda-kernels.md") << kt.str();
   write_compressor();
+  write_indexer();
   std::printf("wrote %s/cuda-topk.md and %s/cuda-kernels.md\n", out_dir.c_str(), out_dir.c_str());
   return 0;
 }

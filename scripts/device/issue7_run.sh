@@ -4,15 +4,17 @@
 #   compressor  bench_kernels --only-compressor  -> cuda-compressor.md
 #   wformat     bench_kernels --only-wformat     -> cuda-wformat.md (GEMV / dense_mma / MoE tables)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
+#   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
 #   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
+#   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
-# Results under $OUT (≤ 8 files come back): device.log, build.log, cuda-op-tests.log, the tables
-# above, logs.tgz (every program's full output).
+# Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
+# cuda-op-tests.log, every program's full output).
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5).
 # From the developer machine:
@@ -38,18 +40,27 @@ D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
 export V4_DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-stages=" ${V4_STAGES:-compressor wformat topk attention mhc decode mstream} "
+stages=" ${V4_STAGES:-compressor wformat topk indexer attention mhc decode mstream} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 logs=()
 kb() {  # kb <stage> <flag>
-  timeout 150 build-gpu/bench/bench_kernels --out "$OUT" "$2" > "$OUT/$1.log" 2>&1
+  timeout "${V4_KB_TIMEOUT:-240}" stdbuf -oL build-gpu/bench/bench_kernels --out "$OUT" "$2" > "$OUT/$1.log" 2>&1
   echo "$1 bench rc=$?"; logs+=("$1.log")
 }
 has compressor && kb compressor --only-compressor
 has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wformat.log"; }
 has topk && kb topk --only-topk
+has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has attention && kb attention --only-attention
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
+if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
+  timeout 120 ncu --kernel-name regex:wgemv_kernel --launch-skip 20 --launch-count 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    build-gpu/bench/bench_kernels --profile-gemv > "$OUT/ncu-gemv.txt" 2>&1
+  echo "ncu gemv rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall" "$OUT/ncu-gemv.txt" | head -30
+  logs+=(ncu-gemv.txt)
+fi
 unset V4_MULTI_STREAM
 common=(--model models/configs/v4-flash --load-format dummy --num-layers "${V4_LAYERS:-20}"
         --device cuda --precision bf16 --mem-fraction 0.9)
@@ -67,5 +78,8 @@ if has mstream; then
   echo "bench (multi-stream off,on) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-mstream.md"
   logs+=(bench-mstream.log)
 fi
-cd "$OUT" && { [ ${#logs[@]} -eq 0 ] || { tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"; }; }
+# At most 8 files come back: the .md tables stay loose, every log goes into logs.tgz (the test log
+# and device.log too; their summary lines are printed above).
+cd "$OUT" && grep -hE "^\[  (PASSED|FAILED)|tests? rc=" cuda-op-tests.log device.log 2>/dev/null | head -20
+cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.md' . && find . -maxdepth 1 -type f ! -name '*.md' ! -name logs.tgz -delete
 ls "$OUT"

@@ -3,7 +3,7 @@
 // - decode: B sequences brought to L tokens with KvCache::fast_forward (not computed) over pools
 //   filled once with random values (so the indexer's top-k sees a real score spread); each timed
 //   step decodes one token per sequence through DeepseekV4::forward (plan — host, or device plan
-//   + graph replay on CUDA, reported per cell —, every layer, lm_head, logits download) followed by
+//   + graph replay on CUDA, reported per cell —, every layer, lm_head, greedy device sampling or --sampling logits) followed by
 //   Ops::synchronize, timed with steady_clock; median of --steps after --warmup. Byte floor =
 //   model::decode_step_bytes / the device-to-device copy bandwidth measured in the same run.
 // - prefill: one sequence fast-forwarded to L − chunk, one timed step of `chunk` tokens.
@@ -62,6 +62,9 @@ struct BenchOptions {
   bool profile = false;  // per-region device time of the timed decode and prefill steps
   /// --multi-stream: modes every cell runs in ("off", "on"; empty = the backend's default, once).
   std::string multi_stream;
+  /// --sampling: "device" (default, as `serve`: greedy on the backend when it can sample, only
+  /// the B token ids come back) or "logits" (every step downloads B × vocab f32 logits).
+  std::string sampling = "device";
 };
 
 double gib(double b) {
@@ -482,9 +485,11 @@ class Bench {
             ops_.reset_region_profile();
           }
           model::ForwardBatch batch;
-          for (int64_t b = 0; b < B; ++b)
+          for (int64_t b = 0; b < B; ++b) {
             batch.slices.push_back(
                 {seqs[size_t(b)], L + i, {int32_t((b * 7919 + i * 104729 + 13) % V)}, false});
+            if (o_.sampling == "device") batch.slices.back().sample = model::DeviceSampling{};
+          }
           const double t0 = now_s();
           auto out = model_.forward(batch, *kv_);
           ops_.synchronize();
@@ -605,12 +610,16 @@ class Bench {
         "- decode: B sequences brought to `context` tokens by KvCache::fast_forward (not "
         "computed); "
         "a step decodes 1 token per sequence (plan — on the host, or on the device with graph "
-        "replay: column `path` —, all layers, lm_head, logits download of B × {} f32); median (and "
+        "replay: column `path` —, all layers, lm_head, {}); median (and "
         "min–max) of {} steps after {} warm-up, synchronize + "
         "steady_clock. Byte floor = bytes the step must read (all non-expert matrices, expected "
         "distinct routed experts E·(1 − (1 − k/E)^B) per MoE layer, lm_head, the KV rows the "
         "queries read, model::decode_step_bytes) / measured copy bandwidth.\n",
-        c.vocab_size, o_.steps, o_.warmup);
+        o_.sampling == "device"
+            ? "greedy sampling on the backend as `serve` does, B token ids downloaded "
+              "(--sampling device; a backend that cannot sample returns logits)"
+            : fmt::format("logits download of B × {} f32 (--sampling logits)", c.vocab_size),
+        o_.steps, o_.warmup);
     if (clamped_)
       md += fmt::format(
           "- decode cells whose warm-up + steps would pass max_position_embeddings ({}) start at "
@@ -799,6 +808,10 @@ V4_REGISTER_COMMAND(
       app.add_option("--seed", o->seed, "seed of the random KV pool contents")
           ->check(v4::cli::int_at_least(0));
       app.add_option("--out", o->out, "write the Markdown report to this file");
+      app.add_option("--sampling", o->sampling,
+                     "decode steps end with greedy sampling on the backend (device, as serve) or "
+                     "download every logits row (logits)")
+          ->check(CLI::IsMember({"device", "logits"}));
       app.add_option("--multi-stream", o->multi_stream,
                      "run every cell in these multi-stream modes, e.g. off,on (cuda only; "
                      "default: the backend's, V4_MULTI_STREAM)")

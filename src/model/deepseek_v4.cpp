@@ -808,7 +808,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   int32_t* sel_rows = csa ? st.buf<int32_t>(S * topk) : nullptr;
   int32_t* sel_count = csa ? st.buf<int32_t>(S) : nullptr;
 
-  o.fork(csa ? 4 : hca ? 3 : 2);
+  o.fork(csa ? 4 : hca ? 3 : 2, S);
   // Branch 0 — Q path: low-rank q, q_norm, per-head unweighted RMS norm, RoPE (dsv4-model.md §4).
   o.region(region_name(kind, kRQ));
   o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);

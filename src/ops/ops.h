@@ -589,7 +589,13 @@ class Ops {
   /// backend's business: it orders branches that share it (see cuda_ops.h multi_stream).
   /// Default (CPU, doubles, a backend with multi-stream off): everything runs in issue order;
   /// fork/branch/join are no-ops, so results are identical with or without them.
-  virtual void fork(int branches) { (void)branches; }
+  /// `rows`: the query rows of the step (0 = unknown); a backend may run forks of many rows in
+  /// issue order (CUDA: CudaOptions::multi_stream_max_rows), where the branches' kernels already
+  /// fill the device and concurrency only adds contention.
+  virtual void fork(int branches, int64_t rows = 0) {
+    (void)branches;
+    (void)rows;
+  }
   /// Selects branch `b` (0 ≤ b < the fork's branch count) for the ops issued next.
   virtual void branch(int b) { (void)b; }
   /// Ends the fork (see `fork`).

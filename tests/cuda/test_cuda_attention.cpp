@@ -12,6 +12,7 @@
 
 #include "cuda_test_util.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
 #include "ops/ops.h"
 
 namespace v4::ops {
@@ -149,11 +150,14 @@ TEST(CudaAttention, DecodeTimings) {
       a.comp_pool = pool.p;
       a.comp = {dr.p, dco.p, dcc.p};
       a.out = out.p;
-      for (int kernel = 0; kernel < 2; ++kernel) {
-      const int splits = cuda::attention_auto_splits(S, H, 128 + comp, 132, kernel ? 64 : 16);
+      for (int kernel = 0; kernel < 3; ++kernel) {  // fp32 split, TF32 mma, bf16 decode
+      const int splits = kernel == 2 ? cuda::attention_dec_splits(S, H, 128 + comp, 132)
+                                     : cuda::attention_auto_splits(S, H, 128 + comp, 132,
+                                                                   kernel ? 64 : 16);
       auto run = [&](float* wsp) {
-        return kernel ? cuda::sparse_attention_mma(a, splits, wsp, nullptr)
-                      : cuda::sparse_attention_split(a, splits, wsp, nullptr);
+        return kernel == 2 ? cuda::sparse_attention_dec(a, splits, wsp, nullptr)
+               : kernel    ? cuda::sparse_attention_mma(a, splits, wsp, nullptr)
+                           : cuda::sparse_attention_split(a, splits, wsp, nullptr);
       };
       Dev<float> ws(size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(S, H, hd, splits))));
       for (int i = 0; i < 3; ++i) ASSERT_TRUE(run(ws.p).ok());
@@ -170,7 +174,7 @@ TEST(CudaAttention, DecodeTimings) {
       const double us = ms * 1000.0 / reps;
       const double bytes = double(S) * (128 + comp) * hd * 4 + 2.0 * S * H * hd * 4;
       std::printf("[attention %s] S=%lld keys=%lld splits=%d: %.1f us, %.0f GB/s of key+q+out bytes\n",
-                  kernel ? "mma-tf32" : "fp32", (long long)S, (long long)(128 + comp), splits, us,
+                  kernel == 2 ? "dec-bf16" : kernel ? "mma-tf32" : "fp32", (long long)S, (long long)(128 + comp), splits, us,
                   bytes / (us * 1e3));
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -169,7 +170,7 @@ std::vector<int32_t> ref_topk(const float* s, int n, int k) {
   return out;
 }
 
-enum class Dist { kNormal, kTies, kSpecial, kAllEqual, kSorted, kRampUp, kRampDown };
+enum class Dist { kNormal, kTies, kSpecial, kAllEqual, kSorted, kRampUp, kRampDown, kOutlier, kLowBits };
 
 std::vector<float> make_row(int n, Dist d) {
   std::vector<float> v = randn(size_t(n));
@@ -199,6 +200,22 @@ std::vector<float> make_row(int n, Dist d) {
       break;
     case Dist::kRampDown:  // ... all in the first slice
       for (int i = 0; i < n; ++i) v[i] = -float(i);
+      break;
+    case Dist::kOutlier:  // N(0,1) plus a few huge values: hundreds of empty bins between the row
+                          // maximum and the k-th key (v5's window walk takes several steps)
+      for (int j = 0; j < 3 && n > 0; ++j) v[size_t(rand_int(0, n - 1))] = 1e30f;
+      break;
+    case Dist::kLowBits:  // ~0.4% of the keys share all bits but the low 8 (3.0 + a few ulps),
+                          // the rest small: a threshold bin of ~n/250 keys that only the last
+                          // 8-bit digit separates, ~n/64000 ties per value
+      for (auto& x : v) {
+        if (rand_int(0, 249) == 0) {
+          const uint32_t b = 0x40400000u | uint32_t(rand_int(0, 255));
+          std::memcpy(&x, &b, 4);
+        } else {
+          x *= 0.1f;
+        }
+      }
       break;
   }
   return v;
@@ -292,6 +309,75 @@ TEST(CudaKernels, TopkExactV4Variants) {
     for (auto& l : lens) l = rand_int(1, cap);
     run_topk_case(lens, 512, Dist::kNormal, variant, maybe);
   }
+}
+
+// v5 (one cluster barrier per pass, windowed histogram reads, candidate broadcast): every
+// distribution, k = 1 / 100 / 512 / 1024 (k > 512 disables the pre-filter), rows that leave CTAs
+// empty, the best keys in one CTA, threshold bins above and below the candidate capacity (kSorted,
+// kRampUp, kAllEqual, kLowBits: later passes, ties; kNormal, kTies: candidates after pass 1),
+// wide windows (kOutlier, kSpecial's +inf), batches of mixed lengths.
+TEST(CudaKernels, TopkExactV5Variants) {
+  V4_REQUIRE_GPU();
+  const std::pair<int, int> variants[] = {{30, 524288}, {30, 262144}, {30, 65536}, {31, 262144},
+                                          {31, 65536},  {32, 131072}, {33, 262144}};
+  for (auto [variant, cap] : variants) {
+    const bool maybe = variant == 30 || variant == 33;  // a 16-CTA cluster may not be resident
+    for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
+                   Dist::kRampUp, Dist::kRampDown, Dist::kOutlier, Dist::kLowBits}) {
+      SCOPED_TRACE(::testing::Message() << "variant " << variant << " cap " << cap << " dist " << int(d));
+      if (!run_topk_case({cap, cap - rand_int(1, 999), 9000, 513, 100, 0}, 512, d, variant, maybe))
+        break;
+      run_topk_case({cap / 2 + 7, std::min(70000, cap), 4096}, 1, d, variant, maybe);
+      run_topk_case({cap, 3000, 1025}, 1024, d, variant, maybe);
+      run_topk_case({cap - 3, 40000}, 100, d, variant, maybe);
+      run_topk_case({cap, cap / 3}, 2048, d, variant, maybe);
+    }
+    SCOPED_TRACE(::testing::Message() << "variant " << variant << " short rows");
+    run_topk_case({0, 1, 511, 512, 513, 1000, 2049, 8192}, 512, Dist::kNormal, variant, maybe);
+    run_topk_case({5, 3, 40, 37}, 3, Dist::kSpecial, variant, maybe);
+    std::vector<int32_t> lens(64);
+    for (auto& l : lens) l = rand_int(1, cap);
+    run_topk_case(lens, 512, Dist::kNormal, variant, maybe);
+    run_topk_case(lens, 512, Dist::kLowBits, variant, maybe);
+  }
+  // the auto choice at batch 1 (v5 above 8K where it can run) on the sizes of the bench
+  for (int n : {8193, 65536, 131072, 262144, 524288})
+    for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kOutlier}) {
+      SCOPED_TRACE(::testing::Message() << "auto n " << n << " dist " << int(d));
+      run_topk_case({n}, 512, d, 0);
+    }
+}
+
+TEST(CudaKernels, TopkV5Batch64At256K) {
+  V4_REQUIRE_GPU();
+  std::vector<int32_t> lens(64);
+  for (auto& l : lens) l = rand_int(200000, 262144);
+  lens[0] = 262144;
+  for (int variant : {30, 31}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    if (!run_topk_case(lens, 512, Dist::kNormal, variant, variant == 30)) continue;
+    run_topk_case(lens, 1024, Dist::kTies, variant);
+  }
+}
+
+// Variant 33 (v5 with programmatic dependent launch: each launch lets the next one start early and
+// waits for the previous one before touching global memory): back-to-back launches on one stream
+// alternating two inputs into the same output; the result must be the last input's top-k.
+TEST(CudaKernels, TopkV5PdlBackToBack) {
+  V4_REQUIRE_GPU();
+  const int n = 262144, k = 512;
+  const std::vector<int32_t> lens = {n};
+  const auto a = make_row(n, Dist::kNormal), b = make_row(n, Dist::kRampUp);
+  Dev<float> da(a), db(b);
+  Dev<int32_t> dn(lens), dout{size_t(k)};
+  dout.poison();
+  for (int it = 0; it < 21; ++it) {
+    const Status st = topk_rows(it % 2 ? db.p : da.p, n, dn.p, 1, k, n, dout.p, nullptr, nullptr, 33);
+    if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.message();
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(dout.host(), ref_topk(a.data(), n, k));  // it = 20 reads a
 }
 
 TEST(CudaKernels, TopkBatch64At256K) {

@@ -44,6 +44,7 @@ Backend load(const std::string& dir, ops::Precision p, bool multi_stream, bool g
   ops::CudaOptions co;
   co.precision = p;
   co.multi_stream = multi_stream;
+  co.multi_stream_max_rows = 0;  // prefill chunks fork on side streams too (more coverage)
   auto o = ops::make_cuda_ops(co);
   EXPECT_TRUE(o.ok()) << o.status().to_string();
   if (!o.ok()) return b;
@@ -287,6 +288,31 @@ TEST(CudaMultiStream, ProfilingRunsBranchesSerially) {
   o.join();
   o.synchronize();
   EXPECT_EQ(ops::cuda_stream_stats(&o).forks, 1);
+}
+
+// Forks of more rows than multi_stream_max_rows run in issue order; at or below it, on side
+// streams; rows = 0 (unknown) counts as small.
+TEST(CudaMultiStream, ForksAboveTheRowLimitRunSerially) {
+  V4_REQUIRE_GPU();
+  unsetenv("V4_MULTI_STREAM");
+  ops::CudaOptions co;
+  co.multi_stream = true;
+  co.multi_stream_max_rows = 16;
+  auto ob = ops::make_cuda_ops(co);
+  ASSERT_TRUE(ob.ok());
+  ops::Ops& o = **ob;
+  ops::DeviceBuffer<float> a(&o, 256), b(&o, 256);
+  int64_t expect = 0;
+  for (int64_t rows : {int64_t(0), int64_t(1), int64_t(16), int64_t(17), int64_t(4096)}) {
+    o.fork(2, rows);
+    o.add(a.data(), a.data(), 256);
+    o.branch(1);
+    o.add(b.data(), b.data(), 256);
+    o.join();
+    o.synchronize();
+    expect += rows <= 16 ? 1 : 0;
+    EXPECT_EQ(ops::cuda_stream_stats(&o).forks, expect) << "rows " << rows;
+  }
 }
 
 }  // namespace

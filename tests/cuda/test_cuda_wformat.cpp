@@ -356,23 +356,27 @@ TEST(CudaWFormat, Bf16PathSelection) {
     return v;
   };
   const int64_t G = CudaOptions{}.gemv_max_rows;
-  EXPECT_EQ(G, 32);
-  // FP8 / MXFP4: the GEMV up to 32 rows, whatever K; f32 (no tensor-core path) up to 256.
+  EXPECT_EQ(G, 1);
+  // FP8 / MXFP4: the GEMV at 1 row (from 2 rows dense_mma is 4–6× faster on the H200:
+  // bench/results/cuda-wformat.md), whatever K; f32 (no tensor-core path) up to 256.
   for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kF32})
     for (int64_t k : {1024, 4096, 8192}) {
       const int64_t lim = f == WFormat::kF32 ? cuda::kF32GemvMaxRows : G;
       EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 1, G));
-      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, G));
       EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), lim, G));
       EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), lim + 1, G));
+      // A larger gemv_max_rows (the option) widens the GEMV range.
+      EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, 32));
     }
   EXPECT_EQ(cuda::kF32GemvMaxRows, 256);
   // bf16-stored weights: only within one shared-memory pass (96 KiB of f32 x rows).
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 129280, 4096)), 6);
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 1024, 1024)), 8);
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kFP8Block, 4096, 8192)), 3);
-  EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 6, G));
-  EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 7, G));
+  EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 1, G));
+  EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 2, G));
+  EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 6, 32));
+  EXPECT_FALSE(cuda::linear_bf16_uses_gemv(view(WFormat::kBF16, 129280, 4096), 7, 32));
   // MXFP4 needs K % 32 == 0 and 16-byte aligned data; huge K does not fit shared memory.
   WeightView odd = view(WFormat::kMXFP4, 64, 4096);
   odd.data = dummy + 8;
@@ -380,12 +384,25 @@ TEST(CudaWFormat, Bf16PathSelection) {
   EXPECT_FALSE(cuda::wgemv_supported(view(WFormat::kFP8Block, 64, 1 << 20)));
   // Scratch: decode-sized FP8 calls need none; prefill-sized ones x and W as bf16.
   cuda::KernelContext c;
+  EXPECT_EQ(c.gemv_max_rows, G);
   size_t b[cuda::kNumScratchSlots] = {};
+  cuda::linear_scratch_bytes(1, 1024, 4096, false, c, b);
+  for (size_t v : b) EXPECT_EQ(v, 0u);
+  c.gemv_max_rows = 32;
   cuda::linear_scratch_bytes(32, 1024, 4096, false, c, b);
   for (size_t v : b) EXPECT_EQ(v, 0u);
+  c.dense_mma = false;  // the dequantize + cuBLASLt path: x and W as bf16
   cuda::linear_scratch_bytes(200, 1024, 4096, false, c, b);
   EXPECT_EQ(b[cuda::kSlotXBf16], size_t(200 * 4096 * 2));
   EXPECT_EQ(b[cuda::kSlotWBf16], size_t(1024 * 4096 * 2));
+  // dense_mma on: the reserve also covers its split-K partials (64 rows · max(2·SMs, n/128)
+  // CTAs · 128 outputs · 4 B) in the W slot, since either path may run for these shapes.
+  c.dense_mma = true;
+  c.num_sms = 132;
+  size_t d[cuda::kNumScratchSlots] = {};
+  cuda::linear_scratch_bytes(200, 1024, 4096, false, c, d);
+  EXPECT_EQ(d[cuda::kSlotXBf16], size_t(200 * 4096 * 2));
+  EXPECT_EQ(d[cuda::kSlotWBf16], std::max(size_t(1024 * 4096 * 2), size_t(64) * 264 * 128 * 4));
 }
 
 #define V4_GPU()                             \
@@ -542,7 +559,7 @@ TEST(CudaWFormat, LinearDenseMma) {
     const DevW dw(hw);
     const std::vector<float> wref = hw.f32(0, c.row0, c.N);
     const int64_t ldx = c.K + 4;  // 16-byte aligned rows
-    for (int64_t M : {33, 64, 65, 130, 256}) {
+    for (int64_t M : {2, 8, 17, 32, 33, 64, 65, 130, 256}) {
       SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " N=" << c.N << " K=" << c.K
                                         << " row0=" << c.row0 << " M=" << M);
       ASSERT_TRUE(cuda::dense_mma_supported(dw.view(c.row0, c.N), reinterpret_cast<float*>(

@@ -72,7 +72,8 @@ class BranchOps final : public ops::Ops {
   }
 
   // ---- fork / branch / join ----------------------------------------------------------------
-  void fork(int n) override {
+  void fork(int n, int64_t rows = 0) override {
+    (void)rows;
     if (forked_) return err("fork while forked");
     if (n < 1) return err(fmt::format("fork({})", n));
     forked_ = true;

@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
 #include "ops/cuda/compress_pool.cuh"
 #include "ops/cuda/compressor.h"
 #include "ops/cuda/cuda_ops.h"
@@ -136,16 +137,20 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
 }
 
 // Orders the selected candidates of each row by (score desc, map position asc) and maps them to
-// physical pool rows; −1 padding after min(k, count) entries.
+// physical pool rows; −1 padding after min(k, count) entries. Sort key = order_key(score) above
+// idx_bits bits of (2^idx_bits − 1 − s) (s < 2^idx_bits: the host passes the bit width of
+// max_count − 1), so the radix sort runs over 32 + idx_bits bits instead of 64 (at 1K candidates
+// 11 instead of 16 passes of 4 bits), same order.
 template <int THREADS, int ITEMS>
 __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
     const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ sel, RowMap cand,
-    int k, int32_t* __restrict__ out_rows, int32_t* __restrict__ out_count) {
+    int k, int idx_bits, int32_t* __restrict__ out_rows, int32_t* __restrict__ out_count) {
   using Sort = cub::BlockRadixSort<unsigned long long, THREADS, ITEMS>;
   __shared__ typename Sort::TempStorage tmp;
   const int64_t t = blockIdx.x;
   const int n = cand.count[t];
   const int n_sel = n < k ? n : k;
+  const unsigned long long mask = (1ull << idx_bits) - 1ull;
   unsigned long long key[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -153,17 +158,17 @@ __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
     key[i] = 0ull;
     if (e < n_sel) {
       const uint32_t s = uint32_t(sel[t * k + e]);
-      key[i] = (static_cast<unsigned long long>(order_key(scores[t * ld + s])) << 32) |
-               (0xffffffffu - s);
+      key[i] = (static_cast<unsigned long long>(order_key(scores[t * ld + s])) << idx_bits) |
+               (mask - s);
     }
   }
-  Sort(tmp).SortDescending(key);
+  Sort(tmp).SortDescending(key, 0, 32 + idx_bits);
   const int32_t* rows = cand.rows + cand.offset[t];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int e = threadIdx.x * ITEMS + i;
     if (e < k) {
-      const uint32_t s = 0xffffffffu - uint32_t(key[i] & 0xffffffffu);
+      const uint32_t s = uint32_t(mask - (key[i] & mask));
       out_rows[t * k + e] = e < n_sel ? rows[s] : -1;
     }
   }
@@ -329,6 +334,10 @@ class CudaOps final : public Ops {
     if (const char* e = std::getenv("V4_MULTI_STREAM")) {
       if (std::string(e) == "1") opts_.multi_stream = true;
       if (std::string(e) == "0") opts_.multi_stream = false;
+    }
+    if (const char* e = std::getenv("V4_ATTN_DEC")) {
+      if (std::string(e) == "1") opts_.attention_dec = true;
+      if (std::string(e) == "0") opts_.attention_dec = false;
     }
   }
   ~CudaOps() override {
@@ -624,12 +633,14 @@ class CudaOps final : public Ops {
       launched("indexer_score_kernel");
     }
     record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs()));
+    int idx_bits = 1;  // bit width of maxc − 1 (every selected position s < maxc ≤ 2^idx_bits)
+    while ((int64_t(1) << idx_bits) < maxc) ++idx_bits;
     if (k <= 256) {
-      indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, cs()>>>(scores, ld, sel, a.cand, k,
-                                                                        a.out_rows, a.out_count);
+      indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, cs()>>>(
+          scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
     } else {
-      indexer_finalize_kernel<256, 4><<<unsigned(S), 256, 0, cs()>>>(scores, ld, sel, a.cand, k,
-                                                                        a.out_rows, a.out_count);
+      indexer_finalize_kernel<256, 4><<<unsigned(S), 256, 0, cs()>>>(
+          scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
     }
     launched("indexer_finalize_kernel");
   }
@@ -639,6 +650,20 @@ class CudaOps final : public Ops {
     if (a.head_dim > kAttnMaxHd) {
       record(cuda::errorf(ErrorCode::kUnsupported, "sparse_attention: head_dim {} > {}", a.head_dim,
                           kAttnMaxHd));
+      return;
+    }
+    if (!batch_invariant_ && opts_.attention_dec && a.n_rows <= opts_.attention_dec_max_rows &&
+        cuda::attention_dec_supported(a.n_heads, a.head_dim)) {
+      // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
+      const int splits =
+          cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
+      float* ws = nullptr;
+      if (splits > 1)
+        ws = static_cast<float*>(scratch(
+            cuda::kSlotAttention,
+            size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
+                sizeof(float)));
+      record(cuda::sparse_attention_dec(a, splits, ws, cs()));
       return;
     }
     if (!batch_invariant_ && cuda::attention_mma_supported(a.n_heads, a.head_dim)) {
@@ -766,7 +791,7 @@ class CudaOps final : public Ops {
   // every side stream that joined, main waits on each. Branches past the side streams share them
   // modulo kStreams (same stream = issue order, still valid). Inactive (multi_stream off, or the
   // region profile on, whose markers live on the main stream): every branch is the main stream.
-  void fork(int branches) override {
+  void fork(int branches, int64_t rows = 0) override {
     if (forked_) {
       record(Status(ErrorCode::kInternal, "fork while forked (no nesting)"));
       return;
@@ -775,7 +800,8 @@ class CudaOps final : public Ops {
     n_branches_ = std::max(1, branches);
     cur_ = 0;
     for (bool& w : side_waited_) w = false;
-    fork_active_ = opts_.multi_stream && !profiling_ && n_branches_ > 1 && side_[0] != nullptr;
+    fork_active_ = opts_.multi_stream && !profiling_ && n_branches_ > 1 && side_[0] != nullptr &&
+                   (opts_.multi_stream_max_rows <= 0 || rows <= opts_.multi_stream_max_rows);
     if (fork_active_) {
       check(cudaEventRecord(ev_fork_, stream_), "fork event");
       ++forks_;

@@ -30,10 +30,12 @@ enum class Precision {
 /// Options of the CUDA backend.
 struct CudaOptions {
   Precision precision = Precision::kFp32;
-  /// kBf16: linear_w with M ≤ this many rows (decode) runs the weight-streaming GEMV (fp32 math,
-  /// ≤ 1e-5); larger M runs x→bf16, W→bf16 and cuBLASLt. 32: the fp32-math GEMV stays faster than
-  /// dequantize-to-scratch + tensor cores up to about 32 rows for FP8 weights (docs/cuda.md).
-  int64_t gemv_max_rows = 32;
+  /// kBf16: linear_w with M ≤ this many rows runs the weight-streaming GEMV (fp32 math, ≤ 1e-5);
+  /// larger M runs the tensor-core dense_mma on FP8 / MXFP4 bytes (else x→bf16, W→bf16 and
+  /// cuBLASLt). 1: at 8 rows dense_mma takes 12–23 µs where the GEMV takes 35–141 µs (FP8 wq_a,
+  /// wq_b, wo_b; bench/results/cuda-wformat.md, H200), i.e. about the GEMV's 1-row time.
+  /// (f32-stored weights use the GEMV up to kF32GemvMaxRows whatever this says.)
+  int64_t gemv_max_rows = 1;
   /// kBf16 moe_experts: with S·k ≥ this many (token, expert) pairs (prefill) the per-expert counts
   /// are read back (one host sync) and every active expert runs cuBLASLt GEMMs on a bf16 copy of
   /// that expert; below it (decode, up to 256 rows × k = 6) the grouped GEMV runs without any sync
@@ -67,8 +69,21 @@ struct CudaOptions {
   /// stream, eagerly and inside graph captures (docs/cuda.md §Multi-stream). Off: every branch
   /// runs on the main stream in issue order (bit-identical results either way: branches touch
   /// disjoint buffers). Overridden by the environment: V4_MULTI_STREAM=1 / 0. Also off while the
-  /// region profile is on (its markers time the main stream). Off until measured on the H200.
-  bool multi_stream = false;
+  /// region profile is on (its markers time the main stream), and for forks of more than
+  /// multi_stream_max_rows rows.
+  bool multi_stream = true;
+  /// Forks of more query rows than this run in issue order even with multi_stream on (0 = no
+  /// limit). Measured on the H200 (bench-v4flash-20l-mstream.md, 20 layers, 4K): on vs off at
+  /// batch 1: 6.96 vs 7.12 ms per decode step (−2.2%); at batch 64: 43.4 vs 41.5 ms (+4.6%).
+  int64_t multi_stream_max_rows = 16;
+  /// kBf16 sparse_attention with head_dim 512 and n_rows ≤ attention_dec_max_rows: the decode
+  /// kernel (attention_dec.h: bf16 mma.sync, 64 heads per block, cp.async-staged 32-key tiles,
+  /// cost-model split-KV) instead of the TF32 kernel (attention_mma). Off: attention_mma for
+  /// every bf16 call (the A/B baseline). Environment override: V4_ATTN_DEC=1 / 0.
+  bool attention_dec = true;
+  /// Prefill-sized calls (more rows) keep attention_mma until the decode kernel is measured
+  /// there (it is correct for any row count).
+  int64_t attention_dec_max_rows = 256;
 };
 
 /// Counters of the multi-stream branches of a CUDA backend since creation: forks that ran on

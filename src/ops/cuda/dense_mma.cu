@@ -294,14 +294,14 @@ Status dense_mma(const float* x, int64_t ldx, const WeightView& w, int64_t M, fl
       a.out = y + m0 * ldy;
       a.ldo = ldy;
     }
-    Status st;
-    if (fp4)
-      st = a.M <= 32 ? launch<WFormat::kMXFP4, 32>(a, splits, c.stream)
-                     : launch<WFormat::kMXFP4, 64>(a, splits, c.stream);
+    if (fp4 && a.M <= 32)
+      V4_RETURN_IF_ERROR((launch<WFormat::kMXFP4, 32>(a, splits, c.stream)));
+    else if (fp4)
+      V4_RETURN_IF_ERROR((launch<WFormat::kMXFP4, 64>(a, splits, c.stream)));
+    else if (a.M <= 32)
+      V4_RETURN_IF_ERROR((launch<WFormat::kFP8Block, 32>(a, splits, c.stream)));
     else
-      st = a.M <= 32 ? launch<WFormat::kFP8Block, 32>(a, splits, c.stream)
-                     : launch<WFormat::kFP8Block, 64>(a, splits, c.stream);
-    V4_RETURN_IF_ERROR(st);
+      V4_RETURN_IF_ERROR((launch<WFormat::kFP8Block, 64>(a, splits, c.stream)));
     if (splits > 1) {
       const int64_t total = int64_t(a.M) * w.n;
       split_sum_kernel<<<int(std::min<int64_t>((total + 255) / 256, 4096)), 256, 0, c.stream>>>(

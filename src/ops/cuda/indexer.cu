@@ -4,8 +4,11 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/wfrag.cuh"
 
 namespace v4::cuda {
 namespace {
@@ -131,6 +134,160 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
   }
 }
 
+// ---- decode kernel: mma.sync over register-fed keys (see indexer.h, "decode path") -------------
+//
+// One block = kDWarps warps working on one query row (blockIdx.y); warps take chunks of
+// kDNT·8 consecutive candidates, grid-strided over the row. Per chunk a warp computes the
+// [nI × chunk] product C = Q · Kᵀ with m16n8k16 bf16 mma.sync (heads = M, keys = N, dims = K):
+//
+//   A (q, heads × dims) comes from shared memory, pre-packed per lane so one 16-byte load gives a
+//     lane its 4 A registers of (m-tile, k-step);
+//   B (keys) comes straight from global memory into registers: the K dimension is permuted inside
+//     every 16-wide k-step (mma k-index 2t+i ↔ dim 4t+i, 2t+8+i ↔ dim 4t+2+i, t = lane % 4,
+//     i ∈ {0, 1}), identically for A and B, so Σ_k is unchanged and each lane's B registers of a
+//     k-step are ONE float4 of its key row (dims 16·kk + 4t … +3). For one (n-tile, k-step) the
+//     warp reads 8 key rows × 64 contiguous bytes; over the 8 k-steps every byte of the 8 rows
+//     exactly once.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+//   A reg0 = (row g,   k 2t..2t+1)   reg1 = (row g+8, k 2t..2t+1)
+//     reg2 = (row g,   k 2t+8..+9)   reg3 = (row g+8, k 2t+8..+9)
+//   B reg0 = (k 2t..2t+1, col g)     reg1 = (k 2t+8..2t+9, col g)
+//   C c0, c1 = (row g, cols 2t, 2t+1)   c2, c3 = (row g+8, cols 2t, 2t+1)
+// With the permutation: A reg0 = q[16m+g][16kk+4t+{0,1}], reg1 = q[16m+g+8][same],
+// reg2 = q[16m+g][16kk+4t+{2,3}], reg3 = q[16m+g+8][same]; B reg0 = K[key][16kk+4t+{0,1}],
+// reg1 = K[key][16kk+4t+{2,3}] with key = chunk + 8j + g.
+//
+// Head reduction: lane (g, t) owns heads {16m+g, 16m+g+8 : m < kDMT} of keys 8j+2t, 8j+2t+1; it
+// sums ReLU(c)·w over those 8 heads (m ascending, row g before g+8), then a fixed xor-shuffle tree
+// over g (4, 8, 16) completes Σ_h. The order depends on nothing but (nI, dI): deterministic and
+// independent of the batch and the grid.
+constexpr int kDWarps = 4;   // warps per block
+constexpr int kDMT = 4;      // m-tiles: nI = 64
+constexpr int kDKT = 8;      // k-steps: dI = 128
+constexpr int kDNI = 16 * kDMT, kDDI = 16 * kDKT;
+
+__device__ __forceinline__ float4 ld_stream_f4(const float* p) {
+  float4 v;
+  // read-only during the kernel, touched once: not volatile, no L1 allocation
+  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
+template <int kDNT>
+__global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
+                                                                       float* __restrict__ scores,
+                                                                       int64_t ld) {
+  constexpr int kDChunk = 8 * kDNT;
+  __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
+  const int64_t row = blockIdx.y;
+  const int n = a.cand.count[row];
+  if (int64_t(blockIdx.x) * kDWarps * kDChunk >= n) return;  // whole block idle (uniform)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  // Candidate rows of the warp's first chunk (then always one chunk ahead), issued before the
+  // q staging so the two latencies overlap.
+  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  float* srow = scores + row * ld;
+  const int stride = gridDim.x * kDWarps;
+  int c = blockIdx.x * kDWarps + warp;
+  int32_t rn[kDNT];
+#pragma unroll
+  for (int j = 0; j < kDNT; ++j) {
+    const int s = c * kDChunk + 8 * j + g;
+    rn[j] = s < n ? cand[s] : -1;
+  }
+  // Stage q[row] (f32 [nI, dI]) as packed bf16 A fragments.
+  const float* qrow = a.q + row * (kDNI * kDDI);
+  for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kDWarps * 32) {
+    const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
+    const int ug = ul >> 2, ut = ul & 3;
+    const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + 16 * kk + 4 * ut);
+    const float4 hi =
+        *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + 16 * kk + 4 * ut);
+    qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
+                       wfrag::pack_bf16(lo.z, lo.w), wfrag::pack_bf16(hi.z, hi.w));
+  }
+  // This lane's head weights, scaled by dI^-1/2 · nI^-1/2.
+  const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
+  float wl[kDMT][2];
+#pragma unroll
+  for (int m = 0; m < kDMT; ++m) {
+    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale;
+    wl[m][1] = a.weights[row * kDNI + 16 * m + g + 8] * wscale;
+  }
+  __syncthreads();
+  for (; c * kDChunk < n; c += stride) {
+    const int s0 = c * kDChunk;
+    int32_t r[kDNT];
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
+    // Key loads of this chunk (16 B per lane per (j, kk)).
+    float4 kv[kDNT][kDKT];
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      const float* kp = a.key_pool + int64_t(r[j] < 0 ? 0 : r[j]) * kDDI + 4 * t;
+#pragma unroll
+      for (int kk = 0; kk < kDKT; ++kk)
+        kv[j][kk] = r[j] < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : ld_stream_f4(kp + 16 * kk);
+    }
+    // Next chunk's candidate rows while the keys are in flight.
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      const int s = (c + stride) * kDChunk + 8 * j + g;
+      rn[j] = s < n ? cand[s] : -1;
+    }
+    float acc[kDMT][kDNT][4];
+#pragma unroll
+    for (int m = 0; m < kDMT; ++m)
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kDKT; ++kk) {
+      uint32_t b[kDNT][2];
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        b[j][0] = wfrag::pack_bf16(kv[j][kk].x, kv[j][kk].y);
+        b[j][1] = wfrag::pack_bf16(kv[j][kk].z, kv[j][kk].w);
+      }
+#pragma unroll
+      for (int m = 0; m < kDMT; ++m) {
+        const uint4 af = qa[(m * kDKT + kk) * 32 + lane];
+#pragma unroll
+        for (int j = 0; j < kDNT; ++j)
+          wfrag::mma_bf16(acc[m][j], af.x, af.y, af.z, af.w, b[j][0], b[j][1]);
+      }
+    }
+    // Σ_h ReLU(q_h·k)·w_h for keys 8j+2t (c0, c2) and 8j+2t+1 (c1, c3).
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+      for (int m = 0; m < kDMT; ++m) {
+        p0 += fmaxf(acc[m][j][0], 0.f) * wl[m][0];
+        p0 += fmaxf(acc[m][j][2], 0.f) * wl[m][1];
+        p1 += fmaxf(acc[m][j][1], 0.f) * wl[m][0];
+        p1 += fmaxf(acc[m][j][3], 0.f) * wl[m][1];
+      }
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        p0 += __shfl_xor_sync(0xffffffffu, p0, o);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, o);
+      }
+      // Every lane now holds the sums of its t; lanes with g == j write n-tile j.
+      if (g == j) {
+        const int s = s0 + 8 * j + 2 * t;
+        if (s < n) srow[s] = p0;
+        if (s + 1 < n) srow[s + 1] = p1;
+      }
+    }
+  }
+}
 }  // namespace
 
 bool indexer_tc_supported(int n_heads, int head_dim) {
@@ -160,9 +317,71 @@ Status launch_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, in
 }
 }  // namespace
 
+bool indexer_decode_supported(const ops::IndexerArgs& a) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.n_heads == kDNI && a.head_dim == kDDI && a.n_rows > 0 && a.n_rows <= 65535 &&
+         aligned16(a.q) && aligned16(a.key_pool);
+}
+
+namespace {
+// Auto picks the decode kernel up to this many query rows: decode batches (each row its own
+// list; the WMMA kernel would take such rows one by one) and short prefill chunks (rows of one
+// sequence then each read the shared keys, mostly from L2). Longer prefill chunks keep the WMMA
+// kernel, whose 4-row groups load each key tile once.
+constexpr int64_t kDecodeMaxRows = 128;
+// V4_INDEXER_DECODE=0 turns the decode kernel off (A/B against the WMMA kernel); read once.
+bool decode_kernel_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_INDEXER_DECODE");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+template <int kDNT>
+Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                     int n_sms, cudaStream_t stream) {
+  constexpr int kDChunk = 8 * kDNT;
+  // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
+  static const int per_sm = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT>,
+                                                      kDWarps * 32, 0) != cudaSuccess ||
+        b < 1) {
+      (void)cudaGetLastError();
+      b = 4;
+    }
+    return b;
+  }();
+  const int64_t S = a.n_rows;
+  const int64_t blocks_needed = (max_count + kDWarps * kDChunk - 1) / (kDWarps * kDChunk);
+  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);  // one wave over the GPU
+  // Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave adds a block's duration.
+  const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
+  const dim3 grid{unsigned(gx), unsigned(S), 1u};
+  indexer_decode_kernel<kDNT><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
+  return check_launch("indexer_decode_kernel");
+}
+}  // namespace
+
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                         int n_sms, cudaStream_t stream) {
+                         int n_sms, cudaStream_t stream, int variant) {
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
+  if (variant < 0 || variant > 3)
+    return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: variant {}", variant);
+  if (max_count > int64_t(1) << 30)
+    return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: max_count {} too large",
+                  max_count);
+  if (variant >= 2 || (variant == 0 && a.n_rows <= kDecodeMaxRows && decode_kernel_enabled() &&
+                       indexer_decode_supported(a))) {
+    if (!indexer_decode_supported(a))
+      return errorf(ErrorCode::kInvalidArgument,
+                    "indexer_scores_tc: decode kernel needs nI={} dI={} (got {}, {}), rows <= "
+                    "65535, 16-byte aligned q and keys",
+                    kDNI, kDDI, a.n_heads, a.head_dim);
+    return variant == 3 ? launch_decode<4>(a, max_count, scores, ld, n_sms, stream)
+                        : launch_decode<2>(a, max_count, scores, ld, n_sms, stream);
+  }
   if (!indexer_tc_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: nI={} dI={} unsupported",
                   a.n_heads, a.head_dim);

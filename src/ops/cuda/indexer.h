@@ -3,7 +3,9 @@
 // with q and keys rounded to bf16 (fp32 accumulate) — the bf16 tolerance applies, so the CUDA
 // backend uses this only when batch invariance / fp32 results are not required.
 //
-// Blocks take groups of 4 consecutive query rows; when the 4 rows share one candidate list (rows
+// Two kernels: the decode kernel (≤ 128 rows, nI = 64, dI = 128; described at indexer_scores_tc)
+// and the WMMA kernel (any supported dims, prefill). WMMA kernel: blocks take groups of 4
+// consecutive query rows; when the 4 rows share one candidate list (rows
 // of one sequence's prefill chunk: same RowMap offset), every key tile is loaded once for all of
 // them (a [4·nI, dI] × [dI, 64] product per tile), otherwise row by row. Key tiles of 64 candidates
 // are gathered through the row map, converted to bf16 in shared memory, multiplied with WMMA
@@ -21,10 +23,26 @@ namespace v4::cuda {
 /// Whether `indexer_scores_tc` handles (nI, dI): multiples of 16, nI ≤ 128, dI ≤ 256.
 bool indexer_tc_supported(int n_heads, int head_dim);
 
+/// Whether the decode kernel handles `a`: nI = 64, dI = 128 (V4-Flash / V4-Pro indexer),
+/// 1 ≤ S ≤ 65535 rows, q and key_pool 16-byte aligned.
+bool indexer_decode_supported(const ops::IndexerArgs& a);
+
 /// Writes score[t, s] for s < a.cand.count[t] into `scores` (f32 [S, ld]); other entries are
-/// untouched. `max_count` ≥ every count (host bound; sizes the grid). Errors: kInvalidArgument
-/// for unsupported dims, kInternal for launch failures.
+/// untouched. `max_count` ≥ every count (host bound; sizes the grid). `n_sms`: SMs of the device
+/// (grid sizing). `variant`: 0 auto — the decode kernel (below) for S ≤ 128 rows when
+/// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), else the WMMA kernel (one
+/// query row per group for S ≤ 64, 4 rows sharing key tiles above); 1 the WMMA kernel only (the
+/// previous decode path, for benchmarks); 2 the decode kernel only; 3 the decode kernel with
+/// 32-key chunks (benchmarks). No host sync, no allocation
+/// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
+///
+/// Decode path: blocks of 4 warps per query row, spread over one wave of the GPU; each warp
+/// takes chunks of 16 candidates, loads their f32 key rows straight into mma B registers (one
+/// 16-byte load per lane per 16 dims: the k dimension is permuted inside each k-step, the same
+/// way for q, so no shared-memory staging of keys and no block barrier in the loop), q is packed
+/// once per block into shared memory as A fragments, bf16 m16n8k16 mma.sync with fp32
+/// accumulation, then ReLU·w per head and a fixed shuffle tree over heads.
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                         int n_sms, cudaStream_t stream);
+                         int n_sms, cudaStream_t stream, int variant = 0);
 
 }  // namespace v4::cuda

@@ -1143,6 +1143,427 @@ __global__ void __launch_bounds__(512, 1)
   if (out_len && rank == 0 && tid == 0) out_len[r] = k;
 }
 
+// ---- v5: one cluster barrier per pass, windowed histogram reads, candidate broadcast -----------
+// v3 spends ~2 cluster barriers + a 16 KiB DSMEM reduce-scatter per pass and 2 more barriers for the
+// output offsets (~6 barriers at 262K, ~9,000 cycles of uncoalesced loads, ~12,000 in the tail).
+// v5 (same selection rule and output):
+//  1. Coalesced loads: warp-contiguous slices, lanes interleaved by float4, all ITEMS/4 16-byte
+//     loads of a thread issued before the first use (as v3 COAL). Keys are sized to the row.
+//  2. Pre-filter (k ≤ 512): F = min over the CTA's 512 threads of the thread's max key. ≥ 512 keys
+//     of the CTA are ≥ F, so the row's k-th key is ≥ F: keys < F are never selected and are left
+//     out of every histogram (~80% of N(0,1) keys at 32 keys/thread: fewer shared atomics).
+//  3. Per pass (12, 12, 8 bits): local shared-memory histogram of the keys ≥ F matching the prefix,
+//     each CTA publishes its highest non-empty bin (+1), ONE cluster barrier; then every CTA reads
+//     only a window of the C histograms, from the row's highest non-empty bin downwards (16 bins
+//     first, doubling up to 128 per step, 16-byte ld.shared::cluster), and sums per bin the total
+//     and the part held by lower-ranked CTAs. For N(0,1) rows the k-th key lies ~4 bins below the
+//     row maximum, so one step (64 remote loads per CTA) finds the bin B of the k-th key, the
+//     count above it (total and in lower CTAs) and the count in it (total E and in lower CTAs).
+//  4. When the bin is taken whole (E = keys still needed) or the key is complete (pass 3): done.
+//     Else, when E ≤ kV5Cap (N(0,1) at 262K: ~430 keys): every CTA stores its keys of bin B into
+//     every CTA's candidate buffer at offset (keys of bin B in lower CTAs) — regions in rank order,
+//     so "candidates from lower CTAs" is a buffer prefix; ONE cluster barrier; every CTA then
+//     radix-selects the k-th candidate in its own shared memory (block barriers only) and counts
+//     the candidates above / equal to it in the lower CTAs' regions. Else the next pass.
+//  5. Output: the final (mask, prefix) threshold, the number of its ties still taken and the
+//     counts of greater / tied keys in lower-ranked CTAs are known in every CTA without further
+//     exchange, so each CTA writes its selected indices in ascending index order right away (warp
+//     totals + warp shuffles, as v3 COAL). Only the paths that end with remote histogram reads
+//     keep a split cluster barrier (arrive after the reads, wait before exit).
+// 2 cluster barriers in total for N(0,1)-like rows (v3: 6), ~100 remote loads + ~27·C remote
+// stores per CTA (v3: ~2,000 16-byte remote loads per pass at C = 16).
+
+constexpr int kV5Cap = 2048;      // candidate capacity (keys of the threshold bin, whole row)
+constexpr int kV5WinGroups = 32;  // 4-bin groups read per window step at most (128 bins)
+
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+
+// PDL: launched with programmatic stream serialization (variant 33): the kernel lets the next
+// kernel of the stream launch at once (griddepcontrol.launch_dependents) and waits for the
+// previous one to complete (griddepcontrol.wait: all its memory visible) before its first global
+// memory access, so its launch and shared-memory setup overlap the previous kernel's tail.
+template <int C, int ITEMS, bool PDL = false>
+__global__ void __launch_bounds__(512, 1)
+    topk_kernel_v5(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
+  constexpr int THREADS = 512, NW = THREADS / 32;
+  constexpr unsigned FULL = 0xffffffffu;
+  static_assert(C >= 2 && C <= 16 && (C & (C - 1)) == 0, "cluster size 2..16, power of two");
+  static_assert(ITEMS % 4 == 0 && ITEMS >= 4 && ITEMS <= 64, "ITEMS: multiple of 4, 4..64");
+  constexpr int kGroupsMax = THREADS / C < kV5WinGroups ? THREADS / C : kV5WinGroups;
+  __shared__ __align__(16) uint32_t hist0[4096];
+  __shared__ __align__(16) uint32_t hist1[4096];
+  __shared__ __align__(16) uint32_t hist2[256];
+  __shared__ __align__(16) uint32_t cand[kV5Cap];
+  __shared__ __align__(16) uint32_t win[2][2][4 * kV5WinGroups];  // [parity][total, lower][bin desc]
+  __shared__ typename cub::BlockScan<int, THREADS>::TempStorage scan_tmp;
+  __shared__ uint32_t s_top[3], s_gtop, s_wmin[NW], s_wmax[NW];
+  __shared__ uint32_t s_top0[C];  // pass-0 top of CTA q, pushed by CTA q before the pass barrier
+  __shared__ int s_pick[3], s_cslot, s_red[2][NW];
+  __shared__ unsigned long long s_wtot[NW];
+
+  const uint32_t rank = cg::this_cluster().block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  {  // zero the three histograms and the per-pass tops (shared memory only)
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist0)[tid * 2 + 1] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2 + 1] = z;
+    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
+    if (tid < 3) s_top[tid] = 0u;
+    if (tid == 0) s_cslot = 0;
+  }
+  // Split cluster barrier #0: its wait (before the first remote store, ~µs later) only guarantees
+  // that every CTA of the cluster has started, so it costs no waiting.
+  cluster_arrive();
+  if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int64_t r = blockIdx.y;
+  const int n = max(nrows[r], 0);
+  const float* row = scores + r * ld;
+  int32_t* orow = out + r * int64_t(k);
+
+  if (n <= k) {  // short row (cluster-uniform, no shared-memory exchange)
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    cluster_wait();
+    return;
+  }
+  TOPK_TS(0);
+  // Element i of this thread: wbase + ((i/4)·32 + lane)·4 + i%4; the valid ones are a prefix i < cnt.
+  int P = (n + C * THREADS - 1) / (C * THREADS);
+  P = (P + 3) & ~3;  // ≤ ITEMS (host: n ≤ C·512·ITEMS)
+  const int64_t wbase = int64_t(int(rank) * THREADS + warp * 32) * P;
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  float4 f[ITEMS / 4];
+  if (vec && wbase + int64_t(32) * P <= n) {  // warp-uniform: the warp's whole slice is in the row
+#pragma unroll
+    for (int j = 0; j < ITEMS / 4; ++j)
+      f[j] = 4 * j < P ? __ldg(reinterpret_cast<const float4*>(row + wbase + (j * 32 + lane) * 4))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+#pragma unroll
+    for (int j = 0; j < ITEMS / 4; ++j) {
+      f[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (4 * j < P) {
+        const int64_t g = wbase + int64_t(j * 32 + lane) * 4;
+        if (vec && g + 4 <= n) {
+          f[j] = __ldg(reinterpret_cast<const float4*>(row + g));
+        } else {
+          if (g < n) f[j].x = row[g];
+          if (g + 1 < n) f[j].y = row[g + 1];
+          if (g + 2 < n) f[j].z = row[g + 2];
+          if (g + 3 < n) f[j].w = row[g + 3];
+        }
+      }
+    }
+  }
+  int cnt = 0;
+#pragma unroll
+  for (int j = 0; j < ITEMS / 4; ++j)
+    if (4 * j < P) {
+      const int64_t v = int64_t(n) - (wbase + int64_t(j * 32 + lane) * 4);
+      cnt += v <= 0 ? 0 : (v < 4 ? int(v) : 4);
+    }
+  uint32_t key[ITEMS];
+  uint32_t tmax = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const float x = (i % 4 == 0) ? f[i / 4].x : (i % 4 == 1) ? f[i / 4].y : (i % 4 == 2) ? f[i / 4].z : f[i / 4].w;
+    key[i] = i < cnt ? order_key(x) : 0u;
+    tmax = max(tmax, key[i]);
+  }
+  // Pre-filter F (see above); threads without keys have tmax = 0, which disables it.
+  {
+    const uint32_t wmin = __reduce_min_sync(FULL, tmax), wmax = __reduce_max_sync(FULL, tmax);
+    if (lane == 0) {
+      s_wmin[warp] = wmin;
+      s_wmax[warp] = wmax;
+    }
+  }
+  __syncthreads();
+  uint32_t F = 0xffffffffu, M = 0u;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    F = min(F, s_wmin[w]);
+    M = max(M, s_wmax[w]);
+  }
+  if (k > THREADS) F = 0u;
+  // Pass-0 top (highest digit + 1 of the keys ≥ F: M's digit; 1 for a CTA without keys, harmless)
+  // into slot `rank` of every CTA; ordered before the reads by the pass-0 cluster barrier.
+  cluster_wait();
+  if (tid < C) st_cluster_u32(cluster_map(&s_top0[rank], uint32_t(tid)), (M >> 20) + 1u);
+  TOPK_TS(1);
+
+  uint32_t prefix = 0, mask = 0;
+  int krem = k;        // keys still to take among those matching (mask, prefix)
+  int gt_lo = 0;       // selected keys above the current bin held by lower-ranked CTAs
+  int eq_lo = 0;       // keys matching the final (mask, prefix) held by lower-ranked CTAs
+  bool wait_at_exit = false;
+  int par = 0;
+  const int gl = tid / C, q = tid % C;  // window step: 4-bin group gl of CTA q's histogram
+#pragma unroll 1
+  for (int p = 0; p < 3; ++p) {
+    const int shift = p == 0 ? 20 : (p == 1 ? 8 : 0);
+    const uint32_t dmask = p == 2 ? 0xffu : 0xfffu;
+    uint32_t* h = p == 0 ? hist0 : (p == 1 ? hist1 : hist2);
+    uint32_t dtop = 0;  // highest digit seen + 1
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if (i < cnt && key[i] >= F && (key[i] & mask) == prefix) {
+        const uint32_t d = (key[i] >> shift) & dmask;
+        atomicAdd(&h[d], 1u);
+        dtop = max(dtop, d + 1);
+      }
+    if (p > 0) {
+      dtop = __reduce_max_sync(FULL, dtop);
+      if (lane == 0 && dtop != 0) atomicMax(&s_top[p], dtop);
+    }
+    cg::this_cluster().sync();  // pass barrier: local histograms and tops visible cluster-wide
+    TOPK_TS(2 + 2 * p);
+    uint32_t gtop = 0;
+    if (p == 0) {
+#pragma unroll
+      for (int qq = 0; qq < C; ++qq) gtop = max(gtop, s_top0[qq]);
+    } else {
+      if (warp == 0) {
+        uint32_t t = lane < C ? ld_cluster_u32(cluster_map(&s_top[p], uint32_t(lane))) : 0u;
+        t = __reduce_max_sync(FULL, t);
+        if (lane == 0) s_gtop = t;
+      }
+      __syncthreads();
+      gtop = s_gtop;
+    }
+    // Window walk from the row's highest non-empty bin down (groups [hi − ng, hi) per step).
+    int hi = int((gtop + 3u) >> 2);
+    int carry = 0, carry_lo = 0, zg = 4;
+    int bstar = 0, G = 0, Gl = 0, E = 0, El = 0;
+    while (hi > 0) {  // CTA-uniform
+      const int ng = min(zg, hi);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (gl < ng) v = ld_cluster_v4(cluster_map(h + 4 * (hi - 1 - gl), uint32_t(q)));
+      uint4 vl = q < int(rank) ? v : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int o = 1; o < C; o <<= 1) {  // sum over the C lanes of the group (contiguous lanes)
+        v.x += __shfl_xor_sync(FULL, v.x, o);
+        v.y += __shfl_xor_sync(FULL, v.y, o);
+        v.z += __shfl_xor_sync(FULL, v.z, o);
+        v.w += __shfl_xor_sync(FULL, v.w, o);
+        vl.x += __shfl_xor_sync(FULL, vl.x, o);
+        vl.y += __shfl_xor_sync(FULL, vl.y, o);
+        vl.z += __shfl_xor_sync(FULL, vl.z, o);
+        vl.w += __shfl_xor_sync(FULL, vl.w, o);
+      }
+      if (gl < ng && q == 0) {  // position 4·gl + (3 − j) holds bin 4·(hi − 1 − gl) + j
+        *reinterpret_cast<uint4*>(&win[par][0][4 * gl]) = make_uint4(v.w, v.z, v.y, v.x);
+        *reinterpret_cast<uint4*>(&win[par][1][4 * gl]) = make_uint4(vl.w, vl.z, vl.y, vl.x);
+      }
+      __syncthreads();
+      // Every warp scans the step's bins (descending) redundantly: no further block barrier.
+      uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+      if (lane < ng) {
+        a = *reinterpret_cast<const uint4*>(&win[par][0][4 * lane]);
+        b = *reinterpret_cast<const uint4*>(&win[par][1][4 * lane]);
+      }
+      const int t4[4] = {int(a.x), int(a.y), int(a.z), int(a.w)};
+      const int l4[4] = {int(b.x), int(b.y), int(b.z), int(b.w)};
+      const int st = t4[0] + t4[1] + t4[2] + t4[3], sl = l4[0] + l4[1] + l4[2] + l4[3];
+      int it = st, il = sl;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(FULL, it, o), y = __shfl_up_sync(FULL, il, o);
+        if (lane >= o) {
+          it += x;
+          il += y;
+        }
+      }
+      const bool cross = lane < ng && carry + it - st < krem && carry + it >= krem;
+      const unsigned bal = __ballot_sync(FULL, cross);
+      if (bal != 0u) {
+        int acc = carry + it - st, accl = carry_lo + il - sl, jd = 0, e = 0, ee = 0;
+        bool got = false;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (!got) {
+            if (acc + t4[j] >= krem) {
+              got = true;
+              jd = j;
+              e = t4[j];
+              ee = l4[j];
+            } else {
+              acc += t4[j];
+              accl += l4[j];
+            }
+          }
+        }
+        const int src = __ffs(int(bal)) - 1;
+        const int d = __shfl_sync(FULL, 4 * lane + jd, src);
+        G = __shfl_sync(FULL, acc, src);
+        Gl = __shfl_sync(FULL, accl, src);
+        E = __shfl_sync(FULL, e, src);
+        El = __shfl_sync(FULL, ee, src);
+        bstar = 4 * hi - 1 - d;
+        par ^= 1;
+        break;
+      }
+      carry += __shfl_sync(FULL, it, 31);
+      carry_lo += __shfl_sync(FULL, il, 31);
+      hi -= ng;
+      zg = min(2 * zg, kGroupsMax);
+      par ^= 1;
+    }
+    krem -= G;
+    gt_lo += Gl;
+    prefix |= uint32_t(bstar) << shift;
+    mask |= dmask << shift;
+    TOPK_TS(3 + 2 * p);
+    if (E == krem || p == 2) {  // the whole bin is taken, or the key is complete (ties by index)
+      eq_lo = El;
+      cluster_arrive();  // this CTA's remote reads are done; the matching wait is before exit
+      wait_at_exit = true;
+      break;
+    }
+    if (E <= kV5Cap) {
+      // Candidates: my keys of the bin, at [El + my slot) in every CTA's buffer (rank order).
+      int mine = 0;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) mine += (i < cnt && key[i] >= F && (key[i] & mask) == prefix);
+      int inc = mine;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(FULL, inc, o);
+        if (lane >= o) inc += x;
+      }
+      int wslot = 0;
+      if (lane == 31 && inc > 0) wslot = atomicAdd(&s_cslot, inc);
+      wslot = __shfl_sync(FULL, wslot, 31);
+      int pos = El + wslot + inc - mine;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+        if (i < cnt && key[i] >= F && (key[i] & mask) == prefix) {
+#pragma unroll
+          for (int qq = 0; qq < C; ++qq) st_cluster_u32(cluster_map(&cand[pos], uint32_t(qq)), key[i]);
+          ++pos;
+        }
+      cg::this_cluster().sync();  // candidates visible; no remote access after this point
+      TOPK_TS(8);
+      // The ck-th largest candidate: radix passes over the bits below the prefix, local memory only
+      // (hist1 / hist2 were not used by the cluster passes that ran).
+      uint32_t cpre = prefix, cmsk = mask;
+      int ck = krem;
+#pragma unroll 1
+      for (int sub = p == 0 ? 0 : 1; sub < 2; ++sub) {
+        const int sh = sub == 0 ? 8 : 0;
+        const uint32_t dm = sub == 0 ? 0xfffu : 0xffu;
+        uint32_t* hh = sub == 0 ? hist1 : hist2;
+        for (int j = tid; j < E; j += THREADS) {
+          const uint32_t c = cand[j];
+          if ((c & cmsk) == cpre) atomicAdd(&hh[(c >> sh) & dm], 1u);
+        }
+        __syncthreads();
+        block_pick_bin(hh, sub == 0 ? 4096 : 256, ck, scan_tmp, s_pick);
+        cpre |= uint32_t(s_pick[0]) << sh;
+        cmsk |= dm << sh;
+        ck -= s_pick[1];
+        if (s_pick[2] == ck) break;  // CTA-uniform
+      }
+      // Candidates of lower-ranked CTAs (buffer prefix [0, El)) above / equal to the threshold.
+      int cgt = 0, ceq = 0;
+      for (int j = tid; j < El; j += THREADS) {
+        const uint32_t m = cand[j] & cmsk;
+        cgt += m > cpre;
+        ceq += m == cpre;
+      }
+      cgt = __reduce_add_sync(FULL, cgt);
+      ceq = __reduce_add_sync(FULL, ceq);
+      if (lane == 0) {
+        s_red[0][warp] = cgt;
+        s_red[1][warp] = ceq;
+      }
+      __syncthreads();
+      int sg = 0, se = 0;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        sg += s_red[0][w];
+        se += s_red[1][w];
+      }
+      gt_lo += sg;
+      eq_lo = se;
+      prefix = cpre;
+      mask = cmsk;
+      krem = ck;
+      break;
+    }
+  }
+
+  // Selected: (key & mask) > prefix, or (key & mask) == prefix (key ≥ F) among the first krem such
+  // keys of the row in index order. gt_lo / eq_lo: such keys held by lower-ranked CTAs.
+  int gt = 0, eq = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (i < cnt) {
+      const uint32_t kk = key[i] & mask;
+      gt += kk > prefix;
+      eq += kk == prefix && key[i] >= F;
+    }
+  {
+    const unsigned wg = __reduce_add_sync(FULL, unsigned(gt));
+    const unsigned we = __reduce_add_sync(FULL, unsigned(eq));
+    if (lane == 0) s_wtot[warp] = (static_cast<unsigned long long>(wg) << 32) | we;
+  }
+  __syncthreads();
+  unsigned long long excl = 0;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) excl += w < warp ? s_wtot[w] : 0ull;
+  int gt_b = gt_lo + int(excl >> 32), eq_b = eq_lo + int(excl & 0xffffffffu);
+#pragma unroll
+  for (int i = 0; i < ITEMS; i += 4) {
+    if (i < P) {
+      unsigned ng = 0, ne = 0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint32_t kk = key[i + c] & mask;
+        ng += (i + c < cnt) && kk > prefix;
+        ne += (i + c < cnt) && kk == prefix && key[i + c] >= F;
+      }
+      const unsigned v = ng | (ne << 16);
+      if (__any_sync(FULL, v != 0)) {
+        unsigned inc = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const unsigned t = __shfl_up_sync(FULL, inc, o);
+          if (lane >= o) inc += t;
+        }
+        const unsigned tot = __shfl_sync(FULL, inc, 31);
+        const unsigned ex = inc - v;
+        int g = gt_b + int(ex & 0xffffu), e = eq_b + int(ex >> 16);
+        const int64_t gidx = wbase + int64_t((i / 4) * 32 + lane) * 4;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          if (i + c < cnt) {
+            const uint32_t kk = key[i + c] & mask;
+            if (kk > prefix) {
+              const int o = g + min(e, krem);
+              if (o < k) orow[o] = int32_t(gidx + c);
+              ++g;
+            } else if (kk == prefix && key[i + c] >= F) {
+              if (e < krem && g + e < k) orow[g + e] = int32_t(gidx + c);
+              ++e;
+            }
+          }
+        }
+        gt_b += int(tot & 0xffffu);
+        eq_b += int(tot >> 16);
+      }
+    }
+  }
+  TOPK_TS(9);
+  if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+  if (wait_at_exit) cluster_wait();
+}
+
 // Launches topk_kernel_v4<C, ITEMS> with per-CTA candidate capacity cap = k·cap_x4/4 (≥ k).
 // kUnsupported when the cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0) or the
 // candidate buffer exceeds the shared memory.
@@ -1230,6 +1651,32 @@ Status launch_cluster(Kern kern, const float* scores, int64_t ld, const int32_t*
   return Status::Ok();
 }
 
+// launch_cluster with programmatic stream serialization (PDL, v5 variant 33).
+template <int C, typename Kern>
+Status launch_cluster_pdl(Kern kern, const float* scores, int64_t ld, const int32_t* n, int64_t R,
+                          int k, int32_t* out, int32_t* out_len, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C, unsigned(R), 1);
+  cfg.blockDim = dim3(512, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  if constexpr (C > 8) {
+    cudaLaunchConfig_t probe = cfg;  // residency question without the PDL attribute
+    probe.numAttrs = 1;
+    V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, probe));
+  }
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
+  return Status::Ok();
+}
+
 template <int C, int THREADS, int ITEMS, bool AGG>
 Status launch_topk(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                    int32_t* out, int32_t* out_len, cudaStream_t stream) {
@@ -1311,6 +1758,14 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
               : max_n <= 131072 ? (many ? 15 : 17)
               : max_n <= 262144 ? (many ? 16 : 17)
                                 : 5;
+    // Session 4: v5 (variant 30, cluster 16, 2 cluster barriers for N(0,1)-like rows instead of
+    // v3's 6, coalesced loads, pre-filtered histograms) for fewer than 16 rows above 8K — chosen by
+    // reasoning (docs/cuda.md §Lightning TopK), not yet measured; falls back to the previous choice
+    // where a 16-CTA cluster cannot be resident.
+    if (!many && max_n > 8192) {
+      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 30);
+      if (st.code() != ErrorCode::kUnsupported) return st;
+    }
     if (variant == 17) {
       const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 17);
       if (st.code() != ErrorCode::kUnsupported) return st;
@@ -1422,6 +1877,29 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n > 2 * T * 64) break;
       if (max_n <= 2 * T * 32) return launch_cluster<2>(topk_kernel_v3<2, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_cluster<2>(topk_kernel_v3<2, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+    // v5 (one cluster barrier per pass, windowed histogram reads, candidate broadcast), keys per
+    // thread sized to the row
+    case 30:
+      if (max_n > 16 * T * 64) break;
+      if (max_n <= 16 * T * 8) return launch_cluster<16>(topk_kernel_v5<16, 8>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_cluster<16>(topk_kernel_v5<16, 16>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 32) return launch_cluster<16>(topk_kernel_v5<16, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<16>(topk_kernel_v5<16, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 31:
+      if (max_n > 8 * T * 64) break;
+      if (max_n <= 8 * T * 16) return launch_cluster<8>(topk_kernel_v5<8, 16>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 32) return launch_cluster<8>(topk_kernel_v5<8, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<8>(topk_kernel_v5<8, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 32:
+      if (max_n > 4 * T * 64) break;
+      if (max_n <= 4 * T * 32) return launch_cluster<4>(topk_kernel_v5<4, 32>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster<4>(topk_kernel_v5<4, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 33:  // 30 launched with programmatic dependent launch
+      if (max_n > 16 * T * 64) break;
+      if (max_n <= 16 * T * 8) return launch_cluster_pdl<16>(topk_kernel_v5<16, 8, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_cluster_pdl<16>(topk_kernel_v5<16, 16, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 32) return launch_cluster_pdl<16>(topk_kernel_v5<16, 32, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_cluster_pdl<16>(topk_kernel_v5<16, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

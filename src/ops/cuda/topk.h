@@ -32,8 +32,8 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// ASCENDING INDEX order (deterministic, gather-friendly); rows with n[r] < k hold 0..n[r]−1 then
 /// −1 padding; out_len [R] (optional, may be nullptr) gets min(n[r], k).
 /// Algorithm: radix select (12+12+8 bits) over the 32-bit order-preserving key, one
-/// thread-block cluster per row whose CTAs keep their slice in registers and reduce their
-/// histograms through distributed shared memory; single-CTA path for short rows.
+/// thread-block cluster per row whose CTAs keep their slice in registers and exchange their
+/// histograms through distributed shared memory; single-CTA path for short rows (≤ 8192).
 /// `max_n` (host) ≥ every n[r] picks the configuration. `variant` = 0 auto (the fastest tested
 /// configuration per size on the H200), else a fixed configuration for benchmarks and tests, all
 /// with 512 threads per CTA ("cluster C×I" = C CTAs, I keys per thread, rows ≤ C·512·I):
@@ -54,6 +54,15 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// 26: v3 cluster 8 with keys/thread sized to the row (16/32/64). 27/28/29: v3 cluster 8/4/2,
 /// sized to the row, with coalesced loads (each warp owns a contiguous slice, lanes interleaved by
 /// float4; output order from warp shuffles instead of a block scan).
+/// v5 kernel (one cluster barrier per radix pass: each CTA publishes its local histogram and
+/// highest bin, every CTA reads only the window of bins between the row maximum and the k-th key;
+/// keys < a per-CTA pre-filter bound (min over threads of the thread's max key, k ≤ 512) never
+/// enter a histogram; when the threshold bin holds ≤ 2048 keys they are broadcast to every CTA and
+/// selected locally; output offsets come from the window counts, no extra exchange), keys/thread
+/// sized to the row, coalesced loads: 30: cluster 16 (rows ≤ 524288; auto for < 16 rows above
+/// 8192 where a 16-CTA cluster can be resident), 31: cluster 8 (≤ 262144), 32: cluster 4
+/// (≤ 131072), 33: as 30, launched with programmatic dependent launch (waits for the previous
+/// kernel of the stream before its first global access; lets the next one launch early).
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),

@@ -110,7 +110,7 @@ struct KernelContext {
   cudaStream_t stream = nullptr;
   Gemm* gemm = nullptr;
   int num_sms = 132;
-  int64_t gemv_max_rows = 32;       // CudaOptions::gemv_max_rows
+  int64_t gemv_max_rows = 1;        // CudaOptions::gemv_max_rows
   int64_t sync_min_pairs = 4096;    // CudaOptions::moe_sync_min_pairs
   bool fused_tc = false;            // CudaOptions::fused_tensor_cores
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows

@@ -1,0 +1,212 @@
+// Decode attention rows of bench_kernels (`--only-attention` → cuda-attention.md): the decode
+// kernel (attention_dec.h, bf16 mma.sync, cost-model splits) vs the previous bf16-mode kernel
+// (attention_mma.h, TF32, attention_auto_splits as CudaOps used it), V4-Flash shapes (64 heads ×
+// 512), CSA (128 SWA + min(512, ctx/4) top-k keys) and HCA (128 + ctx/128 keys) × batch 1 / 64
+// × context 4K / 128K / 1M, next to the byte floor.
+#ifdef V4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
+#include "ops/ops.h"
+
+namespace {
+
+#define AB_CHECK(x)                                                                      \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+#define AB_OK(x)                                                                         \
+  do {                                                                                   \
+    v4::Status s_ = (x);                                                                 \
+    if (!s_.ok()) {                                                                      \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.to_string().c_str());   \
+      std::exit(3);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+// Median per-launch µs of fn(i): `samples` samples of `inner` back-to-back launches between two
+// CUDA events (launch i uses input set i % sets: consecutive launches touch different memory).
+double median_us(const std::function<void(int)>& fn, int samples = 30, int inner = 10) {
+  for (int i = 0; i < 10; ++i) fn(i);
+  AB_CHECK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * samples);
+  for (auto& e : ev) AB_CHECK(cudaEventCreate(&e));
+  int idx = 0;
+  for (int i = 0; i < samples; ++i) {
+    AB_CHECK(cudaEventRecord(ev[2 * i]));
+    for (int j = 0; j < inner; ++j) fn(idx++);
+    AB_CHECK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  AB_CHECK(cudaDeviceSynchronize());
+  std::vector<double> t(samples);
+  for (int i = 0; i < samples; ++i) {
+    float ms = 0;
+    AB_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    t[i] = ms * 1000.0 / inner;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[samples / 2];
+}
+
+}  // namespace
+
+/// The cuda-attention.md body at copy bandwidth `bw` GB/s (read + write).
+std::string bench_attention(double bw) {
+  const int H = 64, hd = 512, kSets = 16;
+  const int64_t kPoolRows = int64_t(1) << 20;  // 2 GiB f32 pool: key reads come from HBM
+  int dev = 0, n_sms = 0;
+  AB_CHECK(cudaGetDevice(&dev));
+  AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  float* pool = nullptr;
+  AB_CHECK(cudaMalloc(&pool, size_t(kPoolRows) * hd * sizeof(float)));
+  {
+    // Finite, non-constant values (the kernels' cost does not depend on them).
+    std::vector<float> chunk(size_t(1) << 22);
+    std::mt19937_64 g(99);
+    std::normal_distribution<float> d(0.f, 0.3f);
+    for (auto& x : chunk) x = d(g);
+    const size_t total = size_t(kPoolRows) * hd;
+    for (size_t off = 0; off < total; off += chunk.size())
+      AB_CHECK(cudaMemcpy(pool + off, chunk.data(), std::min(chunk.size(), total - off) * 4,
+                          cudaMemcpyHostToDevice));
+  }
+  float* sinks = nullptr;
+  AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
+  AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
+
+  std::ostringstream md;
+  md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V, f32 pools), one query "
+        "row per sequence. Keys per row: CSA = 128 SWA + min(512, ctx/4) top-k, HCA = 128 SWA + "
+        "ctx/128 compressed; each sequence reads its own random distinct rows of a 2 GiB pool, "
+        "and every launch uses another of "
+     << kSets
+     << " input sets (key lists, q, out): cold, reads come from HBM. Times: median of 30 samples "
+        "of 10 back-to-back launches (CUDA events), the combine launch included when split. "
+        "Floor = (distinct key rows · 2 KiB + q + out, f32) / measured copy bandwidth. `dec` = "
+        "attention_dec with the split count of its cost model (`attention_dec_splits`, as "
+        "CudaOps runs it); `dec best` = the fastest of a sweep of split counts; `mma` = the "
+        "previous bf16-mode kernel (TF32 attention_mma, attention_auto_splits).\n\n"
+     << "| kind | batch | context | keys/row | floor µs | dec µs (splits) | dec/floor | "
+        "dec best µs (splits) | best/floor | mma µs (splits) | mma/floor |\n"
+     << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::mt19937_64 g(12345);
+  std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
+  for (const char* kind : {"CSA", "HCA"})
+    for (int64_t S : {int64_t(1), int64_t(64)})
+      for (int64_t ctx : {int64_t(4096), int64_t(131072), int64_t(1) << 20}) {
+        const bool csa = kind[0] == 'C';
+        const int64_t n_comp = csa ? std::min<int64_t>(512, ctx / 4) : ctx / 128;
+        const int64_t keys = 128 + n_comp;
+        // Key lists: set r, row t → 128 SWA rows then n_comp compressed rows, all distinct
+        // within a set (consecutive chunks of a fresh permutation of the pool rows).
+        std::vector<int32_t> rows(size_t(kSets * S * keys));
+        std::vector<int64_t> so(size_t(kSets * S)), co(size_t(kSets * S));
+        std::vector<int32_t> sc(static_cast<size_t>(S), 128), cc(static_cast<size_t>(S), static_cast<int32_t>(n_comp));
+        for (int r = 0; r < kSets; ++r) {
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), g);
+          for (int64_t t = 0; t < S; ++t) {
+            const int64_t base = (r * S + t) * keys;
+            std::copy(perm.begin() + t * keys, perm.begin() + (t + 1) * keys, rows.begin() + base);
+            so[size_t(r * S + t)] = base;
+            co[size_t(r * S + t)] = base + 128;
+          }
+        }
+        int32_t *d_rows = nullptr, *d_sc = nullptr, *d_cc = nullptr;
+        int64_t *d_so = nullptr, *d_co = nullptr;
+        float *d_q = nullptr, *d_out = nullptr;
+        const size_t qn = size_t(S) * H * hd;
+        AB_CHECK(cudaMalloc(&d_rows, rows.size() * 4));
+        AB_CHECK(cudaMalloc(&d_sc, size_t(S) * 4));
+        AB_CHECK(cudaMalloc(&d_cc, size_t(S) * 4));
+        AB_CHECK(cudaMalloc(&d_so, so.size() * 8));
+        AB_CHECK(cudaMalloc(&d_co, co.size() * 8));
+        AB_CHECK(cudaMalloc(&d_q, kSets * qn * 4));
+        AB_CHECK(cudaMalloc(&d_out, kSets * qn * 4));
+        AB_CHECK(cudaMemcpy(d_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+        AB_CHECK(cudaMemcpy(d_sc, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
+        AB_CHECK(cudaMemcpy(d_cc, cc.data(), cc.size() * 4, cudaMemcpyHostToDevice));
+        AB_CHECK(cudaMemcpy(d_so, so.data(), so.size() * 8, cudaMemcpyHostToDevice));
+        AB_CHECK(cudaMemcpy(d_co, co.data(), co.size() * 8, cudaMemcpyHostToDevice));
+        AB_CHECK(cudaMemcpy(d_q, pool, kSets * qn * 4, cudaMemcpyDeviceToDevice));
+        auto args = [&](int i) {
+          const int r = i % kSets;
+          v4::ops::AttentionArgs a;
+          a.q = d_q + r * qn;
+          a.sinks = sinks;
+          a.swa_pool = pool;
+          a.swa = {d_rows, d_so + r * S, d_sc};
+          a.comp_pool = pool;
+          a.comp = {d_rows, d_co + r * S, d_cc};
+          a.n_rows = S;
+          a.n_heads = H;
+          a.head_dim = hd;
+          a.scale = 1.f / std::sqrt(float(hd));
+          a.max_keys = keys;
+          a.out = d_out + r * qn;
+          return a;
+        };
+        float* ws = nullptr;
+        AB_CHECK(cudaMalloc(&ws, size_t(v4::cuda::attention_workspace_floats(S, H, hd, 128)) * 4));
+        auto t_dec = [&](int splits) {
+          return median_us([&](int i) { AB_OK(v4::cuda::sparse_attention_dec(args(i), splits, ws, nullptr)); });
+        };
+        const int dec_splits = v4::cuda::attention_dec_splits(S, H, keys, n_sms);
+        const double dec_us = t_dec(dec_splits);
+        double best_us = dec_us;
+        int best_splits = dec_splits;
+        const int64_t tiles = (keys + v4::cuda::kAttnDecTileKeys - 1) / v4::cuda::kAttnDecTileKeys;
+        for (int sp : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
+          if (sp > tiles || sp == dec_splits) continue;
+          const double us = t_dec(sp);
+          std::printf("  sweep %s S=%lld keys=%lld splits=%d: %.2f us\n", kind, (long long)S,
+                      (long long)keys, sp, us);
+          if (us < best_us) best_us = us, best_splits = sp;
+        }
+        const int mma_splits = v4::cuda::attention_auto_splits(S, H, keys, n_sms, 64);
+        const double mma_us = median_us(
+            [&](int i) { AB_OK(v4::cuda::sparse_attention_mma(args(i), mma_splits, ws, nullptr)); });
+        const double bytes = double(S) * keys * hd * 4 + 2.0 * double(qn) * 4;
+        const double floor_us = bytes / (bw * 1e3);
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "| %s | %lld | %s | %lld | %.2f | %.2f (%d) | %.2f× | %.2f (%d) | %.2f× | "
+                      "%.2f (%d) | %.2f× |\n",
+                      kind, (long long)S, ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M",
+                      (long long)keys, floor_us, dec_us, dec_splits, dec_us / floor_us, best_us,
+                      best_splits, best_us / floor_us, mma_us, mma_splits, mma_us / floor_us);
+        md << line;
+        std::printf("%s", line);
+        std::fflush(stdout);
+        cudaFree(ws);
+        cudaFree(d_rows);
+        cudaFree(d_sc);
+        cudaFree(d_cc);
+        cudaFree(d_so);
+        cudaFree(d_co);
+        cudaFree(d_q);
+        cudaFree(d_out);
+      }
+  cudaFree(pool);
+  cudaFree(sinks);
+  md << "\n";
+  return md.str();
+}
+#endif  // V4_HAVE_CUDA

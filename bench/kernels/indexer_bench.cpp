@@ -1,0 +1,221 @@
+// Indexer rows of bench_kernels (`--only-indexer` → cuda-indexer.md): the bf16 indexer scores
+// over the paged f32 index-key pool (indexer.h), decode kernel (variant 2) vs the previous WMMA
+// kernel (variant 1), alone and followed by Lightning TopK (top-512), and the whole
+// Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it.
+// V4-Flash shapes: nI = 64, dI = 128; n candidates per row ∈ {1K, 32K, 230,400 (900K context),
+// 262,144} at batch 1, and 1K / 32K at batch 64 (each row its own candidate list, as distinct
+// sequences).
+//
+// Inputs are L2-cold: the pool holds ≥ 256 MiB of key rows and every launch uses another set of
+// pages (rotating over `rot` disjoint row maps), each list = runs of 64 consecutive pool rows (one
+// C4 page) from a random page order. Byte floor = bytes each launch must move / the measured
+// copy bandwidth (read + write): keys n·dI·4 + row map n·4 + scores written n·4 per row (scores +
+// top-512: + n·4 scores read back + 512·4 written).
+#ifdef V4_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/fill.h"
+#include "ops/cuda/indexer.h"
+#include "ops/cuda/topk.h"
+#include "ops/fill_random.h"
+#include "ops/ops.h"
+
+namespace {
+
+#define IB_CHECK(x)                                                                     \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                     \
+    }                                                                                   \
+  } while (0)
+#define IB_OK(x)                                                                        \
+  do {                                                                                  \
+    v4::Status s_ = (x);                                                                \
+    if (!s_.ok()) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, s_.to_string().c_str());   \
+      std::exit(3);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+// Median per-launch µs of `fn(i, stream)`: `samples` samples of `inner` back-to-back launches
+// between two events on `st` (the GPU stays busy, so host launch cost is hidden as in a graph).
+double time_on(cudaStream_t st, const std::function<void(int, cudaStream_t)>& fn, int samples,
+               int inner = 10, int warmup = 10) {
+  int idx = 0;
+  for (int i = 0; i < warmup; ++i) fn(idx++, st);
+  IB_CHECK(cudaStreamSynchronize(st));
+  cudaEvent_t a, b;
+  IB_CHECK(cudaEventCreate(&a));
+  IB_CHECK(cudaEventCreate(&b));
+  std::vector<double> t(samples);
+  for (int s = 0; s < samples; ++s) {
+    IB_CHECK(cudaEventRecord(a, st));
+    for (int j = 0; j < inner; ++j) fn(idx++, st);
+    IB_CHECK(cudaEventRecord(b, st));
+    IB_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    IB_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t[s] = ms * 1000.0 / inner;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[samples / 2];
+}
+
+}  // namespace
+
+// The cuda-indexer.md body at copy bandwidth `bw` GB/s (read + write).
+std::string bench_indexer(double bw, int reps) {
+  using v4::ops::IndexerArgs;
+  const int nI = 64, dI = 128, k = 512;
+  int n_sms = 132;
+  {
+    int dev = 0;
+    IB_CHECK(cudaGetDevice(&dev));
+    IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  cudaStream_t st;
+  IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  v4::ops::CudaOptions co;
+  co.precision = v4::ops::Precision::kBf16;
+  auto made = v4::ops::make_cuda_ops(co);
+  IB_OK(made.status());
+  std::unique_ptr<v4::ops::Ops> ops = std::move(made).value();
+  std::mt19937_64 g(2026);
+  std::normal_distribution<float> nd;
+
+  std::ostringstream o;
+  o << "- shapes: nI = 64 heads, dI = 128, f32 key pool, top-512; n = candidates per row (C4 "
+       "keys: 230,400 = 900K context); batch rows each have their own candidate list\n"
+    << "- inputs L2-cold (≥ 256 MiB of key rows, every launch another page set; lists = runs of "
+       "64 consecutive pool rows from a random page order)\n"
+    << "- times: median per launch of " << reps << " samples × 10 back-to-back launches on one "
+       "stream (host launch cost hidden, as in a decode graph); `Ops::indexer_topk` = device span "
+       "per call of 10 eager calls between step markers (3 launches each: scores, topk_rows, "
+       "finalize; includes any host gap)\n"
+    << "- byte floor (per launch): keys n·512 B + row map n·4 B + scores n·4 B written, per row; "
+       "+ top-512: scores read back n·4 B; / the copy bandwidth " << int(bw) << " GB/s\n"
+    << "- new = decode kernel (`indexer_scores_tc` variant 2, 16-key chunks, the auto choice: keys "
+       "straight into mma.sync B registers, one wave over the GPU); old = the WMMA kernel "
+       "(variant 1, the previous decode path); last two columns: variant 3 (32-key chunks)\n\n"
+    << "| n | batch | scores new µs | scores old µs | floor µs | new / floor | old / floor | "
+       "+ top-512 new µs | + top-512 old µs | floor µs | new / floor | Ops::indexer_topk µs | "
+       "scores new, 32-key chunks µs | + top-512 µs |\n"
+    << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  struct Shape { int64_t n; int batch; };
+  for (Shape sh : {Shape{1024, 1}, Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1},
+                   Shape{1024, 64}, Shape{32768, 64}}) {
+    const int64_t n = sh.n, B = sh.batch, per = n * B;  // key rows per launch
+    const int64_t min_rows = (int64_t(256) << 20) / (dI * 4);
+    const int rot = int(std::min<int64_t>(256, std::max<int64_t>(2, (min_rows + per - 1) / per)));
+    const int64_t pool_rows = per * rot;  // every rotation its own pages
+    float *pool = nullptr, *q = nullptr, *w = nullptr, *scores = nullptr;
+    int32_t *rows = nullptr, *cnt = nullptr, *sel = nullptr, *out_rows = nullptr, *out_cnt = nullptr;
+    int64_t* offs = nullptr;
+    IB_CHECK(cudaMalloc(&pool, size_t(pool_rows) * dI * 4));
+    IB_CHECK(cudaMalloc(&q, size_t(B) * nI * dI * 4));
+    IB_CHECK(cudaMalloc(&w, size_t(B) * nI * 4));
+    IB_CHECK(cudaMalloc(&scores, size_t(B) * n * 4));
+    IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
+    IB_CHECK(cudaMalloc(&offs, size_t(rot) * B * 8));
+    IB_CHECK(cudaMalloc(&cnt, size_t(B) * 4));
+    IB_CHECK(cudaMalloc(&sel, size_t(B) * k * 4));
+    IB_CHECK(cudaMalloc(&out_rows, size_t(B) * k * 4));
+    IB_CHECK(cudaMalloc(&out_cnt, size_t(B) * 4));
+    IB_OK(v4::cuda::fill_random(pool, pool_rows * dI,
+                                v4::ops::fill::make_params(v4::ops::RandomFill::kF32Normal, 1.f, 11),
+                                st));
+    {
+      std::vector<float> hq(size_t(B) * nI * dI), hw(size_t(B) * nI);
+      for (auto& x : hq) x = nd(g);
+      for (auto& x : hw) x = nd(g);
+      IB_CHECK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows));
+      std::iota(pages.begin(), pages.end(), 0);
+      std::shuffle(pages.begin(), pages.end(), g);
+      for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
+      std::vector<int64_t> hoff(size_t(rot) * B);
+      for (int64_t i = 0; i < int64_t(hoff.size()); ++i) hoff[size_t(i)] = i * n;
+      std::vector<int32_t> hcnt(static_cast<size_t>(B), static_cast<int32_t>(n));
+      IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
+    }
+    IB_CHECK(cudaDeviceSynchronize());
+    auto args = [&](int i) {
+      IndexerArgs a;
+      a.q = q;
+      a.weights = w;
+      a.key_pool = pool;
+      a.cand = {rows, offs + int64_t(i % rot) * B, cnt};
+      a.n_rows = B;
+      a.n_heads = nI;
+      a.head_dim = dI;
+      a.topk = k;
+      a.max_count = n;
+      a.out_rows = out_rows;
+      a.out_count = out_cnt;
+      return a;
+    };
+    double t_sc[4] = {}, t_tk[4] = {};
+    for (int v : {1, 2, 3}) {
+      t_sc[v] = time_on(st, [&](int i, cudaStream_t s) {
+        IB_OK(v4::cuda::indexer_scores_tc(args(i), n, scores, n, n_sms, s, v));
+      }, reps);
+      t_tk[v] = time_on(st, [&](int i, cudaStream_t s) {
+        IB_OK(v4::cuda::indexer_scores_tc(args(i), n, scores, n, n_sms, s, v));
+        IB_OK(v4::cuda::topk_rows(scores, n, cnt, B, k, n, sel, nullptr, s));
+      }, reps);
+    }
+    // Whole op, eager, device span between step markers.
+    double t_op = 0;
+    {
+      for (int i = 0; i < 5; ++i) ops->indexer_topk(args(i));
+      ops->synchronize();
+      std::vector<double> t;
+      for (int s = 0; s < std::max(5, reps / 4); ++s) {
+        const double before = ops->step_timing().busy_s;
+        ops->step_begin(true);
+        for (int j = 0; j < 10; ++j) ops->indexer_topk(args(s * 10 + j));
+        ops->step_end();
+        t.push_back((ops->step_timing().busy_s - before) * 1e6 / 10);
+      }
+      std::sort(t.begin(), t.end());
+      t_op = t[t.size() / 2];
+    }
+    const double f_sc = double(per) * (dI * 4 + 4 + 4) / (bw * 1e9) * 1e6;
+    const double f_tk = (double(per) * (dI * 4 + 4 + 4 + 4) + double(B) * k * 4) / (bw * 1e9) * 1e6;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "| %lld | %lld | %.1f | %.1f | %.1f | %.2f× | %.2f× | %.1f | %.1f | %.1f | %.2f× | "
+                  "%.1f | %.1f | %.1f |\n",
+                  (long long)n, (long long)B, t_sc[2], t_sc[1], f_sc, t_sc[2] / f_sc, t_sc[1] / f_sc,
+                  t_tk[2], t_tk[1], f_tk, t_tk[2] / f_tk, t_op, t_sc[3], t_tk[3]);
+    o << buf;
+    std::printf("indexer n=%lld batch=%lld: scores new %.1f old %.1f (floor %.1f) us; +top-512 new "
+                "%.1f old %.1f (floor %.1f) us; Ops::indexer_topk %.1f us\n",
+                (long long)n, (long long)B, t_sc[2], t_sc[1], f_sc, t_tk[2], t_tk[1], f_tk, t_op);
+    cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(scores); cudaFree(rows); cudaFree(offs);
+    cudaFree(cnt); cudaFree(sel); cudaFree(out_rows); cudaFree(out_cnt);
+  }
+  cudaStreamDestroy(st);
+  return o.str();
+}
+
+#endif  // V4_HAVE_CUDA

@@ -1,0 +1,457 @@
+#include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
+// Decode sparse MQA attention, bf16 mma.sync (see attention_dec.h for the work split).
+//
+// Shared memory (dynamic, 230,912 B of the 232,448 B a block may have):
+//   qs     bf16 [64 heads][520]   Q of the block's heads (row stride 1040 B: ldmatrix rows fall
+//                                 on distinct 16-byte bank groups)
+//   kb     bf16 [32 keys][520]    the current key tile, converted from the staged f32 rows
+//   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32: 2 KiB a row);
+//                                 the stage just converted doubles as the S exchange buffer
+//                                 ([8 warps][16][40] f32) until the tile after next is issued
+// Split partials are merged by attn_dec_combine_kernel (one block per (row, head, 128 dims)).
+// Per tile (it): wait for stage it%2 → sync → convert to kb → sync → QK, write partial S →
+// sync → add the partner's partial S, online softmax, P·V → sync → issue tile it+2 into the
+// freed stage. Every tile therefore has one other tile (64 KiB) in flight while it computes,
+// two while the block waits.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
+
+namespace v4::cuda {
+namespace {
+
+constexpr int kHd = 512;
+constexpr int kHeads = 64;                  // heads per block
+constexpr int kKT = kAttnDecTileKeys;       // keys per tile (32)
+constexpr int kThreads = 256;               // 8 warps
+constexpr int kLdB = kHd + 8;               // bf16 row stride of qs / kb (elements)
+constexpr int kSxLd = 40;                   // f32 row stride of the S exchange (conflict-free)
+constexpr int kMaxSplits = 256;             // the combine kernel's weight buffer
+
+/// How key rows of a pool element type are staged and turned into bf16: rows are copied as
+/// 16-byte chunks (cp.async) and each chunk converts to kElems bf16 values. The only place that
+/// knows the pool format (f32 today; a bf16 / fp8 pool adds a specialization).
+template <typename T>
+struct KeyPool;
+template <>
+struct KeyPool<float> {
+  static constexpr int kRowBytes = kHd * 4;
+  static constexpr int kElems = 4;  // per 16-byte chunk
+  /// Converts chunk `c` of a staged row (16 bytes at src) into dst[0..3].
+  __device__ static __forceinline__ void convert(const unsigned char* src,
+                                                 __nv_bfloat16* dst) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&lo);
+    u.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(dst) = u;
+  }
+};
+
+constexpr size_t kQsBytes = size_t(kHeads) * kLdB * 2;  // 66,560
+constexpr size_t kKbBytes = size_t(kKT) * kLdB * 2;     // 33,280
+template <typename T>
+constexpr size_t stage_bytes() {
+  return size_t(kKT) * KeyPool<T>::kRowBytes;
+}
+template <typename T>
+constexpr size_t smem_bytes() {
+  return kQsBytes + kKbBytes + 2 * stage_bytes<T>();
+}
+static_assert(smem_bytes<float>() + 2 * kKT * 4 <= 232448, "shared memory over the 227 KiB limit");
+static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<float>(), "S exchange must fit a stage");
+static_assert(kQsBytes % 16 == 0 && kKbBytes % 16 == 0, "cp.async / ldmatrix alignment");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0 source bytes → zero fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// D = A·B + D, m16n8k16 bf16 (row.col), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as bf16x2: `lo` in the low half (the lower column index of an mma fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+/// Physical pool row of key j of row t (SWA keys first, then compressed keys); −1 = skip.
+__device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t t, int j,
+                                           int n_swa) {
+  if (j < n_swa) return a.swa.rows[a.swa.offset[t] + j];
+  return a.comp.rows[a.comp.offset[t] + (j - n_swa)];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_dec_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
+                    const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* kb = reinterpret_cast<__nv_bfloat16*>(smem + kQsBytes);
+  unsigned char* stage0 = smem + kQsBytes + kKbBytes;
+  constexpr size_t kStage = stage_bytes<T>();
+  constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;
+  __shared__ int32_t rows_s[2][kKT];  // pool row per key of the staged tiles (−1: masked)
+
+  const int64_t t = blockIdx.x / n_splits;
+  const int s = int(blockIdx.x % n_splits);
+  const int H = a.n_heads;
+  const int hb = blockIdx.y * kHeads;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int hg = warp >> 1, half = warp & 1;
+  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
+  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  // Whole tiles per split: split s covers keys [k0, k1).
+  const int tiles_all = (n + kKT - 1) / kKT;
+  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
+  const int k0 = min(n, s * tiles_per * kKT);
+  const int k1 = min(n, k0 + tiles_per * kKT);
+  const int n_tiles = (k1 - k0 + kKT - 1) / kKT;  // 0 for an empty split
+
+  // Stages tile [kt0, kt0 + 32) into stage `buf`: lane L of every warp looks up the pool row of
+  // key kt0 + L once; the 16-byte chunks then take their key's row by shuffle (kKT == 32).
+  static_assert(kKT == 32, "one key per lane in issue()");
+  constexpr int kIssueIters = kKT * kChunksPerRow / kThreads;
+  static_assert(kKT * kChunksPerRow % kThreads == 0, "uniform issue loop (shuffles)");
+  auto issue = [&](int kt0, int buf) {
+    unsigned char* st = stage0 + buf * kStage;
+    const int jl = kt0 + lane;
+    const int32_t my_r = jl < k1 ? key_row(a, t, jl, n_swa) : -1;
+#pragma unroll 4
+    for (int i = 0; i < kIssueIters; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      const int key = e / kChunksPerRow, c = e % kChunksPerRow;
+      const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+      const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
+      const void* src = r >= 0 ? static_cast<const void*>(
+                                     reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) +
+                                     16 * c)
+                               : static_cast<const void*>(a.q);
+      cp_async16(st + size_t(key) * KeyPool<T>::kRowBytes + 16 * c, src, r >= 0);
+    }
+    if (warp == 0) rows_s[buf][lane] = my_r;
+    cp_async_commit();
+  };
+
+  float o[32][4];  // 32 n-tiles of 8 dims × (rows g, g+8)
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // rows g, g+8
+
+  if (n_tiles > 0) {
+    issue(k0, 0);
+    if (n_tiles > 1) issue(k0 + kKT, 1);
+    // Q of the block's heads → bf16 (rows ≥ H are zero), while the first tiles are in flight.
+#pragma unroll 16
+    for (int i = 0; i < kHeads * (kHd / 4) / kThreads; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (hb + h < H)
+        v = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
+      uint2 u;
+      u.x = pack_bf16(v.x, v.y);
+      u.y = pack_bf16(v.z, v.w);
+      *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+    }
+  }
+
+  const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
+  const __nv_bfloat16* kw = kb + half * 256;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it & 1;
+    unsigned char* st = stage0 + buf * kStage;
+    if (it + 1 < n_tiles) {
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // stage `buf` (and, on the first tile, qs) visible to every thread
+    for (int e = threadIdx.x; e < kKT * kChunksPerRow; e += kThreads) {
+      const int key = e / kChunksPerRow, c = e % kChunksPerRow;
+      KeyPool<T>::convert(st + size_t(key) * KeyPool<T>::kRowBytes + 16 * c,
+                          kb + key * kLdB + KeyPool<T>::kElems * c);
+    }
+    __syncthreads();  // kb complete; stage `buf` free (reused as the S exchange)
+
+    // 1. partial S over my 256 dims: 16 k-steps × 4 n-tiles of 8 keys.
+    float sacc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 256; kk += 16) {
+      uint32_t af[4];
+      ldmatrix_x4(af, qw + (lane & 15) * kLdB + kk + 8 * (lane >> 4));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, kw + (16 * np + (lane & 7) + 8 * (lane >> 4)) * kLdB + kk +
+                            8 * ((lane >> 3) & 1));
+        mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
+        mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
+      }
+    }
+    float* sx = reinterpret_cast<float*>(st);
+    float* mine = sx + warp * (16 * kSxLd);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      *reinterpret_cast<float2*>(mine + g * kSxLd + nt * 8 + 2 * tq) =
+          make_float2(sacc[nt][0], sacc[nt][1]);
+      *reinterpret_cast<float2*>(mine + (g + 8) * kSxLd + nt * 8 + 2 * tq) =
+          make_float2(sacc[nt][2], sacc[nt][3]);
+    }
+    __syncthreads();
+    // S = own half + partner half (fp add commutes: both warps of the pair get identical S).
+    const float* other = sx + (warp ^ 1) * (16 * kSxLd);
+    float sv[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int c0 = nt * 8 + 2 * tq;
+      const float2 lo = *reinterpret_cast<const float2*>(other + g * kSxLd + c0);
+      const float2 hi = *reinterpret_cast<const float2*>(other + (g + 8) * kSxLd + c0);
+      sv[nt][0] = (sacc[nt][0] + lo.x) * a.scale;
+      sv[nt][1] = (sacc[nt][1] + lo.y) * a.scale;
+      sv[nt][2] = (sacc[nt][2] + hi.x) * a.scale;
+      sv[nt][3] = (sacc[nt][3] + hi.y) * a.scale;
+      const bool v0 = rows_s[buf][c0] >= 0, v1 = rows_s[buf][c0 + 1] >= 0;
+      if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
+      if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
+    }
+    // 2. online softmax per row (r = 0: row g, r = 1: row g+8); a row's 32 values sit in the
+    // 4 lanes of a quad. Masked logits never enter an exp (p = 0 explicitly).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_r[r], mx);
+      const float corr =
+          m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
+      float psum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float v = sv[nt][2 * r + c];
+          const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
+          sv[nt][2 * r + c] = p;
+          psum += p;
+        }
+      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+      l_r[r] = l_r[r] * corr + psum;
+      m_r[r] = m_new;
+      // Rescale only when some row's max moved (× 1 is exact, so skipping changes nothing).
+      if (__any_sync(0xffffffffu, corr != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          o[i][2 * r] *= corr;
+          o[i][2 * r + 1] *= corr;
+        }
+      }
+    }
+    // 3. O += P · V: the S accumulators of n-tiles (2ks, 2ks+1) are the A fragment of k-step ks.
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t af[4];
+      af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
+      af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
+      af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
+      af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
+      const __nv_bfloat16* vrow = kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB +
+                                  8 * (lane >> 4);
+#pragma unroll
+      for (int np = 0; np < 16; ++np) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, vrow + 16 * np);
+        mma_bf16(o[2 * np], af, bf[0], bf[1]);
+        mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();  // kb, the S exchange and rows_s[buf] free for the next tiles
+    if (it + 2 < n_tiles) issue(k0 + (it + 2) * kKT, buf);
+  }
+
+  // Output: rows g and g+8 of head group hg, dims half·256 + nt·8 + 2tq (+1).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = hb + hg * 16 + g + 8 * r;
+    if (h >= H) continue;
+    if (n_splits == 1) {
+      const float sink = a.sinks[h];
+      const float M = fmaxf(m_r[r], sink);
+      const float f = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);  // no keys → sink only
+      const float inv = f / (l_r[r] * f + __expf(sink - M));
+      float* out = a.out + (t * H + h) * int64_t(kHd) + half * 256;
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    } else {
+      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
+      if (half == 0 && tq == 0) {
+        pwo[0] = m_r[r];
+        pwo[1] = l_r[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(pwo + 2 + half * 256 + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+  }
+}
+
+// Merges the split partials of (t, h) with the sink (the attention.h partial layout), spread
+// over (t·H + h, dim quarter) blocks of 128 threads so that batch 1 still fills the GPU: every
+// block recomputes the split weights (max, then exp(m_s − M) and L, fixed reduction order) and
+// sums its 128 output dims over the splits.
+constexpr int kCombThreads = 128;
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
+#pragma unroll
+  for (int off = 16; off; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < kCombThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();  // red reusable
+  return r;
+}
+__global__ void __launch_bounds__(kCombThreads) attn_dec_combine_kernel(ops::AttentionArgs a,
+                                                                       int n_splits,
+                                                                       const float* __restrict__ ws) {
+  __shared__ float fs[kMaxSplits];
+  __shared__ float red[kCombThreads / 32];
+  const int64_t th = blockIdx.x;
+  const int h = int(th % a.n_heads);
+  const float* p = ws + th * n_splits * int64_t(kHd + 2);
+  const float sink = a.sinks[h];
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < n_splits; s += kCombThreads) mx = fmaxf(mx, p[s * int64_t(kHd + 2)]);
+  const float M = fmaxf(sink, block_reduce(mx, true, red));
+  float ls = 0.f;
+  for (int s = threadIdx.x; s < n_splits; s += kCombThreads) {
+    const float m = p[s * int64_t(kHd + 2)];
+    const float f = m == -INFINITY ? 0.f : __expf(m - M);
+    fs[s] = f;
+    ls += p[s * int64_t(kHd + 2) + 1] * f;
+  }
+  const float inv = 1.f / (__expf(sink - M) + block_reduce(ls, false, red));  // syncs: fs ready
+  const int d = blockIdx.y * kCombThreads + threadIdx.x;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < n_splits; ++s) acc = fmaf(p[s * int64_t(kHd + 2) + 2 + d], fs[s], acc);
+  a.out[th * kHd + d] = acc * inv;
+}
+
+}  // namespace
+
+bool attention_dec_supported(int n_heads, int head_dim) {
+  return head_dim == kHd && n_heads > 0;
+}
+
+int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
+  if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0) return 1;
+  // Costs in KiB moved at one SM's fair share of the bandwidth (32 GB/s on an H200).
+  const double kTile = kKT * kHd * 4 / 1024.0;  // 64: one f32 key tile
+  const double kQ = kHeads * kHd * 4 / 1024.0;  // 128: q of 64 heads (f32), also out / partial
+  // One SM runs ≤ 1.25× its fair bandwidth share when fewer blocks than SMs run (its tile math,
+  // ~32 mma per key, takes about as long as a fair-share tile read; the calibration knob: see
+  // the split sweep of bench_kernels --only-attention).
+  const double kBoost = 1.25;
+  const double kWaveLatency = 48;  // ~1.5 µs of latency per wave (and per extra launch)
+  const int64_t groups = S * ((H + kHeads - 1) / kHeads);
+  const int64_t tiles = (max_keys + kKT - 1) / kKT;
+  int best = 1;
+  double best_cost = 0;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(tiles, 128); ++sp) {
+    const int64_t per = (tiles + sp - 1) / sp;
+    const int64_t used = (tiles + per - 1) / per;  // splits that get keys
+    if (used != sp) continue;
+    const int64_t ctas = groups * sp;
+    // Split: the partial write here, the combine's read of it (spread over all SMs) below.
+    const double per_cta = double(per) * kTile + kQ + kQ;
+    const int64_t waves = (ctas + n_sms - 1) / n_sms;
+    const double active = double(std::min<int64_t>(ctas, n_sms));
+    const double cost = double(waves) * (per_cta * std::max(active, n_sms / kBoost) / n_sms +
+                                         kWaveLatency) +
+                        (sp > 1 ? kWaveLatency + double(groups) * kQ * double(sp) / n_sms : 0);
+    if (sp == 1 || cost < best_cost) {
+      best = int(sp);
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
+                            cudaStream_t stream) {
+  if (a.n_rows <= 0) return Status::Ok();
+  if (!attention_dec_supported(a.n_heads, a.head_dim))
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: H={} hd={} unsupported",
+                  a.n_heads, a.head_dim);
+  if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
+                  n_splits, workspace ? "set" : "missing");
+  if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
+      (a.n_heads + kHeads - 1) / kHeads > 65535)
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
+                  a.n_rows, n_splits);
+  constexpr size_t kSmem = smem_bytes<float>();
+  static bool attr = false;  // set once per process (one device)
+  if (!attr) {
+    cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<float>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    if (e != cudaSuccess) return cuda_status(e, "attn_dec smem attribute");
+    attr = true;
+  }
+  const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
+  attn_dec_kernel<float><<<grid, kThreads, kSmem, stream>>>(a, a.swa_pool, a.comp_pool, n_splits,
+                                                            workspace);
+  V4_RETURN_IF_ERROR(check_launch("attn_dec_kernel"));
+  if (n_splits == 1) return Status::Ok();
+  const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
+  attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
+  return check_launch("attn_dec_combine_kernel");
+}
+
+}  // namespace v4::cuda

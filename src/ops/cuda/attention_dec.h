@@ -1,0 +1,54 @@
+// Decode sparse MQA attention with sink at the byte floor (bf16 mma.sync, attention_dec.cu).
+//
+// Same contract as ops::Ops::sparse_attention (ops.h AttentionArgs, dsv4-model.md §4) for
+// head_dim 512 and any number of heads (64 per thread block; V4-Flash 64, V4-Pro 128):
+//   out[t,h] = Σ_j p_j · key_j,  p_j = exp(l_j) / (Σ_i exp(l_i) + exp(sink[h])),  l_j = q·key_j·scale.
+//
+// Work split: one block per (query row t, key split s, group of 64 heads); 8 warps, warp w owns
+// heads 16·(w/2) .. +15 and dims 256·(w%2) .. +255. The block streams its key range in tiles of
+// 32 keys: f32 pool rows are staged by cp.async two tiles ahead (128 KiB in flight per SM),
+// converted once to a bf16 tile, then
+//   1. S_half = Q[16 heads, my 256 dims] · K[32 keys, my 256 dims]ᵀ  (bf16 m16n8k16, Q held in
+//      shared memory as bf16, 64 KiB); the two dim halves add their partial S through shared
+//      memory (both warps of a head group then hold the same S);
+//   2. online softmax per head in registers (fp32);
+//   3. O[16 heads, my 256 dims] += P · V with P taken straight from the S accumulators (bf16)
+//      and V = the same bf16 key tile (K = V), read transposed by ldmatrix.
+// bf16 rounding of q, k and p (fp32 accumulate, fp32 softmax): results within ~4e-3 of the
+// fp32 op's max |out| (bf16 mode only; fp32 mode keeps the batch-invariant kernels).
+// Splits: the keys of a row are cut into n_splits ranges of whole tiles; with n_splits > 1 the
+// blocks write (max, sum, unnormalized output) partials to `workspace` (attention.h layout) and
+// a combine kernel (one block per row, head and 128 dims) merges them with the sink. No host
+// sync, no allocation: graph-capturable.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "base/status.h"
+#include "ops/ops.h"
+
+namespace v4::cuda {
+
+/// Keys per tile of the decode kernel (a split holds a whole number of tiles).
+constexpr int kAttnDecTileKeys = 32;
+
+/// Whether sparse_attention_dec handles (H, hd): hd == 512 and H ≥ 1.
+bool attention_dec_supported(int n_heads, int head_dim);
+
+/// Split count for S rows of up to `max_keys` keys on `n_sms` SMs (one block per SM resident),
+/// from a byte-cost model: per block, its key tiles + q + output or partial, per wave, with one
+/// SM running at most 1.25× its fair share of bandwidth; split: + the combine's read of the
+/// partials and one more launch.
+/// Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
+int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms);
+
+/// Runs the decode kernel (and the combine when n_splits > 1). `workspace` must hold
+/// attention_workspace_floats(S, H, 512, n_splits) floats (attention.h; may be nullptr when
+/// n_splits == 1). Works for any S (prefill rows: one block per row and split), each row its own
+/// key list. Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a
+/// missing workspace; CUDA launch errors.
+Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
+                            cudaStream_t stream);
+
+}  // namespace v4::cuda

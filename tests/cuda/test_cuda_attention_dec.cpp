@@ -1,0 +1,273 @@
+// Decode attention kernel (src/ops/cuda/attention_dec.h, bf16 mma.sync) vs the CPU op, on fresh
+// random inputs: batch 1 / 3 / 64, key counts 0, 1, 17, 640, 8,320 (and tails that are not a
+// whole tile), 64 and 128 heads (V4-Flash / V4-Pro) plus a head count that is not a multiple of
+// 64, rows that share one key list and rows with their own, −1 entries, sliding-only layers,
+// forced and automatic split counts; then the same through CudaOps (bf16 mode, the path the
+// model takes) including a CUDA graph replay. Outputs are poisoned (NaN) before every run.
+// Tolerance: bf16 rounding of q, k and p with fp32 accumulation and softmax stays within ~4e-3
+// of the output's max |value| (2^-9 per rounded operand); 1e-2 is the bound (bf16 mode class).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/ops.h"
+
+namespace v4::ops {
+namespace {
+
+using cuda::testing::Dev;
+using cuda::testing::rand_int;
+using cuda::testing::randn;
+using cuda::testing::rel_err;
+
+constexpr double kDecTol = 1e-2;
+constexpr int kHd = 512;
+
+/// One attention call: host inputs, the CPU result, device copies and device args.
+struct AttnCase {
+  int64_t S = 0;
+  int H = 0;
+  bool sliding_only = false;
+  std::vector<float> q, sinks, swa_pool, comp_pool, out_cpu;
+  std::vector<int32_t> swa_r, comp_r, swa_c, comp_c;
+  std::vector<int64_t> swa_o, comp_o;
+  int64_t max_keys = 0;
+  std::unique_ptr<Dev<float>> dq, dsinks, dswa, dcomp, dout;
+  std::unique_ptr<Dev<int32_t>> dswa_r, dswa_c, dcomp_r, dcomp_c;
+  std::unique_ptr<Dev<int64_t>> dswa_o, dcomp_o;
+  AttentionArgs ag;
+
+  /// counts[t] = total keys of row t (SWA part min(count, 128), the rest compressed; sliding-only
+  /// layers put every key in the SWA list). share: every row reads row 0's key lists.
+  AttnCase(int64_t S_, int H_, const std::vector<int>& counts, bool share, bool sliding = false)
+      : S(S_), H(H_), sliding_only(sliding) {
+    const int64_t swa_rows = 700, comp_rows = 9000;
+    q = randn(size_t(S * H * kHd), 0.3f);
+    sinks = randn(size_t(H));
+    swa_pool = randn(size_t(swa_rows * kHd), 0.3f);
+    comp_pool = randn(size_t(comp_rows * kHd), 0.3f);
+    swa_c.resize(size_t(S));
+    comp_c.resize(size_t(S));
+    swa_o.resize(size_t(S));
+    comp_o.resize(size_t(S));
+    for (int64_t t = 0; t < S; ++t) {
+      const int n = counts[size_t(t) % counts.size()];
+      max_keys = std::max<int64_t>(max_keys, n);
+      const int n_swa = sliding ? n : std::min(n, 128);
+      const int n_comp = n - n_swa;
+      if (share && t > 0) {
+        swa_o[size_t(t)] = swa_o[0];
+        comp_o[size_t(t)] = comp_o[0];
+        swa_c[size_t(t)] = swa_c[0];
+        comp_c[size_t(t)] = comp_c[0];
+        continue;
+      }
+      swa_o[size_t(t)] = int64_t(swa_r.size());
+      swa_c[size_t(t)] = n_swa;
+      for (int j = 0; j < n_swa; ++j)
+        swa_r.push_back(j == 2 ? -1 : rand_int(0, int(swa_rows) - 1));
+      comp_o[size_t(t)] = int64_t(comp_r.size());
+      comp_c[size_t(t)] = n_comp;
+      for (int j = 0; j < n_comp; ++j)
+        comp_r.push_back(j % 37 == 5 ? -1 : rand_int(0, int(comp_rows) - 1));
+    }
+    swa_r.push_back(0);
+    comp_r.push_back(0);
+    AttentionArgs a;
+    a.n_rows = S;
+    a.n_heads = H;
+    a.head_dim = kHd;
+    a.scale = 1.f / std::sqrt(float(kHd));
+    a.max_keys = max_keys;
+    out_cpu.assign(size_t(S * H * kHd), NAN);
+    AttentionArgs ac = a;
+    ac.q = q.data();
+    ac.sinks = sinks.data();
+    ac.swa_pool = swa_pool.data();
+    ac.swa = {swa_r.data(), swa_o.data(), swa_c.data()};
+    ac.comp_pool = sliding ? nullptr : comp_pool.data();
+    ac.comp = {comp_r.data(), comp_o.data(), comp_c.data()};
+    ac.out = out_cpu.data();
+    make_cpu_ops()->sparse_attention(ac);
+
+    dq = std::make_unique<Dev<float>>(q);
+    dsinks = std::make_unique<Dev<float>>(sinks);
+    dswa = std::make_unique<Dev<float>>(swa_pool);
+    dcomp = std::make_unique<Dev<float>>(comp_pool);
+    dout = std::make_unique<Dev<float>>(out_cpu.size());
+    dswa_r = std::make_unique<Dev<int32_t>>(swa_r);
+    dswa_c = std::make_unique<Dev<int32_t>>(swa_c);
+    dcomp_r = std::make_unique<Dev<int32_t>>(comp_r);
+    dcomp_c = std::make_unique<Dev<int32_t>>(comp_c);
+    dswa_o = std::make_unique<Dev<int64_t>>(swa_o);
+    dcomp_o = std::make_unique<Dev<int64_t>>(comp_o);
+    ag = a;
+    ag.q = dq->p;
+    ag.sinks = dsinks->p;
+    ag.swa_pool = dswa->p;
+    ag.swa = {dswa_r->p, dswa_o->p, dswa_c->p};
+    ag.comp_pool = sliding ? nullptr : dcomp->p;
+    ag.comp = {dcomp_r->p, dcomp_o->p, dcomp_c->p};
+    ag.out = dout->p;
+  }
+
+  /// Rows with no keys must come out exactly 0 (sink only).
+  void expect_empty_rows_zero(const std::vector<float>& got) const {
+    for (int64_t t = 0; t < S; ++t) {
+      if (swa_c[size_t(t)] + (sliding_only ? 0 : comp_c[size_t(t)]) != 0) continue;
+      for (int64_t i = t * H * kHd; i < (t + 1) * H * kHd; ++i)
+        ASSERT_EQ(got[size_t(i)], 0.f) << "row " << t << " (no keys) element " << i;
+    }
+  }
+};
+
+void check_kernel(AttnCase& c, const std::vector<int>& split_list) {
+  std::vector<int> splits = split_list;
+  splits.push_back(cuda::attention_dec_splits(c.S, c.H, c.max_keys, 132));
+  for (int sp : splits) {
+    SCOPED_TRACE(::testing::Message() << "splits=" << sp);
+    Dev<float> ws(size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
+    ws.poison();
+    c.dout->poison();
+    ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = c.dout->host();
+    const double e = rel_err(got, c.out_cpu);
+    std::printf("[attention dec] S=%lld H=%d keys<=%lld splits=%d rel err %.2e\n",
+                (long long)c.S, c.H, (long long)c.max_keys, sp, e);
+    EXPECT_LE(e, kDecTol);
+    c.expect_empty_rows_zero(got);
+  }
+}
+
+TEST(CudaAttentionDec, EqualsCpuBatch1) {
+  V4_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("CSA 128 + 512");
+    AttnCase c(1, 64, {640}, false);
+    check_kernel(c, {1, 3, 20});
+  }
+  {
+    SCOPED_TRACE("HCA 128 + 8192");
+    AttnCase c(1, 64, {8320}, false);
+    check_kernel(c, {1, 7, 65, 200});
+  }
+  {
+    SCOPED_TRACE("V4-Pro heads, 17 keys (one partial tile)");
+    AttnCase c(1, 128, {17}, false);
+    check_kernel(c, {1, 2});
+  }
+  for (int n : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << n << " keys");
+    AttnCase c(1, 64, {n}, false);
+    check_kernel(c, {1, 4});
+  }
+}
+
+TEST(CudaAttentionDec, EqualsCpuBatch3) {
+  V4_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("counts 8320 / 0 / 17, own keys, 128 heads");
+    AttnCase c(3, 128, {8320, 0, 17}, false);
+    check_kernel(c, {1, 5});
+  }
+  {
+    SCOPED_TRACE("counts 1 / 640 / 0, shared keys");
+    AttnCase c(3, 64, {640}, true);
+    check_kernel(c, {1, 3});
+    AttnCase d(3, 64, {1, 640, 0}, false);
+    check_kernel(d, {1, 3});
+  }
+  {
+    SCOPED_TRACE("sliding-only layer, 48 heads (not a multiple of 64)");
+    AttnCase c(3, 48, {128, 33, 0}, false, /*sliding=*/true);
+    check_kernel(c, {1, 2});
+  }
+}
+
+TEST(CudaAttentionDec, EqualsCpuBatch64) {
+  V4_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("CSA 640 keys, own keys per row");
+    AttnCase c(64, 64, {640}, false);
+    check_kernel(c, {1, 4});
+  }
+  {
+    SCOPED_TRACE("mixed counts, shared keys, 128 heads");
+    AttnCase c(64, 128, {640}, true);
+    check_kernel(c, {1});
+  }
+  {
+    SCOPED_TRACE("mixed counts 0/1/17/640/160, own keys, 128 heads");
+    AttnCase c(64, 128, {0, 1, 17, 640, 160}, false);
+    check_kernel(c, {1, 3});
+  }
+}
+
+TEST(CudaAttentionDec, RefusesBadArguments) {
+  V4_REQUIRE_GPU();
+  AttnCase c(1, 64, {17}, false);
+  AttentionArgs bad = c.ag;
+  bad.head_dim = 256;
+  EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
+  EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
+  EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
+}
+
+// Split-count model: monotone sanity (not timing): one tile → 1; batch 1 long rows split.
+TEST(CudaAttentionDec, SplitModel) {
+  EXPECT_EQ(cuda::attention_dec_splits(1, 64, 0, 132), 1);
+  EXPECT_EQ(cuda::attention_dec_splits(1, 64, 32, 132), 1);
+  EXPECT_GT(cuda::attention_dec_splits(1, 64, 8320, 132), 16);
+  EXPECT_GT(cuda::attention_dec_splits(1, 64, 640, 132), 1);
+  for (int64_t S : {1, 3, 64, 256})
+    for (int64_t k : {128, 160, 640, 1152, 8320}) {
+      const int sp = cuda::attention_dec_splits(S, 64, k, 132);
+      EXPECT_GE(sp, 1);
+      EXPECT_LE(sp, 128);
+      EXPECT_LE(int64_t(sp - 1) * cuda::kAttnDecTileKeys, k);  // no split without keys
+    }
+}
+
+// Through the backend (bf16 mode): the decode kernel on (default) and off (attention_mma), eager
+// and replayed from a CUDA graph (scratch sized by the eager run first).
+TEST(CudaAttentionDec, BackendBf16) {
+  V4_REQUIRE_GPU();
+  for (bool dec : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "attention_dec=" << dec);
+    CudaOptions o;
+    o.precision = Precision::kBf16;
+    o.attention_dec = dec;
+    auto r = make_cuda_ops(o);
+    ASSERT_TRUE(r.ok());
+    auto gpu = std::move(r).value();
+    for (int64_t S : {int64_t(1), int64_t(64)}) {
+      AttnCase c(S, 64, {S == 1 ? 8320 : 640, 17}, false);
+      c.dout->poison();
+      gpu->sparse_attention(c.ag);
+      gpu->synchronize();
+      EXPECT_LE(rel_err(c.dout->host(), c.out_cpu), dec ? kDecTol : 3e-3);
+      if (!gpu->supports_graphs()) continue;
+      auto graph = gpu->capture([&] { gpu->sparse_attention(c.ag); });
+      ASSERT_NE(graph, nullptr);
+      c.dout->poison();
+      graph->replay();
+      gpu->synchronize();
+      EXPECT_LE(rel_err(c.dout->host(), c.out_cpu), dec ? kDecTol : 3e-3);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace v4::ops
