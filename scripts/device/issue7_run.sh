@@ -81,5 +81,6 @@ fi
 # At most 8 files come back: the .md tables stay loose, every log goes into logs.tgz (the test log
 # and device.log too; their summary lines are printed above).
 cd "$OUT" && grep -hE "^\[  (PASSED|FAILED)|tests? rc=" cuda-op-tests.log device.log 2>/dev/null | head -20
-cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.md' . && find . -maxdepth 1 -type f ! -name '*.md' ! -name logs.tgz -delete
+cd "$OUT" && tar czf /tmp/v4-logs.tgz --exclude='*.md' . && mv /tmp/v4-logs.tgz logs.tgz &&
+  find . -maxdepth 1 -type f ! -name '*.md' ! -name logs.tgz -delete
 ls "$OUT"

@@ -99,6 +99,7 @@ struct CompressPlan {
   int64_t n_ring = 0;
   const int32_t* ring_src = nullptr;  // [n_ring] batch rows
   const int32_t* ring_dst = nullptr;  // [n_ring] ring rows
+  bool ring_disjoint = false;         // no ring row refreshed is read as state (CompressFusedArgs)
   ops::RowMap cand;                   // per query: all causal compressed rows (w < (t+1)/m)
   int64_t max_cand = 0;               // ≥ every cand.count (indexer grid bound)
 };
@@ -433,6 +434,8 @@ Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, c
     p->n_ring = int64_t(h.ring_dst.size());
     p->ring_src = to_step(ops_, mem, h.ring_src);
     p->ring_dst = to_step(ops_, mem, h.ring_dst);
+    p->ring_disjoint = ops::compress_ring_disjoint(h.src.data(), int64_t(h.src.size()),
+                                                   h.ring_dst.data(), int64_t(h.ring_dst.size()));
     p->cand = {to_step(ops_, mem, h.cand.rows), to_step(ops_, mem, h.cand.offset),
                to_step(ops_, mem, h.cand.count)};
     p->max_cand = h.max_cand;
@@ -554,6 +557,7 @@ void DeepseekV4::plan_on_device(Step& st, DecodeState& ds, int64_t B, int64_t ct
     p->n_ring = B;
     p->ring_src = r.ring_src;
     p->ring_dst = r.ring_dst;
+    p->ring_disjoint = true;  // one token per sequence, one slot per row (decode_plan_rows.h)
     p->cand = {r.cand_rows, r.cand_offset, r.cand_count};
     p->max_cand = r.cand_stride;
   };
@@ -786,6 +790,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.n_out = plan.n_out;
     ca.ring_src = plan.ring_src;
     ca.ring_dst = plan.ring_dst;
+    ca.ring_disjoint = plan.ring_disjoint;
     ca.n_ring = plan.n_ring;
     ca.ratio = plan.ratio;
     ca.overlap = plan.overlap;

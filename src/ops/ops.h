@@ -18,6 +18,7 @@
 // - Ops never fail on valid plans; plans are built by the model and checked there. Sizes are in
 //   elements unless a name says `_bytes`.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -162,6 +163,10 @@ struct CompressArgs {
 /// implementation: ≥ max(n_out·d, n_ring·c·d) floats of backend memory; nullptr → the default
 /// allocates and frees it (not allowed under graph capture). Backends overriding the op with a
 /// fused kernel ignore it and neither allocate nor synchronize.
+/// CUDA: the plan arrays (src, positions, dst, ring_src, ring_dst), norm and inv_freq must not be
+/// written by the kernel issued immediately before the call on the same stream (they are read
+/// while that kernel may still be running: programmatic dependent launch); the fresh rows, the
+/// state ring and the pool may be (the model's predecessor is the zc projection).
 struct CompressFusedArgs {
   const float* fresh_kv = nullptr;    // [n_fresh, c·d]  Kc = x·W_ckvᵀ of this step
   const float* fresh_gate = nullptr;  // [n_fresh, c·d]  Zc = x·W_cgᵀ of this step
@@ -185,6 +190,13 @@ struct CompressFusedArgs {
   float attention_scaling = 1.f;
   float* pool = nullptr;              // [pool rows, d]  compressed (or indexer) pool
   float* scratch = nullptr;           // default implementation only (see above)
+  /// The caller's promise that no ring row refreshed by this call (ring_dst) is a state slot of
+  /// any window (src), so the Ordering rule above holds for any interleaving: a backend may then
+  /// refresh the ring concurrently with the pooling (CUDA: one launch instead of two). True for
+  /// decode steps with one token per sequence (the ring row of position p is the one of p − c·m,
+  /// outside p's window); host plans can test it with `compress_ring_disjoint`. A wrong `true`
+  /// gives undefined pooled values; `false` is always correct.
+  bool ring_disjoint = false;
   /// The pooling part as `compress_pool` arguments, writing to `out`.
   CompressArgs pool_args(float* out) const {
     CompressArgs c;
@@ -202,6 +214,22 @@ struct CompressFusedArgs {
     return c;
   }
 };
+
+/// Whether no ring row of `ring_dst` [n_ring] (−1 = skipped) is a state slot (v ≤ −2 → row −v−2)
+/// of `src` [n_src] (host arrays of a CompressFusedArgs plan), i.e. whether `ring_disjoint` may be
+/// set. O((n_src + n_ring)·log n_ring).
+inline bool compress_ring_disjoint(const int32_t* src, int64_t n_src, const int32_t* ring_dst,
+                                   int64_t n_ring) {
+  std::vector<int32_t> w;
+  w.reserve(size_t(n_ring));
+  for (int64_t i = 0; i < n_ring; ++i)
+    if (ring_dst[i] >= 0) w.push_back(ring_dst[i]);
+  if (w.empty()) return true;
+  std::sort(w.begin(), w.end());
+  for (int64_t j = 0; j < n_src; ++j)
+    if (src[j] <= -2 && std::binary_search(w.begin(), w.end(), -(src[j] + 2))) return false;
+  return true;
+}
 
 /// Arguments of `Ops::indexer_topk` (dsv4-model.md §6, lightning indexer).
 ///   score(t, s) = Σ_h (ReLU(q[t,h] · K[s]) · dI^-1/2) · (w[t,h] · nI^-1/2)

@@ -167,8 +167,12 @@ void on_off_identical(ops::Precision p) {
       } else {
         EXPECT_GT(b.after_decode.forks, b.after_prefill.forks) << "captured with branches";
       }
-      EXPECT_EQ(b.after_decode.scratch_handoffs, b.after_prefill.scratch_handoffs)
-          << "a decode branch took a scratch slot (serialized)";
+      // fp32 decode linears take no scratch slot, so no branch waits for another. In bf16 mode
+      // the 2-row decode runs dense_mma (scratch slots are one per backend): branches hand
+      // slots over (serialized, still bit-identical) — why multi_stream_max_rows defaults to 1.
+      if (p == ops::Precision::kFp32)
+        EXPECT_EQ(b.after_decode.scratch_handoffs, b.after_prefill.scratch_handoffs)
+            << "a decode branch took a scratch slot (serialized)";
       EXPECT_EQ(a.after_decode.forks, 0) << "multi_stream off forked on side streams";
       if (graphs) {
         EXPECT_GE(on.model->decode_stats().captures, 1);

@@ -75,7 +75,9 @@ struct CudaOptions {
   /// Forks of more query rows than this run in issue order even with multi_stream on (0 = no
   /// limit). Measured on the H200 (bench-v4flash-20l-mstream.md, 20 layers, 4K): on vs off at
   /// batch 1: 6.96 vs 7.12 ms per decode step (−2.2%); at batch 64: 43.4 vs 41.5 ms (+4.6%).
-  int64_t multi_stream_max_rows = 16;
+  /// 1 (batch-1 decode only): from 2 rows the branches' linears run dense_mma, whose scratch
+  /// slots are one per backend, so the branches hand slots over and serialize anyway.
+  int64_t multi_stream_max_rows = 1;
   /// kBf16 sparse_attention with head_dim 512 and n_rows ≤ attention_dec_max_rows: the decode
   /// kernel (attention_dec.h: bf16 mma.sync, 64 heads per block, cp.async-staged 32-key tiles,
   /// cost-model split-KV) instead of the TF32 kernel (attention_mma). Off: attention_mma for

@@ -1758,11 +1758,12 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
               : max_n <= 131072 ? (many ? 15 : 17)
               : max_n <= 262144 ? (many ? 16 : 17)
                                 : 5;
-    // Session 4: v5 (variant 30, cluster 16, 2 cluster barriers for N(0,1)-like rows instead of
-    // v3's 6, coalesced loads, pre-filtered histograms) for fewer than 16 rows above 8K — chosen by
-    // reasoning (docs/cuda.md §Lightning TopK), not yet measured; falls back to the previous choice
-    // where a 16-CTA cluster cannot be resident.
-    if (!many && max_n > 8192) {
+    // Session 5: v5 (variant 30, cluster 16, 2 cluster barriers for N(0,1)-like rows instead of
+    // v3's 6, coalesced loads, pre-filtered histograms) for fewer than 16 rows of 8K–128K
+    // (H200, bench/results/cuda-topk.md, cold: 65,536 10.3 µs vs 13.4; 131,072 13.7 vs 14.9);
+    // at 262,144 v3 cluster 16 (17) stays faster (16.8 vs 19.3). Falls back to the previous
+    // choice where a 16-CTA cluster cannot be resident.
+    if (!many && max_n > 8192 && max_n <= 131072) {
       const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 30);
       if (st.code() != ErrorCode::kUnsupported) return st;
     }

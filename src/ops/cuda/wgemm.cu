@@ -85,25 +85,16 @@ __global__ void __launch_bounds__(256)
 // ----------------------------------------------------------------------- Block = 4 warps. The
 // block's warps form 4/ks row groups × ks K-slices. A "chunk" is 32 lanes × V values, V = values
 // per 16 bytes of the format (f32 4, bf16 8, FP8 16, MXFP4 32); chunk c goes to K-slice c % ks.
-// Each warp computes R weight rows (gemv_r: 4 outputs for one x row, else 2 outputs, or gate+up of
-// one output with SwiGLU) for up to MT rows of x: per lane and chunk one 16-byte load per row,
-// unpacked to f32, dotted with x (f32, shared memory) as one FMA chain, scaled once per chunk (an FP8 chunk lies in one 128-column
+// Each warp computes R = 2 weight rows (2 outputs, or gate+up of one output with SwiGLU) for up to
+// MT rows of x: per lane and chunk one 16-byte load per row, unpacked to f32, dotted with x (f32,
+// shared memory) as one FMA chain, scaled once per chunk (an FP8 chunk lies in one 128-column
 // block, an MXFP4 chunk in one 32-column group), accumulated over the warp's chunks in order; then
 // a butterfly over lanes and, with ks > 1, a sum over the K-slices in slice order. All of it
-// depends on (N, K, format, M = 1 or not) only: a row's result is the same for every M ≥ 2 (the
-// K-slice count ks follows the rows per warp, which differ for one x row). x staging: rows of
+// depends on (N, K, format) only, never on M: a row's result is batch-invariant. x staging: rows of
 // x are copied to shared memory in passes of mc rows; within a row, float4 group g is stored at g ^
 // ((g >> 3) & (V/4 − 1)) so that the 8 lanes of a quarter-warp reading their V consecutive values
 // hit 8 different bank quads (conflict-free 128-bit loads).
 constexpr int kGemvThreads = 128, kGemvWarps = 4, kGemvR = 2, kGemvU = 4, kGemvMaxMc = 8;
-// Rows per warp (R) and chunks per load batch (U) of an instantiation. One x row without SwiGLU
-// (batch-1 decode, the only GEMV rows in bf16 mode since gemv_max_rows = 1): 4 rows × 2 chunks,
-// so a lane has 8 independent 16-byte loads in flight even when K is 1–2 chunks long (wq_b,
-// indexer wq_b: K = 1024 FP8 = 2 chunks gave only 4 per lane with 2 × 4; ncu on the H200: 24% of
-// DRAM bandwidth, bench/results/cuda-wformat.md). Same registers for the loads (R·U = 8).
-constexpr int gemv_r(int mt, bool swiglu) { return mt == 1 && !swiglu ? 4 : kGemvR; }
-constexpr int gemv_u(int mt, bool swiglu) { return mt == 1 && !swiglu ? 2 : kGemvU; }
-constexpr int kGemvRMax = 4;
 constexpr size_t kGemvSmemBudget = 96 * 1024;  // x staging per block (2+ blocks per SM)
 constexpr size_t kGemvSmemMax = 200 * 1024;
 
@@ -176,7 +167,7 @@ __global__ void __launch_bounds__(kGemvThreads) wgemv_kernel(GemvArgs a) {
   extern __shared__ float4 gemv_smem[];
   float* xs = reinterpret_cast<float*>(gemv_smem);
   constexpr int V = kVals<F>;
-  constexpr int R = gemv_r(MT, SWIGLU), U = gemv_u(MT, SWIGLU);
+  constexpr int R = kGemvR, U = kGemvU;
   constexpr int OPW = SWIGLU ? 1 : R;  // outputs per warp
   const WeightView& w = a.w;
   const int64_t K = w.k;
@@ -519,17 +510,17 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   const int64_t Ks = nchunks * 32 * V;
   const bool vec =
       wrow_bytes(w.format, w.k) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+  const int opw = a.swiglu ? 1 : kGemvR;
+  const int64_t warps1 = (a.n_out + opw - 1) / opw;
+  int ks = warps1 >= 8 * int64_t(num_sms) ? 1 : warps1 >= 4 * int64_t(num_sms) ? 2 : 4;
+  while (ks > 1 && ks > nchunks) ks /= 2;
   int64_t mc = wgemv_pass_rows(w);
   const int64_t rows_per_item = a.list ? (a.rows_hint > 0 ? a.rows_hint : kGemvMaxMc) : a.rows;
   const int mt = rows_per_item <= 1 ? 1 : rows_per_item <= 2 ? 2 : kGemvMaxMc;
   mc = std::min<int64_t>({mc, int64_t(mt), a.list ? int64_t(mt) : a.rows});
-  const int opw = a.swiglu ? 1 : gemv_r(mt, false);
-  const int64_t warps1 = (a.n_out + opw - 1) / opw;
-  int ks = warps1 >= 8 * int64_t(num_sms) ? 1 : warps1 >= 4 * int64_t(num_sms) ? 2 : 4;
-  while (ks > 1 && ks > nchunks) ks /= 2;
   a.ks = ks;
   a.mc = int(mc);
-  const size_t smem = size_t(mc * Ks) * 4 + size_t(kGemvWarps * kGemvRMax * mt) * 4;
+  const size_t smem = size_t(mc * Ks) * 4 + size_t(kGemvWarps * kGemvR * mt) * 4;
   const int64_t per_tile = int64_t(kGemvWarps / ks) * opw;
   const int64_t ntiles = (a.n_out + per_tile - 1) / per_tile;
   const int64_t gx = std::min<int64_t>(
