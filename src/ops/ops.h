@@ -502,6 +502,13 @@ class Ops {
   virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
                     const int64_t* positions, const float* inv_freq, float attention_scaling,
                     bool inverse) = 0;
+  /// Per-head RMSNorm then RoPE, in place on x [rows, n_heads, head_dim]: every head vector
+  /// x[r, h] = rms_norm(x[r, h], weight, eps) (weight [head_dim], nullptr = unweighted), then
+  /// rope(x, rows, n_heads, head_dim, rope_dim, positions, inv_freq, attention_scaling, false).
+  /// Default: rms_norm over rows·n_heads rows + rope; the CUDA backend runs one kernel.
+  virtual void rms_norm_rope(float* x, const float* weight, int64_t rows, int n_heads,
+                             int head_dim, float eps, int rope_dim, const int64_t* positions,
+                             const float* inv_freq, float attention_scaling);
   /// mHC pre: coefficients (pre, post, comb with Sinkhorn) and the collapsed input.
   virtual void hc_pre(const HcArgs& a) = 0;
   /// mHC post: h[t, k] = post[t, k]·f[t] + Σ_j comb[t, j, k]·h[t, j]  (in place on h [S, n, D]).
@@ -511,6 +518,21 @@ class Ops {
   /// fn [n, n·D], base [n], scale [1], y [S, D].
   virtual void hc_head(const float* h, const float* fn, const float* base, const float* scale,
                        int64_t S, int n_streams, int D, float rms_eps, float hc_eps, float* y) = 0;
+  /// mHC pre followed by the RMSNorm of the collapsed stream (the layer's attn_norm / ffn_norm):
+  /// hc_pre(a), then x = rms_norm(a.collapsed, norm_weight, norm_eps). norm_weight [D] (nullptr:
+  /// unweighted), x [S, D] (may equal a.collapsed). Default: those two ops; the CUDA backend runs
+  /// one kernel (docs/cuda.md §mHC).
+  virtual void hc_pre_norm(const HcArgs& a, const float* norm_weight, float norm_eps, float* x);
+  /// mHC post after an add: f += f_add, then hc_post(h, f, ...). f [S, D] is scratch (its content
+  /// afterwards is unspecified: the default leaves the sum there, the CUDA kernel leaves f as it
+  /// was). Default: add + hc_post; the CUDA backend runs one kernel.
+  virtual void hc_post_add(float* h, float* f, const float* f_add, const float* post,
+                           const float* comb, int64_t S, int n_streams, int D);
+  /// HyperHead followed by the final RMSNorm: hc_head(..., y), then y = rms_norm(y, norm_weight,
+  /// norm_eps). Default: those two ops; the CUDA backend runs one kernel.
+  virtual void hc_head_norm(const float* h, const float* fn, const float* base, const float* scale,
+                            int64_t S, int n_streams, int D, float rms_eps, float hc_eps,
+                            const float* norm_weight, float norm_eps, float* y);
   virtual void compress_pool(const CompressArgs& a) = 0;
   /// One compressor step after the projections (CompressFusedArgs): pool, norm, rope, store,
   /// ring refresh. Default: composed of compress_pool, rms_norm, rope, store_rows and
