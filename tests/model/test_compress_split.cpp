@@ -42,8 +42,7 @@ void check_plan(int m, int c, int d, bool vec_ok) {
   EXPECT_EQ(pl.vec, vec_ok && d % 4 == 0 ? 4 : 1);
   EXPECT_EQ(pl.groups * pl.vec, d);
   EXPECT_LE(pl.threads, cuda::kCompressMaxThreads);
-  EXPECT_TRUE(pl.unroll == 4 || pl.unroll == 8);
-  EXPECT_EQ(pl.unroll, pl.vec == 4 && pl.spp > 4 && pl.ctas == 1 ? 8 : 4);
+  EXPECT_EQ(pl.unroll, 4);  // one batch size for every plan (measured: compress_split.h)
   EXPECT_EQ(pl.threads % 32, 0);
   EXPECT_GE(pl.threads, pl.gw * pl.parts);
   EXPECT_GE(pl.ctas, 1);
@@ -94,7 +93,7 @@ TEST(CompressSplit, ModelShapes) {
   EXPECT_EQ(hca.gpc, 16);
   EXPECT_EQ(hca.threads, 256);
   EXPECT_EQ(hca.unroll, 4);  // cluster plan: two batches of 4, one wave of CTAs
-  EXPECT_EQ(c4.unroll, 8);   // a thread's 8 slots in one batch of loads
+  EXPECT_EQ(c4.unroll, 4);   // 8 slots per thread in two batches (8 in one measured slower)
   EXPECT_EQ(ix.unroll, 4);
   EXPECT_EQ(cuda::plan_compress_rows(4, 2, 100000, true).threads, 0);  // over the smem limit
 }

@@ -107,7 +107,12 @@ inline CompressRowsPlan plan_compress_rows(int m, int c, int d, bool vec_ok) {
     pl.gpc = (pl.groups + pl.ctas - 1) / pl.ctas;
     pl.gw = std::min(pl.gpc, std::max(1, kCompressMaxThreads / pl.parts));
     pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
-    pl.unroll = pl.vec == 4 && pl.spp > 4 && pl.ctas == 1 ? 8 : 4;
+    // 4-slot load batches everywhere: on the H200 (bench/results/cuda-compressor.md, 6e80892) 8
+    // slots made prefill 8K C4 d512 39.7 µs vs 28.8 with 4 (99% of a same-size memcpy), while
+    // decode gained only 0.4 µs. The batch size changes the online-softmax rounding, so it must
+    // not depend on the row count (batch invariance): one value for all. V4_COMPRESS_UNROLL=8
+    // still selects 8 for A/B runs.
+    pl.unroll = 4;
     pl.stage = true;
     pl.smem = compress_rows_smem(ns, pl.parts, pl.gpc * pl.vec, true).total;
     if (pl.smem <= kCompressSmemLimit) return pl;
