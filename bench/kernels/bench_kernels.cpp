@@ -17,6 +17,8 @@
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
 //                                             DIR/cuda-compressor.md; also part of the full run)
+//   bench_kernels --out DIR --only-mhc       (only the fused mHC rows: DIR/cuda-mhc.md, old vs
+//                                             new kernels at batch 1/7/64 vs the byte floor)
 //   bench_kernels --out DIR --only-attention (only decode attention, attention_dec vs
 //                                             attention_mma vs the byte floor, CSA/HCA × batch
 //                                             1/64 × 4K/128K/1M: DIR/cuda-attention.md)
@@ -59,6 +61,8 @@ int main() {
 
 // compressor_bench.cpp: the cuda-compressor.md body at copy bandwidth `bw` GB/s.
 std::string bench_compressor(double bw);
+// mhc_bench.cpp: the cuda-mhc.md body at copy bandwidth `bw` GB/s.
+std::string bench_mhc(double bw);
 // indexer_bench.cpp: the cuda-indexer.md body at copy bandwidth `bw` GB/s.
 std::string bench_indexer(double bw, int reps);
 // attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
@@ -628,6 +632,7 @@ int main(int argc, char** argv) {
   std::string cmd = "bench_kernels";
   bool only_wformat = false, only_compressor = false;
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
+  bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   for (int i = 1; i < argc; ++i) {
@@ -637,6 +642,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
     else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
+    else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
@@ -734,6 +740,14 @@ int main(int argc, char** argv) {
   };
   if (only_compressor) {
     write_compressor();
+    return 0;
+  }
+  if (only_mhc) {
+    std::ofstream(out_dir + "/cuda-mhc.md")
+        << "# Fused mHC kernels: pre + norm, head + norm, post + add (old vs new)\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_mhc(bw);
+    std::printf("wrote %s/cuda-mhc.md\n", out_dir.c_str());
     return 0;
   }
   auto write_indexer = [&] {

@@ -1,12 +1,15 @@
 // FlashCompressor rows of bench_kernels (`--only-compressor`, or part of the full run):
-// Ops::compress_fused on the CUDA backend (2 launches) vs the default composition of the same
-// backend's ops (8 launches: compress_pool, rms_norm, rope, store_rows, 2 × gather/store), at
-// prefill 8K tokens and decode batch 64 and 1, for C4 (d 512 and the indexer's d 128) and C128.
+// Ops::compress_fused on the CUDA backend (1 launch when the step has no ring hazard — decode,
+// prefill from position 0 — else 2) vs the default composition of the same backend's ops
+// (8 launches: compress_pool, rms_norm, rope, store_rows, 2 × gather/store), at prefill 8K tokens
+// (from position 0, and a continuation chunk with the ring hazard) and decode batch 64 and 1,
+// for C4 (d 512 and the indexer's d 128) and C128.
 #ifdef V4_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "../../tests/model/compressor_cases.h"
+#include "ops/cuda/compress_split.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
@@ -181,6 +185,15 @@ std::string bench_compressor(double bw) {
   std::unique_ptr<v4::ops::Ops> ops = std::move(made).value();
   v4::ops::Ops* o = ops.get();
   std::ostringstream md;
+  md << "**Issue 7 criterion: the fused step's achieved bandwidth ≥ 85% of copy bandwidth, at "
+        "prefill 8K and in decode at batch 64.** Two readings of it are reported: `% copy BW` "
+        "(against the 1 GiB cudaMemcpy rate above: sizes this small never reach it, a memcpy of "
+        "the same bytes does not either) and `% of that memcpy` (against a cudaMemcpy D2D moving "
+        "the same number of bytes, timed the same way); `≥ 85%?` judges the latter. Launches: 1 "
+        "when the call sets `ring_disjoint` (no refreshed ring row is read as state: decode, a "
+        "prefill chunk from position 0), else 2; the unfused rows are the baseline (8 launches); "
+        "`(A/B)` rows rerun the fused op with one switch flipped (two-launch form, "
+        "V4_COMPRESS_PDL=0, V4_COMPRESS_UNROLL=4).\n\n";
   md << "Byte counts from the plan (compressor_bench.cpp `count_bytes`): fused = the floor, each "
         "byte once: every distinct kc / zc / state (row, channel half) a closing window or the "
         "ring refresh reads (kv + gate, d·4 B each) + indices + bias/norm once + n_closing·d·4 B "
@@ -190,8 +203,8 @@ std::string bench_compressor(double bw) {
         "clock around replay + sync), median. Decode inputs stay L2-resident across calls; 8K "
         "prefill inputs (64 MiB kc+zc at d 512) exceed L2.\n\n"
      << "| case | rows (closing / ring) | variant | launches | µs | fused MB | unfused MB | GB/s | "
-        "% copy BW | memcpy D2D same bytes µs | % of that memcpy |\n"
-     << "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "% copy BW | memcpy D2D same bytes µs | % of that memcpy | ≥ 85%? |\n"
+     << "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
   struct Shape {
     const char* name;
     int m, c, d;
@@ -201,13 +214,14 @@ std::string bench_compressor(double bw) {
                           {"C128 d512 (HCA)", 128, 1, 512}};
   struct Scenario {
     const char* name;
-    int B;  // 0 = prefill 8K
+    int B;       // 0 = prefill 8K
+    int64_t s0;  // prefill: first position of the chunk
   };
-  for (Scenario sc : {Scenario{"prefill 8K", 0}, Scenario{"decode B=64", 64},
-                      Scenario{"decode B=1", 1}}) {
+  for (Scenario sc : {Scenario{"prefill 8K", 0, 0}, Scenario{"prefill 8K at 8K+2 (ring hazard)", 0, 8194},
+                      Scenario{"decode B=64", 64, 0}, Scenario{"decode B=1", 1, 0}}) {
     for (const Shape& s : shapes) {
       CompressCase k = sc.B == 0
-                           ? v4::testing::prefill_case(s.m, s.c, s.d, 64, {{0, 0, 8192}}, 42)
+                           ? v4::testing::prefill_case(s.m, s.c, s.d, 64, {{0, sc.s0, 8192}}, 42)
                            : v4::testing::decode_case(s.m, s.c, s.d, 64,
                                                       decode_positions(sc.B, s.m), 42);
       const Bytes by = count_bytes(k);
@@ -234,24 +248,46 @@ std::string bench_compressor(double bw) {
       a.pool = upload(o, k.pool);
       const int64_t need = std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width());
       a.scratch = static_cast<float*>(o->alloc(size_t(need) * sizeof(float)));
+      // As the model sets it: exact host test for host plans (decode plans are always disjoint).
+      a.ring_disjoint = v4::ops::compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                        k.ring_dst.data(), k.n_ring());
+      const int launches = a.ring_disjoint || a.n_ring == 0 ? 1 : 2;
       const int inner = sc.B == 0 ? 10 : 200;
       const double t_f = time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15);
       const double t_u = time_graph_ops(o, [&] { o->v4::ops::Ops::compress_fused(a); }, inner, 15);
       const double t_mc = memcpy_us(by.fused);
-      for (int v = 0; v < 2; ++v) {
-        const double t = v == 0 ? t_f : t_u;
+      auto row = [&](const char* variant, int n_launch, double t, const char* verdict) {
         const double gbs = by.fused / (t * 1e-6) / 1e9;
         char buf[512];
         std::snprintf(buf, sizeof buf,
                       "| %s %s | %lld / %lld | %s | %d | %.2f | %.3f | %.3f | %.0f | %.1f%% | %.2f | "
-                      "%.1f%% |\n",
-                      sc.name, s.name, (long long)by.closing, (long long)k.n_ring(),
-                      v == 0 ? "fused" : "unfused", v == 0 ? 2 : 8, t, by.fused / 1e6,
-                      by.unfused / 1e6, gbs, 100.0 * gbs / bw, t_mc, 100.0 * t_mc / t);
+                      "%.1f%% | %s |\n",
+                      sc.name, s.name, (long long)by.closing, (long long)k.n_ring(), variant,
+                      n_launch, t, by.fused / 1e6, by.unfused / 1e6, gbs, 100.0 * gbs / bw, t_mc,
+                      100.0 * t_mc / t, verdict ? verdict : 100.0 * t_mc / t >= 85.0 ? "yes" : "**no**");
         md << buf;
+      };
+      row("fused", launches, t_f, nullptr);
+      row("unfused", 8, t_u, "(baseline)");
+      // A/B rows of the FlashCompressor's switches (compressor.cu reads them at every call).
+      if (launches == 1 && a.n_ring > 0) {
+        CompressFusedArgs two = a;
+        two.ring_disjoint = false;
+        row("fused, 2 launches (A/B)", 2,
+            time_graph_ops(o, [&] { o->compress_fused(two); }, inner, 15), "(A/B)");
       }
-      std::printf("compressor %s %s: fused %.2f us, unfused %.2f us, memcpy %.2f us\n", sc.name,
-                  s.name, t_f, t_u, t_mc);
+      setenv("V4_COMPRESS_PDL", "0", 1);
+      row("fused, PDL off (A/B)", launches,
+          time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
+      unsetenv("V4_COMPRESS_PDL");
+      if (v4::cuda::plan_compress_rows(s.m, s.c, s.d, true).unroll == 8) {
+        setenv("V4_COMPRESS_UNROLL", "4", 1);
+        row("fused, 4-slot batches (A/B)", launches,
+            time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
+        unsetenv("V4_COMPRESS_UNROLL");
+      }
+      std::printf("compressor %s %s: fused %.2f us (%d launches), unfused %.2f us, memcpy %.2f us\n",
+                  sc.name, s.name, t_f, launches, t_u, t_mc);
       o->synchronize();
       for (const void* p : {(const void*)a.fresh_kv, (const void*)a.fresh_gate,
                             (const void*)a.state_kv, (const void*)a.state_gate, (const void*)a.bias,

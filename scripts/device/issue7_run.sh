@@ -6,6 +6,7 @@
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
+#   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
 #   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
@@ -39,7 +40,7 @@ D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
 export V4_DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-stages=" ${V4_STAGES:-compressor wformat topk indexer attention decode mstream} "
+stages=" ${V4_STAGES:-compressor wformat topk indexer attention mhc decode mstream} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 logs=()
 kb() {  # kb <stage> <flag>
@@ -51,6 +52,7 @@ has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wf
 has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has attention && kb attention --only-attention
+has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
   timeout 120 ncu --kernel-name regex:wgemv_kernel --launch-skip 20 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

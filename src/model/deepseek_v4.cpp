@@ -99,6 +99,7 @@ struct CompressPlan {
   int64_t n_ring = 0;
   const int32_t* ring_src = nullptr;  // [n_ring] batch rows
   const int32_t* ring_dst = nullptr;  // [n_ring] ring rows
+  bool ring_disjoint = false;         // no ring row refreshed is read as state (CompressFusedArgs)
   ops::RowMap cand;                   // per query: all causal compressed rows (w < (t+1)/m)
   int64_t max_cand = 0;               // ≥ every cand.count (indexer grid bound)
 };
@@ -438,6 +439,8 @@ Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, c
     p->n_ring = int64_t(h.ring_dst.size());
     p->ring_src = to_step(ops_, mem, h.ring_src);
     p->ring_dst = to_step(ops_, mem, h.ring_dst);
+    p->ring_disjoint = ops::compress_ring_disjoint(h.src.data(), int64_t(h.src.size()),
+                                                   h.ring_dst.data(), int64_t(h.ring_dst.size()));
     p->cand = {to_step(ops_, mem, h.cand.rows), to_step(ops_, mem, h.cand.offset),
                to_step(ops_, mem, h.cand.count)};
     p->max_cand = h.max_cand;
@@ -559,6 +562,7 @@ void DeepseekV4::plan_on_device(Step& st, DecodeState& ds, int64_t B, int64_t ct
     p->n_ring = B;
     p->ring_src = r.ring_src;
     p->ring_dst = r.ring_dst;
+    p->ring_disjoint = true;  // one token per sequence, one slot per row (decode_plan_rows.h)
     p->cand = {r.cand_rows, r.cand_offset, r.cand_count};
     p->max_cand = r.cand_stride;
   };
@@ -698,8 +702,7 @@ float* DeepseekV4::run_layers(Step& st) {
     hc.fn = L.hc_attn_fn.data();
     hc.base = L.hc_attn_base.data();
     hc.scale = L.hc_attn_scale.data();
-    o.hc_pre(hc);
-    o.rms_norm(collapsed, L.attn_norm.data(), S, D, float(c.rms_norm_eps), x);
+    o.hc_pre_norm(hc, L.attn_norm.data(), float(c.rms_norm_eps), x);
     attention(st, l, x, f);
     o.hc_post(h, f, post, comb, S, n, D);
 
@@ -707,10 +710,8 @@ float* DeepseekV4::run_layers(Step& st) {
     hc.fn = L.hc_ffn_fn.data();
     hc.base = L.hc_ffn_base.data();
     hc.scale = L.hc_ffn_scale.data();
-    o.hc_pre(hc);
-    o.rms_norm(collapsed, L.ffn_norm.data(), S, D, float(c.rms_norm_eps), x);
-    moe(st, l, x, f);
-    o.hc_post(h, f, post, comb, S, n, D);
+    o.hc_pre_norm(hc, L.ffn_norm.data(), float(c.rms_norm_eps), x);
+    moe(st, l, x, f, h, post, comb);  // ends with the mHC post on h
   }
   return h;
 }
@@ -728,9 +729,9 @@ float* DeepseekV4::head(Step& st, const float* h, const int32_t* sel, int64_t R)
   float* y = st.buf<float>(R * D);
   float* logits = st.buf<float>(R * c.vocab_size);
   o.region("head (mHC head, norm, lm_head)");
-  o.hc_head(hs, w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n, D,
-            float(c.rms_norm_eps), float(c.hc_eps), y);
-  o.rms_norm(y, w_.norm.data(), R, D, float(c.rms_norm_eps), y);
+  o.hc_head_norm(hs, w_.hc_head_fn.data(), w_.hc_head_base.data(), w_.hc_head_scale.data(), R, n,
+                 D, float(c.rms_norm_eps), float(c.hc_eps), w_.norm.data(), float(c.rms_norm_eps),
+                 y);
   o.linear_w(y, D, w_.head.v(), R, logits, c.vocab_size);
   return logits;
 }
@@ -794,6 +795,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.n_out = plan.n_out;
     ca.ring_src = plan.ring_src;
     ca.ring_dst = plan.ring_dst;
+    ca.ring_disjoint = plan.ring_disjoint;
     ca.n_ring = plan.n_ring;
     ca.ratio = plan.ratio;
     ca.overlap = plan.overlap;
@@ -823,14 +825,14 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
   o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
   o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
-  o.rms_norm(q, nullptr, S * H, hd, eps, q);
-  o.rope(q, S, H, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
+  o.rms_norm_rope(q, nullptr, S, H, hd, eps, rope.rope_dim, st.pos, rope.inv_freq.data(),
+                  rope.attention_scaling);
   // Branch 1 — K = V path: kv_norm then RoPE, stored into the SWA pool.
   o.branch(1);
   o.region(region_name(kind, kRKv));
   o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
-  o.rms_norm(kvv, a.kv_norm.data(), S, hd, eps, kvv);
-  o.rope(kvv, S, 1, hd, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling, false);
+  o.rms_norm_rope(kvv, a.kv_norm.data(), S, 1, hd, eps, rope.rope_dim, st.pos,
+                  rope.inv_freq.data(), rope.attention_scaling);
   o.store_rows_kv(st.kv->swa_pool(l), st.kv->kv_dtype(), st.swa_dst, S, hd, kvv);
   if (hca || csa) {
     // Branch 2 — the compressor of this layer's rate.
@@ -907,7 +909,8 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   o.linear_w(og, int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 
-void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
+void DeepseekV4::moe(Step& st, int l, const float* x, float* out, float* h, const float* post,
+                     const float* comb) {
   const ModelConfig& c = cfg_;
   const MoeWeights& m = w_.layers[l].ffn;
   ops::Ops& o = *ops_;
@@ -964,7 +967,11 @@ void DeepseekV4::moe(Step& st, int l, const float* x, float* out) {
   ma.topk = 1;
   ma.out = shared;
   o.moe_experts(ma);
-  o.add(out, shared, S * D);
+  if (h) {
+    o.hc_post_add(h, out, shared, post, comb, S, c.hc_mult, D);
+  } else {
+    o.add(out, shared, S * D);
+  }
 }
 
 }  // namespace v4::model

@@ -132,7 +132,10 @@ class DeepseekV4 {
   /// Rope tables and the decode fast path's constant arrays (after the weights are in place).
   void init_tables();
   void attention(Step& st, int layer, const float* x, float* out);
-  void moe(Step& st, int layer, const float* x, float* out);
+  /// MoE of one layer: out = routed(x) + shared(x); with `h` set, then the mHC post of the FFN
+  /// site on h (Ops::hc_post_add: the add and the post in one op; out is scratch then).
+  void moe(Step& st, int layer, const float* x, float* out, float* h = nullptr,
+           const float* post = nullptr, const float* comb = nullptr);
   /// Embedding and every layer over st.S rows; returns h [S, n, D] (step memory).
   float* run_layers(Step& st);
   /// HyperHead → norm → lm_head on R rows of h (rows `sel`, or rows 0..R−1 when sel is null);

@@ -18,6 +18,7 @@
 // - Ops never fail on valid plans; plans are built by the model and checked there. Sizes are in
 //   elements unless a name says `_bytes`.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -165,6 +166,10 @@ struct CompressArgs {
 /// implementation: ≥ max(n_out·d, n_ring·c·d) floats of backend memory; nullptr → the default
 /// allocates and frees it (not allowed under graph capture). Backends overriding the op with a
 /// fused kernel ignore it and neither allocate nor synchronize.
+/// CUDA: the plan arrays (src, positions, dst, ring_src, ring_dst), norm and inv_freq must not be
+/// written by the kernel issued immediately before the call on the same stream (they are read
+/// while that kernel may still be running: programmatic dependent launch); the fresh rows, the
+/// state ring and the pool may be (the model's predecessor is the zc projection).
 struct CompressFusedArgs {
   const float* fresh_kv = nullptr;    // [n_fresh, c·d]  Kc = x·W_ckvᵀ of this step
   const float* fresh_gate = nullptr;  // [n_fresh, c·d]  Zc = x·W_cgᵀ of this step
@@ -189,6 +194,13 @@ struct CompressFusedArgs {
   void* pool = nullptr;               // [pool rows, d] of pool_dtype: compressed (or indexer) pool
   KvDtype pool_dtype = KvDtype::kF32; // rows are converted on store (bf16: round-to-nearest-even)
   float* scratch = nullptr;           // default implementation only (see above)
+  /// The caller's promise that no ring row refreshed by this call (ring_dst) is a state slot of
+  /// any window (src), so the Ordering rule above holds for any interleaving: a backend may then
+  /// refresh the ring concurrently with the pooling (CUDA: one launch instead of two). True for
+  /// decode steps with one token per sequence (the ring row of position p is the one of p − c·m,
+  /// outside p's window); host plans can test it with `compress_ring_disjoint`. A wrong `true`
+  /// gives undefined pooled values; `false` is always correct.
+  bool ring_disjoint = false;
   /// The pooling part as `compress_pool` arguments, writing to `out`.
   CompressArgs pool_args(float* out) const {
     CompressArgs c;
@@ -206,6 +218,22 @@ struct CompressFusedArgs {
     return c;
   }
 };
+
+/// Whether no ring row of `ring_dst` [n_ring] (−1 = skipped) is a state slot (v ≤ −2 → row −v−2)
+/// of `src` [n_src] (host arrays of a CompressFusedArgs plan), i.e. whether `ring_disjoint` may be
+/// set. O((n_src + n_ring)·log n_ring).
+inline bool compress_ring_disjoint(const int32_t* src, int64_t n_src, const int32_t* ring_dst,
+                                   int64_t n_ring) {
+  std::vector<int32_t> w;
+  w.reserve(size_t(n_ring));
+  for (int64_t i = 0; i < n_ring; ++i)
+    if (ring_dst[i] >= 0) w.push_back(ring_dst[i]);
+  if (w.empty()) return true;
+  std::sort(w.begin(), w.end());
+  for (int64_t j = 0; j < n_src; ++j)
+    if (src[j] <= -2 && std::binary_search(w.begin(), w.end(), -(src[j] + 2))) return false;
+  return true;
+}
 
 /// Arguments of `Ops::indexer_topk` (dsv4-model.md §6, lightning indexer).
 ///   score(t, s) = Σ_h (ReLU(q[t,h] · K[s]) · dI^-1/2) · (w[t,h] · nI^-1/2)
@@ -488,6 +516,13 @@ class Ops {
   virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dim,
                     const int64_t* positions, const float* inv_freq, float attention_scaling,
                     bool inverse) = 0;
+  /// Per-head RMSNorm then RoPE, in place on x [rows, n_heads, head_dim]: every head vector
+  /// x[r, h] = rms_norm(x[r, h], weight, eps) (weight [head_dim], nullptr = unweighted), then
+  /// rope(x, rows, n_heads, head_dim, rope_dim, positions, inv_freq, attention_scaling, false).
+  /// Default: rms_norm over rows·n_heads rows + rope; the CUDA backend runs one kernel.
+  virtual void rms_norm_rope(float* x, const float* weight, int64_t rows, int n_heads,
+                             int head_dim, float eps, int rope_dim, const int64_t* positions,
+                             const float* inv_freq, float attention_scaling);
   /// mHC pre: coefficients (pre, post, comb with Sinkhorn) and the collapsed input.
   virtual void hc_pre(const HcArgs& a) = 0;
   /// mHC post: h[t, k] = post[t, k]·f[t] + Σ_j comb[t, j, k]·h[t, j]  (in place on h [S, n, D]).
@@ -497,6 +532,21 @@ class Ops {
   /// fn [n, n·D], base [n], scale [1], y [S, D].
   virtual void hc_head(const float* h, const float* fn, const float* base, const float* scale,
                        int64_t S, int n_streams, int D, float rms_eps, float hc_eps, float* y) = 0;
+  /// mHC pre followed by the RMSNorm of the collapsed stream (the layer's attn_norm / ffn_norm):
+  /// hc_pre(a), then x = rms_norm(a.collapsed, norm_weight, norm_eps). norm_weight [D] (nullptr:
+  /// unweighted), x [S, D] (may equal a.collapsed). Default: those two ops; the CUDA backend runs
+  /// one kernel (docs/cuda.md §mHC).
+  virtual void hc_pre_norm(const HcArgs& a, const float* norm_weight, float norm_eps, float* x);
+  /// mHC post after an add: f += f_add, then hc_post(h, f, ...). f [S, D] is scratch (its content
+  /// afterwards is unspecified: the default leaves the sum there, the CUDA kernel leaves f as it
+  /// was). Default: add + hc_post; the CUDA backend runs one kernel.
+  virtual void hc_post_add(float* h, float* f, const float* f_add, const float* post,
+                           const float* comb, int64_t S, int n_streams, int D);
+  /// HyperHead followed by the final RMSNorm: hc_head(..., y), then y = rms_norm(y, norm_weight,
+  /// norm_eps). Default: those two ops; the CUDA backend runs one kernel.
+  virtual void hc_head_norm(const float* h, const float* fn, const float* base, const float* scale,
+                            int64_t S, int n_streams, int D, float rms_eps, float hc_eps,
+                            const float* norm_weight, float norm_eps, float* y);
   virtual void compress_pool(const CompressArgs& a) = 0;
   /// One compressor step after the projections (CompressFusedArgs): pool, norm, rope, store,
   /// ring refresh. Default: composed of compress_pool, rms_norm, rope, store_rows and

@@ -143,37 +143,57 @@ CompressFusedArgs gpu_args(const CompressCase& k, Bufs& b) {
 
 enum class Mode { kEager, kGraph };
 
-void run_case(CompressCase k, Mode mode = Mode::kEager) {
+// Runs the step on the CPU (reference), the CUDA default composition and the FlashCompressor:
+// the two-launch form (ring_disjoint = false) always, and the one-launch form (ring refresh in
+// the rows kernel's grid) when the case has no ring hazard — as the model sets the flag
+// (ops::compress_ring_disjoint for host plans, always for device decode plans). `expect_one`:
+// the case must take the one-launch form too (asserts the case builder's intent).
+void run_case(CompressCase k, Mode mode = Mode::kEager, bool expect_one = false) {
   poison_outputs(k);
-  Bufs c, fused, unfused;
+  Bufs c, unfused;
   cpu()->compress_fused(cpu_args(k, c));
   // The CPU composition is the reference: it wrote every poisoned row.
   for (float v : c.pool) ASSERT_FALSE(std::isnan(v));
   for (float v : c.rkv) ASSERT_FALSE(std::isnan(v));
-
-  const CompressFusedArgs af = gpu_args(k, fused);
-  if (mode == Mode::kGraph) {
-    std::unique_ptr<Graph> g = gpu()->capture([&] { gpu()->compress_fused(af); });
-    ASSERT_NE(g, nullptr);
-    g->replay();
-  } else {
-    gpu()->compress_fused(af);
-  }
   const CompressFusedArgs au = gpu_args(k, unfused);
   gpu()->Ops::compress_fused(au);  // the default composition on the CUDA backend
   gpu()->synchronize();
-
-  const auto pf = fused.dpool->host(), pu = unfused.dpool->host();
-  const double e_unfused = rel_err(pf, pu), e_cpu = rel_err(pf, c.pool);
-  std::printf("  n_out=%lld n_ring=%lld: fused vs CUDA unfused %.2e, vs CPU %.2e\n",
-              (long long)k.n_out(), (long long)k.n_ring(), e_unfused, e_cpu);
-  EXPECT_LE(e_unfused, kTol);
-  EXPECT_LE(e_cpu, kTol);
-  EXPECT_LE(rel_err(pu, c.pool), kTol);  // the two compositions agree too
-  // Ring refresh: exact copies.
-  EXPECT_TRUE(fused.drkv->host() == c.rkv);
-  EXPECT_TRUE(fused.drg->host() == c.rg);
+  const auto pu = unfused.dpool->host();
+  EXPECT_LE(rel_err(pu, c.pool), kTol);  // the two compositions agree
   EXPECT_TRUE(unfused.drkv->host() == c.rkv);
+
+  const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                               k.ring_dst.data(), k.n_ring());
+  ASSERT_EQ(disjoint, !k.ring_hazard());
+  if (expect_one) {
+    ASSERT_TRUE(disjoint);
+  }
+  for (bool one : {false, true}) {
+    if (one && !disjoint) continue;
+    SCOPED_TRACE(one ? "one launch (ring_disjoint)" : "two launches");
+    Bufs fused;
+    CompressFusedArgs af = gpu_args(k, fused);
+    af.ring_disjoint = one;
+    if (mode == Mode::kGraph) {
+      std::unique_ptr<Graph> g = gpu()->capture([&] { gpu()->compress_fused(af); });
+      ASSERT_NE(g, nullptr);
+      g->replay();
+    } else {
+      gpu()->compress_fused(af);
+    }
+    gpu()->synchronize();
+    const auto pf = fused.dpool->host();
+    const double e_unfused = rel_err(pf, pu), e_cpu = rel_err(pf, c.pool);
+    std::printf("  n_out=%lld n_ring=%lld %s: fused vs CUDA unfused %.2e, vs CPU %.2e\n",
+                (long long)k.n_out(), (long long)k.n_ring(), one ? "1 launch" : "2 launches",
+                e_unfused, e_cpu);
+    EXPECT_LE(e_unfused, kTol);
+    EXPECT_LE(e_cpu, kTol);
+    // rel_err covers the whole pool: rows not written keep their values, the poisoned rows
+    // were all written (a NaN left gives inf). Ring refresh: exact copies.
+    EXPECT_TRUE(fused.drkv->host() == c.rkv);
+    EXPECT_TRUE(fused.drg->host() == c.rg);
+  }
 }
 
 struct Rate {
@@ -237,10 +257,11 @@ TEST(CudaCompressor, DecodeMatchesUnfused) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
   for (Rate r : kRates)
-    for (int B : {1, 7, 64}) {
+    for (int B : {1, 3, 7, 64}) {
       SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d << " B=" << B);
       const uint64_t seed = cuda::testing::test_seed() + B * 31 + r.m;
-      run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(B, r.m, seed), seed));
+      run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(B, r.m, seed), seed),
+               Mode::kEager, /*expect_one=*/true);
     }
 }
 
@@ -252,7 +273,7 @@ TEST(CudaCompressor, DecodeUnderGraphCapture) {
     SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d);
     const uint64_t seed = cuda::testing::test_seed() + 977 + r.m;
     run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(64, r.m, seed), seed),
-             Mode::kGraph);
+             Mode::kGraph, /*expect_one=*/true);
   }
 }
 
@@ -270,7 +291,96 @@ TEST(CudaCompressor, OddShapes) {
     CompressCase k = v4::testing::prefill_case(s.m, s.c, s.d, s.rd, {{0, 1, 4 * s.m + 3}, {1, 0, 9}},
                                                cuda::testing::test_seed() + s.d);
     run_case(std::move(k));
+    // Hazard-free form of the same shape: the one-launch kernel (ring CTAs after the rows).
+    run_case(v4::testing::prefill_case(s.m, s.c, s.d, s.rd, {{0, 0, 4 * s.m + 3}, {1, 2 * s.m - 2, 2}},
+                                       cuda::testing::test_seed() + 5 + s.d),
+             Mode::kEager, /*expect_one=*/true);
   }
+}
+
+// Prefill chunks without a ring hazard take the one-launch form: a chunk from position 0
+// crossing many windows (refreshing c·m ring rows), the last two tokens of a window (closing it
+// with state rows) and a single closing token, in one call; and long chunks from 0 as the
+// benchmark's prefill 8K (C4: 512 windows; C128: 32 windows, each a cluster of 8 CTAs, with the
+// ring CTAs appended as whole clusters).
+TEST(CudaCompressor, PrefillOneLaunch) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  for (Rate r : kRates) {
+    SCOPED_TRACE(::testing::Message() << "m=" << r.m << " c=" << r.c << " d=" << r.d);
+    const uint64_t seed = cuda::testing::test_seed() + 313 + r.m + r.d;
+    run_case(v4::testing::prefill_case(r.m, r.c, r.d, 64,
+                                       {{0, 0, 5 * int64_t(r.m) + 3},
+                                        {1, 2 * int64_t(r.m) - 2, 2},
+                                        {2, 3 * int64_t(r.m) - 1, 1}},
+                                       seed),
+             Mode::kEager, /*expect_one=*/true);
+    run_case(v4::testing::prefill_case(r.m, r.c, r.d, 64, {{0, 0, r.m == 4 ? 2048 : 4096}}, seed + 1),
+             Mode::kEager, /*expect_one=*/true);
+  }
+}
+
+// Consecutive decode steps issued back to back (no host sync; eager and as one captured graph):
+// step s + 1 pools ring rows that step s refreshed and writes ring rows step s read, so each
+// launch must see the previous one complete (the kernels are launched with programmatic
+// dependent launch; every CTA waits on griddepcontrol.wait before touching memory). Compared
+// with the CPU running the same steps; 2m steps at positions p0 + s, every row closing a window
+// once per m steps.
+TEST(CudaCompressor, ConsecutiveDecodeSteps) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  for (Rate r : kRates)
+    for (Mode mode : {Mode::kEager, Mode::kGraph}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d
+                                        << (mode == Mode::kGraph ? " graph" : " eager"));
+      const int B = 64, steps = std::min(2 * r.m, 12);
+      std::vector<int64_t> p0(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) p0[size_t(b)] = b == 5 ? -1 : 1000 + 7 * b;  // one padding row
+      std::vector<CompressCase> ks;
+      for (int s = 0; s < steps; ++s) {
+        std::vector<int64_t> pos = p0;
+        for (auto& p : pos)
+          if (p >= 0) p += s;
+        ks.push_back(v4::testing::decode_case(r.m, r.c, r.d, 64, pos,
+                                              cuda::testing::test_seed() + 71 * s + r.m));
+      }
+      // CPU: the steps in order on one ring / pool.
+      std::vector<float> pool = ks[0].pool, rkv = ks[0].ring_kv, rg = ks[0].ring_gate;
+      for (CompressCase& k : ks) {
+        Bufs c;
+        CompressFusedArgs a = cpu_args(k, c);
+        a.state_kv = rkv.data();
+        a.state_gate = rg.data();
+        a.pool = pool.data();
+        cpu()->compress_fused(a);
+      }
+      // GPU: every input uploaded first, then the steps without a sync in between.
+      std::vector<Bufs> gb(ks.size());
+      std::vector<CompressFusedArgs> ga;
+      for (size_t s = 0; s < ks.size(); ++s) {
+        ga.push_back(gpu_args(ks[s], gb[s]));
+        ga.back().ring_disjoint = true;
+        ga.back().state_kv = gb[0].drkv->p;
+        ga.back().state_gate = gb[0].drg->p;
+        ga.back().pool = gb[0].dpool->p;
+      }
+      auto body = [&] {
+        for (const CompressFusedArgs& a : ga) gpu()->compress_fused(a);
+      };
+      if (mode == Mode::kGraph) {
+        std::unique_ptr<Graph> g = gpu()->capture(body);
+        ASSERT_NE(g, nullptr);
+        g->replay();
+      } else {
+        body();
+      }
+      gpu()->synchronize();
+      const double e = rel_err(gb[0].dpool->host(), pool);
+      std::printf("  %d steps: pool vs CPU %.2e\n", steps, e);
+      EXPECT_LE(e, kTol);
+      EXPECT_TRUE(gb[0].drkv->host() == rkv);
+      EXPECT_TRUE(gb[0].drg->host() == rg);
+    }
 }
 
 }  // namespace

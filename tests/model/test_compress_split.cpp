@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "compressor_cases.h"
@@ -40,7 +41,8 @@ void check_plan(int m, int c, int d, bool vec_ok) {
   ASSERT_GT(pl.threads, 0);
   EXPECT_EQ(pl.vec, vec_ok && d % 4 == 0 ? 4 : 1);
   EXPECT_EQ(pl.groups * pl.vec, d);
-  EXPECT_LE(pl.threads, 512);
+  EXPECT_LE(pl.threads, cuda::kCompressMaxThreads);
+  EXPECT_EQ(pl.unroll, 4);  // one batch size for every plan (measured: compress_split.h)
   EXPECT_EQ(pl.threads % 32, 0);
   EXPECT_GE(pl.threads, pl.gw * pl.parts);
   EXPECT_GE(pl.ctas, 1);
@@ -90,6 +92,9 @@ TEST(CompressSplit, ModelShapes) {
   EXPECT_EQ(hca.ctas, 8);
   EXPECT_EQ(hca.gpc, 16);
   EXPECT_EQ(hca.threads, 256);
+  EXPECT_EQ(hca.unroll, 4);  // cluster plan: two batches of 4, one wave of CTAs
+  EXPECT_EQ(c4.unroll, 4);   // 8 slots per thread in two batches (8 in one measured slower)
+  EXPECT_EQ(ix.unroll, 4);
   EXPECT_EQ(cuda::plan_compress_rows(4, 2, 100000, true).threads, 0);  // over the smem limit
 }
 
@@ -119,14 +124,18 @@ std::vector<float> emulate(const CompressCase& k, bool vec_ok) {
           if (V == 4) {
             cuda::CsAcc st[4];
             for (auto& s : st) s = cuda::CsAcc{-INFINITY, 0.f, 0.f};
-            cuda::cs_fold_slots<4>(in, slots, j0, j1, g * 4, st);
+            if (pl.unroll == 8)
+              cuda::cs_fold_slots<4, 8>(in, slots, j0, j1, g * 4, st);
+            else
+              cuda::cs_fold_slots<4, 4>(in, slots, j0, j1, g * 4, st);
             for (int i = 0; i < 4; ++i) {
               const size_t o = size_t(p) * d + size_t(g) * 4 + i;
               mx[o] = st[i].mx, sum[o] = st[i].sum, acc[o] = st[i].acc;
             }
           } else {
             cuda::CsAcc st[1] = {cuda::CsAcc{-INFINITY, 0.f, 0.f}};
-            cuda::cs_fold_slots<1>(in, slots, j0, j1, g, st);
+            EXPECT_EQ(pl.unroll, 4);  // the kernel's scalar path has one instantiation
+            cuda::cs_fold_slots<1, 4>(in, slots, j0, j1, g, st);
             const size_t o = size_t(p) * d + size_t(g);
             mx[o] = st[0].mx, sum[o] = st[0].sum, acc[o] = st[0].acc;
           }
@@ -201,6 +210,37 @@ TEST(CompressSplit, EmulatedKernelMatchesDecode) {
   std::vector<int64_t> pos = {3, 4, 7, -1, 130, 11, 0, 255, 127, -1, 515, 2047};
   for (auto [m, c, d] : {std::tuple{4, 2, 512}, std::tuple{4, 2, 128}, std::tuple{128, 1, 512}})
     check(v4::testing::decode_case(m, c, d, 64, pos, 3 + m + d));
+}
+
+// ops::compress_ring_disjoint (the host test behind CompressFusedArgs::ring_disjoint) agrees with
+// the case's own hazard check on hazardous prefill chunks, hazard-free ones (a chunk from
+// position 0; chunks that end before any window boundary after their start) and decode steps.
+TEST(CompressSplit, RingDisjointMatchesHazard) {
+  auto disjoint = [](const CompressCase& k) {
+    return compress_ring_disjoint(k.src.data(), int64_t(k.src.size()), k.ring_dst.data(),
+                                  k.n_ring());
+  };
+  for (auto [m, c] : {std::pair{4, 2}, std::pair{128, 1}, std::pair{3, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "m=" << m << " c=" << c);
+    const int64_t L = 3 * c * m + 5;
+    const CompressCase hazard =
+        v4::testing::prefill_case(m, c, 8, 4, {{0, m + 3, L}, {3, 0, L + m}}, 11);
+    ASSERT_TRUE(hazard.ring_hazard());
+    EXPECT_FALSE(disjoint(hazard));
+    const CompressCase from0 = v4::testing::prefill_case(m, c, 8, 4, {{1, 0, 5 * m + 3}}, 12);
+    ASSERT_FALSE(from0.ring_hazard());
+    EXPECT_TRUE(disjoint(from0));
+    // Chunks that start no window after their first token (the last two tokens of a window;
+    // one closing token): no hazard, but state rows are read.
+    const CompressCase short_chunks =
+        v4::testing::prefill_case(m, c, 8, 4, {{0, 2 * m - 2, 2}, {2, 3 * m - 1, 1}}, 13);
+    EXPECT_EQ(disjoint(short_chunks), !short_chunks.ring_hazard());
+    EXPECT_TRUE(disjoint(short_chunks));
+    std::vector<int64_t> pos = {3, 4, 7, -1, 130, 11, 0, 255, 127, -1, 515, 2047};
+    const CompressCase dec = v4::testing::decode_case(m, c, 8, 4, pos, 14);
+    ASSERT_FALSE(dec.ring_hazard());
+    EXPECT_TRUE(disjoint(dec));
+  }
 }
 
 }  // namespace

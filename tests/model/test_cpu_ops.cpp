@@ -2,8 +2,11 @@
 // the batch (batch invariance), for both GEMM paths' shapes; top-k tie order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -39,6 +42,88 @@ TEST(CpuOps, LinearRowsIndependentOfBatch) {
       maxerr = std::max(maxerr, std::fabs(s - ref[j]));
     }
     EXPECT_LT(maxerr, 1e-3 * std::sqrt(double(K)));
+  }
+}
+
+// The composed defaults of the fused mHC ops (hc_pre_norm, hc_post_add, hc_head_norm) are the
+// op sequences they replace, bit for bit, and the norm they add is an RMSNorm (checked in double).
+TEST(CpuOps, FusedMhcDefaultsMatchTheOpSequence) {
+  auto ops = make_cpu_ops();
+  std::mt19937 g(std::random_device{}());
+  std::normal_distribution<float> d;
+  auto randv = [&](size_t n, float sc) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = sc * d(g);
+    return v;
+  };
+  for (auto [n, D, S] : {std::tuple<int, int, int64_t>{4, 64, 3}, {2, 37, 5}, {1, 9, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " D=" << D << " S=" << S);
+    const int nmix = (2 + n) * n;
+    auto h = randv(size_t(S * n * D), 1.f), fn = randv(size_t(nmix) * n * D, 0.1f);
+    auto base = randv(size_t(nmix), 0.5f), scale = randv(3, 0.7f), w = randv(size_t(D), 1.f);
+    HcArgs a;
+    a.h = h.data(); a.fn = fn.data(); a.base = base.data(); a.scale = scale.data();
+    a.n_rows = S; a.n_streams = n; a.hidden = D; a.rms_eps = 1e-6f; a.hc_eps = 1e-6f;
+    a.sinkhorn_iters = 5;
+    std::vector<float> col1(size_t(S * D)), post1(size_t(S * n)), comb1(size_t(S * n * n)),
+        x1(size_t(S * D)), col2 = col1, post2 = post1, comb2 = comb1, x2 = x1;
+    HcArgs a1 = a, a2 = a;
+    a1.collapsed = col1.data(); a1.post = post1.data(); a1.comb = comb1.data();
+    a2.collapsed = col2.data(); a2.post = post2.data(); a2.comb = comb2.data();
+    ops->hc_pre(a1);
+    ops->rms_norm(col1.data(), w.data(), S, D, 1e-5f, x1.data());
+    ops->hc_pre_norm(a2, w.data(), 1e-5f, x2.data());
+    EXPECT_EQ(col1, col2);
+    EXPECT_EQ(post1, post2);
+    EXPECT_EQ(comb1, comb2);
+    EXPECT_EQ(x1, x2);
+    for (int64_t t = 0; t < S; ++t) {  // x is the weighted RMSNorm of collapsed
+      double ss = 0;
+      for (int i = 0; i < D; ++i) ss += double(col1[t * D + i]) * col1[t * D + i];
+      const double inv = 1.0 / std::sqrt(ss / D + 1e-5);
+      for (int i = 0; i < D; ++i)
+        EXPECT_NEAR(x2[t * D + i], col1[t * D + i] * inv * w[i], 1e-4 * (1 + std::fabs(w[i])));
+    }
+    // hc_post_add = add + hc_post.
+    auto f = randv(size_t(S * D), 1.f), fa = randv(size_t(S * D), 1.f);
+    auto hp1 = h, hp2 = h, f1 = f, f2 = f;
+    ops->add(f1.data(), fa.data(), S * D);
+    ops->hc_post(hp1.data(), f1.data(), post1.data(), comb1.data(), S, n, D);
+    ops->hc_post_add(hp2.data(), f2.data(), fa.data(), post1.data(), comb1.data(), S, n, D);
+    EXPECT_EQ(hp1, hp2);
+    // hc_head_norm = hc_head + rms_norm (in place).
+    auto hfn = randv(size_t(n) * n * D, 0.1f), hbase = randv(size_t(n), 0.5f), hsc = randv(1, 0.7f);
+    std::vector<float> y1(size_t(S * D)), y2(size_t(S * D));
+    ops->hc_head(h.data(), hfn.data(), hbase.data(), hsc.data(), S, n, D, 1e-6f, 1e-6f, y1.data());
+    ops->rms_norm(y1.data(), w.data(), S, D, 1e-5f, y1.data());
+    ops->hc_head_norm(h.data(), hfn.data(), hbase.data(), hsc.data(), S, n, D, 1e-6f, 1e-6f,
+                      w.data(), 1e-5f, y2.data());
+    EXPECT_EQ(y1, y2);
+  }
+}
+
+// rms_norm_rope's default is rms_norm over the head vectors then the forward rope, bit for bit.
+TEST(CpuOps, RmsNormRopeDefaultMatchesTheOpSequence) {
+  auto ops = make_cpu_ops();
+  std::mt19937 g(std::random_device{}());
+  std::normal_distribution<float> d;
+  const int64_t rows = 3;
+  for (auto [heads, hd, rd] : {std::tuple<int, int, int>{4, 64, 16}, {1, 34, 10}}) {
+    std::vector<float> x(static_cast<size_t>(rows * heads * hd)), w(static_cast<size_t>(hd)),
+        inv(static_cast<size_t>(rd / 2));
+    for (auto& v : x) v = d(g);
+    for (auto& v : w) v = d(g);
+    for (int i = 0; i < rd / 2; ++i) inv[size_t(i)] = 1.f / std::pow(10000.f, 2.f * i / rd);
+    const std::vector<int64_t> pos = {0, 17, 123456};
+    const float* wps[2] = {nullptr, w.data()};
+    for (const float* wp : wps) {
+      auto a = x, b = x;
+      ops->rms_norm(a.data(), wp, rows * heads, hd, 1e-6f, a.data());
+      ops->rope(a.data(), rows, heads, hd, rd, pos.data(), inv.data(), 1.f, false);
+      ops->rms_norm_rope(b.data(), wp, rows, heads, hd, 1e-6f, rd, pos.data(), inv.data(), 1.f);
+      EXPECT_EQ(a, b);
+      EXPECT_NE(a, x);
+    }
   }
 }
 

@@ -71,6 +71,31 @@ void Ops::store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t 
   store_rows(static_cast<float*>(pool), rows, n, width, src);
 }
 
+void Ops::rms_norm_rope(float* x, const float* weight, int64_t rows, int n_heads, int head_dim,
+                        float eps, int rope_dim, const int64_t* positions, const float* inv_freq,
+                        float attention_scaling) {
+  rms_norm(x, weight, rows * n_heads, head_dim, eps, x);
+  rope(x, rows, n_heads, head_dim, rope_dim, positions, inv_freq, attention_scaling, false);
+}
+
+void Ops::hc_pre_norm(const HcArgs& a, const float* norm_weight, float norm_eps, float* x) {
+  hc_pre(a);
+  rms_norm(a.collapsed, norm_weight, a.n_rows, a.hidden, norm_eps, x);
+}
+
+void Ops::hc_post_add(float* h, float* f, const float* f_add, const float* post,
+                      const float* comb, int64_t S, int n_streams, int D) {
+  add(f, f_add, S * D);
+  hc_post(h, f, post, comb, S, n_streams, D);
+}
+
+void Ops::hc_head_norm(const float* h, const float* fn, const float* base, const float* scale,
+                       int64_t S, int n_streams, int D, float rms_eps, float hc_eps,
+                       const float* norm_weight, float norm_eps, float* y) {
+  hc_head(h, fn, base, scale, S, n_streams, D, rms_eps, hc_eps, y);
+  rms_norm(y, norm_weight, S, D, norm_eps, y);
+}
+
 void Ops::compress_fused(const CompressFusedArgs& a) {
   const int64_t cd = int64_t(a.overlap) * a.dim;
   const int64_t need = std::max<int64_t>(a.n_out * a.dim, a.n_ring * cd);

@@ -39,24 +39,39 @@ struct CompressRowsPlan {
   int ctas = 1;      // K ≤ 8 CTAs per output row (cluster size), split over channels
   int gpc = 0;       // channel groups per CTA = ceil(G / K)
   int gw = 0;        // thread columns per CTA (≤ gpc)
-  int threads = 0;   // blockDim: gw·P rounded up to a multiple of 32
+  int threads = 0;   // blockDim: gw·P rounded up to a multiple of 32 (≤ kCompressMaxThreads)
+  bool stage = true; // norm / inv_freq of the slice staged in shared memory with the slot
+                     // indices (false only when that would not fit: very large d)
+  int unroll = 4;    // slots per load batch of cs_fold_slots: 8 (a thread's whole partition in
+                     // one batch of loads, ~116 registers) when spp > 4 on the vector path with
+                     // one CTA per row; 4 (64 registers) otherwise — cluster plans launch K CTAs
+                     // per row, also for the non-closing rows of a decode batch, and need the
+                     // occupancy to stay in one wave
   size_t smem = 0;   // dynamic shared memory bytes (layout: compress_rows_smem)
 };
+
+/// Largest CTA of the rows kernel (its __launch_bounds__).
+constexpr int kCompressMaxThreads = 256;
 
 /// Byte offsets inside the dynamic shared memory of one CTA.
 struct CompressRowsSmem {
   size_t src = 0;    // int32 [c·m]        the row's slot indices
   size_t part = 0;   // float [3][P][cw]   partition max / Σexp / Σexp·kv (only when P > 1)
   size_t row = 0;    // float [cw]         pooled channels of the CTA's slice
+  size_t norm = 0;   // float [cw]         RMSNorm weights of the slice (staged with src)
+  size_t freq = 0;   // float [cw/2]       inv_freq of the slice's channel pairs (staged with src)
   size_t total = 0;
 };
 
-V4_CS_HD CompressRowsSmem compress_rows_smem(int n_slots, int parts, int cw) {
+/// `stage`: the norm / freq regions exist (CompressRowsPlan::stage); else they are empty.
+V4_CS_HD CompressRowsSmem compress_rows_smem(int n_slots, int parts, int cw, bool stage) {
   CompressRowsSmem s;
   s.src = 0;
   s.part = (size_t(n_slots) * 4 + 15) / 16 * 16;
   s.row = s.part + (parts > 1 ? size_t(3) * size_t(parts) * size_t(cw) * 4 : 0);
-  s.total = s.row + size_t(cw) * 4;
+  s.norm = s.row + size_t(cw) * 4;
+  s.freq = s.norm + (stage ? size_t(cw) * 4 : 0);
+  s.total = s.freq + (stage ? size_t(cw + 1) / 2 * 4 : 0);
   return s;
 }
 
@@ -64,9 +79,10 @@ V4_CS_HD CompressRowsSmem compress_rows_smem(int n_slots, int parts, int cw) {
 constexpr size_t kCompressSmemLimit = 48 * 1024;
 
 /// The plan for ratio m, overlap c, dim d; `vec_ok` = d % 4 == 0 and every row pointer is 16-byte
-/// aligned. Rules: ≤ 8 slots per thread (two batches of 4 in flight), ≤ 32 partitions; rows with
+/// aligned. Rules: ≤ 8 slots per thread (one batch of loads in flight), ≤ 32 partitions; rows with
 /// fewer than 64 (group, partition) pairs halve spp down to 4; K = ceil(G·P / 256) CTAs per row
-/// (≤ 8; 1 on the scalar path, whose RoPE pairs may straddle a CTA boundary). Returns threads = 0
+/// (≤ 8; 1 on the scalar path, whose RoPE pairs may straddle a CTA boundary); ≤ 256 threads per
+/// CTA (a thread then walks several groups of its slice). Returns threads = 0
 /// when even P = 1 does not fit the shared memory limit (d > ~12K).
 inline CompressRowsPlan plan_compress_rows(int m, int c, int d, bool vec_ok) {
   CompressRowsPlan pl;
@@ -89,12 +105,21 @@ inline CompressRowsPlan plan_compress_rows(int m, int c, int d, bool vec_ok) {
     pl.ctas = pl.vec == 4 ? int(std::min<int64_t>(8, std::max<int64_t>(1, (per_row + 255) / 256))) : 1;
     pl.ctas = std::min(pl.ctas, pl.groups);
     pl.gpc = (pl.groups + pl.ctas - 1) / pl.ctas;
-    pl.gw = std::min(pl.gpc, std::max(1, 512 / pl.parts));
+    pl.gw = std::min(pl.gpc, std::max(1, kCompressMaxThreads / pl.parts));
     pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
-    pl.smem = compress_rows_smem(ns, pl.parts, pl.gpc * pl.vec).total;
+    // 4-slot load batches everywhere: on the H200 (bench/results/cuda-compressor.md, 6e80892) 8
+    // slots made prefill 8K C4 d512 39.7 µs vs 28.8 with 4 (99% of a same-size memcpy), while
+    // decode gained only 0.4 µs. The batch size changes the online-softmax rounding, so it must
+    // not depend on the row count (batch invariance): one value for all. V4_COMPRESS_UNROLL=8
+    // still selects 8 for A/B runs.
+    pl.unroll = 4;
+    pl.stage = true;
+    pl.smem = compress_rows_smem(ns, pl.parts, pl.gpc * pl.vec, true).total;
     if (pl.smem <= kCompressSmemLimit) return pl;
     if (pl.parts == 1) {
-      pl.threads = 0;
+      pl.stage = false;  // last resort: norm / inv_freq read from global memory at the store
+      pl.smem = compress_rows_smem(ns, pl.parts, pl.gpc * pl.vec, false).total;
+      if (pl.smem > kCompressSmemLimit) pl.threads = 0;
       return pl;
     }
     pl.spp *= 2;  // fewer partitions: less merge storage
@@ -145,13 +170,13 @@ struct CsInputs {
 };
 
 /// Folds slots [j0, j1) of one row (slot indices `slots`, CompressArgs::src convention) into the
-/// states of channels ch..ch+V−1 (ch % V == 0). Slots are taken in batches of 4: every load of a
-/// batch is issued before any use; per batch and channel the running max is updated once
-/// (rescaling sum/acc by exp(old − new)), then each slot adds exp(l − mx) and exp(l − mx)·kv.
-template <int V>
+/// states of channels ch..ch+V−1 (ch % V == 0). Slots are taken in batches of U (the plan's
+/// `unroll`): every load of a batch is issued before any use; per batch and channel the running
+/// max is updated once (rescaling sum/acc by exp(old − new)), then each slot adds exp(l − mx)
+/// and exp(l − mx)·kv.
+template <int V, int U = 4>
 V4_CS_HD void cs_fold_slots(const CsInputs& in, const int32_t* slots, int j0, int j1, int ch,
                             CsAcc (&st)[V]) {
-  constexpr int U = 4;
   const int64_t width = int64_t(in.c) * in.d;
   for (int jb = j0; jb < j1; jb += U) {
     CsVec<V> lg[U], kv[U];

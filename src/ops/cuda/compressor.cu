@@ -7,6 +7,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <type_traits>
 
@@ -19,16 +20,27 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// One closing window per cluster of pl.ctas CTAs (compress_split.h: CompressRowsPlan), grid
-// n_out · pl.ctas. Each CTA owns a channel slice of the row; its threads split the window's slots
-// into pl.parts contiguous partitions and read the kv / gate / bias rows of their slots with
-// `VEC`-wide loads (all loads of a batch of 4 slots in flight), folding them into an online
-// softmax state per channel (cs_fold_slots). Then, per CTA: partitions merged in order in shared
-// memory (cs_merge) → pooled slice; sum of squares of the slice (block reduction, fixed order);
-// the K slice sums added in rank order through distributed shared memory (every CTA of the
-// cluster forms the same total); RMSNorm · norm; RoPE pairs (2i, 2i+1) on the trailing rope_dim
-// channels (a pair never straddles a slice: slices are multiples of 4 channels on the vector path
-// and whole rows on the scalar one); one `VEC`-wide store into pool[dst[r]].
+// Programmatic dependent launch (PDL, sm_90): every kernel here is launched with programmatic
+// stream serialization, so it may start while the previous kernel of the stream is still running;
+// `pdl_wait` (griddepcontrol.wait) blocks until that kernel has completed and its memory is
+// visible. Every CTA calls it after its first round of loads (plan indices and parameters only —
+// CompressFusedArgs forbids the immediately preceding kernel to write those) and before reading
+// the fresh rows / state or writing anything, and before any exit, so a kernel of this file never
+// completes before its predecessor (the dependency stays transitive). `pdl_trigger`, right after
+// the wait, lets the next PDL-launched kernel be scheduled once every CTA of this grid has passed
+// its wait (so the next kernel's pre-wait loads never race with this one's predecessor); that
+// kernel still waits for this grid's completion before touching the data.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Stores VEC finished values o[0..VEC) at value index i of the pool (i % VEC == 0) in the pool's
 // element type (a.pool_dtype: f32, or bf16 rounded to nearest even as the CPU backend does).
 template <int VEC>
@@ -53,27 +65,121 @@ __device__ __forceinline__ void store_pool_values(const ops::CompressFusedArgs& 
     p[0] = o[0];
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(512)
-    compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl) {
+// Ring items per thread of a ring CTA (all loads in flight before the stores).
+constexpr int kRingPerThread = 4;
+
+// Ring refresh items [base, base + kRingPerThread·nt) of the flattened (entry k, array, column)
+// space: item i → k = i / (2w), array = (i / w) % 2 (0 kv, 1 gate), column i % w, w = c·d / RV
+// (RV = 4: float4 columns). Indices of every item first, then every load, then the stores.
+template <int RV>
+__device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a, int64_t base,
+                                                int tid, int nt) {
+  using V = typename std::conditional<RV == 4, float4, float>::type;
+  const int64_t w = int64_t(a.overlap) * a.dim / RV, total = a.n_ring * 2 * w;
+  int64_t k[kRingPerThread], col[kRingPerThread];
+  int arr[kRingPerThread];
+  int32_t to[kRingPerThread], from[kRingPerThread];
+#pragma unroll
+  for (int u = 0; u < kRingPerThread; ++u) {
+    const int64_t i = base + tid + int64_t(u) * nt;
+    k[u] = i / (2 * w);
+    const int64_t rem = i - k[u] * 2 * w;
+    arr[u] = int(rem / w);
+    col[u] = rem - arr[u] * w;
+    to[u] = -1;
+    from[u] = 0;
+    if (i < total) {
+      to[u] = __ldg(a.ring_dst + k[u]);
+      from[u] = __ldg(a.ring_src + k[u]);
+    }
+  }
+  // The index loads above may overlap the predecessor kernel (never written by it: ops.h); the
+  // fresh rows are read and the ring written only after it completed.
+  pdl_wait();
+  pdl_trigger();
+  V v[kRingPerThread];
+#pragma unroll
+  for (int u = 0; u < kRingPerThread; ++u)
+    if (to[u] >= 0) {
+      const V* src = reinterpret_cast<const V*>(arr[u] ? a.fresh_gate : a.fresh_kv);
+      v[u] = __ldg(src + int64_t(from[u]) * w + col[u]);
+    }
+#pragma unroll
+  for (int u = 0; u < kRingPerThread; ++u)
+    if (to[u] >= 0) {
+      V* dst = reinterpret_cast<V*>(arr[u] ? a.state_gate : a.state_kv);
+      dst[int64_t(to[u]) * w + col[u]] = v[u];
+    }
+}
+
+// One closing window per cluster of pl.ctas CTAs (compress_split.h: CompressRowsPlan); n_out ·
+// pl.ctas CTAs after the ring CTAs (if any). Each CTA owns a channel slice of the row; its threads split the
+// window's slots into pl.parts contiguous partitions and read the kv / gate / bias rows of their
+// slots with `VEC`-wide loads (a batch of U slots, all its loads in flight before any use),
+// folding them into an online softmax state per channel (cs_fold_slots). Then, per CTA:
+// partitions merged in order in shared memory (cs_merge) → pooled slice; sum of squares of the
+// slice (block reduction, fixed order); the K slice sums added in rank order through distributed
+// shared memory (every CTA of the cluster forms the same total); RMSNorm · norm; RoPE pairs
+// (2i, 2i+1) on the trailing rope_dim channels (a pair never straddles a slice: slices are
+// multiples of 4 channels on the vector path and whole rows on the scalar one); one `VEC`-wide
+// store into pool[dst[r]]. The row's slot indices, dst, position, norm slice and inv_freq slice
+// are all fetched in one first round of loads, before the PDL wait.
+//
+// RING (one-launch form, CompressFusedArgs::ring_disjoint): the first `ring_ctas` CTAs refresh
+// the ring instead (ring_copy_items with RV = VEC, kRingPerThread items per thread), the pooling
+// CTAs follow (row r = (blockIdx − ring_ctas) / K). Correct only because no refreshed ring row is
+// read as state by any window of the call (the caller's promise); they run concurrently with the
+// pooling CTAs (first, so in the first wave of a multi-wave prefill grid, not its tail). Whole
+// clusters of them: ring_ctas is a multiple of K, so a cluster is all-ring or all-pooling and
+// ring clusters never reach the cluster barriers. ring_ctas = 0 without RING.
+// Batches of 4: ≤ 64 registers (4 CTAs of 256 threads per SM: the C128 prefill-8K grid of 512
+// CTAs and a decode B = 64 grid of 512 + ring CTAs stay one wave); batches of 8 need ~116.
+template <int VEC, int U, bool RING>
+__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
+    compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas) {
   extern __shared__ float4 smem_f4[];
   __shared__ float red[32];
   __shared__ float slice_ss;
-  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_f4);
+  __shared__ int32_t s_dst;
   const int K = pl.ctas;
-  const int64_t r = blockIdx.x / K;
-  const int rank = int(blockIdx.x % K);
-  const int32_t dst = a.dst[r];
-  if (dst < 0) return;  // window not closing (device-planned decode rows): the whole cluster exits
-  const int d = a.dim, ns = a.overlap * a.ratio, tid = threadIdx.x, nt = blockDim.x;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (RING && int64_t(blockIdx.x) < ring_ctas) {
+    ring_copy_items<VEC>(a, int64_t(blockIdx.x) * kRingPerThread * nt, tid, nt);
+    return;
+  }
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_f4);
+  const int64_t cta = int64_t(blockIdx.x) - (RING ? ring_ctas : 0);
+  const int64_t r = cta / K;
+  const int rank = int(cta % K);
+  const int d = a.dim, ns = a.overlap * a.ratio;
   const int g0 = rank * pl.gpc, g1 = min(pl.groups, g0 + pl.gpc);
   const int c0 = g0 * VEC, cw = max(0, g1 - g0) * VEC, cw_max = pl.gpc * VEC;
-  const CompressRowsSmem lay = compress_rows_smem(ns, pl.parts, cw_max);
+  const int rd = a.rope_dim, nope = d - rd;
+  const CompressRowsSmem lay = compress_rows_smem(ns, pl.parts, cw_max, pl.stage);
   int32_t* s_src = reinterpret_cast<int32_t*>(smem + lay.src);
   float* s_part = reinterpret_cast<float*>(smem + lay.part);  // [3][P][cw_max]
   float* s_row = reinterpret_cast<float*>(smem + lay.row);    // [cw_max]
-  for (int j = tid; j < ns; j += nt) s_src[j] = a.src[r * ns + j];
+  float* s_norm = reinterpret_cast<float*>(smem + lay.norm);  // [cw_max]
+  float* s_freq = reinterpret_cast<float*>(smem + lay.freq);  // [cw_max / 2]
+  // Round 1: every index / parameter load of the CTA (independent of each other).
+  const float pos = rd > 0 ? float(__ldg(a.positions + r)) : 0.f;
+  if (tid == 0) s_dst = __ldg(a.dst + r);
+  for (int j = tid; j < ns; j += nt) s_src[j] = __ldg(a.src + r * ns + j);
+  if (pl.stage)
+    for (int l = tid; l < cw; l += nt) s_norm[l] = a.norm ? __ldg(a.norm + c0 + l) : 1.f;
+  // RoPE pairs q (channels nope + 2q, nope + 2q + 1) of the slice: q ∈ [q_lo, q_hi), staged at
+  // s_freq[q − q_lo]. Vector path: c0 and nope are even and a pair never straddles a slice;
+  // scalar path: one slice (c0 = 0, q_lo = 0), nope may be odd.
+  const int q_lo = max(0, c0 - nope) / 2, q_hi = min(rd / 2, max(0, c0 + cw - nope) / 2);
+  if (pl.stage)
+    for (int q = q_lo + tid; q < q_hi; q += nt) s_freq[q - q_lo] = __ldg(a.inv_freq + q);
+  // Round 1 overlaps the predecessor kernel's tail: the arrays above are never written by the
+  // kernel issued right before compress_fused (ops.h CompressFusedArgs); everything below
+  // (fresh rows, state ring, pool) may be.
+  pdl_wait();
+  pdl_trigger();
   __syncthreads();
+  if (s_dst < 0) return;  // window not closing (device-planned decode rows): the whole cluster exits
 
   // 1. Pooling of the slice.
   const CsInputs in{a.fresh_kv, a.fresh_gate, a.state_kv, a.state_gate, a.bias, a.ratio, a.overlap, d};
@@ -84,7 +190,7 @@ __global__ void __launch_bounds__(512)
       CsAcc st[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) st[i] = CsAcc{-INFINITY, 0.f, 0.f};
-      cs_fold_slots<VEC>(in, s_src, j0, j1, g * VEC, st);
+      cs_fold_slots<VEC, U>(in, s_src, j0, j1, g * VEC, st);
       const int l = (g - g0) * VEC;  // channel within the slice
       if (pl.parts == 1) {
 #pragma unroll
@@ -135,54 +241,89 @@ __global__ void __launch_bounds__(512)
   const float inv = rsqrtf(total / float(int64_t(d)) + a.eps);
 
   // 3. Normalise + weight, RoPE, store (VEC channels per thread).
-  const int rd = a.rope_dim, nope = d - rd;
-  const float pos = rd > 0 ? float(a.positions[r]) : 0.f;
-  const int64_t out = int64_t(dst) * d;  // value index of the row in the pool
-  auto normed = [&](int ch) {  // channel ch of the row (inside this slice), normalised · norm
-    float v = s_row[ch - c0] * inv;
-    if (a.norm) v *= a.norm[ch];
-    return v;
+  const int64_t out = int64_t(s_dst) * d;  // first value index of the row in the pool
+  auto normed = [&](int l) {  // channel l of the slice, normalised · norm
+    const float w = pl.stage ? s_norm[l] : (a.norm ? __ldg(a.norm + c0 + l) : 1.f);
+    return s_row[l] * inv * w;
   };
   for (int l = tid * VEC; l < cw; l += nt * VEC) {
-    const int ch0 = c0 + l;
     float o[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      const int ch = ch0 + i;
+      const int li = l + i, ch = c0 + li;
       if (ch < nope) {
-        o[i] = normed(ch);
+        o[i] = normed(li);
         continue;
       }
       const int q = (ch - nope) >> 1;
-      const float x0 = normed(nope + 2 * q), x1 = normed(nope + 2 * q + 1);
-      const float ang = a.inv_freq[q] * pos;  // one fp32 product, as the rope kernel
+      const int l0 = nope + 2 * q - c0;  // first channel of the pair, slice-local
+      const float x0 = normed(l0), x1 = normed(l0 + 1);
+      const float f = pl.stage ? s_freq[q - q_lo] : __ldg(a.inv_freq + q);
+      const float ang = f * pos;  // one fp32 product, as the rope kernel
       float sn, cs;
       sincosf(ang, &sn, &cs);
       sn *= a.attention_scaling;
       cs *= a.attention_scaling;
       o[i] = ((ch - nope) & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
     }
-    store_pool_values<VEC>(a, out + ch0, o);
+    store_pool_values<VEC>(a, out + c0 + l, o);
   }
 }
 
-// state[ring_dst[i]] = fresh[ring_src[i]] for kv (blockIdx.y = 0) and gate (blockIdx.y = 1);
-// `vec` values per element (4: float4, 1: float). Grid-stride over n_ring · width / vec.
-template <int kVec>
-__global__ void compress_ring_kernel(ops::CompressFusedArgs a, int64_t width) {
-  using V = typename std::conditional<kVec == 4, float4, float>::type;
-  const V* src = reinterpret_cast<const V*>(blockIdx.y ? a.fresh_gate : a.fresh_kv);
-  V* dst = reinterpret_cast<V*>(blockIdx.y ? a.state_gate : a.state_kv);
-  const int64_t w = width / kVec, total = a.n_ring * w;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t k = i / w, c = i - k * w;
-    const int32_t to = a.ring_dst[k];
-    if (to >= 0) dst[int64_t(to) * w + c] = src[int64_t(a.ring_src[k]) * w + c];
-  }
+// state[ring_dst[i]] = fresh[ring_src[i]] for kv and gate (two-launch form: after the rows kernel
+// in stream order, i.e. after every state read of the pooling). kRingPerThread items per thread.
+template <int RV>
+__global__ void compress_ring_kernel(ops::CompressFusedArgs a) {
+  ring_copy_items<RV>(a, int64_t(blockIdx.x) * kRingPerThread * blockDim.x, threadIdx.x,
+                      blockDim.x);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Programmatic dependent launch on (default) unless V4_COMPRESS_PDL=0 (A/B runs, or a driver
+// that refuses the attribute). Read at every call (a getenv per launch: negligible; lets the
+// benchmark switch it between variants).
+bool use_pdl() {
+  const char* e = std::getenv("V4_COMPRESS_PDL");
+  return !(e && e[0] == '0');
+}
+
+// V4_COMPRESS_UNROLL=4 / =8: load batches of 4 / 8 slots whatever the plan says (8 only on the
+// vector path; A/B runs; results move by rounding only). 0 = the plan's choice. Read at every
+// call, as use_pdl.
+int forced_unroll() {
+  const char* e = std::getenv("V4_COMPRESS_UNROLL");
+  return e && e[0] == '4' ? 4 : e && e[0] == '8' ? 8 : 0;
+}
+
+// Launches `kern` with an optional cluster dimension and the PDL attribute.
+template <typename Kern, typename... Args>
+Status launch(Kern kern, unsigned grid, unsigned threads, size_t smem, unsigned cluster,
+              cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid, 1, 1);
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (use_pdl()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, args...));
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -193,43 +334,64 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     return errorf(ErrorCode::kInvalidArgument,
                   "compress_fused: dim={} ratio={} overlap={} rope_dim={}", d, a.ratio, a.overlap,
                   a.rope_dim);
-  if (a.n_out > 0x7fffffff)
-    return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
+  if (a.n_out > 0x7fffffff || a.n_ring > 0x7fffffff)
+    return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows, {} ring rows",
+                  a.n_out, a.n_ring);
+  const int64_t width = int64_t(a.overlap) * d;
+  bool ring_done = a.n_ring == 0;
   if (a.n_out > 0) {
     const bool vec_ok = d % 4 == 0 && aligned16(a.fresh_kv) && aligned16(a.fresh_gate) &&
                         aligned16(a.state_kv) && aligned16(a.state_gate) && aligned16(a.bias) &&
                         aligned16(a.pool);
-    const CompressRowsPlan pl = plan_compress_rows(a.ratio, a.overlap, d, vec_ok);
+    CompressRowsPlan pl = plan_compress_rows(a.ratio, a.overlap, d, vec_ok);
+    if (forced_unroll() != 0 && pl.vec == 4) pl.unroll = forced_unroll();  // A/B runs
     if (pl.threads == 0)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: dim {} too large", d);
-    if (a.n_out * pl.ctas > 0x7fffffff)
+    if (pl.threads > kCompressMaxThreads || pl.smem > kCompressSmemLimit)
+      return errorf(ErrorCode::kInternal, "compress_fused: plan of {} threads, {} B", pl.threads,
+                    pl.smem);
+    // One launch when the caller promises that no refreshed ring row is a state slot of a window
+    // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
+    const bool one = a.ring_disjoint && a.n_ring > 0;
+    int64_t ring_ctas = 0;
+    if (one) {
+      const int64_t items = a.n_ring * 2 * (width / pl.vec);  // vec path: width % 4 == 0
+      const int64_t per = int64_t(kRingPerThread) * pl.threads;
+      ring_ctas = (items + per - 1) / per;
+      ring_ctas = (ring_ctas + pl.ctas - 1) / pl.ctas * pl.ctas;
+    }
+    const int64_t grid = a.n_out * pl.ctas + ring_ctas;
+    if (grid > 0x7fffffff)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    auto kern = pl.vec == 4 ? compress_fused_rows_kernel<4> : compress_fused_rows_kernel<1>;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(a.n_out * pl.ctas), 1, 1);
-    cfg.blockDim = dim3(unsigned(pl.threads), 1, 1);
-    cfg.dynamicSmemBytes = pl.smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(pl.ctas);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pl.ctas > 1 ? 1 : 0;
-    V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, a, pl));
+    using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t);
+    Kern kern;
+    if (pl.vec == 4)
+      kern = pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true>
+                                   : compress_fused_rows_kernel<4, 8, false>)
+                            : (one ? compress_fused_rows_kernel<4, 4, true>
+                                   : compress_fused_rows_kernel<4, 4, false>);
+    else
+      kern = one ? compress_fused_rows_kernel<1, 4, true> : compress_fused_rows_kernel<1, 4, false>;
+    V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
+                              unsigned(pl.ctas), stream, a, pl, ring_ctas));
+    ring_done = ring_done || one;
   }
-  if (a.n_ring > 0) {
-    const int64_t width = int64_t(a.overlap) * d;
+  if (!ring_done) {
+    // Two-launch form: stream order puts the refresh after every state read of the pooling.
     const bool vec = width % 4 == 0 && aligned16(a.fresh_kv) && aligned16(a.fresh_gate) &&
                      aligned16(a.state_kv) && aligned16(a.state_gate);
-    const int64_t items = a.n_ring * (vec ? width / 4 : width);
-    const dim3 grid(grid_for(items, 256), 2);
+    constexpr int kThreads = 256;
+    const int64_t items = a.n_ring * 2 * (vec ? width / 4 : width);
+    const int64_t blocks = (items + int64_t(kRingPerThread) * kThreads - 1) /
+                           (int64_t(kRingPerThread) * kThreads);
+    if (blocks > 0x7fffffff)
+      return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} ring rows", a.n_ring);
     if (vec)
-      compress_ring_kernel<4><<<grid, 256, 0, stream>>>(a, width);
+      V4_RETURN_IF_ERROR(
+          launch(compress_ring_kernel<4>, unsigned(blocks), kThreads, 0, 1, stream, a));
     else
-      compress_ring_kernel<1><<<grid, 256, 0, stream>>>(a, width);
-    V4_CUDA_CHECK_LAUNCH("compress_ring_kernel");
+      V4_RETURN_IF_ERROR(
+          launch(compress_ring_kernel<1>, unsigned(blocks), kThreads, 0, 1, stream, a));
   }
   return Status::Ok();
 }

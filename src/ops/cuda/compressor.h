@@ -1,5 +1,5 @@
 // FlashCompressor: the KV compressor step after its two projections (ops.h CompressFusedArgs,
-// dsv4-model.md §5) on the device in two launches instead of eight (docs/cuda.md "FlashCompressor").
+// dsv4-model.md §5) on the device in one or two launches instead of eight (docs/cuda.md "FlashCompressor").
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,14 +10,22 @@ namespace v4::cuda {
 
 /// Runs `Ops::compress_fused` (same contract, fp32 pools) on `stream`:
 ///   1. compress_fused_rows_kernel: a cluster of K ≤ 8 CTAs per output row r with dst[r] ≥ 0
-///      (others exit at once), each CTA a channel slice, its threads P slot partitions of the
-///      window (plan: compress_split.h, a function of (m, c, d) only): float4 reads of kv / gate /
-///      bias, online softmax per channel, partitions merged in shared memory, Σx² over the
-///      cluster through distributed shared memory, RMSNorm, interleaved RoPE at positions[r], one
-///      float4 store of the finished row into pool[dst[r]]. Scalar path (1 channel per thread,
-///      K = 1) when d % 4 ≠ 0 or a pointer is not 16-byte aligned.
-///   2. compress_ring_kernel: ring rows refreshed from the fresh rows (kv and gate in one launch,
-///      float4 when the rows allow). Stream order puts it after every state read of launch 1.
+///      (others exit after the first round of loads), each CTA a channel slice, its threads P slot
+///      partitions of the window (plan: compress_split.h, a function of (m, c, d) only): slot
+///      indices, dst, position, norm and inv_freq slices in one first round of loads; float4
+///      reads of kv / gate / bias, one batch of up to 8 slots per thread in flight, online softmax
+///      per channel, partitions merged in shared memory, Σx² over the cluster through distributed
+///      shared memory, RMSNorm, interleaved RoPE at positions[r], one float4 store of the finished
+///      row into pool[dst[r]]. Scalar path (1 channel per thread, K = 1) when d % 4 ≠ 0 or a
+///      pointer is not 16-byte aligned.
+///   2. The ring refresh (kv and gate rows, float4 when the rows allow):
+///      - a.ring_disjoint (decode; prefill chunks without the hazard): extra CTAs of the same grid,
+///        running concurrently with the pooling — ONE launch;
+///      - otherwise compress_ring_kernel, a second launch: stream order puts it after every state
+///        read of launch 1.
+/// Both kernels use programmatic dependent launch (griddepcontrol.wait before any memory access
+/// in every CTA, after its plan-index loads; off with V4_COMPRESS_PDL=0). V4_COMPRESS_UNROLL=4|8
+/// forces load batches of 4 / 8 slots. Both variables are read at every call.
 /// No allocation, no host sync: graph-capturable. `scratch` is ignored.
 /// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range,
 /// d too large for the shared-memory plan (> ~12K); launch failures.

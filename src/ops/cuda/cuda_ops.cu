@@ -568,26 +568,51 @@ class CudaOps final : public Ops {
                                          int64_t(n_heads) * head_dim, inverse, cs(),
                                          attention_scaling));
   }
-  void hc_pre(const HcArgs& a) override {
-    cuda::MhcParams p;
-    p.fn = a.fn;
-    p.base = a.base;
-    p.scale = a.scale;
-    p.n = a.n_streams;
-    p.sinkhorn_iters = a.sinkhorn_iters;
-    p.rms_eps = a.rms_eps;
-    p.hc_eps = a.hc_eps;
-    record(cuda::mhc_pre<float>(a.h, p, a.collapsed, a.post, a.comb, a.n_rows, a.hidden, cs(),
-                                mhc_work(a.n_rows)));
+  void rms_norm_rope(float* x, const float* weight, int64_t rows, int n_heads, int head_dim,
+                     float eps, int rope_dim, const int64_t* positions, const float* inv_freq,
+                     float attention_scaling) override {
+    record(cuda::rmsnorm_rope(x, weight, positions, inv_freq, rows, n_heads, head_dim, rope_dim,
+                              eps, attention_scaling, cs()));
+  }
+  // mHC: one fused kernel per site (mhc.h mhc_fused: coefficients, collapse and the following
+  // RMSNorm), so hc_pre / hc_pre_norm (and hc_head / hc_head_norm) give the same bits.
+  void hc_pre(const HcArgs& a) override { hc_pre_norm(a, nullptr, 0.f, nullptr); }
+  void hc_pre_norm(const HcArgs& a, const float* norm_weight, float norm_eps, float* x) override {
+    cuda::MhcFusedArgs f;
+    f.h = a.h;
+    f.fn = a.fn;
+    f.base = a.base;
+    f.scale = a.scale;
+    f.n = a.n_streams;
+    f.sinkhorn_iters = a.sinkhorn_iters;
+    f.rms_eps = a.rms_eps;
+    f.hc_eps = a.hc_eps;
+    f.collapsed = a.collapsed;
+    f.post = a.post;
+    f.comb = a.comb;
+    f.norm_weight = norm_weight;
+    f.norm_eps = norm_eps;
+    f.x = x;
+    f.S = a.n_rows;
+    f.D = a.hidden;
+    run_mhc_fused(f);
   }
   void hc_post(float* h, const float* f, const float* post, const float* comb, int64_t S, int n,
                int D) override {
-    record(cuda::mhc_post<float>(h, f, post, comb, h, S, n, D, cs()));
+    record(cuda::mhc_post_add(h, f, nullptr, post, comb, h, S, n, D, cs()));
+  }
+  void hc_post_add(float* h, float* f, const float* f_add, const float* post, const float* comb,
+                   int64_t S, int n, int D) override {
+    record(cuda::mhc_post_add(h, f, f_add, post, comb, h, S, n, D, cs()));
   }
   void hc_head(const float* h, const float* fn, const float* base, const float* scale, int64_t S,
                int n, int D, float rms_eps, float hc_eps, float* y) override {
-    record(cuda::mhc_head<float>(h, fn, base, scale, n, rms_eps, hc_eps, y, S, D, cs(),
-                                 mhc_work(S)));
+    run_mhc_head(h, fn, base, scale, S, n, D, rms_eps, hc_eps, nullptr, 0.f, y, false);
+  }
+  void hc_head_norm(const float* h, const float* fn, const float* base, const float* scale,
+                    int64_t S, int n, int D, float rms_eps, float hc_eps, const float* norm_weight,
+                    float norm_eps, float* y) override {
+    run_mhc_head(h, fn, base, scale, S, n, D, rms_eps, hc_eps, norm_weight, norm_eps, y, true);
   }
   void compress_pool(const CompressArgs& a) override {
     if (a.n_out <= 0) return;
@@ -900,10 +925,11 @@ class CudaOps final : public Ops {
       cuda::moe_scratch_bytes(bf16, b.max_rows, b.hidden, b.inter, 1, 1, c, need);  // shared
     }
     if (b.max_rows > 0)
-      need[cuda::kSlotMhc] = size_t(cuda::mhc_work_floats(b.max_rows)) * sizeof(float);
+      need[cuda::kSlotMhc] = size_t(cuda::mhc_fused_work_floats(b.max_rows)) * sizeof(float);
     try {
       for (int s = 0; s < cuda::kNumScratchSlots; ++s)
-        if (need[s]) scratch(s, need[s]);
+        if (need[s] && s != cuda::kSlotMhcCount) scratch(s, need[s]);
+      if (b.max_rows > 0) mhc_counters(b.max_rows);
     } catch (const std::bad_alloc&) {
       return Status(ErrorCode::kResourceExhausted, "reserve_cuda_scratch: out of device memory");
     }
@@ -1017,7 +1043,40 @@ class CudaOps final : public Ops {
  private:
   float* mhc_work(int64_t S) {
     return static_cast<float*>(
-        scratch(cuda::kSlotMhc, size_t(cuda::mhc_work_floats(S)) * sizeof(float)));
+        scratch(cuda::kSlotMhc, size_t(cuda::mhc_fused_work_floats(S)) * sizeof(float)));
+  }
+  // mhc_fused's counters: a scratch slot zeroed whenever it is (re)allocated; the kernel leaves
+  // them zero after every call.
+  int* mhc_counters(int64_t S) {
+    const size_t before = scratch_size_[cuda::kSlotMhcCount];
+    void* p = scratch(cuda::kSlotMhcCount, size_t(cuda::mhc_fused_counters(S)) * sizeof(int));
+    if (scratch_size_[cuda::kSlotMhcCount] != before)
+      check(cudaMemsetAsync(p, 0, scratch_size_[cuda::kSlotMhcCount], cs()), "mhc counters");
+    return static_cast<int*>(p);
+  }
+  void run_mhc_fused(const cuda::MhcFusedArgs& f) {
+    if (f.S <= 0) return;
+    record(cuda::mhc_fused(f, mhc_work(f.S), mhc_counters(f.S), cs()));
+  }
+  void run_mhc_head(const float* h, const float* fn, const float* base, const float* scale,
+                    int64_t S, int n, int D, float rms_eps, float hc_eps, const float* norm_weight,
+                    float norm_eps, float* y, bool norm) {
+    cuda::MhcFusedArgs f;
+    f.h = h;
+    f.fn = fn;
+    f.base = base;
+    f.scale = scale;
+    f.n = n;
+    f.rms_eps = rms_eps;
+    f.hc_eps = hc_eps;
+    f.head = true;
+    f.collapsed = norm ? nullptr : y;
+    f.norm_weight = norm_weight;
+    f.norm_eps = norm_eps;
+    f.x = norm ? y : nullptr;
+    f.S = S;
+    f.D = D;
+    run_mhc_fused(f);
   }
   // Adds this step's region times (markers in stream order, the last one ending at `end`).
   void accumulate_regions(cudaEvent_t end) {

@@ -20,21 +20,16 @@ __device__ __forceinline__ void st(T* p, float v) {
 }
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
-// Coefficients of one token from its sums mix_in[0..NMIX) (fn dots) and mix_in[NMIX] (sum of
-// squares), computed by ONE WARP (every lane of warp 0 calls it): pre (to pre_s), post and the
-// Sinkhorn-normalised comb (skipped for the head). Lane 4j + k (< 16) holds comb entry (j, k), so
-// row sums reduce over lanes xor 1, 2 and column sums over lanes xor 4, 8; everything stays in
-// registers (a single thread with runtime-indexed arrays spent ~75 µs per call in local memory).
-template <int NMIX>
-__device__ void mhc_coefficients(const float* mix_in, int64_t t, const float* __restrict__ base,
-                                 const float* __restrict__ scale, int n, int iters, float rms_eps,
-                                 float hc_eps, int n_mix, int64_t nD, bool head, float* pre_s,
-                                 float* __restrict__ post, float* __restrict__ comb) {
-  (void)n_mix;
+// post and the Sinkhorn-normalised comb of one token from its sums mix_in[0..NMIX) (fn dots),
+// `inv` = 1/RMS of its flattened n·D vector; computed by ONE WARP (every lane calls it). Lane
+// 4j + k (< 16) holds comb entry (j, k), so row sums reduce over lanes xor 1, 2 and column sums
+// over lanes xor 4, 8; everything stays in registers (a single thread with runtime-indexed arrays
+// spent ~75 µs per call in local memory).
+__device__ void mhc_post_comb(const float* mix_in, float inv, int64_t t,
+                              const float* __restrict__ base, const float* __restrict__ scale,
+                              int n, int iters, float hc_eps, float* __restrict__ post,
+                              float* __restrict__ comb) {
   const int lane = threadIdx.x & 31;
-  const float inv = rsqrtf(mix_in[NMIX] / float(nD) + rms_eps);
-  if (lane < n) pre_s[lane] = sigmoidf(mix_in[lane] * inv * scale[0] + base[lane]) + hc_eps;
-  if (head) return;
   if (lane < n) post[t * n + lane] = 2.f * sigmoidf(mix_in[n + lane] * inv * scale[1] + base[n + lane]);
   const int j = (lane >> 2) & 3, k = lane & 3;
   const bool valid = lane < 16 && j < n && k < n;
@@ -65,6 +60,22 @@ __device__ void mhc_coefficients(const float* mix_in, int64_t t, const float* __
     c = valid ? c / (cs + hc_eps) : 0.f;
   }
   if (valid) comb[(t * n + j) * n + k] = c;
+}
+
+// Coefficients of one token from its sums mix_in[0..NMIX) (fn dots) and mix_in[NMIX] (sum of
+// squares), computed by ONE WARP (every lane of warp 0 calls it): pre (to pre_s), then post and
+// comb (mhc_post_comb; skipped for the head).
+template <int NMIX>
+__device__ void mhc_coefficients(const float* mix_in, int64_t t, const float* __restrict__ base,
+                                 const float* __restrict__ scale, int n, int iters, float rms_eps,
+                                 float hc_eps, int n_mix, int64_t nD, bool head, float* pre_s,
+                                 float* __restrict__ post, float* __restrict__ comb) {
+  (void)n_mix;
+  const int lane = threadIdx.x & 31;
+  const float inv = rsqrtf(mix_in[NMIX] / float(nD) + rms_eps);
+  if (lane < n) pre_s[lane] = sigmoidf(mix_in[lane] * inv * scale[0] + base[lane]) + hc_eps;
+  if (head) return;
+  mhc_post_comb(mix_in, inv, t, base, scale, n, iters, hc_eps, post, comb);
 }
 
 // One block per token. Accumulates sum of squares and n_mix dot products over the flattened
@@ -204,6 +215,313 @@ __global__ void mhc_post_kernel(const T* h, const T* __restrict__ f, const float
   }
 }
 
+// ---- fused mHC (mhc_fused, mhc_post_add) ------------------------------------------------------
+constexpr int kFThreads = 256;
+constexpr int kFWarps = kFThreads / 32;
+constexpr int kFMaxG = 8;  // tokens per CTA (a group)
+static_assert(kMhcFusedParts == 64, "the finishing CTA adds the chunks as 2 halves of 32");
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// One step of the butterfly transpose-reduce: lanes with bit W set keep the upper half of their
+// W·2 live values and send the lower half, the others the reverse.
+template <int W, int V>
+__device__ __forceinline__ void transpose_step(float (&v)[V], int lane) {
+  if constexpr (W >= 1) {
+    const bool upper = (lane & W) != 0;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float send = upper ? v[i] : v[i + W];
+      const float keep = upper ? v[i + W] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+    }
+    transpose_step<W / 2, V>(v, lane);
+  }
+}
+
+// Warp sums of V values at once (V = 8 or 32): returns, in lane L, Σ over the 32 lanes of
+// v[L mod V] (V − 1 + log2(32/V) shuffles instead of V·5). The order of the additions depends on
+// the lane only, so the result is deterministic.
+template <int V>
+__device__ __forceinline__ float warp_transpose_sum(float (&v)[V], int lane) {
+  transpose_step<V / 2, V>(v, lane);
+  float r = v[0];
+#pragma unroll
+  for (int o = V; o < 32; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+// Collapsed stream and its RMSNorm for ONE token by ONE WARP (all lanes call it). Lane L owns the
+// 4-element groups d0 = 4·(L + 32·i); the float4 path (D % 4 == 0, 16-byte aligned pointers) and
+// the scalar path add in the same order, so they give the same bits. Loads are batched 4 groups
+// at a time before any store (the stores may alias nothing we read, but the compiler cannot know).
+__device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, int nmix_slot,
+                                       int64_t t) {
+  const int lane = threadIdx.x & 31;
+  const int n = a.n;
+  const int64_t D = a.D, nD = int64_t(n) * D;
+  const float inv = rsqrtf(mix[nmix_slot] / float(nD) + a.rms_eps);
+  float pre[kMaxN];
+#pragma unroll
+  for (int s = 0; s < kMaxN; ++s)
+    pre[s] = s < n ? sigmoidf(mix[s] * inv * a.scale[0] + a.base[s]) + a.hc_eps : 0.f;
+  const float* ht = a.h + t * nD;
+  float* cbase = a.collapsed ? a.collapsed : a.x;
+  float* cb = cbase + t * D;
+  float* xr = a.x ? a.x + t * D : nullptr;
+  const float* w = a.norm_weight;
+  const bool vec = (D & 3) == 0 && aligned16(a.h) && aligned16(cbase) && (!a.x || aligned16(a.x)) &&
+                   (!w || aligned16(w));
+  constexpr int kB = 4;  // groups per batch
+  float ss = 0.f;
+  if (vec) {
+    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128 * kB) {
+      float4 hv[kB][kMaxN];
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        const int64_t d = d0 + 128 * b;
+#pragma unroll
+        for (int s = 0; s < kMaxN; ++s)
+          hv[b][s] = d < D && s < n ? *reinterpret_cast<const float4*>(ht + s * D + d)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        const int64_t d = d0 + 128 * b;
+        if (d >= D) break;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int s = 0; s < kMaxN; ++s)
+          if (s < n) {
+            acc.x += pre[s] * hv[b][s].x;
+            acc.y += pre[s] * hv[b][s].y;
+            acc.z += pre[s] * hv[b][s].z;
+            acc.w += pre[s] * hv[b][s].w;
+          }
+        *reinterpret_cast<float4*>(cb + d) = acc;
+        ss += acc.x * acc.x;
+        ss += acc.y * acc.y;
+        ss += acc.z * acc.z;
+        ss += acc.w * acc.w;
+      }
+    }
+  } else {
+    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = d0 + e;
+        float v = 0.f;
+        if (d < D) {
+#pragma unroll
+          for (int s = 0; s < kMaxN; ++s)
+            if (s < n) v += pre[s] * ht[s * D + d];
+          cb[d] = v;
+        }
+        ss += v * v;
+      }
+    }
+  }
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = __shfl_sync(0xffffffffu, ss, 0);  // one value for every lane (the xor tree may differ)
+  if (!xr) return;
+  const float inv2 = rsqrtf(ss / float(D) + a.norm_eps);
+  if (vec) {
+    constexpr int kB2 = 8;  // groups per batch of the second pass (2 float4 each)
+    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128 * kB2) {
+      float4 cv[kB2], wv[kB2];
+#pragma unroll
+      for (int b = 0; b < kB2; ++b) {
+        const int64_t d = d0 + 128 * b;
+        cv[b] = d < D ? *reinterpret_cast<const float4*>(cb + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+        wv[b] = d < D && w ? *reinterpret_cast<const float4*>(w + d)
+                           : make_float4(1.f, 1.f, 1.f, 1.f);
+      }
+#pragma unroll
+      for (int b = 0; b < kB2; ++b) {
+        const int64_t d = d0 + 128 * b;
+        if (d >= D) break;
+        float4 v = make_float4(cv[b].x * inv2, cv[b].y * inv2, cv[b].z * inv2, cv[b].w * inv2);
+        if (w) {
+          v.x *= wv[b].x;
+          v.y *= wv[b].y;
+          v.z *= wv[b].z;
+          v.w *= wv[b].w;
+        }
+        *reinterpret_cast<float4*>(xr + d) = v;
+      }
+    }
+  } else {
+    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128)
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = d0 + e;
+        if (d >= D) break;
+        float v = cb[d] * inv2;
+        if (w) v *= w[d];
+        xr[d] = v;
+      }
+  }
+}
+
+// mhc_fused: grid (kMhcFusedParts, groups of G tokens), kFThreads threads. NMIX = kMaxMix (pre
+// site) or kMaxN (head). Phase 1 (every CTA): for each token of the group, the fn dots and the
+// sum of squares over the CTA's chunk of the n·D vector (thread-strided FMA chains, warp
+// transpose-reduce, warps added in order) → work[t, chunk, 0..NMIX]. Phase 2 (the group's last
+// CTA): chunk sums in a fixed order (two halves of 32, then their sum) → mix_s; then one warp per
+// job: Sinkhorn (post, comb) of token g, or collapsed + RMSNorm of token g.
+template <int NMIX>
+__global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs a, int G,
+                                                              float* __restrict__ work,
+                                                              int* __restrict__ counters) {
+  constexpr int NV = NMIX + 1;
+  constexpr int V = NV <= 8 ? 8 : 32;
+  static_assert(NV <= V && NV <= 32, "partial sums per token");
+  const int n = a.n;
+  const int n_mix = a.head ? n : (2 + n) * n;
+  const int64_t nD = int64_t(n) * a.D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = blockIdx.x;
+  const int64_t t0 = int64_t(blockIdx.y) * G;
+  const int gn = int(a.S - t0 < G ? a.S - t0 : G);
+  const int64_t chunk = (nD + kMhcFusedParts - 1) / kMhcFusedParts;
+  const int64_t i0 = c * chunk;
+  const int64_t i1 = i0 + chunk < nD ? i0 + chunk : nD;
+
+  __shared__ float red[kFWarps][V];
+  __shared__ float half_s[2][kFMaxG][32];
+  __shared__ float mix_s[kFMaxG][32];
+  __shared__ int last_s;
+
+  for (int g = 0; g < gn; ++g) {
+    const float* ht = a.h + (t0 + g) * nD;
+    float acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0.f;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += kFThreads) {
+      const float v = ht[i];
+      acc[NMIX] += v * v;
+#pragma unroll
+      for (int j = 0; j < NMIX; ++j)
+        if (j < n_mix) acc[j] += v * __ldg(a.fn + j * nD + i);
+    }
+    const float r = warp_transpose_sum<V>(acc, lane);
+    if (lane < V) red[warp][lane] = r;
+    __syncthreads();
+    if (threadIdx.x < NV) {
+      float s = red[0][threadIdx.x];
+#pragma unroll
+      for (int w = 1; w < kFWarps; ++w) s += red[w][threadIdx.x];
+      work[((t0 + g) * kMhcFusedParts + c) * NV + threadIdx.x] = s;
+    }
+    __syncthreads();
+  }
+
+  // The last CTA of the group to finish phase 1 runs phase 2 (threadfence-reduction pattern).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_s = atomicAdd(counters + blockIdx.y, 1) == kMhcFusedParts - 1;
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  for (int q = threadIdx.x; q < 2 * kFMaxG * 32; q += kFThreads) {
+    const int hf = q / (kFMaxG * 32), g = (q / 32) % kFMaxG, j = q % 32;
+    if (g < gn && j < NV) {
+      const float* p = work + ((t0 + g) * kMhcFusedParts + hf * 32) * NV + j;
+      float s = 0.f;
+#pragma unroll
+      for (int cc = 0; cc < 32; ++cc) s += __ldcg(p + cc * NV);  // 32 loads in flight, in order
+      half_s[hf][g][j] = s;
+    }
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < kFMaxG * 32; q += kFThreads) {
+    const int g = q / 32, j = q % 32;
+    if (g < gn && j < NV) mix_s[g][j] = half_s[0][g][j] + half_s[1][g][j];
+  }
+  if (threadIdx.x == 0) counters[blockIdx.y] = 0;  // every CTA of the group has counted
+  __syncthreads();
+  const int n_sk = a.head ? 0 : gn;  // jobs [0, n_sk): Sinkhorn; [n_sk, n_sk + gn): collapse
+  for (int job = warp; job < n_sk + gn; job += kFWarps) {
+    if (job < n_sk) {
+      const float inv = rsqrtf(mix_s[job][NMIX] / float(nD) + a.rms_eps);
+      mhc_post_comb(mix_s[job], inv, t0 + job, a.base, a.scale, n, a.sinkhorn_iters, a.hc_eps,
+                    a.post, a.comb);
+    } else {
+      const int g = job - n_sk;
+      mhc_collapse_norm_warp(a, mix_s[g], NMIX, t0 + g);
+    }
+  }
+}
+
+// h_out[t, k] = post[t, k]·(f[t] + f_add[t]) + Σ_j comb[t, j, k]·h[t, j]; one thread per 4
+// channels (float4 when D % 4 == 0 and the pointers are 16-byte aligned) or per channel.
+__global__ void mhc_post_add_kernel(const float* h, const float* __restrict__ f,
+                                    const float* __restrict__ f_add,
+                                    const float* __restrict__ post,
+                                    const float* __restrict__ comb, float* h_out, int64_t S,
+                                    int n, int64_t D, bool vec) {
+  const int64_t units = vec ? D / 4 : D;
+  const int64_t total = S * units;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / units, u = i - t * units;
+    float pk[kMaxN], cm[kMaxN][kMaxN];
+#pragma unroll
+    for (int j = 0; j < kMaxN; ++j) {
+      pk[j] = j < n ? post[t * n + j] : 0.f;
+#pragma unroll
+      for (int k = 0; k < kMaxN; ++k) cm[j][k] = j < n && k < n ? comb[(t * n + j) * n + k] : 0.f;
+    }
+    if (vec) {
+      const int64_t d = 4 * u;
+      float4 hv[kMaxN];
+#pragma unroll
+      for (int j = 0; j < kMaxN; ++j)
+        hv[j] = j < n ? *reinterpret_cast<const float4*>(h + (t * n + j) * D + d)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      float4 fv = *reinterpret_cast<const float4*>(f + t * D + d);
+      if (f_add) {
+        const float4 av = *reinterpret_cast<const float4*>(f_add + t * D + d);
+        fv.x += av.x;
+        fv.y += av.y;
+        fv.z += av.z;
+        fv.w += av.w;
+      }
+#pragma unroll
+      for (int k = 0; k < kMaxN; ++k) {
+        if (k >= n) break;
+        float4 v = make_float4(pk[k] * fv.x, pk[k] * fv.y, pk[k] * fv.z, pk[k] * fv.w);
+#pragma unroll
+        for (int j = 0; j < kMaxN; ++j)
+          if (j < n) {
+            v.x += cm[j][k] * hv[j].x;
+            v.y += cm[j][k] * hv[j].y;
+            v.z += cm[j][k] * hv[j].z;
+            v.w += cm[j][k] * hv[j].w;
+          }
+        *reinterpret_cast<float4*>(h_out + (t * n + k) * D + d) = v;
+      }
+    } else {
+      const int64_t d = u;
+      float hv[kMaxN];
+#pragma unroll
+      for (int j = 0; j < kMaxN; ++j) hv[j] = j < n ? h[(t * n + j) * D + d] : 0.f;
+      float fv = f[t * D + d];
+      if (f_add) fv += f_add[t * D + d];
+#pragma unroll
+      for (int k = 0; k < kMaxN; ++k) {
+        if (k >= n) break;
+        float v = pk[k] * fv;
+#pragma unroll
+        for (int j = 0; j < kMaxN; ++j)
+          if (j < n) v += cm[j][k] * hv[j];
+        h_out[(t * n + k) * D + d] = v;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -264,6 +582,47 @@ Status mhc_post(const T* h, const T* f, const float* post, const float* comb, T*
   mhc_post_kernel<T><<<unsigned(g > 65536 ? 65536 : g), 256, 0, stream>>>(h, f, post, comb, h_out,
                                                                           S, n, D);
   V4_CUDA_CHECK_LAUNCH("mhc_post_kernel");
+  return Status::Ok();
+}
+
+Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t stream) {
+  if (a.n < 1 || a.n > kMaxN || a.D < 1 || (!a.head && a.sinkhorn_iters < 1))
+    return errorf(ErrorCode::kInvalidArgument, "mhc_fused: n={} D={} iters={} (n must be 1..4)",
+                  a.n, a.D, a.sinkhorn_iters);
+  if (a.S <= 0) return Status::Ok();
+  if (!a.h || !a.fn || !a.base || !a.scale || !work || !counters || (!a.collapsed && !a.x) ||
+      (!a.head && (!a.post || !a.comb)))
+    return errorf(ErrorCode::kInvalidArgument, "mhc_fused: missing input, output or workspace");
+  // Tokens per CTA: ≤ 4 keeps 2·G warp jobs ≤ 8 warps (one wave of jobs) up to S = 32; at 8 the
+  // fn chunk is reused from L1 by 8 tokens. The grouping does not change any sum.
+  const int G = a.S <= 4 ? int(a.S) : a.S <= 32 ? 4 : kFMaxG;
+  const int64_t groups = (a.S + G - 1) / G;
+  if (groups > 65535 || groups > mhc_fused_counters(a.S))
+    return errorf(ErrorCode::kInvalidArgument, "mhc_fused: S = {} rows (at most 524,280)", a.S);
+  const dim3 grid(kMhcFusedParts, unsigned(groups));
+  if (a.head) {
+    mhc_fused_kernel<kMaxN><<<grid, kFThreads, 0, stream>>>(a, G, work, counters);
+  } else {
+    mhc_fused_kernel<kMaxMix><<<grid, kFThreads, 0, stream>>>(a, G, work, counters);
+  }
+  V4_CUDA_CHECK_LAUNCH("mhc_fused_kernel");
+  return Status::Ok();
+}
+
+Status mhc_post_add(const float* h, const float* f, const float* f_add, const float* post,
+                    const float* comb, float* h_out, int64_t S, int n, int64_t D,
+                    cudaStream_t stream) {
+  if (n < 1 || n > kMaxN || D < 1)
+    return errorf(ErrorCode::kInvalidArgument, "mhc_post_add: n={} D={}", n, D);
+  if (S <= 0) return Status::Ok();
+  auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const bool vec = D % 4 == 0 && al(h) && al(f) && (!f_add || al(f_add)) && al(h_out);
+  const int64_t total = S * (vec ? D / 4 : D);
+  const int64_t threads = 128;
+  const int64_t g = (total + threads - 1) / threads;
+  mhc_post_add_kernel<<<unsigned(g > 65536 ? 65536 : g), unsigned(threads), 0, stream>>>(
+      h, f, f_add, post, comb, h_out, S, n, D, vec);
+  V4_CUDA_CHECK_LAUNCH("mhc_post_add_kernel");
   return Status::Ok();
 }
 

@@ -49,4 +49,55 @@ Status mhc_head(const T* h, const float* hc_fn, const float* hc_base, const floa
                 float rms_eps, float hc_eps, T* y, int64_t S, int64_t D, cudaStream_t stream,
                 float* work = nullptr);
 
+/// Arguments of the fused mHC kernel (mhc_fused), device pointers, fp32 storage throughout.
+/// Pre site (head = false): fn [(2+n)·n, n·D], base [(2+n)·n], scale [3]; outputs collapsed,
+/// post [S, n], comb [S, n, n] as mhc_pre. HyperHead (head = true): fn [n, n·D], base [n],
+/// scale [1]; post / comb unused. In both: with x set, x = rms_norm(collapsed)·norm_weight
+/// (eps norm_eps; norm_weight [D] or nullptr = unweighted). collapsed may be nullptr when x is
+/// set (x then holds it before the norm); x may equal collapsed.
+struct MhcFusedArgs {
+  const float* h = nullptr;  // [S, n, D]
+  const float* fn = nullptr;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  int n = 4;
+  int sinkhorn_iters = 20;
+  float rms_eps = 1e-6f;  // RMS of the flattened n·D vector (no weight)
+  float hc_eps = 1e-6f;
+  bool head = false;
+  float* collapsed = nullptr;  // [S, D]
+  float* post = nullptr;       // [S, n]
+  float* comb = nullptr;       // [S, n, n]
+  const float* norm_weight = nullptr;  // [D]
+  float norm_eps = 1e-6f;
+  float* x = nullptr;  // [S, D]
+  int64_t S = 0;
+  int64_t D = 0;
+};
+
+/// Fixed number of chunks of a token's n·D vector in mhc_fused (part of the summation order).
+inline constexpr int kMhcFusedParts = 64;
+/// Floats of mhc_fused's partial-sum workspace for S tokens.
+inline int64_t mhc_fused_work_floats(int64_t S) { return S * kMhcFusedParts * 25; }
+/// Ints of mhc_fused's counter array for S tokens (must be all zero before the first call; every
+/// call leaves them zero again).
+inline int64_t mhc_fused_counters(int64_t S) { return S < 1 ? 1 : S; }
+
+/// mHC pre (or HyperHead) and the following RMSNorm in ONE launch. Grid (kMhcFusedParts, groups
+/// of ≤ 8 tokens): each CTA reduces its fixed chunk of the n·D vector for its group's tokens (fn
+/// dots and the sum of squares) into `work`; the group's last CTA to finish (device counter,
+/// threadfence pattern; it resets the counter) adds the chunks in a fixed order and runs one warp
+/// per job: Sinkhorn (post, comb) of one token, or collapsed + RMSNorm of one token. The
+/// summation order depends only on n and D (not on S or the grouping): batch-invariant.
+/// work: mhc_fused_work_floats(S) floats; counters: mhc_fused_counters(S) zeroed ints; no two
+/// calls sharing them may run concurrently. Errors: kInvalidArgument for n ∉ [1, 4], D < 1,
+/// iters < 1 (pre), S > 524,280 or missing outputs.
+Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t stream);
+
+/// mHC post after an add: h_out[t, k] = post[t, k]·(f[t] + f_add[t]) + Σ_j comb[t, j, k]·h[t, j]
+/// (h_out may alias h; f_add may be nullptr = no add). Shapes as mhc_post; fp32.
+Status mhc_post_add(const float* h, const float* f, const float* f_add, const float* post,
+                    const float* comb, float* h_out, int64_t S, int n, int64_t D,
+                    cudaStream_t stream);
+
 }  // namespace v4::cuda

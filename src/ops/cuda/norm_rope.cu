@@ -66,6 +66,54 @@ __global__ void rope_kernel(T* x, const int64_t* __restrict__ pos, const float* 
   }
 }
 
+// One warp per head vector (row r, head h): lane L owns channels c = L + 32·k. Pass 1: sum of
+// squares (per-lane chain, xor tree, lane 0's value broadcast). Pass 2 (re-reads x, from L1):
+// y = x·inv (·w); pairs (2i, 2i+1) of the trailing rd channels sit in lanes (L, L^1), so the
+// partner value comes from one shuffle; the rotation is rope_kernel's (forward).
+__global__ void __launch_bounds__(256) rmsnorm_rope_kernel(
+    float* x, const float* __restrict__ w, const int64_t* __restrict__ pos,
+    const float* __restrict__ inv_freq, int64_t vecs, int64_t n_heads, int64_t hd, int64_t rd,
+    float eps, float att) {
+  const int lane = threadIdx.x & 31;
+  const int64_t v = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (v >= vecs) return;  // warp-uniform
+  float* xv = x + v * hd;
+  const int64_t r = v / n_heads;
+  const int64_t steps = (hd + 31) / 32;
+  float ss = 0.f;
+  for (int64_t k = 0; k < steps; ++k) {
+    const int64_t c = lane + 32 * k;
+    const float val = c < hd ? xv[c] : 0.f;
+    ss += val * val;
+  }
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = __shfl_sync(0xffffffffu, ss, 0);
+  const float inv = rsqrtf(ss / float(hd) + eps);
+  const int64_t r0 = hd - rd;  // first rotated channel (even)
+  const float fpos = float(pos[r]);
+  for (int64_t k = 0; k < steps; ++k) {
+    const int64_t c = lane + 32 * k;
+    float y = 0.f;
+    if (c < hd) {
+      y = xv[c] * inv;
+      if (w) y *= w[c];
+    }
+    const float partner = __shfl_xor_sync(0xffffffffu, y, 1);  // channel c ^ 1
+    if (c >= hd) continue;
+    if (c >= r0) {
+      const int64_t i = (c - r0) >> 1;
+      const float ang = inv_freq[i] * fpos;  // one fp32 product, as rope_kernel
+      float sn, cs;
+      sincosf(ang, &sn, &cs);
+      sn *= att;
+      cs *= att;
+      // even channel a, odd channel b: (a, b) -> (a·cos − b·sin, a·sin + b·cos)
+      y = ((c - r0) & 1) == 0 ? y * cs - partner * sn : partner * sn + y * cs;
+    }
+    xv[c] = y;
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -93,6 +141,23 @@ Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t
   rope_kernel<T><<<unsigned(g > 65536 ? 65536 : g), 256, 0, stream>>>(
       x, pos, inv_freq, rows, n_heads, head_dim, rd, row_stride, inverse, attention_scaling);
   V4_CUDA_CHECK_LAUNCH("rope_kernel");
+  return Status::Ok();
+}
+
+Status rmsnorm_rope(float* x, const float* weight, const int64_t* pos, const float* inv_freq,
+                    int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd, float eps,
+                    float attention_scaling, cudaStream_t stream) {
+  if (rd <= 0 || rd > head_dim || rd % 2 || (head_dim - rd) % 2 || n_heads < 1)
+    return errorf(ErrorCode::kInvalidArgument, "rmsnorm_rope: rd={} head_dim={} n_heads={}", rd,
+                  head_dim, n_heads);
+  const int64_t vecs = rows * n_heads;
+  if (vecs <= 0) return Status::Ok();
+  const int64_t blocks = (vecs + 7) / 8;
+  if (blocks > 0x7fffffff) return errorf(ErrorCode::kInvalidArgument, "rmsnorm_rope: {} rows", rows);
+  rmsnorm_rope_kernel<<<unsigned(blocks), 256, 0, stream>>>(x, weight, pos, inv_freq, vecs,
+                                                             n_heads, head_dim, rd, eps,
+                                                             attention_scaling);
+  V4_CUDA_CHECK_LAUNCH("rmsnorm_rope_kernel");
   return Status::Ok();
 }
 

@@ -29,4 +29,14 @@ Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t
                         int64_t n_heads, int64_t head_dim, int64_t rd, int64_t row_stride,
                         bool inverse, cudaStream_t stream, float attention_scaling = 1.f);
 
+/// Per-head RMSNorm then (forward) RoPE in one launch, in place, fp32: for every row r and head h
+/// of x [rows, n_heads, head_dim] (contiguous), v = x[r, h] / sqrt(mean(x[r, h]²) + eps) ⊙ weight
+/// (weight [head_dim] or nullptr), then the trailing rd channels rotate as rope_interleaved (same
+/// angle and sincosf). One warp per head vector (8 per block); the sum of squares is a fixed
+/// per-lane chain + warp tree, so rows are batch-invariant. Errors: kInvalidArgument unless
+/// 0 < rd ≤ head_dim, rd even, head_dim − rd even.
+Status rmsnorm_rope(float* x, const float* weight, const int64_t* pos, const float* inv_freq,
+                    int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd, float eps,
+                    float attention_scaling, cudaStream_t stream);
+
 }  // namespace v4::cuda

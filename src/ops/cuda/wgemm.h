@@ -100,8 +100,9 @@ enum ScratchSlot : int {
   kSlotMoeInts = 8,     // MoE routing: offsets, active experts, pair lists
   kSlotActBf16 = 9,     // MoE tensor-core paths: act as bf16
   kSlotAttention = 10,  // sparse_attention split-KV workspace (attention.h)
-  kSlotMhc = 11,        // mHC split-form partial sums (mhc.h mhc_work_floats)
-  kNumScratchSlots = 12,
+  kSlotMhc = 11,        // mHC partial sums (mhc.h mhc_fused_work_floats)
+  kSlotMhcCount = 12,   // mHC finishing counters (mhc_fused_counters; zeroed when grown)
+  kNumScratchSlots = 13,
 };
 
 /// Device context of the bf16-mode paths: the backend's stream, cuBLASLt handle and scratch.
