@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
 #include "ops/ops.h"
@@ -40,29 +41,12 @@ namespace {
     }                                                                                    \
   } while (0)
 
-// Median per-launch µs of fn(i): `samples` samples of `inner` back-to-back launches between two
-// CUDA events (launch i uses input set i % sets: consecutive launches touch different memory).
+// Median per-launch µs of fn(i) on the default stream (launch i uses input set i % sets:
+// consecutive launches touch different memory); v4::bench::time_launches (bench_timing.h).
 double median_us(const std::function<void(int)>& fn, int samples = 30, int inner = 10) {
-  for (int i = 0; i < 10; ++i) fn(i);
-  AB_CHECK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * samples);
-  for (auto& e : ev) AB_CHECK(cudaEventCreate(&e));
-  int idx = 0;
-  for (int i = 0; i < samples; ++i) {
-    AB_CHECK(cudaEventRecord(ev[2 * i]));
-    for (int j = 0; j < inner; ++j) fn(idx++);
-    AB_CHECK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  AB_CHECK(cudaDeviceSynchronize());
-  std::vector<double> t(samples);
-  for (int i = 0; i < samples; ++i) {
-    float ms = 0;
-    AB_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1000.0 / inner;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return t[samples / 2];
+  return v4::bench::time_launches(
+             nullptr, [&](int i, cudaStream_t) { fn(i); }, samples, inner, 10)
+      .med_us;
 }
 
 }  // namespace

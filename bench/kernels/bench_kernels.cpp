@@ -51,6 +51,7 @@ int main() {
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "base/dtype.h"
 #include "ops/cuda/dense_mma.h"
 #include "ops/cuda/gmoe_mma.h"
@@ -89,38 +90,13 @@ using v4::Status;
     }                                                                               \
   } while (0)
 
-struct Stats {
-  double med_us = 0, p10_us = 0, p90_us = 0;
-};
+using Stats = v4::bench::LaunchStats;
 
-// Times `fn(i)` (i = launch index, for rotating inputs): `samples` samples of `inner` launches
-// issued back to back between two CUDA events (the GPU stays busy, so host launch cost is hidden
-// as it is under CUDA graphs); per-launch time = sample / inner; median and p10–p90 over samples.
+// Times `fn(i)` (i = launch index, for rotating inputs) on the default stream:
+// v4::bench::time_launches (bench_timing.h).
 Stats time_it(const std::function<void(int)>& fn, int samples, int inner = 10, int warmup = 20) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * samples);
-  for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
-  int idx = 0;
-  for (int i = 0; i < samples; ++i) {
-    BENCH_CHECK(cudaEventRecord(ev[2 * i]));
-    for (int j = 0; j < inner; ++j) fn(idx++);
-    BENCH_CHECK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<double> t(samples);
-  for (int i = 0; i < samples; ++i) {
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1000.0 / inner;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  Stats s;
-  s.med_us = t[samples / 2];
-  s.p10_us = t[samples / 10];
-  s.p90_us = t[(samples * 9) / 10];
-  return s;
+  return v4::bench::time_launches(
+      nullptr, [&](int i, cudaStream_t) { fn(i); }, samples, inner, warmup);
 }
 
 // Per-launch time of `fn` replayed from a CUDA graph of `inner` captured launches (what a decode

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fill.h"
 #include "ops/cuda/indexer.h"
@@ -51,30 +52,10 @@ namespace {
     }                                                                                   \
   } while (0)
 
-// Median per-launch µs of `fn(i, stream)`: `samples` samples of `inner` back-to-back launches
-// between two events on `st` (the GPU stays busy, so host launch cost is hidden as in a graph).
+// Median per-launch µs of `fn(i, stream)` on `st`: v4::bench::time_launches (bench_timing.h).
 double time_on(cudaStream_t st, const std::function<void(int, cudaStream_t)>& fn, int samples,
                int inner = 10, int warmup = 10) {
-  int idx = 0;
-  for (int i = 0; i < warmup; ++i) fn(idx++, st);
-  IB_CHECK(cudaStreamSynchronize(st));
-  cudaEvent_t a, b;
-  IB_CHECK(cudaEventCreate(&a));
-  IB_CHECK(cudaEventCreate(&b));
-  std::vector<double> t(samples);
-  for (int s = 0; s < samples; ++s) {
-    IB_CHECK(cudaEventRecord(a, st));
-    for (int j = 0; j < inner; ++j) fn(idx++, st);
-    IB_CHECK(cudaEventRecord(b, st));
-    IB_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    IB_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t[s] = ms * 1000.0 / inner;
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[samples / 2];
+  return v4::bench::time_launches(st, fn, samples, inner, warmup).med_us;
 }
 
 }  // namespace

@@ -30,6 +30,9 @@
 namespace v4::model {
 namespace {
 
+using testing::first_diff;
+using testing::random_ids;
+
 using testing::fixture_dirs;
 using testing::load_golden;
 
@@ -192,27 +195,6 @@ Backend load(const std::string& dir, const Mode& m, int max_seqs = 8) {
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   if (kv.ok()) b.kv = std::move(kv).value();
   return b;
-}
-
-std::vector<int32_t> random_ids(int64_t vocab, int n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = int32_t(g() % uint32_t(vocab));
-  return v;
-}
-
-// First bitwise difference of two logits arrays ("" if identical).
-std::string first_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  if (a.size() != b.size())
-    return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "row %lld logit %lld: %.9g vs %.9g", (long long)(i / V),
-                    (long long)(i % V), a[i], b[i]);
-      return buf;
-    }
-  return "";
 }
 
 // Runs prompts (each prefilled alone, eager) then `steps` greedy decode steps of all sequences
@@ -591,7 +573,9 @@ TEST(CudaGraphs, RegionProfileTilesEagerAndReplayedSteps) {
     const int n = 4;
     const int64_t replays0 = b.model->decode_stats().graph_replays;
     for (int i = 0; i < n; ++i) step();
-    if (graphs) ASSERT_EQ(b.model->decode_stats().graph_replays, replays0 + n);
+    if (graphs) {
+      ASSERT_EQ(b.model->decode_stats().graph_replays, replays0 + n);
+    }
     const ops::StepTiming t1 = b.cuda->step_timing();
     double sum_ms = 0;
     for (const auto& r : b.cuda->region_profile()) {

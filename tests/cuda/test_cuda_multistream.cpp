@@ -29,6 +29,9 @@
 namespace v4::model {
 namespace {
 
+using testing::first_diff;
+using testing::random_ids;
+
 using testing::fixture_dirs;
 using testing::load_golden;
 
@@ -62,26 +65,6 @@ Backend load(const std::string& dir, ops::Precision p, bool multi_stream, bool g
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   if (kv.ok()) b.kv = std::move(kv).value();
   return b;
-}
-
-std::vector<int32_t> random_ids(int64_t vocab, int n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = int32_t(g() % uint32_t(vocab));
-  return v;
-}
-
-std::string first_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  if (a.size() != b.size())
-    return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "row %lld logit %lld: %.9g vs %.9g", (long long)(i / V),
-                    (long long)(i % V), a[i], b[i]);
-      return buf;
-    }
-  return "";
 }
 
 struct Decoded {
@@ -170,9 +153,10 @@ void on_off_identical(ops::Precision p) {
       // fp32 decode linears take no scratch slot, so no branch waits for another. In bf16 mode
       // the 2-row decode runs dense_mma (scratch slots are one per backend): branches hand
       // slots over (serialized, still bit-identical) — why multi_stream_max_rows defaults to 1.
-      if (p == ops::Precision::kFp32)
+      if (p == ops::Precision::kFp32) {
         EXPECT_EQ(b.after_decode.scratch_handoffs, b.after_prefill.scratch_handoffs)
             << "a decode branch took a scratch slot (serialized)";
+      }
       EXPECT_EQ(a.after_decode.forks, 0) << "multi_stream off forked on side streams";
       if (graphs) {
         EXPECT_GE(on.model->decode_stats().captures, 1);

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -24,6 +28,29 @@ inline std::vector<std::string> fixture_dirs() {
       out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// n token ids drawn uniformly from [0, vocab) by a std::mt19937 seeded with `seed`.
+inline std::vector<int32_t> random_ids(int64_t vocab, int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = int32_t(g() % uint32_t(vocab));
+  return v;
+}
+
+/// First bitwise difference of two logits arrays of rows of V floats ("" if identical): the row,
+/// the logit and both values.
+inline std::string first_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+  if (a.size() != b.size())
+    return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "row %lld logit %lld: %.9g vs %.9g",
+                    (long long)(int64_t(i) / V), (long long)(int64_t(i) % V), a[i], b[i]);
+      return buf;
+    }
+  return "";
 }
 
 /// The oracle outputs of one fixture (tests/fixtures/README / testing.md).

@@ -119,6 +119,32 @@ TEST(CliBench, TinyDummyWritesEveryCell) {
   std::filesystem::remove(md);
 }
 
+// --sampling: decode steps end as `serve` does (greedy on the backend, default) or download every
+// logits row; the report says which; a bad value is refused naming the flag.
+TEST(CliBench, SamplingModeIsReportedAndValidated) {
+  const std::string base = std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+                           "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1 "
+                           "--context 64 --steps 1 --warmup 1 --prefill-steps 1 "
+                           "--prefill-warmup 0 --threads 2";
+  {
+    const auto [rc, out] = run(base);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("greedy sampling on the backend"), std::string::npos) << out;
+    EXPECT_EQ(out.find("(--sampling logits)"), std::string::npos) << out;
+  }
+  {
+    const auto [rc, out] = run(base + " --sampling logits");
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("logits download of B × "), std::string::npos) << out;
+    EXPECT_NE(out.find("(--sampling logits)"), std::string::npos) << out;
+  }
+  {
+    const auto [rc, out] = run(base + " --sampling best");
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(out.find("--sampling"), std::string::npos) << out;
+  }
+}
+
 // Decode "at 1M" on a model whose last position is 1M − 1 runs with the cache at 1M − (warm-up +
 // steps) tokens and says so; prefill at 1M ends exactly at the last position.
 TEST(CliBench, DecodeAtTheLastPositionsIsClamped) {

@@ -24,6 +24,9 @@
 namespace v4::model {
 namespace {
 
+using testing::first_diff;
+using testing::random_ids;
+
 // ---- plan op vs host planner on a bare KvCache -------------------------------------------------
 
 struct PlanCase {
@@ -492,23 +495,6 @@ Env make_env(const std::string& dir, Path path) {
   EXPECT_TRUE(kv.ok()) << kv.status().to_string();
   if (kv.ok()) e.kv = std::move(kv).value();
   return e;
-}
-
-std::vector<int32_t> random_ids(int64_t vocab, int n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = int32_t(g() % uint32_t(vocab));
-  return v;
-}
-
-// First differing float of two logits arrays, or "".
-std::string first_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  if (a.size() != b.size()) return fmt::format("sizes {} vs {}", a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-      return fmt::format("row {} logit {}: {:.9g} vs {:.9g}", int64_t(i) / V, int64_t(i) % V, a[i],
-                         b[i]);
-  return "";
 }
 
 // Five sequences of different lengths (windows 8/16/128, rates 4..128, pages of 256), each

@@ -29,6 +29,9 @@
 namespace v4::model {
 namespace {
 
+using testing::first_diff;
+using testing::random_ids;
+
 class BranchOps final : public ops::Ops {
  public:
   explicit BranchOps(std::unique_ptr<ops::Ops> inner, bool reverse = true)
@@ -296,22 +299,6 @@ class BranchOps final : public ops::Ops {
   std::vector<std::vector<std::function<void()>>> pending_;
   std::vector<std::vector<Access>> acc_;
 };
-
-std::vector<int32_t> random_ids(int64_t vocab, int n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = int32_t(g() % uint32_t(vocab));
-  return v;
-}
-
-std::string first_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  if (a.size() != b.size()) return fmt::format("sizes {} vs {}", a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-      return fmt::format("row {} logit {}: {:.9g} vs {:.9g}", int64_t(i) / V, int64_t(i) % V, a[i],
-                         b[i]);
-  return "";
-}
 
 struct Run {
   std::unique_ptr<ops::Ops> ops;

@@ -5,10 +5,11 @@
 // modes (CudaOptions::precision), see docs/cuda.md "Precision modes":
 //   kFp32 — reference: every output is one fp32 FMA chain over k of x·dequant(W) in a fixed order
 //           (batch-invariant; golden fixtures match the CPU backend's tolerance).
-//   kBf16 — speed: decode-sized calls (M ≤ gemv_max_rows rows, MoE below moe_sync_min_pairs
-//           pairs) run weight-streaming GEMV kernels with fp32 math on native bytes (≤ 1e-5 of
-//           the fp32 result, batch-invariant within that range); larger calls round x and W to
-//           bf16 and use tensor cores (cuBLASLt), ≤ 2e-2 of a row's max |y|.
+//   kBf16 — speed: one-row linears (M ≤ gemv_max_rows = 1) run the weight-streaming GEMV with
+//           fp32 math on native bytes (≤ 1e-5 of the fp32 result); larger calls round x to bf16
+//           and use tensor cores on the native FP8 / MXFP4 bytes (dense_mma, moe_mma, gmoe_mma;
+//           cuBLASLt for bf16 weights), ≤ 2e-2 of a row's max |y|; attention and the indexer
+//           run bf16 tensor-core kernels with batch-dependent splits.
 // One main stream, plus side streams for the multi-stream branches (CudaOptions::multi_stream,
 // ops.h fork/branch/join); ops given the same shapes again neither allocate nor synchronize (grow-only scratch
 // sized on first use or by reserve_cuda_scratch), so decode steps can be captured in CUDA graphs.
