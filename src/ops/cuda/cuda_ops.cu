@@ -486,8 +486,8 @@ class CudaOps final : public Ops {
               float* y, int64_t ldy) override {
     if (M <= 0 || N <= 0) return;
     if (opts_.precision == Precision::kBf16) {
-      // f32 weights (the MoE router): the weight-streaming GEMV for small M (fp32 math, every SM
-      // busy), the tiled fp32 kernel above the GEMV range (linear_w_bf16 never rounds f32 views).
+      // f32 weights (the MoE router): the weight-streaming GEMV for M ≤ kF32GemvMaxRows (fp32
+      // math, every SM busy), cuBLASLt in fp32 above (linear_w_bf16 never rounds f32 views).
       record(cuda::linear_w_bf16(x, ldx, WeightView::f32(w, N, K), M, y, ldy, context()));
     } else {
       record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, cs()));
