@@ -634,8 +634,9 @@ std::string bench_moe(double bw, int samples) {
   for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
     kt << "### " << v4::ops::wformat_name(f) << " experts\n\n"
        << "| S | pairs | distinct experts | old µs | new µs | new / old | byte floor µs | floor / "
-          "old | floor / new | FLOP floor µs | FLOP % of bf16 peak (new) | new config (up; down) |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+          "old | floor / new | FLOP floor µs | FLOP % of bf16 peak (new) | new config (up; down) "
+          "| v3 µs (2 CTAs/SM, 2-deep rings; S ≤ 128) |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
     BenchW w13(f, E, 2 * I, D, 1, 91), w2(f, E, D, I, 1, 92);
     BenchScratch scr;
     v4::cuda::KernelContext c;
@@ -695,10 +696,11 @@ std::string bench_moe(double bw, int samples) {
       a.topk = k;
       a.swiglu_limit = 10.f;
       a.out = out;
-      v4::cuda::KernelContext c1 = c, c2 = c;
+      v4::cuda::KernelContext c1 = c, c2 = c, c3 = c;
       c1.moe_mma_version = 1;
       c2.moe_mma_version = 2;
-      c1.sync_min_pairs = c2.sync_min_pairs = int64_t(1) << 40;  // moe_mma at every S here
+      c3.moe_mma_version = 3;
+      c1.sync_min_pairs = c2.sync_min_pairs = c3.sync_min_pairs = int64_t(1) << 40;  // moe_mma
       Stats s1 = time_it([&](int i) {
         a.idx = didx + (i % sets) * P;
         BENCH_OK(v4::cuda::moe_bf16(a, c1));
@@ -707,6 +709,12 @@ std::string bench_moe(double bw, int samples) {
         a.idx = didx + (i % sets) * P;
         BENCH_OK(v4::cuda::moe_bf16(a, c2));
       }, samples);
+      Stats s3;
+      if (S >= 2 && S <= 128)
+        s3 = time_it([&](int i) {
+          a.idx = didx + (i % sets) * P;
+          BENCH_OK(v4::cuda::moe_bf16(a, c3));
+        }, samples);
       // The new configuration (as moe.cu builds the two calls).
       v4::cuda::MoeMmaArgs up;
       up.w = w13.view;
@@ -725,16 +733,18 @@ std::string bench_moe(double bw, int samples) {
       const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
       const double floor_us = bytes / (bw * 1e9) * 1e6;
       const double flop_us = 2.0 * double(P) * 3.0 * D * I / kPeakBf16 * 1e6;
+      char v3b[32] = "";
+      if (s3.med_us > 0) std::snprintf(v3b, sizeof v3b, "%.1f", s3.med_us);
       char buf[512];
       std::snprintf(buf, sizeof buf,
                     "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f (%.1f–%.1f) | %.2f | %.1f | "
-                    "%.0f%% | %.0f%% | %.1f | %s | %s |\n",
+                    "%.0f%% | %.0f%% | %.1f | %s | %s | %s |\n",
                     (long long)S, (long long)P, distinct, s1.med_us, s1.p10_us, s1.p90_us,
                     s2.med_us, s2.p10_us, s2.p90_us, s2.med_us / s1.med_us, floor_us,
                     100.0 * floor_us / s1.med_us, 100.0 * floor_us / s2.med_us, flop_us,
                     S >= 256 ? (std::to_string(int(100.0 * flop_us / s2.med_us + 0.5)) + "%").c_str()
                              : "",
-                    conf.c_str());
+                    conf.c_str(), v3b);
       kt << buf;
       std::printf("moe %s S=%lld: old %.1f us, new %.1f us (floor %.1f us) [%s]\n",
                   v4::ops::wformat_name(f), (long long)S, s1.med_us, s2.med_us, floor_us,

@@ -1086,7 +1086,8 @@ class CudaOps final : public Ops {
   static int moe_mma_version_env() {
     static const int v = [] {
       const char* e = std::getenv("V4_MOE_MMA_VERSION");
-      return e && std::atoi(e) == 1 ? 1 : 2;
+      const int v = e ? std::atoi(e) : 2;
+      return v == 1 || v == 3 ? v : 2;
     }();
     return v;
   }

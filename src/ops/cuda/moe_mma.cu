@@ -3,9 +3,9 @@
 //
 // Work split: grid (output tiles, expert slots); a CTA of 8 warps owns one expert. Each row
 // group computes two m16 row tiles × 8 tokens: SwiGLU 16 gate rows + the 16 matching up rows
-// (16 outputs), plain 32 rows. KS = 1: 8 row groups of one warp over the whole K; KS = 4 (few
-// CTAs, e.g. batch-1 decode): 2 row groups of 4 warps that split the k-tiles and add their
-// partial sums through shared memory in a fixed order.
+// (16 outputs), plain 32 rows. KS = 1: 8 row groups of one warp over the whole K; KS = 4 / 8
+// (few CTAs, e.g. batch-1 decode): 2 / 1 row groups of 4 / 8 warps that split the k-tiles and
+// add their partial sums through shared memory in a fixed order.
 //
 // Operand layout. mma.m16n8k16 wants lane (g = lane/4, t = lane%4) to hold, per k step of 16,
 // A[g][2t, 2t+1], A[g+8][2t, 2t+1], A[g][2t+8, 2t+9], A[g+8][2t+8, 2t+9]. Instead of shuffling,
@@ -21,7 +21,13 @@
 // plus the rows' scales) through a private kStages-deep cp.async ring in shared memory; a lane
 // waits for its own copies and a __syncwarp publishes the scale bytes copied by other lanes. No
 // block barrier inside the K loop. Rows past the view are zero-filled (cp.async src-size 0).
-// Tokens: 8 per pass; an expert with more than 8 items runs further passes (weights re-read).
+// Tokens: xr per pass (x rows staged, ≤ NT = 8 or 16 mma columns); an expert with more items
+// runs further passes (weights re-read). Configurations: moe_mma_choose (version 1 = the old
+// kernel: xr = NT = 8).
+//
+// Version 2 also: x staging with 4 loads in flight per thread, and for MXFP4 a warp-uniform
+// choice per k-tile of the dequantization without the second multiply when no scale of the
+// k-tile is > 128 (the same operations otherwise, so the same bits).
 //
 // Dequantization: MXFP4 by bit placement — e2m1·2^-126 as bf16 bits, times 2^(s−1) in bf16
 // (e2m1x8_to_bf16; exact: products of powers of two, subnormals included). FP8: e4m3·scale in
@@ -417,7 +423,8 @@ Status launch(const MoeMmaArgs& a, int slots, int xr, cudaStream_t stream) {
   X(1, 16, 3, 1, 2)           \
   X(1, 8, 3, 2, 2)            \
   X(4, 8, 3, 2, 2)            \
-  X(8, 8, 3, 2, 2)
+  X(8, 8, 3, 2, 2)            \
+  X(1, 8, 2, 2, 2)
 
 template <WFormat F, bool SWIGLU>
 Status launch_cfg(const MoeMmaArgs& a, int slots, const MoeMmaChoice& c, cudaStream_t stream) {
@@ -431,14 +438,38 @@ Status launch_cfg(const MoeMmaArgs& a, int slots, const MoeMmaChoice& c, cudaStr
                 c.minb, c.version);
 }
 
+template <WFormat F, bool SWIGLU>
+int ctas_per_sm_cfg(const MoeMmaArgs& a, const MoeMmaChoice& c) {
+  int n = -1;
+#define V4_MOE_MMA_OCC(KS, NT, ST, MINB, VER)                                               \
+  if (c.ks == KS && c.nt == NT && c.st == ST && c.minb == MINB && c.version == VER) {      \
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(                                     \
+            &n, moe_mma_kernel<F, SWIGLU, KS, NT, ST, MINB, VER>, kThreads,                \
+            smem_bytes(a.w.k, c.xr, ST)) != cudaSuccess)                                   \
+      return -1;                                                                           \
+    return n;                                                                              \
+  }
+  V4_MOE_MMA_CONFIGS(V4_MOE_MMA_OCC)
+#undef V4_MOE_MMA_OCC
+  return n;
+}
+
 template <WFormat F>
 Status prepare_format() {
   const int lim = int(kSmemLimit);
+  // Every form needs most of an SM's shared memory (the two-CTAs-per-SM forms: two × ≤ 113 KB):
+  // ask for the largest carveout, so the driver does not pick one that holds a single CTA.
 #define V4_MOE_MMA_PREP(KS, NT, ST, MINB, VER)                                               \
   V4_CUDA_TRY(cudaFuncSetAttribute(moe_mma_kernel<F, true, KS, NT, ST, MINB, VER>,           \
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, lim));       \
   V4_CUDA_TRY(cudaFuncSetAttribute(moe_mma_kernel<F, false, KS, NT, ST, MINB, VER>,          \
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, lim));
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, lim));       \
+  V4_CUDA_TRY(cudaFuncSetAttribute(moe_mma_kernel<F, true, KS, NT, ST, MINB, VER>,           \
+                                   cudaFuncAttributePreferredSharedMemoryCarveout,           \
+                                   int(cudaSharedmemCarveoutMaxShared)));                    \
+  V4_CUDA_TRY(cudaFuncSetAttribute(moe_mma_kernel<F, false, KS, NT, ST, MINB, VER>,          \
+                                   cudaFuncAttributePreferredSharedMemoryCarveout,           \
+                                   int(cudaSharedmemCarveoutMaxShared)));
   V4_MOE_MMA_CONFIGS(V4_MOE_MMA_PREP)
 #undef V4_MOE_MMA_PREP
   return Status::Ok();
@@ -502,6 +533,17 @@ MoeMmaChoice moe_mma_choose(const MoeMmaArgs& a, int slots, int num_sms) {
     c.ks = nkt >= 16 && fill(8) > fill(4) + 0.05 ? 8 : nkt >= 8 ? 4 : 1;
     return c;
   }
+  // Version 3 (experimental, A/B): 2 ≤ S ≤ 128 with many CTAs — two CTAs per SM with 2-deep
+  // rings (16 warps per SM, the same bytes in flight as 8 warps × 2 stages) and 8 staged rows,
+  // or 4 where 8 do not fit (K = 4096: experts with > 4 items take further passes).
+  if (a.version >= 3 && S >= 2 && S <= 128 && ctas(1) >= 2 * int64_t(num_sms)) {
+    for (int xr : {8, 4}) {
+      if (smem_bytes(K, xr, 2) <= kSmemTwoPerSm) {
+        c.ks = 1, c.nt = 8, c.st = 2, c.minb = 2, c.xr = xr;
+        return c;
+      }
+    }
+  }
   // S > 8: 16 tokens per pass (an expert with 9..16 items reads its weights once). Wants a
   // 3-deep ring; with the 2-deep ring that the x tile leaves room for at K = 4096, only when
   // the mean items per expert make 9+ item experts common (P ≥ 4·E-ish: slots saturated).
@@ -534,6 +576,16 @@ Status moe_mma_run(const MoeMmaArgs& a, int slots, const MoeMmaChoice& ch,
                     : launch_cfg<WFormat::kMXFP4, false>(a, slots, c, stream);
   return a.swiglu ? launch_cfg<WFormat::kFP8Block, true>(a, slots, c, stream)
                   : launch_cfg<WFormat::kFP8Block, false>(a, slots, c, stream);
+}
+
+int moe_mma_ctas_per_sm(const MoeMmaArgs& a, const MoeMmaChoice& c) {
+  if (a.w.format == WFormat::kMXFP4)
+    return a.swiglu ? ctas_per_sm_cfg<WFormat::kMXFP4, true>(a, c)
+                    : ctas_per_sm_cfg<WFormat::kMXFP4, false>(a, c);
+  if (a.w.format == WFormat::kFP8Block)
+    return a.swiglu ? ctas_per_sm_cfg<WFormat::kFP8Block, true>(a, c)
+                    : ctas_per_sm_cfg<WFormat::kFP8Block, false>(a, c);
+  return -1;
 }
 
 Status moe_mma(const MoeMmaArgs& a, int slots, int num_sms, cudaStream_t stream) {

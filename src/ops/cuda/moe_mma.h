@@ -47,7 +47,9 @@ struct MoeMmaArgs {
   /// (moe_mma_choose); any routing is computed correctly whatever the value.
   int64_t tokens = 0;
   /// 2 (default): the configurations of moe_mma_choose (16-token passes for S > 8, S staged x
-  /// rows and two CTAs per SM for S ≤ 8); 1: the old kernel (8 tokens per pass), for A/B runs.
+  /// rows and two CTAs per SM for S ≤ 8); 1: the old kernel (8 tokens per pass), for A/B runs;
+  /// 3: as 2, but 2 ≤ S ≤ 128 with ≥ 2 CTAs per SM of work run two CTAs per SM with 2-deep
+  /// rings (experimental, A/B).
   int version = 2;
 };
 
@@ -76,9 +78,14 @@ Status moe_mma(const MoeMmaArgs& a, int slots, int num_sms, cudaStream_t stream)
 
 /// Runs the grouped GEMM with configuration `c` (tests and bench A/B; moe_mma runs
 /// moe_mma_choose's). Instantiated (ks, nt, st, minb, version): (1|4, 8, 3, 1, 1|2),
-/// (1, 16, 2|3, 1, 2), (1|4|8, 8, 3, 2, 2). Errors: kUnsupported as moe_mma; kInvalidArgument for another
+/// (1, 16, 2|3, 1, 2), (1|4|8, 8, 3, 2, 2), (1, 8, 2, 2, 2). Errors: kUnsupported as moe_mma; kInvalidArgument for another
 /// combination, xr outside 1..nt, or shared memory over the limit (minb 2: over half an SM).
 Status moe_mma_run(const MoeMmaArgs& a, int slots, const MoeMmaChoice& c, cudaStream_t stream);
+
+/// CTAs per SM the device holds for configuration `c` over `a`'s weight format, form and K
+/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor, after moe_mma_prepare; tests check that the
+/// minb = 2 forms get 2). −1: no such configuration or a CUDA error.
+int moe_mma_ctas_per_sm(const MoeMmaArgs& a, const MoeMmaChoice& c);
 
 /// Sets the kernels' dynamic shared-memory limits (once per device, at backend creation).
 Status moe_mma_prepare();
