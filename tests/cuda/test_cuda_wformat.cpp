@@ -1144,11 +1144,15 @@ TEST(CudaWFormat, MoeMmaChoice) {
     EXPECT_GE(b1.ks, 4);
     // v2 batch 7: 7 rows (one CTA per SM at K = 4096)
     EXPECT_EQ(cuda::moe_mma_choose(args(sw, 7, 2), slots(7), 132).xr, 7);
-    // v2 batch 256: 16-token passes
-    auto b256 = cuda::moe_mma_choose(args(sw, 256, 2), slots(256), 132);
+    // batch 256: 16-token passes (v2: down only, the 3-deep ring; v3 also gate/up, 2-deep)
+    auto b256 = cuda::moe_mma_choose(args(sw, 256, 3), slots(256), 132);
     EXPECT_EQ(b256.nt, 16);
     EXPECT_EQ(b256.xr, 16);
     EXPECT_EQ(b256.ks, 1);
+    EXPECT_EQ(b256.st, sw ? 2 : 3);
+    auto v2b256 = cuda::moe_mma_choose(args(sw, 256, 2), slots(256), 132);
+    EXPECT_EQ(v2b256.nt, sw ? 8 : 16);
+    EXPECT_EQ(v2b256.st, 3);
   }
   // down (K = 2048) at batch 16 / 64: 16-token passes with the 3-deep ring
   auto d64 = cuda::moe_mma_choose(args(false, 64, 2), slots(64), 132);

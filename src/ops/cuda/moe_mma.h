@@ -49,7 +49,8 @@ struct MoeMmaArgs {
   /// 2 (default): the configurations of moe_mma_choose (16-token passes for S > 8, S staged x
   /// rows and two CTAs per SM for S ≤ 8); 1: the old kernel (8 tokens per pass), for A/B runs;
   /// 3: as 2, but 2 ≤ S ≤ 128 with ≥ 2 CTAs per SM of work run two CTAs per SM with 2-deep
-  /// rings (experimental, A/B).
+  /// rings, and K = 4096 takes 16-token passes with a 2-deep ring at P ≥ 4·slots
+  /// (experimental, A/B).
   int version = 2;
 };
 
