@@ -25,7 +25,8 @@
 // runs further passes (weights re-read). Configurations: moe_mma_choose (version 1 = the old
 // kernel: xr = NT = 8).
 //
-// Version 2 also: x staging with 4 loads in flight per thread, and for MXFP4 a warp-uniform
+// Version 2 also: the ring slot of tile i − 1 refilled before tile i is computed (one more
+// tile in flight), x staging with 4 loads in flight per thread, and for MXFP4 a warp-uniform
 // choice per k-tile of the dequantization without the second multiply when no scale of the
 // k-tile is > 128 (the same operations otherwise, so the same bits).
 //
@@ -320,10 +321,20 @@ __global__ void __launch_bounds__(kThreads, MINB) moe_mma_kernel(MoeMmaArgs a, i
       }
     };
 
+    // Ring: tile j is cp.async group j of the pass (ST − 1 in the prologue, one per iteration),
+    // in slot j % ST. Iteration i waits for tile i (≤ ST − 2 newer groups pending). Version 2
+    // then refills slot (i − 1) % ST — free: every lane finished tile i − 1 before the
+    // __syncwarp that ended iteration i − 1 — with tile i + ST − 1 *before* computing tile i,
+    // so ST − 1 tiles are in flight during the compute (version 1 issued after it: ST − 2, none
+    // for a 2-deep ring).
     for (int i = 0; i < my_nkt; ++i) {
       const int kt = kslice + i * KS;
       cp_async_wait<ST - 2>();
       __syncwarp();
+      if constexpr (VER >= 2) {
+        if (i + ST - 1 < my_nkt) issue((i + ST - 1) % ST, i + ST - 1);
+        cp_async_commit();
+      }
       const unsigned char* st = wring + (i % ST) * kStageBytes;
       if constexpr (F == WFormat::kMXFP4 && VER == 2) {
         // Warp-uniform: the slow form (second multiply) only for k-tiles with a scale > 128.
@@ -336,8 +347,10 @@ __global__ void __launch_bounds__(kThreads, MINB) moe_mma_kernel(MoeMmaArgs a, i
         tile(st, kt, std::false_type{});
       }
       __syncwarp();  // every lane is done with this slot before it is refilled
-      if (i + ST - 1 < my_nkt) issue((i + ST - 1) % ST, i + ST - 1);
-      cp_async_commit();
+      if constexpr (VER == 1) {
+        if (i + ST - 1 < my_nkt) issue((i + ST - 1) % ST, i + ST - 1);
+        cp_async_commit();
+      }
     }
 
     if constexpr (KS > 1) {
