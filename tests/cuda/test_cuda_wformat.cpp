@@ -358,7 +358,7 @@ TEST(CudaWFormat, Bf16PathSelection) {
   const int64_t G = CudaOptions{}.gemv_max_rows;
   EXPECT_EQ(G, 1);
   // FP8 / MXFP4: the GEMV at 1 row (from 2 rows dense_mma is 4–6× faster on the H200:
-  // bench/results/cuda-wformat.md), whatever K; f32 (no tensor-core path) up to 256.
+  // bench/results/cuda-wformat.md), whatever K; f32 (no tensor-core path) up to kF32GemvMaxRows = 8 (cuBLASLt fp32 above).
   for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kF32})
     for (int64_t k : {1024, 4096, 8192}) {
       const int64_t lim = f == WFormat::kF32 ? cuda::kF32GemvMaxRows : G;
@@ -368,7 +368,7 @@ TEST(CudaWFormat, Bf16PathSelection) {
       // A larger gemv_max_rows (the option) widens the GEMV range.
       EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, 32));
     }
-  EXPECT_EQ(cuda::kF32GemvMaxRows, 256);
+  EXPECT_EQ(cuda::kF32GemvMaxRows, 8);
   // bf16-stored weights: only within one shared-memory pass (96 KiB of f32 x rows).
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 129280, 4096)), 6);
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 1024, 1024)), 8);
@@ -495,13 +495,13 @@ TEST(CudaWFormat, LinearGrouped) {
 }
 
 // Ops::linear (f32 weights: the MoE router, [256, 4096] for V4-Flash) in bf16 mode runs the
-// weight-streaming GEMV for small M and the tiled fp32 kernel above: fp32 math either way, so it
+// weight-streaming GEMV for M ≤ kF32GemvMaxRows and cuBLASLt in fp32 above: fp32 math either way, so it
 // stays within fp32 tolerance of the CPU op (expert choices must not flip).
 TEST(CudaWFormat, LinearF32RouterBf16Mode) {
   V4_GPU();
   std::mt19937 g(11);
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (int64_t M : {1, 6, 32, 33, 300}) {
+  for (int64_t M : {1, 6, 8, 9, 32, 33, 64, 300}) {
     SCOPED_TRACE("M=" + std::to_string(M));
     const int64_t N = 256, K = 4096;
     std::vector<float> x(size_t(M * K)), w(size_t(N * K)), y(size_t(M * N), kNaN);

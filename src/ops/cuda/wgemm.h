@@ -152,8 +152,10 @@ int64_t wgemv_pass_rows(const ops::WeightView& w);
 /// M ≤ wgemv_pass_rows (cuBLASLt reads bf16 weights in place, while every further GEMV pass would
 /// read them again).
 bool linear_bf16_uses_gemv(const ops::WeightView& w, int64_t M, int64_t gemv_max_rows);
-/// f32-stored weights use the GEMV up to this many rows whatever gemv_max_rows says.
-constexpr int64_t kF32GemvMaxRows = 256;
+/// f32-stored weights use the GEMV up to this many rows whatever gemv_max_rows says; above it,
+/// cuBLASLt in fp32 (Gemm::f32_strided). The GEMV re-reads the weight every 8 rows: the MoE router
+/// ([256, 4096] f32) took 126 µs per layer at batch 64 on the H200 (bench-v4flash-20l-kvbf16.md).
+constexpr int64_t kF32GemvMaxRows = 8;
 
 /// Scratch bytes per slot linear_w_bf16 needs for M rows of an n × K view (`bf16_weight`: stored
 /// as bf16, no dequantized copy), maxed into bytes[kNumScratchSlots].
