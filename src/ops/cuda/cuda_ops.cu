@@ -1126,6 +1126,21 @@ class CudaOps final : public Ops {
     }();
     return v;
   }
+  static int moe_mma_version_env() {
+    static const int v = [] {
+      const char* e = std::getenv("V4_MOE_MMA_VERSION");
+      const int v = e ? std::atoi(e) : 2;
+      return v == 1 || v == 3 ? v : 2;
+    }();
+    return v;
+  }
+  static int gmoe_warps_env() {
+    static const int v = [] {
+      const char* e = std::getenv("V4_GMOE_WARPS");
+      return e && std::atoi(e) == 4 ? 4 : 8;
+    }();
+    return v;
+  }
   cuda::KernelContext context() {
     cuda::KernelContext c;
     c.stream = cs();
@@ -1139,6 +1154,8 @@ class CudaOps final : public Ops {
     c.dense_mma = opts_.dense_mma;
     c.grouped_moe = opts_.moe_grouped_mma;
     c.grouped_min_rows = grouped_min_rows_env();
+    c.moe_mma_version = moe_mma_version_env();
+    c.gmoe_warps = gmoe_warps_env();
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

@@ -115,6 +115,12 @@ struct KernelContext {
   bool fused_tc = false;            // CudaOptions::fused_tensor_cores
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   bool moe_mma = true;              // CudaOptions::moe_mma
+  /// moe_mma kernel configurations (MoeMmaArgs::version): 2 = default, 1 = the old 8-token
+  /// kernel, 3 = experimental (CudaOps: env V4_MOE_MMA_VERSION=1|3; A/B runs).
+  int moe_mma_version = 2;
+  /// gmoe_mma warps per CTA (GmoeArgs::warps): 8 = default, 4 = the first version (CudaOps: env
+  /// V4_GMOE_WARPS=4; A/B runs).
+  int gmoe_warps = 8;
   bool dense_mma = true;            // CudaOptions::dense_mma
   bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
   /// > 0: MoE calls below sync_min_pairs with S ≥ this many rows also take the grouped
