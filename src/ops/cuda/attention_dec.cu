@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
@@ -128,7 +129,195 @@ __device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t 
   return a.comp.rows[a.comp.offset[t] + (j - n_swa)];
 }
 
-template <typename T>
+// Programmatic dependent launch (sm_90): the v2 path launches the combine kernel with
+// programmatic stream serialization; the main kernel triggers at its start (the combine may be
+// scheduled early) and the combine waits (griddepcontrol.wait: the main grid completed, its
+// memory visible) before reading anything. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---- per-tile math shared by both kernels (warp = head group hg of 16 heads × dim half) ------
+// qw = qs + (16·hg)·kLdB + 256·half, kw = key tile + 256·half (bf16, row stride kLdB).
+
+/// Partial S over the warp's 256 dims: sacc[n-tile of 8 keys][c] for rows g, g+8 (mma layout).
+__device__ __forceinline__ void tile_qk(const __nv_bfloat16* qw, const __nv_bfloat16* kw, int lane,
+                                        float (&sacc)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 256; kk += 16) {
+    uint32_t af[4];
+    ldmatrix_x4(af, qw + (lane & 15) * kLdB + kk + 8 * (lane >> 4));
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, kw + (16 * np + (lane & 7) + 8 * (lane >> 4)) * kLdB + kk +
+                          8 * ((lane >> 3) & 1));
+      mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
+      mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// Writes the warp's partial S to its slot of the exchange buffer sx ([8 warps][16][kSxLd] f32).
+__device__ __forceinline__ void tile_s_write(float* sx, int warp, int g, int tq,
+                                             const float (&sacc)[4][4]) {
+  float* mine = sx + warp * (16 * kSxLd);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    *reinterpret_cast<float2*>(mine + g * kSxLd + nt * 8 + 2 * tq) =
+        make_float2(sacc[nt][0], sacc[nt][1]);
+    *reinterpret_cast<float2*>(mine + (g + 8) * kSxLd + nt * 8 + 2 * tq) =
+        make_float2(sacc[nt][2], sacc[nt][3]);
+  }
+}
+
+/// After the exchange barrier: S = own + partner partial (both warps of a pair get identical S),
+/// scaled, masked by rows[key] < 0; online softmax update of (m_r, l_r) and o; on return sv holds
+/// the tile's p values (fp32, masked keys exactly 0).
+__device__ __forceinline__ void tile_softmax(const float* sx, int warp, int g, int tq, float scale,
+                                             const int32_t* rows, const float (&sacc)[4][4],
+                                             float (&sv)[4][4], float (&m_r)[2], float (&l_r)[2],
+                                             float (&o)[32][4]) {
+  const float* other = sx + (warp ^ 1) * (16 * kSxLd);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int c0 = nt * 8 + 2 * tq;
+    const float2 lo = *reinterpret_cast<const float2*>(other + g * kSxLd + c0);
+    const float2 hi = *reinterpret_cast<const float2*>(other + (g + 8) * kSxLd + c0);
+    sv[nt][0] = (sacc[nt][0] + lo.x) * scale;
+    sv[nt][1] = (sacc[nt][1] + lo.y) * scale;
+    sv[nt][2] = (sacc[nt][2] + hi.x) * scale;
+    sv[nt][3] = (sacc[nt][3] + hi.y) * scale;
+    const bool v0 = rows[c0] >= 0, v1 = rows[c0 + 1] >= 0;
+    if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
+    if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
+  }
+  // Online softmax per row (r = 0: row g, r = 1: row g+8); a row's 32 values sit in the 4 lanes
+  // of a quad. Masked logits never enter an exp (p = 0 explicitly).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r[r], mx);
+    const float corr =
+        m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
+    float psum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float v = sv[nt][2 * r + c];
+        const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
+        sv[nt][2 * r + c] = p;
+        psum += p;
+      }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+    l_r[r] = l_r[r] * corr + psum;
+    m_r[r] = m_new;
+    // Rescale only when some row's max moved (× 1 is exact, so skipping changes nothing).
+    if (__any_sync(0xffffffffu, corr != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        o[i][2 * r] *= corr;
+        o[i][2 * r + 1] *= corr;
+      }
+    }
+  }
+}
+
+/// O += P · V: the p values of n-tiles (2ks, 2ks+1) are the A fragment of k-step ks; V = the key
+/// tile (K = V) read transposed by ldmatrix.
+__device__ __forceinline__ void tile_pv(const __nv_bfloat16* kw, int lane, const float (&sv)[4][4],
+                                        float (&o)[32][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t af[4];
+    af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
+    af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
+    af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
+    af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
+    const __nv_bfloat16* vrow =
+        kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB + 8 * (lane >> 4);
+#pragma unroll
+    for (int np = 0; np < 16; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, vrow + 16 * np);
+      mma_bf16(o[2 * np], af, bf[0], bf[1]);
+      mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// Q of heads hb .. hb+63 of row t → bf16 qs [64][kLdB] (rows ≥ H zero), all threads.
+__device__ __forceinline__ void stage_q(const ops::AttentionArgs& a, int64_t t, int hb,
+                                        __nv_bfloat16* qs) {
+  const int H = a.n_heads;
+#pragma unroll 16
+  for (int i = 0; i < kHeads * (kHd / 4) / kThreads; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (hb + h < H)
+      v = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
+    uint2 u;
+    u.x = pack_bf16(v.x, v.y);
+    u.y = pack_bf16(v.z, v.w);
+    *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+  }
+}
+
+/// Output of the warp's rows g, g+8 (heads hb + 16·hg + g (+8)), dims 256·half + 8·nt + 2tq (+1):
+/// normalized with the sink when n_splits == 1, else the (max, sum, unnormalized o) partial.
+__device__ __forceinline__ void store_out(const ops::AttentionArgs& a, int64_t t, int s,
+                                          int n_splits, int hb, int hg, int half, int g, int tq,
+                                          const float (&m_r)[2], const float (&l_r)[2],
+                                          const float (&o)[32][4], float* __restrict__ ws) {
+  const int H = a.n_heads;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = hb + hg * 16 + g + 8 * r;
+    if (h >= H) continue;
+    if (n_splits == 1) {
+      const float sink = a.sinks[h];
+      const float M = fmaxf(m_r[r], sink);
+      const float f = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);  // no keys → sink only
+      const float inv = f / (l_r[r] * f + __expf(sink - M));
+      float* out = a.out + (t * H + h) * int64_t(kHd) + half * 256;
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    } else {
+      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
+      if (half == 0 && tq == 0) {
+        pwo[0] = m_r[r];
+        pwo[1] = l_r[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(pwo + 2 + half * 256 + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+  }
+}
+
+// v1 kernel (any pool type): two staging buffers of the pool's rows, converted per tile into
+// one bf16 key tile; 4 barriers per tile. kTrigger: PDL trigger at the start (variant 2 with f32
+// pools, whose combine is launched with PDL).
+template <typename T, bool kTrigger>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_dec_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
                     const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
@@ -139,10 +328,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr size_t kStage = stage_bytes<T>();
   constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;
   __shared__ int32_t rows_s[2][kKT];  // pool row per key of the staged tiles (−1: masked)
+  if constexpr (kTrigger) pdl_trigger();
 
   const int64_t t = blockIdx.x / n_splits;
   const int s = int(blockIdx.x % n_splits);
-  const int H = a.n_heads;
   const int hb = blockIdx.y * kHeads;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
@@ -190,19 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_tiles > 0) {
     issue(k0, 0);
     if (n_tiles > 1) issue(k0 + kKT, 1);
-    // Q of the block's heads → bf16 (rows ≥ H are zero), while the first tiles are in flight.
-#pragma unroll 16
-    for (int i = 0; i < kHeads * (kHd / 4) / kThreads; ++i) {
-      const int e = threadIdx.x + i * kThreads;
-      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (hb + h < H)
-        v = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
-      uint2 u;
-      u.x = pack_bf16(v.x, v.y);
-      u.y = pack_bf16(v.z, v.w);
-      *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
-    }
+    stage_q(a, t, hb, qs);  // while the first tiles are in flight
   }
 
   const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
@@ -223,133 +400,121 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // kb complete; stage `buf` free (reused as the S exchange)
 
-    // 1. partial S over my 256 dims: 16 k-steps × 4 n-tiles of 8 keys.
-    float sacc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 256; kk += 16) {
-      uint32_t af[4];
-      ldmatrix_x4(af, qw + (lane & 15) * kLdB + kk + 8 * (lane >> 4));
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t bf[4];
-        ldmatrix_x4(bf, kw + (16 * np + (lane & 7) + 8 * (lane >> 4)) * kLdB + kk +
-                            8 * ((lane >> 3) & 1));
-        mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
-        mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
-      }
-    }
+    float sacc[4][4], sv[4][4];
+    tile_qk(qw, kw, lane, sacc);
     float* sx = reinterpret_cast<float*>(st);
-    float* mine = sx + warp * (16 * kSxLd);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      *reinterpret_cast<float2*>(mine + g * kSxLd + nt * 8 + 2 * tq) =
-          make_float2(sacc[nt][0], sacc[nt][1]);
-      *reinterpret_cast<float2*>(mine + (g + 8) * kSxLd + nt * 8 + 2 * tq) =
-          make_float2(sacc[nt][2], sacc[nt][3]);
-    }
+    tile_s_write(sx, warp, g, tq, sacc);
     __syncthreads();
-    // S = own half + partner half (fp add commutes: both warps of the pair get identical S).
-    const float* other = sx + (warp ^ 1) * (16 * kSxLd);
-    float sv[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int c0 = nt * 8 + 2 * tq;
-      const float2 lo = *reinterpret_cast<const float2*>(other + g * kSxLd + c0);
-      const float2 hi = *reinterpret_cast<const float2*>(other + (g + 8) * kSxLd + c0);
-      sv[nt][0] = (sacc[nt][0] + lo.x) * a.scale;
-      sv[nt][1] = (sacc[nt][1] + lo.y) * a.scale;
-      sv[nt][2] = (sacc[nt][2] + hi.x) * a.scale;
-      sv[nt][3] = (sacc[nt][3] + hi.y) * a.scale;
-      const bool v0 = rows_s[buf][c0] >= 0, v1 = rows_s[buf][c0 + 1] >= 0;
-      if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
-      if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
-    }
-    // 2. online softmax per row (r = 0: row g, r = 1: row g+8); a row's 32 values sit in the
-    // 4 lanes of a quad. Masked logits never enter an exp (p = 0 explicitly).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r[r], mx);
-      const float corr =
-          m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
-      float psum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float v = sv[nt][2 * r + c];
-          const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
-          sv[nt][2 * r + c] = p;
-          psum += p;
-        }
-      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
-      l_r[r] = l_r[r] * corr + psum;
-      m_r[r] = m_new;
-      // Rescale only when some row's max moved (× 1 is exact, so skipping changes nothing).
-      if (__any_sync(0xffffffffu, corr != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          o[i][2 * r] *= corr;
-          o[i][2 * r + 1] *= corr;
-        }
-      }
-    }
-    // 3. O += P · V: the S accumulators of n-tiles (2ks, 2ks+1) are the A fragment of k-step ks.
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      uint32_t af[4];
-      af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
-      af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
-      af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
-      af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
-      const __nv_bfloat16* vrow = kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB +
-                                  8 * (lane >> 4);
-#pragma unroll
-      for (int np = 0; np < 16; ++np) {
-        uint32_t bf[4];
-        ldmatrix_x4_trans(bf, vrow + 16 * np);
-        mma_bf16(o[2 * np], af, bf[0], bf[1]);
-        mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
-      }
-    }
+    tile_softmax(sx, warp, g, tq, a.scale, rows_s[buf], sacc, sv, m_r, l_r, o);
+    tile_pv(kw, lane, sv, o);
     __syncthreads();  // kb, the S exchange and rows_s[buf] free for the next tiles
     if (it + 2 < n_tiles) issue(k0 + (it + 2) * kKT, buf);
   }
+  store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
+}
 
-  // Output: rows g and g+8 of head group hg, dims half·256 + nt·8 + 2tq (+1).
+// v2 kernel (bf16 pools, issue 7): key rows go by cp.async straight into a ring of kStages2
+// bf16 tiles in the padded ldmatrix layout (no staging copy, no conversion pass), kStages2 − 1
+// tiles in flight while one computes, and a separate S exchange buffer, so a tile takes 2
+// barriers (v1: 4):
+//   wait(tile it) → barrier A → QK, write partial S → barrier B → issue tile it + kStages2 − 1
+//   into the ring slot of tile it − 1 → partner S, softmax, P·V.
+// Hazards: the slot written after B(it) was last read by tile it − 1 (QK and P·V), which every
+// warp finished before A(it); the S exchange written after A(it + 1) was last read after B(it)
+// by warps that have all reached A(it + 1); rows_s likewise lives one slot per ring tile.
+// Math and output layout: identical to v1 (tile_qk / tile_softmax / tile_pv / store_out).
+constexpr int kStages2 = 4;
+constexpr size_t kSxBytes = size_t(8) * 16 * kSxLd * 4;                     // 20,480
+constexpr size_t kSmem2 = kQsBytes + size_t(kStages2) * kKbBytes + kSxBytes;  // 220,160
+static_assert(kSmem2 + size_t(kStages2) * kKT * 4 <= 232448, "v2 shared memory over 227 KiB");
+static_assert((kLdB * 2) % 16 == 0, "cp.async 16-byte chunks into padded rows");
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_dec2_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
+                     const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
+  static_assert(KeyPool<T>::kElems == 8 && KeyPool<T>::kRowBytes == kHd * 2,
+                "v2 stages pool rows that are already bf16 rows");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* ring = smem + kQsBytes;
+  float* sx = reinterpret_cast<float*>(smem + kQsBytes + size_t(kStages2) * kKbBytes);
+  __shared__ int32_t rows_s[kStages2][kKT];  // pool row per key of the ring tiles (−1: masked)
+  pdl_trigger();  // the combine (PDL) may be scheduled; it waits for this grid to complete
+
+  const int64_t t = blockIdx.x / n_splits;
+  const int s = int(blockIdx.x % n_splits);
+  const int hb = blockIdx.y * kHeads;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int hg = warp >> 1, half = warp & 1;
+  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
+  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  const int tiles_all = (n + kKT - 1) / kKT;
+  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
+  const int k0 = min(n, s * tiles_per * kKT);
+  const int k1 = min(n, k0 + tiles_per * kKT);
+  const int n_tiles = (k1 - k0 + kKT - 1) / kKT;
+
+  constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;  // 64
+  constexpr int kIssueIters = kKT * kChunksPerRow / kThreads;  // 8
+  static_assert(kKT == 32 && kKT * kChunksPerRow % kThreads == 0, "uniform issue loop");
+  // Issues split tile `tile` (if it exists) into ring slot tile % kStages2 and always commits
+  // one cp.async group, so that "groups committed" counts tiles for cp_async_wait.
+  auto issue = [&](int tile) {
+    if (tile < n_tiles) {
+      const int buf = tile % kStages2;
+      unsigned char* dst = ring + size_t(buf) * kKbBytes;
+      const int kt0 = k0 + tile * kKT;
+      const int jl = kt0 + lane;
+      const int32_t my_r = jl < k1 ? key_row(a, t, jl, n_swa) : -1;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = hb + hg * 16 + g + 8 * r;
-    if (h >= H) continue;
-    if (n_splits == 1) {
-      const float sink = a.sinks[h];
-      const float M = fmaxf(m_r[r], sink);
-      const float f = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);  // no keys → sink only
-      const float inv = f / (l_r[r] * f + __expf(sink - M));
-      float* out = a.out + (t * H + h) * int64_t(kHd) + half * 256;
-#pragma unroll
-      for (int nt = 0; nt < 32; ++nt)
-        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
-            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
-    } else {
-      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
-      if (half == 0 && tq == 0) {
-        pwo[0] = m_r[r];
-        pwo[1] = l_r[r];
+      for (int i = 0; i < kIssueIters; ++i) {
+        const int e = threadIdx.x + i * kThreads;
+        const int key = e / kChunksPerRow, c = e % kChunksPerRow;  // key warp-uniform
+        const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+        const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
+        const void* src = r >= 0 ? static_cast<const void*>(
+                                       reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) +
+                                       16 * c)
+                                 : static_cast<const void*>(a.q);
+        cp_async16(dst + size_t(key) * (kLdB * 2) + 16 * c, src, r >= 0);  // −1 → zeros
       }
-#pragma unroll
-      for (int nt = 0; nt < 32; ++nt)
-        *reinterpret_cast<float2*>(pwo + 2 + half * 256 + nt * 8 + 2 * tq) =
-            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+      if (warp == 0) rows_s[buf][lane] = my_r;
     }
+    cp_async_commit();
+  };
+
+  float o[32][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+
+  if (n_tiles > 0) {
+#pragma unroll
+    for (int p = 0; p < kStages2 - 1; ++p) issue(p);
+    stage_q(a, t, hb, qs);
   }
+  const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it % kStages2;
+    // Groups committed so far: kStages2 − 1 + it (one per tile it' < it + kStages2 − 1); at most
+    // kStages2 − 2 pending → tiles 0 .. it landed (this thread's copies).
+    cp_async_wait<kStages2 - 2>();
+    __syncthreads();  // A: tile it (and on it == 0, qs) visible to every thread
+    const __nv_bfloat16* kw =
+        reinterpret_cast<const __nv_bfloat16*>(ring + size_t(buf) * kKbBytes) + half * 256;
+    float sacc[4][4], sv[4][4];
+    tile_qk(qw, kw, lane, sacc);
+    tile_s_write(sx, warp, g, tq, sacc);
+    __syncthreads();  // B: partial S visible; every warp is past tile it − 1
+    issue(it + kStages2 - 1);
+    tile_softmax(sx, warp, g, tq, a.scale, rows_s[buf], sacc, sv, m_r, l_r, o);
+    tile_pv(kw, lane, sv, o);
+  }
+  cp_async_wait<0>();  // only empty groups can remain; nothing in flight at exit
+  store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
 }
 
 // Merges the split partials of (t, h) with the sink (the attention.h partial layout), spread
@@ -376,6 +541,7 @@ __global__ void __launch_bounds__(kCombThreads) attn_dec_combine_kernel(ops::Att
                                                                        const float* __restrict__ ws) {
   __shared__ float fs[kMaxSplits];
   __shared__ float red[kCombThreads / 32];
+  pdl_wait();  // PDL launch (v2): the main grid's partials complete and visible
   const int64_t th = blockIdx.x;
   const int h = int(th % a.n_heads);
   const float* p = ws + th * n_splits * int64_t(kHd + 2);
@@ -404,10 +570,11 @@ bool attention_dec_supported(int n_heads, int head_dim) {
   return head_dim == kHd && n_heads > 0;
 }
 
-int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
+int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_bytes) {
   if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0) return 1;
+  if (kv_bytes != 2) kv_bytes = 4;
   // Costs in KiB moved at one SM's fair share of the bandwidth (32 GB/s on an H200).
-  const double kTile = kKT * kHd * 4 / 1024.0;  // 64: one f32 key tile
+  const double kTile = kKT * kHd * kv_bytes / 1024.0;  // one key tile: 64 (f32) / 32 (bf16)
   const double kQ = kHeads * kHd * 4 / 1024.0;  // 128: q of 64 heads (f32), also out / partial
   // One SM runs ≤ 1.25× its fair bandwidth share when fewer blocks than SMs run (its tile math,
   // ~32 mma per key, takes about as long as a fair-share tile read; the calibration knob: see
@@ -438,8 +605,43 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
   return best;
 }
 
+namespace {
+
+// Raises a kernel's dynamic shared memory limit once per process (one device); kId tells the
+// kernels apart (each instantiation has its own flag).
+template <int kId>
+Status smem_attr_once(const void* kern, size_t bytes, const char* what) {
+  static bool done = false;
+  if (!done) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    if (e != cudaSuccess) return cuda_status(e, what);
+    done = true;
+  }
+  return Status::Ok();
+}
+
+// Launches the main kernel `kern` (dynamic smem `smem`, attribute slot kId) on pools of type T.
+template <int kId, typename T>
+Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, float*),
+                   size_t smem, const ops::AttentionArgs& a, int n_splits, float* ws, dim3 grid,
+                   cudaStream_t stream) {
+  V4_RETURN_IF_ERROR(smem_attr_once<kId>(reinterpret_cast<const void*>(kern), smem,
+                                         "attn_dec smem attribute"));
+  kern<<<grid, kThreads, smem, stream>>>(a, static_cast<const T*>(a.swa_pool),
+                                         static_cast<const T*>(a.comp_pool), n_splits, ws);
+  return check_launch("attn_dec_kernel");
+}
+
+}  // namespace
+
+int attention_dec_default_variant() {
+  const char* e = std::getenv("V4_ATTN_DEC");
+  return e && e[0] == '1' && e[1] == '\0' ? 1 : 2;
+}
+
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int variant) {
   if (a.n_rows <= 0) return Status::Ok();
   if (!attention_dec_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: H={} hd={} unsupported",
@@ -447,45 +649,57 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
+  if (variant != 1 && variant != 2)
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + kHeads - 1) / kHeads > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
+  using B = __nv_bfloat16;
   if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
-    using B = __nv_bfloat16;
-    constexpr size_t kSmem = smem_bytes<B>();
-    static bool attr = false;  // set once per process (one device)
-    if (!attr) {
-      cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<B>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-      if (e != cudaSuccess) return cuda_status(e, "attn_dec bf16 smem attribute");
-      attr = true;
-    }
-    attn_dec_kernel<B><<<grid, kThreads, kSmem, stream>>>(
-        a, static_cast<const B*>(a.swa_pool), static_cast<const B*>(a.comp_pool), n_splits,
-        workspace);
-  } else if (a.kv_dtype == KvDtype::kF32) {
-    constexpr size_t kSmem = smem_bytes<float>();
-    static bool attr = false;  // set once per process (one device)
-    if (!attr) {
-      cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<float>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-      if (e != cudaSuccess) return cuda_status(e, "attn_dec smem attribute");
-      attr = true;
-    }
-    attn_dec_kernel<float><<<grid, kThreads, kSmem, stream>>>(
-        a, static_cast<const float*>(a.swa_pool), static_cast<const float*>(a.comp_pool),
-        n_splits, workspace);
+    if (variant == 2)
+      V4_RETURN_IF_ERROR((launch_main<0, B>(attn_dec2_kernel<B>, kSmem2, a, n_splits, workspace,
+                                             grid, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<1, B>(attn_dec_kernel<B, false>, smem_bytes<B>(), a,
+                                             n_splits, workspace, grid, stream)));
+  } else if (a.kv_dtype == KvDtype::kF32) {  // v2 has no f32 ring (smem): v1 + PDL combine
+    if (variant == 2)
+      V4_RETURN_IF_ERROR((launch_main<2, float>(attn_dec_kernel<float, true>, smem_bytes<float>(),
+                                                 a, n_splits, workspace, grid, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<3, float>(attn_dec_kernel<float, false>,
+                                                 smem_bytes<float>(), a, n_splits, workspace, grid,
+                                                 stream)));
   } else {
     return errorf(ErrorCode::kUnsupported, "sparse_attention_dec: KV dtype {}",
                   kv_dtype_name(a.kv_dtype));
   }
-  V4_RETURN_IF_ERROR(check_launch("attn_dec_kernel"));
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
-  return check_launch("attn_dec_combine_kernel");
+  // V4_ATTN_DEC_PDL=0: plain combine launch for variant 2 too (A/B, or a driver that refuses the
+  // attribute); read per call like the compressor's V4_COMPRESS_PDL.
+  const char* pdl_env = std::getenv("V4_ATTN_DEC_PDL");
+  if (variant == 1 || (pdl_env && pdl_env[0] == '0')) {
+    attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
+    return check_launch("attn_dec_combine_kernel");
+  }
+  // v2: programmatic dependent launch (the main kernel triggered at its start; the combine's
+  // griddepcontrol.wait orders it after the main grid's completion, also inside graphs).
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = cgrid;
+  cfg.blockDim = dim3(kCombThreads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const float* ws_c = workspace;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, attn_dec_combine_kernel, a, n_splits, ws_c));
+  return check_launch("attn_dec_combine_kernel (PDL)");
 }
 
 }  // namespace v4::cuda
