@@ -580,6 +580,10 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_b
   // ~32 mma per key, takes about as long as a fair-share tile read; the calibration knob: see
   // the split sweep of bench_kernels --only-attention).
   const double kBoost = 1.25;
+  // A tile's math (QK + softmax + P·V) takes about as long as reading 48 KiB at the fair share
+  // (from the f32 calibration above: ≤ 64 / 1.25). It does not shrink with the pool's bytes, so
+  // bf16 blocks are math-bound and the model spreads them over more SMs than f32 blocks.
+  const double kTileMath = 48;
   const double kWaveLatency = 48;  // ~1.5 µs of latency per wave (and per extra launch)
   const int64_t groups = S * ((H + kHeads - 1) / kHeads);
   const int64_t tiles = (max_keys + kKT - 1) / kKT;
@@ -594,8 +598,9 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_b
     const double per_cta = double(per) * kTile + kQ + kQ;
     const int64_t waves = (ctas + n_sms - 1) / n_sms;
     const double active = double(std::min<int64_t>(ctas, n_sms));
-    const double cost = double(waves) * (per_cta * std::max(active, n_sms / kBoost) / n_sms +
-                                         kWaveLatency) +
+    const double per_cta_time =
+        std::max(per_cta * std::max(active, n_sms / kBoost) / n_sms, double(per) * kTileMath);
+    const double cost = double(waves) * (per_cta_time + kWaveLatency) +
                         (sp > 1 ? kWaveLatency + double(groups) * kQ * double(sp) / n_sms : 0);
     if (sp == 1 || cost < best_cost) {
       best = int(sp);
