@@ -328,7 +328,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr size_t kStage = stage_bytes<T>();
   constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;
   __shared__ int32_t rows_s[2][kKT];  // pool row per key of the staged tiles (−1: masked)
-  if constexpr (kTrigger) pdl_trigger();
+  if constexpr (kTrigger) {  // PDL launch (variant 2): predecessor complete before any access
+    pdl_wait();
+    pdl_trigger();
+  }
 
   const int64_t t = blockIdx.x / n_splits;
   const int s = int(blockIdx.x % n_splits);
@@ -440,7 +443,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* ring = smem + kQsBytes;
   float* sx = reinterpret_cast<float*>(smem + kQsBytes + size_t(kStages2) * kKbBytes);
   __shared__ int32_t rows_s[kStages2][kKT];  // pool row per key of the ring tiles (−1: masked)
-  pdl_trigger();  // the combine (PDL) may be scheduled; it waits for this grid to complete
+  // PDL launch: wait for the previous kernel of the stream (it may write q, the key lists or the
+  // workspace a previous combine still reads) before any global access; then let the combine
+  // (PDL) be scheduled: it waits for this grid to complete before reading the partials.
+  pdl_wait();
+  pdl_trigger();
 
   const int64_t t = blockIdx.x / n_splits;
   const int s = int(blockIdx.x % n_splits);
@@ -612,6 +619,33 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_b
 
 namespace {
 
+// Launches kern<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization
+// (PDL): it may be scheduled while the previous kernel of the stream runs; every kernel launched
+// this way calls pdl_wait before touching global memory.
+template <typename... P, typename... Args>
+Status launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                  Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, args...));
+  return Status::Ok();
+}
+
+// V4_ATTN_DEC_PDL=0: variant 2 launches without PDL too (A/B, or a driver that refuses the
+// attribute); read per call like the compressor's V4_COMPRESS_PDL.
+bool attn_pdl_enabled() {
+  const char* e = std::getenv("V4_ATTN_DEC_PDL");
+  return !(e && e[0] == '0');
+}
+
 // Raises a kernel's dynamic shared memory limit once per process (one device); kId tells the
 // kernels apart (each instantiation has its own flag).
 template <int kId>
@@ -626,16 +660,23 @@ Status smem_attr_once(const void* kern, size_t bytes, const char* what) {
   return Status::Ok();
 }
 
-// Launches the main kernel `kern` (dynamic smem `smem`, attribute slot kId) on pools of type T.
+// Launches the main kernel `kern` (dynamic smem `smem`, attribute slot kId) on pools of type T;
+// pdl: with programmatic stream serialization (the kernel must pdl_wait before any access).
 template <int kId, typename T>
 Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, float*),
                    size_t smem, const ops::AttentionArgs& a, int n_splits, float* ws, dim3 grid,
-                   cudaStream_t stream) {
+                   bool pdl, cudaStream_t stream) {
   V4_RETURN_IF_ERROR(smem_attr_once<kId>(reinterpret_cast<const void*>(kern), smem,
                                          "attn_dec smem attribute"));
-  kern<<<grid, kThreads, smem, stream>>>(a, static_cast<const T*>(a.swa_pool),
-                                         static_cast<const T*>(a.comp_pool), n_splits, ws);
-  return check_launch("attn_dec_kernel");
+  const T* swa = static_cast<const T*>(a.swa_pool);
+  const T* comp = static_cast<const T*>(a.comp_pool);
+  if (!pdl) {
+    kern<<<grid, kThreads, smem, stream>>>(a, swa, comp, n_splits, ws);
+    return check_launch("attn_dec_kernel");
+  }
+  V4_RETURN_IF_ERROR(launch_pdl(kern, grid, dim3(kThreads, 1, 1), smem, stream, a, swa, comp,
+                                n_splits, ws));
+  return check_launch("attn_dec_kernel (PDL)");
 }
 
 }  // namespace
@@ -662,48 +703,37 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
   using B = __nv_bfloat16;
+  const bool pdl = variant == 2 && attn_pdl_enabled();
   if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
     if (variant == 2)
       V4_RETURN_IF_ERROR((launch_main<0, B>(attn_dec2_kernel<B>, kSmem2, a, n_splits, workspace,
-                                             grid, stream)));
+                                             grid, pdl, stream)));
     else
       V4_RETURN_IF_ERROR((launch_main<1, B>(attn_dec_kernel<B, false>, smem_bytes<B>(), a,
-                                             n_splits, workspace, grid, stream)));
+                                             n_splits, workspace, grid, false, stream)));
   } else if (a.kv_dtype == KvDtype::kF32) {  // v2 has no f32 ring (smem): v1 + PDL combine
     if (variant == 2)
       V4_RETURN_IF_ERROR((launch_main<2, float>(attn_dec_kernel<float, true>, smem_bytes<float>(),
-                                                 a, n_splits, workspace, grid, stream)));
+                                                 a, n_splits, workspace, grid, pdl, stream)));
     else
       V4_RETURN_IF_ERROR((launch_main<3, float>(attn_dec_kernel<float, false>,
                                                  smem_bytes<float>(), a, n_splits, workspace, grid,
-                                                 stream)));
+                                                 false, stream)));
   } else {
     return errorf(ErrorCode::kUnsupported, "sparse_attention_dec: KV dtype {}",
                   kv_dtype_name(a.kv_dtype));
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  // V4_ATTN_DEC_PDL=0: plain combine launch for variant 2 too (A/B, or a driver that refuses the
-  // attribute); read per call like the compressor's V4_COMPRESS_PDL.
-  const char* pdl_env = std::getenv("V4_ATTN_DEC_PDL");
-  if (variant == 1 || (pdl_env && pdl_env[0] == '0')) {
+  if (!pdl) {
     attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
     return check_launch("attn_dec_combine_kernel");
   }
-  // v2: programmatic dependent launch (the main kernel triggered at its start; the combine's
-  // griddepcontrol.wait orders it after the main grid's completion, also inside graphs).
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = cgrid;
-  cfg.blockDim = dim3(kCombThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  // PDL: the main kernel triggered at its start; the combine's griddepcontrol.wait orders it
+  // after the main grid's completion (also inside graphs: a programmatic edge).
   const float* ws_c = workspace;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, attn_dec_combine_kernel, a, n_splits, ws_c));
+  V4_RETURN_IF_ERROR(launch_pdl(attn_dec_combine_kernel, cgrid, dim3(kCombThreads, 1, 1), 0,
+                                stream, a, n_splits, ws_c));
   return check_launch("attn_dec_combine_kernel (PDL)");
 }
 
