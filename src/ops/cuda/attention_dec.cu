@@ -1,6 +1,7 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Decode sparse MQA attention, bf16 mma.sync (see attention_dec.h for the work split).
 //
+// v1 kernel (attn_dec_kernel: f32 pools always, bf16 pools with V4_ATTN_DEC=1).
 // Shared memory (dynamic, 230,912 B of the 232,448 B a block may have):
 //   qs     bf16 [64 heads][520]   Q of the block's heads (row stride 1040 B: ldmatrix rows fall
 //                                 on distinct 16-byte bank groups)
@@ -14,6 +15,12 @@
 // sync → add the partner's partial S, online softmax, P·V → sync → issue tile it+2 into the
 // freed stage. Every tile therefore has one other tile (64 KiB) in flight while it computes,
 // two while the block waits.
+// v2 kernel (attn_dec2_kernel, bf16 pools, default): qs as above, a ring of 4 bf16 key tiles
+// [32][520] filled by cp.async straight from the pool (no staging copy), the S exchange in its
+// own 20 KiB: 220,160 B; 2 barriers per tile (see the kernel). Both kernels share the per-tile
+// math (tile_qk, tile_s_write, tile_softmax, tile_pv, store_out): with bf16 pools and the same
+// split count they run the same operations in the same order (equal up to the compiler's FMA
+// contraction choices; the tests bound the difference at 1e-5).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -703,6 +710,9 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
   using B = __nv_bfloat16;
+  // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
+  // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
+  // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant == 2 && attn_pdl_enabled();
   if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
     if (variant == 2)
