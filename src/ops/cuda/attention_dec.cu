@@ -286,6 +286,34 @@ __device__ __forceinline__ void stage_q(const ops::AttentionArgs& a, int64_t t, 
   }
 }
 
+/// stage_q in two halves for the v2 prologue: load half `part` (16 float4 per thread) into
+/// registers first (in flight while the key lists are looked up), convert and store them later.
+constexpr int kQIters = kHeads * (kHd / 4) / kThreads;  // 32 float4 per thread
+__device__ __forceinline__ void load_q_half(const ops::AttentionArgs& a, int64_t t, int hb,
+                                            int part, float4 (&v)[kQIters / 2]) {
+  const int H = a.n_heads;
+#pragma unroll
+  for (int j = 0; j < kQIters / 2; ++j) {
+    const int e = threadIdx.x + (part * (kQIters / 2) + j) * kThreads;
+    const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+    v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (hb + h < H)
+      v[j] = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
+  }
+}
+__device__ __forceinline__ void store_q_half(int part, const float4 (&v)[kQIters / 2],
+                                             __nv_bfloat16* qs) {
+#pragma unroll
+  for (int j = 0; j < kQIters / 2; ++j) {
+    const int e = threadIdx.x + (part * (kQIters / 2) + j) * kThreads;
+    const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+    uint2 u;
+    u.x = pack_bf16(v[j].x, v[j].y);
+    u.y = pack_bf16(v[j].z, v[j].w);
+    *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+  }
+}
+
 /// Output of the warp's rows g, g+8 (heads hb + 16·hg + g (+8)), dims 256·half + 8·nt + 2tq (+1):
 /// normalized with the sink when n_splits == 1, else the (max, sum, unnormalized o) partial.
 __device__ __forceinline__ void store_out(const ops::AttentionArgs& a, int64_t t, int s,
@@ -506,9 +534,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
   if (n_tiles > 0) {
+    // The first half of Q is requested before the key-list lookups of the first tiles (a chain
+    // of dependent loads), so both latencies overlap.
+    float4 qv[kQIters / 2];
+    load_q_half(a, t, hb, 0, qv);
 #pragma unroll
     for (int p = 0; p < kStages2 - 1; ++p) issue(p);
-    stage_q(a, t, hb, qs);
+    store_q_half(0, qv, qs);
+    load_q_half(a, t, hb, 1, qv);
+    store_q_half(1, qv, qs);
   }
   const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
   for (int it = 0; it < n_tiles; ++it) {
