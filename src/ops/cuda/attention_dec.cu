@@ -722,11 +722,6 @@ Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, flo
 
 }  // namespace
 
-int attention_dec_default_variant() {
-  const char* e = std::getenv("V4_ATTN_DEC");
-  return e && e[0] == '1' && e[1] == '\0' ? 1 : 2;
-}
-
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
                             cudaStream_t stream, int variant) {
   if (a.n_rows <= 0) return Status::Ok();

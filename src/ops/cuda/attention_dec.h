@@ -42,22 +42,20 @@ bool attention_dec_supported(int n_heads, int head_dim);
 /// Split count for S rows of up to `max_keys` keys on `n_sms` SMs (one block per SM resident),
 /// from a byte-cost model: per block, its key tiles (kv_bytes bytes per pool element: 4 = f32,
 /// 2 = bf16; others count as 4) + q + output or partial, per wave, with one SM running at most
-/// 1.25× its fair share of bandwidth; split: + the combine's read of the partials and one more
-/// launch. Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
+/// 1.25× its fair share of bandwidth and a tile's math taking at least as long as a 48 KiB read
+/// at that share (so bf16 blocks are math-bound); split: + the combine's read of the partials
+/// and one more launch. Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
 int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_bytes = 4);
-
-/// Kernel variant of the decode attention: V4_ATTN_DEC=1 → 1 (v1, the session-5 kernel, plain
-/// combine launch), otherwise 2 (v2: bf16 pools stream into a 4-deep ring of bf16 tiles, 2
-/// barriers per tile; f32 pools run the v1 kernel; both launch the combine with PDL).
-int attention_dec_default_variant();
 
 /// Runs the decode kernel (and the combine when n_splits > 1). `workspace` must hold
 /// attention_workspace_floats(S, H, 512, n_splits) floats (attention.h; may be nullptr when
 /// n_splits == 1). Works for any S (prefill rows: one block per row and split), each row its own
-/// key list. `variant`: 1 or 2 (attention_dec_default_variant; same results up to the combine's
-/// launch mode, the math is shared). Errors: kInvalidArgument for unsupported (H, hd), n_splits
-/// outside [1, 256], a missing workspace, another variant; kUnsupported for a KV dtype other than
-/// f32 / bf16; CUDA launch errors.
+/// key list. `variant`: 2 (default: bf16 pools stream into a ring of bf16 tiles, f32 pools run
+/// the v1 body; PDL launches, V4_ATTN_DEC_PDL=0 turns them off) or 1 (the session-5 kernel,
+/// plain launches; CudaOptions::attention_dec_variant, V4_ATTN_DEC=1); same math, same results.
+/// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
+/// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
+/// errors.
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
                             cudaStream_t stream, int variant = 2);
 
