@@ -95,7 +95,8 @@ std::string bench_attention(double bw) {
         "Floor = (distinct key rows · 512 · pool element bytes (f32 4, bf16 2) + q + out (f32)) / "
         "measured copy bandwidth. `v2` = attention_dec variant 2 (default: bf16 pools stream "
         "into a 4-deep ring of bf16 tiles, 2 barriers per tile; f32 pools run the v1 body; "
-        "combine launched with PDL) with the split count of its cost model "
+        "combine launched with PDL; bf16 pools with 2–8 splits merge them inside a thread block "
+        "cluster, no combine launch) with the split count of its cost model "
         "(`attention_dec_splits(..., kv_bytes)`, as CudaOps runs it); `v2 best` = the fastest "
         "of a sweep of split counts; `v1` = variant 1 (the session-5 kernel, plain combine) "
         "with the same splits; `mma` = the previous bf16-mode kernel (TF32 attention_mma, "
@@ -182,6 +183,14 @@ std::string bench_attention(double bw) {
           if (us < best_us) best_us = us, best_splits = sp;
         }
         const double v1_us = t_dec(dec_splits, 1);
+        if (b16 && dec_splits >= 2 && dec_splits <= 8) {  // A/B of the cluster merge (log only)
+          setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
+          const double us = t_dec(dec_splits);
+          unsetenv("V4_ATTN_DEC_CLUSTER");
+          std::printf("  v2 cluster merge off (combine kernel) %s S=%lld keys=%lld splits=%d: "
+                      "%.2f us (on: %.2f)\n",
+                      kind, (long long)S, (long long)keys, dec_splits, us, dec_us);
+        }
         const int mma_splits = v4::cuda::attention_auto_splits(S, H, keys, n_sms, 64);
         const double mma_us =
             b16 ? 0.0 : median_us([&](int i) {

@@ -5,8 +5,9 @@
 // forced and automatic split counts; then the same through CudaOps (bf16 mode, the path the
 // model takes) including a CUDA graph replay. Outputs are poisoned (NaN) before every run.
 // Every case runs both kernel variants (1: session-5 kernel, plain combine; 2: bf16 ring kernel
-// for bf16 pools, v1 body for f32, PDL combine) and, where marked, f32 and bf16 pools (the CPU
-// reference then reads the same bf16 pool contents).
+// for bf16 pools, v1 body for f32, PDL launches, 2–8 splits of bf16 pools merged inside a thread
+// block cluster) and, where marked, f32 and bf16 pools (the CPU reference then reads the same
+// bf16 pool contents); with bf16 pools v2 must also match v1 within 1e-5.
 // Tolerance: bf16 rounding of q, k and p with fp32 accumulation and softmax stays within ~4e-3
 // of the output's max |value| (2^-9 per rounded operand); 1e-2 is the bound (bf16 mode class).
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -300,6 +302,28 @@ TEST(CudaAttentionDec, EqualsCpuSinkExtremes) {
       AttnCase c(7, 64, {640, 17, 1152, 1, 160, 8320, 0}, false, false, dt, shift);
       check_kernel(c, {1, 4});
     }
+}
+
+// Variant 2's launch options off one by one (environment, read per call): 2–8 splits through
+// the combine kernel instead of the cluster merge (V4_ATTN_DEC_CLUSTER=0), and plain launches
+// instead of PDL (V4_ATTN_DEC_PDL=0); the default path (cluster + PDL) runs in every case above.
+TEST(CudaAttentionDec, Variant2LaunchOptions) {
+  V4_REQUIRE_GPU();
+  struct Env {
+    const char* name;
+    explicit Env(const char* n) : name(n) { setenv(n, "0", 1); }
+    ~Env() { unsetenv(name); }
+  };
+  for (int opt : {0, 1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "options " << opt);
+    std::unique_ptr<Env> e1, e2;
+    if (opt == 0 || opt == 2) e1 = std::make_unique<Env>("V4_ATTN_DEC_CLUSTER");
+    if (opt == 1 || opt == 2) e2 = std::make_unique<Env>("V4_ATTN_DEC_PDL");
+    for (KvDtype dt : kDtypes) {
+      AttnCase c(7, 128, {640, 17, 1152, 0, 160, 8320, 1}, false, false, dt, 0.5f);
+      check_kernel(c, {1, 2, 5, 8});
+    }
+  }
 }
 
 TEST(CudaAttentionDec, RefusesBadArguments) {

@@ -21,6 +21,7 @@
 // math (tile_qk, tile_s_write, tile_softmax, tile_pv, store_out): with bf16 pools and the same
 // split count they run the same operations in the same order (equal up to the compiler's FMA
 // contraction choices; the tests bound the difference at 1e-5).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +34,7 @@
 
 namespace v4::cuda {
 namespace {
+namespace cg = cooperative_groups;
 
 constexpr int kHd = 512;
 constexpr int kHeads = 64;                  // heads per block
@@ -451,6 +453,67 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
 }
 
+// Cluster combine (v2, 2 ≤ n_splits ≤ kMaxClusterSplits): every CTA of the cluster (rank s =
+// split s) writes its partial of the 64 heads — m, l and the unnormalized o, the values store_out
+// would write to the workspace — into its own shared memory (the Q / ring space, free after the
+// last tile): cp [64][512] f32 then cm[64], cl[64] (131,584 B); cluster barrier; CTA s then
+// merges heads [s·hs, s·hs + hs) (hs = ⌈64 / n_splits⌉) over all ranks in rank order 0, 1, …
+// (fixed order whatever the arrival order: deterministic) with the sink, reading the other
+// CTAs' shared memory (DSMEM), and writes the output; a second cluster barrier keeps every
+// CTA's shared memory alive until all reads are done.
+constexpr int kMaxClusterSplits = 8;  // portable cluster size
+constexpr size_t kCpBytes = size_t(kHeads) * kHd * 4;  // 131,072
+__device__ __forceinline__ void cluster_combine(const ops::AttentionArgs& a, int64_t t, int s,
+                                                int n_splits, int hb, int hg, int half, int g,
+                                                int tq, const float (&m_r)[2],
+                                                const float (&l_r)[2], const float (&o)[32][4],
+                                                unsigned char* smem) {
+  float* cp = reinterpret_cast<float*>(smem);
+  float* cm = reinterpret_cast<float*>(smem + kCpBytes);
+  float* cl = cm + kHeads;
+  __syncthreads();  // every warp is done with qs and the ring (the last tile's P·V)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int hl = hg * 16 + g + 8 * r;  // head within the block
+    if (half == 0 && tq == 0) {
+      cm[hl] = m_r[r];
+      cl[hl] = l_r[r];
+    }
+    float* row = cp + hl * kHd + half * 256;
+#pragma unroll
+    for (int nt = 0; nt < 32; ++nt)
+      *reinterpret_cast<float2*>(row + nt * 8 + 2 * tq) = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every rank's partial written and visible cluster-wide
+  const int H = a.n_heads;
+  const int hs = (kHeads + n_splits - 1) / n_splits;
+  const int h_lo = s * hs, h_hi = min(kHeads, h_lo + hs);
+  for (int hl = h_lo; hl < h_hi; ++hl) {
+    const int h = hb + hl;
+    if (h >= H) break;
+    const float sink = a.sinks[h];
+    float M = sink;
+    for (int q = 0; q < n_splits; ++q) M = fmaxf(M, *cluster.map_shared_rank(cm + hl, q));
+    float L = 0.f, acc0 = 0.f, acc1 = 0.f;
+    const int d0 = threadIdx.x, d1 = threadIdx.x + kThreads;  // kThreads · 2 == kHd
+    for (int q = 0; q < n_splits; ++q) {
+      const float m = *cluster.map_shared_rank(cm + hl, q);
+      const float f = m == -INFINITY ? 0.f : __expf(m - M);
+      L = fmaf(*cluster.map_shared_rank(cl + hl, q), f, L);
+      const float* prow = cluster.map_shared_rank(cp + hl * kHd, q);
+      acc0 = fmaf(prow[d0], f, acc0);
+      acc1 = fmaf(prow[d1], f, acc1);
+    }
+    const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: 0 / exp(0) = 0
+    float* out = a.out + (t * H + h) * int64_t(kHd);
+    out[d0] = acc0 * inv;
+    out[d1] = acc1 * inv;
+  }
+  cluster.sync();  // keep this CTA's shared memory until every rank has read it
+}
+static_assert(kThreads * 2 == kHd, "cluster_combine: two dims per thread");
+
 // v2 kernel (bf16 pools, issue 7): key rows go by cp.async straight into a ring of kStages2
 // bf16 tiles in the padded ldmatrix layout (no staging copy, no conversion pass), kStages2 − 1
 // tiles in flight while one computes, and a separate S exchange buffer, so a tile takes 2
@@ -466,8 +529,12 @@ constexpr size_t kSxBytes = size_t(8) * 16 * kSxLd * 4;                     // 2
 constexpr size_t kSmem2 = kQsBytes + size_t(kStages2) * kKbBytes + kSxBytes;  // 220,160
 static_assert(kSmem2 + size_t(kStages2) * kKT * 4 <= 232448, "v2 shared memory over 227 KiB");
 static_assert((kLdB * 2) % 16 == 0, "cp.async 16-byte chunks into padded rows");
+static_assert(kCpBytes + 2 * kHeads * 4 <= kSmem2, "cluster partial must fit the v2 smem");
 
-template <typename T>
+// kCluster: the n_splits CTAs of a (row, head group) form one thread-block cluster (launched
+// with cluster dims (n_splits, 1, 1), n_splits in [2, kMaxClusterSplits]) and merge their
+// partials through distributed shared memory instead of the workspace and the combine kernel.
+template <typename T, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_dec2_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
                      const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
@@ -562,7 +629,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile_pv(kw, lane, sv, o);
   }
   cp_async_wait<0>();  // only empty groups can remain; nothing in flight at exit
-  store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
+  if constexpr (kCluster) {
+    cluster_combine(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, smem);
+  } else {
+    store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
+  }
 }
 
 // Merges the split partials of (t, h) with the sink (the attention.h partial layout), spread
@@ -661,23 +732,41 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_b
 namespace {
 
 // Launches kern<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization
-// (PDL): it may be scheduled while the previous kernel of the stream runs; every kernel launched
-// this way calls pdl_wait before touching global memory.
+// (PDL, when pdl: it may be scheduled while the previous kernel of the stream runs; every kernel
+// launched this way calls pdl_wait before touching global memory) and, when cluster > 1, thread
+// block clusters of (cluster, 1, 1).
 template <typename... P, typename... Args>
-Status launch_pdl(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                  Args... args) {
+Status launch_ex(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                 bool pdl, unsigned cluster, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n;
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, args...));
   return Status::Ok();
+}
+
+// V4_ATTN_DEC_CLUSTER=0: variant 2 merges 2..8 splits with the combine kernel too (A/B).
+bool attn_cluster_enabled() {
+  const char* e = std::getenv("V4_ATTN_DEC_CLUSTER");
+  return !(e && e[0] == '0');
 }
 
 // V4_ATTN_DEC_PDL=0: variant 2 launches without PDL too (A/B, or a driver that refuses the
@@ -701,23 +790,55 @@ Status smem_attr_once(const void* kern, size_t bytes, const char* what) {
   return Status::Ok();
 }
 
+// Whether clusters of n (2..kMaxClusterSplits) CTAs of attn_dec2_kernel<bf16, true> can be
+// resident on this device (cudaOccupancyMaxActiveClusters > 0); asked once per n and process.
+bool cluster_fits(int n) {
+  static int fits[kMaxClusterSplits + 1] = {};  // 0 unknown, 1 yes, −1 no
+  if (n < 2 || n > kMaxClusterSplits) return false;
+  if (fits[n] == 0) {
+    auto kern = attn_dec2_kernel<__nv_bfloat16, true>;
+    int count = 0;
+    bool ok = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(kSmem2)) == cudaSuccess;
+    if (ok) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(n), 1, 1);
+      cfg.blockDim = dim3(kThreads, 1, 1);
+      cfg.dynamicSmemBytes = kSmem2;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(n);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
+    }
+    if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
+    fits[n] = ok && count > 0 ? 1 : -1;
+  }
+  return fits[n] > 0;
+}
+
 // Launches the main kernel `kern` (dynamic smem `smem`, attribute slot kId) on pools of type T;
-// pdl: with programmatic stream serialization (the kernel must pdl_wait before any access).
+// pdl: with programmatic stream serialization (the kernel must pdl_wait before any access);
+// cluster > 1: clusters of (cluster, 1, 1) CTAs (the kernel must be a kCluster instantiation).
 template <int kId, typename T>
 Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, float*),
                    size_t smem, const ops::AttentionArgs& a, int n_splits, float* ws, dim3 grid,
-                   bool pdl, cudaStream_t stream) {
+                   bool pdl, cudaStream_t stream, unsigned cluster = 1) {
   V4_RETURN_IF_ERROR(smem_attr_once<kId>(reinterpret_cast<const void*>(kern), smem,
                                          "attn_dec smem attribute"));
   const T* swa = static_cast<const T*>(a.swa_pool);
   const T* comp = static_cast<const T*>(a.comp_pool);
-  if (!pdl) {
+  if (!pdl && cluster <= 1) {
     kern<<<grid, kThreads, smem, stream>>>(a, swa, comp, n_splits, ws);
     return check_launch("attn_dec_kernel");
   }
-  V4_RETURN_IF_ERROR(launch_pdl(kern, grid, dim3(kThreads, 1, 1), smem, stream, a, swa, comp,
-                                n_splits, ws));
-  return check_launch("attn_dec_kernel (PDL)");
+  V4_RETURN_IF_ERROR(launch_ex(kern, grid, dim3(kThreads, 1, 1), smem, stream, pdl, cluster, a,
+                               swa, comp, n_splits, ws));
+  return check_launch("attn_dec_kernel (PDL / cluster)");
 }
 
 }  // namespace
@@ -744,9 +865,15 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant == 2 && attn_pdl_enabled();
   if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
+    if (variant == 2 && n_splits >= 2 && n_splits <= kMaxClusterSplits &&
+        attn_cluster_enabled() && cluster_fits(n_splits)) {  // merged in the cluster: no combine
+      V4_RETURN_IF_ERROR((launch_main<4, B>(attn_dec2_kernel<B, true>, kSmem2, a, n_splits,
+                                             workspace, grid, pdl, stream, unsigned(n_splits))));
+      return Status::Ok();
+    }
     if (variant == 2)
-      V4_RETURN_IF_ERROR((launch_main<0, B>(attn_dec2_kernel<B>, kSmem2, a, n_splits, workspace,
-                                             grid, pdl, stream)));
+      V4_RETURN_IF_ERROR((launch_main<0, B>(attn_dec2_kernel<B, false>, kSmem2, a, n_splits,
+                                             workspace, grid, pdl, stream)));
     else
       V4_RETURN_IF_ERROR((launch_main<1, B>(attn_dec_kernel<B, false>, smem_bytes<B>(), a,
                                              n_splits, workspace, grid, false, stream)));
@@ -771,8 +898,8 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   // PDL: the main kernel triggered at its start; the combine's griddepcontrol.wait orders it
   // after the main grid's completion (also inside graphs: a programmatic edge).
   const float* ws_c = workspace;
-  V4_RETURN_IF_ERROR(launch_pdl(attn_dec_combine_kernel, cgrid, dim3(kCombThreads, 1, 1), 0,
-                                stream, a, n_splits, ws_c));
+  V4_RETURN_IF_ERROR(launch_ex(attn_dec_combine_kernel, cgrid, dim3(kCombThreads, 1, 1), 0,
+                               stream, true, 1u, a, n_splits, ws_c));
   return check_launch("attn_dec_combine_kernel (PDL)");
 }
 
