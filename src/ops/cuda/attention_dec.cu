@@ -488,27 +488,51 @@ __device__ __forceinline__ void cluster_combine(const ops::AttentionArgs& a, int
   cluster.sync();  // every rank's partial written and visible cluster-wide
   const int H = a.n_heads;
   const int hs = (kHeads + n_splits - 1) / n_splits;
-  const int h_lo = s * hs, h_hi = min(kHeads, h_lo + hs);
-  for (int hl = h_lo; hl < h_hi; ++hl) {
-    const int h = hb + hl;
-    if (h >= H) break;
-    const float sink = a.sinks[h];
-    float M = sink;
-    for (int q = 0; q < n_splits; ++q) M = fmaxf(M, *cluster.map_shared_rank(cm + hl, q));
-    float L = 0.f, acc0 = 0.f, acc1 = 0.f;
-    const int d0 = threadIdx.x, d1 = threadIdx.x + kThreads;  // kThreads · 2 == kHd
-    for (int q = 0; q < n_splits; ++q) {
-      const float m = *cluster.map_shared_rank(cm + hl, q);
-      const float f = m == -INFINITY ? 0.f : __expf(m - M);
-      L = fmaf(*cluster.map_shared_rank(cl + hl, q), f, L);
-      const float* prow = cluster.map_shared_rank(cp + hl * kHd, q);
-      acc0 = fmaf(prow[d0], f, acc0);
-      acc1 = fmaf(prow[d1], f, acc1);
+  const int h_lo = s * hs, h_hi = min(min(kHeads, h_lo + hs), H - hb);  // my heads [h_lo, h_hi)
+  // 1. One thread per head of my slice: the merge weights w[q] = exp(m_q − M) / (Σ_q l_q ·
+  //    exp(m_q − M) + exp(sink − M)), M = max(sink, m_q), summed in rank order (loads of all
+  //    ranks issued together: the loop is unrolled over kMaxClusterSplits with a guard).
+  __shared__ float wts[kHeads][kMaxClusterSplits];
+  if (int(threadIdx.x) < h_hi - h_lo) {  // h_hi < h_lo: no heads left for this rank
+    const int hl = h_lo + int(threadIdx.x);
+    const float sink = a.sinks[hb + hl];
+    float mq[kMaxClusterSplits], lq[kMaxClusterSplits];
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) {
+      mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
+      lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
     }
-    const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: 0 / exp(0) = 0
-    float* out = a.out + (t * H + h) * int64_t(kHd);
-    out[d0] = acc0 * inv;
-    out[d1] = acc1 * inv;
+    float M = sink;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) M = fmaxf(M, mq[q]);
+    float L = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) {
+      mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
+      L = fmaf(lq[q], mq[q], L);
+    }
+    const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) wts[hl - h_lo][q] = mq[q] * inv;
+  }
+  __syncthreads();  // wts ready
+  // 2. out[h][d] = Σ_q o_q[h][d] · w[q] in rank order; thread = dims d, d + 256 of every head.
+  const int d0 = threadIdx.x, d1 = threadIdx.x + kThreads;  // kThreads · 2 == kHd
+#pragma unroll 2
+  for (int hl = h_lo; hl < h_hi; ++hl) {
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) {
+      if (q < n_splits) {
+        const float* prow = cluster.map_shared_rank(cp + hl * kHd, q);
+        const float w = wts[hl - h_lo][q];
+        acc0 = fmaf(prow[d0], w, acc0);
+        acc1 = fmaf(prow[d1], w, acc1);
+      }
+    }
+    float* out = a.out + (t * H + hb + hl) * int64_t(kHd);
+    out[d0] = acc0;
+    out[d1] = acc1;
   }
   cluster.sync();  // keep this CTA's shared memory until every rank has read it
 }
@@ -527,7 +551,8 @@ static_assert(kThreads * 2 == kHd, "cluster_combine: two dims per thread");
 constexpr int kStages2 = 4;
 constexpr size_t kSxBytes = size_t(8) * 16 * kSxLd * 4;                     // 20,480
 constexpr size_t kSmem2 = kQsBytes + size_t(kStages2) * kKbBytes + kSxBytes;  // 220,160
-static_assert(kSmem2 + size_t(kStages2) * kKT * 4 <= 232448, "v2 shared memory over 227 KiB");
+static_assert(kSmem2 + size_t(kStages2) * kKT * 4 + size_t(kHeads) * 8 * 4 <= 232448,
+              "v2 shared memory (dynamic + rows_s + the cluster merge weights) over 227 KiB");
 static_assert((kLdB * 2) % 16 == 0, "cp.async 16-byte chunks into padded rows");
 static_assert(kCpBytes + 2 * kHeads * 4 <= kSmem2, "cluster partial must fit the v2 smem");
 
