@@ -497,7 +497,7 @@ class CudaOps final : public Ops {
   bool supports(WFormat) const override { return true; }
   /// f32 and bf16 KV pools: bf16 is read by attention_dec (KeyPool<bf16>), the split kernel, the
   /// generic kernels and the indexer; attention_mma (TF32, prefill) takes f32 pools only, so bf16
-  /// prefill attention runs on the split kernel (sparse_attention below).
+  /// prefill attention runs attention_dec too (sparse_attention below).
   bool supports_kv_dtype(KvDtype dt) const override {
     return dt == KvDtype::kF32 || dt == KvDtype::kBf16;
   }
@@ -690,7 +690,11 @@ class CudaOps final : public Ops {
                           kAttnMaxHd));
       return;
     }
-    if (!batch_invariant_ && opts_.attention_dec && a.n_rows <= opts_.attention_dec_max_rows &&
+    // bf16 KV pools take attention_dec at every row count: attention_mma (TF32) stages f32 rows
+    // only, and with the split kernel a 4,096-token prefill step took 899 ms instead of 577.
+    const bool dec_rows =
+        a.n_rows <= opts_.attention_dec_max_rows || a.kv_dtype != KvDtype::kF32;
+    if (!batch_invariant_ && opts_.attention_dec && dec_rows &&
         cuda::attention_dec_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
       const int splits = cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,

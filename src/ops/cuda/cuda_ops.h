@@ -86,10 +86,11 @@ struct CudaOptions {
   /// variant 1) / 2 (on, variant 2).
   bool attention_dec = true;
   /// Decode kernel variant (attention_dec.h): 2 (default: bf16 pools stream into a 4-deep ring
-  /// of bf16 tiles, PDL combine) or 1 (the session-5 kernel, for A/B).
+  /// of bf16 tiles, PDL launches, 2–8 splits merged in a thread block cluster) or 1 (the
+  /// session-5 kernel, for A/B).
   int attention_dec_variant = 2;
-  /// Prefill-sized calls (more rows) keep attention_mma until the decode kernel is measured
-  /// there (it is correct for any row count).
+  /// Prefill-sized calls (more rows) with f32 pools keep attention_mma until the decode kernel
+  /// is measured there (it is correct for any row count); bf16 pools take it at any row count.
   int64_t attention_dec_max_rows = 256;
 };
 
