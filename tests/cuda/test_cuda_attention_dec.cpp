@@ -266,6 +266,11 @@ TEST(CudaAttentionDec, EqualsCpuBatch64) {
       check_kernel(c, {1, 3});
     }
     {
+      SCOPED_TRACE("prefill-sized: 160 rows (bf16 pools take the decode kernel at any row count)");
+      AttnCase c(160, 64, {300, 17, 128}, false, false, dt);
+      check_kernel(c, {1, 2});
+    }
+    {
       SCOPED_TRACE("HCA 128K: 1152 keys, own keys per row");
       AttnCase c(64, 64, {1152}, false, false, dt);
       check_kernel(c, {1, 2});
