@@ -594,15 +594,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;  // 64
   constexpr int kIssueIters = kKT * kChunksPerRow / kThreads;  // 8
   static_assert(kKT == 32 && kKT * kChunksPerRow % kThreads == 0, "uniform issue loop");
-  // Issues split tile `tile` (if it exists) into ring slot tile % kStages2 and always commits
-  // one cp.async group, so that "groups committed" counts tiles for cp_async_wait.
-  auto issue = [&](int tile) {
+  // Pool row of key k0 + 32·tile + lane (−1: past the split, or a masked entry). The loop asks
+  // for tile it + kStages2 right after issuing tile it + kStages2 − 1, so this load's latency
+  // hides behind a whole tile of math instead of stalling the issue.
+  const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
+  const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
+  auto lookup = [&](int tile) -> int32_t {
+    const int j = k0 + tile * kKT + lane;
+    if (tile >= n_tiles || j >= k1) return -1;
+    return j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
+  };
+  // Issues split tile `tile` (if it exists; my_r = lookup(tile)) into ring slot tile % kStages2
+  // and always commits one cp.async group, so that "groups committed" counts tiles for
+  // cp_async_wait.
+  auto issue = [&](int tile, int32_t my_r) {
     if (tile < n_tiles) {
       const int buf = tile % kStages2;
       unsigned char* dst = ring + size_t(buf) * kKbBytes;
       const int kt0 = k0 + tile * kKT;
-      const int jl = kt0 + lane;
-      const int32_t my_r = jl < k1 ? key_row(a, t, jl, n_swa) : -1;
 #pragma unroll
       for (int i = 0; i < kIssueIters; ++i) {
         const int e = threadIdx.x + i * kThreads;
@@ -625,13 +634,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
+  int32_t next_r = -1;  // lookup(it + kStages2 − 1), loaded one tile ahead
   if (n_tiles > 0) {
     // The first half of Q is requested before the key-list lookups of the first tiles (a chain
     // of dependent loads), so both latencies overlap.
     float4 qv[kQIters / 2];
     load_q_half(a, t, hb, 0, qv);
 #pragma unroll
-    for (int p = 0; p < kStages2 - 1; ++p) issue(p);
+    for (int p = 0; p < kStages2 - 1; ++p) issue(p, lookup(p));
+    next_r = lookup(kStages2 - 1);
     store_q_half(0, qv, qs);
     load_q_half(a, t, hb, 1, qv);
     store_q_half(1, qv, qs);
@@ -649,7 +660,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile_qk(qw, kw, lane, sacc);
     tile_s_write(sx, warp, g, tq, sacc);
     __syncthreads();  // B: partial S visible; every warp is past tile it − 1
-    issue(it + kStages2 - 1);
+    issue(it + kStages2 - 1, next_r);
+    next_r = lookup(it + kStages2);
     tile_softmax(sx, warp, g, tq, a.scale, rows_s[buf], sacc, sv, m_r, l_r, o);
     tile_pv(kw, lane, sv, o);
   }
