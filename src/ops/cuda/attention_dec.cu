@@ -289,7 +289,7 @@ __device__ __forceinline__ void stage_q(const ops::AttentionArgs& a, int64_t t, 
 }
 
 /// stage_q in two halves for the v2 prologue: load half `part` (16 float4 per thread) into
-/// registers first (in flight while the key lists are looked up), convert and store them later.
+/// registers (in flight while the key lists are looked up), convert and store them later.
 constexpr int kQIters = kHeads * (kHd / 4) / kThreads;  // 32 float4 per thread
 __device__ __forceinline__ void load_q_half(const ops::AttentionArgs& a, int64_t t, int hb,
                                             int part, float4 (&v)[kQIters / 2]) {
@@ -636,16 +636,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int32_t next_r = -1;  // lookup(it + kStages2 − 1), loaded one tile ahead
   if (n_tiles > 0) {
-    // The first half of Q is requested before the key-list lookups of the first tiles (a chain
-    // of dependent loads), so both latencies overlap.
-    float4 qv[kQIters / 2];
+    // All of Q (32 float4 per thread, in registers: o is not live yet) is requested before the
+    // key-list lookups of the first tiles (a chain of dependent loads): the latencies overlap.
+    float4 qv[kQIters / 2], qv1[kQIters / 2];
     load_q_half(a, t, hb, 0, qv);
+    load_q_half(a, t, hb, 1, qv1);
 #pragma unroll
     for (int p = 0; p < kStages2 - 1; ++p) issue(p, lookup(p));
     next_r = lookup(kStages2 - 1);
     store_q_half(0, qv, qs);
-    load_q_half(a, t, hb, 1, qv);
-    store_q_half(1, qv, qs);
+    store_q_half(1, qv1, qs);
   }
   const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
   for (int it = 0; it < n_tiles; ++it) {
