@@ -351,7 +351,8 @@ class CudaOps final : public Ops {
       if (std::string(e) == "0") opts_.multi_stream = false;
     }
     if (const char* e = std::getenv("V4_ATTN_DEC")) {
-      if (std::string(e) == "1") opts_.attention_dec = true;
+      if (std::string(e) == "1") opts_.attention_dec = true, opts_.attention_dec_variant = 1;
+      if (std::string(e) == "2") opts_.attention_dec = true, opts_.attention_dec_variant = 2;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
   }
@@ -696,15 +697,16 @@ class CudaOps final : public Ops {
     if (!batch_invariant_ && opts_.attention_dec && dec_rows &&
         cuda::attention_dec_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
-      const int splits =
-          cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
+      const int splits = cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                                    a.kv_dtype == KvDtype::kBf16 ? 2 : 4);
       float* ws = nullptr;
       if (splits > 1)
         ws = static_cast<float*>(scratch(
             cuda::kSlotAttention,
             size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
                 sizeof(float)));
-      record(cuda::sparse_attention_dec(a, splits, ws, cs()));
+      record(cuda::sparse_attention_dec(a, splits, ws, cs(),
+                                        opts_.attention_dec_variant == 1 ? 1 : 2));
       return;
     }
     if (!batch_invariant_ && a.kv_dtype == KvDtype::kF32 &&
