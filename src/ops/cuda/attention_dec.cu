@@ -4,8 +4,9 @@
 // Shared memory (dynamic, 230,912 B of the 232,448 B a block may have):
 //   qs     bf16 [64 heads][520]   Q of the block's heads (row stride 1040 B: ldmatrix rows fall
 //                                 on distinct 16-byte bank groups)
-//   kb     bf16 [32 keys][520]    the current key tile, converted from the staged f32 rows
-//   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32: 2 KiB a row);
+//   kb     bf16 [32 keys][520]    the current key tile, converted from the staged rows
+//   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32 pools: 2 KiB a
+//                                 row; bf16 pools, --kv-cache-dtype bf16: 1 KiB, copied as is);
 //                                 the stage just converted doubles as the S exchange buffer
 //                                 ([8 warps][16][40] f32) until the tile after next is issued
 // Split partials are merged by attn_dec_combine_kernel (one block per (row, head, 128 dims)).
@@ -54,6 +55,16 @@ struct KeyPool<float> {
     *reinterpret_cast<uint2*>(dst) = u;
   }
 };
+template <>
+struct KeyPool<__nv_bfloat16> {  // bf16 KV pools (--kv-cache-dtype bf16): staged bytes are kb's
+  static constexpr int kRowBytes = kHd * 2;
+  static constexpr int kElems = 8;  // per 16-byte chunk
+  /// Copies chunk `c` of a staged row (8 bf16 at src) to dst[0..7] unchanged.
+  __device__ static __forceinline__ void convert(const unsigned char* src,
+                                                 __nv_bfloat16* dst) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+};
 
 constexpr size_t kQsBytes = size_t(kHeads) * kLdB * 2;  // 66,560
 constexpr size_t kKbBytes = size_t(kKT) * kLdB * 2;     // 33,280
@@ -67,6 +78,10 @@ constexpr size_t smem_bytes() {
 }
 static_assert(smem_bytes<float>() + 2 * kKT * 4 <= 232448, "shared memory over the 227 KiB limit");
 static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<float>(), "S exchange must fit a stage");
+static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<__nv_bfloat16>(),
+              "S exchange must fit a bf16 stage");
+static_assert(kKT * (KeyPool<__nv_bfloat16>::kRowBytes / 16) % kThreads == 0,
+              "uniform bf16 issue loop");
 static_assert(kQsBytes % 16 == 0 && kKbBytes % 16 == 0, "cp.async / ldmatrix alignment");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -436,17 +451,36 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
       (a.n_heads + kHeads - 1) / kHeads > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
-  constexpr size_t kSmem = smem_bytes<float>();
-  static bool attr = false;  // set once per process (one device)
-  if (!attr) {
-    cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<float>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-    if (e != cudaSuccess) return cuda_status(e, "attn_dec smem attribute");
-    attr = true;
-  }
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  attn_dec_kernel<float><<<grid, kThreads, kSmem, stream>>>(a, a.swa_pool, a.comp_pool, n_splits,
-                                                            workspace);
+  if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
+    using B = __nv_bfloat16;
+    constexpr size_t kSmem = smem_bytes<B>();
+    static bool attr = false;  // set once per process (one device)
+    if (!attr) {
+      cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<B>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+      if (e != cudaSuccess) return cuda_status(e, "attn_dec bf16 smem attribute");
+      attr = true;
+    }
+    attn_dec_kernel<B><<<grid, kThreads, kSmem, stream>>>(
+        a, static_cast<const B*>(a.swa_pool), static_cast<const B*>(a.comp_pool), n_splits,
+        workspace);
+  } else if (a.kv_dtype == KvDtype::kF32) {
+    constexpr size_t kSmem = smem_bytes<float>();
+    static bool attr = false;  // set once per process (one device)
+    if (!attr) {
+      cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<float>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+      if (e != cudaSuccess) return cuda_status(e, "attn_dec smem attribute");
+      attr = true;
+    }
+    attn_dec_kernel<float><<<grid, kThreads, kSmem, stream>>>(
+        a, static_cast<const float*>(a.swa_pool), static_cast<const float*>(a.comp_pool),
+        n_splits, workspace);
+  } else {
+    return errorf(ErrorCode::kUnsupported, "sparse_attention_dec: KV dtype {}",
+                  kv_dtype_name(a.kv_dtype));
+  }
   V4_RETURN_IF_ERROR(check_launch("attn_dec_kernel"));
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};

@@ -41,6 +41,30 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Stores VEC finished values o[0..VEC) at value index i of the pool (i % VEC == 0) in the pool's
+// element type (a.pool_dtype: f32, or bf16 rounded to nearest even as the CPU backend does).
+template <int VEC>
+__device__ __forceinline__ void store_pool_values(const ops::CompressFusedArgs& a, int64_t i,
+                                                  const float* o) {
+  if (a.pool_dtype == KvDtype::kBf16) {
+    uint16_t* p = static_cast<uint16_t*>(a.pool) + i;
+    if constexpr (VEC == 4) {  // 8 bytes, 8-byte aligned (pool 16-aligned, i % 4 == 0)
+      const uint2 u = make_uint2(
+          uint32_t(kv_f32_to_bf16(o[0])) | (uint32_t(kv_f32_to_bf16(o[1])) << 16),
+          uint32_t(kv_f32_to_bf16(o[2])) | (uint32_t(kv_f32_to_bf16(o[3])) << 16));
+      *reinterpret_cast<uint2*>(p) = u;
+    } else {
+      p[0] = kv_f32_to_bf16(o[0]);
+    }
+    return;
+  }
+  float* p = static_cast<float*>(a.pool) + i;
+  if constexpr (VEC == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]);
+  else
+    p[0] = o[0];
+}
+
 // Ring items per thread of a ring CTA (all loads in flight before the stores).
 constexpr int kRingPerThread = 4;
 
@@ -236,7 +260,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
   const float inv = rsqrtf(total / float(int64_t(d)) + a.eps);
 
   // 3. Normalise + weight, RoPE, store (VEC channels per thread).
-  float* out = a.pool + int64_t(s_dst) * d;
+  const int64_t out = int64_t(s_dst) * d;  // first value index of the row in the pool
   auto normed = [&](int l) {  // channel l of the slice, normalised · norm
     const float w = pl.stage ? s_norm[l] : (a.norm ? __ldg(a.norm + c0 + l) : 1.f);
     return s_row[l] * inv * w;
@@ -261,10 +285,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       cs *= a.attention_scaling;
       o[i] = ((ch - nope) & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
     }
-    if constexpr (VEC == 4)
-      *reinterpret_cast<float4*>(out + c0 + l) = make_float4(o[0], o[1], o[2], o[3]);
-    else
-      out[c0 + l] = o[0];
+    store_pool_values<VEC>(a, out + c0 + l, o);
   }
 }
 
