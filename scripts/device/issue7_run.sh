@@ -4,9 +4,6 @@
 #   compressor  bench_kernels --only-compressor  -> cuda-compressor.md
 #   wformat     bench_kernels --only-wformat     -> cuda-wformat.md (GEMV / dense_mma / MoE tables)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
-#   topk-phases (opt-in, not in the default list) a second build (build-gpu-phases, bench_kernels
-#               only, -DV4_TOPK_PHASES=1) and bench_kernels --phases-topk V N for v5 (30) and v6
-#               (34) at 65,536 / 131,072 / 262,144 -> topk-phases.log (in logs.tgz)
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
 #   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
@@ -53,26 +50,6 @@ kb() {  # kb <stage> <flag>
 has compressor && kb compressor --only-compressor
 has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wformat.log"; }
 has topk && kb topk --only-topk
-if has topk-phases; then  # in-kernel clock64 phase stamps (TOPK_TS in topk.cu)
-  P=build-gpu-phases
-  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  { cmake -S . -B $P $gen -DCMAKE_BUILD_TYPE=Release -DV4_CUDA=ON -DV4_TESTS=OFF -DV4_BENCH=ON \
-      -DPKG_CONFIG_EXECUTABLE=$D/usr/bin/pkgconf \
-      -DCMAKE_INCLUDE_PATH="$D/usr/include;$D/usr/include/x86_64-linux-gnu" \
-      -DCMAKE_LIBRARY_PATH="$L;$L/openblas-pthread" -DBoost_INCLUDE_DIR=$D/usr/include \
-      -DCMAKE_CXX_FLAGS="-isystem $D/usr/include" \
-      -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
-      -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
-      -DCMAKE_CUDA_FLAGS="-isystem $D/usr/include -DV4_TOPK_PHASES=1" \
-      && cmake --build $P -j "$(nproc)" --target bench_kernels; } > "$OUT/topk-phases-build.log" 2>&1
-  echo "topk-phases build rc=$?"
-  for v in 30 34; do
-    for nn in 65536 131072 262144; do
-      timeout 60 $P/bench/bench_kernels --phases-topk $v $nn
-    done
-  done > "$OUT/topk-phases.log" 2>&1
-  cat "$OUT/topk-phases.log"; logs+=(topk-phases.log topk-phases-build.log)
-fi
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has attention && kb attention --only-attention
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
