@@ -803,7 +803,8 @@ int main(int argc, char** argv) {
                     V{33, "v5 cluster 16 + programmatic dependent launch"},
                     V{34, "v6 cluster 16 (v5 + compacted key list)"},
                     V{35, "v6 cluster 16 + programmatic dependent launch"},
-                    V{36, "v6 cluster 8 (v5 + compacted key list)"}})
+                    V{36, "v6 cluster 8 (v5 + compacted key list)"},
+                    V{37, "v6 cluster 16, unmerged histogram atomics"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -817,6 +818,7 @@ int main(int argc, char** argv) {
         variants.push_back({34, "v6 cluster 16 (v5 + compacted key list)"});
         variants.push_back({35, "v6 cluster 16 + programmatic dependent launch"});
         variants.push_back({36, "v6 cluster 8 (v5 + compacted key list)"});
+        variants.push_back({37, "v6 cluster 16, unmerged histogram atomics"});
       }
       const auto cap = [](int id) {
         switch (id) {

@@ -388,9 +388,9 @@ TEST(CudaKernels, TopkV5PdlBackToBack) {
 TEST(CudaKernels, TopkExactV6Variants) {
   V4_REQUIRE_GPU();
   const std::pair<int, int> variants[] = {{34, 262144}, {34, 131072}, {34, 65536}, {34, 16384},
-                                          {35, 262144}, {36, 131072}, {36, 65536}};
+                                          {35, 262144}, {36, 131072}, {36, 65536}, {37, 262144}};
   for (auto [variant, cap] : variants) {
-    const bool maybe = variant == 34 || variant == 35;  // a 16-CTA cluster may not be resident
+    const bool maybe = variant == 34 || variant == 35 || variant == 37;  // a 16-CTA cluster may not be resident
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
                    Dist::kRampUp, Dist::kRampDown, Dist::kOutlier, Dist::kLowBits}) {
       SCOPED_TRACE(::testing::Message() << "variant " << variant << " cap " << cap << " dist " << int(d));

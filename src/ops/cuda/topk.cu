@@ -1582,7 +1582,9 @@ __global__ void __launch_bounds__(512, 1)
 
 constexpr int kV6MaxItems = 32;
 
-template <int C, int ITEMS, bool PDL = false>
+// AGG: merge equal digits of a warp before the list-histogram atomics (__match_any_sync); false =
+// one shared atomic per entry (variant 37, the A/B comparison).
+template <int C, int ITEMS, bool PDL = false, bool AGG = true>
 __global__ void __launch_bounds__(512, 1)
     topk_kernel_v6(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
                    int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
@@ -1775,11 +1777,13 @@ __global__ void __launch_bounds__(512, 1)
       const uint32_t kk = j < L ? lk[j] : 0u;
       const bool act = j < L && (kk & mask) == prefix;
       const uint32_t d = act ? (kk >> shift) & dmask : 0xffffffffu;  // no digit is 0xffffffff
-      const unsigned peers = __match_any_sync(FULL, d);
-      if (act) {
-        if (lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
-        dtop = max(dtop, d + 1);
+      if constexpr (AGG) {
+        const unsigned peers = __match_any_sync(FULL, d);
+        if (act && lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+      } else {
+        if (act) atomicAdd(&h[d], 1u);
       }
+      if (act) dtop = max(dtop, d + 1);
     }
     if (p > 0) {
       dtop = __reduce_max_sync(FULL, dtop);
@@ -2114,10 +2118,10 @@ Status launch_cluster_pdl(Kern kern, const float* scores, int64_t ld, const int3
 // u16 indices), granted once per kernel; non-portable cluster size (C = 16) and residency checked
 // per kernel (check_big_cluster), kUnsupported when a cluster cannot be resident. PDL: launched
 // with programmatic stream serialization (as variant 33).
-template <int C, int ITEMS, bool PDL>
+template <int C, int ITEMS, bool PDL, bool AGG = true>
 Status launch_topk_v6(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                       int32_t* out, int32_t* out_len, cudaStream_t stream) {
-  auto kern = topk_kernel_v6<C, ITEMS, PDL>;
+  auto kern = topk_kernel_v6<C, ITEMS, PDL, AGG>;
   const size_t smem = size_t(512) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t));
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -2383,6 +2387,11 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 8 * T * 8) return launch_topk_v6<8, 8, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 8 * T * 16) return launch_topk_v6<8, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_topk_v6<8, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 37:  // 34 with one shared atomic per list entry (no warp merging of equal digits)
+      if (max_n > 16 * T * 32) break;
+      if (max_n <= 16 * T * 8) return launch_topk_v6<16, 8, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_topk_v6<16, 16, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v6<16, 32, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

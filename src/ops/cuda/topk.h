@@ -67,7 +67,8 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// index-ordered shared-memory list of (key, u16 index in the CTA's slice), and the histograms,
 /// candidates and the output run over that list instead of every register key; dynamic shared
 /// memory 512·I·6 B), keys/thread sized to the row, I ≤ 32: 34: cluster 16 (rows ≤ 262144),
-/// 35: as 34 with programmatic dependent launch, 36: cluster 8 (rows ≤ 131072). Not in auto yet.
+/// 35: as 34 with programmatic dependent launch, 36: cluster 8 (rows ≤ 131072), 37: as 34 without
+/// the warp merging of equal digits before the histogram atomics (A/B). Not in auto yet.
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
