@@ -871,7 +871,10 @@ int main(int argc, char** argv) {
       BENCH_CHECK(cudaMalloc(&out, 512 * sizeof(int32_t)));
       BENCH_CHECK(cudaMemcpy(sc, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
       BENCH_CHECK(cudaMemcpy(dn, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+      // topk_phase_cycles clears the stamps after reading them, so a stamp not reached in a
+      // launch reads 0 and is left out of that stamp's mean (hits = launches that reached it).
       long long acc[16] = {}, cyc[16];
+      int hits[16] = {};
       const int iters = 50;
       for (int it = 0; it < iters + 5; ++it) {
         BENCH_OK(v4::cuda::topk_rows(sc, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
@@ -879,10 +882,16 @@ int main(int argc, char** argv) {
         std::fill(cyc, cyc + 16, 0LL);
         BENCH_OK(v4::cuda::topk_phase_cycles(cyc));
         if (it >= 5)
-          for (int j = 1; j < 16; ++j) acc[j] += cyc[j] > 0 && cyc[j - 1] > 0 ? cyc[j] - cyc[0] : 0;
+          for (int j = 1; j < 16; ++j)
+            if (cyc[j] > 0 && cyc[0] > 0) {
+              acc[j] += cyc[j] - cyc[0];
+              ++hits[j];
+            }
       }
-      std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean of %d launches):", variant, (long long)n, iters);
-      for (int j = 1; j < 16; ++j) std::printf(" %d:%lld", j, acc[j] / iters);
+      std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean over the %d launches that reached each stamp):",
+                  variant, (long long)n, iters);
+      for (int j = 1; j < 16; ++j)
+        if (hits[j] > 0) std::printf(" %d:%lld", j, acc[j] / hits[j]);
       std::printf("\n");
       return 0;
     } else if (!std::strcmp(argv[i], "--profile-gemv")) {
@@ -1034,7 +1043,11 @@ int main(int argc, char** argv) {
                     V{30, "v5 cluster 16 (1 barrier/pass, window, candidates)"},
                     V{31, "v5 cluster 8 (1 barrier/pass, window, candidates)"},
                     V{32, "v5 cluster 4 (1 barrier/pass, window, candidates)"},
-                    V{33, "v5 cluster 16 + programmatic dependent launch"}})
+                    V{33, "v5 cluster 16 + programmatic dependent launch"},
+                    V{34, "v6 cluster 16 (v5 + compacted key list)"},
+                    V{35, "v6 cluster 16 + programmatic dependent launch"},
+                    V{36, "v6 cluster 8 (v5 + compacted key list)"},
+                    V{37, "v6 cluster 16, unmerged histogram atomics"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -1045,11 +1058,15 @@ int main(int argc, char** argv) {
         variants.push_back({31, "v5 cluster 8 (1 barrier/pass, window, candidates)"});
         variants.push_back({32, "v5 cluster 4 (1 barrier/pass, window, candidates)"});
         variants.push_back({33, "v5 cluster 16 + programmatic dependent launch"});
+        variants.push_back({34, "v6 cluster 16 (v5 + compacted key list)"});
+        variants.push_back({35, "v6 cluster 16 + programmatic dependent launch"});
+        variants.push_back({36, "v6 cluster 8 (v5 + compacted key list)"});
+        variants.push_back({37, "v6 cluster 16, unmerged histogram atomics"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: return 131072;
           default: return 262144;
         }
       };
