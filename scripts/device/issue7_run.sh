@@ -22,7 +22,8 @@
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
 # cuda-op-tests.log, every program's full output).
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
-#   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5).
+#   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5),
+#   V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/issue7_run.sh", carry=[".devdeps"], timeout_s=600)
@@ -85,8 +86,8 @@ if has kvbf16; then
   echo "bench (kv bf16) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-kvbf16.md"
   logs+=(bench-kvbf16.log)
 fi
-if has moe; then  # end to end: the old moe_mma kernel vs the new one (same binary, env switch)
-  for v in 1 2 3; do
+if has moe && [ -n "${V4_MOE_E2E-1 2 3}" ]; then  # end to end: old moe_mma vs new (env switch)
+  for v in ${V4_MOE_E2E-1 2 3}; do
     V4_MOE_MMA_VERSION=$v timeout 200 build-gpu/v4serve bench "${common[@]}" --batch 1,64 \
       --context 4K --steps "${V4_STEPS:-5}" --profile \
       --out "$OUT/bench-moe-v$v.md" > "$OUT/bench-moe-v$v.log" 2>&1
@@ -94,7 +95,7 @@ if has moe; then  # end to end: the old moe_mma kernel vs the new one (same bina
     logs+=(bench-moe-v$v.log)
   done
   { echo "# V4-Flash 20 layers, 4K: moe_mma version 1 (old) vs 2 (new) vs 3 (experimental)"; echo;
-    for v in 1 2 3; do echo "## V4_MOE_MMA_VERSION=$v"; echo; cat "$OUT/bench-moe-v$v.md"; echo; done
+    for v in ${V4_MOE_E2E-1 2 3}; do echo "## V4_MOE_MMA_VERSION=$v"; echo; cat "$OUT/bench-moe-v$v.md"; echo; done
   } > "$OUT/bench-v4flash-20l-moe-v1v2.md"
   rm -f "$OUT/bench-moe-v1.md" "$OUT/bench-moe-v2.md" "$OUT/bench-moe-v3.md"
 fi
