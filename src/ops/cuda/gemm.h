@@ -44,7 +44,8 @@ class Gemm {
                       void* Y, int64_t ldy, OutType out, int64_t M, int64_t N, int64_t K,
                       cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
   /// As `bf16_strided` with f32 X and W and f32 Y, computed in fp32 (CUBLAS_COMPUTE_32F: no TF32
-  /// rounding). For f32-stored weights above the GEMV range (the MoE router at batch ≥ 9).
+  /// rounding). For f32-stored weights above the GEMV range (the MoE router at batch ≥ 9). Uses
+  /// no workspace, so concurrent calls on different streams are safe.
   Status f32_strided(const float* X, int64_t ldx, const float* W, int64_t ldw, float* Y,
                      int64_t ldy, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 

@@ -450,7 +450,9 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.tile_expert = tile_expert;
     up.tile_item = tile_item;
     up.tile_count = tile_count;
-    up.warps = c.gmoe_warps;
+    // 8 warps measured faster for MXFP4 experts (9.0 vs 14.7 ms at 4,096 tokens) and slower for
+    // FP8 ones (9.67 vs 9.46 ms; bench/results/cuda-moe.md): FP8 keeps 4 unless forced.
+    up.warps = c.gmoe_warps == 8 && a.w13.format == ops::WFormat::kFP8Block ? 4 : c.gmoe_warps;
     V4_RETURN_IF_ERROR(gmoe_mma(up, max_tiles, c.stream));
     GmoeArgs dn = up;
     dn.w = a.w2;
@@ -484,7 +486,9 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.active = rb.active;
     up.active_count = rb.active_count;
     up.tokens = S;
-    up.version = c.moe_mma_version;
+    // Version 2 below 8 tokens measured slower than version 1 on the H200 (S = 1: MXFP4 70.1 vs
+    // 67.6 µs, FP8 92.2 vs 80.3; from S = 8 on v2 wins: 265 vs 297 µs; cuda-moe.md).
+    up.version = c.moe_mma_version == 2 && S < 8 ? 1 : c.moe_mma_version;
     V4_RETURN_IF_ERROR(moe_mma(up, slots, c.num_sms, c.stream));
     MoeMmaArgs dn = up;
     dn.w = a.w2;
