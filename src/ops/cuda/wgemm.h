@@ -53,11 +53,17 @@ struct GemvArgs {
   /// Grouped plain form (list == nullptr, grid_y = groups): group g = blockIdx.y reads x from
   /// x + g·x_group_stride, weight rows from g·n_out and writes y + g·y_group_stride.
   int64_t x_group_stride = 0, y_group_stride = 0;
+  /// Let wgemv run the streaming kernel (gemv_stream.h) where it applies (aligned rows); false:
+  /// the shared-memory kernel below (A/B runs: CudaOptions::gemv_stream, env V4_GEMV_STREAM=0).
+  bool use_stream_kernel = true;
   // Filled by wgemv: warps splitting K, rows of x per shared-memory pass, row capacity per pass.
   int ks = 1, mc = 1;
 };
 
 /// Runs the GEMV over `grid_y` expert slots (1 for the plain form). `num_sms` sizes the grid.
+/// With a.use_stream_kernel (default), env V4_GEMV_STREAM ≠ 0 and gemv_stream_supported(a) it
+/// runs gemv_stream (gemv_stream.h: streaming loads, x from global, no shared-memory staging);
+/// otherwise the shared-memory kernel described above. Both: fp32 math, batch-invariant.
 /// Errors: kUnsupported when a row of x does not fit in shared memory (K > ~48K) or an MXFP4
 /// view is not 16-byte aligned (callers fall back to wgemm_fp32).
 Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream);
@@ -116,6 +122,7 @@ struct KernelContext {
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   bool moe_mma = true;              // CudaOptions::moe_mma
   bool dense_mma = true;            // CudaOptions::dense_mma
+  bool gemv_stream = true;          // CudaOptions::gemv_stream
   bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
   /// > 0: MoE calls below sync_min_pairs with S ≥ this many rows also take the grouped
   /// tensor-core path (CudaOps: env V4_MOE_GROUPED_MIN_ROWS; decode A/B runs). 0: off.
