@@ -281,6 +281,8 @@ TEST(CudaGemvStream, OddShapesAllFormats) {
            {WFormat::kF32, 70, 0, 70, 68, Ms},          // partial chunk
            {WFormat::kF32, 300, 37, 200, 1000, Ms},     // unaligned row slice
            {WFormat::kF32, 256, 0, 256, 4096, Ms},      // the router
+           {WFormat::kF32, 256, 0, 256, 4096, {1, 64, 256}},  // router at batch 64/256: grid.z passes
+           {WFormat::kFP8Block, 40, 0, 40, 128, {1, 33}},  // passes over grid.z, partial last pass
            {WFormat::kBF16, 3, 0, 3, 8, Ms},
            {WFormat::kBF16, 129, 0, 129, 336, Ms},
            {WFormat::kBF16, 300, 37, 200, 1000, Ms},

@@ -114,7 +114,9 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) gemv_stream_kernel(
       scp[r] = nullptr;
   }
 
-  for (int64_t m0 = 0; m0 < rcnt; m0 += MT) {
+  // Passes of MT rows: block z takes passes z, z + gridDim.z, ... (plain forms with many rows,
+  // e.g. the f32 router at batch 64; a row's arithmetic does not depend on which block runs it).
+  for (int64_t m0 = int64_t(blockIdx.z) * MT; m0 < rcnt; m0 += int64_t(gridDim.z) * MT) {
     const int mc = int(rcnt - m0 < MT ? rcnt - m0 : MT);
     // x rows of this pass; slots m ≥ mc repeat the last row (computed, never written).
     const float* xr[MT];
@@ -258,7 +260,7 @@ Status launch(const GemvArgs& a, dim3 grid, cudaStream_t stream) {
 template <WFormat F>
 Status dispatch(const GemvArgs& a, dim3 grid, cudaStream_t stream) {
   if (a.mc == 1) return launch<F, 1>(a, grid, stream);
-  if (a.mc == 2 || F == WFormat::kMXFP4) return launch<F, 2>(a, grid, stream);
+  if (a.mc == 2 || F == WFormat::kMXFP4) return launch<F, 2>(a, grid, stream);  // MXFP4: ≤ 2
   if constexpr (F != WFormat::kMXFP4) return launch<F, 4>(a, grid, stream);
   return Status::Ok();
 }
@@ -310,14 +312,18 @@ Status gemv_stream(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   if (grid_y > 65535)
     return errorf(ErrorCode::kInvalidArgument, "gemv_stream: {} slots > 65535", grid_y);
   const int64_t rows_per_item = a.list ? (a.rows_hint > 0 ? a.rows_hint : 4) : a.rows;
-  a.mc = rows_per_item <= 1 ? 1 : rows_per_item <= 2 ? 2 : 4;
+  a.mc = rows_per_item <= 1 ? 1 : rows_per_item <= 2 || w.format == WFormat::kMXFP4 ? 2 : 4;
   a.ks = gemv_stream_kslices(a, grid_y, num_sms);
   const int opw = a.swiglu ? kRows / 2 : kRows;
   const int64_t per_block = int64_t(kWarps / a.ks) * opw;
   const int64_t ntiles = (a.n_out + per_block - 1) / per_block;
   if (ntiles > int64_t(0x7fffffff))
     return errorf(ErrorCode::kInvalidArgument, "gemv_stream: {} outputs", a.n_out);
-  const dim3 grid{unsigned(ntiles), unsigned(grid_y), 1u};
+  // Many rows (plain forms): spread the passes over grid.z while the grid is small.
+  const int64_t passes = a.list ? 1 : (a.rows + a.mc - 1) / a.mc;
+  const int64_t blocks = ntiles * grid_y, want = 4 * int64_t(std::max(num_sms, 1));
+  const int64_t gz = blocks >= want ? 1 : std::min<int64_t>({passes, (want + blocks - 1) / blocks, 65535});
+  const dim3 grid{unsigned(ntiles), unsigned(grid_y), unsigned(gz)};
   switch (w.format) {
     case WFormat::kF32:
       return dispatch<WFormat::kF32>(a, grid, stream);

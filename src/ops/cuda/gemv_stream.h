@@ -10,7 +10,8 @@
 // per lane) before any math. Per output: every lane sums its chunks in increasing c (FP8 / MXFP4
 // scaled once per chunk), a fixed butterfly over lanes, then the K-slices in slice order through
 // shared memory. Each block is one tile of outputs (no grid-stride loop); more rows than a pass
-// (MT = 1, 2 or 4 rows of x) run further passes over the same weights.
+// (MT = 1, 2 or 4 rows of x; MXFP4 ≤ 2) run further passes over the same weights, spread over
+// grid.z while the grid is smaller than 4 blocks per SM (plain forms only).
 #pragma once
 #include <cuda_runtime.h>
 
