@@ -42,34 +42,49 @@ __device__ __forceinline__ uint4 ld_weights16(const uint8_t* p) {
   return r;
 }
 
-// 16 stored bytes -> V f32 values in k order (FP8: e4m3 values, unscaled; MXFP4: e2m1·2^-14,
-// unscaled). All conversions exact (wformat.cuh).
+// Values 4g .. 4g+3 of 16 stored bytes as f32, in k order (FP8: e4m3 values, unscaled; MXFP4:
+// e2m1·2^-14, unscaled; wformat.cuh). All conversions exact. g < V / 4.
 template <WFormat F>
-__device__ __forceinline__ void unpack16(const uint4& q, float* f) {
+__device__ __forceinline__ void unpack4(const uint4& q, int g, float* f) {
   const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+  if constexpr (F == WFormat::kF32) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (F == WFormat::kF32) {
-      f[i] = __uint_as_float(u[i]);
-    } else if constexpr (F == WFormat::kBF16) {
-      f[2 * i] = __uint_as_float(u[i] << 16);
-      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-    } else if constexpr (F == WFormat::kFP8Block) {
-      const float2 lo = e4m3x2_to_f32(u[i] & 0xffffu), hi = e4m3x2_to_f32(u[i] >> 16);
-      f[4 * i] = lo.x;
-      f[4 * i + 1] = lo.y;
-      f[4 * i + 2] = hi.x;
-      f[4 * i + 3] = hi.y;
-    } else {
-      e2m1x8_to_f32_2m14(u[i], f + 8 * i);
-    }
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(u[i]);
+  } else if constexpr (F == WFormat::kBF16) {
+    f[0] = __uint_as_float(u[2 * g] << 16);
+    f[1] = __uint_as_float(u[2 * g] & 0xffff0000u);
+    f[2] = __uint_as_float(u[2 * g + 1] << 16);
+    f[3] = __uint_as_float(u[2 * g + 1] & 0xffff0000u);
+  } else if constexpr (F == WFormat::kFP8Block) {
+    const float2 lo = e4m3x2_to_f32(u[g] & 0xffffu), hi = e4m3x2_to_f32(u[g] >> 16);
+    f[0] = lo.x;
+    f[1] = lo.y;
+    f[2] = hi.x;
+    f[3] = hi.y;
+  } else {
+    // Word g / 2 holds values 8·(g/2) .. +7 (low nibble first); half g % 2 of it is bytes
+    // 2·(g%2), 2·(g%2)+1 = values 4·(g%2) .. +3 of the word (e2m1x8_to_f32_2m14's placement).
+    const uint32_t a = __byte_perm(u[g / 2], 0u, (g & 1) ? 0x4342u : 0x4140u);  // [b, 0, b', 0]
+    const uint32_t lo = ((a << 12) & 0x80008000u) | ((a << 9) & 0x0E000E00u);
+    const uint32_t hi = ((a << 8) & 0x80008000u) | ((a << 5) & 0x0E000E00u);
+    const float2 l = f16x2_bits_to_f32(lo), h = f16x2_bits_to_f32(hi);
+    f[0] = l.x;
+    f[1] = h.x;
+    f[2] = l.y;
+    f[3] = h.y;
   }
 }
 
 // One block = kWarps warps = kWarps / ks row groups × ks K-slices; row group g of block b owns
 // outputs [(b·groups + g)·OPW, +OPW). See gemv_stream.h for the summation order.
+// Resident blocks per SM the register cap aims for (ptxas, sm_90a): 1-row f32 / bf16 fit 80
+// registers (3 blocks, 24 warps); 1-row FP8 / MXFP4 128 (2 blocks, 16 warps: 64 KiB of weight
+// loads in flight per SM); more rows are uncapped (1 block).
+template <WFormat F, int MT>
+constexpr int kMinBlocks = MT != 1 ? 1 : (F == WFormat::kF32 || F == WFormat::kBF16) ? 3 : 2;
+
 template <WFormat F, int MT, bool SWIGLU>
-__global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) gemv_stream_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_kernel(GemvArgs a) {
   constexpr int V = kVals<F>;
   constexpr int R = kRows;
   constexpr int U = MT >= 4 ? 1 : 2;  // chunks per load batch (R·U 16-byte loads per lane)
@@ -159,33 +174,43 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) gemv_stream_kernel(
         const int64_t c = c0 + int64_t(u) * ks;
         const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
         if (c >= nchunks || kk0 >= K) continue;
-        float xv[MT][V];
+        // One FMA chain per (row, x row) over the chunk's V values in k order, 4 at a time: the
+        // float4 of x and the 4 unpacked weights are consumed at once (few live registers).
+        float p[R][MT];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int g = 0; g < V / 4; ++g) {
-            const float4 t = __ldg(reinterpret_cast<const float4*>(xr[m] + kk0) + g);
-            xv[m][4 * g] = t.x;
-            xv[m][4 * g + 1] = t.y;
-            xv[m][4 * g + 2] = t.z;
-            xv[m][4 * g + 3] = t.w;
+          for (int m = 0; m < MT; ++m) p[r][m] = 0.f;
+#pragma unroll
+        for (int g = 0; g < V / 4; ++g) {
+          float4 xg[MT];
+#pragma unroll
+          for (int m = 0; m < MT; ++m) xg[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + kk0) + g);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (!rok[r]) continue;
+            float wv[4];
+            unpack4<F>(q[u][r], g, wv);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              p[r][m] = fmaf(xg[m].x, wv[0], p[r][m]);
+              p[r][m] = fmaf(xg[m].y, wv[1], p[r][m]);
+              p[r][m] = fmaf(xg[m].z, wv[2], p[r][m]);
+              p[r][m] = fmaf(xg[m].w, wv[3], p[r][m]);
+            }
           }
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (!rok[r]) continue;
-          float wf[V];
-          unpack16<F>(q[u][r], wf);
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
-            float p = 0.f;
-#pragma unroll
-            for (int i = 0; i < V; ++i) p = fmaf(xv[m][i], wf[i], p);
             if constexpr (F == WFormat::kF32 || F == WFormat::kBF16)
-              acc[r][m] += p;
+              acc[r][m] += p[r][m];
             else if constexpr (F == WFormat::kFP8Block)
-              acc[r][m] = fmaf(p, sc[u][r], acc[r][m]);
+              acc[r][m] = fmaf(p[r][m], sc[u][r], acc[r][m]);
             else  // e2m1 values carried 2^-14 (exact): restore before the group scale
-              acc[r][m] = fmaf(p * 16384.f, sc[u][r], acc[r][m]);
+              acc[r][m] = fmaf(p[r][m] * 16384.f, sc[u][r], acc[r][m]);
           }
         }
       }
