@@ -5,7 +5,8 @@
 //   wgemv           bf16 mode, small M (decode) and the grouped MoE GEMV: streams native weight
 //                   bytes with 16-byte loads, fp32 math on f32 x staged in shared memory, split-K
 //                   across the warps of a block with a fixed reduction order (a row's result does
-//                   not depend on M).
+//                   not depend on M). By default wgemv hands aligned calls to gemv_stream
+//                   (gemv_stream.h: no shared-memory staging, 8 × 16-byte loads in flight per lane).
 //   dequant_view_bf16 / rows_to_bf16   bf16 operands for the tensor-core (cuBLASLt) path.
 // Y[M, N] = X[M, K] · W[N, K]ᵀ; x rows stride ldx, y rows stride ldy (elements).
 #pragma once
