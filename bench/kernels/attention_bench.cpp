@@ -1,8 +1,9 @@
 // Decode attention rows of bench_kernels (`--only-attention` → cuda-attention.md): the decode
-// kernel (attention_dec.h, bf16 mma.sync, cost-model splits) vs the previous bf16-mode kernel
-// (attention_mma.h, TF32, attention_auto_splits as CudaOps used it), V4-Flash shapes (64 heads ×
-// 512), CSA (128 SWA + min(512, ctx/4) top-k keys) and HCA (128 + ctx/128 keys) × batch 1 / 64
-// × context 4K / 128K / 1M, next to the byte floor.
+// kernel (attention_dec.h, bf16 mma.sync, cost-model splits) in variant 2 (default) and 1 (the
+// session-5 kernel) vs the previous bf16-mode kernel (attention_mma.h, TF32, f32 pools only,
+// attention_auto_splits as CudaOps used it), V4-Flash shapes (64 heads × 512), f32 and bf16
+// pools × CSA (128 SWA + min(512, ctx/4) top-k keys) and HCA (128 + ctx/128 keys) × batch 1 / 64
+// × context 4K / 128K / 1M, next to the byte floor of the pool's element size.
 #ifdef V4_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "bench_timing.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
@@ -59,39 +61,52 @@ std::string bench_attention(double bw) {
   AB_CHECK(cudaGetDevice(&dev));
   AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
   float* pool = nullptr;
+  uint16_t* pool_b = nullptr;  // the same values as bf16 (1 GiB)
   AB_CHECK(cudaMalloc(&pool, size_t(kPoolRows) * hd * sizeof(float)));
+  AB_CHECK(cudaMalloc(&pool_b, size_t(kPoolRows) * hd * sizeof(uint16_t)));
   {
     // Finite, non-constant values (the kernels' cost does not depend on them).
     std::vector<float> chunk(size_t(1) << 22);
+    std::vector<uint16_t> chunk_b(chunk.size());
     std::mt19937_64 g(99);
     std::normal_distribution<float> d(0.f, 0.3f);
     for (auto& x : chunk) x = d(g);
+    for (size_t i = 0; i < chunk.size(); ++i) chunk_b[i] = v4::f32_to_bf16(chunk[i]);
     const size_t total = size_t(kPoolRows) * hd;
-    for (size_t off = 0; off < total; off += chunk.size())
-      AB_CHECK(cudaMemcpy(pool + off, chunk.data(), std::min(chunk.size(), total - off) * 4,
-                          cudaMemcpyHostToDevice));
+    for (size_t off = 0; off < total; off += chunk.size()) {
+      const size_t cnt = std::min(chunk.size(), total - off);
+      AB_CHECK(cudaMemcpy(pool + off, chunk.data(), cnt * 4, cudaMemcpyHostToDevice));
+      AB_CHECK(cudaMemcpy(pool_b + off, chunk_b.data(), cnt * 2, cudaMemcpyHostToDevice));
+    }
   }
   float* sinks = nullptr;
   AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
   AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
 
   std::ostringstream md;
-  md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V, f32 pools), one query "
+  md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), f32 pools (2 GiB) and "
+        "bf16 pools (1 GiB, the same values rounded), one query "
         "row per sequence. Keys per row: CSA = 128 SWA + min(512, ctx/4) top-k, HCA = 128 SWA + "
-        "ctx/128 compressed; each sequence reads its own random distinct rows of a 2 GiB pool, "
+        "ctx/128 compressed; each sequence reads its own random distinct rows of the pool, "
         "and every launch uses another of "
      << kSets
      << " input sets (key lists, q, out): cold, reads come from HBM. Times: median of 30 samples "
         "of 10 back-to-back launches (CUDA events), the combine launch included when split. "
-        "Floor = (distinct key rows · 2 KiB + q + out, f32) / measured copy bandwidth. `dec` = "
-        "attention_dec with the split count of its cost model (`attention_dec_splits`, as "
-        "CudaOps runs it); `dec best` = the fastest of a sweep of split counts; `mma` = the "
-        "previous bf16-mode kernel (TF32 attention_mma, attention_auto_splits).\n\n"
-     << "| kind | batch | context | keys/row | floor µs | dec µs (splits) | dec/floor | "
-        "dec best µs (splits) | best/floor | mma µs (splits) | mma/floor |\n"
-     << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "Floor = (distinct key rows · 512 · pool element bytes (f32 4, bf16 2) + q + out (f32)) / "
+        "measured copy bandwidth. `v2` = attention_dec variant 2 (default: bf16 pools stream "
+        "into a 4-deep ring of bf16 tiles, 2 barriers per tile; f32 pools run the v1 body; "
+        "combine launched with PDL; bf16 pools with 2–8 splits merge them inside a thread block "
+        "cluster, no combine launch) with the split count of its cost model "
+        "(`attention_dec_splits(..., kv_bytes)`, as CudaOps runs it); `v2 best` = the fastest "
+        "of a sweep of split counts; `v1` = variant 1 (the session-5 kernel, plain combine) "
+        "with the same splits; `mma` = the previous bf16-mode kernel (TF32 attention_mma, "
+        "attention_auto_splits; f32 pools only).\n\n"
+     << "| pools | kind | batch | context | keys/row | floor µs | v2 µs (splits) | v2/floor | "
+        "v2 best µs (splits) | best/floor | v1 µs | v1/floor | mma µs (splits) | mma/floor |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
+  for (const bool b16 : {false, true})
   for (const char* kind : {"CSA", "HCA"})
     for (int64_t S : {int64_t(1), int64_t(64)})
       for (int64_t ctx : {int64_t(4096), int64_t(131072), int64_t(1) << 20}) {
@@ -135,9 +150,10 @@ std::string bench_attention(double bw) {
           v4::ops::AttentionArgs a;
           a.q = d_q + r * qn;
           a.sinks = sinks;
-          a.swa_pool = pool;
+          a.swa_pool = b16 ? static_cast<const void*>(pool_b) : pool;
           a.swa = {d_rows, d_so + r * S, d_sc};
-          a.comp_pool = pool;
+          a.comp_pool = b16 ? static_cast<const void*>(pool_b) : pool;
+          a.kv_dtype = b16 ? v4::KvDtype::kBf16 : v4::KvDtype::kF32;
           a.comp = {d_rows, d_co + r * S, d_cc};
           a.n_rows = S;
           a.n_heads = H;
@@ -149,10 +165,12 @@ std::string bench_attention(double bw) {
         };
         float* ws = nullptr;
         AB_CHECK(cudaMalloc(&ws, size_t(v4::cuda::attention_workspace_floats(S, H, hd, 128)) * 4));
-        auto t_dec = [&](int splits) {
-          return median_us([&](int i) { AB_OK(v4::cuda::sparse_attention_dec(args(i), splits, ws, nullptr)); });
+        auto t_dec = [&](int splits, int variant = 2) {
+          return median_us([&](int i) {
+            AB_OK(v4::cuda::sparse_attention_dec(args(i), splits, ws, nullptr, variant));
+          });
         };
-        const int dec_splits = v4::cuda::attention_dec_splits(S, H, keys, n_sms);
+        const int dec_splits = v4::cuda::attention_dec_splits(S, H, keys, n_sms, b16 ? 2 : 4);
         const double dec_us = t_dec(dec_splits);
         double best_us = dec_us;
         int best_splits = dec_splits;
@@ -160,22 +178,40 @@ std::string bench_attention(double bw) {
         for (int sp : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
           if (sp > tiles || sp == dec_splits) continue;
           const double us = t_dec(sp);
-          std::printf("  sweep %s S=%lld keys=%lld splits=%d: %.2f us\n", kind, (long long)S,
-                      (long long)keys, sp, us);
+          std::printf("  sweep %s %s S=%lld keys=%lld splits=%d: %.2f us\n", b16 ? "bf16" : "f32",
+                      kind, (long long)S, (long long)keys, sp, us);
           if (us < best_us) best_us = us, best_splits = sp;
         }
+        const double v1_us = t_dec(dec_splits, 1);
+        if (b16 && dec_splits >= 2 && dec_splits <= 8) {  // A/B of the cluster merge (log only)
+          setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
+          const double us = t_dec(dec_splits);
+          unsetenv("V4_ATTN_DEC_CLUSTER");
+          std::printf("  v2 cluster merge off (combine kernel) %s S=%lld keys=%lld splits=%d: "
+                      "%.2f us (on: %.2f)\n",
+                      kind, (long long)S, (long long)keys, dec_splits, us, dec_us);
+        }
         const int mma_splits = v4::cuda::attention_auto_splits(S, H, keys, n_sms, 64);
-        const double mma_us = median_us(
-            [&](int i) { AB_OK(v4::cuda::sparse_attention_mma(args(i), mma_splits, ws, nullptr)); });
-        const double bytes = double(S) * keys * hd * 4 + 2.0 * double(qn) * 4;
+        const double mma_us =
+            b16 ? 0.0 : median_us([&](int i) {
+              AB_OK(v4::cuda::sparse_attention_mma(args(i), mma_splits, ws, nullptr));
+            });
+        const double bytes = double(S) * keys * hd * (b16 ? 2 : 4) + 2.0 * double(qn) * 4;
         const double floor_us = bytes / (bw * 1e3);
-        char line[512];
+        char mma_cell[96];
+        if (b16)
+          std::snprintf(mma_cell, sizeof mma_cell, "— | —");
+        else
+          std::snprintf(mma_cell, sizeof mma_cell, "%.2f (%d) | %.2f×", mma_us, mma_splits,
+                        mma_us / floor_us);
+        char line[640];
         std::snprintf(line, sizeof line,
-                      "| %s | %lld | %s | %lld | %.2f | %.2f (%d) | %.2f× | %.2f (%d) | %.2f× | "
-                      "%.2f (%d) | %.2f× |\n",
-                      kind, (long long)S, ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M",
-                      (long long)keys, floor_us, dec_us, dec_splits, dec_us / floor_us, best_us,
-                      best_splits, best_us / floor_us, mma_us, mma_splits, mma_us / floor_us);
+                      "| %s | %s | %lld | %s | %lld | %.2f | %.2f (%d) | %.2f× | %.2f (%d) | "
+                      "%.2f× | %.2f | %.2f× | %s |\n",
+                      b16 ? "bf16" : "f32", kind, (long long)S,
+                      ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M", (long long)keys,
+                      floor_us, dec_us, dec_splits, dec_us / floor_us, best_us, best_splits,
+                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell);
         md << line;
         std::printf("%s", line);
         std::fflush(stdout);
@@ -189,6 +225,7 @@ std::string bench_attention(double bw) {
         cudaFree(d_out);
       }
   cudaFree(pool);
+  cudaFree(pool_b);
   cudaFree(sinks);
   md << "\n";
   return md.str();

@@ -18,6 +18,8 @@
 //                                             same-traffic copy: DIR/cuda-gemv.md)
 //   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
 //                                             DIR/cuda-wformat.md)
+//   bench_kernels --out DIR --only-moe       (only the routed MoE, moe_mma v1 vs v2 vs the byte
+//                                             floor, MXFP4 and FP8, S = 1…512: DIR/cuda-moe.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
 //                                             DIR/cuda-compressor.md; also part of the full run)
 //   bench_kernels --out DIR --only-mhc       (only the fused mHC rows: DIR/cuda-mhc.md, old vs
@@ -605,6 +607,237 @@ std::string bench_wformat(double bw, int samples) {
   return kt.str();
 }
 
+// ---- Routed MoE on tensor cores, old vs new moe_mma (--only-moe → cuda-moe.md) ----
+// Whole moe_experts calls in bf16 mode (device routing + gate/up + down + combine), V4-Flash
+// shapes, MXFP4 and FP8 experts; moe_mma version 1 (8 tokens per pass) vs version 2 (16-token
+// passes, S staged rows / two CTAs per SM at S ≤ 8, fast MXFP4 dequantization).
+std::string bench_moe(double bw, int samples) {
+  using v4::ops::WFormat;
+  std::ostringstream kt;
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_OK(v4::cuda::moe_mma_prepare());
+  BENCH_OK(v4::cuda::gmoe_mma_prepare());
+  const int E = 256, D = 4096, I = 2048, k = 6;
+  const double kPeakBf16 = 989e12;  // H200 dense bf16 tensor-core peak, FLOP/s
+  kt << "## Routed MoE experts, bf16 mode, E=256 D=4096 I=2048 k=6: moe_mma v1 vs v2\n\n"
+        "One moe_experts call (device routing, gate/up with SwiGLU, down, combine). old = "
+        "moe_mma version 1 (8 tokens per pass; `V4_MOE_MMA_VERSION=1`), new = version 2 "
+        "(16-token passes for S > 8, S staged x rows and two CTAs per SM for S ≤ 8, MXFP4 tiles "
+        "without scales > 128 skip the second dequantization multiply). Config = the new "
+        "kernel's (ks, nt, st, minb, xr) for gate/up; down. Uniform random routing, a fresh set "
+        "of ids per launch (64 sets). Byte floor = (E·(1−(1−k/E)^S)-ish distinct experts, "
+        "counted per set, × (w13 + w2 bytes incl. scales) + x + out) / copy bandwidth. FLOP "
+        "floor = 2·S·k·3·D·I / 989 TFLOP/s (dense bf16 peak; FP8 dense peak is 2×). Median "
+        "(p10–p90) of "
+     << samples << " samples of 10 launches.\n\n";
+  auto cfg = [](const v4::cuda::MoeMmaChoice& c) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%d,%d,%d,%d,%d", c.ks, c.nt, c.st, c.minb, c.xr);
+    return std::string(b);
+  };
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    kt << "### " << v4::ops::wformat_name(f) << " experts\n\n"
+       << "| S | pairs | distinct experts | old µs | new µs | new / old | byte floor µs | floor / "
+          "old | floor / new | FLOP floor µs | FLOP % of bf16 peak (new) | new config (up; down) "
+          "| v3 µs (experimental: V4_MOE_MMA_VERSION=3) |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
+    BenchW w13(f, E, 2 * I, D, 1, 91), w2(f, E, D, I, 1, 92);
+    BenchScratch scr;
+    v4::cuda::KernelContext c;
+    c.stream = nullptr;
+    c.num_sms = sms;
+    c.scratch = &BenchScratch::get;
+    c.self = &scr;
+    auto gm = v4::cuda::Gemm::create();
+    BENCH_OK(gm.status());
+    c.gemm = gm->get();
+    const double expert_bytes = double(v4::ops::wformat_bytes(f, 2 * I, D)) +
+                                double(v4::ops::wformat_bytes(f, D, I));
+    for (int64_t S : {1, 8, 16, 64, 128, 256, 512}) {
+      const int sets = 64;
+      const int64_t P = S * k;
+      std::mt19937_64 g(2000 + S);
+      std::vector<int32_t> idx(size_t(P * sets));
+      double distinct = 0;
+      for (int s2 = 0; s2 < sets; ++s2)
+        for (int64_t t = 0; t < S; ++t) {  // k distinct experts per token (as top-k routing)
+          std::vector<int32_t> mine;
+          while (int(mine.size()) < k) {
+            const int32_t e = int32_t(g() % E);
+            if (std::find(mine.begin(), mine.end(), e) == mine.end()) mine.push_back(e);
+          }
+          for (int j = 0; j < k; ++j) idx[size_t(s2 * P + t * k + j)] = mine[size_t(j)];
+        }
+      for (int s2 = 0; s2 < sets; ++s2) {
+        std::vector<char> seen(E, 0);
+        for (int64_t p = 0; p < P; ++p) {
+          const int32_t e = idx[size_t(s2 * P + p)];
+          distinct += !seen[size_t(e)];
+          seen[size_t(e)] = 1;
+        }
+      }
+      distinct /= sets;
+      auto xh = randn(size_t(S * D), g);
+      auto wh = randn(size_t(P), g);
+      float *x = nullptr, *wt = nullptr, *out = nullptr;
+      int32_t* didx = nullptr;
+      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
+      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
+      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+      v4::ops::MoeArgs a;
+      a.x = x;
+      a.w13 = w13.view;
+      a.w2 = w2.view;
+      a.weight = wt;
+      a.n_rows = S;
+      a.hidden = D;
+      a.inter = I;
+      a.n_experts = E;
+      a.topk = k;
+      a.swiglu_limit = 10.f;
+      a.out = out;
+      v4::cuda::KernelContext c1 = c, c2 = c, c3 = c;
+      c1.moe_mma_version = 1;
+      c2.moe_mma_version = 2;
+      c3.moe_mma_version = 3;
+      c1.sync_min_pairs = c2.sync_min_pairs = c3.sync_min_pairs = int64_t(1) << 40;  // moe_mma
+      Stats s1 = time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, c1));
+      }, samples);
+      Stats s2 = time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, c2));
+      }, samples);
+      Stats s3;
+      if (S >= 2)
+        s3 = time_it([&](int i) {
+          a.idx = didx + (i % sets) * P;
+          BENCH_OK(v4::cuda::moe_bf16(a, c3));
+        }, samples);
+      // The new configuration (as moe.cu builds the two calls).
+      v4::cuda::MoeMmaArgs up;
+      up.w = w13.view;
+      up.n_out = I;
+      up.swiglu = true;
+      up.xdiv = k;
+      up.tokens = S;
+      up.version = 2;
+      v4::cuda::MoeMmaArgs dn = up;
+      dn.w = w2.view;
+      dn.n_out = D;
+      dn.swiglu = false;
+      const int slots = int(std::min<int64_t>(E, P));
+      const std::string conf = cfg(v4::cuda::moe_mma_choose(up, slots, sms)) + "; " +
+                               cfg(v4::cuda::moe_mma_choose(dn, slots, sms));
+      const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      const double flop_us = 2.0 * double(P) * 3.0 * D * I / kPeakBf16 * 1e6;
+      char v3b[32] = "";
+      if (s3.med_us > 0) std::snprintf(v3b, sizeof v3b, "%.1f", s3.med_us);
+      char buf[512];
+      std::snprintf(buf, sizeof buf,
+                    "| %lld | %lld | %.1f | %.1f (%.1f–%.1f) | %.1f (%.1f–%.1f) | %.2f | %.1f | "
+                    "%.0f%% | %.0f%% | %.1f | %s | %s | %s |\n",
+                    (long long)S, (long long)P, distinct, s1.med_us, s1.p10_us, s1.p90_us,
+                    s2.med_us, s2.p10_us, s2.p90_us, s2.med_us / s1.med_us, floor_us,
+                    100.0 * floor_us / s1.med_us, 100.0 * floor_us / s2.med_us, flop_us,
+                    S >= 256 ? (std::to_string(int(100.0 * flop_us / s2.med_us + 0.5)) + "%").c_str()
+                             : "",
+                    conf.c_str(), v3b);
+      kt << buf;
+      std::printf("moe %s S=%lld: old %.1f us, new %.1f us (floor %.1f us) [%s]\n",
+                  v4::ops::wformat_name(f), (long long)S, s1.med_us, s2.med_us, floor_us,
+                  conf.c_str());
+      cudaFree(x);
+      cudaFree(wt);
+      cudaFree(out);
+      cudaFree(didx);
+    }
+    // Prefill sizes: gmoe_mma (grouped, no sync) with 8 warps per CTA (new default) vs 4.
+    kt << "\nPrefill sizes (" << v4::ops::wformat_name(f)
+       << "): gmoe_mma, 8 warps per CTA (default) vs 4 (first version, `V4_GMOE_WARPS=4`); at "
+          "S = 256 via the grouped threshold. FLOP floor as above.\n\n"
+          "| S | pairs | gmoe 4 warps µs | gmoe 8 warps µs | new / old | FLOP floor µs | FLOP % "
+          "of bf16 peak (old) | (new) | byte floor µs |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (int64_t S : {256, 1024, 4096}) {
+      const int sets = 8;
+      const int64_t P = S * k;
+      std::mt19937_64 g(7000 + S);
+      std::vector<int32_t> idx(size_t(P * sets));
+      double distinct = 0;
+      for (int s2 = 0; s2 < sets; ++s2) {
+        std::vector<char> seen(E, 0);
+        for (int64_t p = 0; p < P; ++p) {
+          const int32_t e = int32_t(g() % E);
+          idx[size_t(s2 * P + p)] = e;
+          distinct += !seen[size_t(e)];
+          seen[size_t(e)] = 1;
+        }
+      }
+      distinct /= sets;
+      auto xh = randn(size_t(S * D), g);
+      auto wh = randn(size_t(P), g);
+      float *x = nullptr, *wt = nullptr, *out = nullptr;
+      int32_t* didx = nullptr;
+      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
+      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
+      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
+      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+      v4::ops::MoeArgs a;
+      a.x = x;
+      a.w13 = w13.view;
+      a.w2 = w2.view;
+      a.weight = wt;
+      a.n_rows = S;
+      a.hidden = D;
+      a.inter = I;
+      a.n_experts = E;
+      a.topk = k;
+      a.swiglu_limit = 10.f;
+      a.out = out;
+      const int ns = std::min(samples, 10), inner = S >= 1024 ? 2 : 10, warm = 3;
+      auto run = [&](int warps) {
+        v4::cuda::KernelContext cx = c;
+        cx.grouped_moe = true;
+        cx.grouped_min_rows = 1;
+        cx.gmoe_warps = warps;
+        return time_it([&](int i) {
+          a.idx = didx + (i % sets) * P;
+          BENCH_OK(v4::cuda::moe_bf16(a, cx));
+        }, ns, inner, warm);
+      };
+      const Stats s4 = run(4), s8 = run(8);
+      const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
+      const double floor_us = bytes / (bw * 1e9) * 1e6;
+      const double flop_us = 2.0 * double(P) * 3.0 * D * I / kPeakBf16 * 1e6;
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "| %lld | %lld | %.1f | %.1f | %.2f | %.1f | %.1f%% | %.1f%% | %.1f |\n",
+                    (long long)S, (long long)P, s4.med_us, s8.med_us, s8.med_us / s4.med_us,
+                    flop_us, 100.0 * flop_us / s4.med_us, 100.0 * flop_us / s8.med_us, floor_us);
+      kt << buf;
+      std::printf("gmoe %s S=%lld: 4 warps %.1f us, 8 warps %.1f us (FLOP floor %.1f us)\n",
+                  v4::ops::wformat_name(f), (long long)S, s4.med_us, s8.med_us, flop_us);
+      cudaFree(x);
+      cudaFree(wt);
+      cudaFree(out);
+      cudaFree(didx);
+    }
+    kt << "\n";
+  }
+  return kt.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -617,6 +850,7 @@ int main(int argc, char** argv) {
   bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
+  bool only_moe = false;  // only the routed-MoE moe_mma v1 vs v2 table (cuda-moe.md)
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
@@ -628,6 +862,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
+    else if (!std::strcmp(argv[i], "--only-moe")) only_moe = true;
     else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);
@@ -643,7 +878,10 @@ int main(int argc, char** argv) {
       BENCH_CHECK(cudaMalloc(&out, 512 * sizeof(int32_t)));
       BENCH_CHECK(cudaMemcpy(sc, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
       BENCH_CHECK(cudaMemcpy(dn, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
+      // topk_phase_cycles clears the stamps after reading them, so a stamp not reached in a
+      // launch reads 0 and is left out of that stamp's mean (hits = launches that reached it).
       long long acc[16] = {}, cyc[16];
+      int hits[16] = {};
       const int iters = 50;
       for (int it = 0; it < iters + 5; ++it) {
         BENCH_OK(v4::cuda::topk_rows(sc, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
@@ -651,10 +889,16 @@ int main(int argc, char** argv) {
         std::fill(cyc, cyc + 16, 0LL);
         BENCH_OK(v4::cuda::topk_phase_cycles(cyc));
         if (it >= 5)
-          for (int j = 1; j < 16; ++j) acc[j] += cyc[j] > 0 && cyc[j - 1] > 0 ? cyc[j] - cyc[0] : 0;
+          for (int j = 1; j < 16; ++j)
+            if (cyc[j] > 0 && cyc[0] > 0) {
+              acc[j] += cyc[j] - cyc[0];
+              ++hits[j];
+            }
       }
-      std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean of %d launches):", variant, (long long)n, iters);
-      for (int j = 1; j < 16; ++j) std::printf(" %d:%lld", j, acc[j] / iters);
+      std::printf("phases variant %d n=%lld (SM cycles since stamp 0, mean over the %d launches that reached each stamp):",
+                  variant, (long long)n, iters);
+      for (int j = 1; j < 16; ++j)
+        if (hits[j] > 0) std::printf(" %d:%lld", j, acc[j] / hits[j]);
       std::printf("\n");
       return 0;
     } else if (!std::strcmp(argv[i], "--profile-gemv")) {
@@ -761,6 +1005,14 @@ int main(int argc, char** argv) {
     std::printf("wrote %s/cuda-gemv.md\n", out_dir.c_str());
     return 0;
   }
+  if (only_moe) {
+    std::ofstream(out_dir + "/cuda-moe.md")
+        << "# Routed MoE experts on tensor cores: moe_mma v1 vs v2 vs the byte floor\n\n" << head
+        << "- measured copy bandwidth (read + write): " << int(bw) << " GB/s\n\n"
+        << bench_moe(bw, std::max(reps, 30));
+    std::printf("wrote %s/cuda-moe.md\n", out_dir.c_str());
+    return 0;
+  }
   if (only_wformat) {
     std::ofstream(out_dir + "/cuda-wformat.md")
         << "# Native weight formats on the GPU: GEMV and MoE experts\n\n" << head
@@ -807,7 +1059,11 @@ int main(int argc, char** argv) {
                     V{30, "v5 cluster 16 (1 barrier/pass, window, candidates)"},
                     V{31, "v5 cluster 8 (1 barrier/pass, window, candidates)"},
                     V{32, "v5 cluster 4 (1 barrier/pass, window, candidates)"},
-                    V{33, "v5 cluster 16 + programmatic dependent launch"}})
+                    V{33, "v5 cluster 16 + programmatic dependent launch"},
+                    V{34, "v6 cluster 16 (v5 + compacted key list)"},
+                    V{35, "v6 cluster 16 + programmatic dependent launch"},
+                    V{36, "v6 cluster 8 (v5 + compacted key list)"},
+                    V{37, "v6 cluster 16, unmerged histogram atomics"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -818,11 +1074,15 @@ int main(int argc, char** argv) {
         variants.push_back({31, "v5 cluster 8 (1 barrier/pass, window, candidates)"});
         variants.push_back({32, "v5 cluster 4 (1 barrier/pass, window, candidates)"});
         variants.push_back({33, "v5 cluster 16 + programmatic dependent launch"});
+        variants.push_back({34, "v6 cluster 16 (v5 + compacted key list)"});
+        variants.push_back({35, "v6 cluster 16 + programmatic dependent launch"});
+        variants.push_back({36, "v6 cluster 8 (v5 + compacted key list)"});
+        variants.push_back({37, "v6 cluster 16, unmerged histogram atomics"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: return 131072;
           default: return 262144;
         }
       };

@@ -9,18 +9,25 @@
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
 #   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
+#   moe         bench_kernels --only-moe         -> cuda-moe.md (routed MoE moe_mma v1 vs v2 vs the
+#               byte floor, MXFP4 + FP8, S = 1…512; gmoe 4 vs 8 warps at prefill sizes); also
+#               decode at batch 1,64 with V4_MOE_MMA_VERSION=1, 2 and 3 (4K)
+#               -> bench-v4flash-20l-moe-v1v2.md
 #   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
 #               (the streaming kernel; V4_GEMV_STREAM=0 profiles the shared-memory one)
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
+#   kvbf16      the decode stage again with --kv-cache-dtype bf16 (bf16 KV pools and indexer keys)
+#               -> bench-v4flash-20l-kvbf16.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
 # cuda-op-tests.log, every program's full output).
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5),
-#   V4_GEMV_STREAM=0 (every wgemv call, decode included, runs the shared-memory kernel: A/B).
+#   V4_GEMV_STREAM=0 (every wgemv call, decode included, runs the shared-memory kernel: A/B),
+#   V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/issue7_run.sh", carry=[".devdeps"], timeout_s=600)
@@ -58,6 +65,7 @@ has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has attention && kb attention --only-attention
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
+has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
   timeout 120 ncu --kernel-name regex:'wgemv_kernel|gemv_stream_kernel' --launch-skip 20 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
@@ -75,6 +83,26 @@ if has decode; then
     --out "$OUT/bench-v4flash-20l-after.md" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-after.md"
   logs+=(bench.log)
+fi
+if has kvbf16; then
+  timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 --batch "${V4_BATCH:-1,64}" \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --out "$OUT/bench-v4flash-20l-kvbf16.md" > "$OUT/bench-kvbf16.log" 2>&1
+  echo "bench (kv bf16) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-kvbf16.md"
+  logs+=(bench-kvbf16.log)
+fi
+if has moe && [ -n "${V4_MOE_E2E-1 2 3}" ]; then  # end to end: old moe_mma vs new (env switch)
+  for v in ${V4_MOE_E2E-1 2 3}; do
+    V4_MOE_MMA_VERSION=$v timeout 200 build-gpu/v4serve bench "${common[@]}" --batch 1,64 \
+      --context 4K --steps "${V4_STEPS:-5}" --profile \
+      --out "$OUT/bench-moe-v$v.md" > "$OUT/bench-moe-v$v.log" 2>&1
+    echo "bench moe v$v rc=$?"; grep -E "^\| (decode)" "$OUT/bench-moe-v$v.md"
+    logs+=(bench-moe-v$v.log)
+  done
+  { echo "# V4-Flash 20 layers, 4K: moe_mma version 1 (old) vs 2 (new) vs 3 (experimental)"; echo;
+    for v in ${V4_MOE_E2E-1 2 3}; do echo "## V4_MOE_MMA_VERSION=$v"; echo; cat "$OUT/bench-moe-v$v.md"; echo; done
+  } > "$OUT/bench-v4flash-20l-moe-v1v2.md"
+  rm -f "$OUT/bench-moe-v1.md" "$OUT/bench-moe-v2.md" "$OUT/bench-moe-v3.md"
 fi
 if has mstream; then
   timeout 200 build-gpu/v4serve bench "${common[@]}" --batch "${V4_MS_BATCH:-1,64}" --context 4K \

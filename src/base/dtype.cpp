@@ -4,6 +4,18 @@
 
 namespace v4 {
 
+bool parse_kv_dtype(std::string_view name, KvDtype* out) {
+  if (name == "auto" || name == "f32" || name == "float32" || name == "fp32") {
+    *out = KvDtype::kF32;
+    return true;
+  }
+  if (name == "bf16" || name == "bfloat16") {
+    *out = KvDtype::kBf16;
+    return true;
+  }
+  return false;
+}
+
 int dtype_size(DType t) {
   switch (t) {
     case DType::kF32: case DType::kI32: return 4;

@@ -13,6 +13,19 @@ namespace v4 {
 /// Element types as named by safetensors ("F32", "BF16", "F8_E4M3", ...).
 enum class DType { kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64, kF64, kBool };
 
+/// Storage format of the KV cache pools' rows (SWA, compressed C4/C128, indexer keys;
+/// docs/cache.md). Values are computed in f32 and converted on store (bf16: round-to-nearest-
+/// even) and on read. Compressor-state rings stay f32 in every mode. fp8 (e4m3 nope + bf16 rope)
+/// is planned as a third value.
+enum class KvDtype : int { kF32 = 0, kBf16 = 1 };
+/// Bytes per stored KV value: 4 (kF32), 2 (kBf16).
+inline int kv_dtype_size(KvDtype t) { return t == KvDtype::kBf16 ? 2 : 4; }
+/// "f32" or "bf16".
+inline const char* kv_dtype_name(KvDtype t) { return t == KvDtype::kBf16 ? "bf16" : "f32"; }
+/// Parses a --kv-cache-dtype value: "auto" (= f32 until bf16 is measured on the GPU), "f32" /
+/// "float32" / "fp32", "bf16" / "bfloat16". Returns false for anything else.
+bool parse_kv_dtype(std::string_view name, KvDtype* out);
+
 /// Bytes per element (kI8 packed-fp4 containers report 1).
 int dtype_size(DType t);
 /// safetensors name of a dtype, e.g. "BF16".

@@ -26,14 +26,16 @@ int64_t KvCache::virtual_page_bytes(const CacheSpec& spec, int page_size) {
   for (const auto& l : spec.layers) {
     if (l.kind == AttnKind::kSliding || l.ratio <= 0) continue;
     const int64_t rows = page_size / l.ratio;
-    b += rows * (l.kv_dim + (l.kind == AttnKind::kCsa ? l.index_dim : 0)) * kF32;
+    b += rows * (l.kv_dim + (l.kind == AttnKind::kCsa ? l.index_dim : 0)) *
+         kv_dtype_size(spec.kv_dtype);
   }
   return b;
 }
 
 int64_t KvCache::swa_page_bytes(const CacheSpec& spec, int page_size) {
   int64_t b = 0;
-  for (const auto& l : spec.layers) b += int64_t(page_size) * l.kv_dim * kF32;
+  for (const auto& l : spec.layers)
+    b += int64_t(page_size) * l.kv_dim * kv_dtype_size(spec.kv_dtype);
   return b;
 }
 
@@ -51,13 +53,14 @@ int64_t KvCache::state_slot_bytes(const CacheSpec& spec) {
 
 std::vector<std::pair<std::string, double>> KvCache::bytes_per_token(const CacheSpec& spec) {
   double c4 = 0, idx = 0, c128 = 0, swa = 0;
+  const int64_t eb = kv_dtype_size(spec.kv_dtype);
   for (const auto& l : spec.layers) {
-    swa += l.kv_dim * kF32;
+    swa += l.kv_dim * eb;
     if (l.kind == AttnKind::kCsa) {
-      c4 += double(l.kv_dim * kF32) / l.ratio;
-      idx += double(l.index_dim * kF32) / l.ratio;
+      c4 += double(l.kv_dim * eb) / l.ratio;
+      idx += double(l.index_dim * eb) / l.ratio;
     } else if (l.kind == AttnKind::kHca) {
-      c128 += double(l.kv_dim * kF32) / l.ratio;
+      c128 += double(l.kv_dim * eb) / l.ratio;
     }
   }
   return {{"c4_kv", c4}, {"c4_index", idx}, {"c128_kv", c128}, {"swa", swa}};
@@ -116,26 +119,33 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
   kv->alloc_ = std::move(alloc);
   kv->free_ = std::move(free);
   int layer = 0;
-  auto get = [&](int64_t n_floats, const char* name) {
-    void* p = kv->alloc_(size_t(n_floats) * sizeof(float));
+  // KV pools hold spec.kv_dtype values; the compressor-state rings stay f32.
+  auto get_as = [&](int64_t n_values, const char* name, KvDtype dt) {
+    void* p = kv->alloc_(size_t(n_values) * size_t(kv_dtype_size(dt)));
     kv->allocations_.push_back(p);
-    kv->buffers_.push_back({name, layer, static_cast<float*>(p), n_floats});
-    return static_cast<float*>(p);
+    kv->buffers_.push_back({name, layer, p, n_values, dt});
+    return p;
+  };
+  auto get_kv = [&](int64_t n_values, const char* name) {
+    return get_as(n_values, name, spec.kv_dtype);
+  };
+  auto get = [&](int64_t n_values, const char* name) {
+    return static_cast<float*>(get_as(n_values, name, KvDtype::kF32));
   };
   const int64_t tokens = opt.n_pages * opt.page_size;
   const int64_t swa_tokens = opt.n_swa_pages * opt.page_size;
   for (const auto& l : spec.layers) {
     LayerPools p;
-    p.swa = get(swa_tokens * l.kv_dim, "swa");
+    p.swa = get_kv(swa_tokens * l.kv_dim, "swa");
     if (l.kind != AttnKind::kSliding) {
       const int c = overlap_of(l.kind);
       const bool csa = l.kind == AttnKind::kCsa;
-      p.comp = get(tokens / l.ratio * l.kv_dim, csa ? "c4_kv" : "c128_kv");
+      p.comp = get_kv(tokens / l.ratio * l.kv_dim, csa ? "c4_kv" : "c128_kv");
       const int64_t ring = int64_t(opt.max_seqs) * c * l.ratio;
       p.ring_kv[0] = get(ring * c * l.kv_dim, "ring_kv");
       p.ring_gate[0] = get(ring * c * l.kv_dim, "ring_gate");
       if (csa) {
-        p.index = get(tokens / l.ratio * l.index_dim, "c4_index");
+        p.index = get_kv(tokens / l.ratio * l.index_dim, "c4_index");
         const int64_t iring = int64_t(opt.max_seqs) * 2 * l.ratio;
         p.ring_kv[1] = get(iring * 2 * l.index_dim, "index_ring_kv");
         p.ring_gate[1] = get(iring * 2 * l.index_dim, "index_ring_gate");

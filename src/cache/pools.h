@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/copy_segment.h"
+#include "base/dtype.h"
 #include "base/status.h"
 
 namespace v4::cache {
@@ -39,9 +40,12 @@ struct LayerCacheSpec {
 struct CacheSpec {
   std::vector<LayerCacheSpec> layers;
   int sliding_window = 128;  // W (tokens incl. self)
+  /// Element type of the KV pools (SWA, C4/C128, indexer keys); rings stay f32. Every byte
+  /// count below (page bytes, budgets, bytes_per_token) uses kv_dtype_size(kv_dtype).
+  KvDtype kv_dtype = KvDtype::kF32;
 };
 
-/// Pool sizes. All counts; bytes are f32 (4 bytes per value) on the CPU backend.
+/// Pool sizes. All counts; bytes follow CacheSpec::kv_dtype (rings: f32).
 struct KvCacheOptions {
   int page_size = 256;      // tokens per virtual page (multiple of 128 and of every ratio)
   int64_t n_pages = 0;      // virtual pages (C4 / indexer / C128 shadows)
@@ -65,7 +69,7 @@ class KvCache {
   static int64_t virtual_page_bytes(const CacheSpec& spec, int page_size);
   static int64_t swa_page_bytes(const CacheSpec& spec, int page_size);
   static int64_t state_slot_bytes(const CacheSpec& spec);
-  /// KV bytes per token by pool: {"c4_kv", "c4_index", "c128_kv", "swa"} (f32 values).
+  /// KV bytes per token by pool: {"c4_kv", "c4_index", "c128_kv", "swa"} (spec.kv_dtype values).
   static std::vector<std::pair<std::string, double>> bytes_per_token(const CacheSpec& spec);
   /// Sizes the pools from a byte budget: `max_seqs` state slots first; then, if
   /// `max_chunk_tokens` > 0, SWA pages for what live sequences can hold at once
@@ -120,24 +124,33 @@ class KvCache {
   /// Physical ring row of token `pos` for a compressor with `ring_rows` = c·m rows per sequence.
   int32_t ring_row(int32_t seq, int64_t pos, int ring_rows) const;
 
-  /// Pool buffers of layer `l` (nullptr where the layer has none).
-  float* swa_pool(int l) const { return layers_[l].swa; }
-  float* comp_pool(int l) const { return layers_[l].comp; }
-  float* index_pool(int l) const { return layers_[l].index; }
+  /// KV pool buffers of layer `l` (nullptr where the layer has none): rows of kv_dim (SWA,
+  /// compressed) or index_dim (indexer keys) values of kv_dtype(); row r starts at byte
+  /// r · dim · kv_value_bytes(). Untyped on purpose: readers pass kv_dtype() to the ops.
+  void* swa_pool(int l) const { return layers_[l].swa; }
+  void* comp_pool(int l) const { return layers_[l].comp; }
+  void* index_pool(int l) const { return layers_[l].index; }
+  /// Element type and size (bytes) of the KV pools.
+  KvDtype kv_dtype() const { return spec_.kv_dtype; }
+  int64_t kv_value_bytes() const { return kv_dtype_size(spec_.kv_dtype); }
+  /// Byte address of row `row` (width `dim` values) of a KV pool buffer.
+  char* kv_row(void* pool, int64_t row, int64_t dim) const {
+    return static_cast<char*>(pool) + row * dim * kv_value_bytes();
+  }
   /// Compressor-state rings: which = 0 main compressor, 1 indexer compressor.
   float* ring_kv(int l, int which) const { return layers_[l].ring_kv[which]; }
   float* ring_gate(int l, int which) const { return layers_[l].ring_gate[which]; }
   /// Ring rows per sequence of layer l's compressor `which` (c·m).
   int ring_rows(int l, int which) const;
 
-  /// Bytes of one stored value in every pool (f32).
-  static constexpr int64_t kValueBytes = 4;
-  /// One allocated pool buffer: what it holds, where, and its size in f32 values.
+  /// One allocated pool buffer: what it holds, where, its element type (KV pools: kv_dtype();
+  /// rings: kF32) and its size in values.
   struct PoolBuffer {
     std::string name;  // "swa", "c4_kv", "c128_kv", "c4_index", "ring_kv", "ring_gate", ...
     int layer = 0;
-    float* data = nullptr;
+    void* data = nullptr;
     int64_t values = 0;
+    KvDtype dtype = KvDtype::kF32;
   };
   /// Every buffer the pools allocated (to fill them with random values for benchmarks).
   std::vector<PoolBuffer> buffers() const { return buffers_; }
@@ -180,9 +193,9 @@ class KvCache {
  private:
   KvCache() = default;
   struct LayerPools {
-    float* swa = nullptr;
-    float* comp = nullptr;
-    float* index = nullptr;
+    void* swa = nullptr;
+    void* comp = nullptr;
+    void* index = nullptr;
     float* ring_kv[2] = {nullptr, nullptr};
     float* ring_gate[2] = {nullptr, nullptr};
   };

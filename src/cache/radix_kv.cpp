@@ -87,6 +87,7 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
                       kv.length(src), n, kv.length(dst));
   const auto& spec = kv.spec();
   const int64_t W = spec.sliding_window;
+  const int64_t eb = kv.kv_value_bytes();
   CopyList list;  // src rows → dst rows: distinct sequences, so no copy reads another's target
   for (int l = 0; l < int(spec.layers.size()); ++l) {
     const auto& L = spec.layers[size_t(l)];
@@ -97,20 +98,20 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
         return make_error(ErrorCode::kInvalidArgument,
                           "copy_prefix_state: SWA row of position {} not live (src {}, dst {})", p,
                           a, b);
-      list.add(kv.swa_pool(l) + int64_t(b) * d, kv.swa_pool(l) + int64_t(a) * d,
-               size_t(d) * sizeof(float));
+      list.add(kv.kv_row(kv.swa_pool(l), b, d), kv.kv_row(kv.swa_pool(l), a, d), size_t(d * eb));
     }
     if (L.kind == AttnKind::kSliding) continue;
     const int m = L.ratio;
     for (int64_t e = 0; e < n / m; ++e) {
       const int64_t a = kv.compressed_row(src, e, m), b = kv.compressed_row(dst, e, m);
-      list.add(kv.comp_pool(l) + b * d, kv.comp_pool(l) + a * d, size_t(d) * sizeof(float));
+      list.add(kv.kv_row(kv.comp_pool(l), b, d), kv.kv_row(kv.comp_pool(l), a, d), size_t(d * eb));
     }
     if (L.kind == AttnKind::kCsa) {
       const int64_t di = L.index_dim;
       for (int64_t e = 0; e < n / m; ++e) {
         const int64_t a = kv.compressed_row(src, e, m), b = kv.compressed_row(dst, e, m);
-        list.add(kv.index_pool(l) + b * di, kv.index_pool(l) + a * di, size_t(di) * sizeof(float));
+        list.add(kv.kv_row(kv.index_pool(l), b, di), kv.kv_row(kv.index_pool(l), a, di),
+                 size_t(di * eb));
       }
     }
   }
@@ -127,6 +128,7 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
                       "apply_page_copy: bad pages {} -> {} ({} tokens)", c.src_page, c.dst_page,
                       c.n_tokens);
   const auto& spec = kv.spec();
+  const int64_t eb = kv.kv_value_bytes();
   CopyList list;
   for (int l = 0; l < int(spec.layers.size()); ++l) {
     const auto& L = spec.layers[size_t(l)];
@@ -136,18 +138,18 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
           swa_dst >= o.n_swa_pages)
         return make_error(ErrorCode::kInvalidArgument, "apply_page_copy: SWA pages {} -> {}",
                           swa_src, swa_dst);
-      list.add(kv.swa_pool(l) + (int64_t(swa_dst) * P + c.swa_begin) * d,
-               kv.swa_pool(l) + (int64_t(swa_src) * P + c.swa_begin) * d,
-               size_t((c.n_tokens - c.swa_begin) * d) * sizeof(float));
+      list.add(kv.kv_row(kv.swa_pool(l), int64_t(swa_dst) * P + c.swa_begin, d),
+               kv.kv_row(kv.swa_pool(l), int64_t(swa_src) * P + c.swa_begin, d),
+               size_t((c.n_tokens - c.swa_begin) * d * eb));
     }
     if (L.kind == AttnKind::kSliding) continue;
     const int64_t m = L.ratio, per_page = P / m, n = c.n_tokens / m;
-    list.add(kv.comp_pool(l) + int64_t(c.dst_page) * per_page * d,
-             kv.comp_pool(l) + int64_t(c.src_page) * per_page * d, size_t(n * d) * sizeof(float));
+    list.add(kv.kv_row(kv.comp_pool(l), int64_t(c.dst_page) * per_page, d),
+             kv.kv_row(kv.comp_pool(l), int64_t(c.src_page) * per_page, d), size_t(n * d * eb));
     if (L.kind == AttnKind::kCsa)
-      list.add(kv.index_pool(l) + int64_t(c.dst_page) * per_page * L.index_dim,
-               kv.index_pool(l) + int64_t(c.src_page) * per_page * L.index_dim,
-               size_t(n * L.index_dim) * sizeof(float));
+      list.add(kv.kv_row(kv.index_pool(l), int64_t(c.dst_page) * per_page, L.index_dim),
+               kv.kv_row(kv.index_pool(l), int64_t(c.src_page) * per_page, L.index_dim),
+               size_t(n * L.index_dim * eb));
   }
   list.flush(kv);
   return Status::Ok();
@@ -174,8 +176,11 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
   pc->window_ = cfg.window_tokens;
   const int64_t slots = int64_t(cfg.n_pages) * cfg.page_tokens;
   const int64_t swa_rows = int64_t(cfg.n_swa_pages) * cfg.swa_page_tokens;
-  // One block for the whole store; each buffer starts on a 256-byte boundary.
-  auto round = [](int64_t floats) { return (floats * 4 + 255) / 256 * 256; };
+  // One block for the whole store; each buffer starts on a 256-byte boundary. Rows are stored
+  // in the KvCache's element type (kv.kv_value_bytes() per value).
+  const int64_t eb = kv.kv_value_bytes();
+  pc->eb_ = eb;
+  auto round = [eb](int64_t values) { return (values * eb + 255) / 256 * 256; };
   std::vector<int64_t> off;
   int64_t total = 0;
   for (const auto& L : spec.layers) {
@@ -197,7 +202,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
   pc->store_bytes_ = total;
   char* base = static_cast<char*>(pc->store_);
   auto at = [&](size_t i) {
-    return off[i] < 0 ? nullptr : reinterpret_cast<float*>(base + off[i]);
+    return off[i] < 0 ? nullptr : base + off[i];
   };
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     pc->swa_.push_back(at(3 * l));
@@ -251,16 +256,16 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
         const int32_t a = radix_->swa_map().page((c.src_page * P + off) / Ps);
         const int32_t b = radix_->swa_map().page((c.dst_page * P + off) / Ps);
         if (a < 0 || b < 0) continue;  // not needed by any reader (outside the window)
-        list.add(swa_[l] + (int64_t(b) * Ps + off % Ps) * d,
-                 swa_[l] + (int64_t(a) * Ps + off % Ps) * d, size_t(d) * sizeof(float));
+        list.add(srow(swa_[l], int64_t(b) * Ps + off % Ps, d),
+                 srow(swa_[l], int64_t(a) * Ps + off % Ps, d), size_t(d * eb_));
       }
       if (!ratio_[l]) continue;
       const int64_t m = ratio_[l], per = P / m, ne = c.n_tokens / m, di = idim_[l];
-      list.add(comp_[l] + c.dst_page * per * d, comp_[l] + c.src_page * per * d,
-               size_t(ne * d) * sizeof(float));
+      list.add(srow(comp_[l], c.dst_page * per, d), srow(comp_[l], c.src_page * per, d),
+               size_t(ne * d * eb_));
       if (di)
-        list.add(index_[l] + c.dst_page * per * di, index_[l] + c.src_page * per * di,
-                 size_t(ne * di) * sizeof(float));
+        list.add(srow(index_[l], c.dst_page * per, di), srow(index_[l], c.src_page * per, di),
+                 size_t(ne * di * eb_));
     }
     list.flush(kv, &copies_);
   }
@@ -291,20 +296,21 @@ Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> promp
     for (int64_t p = std::max<int64_t>(0, R - W); p < R; ++p) {
       const int64_t a = radix_->swa_row(rs, p);
       const int32_t b = kv.swa_row(seq, p);
-      list.add(kv.swa_pool(int(l)) + int64_t(b) * d, swa_[l] + a * d, size_t(d) * sizeof(float));
+      list.add(kv.kv_row(kv.swa_pool(int(l)), b, d), srow(swa_[l], a, d), size_t(d * eb_));
     }
     if (!ratio_[l]) continue;
     const int64_t m = ratio_[l], di = idim_[l];
     for (int64_t e = 0; e < R / m; ++e) {
       const int64_t a = radix_->slot(rs, e * m) / m;
       const int64_t b = kv.compressed_row(seq, e, int(m));
-      list.add(kv.comp_pool(int(l)) + b * d, comp_[l] + a * d, size_t(d) * sizeof(float));
+      list.add(kv.kv_row(kv.comp_pool(int(l)), b, d), srow(comp_[l], a, d), size_t(d * eb_));
     }
     if (di)
       for (int64_t e = 0; e < R / m; ++e) {
         const int64_t a = radix_->slot(rs, e * m) / m;
         const int64_t b = kv.compressed_row(seq, e, int(m));
-        list.add(kv.index_pool(int(l)) + b * di, index_[l] + a * di, size_t(di) * sizeof(float));
+        list.add(kv.kv_row(kv.index_pool(int(l)), b, di), srow(index_[l], a, di),
+                 size_t(di * eb_));
       }
   }
   st = snaps_->load(kv, plan->restore_snapshot, seq, &list);
@@ -372,20 +378,21 @@ Status PrefixCache::step_one(KvCache& kv, const StepAppend& step, CopyList* list
       const int32_t a = kv.swa_row(h.kv_seq, p);
       const int64_t b = radix_->swa_row(rs, p);
       if (a < 0 || b < 0) continue;
-      list->add(swa_[l] + b * d, kv.swa_pool(int(l)) + int64_t(a) * d, size_t(d) * sizeof(float));
+      list->add(srow(swa_[l], b, d), kv.kv_row(kv.swa_pool(int(l)), a, d), size_t(d * eb_));
     }
     if (!ratio_[l]) continue;
     const int64_t m = ratio_[l], di = idim_[l];
     for (int64_t e = before / m; e < after / m; ++e) {
       const int64_t a = kv.compressed_row(h.kv_seq, e, int(m));
       const int64_t b = radix_->slot(rs, e * m) / m;
-      list->add(comp_[l] + b * d, kv.comp_pool(int(l)) + a * d, size_t(d) * sizeof(float));
+      list->add(srow(comp_[l], b, d), kv.kv_row(kv.comp_pool(int(l)), a, d), size_t(d * eb_));
     }
     if (di)
       for (int64_t e = before / m; e < after / m; ++e) {
         const int64_t a = kv.compressed_row(h.kv_seq, e, int(m));
         const int64_t b = radix_->slot(rs, e * m) / m;
-        list->add(index_[l] + b * di, kv.index_pool(int(l)) + a * di, size_t(di) * sizeof(float));
+        list->add(srow(index_[l], b, di), kv.kv_row(kv.index_pool(int(l)), a, di),
+                  size_t(di * eb_));
       }
   }
   for (int64_t p : h.snapshot_points)
@@ -434,6 +441,8 @@ Result<ShadowRadixConfig> PrefixCache::config_for_budget(const KvCache& kv, int6
                       "prefix cache: page {} / SWA page {} tokens invalid (P multiple of 128, "
                       "SWA page dividing it, P >= window)",
                       P, Ps);
+  // page_floats / swa_row_floats count KV values (kv_value_bytes() each); snapshots are f32.
+  const int64_t eb = kv.kv_value_bytes();
   int64_t page_floats = 0, swa_row_floats = 0;
   for (const auto& L : kv.spec().layers) {
     swa_row_floats += L.kv_dim;
@@ -443,7 +452,7 @@ Result<ShadowRadixConfig> PrefixCache::config_for_budget(const KvCache& kv, int6
   auto probe = StateSnapshots::create(kv, 0);
   const int64_t snap_bytes = (*probe)->floats_per_slot() * 4;
   const int64_t swa_per_window = (c.window_tokens + Ps - 1) / Ps + 1;
-  const int64_t page_bytes = std::max<int64_t>(page_floats * 4, 1);
+  const int64_t page_bytes = std::max<int64_t>(page_floats * eb, 1);
   // The store's buffers start on 256-byte boundaries (3 per layer).
   const int64_t slack = int64_t(kv.spec().layers.size()) * 3 * 256;
   // SWA windows: the kept boundaries, 16 more for running sequences (their own window and
@@ -454,7 +463,7 @@ Result<ShadowRadixConfig> PrefixCache::config_for_budget(const KvCache& kv, int6
   for (;;) {
     c.n_swa_pages = int32_t(swa_per_window * (int64_t(kept) + 16) + P / Ps);
     c.n_snapshots = kept + 16;
-    fixed = int64_t(c.n_swa_pages) * Ps * swa_row_floats * 4 + int64_t(c.n_snapshots) * snap_bytes +
+    fixed = int64_t(c.n_swa_pages) * Ps * swa_row_floats * eb + int64_t(c.n_snapshots) * snap_bytes +
             slack;
     if (budget - fixed >= page_bytes * kept || kept <= 8) break;
     kept = std::max<int32_t>(8, kept / 2);

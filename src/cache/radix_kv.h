@@ -100,9 +100,9 @@ struct PrefixSeq {
 /// Not thread-safe.
 class PrefixCache {
  public:
-  /// Tree-store sizes for a byte budget (f32 rows, the pools' layout): SWA pages and snapshot
-  /// slots for `kept_boundaries` boundary windows, the rest as pages. `page_tokens` must be a
-  /// multiple of 128. Errors (kInvalidArgument): budget below one page per boundary.
+  /// Tree-store sizes for a byte budget (rows of kv.kv_dtype(), the pools' layout; snapshots
+  /// f32): SWA pages and snapshot slots for `kept_boundaries` boundary windows, the rest as
+  /// pages. `page_tokens` must be a multiple of 128. Errors (kInvalidArgument): budget below one page per boundary.
   static Result<ShadowRadixConfig> config_for_budget(const KvCache& kv, int64_t budget_bytes,
                                                      int64_t page_tokens = 256,
                                                      int64_t swa_page_tokens = 64,
@@ -156,8 +156,11 @@ class PrefixCache {
   std::unique_ptr<StateSnapshots> snaps_;
   std::unordered_map<int32_t, PrefixSeq> live_;  // by KvCache sequence
   // Store of the tree tier, per layer: compressed rows by slot / m, indexer rows, SWA rows (into
-  // one block of backend memory, store_).
-  std::vector<float*> comp_, index_, swa_;
+  // one block of backend memory, store_), in the KvCache's element type (eb_ bytes per value).
+  std::vector<char*> comp_, index_, swa_;
+  int64_t eb_ = 4;
+  /// Byte address of row `row` (width `dim` values) of a store buffer.
+  char* srow(char* base, int64_t row, int64_t dim) const { return base + row * dim * eb_; }
   void* store_ = nullptr;
   int64_t store_bytes_ = 0;
   KvCache::FreeFn free_;

@@ -333,7 +333,12 @@ class Bench {
 
   int make_pools() {
     const model::ModelConfig& c = model_.config();
-    spec_ = model_.cache_spec();
+    spec_ = model_.cache_spec(o_.m.kv_dtype());
+    if (spec_.kv_dtype != KvDtype::kF32 && !ops_.supports_kv_dtype(spec_.kv_dtype)) {
+      std::fprintf(stderr, "error: the %s backend has no %s KV cache pools\n",
+                   ops_.name().c_str(), kv_dtype_name(spec_.kv_dtype));
+      return 1;
+    }
     P_ = page_size_for(spec_);
     vpage_b_ = double(cache::KvCache::virtual_page_bytes(spec_, P_));
     swa_b_ = double(cache::KvCache::swa_page_bytes(spec_, P_));
@@ -379,9 +384,10 @@ class Bench {
     cache::KvCacheOptions opt{P_, n_pages, n_swa, int(max_seqs)};
     pools_line_ = fmt::format(
         "page {} tokens; {} virtual pages ({:.2f} GiB: C4 KV, indexer keys, C128 KV), {} SWA pages "
-        "({:.2f} GiB), {} compressor-state slots ({:.2f} GiB); f32 values",
+        "({:.2f} GiB), {} compressor-state slots ({:.2f} GiB); {} KV values (--kv-cache-dtype), "
+        "f32 compressor state",
         P_, n_pages, gib(n_pages * vpage_b_), n_swa, gib(n_swa * swa_b_), max_seqs,
-        gib(max_seqs * state_b_));
+        gib(max_seqs * state_b_), kv_dtype_name(spec_.kv_dtype));
     V4_LOG_INFO("KV pools: {}", pools_line_);
     ops::Ops* o = &ops_;
     try {
@@ -393,7 +399,10 @@ class Bench {
       }
       kv_ = std::move(kv).value();
       for (const auto& b : kv_->buffers())
-        ops_.fill_random(b.data, b.values, ops::RandomFill::kF32Normal, 1.f, o_.seed + 1000);
+        ops_.fill_random(b.data, b.values,
+                         b.dtype == KvDtype::kBf16 ? ops::RandomFill::kBF16Normal
+                                                   : ops::RandomFill::kF32Normal,
+                         1.f, o_.seed + 1000);
       ops_.synchronize();
     } catch (const std::bad_alloc&) {
       std::fprintf(stderr, "error: cannot allocate the KV pools (%s)\n", pools_line_.c_str());
@@ -505,7 +514,7 @@ class Bench {
       if (r.ok) {
         r.tok_s = double(B) / (r.ms / 1e3);
         const auto bytes =
-            model::decode_step_bytes(c, model_.weights(), B, L, cache::KvCache::kValueBytes);
+            model::decode_step_bytes(c, model_.weights(), B, L, kv_->kv_value_bytes());
         r.floor_amount = bytes.total();
         r.floor_ms = bytes.total() / bw_ * 1e3;
       }
@@ -576,7 +585,8 @@ class Bench {
     md += fmt::format("- commit: {}\n", commit_id(cli::model_dir_of(o_.m.model)));
     md += fmt::format("- command: `{}`\n", command_line());
     md += fmt::format("- date: {}\n", utc_now());
-    md += fmt::format("- backend: {}, precision {}\n", ops_.name(), o_.m.precision);
+    md += fmt::format("- backend: {}, precision {}, KV cache {}\n", ops_.name(), o_.m.precision,
+                      kv_dtype_name(spec_.kv_dtype));
     if (!o_.multi_stream.empty())
       md += fmt::format("- multi-stream (--multi-stream {}): each cell once per mode, named in "
                         "its path column\n",

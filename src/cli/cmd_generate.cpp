@@ -140,7 +140,7 @@ int run_generate(const GenerateOptions& o) {
     V4_LOG_INFO("{}", why);
     kv_budget = *b;
   }
-  auto kv_r = model.make_cache(kv_budget, 1);
+  auto kv_r = model.make_cache(kv_budget, 1, 0, 0, o.m.kv_dtype());
   if (!kv_r.ok()) {
     std::fprintf(stderr, "error: %s\n", kv_r.status().message().c_str());
     return 1;

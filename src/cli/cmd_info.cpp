@@ -174,7 +174,7 @@ int print_kv(const v4::model::ModelConfig& c) {
     l.index_dim = k == model::LayerKind::kCsa ? cfg->index_head_dim : 0;
     spec.layers.push_back(l);
   }
-  std::printf("\n== KV cache bytes per token (f32 as stored by the CPU backend; bf16 = half)\n");
+  std::printf("\n== KV cache bytes per token (f32 pools, the default; --kv-cache-dtype bf16 = half)\n");
   double growing = 0;
   for (const auto& [pool, b] : cache::KvCache::bytes_per_token(spec)) {
     if (pool == "swa") {

@@ -93,6 +93,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_sequences = o.max_running_requests;
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
+  mo.kv_dtype = o.m.kv_dtype();
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
   mo.prefix_cache_optional = !o.prefix_cache_bytes_given;  // the default budget may not fit
   mo.prefix_snapshot_interval = o.prefix_snapshot_interval;

@@ -22,6 +22,13 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
     app.add_option("--precision", a->precision,
                    "weight GEMM arithmetic: auto (fp32 on cpu, bf16 on cuda), fp32 or bf16")
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  if (with_precision)
+    app.add_option("--kv-cache-dtype", a->kv_cache_dtype,
+                   "element type of the KV cache pools (SWA, compressed, indexer keys) and the "
+                   "prefix-cache store: auto (= f32 for now), f32, or bf16 (halves KV memory: "
+                   "twice the tokens per budget; rows rounded to bf16 as the bf16 reference "
+                   "model stores them)")
+        ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights")
       ->check(int_at_least(0));
 }

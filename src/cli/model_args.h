@@ -6,6 +6,8 @@
 //   GPU)
 //   --precision auto|fp32|bf16 arithmetic of the weight GEMMs (model::BackendOptions)
 //   --dummy-seed S             seed of the dummy weights (same seed → same weights on any backend)
+//   --kv-cache-dtype auto|f32|bf16  element type of the KV pools (auto = f32 for now; bf16
+//                              halves KV memory; not for `info`)
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -35,11 +37,19 @@ struct ModelArgs {
   int num_layers = 0;  // 0 = all
   std::string precision = "auto";
   uint64_t dummy_seed = 0;
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype
   bool dummy() const { return load_format == "dummy"; }
+  /// The KV pool element type --kv-cache-dtype names (auto → kF32 until bf16 is measured).
+  KvDtype kv_dtype() const {
+    KvDtype d = KvDtype::kF32;
+    (void)parse_kv_dtype(kv_cache_dtype, &d);  // the option's check admits only valid names
+    return d;
+  }
 };
 
-/// Adds --load-format, --num-layers, --precision and --dummy-seed to `app` (--model and
-/// --device stay with each command: their help texts differ).
+/// Adds --load-format, --num-layers, --precision, --kv-cache-dtype (both only with
+/// `with_precision`) and --dummy-seed to `app` (--model and --device stay with each command:
+/// their help texts differ).
 void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision = true);
 
 struct LoadedModel {

@@ -65,7 +65,8 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   V4_ASSIGN_OR_RETURN(e->cache_, e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences,
                                                        opt.page_size,
                                                        opt.mem_fraction > 0 ? opt.max_chunk_tokens
-                                                                            : 0));
+                                                                            : 0,
+                                                       opt.kv_dtype));
   const auto& ko = e->cache_->options();
   e->page_size_ = ko.page_size;
   const int64_t W = e->cache_->spec().sliding_window;

@@ -31,6 +31,10 @@ struct ModelExecutorOptions {
   int page_size = 0;                           // tokens per page; 0 = the model's default
   int64_t max_chunk_tokens = 2048;             // the engine's chunked_prefill_size (bounds SWA use)
   int64_t max_context = 0;                     // 0 = config.json max_position_embeddings
+  /// Element type of the KV pools and the prefix-cache store (--kv-cache-dtype): kF32 (default,
+  /// = "auto" until bf16 is measured on the GPU) or kBf16 (half the KV bytes: twice the tokens
+  /// per budget; rows rounded to bf16 on store, as the bf16 reference model keeps them).
+  KvDtype kv_dtype = KvDtype::kF32;
   /// Bytes for the prefix cache's tree store (cache::PrefixCache, docs/cache.md); 0 = no prefix
   /// caching. With it, a request resumes at the longest cached boundary of its prompt and every
   /// finished (or preempted) request's tokens are inserted for later requests. The store is

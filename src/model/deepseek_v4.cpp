@@ -329,9 +329,10 @@ void DeepseekV4::init_tables() {
   decode_opt_.graphs = ops_->supports_graphs() && !env_graphs_off();
 }
 
-cache::CacheSpec DeepseekV4::cache_spec() const {
+cache::CacheSpec DeepseekV4::cache_spec(KvDtype kv_dtype) const {
   cache::CacheSpec s;
   s.sliding_window = cfg_.sliding_window;
+  s.kv_dtype = kv_dtype;
   for (auto k : cfg_.layer_types) {
     cache::LayerCacheSpec l;
     l.kind = to_cache_kind(k);
@@ -345,8 +346,12 @@ cache::CacheSpec DeepseekV4::cache_spec() const {
 
 Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_bytes, int max_seqs,
                                                                int page_size,
-                                                               int64_t max_chunk_tokens) const {
-  const auto spec = cache_spec();
+                                                               int64_t max_chunk_tokens,
+                                                               KvDtype kv_dtype) const {
+  if (kv_dtype != KvDtype::kF32 && !ops_->supports_kv_dtype(kv_dtype))
+    return make_error(ErrorCode::kUnsupported, "the {} backend has no {} KV cache pools",
+                      ops_->name(), kv_dtype_name(kv_dtype));
+  const auto spec = cache_spec(kv_dtype);
   if (page_size <= 0) {
     page_size = 256;
     for (;;) {
@@ -770,7 +775,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     if (need > 0) b.scratch = st.buf<float>(need);
     return b;
   };
-  auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, float* pool,
+  auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, void* pool,
                       float* ring_kv, float* ring_gate, const CompressBufs& b) {
     const int cd = plan.overlap * d;
     o.linear_w(x, D, w.wkv.v(), S, b.kc, cd);
@@ -799,6 +804,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.inv_freq = rope.inv_freq.data();
     ca.attention_scaling = rope.attention_scaling;
     ca.pool = pool;
+    ca.pool_dtype = st.kv->kv_dtype();
     ca.scratch = b.scratch;
     o.compress_fused(ca);
   };
@@ -827,7 +833,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
   o.rms_norm_rope(kvv, a.kv_norm.data(), S, 1, hd, eps, rope.rope_dim, st.pos,
                   rope.inv_freq.data(), rope.attention_scaling);
-  o.store_rows(st.kv->swa_pool(l), st.swa_dst, S, hd, kvv);
+  o.store_rows_kv(st.kv->swa_pool(l), st.kv->kv_dtype(), st.swa_dst, S, hd, kvv);
   if (hca || csa) {
     // Branch 2 — the compressor of this layer's rate.
     o.branch(2);
@@ -854,6 +860,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   ops::AttentionArgs aa;
   aa.sinks = a.sinks.data();
   aa.swa_pool = st.kv->swa_pool(l);
+  aa.kv_dtype = st.kv->kv_dtype();
   aa.swa = st.swa;
   aa.n_rows = S;
   aa.n_heads = H;
@@ -869,6 +876,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.q = qi;
     ia.weights = wi;
     ia.key_pool = st.kv->index_pool(l);
+    ia.key_dtype = st.kv->kv_dtype();
     ia.cand = st.csa.cand;
     ia.n_rows = S;
     ia.n_heads = nI;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "base/copy_segment.h"
+#include "base/dtype.h"
 
 namespace v4 {
 class ThreadPool;
@@ -110,9 +111,9 @@ struct RowMap {
 struct AttentionArgs {
   const float* q = nullptr;          // [S, H, hd]
   const float* sinks = nullptr;      // [H]
-  const float* swa_pool = nullptr;   // [swa pool rows, hd]  (K = V rows, already normed + roped)
-  RowMap swa;                        // SWA key rows per query (W tokens incl. itself)
-  const float* comp_pool = nullptr;  // [comp pool rows, hd] or nullptr (sliding-only layer)
+  const void* swa_pool = nullptr;   // [swa pool rows, hd] of kv_dtype (K = V rows, normed + roped)
+  RowMap swa;                       // SWA key rows per query (W tokens incl. itself)
+  const void* comp_pool = nullptr;  // [comp pool rows, hd] of kv_dtype or nullptr (sliding-only)
   RowMap comp;                       // compressed rows per query (CSA: top-k; HCA: all causal)
   int64_t n_rows = 0;                // S
   int n_heads = 0;                   // H
@@ -121,6 +122,8 @@ struct AttentionArgs {
   /// Upper bound of swa.count[t] + comp.count[t] over the call, known to the planner (0 =
   /// unknown). Lets a backend split long key lists across thread blocks without reading counts.
   int64_t max_keys = 0;
+  /// Element type of both pools (bf16 rows are widened to f32 on read; math stays f32).
+  KvDtype kv_dtype = KvDtype::kF32;
   float* out = nullptr;              // [S, H, hd]
 };
 
@@ -188,7 +191,8 @@ struct CompressFusedArgs {
   int rope_dim = 0;                   // rd: trailing channels rotated (even, ≤ d)
   const float* inv_freq = nullptr;    // [rd/2]
   float attention_scaling = 1.f;
-  float* pool = nullptr;              // [pool rows, d]  compressed (or indexer) pool
+  void* pool = nullptr;               // [pool rows, d] of pool_dtype: compressed (or indexer) pool
+  KvDtype pool_dtype = KvDtype::kF32; // rows are converted on store (bf16: round-to-nearest-even)
   float* scratch = nullptr;           // default implementation only (see above)
   /// The caller's promise that no ring row refreshed by this call (ring_dst) is a state slot of
   /// any window (src), so the Ordering rule above holds for any interleaving: a backend may then
@@ -240,7 +244,8 @@ inline bool compress_ring_disjoint(const int32_t* src, int64_t n_src, const int3
 struct IndexerArgs {
   const float* q = nullptr;         // [S, nI, dI] (roped)
   const float* weights = nullptr;   // [S, nI] raw weights_proj output (op applies nI^-1/2)
-  const float* key_pool = nullptr;  // [pool rows, dI]
+  const void* key_pool = nullptr;   // [pool rows, dI] of key_dtype
+  KvDtype key_dtype = KvDtype::kF32;  // bf16 keys are widened to f32 on read
   RowMap cand;
   int64_t n_rows = 0;            // S
   int n_heads = 0;               // nI
@@ -486,6 +491,15 @@ class Ops {
   /// pool[rows[i], :] = src[i, :] for i < n with rows[i] >= 0 (scatter into a cache pool).
   virtual void store_rows(float* pool, const int32_t* rows, int64_t n, int64_t width,
                           const float* src) = 0;
+  /// store_rows into a KV pool of element type `dtype` (pool [pool rows, width] of dtype, src
+  /// [n, width] f32): kF32 copies, kBf16 rounds to nearest even (f32_to_bf16). Default: kF32
+  /// through store_rows; other dtypes throw std::invalid_argument (backends with such pools
+  /// override it).
+  virtual void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n,
+                             int64_t width, const float* src);
+  /// Whether KV pools of `dtype` work on this backend end to end (store_rows_kv,
+  /// compress_fused, indexer_topk, sparse_attention). Default: kF32 only.
+  virtual bool supports_kv_dtype(KvDtype dtype) const { return dtype == KvDtype::kF32; }
 
   // ---- model steps -------------------------------------------------------------------------
   /// out[t, s, :] = table[ids[t], :] for every stream s < n.  table [V, D], out [S, n, D].

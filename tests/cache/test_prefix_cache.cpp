@@ -27,7 +27,8 @@ struct Env {
   int64_t V = 0;
 };
 
-Env make_env(int32_t pages, int32_t swa_pages, int32_t snaps, int max_seqs = 8) {
+Env make_env(int32_t pages, int32_t swa_pages, int32_t snaps, int max_seqs = 8,
+             KvDtype kv_dtype = KvDtype::kF32) {
   Env e;
   e.ops = ops::make_cpu_ops();
   const auto dir =
@@ -37,7 +38,7 @@ Env make_env(int32_t pages, int32_t swa_pages, int32_t snaps, int max_seqs = 8) 
   if (!m.ok()) return e;
   e.model = std::move(m).value();
   e.V = e.model->config().vocab_size;
-  auto kv = e.model->make_cache(int64_t(256) << 20, max_seqs);
+  auto kv = e.model->make_cache(int64_t(256) << 20, max_seqs, 0, 0, kv_dtype);
   EXPECT_TRUE(kv.ok());
   e.kv = std::move(kv).value();
   cache::ShadowRadixConfig c;
@@ -160,8 +161,8 @@ void cold(Env& e, const std::vector<int32_t>& prompt, int n_gen, std::vector<flo
 
 }  // namespace
 
-TEST(PrefixCache, BranchHitsAreBitIdentical) {
-  Env e = make_env(64, 128, 32);
+void branch_hits_are_bit_identical(KvDtype kv_dtype) {
+  Env e = make_env(64, 128, 32, 8, kv_dtype);
   ASSERT_TRUE(e.pc);
   const auto S = toks(1, 420, e.V);
   for (int64_t cut : {3, 4, 5, 6, 127, 128, 129, 130, 258, 385}) {
@@ -187,10 +188,17 @@ TEST(PrefixCache, BranchHitsAreBitIdentical) {
   EXPECT_GT(st.adopted_nodes, 0);
 }
 
-TEST(PrefixCache, EvictionUnderPressureKeepsGreedyTokens) {
+TEST(PrefixCache, BranchHitsAreBitIdentical) { branch_hits_are_bit_identical(KvDtype::kF32); }
+
+// bf16 KV pools: the tree store holds bf16 rows too; hits stay bit-identical to cold runs.
+TEST(PrefixCache, Bf16PoolsBranchHitsAreBitIdentical) {
+  branch_hits_are_bit_identical(KvDtype::kBf16);
+}
+
+void eviction_under_pressure(KvDtype kv_dtype) {
   // A small tree store: 14 pages of 128 tokens for 4 concurrent requests of ~300-450 tokens
   // with shared prefixes, 3 waves. Evictions and tombstones must happen.
-  Env e = make_env(14, 40, 10);
+  Env e = make_env(14, 40, 10, 8, kv_dtype);
   ASSERT_TRUE(e.pc);
   const auto sys1 = toks(7, 200, e.V), sys2 = toks(8, 260, e.V);
   std::vector<Req> all;
@@ -218,6 +226,14 @@ TEST(PrefixCache, EvictionUnderPressureKeepsGreedyTokens) {
   std::printf("pressure: %lld hits of %zu, %lld evicted, %lld tombstoned, %lld adopted\n",
               (long long)hits, all.size(), (long long)st.evicted_nodes,
               (long long)st.tombstoned_nodes, (long long)st.adopted_nodes);
+}
+
+TEST(PrefixCache, EvictionUnderPressureKeepsGreedyTokens) {
+  eviction_under_pressure(KvDtype::kF32);
+}
+
+TEST(PrefixCache, Bf16PoolsEvictionUnderPressureKeepsGreedyTokens) {
+  eviction_under_pressure(KvDtype::kBf16);
 }
 
 TEST(PrefixCache, MultiTurnReusesWholeConversation) {

@@ -29,7 +29,7 @@ struct Env {
   bool ok = false;
 };
 
-Env make_env(const std::string& dir) {
+Env make_env(const std::string& dir, KvDtype kv_dtype = KvDtype::kF32) {
   Env e;
   e.ops = ops::make_cpu_ops();
   auto m = model::DeepseekV4::load(dir, e.ops.get());
@@ -38,7 +38,7 @@ Env make_env(const std::string& dir) {
     return e;
   }
   e.model = std::move(m).value();
-  auto kv = e.model->make_cache(int64_t(256) << 20, 8);
+  auto kv = e.model->make_cache(int64_t(256) << 20, 8, 0, 0, kv_dtype);
   if (!kv.ok()) {
     ADD_FAILURE() << kv.status().to_string();
     return e;
@@ -78,8 +78,9 @@ std::vector<int32_t> greedy(Env& e, int32_t seq, int64_t pos, std::vector<float>
   return out;
 }
 
-void run_cuts(const std::string& name, int64_t T, const std::vector<int64_t>& cuts) {
-  Env e = make_env(fixture(name));
+void run_cuts(const std::string& name, int64_t T, const std::vector<int64_t>& cuts,
+              KvDtype kv_dtype = KvDtype::kF32) {
+  Env e = make_env(fixture(name), kv_dtype);
   ASSERT_TRUE(e.ok);
   const int64_t V = e.model->config().vocab_size;
   std::mt19937 g(42);
@@ -137,6 +138,16 @@ TEST(PrefixExact, RealRatesEveryResidueAndAround128) {
 
 TEST(PrefixExact, KindsFixture) {
   run_cuts("tiny-kinds-fp32", 300, {1, 3, 4, 5, 6, 127, 128, 129, 130, 255, 256, 257, 258});
+}
+
+// bf16 KV pools (--kv-cache-dtype bf16): copying 2-byte rows must be as exact as f32 rows.
+TEST(PrefixExact, Bf16PoolsRealRates) {
+  run_cuts("tiny-real-rates", 560, {1, 3, 4, 5, 127, 128, 129, 130, 255, 256, 257, 385, 513},
+           KvDtype::kBf16);
+}
+
+TEST(PrefixExact, Bf16PoolsKindsFixture) {
+  run_cuts("tiny-kinds-fp32", 300, {1, 4, 5, 127, 128, 129, 257}, KvDtype::kBf16);
 }
 
 // A snapshot taken at the wrong length must give different logits (the test can fail).

@@ -4,6 +4,10 @@
 // 64, rows that share one key list and rows with their own, −1 entries, sliding-only layers,
 // forced and automatic split counts; then the same through CudaOps (bf16 mode, the path the
 // model takes) including a CUDA graph replay. Outputs are poisoned (NaN) before every run.
+// Every case runs both kernel variants (1: session-5 kernel, plain combine; 2: bf16 ring kernel
+// for bf16 pools, v1 body for f32, PDL launches, 2–8 splits of bf16 pools merged inside a thread
+// block cluster) and, where marked, f32 and bf16 pools (the CPU reference then reads the same
+// bf16 pool contents); v2 must also match v1 within 1e-5.
 // Tolerance: bf16 rounding of q, k and p with fp32 accumulation and softmax stays within ~4e-3
 // of the output's max |value| (2^-9 per rounded operand); 1e-2 is the bound (bf16 mode class).
 #include <cuda_runtime.h>
@@ -12,9 +16,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
+#include "base/dtype.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
@@ -37,22 +43,29 @@ struct AttnCase {
   int64_t S = 0;
   int H = 0;
   bool sliding_only = false;
+  KvDtype dt = KvDtype::kF32;
   std::vector<float> q, sinks, swa_pool, comp_pool, out_cpu;
+  std::vector<uint16_t> swa_pool_b, comp_pool_b;  // bf16 pools (dt == kBf16)
   std::vector<int32_t> swa_r, comp_r, swa_c, comp_c;
   std::vector<int64_t> swa_o, comp_o;
   int64_t max_keys = 0;
   std::unique_ptr<Dev<float>> dq, dsinks, dswa, dcomp, dout;
+  std::unique_ptr<Dev<uint16_t>> dswa_b, dcomp_b;
   std::unique_ptr<Dev<int32_t>> dswa_r, dswa_c, dcomp_r, dcomp_c;
   std::unique_ptr<Dev<int64_t>> dswa_o, dcomp_o;
   AttentionArgs ag;
 
   /// counts[t] = total keys of row t (SWA part min(count, 128), the rest compressed; sliding-only
-  /// layers put every key in the SWA list). share: every row reads row 0's key lists.
-  AttnCase(int64_t S_, int H_, const std::vector<int>& counts, bool share, bool sliding = false)
-      : S(S_), H(H_), sliding_only(sliding) {
+  /// layers put every key in the SWA list). share: every row reads row 0's key lists. dtype: the
+  /// pools' element type (bf16: rounded to nearest even, the CPU op reads the same bf16 values).
+  /// sink_shift is added to every sink (large: the sink dominates the softmax denominator).
+  AttnCase(int64_t S_, int H_, const std::vector<int>& counts, bool share, bool sliding = false,
+           KvDtype dtype = KvDtype::kF32, float sink_shift = 0.f)
+      : S(S_), H(H_), sliding_only(sliding), dt(dtype) {
     const int64_t swa_rows = 700, comp_rows = 9000;
     q = randn(size_t(S * H * kHd), 0.3f);
     sinks = randn(size_t(H));
+    for (float& x : sinks) x += sink_shift;
     swa_pool = randn(size_t(swa_rows * kHd), 0.3f);
     comp_pool = randn(size_t(comp_rows * kHd), 0.3f);
     swa_c.resize(size_t(S));
@@ -92,17 +105,33 @@ struct AttnCase {
     AttentionArgs ac = a;
     ac.q = q.data();
     ac.sinks = sinks.data();
-    ac.swa_pool = swa_pool.data();
+    a.kv_dtype = dt;
+    ac.kv_dtype = dt;
+    const bool b16 = dt == KvDtype::kBf16;
+    if (b16) {
+      swa_pool_b.resize(swa_pool.size());
+      comp_pool_b.resize(comp_pool.size());
+      for (size_t i = 0; i < swa_pool.size(); ++i) swa_pool_b[i] = f32_to_bf16(swa_pool[i]);
+      for (size_t i = 0; i < comp_pool.size(); ++i) comp_pool_b[i] = f32_to_bf16(comp_pool[i]);
+    }
+    ac.swa_pool = b16 ? static_cast<const void*>(swa_pool_b.data()) : swa_pool.data();
     ac.swa = {swa_r.data(), swa_o.data(), swa_c.data()};
-    ac.comp_pool = sliding ? nullptr : comp_pool.data();
+    ac.comp_pool = sliding ? nullptr
+                   : b16   ? static_cast<const void*>(comp_pool_b.data())
+                           : comp_pool.data();
     ac.comp = {comp_r.data(), comp_o.data(), comp_c.data()};
     ac.out = out_cpu.data();
     make_cpu_ops()->sparse_attention(ac);
 
     dq = std::make_unique<Dev<float>>(q);
     dsinks = std::make_unique<Dev<float>>(sinks);
-    dswa = std::make_unique<Dev<float>>(swa_pool);
-    dcomp = std::make_unique<Dev<float>>(comp_pool);
+    if (b16) {
+      dswa_b = std::make_unique<Dev<uint16_t>>(swa_pool_b);
+      dcomp_b = std::make_unique<Dev<uint16_t>>(comp_pool_b);
+    } else {
+      dswa = std::make_unique<Dev<float>>(swa_pool);
+      dcomp = std::make_unique<Dev<float>>(comp_pool);
+    }
     dout = std::make_unique<Dev<float>>(out_cpu.size());
     dswa_r = std::make_unique<Dev<int32_t>>(swa_r);
     dswa_c = std::make_unique<Dev<int32_t>>(swa_c);
@@ -113,9 +142,11 @@ struct AttnCase {
     ag = a;
     ag.q = dq->p;
     ag.sinks = dsinks->p;
-    ag.swa_pool = dswa->p;
+    ag.swa_pool = b16 ? static_cast<const void*>(dswa_b->p) : dswa->p;
     ag.swa = {dswa_r->p, dswa_o->p, dswa_c->p};
-    ag.comp_pool = sliding ? nullptr : dcomp->p;
+    ag.comp_pool = sliding ? nullptr
+                   : b16   ? static_cast<const void*>(dcomp_b->p)
+                           : static_cast<const void*>(dcomp->p);
     ag.comp = {dcomp_r->p, dcomp_o->p, dcomp_c->p};
     ag.out = dout->p;
   }
@@ -132,84 +163,173 @@ struct AttnCase {
 
 void check_kernel(AttnCase& c, const std::vector<int>& split_list) {
   std::vector<int> splits = split_list;
-  splits.push_back(cuda::attention_dec_splits(c.S, c.H, c.max_keys, 132));
-  for (int sp : splits) {
-    SCOPED_TRACE(::testing::Message() << "splits=" << sp);
-    Dev<float> ws(size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
-    ws.poison();
-    c.dout->poison();
-    ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto got = c.dout->host();
-    const double e = rel_err(got, c.out_cpu);
-    std::printf("[attention dec] S=%lld H=%d keys<=%lld splits=%d rel err %.2e\n",
-                (long long)c.S, c.H, (long long)c.max_keys, sp, e);
-    EXPECT_LE(e, kDecTol);
-    c.expect_empty_rows_zero(got);
-  }
+  splits.push_back(cuda::attention_dec_splits(c.S, c.H, c.max_keys, 132,
+                                              c.dt == KvDtype::kBf16 ? 2 : 4));
+  std::vector<std::vector<float>> v1_out;  // per split count, for the v1 / v2 agreement check
+  for (int variant : {1, 2})
+    for (size_t si = 0; si < splits.size(); ++si) {
+      const int sp = splits[si];
+      SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp
+                                        << " pools=" << kv_dtype_name(c.dt));
+      Dev<float> ws(
+          size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
+      ws.poison();
+      c.dout->poison();
+      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = c.dout->host();
+      const double e = rel_err(got, c.out_cpu);
+      std::printf("[attention dec] v%d %s S=%lld H=%d keys<=%lld splits=%d rel err %.2e\n",
+                  variant, kv_dtype_name(c.dt), (long long)c.S, c.H, (long long)c.max_keys, sp, e);
+      EXPECT_LE(e, kDecTol);
+      c.expect_empty_rows_zero(got);
+      // v1 and v2 feed the same bf16 tiles to the same per-tile math (bf16 pools: staged + copied
+      // tile vs the ring; f32 pools: the same kernel body, PDL launches), so they agree to
+      // rounding noise (the cluster merge sums in another order); a ring / index / barrier slip
+      // in either shows up far above 1e-5.
+      if (variant == 1) {
+        v1_out.push_back(got);
+      } else {
+        const double d = rel_err(got, v1_out[si]);
+        std::printf("[attention dec] v2 vs v1 (%s pools) splits=%d rel diff %.2e\n",
+                    kv_dtype_name(c.dt), sp, d);
+        EXPECT_LE(d, 1e-5);
+      }
+    }
 }
+
+constexpr KvDtype kDtypes[] = {KvDtype::kF32, KvDtype::kBf16};
 
 TEST(CudaAttentionDec, EqualsCpuBatch1) {
   V4_REQUIRE_GPU();
-  {
-    SCOPED_TRACE("CSA 128 + 512");
-    AttnCase c(1, 64, {640}, false);
-    check_kernel(c, {1, 3, 20});
-  }
-  {
-    SCOPED_TRACE("HCA 128 + 8192");
-    AttnCase c(1, 64, {8320}, false);
-    check_kernel(c, {1, 7, 65, 200});
-  }
-  {
-    SCOPED_TRACE("V4-Pro heads, 17 keys (one partial tile)");
-    AttnCase c(1, 128, {17}, false);
-    check_kernel(c, {1, 2});
-  }
-  for (int n : {0, 1}) {
-    SCOPED_TRACE(::testing::Message() << n << " keys");
-    AttnCase c(1, 64, {n}, false);
-    check_kernel(c, {1, 4});
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("CSA 128 + 512");
+      AttnCase c(1, 64, {640}, false, false, dt);
+      check_kernel(c, {1, 3, 20});
+    }
+    {
+      SCOPED_TRACE("HCA 128 + 8192");
+      AttnCase c(1, 64, {8320}, false, false, dt);
+      check_kernel(c, {1, 7, 65, 200});
+    }
+    {
+      SCOPED_TRACE("V4-Pro heads, 17 keys (one partial tile)");
+      AttnCase c(1, 128, {17}, false, false, dt);
+      check_kernel(c, {1, 2});
+    }
+    for (int n : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << n << " keys");
+      AttnCase c(1, 64, {n}, false, false, dt);
+      check_kernel(c, {1, 4});
+    }
   }
 }
 
 TEST(CudaAttentionDec, EqualsCpuBatch3) {
   V4_REQUIRE_GPU();
-  {
-    SCOPED_TRACE("counts 8320 / 0 / 17, own keys, 128 heads");
-    AttnCase c(3, 128, {8320, 0, 17}, false);
-    check_kernel(c, {1, 5});
-  }
-  {
-    SCOPED_TRACE("counts 1 / 640 / 0, shared keys");
-    AttnCase c(3, 64, {640}, true);
-    check_kernel(c, {1, 3});
-    AttnCase d(3, 64, {1, 640, 0}, false);
-    check_kernel(d, {1, 3});
-  }
-  {
-    SCOPED_TRACE("sliding-only layer, 48 heads (not a multiple of 64)");
-    AttnCase c(3, 48, {128, 33, 0}, false, /*sliding=*/true);
-    check_kernel(c, {1, 2});
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("counts 8320 / 0 / 17, own keys, 128 heads");
+      AttnCase c(3, 128, {8320, 0, 17}, false, false, dt);
+      check_kernel(c, {1, 5});
+    }
+    {
+      SCOPED_TRACE("counts 1 / 640 / 0, shared keys");
+      AttnCase c(3, 64, {640}, true, false, dt);
+      check_kernel(c, {1, 3});
+      AttnCase d(3, 64, {1, 640, 0}, false, false, dt);
+      check_kernel(d, {1, 3});
+    }
+    {
+      SCOPED_TRACE("sliding-only layer, 48 heads (not a multiple of 64)");
+      AttnCase c(3, 48, {128, 33, 0}, false, /*sliding=*/true, dt);
+      check_kernel(c, {1, 2, 8});  // 8: cluster ranks 6 and 7 get no heads (48 < 8 · 7)
+    }
   }
 }
 
 TEST(CudaAttentionDec, EqualsCpuBatch64) {
   V4_REQUIRE_GPU();
-  {
-    SCOPED_TRACE("CSA 640 keys, own keys per row");
-    AttnCase c(64, 64, {640}, false);
-    check_kernel(c, {1, 4});
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("CSA 640 keys, own keys per row");
+      AttnCase c(64, 64, {640}, false, false, dt);
+      check_kernel(c, {1, 4});
+    }
+    {
+      SCOPED_TRACE("mixed counts, shared keys, 128 heads");
+      AttnCase c(64, 128, {640}, true, false, dt);
+      check_kernel(c, {1});
+    }
+    {
+      SCOPED_TRACE("mixed counts 0/1/17/640/160, own keys, 128 heads");
+      AttnCase c(64, 128, {0, 1, 17, 640, 160}, false, false, dt);
+      check_kernel(c, {1, 3});
+    }
+    {
+      SCOPED_TRACE("prefill-sized: 160 rows (bf16 pools take the decode kernel at any row count)");
+      AttnCase c(160, 64, {300, 17, 128}, false, false, dt);
+      check_kernel(c, {1, 2});
+    }
+    {
+      SCOPED_TRACE("HCA 128K: 1152 keys, own keys per row");
+      AttnCase c(64, 64, {1152}, false, false, dt);
+      check_kernel(c, {1, 2});
+    }
   }
-  {
-    SCOPED_TRACE("mixed counts, shared keys, 128 heads");
-    AttnCase c(64, 128, {640}, true);
-    check_kernel(c, {1});
+}
+
+// Batch 7, row lengths around the v2 ring (4 slots, 3 tiles in flight): 1, 2, 3, 4, 5 tiles and
+// partial tails per row and per split, a long row (260 tiles: the ring wraps 65 times), and a
+// sliding-only layer with rows of up to 128 keys.
+TEST(CudaAttentionDec, EqualsCpuBatch7RingBoundaries) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("CSA/HCA rows 33 / 70 / 100 / 128 / 150 / 0 / 8320, own keys");
+      AttnCase c(7, 64, {33, 70, 100, 128, 150, 0, 8320}, false, false, dt);
+      check_kernel(c, {1, 2, 3, 9});
+    }
+    {
+      SCOPED_TRACE("sliding-only, 64 heads, rows 128 / 5 / 64 / 96 / 1 / 0 / 127");
+      AttnCase c(7, 64, {128, 5, 64, 96, 1, 0, 127}, false, /*sliding=*/true, dt);
+      check_kernel(c, {1, 2, 4});
+    }
   }
-  {
-    SCOPED_TRACE("mixed counts 0/1/17/640/160, own keys, 128 heads");
-    AttnCase c(64, 128, {0, 1, 17, 640, 160}, false);
-    check_kernel(c, {1, 3});
+}
+
+// Sinks that dominate (+6: exp(sink) ≫ Σ exp(l)) and that vanish (−30): the sink enters the
+// denominator once, in the single-split epilogue and in the combine alike.
+TEST(CudaAttentionDec, EqualsCpuSinkExtremes) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes)
+    for (float shift : {6.f, -30.f}) {
+      SCOPED_TRACE(::testing::Message() << "sink shift " << shift);
+      AttnCase c(7, 64, {640, 17, 1152, 1, 160, 8320, 0}, false, false, dt, shift);
+      check_kernel(c, {1, 4});
+    }
+}
+
+// Variant 2's launch options off one by one (environment, read per call): 2–8 splits through
+// the combine kernel instead of the cluster merge (V4_ATTN_DEC_CLUSTER=0), and plain launches
+// instead of PDL (V4_ATTN_DEC_PDL=0); the default path (cluster + PDL) runs in every case above.
+TEST(CudaAttentionDec, Variant2LaunchOptions) {
+  V4_REQUIRE_GPU();
+  struct Env {
+    const char* name;
+    explicit Env(const char* n) : name(n) { setenv(n, "0", 1); }
+    ~Env() { unsetenv(name); }
+  };
+  for (int opt : {0, 1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "options " << opt);
+    std::unique_ptr<Env> e1, e2;
+    if (opt == 0 || opt == 2) e1 = std::make_unique<Env>("V4_ATTN_DEC_CLUSTER");
+    if (opt == 1 || opt == 2) e2 = std::make_unique<Env>("V4_ATTN_DEC_PDL");
+    for (KvDtype dt : kDtypes) {
+      AttnCase c(7, 128, {640, 17, 1152, 0, 160, 8320, 1}, false, false, dt, 0.5f);
+      check_kernel(c, {1, 2, 5, 8});
+    }
   }
 }
 
@@ -221,6 +341,7 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 3).ok());  // no variant 3
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
 }
@@ -233,40 +354,58 @@ TEST(CudaAttentionDec, SplitModel) {
   EXPECT_GT(cuda::attention_dec_splits(1, 64, 640, 132), 1);
   for (int64_t S : {1, 3, 64, 256})
     for (int64_t k : {128, 160, 640, 1152, 8320}) {
-      const int sp = cuda::attention_dec_splits(S, 64, k, 132);
-      EXPECT_GE(sp, 1);
-      EXPECT_LE(sp, 128);
-      EXPECT_LE(int64_t(sp - 1) * cuda::kAttnDecTileKeys, k);  // no split without keys
+      for (int kvb : {4, 2}) {
+        const int sp = cuda::attention_dec_splits(S, 64, k, 132, kvb);
+        EXPECT_GE(sp, 1);
+        EXPECT_LE(sp, 128);
+        EXPECT_LE(int64_t(sp - 1) * cuda::kAttnDecTileKeys, k);  // no split without keys
+      }
     }
+  // bf16 pools: batch-1 long rows still spread over many SMs; batch 64 fills the 132 SMs with
+  // 2 splits at most (a partial costs as much as several tiles).
+  EXPECT_GT(cuda::attention_dec_splits(1, 64, 8320, 132, 2), 16);
+  for (int64_t k : {640, 1152, 8320}) {
+    EXPECT_GE(cuda::attention_dec_splits(64, 64, k, 132, 2), 1);
+    EXPECT_LE(cuda::attention_dec_splits(64, 64, k, 132, 2), 2);
+  }
 }
 
-// Through the backend (bf16 mode): the decode kernel on (default) and off (attention_mma), eager
-// and replayed from a CUDA graph (scratch sized by the eager run first).
+// Through the backend (bf16 mode): the decode kernel variants 2 (default) and 1, and off
+// (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
+// a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
+// programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (bool dec : {true, false}) {
-    SCOPED_TRACE(::testing::Message() << "attention_dec=" << dec);
-    CudaOptions o;
-    o.precision = Precision::kBf16;
-    o.attention_dec = dec;
-    auto r = make_cuda_ops(o);
-    ASSERT_TRUE(r.ok());
-    auto gpu = std::move(r).value();
-    for (int64_t S : {int64_t(1), int64_t(64)}) {
-      AttnCase c(S, 64, {S == 1 ? 8320 : 640, 17}, false);
-      c.dout->poison();
-      gpu->sparse_attention(c.ag);
-      gpu->synchronize();
-      EXPECT_LE(rel_err(c.dout->host(), c.out_cpu), dec ? kDecTol : 3e-3);
-      if (!gpu->supports_graphs()) continue;
-      auto graph = gpu->capture([&] { gpu->sparse_attention(c.ag); });
-      ASSERT_NE(graph, nullptr);
-      c.dout->poison();
-      graph->replay();
-      gpu->synchronize();
-      EXPECT_LE(rel_err(c.dout->host(), c.out_cpu), dec ? kDecTol : 3e-3);
+  for (int mode : {2, 1, 0})
+    for (KvDtype dt : kDtypes) {
+      SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
+                                        << " pools=" << kv_dtype_name(dt));
+      CudaOptions o;
+      o.precision = Precision::kBf16;
+      o.attention_dec = mode != 0;
+      o.attention_dec_variant = mode == 1 ? 1 : 2;
+      auto r = make_cuda_ops(o);
+      ASSERT_TRUE(r.ok());
+      auto gpu = std::move(r).value();
+      const bool dec = mode != 0;
+      for (int64_t S : {int64_t(1), int64_t(7), int64_t(64)}) {
+        AttnCase c(S, 64, {S == 64 ? 640 : 8320, 17}, false, false, dt);
+        c.dout->poison();
+        gpu->sparse_attention(c.ag);
+        gpu->synchronize();
+        EXPECT_LE(rel_err(c.dout->host(), c.out_cpu), dec ? kDecTol : 3e-3) << "S=" << S;
+        if (!gpu->supports_graphs()) continue;
+        auto graph = gpu->capture([&] { gpu->sparse_attention(c.ag); });
+        ASSERT_NE(graph, nullptr);
+        for (int rep = 0; rep < 2; ++rep) {
+          c.dout->poison();
+          graph->replay();
+          gpu->synchronize();
+          EXPECT_LE(rel_err(c.dout->host(), c.out_cpu), dec ? kDecTol : 3e-3)
+              << "S=" << S << " replay " << rep;
+        }
+      }
     }
-  }
 }
 
 }  // namespace

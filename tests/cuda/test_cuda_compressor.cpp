@@ -15,7 +15,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "../model/compressor_cases.h"
@@ -381,6 +384,98 @@ TEST(CudaCompressor, ConsecutiveDecodeSteps) {
       EXPECT_TRUE(gb[0].drkv->host() == rkv);
       EXPECT_TRUE(gb[0].drg->host() == rg);
     }
+}
+
+// Sets V4_COMPRESS_WIDE for a scope (compressor.cu reads it at every call): "1" the wide
+// (decode) plans for every call, "0" the base plans for every call.
+struct WideEnv {
+  explicit WideEnv(const char* v) { setenv("V4_COMPRESS_WIDE", v, 1); }
+  ~WideEnv() { unsetenv("V4_COMPRESS_WIDE"); }
+  WideEnv(const WideEnv&) = delete;
+  WideEnv& operator=(const WideEnv&) = delete;
+};
+
+// Pool and ring contents after one FlashCompressor call of case k (poisoned outputs).
+struct FusedOut {
+  std::vector<float> pool, rkv, rg;
+};
+FusedOut run_fused(const CompressCase& k, bool one) {
+  Bufs b;
+  CompressFusedArgs a = gpu_args(k, b);
+  a.ring_disjoint = one;
+  gpu()->compress_fused(a);
+  gpu()->synchronize();
+  return FusedOut{b.dpool->host(), b.drkv->host(), b.drg->host()};
+}
+
+// The wide (decode) plans — K CTAs per row over more SMs (C4 d512: 4 × 32 channels; indexer
+// d128: 2 × 64; C128: 8 × 64), every slot load of a thread in flight before any math — against
+// the CPU composition (1e-5) and against the base plans (V4_COMPRESS_WIDE=0): they are built to
+// give the same bits (same partitions and load batches, Σx² in the kCsChunk order for any K),
+// checked at ≤ 1e-6 (a compiler's different FMA contraction would be the only excuse; printed).
+// Cases per shape: decode B = 1 and 64 (one launch; ring rows of every sequence), prefill chunks
+// with the ring hazard (two launches; ring wrap: refreshed rows read as state), chunks that end
+// on / start at window edges (the last two tokens of a window, a single closing token), a long
+// chunk from 0 (C4: 512 windows, over kWideMaxRows — the wide plan only because it is forced).
+TEST(CudaCompressor, WidePlanMatchesBaseAndCpu) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  for (Rate r : kRates) {
+    const uint64_t seed = cuda::testing::test_seed() + 4242 + r.m + r.d;
+    const int64_t L = 3 * r.c * r.m + 5;
+    std::vector<std::pair<const char*, CompressCase>> cases;
+    cases.emplace_back("decode B=1", v4::testing::decode_case(r.m, r.c, r.d, 64,
+                                                             {2 * int64_t(r.m) - 1}, seed));
+    cases.emplace_back("decode B=64", v4::testing::decode_case(r.m, r.c, r.d, 64,
+                                                              decode_positions(64, r.m, seed), seed + 1));
+    cases.emplace_back("prefill ring hazard",
+                       v4::testing::prefill_case(r.m, r.c, r.d, 64,
+                                                 {{0, r.m + 3, L}, {3, 0, L + r.m}, {1, 2 * r.m - 1, L + 1}},
+                                                 seed + 2));
+    cases.emplace_back("prefill window edges",
+                       v4::testing::prefill_case(r.m, r.c, r.d, 64,
+                                                 {{0, 0, 5 * int64_t(r.m) + 3},
+                                                  {1, 2 * int64_t(r.m) - 2, 2},
+                                                  {2, 3 * int64_t(r.m) - 1, 1}},
+                                                 seed + 3));
+    cases.emplace_back("prefill long from 0",
+                       v4::testing::prefill_case(r.m, r.c, r.d, 64, {{0, 0, r.m == 4 ? 2048 : 4096}},
+                                                 seed + 4));
+    for (auto& [name, k0] : cases) {
+      SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d << " " << name);
+      CompressCase k = k0;
+      poison_outputs(k);
+      Bufs c;
+      cpu()->compress_fused(cpu_args(k, c));
+      const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                   k.ring_dst.data(), k.n_ring());
+      for (bool one : {false, true}) {
+        if (one && !disjoint) continue;
+        SCOPED_TRACE(one ? "one launch" : "two launches");
+        FusedOut wide, base;
+        {
+          WideEnv e("1");
+          wide = run_fused(k, one);
+        }
+        {
+          WideEnv e("0");
+          base = run_fused(k, one);
+        }
+        const double e_cpu = rel_err(wide.pool, c.pool), e_base = rel_err(wide.pool, base.pool);
+        const bool same_bits = wide.pool == base.pool;
+        std::printf("  m=%d d=%d %s %s: wide vs CPU %.2e, vs base plan %.2e (%s)\n", r.m, r.d,
+                    name, one ? "1 launch" : "2 launches", e_cpu, e_base,
+                    same_bits ? "bit-identical" : "NOT bit-identical");
+        EXPECT_LE(e_cpu, kTol);
+        EXPECT_LE(rel_err(base.pool, c.pool), kTol);
+        EXPECT_LE(e_base, 1e-6);
+        EXPECT_TRUE(wide.rkv == c.rkv);
+        EXPECT_TRUE(wide.rg == c.rg);
+        EXPECT_TRUE(base.rkv == c.rkv);
+        EXPECT_TRUE(base.rg == c.rg);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -380,6 +380,91 @@ TEST(CudaKernels, TopkV5PdlBackToBack) {
   EXPECT_EQ(dout.host(), ref_topk(a.data(), n, k));  // it = 20 reads a
 }
 
+// v6 (v5's protocol over a compacted, index-ordered shared-memory list of the keys ≥ F): the v5
+// suite — every distribution, k = 1 / 100 / 512 / 1024 / 2048 (k > 512: no pre-filter, the list
+// holds every key), rows that leave CTAs empty, the best keys in one CTA, threshold bins above and
+// below the candidate capacity, wide windows, batches of mixed lengths, short rows — plus MTP rows
+// (consecutive query rows of one sequence: lengths n, n + 1, n + 2 over the same scores).
+TEST(CudaKernels, TopkExactV6Variants) {
+  V4_REQUIRE_GPU();
+  const std::pair<int, int> variants[] = {{34, 262144}, {34, 131072}, {34, 65536}, {34, 16384},
+                                          {35, 262144}, {36, 131072}, {36, 65536}, {37, 262144}};
+  for (auto [variant, cap] : variants) {
+    const bool maybe = variant == 34 || variant == 35 || variant == 37;  // a 16-CTA cluster may not be resident
+    for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
+                   Dist::kRampUp, Dist::kRampDown, Dist::kOutlier, Dist::kLowBits}) {
+      SCOPED_TRACE(::testing::Message() << "variant " << variant << " cap " << cap << " dist " << int(d));
+      if (!run_topk_case({cap, cap - rand_int(1, 999), 9000, 513, 100, 0}, 512, d, variant, maybe))
+        break;
+      run_topk_case({cap / 2 + 7, std::min(70000, cap), 4096}, 1, d, variant, maybe);
+      run_topk_case({cap, 3000, 1025}, 1024, d, variant, maybe);
+      run_topk_case({cap - 3, 40000}, 100, d, variant, maybe);
+      run_topk_case({cap, cap / 3}, 2048, d, variant, maybe);
+    }
+    SCOPED_TRACE(::testing::Message() << "variant " << variant << " short rows, MTP, batch 64");
+    run_topk_case({0, 1, 511, 512, 513, 1000, 2049, 8192}, 512, Dist::kNormal, variant, maybe);
+    run_topk_case({5, 3, 40, 37}, 3, Dist::kSpecial, variant, maybe);
+    std::vector<int32_t> lens(64);
+    for (auto& l : lens) l = rand_int(1, cap);
+    run_topk_case(lens, 512, Dist::kNormal, variant, maybe);
+    run_topk_case(lens, 512, Dist::kLowBits, variant, maybe);
+    run_topk_case(lens, 1024, Dist::kTies, variant, maybe);
+    // MTP: the rows of one sequence's draft positions see the same scores, each one key longer
+    {
+      const int n0 = cap - 2, k = 512;
+      const auto row = make_row(cap, Dist::kNormal);
+      const int64_t ld = cap;
+      std::vector<float> sc(size_t(3 * ld));
+      for (int rr = 0; rr < 3; ++rr) std::copy(row.begin(), row.end(), sc.begin() + rr * ld);
+      const std::vector<int32_t> mlens = {n0, n0 + 1, n0 + 2};
+      Dev<float> ds(sc);
+      Dev<int32_t> dn(mlens), dout{size_t(3 * k)};
+      dout.poison();
+      const Status st = topk_rows(ds.p, ld, dn.p, 3, k, cap, dout.p, nullptr, nullptr, variant);
+      if (maybe && st.code() == ErrorCode::kUnsupported) continue;
+      ASSERT_TRUE(st.ok()) << st.message();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dout.host();
+      for (int rr = 0; rr < 3; ++rr) {
+        const auto want = ref_topk(row.data(), mlens[rr], k);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + rr * k)) << "MTP row " << rr;
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, TopkV6Batch64At256K) {
+  V4_REQUIRE_GPU();
+  std::vector<int32_t> lens(64);
+  for (auto& l : lens) l = rand_int(200000, 262144);
+  lens[0] = 262144;
+  for (int variant : {34, 35}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    if (!run_topk_case(lens, 512, Dist::kNormal, variant, true)) continue;
+    run_topk_case(lens, 1024, Dist::kTies, variant);
+    run_topk_case(lens, 512, Dist::kSpecial, variant);
+  }
+}
+
+// Variant 35 (v6 + programmatic dependent launch): back-to-back launches alternating two inputs
+// into one output (as TopkV5PdlBackToBack); the result must be the last input's top-k.
+TEST(CudaKernels, TopkV6PdlBackToBack) {
+  V4_REQUIRE_GPU();
+  const int n = 262144, k = 512;
+  const std::vector<int32_t> lens = {n};
+  const auto a = make_row(n, Dist::kNormal), b = make_row(n, Dist::kRampUp);
+  Dev<float> da(a), db(b);
+  Dev<int32_t> dn(lens), dout{size_t(k)};
+  dout.poison();
+  for (int it = 0; it < 21; ++it) {
+    const Status st = topk_rows(it % 2 ? db.p : da.p, n, dn.p, 1, k, n, dout.p, nullptr, nullptr, 35);
+    if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.message();
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(dout.host(), ref_topk(a.data(), n, k));  // it = 20 reads a
+}
+
 TEST(CudaKernels, TopkBatch64At256K) {
   V4_REQUIRE_GPU();
   std::vector<int32_t> lens(64);

@@ -358,7 +358,7 @@ TEST(CudaWFormat, Bf16PathSelection) {
   const int64_t G = CudaOptions{}.gemv_max_rows;
   EXPECT_EQ(G, 1);
   // FP8 / MXFP4: the GEMV at 1 row (from 2 rows dense_mma is 4–6× faster on the H200:
-  // bench/results/cuda-wformat.md), whatever K; f32 (no tensor-core path) up to 256.
+  // bench/results/cuda-wformat.md), whatever K; f32 (no tensor-core path) up to kF32GemvMaxRows = 8 (cuBLASLt fp32 above).
   for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kF32})
     for (int64_t k : {1024, 4096, 8192}) {
       const int64_t lim = f == WFormat::kF32 ? cuda::kF32GemvMaxRows : G;
@@ -368,7 +368,7 @@ TEST(CudaWFormat, Bf16PathSelection) {
       // A larger gemv_max_rows (the option) widens the GEMV range.
       EXPECT_TRUE(cuda::linear_bf16_uses_gemv(view(f, 1024, k), 32, 32));
     }
-  EXPECT_EQ(cuda::kF32GemvMaxRows, 256);
+  EXPECT_EQ(cuda::kF32GemvMaxRows, 8);
   // bf16-stored weights: only within one shared-memory pass (96 KiB of f32 x rows).
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 129280, 4096)), 6);
   EXPECT_EQ(cuda::wgemv_pass_rows(view(WFormat::kBF16, 1024, 1024)), 8);
@@ -495,13 +495,13 @@ TEST(CudaWFormat, LinearGrouped) {
 }
 
 // Ops::linear (f32 weights: the MoE router, [256, 4096] for V4-Flash) in bf16 mode runs the
-// weight-streaming GEMV for small M and the tiled fp32 kernel above: fp32 math either way, so it
+// weight-streaming GEMV for M ≤ kF32GemvMaxRows and cuBLASLt in fp32 above: fp32 math either way, so it
 // stays within fp32 tolerance of the CPU op (expert choices must not flip).
 TEST(CudaWFormat, LinearF32RouterBf16Mode) {
   V4_GPU();
   std::mt19937 g(11);
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (int64_t M : {1, 6, 32, 33, 300}) {
+  for (int64_t M : {1, 6, 8, 9, 32, 33, 64, 300}) {
     SCOPED_TRACE("M=" + std::to_string(M));
     const int64_t N = 256, K = 4096;
     std::vector<float> x(size_t(M * K)), w(size_t(N * K)), y(size_t(M * N), kNaN);
@@ -769,6 +769,23 @@ TEST(CudaWFormat, MoeSmall) {
   }
 }
 
+// Decode batch sizes through moe_experts (bf16 mode → moe_mma's default configuration, see
+// moe_mma_choose) vs the CPU op: S = 1 (one staged row, two CTAs per SM), 7 / 8 (S rows), 9 /
+// 16 / 17 (16-token passes; 17: a second pass), 64, 256; uniform routing over 64 experts (some
+// with none) and skewed routing (3 experts take every pair: hundreds of items each). D = 2048,
+// I = 1024: ≥ 2 CTAs per SM, so S > 8 takes the 16-token passes; D = 4096 at S = 1: the 8-warp
+// K split of gate/up.
+TEST(CudaWFormat, MoeDecodeBatches) {
+  V4_GPU();
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    for (int64_t S : {1, 7, 8, 9, 16, 17, 64, 256}) {
+      run_moe({f, 2048, 1024, 64, 6, S, 10.f}, {Precision::kBf16});
+      if (S >= 8) run_moe({f, 2048, 1024, 64, 6, S, 10.f, 3}, {Precision::kBf16});
+    }
+    run_moe({f, 4096, 512, 64, 6, 1, 10.f}, {Precision::kBf16});
+  }
+}
+
 // moe_mma's operand layout and dequantization, bit-exact: the plain (down) form with one-hot bf16
 // rows (item i = 1.0 at column k_i) must return W_e[o, k_i] exactly for every output row o — a
 // wrong k permutation between the weight chunks and the staged x, a wrong scale or a flushed
@@ -827,13 +844,341 @@ TEST(CudaWFormat, MoeMmaOneHotIsExact) {
   }
 }
 
+// ---- moe_mma configurations (version 2: 16-token passes, S staged x rows, two CTAs per SM,
+// the warp-uniform MXFP4 fast dequantization; version 1 = the old kernel) --------------------
+
+// Every instantiated configuration that fits K (x rows xr: 1, 2, 3, 8, 9, 16 as allowed).
+std::vector<cuda::MoeMmaChoice> moe_mma_test_configs() {
+  std::vector<cuda::MoeMmaChoice> v;
+  auto add = [&](int ks, int nt, int st, int minb, int xr, int ver) {
+    cuda::MoeMmaChoice c;
+    c.ks = ks, c.nt = nt, c.st = st, c.minb = minb, c.xr = xr, c.version = ver;
+    v.push_back(c);
+  };
+  add(1, 8, 3, 1, 8, 1);  // version 1 (the old kernel), no split
+  add(4, 8, 3, 1, 8, 1);  // version 1, split K
+  add(1, 8, 3, 1, 8, 2);
+  add(4, 8, 3, 1, 8, 2);
+  add(1, 8, 3, 1, 3, 2);
+  add(1, 16, 3, 1, 16, 2);
+  add(1, 16, 2, 1, 16, 2);
+  add(1, 16, 3, 1, 9, 2);
+  add(1, 8, 3, 2, 1, 2);
+  add(4, 8, 3, 2, 1, 2);
+  add(8, 8, 3, 2, 1, 2);
+  add(4, 8, 3, 2, 2, 2);
+  add(1, 8, 2, 2, 8, 2);
+  add(1, 8, 2, 2, 4, 2);
+  return v;
+}
+std::string cfg_name(const cuda::MoeMmaChoice& c) {
+  return "ks=" + std::to_string(c.ks) + " nt=" + std::to_string(c.nt) + " st=" +
+         std::to_string(c.st) + " minb=" + std::to_string(c.minb) + " xr=" + std::to_string(c.xr) +
+         " v" + std::to_string(c.version);
+}
+
+// Routing of the config tests: E = 6 experts with 3, 0, 11, 17, 40 and 1 items (0: none; 11:
+// two 8-item passes or one 16-item pass; 17 and 40: several 16-item passes, the last partial).
+struct MoeMmaRouting {
+  std::vector<int32_t> offset = {0, 3, 3, 14, 31, 71, 72}, active = {0, 2, 3, 4, 5}, count = {5};
+  int64_t E() const { return int64_t(offset.size()) - 1; }
+  int64_t P() const { return offset.back(); }
+  int slots() const { return int(active.size()); }
+};
+
+// Every configuration bit-exact on one-hot rows (as MoeMmaOneHotIsExact), MXFP4 scales ≤ 128 on
+// even k-tiles (the fast dequantization) and up to 150 on odd ones (the two-multiply form).
+TEST(CudaWFormat, MoeMmaConfigsOneHotIsExact) {
+  V4_GPU();
+  ASSERT_TRUE(cuda::moe_mma_prepare().ok());
+  const MoeMmaRouting rt;
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    const int64_t E = rt.E(), N = 96, K = f == WFormat::kMXFP4 ? 2048 : 1024;
+    HostW hw = make_weights(f, E, N, K, 0.05f);
+    if (f == WFormat::kMXFP4)
+      for (size_t j = 0; j < hw.scale.size(); ++j) {
+        const int64_t kt = int64_t(j % size_t(K / 32)) / 8;  // k-tile of the scale byte
+        hw.scale[j] = uint8_t(kt % 2 ? 100 + rand_int(0, 50) : 100 + rand_int(0, 28));
+      }
+    const DevW dw(hw);
+    const int64_t P = rt.P();
+    std::vector<int32_t> list(static_cast<size_t>(P)), kcol(static_cast<size_t>(P));
+    std::vector<uint16_t> xb(size_t(P * K), 0);
+    for (int64_t i = 0; i < P; ++i) {
+      list[size_t(i)] = int32_t((i * 7) % P);  // items write permuted output rows (7 ∤ 72)
+      kcol[size_t(i)] = rand_int(0, int(K) - 1);
+      xb[size_t(i * K + kcol[size_t(i)])] = 0x3f80;  // bf16 1.0
+    }
+    Dev<int32_t> doff(rt.offset), dact(rt.active), dcnt(rt.count), dlist(list);
+    Dev<uint16_t> dxb(xb);
+    Dev<float> dy(size_t(P * N));
+    for (const auto& cfg : moe_mma_test_configs()) {
+      SCOPED_TRACE(::testing::Message() << wformat_name(f) << " " << cfg_name(cfg));
+      dy.poison();
+      cuda::MoeMmaArgs a;
+      a.w = dw.view(0, N);
+      a.xb = reinterpret_cast<const __nv_bfloat16*>(dxb.p);
+      a.y = dy.p;
+      a.ldy = N;
+      a.n_out = N;
+      a.list = dlist.p;
+      a.offset = doff.p;
+      a.active = dact.p;
+      a.active_count = dcnt.p;
+      const Status st = cuda::moe_mma_run(a, rt.slots(), cfg, nullptr);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto y = dy.host();
+      int64_t bad = 0;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = rt.offset[size_t(e)]; i < rt.offset[size_t(e) + 1]; ++i)
+          for (int64_t o = 0; o < N; ++o) {
+            const float want = hw.at(e, o, kcol[size_t(i)]);
+            const float got = y[size_t(list[size_t(i)] * N + o)];
+            if (!(got == want) && bad++ < 5)
+              ADD_FAILURE() << "expert " << e << " item " << i << " row " << o << " col "
+                            << kcol[size_t(i)] << ": " << got << " != " << want;
+          }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+// Random operands, both forms (SwiGLU gate/up with clamp, plain down): every configuration
+// agrees with a double-precision host reference (plain: the exact bf16 operands' dot product
+// within 1e-5 of Σ|w·x|; SwiGLU act within 2^-7 of the value (bf16) + 1e-5 of Σ|w·x| over
+// gate and up times the clamped activation's slope), and the
+// configurations with the same K split give the same bits (a token's columns do not depend
+// on the pass width, the staged rows or the dequantization branch).
+TEST(CudaWFormat, MoeMmaConfigsAgree) {
+  V4_GPU();
+  ASSERT_TRUE(cuda::moe_mma_prepare().ok());
+  const MoeMmaRouting rt;
+  const int64_t P = rt.P(), E = rt.E();
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    for (bool swiglu : {false, true}) {
+      const int64_t K = f == WFormat::kMXFP4 ? 2048 : 1024;
+      const int64_t n_out = swiglu ? 80 : 96;  // SwiGLU: 2·80 rows (a partly empty CTA)
+      const int64_t rows = swiglu ? 2 * n_out : n_out;
+      HostW hw = make_weights(f, E, rows, K, 1.f / std::sqrt(float(K)));
+      if (f == WFormat::kMXFP4)  // a few scales > 128 (slow form) among ≤ 128 ones
+        for (size_t j = 0; j < hw.scale.size(); j += 97) hw.scale[j] = uint8_t(129 + j % 3);
+      const DevW dw(hw);
+      const int xdiv = 3, S = int((P + xdiv - 1) / xdiv);
+      std::vector<float> x = randn(size_t(S * K), 1.f);      // SwiGLU input rows (f32)
+      std::vector<uint16_t> xb(size_t(P * K));                // plain input rows (bf16)
+      {
+        const std::vector<float> r = randn(xb.size(), 1.f);
+        for (size_t j = 0; j < xb.size(); ++j) xb[j] = f32_to_bf16(r[j]);
+      }
+      std::vector<int32_t> list(static_cast<size_t>(P));
+      for (int64_t i = 0; i < P; ++i) list[size_t(i)] = int32_t((i * 5) % P);  // 5 ∤ 72
+      Dev<int32_t> doff(rt.offset), dact(rt.active), dcnt(rt.count), dlist(list);
+      Dev<float> dx(x);
+      Dev<uint16_t> dxb(xb);
+      Dev<float> dy(size_t(P * n_out));
+      Dev<uint16_t> dact_out(size_t(P * n_out));
+      const float lim = 0.5f;
+      // Host reference per (item, o).
+      std::vector<double> ref(size_t(P * n_out)), mag(size_t(P * n_out));
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = rt.offset[size_t(e)]; i < rt.offset[size_t(e) + 1]; ++i)
+          for (int64_t o = 0; o < n_out; ++o) {
+            if (!swiglu) {
+              double s = 0, m = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double p = double(hw.at(e, o, k)) * bf16_to_f32(xb[size_t(i * K + k)]);
+                s += p, m += std::fabs(p);
+              }
+              ref[size_t(i * n_out + o)] = s, mag[size_t(i * n_out + o)] = m;
+            } else {
+              const int64_t tok = list[size_t(i)] / xdiv;
+              double gs = 0, us = 0, m = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double xv = bf16_to_f32(f32_to_bf16(x[size_t(tok * K + k)]));
+                const double pg = double(hw.at(e, o, k)) * xv;
+                const double pu = double(hw.at(e, n_out + o, k)) * xv;
+                gs += pg, us += pu, m += std::fabs(pg) + std::fabs(pu);
+              }
+              const double gg = std::min(gs, double(lim));
+              const double uu = std::min(std::max(us, -double(lim)), double(lim));
+              ref[size_t(i * n_out + o)] = gg / (1 + std::exp(-gg)) * uu;
+              // |d act / d g|, |d act / d u| ≤ 0.6 with |g|, |u| ≤ lim = 0.5 after the clamp
+              mag[size_t(i * n_out + o)] = 0.6 * m;
+            }
+          }
+      std::vector<std::vector<uint32_t>> bits;  // per config: the outputs' bits
+      const auto cfgs = moe_mma_test_configs();
+      for (const auto& cfg : cfgs) {
+        SCOPED_TRACE(::testing::Message() << wformat_name(f) << (swiglu ? " swiglu " : " plain ")
+                                          << cfg_name(cfg));
+        cuda::MoeMmaArgs a;
+        a.w = dw.view(0, rows);
+        a.n_out = n_out;
+        a.swiglu = swiglu;
+        a.limit = lim;
+        a.list = dlist.p;
+        a.offset = doff.p;
+        a.active = dact.p;
+        a.active_count = dcnt.p;
+        a.xdiv = xdiv;
+        if (swiglu) {
+          a.x = dx.p;
+          a.ldx = K;
+          a.act = reinterpret_cast<__nv_bfloat16*>(dact_out.p);
+          dact_out.poison();
+        } else {
+          a.xb = reinterpret_cast<const __nv_bfloat16*>(dxb.p);
+          a.y = dy.p;
+          a.ldy = n_out;
+          dy.poison();
+        }
+        const Status st = cuda::moe_mma_run(a, rt.slots(), cfg, nullptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint32_t> b(size_t(P * n_out));
+        int64_t bad = 0;
+        if (swiglu) {
+          const auto h = dact_out.host();
+          for (int64_t i = 0; i < P; ++i)  // item i of the expert-sorted list, row i
+            for (int64_t o = 0; o < n_out; ++o) {
+              const uint16_t v = h[size_t(i * n_out + o)];
+              b[size_t(i * n_out + o)] = v;
+              const double got = bf16_to_f32(v), want = ref[size_t(i * n_out + o)];
+              const double tol =
+                  std::fabs(want) * 0x1p-7 + 1e-6 + 1e-5 * mag[size_t(i * n_out + o)];
+              if (!(std::fabs(got - want) <= tol) && bad++ < 5)
+                ADD_FAILURE() << "item " << i << " o " << o << ": " << got << " vs " << want;
+            }
+        } else {
+          const auto h = dy.host();
+          for (int64_t i = 0; i < P; ++i)
+            for (int64_t o = 0; o < n_out; ++o) {
+              const float v = h[size_t(list[size_t(i)] * n_out + o)];
+              std::memcpy(&b[size_t(i * n_out + o)], &v, 4);
+              const double want = ref[size_t(i * n_out + o)];
+              if (!(std::fabs(v - want) <= 1e-5 * mag[size_t(i * n_out + o)] + 1e-30) &&
+                  bad++ < 5)
+                ADD_FAILURE() << "item " << i << " o " << o << ": " << v << " vs " << want;
+            }
+        }
+        EXPECT_EQ(bad, 0);
+        bits.push_back(std::move(b));
+      }
+      // Same K split (ks) → same bits as the first configuration with that split.
+      for (size_t c = 0; c < cfgs.size(); ++c)
+        for (size_t r = 0; r < c; ++r)
+          if (cfgs[r].ks == cfgs[c].ks) {
+            EXPECT_TRUE(bits[c] == bits[r])
+                << wformat_name(f) << (swiglu ? " swiglu " : " plain ") << cfg_name(cfgs[c])
+                << " differs from " << cfg_name(cfgs[r]);
+            break;
+          }
+    }
+  }
+}
+
+// The two-CTAs-per-SM forms really get two CTAs per SM at the V4-Flash shapes (registers ≤ 128,
+// shared memory ≤ half an SM with the carveout moe_mma_prepare asks for); the others one.
+TEST(CudaWFormat, MoeMmaOccupancy) {
+  V4_GPU();
+  ASSERT_TRUE(cuda::moe_mma_prepare().ok());
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    for (bool sw : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << wformat_name(f) << (sw ? " gate/up" : " down"));
+      cuda::MoeMmaArgs a;
+      a.w.format = f;
+      a.w.k = sw ? 4096 : 2048;
+      a.swiglu = sw;
+      a.xdiv = 6;
+      for (int ks : {1, 4, 8}) {
+        cuda::MoeMmaChoice c;
+        c.ks = ks, c.nt = 8, c.st = 3, c.minb = 2, c.xr = 1, c.version = 2;
+        EXPECT_EQ(cuda::moe_mma_ctas_per_sm(a, c), 2) << "ks=" << ks << " xr=1";
+      }
+      cuda::MoeMmaChoice c3;
+      c3.ks = 1, c3.nt = 8, c3.st = 2, c3.minb = 2, c3.xr = sw ? 4 : 8, c3.version = 2;
+      EXPECT_EQ(cuda::moe_mma_ctas_per_sm(a, c3), 2) << "version 3 form";
+      cuda::MoeMmaChoice c1;  // the old kernel
+      c1.version = 1;
+      EXPECT_EQ(cuda::moe_mma_ctas_per_sm(a, c1), 1);
+      cuda::MoeMmaChoice c16;
+      c16.nt = 16, c16.xr = 16, c16.st = sw ? 2 : 3;
+      EXPECT_EQ(cuda::moe_mma_ctas_per_sm(a, c16), 1);
+    }
+  }
+}
+
+// moe_mma_choose (host logic): version 1 = the old rule; version 2 at the V4-Flash shapes.
+TEST(CudaWFormat, MoeMmaChoice) {
+  alignas(16) static uint8_t dummy[64];
+  auto args = [&](bool swiglu, int64_t S, int version) {
+    cuda::MoeMmaArgs a;
+    a.w.data = dummy;
+    a.w.scale = dummy;
+    a.w.format = WFormat::kMXFP4;
+    a.w.n = swiglu ? 4096 : 4096;
+    a.w.k = swiglu ? 4096 : 2048;
+    a.w.experts = 256;
+    a.n_out = swiglu ? 2048 : 4096;
+    a.swiglu = swiglu;
+    a.xdiv = 6;
+    a.tokens = S;
+    a.version = version;
+    return a;
+  };
+  auto slots = [](int64_t S) { return int(std::min<int64_t>(256, S * 6)); };
+  for (bool sw : {true, false}) {
+    SCOPED_TRACE(sw ? "gate/up" : "down");
+    // v1: split K at batch 1, 8 tokens per pass
+    auto c1 = cuda::moe_mma_choose(args(sw, 1, 1), slots(1), 132);
+    EXPECT_EQ(c1.ks, 4);
+    EXPECT_EQ(c1.nt, 8);
+    EXPECT_EQ(c1.xr, 8);
+    EXPECT_EQ(c1.version, 1);
+    EXPECT_EQ(cuda::moe_mma_choose(args(sw, 64, 1), slots(64), 132).ks, 1);
+    // v2 batch 1: one staged row, two CTAs per SM, split K
+    auto b1 = cuda::moe_mma_choose(args(sw, 1, 2), slots(1), 132);
+    EXPECT_EQ(b1.xr, 1);
+    EXPECT_EQ(b1.minb, 2);
+    EXPECT_GE(b1.ks, 4);
+    // v2 batch 7: 7 rows (one CTA per SM at K = 4096)
+    EXPECT_EQ(cuda::moe_mma_choose(args(sw, 7, 2), slots(7), 132).xr, 7);
+    // batch 256: 16-token passes (v2: down only, the 3-deep ring; v3 also gate/up, 2-deep)
+    auto b256 = cuda::moe_mma_choose(args(sw, 256, 3), slots(256), 132);
+    EXPECT_EQ(b256.nt, 16);
+    EXPECT_EQ(b256.xr, 16);
+    EXPECT_EQ(b256.ks, 1);
+    EXPECT_EQ(b256.st, sw ? 2 : 3);
+    auto v2b256 = cuda::moe_mma_choose(args(sw, 256, 2), slots(256), 132);
+    EXPECT_EQ(v2b256.nt, sw ? 8 : 16);
+    EXPECT_EQ(v2b256.st, 3);
+  }
+  // down (K = 2048) at batch 16 / 64: 16-token passes with the 3-deep ring
+  auto d64 = cuda::moe_mma_choose(args(false, 64, 2), slots(64), 132);
+  EXPECT_EQ(d64.nt, 16);
+  EXPECT_EQ(d64.st, 3);
+  // gate/up (K = 4096) at batch 64: the 2-deep ring is not worth it (few 9+ item experts)
+  EXPECT_EQ(cuda::moe_mma_choose(args(true, 64, 2), slots(64), 132).nt, 8);
+  // version 3 at batch 64: two CTAs per SM, 2-deep rings; 4 staged rows at K = 4096, 8 at 2048
+  auto u3 = cuda::moe_mma_choose(args(true, 64, 3), slots(64), 132);
+  EXPECT_EQ(u3.minb, 2);
+  EXPECT_EQ(u3.st, 2);
+  EXPECT_EQ(u3.xr, 4);
+  auto d3 = cuda::moe_mma_choose(args(false, 64, 3), slots(64), 132);
+  EXPECT_EQ(d3.xr, 8);
+  EXPECT_EQ(d3.minb, 2);
+  EXPECT_EQ(cuda::moe_mma_choose(args(false, 256, 3), slots(256), 132).nt, 16);
+}
+
 // gmoe_mma (the grouped prefill form) bit-exact, as MoeMmaOneHotIsExact: experts with 0, 1, 63,
 // 64, 65 and 200 items (empty, partial, exact and multi-tile chunks), items writing permuted pair
 // rows, 96 output rows (a partly empty down CTA). The tile list (gmoe_tiles) and the gather into
 // the logical k order (gmoe_gather) run on the device too. The plain form must return
 // W_e[o, k_i] exactly; the SwiGLU form must write act[i, logical(o)] = bf16(swiglu(W_e[o, k_i],
 // W_e[n + o, k_i])) (within a bf16 ulp: expf vs std::exp) at the position gmoe_logical_col
-// gives; act is poisoned (NaN) first, so a column the kernel misses fails.
+// gives; act is poisoned (NaN) first, so a column the kernel misses fails. Both CTA sizes (8 warps,
+// the default, and 4).
 TEST(CudaWFormat, GmoeOneHotIsExact) {
   V4_GPU();
   ASSERT_TRUE(cuda::gmoe_mma_prepare().ok());
@@ -877,58 +1222,64 @@ TEST(CudaWFormat, GmoeOneHotIsExact) {
         cuda::gmoe_tiles(doff.p, dact.p, dcnt.p, dte.p, dti.p, dtc.p, nullptr).ok());
     auto* xb = reinterpret_cast<__nv_bfloat16*>(dxb.p);
     ASSERT_TRUE(cuda::gmoe_gather(dx.p, K, 1, dlist.p, doff.p + E, P, K, f, xb, nullptr).ok());
-    cuda::GmoeArgs a;
-    a.w = dw.view(0, N);
-    a.xb = xb;
-    a.y = dy.p;
-    a.ldy = N;
-    a.n_out = N;
-    a.list = dlist.p;
-    a.offset = doff.p;
-    a.tile_expert = dte.p;
-    a.tile_item = dti.p;
-    a.tile_count = dtc.p;
-    ASSERT_TRUE(cuda::gmoe_supported(a.w));
-    ASSERT_TRUE(cuda::gmoe_mma(a, max_tiles, nullptr).ok());
-    const float lim = 0.2f;
-    cuda::GmoeArgs u = a;
-    u.w = du.view(0, 2 * NI);
-    u.y = nullptr;
-    u.act = reinterpret_cast<__nv_bfloat16*>(dactb.p);
-    u.act_format = f;
-    u.n_out = NI;
-    u.swiglu = true;
-    u.limit = lim;
-    ASSERT_TRUE(cuda::gmoe_mma(u, max_tiles, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(dtc.host()[0], want_tiles);
-    const auto y = dy.host();
-    const auto act = dactb.host();
-    int64_t bad = 0, bad_act = 0;
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t i = offset[size_t(e)]; i < offset[size_t(e) + 1]; ++i) {
-        const int k = kcol[size_t(i)];
-        for (int64_t o = 0; o < N; ++o) {
-          const float want = hw.at(e, o, k);
-          const float got = y[size_t(list[size_t(i)] * N + o)];
-          if (!(got == want) && bad++ < 5)
-            ADD_FAILURE() << "expert " << e << " item " << i << " row " << o << " col " << k
-                          << ": " << got << " != " << want;
+    for (int warps : {8, 4}) {  // GmoeArgs::warps: the default and the first version
+      SCOPED_TRACE(::testing::Message() << "warps=" << warps);
+      dy.poison();
+      dactb.poison();
+      cuda::GmoeArgs a;
+      a.w = dw.view(0, N);
+      a.xb = xb;
+      a.y = dy.p;
+      a.ldy = N;
+      a.n_out = N;
+      a.list = dlist.p;
+      a.offset = doff.p;
+      a.tile_expert = dte.p;
+      a.tile_item = dti.p;
+      a.tile_count = dtc.p;
+      a.warps = warps;
+      ASSERT_TRUE(cuda::gmoe_supported(a.w));
+      ASSERT_TRUE(cuda::gmoe_mma(a, max_tiles, nullptr).ok());
+      const float lim = 0.2f;
+      cuda::GmoeArgs u = a;
+      u.w = du.view(0, 2 * NI);
+      u.y = nullptr;
+      u.act = reinterpret_cast<__nv_bfloat16*>(dactb.p);
+      u.act_format = f;
+      u.n_out = NI;
+      u.swiglu = true;
+      u.limit = lim;
+      ASSERT_TRUE(cuda::gmoe_mma(u, max_tiles, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(dtc.host()[0], want_tiles);
+      const auto y = dy.host();
+      const auto act = dactb.host();
+      int64_t bad = 0, bad_act = 0;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = offset[size_t(e)]; i < offset[size_t(e) + 1]; ++i) {
+          const int k = kcol[size_t(i)];
+          for (int64_t o = 0; o < N; ++o) {
+            const float want = hw.at(e, o, k);
+            const float got = y[size_t(list[size_t(i)] * N + o)];
+            if (!(got == want) && bad++ < 5)
+              ADD_FAILURE() << "expert " << e << " item " << i << " row " << o << " col " << k
+                            << ": " << got << " != " << want;
+          }
+          for (int64_t o = 0; o < NI; ++o) {
+            float g = hu.at(e, o, k), v = hu.at(e, NI + o, k);
+            g = std::min(g, lim);
+            v = std::min(std::max(v, -lim), lim);
+            const float want = bf16_to_f32(f32_to_bf16(g / (1.f + std::exp(-g)) * v));
+            const float got =
+                bf16_to_f32(act[size_t(i * NI + cuda::gmoe_logical_col(f, o))]);
+            if (!(std::fabs(got - want) <= std::fabs(want) * 0x1p-6f + 1e-30f) && bad_act++ < 5)
+              ADD_FAILURE() << "act: expert " << e << " item " << i << " col " << o << ": " << got
+                            << " != " << want;
+          }
         }
-        for (int64_t o = 0; o < NI; ++o) {
-          float g = hu.at(e, o, k), v = hu.at(e, NI + o, k);
-          g = std::min(g, lim);
-          v = std::min(std::max(v, -lim), lim);
-          const float want = bf16_to_f32(f32_to_bf16(g / (1.f + std::exp(-g)) * v));
-          const float got =
-              bf16_to_f32(act[size_t(i * NI + cuda::gmoe_logical_col(f, o))]);
-          if (!(std::fabs(got - want) <= std::fabs(want) * 0x1p-6f + 1e-30f) && bad_act++ < 5)
-            ADD_FAILURE() << "act: expert " << e << " item " << i << " col " << o << ": " << got
-                          << " != " << want;
-        }
-      }
-    EXPECT_EQ(bad, 0);
-    EXPECT_EQ(bad_act, 0);
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(bad_act, 0);
+    }
   }
 }
 

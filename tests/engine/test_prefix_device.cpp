@@ -34,6 +34,7 @@ std::string fixture(const std::string& name) {
 struct Backend {
   bool opaque = false;
   bool device_plan = false;
+  KvDtype kv_dtype = KvDtype::kF32;
 };
 
 // Serves `w` on a fresh executor (tiny fixture) on the given backend; counts of the opaque
@@ -58,6 +59,7 @@ PrefixRunResult serve(const std::string& dir, const testing::PrefixWorkload& w, 
   mo.max_sequences = 8;
   mo.max_chunk_tokens = 96;
   mo.prefix_cache_bytes = prefix_bytes;
+  mo.kv_dtype = b.kv_dtype;
   auto exec = ModelExecutor::create(std::move(ops), std::move(model).value(), mo);
   EXPECT_TRUE(exec.ok()) << exec.status().to_string();
   if (!exec.ok()) return {};
@@ -121,6 +123,35 @@ TEST(PrefixOnDevice, OpaqueBackendServesSharedPrefixWithTheCacheOn) {
         (long long)on.copies.rows, (long long)on.copies.segments, double(on.copies.bytes) / 1024,
         (long long)on.stats.steps_total);
   }
+}
+
+// bf16 KV pools (--kv-cache-dtype bf16) through the engine on the opaque backend: the prefix
+// store holds bf16 rows (half the bytes of f32 per copied row), hits are exact (cache on = cache
+// off, token for token, and = the plain CPU backend with bf16 pools).
+TEST(PrefixOnDevice, Bf16PoolsServeSharedPrefixLikeCacheOff) {
+  const std::string dir = fixture("tiny-real-rates");
+  auto cfg = model::ModelConfig::load(dir);
+  ASSERT_TRUE(cfg.ok());
+  const int64_t S = 300;
+  const auto w = make_prefix_workload(cfg->vocab_size, 7, S, 9, 10);
+  const int64_t budget = int64_t(16) << 20;
+  const KvDtype bf = KvDtype::kBf16;
+  const PrefixRunResult cpu_off = serve(dir, w, {false, false, bf}, 0);
+  const PrefixRunResult on = serve(dir, w, {true, true, bf}, budget);
+  const PrefixRunResult off = serve(dir, w, {true, true, bf}, 0);
+  const PrefixRunResult on_f32 = serve(dir, w, {true, true, KvDtype::kF32}, budget);
+  ASSERT_TRUE(on.cache_on);
+  ASSERT_EQ(on.tokens.size(), w.prompts.size());
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    EXPECT_EQ(on.tokens[i].size(), size_t(w.max_tokens)) << "prompt " << i;
+    EXPECT_EQ(on.tokens[i], off.tokens[i]) << "prompt " << i << ": cache on != cache off";
+    EXPECT_EQ(off.tokens[i], cpu_off.tokens[i]) << "prompt " << i << ": opaque != cpu";
+  }
+  for (size_t i = 2; i < w.prompts.size(); ++i) EXPECT_EQ(on.cached[i], S) << "prompt " << i;
+  // Same hits as f32 pools; the copied KV rows are half as large (the f32 compressor snapshots
+  // keep their size).
+  EXPECT_EQ(on.cached, on_f32.cached);
+  EXPECT_LT(on.copies.bytes, on_f32.copies.bytes);
 }
 
 // The decode fast path keeps device page tables per KvCache sequence handle and re-sends a row

@@ -36,6 +36,41 @@ std::vector<std::string> cells(const std::string& row) {
   return out;
 }
 
+// --kv-cache-dtype bf16: the report names the dtype, and the "does not fit" arithmetic follows
+// it: batch 64 × 4K tokens of tiny-kinds-fp32 needs ~0.04 GiB of f32 pools (measured), ~0.02 GiB
+// of bf16 pools; a 32 MiB budget runs the cell only with bf16.
+TEST(CliBench, KvCacheDtypeBf16HalvesPoolBytes) {
+  auto report = [](const std::string& dtype) {
+    const std::string md = (std::filesystem::temp_directory_path() /
+                            ("v4bench-kv-" + dtype + std::to_string(::getpid()) + ".md"))
+                               .string();
+    const auto [rc, out] =
+        run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+            "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 64 --context 4096 "
+            "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
+            "--threads 2 --kv-cache-bytes 33554432 --kv-cache-dtype " +
+            dtype + " --out " + md);
+    EXPECT_EQ(rc, 0) << out;
+    std::ifstream in(md);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::filesystem::remove(md);
+    return ss.str();
+  };
+  auto decode_row = [](const std::string& text) {
+    const size_t at = text.find("\n| decode |");
+    return at == std::string::npos ? std::string() : text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  };
+  const std::string f32 = report("f32"), bf16 = report("bf16");
+  EXPECT_NE(f32.find("KV cache f32"), std::string::npos) << f32;
+  EXPECT_NE(bf16.find("KV cache bf16"), std::string::npos) << bf16;
+  EXPECT_NE(decode_row(f32).find("does not fit"), std::string::npos) << f32;
+  const std::string row = decode_row(bf16);
+  ASSERT_FALSE(row.empty()) << bf16;
+  EXPECT_EQ(row.find("does not fit"), std::string::npos) << bf16;
+  EXPECT_GT(std::atof(cells(row)[4].c_str()), 0) << row;
+}
+
 TEST(CliBench, TinyDummyWritesEveryCell) {
   const std::string md =
       (std::filesystem::temp_directory_path() / ("v4bench-" + std::to_string(::getpid()) + ".md"))

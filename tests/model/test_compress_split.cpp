@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -34,11 +35,37 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
-// Every (group, slot) pair of a row is visited by exactly one (CTA, thread); limits hold.
-void check_plan(int m, int c, int d, bool vec_ok) {
-  SCOPED_TRACE(::testing::Message() << "m=" << m << " c=" << c << " d=" << d << " vec_ok=" << vec_ok);
-  const CompressRowsPlan pl = cuda::plan_compress_rows(m, c, d, vec_ok);
+CompressRowsPlan make_plan(int m, int c, int d, bool vec_ok, bool wide) {
+  return wide ? cuda::plan_compress_rows_wide(m, c, d, vec_ok)
+              : cuda::plan_compress_rows(m, c, d, vec_ok);
+}
+
+// Every (group, slot) pair of a row is visited by exactly one (CTA, thread); limits hold. `wide`:
+// the decode plan (plan_compress_rows_wide), which must keep the base plan's numerics.
+void check_plan(int m, int c, int d, bool vec_ok, bool wide) {
+  SCOPED_TRACE(::testing::Message() << "m=" << m << " c=" << c << " d=" << d << " vec_ok=" << vec_ok
+                                    << " wide=" << wide);
+  const CompressRowsPlan pl = make_plan(m, c, d, vec_ok, wide);
   ASSERT_GT(pl.threads, 0);
+  const CompressRowsPlan base = cuda::plan_compress_rows(m, c, d, vec_ok);
+  // What fixes a row's rounding is shared with the base plan: vec, spp, parts, unroll.
+  EXPECT_EQ(pl.vec, base.vec);
+  EXPECT_EQ(pl.spp, base.spp);
+  EXPECT_EQ(pl.parts, base.parts);
+  EXPECT_EQ(pl.unroll, base.unroll);
+  if (!wide) {
+    EXPECT_FALSE(pl.prefetch);
+  }
+  if (pl.prefetch) {
+    EXPECT_LE(pl.spp, 2 * pl.unroll);  // cs_fold_slots_pf<V, U, 2> covers the partition
+    EXPECT_EQ(pl.vec, 4);
+  }
+  // Slices start on Σx² chunk boundaries (the row's Σx² order does not depend on K).
+  if (pl.ctas > 1) {
+    EXPECT_EQ(pl.gpc * pl.vec % cuda::kCsChunk, 0);
+  }
+  EXPECT_EQ((pl.groups + pl.gpc - 1) / pl.gpc, pl.ctas);  // no empty CTA
+  EXPECT_LE((pl.gpc * pl.vec + cuda::kCsChunk - 1) / cuda::kCsChunk, cuda::kCsMaxChunks);
   EXPECT_EQ(pl.vec, vec_ok && d % 4 == 0 ? 4 : 1);
   EXPECT_EQ(pl.groups * pl.vec, d);
   EXPECT_LE(pl.threads, cuda::kCompressMaxThreads);
@@ -68,11 +95,12 @@ void check_plan(int m, int c, int d, bool vec_ok) {
 
 TEST(CompressSplit, PlansCoverEveryChannelAndSlotOnce) {
   for (bool v : {true, false})
+    // (7, 2, 11000): near the largest d (the scalar path's row alone is 44 KB of shared memory).
     for (auto [m, c, d] : {std::tuple{4, 2, 512}, std::tuple{4, 2, 128}, std::tuple{128, 1, 512},
                            std::tuple{3, 2, 37}, std::tuple{5, 1, 1100}, std::tuple{4, 2, 64},
                            std::tuple{128, 1, 196}, std::tuple{16, 2, 132}, std::tuple{128, 2, 4096},
-                           std::tuple{1, 1, 4}, std::tuple{128, 1, 8}, std::tuple{7, 2, 12000}})
-      check_plan(m, c, d, v);
+                           std::tuple{1, 1, 4}, std::tuple{128, 1, 8}, std::tuple{7, 2, 11000}})
+      for (bool wide : {false, true}) check_plan(m, c, d, v, wide);
 }
 
 TEST(CompressSplit, ModelShapes) {
@@ -96,13 +124,78 @@ TEST(CompressSplit, ModelShapes) {
   EXPECT_EQ(c4.unroll, 4);   // 8 slots per thread in two batches (8 in one measured slower)
   EXPECT_EQ(ix.unroll, 4);
   EXPECT_EQ(cuda::plan_compress_rows(4, 2, 100000, true).threads, 0);  // over the smem limit
+  EXPECT_FALSE(c4.prefetch);
+  // The wide (decode) plans: about one warp of (group, partition) pairs per CTA, all slot loads
+  // of a thread in flight at once.
+  const CompressRowsPlan c4w = cuda::plan_compress_rows_wide(4, 2, 512, true);
+  EXPECT_EQ(c4w.ctas, 4);
+  EXPECT_EQ(c4w.gpc, 32);
+  EXPECT_EQ(c4w.threads, 32);
+  EXPECT_TRUE(c4w.prefetch);
+  const CompressRowsPlan ixw = cuda::plan_compress_rows_wide(4, 2, 128, true);
+  EXPECT_EQ(ixw.ctas, 2);
+  EXPECT_EQ(ixw.gpc, 16);
+  EXPECT_EQ(ixw.threads, 32);
+  EXPECT_TRUE(ixw.prefetch);
+  const CompressRowsPlan hcaw = cuda::plan_compress_rows_wide(128, 1, 512, true);
+  EXPECT_EQ(hcaw.ctas, 8);
+  EXPECT_EQ(hcaw.gpc, 16);
+  EXPECT_EQ(hcaw.threads, 256);
+  EXPECT_TRUE(hcaw.prefetch);
+  // Scalar path: no wide plan (the base one).
+  EXPECT_FALSE(cuda::plan_compress_rows_wide(4, 2, 512, false).prefetch);
 }
 
-// The rows kernel's arithmetic for every CTA and thread of the plan, in its order (the block
-// reduction of a slice's Σx² is summed here in channel order: a different but equally valid
-// order, which is all the tolerance has to absorb besides the online softmax).
-std::vector<float> emulate(const CompressCase& k, bool vec_ok) {
-  const CompressRowsPlan pl = cuda::plan_compress_rows(k.m, k.c, k.d, vec_ok);
+// cs_fold_slots_pf (all loads first) is bit-identical to cs_fold_slots for every partition
+// length it serves (1..8 slots, empty slots, fresh and state rows, both series).
+TEST(CompressSplit, PrefetchFoldIsBitIdentical) {
+  for (auto [m, c] : {std::pair{4, 2}, std::pair{128, 1}, std::pair{3, 2}}) {
+    std::vector<int64_t> pos = {3, 4, 7, -1, 130, 11, 0, 255, 127, -1, 515, 2047};
+    const CompressCase k = v4::testing::decode_case(m, c, 16, 8, pos, 21 + m);
+    const cuda::CsInputs in{k.kc.data(), k.zc.data(), k.ring_kv.data(), k.ring_gate.data(),
+                            k.bias.data(), k.m, k.c, k.d};
+    const int ns = c * m;
+    int compared = 0;
+    for (int64_t r = 0; r < k.n_out(); ++r) {
+      const int32_t* slots = k.src.data() + r * ns;
+      for (int j0 = 0; j0 < ns; ++j0)
+        for (int len = 1; len <= 8 && j0 + len <= ns; ++len) {
+          for (int ch = 0; ch < k.d; ch += 4) {
+            cuda::CsAcc a[4], b[4];
+            for (int i = 0; i < 4; ++i) a[i] = b[i] = cuda::CsAcc{-INFINITY, 0.f, 0.f};
+            cuda::cs_fold_slots<4, 4>(in, slots, j0, j0 + len, ch, a);
+            cuda::cs_fold_slots_pf<4, 4, 2>(in, slots, j0, j0 + len, ch, b);
+            for (int i = 0; i < 4; ++i) {
+              ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof a[i]), 0)
+                  << "m=" << m << " row " << r << " slots [" << j0 << ", " << j0 + len << ") ch "
+                  << ch + i;
+            }
+            ++compared;
+          }
+        }
+    }
+    EXPECT_GT(compared, 100);
+  }
+}
+
+// The kCsChunk Σx² order: cs_row_sumsq equals the chunk-wise sum (within rounding) and is what
+// the emulation below uses for every plan.
+TEST(CompressSplit, RowSumsqOrder) {
+  for (int d : {1, 31, 32, 33, 128, 512, 1100, 4096}) {
+    std::vector<float> x(static_cast<size_t>(d));
+    double ref = 0;
+    for (int i = 0; i < d; ++i) {
+      x[size_t(i)] = std::sin(0.37f * float(i) + 1.f) * (1.f + float(i % 7));
+      ref += double(x[size_t(i)]) * x[size_t(i)];
+    }
+    EXPECT_NEAR(cuda::cs_row_sumsq(x.data(), d), ref, 1e-5 * ref) << "d=" << d;
+  }
+}
+
+// The rows kernel's arithmetic for every CTA and thread of the plan, in its order (Σx² in the
+// kernel's kCsChunk order, cs_row_sumsq: the same for every K).
+std::vector<float> emulate(const CompressCase& k, bool vec_ok, bool wide = false) {
+  const CompressRowsPlan pl = make_plan(k.m, k.c, k.d, vec_ok, wide);
   EXPECT_GT(pl.threads, 0);
   std::vector<float> pool = k.pool;
   const int ns = k.c * k.m, d = k.d, V = pl.vec;
@@ -112,7 +205,6 @@ std::vector<float> emulate(const CompressCase& k, bool vec_ok) {
     if (k.dst[size_t(r)] < 0) continue;
     const int32_t* slots = k.src.data() + r * ns;
     std::vector<float> row(static_cast<size_t>(d));
-    std::vector<float> slice_ss(size_t(pl.ctas), 0.f);
     for (int rank = 0; rank < pl.ctas; ++rank) {
       const int g0 = rank * pl.gpc, g1 = std::min(pl.groups, g0 + pl.gpc);
       // partition states [p][channel]
@@ -124,7 +216,9 @@ std::vector<float> emulate(const CompressCase& k, bool vec_ok) {
           if (V == 4) {
             cuda::CsAcc st[4];
             for (auto& s : st) s = cuda::CsAcc{-INFINITY, 0.f, 0.f};
-            if (pl.unroll == 8)
+            if (pl.prefetch)
+              cuda::cs_fold_slots_pf<4, 4, 2>(in, slots, j0, j1, g * 4, st);
+            else if (pl.unroll == 8)
               cuda::cs_fold_slots<4, 8>(in, slots, j0, j1, g * 4, st);
             else
               cuda::cs_fold_slots<4, 4>(in, slots, j0, j1, g * 4, st);
@@ -141,14 +235,11 @@ std::vector<float> emulate(const CompressCase& k, bool vec_ok) {
           }
         }
       }
-      for (int ch = g0 * V; ch < g1 * V; ++ch) {
+      for (int ch = g0 * V; ch < g1 * V; ++ch)
         row[size_t(ch)] = cuda::cs_merge(&mx[size_t(ch)], &sum[size_t(ch)], &acc[size_t(ch)],
                                          pl.parts, d);
-        slice_ss[size_t(rank)] += row[size_t(ch)] * row[size_t(ch)];
-      }
     }
-    float total = 0.f;
-    for (float s : slice_ss) total += s;
+    const float total = cuda::cs_row_sumsq(row.data(), d);  // the kernel's order, any K
     const float inv = 1.f / std::sqrt(total / float(d) + kEps);
     std::vector<float> y(static_cast<size_t>(d));
     for (int ch = 0; ch < d; ++ch) y[size_t(ch)] = row[size_t(ch)] * inv * k.norm[size_t(ch)];
@@ -189,6 +280,10 @@ void check(const CompressCase& k) {
     EXPECT_LE(e_ref, 1e-5);
     EXPECT_LE(e_cpu, 1e-5);
     EXPECT_NE(em, k.pool);  // the step wrote rows
+    // The wide (decode) plan: other CTA / thread split, prefetching fold — the same bits.
+    const std::vector<float> ew = emulate(k, vec_ok, /*wide=*/true);
+    EXPECT_EQ(std::memcmp(ew.data(), em.data(), em.size() * sizeof(float)), 0)
+        << "wide plan differs from the base plan: " << rel_err(ew, em);
   }
 }
 

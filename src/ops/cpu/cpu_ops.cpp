@@ -55,6 +55,16 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// Row `row` (width `dim`) of a KV pool of element type `dt` as f32: a pointer into the pool for
+// kF32, else the row widened into `buf` (dim floats; bf16 → f32 is exact).
+inline const float* kv_row_f32(const void* pool, KvDtype dt, int64_t row, int64_t dim,
+                               float* buf) {
+  if (dt == KvDtype::kF32) return static_cast<const float*>(pool) + row * dim;
+  const uint16_t* p = static_cast<const uint16_t*>(pool) + row * dim;
+  for (int64_t i = 0; i < dim; ++i) buf[i] = bf16_to_f32(p[i]);
+  return buf;
+}
+
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(ThreadPool* pool) : pool_(pool ? pool : &ThreadPool::global()) {
@@ -174,6 +184,22 @@ class CpuOps final : public Ops {
       if (rows[i] >= 0)
         std::memcpy(pool + int64_t(rows[i]) * width, src + i * width,
                     size_t(width) * sizeof(float));
+  }
+
+  bool supports_kv_dtype(KvDtype) const override { return true; }
+
+  void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n, int64_t width,
+                     const float* src) override {
+    if (dtype == KvDtype::kF32) {
+      store_rows(static_cast<float*>(pool), rows, n, width, src);
+      return;
+    }
+    uint16_t* p = static_cast<uint16_t*>(pool);
+    for (int64_t i = 0; i < n; ++i)
+      if (rows[i] >= 0) {
+        uint16_t* dst = p + int64_t(rows[i]) * width;
+        for (int64_t c = 0; c < width; ++c) dst[c] = f32_to_bf16(src[i * width + c]);
+      }
   }
 
   void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
@@ -390,7 +416,7 @@ class CpuOps final : public Ops {
         [&](int64_t b, int64_t e) {
           std::vector<float> score;
           std::vector<int32_t> order;
-          std::vector<float> w(nI);
+          std::vector<float> w(nI), kbuf(static_cast<size_t>(dI));
           for (int64_t t = b; t < e; ++t) {
             const int32_t n_cand = a.cand.count[t];
             const int32_t* rows = a.cand.rows + a.cand.offset[t];
@@ -398,7 +424,8 @@ class CpuOps final : public Ops {
             for (int h = 0; h < nI; ++h) w[h] = a.weights[t * nI + h] * wscale;
             score.assign(n_cand, 0.f);
             for (int32_t s = 0; s < n_cand; ++s) {
-              const float* key = a.key_pool + int64_t(rows[s]) * dI;
+              const float* key =
+                  kv_row_f32(a.key_pool, a.key_dtype, rows[s], dI, kbuf.data());
               float acc = 0.f;
               for (int h = 0; h < nI; ++h) {
                 const float v = std::max(0.f, dot(q + h * dI, key, dI)) * qscale;
@@ -428,19 +455,26 @@ class CpuOps final : public Ops {
         a.n_rows * H,
         [&](int64_t b, int64_t e) {
           std::vector<const float*> keys;
-          std::vector<float> logit;
+          std::vector<std::pair<const void*, int32_t>> key_rows;  // (pool, row)
+          std::vector<float> logit, kbuf;
           for (int64_t th = b; th < e; ++th) {
             const int64_t t = th / H;
             const int h = int(th % H);
-            keys.clear();
-            auto collect = [&](const float* pool, const RowMap& map) {
+            key_rows.clear();
+            auto collect = [&](const void* pool, const RowMap& map) {
               if (!pool || !map.count) return;
               const int32_t* rows = map.rows + map.offset[t];
               for (int32_t j = 0; j < map.count[t]; ++j)
-                if (rows[j] >= 0) keys.push_back(pool + int64_t(rows[j]) * hd);
+                if (rows[j] >= 0) key_rows.push_back({pool, rows[j]});
             };
             collect(a.swa_pool, a.swa);
             collect(a.comp_pool, a.comp);
+            // f32 pools: pointers into the pool; bf16: rows widened into kbuf (exact).
+            keys.resize(key_rows.size());
+            if (a.kv_dtype != KvDtype::kF32) kbuf.resize(key_rows.size() * size_t(hd));
+            for (size_t j = 0; j < key_rows.size(); ++j)
+              keys[j] = kv_row_f32(key_rows[j].first, a.kv_dtype, key_rows[j].second, hd,
+                                   kbuf.data() + (a.kv_dtype != KvDtype::kF32 ? j * hd : 0));
             const float* q = a.q + (t * H + h) * hd;
             logit.resize(keys.size());
             float mx = a.sinks[h];

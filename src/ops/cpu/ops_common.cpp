@@ -63,6 +63,14 @@ void Ops::fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64
   upload(dst, host.data(), host.size());
 }
 
+void Ops::store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n, int64_t width,
+                        const float* src) {
+  if (dtype != KvDtype::kF32)
+    throw std::invalid_argument("store_rows_kv: backend " + name() + " has no " +
+                                kv_dtype_name(dtype) + " KV pools");
+  store_rows(static_cast<float*>(pool), rows, n, width, src);
+}
+
 void Ops::rms_norm_rope(float* x, const float* weight, int64_t rows, int n_heads, int head_dim,
                         float eps, int rope_dim, const int64_t* positions, const float* inv_freq,
                         float attention_scaling) {
@@ -104,7 +112,7 @@ void Ops::compress_fused(const CompressFusedArgs& a) {
     if (a.rope_dim > 0)
       rope(tmp, a.n_out, 1, a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_scaling,
            false);
-    store_rows(a.pool, a.dst, a.n_out, a.dim, tmp);
+    store_rows_kv(a.pool, a.pool_dtype, a.dst, a.n_out, a.dim, tmp);
   }
   if (a.n_ring > 0) {  // after the pooling: it may read ring rows refreshed here
     gather_rows(a.fresh_kv, a.ring_src, a.n_ring, cd, tmp);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/device_util.cuh"  // kv_load, kv_load4 (f32 or bf16 pools)
 
 namespace v4::cuda {
 namespace {
@@ -87,8 +88,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
         if (j < k1) {
           const int32_t r = key_row(a, t, j, n_swa);
           if (r >= 0) {
-            const float* pool = j >= n_swa ? a.comp_pool : a.swa_pool;
-            pre[i] = __ldg(reinterpret_cast<const float4*>(pool + int64_t(r) * hd) + c4);
+            const void* pool = j >= n_swa ? a.comp_pool : a.swa_pool;
+            pre[i] = kv_load4(pool, a.kv_dtype, int64_t(r) * hd + 4 * c4);
           }
         }
       }
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
       for (int e = threadIdx.x; e < kTileKeys * hd; e += blockDim.x) {
         const int key = e / hd, c = e - key * hd;
         const int32_t r = rows_s[key];
-        const float* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
-        tile[key * hd + c] = r >= 0 ? pool[int64_t(r) * hd + c] : 0.f;
+        const void* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
+        tile[key * hd + c] = r >= 0 ? kv_load(pool, a.kv_dtype, int64_t(r) * hd + c) : 0.f;
       }
       __syncthreads();
     }

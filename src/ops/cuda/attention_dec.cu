@@ -1,11 +1,13 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Decode sparse MQA attention, bf16 mma.sync (see attention_dec.h for the work split).
 //
+// v1 kernel (attn_dec_kernel: f32 pools always, bf16 pools with V4_ATTN_DEC=1).
 // Shared memory (dynamic, 230,912 B of the 232,448 B a block may have):
 //   qs     bf16 [64 heads][520]   Q of the block's heads (row stride 1040 B: ldmatrix rows fall
 //                                 on distinct 16-byte bank groups)
-//   kb     bf16 [32 keys][520]    the current key tile, converted from the staged f32 rows
-//   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32: 2 KiB a row);
+//   kb     bf16 [32 keys][520]    the current key tile, converted from the staged rows
+//   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32 pools: 2 KiB a
+//                                 row; bf16 pools, --kv-cache-dtype bf16: 1 KiB, copied as is);
 //                                 the stage just converted doubles as the S exchange buffer
 //                                 ([8 warps][16][40] f32) until the tile after next is issued
 // Split partials are merged by attn_dec_combine_kernel (one block per (row, head, 128 dims)).
@@ -13,17 +15,26 @@
 // sync → add the partner's partial S, online softmax, P·V → sync → issue tile it+2 into the
 // freed stage. Every tile therefore has one other tile (64 KiB) in flight while it computes,
 // two while the block waits.
+// v2 kernel (attn_dec2_kernel, bf16 pools, default): qs as above, a ring of 4 bf16 key tiles
+// [32][520] filled by cp.async straight from the pool (no staging copy), the S exchange in its
+// own 20 KiB: 220,160 B; 2 barriers per tile (see the kernel). Both kernels share the per-tile
+// math (tile_qk, tile_s_write, tile_softmax, tile_pv, store_out): with bf16 pools and the same
+// split count they run the same operations in the same order (equal up to the compiler's FMA
+// contraction choices; the tests bound the difference at 1e-5).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
 
 namespace v4::cuda {
 namespace {
+namespace cg = cooperative_groups;
 
 constexpr int kHd = 512;
 constexpr int kHeads = 64;                  // heads per block
@@ -54,6 +65,16 @@ struct KeyPool<float> {
     *reinterpret_cast<uint2*>(dst) = u;
   }
 };
+template <>
+struct KeyPool<__nv_bfloat16> {  // bf16 KV pools (--kv-cache-dtype bf16): staged bytes are kb's
+  static constexpr int kRowBytes = kHd * 2;
+  static constexpr int kElems = 8;  // per 16-byte chunk
+  /// Copies chunk `c` of a staged row (8 bf16 at src) to dst[0..7] unchanged.
+  __device__ static __forceinline__ void convert(const unsigned char* src,
+                                                 __nv_bfloat16* dst) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+};
 
 constexpr size_t kQsBytes = size_t(kHeads) * kLdB * 2;  // 66,560
 constexpr size_t kKbBytes = size_t(kKT) * kLdB * 2;     // 33,280
@@ -67,6 +88,10 @@ constexpr size_t smem_bytes() {
 }
 static_assert(smem_bytes<float>() + 2 * kKT * 4 <= 232448, "shared memory over the 227 KiB limit");
 static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<float>(), "S exchange must fit a stage");
+static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<__nv_bfloat16>(),
+              "S exchange must fit a bf16 stage");
+static_assert(kKT * (KeyPool<__nv_bfloat16>::kRowBytes / 16) % kThreads == 0,
+              "uniform bf16 issue loop");
 static_assert(kQsBytes % 16 == 0 && kKbBytes % 16 == 0, "cp.async / ldmatrix alignment");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -113,7 +138,223 @@ __device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t 
   return a.comp.rows[a.comp.offset[t] + (j - n_swa)];
 }
 
-template <typename T>
+// Programmatic dependent launch (sm_90): the v2 path launches the combine kernel with
+// programmatic stream serialization; the main kernel triggers at its start (the combine may be
+// scheduled early) and the combine waits (griddepcontrol.wait: the main grid completed, its
+// memory visible) before reading anything. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---- per-tile math shared by both kernels (warp = head group hg of 16 heads × dim half) ------
+// qw = qs + (16·hg)·kLdB + 256·half, kw = key tile + 256·half (bf16, row stride kLdB).
+
+/// Partial S over the warp's 256 dims: sacc[n-tile of 8 keys][c] for rows g, g+8 (mma layout).
+__device__ __forceinline__ void tile_qk(const __nv_bfloat16* qw, const __nv_bfloat16* kw, int lane,
+                                        float (&sacc)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 256; kk += 16) {
+    uint32_t af[4];
+    ldmatrix_x4(af, qw + (lane & 15) * kLdB + kk + 8 * (lane >> 4));
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, kw + (16 * np + (lane & 7) + 8 * (lane >> 4)) * kLdB + kk +
+                          8 * ((lane >> 3) & 1));
+      mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
+      mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// Writes the warp's partial S to its slot of the exchange buffer sx ([8 warps][16][kSxLd] f32).
+__device__ __forceinline__ void tile_s_write(float* sx, int warp, int g, int tq,
+                                             const float (&sacc)[4][4]) {
+  float* mine = sx + warp * (16 * kSxLd);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    *reinterpret_cast<float2*>(mine + g * kSxLd + nt * 8 + 2 * tq) =
+        make_float2(sacc[nt][0], sacc[nt][1]);
+    *reinterpret_cast<float2*>(mine + (g + 8) * kSxLd + nt * 8 + 2 * tq) =
+        make_float2(sacc[nt][2], sacc[nt][3]);
+  }
+}
+
+/// After the exchange barrier: S = own + partner partial (both warps of a pair get identical S),
+/// scaled, masked by rows[key] < 0; online softmax update of (m_r, l_r) and o; on return sv holds
+/// the tile's p values (fp32, masked keys exactly 0).
+__device__ __forceinline__ void tile_softmax(const float* sx, int warp, int g, int tq, float scale,
+                                             const int32_t* rows, const float (&sacc)[4][4],
+                                             float (&sv)[4][4], float (&m_r)[2], float (&l_r)[2],
+                                             float (&o)[32][4]) {
+  const float* other = sx + (warp ^ 1) * (16 * kSxLd);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int c0 = nt * 8 + 2 * tq;
+    const float2 lo = *reinterpret_cast<const float2*>(other + g * kSxLd + c0);
+    const float2 hi = *reinterpret_cast<const float2*>(other + (g + 8) * kSxLd + c0);
+    sv[nt][0] = (sacc[nt][0] + lo.x) * scale;
+    sv[nt][1] = (sacc[nt][1] + lo.y) * scale;
+    sv[nt][2] = (sacc[nt][2] + hi.x) * scale;
+    sv[nt][3] = (sacc[nt][3] + hi.y) * scale;
+    const bool v0 = rows[c0] >= 0, v1 = rows[c0 + 1] >= 0;
+    if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
+    if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
+  }
+  // Online softmax per row (r = 0: row g, r = 1: row g+8); a row's 32 values sit in the 4 lanes
+  // of a quad. Masked logits never enter an exp (p = 0 explicitly).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r[r], mx);
+    const float corr =
+        m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
+    float psum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float v = sv[nt][2 * r + c];
+        const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
+        sv[nt][2 * r + c] = p;
+        psum += p;
+      }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+    l_r[r] = l_r[r] * corr + psum;
+    m_r[r] = m_new;
+    // Rescale only when some row's max moved (× 1 is exact, so skipping changes nothing).
+    if (__any_sync(0xffffffffu, corr != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        o[i][2 * r] *= corr;
+        o[i][2 * r + 1] *= corr;
+      }
+    }
+  }
+}
+
+/// O += P · V: the p values of n-tiles (2ks, 2ks+1) are the A fragment of k-step ks; V = the key
+/// tile (K = V) read transposed by ldmatrix.
+__device__ __forceinline__ void tile_pv(const __nv_bfloat16* kw, int lane, const float (&sv)[4][4],
+                                        float (&o)[32][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t af[4];
+    af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
+    af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
+    af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
+    af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
+    const __nv_bfloat16* vrow =
+        kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB + 8 * (lane >> 4);
+#pragma unroll
+    for (int np = 0; np < 16; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, vrow + 16 * np);
+      mma_bf16(o[2 * np], af, bf[0], bf[1]);
+      mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// Q of heads hb .. hb+63 of row t → bf16 qs [64][kLdB] (rows ≥ H zero), all threads.
+__device__ __forceinline__ void stage_q(const ops::AttentionArgs& a, int64_t t, int hb,
+                                        __nv_bfloat16* qs) {
+  const int H = a.n_heads;
+#pragma unroll 16
+  for (int i = 0; i < kHeads * (kHd / 4) / kThreads; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (hb + h < H)
+      v = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
+    uint2 u;
+    u.x = pack_bf16(v.x, v.y);
+    u.y = pack_bf16(v.z, v.w);
+    *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+  }
+}
+
+/// stage_q in two halves for the v2 prologue: load half `part` (16 float4 per thread) into
+/// registers (in flight while the key lists are looked up), convert and store them later.
+constexpr int kQIters = kHeads * (kHd / 4) / kThreads;  // 32 float4 per thread
+__device__ __forceinline__ void load_q_half(const ops::AttentionArgs& a, int64_t t, int hb,
+                                            int part, float4 (&v)[kQIters / 2]) {
+  const int H = a.n_heads;
+#pragma unroll
+  for (int j = 0; j < kQIters / 2; ++j) {
+    const int e = threadIdx.x + (part * (kQIters / 2) + j) * kThreads;
+    const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+    v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (hb + h < H)
+      v[j] = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
+  }
+}
+__device__ __forceinline__ void store_q_half(int part, const float4 (&v)[kQIters / 2],
+                                             __nv_bfloat16* qs) {
+#pragma unroll
+  for (int j = 0; j < kQIters / 2; ++j) {
+    const int e = threadIdx.x + (part * (kQIters / 2) + j) * kThreads;
+    const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+    uint2 u;
+    u.x = pack_bf16(v[j].x, v[j].y);
+    u.y = pack_bf16(v[j].z, v[j].w);
+    *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+  }
+}
+
+/// Output of the warp's rows g, g+8 (heads hb + 16·hg + g (+8)), dims 256·half + 8·nt + 2tq (+1):
+/// normalized with the sink when n_splits == 1, else the (max, sum, unnormalized o) partial.
+__device__ __forceinline__ void store_out(const ops::AttentionArgs& a, int64_t t, int s,
+                                          int n_splits, int hb, int hg, int half, int g, int tq,
+                                          const float (&m_r)[2], const float (&l_r)[2],
+                                          const float (&o)[32][4], float* __restrict__ ws) {
+  const int H = a.n_heads;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = hb + hg * 16 + g + 8 * r;
+    if (h >= H) continue;
+    if (n_splits == 1) {
+      const float sink = a.sinks[h];
+      const float M = fmaxf(m_r[r], sink);
+      const float f = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);  // no keys → sink only
+      const float inv = f / (l_r[r] * f + __expf(sink - M));
+      float* out = a.out + (t * H + h) * int64_t(kHd) + half * 256;
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    } else {
+      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
+      if (half == 0 && tq == 0) {
+        pwo[0] = m_r[r];
+        pwo[1] = l_r[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt)
+        *reinterpret_cast<float2*>(pwo + 2 + half * 256 + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+  }
+}
+
+// v1 kernel (any pool type): two staging buffers of the pool's rows, converted per tile into
+// one bf16 key tile; 4 barriers per tile. kTrigger: PDL trigger at the start (variant 2 with f32
+// pools, whose combine is launched with PDL).
+template <typename T, bool kTrigger>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_dec_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
                     const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
@@ -124,10 +365,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr size_t kStage = stage_bytes<T>();
   constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;
   __shared__ int32_t rows_s[2][kKT];  // pool row per key of the staged tiles (−1: masked)
+  if constexpr (kTrigger) {  // PDL launch (variant 2): predecessor complete before any access
+    pdl_wait();
+    pdl_trigger();
+  }
 
   const int64_t t = blockIdx.x / n_splits;
   const int s = int(blockIdx.x % n_splits);
-  const int H = a.n_heads;
   const int hb = blockIdx.y * kHeads;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
@@ -175,19 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_tiles > 0) {
     issue(k0, 0);
     if (n_tiles > 1) issue(k0 + kKT, 1);
-    // Q of the block's heads → bf16 (rows ≥ H are zero), while the first tiles are in flight.
-#pragma unroll 16
-    for (int i = 0; i < kHeads * (kHd / 4) / kThreads; ++i) {
-      const int e = threadIdx.x + i * kThreads;
-      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (hb + h < H)
-        v = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4);
-      uint2 u;
-      u.x = pack_bf16(v.x, v.y);
-      u.y = pack_bf16(v.z, v.w);
-      *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
-    }
+    stage_q(a, t, hb, qs);  // while the first tiles are in flight
   }
 
   const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
@@ -208,132 +440,236 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // kb complete; stage `buf` free (reused as the S exchange)
 
-    // 1. partial S over my 256 dims: 16 k-steps × 4 n-tiles of 8 keys.
-    float sacc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 256; kk += 16) {
-      uint32_t af[4];
-      ldmatrix_x4(af, qw + (lane & 15) * kLdB + kk + 8 * (lane >> 4));
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t bf[4];
-        ldmatrix_x4(bf, kw + (16 * np + (lane & 7) + 8 * (lane >> 4)) * kLdB + kk +
-                            8 * ((lane >> 3) & 1));
-        mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
-        mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
-      }
-    }
+    float sacc[4][4], sv[4][4];
+    tile_qk(qw, kw, lane, sacc);
     float* sx = reinterpret_cast<float*>(st);
-    float* mine = sx + warp * (16 * kSxLd);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      *reinterpret_cast<float2*>(mine + g * kSxLd + nt * 8 + 2 * tq) =
-          make_float2(sacc[nt][0], sacc[nt][1]);
-      *reinterpret_cast<float2*>(mine + (g + 8) * kSxLd + nt * 8 + 2 * tq) =
-          make_float2(sacc[nt][2], sacc[nt][3]);
-    }
+    tile_s_write(sx, warp, g, tq, sacc);
     __syncthreads();
-    // S = own half + partner half (fp add commutes: both warps of the pair get identical S).
-    const float* other = sx + (warp ^ 1) * (16 * kSxLd);
-    float sv[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int c0 = nt * 8 + 2 * tq;
-      const float2 lo = *reinterpret_cast<const float2*>(other + g * kSxLd + c0);
-      const float2 hi = *reinterpret_cast<const float2*>(other + (g + 8) * kSxLd + c0);
-      sv[nt][0] = (sacc[nt][0] + lo.x) * a.scale;
-      sv[nt][1] = (sacc[nt][1] + lo.y) * a.scale;
-      sv[nt][2] = (sacc[nt][2] + hi.x) * a.scale;
-      sv[nt][3] = (sacc[nt][3] + hi.y) * a.scale;
-      const bool v0 = rows_s[buf][c0] >= 0, v1 = rows_s[buf][c0 + 1] >= 0;
-      if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
-      if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
-    }
-    // 2. online softmax per row (r = 0: row g, r = 1: row g+8); a row's 32 values sit in the
-    // 4 lanes of a quad. Masked logits never enter an exp (p = 0 explicitly).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r[r], mx);
-      const float corr =
-          m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
-      float psum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float v = sv[nt][2 * r + c];
-          const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
-          sv[nt][2 * r + c] = p;
-          psum += p;
-        }
-      psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-      psum += __shfl_xor_sync(0xffffffffu, psum, 2);
-      l_r[r] = l_r[r] * corr + psum;
-      m_r[r] = m_new;
-      // Rescale only when some row's max moved (× 1 is exact, so skipping changes nothing).
-      if (__any_sync(0xffffffffu, corr != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          o[i][2 * r] *= corr;
-          o[i][2 * r + 1] *= corr;
-        }
-      }
-    }
-    // 3. O += P · V: the S accumulators of n-tiles (2ks, 2ks+1) are the A fragment of k-step ks.
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      uint32_t af[4];
-      af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
-      af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
-      af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
-      af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
-      const __nv_bfloat16* vrow = kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB +
-                                  8 * (lane >> 4);
-#pragma unroll
-      for (int np = 0; np < 16; ++np) {
-        uint32_t bf[4];
-        ldmatrix_x4_trans(bf, vrow + 16 * np);
-        mma_bf16(o[2 * np], af, bf[0], bf[1]);
-        mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
-      }
-    }
+    tile_softmax(sx, warp, g, tq, a.scale, rows_s[buf], sacc, sv, m_r, l_r, o);
+    tile_pv(kw, lane, sv, o);
     __syncthreads();  // kb, the S exchange and rows_s[buf] free for the next tiles
     if (it + 2 < n_tiles) issue(k0 + (it + 2) * kKT, buf);
   }
+  store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
+}
 
-  // Output: rows g and g+8 of head group hg, dims half·256 + nt·8 + 2tq (+1).
+// Cluster combine (v2, 2 ≤ n_splits ≤ kMaxClusterSplits): every CTA of the cluster (rank s =
+// split s) writes its partial of the 64 heads — m, l and the unnormalized o, the values store_out
+// would write to the workspace — into its own shared memory (the Q / ring space, free after the
+// last tile): cp [64][512] f32 then cm[64], cl[64] (131,584 B); cluster barrier; CTA s then
+// merges heads [s·hs, s·hs + hs) (hs = ⌈64 / n_splits⌉) over all ranks in rank order 0, 1, …
+// (fixed order whatever the arrival order: deterministic) with the sink, reading the other
+// CTAs' shared memory (DSMEM), and writes the output; a second cluster barrier keeps every
+// CTA's shared memory alive until all reads are done.
+constexpr int kMaxClusterSplits = 8;  // portable cluster size
+constexpr size_t kCpBytes = size_t(kHeads) * kHd * 4;  // 131,072
+__device__ __forceinline__ void cluster_combine(const ops::AttentionArgs& a, int64_t t, int s,
+                                                int n_splits, int hb, int hg, int half, int g,
+                                                int tq, const float (&m_r)[2],
+                                                const float (&l_r)[2], const float (&o)[32][4],
+                                                unsigned char* smem) {
+  float* cp = reinterpret_cast<float*>(smem);
+  float* cm = reinterpret_cast<float*>(smem + kCpBytes);
+  float* cl = cm + kHeads;
+  __syncthreads();  // every warp is done with qs and the ring (the last tile's P·V)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int h = hb + hg * 16 + g + 8 * r;
-    if (h >= H) continue;
-    if (n_splits == 1) {
-      const float sink = a.sinks[h];
-      const float M = fmaxf(m_r[r], sink);
-      const float f = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);  // no keys → sink only
-      const float inv = f / (l_r[r] * f + __expf(sink - M));
-      float* out = a.out + (t * H + h) * int64_t(kHd) + half * 256;
-#pragma unroll
-      for (int nt = 0; nt < 32; ++nt)
-        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
-            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
-    } else {
-      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
-      if (half == 0 && tq == 0) {
-        pwo[0] = m_r[r];
-        pwo[1] = l_r[r];
-      }
-#pragma unroll
-      for (int nt = 0; nt < 32; ++nt)
-        *reinterpret_cast<float2*>(pwo + 2 + half * 256 + nt * 8 + 2 * tq) =
-            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    const int hl = hg * 16 + g + 8 * r;  // head within the block
+    if (half == 0 && tq == 0) {
+      cm[hl] = m_r[r];
+      cl[hl] = l_r[r];
     }
+    float* row = cp + hl * kHd + half * 256;
+#pragma unroll
+    for (int nt = 0; nt < 32; ++nt)
+      *reinterpret_cast<float2*>(row + nt * 8 + 2 * tq) = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every rank's partial written and visible cluster-wide
+  const int H = a.n_heads;
+  const int hs = (kHeads + n_splits - 1) / n_splits;
+  const int h_lo = s * hs, h_hi = min(min(kHeads, h_lo + hs), H - hb);  // my heads [h_lo, h_hi)
+  // 1. One thread per head of my slice: the merge weights w[q] = exp(m_q − M) / (Σ_q l_q ·
+  //    exp(m_q − M) + exp(sink − M)), M = max(sink, m_q), summed in rank order (loads of all
+  //    ranks issued together: the loop is unrolled over kMaxClusterSplits with a guard).
+  __shared__ float wts[kHeads][kMaxClusterSplits];
+  if (int(threadIdx.x) < h_hi - h_lo) {  // h_hi < h_lo: no heads left for this rank
+    const int hl = h_lo + int(threadIdx.x);
+    const float sink = a.sinks[hb + hl];
+    float mq[kMaxClusterSplits], lq[kMaxClusterSplits];
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) {
+      mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
+      lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
+    }
+    float M = sink;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) M = fmaxf(M, mq[q]);
+    float L = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) {
+      mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
+      L = fmaf(lq[q], mq[q], L);
+    }
+    const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) wts[hl - h_lo][q] = mq[q] * inv;
+  }
+  __syncthreads();  // wts ready
+  // 2. out[h][d] = Σ_q o_q[h][d] · w[q] in rank order; thread = dims d, d + 256 of every head.
+  const int d0 = threadIdx.x, d1 = threadIdx.x + kThreads;  // kThreads · 2 == kHd
+#pragma unroll 2
+  for (int hl = h_lo; hl < h_hi; ++hl) {
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSplits; ++q) {
+      if (q < n_splits) {
+        const float* prow = cluster.map_shared_rank(cp + hl * kHd, q);
+        const float w = wts[hl - h_lo][q];
+        acc0 = fmaf(prow[d0], w, acc0);
+        acc1 = fmaf(prow[d1], w, acc1);
+      }
+    }
+    float* out = a.out + (t * H + hb + hl) * int64_t(kHd);
+    out[d0] = acc0;
+    out[d1] = acc1;
+  }
+  cluster.sync();  // keep this CTA's shared memory until every rank has read it
+}
+static_assert(kThreads * 2 == kHd, "cluster_combine: two dims per thread");
+
+// v2 kernel (bf16 pools, issue 7): key rows go by cp.async straight into a ring of kStages2
+// bf16 tiles in the padded ldmatrix layout (no staging copy, no conversion pass), kStages2 − 1
+// tiles in flight while one computes, and a separate S exchange buffer, so a tile takes 2
+// barriers (v1: 4):
+//   wait(tile it) → barrier A → QK, write partial S → barrier B → issue tile it + kStages2 − 1
+//   into the ring slot of tile it − 1 → partner S, softmax, P·V.
+// Hazards: the slot written after B(it) was last read by tile it − 1 (QK and P·V), which every
+// warp finished before A(it); the S exchange written after A(it + 1) was last read after B(it)
+// by warps that have all reached A(it + 1); rows_s likewise lives one slot per ring tile.
+// Math and output layout: identical to v1 (tile_qk / tile_softmax / tile_pv / store_out).
+constexpr int kStages2 = 4;
+constexpr size_t kSxBytes = size_t(8) * 16 * kSxLd * 4;                     // 20,480
+constexpr size_t kSmem2 = kQsBytes + size_t(kStages2) * kKbBytes + kSxBytes;  // 220,160
+static_assert(kSmem2 + size_t(kStages2) * kKT * 4 + size_t(kHeads) * 8 * 4 <= 232448,
+              "v2 shared memory (dynamic + rows_s + the cluster merge weights) over 227 KiB");
+static_assert((kLdB * 2) % 16 == 0, "cp.async 16-byte chunks into padded rows");
+static_assert(kCpBytes + 2 * kHeads * 4 <= kSmem2, "cluster partial must fit the v2 smem");
+
+// kCluster: the n_splits CTAs of a (row, head group) form one thread-block cluster (launched
+// with cluster dims (n_splits, 1, 1), n_splits in [2, kMaxClusterSplits]) and merge their
+// partials through distributed shared memory instead of the workspace and the combine kernel.
+template <typename T, bool kCluster>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_dec2_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
+                     const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
+  static_assert(KeyPool<T>::kElems == 8 && KeyPool<T>::kRowBytes == kHd * 2,
+                "v2 stages pool rows that are already bf16 rows");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* ring = smem + kQsBytes;
+  float* sx = reinterpret_cast<float*>(smem + kQsBytes + size_t(kStages2) * kKbBytes);
+  __shared__ int32_t rows_s[kStages2][kKT];  // pool row per key of the ring tiles (−1: masked)
+  // PDL launch: wait for the previous kernel of the stream (it may write q, the key lists or the
+  // workspace a previous combine still reads) before any global access; then let the combine
+  // (PDL) be scheduled: it waits for this grid to complete before reading the partials.
+  pdl_wait();
+  pdl_trigger();
+
+  const int64_t t = blockIdx.x / n_splits;
+  const int s = int(blockIdx.x % n_splits);
+  const int hb = blockIdx.y * kHeads;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int hg = warp >> 1, half = warp & 1;
+  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
+  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  const int tiles_all = (n + kKT - 1) / kKT;
+  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
+  const int k0 = min(n, s * tiles_per * kKT);
+  const int k1 = min(n, k0 + tiles_per * kKT);
+  const int n_tiles = (k1 - k0 + kKT - 1) / kKT;
+
+  constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;  // 64
+  constexpr int kIssueIters = kKT * kChunksPerRow / kThreads;  // 8
+  static_assert(kKT == 32 && kKT * kChunksPerRow % kThreads == 0, "uniform issue loop");
+  // Pool row of key k0 + 32·tile + lane (−1: past the split, or a masked entry). The loop asks
+  // for tile it + kStages2 right after issuing tile it + kStages2 − 1, so this load's latency
+  // hides behind a whole tile of math instead of stalling the issue.
+  const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
+  const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
+  auto lookup = [&](int tile) -> int32_t {
+    const int j = k0 + tile * kKT + lane;
+    if (tile >= n_tiles || j >= k1) return -1;
+    return j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
+  };
+  // Issues split tile `tile` (if it exists; my_r = lookup(tile)) into ring slot tile % kStages2
+  // and always commits one cp.async group, so that "groups committed" counts tiles for
+  // cp_async_wait.
+  auto issue = [&](int tile, int32_t my_r) {
+    if (tile < n_tiles) {
+      const int buf = tile % kStages2;
+      unsigned char* dst = ring + size_t(buf) * kKbBytes;
+      const int kt0 = k0 + tile * kKT;
+#pragma unroll
+      for (int i = 0; i < kIssueIters; ++i) {
+        const int e = threadIdx.x + i * kThreads;
+        const int key = e / kChunksPerRow, c = e % kChunksPerRow;  // key warp-uniform
+        const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+        const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
+        const void* src = r >= 0 ? static_cast<const void*>(
+                                       reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) +
+                                       16 * c)
+                                 : static_cast<const void*>(a.q);
+        cp_async16(dst + size_t(key) * (kLdB * 2) + 16 * c, src, r >= 0);  // −1 → zeros
+      }
+      if (warp == 0) rows_s[buf][lane] = my_r;
+    }
+    cp_async_commit();
+  };
+
+  float o[32][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+
+  int32_t next_r = -1;  // lookup(it + kStages2 − 1), loaded one tile ahead
+  if (n_tiles > 0) {
+    // All of Q (32 float4 per thread, in registers: o is not live yet) is requested before the
+    // key-list lookups of the first tiles (a chain of dependent loads): the latencies overlap.
+    float4 qv[kQIters / 2], qv1[kQIters / 2];
+    load_q_half(a, t, hb, 0, qv);
+    load_q_half(a, t, hb, 1, qv1);
+#pragma unroll
+    for (int p = 0; p < kStages2 - 1; ++p) issue(p, lookup(p));
+    next_r = lookup(kStages2 - 1);
+    store_q_half(0, qv, qs);
+    store_q_half(1, qv1, qs);
+  }
+  const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + half * 256;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it % kStages2;
+    // Groups committed so far: kStages2 − 1 + it (one per tile it' < it + kStages2 − 1); at most
+    // kStages2 − 2 pending → tiles 0 .. it landed (this thread's copies).
+    cp_async_wait<kStages2 - 2>();
+    __syncthreads();  // A: tile it (and on it == 0, qs) visible to every thread
+    const __nv_bfloat16* kw =
+        reinterpret_cast<const __nv_bfloat16*>(ring + size_t(buf) * kKbBytes) + half * 256;
+    float sacc[4][4], sv[4][4];
+    tile_qk(qw, kw, lane, sacc);
+    tile_s_write(sx, warp, g, tq, sacc);
+    __syncthreads();  // B: partial S visible; every warp is past tile it − 1
+    issue(it + kStages2 - 1, next_r);
+    next_r = lookup(it + kStages2);
+    tile_softmax(sx, warp, g, tq, a.scale, rows_s[buf], sacc, sv, m_r, l_r, o);
+    tile_pv(kw, lane, sv, o);
+  }
+  cp_async_wait<0>();  // only empty groups can remain; nothing in flight at exit
+  if constexpr (kCluster) {
+    cluster_combine(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, smem);
+  } else {
+    store_out(a, t, s, n_splits, hb, hg, half, g, tq, m_r, l_r, o, ws);
   }
 }
 
@@ -361,6 +697,7 @@ __global__ void __launch_bounds__(kCombThreads) attn_dec_combine_kernel(ops::Att
                                                                        const float* __restrict__ ws) {
   __shared__ float fs[kMaxSplits];
   __shared__ float red[kCombThreads / 32];
+  pdl_wait();  // PDL launch (v2): the main grid's partials complete and visible
   const int64_t th = blockIdx.x;
   const int h = int(th % a.n_heads);
   const float* p = ws + th * n_splits * int64_t(kHd + 2);
@@ -389,15 +726,20 @@ bool attention_dec_supported(int n_heads, int head_dim) {
   return head_dim == kHd && n_heads > 0;
 }
 
-int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
+int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_bytes) {
   if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0) return 1;
+  if (kv_bytes != 2) kv_bytes = 4;
   // Costs in KiB moved at one SM's fair share of the bandwidth (32 GB/s on an H200).
-  const double kTile = kKT * kHd * 4 / 1024.0;  // 64: one f32 key tile
+  const double kTile = kKT * kHd * kv_bytes / 1024.0;  // one key tile: 64 (f32) / 32 (bf16)
   const double kQ = kHeads * kHd * 4 / 1024.0;  // 128: q of 64 heads (f32), also out / partial
   // One SM runs ≤ 1.25× its fair bandwidth share when fewer blocks than SMs run (its tile math,
   // ~32 mma per key, takes about as long as a fair-share tile read; the calibration knob: see
   // the split sweep of bench_kernels --only-attention).
   const double kBoost = 1.25;
+  // A tile's math (QK + softmax + P·V) takes about as long as reading 48 KiB at the fair share
+  // (from the f32 calibration above: ≤ 64 / 1.25). It does not shrink with the pool's bytes, so
+  // bf16 blocks are math-bound and the model spreads them over more SMs than f32 blocks.
+  const double kTileMath = 48;
   const double kWaveLatency = 48;  // ~1.5 µs of latency per wave (and per extra launch)
   const int64_t groups = S * ((H + kHeads - 1) / kHeads);
   const int64_t tiles = (max_keys + kKT - 1) / kKT;
@@ -412,8 +754,9 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
     const double per_cta = double(per) * kTile + kQ + kQ;
     const int64_t waves = (ctas + n_sms - 1) / n_sms;
     const double active = double(std::min<int64_t>(ctas, n_sms));
-    const double cost = double(waves) * (per_cta * std::max(active, n_sms / kBoost) / n_sms +
-                                         kWaveLatency) +
+    const double per_cta_time =
+        std::max(per_cta * std::max(active, n_sms / kBoost) / n_sms, double(per) * kTileMath);
+    const double cost = double(waves) * (per_cta_time + kWaveLatency) +
                         (sp > 1 ? kWaveLatency + double(groups) * kQ * double(sp) / n_sms : 0);
     if (sp == 1 || cost < best_cost) {
       best = int(sp);
@@ -423,8 +766,122 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms) {
   return best;
 }
 
+namespace {
+
+// Launches kern<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization
+// (PDL, when pdl: it may be scheduled while the previous kernel of the stream runs; every kernel
+// launched this way calls pdl_wait before touching global memory) and, when cluster > 1, thread
+// block clusters of (cluster, 1, 1).
+template <typename... P, typename... Args>
+Status launch_ex(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                 bool pdl, unsigned cluster, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, args...));
+  return Status::Ok();
+}
+
+// V4_ATTN_DEC_CLUSTER=0: variant 2 merges 2..8 splits with the combine kernel too (A/B).
+bool attn_cluster_enabled() {
+  const char* e = std::getenv("V4_ATTN_DEC_CLUSTER");
+  return !(e && e[0] == '0');
+}
+
+// V4_ATTN_DEC_PDL=0: variant 2 launches without PDL too (A/B, or a driver that refuses the
+// attribute); read per call like the compressor's V4_COMPRESS_PDL.
+bool attn_pdl_enabled() {
+  const char* e = std::getenv("V4_ATTN_DEC_PDL");
+  return !(e && e[0] == '0');
+}
+
+// Raises a kernel's dynamic shared memory limit once per process (one device); kId tells the
+// kernels apart (each instantiation has its own flag).
+template <int kId>
+Status smem_attr_once(const void* kern, size_t bytes, const char* what) {
+  static bool done = false;
+  if (!done) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    if (e != cudaSuccess) return cuda_status(e, what);
+    done = true;
+  }
+  return Status::Ok();
+}
+
+// Whether clusters of n (2..kMaxClusterSplits) CTAs of attn_dec2_kernel<bf16, true> can be
+// resident on this device (cudaOccupancyMaxActiveClusters > 0); asked once per n and process.
+bool cluster_fits(int n) {
+  static int fits[kMaxClusterSplits + 1] = {};  // 0 unknown, 1 yes, −1 no
+  if (n < 2 || n > kMaxClusterSplits) return false;
+  if (fits[n] == 0) {
+    auto kern = attn_dec2_kernel<__nv_bfloat16, true>;
+    int count = 0;
+    bool ok = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(kSmem2)) == cudaSuccess;
+    if (ok) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(n), 1, 1);
+      cfg.blockDim = dim3(kThreads, 1, 1);
+      cfg.dynamicSmemBytes = kSmem2;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(n);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
+    }
+    if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
+    fits[n] = ok && count > 0 ? 1 : -1;
+  }
+  return fits[n] > 0;
+}
+
+// Launches the main kernel `kern` (dynamic smem `smem`, attribute slot kId) on pools of type T;
+// pdl: with programmatic stream serialization (the kernel must pdl_wait before any access);
+// cluster > 1: clusters of (cluster, 1, 1) CTAs (the kernel must be a kCluster instantiation).
+template <int kId, typename T>
+Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, float*),
+                   size_t smem, const ops::AttentionArgs& a, int n_splits, float* ws, dim3 grid,
+                   bool pdl, cudaStream_t stream, unsigned cluster = 1) {
+  V4_RETURN_IF_ERROR(smem_attr_once<kId>(reinterpret_cast<const void*>(kern), smem,
+                                         "attn_dec smem attribute"));
+  const T* swa = static_cast<const T*>(a.swa_pool);
+  const T* comp = static_cast<const T*>(a.comp_pool);
+  if (!pdl && cluster <= 1) {
+    kern<<<grid, kThreads, smem, stream>>>(a, swa, comp, n_splits, ws);
+    return check_launch("attn_dec_kernel");
+  }
+  V4_RETURN_IF_ERROR(launch_ex(kern, grid, dim3(kThreads, 1, 1), smem, stream, pdl, cluster, a,
+                               swa, comp, n_splits, ws));
+  return check_launch("attn_dec_kernel (PDL / cluster)");
+}
+
+}  // namespace
+
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int variant) {
   if (a.n_rows <= 0) return Status::Ok();
   if (!attention_dec_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: H={} hd={} unsupported",
@@ -432,26 +889,55 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
+  if (variant != 1 && variant != 2)
+    return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + kHeads - 1) / kHeads > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
-  constexpr size_t kSmem = smem_bytes<float>();
-  static bool attr = false;  // set once per process (one device)
-  if (!attr) {
-    cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<float>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-    if (e != cudaSuccess) return cuda_status(e, "attn_dec smem attribute");
-    attr = true;
-  }
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  attn_dec_kernel<float><<<grid, kThreads, kSmem, stream>>>(a, a.swa_pool, a.comp_pool, n_splits,
-                                                            workspace);
-  V4_RETURN_IF_ERROR(check_launch("attn_dec_kernel"));
+  using B = __nv_bfloat16;
+  // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
+  // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
+  // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
+  const bool pdl = variant == 2 && attn_pdl_enabled();
+  if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
+    if (variant == 2 && n_splits >= 2 && n_splits <= kMaxClusterSplits &&
+        attn_cluster_enabled() && cluster_fits(n_splits)) {  // merged in the cluster: no combine
+      V4_RETURN_IF_ERROR((launch_main<4, B>(attn_dec2_kernel<B, true>, kSmem2, a, n_splits,
+                                             workspace, grid, pdl, stream, unsigned(n_splits))));
+      return Status::Ok();
+    }
+    if (variant == 2)
+      V4_RETURN_IF_ERROR((launch_main<0, B>(attn_dec2_kernel<B, false>, kSmem2, a, n_splits,
+                                             workspace, grid, pdl, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<1, B>(attn_dec_kernel<B, false>, smem_bytes<B>(), a,
+                                             n_splits, workspace, grid, false, stream)));
+  } else if (a.kv_dtype == KvDtype::kF32) {  // v2 has no f32 ring (smem): v1 + PDL combine
+    if (variant == 2)
+      V4_RETURN_IF_ERROR((launch_main<2, float>(attn_dec_kernel<float, true>, smem_bytes<float>(),
+                                                 a, n_splits, workspace, grid, pdl, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<3, float>(attn_dec_kernel<float, false>,
+                                                 smem_bytes<float>(), a, n_splits, workspace, grid,
+                                                 false, stream)));
+  } else {
+    return errorf(ErrorCode::kUnsupported, "sparse_attention_dec: KV dtype {}",
+                  kv_dtype_name(a.kv_dtype));
+  }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
-  return check_launch("attn_dec_combine_kernel");
+  if (!pdl) {
+    attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
+    return check_launch("attn_dec_combine_kernel");
+  }
+  // PDL: the main kernel triggered at its start; the combine's griddepcontrol.wait orders it
+  // after the main grid's completion (also inside graphs: a programmatic edge).
+  const float* ws_c = workspace;
+  V4_RETURN_IF_ERROR(launch_ex(attn_dec_combine_kernel, cgrid, dim3(kCombThreads, 1, 1), 0,
+                               stream, true, 1u, a, n_splits, ws_c));
+  return check_launch("attn_dec_combine_kernel (PDL)");
 }
 
 }  // namespace v4::cuda

@@ -18,8 +18,11 @@
 // fp32 op's max |out| (bf16 mode only; fp32 mode keeps the batch-invariant kernels).
 // Splits: the keys of a row are cut into n_splits ranges of whole tiles; with n_splits > 1 the
 // blocks write (max, sum, unnormalized output) partials to `workspace` (attention.h layout) and
-// a combine kernel (one block per row, head and 128 dims) merges them with the sink. No host
-// sync, no allocation: graph-capturable.
+// a combine kernel (one block per row, head and 128 dims) merges them with the sink (variant 2:
+// launched with PDL). No host sync, no allocation: graph-capturable.
+// Variants (A/B, V4_ATTN_DEC=1): v1 stages pool rows in two buffers and converts each tile to
+// bf16 (4 barriers per tile); v2 (default; bf16 pools) cp.asyncs bf16 rows straight into a ring
+// of 4 padded bf16 tiles (3 in flight, 2 barriers per tile). f32 pools always take the v1 body.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,18 +40,23 @@ constexpr int kAttnDecTileKeys = 32;
 bool attention_dec_supported(int n_heads, int head_dim);
 
 /// Split count for S rows of up to `max_keys` keys on `n_sms` SMs (one block per SM resident),
-/// from a byte-cost model: per block, its key tiles + q + output or partial, per wave, with one
-/// SM running at most 1.25× its fair share of bandwidth; split: + the combine's read of the
-/// partials and one more launch.
-/// Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
-int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms);
+/// from a byte-cost model: per block, its key tiles (kv_bytes bytes per pool element: 4 = f32,
+/// 2 = bf16; others count as 4) + q + output or partial, per wave, with one SM running at most
+/// 1.25× its fair share of bandwidth and a tile's math taking at least as long as a 48 KiB read
+/// at that share (so bf16 blocks are math-bound); split: + the combine's read of the partials
+/// and one more launch. Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
+int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_bytes = 4);
 
 /// Runs the decode kernel (and the combine when n_splits > 1). `workspace` must hold
 /// attention_workspace_floats(S, H, 512, n_splits) floats (attention.h; may be nullptr when
 /// n_splits == 1). Works for any S (prefill rows: one block per row and split), each row its own
-/// key list. Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a
-/// missing workspace; CUDA launch errors.
+/// key list. `variant`: 2 (default: bf16 pools stream into a ring of bf16 tiles, f32 pools run
+/// the v1 body; PDL launches, V4_ATTN_DEC_PDL=0 turns them off) or 1 (the session-5 kernel,
+/// plain launches; CudaOptions::attention_dec_variant, V4_ATTN_DEC=1); same math, same results.
+/// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
+/// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
+/// errors.
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
-                            cudaStream_t stream);
+                            cudaStream_t stream, int variant = 2);
 
 }  // namespace v4::cuda

@@ -106,10 +106,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_mma_kernel(ops::AttentionArg
       const int key = e / (kHd / 4), c4 = e % (kHd / 4);
       const int j = kb + key;
       int32_t r = -1;
-      const float* pool = a.swa_pool;
+      // f32 pools only (the host function refuses others): rows staged as f32 with cp.async.
+      const float* pool = static_cast<const float*>(a.swa_pool);
       if (j < k1) {
         r = key_row(a, t, j, n_swa);
-        pool = j >= n_swa ? a.comp_pool : a.swa_pool;
+        pool = static_cast<const float*>(j >= n_swa ? a.comp_pool : a.swa_pool);
       }
       const float* src = r >= 0 ? pool + int64_t(r) * kHd + 4 * c4 : a.q;
       cp_async16(ks + key * kLd + 4 * c4, src, r >= 0);
@@ -287,6 +288,11 @@ Status sparse_attention_mma(const ops::AttentionArgs& a, int n_splits, float* wo
                   a.n_heads, a.head_dim);
   if (n_splits < 1 || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_mma: n_splits {}", n_splits);
+  if (a.kv_dtype != KvDtype::kF32)
+    return errorf(ErrorCode::kUnsupported,
+                  "sparse_attention_mma: {} KV pools unsupported (f32 only; bf16 pools use the "
+                  "split or decode kernel)",
+                  kv_dtype_name(a.kv_dtype));
   static bool attr = false;
   if (!attr) {
     cudaError_t e = cudaFuncSetAttribute(attn_mma_kernel,

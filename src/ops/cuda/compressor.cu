@@ -41,6 +41,30 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Stores VEC finished values o[0..VEC) at value index i of the pool (i % VEC == 0) in the pool's
+// element type (a.pool_dtype: f32, or bf16 rounded to nearest even as the CPU backend does).
+template <int VEC>
+__device__ __forceinline__ void store_pool_values(const ops::CompressFusedArgs& a, int64_t i,
+                                                  const float* o) {
+  if (a.pool_dtype == KvDtype::kBf16) {
+    uint16_t* p = static_cast<uint16_t*>(a.pool) + i;
+    if constexpr (VEC == 4) {  // 8 bytes, 8-byte aligned (pool 16-aligned, i % 4 == 0)
+      const uint2 u = make_uint2(
+          uint32_t(kv_f32_to_bf16(o[0])) | (uint32_t(kv_f32_to_bf16(o[1])) << 16),
+          uint32_t(kv_f32_to_bf16(o[2])) | (uint32_t(kv_f32_to_bf16(o[3])) << 16));
+      *reinterpret_cast<uint2*>(p) = u;
+    } else {
+      p[0] = kv_f32_to_bf16(o[0]);
+    }
+    return;
+  }
+  float* p = static_cast<float*>(a.pool) + i;
+  if constexpr (VEC == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]);
+  else
+    p[0] = o[0];
+}
+
 // Ring items per thread of a ring CTA (all loads in flight before the stores).
 constexpr int kRingPerThread = 4;
 
@@ -110,16 +134,24 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // ring clusters never reach the cluster barriers. ring_ctas = 0 without RING.
 // Batches of 4: ≤ 64 registers (4 CTAs of 256 threads per SM: the C128 prefill-8K grid of 512
 // CTAs and a decode B = 64 grid of 512 + ring CTAs stay one wave); batches of 8 need ~116.
-template <int VEC, int U, bool RING>
-__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
-    compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas) {
+// PF (wide plans, CompressRowsPlan::prefetch): each thread's ≤ 2·U slots are all loaded before
+// any math (cs_fold_slots_pf, bit-identical to cs_fold_slots): ~100 registers, 2 CTAs of 256
+// threads per SM at most (the wide C4 plans have 32-thread CTAs).
+template <int VEC, int U, bool RING, bool PF>
+__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
+    compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas,
+                               bool floor) {
   extern __shared__ float4 smem_f4[];
-  __shared__ float red[32];
-  __shared__ float slice_ss;
+  __shared__ float s_chunk[kCsMaxChunks];  // Σx² of the slice's kCsChunk-channel chunks
   __shared__ int32_t s_dst;
   const int K = pl.ctas;
   const int tid = threadIdx.x, nt = blockDim.x;
   if (RING && int64_t(blockIdx.x) < ring_ctas) {
+    if (floor) {  // diagnostic (floor_only): no copy
+      pdl_wait();
+      pdl_trigger();
+      return;
+    }
     ring_copy_items<VEC>(a, int64_t(blockIdx.x) * kRingPerThread * nt, tid, nt);
     return;
   }
@@ -155,7 +187,9 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
   pdl_wait();
   pdl_trigger();
   __syncthreads();
-  if (s_dst < 0) return;  // window not closing (device-planned decode rows): the whole cluster exits
+  // Window not closing (device-planned decode rows): the whole cluster exits. `floor`: the
+  // benchmark's latency-floor diagnostic (floor_only), every CTA exits here.
+  if (s_dst < 0 || floor) return;
 
   // 1. Pooling of the slice.
   const CsInputs in{a.fresh_kv, a.fresh_gate, a.state_kv, a.state_gate, a.bias, a.ratio, a.overlap, d};
@@ -166,7 +200,10 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
       CsAcc st[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) st[i] = CsAcc{-INFINITY, 0.f, 0.f};
-      cs_fold_slots<VEC, U>(in, s_src, j0, j1, g * VEC, st);
+      if constexpr (PF)
+        cs_fold_slots_pf<VEC, U, 2>(in, s_src, j0, j1, g * VEC, st);  // host: spp ≤ 2·U
+      else
+        cs_fold_slots<VEC, U>(in, s_src, j0, j1, g * VEC, st);
       const int l = (g - g0) * VEC;  // channel within the slice
       if (pl.parts == 1) {
 #pragma unroll
@@ -191,33 +228,39 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
     __syncthreads();
   }
 
-  // 2. RMSNorm: Σ x² of the slice (thread-strided, warp butterflies, warp sums in order), then
-  // the slices of the cluster in rank order.
-  float ss = 0.f;
-  for (int l = tid; l < cw; l += nt) ss += s_row[l] * s_row[l];
-  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((tid & 31) == 0) red[tid >> 5] = ss;
-  __syncthreads();
-  if (tid < 32) {
-    float v = tid < (nt >> 5) ? red[tid] : 0.f;
+  // 2. RMSNorm: Σ x² in the kCsChunk order (compress_split.h cs_row_sumsq), independent of K:
+  // one warp per 32-channel chunk of the slice (a slice starts on a chunk boundary): lane i
+  // squares channel 32q + i, a butterfly adds them (conflict-free reads), lane 0 stores the chunk
+  // sum; then in every warp lane l adds chunks l, l + 32, … of the whole row (read from the
+  // owning CTA's s_chunk through distributed shared memory when K > 1) and a butterfly adds the
+  // lanes — every lane of every CTA of the cluster forms the same total.
+  const int lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
+  const int nq = (cw + kCsChunk - 1) / kCsChunk;       // chunks of this slice
+  const int cpr = (cw_max + kCsChunk - 1) / kCsChunk;  // chunks per full slice (exact when K > 1)
+  const int nq_row = (d + kCsChunk - 1) / kCsChunk;
+  for (int q = warp; q < nq; q += n_warps) {  // warp-uniform
+    const int l = q * kCsChunk + lane;
+    float v = l < cw ? __fmul_rn(s_row[l], s_row[l]) : 0.f;  // rounded square: no FMA into the sum
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (tid == 0) slice_ss = v;
+    if (lane == 0) s_chunk[q] = v;
   }
-  float total;
+  float total = 0.f;
   if (K > 1) {
     cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every slice sum written and visible cluster-wide
-    total = 0.f;
-    for (int q = 0; q < K; ++q) total += *cluster.map_shared_rank(&slice_ss, q);
+    cluster.sync();  // every chunk sum written and visible cluster-wide
+    for (int q = lane; q < nq_row; q += 32)
+      total += *cluster.map_shared_rank(&s_chunk[q % cpr], unsigned(q / cpr));
+    for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     cluster.sync();  // remote reads done before any CTA of the cluster may exit
   } else {
     __syncthreads();
-    total = slice_ss;
+    for (int q = lane; q < nq_row; q += 32) total += s_chunk[q];
+    for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
   }
   const float inv = rsqrtf(total / float(int64_t(d)) + a.eps);
 
   // 3. Normalise + weight, RoPE, store (VEC channels per thread).
-  float* out = a.pool + int64_t(s_dst) * d;
+  const int64_t out = int64_t(s_dst) * d;  // first value index of the row in the pool
   auto normed = [&](int l) {  // channel l of the slice, normalised · norm
     const float w = pl.stage ? s_norm[l] : (a.norm ? __ldg(a.norm + c0 + l) : 1.f);
     return s_row[l] * inv * w;
@@ -242,10 +285,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : 4)
       cs *= a.attention_scaling;
       o[i] = ((ch - nope) & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
     }
-    if constexpr (VEC == 4)
-      *reinterpret_cast<float4*>(out + c0 + l) = make_float4(o[0], o[1], o[2], o[3]);
-    else
-      out[c0 + l] = o[0];
+    store_pool_values<VEC>(a, out + c0 + l, o);
   }
 }
 
@@ -273,6 +313,25 @@ bool use_pdl() {
 int forced_unroll() {
   const char* e = std::getenv("V4_COMPRESS_UNROLL");
   return e && e[0] == '4' ? 4 : e && e[0] == '8' ? 8 : 0;
+}
+
+// Wide plans (plan_compress_rows_wide: more, smaller CTAs per row, every slot load of a thread in
+// flight at once; the same rows bit for bit) when compress_wide_fits (decode-sized grids).
+// V4_COMPRESS_WIDE=0: the base plan for every call (A/B runs); =1: the wide plan for every call
+// (tests, A/B). Read at every call, as use_pdl.
+bool use_wide(int64_t n_out, const CompressRowsPlan& wide) {
+  const char* e = std::getenv("V4_COMPRESS_WIDE");
+  if (e && e[0] == '0') return false;
+  if (e && e[0] == '1') return true;
+  return compress_wide_fits(n_out, wide);
+}
+
+// V4_COMPRESS_FLOOR=1 (benchmark diagnostic only: the results are NOT computed): every CTA of the
+// same grid does its first round of index loads, the PDL wait and trigger, and exits — the
+// latency floor of one call with this launch shape. Read at every call.
+bool floor_only() {
+  const char* e = std::getenv("V4_COMPRESS_FLOOR");
+  return e && e[0] == '1';
 }
 
 // Launches `kern` with an optional cluster dimension and the PDL attribute.
@@ -322,13 +381,21 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     const bool vec_ok = d % 4 == 0 && aligned16(a.fresh_kv) && aligned16(a.fresh_gate) &&
                         aligned16(a.state_kv) && aligned16(a.state_gate) && aligned16(a.bias) &&
                         aligned16(a.pool);
-    CompressRowsPlan pl = plan_compress_rows(a.ratio, a.overlap, d, vec_ok);
-    if (forced_unroll() != 0 && pl.vec == 4) pl.unroll = forced_unroll();  // A/B runs
+    const int fu = forced_unroll();
+    const CompressRowsPlan wide = plan_compress_rows_wide(a.ratio, a.overlap, d, vec_ok);
+    CompressRowsPlan pl = use_wide(a.n_out, wide) && fu != 8
+                              ? wide
+                              : plan_compress_rows(a.ratio, a.overlap, d, vec_ok);
+    if (fu != 0 && pl.vec == 4) pl.unroll = fu;  // A/B runs (8: base plans only, above)
     if (pl.threads == 0)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: dim {} too large", d);
-    if (pl.threads > kCompressMaxThreads || pl.smem > kCompressSmemLimit)
-      return errorf(ErrorCode::kInternal, "compress_fused: plan of {} threads, {} B", pl.threads,
-                    pl.smem);
+    if (pl.threads > kCompressMaxThreads || pl.smem > kCompressSmemLimit || pl.ctas > 8 ||
+        (pl.ctas > 1 && (pl.gpc * pl.vec) % kCsChunk != 0) ||
+        (pl.gpc * pl.vec + kCsChunk - 1) / kCsChunk > kCsMaxChunks ||
+        (pl.prefetch && (pl.unroll != 4 || pl.spp > 8)))
+      return errorf(ErrorCode::kInternal,
+                    "compress_fused: plan of {} threads, {} B, {} CTAs of {} groups, spp {}",
+                    pl.threads, pl.smem, pl.ctas, pl.gpc, pl.spp);
     // One launch when the caller promises that no refreshed ring row is a state slot of a window
     // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
     const bool one = a.ring_disjoint && a.n_ring > 0;
@@ -342,17 +409,21 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     const int64_t grid = a.n_out * pl.ctas + ring_ctas;
     if (grid > 0x7fffffff)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t);
+    using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t, bool);
     Kern kern;
-    if (pl.vec == 4)
-      kern = pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true>
-                                   : compress_fused_rows_kernel<4, 8, false>)
-                            : (one ? compress_fused_rows_kernel<4, 4, true>
-                                   : compress_fused_rows_kernel<4, 4, false>);
+    if (pl.vec == 4 && pl.prefetch)
+      kern = one ? compress_fused_rows_kernel<4, 4, true, true>
+                 : compress_fused_rows_kernel<4, 4, false, true>;
+    else if (pl.vec == 4)
+      kern = pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true, false>
+                                   : compress_fused_rows_kernel<4, 8, false, false>)
+                            : (one ? compress_fused_rows_kernel<4, 4, true, false>
+                                   : compress_fused_rows_kernel<4, 4, false, false>);
     else
-      kern = one ? compress_fused_rows_kernel<1, 4, true> : compress_fused_rows_kernel<1, 4, false>;
+      kern = one ? compress_fused_rows_kernel<1, 4, true, false>
+                 : compress_fused_rows_kernel<1, 4, false, false>;
     V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
-                              unsigned(pl.ctas), stream, a, pl, ring_ctas));
+                              unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
     ring_done = ring_done || one;
   }
   if (!ring_done) {

@@ -15,9 +15,12 @@ namespace v4::cuda {
 ///      indices, dst, position, norm and inv_freq slices in one first round of loads; float4
 ///      reads of kv / gate / bias, one batch of up to 8 slots per thread in flight, online softmax
 ///      per channel, partitions merged in shared memory, Σx² over the cluster through distributed
-///      shared memory, RMSNorm, interleaved RoPE at positions[r], one float4 store of the finished
-///      row into pool[dst[r]]. Scalar path (1 channel per thread, K = 1) when d % 4 ≠ 0 or a
-///      pointer is not 16-byte aligned.
+///      shared memory (in an order independent of K), RMSNorm, interleaved RoPE at positions[r],
+///      one float4 store of the finished row into pool[dst[r]]. Scalar path (1 channel per
+///      thread, K = 1) when d % 4 ≠ 0 or a pointer is not 16-byte aligned. Decode-sized grids
+///      take the WIDE plan (compress_split.h plan_compress_rows_wide / compress_wide_fits: more,
+///      smaller CTAs per row, all slot loads of a thread in flight at once; bit-identical rows);
+///      V4_COMPRESS_WIDE=0 / =1 forces the base / wide plan for every call (A/B).
 ///   2. The ring refresh (kv and gate rows, float4 when the rows allow):
 ///      - a.ring_disjoint (decode; prefill chunks without the hazard): extra CTAs of the same grid,
 ///        running concurrently with the pooling — ONE launch;
@@ -25,7 +28,8 @@ namespace v4::cuda {
 ///        read of launch 1.
 /// Both kernels use programmatic dependent launch (griddepcontrol.wait before any memory access
 /// in every CTA, after its plan-index loads; off with V4_COMPRESS_PDL=0). V4_COMPRESS_UNROLL=4|8
-/// forces load batches of 4 / 8 slots. Both variables are read at every call.
+/// forces load batches of 4 / 8 slots (8: base plans only). V4_COMPRESS_FLOOR=1 is a benchmark
+/// diagnostic that computes NOTHING (launch shape only). The variables are read at every call.
 /// No allocation, no host sync: graph-capturable. `scratch` is ignored.
 /// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range,
 /// d too large for the shared-memory plan (> ~12K); launch failures.

@@ -41,12 +41,27 @@ namespace {
 
 using cuda::grid_for;
 using cuda::order_key;
+using cuda::kv_load;
 
 // ---- elementwise / copies -----------------------------------------------------------------------
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] += x[i];
+}
+
+// pool[rows[r], c] = src[r, c] (rows[r] < 0: skipped) into a bf16 KV pool, round to nearest even
+// (kv_f32_to_bf16: bit-identical to the CPU backend's store).
+__global__ void store_rows_bf16_kernel(const float* __restrict__ src,
+                                       const int32_t* __restrict__ rows, int64_t n, int64_t width,
+                                       uint16_t* __restrict__ pool) {
+  const int64_t total = n * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i - r * width;
+    const int32_t p = rows[r];
+    if (p >= 0) pool[int64_t(p) * width + c] = cuda::kv_f32_to_bf16(src[i]);
+  }
 }
 
 // dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
@@ -126,11 +141,11 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
   __syncthreads();
   const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= n) return;
-  const float* key = a.key_pool + int64_t(a.cand.rows[a.cand.offset[t] + s]) * dI;
+  const int64_t key = int64_t(a.cand.rows[a.cand.offset[t] + s]) * dI;  // first value
   float acc = 0.f;
   for (int h = 0; h < nI; ++h) {
     float dsum = 0.f;
-    for (int c = 0; c < dI; ++c) dsum += sm[h * dI + c] * key[c];
+    for (int c = 0; c < dI; ++c) dsum += sm[h * dI + c] * kv_load(a.key_pool, a.key_dtype, key + c);
     acc += fmaxf(0.f, dsum) * qscale * sm[nI * dI + h];
   }
   scores[t * ld + s] = acc;
@@ -194,20 +209,20 @@ __global__ void attention_kernel(AttentionArgs a) {
     o[i] = 0.f;
   }
   float mx = a.sinks[h], l = 1.f;  // the sink: exp(sink − mx) with mx = sink
-  auto visit = [&](const float* pool, const RowMap& map) {
+  auto visit = [&](const void* pool, const RowMap& map) {
     if (!pool || !map.count) return;
     const int32_t* rows = map.rows + map.offset[t];
     const int32_t cnt = map.count[t];
     for (int32_t j = 0; j < cnt; ++j) {
       const int32_t r = rows[j];
       if (r < 0) continue;
-      const float* key = pool + int64_t(r) * hd;
+      const int64_t key = int64_t(r) * hd;  // first value of the row
       float kv[kPer];
       float d = 0.f;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int c = lane + 32 * i;
-        kv[i] = c < hd ? key[c] : 0.f;
+        kv[i] = c < hd ? kv_load(pool, a.kv_dtype, key + c) : 0.f;
         d += qv[i] * kv[i];
       }
 #pragma unroll
@@ -336,7 +351,8 @@ class CudaOps final : public Ops {
       if (std::string(e) == "0") opts_.multi_stream = false;
     }
     if (const char* e = std::getenv("V4_ATTN_DEC")) {
-      if (std::string(e) == "1") opts_.attention_dec = true;
+      if (std::string(e) == "1") opts_.attention_dec = true, opts_.attention_dec_variant = 1;
+      if (std::string(e) == "2") opts_.attention_dec = true, opts_.attention_dec_variant = 2;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
   }
@@ -471,14 +487,20 @@ class CudaOps final : public Ops {
               float* y, int64_t ldy) override {
     if (M <= 0 || N <= 0) return;
     if (opts_.precision == Precision::kBf16) {
-      // f32 weights (the MoE router): the weight-streaming GEMV for small M (fp32 math, every SM
-      // busy), the tiled fp32 kernel above the GEMV range (linear_w_bf16 never rounds f32 views).
+      // f32 weights (the MoE router): the weight-streaming GEMV for M ≤ kF32GemvMaxRows (fp32
+      // math, every SM busy), cuBLASLt in fp32 above (linear_w_bf16 never rounds f32 views).
       record(cuda::linear_w_bf16(x, ldx, WeightView::f32(w, N, K), M, y, ldy, context()));
     } else {
       record(cuda::wgemm_fp32(x, ldx, WeightView::f32(w, N, K), 0, M, y, ldy, cs()));
     }
   }
   bool supports(WFormat) const override { return true; }
+  /// f32 and bf16 KV pools: bf16 is read by attention_dec (KeyPool<bf16>), the split kernel, the
+  /// generic kernels and the indexer; attention_mma (TF32, prefill) takes f32 pools only, so bf16
+  /// prefill attention runs attention_dec too (sparse_attention below).
+  bool supports_kv_dtype(KvDtype dt) const override {
+    return dt == KvDtype::kF32 || dt == KvDtype::kBf16;
+  }
   void linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups, int64_t M,
                         float* y, int64_t ldy) override {
     if (opts_.precision == Precision::kBf16) {
@@ -512,6 +534,22 @@ class CudaOps final : public Ops {
     if (n <= 0 || width <= 0) return;
     rows_copy_kernel<<<grid_for(n * width, 256), 256, 0, cs()>>>(src, rows, n, width, pool, true);
     launched("store_rows");
+  }
+  void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n, int64_t width,
+                     const float* src) override {
+    if (dtype == KvDtype::kF32) {
+      store_rows(static_cast<float*>(pool), rows, n, width, src);
+      return;
+    }
+    if (dtype != KvDtype::kBf16) {
+      record(cuda::errorf(ErrorCode::kUnsupported, "store_rows_kv: KV dtype {}",
+                          kv_dtype_name(dtype)));
+      return;
+    }
+    if (n <= 0 || width <= 0) return;
+    store_rows_bf16_kernel<<<grid_for(n * width, 256), 256, 0, cs()>>>(
+        src, rows, n, width, static_cast<uint16_t*>(pool));
+    launched("store_rows_bf16");
   }
   void embed(const float* table, const int32_t* ids, int64_t S, int D, int n_streams,
              float* out) override {
@@ -652,21 +690,27 @@ class CudaOps final : public Ops {
                           kAttnMaxHd));
       return;
     }
-    if (!batch_invariant_ && opts_.attention_dec && a.n_rows <= opts_.attention_dec_max_rows &&
+    // bf16 KV pools take attention_dec at every row count: attention_mma (TF32) stages f32 rows
+    // only, and with the split kernel a 4,096-token prefill step took 899 ms instead of 577.
+    const bool dec_rows =
+        a.n_rows <= opts_.attention_dec_max_rows || a.kv_dtype != KvDtype::kF32;
+    if (!batch_invariant_ && opts_.attention_dec && dec_rows &&
         cuda::attention_dec_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
-      const int splits =
-          cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
+      const int splits = cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                                    a.kv_dtype == KvDtype::kBf16 ? 2 : 4);
       float* ws = nullptr;
       if (splits > 1)
         ws = static_cast<float*>(scratch(
             cuda::kSlotAttention,
             size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
                 sizeof(float)));
-      record(cuda::sparse_attention_dec(a, splits, ws, cs()));
+      record(cuda::sparse_attention_dec(a, splits, ws, cs(),
+                                        opts_.attention_dec_variant == 1 ? 1 : 2));
       return;
     }
-    if (!batch_invariant_ && cuda::attention_mma_supported(a.n_heads, a.head_dim)) {
+    if (!batch_invariant_ && a.kv_dtype == KvDtype::kF32 &&
+        cuda::attention_mma_supported(a.n_heads, a.head_dim)) {
       // TF32 tensor cores (attention.h): outside the fp32 reference mode only.
       const int splits = a.max_keys <= 0 ? 1
                                          : cuda::attention_auto_splits(a.n_rows, a.n_heads,
@@ -682,7 +726,8 @@ class CudaOps final : public Ops {
     }
     if (a.head_dim <= cuda::kAttnSplitMaxHd) {
       // Split-KV kernel (attention.h). The split count changes a row's summation order, so it
-      // depends on the batch only when batch invariance is not required.
+      // depends on the batch only when batch invariance is not required. Also bf16 KV pools
+      // outside decode (attention_mma stages f32 rows with cp.async: f32 pools only).
       const int splits = batch_invariant_ || a.max_keys <= 0
                              ? 1
                              : cuda::attention_auto_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_);
@@ -1083,6 +1128,21 @@ class CudaOps final : public Ops {
     }();
     return v;
   }
+  static int moe_mma_version_env() {
+    static const int v = [] {
+      const char* e = std::getenv("V4_MOE_MMA_VERSION");
+      const int v = e ? std::atoi(e) : 2;
+      return v == 1 || v == 3 ? v : 2;
+    }();
+    return v;
+  }
+  static int gmoe_warps_env() {
+    static const int v = [] {
+      const char* e = std::getenv("V4_GMOE_WARPS");
+      return e && std::atoi(e) == 4 ? 4 : 8;
+    }();
+    return v;
+  }
   cuda::KernelContext context() {
     cuda::KernelContext c;
     c.stream = cs();
@@ -1097,6 +1157,8 @@ class CudaOps final : public Ops {
     c.gemv_stream = opts_.gemv_stream;
     c.grouped_moe = opts_.moe_grouped_mma;
     c.grouped_min_rows = grouped_min_rows_env();
+    c.moe_mma_version = moe_mma_version_env();
+    c.gmoe_warps = gmoe_warps_env();
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

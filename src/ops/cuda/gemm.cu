@@ -47,7 +47,7 @@ Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutTyp
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
-  cudaDataType_t ab = CUDA_R_16BF;
+  cudaDataType_t ab = kind == 1 ? CUDA_R_32F : CUDA_R_16BF;
   cudaDataType_t cd = out == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   V4_CUBLAS_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -72,8 +72,8 @@ Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutTyp
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || n_res == 0) {
     return errorf(ErrorCode::kUnsupported,
-                      "cuBLASLt has no algorithm for bf16 GEMM M={} N={} K={} (status {})", M, N,
-                      K, int(st));
+                      "cuBLASLt has no algorithm for {} GEMM M={} N={} K={} (status {})",
+                  kind == 1 ? "f32" : "bf16", M, N, K, int(st));
   }
   p->algo = res.algo;
   Plan* raw = p.get();
@@ -98,6 +98,24 @@ Status Gemm::bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat
                           static_cast<const void*>(Y)})
     while (align > 1 && reinterpret_cast<uintptr_t>(ptr) % uintptr_t(align)) align >>= 1;
   V4_ASSIGN_OR_RETURN(Plan * p, plan(0, M, N, K, out, ldx, ldw, ldy, align));
+  V4_CUBLAS_TRY(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, W, p->a, X,
+                               p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace_,
+                               workspace_bytes_, stream));
+  return Status::Ok();
+}
+
+Status Gemm::f32_strided(const float* X, int64_t ldx, const float* W, int64_t ldw, float* Y,
+                         int64_t ldy, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+  if (M <= 0 || N <= 0 || K <= 0 || ldx < K || ldw < K || ldy < N)
+    return errorf(ErrorCode::kInvalidArgument,
+                  "gemm f32: bad shape M={} N={} K={} (ldx {} ldw {} ldy {})", M, N, K, ldx, ldw,
+                  ldy);
+  int align = 256;
+  for (const void* ptr : {static_cast<const void*>(X), static_cast<const void*>(W),
+                          static_cast<const void*>(Y)})
+    while (align > 1 && reinterpret_cast<uintptr_t>(ptr) % uintptr_t(align)) align >>= 1;
+  V4_ASSIGN_OR_RETURN(Plan * p, plan(1, M, N, K, OutType::kF32, ldx, ldw, ldy, align));
+  const float alpha = 1.f, beta = 0.f;
   V4_CUBLAS_TRY(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, W, p->a, X,
                                p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace_,
                                workspace_bytes_, stream));

@@ -43,11 +43,15 @@ class Gemm {
   Status bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat16* W, int64_t ldw,
                       void* Y, int64_t ldy, OutType out, int64_t M, int64_t N, int64_t K,
                       cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
-
+  /// As `bf16_strided` with f32 X and W and f32 Y, computed in fp32 (CUBLAS_COMPUTE_32F: no TF32
+  /// rounding). For f32-stored weights above the GEMV range (the MoE router at batch ≥ 9).
+  Status f32_strided(const float* X, int64_t ldx, const float* W, int64_t ldw, float* Y,
+                     int64_t ldy, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
  private:
   Gemm() = default;
   struct Plan;
+  // kind 0: bf16 X, W; kind 1: f32 X, W (Y f32).
   Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out, int64_t ldx,
                      int64_t ldw, int64_t ldy, int align);
   void* handle_ = nullptr;  // cublasLtHandle_t

@@ -1,9 +1,10 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Grouped tensor-core GEMM of the routed experts (see gmoe_mma.h).
 //
-// CTA = 4 warps × 32 weight rows (two m16 tiles per warp); grid (output tiles, tiles of the
-// tile list). Gate/up (SWIGLU): a warp owns 16 gate rows + the 16 matching up rows → 16 act
-// columns, 64 per CTA. Down (plain): 32 rows per warp, 128 outputs per CTA. A CTA takes tile y =
+// CTA = W warps × 32 weight rows (two m16 tiles per warp; W = 8 by default, 4 = the first
+// version, GmoeArgs::warps); grid (output tiles, tiles of the tile list). Gate/up (SWIGLU): a
+// warp owns 16 gate rows + the 16 matching up rows → 16 act columns, 16·W per CTA. Down
+// (plain): 32 rows per warp, 32·W outputs per CTA. A CTA takes tile y =
 // (expert e, first item m0): up to 64 items of e. Per k-tile (KT = 128 FP8 / 256 MXFP4 stored
 // values) every lane copies its own 16-byte weight chunks (+ one row's scales) and the CTA the
 // chunk's bf16 x rows (already in the fragment's logical k order) into a 3-stage ring; one
@@ -21,7 +22,6 @@ namespace {
 
 using namespace wfrag;  // NOLINT: the shared fragment helpers
 
-constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kStages = 3;
 constexpr int kNTok = kGmoeChunk;                 // items per CTA (mma N, 8 n8 tiles)
 constexpr int kRowsW = 32;                        // weight rows per warp
@@ -33,9 +33,12 @@ constexpr size_t kSmemLimit = 227 * 1024;
 template <WFormat F>
 constexpr int kXRow = kKT<F> * 2 + 16;  // bytes per staged x row (+16: no ldmatrix conflicts)
 
-template <WFormat F>
+// W warps per CTA (GmoeArgs::warps: 8 = default, 4 = the first version): the x ring is
+// shared by all warps, so 8 warps halve the x bytes per weight row and double the warps that
+// hide the mma / dequantization latency (one CTA per SM either way: 153 / 205 KB for MXFP4).
+template <WFormat F, int W>
 constexpr size_t smem_bytes() {
-  return size_t(kStages) * kNTok * kXRow<F> + size_t(kWarps) * kStages * kStageWS;
+  return size_t(kStages) * kNTok * kXRow<F> + size_t(W) * kStages * kStageWS;
 }
 
 __device__ __forceinline__ int logical_in_tile(int fmt, int q) {
@@ -101,8 +104,9 @@ __global__ void gmoe_gather_kernel(const float* __restrict__ x, int64_t ldx, int
   }
 }
 
-template <WFormat F, bool SWIGLU>
-__global__ void __launch_bounds__(kThreads) gmoe_mma_kernel(GmoeArgs a) {
+template <WFormat F, bool SWIGLU, int W>
+__global__ void __launch_bounds__(W * 32) gmoe_mma_kernel(GmoeArgs a) {
+  constexpr int kWarps = W, kThreads = W * 32;
   extern __shared__ __align__(128) unsigned char gmoe_smem[];
   constexpr int V = kV<F>, KT = kKT<F>, NJ = kNTok / 8, XROW = kXRow<F>;
   constexpr int XSTAGE = kNTok * XROW;
@@ -261,23 +265,29 @@ __global__ void __launch_bounds__(kThreads) gmoe_mma_kernel(GmoeArgs a) {
   }
 }
 
-template <WFormat F, bool SWIGLU>
+template <WFormat F, bool SWIGLU, int W>
 Status launch(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
-  const int64_t per_cta = int64_t(kWarps) * (SWIGLU ? 16 : 32);
+  const int64_t per_cta = int64_t(W) * (SWIGLU ? 16 : 32);
   const dim3 grid(unsigned((a.n_out + per_cta - 1) / per_cta), unsigned(max_tiles));
-  gmoe_mma_kernel<F, SWIGLU><<<grid, kThreads, smem_bytes<F>(), stream>>>(a);
+  gmoe_mma_kernel<F, SWIGLU, W><<<grid, W * 32, smem_bytes<F, W>(), stream>>>(a);
   return check_launch("gmoe_mma_kernel");
 }
 
-template <WFormat F>
+template <WFormat F, bool SWIGLU>
+Status launch_w(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
+  return a.warps == 4 ? launch<F, SWIGLU, 4>(a, max_tiles, stream)
+                      : launch<F, SWIGLU, 8>(a, max_tiles, stream);
+}
+
+template <WFormat F, int W>
 Status prepare_one() {
-  static_assert(smem_bytes<F>() <= kSmemLimit, "gmoe_mma tile fits shared memory");
-  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_mma_kernel<F, true>,
+  static_assert(smem_bytes<F, W>() <= kSmemLimit, "gmoe_mma tile fits shared memory");
+  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_mma_kernel<F, true, W>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(smem_bytes<F>())));
-  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_mma_kernel<F, false>,
+                                   int(smem_bytes<F, W>())));
+  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_mma_kernel<F, false, W>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(smem_bytes<F>())));
+                                   int(smem_bytes<F, W>())));
   return Status::Ok();
 }
 
@@ -351,16 +361,20 @@ Status gmoe_mma(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
     if (a.w.n < 2 * a.n_out)
       return errorf(ErrorCode::kInvalidArgument, "gmoe_mma: {} rows < 2·{}", a.w.n, a.n_out);
   }
+  if (a.warps != 4 && a.warps != 8)
+    return errorf(ErrorCode::kInvalidArgument, "gmoe_mma: warps {} (4 or 8)", a.warps);
   if (a.w.format == WFormat::kMXFP4)
-    return a.swiglu ? launch<WFormat::kMXFP4, true>(a, max_tiles, stream)
-                    : launch<WFormat::kMXFP4, false>(a, max_tiles, stream);
-  return a.swiglu ? launch<WFormat::kFP8Block, true>(a, max_tiles, stream)
-                  : launch<WFormat::kFP8Block, false>(a, max_tiles, stream);
+    return a.swiglu ? launch_w<WFormat::kMXFP4, true>(a, max_tiles, stream)
+                    : launch_w<WFormat::kMXFP4, false>(a, max_tiles, stream);
+  return a.swiglu ? launch_w<WFormat::kFP8Block, true>(a, max_tiles, stream)
+                  : launch_w<WFormat::kFP8Block, false>(a, max_tiles, stream);
 }
 
 Status gmoe_mma_prepare() {
-  V4_RETURN_IF_ERROR(prepare_one<WFormat::kMXFP4>());
-  return prepare_one<WFormat::kFP8Block>();
+  V4_RETURN_IF_ERROR((prepare_one<WFormat::kMXFP4, 4>()));
+  V4_RETURN_IF_ERROR((prepare_one<WFormat::kMXFP4, 8>()));
+  V4_RETURN_IF_ERROR((prepare_one<WFormat::kFP8Block, 4>()));
+  return prepare_one<WFormat::kFP8Block, 8>();
 }
 
 }  // namespace v4::cuda

@@ -46,6 +46,9 @@ struct GmoeArgs {
   const int32_t* tile_expert = nullptr; // [max_tiles] (gmoe_tiles)
   const int32_t* tile_item = nullptr;   // [max_tiles] first item of the tile
   const int32_t* tile_count = nullptr;  // [1]
+  /// Warps per CTA: 8 (default: the 64-item x ring shared by 256 weight rows) or 4 (the first
+  /// version, 128 rows; A/B runs, env V4_GMOE_WARPS=4 through KernelContext::gmoe_warps).
+  int warps = 8;
 };
 
 /// Whether the grouped GEMM can run `w` as an expert weight (K = w.k): FP8 with K % 128 == 0 or

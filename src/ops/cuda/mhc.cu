@@ -253,12 +253,25 @@ __device__ __forceinline__ float warp_transpose_sum(float (&v)[V], int lane) {
   return r;
 }
 
-// Collapsed stream and its RMSNorm for ONE token by ONE WARP (all lanes call it). Lane L owns the
-// 4-element groups d0 = 4·(L + 32·i); the float4 path (D % 4 == 0, 16-byte aligned pointers) and
-// the scalar path add in the same order, so they give the same bits. Loads are batched 4 groups
-// at a time before any store (the stores may alias nothing we read, but the compiler cannot know).
-__device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, int nmix_slot,
-                                       int64_t t) {
+// Collapsed stream and its RMSNorm for one token, split over kCParts warps ("parts"). Part p's
+// lane L owns the 4-element groups d0 = 4·L + 128·p + 256·m (m = 0, 1, …): the 128-wide slices of
+// D alternate between the two parts. Pass 1 (mhc_collapse_part) writes the collapsed values and
+// returns the part's sum of squares (lane-ordered FMA chain, then a fixed xor tree, the same in
+// every lane); the caller adds the parts in part order; pass 2 (mhc_norm_part) scales the part's
+// own collapsed values. The float4 path (D % 4 == 0, 16-byte aligned pointers) and the scalar path
+// visit the same d in the same order, so they give the same bits; the partition depends only on D,
+// never on S or the grouping (batch-invariant). Loads are batched 4 groups at a time before any
+// store (the stores alias nothing we read, but the compiler cannot know).
+constexpr int kCParts = 2;
+
+__device__ __forceinline__ bool mhc_vec_ok(const MhcFusedArgs& a) {
+  const float* cbase = a.collapsed ? a.collapsed : a.x;
+  return (a.D & 3) == 0 && aligned16(a.h) && aligned16(cbase) && (!a.x || aligned16(a.x)) &&
+         (!a.norm_weight || aligned16(a.norm_weight));
+}
+
+__device__ float mhc_collapse_part(const MhcFusedArgs& a, const float* mix, int nmix_slot,
+                                   int64_t t, int part) {
   const int lane = threadIdx.x & 31;
   const int n = a.n;
   const int64_t D = a.D, nD = int64_t(n) * D;
@@ -268,20 +281,16 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
   for (int s = 0; s < kMaxN; ++s)
     pre[s] = s < n ? sigmoidf(mix[s] * inv * a.scale[0] + a.base[s]) + a.hc_eps : 0.f;
   const float* ht = a.h + t * nD;
-  float* cbase = a.collapsed ? a.collapsed : a.x;
-  float* cb = cbase + t * D;
-  float* xr = a.x ? a.x + t * D : nullptr;
-  const float* w = a.norm_weight;
-  const bool vec = (D & 3) == 0 && aligned16(a.h) && aligned16(cbase) && (!a.x || aligned16(a.x)) &&
-                   (!w || aligned16(w));
-  constexpr int kB = 4;  // groups per batch
+  float* cb = (a.collapsed ? a.collapsed : a.x) + t * D;
+  constexpr int kStride = 128 * kCParts;  // between one lane's consecutive 4-element groups
+  constexpr int kB = 4;                   // groups per batch
   float ss = 0.f;
-  if (vec) {
-    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128 * kB) {
+  if (mhc_vec_ok(a)) {
+    for (int64_t d0 = 4 * lane + 128 * part; d0 < D; d0 += kStride * kB) {
       float4 hv[kB][kMaxN];
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        const int64_t d = d0 + 128 * b;
+        const int64_t d = d0 + kStride * b;
 #pragma unroll
         for (int s = 0; s < kMaxN; ++s)
           hv[b][s] = d < D && s < n ? *reinterpret_cast<const float4*>(ht + s * D + d)
@@ -289,7 +298,7 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
       }
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
-        const int64_t d = d0 + 128 * b;
+        const int64_t d = d0 + kStride * b;
         if (d >= D) break;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -308,7 +317,7 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
       }
     }
   } else {
-    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128) {
+    for (int64_t d0 = 4 * lane + 128 * part; d0 < D; d0 += kStride) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t d = d0 + e;
@@ -324,23 +333,33 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
     }
   }
   for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  ss = __shfl_sync(0xffffffffu, ss, 0);  // one value for every lane (the xor tree may differ)
-  if (!xr) return;
+  return __shfl_sync(0xffffffffu, ss, 0);  // one value for every lane (the xor tree may differ)
+}
+
+// Pass 2 of part `part` (see mhc_collapse_part): x[t, d] = collapsed[t, d] · (ss/D + eps)^-1/2 ·
+// w[d] over the part's own d (the same lane wrote them in pass 1). Needs a.x.
+__device__ void mhc_norm_part(const MhcFusedArgs& a, float ss, int64_t t, int part) {
+  const int lane = threadIdx.x & 31;
+  const int64_t D = a.D;
+  const float* cb = (a.collapsed ? a.collapsed : a.x) + t * D;
+  float* xr = a.x + t * D;
+  const float* w = a.norm_weight;
   const float inv2 = rsqrtf(ss / float(D) + a.norm_eps);
-  if (vec) {
+  constexpr int kStride = 128 * kCParts;
+  if (mhc_vec_ok(a)) {
     constexpr int kB2 = 8;  // groups per batch of the second pass (2 float4 each)
-    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128 * kB2) {
+    for (int64_t d0 = 4 * lane + 128 * part; d0 < D; d0 += kStride * kB2) {
       float4 cv[kB2], wv[kB2];
 #pragma unroll
       for (int b = 0; b < kB2; ++b) {
-        const int64_t d = d0 + 128 * b;
+        const int64_t d = d0 + kStride * b;
         cv[b] = d < D ? *reinterpret_cast<const float4*>(cb + d) : make_float4(0.f, 0.f, 0.f, 0.f);
         wv[b] = d < D && w ? *reinterpret_cast<const float4*>(w + d)
                            : make_float4(1.f, 1.f, 1.f, 1.f);
       }
 #pragma unroll
       for (int b = 0; b < kB2; ++b) {
-        const int64_t d = d0 + 128 * b;
+        const int64_t d = d0 + kStride * b;
         if (d >= D) break;
         float4 v = make_float4(cv[b].x * inv2, cv[b].y * inv2, cv[b].z * inv2, cv[b].w * inv2);
         if (w) {
@@ -353,7 +372,7 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
       }
     }
   } else {
-    for (int64_t d0 = 4 * lane; d0 < D; d0 += 128)
+    for (int64_t d0 = 4 * lane + 128 * part; d0 < D; d0 += kStride)
       for (int e = 0; e < 4; ++e) {
         const int64_t d = d0 + e;
         if (d >= D) break;
@@ -369,7 +388,8 @@ __device__ void mhc_collapse_norm_warp(const MhcFusedArgs& a, const float* mix, 
 // sum of squares over the CTA's chunk of the n·D vector (thread-strided FMA chains, warp
 // transpose-reduce, warps added in order) → work[t, chunk, 0..NMIX]. Phase 2 (the group's last
 // CTA): chunk sums in a fixed order (two halves of 32, then their sum) → mix_s; then one warp per
-// job: Sinkhorn (post, comb) of token g, or collapsed + RMSNorm of token g.
+// job: Sinkhorn (post, comb) of token g, or one of the kCParts parts of token g's collapsed stream
+// + RMSNorm (two passes around one block barrier).
 template <int NMIX>
 __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs a, int G,
                                                               float* __restrict__ work,
@@ -391,6 +411,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   __shared__ float red[kFWarps][V];
   __shared__ float half_s[2][kFMaxG][32];
   __shared__ float mix_s[kFMaxG][32];
+  __shared__ float ss_s[kFMaxG][kCParts];
   __shared__ int last_s;
 
   for (int g = 0; g < gn; ++g) {
@@ -441,16 +462,29 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   }
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;  // every CTA of the group has counted
   __syncthreads();
-  const int n_sk = a.head ? 0 : gn;  // jobs [0, n_sk): Sinkhorn; [n_sk, n_sk + gn): collapse
-  for (int job = warp; job < n_sk + gn; job += kFWarps) {
+  // Round 1, one warp per job: jobs [0, n_sk) Sinkhorn of token job; then kCParts collapse parts
+  // per token. Round 2 (after a barrier: every part's sum of squares is in ss_s): the norm parts.
+  const int n_sk = a.head ? 0 : gn;
+  const int n_jobs = n_sk + kCParts * gn;
+  for (int job = warp; job < n_jobs; job += kFWarps) {
     if (job < n_sk) {
       const float inv = rsqrtf(mix_s[job][NMIX] / float(nD) + a.rms_eps);
       mhc_post_comb(mix_s[job], inv, t0 + job, a.base, a.scale, n, a.sinkhorn_iters, a.hc_eps,
                     a.post, a.comb);
     } else {
-      const int g = job - n_sk;
-      mhc_collapse_norm_warp(a, mix_s[g], NMIX, t0 + g);
+      const int g = (job - n_sk) / kCParts, p = (job - n_sk) % kCParts;
+      const float ss = mhc_collapse_part(a, mix_s[g], NMIX, t0 + g, p);
+      if (lane == 0) ss_s[g][p] = ss;
     }
+  }
+  if (!a.x) return;
+  __syncthreads();
+  for (int job = warp; job < kCParts * gn; job += kFWarps) {
+    const int g = job / kCParts, p = job % kCParts;
+    float ss = ss_s[g][0];
+#pragma unroll
+    for (int q = 1; q < kCParts; ++q) ss += ss_s[g][q];  // part order: fixed
+    mhc_norm_part(a, ss, t0 + g, p);
   }
 }
 
@@ -593,9 +627,11 @@ Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t
   if (!a.h || !a.fn || !a.base || !a.scale || !work || !counters || (!a.collapsed && !a.x) ||
       (!a.head && (!a.post || !a.comb)))
     return errorf(ErrorCode::kInvalidArgument, "mhc_fused: missing input, output or workspace");
-  // Tokens per CTA: ≤ 4 keeps 2·G warp jobs ≤ 8 warps (one wave of jobs) up to S = 32; at 8 the
-  // fn chunk is reused from L1 by 8 tokens. The grouping does not change any sum.
-  const int G = a.S <= 4 ? int(a.S) : a.S <= 32 ? 4 : kFMaxG;
+  // Tokens per CTA: G ≤ 2 keeps the finishing CTA's G Sinkhorn + 2·G collapse-part jobs within its
+  // 8 warps (one round), and S/2 groups finish on S/2 SMs at once. (G = 8 — the fn chunk reused
+  // from L1 by 8 tokens — left 16 jobs on one SM per 8 tokens: 45.7 µs at S = 64 vs 40.3 for the
+  // old 3-launch chain, bench/results/cuda-mhc.md.) The grouping does not change any sum.
+  const int G = a.S <= 2 ? int(a.S) : 2;
   const int64_t groups = (a.S + G - 1) / G;
   if (groups > 65535 || groups > mhc_fused_counters(a.S))
     return errorf(ErrorCode::kInvalidArgument, "mhc_fused: S = {} rows (at most 524,280)", a.S);

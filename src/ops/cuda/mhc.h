@@ -84,10 +84,11 @@ inline int64_t mhc_fused_work_floats(int64_t S) { return S * kMhcFusedParts * 25
 inline int64_t mhc_fused_counters(int64_t S) { return S < 1 ? 1 : S; }
 
 /// mHC pre (or HyperHead) and the following RMSNorm in ONE launch. Grid (kMhcFusedParts, groups
-/// of ≤ 8 tokens): each CTA reduces its fixed chunk of the n·D vector for its group's tokens (fn
+/// of ≤ 2 tokens): each CTA reduces its fixed chunk of the n·D vector for its group's tokens (fn
 /// dots and the sum of squares) into `work`; the group's last CTA to finish (device counter,
 /// threadfence pattern; it resets the counter) adds the chunks in a fixed order and runs one warp
-/// per job: Sinkhorn (post, comb) of one token, or collapsed + RMSNorm of one token. The
+/// per job: Sinkhorn (post, comb) of one token, or one of two parts of a token's collapsed stream
+/// (+ RMSNorm after a block barrier). The
 /// summation order depends only on n and D (not on S or the grouping): batch-invariant.
 /// work: mhc_fused_work_floats(S) floats; counters: mhc_fused_counters(S) zeroed ints; no two
 /// calls sharing them may run concurrently. Errors: kInvalidArgument for n ∉ [1, 4], D < 1,

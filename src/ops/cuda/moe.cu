@@ -450,6 +450,7 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.tile_expert = tile_expert;
     up.tile_item = tile_item;
     up.tile_count = tile_count;
+    up.warps = c.gmoe_warps;
     V4_RETURN_IF_ERROR(gmoe_mma(up, max_tiles, c.stream));
     GmoeArgs dn = up;
     dn.w = a.w2;
@@ -482,6 +483,8 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.offset = rb.offset;
     up.active = rb.active;
     up.active_count = rb.active_count;
+    up.tokens = S;
+    up.version = c.moe_mma_version;
     V4_RETURN_IF_ERROR(moe_mma(up, slots, c.num_sms, c.stream));
     MoeMmaArgs dn = up;
     dn.w = a.w2;

@@ -63,6 +63,12 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// 8192 where a 16-CTA cluster can be resident), 31: cluster 8 (≤ 262144), 32: cluster 4
 /// (≤ 131072), 33: as 30, launched with programmatic dependent launch (waits for the previous
 /// kernel of the stream before its first global access; lets the next one launch early).
+/// v6 kernel (v5's protocol, but the keys ≥ the pre-filter bound are compacted once into an
+/// index-ordered shared-memory list of (key, u16 index in the CTA's slice), and the histograms,
+/// candidates and the output run over that list instead of every register key; dynamic shared
+/// memory 512·I·6 B), keys/thread sized to the row, I ≤ 32: 34: cluster 16 (rows ≤ 262144),
+/// 35: as 34 with programmatic dependent launch, 36: cluster 8 (rows ≤ 131072), 37: as 34 without
+/// the warp merging of equal digits before the histogram atomics (A/B). Not in auto yet.
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
@@ -72,8 +78,9 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
                  int variant = 0);
 
 /// Debug aid: clock64() stamps (SM cycles) recorded by thread 0 of CTA 0 of row 0 at fixed points
-/// of the last v3/v4 launch (see TOPK_TS in topk.cu), 16 entries, unset ones stale. Only in builds
-/// with -DV4_TOPK_PHASES=1; otherwise kUnsupported.
+/// of the last v3–v6 launch (see TOPK_TS in topk.cu), 16 entries; the stamps are cleared after
+/// reading, so ones the last launch did not reach read 0. Only in builds with -DV4_TOPK_PHASES=1;
+/// otherwise kUnsupported.
 Status topk_phase_cycles(long long* cycles16);
 
 /// Baseline for benchmarks: full descending segmented sort of (score, index) pairs with CUB

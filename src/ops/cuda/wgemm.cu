@@ -571,9 +571,8 @@ int64_t wgemv_pass_rows(const WeightView& w) {
 }
 
 bool linear_bf16_uses_gemv(const WeightView& w, int64_t M, int64_t gemv_max_rows) {
-  // f32 weights (the MoE router, small f32 matrices) have no tensor-core path: their other route
-  // is the 64×64-tiled fp32 GEMM, which runs N/64 blocks (4 for a 256-expert router: ~500 µs at
-  // M = 64 on the H200). The GEMV re-reads the weight once per 8 rows instead.
+  // f32 weights (the MoE router, small f32 matrices) have no tensor-core path: the GEMV up to
+  // kF32GemvMaxRows (one weight pass per 8 rows), then cuBLASLt in fp32 (linear_w_bf16).
   if (w.format == WFormat::kF32) gemv_max_rows = std::max<int64_t>(gemv_max_rows, kF32GemvMaxRows);
   if (M > gemv_max_rows || !wgemv_supported(w)) return false;
   return w.format != WFormat::kBF16 || M <= wgemv_pass_rows(w);
@@ -631,6 +630,10 @@ Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M
     a.use_stream_kernel = c.gemv_stream;
     return wgemv(a, 1, c.num_sms, c.stream);
   }
+  if (w.format == WFormat::kF32 && c.gemm && w.experts <= 1 &&
+      reinterpret_cast<uintptr_t>(w.data) % 4 == 0)  // above the GEMV range: fp32 cuBLASLt
+    return c.gemm->f32_strided(x, ldx, reinterpret_cast<const float*>(wrow(w, 0, 0)), w.k, y,
+                               ldy, M, w.n, w.k, c.stream);
   if (w.format == WFormat::kF32 || (M <= c.gemv_max_rows && w.format != WFormat::kBF16))
     return wgemm_fp32(x, ldx, w, 0, M, y, ldy, c.stream);  // (exotic views wgemv cannot run)
   if (c.dense_mma && dense_mma_supported(w, x, ldx, M))

@@ -122,6 +122,12 @@ struct KernelContext {
   bool fused_tc = false;            // CudaOptions::fused_tensor_cores
   int64_t fused_moe_min_rows = 16;  // CudaOptions::moe_fused_min_rows
   bool moe_mma = true;              // CudaOptions::moe_mma
+  /// moe_mma kernel configurations (MoeMmaArgs::version): 2 = default, 1 = the old 8-token
+  /// kernel, 3 = experimental (CudaOps: env V4_MOE_MMA_VERSION=1|3; A/B runs).
+  int moe_mma_version = 2;
+  /// gmoe_mma warps per CTA (GmoeArgs::warps): 8 = default, 4 = the first version (CudaOps: env
+  /// V4_GMOE_WARPS=4; A/B runs).
+  int gmoe_warps = 8;
   bool dense_mma = true;            // CudaOptions::dense_mma
   bool gemv_stream = true;          // CudaOptions::gemv_stream
   bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
@@ -154,8 +160,10 @@ int64_t wgemv_pass_rows(const ops::WeightView& w);
 /// M ≤ wgemv_pass_rows (cuBLASLt reads bf16 weights in place, while every further GEMV pass would
 /// read them again).
 bool linear_bf16_uses_gemv(const ops::WeightView& w, int64_t M, int64_t gemv_max_rows);
-/// f32-stored weights use the GEMV up to this many rows whatever gemv_max_rows says.
-constexpr int64_t kF32GemvMaxRows = 256;
+/// f32-stored weights use the GEMV up to this many rows whatever gemv_max_rows says; above it,
+/// cuBLASLt in fp32 (Gemm::f32_strided). The GEMV re-reads the weight every 8 rows: the MoE router
+/// ([256, 4096] f32) took 126 µs per layer at batch 64 on the H200 (bench-v4flash-20l-kvbf16.md).
+constexpr int64_t kF32GemvMaxRows = 8;
 
 /// Scratch bytes per slot linear_w_bf16 needs for M rows of an n × K view (`bf16_weight`: stored
 /// as bf16, no dequantized copy), maxed into bytes[kNumScratchSlots].
