@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
   }
 
   // Passes of MT rows: block z takes passes z, z + gridDim.z, ... (plain forms with many rows,
-  // e.g. the f32 router at batch 64; a row's arithmetic does not depend on which block runs it).
+  // e.g. a raised gemv_max_rows; a row's arithmetic does not depend on which block runs it).
   for (int64_t m0 = int64_t(blockIdx.z) * MT; m0 < rcnt; m0 += int64_t(gridDim.z) * MT) {
     const int mc = int(rcnt - m0 < MT ? rcnt - m0 : MT);
     // x rows of this pass; slots m ≥ mc repeat the last row (computed, never written).
