@@ -13,6 +13,9 @@
 //   bench_kernels --out DIR [--reps N]
 //   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
 //   bench_kernels --profile-gemv             (30 batch-1 FP8 GEMVs of wq_b and of wo_b, for ncu)
+//   bench_kernels --out DIR --only-gemv      (only the batch-1 GEMV, shared-memory wgemv vs the
+//                                             streaming gemv_stream, M = 1/2/4, next to a
+//                                             same-traffic copy: DIR/cuda-gemv.md)
 //   bench_kernels --out DIR --only-wformat   (only the native-weight GEMV / MoE rows:
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-moe       (only the routed MoE, moe_mma v1 vs v2 vs the byte
@@ -70,6 +73,8 @@ std::string bench_mhc(double bw);
 std::string bench_indexer(double bw, int reps);
 // attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
 std::string bench_attention(double bw);
+// gemv_bench.cpp: old vs streaming batch-1 GEMV (--only-gemv, cuda-gemv.md).
+std::string bench_gemv(double bw, int samples);
 
 namespace {
 
@@ -840,6 +845,7 @@ int main(int argc, char** argv) {
   int reps = 40;  // samples of 10 back-to-back launches
   std::string cmd = "bench_kernels";
   bool only_wformat = false, only_compressor = false;
+  bool only_gemv = false;  // only the old-vs-streaming GEMV table (cuda-gemv.md)
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
@@ -850,6 +856,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]), cmd += std::string(" ") + argv[i];
     else if (!std::strcmp(argv[i], "--only-wformat")) only_wformat = true;
+    else if (!std::strcmp(argv[i], "--only-gemv")) only_gemv = true;
     else if (!std::strcmp(argv[i], "--only-compressor")) only_compressor = true;
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
     else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
@@ -897,6 +904,7 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--profile-gemv")) {
       // 30 batch-1 GEMVs each of wq_b (FP8 32768×1024) and wo_b (FP8 4096×8192) over 8 weight
       // copies (cold in L2), for ncu: why the GEMV reaches only ~35% of the copy bandwidth.
+      // Runs the streaming kernel (gemv_stream) unless V4_GEMV_STREAM=0 (the shared-memory one).
       using v4::ops::WFormat;
       BENCH_CHECK(cudaSetDevice(0));
       int sms = 0;
@@ -987,6 +995,14 @@ int main(int argc, char** argv) {
         << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n\n" << bench_attention(bw);
     std::printf("wrote %s/cuda-attention.md\n", out_dir.c_str());
+    return 0;
+  }
+  if (only_gemv) {
+    std::ofstream(out_dir + "/cuda-gemv.md")
+        << "# Batch-1 GEMV over native weight formats: shared-memory wgemv vs streaming gemv_stream\n\n"
+        << head << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_gemv(bw, std::max(reps, 50));
+    std::printf("wrote %s/cuda-gemv.md\n", out_dir.c_str());
     return 0;
   }
   if (only_moe) {

@@ -3,6 +3,8 @@
 # runs the GPU op tests, then the stages named in $V4_STAGES (default all, in this order):
 #   compressor  bench_kernels --only-compressor  -> cuda-compressor.md
 #   wformat     bench_kernels --only-wformat     -> cuda-wformat.md (GEMV / dense_mma / MoE tables)
+#   gemv        bench_kernels --only-gemv        -> cuda-gemv.md (batch-1..4 GEMV: shared-memory
+#               wgemv vs streaming gemv_stream, % of a same-traffic copy)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
@@ -12,6 +14,7 @@
 #               decode at batch 1,64 with V4_MOE_MMA_VERSION=1, 2 and 3 (4K)
 #               -> bench-v4flash-20l-moe-v1v2.md
 #   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
+#               (the streaming kernel; V4_GEMV_STREAM=0 profiles the shared-memory one)
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
@@ -23,6 +26,7 @@
 # cuda-op-tests.log, every program's full output).
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5),
+#   V4_GEMV_STREAM=0 (every wgemv call, decode included, runs the shared-memory kernel: A/B),
 #   V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
@@ -47,7 +51,7 @@ D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
 export V4_DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-stages=" ${V4_STAGES:-compressor wformat topk indexer attention mhc decode mstream} "
+stages=" ${V4_STAGES:-compressor wformat gemv topk indexer attention mhc decode mstream} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 logs=()
 kb() {  # kb <stage> <flag>
@@ -56,13 +60,14 @@ kb() {  # kb <stage> <flag>
 }
 has compressor && kb compressor --only-compressor
 has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wformat.log"; }
+has gemv && { kb gemv --only-gemv; grep -E "^gemv" "$OUT/gemv.log"; }
 has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has attention && kb attention --only-attention
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
-  timeout 120 ncu --kernel-name regex:wgemv_kernel --launch-skip 20 --launch-count 2 \
+  timeout 120 ncu --kernel-name regex:'wgemv_kernel|gemv_stream_kernel' --launch-skip 20 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     build-gpu/bench/bench_kernels --profile-gemv > "$OUT/ncu-gemv.txt" 2>&1

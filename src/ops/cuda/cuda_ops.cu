@@ -1154,6 +1154,7 @@ class CudaOps final : public Ops {
     c.fused_moe_min_rows = opts_.moe_fused_min_rows;
     c.moe_mma = opts_.moe_mma;
     c.dense_mma = opts_.dense_mma;
+    c.gemv_stream = opts_.gemv_stream;
     c.grouped_moe = opts_.moe_grouped_mma;
     c.grouped_min_rows = grouped_min_rows_env();
     c.moe_mma_version = moe_mma_version_env();

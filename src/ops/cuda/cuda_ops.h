@@ -58,6 +58,12 @@ struct CudaOptions {
   /// kBf16 linear_w with gemv_max_rows < M ≤ 256 on FP8 / MXFP4 weights: the tensor-core dense
   /// GEMM over native bytes (dense_mma.h) instead of dequantize-to-scratch + cuBLASLt.
   bool dense_mma = true;
+  /// kBf16 GEMV range (linear_w, linear_w_grouped, the f32 router linear): the streaming GEMV
+  /// (gemv_stream.h: 16-byte non-L1 weight loads, x read from global, 8 loads in flight per
+  /// lane) where rows and x are 16-byte aligned, else the shared-memory wgemv kernel. Off: always
+  /// the shared-memory kernel (A/B runs). The environment V4_GEMV_STREAM=0 turns it off for every
+  /// wgemv call (the MoE grouped GEMV included). Same precision class (fp32 math, ≤ 1e-5).
+  bool gemv_stream = true;
   /// kBf16 moe_experts at or above moe_sync_min_pairs with E > 1 and FP8 / MXFP4 weights that
   /// gmoe_mma supports: device routing + the grouped tensor-core GEMM over native bytes
   /// (gmoe_mma.h: 64 items per CTA, SwiGLU fused, no host sync, no allocation, graph-capturable)

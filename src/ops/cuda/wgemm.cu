@@ -5,6 +5,7 @@
 
 #include "ops/cuda/dense_mma.h"
 #include "ops/cuda/device_util.cuh"
+#include "ops/cuda/gemv_stream.h"
 #include "ops/cuda/wformat.cuh"
 #include "ops/cuda/wgemm.h"
 
@@ -502,6 +503,8 @@ Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   const WeightView& w = a.w;
   if (a.n_out <= 0 || (!a.list && a.rows <= 0) || grid_y <= 0) return Status::Ok();
   V4_RETURN_IF_ERROR(check_view(w, "wgemv"));
+  if (a.use_stream_kernel && gemv_stream_env_enabled() && gemv_stream_supported(a))
+    return gemv_stream(a, grid_y, num_sms, stream);
   if (!wgemv_supported(w))
     return errorf(ErrorCode::kUnsupported, "wgemv: {} view k={} not supported",
                   ops::wformat_name(w.format), w.k);
@@ -608,6 +611,7 @@ Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, i
   const int64_t n = w.n / groups;
   if (linear_bf16_uses_gemv(w.rows(0, n), M, c.gemv_max_rows)) {
     GemvArgs a = plain_gemv_args(x, ldx, w, M, y, ldy, n);
+    a.use_stream_kernel = c.gemv_stream;
     a.x_group_stride = w.k;
     a.y_group_stride = n;
     return wgemv(a, groups, c.num_sms, c.stream);
@@ -621,8 +625,11 @@ Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, i
 Status linear_w_bf16(const float* x, int64_t ldx, const WeightView& w, int64_t M, float* y,
                      int64_t ldy, const KernelContext& c) {
   if (M <= 0 || w.n <= 0) return Status::Ok();
-  if (linear_bf16_uses_gemv(w, M, c.gemv_max_rows))
-    return wgemv(plain_gemv_args(x, ldx, w, M, y, ldy, w.n), 1, c.num_sms, c.stream);
+  if (linear_bf16_uses_gemv(w, M, c.gemv_max_rows)) {
+    GemvArgs a = plain_gemv_args(x, ldx, w, M, y, ldy, w.n);
+    a.use_stream_kernel = c.gemv_stream;
+    return wgemv(a, 1, c.num_sms, c.stream);
+  }
   if (w.format == WFormat::kF32 && c.gemm && w.experts <= 1 &&
       reinterpret_cast<uintptr_t>(w.data) % 4 == 0)  // above the GEMV range: fp32 cuBLASLt
     return c.gemm->f32_strided(x, ldx, reinterpret_cast<const float*>(wrow(w, 0, 0)), w.k, y,

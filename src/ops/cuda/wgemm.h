@@ -5,7 +5,8 @@
 //   wgemv           bf16 mode, small M (decode) and the grouped MoE GEMV: streams native weight
 //                   bytes with 16-byte loads, fp32 math on f32 x staged in shared memory, split-K
 //                   across the warps of a block with a fixed reduction order (a row's result does
-//                   not depend on M).
+//                   not depend on M). By default wgemv hands aligned calls to gemv_stream
+//                   (gemv_stream.h: no shared-memory staging, 8 × 16-byte loads in flight per lane).
 //   dequant_view_bf16 / rows_to_bf16   bf16 operands for the tensor-core (cuBLASLt) path.
 // Y[M, N] = X[M, K] · W[N, K]ᵀ; x rows stride ldx, y rows stride ldy (elements).
 #pragma once
@@ -53,11 +54,17 @@ struct GemvArgs {
   /// Grouped plain form (list == nullptr, grid_y = groups): group g = blockIdx.y reads x from
   /// x + g·x_group_stride, weight rows from g·n_out and writes y + g·y_group_stride.
   int64_t x_group_stride = 0, y_group_stride = 0;
+  /// Let wgemv run the streaming kernel (gemv_stream.h) where it applies (aligned rows); false:
+  /// the shared-memory kernel below (A/B runs: CudaOptions::gemv_stream, env V4_GEMV_STREAM=0).
+  bool use_stream_kernel = true;
   // Filled by wgemv: warps splitting K, rows of x per shared-memory pass, row capacity per pass.
   int ks = 1, mc = 1;
 };
 
 /// Runs the GEMV over `grid_y` expert slots (1 for the plain form). `num_sms` sizes the grid.
+/// With a.use_stream_kernel (default), env V4_GEMV_STREAM ≠ 0 and gemv_stream_supported(a) it
+/// runs gemv_stream (gemv_stream.h: streaming loads, x from global, no shared-memory staging);
+/// otherwise the shared-memory kernel described above. Both: fp32 math, batch-invariant.
 /// Errors: kUnsupported when a row of x does not fit in shared memory (K > ~48K) or an MXFP4
 /// view is not 16-byte aligned (callers fall back to wgemm_fp32).
 Status wgemv(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream);
@@ -122,6 +129,7 @@ struct KernelContext {
   /// V4_GMOE_WARPS=4; A/B runs).
   int gmoe_warps = 8;
   bool dense_mma = true;            // CudaOptions::dense_mma
+  bool gemv_stream = true;          // CudaOptions::gemv_stream
   bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
   /// > 0: MoE calls below sync_min_pairs with S ≥ this many rows also take the grouped
   /// tensor-core path (CudaOps: env V4_MOE_GROUPED_MIN_ROWS; decode A/B runs). 0: off.
