@@ -11,6 +11,8 @@
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
 #               decode at batch $V4_BATCH × context $V4_CONTEXT with the byte floor and the
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
+#   kvbf16      the decode stage again with --kv-cache-dtype bf16 (bf16 KV pools and indexer keys)
+#               -> bench-v4flash-20l-kvbf16.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
@@ -70,6 +72,13 @@ if has decode; then
     --out "$OUT/bench-v4flash-20l-after.md" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-after.md"
   logs+=(bench.log)
+fi
+if has kvbf16; then
+  timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 --batch "${V4_BATCH:-1,64}" \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --out "$OUT/bench-v4flash-20l-kvbf16.md" > "$OUT/bench-kvbf16.log" 2>&1
+  echo "bench (kv bf16) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-kvbf16.md"
+  logs+=(bench-kvbf16.log)
 fi
 if has mstream; then
   timeout 200 build-gpu/v4serve bench "${common[@]}" --batch "${V4_MS_BATCH:-1,64}" --context 4K \

@@ -11,8 +11,8 @@
 //  - sparse_attention over fp8 pools vs the CPU op on the same bytes: the decode kernel
 //    (KeyPool<KvFp8Row>: bf16 mma over the dequantized rows, tolerance 1e-2 as for f32 / bf16
 //    pools), the split kernel (fp32: 1e-5; vec4 and scalar loads), CudaOps in fp32 mode (split;
-//    generic kernel for hd 576), in bf16 mode with many rows (split) and with rope_dim ≠ 64
-//    (the decode kernel refuses it: split);
+//    generic kernel for hd 576), in bf16 mode with many and few rows (decode kernel at any row
+//    count, as for bf16 pools) and with rope_dim ≠ 64 (the decode kernel refuses it: split);
 //  - a model decode on the fixtures (bf16 precision): fp8 vs f32 pools within 1.0 of max |logit|
 //    (the CPU test's bound, tests/model/test_kv_fp8.cpp; CPU measured ≤ 0.81), greedy agreement
 //    with the transformers oracle ≥ 80% of positions (CPU fp8: ≥ 90.1%), every logit finite, and
@@ -304,8 +304,8 @@ TEST(CudaKvFp8, AttentionFp8PoolsMatchCpu) {
       EXPECT_LE(e, 1e-5) << "hd " << sp.hd << " splits " << splits;
     }
   }
-  // Through CudaOps: fp32 mode (split; generic kernel for hd 576), bf16 mode with many rows
-  // (split) and few rows (decode kernel), and rope 32 at hd 512 (decode kernel refuses: split).
+  // Through CudaOps: fp32 mode (split; generic kernel for hd 576), bf16 mode with many and few
+  // rows (decode kernel), and rope 32 at hd 512 (decode kernel refuses: split kernel, fp32).
   struct Via { Precision p; int64_t S; int H, hd, rope; double tol; };
   for (Via v : {Via{Precision::kFp32, 3, 64, 512, 64, 1e-5}, Via{Precision::kFp32, 2, 8, 576, 64, 1e-5},
                 Via{Precision::kBf16, 300, 64, 512, 64, 1e-2}, Via{Precision::kBf16, 2, 64, 512, 64, 1e-2},

@@ -529,11 +529,11 @@ class CudaOps final : public Ops {
   bool supports(WFormat) const override { return true; }
   /// f32 and bf16 KV pools: bf16 is read by attention_dec (KeyPool<bf16>), the split kernel, the
   /// generic kernels and the indexer; attention_mma (TF32, prefill) takes f32 pools only, so bf16
-  /// prefill attention runs on the split kernel (sparse_attention below).
+  /// prefill attention runs attention_dec too (sparse_attention below).
   /// fp8 pools (rows of KvFp8Layout): stored by store_rows_fp8_kernel (SWA) and by the
   /// default compress_fused composition (compressed rows; FlashCompressor stores f32 / bf16
-  /// only), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64), the split kernel and the
-  /// generic kernel; their indexer keys are bf16.
+  /// only), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
+  /// split kernel and the generic kernel; their indexer keys are bf16.
   bool supports_kv_dtype(KvDtype dt) const override {
     return dt == KvDtype::kF32 || dt == KvDtype::kBf16 || dt == KvDtype::kFp8;
   }
@@ -752,7 +752,12 @@ class CudaOps final : public Ops {
                           kAttnMaxHd));
       return;
     }
-    if (!batch_invariant_ && opts_.attention_dec && a.n_rows <= opts_.attention_dec_max_rows &&
+    // bf16 / fp8 KV pools take attention_dec at every row count: attention_mma (TF32) stages f32
+    // rows only, and with the split kernel a 4,096-token prefill step took 899 ms instead of 577
+    // (bf16). fp8 rows need rope_dim 64 there (KeyPool<KvFp8Row>); others take the split kernel.
+    const bool dec_rows =
+        a.n_rows <= opts_.attention_dec_max_rows || a.kv_dtype != KvDtype::kF32;
+    if (!batch_invariant_ && opts_.attention_dec && dec_rows &&
         cuda::attention_dec_supported(a.n_heads, a.head_dim) &&
         (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.

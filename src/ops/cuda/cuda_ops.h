@@ -84,8 +84,8 @@ struct CudaOptions {
   /// cost-model split-KV) instead of the TF32 kernel (attention_mma). Off: attention_mma for
   /// every bf16 call (the A/B baseline). Environment override: V4_ATTN_DEC=1 / 0.
   bool attention_dec = true;
-  /// Prefill-sized calls (more rows) keep attention_mma until the decode kernel is measured
-  /// there (it is correct for any row count).
+  /// Prefill-sized calls (more rows) with f32 pools keep attention_mma until the decode kernel
+  /// is measured there (it is correct for any row count); bf16 pools take it at any row count.
   int64_t attention_dec_max_rows = 256;
 };
 

@@ -158,6 +158,9 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
 // With the permutation: A reg0 = q[16m+g][16kk+4t+{0,1}], reg1 = q[16m+g+8][same],
 // reg2 = q[16m+g][16kk+4t+{2,3}], reg3 = q[16m+g+8][same]; B reg0 = K[key][16kk+4t+{0,1}],
 // reg1 = K[key][16kk+4t+{2,3}] with key = chunk + 8j + g.
+// bf16 key pools permute further (key_dim0): lane t's 16-byte load of dims 32u + 8t … +7 gives
+// k-step 2u dims +0..3 and k-step 2u+1 dims +4..7, already packed as B registers; q's A fragments
+// follow the same map. Σ_k is the same sum in another order.
 //
 // Head reduction: lane (g, t) owns heads {16m+g, 16m+g+8 : m < kDMT} of keys 8j+2t, 8j+2t+1; it
 // sums ReLU(c)·w over those 8 heads (m ascending, row g before g+8), then a fixed xor-shuffle tree
@@ -176,24 +179,29 @@ __device__ __forceinline__ float4 ld_stream_f4(const float* p) {
       : "l"(p));
   return v;
 }
-// Four consecutive bf16 values (8 bytes at p, 8-byte aligned) widened to f32 (exact), loaded
-// like ld_stream_f4.
-__device__ __forceinline__ float4 ld_stream_bf16x4(const uint16_t* p) {
-  uint32_t x, y;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(x), "=r"(y) : "l"(p));
-  // little endian: value 0 is the low half of x
-  return make_float4(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u),
-                     __uint_as_float(y << 16), __uint_as_float(y & 0xffff0000u));
+// Eight consecutive bf16 values (16 bytes at p, 16-byte aligned) as four packed pairs, loaded like
+// ld_stream_f4. Pair i holds values 2i (low half) and 2i + 1: exactly an mma B register.
+__device__ __forceinline__ uint4 ld_stream_u4(const uint16_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
 }
-// Values [i, i + 4) of the key pool (i % 4 == 0) in its element type, as ld_stream_f4.
-__device__ __forceinline__ float4 ld_stream_key4(const ops::IndexerArgs& a, int64_t i) {
-  if (a.key_dtype == KvDtype::kBf16)
-    return ld_stream_bf16x4(static_cast<const uint16_t*>(a.key_pool) + i);
-  return ld_stream_f4(static_cast<const float*>(a.key_pool) + i);
+
+// First of the four key dims that lane t feeds into k-step kk (the K permutation below). f32 keys:
+// 16kk + 4t (one 16-byte load per k-step). bf16 keys: one 16-byte load of 8 dims per lane serves
+// two k-steps, so 32·(kk/2) + 8t + 4·(kk%2).
+template <bool kBf16Keys>
+__device__ __forceinline__ int key_dim0(int kk, int t) {
+  return kBf16Keys ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1) : 16 * kk + 4 * t;
 }
 
 // kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
-template <int kDNT>
+// kBf16Keys: the key pool holds bf16 (KvDtype::kBf16) instead of f32; the loaded pairs are the
+// B registers as they are (no conversion), and the same 256 bytes per lane in flight cover twice
+// the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
+template <int kDNT, bool kBf16Keys>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
@@ -221,9 +229,9 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
   for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kDWarps * 32) {
     const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
     const int ug = ul >> 2, ut = ul & 3;
-    const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + 16 * kk + 4 * ut);
-    const float4 hi =
-        *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + 16 * kk + 4 * ut);
+    const int d0 = key_dim0<kBf16Keys>(kk, ut);
+    const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
+    const float4 hi = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
     qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
                        wfrag::pack_bf16(lo.z, lo.w), wfrag::pack_bf16(hi.z, hi.w));
   }
@@ -241,14 +249,24 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
     int32_t r[kDNT];
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
-    // Key loads of this chunk (16 B per lane per (j, kk)).
-    float4 kv[kDNT][kDKT];
+    // Key loads of this chunk (16 B per lane per (j, kk), or per (j, kk pair) for bf16 keys).
+    constexpr int kLoads = kBf16Keys ? kDKT / 2 : kDKT;
+    uint4 kv[kDNT][kLoads];
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) {
-      const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI + 4 * t;  // value index
+      const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI;  // value index of the row
 #pragma unroll
-      for (int kk = 0; kk < kDKT; ++kk)
-        kv[j][kk] = r[j] < 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : ld_stream_key4(a, kp + 16 * kk);
+      for (int u = 0; u < kLoads; ++u) {
+        if (r[j] < 0) {
+          kv[j][u] = make_uint4(0u, 0u, 0u, 0u);
+        } else if constexpr (kBf16Keys) {
+          kv[j][u] = ld_stream_u4(static_cast<const uint16_t*>(a.key_pool) + kp + key_dim0<true>(2 * u, t));
+        } else {
+          const float4 f = ld_stream_f4(static_cast<const float*>(a.key_pool) + kp + key_dim0<false>(u, t));
+          kv[j][u] = make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z),
+                                __float_as_uint(f.w));
+        }
+      }
     }
     // Next chunk's candidate rows while the keys are in flight.
 #pragma unroll
@@ -268,8 +286,15 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
       uint32_t b[kDNT][2];
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
-        b[j][0] = wfrag::pack_bf16(kv[j][kk].x, kv[j][kk].y);
-        b[j][1] = wfrag::pack_bf16(kv[j][kk].z, kv[j][kk].w);
+        if constexpr (kBf16Keys) {  // dims d0..d0+3 of the 8 this lane loaded for steps kk, kk+1
+          const uint4& v = kv[j][kk >> 1];
+          b[j][0] = (kk & 1) ? v.z : v.x;
+          b[j][1] = (kk & 1) ? v.w : v.y;
+        } else {
+          const uint4& v = kv[j][kk];
+          b[j][0] = wfrag::pack_bf16(__uint_as_float(v.x), __uint_as_float(v.y));
+          b[j][1] = wfrag::pack_bf16(__uint_as_float(v.z), __uint_as_float(v.w));
+        }
       }
 #pragma unroll
       for (int m = 0; m < kDMT; ++m) {
@@ -354,14 +379,14 @@ bool decode_kernel_enabled() {
   return on;
 }
 
-template <int kDNT>
+template <int kDNT, bool kBf16Keys>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                      int n_sms, cudaStream_t stream) {
   constexpr int kDChunk = 8 * kDNT;
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT, kBf16Keys>,
                                                       kDWarps * 32, 0) != cudaSuccess ||
         b < 1) {
       (void)cudaGetLastError();
@@ -375,7 +400,7 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   // Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave adds a block's duration.
   const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
-  indexer_decode_kernel<kDNT><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
+  indexer_decode_kernel<kDNT, kBf16Keys><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
   return check_launch("indexer_decode_kernel");
 }
 }  // namespace
@@ -395,8 +420,13 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
                     "indexer_scores_tc: decode kernel needs nI={} dI={} (got {}, {}), rows <= "
                     "65535, 16-byte aligned q and keys",
                     kDNI, kDDI, a.n_heads, a.head_dim);
-    return variant == 3 ? launch_decode<4>(a, max_count, scores, ld, n_sms, stream)
-                        : launch_decode<2>(a, max_count, scores, ld, n_sms, stream);
+    // bf16 keys: 4 n-tiles keep the f32 kernel's 256 bytes per lane in flight (variant 2 = 2
+    // n-tiles for A/B); f32 keys: 2 n-tiles (variant 3 = 4).
+    if (a.key_dtype == KvDtype::kBf16)
+      return variant == 2 ? launch_decode<2, true>(a, max_count, scores, ld, n_sms, stream)
+                          : launch_decode<4, true>(a, max_count, scores, ld, n_sms, stream);
+    return variant == 3 ? launch_decode<4, false>(a, max_count, scores, ld, n_sms, stream)
+                        : launch_decode<2, false>(a, max_count, scores, ld, n_sms, stream);
   }
   if (!indexer_tc_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: nI={} dI={} unsupported",
