@@ -20,6 +20,10 @@
 #               per-region split, and prefill per context -> bench-v4flash-20l-after.md
 #   kvbf16      the decode stage again with --kv-cache-dtype bf16 (bf16 KV pools and indexer keys)
 #               -> bench-v4flash-20l-kvbf16.md
+#   kvfp8       the decode stage again with --kv-cache-dtype fp8 (608-byte e4m3 + bf16-rope rows,
+#               bf16 indexer keys) -> bench-v4flash-20l-kvfp8.md
+#   kvacc       bench_kv_accuracy --device cuda: attention error and fixture greedy agreement of
+#               f32 / bf16 / fp8 pools on the GPU -> kv-fp8-accuracy-cuda.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
@@ -43,7 +47,7 @@ if [ "${V4_SKIP_BUILD:-0}" = 1 ] && [ -x build-gpu/v4serve ]; then
     > "$OUT/cuda-op-tests.log" 2>&1
   echo "test_cuda rc=$?"; grep -E "FAILED|PASSED" "$OUT/cuda-op-tests.log" | head -20
 else
-  V4_TARGETS="v4serve test_cuda bench_kernels" V4_SKIP_BENCH=1 \
+  V4_TARGETS="v4serve test_cuda bench_kernels bench_kv_accuracy" V4_SKIP_BENCH=1 \
     V4_GTEST_FILTER="${V4_GTEST_FILTER:-*}" bash scripts/device/run_gpu.sh > /dev/null 2>&1
   echo "build+tests rc=$?"; grep -E "^\[  FAILED|PASSED|build FAILED|error" "$OUT/device.log" | head -30
 fi
@@ -103,6 +107,19 @@ if has moe && [ -n "${V4_MOE_E2E-1 2 3}" ]; then  # end to end: old moe_mma vs n
     for v in ${V4_MOE_E2E-1 2 3}; do echo "## V4_MOE_MMA_VERSION=$v"; echo; cat "$OUT/bench-moe-v$v.md"; echo; done
   } > "$OUT/bench-v4flash-20l-moe-v1v2.md"
   rm -f "$OUT/bench-moe-v1.md" "$OUT/bench-moe-v2.md" "$OUT/bench-moe-v3.md"
+fi
+if has kvfp8; then
+  timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype fp8 --batch "${V4_BATCH:-1,64}" \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --out "$OUT/bench-v4flash-20l-kvfp8.md" > "$OUT/bench-kvfp8.log" 2>&1
+  echo "bench (kv fp8) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-kvfp8.md"
+  logs+=(bench-kvfp8.log)
+fi
+if has kvacc; then
+  timeout 200 build-gpu/bench/bench_kv_accuracy --device cuda --out "$OUT/kv-fp8-accuracy-cuda.md" \
+    > "$OUT/kvacc.log" 2>&1
+  echo "bench_kv_accuracy rc=$?"; grep -E "^\| .*fp8" "$OUT/kv-fp8-accuracy-cuda.md" | head -12
+  logs+=(kvacc.log)
 fi
 if has mstream; then
   timeout 200 build-gpu/v4serve bench "${common[@]}" --batch "${V4_MS_BATCH:-1,64}" --context 4K \

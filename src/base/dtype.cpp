@@ -13,6 +13,10 @@ bool parse_kv_dtype(std::string_view name, KvDtype* out) {
     *out = KvDtype::kBf16;
     return true;
   }
+  if (name == "fp8" || name == "fp8_e4m3") {
+    *out = KvDtype::kFp8;
+    return true;
+  }
   return false;
 }
 

@@ -15,16 +15,57 @@ enum class DType { kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64, kF
 
 /// Storage format of the KV cache pools' rows (SWA, compressed C4/C128, indexer keys;
 /// docs/cache.md). Values are computed in f32 and converted on store (bf16: round-to-nearest-
-/// even) and on read. Compressor-state rings stay f32 in every mode. fp8 (e4m3 nope + bf16 rope)
-/// is planned as a third value.
-enum class KvDtype : int { kF32 = 0, kBf16 = 1 };
-/// Bytes per stored KV value: 4 (kF32), 2 (kBf16).
-inline int kv_dtype_size(KvDtype t) { return t == KvDtype::kBf16 ? 2 : 4; }
-/// "f32" or "bf16".
-inline const char* kv_dtype_name(KvDtype t) { return t == KvDtype::kBf16 ? "bf16" : "f32"; }
+/// even) and on read. Compressor-state rings stay f32 in every mode. kFp8: attention rows (SWA,
+/// C4, C128) as e4m3 nope values with per-64 f32 scales + bf16 rope values (base/kv_fp8.h,
+/// KvFp8Layout); indexer keys as bf16 (kv_index_dtype).
+enum class KvDtype : int { kF32 = 0, kBf16 = 1, kFp8 = 2 };
+/// Bytes per stored KV value: 4 (kF32), 2 (kBf16), 1 (kFp8: the e4m3 nope values; a row's size
+/// is kv_row_bytes, which also counts scales and the bf16 rope part).
+inline int kv_dtype_size(KvDtype t) {
+  return t == KvDtype::kBf16 ? 2 : t == KvDtype::kFp8 ? 1 : 4;
+}
+/// "f32", "bf16" or "fp8".
+inline const char* kv_dtype_name(KvDtype t) {
+  return t == KvDtype::kBf16 ? "bf16" : t == KvDtype::kFp8 ? "fp8" : "f32";
+}
+/// Element type of the indexer-key pool for KV pools of `t`: kFp8 → kBf16 (the indexer scores
+/// every candidate key; its keys stay bf16), otherwise `t`.
+inline KvDtype kv_index_dtype(KvDtype t) { return t == KvDtype::kFp8 ? KvDtype::kBf16 : t; }
 /// Parses a --kv-cache-dtype value: "auto" (= f32 until bf16 is measured on the GPU), "f32" /
-/// "float32" / "fp32", "bf16" / "bfloat16". Returns false for anything else.
+/// "float32" / "fp32", "bf16" / "bfloat16", "fp8" / "fp8_e4m3". Returns false for anything else.
 bool parse_kv_dtype(std::string_view name, KvDtype* out);
+
+/// Byte layout of one fp8 KV row (--kv-cache-dtype fp8; FlashMLA's V3.2 layout adapted to V4's
+/// 448 nope + 64 rope split). A row of `dim` values whose last `rope` values are RoPE channels:
+///   [0, nope)                      e4m3fn codes of the nope values, value i = code · scale[i/64]
+///   [scale_off, +4·n_scales)       f32 scales, one per 64 nope values (the last block may be
+///                                  shorter), then zero padding to 16 bytes
+///   [rope_off, +2·rope)            bf16 rope values (round to nearest even)
+///   padding to `bytes` (multiple of 16)
+/// V4 (dim 512, rope 64): nope 448, 7 scales, scale_off 448, rope_off 480, bytes 608.
+struct KvFp8Layout {
+  static constexpr int kBlock = 64;  // nope values per scale
+  int nope = 0, rope = 0, n_scales = 0;
+  int scale_off = 0, rope_off = 0, bytes = 0;
+};
+/// The layout of a `dim`-value row with `rope_dim` trailing rope values (0 ≤ rope_dim ≤ dim).
+constexpr KvFp8Layout kv_fp8_layout(int dim, int rope_dim) {
+  KvFp8Layout l;
+  l.nope = dim - rope_dim;
+  l.rope = rope_dim;
+  l.n_scales = (l.nope + KvFp8Layout::kBlock - 1) / KvFp8Layout::kBlock;
+  l.scale_off = (l.nope + 15) / 16 * 16;
+  l.rope_off = l.scale_off + (4 * l.n_scales + 15) / 16 * 16;
+  l.bytes = (l.rope_off + 2 * l.rope + 15) / 16 * 16;
+  return l;
+}
+static_assert(kv_fp8_layout(512, 64).bytes == 608 && kv_fp8_layout(512, 64).rope_off == 480);
+/// Bytes of one stored row of `dim` values in a pool of `t` (kFp8: kv_fp8_layout(dim, rope_dim)
+/// .bytes; otherwise dim · kv_dtype_size(t), rope_dim unused).
+constexpr int64_t kv_row_bytes(KvDtype t, int64_t dim, int rope_dim) {
+  if (t == KvDtype::kFp8) return kv_fp8_layout(int(dim), rope_dim).bytes;
+  return dim * (t == KvDtype::kBf16 ? 2 : 4);
+}
 
 /// Bytes per element (kI8 packed-fp4 containers report 1).
 int dtype_size(DType t);

@@ -26,8 +26,7 @@ int64_t KvCache::virtual_page_bytes(const CacheSpec& spec, int page_size) {
   for (const auto& l : spec.layers) {
     if (l.kind == AttnKind::kSliding || l.ratio <= 0) continue;
     const int64_t rows = page_size / l.ratio;
-    b += rows * (l.kv_dim + (l.kind == AttnKind::kCsa ? l.index_dim : 0)) *
-         kv_dtype_size(spec.kv_dtype);
+    b += rows * (spec.attn_row_bytes(l) + (l.kind == AttnKind::kCsa ? spec.index_row_bytes(l) : 0));
   }
   return b;
 }
@@ -35,7 +34,7 @@ int64_t KvCache::virtual_page_bytes(const CacheSpec& spec, int page_size) {
 int64_t KvCache::swa_page_bytes(const CacheSpec& spec, int page_size) {
   int64_t b = 0;
   for (const auto& l : spec.layers)
-    b += int64_t(page_size) * l.kv_dim * kv_dtype_size(spec.kv_dtype);
+    b += int64_t(page_size) * spec.attn_row_bytes(l);
   return b;
 }
 
@@ -53,14 +52,14 @@ int64_t KvCache::state_slot_bytes(const CacheSpec& spec) {
 
 std::vector<std::pair<std::string, double>> KvCache::bytes_per_token(const CacheSpec& spec) {
   double c4 = 0, idx = 0, c128 = 0, swa = 0;
-  const int64_t eb = kv_dtype_size(spec.kv_dtype);
   for (const auto& l : spec.layers) {
-    swa += l.kv_dim * eb;
+    const double row = double(spec.attn_row_bytes(l));
+    swa += row;
     if (l.kind == AttnKind::kCsa) {
-      c4 += double(l.kv_dim * eb) / l.ratio;
-      idx += double(l.index_dim * eb) / l.ratio;
+      c4 += row / l.ratio;
+      idx += double(spec.index_row_bytes(l)) / l.ratio;
     } else if (l.kind == AttnKind::kHca) {
-      c128 += double(l.kv_dim * eb) / l.ratio;
+      c128 += row / l.ratio;
     }
   }
   return {{"c4_kv", c4}, {"c4_index", idx}, {"c128_kv", c128}, {"swa", swa}};
@@ -126,8 +125,10 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
     kv->buffers_.push_back({name, layer, p, n_values, dt});
     return p;
   };
-  auto get_kv = [&](int64_t n_values, const char* name) {
-    return get_as(n_values, name, spec.kv_dtype);
+  // Attention pools: n_rows rows of attn_row_bytes (kFp8: one "value" per byte).
+  auto get_kv = [&](int64_t n_rows, const LayerCacheSpec& l, const char* name) {
+    const int64_t rb = spec.attn_row_bytes(l);
+    return get_as(n_rows * rb / kv_dtype_size(spec.kv_dtype), name, spec.kv_dtype);
   };
   auto get = [&](int64_t n_values, const char* name) {
     return static_cast<float*>(get_as(n_values, name, KvDtype::kF32));
@@ -136,16 +137,16 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
   const int64_t swa_tokens = opt.n_swa_pages * opt.page_size;
   for (const auto& l : spec.layers) {
     LayerPools p;
-    p.swa = get_kv(swa_tokens * l.kv_dim, "swa");
+    p.swa = get_kv(swa_tokens, l, "swa");
     if (l.kind != AttnKind::kSliding) {
       const int c = overlap_of(l.kind);
       const bool csa = l.kind == AttnKind::kCsa;
-      p.comp = get_kv(tokens / l.ratio * l.kv_dim, csa ? "c4_kv" : "c128_kv");
+      p.comp = get_kv(tokens / l.ratio, l, csa ? "c4_kv" : "c128_kv");
       const int64_t ring = int64_t(opt.max_seqs) * c * l.ratio;
       p.ring_kv[0] = get(ring * c * l.kv_dim, "ring_kv");
       p.ring_gate[0] = get(ring * c * l.kv_dim, "ring_gate");
       if (csa) {
-        p.index = get_kv(tokens / l.ratio * l.index_dim, "c4_index");
+        p.index = get_as(tokens / l.ratio * l.index_dim, "c4_index", kv_index_dtype(spec.kv_dtype));
         const int64_t iring = int64_t(opt.max_seqs) * 2 * l.ratio;
         p.ring_kv[1] = get(iring * 2 * l.index_dim, "index_ring_kv");
         p.ring_gate[1] = get(iring * 2 * l.index_dim, "index_ring_gate");

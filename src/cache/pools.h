@@ -41,8 +41,18 @@ struct CacheSpec {
   std::vector<LayerCacheSpec> layers;
   int sliding_window = 128;  // W (tokens incl. self)
   /// Element type of the KV pools (SWA, C4/C128, indexer keys); rings stay f32. Every byte
-  /// count below (page bytes, budgets, bytes_per_token) uses kv_dtype_size(kv_dtype).
+  /// count below (page bytes, budgets, bytes_per_token) uses the row sizes below.
   KvDtype kv_dtype = KvDtype::kF32;
+  /// Trailing RoPE channels of an attention row (qk_rope_head_dim): kFp8 rows keep them bf16.
+  int rope_dim = 0;
+  /// Bytes of one SWA / compressed row of layer `l` (kv_row_bytes(kv_dtype, kv_dim, rope_dim)).
+  int64_t attn_row_bytes(const LayerCacheSpec& l) const {
+    return kv_row_bytes(kv_dtype, l.kv_dim, rope_dim);
+  }
+  /// Bytes of one indexer-key row of layer `l` (kv_index_dtype(kv_dtype): kFp8 → bf16).
+  int64_t index_row_bytes(const LayerCacheSpec& l) const {
+    return kv_row_bytes(kv_index_dtype(kv_dtype), l.index_dim, 0);
+  }
 };
 
 /// Pool sizes. All counts; bytes follow CacheSpec::kv_dtype (rings: f32).
@@ -125,17 +135,23 @@ class KvCache {
   int32_t ring_row(int32_t seq, int64_t pos, int ring_rows) const;
 
   /// KV pool buffers of layer `l` (nullptr where the layer has none): rows of kv_dim (SWA,
-  /// compressed) or index_dim (indexer keys) values of kv_dtype(); row r starts at byte
-  /// r · dim · kv_value_bytes(). Untyped on purpose: readers pass kv_dtype() to the ops.
+  /// compressed; attn_row_bytes(l) bytes each, kv_dtype()) or index_dim (indexer keys;
+  /// index_row_bytes(l) bytes each, index_dtype()). Untyped on purpose: readers pass the dtype
+  /// to the ops.
   void* swa_pool(int l) const { return layers_[l].swa; }
   void* comp_pool(int l) const { return layers_[l].comp; }
   void* index_pool(int l) const { return layers_[l].index; }
-  /// Element type and size (bytes) of the KV pools.
+  /// Element type of the SWA / compressed pools and of the indexer-key pools.
   KvDtype kv_dtype() const { return spec_.kv_dtype; }
+  KvDtype index_dtype() const { return kv_index_dtype(spec_.kv_dtype); }
+  /// Bytes per value of the SWA / compressed pools (kv_dtype_size; kFp8: 1, see attn_row_bytes).
   int64_t kv_value_bytes() const { return kv_dtype_size(spec_.kv_dtype); }
-  /// Byte address of row `row` (width `dim` values) of a KV pool buffer.
-  char* kv_row(void* pool, int64_t row, int64_t dim) const {
-    return static_cast<char*>(pool) + row * dim * kv_value_bytes();
+  /// Bytes of one SWA / compressed row, one indexer-key row of layer `l`.
+  int64_t attn_row_bytes(int l) const { return spec_.attn_row_bytes(spec_.layers[size_t(l)]); }
+  int64_t index_row_bytes(int l) const { return spec_.index_row_bytes(spec_.layers[size_t(l)]); }
+  /// Byte address of row `row` of a KV pool buffer whose rows are `row_bytes` long.
+  static char* kv_row(void* pool, int64_t row, int64_t row_bytes) {
+    return static_cast<char*>(pool) + row * row_bytes;
   }
   /// Compressor-state rings: which = 0 main compressor, 1 indexer compressor.
   float* ring_kv(int l, int which) const { return layers_[l].ring_kv[which]; }
@@ -143,8 +159,9 @@ class KvCache {
   /// Ring rows per sequence of layer l's compressor `which` (c·m).
   int ring_rows(int l, int which) const;
 
-  /// One allocated pool buffer: what it holds, where, its element type (KV pools: kv_dtype();
-  /// rings: kF32) and its size in values.
+  /// One allocated pool buffer: what it holds, where, its element type (KV pools: kv_dtype() /
+  /// index_dtype(); rings: kF32) and its size in values (kFp8 pools: in bytes, one "value" per
+  /// byte; fill them with e4m3 bytes, RandomFill::kE4M3Normal, which keeps scales finite).
   struct PoolBuffer {
     std::string name;  // "swa", "c4_kv", "c128_kv", "c4_index", "ring_kv", "ring_gate", ...
     int layer = 0;

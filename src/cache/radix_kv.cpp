@@ -87,11 +87,11 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
                       kv.length(src), n, kv.length(dst));
   const auto& spec = kv.spec();
   const int64_t W = spec.sliding_window;
-  const int64_t eb = kv.kv_value_bytes();
+  const int64_t eb = 1;  // d, di below are row sizes in bytes (kv_row)
   CopyList list;  // src rows → dst rows: distinct sequences, so no copy reads another's target
   for (int l = 0; l < int(spec.layers.size()); ++l) {
     const auto& L = spec.layers[size_t(l)];
-    const int64_t d = L.kv_dim;
+    const int64_t d = kv.attn_row_bytes(l);
     for (int64_t p = std::max<int64_t>(0, n - (W - 1)); p < n; ++p) {
       const int32_t a = kv.swa_row(src, p), b = kv.swa_row(dst, p);
       if (a < 0 || b < 0)
@@ -107,7 +107,7 @@ Status copy_prefix_state(KvCache& kv, int32_t src, int32_t dst, int64_t n) {
       list.add(kv.kv_row(kv.comp_pool(l), b, d), kv.kv_row(kv.comp_pool(l), a, d), size_t(d * eb));
     }
     if (L.kind == AttnKind::kCsa) {
-      const int64_t di = L.index_dim;
+      const int64_t di = kv.index_row_bytes(l);
       for (int64_t e = 0; e < n / m; ++e) {
         const int64_t a = kv.compressed_row(src, e, m), b = kv.compressed_row(dst, e, m);
         list.add(kv.kv_row(kv.index_pool(l), b, di), kv.kv_row(kv.index_pool(l), a, di),
@@ -128,11 +128,11 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
                       "apply_page_copy: bad pages {} -> {} ({} tokens)", c.src_page, c.dst_page,
                       c.n_tokens);
   const auto& spec = kv.spec();
-  const int64_t eb = kv.kv_value_bytes();
+  const int64_t eb = 1;  // d, di below are row sizes in bytes (kv_row)
   CopyList list;
   for (int l = 0; l < int(spec.layers.size()); ++l) {
     const auto& L = spec.layers[size_t(l)];
-    const int64_t d = L.kv_dim;
+    const int64_t d = kv.attn_row_bytes(l), di = kv.index_row_bytes(l);
     if (c.swa_begin < c.n_tokens) {
       if (swa_src < 0 || swa_dst < 0 || swa_src == swa_dst || swa_src >= o.n_swa_pages ||
           swa_dst >= o.n_swa_pages)
@@ -147,9 +147,9 @@ Status apply_page_copy(KvCache& kv, const PageCopy& c, int32_t swa_src, int32_t 
     list.add(kv.kv_row(kv.comp_pool(l), int64_t(c.dst_page) * per_page, d),
              kv.kv_row(kv.comp_pool(l), int64_t(c.src_page) * per_page, d), size_t(n * d * eb));
     if (L.kind == AttnKind::kCsa)
-      list.add(kv.kv_row(kv.index_pool(l), int64_t(c.dst_page) * per_page, L.index_dim),
-               kv.kv_row(kv.index_pool(l), int64_t(c.src_page) * per_page, L.index_dim),
-               size_t(n * L.index_dim * eb));
+      list.add(kv.kv_row(kv.index_pool(l), int64_t(c.dst_page) * per_page, di),
+               kv.kv_row(kv.index_pool(l), int64_t(c.src_page) * per_page, di),
+               size_t(n * di * eb));
   }
   list.flush(kv);
   return Status::Ok();
@@ -177,8 +177,8 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
   const int64_t slots = int64_t(cfg.n_pages) * cfg.page_tokens;
   const int64_t swa_rows = int64_t(cfg.n_swa_pages) * cfg.swa_page_tokens;
   // One block for the whole store; each buffer starts on a 256-byte boundary. Rows are stored
-  // in the KvCache's element type (kv.kv_value_bytes() per value).
-  const int64_t eb = kv.kv_value_bytes();
+  // in the KvCache's row format: dim_ / idim_ hold row sizes in bytes (eb_ = 1).
+  const int64_t eb = 1;
   pc->eb_ = eb;
   auto round = [eb](int64_t values) { return (values * eb + 255) / 256 * 256; };
   std::vector<int64_t> off;
@@ -186,11 +186,12 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const KvCache& kv,
   for (const auto& L : spec.layers) {
     const int m = L.kind == AttnKind::kSliding ? 0 : L.ratio;
     const int di = L.kind == AttnKind::kCsa ? L.index_dim : 0;
+    const int64_t rb = spec.attn_row_bytes(L), rbi = di ? spec.index_row_bytes(L) : 0;
     pc->ratio_.push_back(m);
-    pc->dim_.push_back(L.kv_dim);
-    pc->idim_.push_back(di);
-    for (int64_t floats : {swa_rows * L.kv_dim, m ? slots / m * L.kv_dim : int64_t(0),
-                           m ? slots / m * di : int64_t(0)}) {
+    pc->dim_.push_back(rb);
+    pc->idim_.push_back(rbi);
+    for (int64_t floats : {swa_rows * rb, m ? slots / m * rb : int64_t(0),
+                           m ? slots / m * rbi : int64_t(0)}) {
       off.push_back(floats ? total : -1);
       total += floats ? round(floats) : 0;
     }
@@ -441,13 +442,16 @@ Result<ShadowRadixConfig> PrefixCache::config_for_budget(const KvCache& kv, int6
                       "prefix cache: page {} / SWA page {} tokens invalid (P multiple of 128, "
                       "SWA page dividing it, P >= window)",
                       P, Ps);
-  // page_floats / swa_row_floats count KV values (kv_value_bytes() each); snapshots are f32.
-  const int64_t eb = kv.kv_value_bytes();
+  // page_floats / swa_row_floats count KV bytes (row sizes of the pools' format); snapshots
+  // are f32.
+  const int64_t eb = 1;
   int64_t page_floats = 0, swa_row_floats = 0;
-  for (const auto& L : kv.spec().layers) {
-    swa_row_floats += L.kv_dim;
+  const auto& spec = kv.spec();
+  for (const auto& L : spec.layers) {
+    swa_row_floats += spec.attn_row_bytes(L);
     if (L.kind == AttnKind::kSliding) continue;
-    page_floats += P / L.ratio * (L.kv_dim + (L.kind == AttnKind::kCsa ? L.index_dim : 0));
+    page_floats += P / L.ratio * (spec.attn_row_bytes(L) +
+                                  (L.kind == AttnKind::kCsa ? spec.index_row_bytes(L) : 0));
   }
   auto probe = StateSnapshots::create(kv, 0);
   const int64_t snap_bytes = (*probe)->floats_per_slot() * 4;

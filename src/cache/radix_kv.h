@@ -156,10 +156,11 @@ class PrefixCache {
   std::unique_ptr<StateSnapshots> snaps_;
   std::unordered_map<int32_t, PrefixSeq> live_;  // by KvCache sequence
   // Store of the tree tier, per layer: compressed rows by slot / m, indexer rows, SWA rows (into
-  // one block of backend memory, store_), in the KvCache's element type (eb_ bytes per value).
+  // one block of backend memory, store_), in the KvCache's row format (dim_ / idim_: row sizes
+  // in bytes, eb_ = 1).
   std::vector<char*> comp_, index_, swa_;
-  int64_t eb_ = 4;
-  /// Byte address of row `row` (width `dim` values) of a store buffer.
+  int64_t eb_ = 1;
+  /// Byte address of row `row` (`dim` · eb_ bytes a row) of a store buffer.
   char* srow(char* base, int64_t row, int64_t dim) const { return base + row * dim * eb_; }
   void* store_ = nullptr;
   int64_t store_bytes_ = 0;

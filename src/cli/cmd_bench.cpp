@@ -400,8 +400,9 @@ class Bench {
       kv_ = std::move(kv).value();
       for (const auto& b : kv_->buffers())
         ops_.fill_random(b.data, b.values,
-                         b.dtype == KvDtype::kBf16 ? ops::RandomFill::kBF16Normal
-                                                   : ops::RandomFill::kF32Normal,
+                         b.dtype == KvDtype::kBf16  ? ops::RandomFill::kBF16Normal
+                         : b.dtype == KvDtype::kFp8 ? ops::RandomFill::kE4M3Normal
+                                                    : ops::RandomFill::kF32Normal,
                          1.f, o_.seed + 1000);
       ops_.synchronize();
     } catch (const std::bad_alloc&) {
@@ -514,7 +515,7 @@ class Bench {
       if (r.ok) {
         r.tok_s = double(B) / (r.ms / 1e3);
         const auto bytes =
-            model::decode_step_bytes(c, model_.weights(), B, L, kv_->kv_value_bytes());
+            model::decode_step_bytes(c, model_.weights(), B, L, kv_->kv_dtype());
         r.floor_amount = bytes.total();
         r.floor_ms = bytes.total() / bw_ * 1e3;
       }

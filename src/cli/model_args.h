@@ -6,8 +6,8 @@
 //   GPU)
 //   --precision auto|fp32|bf16 arithmetic of the weight GEMMs (model::BackendOptions)
 //   --dummy-seed S             seed of the dummy weights (same seed → same weights on any backend)
-//   --kv-cache-dtype auto|f32|bf16  element type of the KV pools (auto = f32 for now; bf16
-//                              halves KV memory; not for `info`)
+//   --kv-cache-dtype auto|f32|bf16|fp8  element type of the KV pools (auto = f32 for now; bf16
+//                              halves KV memory; fp8 = e4m3 nope + bf16 rope rows; not for `info`)
 #pragma once
 #include <CLI/CLI.hpp>
 

@@ -333,6 +333,7 @@ cache::CacheSpec DeepseekV4::cache_spec(KvDtype kv_dtype) const {
   cache::CacheSpec s;
   s.sliding_window = cfg_.sliding_window;
   s.kv_dtype = kv_dtype;
+  s.rope_dim = cfg_.rope_dim();
   for (auto k : cfg_.layer_types) {
     cache::LayerCacheSpec l;
     l.kind = to_cache_kind(k);
@@ -351,6 +352,10 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
   if (kv_dtype != KvDtype::kF32 && !ops_->supports_kv_dtype(kv_dtype))
     return make_error(ErrorCode::kUnsupported, "the {} backend has no {} KV cache pools",
                       ops_->name(), kv_dtype_name(kv_dtype));
+  if (kv_dtype == KvDtype::kFp8 && cfg_.rope_main.rope_dim != cfg_.rope_compress.rope_dim)
+    return make_error(ErrorCode::kUnsupported,
+                      "fp8 KV pools need one rope width (main {}, compressor {})",
+                      cfg_.rope_main.rope_dim, cfg_.rope_compress.rope_dim);
   const auto spec = cache_spec(kv_dtype);
   if (page_size <= 0) {
     page_size = 256;
@@ -776,7 +781,8 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     return b;
   };
   auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, void* pool,
-                      float* ring_kv, float* ring_gate, const CompressBufs& b) {
+                      KvDtype pool_dtype, float* ring_kv, float* ring_gate,
+                      const CompressBufs& b) {
     const int cd = plan.overlap * d;
     o.linear_w(x, D, w.wkv.v(), S, b.kc, cd);
     o.linear_w(x, D, w.wgate.v(), S, b.zc, cd);
@@ -804,7 +810,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.inv_freq = rope.inv_freq.data();
     ca.attention_scaling = rope.attention_scaling;
     ca.pool = pool;
-    ca.pool_dtype = st.kv->kv_dtype();
+    ca.pool_dtype = pool_dtype;
     ca.scratch = b.scratch;
     o.compress_fused(ca);
   };
@@ -833,19 +839,21 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   o.linear_w(x, D, a.wkv.v(), S, kvv, hd);
   o.rms_norm_rope(kvv, a.kv_norm.data(), S, 1, hd, eps, rope.rope_dim, st.pos,
                   rope.inv_freq.data(), rope.attention_scaling);
-  o.store_rows_kv(st.kv->swa_pool(l), st.kv->kv_dtype(), st.swa_dst, S, hd, kvv);
+  o.store_rows_kv(st.kv->swa_pool(l), st.kv->kv_dtype(), st.swa_dst, S, hd, kvv, rope.rope_dim);
   if (hca || csa) {
     // Branch 2 — the compressor of this layer's rate.
     o.branch(2);
     o.region(region_name(kind, kRComp));
-    compress(a.compressor, hca ? st.hca : st.csa, hd, st.kv->comp_pool(l), st.kv->ring_kv(l, 0),
+    compress(a.compressor, hca ? st.hca : st.csa, hd, st.kv->comp_pool(l), st.kv->kv_dtype(),
+             st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0), comp_b);
   }
   if (csa) {
     // Branch 3 — the indexer's compressor (keys of the lightning indexer).
     o.branch(3);
     o.region(region_name(kind, kRIndexComp));
-    compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->ring_kv(l, 1),
+    compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->index_dtype(),
+             st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1), icomp_b);
     // Branch 0 again — lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x.
     o.branch(0);
@@ -861,6 +869,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   aa.sinks = a.sinks.data();
   aa.swa_pool = st.kv->swa_pool(l);
   aa.kv_dtype = st.kv->kv_dtype();
+  aa.rope_dim = rope.rope_dim;
   aa.swa = st.swa;
   aa.n_rows = S;
   aa.n_heads = H;
@@ -876,7 +885,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.q = qi;
     ia.weights = wi;
     ia.key_pool = st.kv->index_pool(l);
-    ia.key_dtype = st.kv->kv_dtype();
+    ia.key_dtype = st.kv->index_dtype();
     ia.cand = st.csa.cand;
     ia.n_rows = S;
     ia.n_heads = nI;

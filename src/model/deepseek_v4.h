@@ -63,7 +63,8 @@ class DeepseekV4 {
   ops::Ops* ops() const { return ops_; }
 
   /// The cache layer table derived from the config (one row per layer), with KV pools of
-  /// `kv_dtype` (kF32 default; kBf16 halves the KV bytes, --kv-cache-dtype).
+  /// `kv_dtype` (kF32 default; kBf16 halves the KV bytes, kFp8 stores 608-byte V4 rows,
+  /// --kv-cache-dtype).
   cache::CacheSpec cache_spec(KvDtype kv_dtype = KvDtype::kF32) const;
   /// A KV cache sized from a byte budget (`page_size` tokens per page; 0 → smallest valid size
   /// ≥ 256 that every compression rate divides), allocated through this model's ops.

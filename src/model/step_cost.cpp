@@ -6,7 +6,7 @@
 namespace v4::model {
 
 DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B, int64_t L,
-                              int64_t value_bytes) {
+                              KvDtype kv_dtype) {
   DecodeBytes r;
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   r.expected_experts_per_layer = E * (1.0 - std::pow(1.0 - k / E, double(B)));
@@ -24,7 +24,10 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B,
   }
   r.dense += double(n * n * D) * 4.0 + double(B * D) * 4.0;  // HyperHead fn, embedding rows
   r.head = double(w.head.bytes());
-  const int64_t W = c.sliding_window, hd = c.head_dim, dI = c.index_head_dim;
+  const int64_t W = c.sliding_window;
+  // Row sizes in bytes (kFp8: 608 for V4's 512 = 448 + 64; indexer keys bf16).
+  const int64_t hd = kv_row_bytes(kv_dtype, c.head_dim, c.rope_dim());
+  const int64_t dI = kv_row_bytes(kv_index_dtype(kv_dtype), c.index_head_dim, 0);
   double per_seq = 0;
   for (LayerKind kind : c.layer_types) {
     per_seq += double(std::min<int64_t>(W, L + 1) * hd);
@@ -35,7 +38,7 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B,
       per_seq += double((L + 1) / c.compress_rate_hca * hd);
     }
   }
-  r.kv = per_seq * double(value_bytes) * double(B);
+  r.kv = per_seq * double(B);
   return r;
 }
 

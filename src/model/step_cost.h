@@ -22,7 +22,8 @@ struct DecodeBytes {
   double expected_experts_per_layer = 0;  // E·(1 − (1 − k/E)^B)
   /// lm_head [V, D] in its stored format (read once for the B rows).
   double head = 0;
-  /// KV rows the B queries read, `value_bytes` per stored value: every layer its SWA window
+  /// KV rows the B queries read, in the pools' row format (kv_row_bytes of `kv_dtype`; indexer
+  /// keys of kv_index_dtype): every layer its SWA window
   /// (min(W, L+1) rows × hd); CSA layers + min(topk, ⌊(L+1)/m⌋) compressed rows × hd + all
   /// ⌊(L+1)/m⌋ indexer keys × dI (the indexer scores every candidate); HCA layers
   /// + ⌊(L+1)/m'⌋ rows × hd. (L+1: the decoded token sees the L cached ones and itself.)
@@ -30,7 +31,7 @@ struct DecodeBytes {
   double total() const { return dense + experts + head + kv; }
 };
 DecodeBytes decode_step_bytes(const ModelConfig& cfg, const Weights& w, int64_t batch,
-                              int64_t context, int64_t value_bytes);
+                              int64_t context, KvDtype kv_dtype = KvDtype::kF32);
 
 /// FLOPs of one prefill step of `chunk` tokens at positions [start, start + chunk) of one
 /// sequence (multiply-add = 2 FLOPs):

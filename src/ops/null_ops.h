@@ -22,7 +22,8 @@ class NullOps : public Ops {
   void add(float*, const float*, int64_t) override {}
   void gather_rows(const float*, const int32_t*, int64_t, int64_t, float*) override {}
   void store_rows(float*, const int32_t*, int64_t, int64_t, const float*) override {}
-  void store_rows_kv(void*, KvDtype, const int32_t*, int64_t, int64_t, const float*) override {}
+  void store_rows_kv(void*, KvDtype, const int32_t*, int64_t, int64_t, const float*,
+                     int) override {}
   void embed(const float*, const int32_t*, int64_t, int, int, float*) override {}
   void rms_norm(const float*, const float*, int64_t, int, float, float*) override {}
   void rope(float*, int64_t, int, int, int, const int64_t*, const float*, float, bool) override {}

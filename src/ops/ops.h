@@ -122,8 +122,11 @@ struct AttentionArgs {
   /// Upper bound of swa.count[t] + comp.count[t] over the call, known to the planner (0 =
   /// unknown). Lets a backend split long key lists across thread blocks without reading counts.
   int64_t max_keys = 0;
-  /// Element type of both pools (bf16 rows are widened to f32 on read; math stays f32).
+  /// Element type of both pools (bf16 rows are widened to f32 on read, fp8 rows dequantized
+  /// (kvfp8::dequantize_row); math stays f32).
   KvDtype kv_dtype = KvDtype::kF32;
+  /// Trailing rope channels of a row: kFp8 rows are kv_fp8_layout(head_dim, rope_dim).
+  int rope_dim = 0;
   float* out = nullptr;              // [S, H, hd]
 };
 
@@ -192,7 +195,8 @@ struct CompressFusedArgs {
   const float* inv_freq = nullptr;    // [rd/2]
   float attention_scaling = 1.f;
   void* pool = nullptr;               // [pool rows, d] of pool_dtype: compressed (or indexer) pool
-  KvDtype pool_dtype = KvDtype::kF32; // rows are converted on store (bf16: round-to-nearest-even)
+  KvDtype pool_dtype = KvDtype::kF32; // rows are converted on store (bf16: round-to-nearest-even;
+                                      // fp8: kv_fp8_layout(dim, rope_dim) rows, store_rows_kv)
   float* scratch = nullptr;           // default implementation only (see above)
   /// The caller's promise that no ring row refreshed by this call (ring_dst) is a state slot of
   /// any window (src), so the Ordering rule above holds for any interleaving: a backend may then
@@ -492,11 +496,13 @@ class Ops {
   virtual void store_rows(float* pool, const int32_t* rows, int64_t n, int64_t width,
                           const float* src) = 0;
   /// store_rows into a KV pool of element type `dtype` (pool [pool rows, width] of dtype, src
-  /// [n, width] f32): kF32 copies, kBf16 rounds to nearest even (f32_to_bf16). Default: kF32
-  /// through store_rows; other dtypes throw std::invalid_argument (backends with such pools
-  /// override it).
+  /// [n, width] f32): kF32 copies, kBf16 rounds to nearest even (f32_to_bf16), kFp8 writes
+  /// kv_fp8_layout(width, rope_dim) rows (kvfp8::quantize_row, base/kv_fp8.h: e4m3 nope +
+  /// per-64 f32 scales + bf16 rope; `rope_dim` = trailing rope channels, kFp8 only). Default:
+  /// kF32 through store_rows; other dtypes throw std::invalid_argument (backends with such
+  /// pools override it).
   virtual void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n,
-                             int64_t width, const float* src);
+                             int64_t width, const float* src, int rope_dim = 0);
   /// Whether KV pools of `dtype` work on this backend end to end (store_rows_kv,
   /// compress_fused, indexer_topk, sparse_attention). Default: kF32 only.
   virtual bool supports_kv_dtype(KvDtype dtype) const { return dtype == KvDtype::kF32; }

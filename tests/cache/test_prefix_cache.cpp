@@ -195,6 +195,12 @@ TEST(PrefixCache, Bf16PoolsBranchHitsAreBitIdentical) {
   branch_hits_are_bit_identical(KvDtype::kBf16);
 }
 
+// fp8 KV pools: 608-byte-class rows (e4m3 + scales + bf16 rope) and bf16 indexer keys are
+// copied as whole rows: hits stay bit-identical to cold runs.
+TEST(PrefixCache, Fp8PoolsBranchHitsAreBitIdentical) {
+  branch_hits_are_bit_identical(KvDtype::kFp8);
+}
+
 void eviction_under_pressure(KvDtype kv_dtype) {
   // A small tree store: 14 pages of 128 tokens for 4 concurrent requests of ~300-450 tokens
   // with shared prefixes, 3 waves. Evictions and tombstones must happen.
@@ -234,6 +240,10 @@ TEST(PrefixCache, EvictionUnderPressureKeepsGreedyTokens) {
 
 TEST(PrefixCache, Bf16PoolsEvictionUnderPressureKeepsGreedyTokens) {
   eviction_under_pressure(KvDtype::kBf16);
+}
+
+TEST(PrefixCache, Fp8PoolsEvictionUnderPressureKeepsGreedyTokens) {
+  eviction_under_pressure(KvDtype::kFp8);
 }
 
 TEST(PrefixCache, MultiTurnReusesWholeConversation) {

@@ -146,6 +146,16 @@ TEST(PrefixExact, Bf16PoolsRealRates) {
            KvDtype::kBf16);
 }
 
+// fp8 KV pools (--kv-cache-dtype fp8): rows of two byte sizes (attention rows, bf16 indexer keys).
+TEST(PrefixExact, Fp8PoolsRealRates) {
+  run_cuts("tiny-real-rates", 560, {1, 3, 4, 5, 127, 128, 129, 130, 255, 256, 257, 385, 513},
+           KvDtype::kFp8);
+}
+
+TEST(PrefixExact, Fp8PoolsKindsFixture) {
+  run_cuts("tiny-kinds-fp32", 300, {1, 4, 5, 127, 128, 129, 257}, KvDtype::kFp8);
+}
+
 TEST(PrefixExact, Bf16PoolsKindsFixture) {
   run_cuts("tiny-kinds-fp32", 300, {1, 4, 5, 127, 128, 129, 257}, KvDtype::kBf16);
 }

@@ -115,9 +115,9 @@ class OpaqueOps final : public ops::Ops {
     in_->store_rows(p, r, n, w, s);
   }
   void store_rows_kv(void* p, KvDtype dt, const int32_t* r, int64_t n, int64_t w,
-                     const float* s) override {
+                     const float* s, int rope_dim) override {
     Open o(this);
-    in_->store_rows_kv(p, dt, r, n, w, s);
+    in_->store_rows_kv(p, dt, r, n, w, s, rope_dim);
   }
   bool supports_kv_dtype(KvDtype dt) const override { return in_->supports_kv_dtype(dt); }
   void embed(const float* t, const int32_t* ids, int64_t S, int D, int n, float* out) override {

@@ -69,6 +69,14 @@ TEST(CliBench, KvCacheDtypeBf16HalvesPoolBytes) {
   ASSERT_FALSE(row.empty()) << bf16;
   EXPECT_EQ(row.find("does not fit"), std::string::npos) << bf16;
   EXPECT_GT(std::atof(cells(row)[4].c_str()), 0) << row;
+  // fp8 rows (608 bytes of 2048 at hd 512; 64 of 128 at the fixture's 32 = 24 + 8) fit too: the
+  // pools are filled with e4m3 bytes and decode reads them through the fp8 attention path.
+  const std::string fp8 = report("fp8");
+  EXPECT_NE(fp8.find("KV cache fp8"), std::string::npos) << fp8;
+  const std::string row8 = decode_row(fp8);
+  ASSERT_FALSE(row8.empty()) << fp8;
+  EXPECT_EQ(row8.find("does not fit"), std::string::npos) << fp8;
+  EXPECT_GT(std::atof(cells(row8)[4].c_str()), 0) << row8;
 }
 
 TEST(CliBench, TinyDummyWritesEveryCell) {

@@ -59,7 +59,7 @@ TEST(KvBf16, ParseNames) {
   EXPECT_EQ(d, KvDtype::kBf16);
   EXPECT_TRUE(parse_kv_dtype("f32", &d));
   EXPECT_EQ(d, KvDtype::kF32);
-  EXPECT_FALSE(parse_kv_dtype("fp8", &d));
+  EXPECT_FALSE(parse_kv_dtype("fp9", &d));
   EXPECT_EQ(kv_dtype_size(KvDtype::kBf16), 2);
   EXPECT_EQ(kv_dtype_size(KvDtype::kF32), 4);
 }

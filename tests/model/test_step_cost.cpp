@@ -42,7 +42,7 @@ TEST(StepCost, DecodeBytesOfTheTinyConfig) {
   const Weights& w = m->weights();
   for (int64_t L : {0, 5, 100, 1000}) {
     for (int64_t B : {1, 3, 64}) {
-      const DecodeBytes d = decode_step_bytes(c, w, B, L, 4);
+      const DecodeBytes d = decode_step_bytes(c, w, B, L, KvDtype::kF32);
       // KV: brute force over layers and positions.
       int64_t values = 0;
       for (LayerKind k : c.layer_types) {
@@ -66,7 +66,7 @@ TEST(StepCost, DecodeBytesOfTheTinyConfig) {
   }
   // Closed form at B = 1: exactly k experts; Monte-Carlo check of E·(1 − (1 − k/E)^B) for the
   // V4-Flash numbers (E = 256, k = 6) — B·k independent uniform picks.
-  EXPECT_NEAR(decode_step_bytes(c, w, 1, 10, 4).expected_experts_per_layer, c.num_experts_per_tok,
+  EXPECT_NEAR(decode_step_bytes(c, w, 1, 10, KvDtype::kF32).expected_experts_per_layer, c.num_experts_per_tok,
               1e-12);
   std::mt19937_64 g(5);
   for (int B : {1, 16, 64, 256}) {

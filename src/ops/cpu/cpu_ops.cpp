@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/kv_fp8.h"
 #include "base/thread_pool.h"
 #include "ops/cpu/gemm.h"
 #include "ops/fill_random.h"
@@ -56,10 +57,16 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 // Row `row` (width `dim`) of a KV pool of element type `dt` as f32: a pointer into the pool for
-// kF32, else the row widened into `buf` (dim floats; bf16 → f32 is exact).
+// kF32, else the row widened into `buf` (dim floats; bf16 → f32 is exact; kFp8 rows,
+// kv_fp8_layout(dim, rope_dim), dequantized by kvfp8::dequantize_row).
 inline const float* kv_row_f32(const void* pool, KvDtype dt, int64_t row, int64_t dim,
-                               float* buf) {
+                               float* buf, int rope_dim = 0) {
   if (dt == KvDtype::kF32) return static_cast<const float*>(pool) + row * dim;
+  if (dt == KvDtype::kFp8) {
+    const KvFp8Layout L = kv_fp8_layout(int(dim), rope_dim);
+    kvfp8::dequantize_row(static_cast<const uint8_t*>(pool) + row * L.bytes, L, buf);
+    return buf;
+  }
   const uint16_t* p = static_cast<const uint16_t*>(pool) + row * dim;
   for (int64_t i = 0; i < dim; ++i) buf[i] = bf16_to_f32(p[i]);
   return buf;
@@ -189,9 +196,18 @@ class CpuOps final : public Ops {
   bool supports_kv_dtype(KvDtype) const override { return true; }
 
   void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n, int64_t width,
-                     const float* src) override {
+                     const float* src, int rope_dim) override {
     if (dtype == KvDtype::kF32) {
       store_rows(static_cast<float*>(pool), rows, n, width, src);
+      return;
+    }
+    if (dtype == KvDtype::kFp8) {
+      if (rope_dim < 0 || rope_dim > width)
+        throw std::invalid_argument("store_rows_kv: fp8 rope_dim out of range");
+      const KvFp8Layout L = kv_fp8_layout(int(width), rope_dim);
+      uint8_t* p = static_cast<uint8_t*>(pool);
+      for (int64_t i = 0; i < n; ++i)
+        if (rows[i] >= 0) kvfp8::quantize_row(src + i * width, L, p + int64_t(rows[i]) * L.bytes);
       return;
     }
     uint16_t* p = static_cast<uint16_t*>(pool);
@@ -474,7 +490,8 @@ class CpuOps final : public Ops {
             if (a.kv_dtype != KvDtype::kF32) kbuf.resize(key_rows.size() * size_t(hd));
             for (size_t j = 0; j < key_rows.size(); ++j)
               keys[j] = kv_row_f32(key_rows[j].first, a.kv_dtype, key_rows[j].second, hd,
-                                   kbuf.data() + (a.kv_dtype != KvDtype::kF32 ? j * hd : 0));
+                                   kbuf.data() + (a.kv_dtype != KvDtype::kF32 ? j * hd : 0),
+                                   a.rope_dim);
             const float* q = a.q + (t * H + h) * hd;
             logit.resize(keys.size());
             float mx = a.sinks[h];

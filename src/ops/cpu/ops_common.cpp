@@ -64,7 +64,7 @@ void Ops::fill_random(void* dst, int64_t n, RandomFill kind, float scale, uint64
 }
 
 void Ops::store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n, int64_t width,
-                        const float* src) {
+                        const float* src, int /*rope_dim*/) {
   if (dtype != KvDtype::kF32)
     throw std::invalid_argument("store_rows_kv: backend " + name() + " has no " +
                                 kv_dtype_name(dtype) + " KV pools");
@@ -112,7 +112,7 @@ void Ops::compress_fused(const CompressFusedArgs& a) {
     if (a.rope_dim > 0)
       rope(tmp, a.n_out, 1, a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_scaling,
            false);
-    store_rows_kv(a.pool, a.pool_dtype, a.dst, a.n_out, a.dim, tmp);
+    store_rows_kv(a.pool, a.pool_dtype, a.dst, a.n_out, a.dim, tmp, a.rope_dim);
   }
   if (a.n_ring > 0) {  // after the pooling: it may read ring rows refreshed here
     gather_rows(a.fresh_kv, a.ring_src, a.n_ring, cd, tmp);

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "ops/cuda/attention.h"
-#include "ops/cuda/device_util.cuh"  // kv_load, kv_load4 (f32 or bf16 pools)
+#include "ops/cuda/device_util.cuh"  // kv_row_load, kv_row_load4 (f32, bf16 or fp8 pools)
 
 namespace v4::cuda {
 namespace {
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
           const int32_t r = key_row(a, t, j, n_swa);
           if (r >= 0) {
             const void* pool = j >= n_swa ? a.comp_pool : a.swa_pool;
-            pre[i] = kv_load4(pool, a.kv_dtype, int64_t(r) * hd + 4 * c4);
+            pre[i] = kv_row_load4(pool, a.kv_dtype, r, hd, 4 * c4, a.rope_dim);
           }
         }
       }
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_split_kernel(ops::AttentionA
         const int key = e / hd, c = e - key * hd;
         const int32_t r = rows_s[key];
         const void* pool = comp_s[key] ? a.comp_pool : a.swa_pool;
-        tile[key * hd + c] = r >= 0 ? kv_load(pool, a.kv_dtype, int64_t(r) * hd + c) : 0.f;
+        tile[key * hd + c] = r >= 0 ? kv_row_load(pool, a.kv_dtype, r, hd, c, a.rope_dim) : 0.f;
       }
       __syncthreads();
     }
@@ -287,6 +287,12 @@ Status sparse_attention_split(const ops::AttentionArgs& a, int n_splits, float* 
   if (n_splits < 1 || n_splits > kMaxCombineSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_split: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
+  if (a.kv_dtype == KvDtype::kFp8 &&
+      (a.rope_dim < 0 || a.rope_dim > a.head_dim || (a.head_dim - a.rope_dim) % 4 != 0))
+    return errorf(ErrorCode::kInvalidArgument,
+                  "sparse_attention_split: fp8 rows need (head_dim − rope_dim) % 4 == 0 "
+                  "(head_dim {}, rope_dim {})",
+                  a.head_dim, a.rope_dim);
   const int per = (a.head_dim + 31) / 32;
   if (per <= 1) return launch<1>(a, n_splits, workspace, stream);
   if (per <= 2) return launch<2>(a, n_splits, workspace, stream);

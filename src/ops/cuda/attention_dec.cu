@@ -7,7 +7,9 @@
 //                                 on distinct 16-byte bank groups)
 //   kb     bf16 [32 keys][520]    the current key tile, converted from the staged rows
 //   stage  2 × [32 keys][row bytes]  cp.async staging of the next two tiles (f32 pools: 2 KiB a
-//                                 row; bf16 pools, --kv-cache-dtype bf16: 1 KiB, copied as is);
+//                                 row; bf16 pools, --kv-cache-dtype bf16: 1 KiB, copied as is;
+//                                 fp8 pools: the 608-byte row in a 640-byte slot, dequantized
+//                                 by the conversion);
 //                                 the stage just converted doubles as the S exchange buffer
 //                                 ([8 warps][16][40] f32) until the tile after next is issued
 // Split partials are merged by attn_dec_combine_kernel (one block per (row, head, 128 dims)).
@@ -29,6 +31,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "base/kv_fp8.h"  // kvfp8::dequantize (fp8 KV pools)
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
 
@@ -44,15 +47,26 @@ constexpr int kLdB = kHd + 8;               // bf16 row stride of qs / kb (eleme
 constexpr int kSxLd = 40;                   // f32 row stride of the S exchange (conflict-free)
 constexpr int kMaxSplits = 256;             // the combine kernel's weight buffer
 
-/// How key rows of a pool element type are staged and turned into bf16: rows are copied as
-/// 16-byte chunks (cp.async) and each chunk converts to kElems bf16 values. The only place that
-/// knows the pool format (f32 today; a bf16 / fp8 pool adds a specialization).
+/// How key rows of a pool element type are staged and turned into bf16: a pool row is
+/// kRowBytes bytes; it is copied as 16-byte chunks (cp.async) into a kStageRowBytes slot (chunks
+/// past kRowBytes are zero-filled) and turned into kb's 512 bf16 values by kConvItems calls of
+/// convert_item (one row's items are independent). The only place that knows the pool format.
 template <typename T>
 struct KeyPool;
+/// Row-chunk conversions of the f32 and bf16 pools: item c = 16-byte chunk c → kElems values.
+template <typename Self>
+struct ChunkConvert {
+  __device__ static __forceinline__ void convert_item(const unsigned char* row, int c,
+                                                      __nv_bfloat16* kb_row) {
+    Self::convert(row + 16 * c, kb_row + Self::kElems * c);
+  }
+};
 template <>
-struct KeyPool<float> {
+struct KeyPool<float> : ChunkConvert<KeyPool<float>> {
   static constexpr int kRowBytes = kHd * 4;
+  static constexpr int kStageRowBytes = kRowBytes;
   static constexpr int kElems = 4;  // per 16-byte chunk
+  static constexpr int kConvItems = kRowBytes / 16;
   /// Converts chunk `c` of a staged row (16 bytes at src) into dst[0..3].
   __device__ static __forceinline__ void convert(const unsigned char* src,
                                                  __nv_bfloat16* dst) {
@@ -66,13 +80,61 @@ struct KeyPool<float> {
   }
 };
 template <>
-struct KeyPool<__nv_bfloat16> {  // bf16 KV pools (--kv-cache-dtype bf16): staged bytes are kb's
+struct KeyPool<__nv_bfloat16> : ChunkConvert<KeyPool<__nv_bfloat16>> {
+  // bf16 KV pools (--kv-cache-dtype bf16): staged bytes are kb's
   static constexpr int kRowBytes = kHd * 2;
+  static constexpr int kStageRowBytes = kRowBytes;
   static constexpr int kElems = 8;  // per 16-byte chunk
+  static constexpr int kConvItems = kRowBytes / 16;
   /// Copies chunk `c` of a staged row (8 bf16 at src) to dst[0..7] unchanged.
   __device__ static __forceinline__ void convert(const unsigned char* src,
                                                  __nv_bfloat16* dst) {
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+};
+/// fp8 KV pools (--kv-cache-dtype fp8; KvFp8Layout of (512, 64), base/dtype.h): 448 e4m3 codes,
+/// 7 f32 scales (one per 64 codes) + 4 bytes padding at 448, 64 bf16 rope values at 480; 608
+/// bytes a row, staged in 640-byte slots (so a stage holds the S exchange; 40 chunks a row keep
+/// the issue loop uniform). Items 0..27: 16 codes each → 16 bf16 (kvfp8::dequantize, then round
+/// to bf16); items 28..35: 8 rope values each, copied.
+struct KvFp8Row;  // tag: the kernel addresses rows in bytes
+template <>
+struct KeyPool<KvFp8Row> {
+  // Scalars of kv_fp8_layout(512, 64) (plain ints: usable in device code).
+  static constexpr int kNope = kv_fp8_layout(kHd, 64).nope;            // 448
+  static constexpr int kScaleOff = kv_fp8_layout(kHd, 64).scale_off;   // 448
+  static constexpr int kRopeOff = kv_fp8_layout(kHd, 64).rope_off;     // 480
+  static constexpr int kRope = kv_fp8_layout(kHd, 64).rope;            // 64
+  static constexpr int kRowBytes = kv_fp8_layout(kHd, 64).bytes;       // 608
+  static constexpr int kStageRowBytes = 640;
+  static constexpr int kNopeItems = kNope / 16;                        // 28
+  static constexpr int kConvItems = kNopeItems + 2 * kRope / 16;       // 36
+  static_assert(kNope == 448 && kScaleOff == 448 && kRopeOff == 480 && kRowBytes == 608 &&
+                    KvFp8Layout::kBlock == 64 && kRowBytes <= kStageRowBytes,
+                "fp8 row layout assumed below");
+  __device__ static __forceinline__ void convert_item(const unsigned char* row, int c,
+                                                      __nv_bfloat16* kb_row) {
+    if (c < kNopeItems) {
+      const float scale = *reinterpret_cast<const float*>(row + kScaleOff + 4 * (c >> 2));
+      const uint4 codes = *reinterpret_cast<const uint4*>(row + 16 * c);
+      const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+      uint32_t packed[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t word = w[i >> 1] >> (16 * (i & 1));  // codes 2i, 2i+1 (little endian)
+        const __nv_bfloat162 v =
+            __floats2bfloat162_rn(kvfp8::dequantize(uint8_t(word & 0xffu), scale),
+                                  kvfp8::dequantize(uint8_t((word >> 8) & 0xffu), scale));
+        packed[i] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(kb_row + 16 * c);
+      dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    } else {
+      const int r = c - kNopeItems;  // rope values 8r .. 8r+7
+      *reinterpret_cast<uint4*>(kb_row + kNope + 8 * r) =
+          *reinterpret_cast<const uint4*>(row + kRopeOff + 16 * r);
+    }
   }
 };
 
@@ -80,7 +142,7 @@ constexpr size_t kQsBytes = size_t(kHeads) * kLdB * 2;  // 66,560
 constexpr size_t kKbBytes = size_t(kKT) * kLdB * 2;     // 33,280
 template <typename T>
 constexpr size_t stage_bytes() {
-  return size_t(kKT) * KeyPool<T>::kRowBytes;
+  return size_t(kKT) * KeyPool<T>::kStageRowBytes;
 }
 template <typename T>
 constexpr size_t smem_bytes() {
@@ -92,6 +154,9 @@ static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<__nv_bfloat16>(),
               "S exchange must fit a bf16 stage");
 static_assert(kKT * (KeyPool<__nv_bfloat16>::kRowBytes / 16) % kThreads == 0,
               "uniform bf16 issue loop");
+static_assert(size_t(8) * 16 * kSxLd * 4 <= stage_bytes<KvFp8Row>(),
+              "S exchange must fit an fp8 stage");
+static_assert(smem_bytes<KvFp8Row>() <= smem_bytes<float>(), "fp8 smem within the f32 budget");
 static_assert(kQsBytes % 16 == 0 && kKbBytes % 16 == 0, "cp.async / ldmatrix alignment");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -363,7 +428,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __nv_bfloat16* kb = reinterpret_cast<__nv_bfloat16*>(smem + kQsBytes);
   unsigned char* stage0 = smem + kQsBytes + kKbBytes;
   constexpr size_t kStage = stage_bytes<T>();
-  constexpr int kChunksPerRow = KeyPool<T>::kRowBytes / 16;
+  constexpr int kChunksPerRow = KeyPool<T>::kStageRowBytes / 16;  // issued per key
+  constexpr int kConvItems = KeyPool<T>::kConvItems;
   __shared__ int32_t rows_s[2][kKT];  // pool row per key of the staged tiles (−1: masked)
   if constexpr (kTrigger) {  // PDL launch (variant 2): predecessor complete before any access
     pdl_wait();
@@ -401,11 +467,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int key = e / kChunksPerRow, c = e % kChunksPerRow;
       const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
       const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
-      const void* src = r >= 0 ? static_cast<const void*>(
-                                     reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) +
-                                     16 * c)
-                               : static_cast<const void*>(a.q);
-      cp_async16(st + size_t(key) * KeyPool<T>::kRowBytes + 16 * c, src, r >= 0);
+      // Chunks past the pool row (fp8: 38, 39 of the 640-byte slot) are zero-filled, not read.
+      const bool in_row = 16 * c < KeyPool<T>::kRowBytes;
+      const void* src = r >= 0 && in_row
+                            ? static_cast<const void*>(reinterpret_cast<const unsigned char*>(pool) +
+                                                       int64_t(r) * KeyPool<T>::kRowBytes + 16 * c)
+                            : static_cast<const void*>(a.q);
+      cp_async16(st + size_t(key) * KeyPool<T>::kStageRowBytes + 16 * c, src, r >= 0 && in_row);
     }
     if (warp == 0) rows_s[buf][lane] = my_r;
     cp_async_commit();
@@ -433,10 +501,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_wait<0>();
     }
     __syncthreads();  // stage `buf` (and, on the first tile, qs) visible to every thread
-    for (int e = threadIdx.x; e < kKT * kChunksPerRow; e += kThreads) {
-      const int key = e / kChunksPerRow, c = e % kChunksPerRow;
-      KeyPool<T>::convert(st + size_t(key) * KeyPool<T>::kRowBytes + 16 * c,
-                          kb + key * kLdB + KeyPool<T>::kElems * c);
+    for (int e = threadIdx.x; e < kKT * kConvItems; e += kThreads) {
+      const int key = e / kConvItems, c = e % kConvItems;
+      KeyPool<T>::convert_item(st + size_t(key) * KeyPool<T>::kStageRowBytes, c,
+                               kb + key * kLdB);
     }
     __syncthreads();  // kb complete; stage `buf` free (reused as the S exchange)
 
@@ -914,6 +982,17 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
     else
       V4_RETURN_IF_ERROR((launch_main<1, B>(attn_dec_kernel<B, false>, smem_bytes<B>(), a,
                                              n_splits, workspace, grid, false, stream)));
+  } else if (a.kv_dtype == KvDtype::kFp8) {  // fp8 pools: 608-byte rows, dequantized to kb (v1 body)
+    if (a.rope_dim != 64)
+      return errorf(ErrorCode::kUnsupported, "sparse_attention_dec: fp8 rows need rope_dim 64 "
+                    "(got {})", a.rope_dim);
+    using F8 = KvFp8Row;
+    if (variant == 2)
+      V4_RETURN_IF_ERROR((launch_main<5, F8>(attn_dec_kernel<F8, true>, smem_bytes<F8>(), a,
+                                              n_splits, workspace, grid, pdl, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<6, F8>(attn_dec_kernel<F8, false>, smem_bytes<F8>(), a,
+                                              n_splits, workspace, grid, false, stream)));
   } else if (a.kv_dtype == KvDtype::kF32) {  // v2 has no f32 ring (smem): v1 + PDL combine
     if (variant == 2)
       V4_RETURN_IF_ERROR((launch_main<2, float>(attn_dec_kernel<float, true>, smem_bytes<float>(),

@@ -375,6 +375,8 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
   if (a.n_out > 0x7fffffff || a.n_ring > 0x7fffffff)
     return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows, {} ring rows",
                   a.n_out, a.n_ring);
+  if (a.pool_dtype == KvDtype::kFp8)  // CudaOps::compress_fused composes fp8 stores instead
+    return errorf(ErrorCode::kUnsupported, "compress_fused: fp8 pools (use the composition)");
   const int64_t width = int64_t(a.overlap) * d;
   bool ring_done = a.n_ring == 0;
   if (a.n_out > 0) {

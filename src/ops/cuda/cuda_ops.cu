@@ -64,6 +64,40 @@ __global__ void store_rows_bf16_kernel(const float* __restrict__ src,
   }
 }
 
+// pool row rows[i] = the fp8 row (KvFp8Layout L) of src[i, :] (rows[i] < 0: skipped); one warp
+// a row. The same per-value operations as the CPU's kvfp8::quantize_row (base/kv_fp8.h): block
+// amax over finite |x| (a max is exact in any order), scale = block_scale(amax), codes =
+// quantize(x, scale), rope bf16_encode, every padding byte 0 — so the bytes are the CPU's.
+__global__ void store_rows_fp8_kernel(const float* __restrict__ src,
+                                      const int32_t* __restrict__ rows, int64_t n, int width,
+                                      KvFp8Layout L, uint8_t* __restrict__ pool) {
+  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (i >= n) return;  // whole warps
+  const int32_t p = rows[i];
+  if (p < 0) return;
+  const float* x = src + i * width;
+  uint8_t* dst = pool + int64_t(p) * L.bytes;
+  for (int b = 0; b < L.n_scales; ++b) {
+    const int c0 = b * KvFp8Layout::kBlock;
+    const int c1 = min(c0 + KvFp8Layout::kBlock, L.nope);
+    const int ca = c0 + lane, cb = c0 + 32 + lane;  // kBlock == 64: two values a lane
+    const float va = ca < c1 ? x[ca] : 0.f, vb = cb < c1 ? x[cb] : 0.f;
+    float m = fmaxf(kvfp8::abs_finite(va), kvfp8::abs_finite(vb));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const float s = kvfp8::block_scale(m);
+    if (ca < c1) dst[ca] = kvfp8::quantize(va, s);
+    if (cb < c1) dst[cb] = kvfp8::quantize(vb, s);
+    if (lane == 0) *reinterpret_cast<float*>(dst + L.scale_off + 4 * b) = s;
+  }
+  for (int o = L.nope + lane; o < L.scale_off; o += 32) dst[o] = 0;
+  for (int o = L.scale_off + 4 * L.n_scales + lane; o < L.rope_off; o += 32) dst[o] = 0;
+  for (int r = lane; r < L.rope; r += 32)
+    reinterpret_cast<uint16_t*>(dst + L.rope_off)[r] = kvfp8::bf16_encode(x[L.nope + r]);
+  for (int o = L.rope_off + 2 * L.rope + lane; o < L.bytes; o += 32) dst[o] = 0;
+}
+
 // dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
 __global__ void rows_copy_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
                                  int64_t n, int64_t width, float* __restrict__ dst, bool scatter) {
@@ -216,13 +250,12 @@ __global__ void attention_kernel(AttentionArgs a) {
     for (int32_t j = 0; j < cnt; ++j) {
       const int32_t r = rows[j];
       if (r < 0) continue;
-      const int64_t key = int64_t(r) * hd;  // first value of the row
       float kv[kPer];
       float d = 0.f;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int c = lane + 32 * i;
-        kv[i] = c < hd ? kv_load(pool, a.kv_dtype, key + c) : 0.f;
+        kv[i] = c < hd ? cuda::kv_row_load(pool, a.kv_dtype, r, hd, c, a.rope_dim) : 0.f;
         d += qv[i] * kv[i];
       }
 #pragma unroll
@@ -498,8 +531,12 @@ class CudaOps final : public Ops {
   /// f32 and bf16 KV pools: bf16 is read by attention_dec (KeyPool<bf16>), the split kernel, the
   /// generic kernels and the indexer; attention_mma (TF32, prefill) takes f32 pools only, so bf16
   /// prefill attention runs attention_dec too (sparse_attention below).
+  /// fp8 pools (rows of KvFp8Layout): stored by store_rows_fp8_kernel (SWA) and by the
+  /// default compress_fused composition (compressed rows; FlashCompressor stores f32 / bf16
+  /// only), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
+  /// split kernel and the generic kernel; their indexer keys are bf16.
   bool supports_kv_dtype(KvDtype dt) const override {
-    return dt == KvDtype::kF32 || dt == KvDtype::kBf16;
+    return dt == KvDtype::kF32 || dt == KvDtype::kBf16 || dt == KvDtype::kFp8;
   }
   void linear_w_grouped(const float* x, int64_t ldx, const WeightView& w, int groups, int64_t M,
                         float* y, int64_t ldy) override {
@@ -536,9 +573,23 @@ class CudaOps final : public Ops {
     launched("store_rows");
   }
   void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n, int64_t width,
-                     const float* src) override {
+                     const float* src, int rope_dim) override {
     if (dtype == KvDtype::kF32) {
       store_rows(static_cast<float*>(pool), rows, n, width, src);
+      return;
+    }
+    if (dtype == KvDtype::kFp8) {
+      if (rope_dim < 0 || rope_dim > width || width > (int64_t(1) << 20)) {
+        record(cuda::errorf(ErrorCode::kInvalidArgument,
+                            "store_rows_kv: fp8 width {} rope_dim {}", width, rope_dim));
+        return;
+      }
+      if (n <= 0) return;
+      const KvFp8Layout L = kv_fp8_layout(int(width), rope_dim);
+      constexpr int kWarps = 4;
+      store_rows_fp8_kernel<<<unsigned((n + kWarps - 1) / kWarps), 32 * kWarps, 0, cs()>>>(
+          src, rows, n, int(width), L, static_cast<uint8_t*>(pool));
+      launched("store_rows_fp8");
       return;
     }
     if (dtype != KvDtype::kBf16) {
@@ -622,6 +673,18 @@ class CudaOps final : public Ops {
   }
 
   void compress_fused(const CompressFusedArgs& a) override {
+    if (a.pool_dtype == KvDtype::kFp8) {
+      // fp8 compressed rows: the default composition (pool, norm, rope into scratch, then
+      // store_rows_kv's fp8 kernel, then the ring refresh). FlashCompressor's fused store
+      // writes f32 / bf16 values only (follow-up: quantize in its final store).
+      if (a.n_out > 0 && !a.scratch) {
+        record(cuda::errorf(ErrorCode::kInvalidArgument,
+                            "compress_fused: fp8 pools need CompressFusedArgs::scratch"));
+        return;
+      }
+      Ops::compress_fused(a);
+      return;
+    }
     record(cuda::compress_fused(a, cs()));
   }
 
@@ -690,12 +753,14 @@ class CudaOps final : public Ops {
                           kAttnMaxHd));
       return;
     }
-    // bf16 KV pools take attention_dec at every row count: attention_mma (TF32) stages f32 rows
-    // only, and with the split kernel a 4,096-token prefill step took 899 ms instead of 577.
+    // bf16 / fp8 KV pools take attention_dec at every row count: attention_mma (TF32) stages f32
+    // rows only, and with the split kernel a 4,096-token prefill step took 899 ms instead of 577
+    // (bf16). fp8 rows need rope_dim 64 there (KeyPool<KvFp8Row>); others take the split kernel.
     const bool dec_rows =
         a.n_rows <= opts_.attention_dec_max_rows || a.kv_dtype != KvDtype::kF32;
     if (!batch_invariant_ && opts_.attention_dec && dec_rows &&
-        cuda::attention_dec_supported(a.n_heads, a.head_dim)) {
+        cuda::attention_dec_supported(a.n_heads, a.head_dim) &&
+        (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
       const int splits = cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
                                                     a.kv_dtype == KvDtype::kBf16 ? 2 : 4);

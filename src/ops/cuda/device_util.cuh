@@ -2,7 +2,8 @@
 #pragma once
 #include <cstdint>
 
-#include "base/dtype.h"  // KvDtype
+#include "base/dtype.h"   // KvDtype
+#include "base/kv_fp8.h"  // fp8 KV rows: kvfp8::quantize / dequantize (shared with the CPU)
 
 namespace v4::cuda {
 
@@ -32,6 +33,41 @@ __device__ __forceinline__ uint16_t kv_f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
+/// Value c of row `row` of an attention KV pool (rows of `dim` values, `rope_dim` of them rope):
+/// f32 / bf16 as kv_load; kFp8 rows (kv_fp8_layout(dim, rope_dim)) dequantized (nope: code ·
+/// its block's scale, kvfp8::dequantize; rope: bf16 widened), as the CPU backend reads them.
+__device__ __forceinline__ float kv_row_load(const void* pool, KvDtype dt, int64_t row, int dim,
+                                             int c, int rope_dim) {
+  if (dt != KvDtype::kFp8) return kv_load(pool, dt, row * dim + c);
+  const KvFp8Layout L = kv_fp8_layout(dim, rope_dim);
+  const unsigned char* p = static_cast<const unsigned char*>(pool) + row * L.bytes;
+  if (c < L.nope)
+    return kvfp8::dequantize(
+        p[c], __ldg(reinterpret_cast<const float*>(p + L.scale_off) + c / KvFp8Layout::kBlock));
+  return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(p + L.rope_off)[c - L.nope])
+                         << 16);
+}
+/// Values [c, c + 4) of row `row` (c % 4 == 0) as kv_row_load; kFp8 needs (dim − rope_dim) % 4
+/// == 0 (the 4 values are all nope, in one 64-block, or all rope) — the host checks it.
+__device__ __forceinline__ float4 kv_row_load4(const void* pool, KvDtype dt, int64_t row, int dim,
+                                               int c, int rope_dim) {
+  if (dt != KvDtype::kFp8) return kv_load4(pool, dt, row * dim + c);
+  const KvFp8Layout L = kv_fp8_layout(dim, rope_dim);
+  const unsigned char* p = static_cast<const unsigned char*>(pool) + row * L.bytes;
+  if (c < L.nope) {
+    const float s =
+        __ldg(reinterpret_cast<const float*>(p + L.scale_off) + c / KvFp8Layout::kBlock);
+    const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(p + c));  // 4 codes
+    return make_float4(kvfp8::dequantize(uint8_t(w & 0xffu), s),
+                       kvfp8::dequantize(uint8_t((w >> 8) & 0xffu), s),
+                       kvfp8::dequantize(uint8_t((w >> 16) & 0xffu), s),
+                       kvfp8::dequantize(uint8_t(w >> 24), s));
+  }
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p + L.rope_off + 2 * (c - L.nope)));
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 /// Stores v as value i of a KV pool of element type `dt`.
 __device__ __forceinline__ void kv_store(void* pool, KvDtype dt, int64_t i, float v) {
   if (dt == KvDtype::kBf16)

@@ -1,0 +1,394 @@
+// fp8 KV cache pools (--kv-cache-dtype fp8: e4m3 nope + per-64 f32 scales + bf16 rope rows,
+// KvFp8Layout) on the CUDA backend, against the CPU backend (the reference quantizer,
+// base/kv_fp8.h) on the same inputs (device outputs poisoned first):
+//  - store_rows_kv: the device rows equal the CPU's byte for byte (every byte of the pool,
+//    padding included) on random rows and on rows of zeros, huge (1e30), tiny (< 2^-64 and f32
+//    subnormal) values, NaN / ±Inf, −0, several layouts (V4 512/64, the fixtures' 32/8, nope not
+//    a multiple of 16 or 64);
+//  - compress_fused into an fp8 pool (CudaOps composes pool/norm/rope + the fp8 store): each
+//    row within one e4m3 step of the CPU op's row (the f32 values before quantization may differ
+//    in the last bits: summation order), ≥ 90% of the bytes identical, rings exact;
+//  - sparse_attention over fp8 pools vs the CPU op on the same bytes: the decode kernel
+//    (KeyPool<KvFp8Row>: bf16 mma over the dequantized rows, tolerance 1e-2 as for f32 / bf16
+//    pools), the split kernel (fp32: 1e-5; vec4 and scalar loads), CudaOps in fp32 mode (split;
+//    generic kernel for hd 576), in bf16 mode with many and few rows (decode kernel at any row
+//    count, as for bf16 pools) and with rope_dim ≠ 64 (the decode kernel refuses it: split);
+//  - a model decode on the fixtures (bf16 precision): fp8 vs f32 pools within 1.0 of max |logit|
+//    (the CPU test's bound, tests/model/test_kv_fp8.cpp; CPU measured ≤ 0.81), greedy agreement
+//    with the transformers oracle ≥ 80% of positions (CPU fp8: ≥ 90.1%), every logit finite, and
+//    not bit-identical to the f32-pool run.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "../model/compressor_cases.h"
+#include "../model/model_test_util.h"
+#include "base/dtype.h"
+#include "base/kv_fp8.h"
+#include "cuda_test_util.h"
+#include "model/deepseek_v4.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_dec.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/ops.h"
+
+namespace v4::ops {
+namespace {
+
+using cuda::testing::Dev;
+using cuda::testing::rand_int;
+using cuda::testing::randn;
+
+std::unique_ptr<Ops> cuda_ops(Precision p) {
+  CudaOptions o;
+  o.precision = p;
+  auto r = make_cuda_ops(o);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+/// Quantized rows of x [rows, dim] (host reference).
+std::vector<uint8_t> quantize_rows(const std::vector<float>& x, int dim, int rope) {
+  const KvFp8Layout L = kv_fp8_layout(dim, rope);
+  const size_t rows = x.size() / size_t(dim);
+  std::vector<uint8_t> q(rows * size_t(L.bytes));
+  for (size_t r = 0; r < rows; ++r) kvfp8::quantize_row(&x[r * dim], L, &q[r * L.bytes]);
+  return q;
+}
+
+/// max |a − b| / max |b| (NaN in a → infinity).
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return INFINITY;
+    num = std::max(num, std::fabs(double(a[i]) - b[i]));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return num / den;
+}
+
+TEST(CudaKvFp8, StoreRowsKvBytesEqualCpu) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kFp32);
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(g->supports_kv_dtype(KvDtype::kFp8));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  struct Shape { int width, rope; };
+  for (Shape s : {Shape{512, 64}, Shape{32, 8}, Shape{200, 8}, Shape{100, 10}, Shape{64, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << s.width << " rope " << s.rope);
+    const KvFp8Layout L = kv_fp8_layout(s.width, s.rope);
+    const int64_t n = 45, pool_rows = 50, w = s.width;
+    auto src = randn(size_t(n * w), 2.f);
+    auto row = [&](int64_t i) { return &src[size_t(i * w)]; };
+    for (int64_t c = 0; c < w; ++c) {
+      row(0)[c] = 0.f;                                  // all zeros
+      row(1)[c] *= 1e30f;                               // huge
+      row(2)[c] *= 1e-25f;                              // amax < 2^-64: a zero block
+      row(3)[c] = c % 3 == 0 ? 1e-40f : row(3)[c] * 1e-3f;  // f32 subnormals among small values
+      row(4)[c] = c % 2 ? -0.f : 0.f;                   // signed zeros
+    }
+    row(5)[0] = nan;
+    row(5)[1] = inf;
+    row(5)[w - 1] = -inf;  // rope (or nope when rope = 0)
+    row(6)[w / 2] = 448.f * 16;
+    row(7)[0] = 3e38f;
+    row(7)[1] = -3e38f;
+    // ties in the quantized domain: x / scale lands on e4m3 midpoints for scale 1 (amax 448)
+    row(8)[0] = 448.f;
+    if (w > 4) {
+      row(8)[1] = 1.f + 1.f / 16;  // between 1 and 1.125: tie → even (1)
+      row(8)[2] = 3 * 0x1p-10f;    // subnormal tie → even (2·2^-9)
+      row(8)[3] = 0x1p-10f;        // subnormal tie → 0
+    }
+    std::vector<int32_t> rows(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = i % 7 == 6 ? -1 : int32_t((i * 7) % pool_rows);
+    std::vector<uint8_t> cpu(size_t(pool_rows * L.bytes), 0xAB);
+    make_cpu_ops()->store_rows_kv(cpu.data(), KvDtype::kFp8, rows.data(), n, w, src.data(), s.rope);
+    Dev<float> dsrc(src);
+    Dev<int32_t> drows(rows);
+    Dev<uint8_t> dpool(std::vector<uint8_t>(cpu.size(), 0xAB));
+    g->store_rows_kv(dpool.p, KvDtype::kFp8, drows.p, n, w, dsrc.p, s.rope);
+    g->synchronize();
+    const auto got = dpool.host();
+    size_t first = got.size();
+    for (size_t i = 0; i < got.size() && first == got.size(); ++i)
+      if (got[i] != cpu[i]) first = i;
+    EXPECT_EQ(first, got.size()) << "first differing byte " << first << " (row "
+                                 << first / size_t(L.bytes) << ", offset "
+                                 << first % size_t(L.bytes) << "): device "
+                                 << int(got[first < got.size() ? first : 0]) << " cpu "
+                                 << int(cpu[first < got.size() ? first : 0]);
+  }
+}
+
+TEST(CudaKvFp8, CompressFusedFp8PoolWithinOneStepOfCpu) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kFp32);
+  ASSERT_TRUE(g);
+  auto cpu = make_cpu_ops();
+  struct Shape { int m, c, d, rd; };
+  for (Shape s : {Shape{4, 2, 512, 64}, Shape{128, 1, 512, 64}, Shape{4, 2, 32, 8}}) {
+    SCOPED_TRACE(::testing::Message() << "m=" << s.m << " c=" << s.c << " d=" << s.d);
+    const KvFp8Layout L = kv_fp8_layout(s.d, s.rd);
+    auto k = v4::testing::prefill_case(s.m, s.c, s.d, s.rd, {{0, 3, 3 * s.m + 2}, {1, 0, s.m + 1}},
+                                       uint64_t(rand_int(1, 1 << 30)));
+    ASSERT_GT(k.n_out(), 0);
+    const size_t scratch_n = size_t(std::max<int64_t>(k.n_out() * s.d, k.n_ring() * s.c * s.d));
+    auto ring_kv = k.ring_kv, ring_gate = k.ring_gate;
+    std::vector<uint8_t> pool_cpu(size_t(k.pool_rows * L.bytes), 0);
+    std::vector<float> scratch(scratch_n);
+    auto ac = v4::testing::host_args(k, nullptr, ring_kv.data(), ring_gate.data(), scratch.data(),
+                                     1e-6f, 1.f);
+    ac.pool = pool_cpu.data();
+    ac.pool_dtype = KvDtype::kFp8;
+    cpu->compress_fused(ac);
+    Dev<float> kc(k.kc), zc(k.zc), rkv(k.ring_kv), rg(k.ring_gate), bias(k.bias), norm(k.norm),
+        invf(k.inv_freq), dscratch(scratch_n);
+    Dev<int32_t> src(k.src), dst(k.dst), rsrc(k.ring_src), rdst(k.ring_dst);
+    Dev<int64_t> pos(k.positions);
+    Dev<uint8_t> dpool(std::vector<uint8_t>(pool_cpu.size(), 0));
+    CompressFusedArgs a = ac;
+    a.fresh_kv = kc.p;
+    a.fresh_gate = zc.p;
+    a.state_kv = rkv.p;
+    a.state_gate = rg.p;
+    a.bias = bias.p;
+    a.norm = norm.p;
+    a.src = src.p;
+    a.positions = pos.p;
+    a.dst = dst.p;
+    a.ring_src = rsrc.p;
+    a.ring_dst = rdst.p;
+    a.inv_freq = invf.p;
+    a.pool = dpool.p;
+    a.scratch = dscratch.p;
+    g->compress_fused(a);
+    g->synchronize();
+    const auto got = dpool.host();
+    int64_t same = 0;
+    for (size_t i = 0; i < got.size(); ++i) same += got[i] == pool_cpu[i];
+    EXPECT_GE(double(same), 0.9 * double(got.size()));
+    std::vector<float> yg(static_cast<size_t>(s.d)), yc(static_cast<size_t>(s.d));
+    for (int64_t r = 0; r < k.pool_rows; ++r) {
+      kvfp8::dequantize_row(&got[size_t(r * L.bytes)], L, yg.data());
+      kvfp8::dequantize_row(&pool_cpu[size_t(r * L.bytes)], L, yc.data());
+      for (int c = 0; c < s.d; ++c) {
+        float scale = 0;
+        if (c < L.nope) std::memcpy(&scale, &pool_cpu[size_t(r * L.bytes + L.scale_off + 4 * (c / 64))], 4);
+        // one e4m3 step (2^-3 relative; subnormal step scale·2^-9) plus a scale change of a few
+        // ulps; rope values: one bf16 step
+        const double tol = c < L.nope ? std::fabs(yc[size_t(c)]) * 0x1p-3 + scale * 0x1p-9 * 1.01 + 1e-30
+                                      : std::fabs(yc[size_t(c)]) * 0x1p-7 + 1e-30;
+        ASSERT_LE(std::fabs(double(yg[size_t(c)]) - yc[size_t(c)]), tol * 1.001)
+            << "row " << r << " channel " << c;
+      }
+    }
+    EXPECT_EQ(rkv.host(), ring_kv);
+    EXPECT_EQ(rg.host(), ring_gate);
+  }
+}
+
+/// Random attention over fp8 pools: host bytes, the CPU result on them, device copies.
+struct Fp8Attn {
+  int64_t S;
+  int H, hd, rope;
+  std::vector<float> q, sinks, out_cpu;
+  std::vector<uint8_t> swa, comp;
+  std::vector<int32_t> swa_r, comp_r, swa_c, comp_c;
+  std::vector<int64_t> swa_o, comp_o;
+  int64_t max_keys = 0;
+  Fp8Attn(int64_t S_, int H_, int hd_, int rope_, int n_comp_max)
+      : S(S_), H(H_), hd(hd_), rope(rope_) {
+    const int swa_rows = 300, comp_rows = 3000;
+    q = randn(size_t(S * H * hd), 0.3f);
+    sinks = randn(size_t(H));
+    swa = quantize_rows(randn(size_t(swa_rows) * hd, 0.3f), hd, rope);
+    comp = quantize_rows(randn(size_t(comp_rows) * hd, 0.3f), hd, rope);
+    for (int64_t t = 0; t < S; ++t) {
+      const int n_swa = rand_int(1, 128), n_comp = rand_int(0, n_comp_max);
+      max_keys = std::max<int64_t>(max_keys, n_swa + n_comp);
+      swa_o.push_back(int64_t(swa_r.size()));
+      swa_c.push_back(n_swa);
+      for (int j = 0; j < n_swa; ++j) swa_r.push_back(j == 1 ? -1 : rand_int(0, swa_rows - 1));
+      comp_o.push_back(int64_t(comp_r.size()));
+      comp_c.push_back(n_comp);
+      for (int j = 0; j < n_comp; ++j) comp_r.push_back(j % 29 == 4 ? -1 : rand_int(0, comp_rows - 1));
+    }
+    swa_r.push_back(0);
+    comp_r.push_back(0);
+    AttentionArgs a = base();
+    a.q = q.data();
+    a.sinks = sinks.data();
+    a.swa_pool = swa.data();
+    a.comp_pool = comp.data();
+    a.swa = {swa_r.data(), swa_o.data(), swa_c.data()};
+    a.comp = {comp_r.data(), comp_o.data(), comp_c.data()};
+    out_cpu.assign(size_t(S * H * hd), NAN);
+    a.out = out_cpu.data();
+    make_cpu_ops()->sparse_attention(a);
+  }
+  AttentionArgs base() const {
+    AttentionArgs a;
+    a.n_rows = S;
+    a.n_heads = H;
+    a.head_dim = hd;
+    a.scale = 1.f / std::sqrt(float(hd));
+    a.max_keys = max_keys;
+    a.kv_dtype = KvDtype::kFp8;
+    a.rope_dim = rope;
+    return a;
+  }
+};
+
+struct DevAttn {
+  Dev<float> q, sinks, out;
+  Dev<uint8_t> swa, comp;
+  Dev<int32_t> swa_r, swa_c, comp_r, comp_c;
+  Dev<int64_t> swa_o, comp_o;
+  AttentionArgs a;
+  explicit DevAttn(const Fp8Attn& c)
+      : q(c.q), sinks(c.sinks), out(c.out_cpu.size()), swa(c.swa), comp(c.comp), swa_r(c.swa_r),
+        swa_c(c.swa_c), comp_r(c.comp_r), comp_c(c.comp_c), swa_o(c.swa_o), comp_o(c.comp_o) {
+    a = c.base();
+    a.q = q.p;
+    a.sinks = sinks.p;
+    a.swa_pool = swa.p;
+    a.comp_pool = comp.p;
+    a.swa = {swa_r.p, swa_o.p, swa_c.p};
+    a.comp = {comp_r.p, comp_o.p, comp_c.p};
+    a.out = out.p;
+  }
+};
+
+TEST(CudaKvFp8, AttentionFp8PoolsMatchCpu) {
+  V4_REQUIRE_GPU();
+  // Decode kernel (hd 512 = 448 + 64, 64 heads): direct, 1 and 5 splits.
+  {
+    Fp8Attn c(3, 64, 512, 64, 700);
+    DevAttn d(c);
+    ASSERT_TRUE(cuda::attention_dec_supported(64, 512));
+    for (int splits : {1, 5}) {
+      Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, c.hd, splits)));
+      d.out.poison();
+      ASSERT_TRUE(cuda::sparse_attention_dec(d.a, splits, splits > 1 ? ws.p : nullptr, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const double e = max_rel(d.out.host(), c.out_cpu);
+      std::printf("[kv fp8] attention_dec splits %d rel err %.2e\n", splits, e);
+      EXPECT_LE(e, 1e-2) << "splits " << splits;
+    }
+    Status st = cuda::sparse_attention_mma(d.a, 1, nullptr, nullptr);
+    EXPECT_EQ(st.code(), ErrorCode::kUnsupported) << st.to_string();
+    AttentionArgs bad = d.a;
+    bad.rope_dim = 32;
+    st = cuda::sparse_attention_dec(bad, 1, nullptr, nullptr);
+    EXPECT_EQ(st.code(), ErrorCode::kUnsupported) << st.to_string();
+  }
+  // Split kernel (fp32 math): vec4 loads (hd 512/64, 128/64, 32/8) and scalar loads (66/2).
+  struct Sp { int hd, rope; };
+  for (Sp sp : {Sp{512, 64}, Sp{128, 64}, Sp{32, 8}, Sp{66, 2}}) {
+    Fp8Attn c(4, 16, sp.hd, sp.rope, 300);
+    DevAttn d(c);
+    for (int splits : {1, 4}) {
+      Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, c.hd, splits)));
+      d.out.poison();
+      ASSERT_TRUE(cuda::sparse_attention_split(d.a, splits, splits > 1 ? ws.p : nullptr, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const double e = max_rel(d.out.host(), c.out_cpu);
+      EXPECT_LE(e, 1e-5) << "hd " << sp.hd << " splits " << splits;
+    }
+  }
+  // Through CudaOps: fp32 mode (split; generic kernel for hd 576), bf16 mode with many and few
+  // rows (decode kernel), and rope 32 at hd 512 (decode kernel refuses: split kernel, fp32).
+  struct Via { Precision p; int64_t S; int H, hd, rope; double tol; };
+  for (Via v : {Via{Precision::kFp32, 3, 64, 512, 64, 1e-5}, Via{Precision::kFp32, 2, 8, 576, 64, 1e-5},
+                Via{Precision::kBf16, 300, 64, 512, 64, 1e-2}, Via{Precision::kBf16, 2, 64, 512, 64, 1e-2},
+                Via{Precision::kBf16, 2, 64, 512, 32, 1e-5}}) {
+    SCOPED_TRACE(::testing::Message() << "S=" << v.S << " hd=" << v.hd << " rope=" << v.rope
+                                      << " bf16 mode " << (v.p == Precision::kBf16));
+    auto g = cuda_ops(v.p);
+    ASSERT_TRUE(g);
+    Fp8Attn c(v.S, v.H, v.hd, v.rope, 200);
+    DevAttn d(c);
+    d.out.poison();
+    g->sparse_attention(d.a);
+    g->synchronize();
+    EXPECT_LE(max_rel(d.out.host(), c.out_cpu), v.tol);
+  }
+}
+
+}  // namespace
+}  // namespace v4::ops
+
+namespace v4::model {
+namespace {
+
+// The fixtures in bf16 precision: prefill (all logits) then 8 teacher-forced decode steps, with
+// f32 pools and with fp8 pools.
+TEST(CudaKvFp8, DecodeFp8PoolsNearF32PoolsAndOracle) {
+  V4_REQUIRE_GPU();
+  for (const auto& dir : testing::fixture_dirs()) {
+    SCOPED_TRACE(dir);
+    ops::CudaOptions o;
+    o.precision = ops::Precision::kBf16;
+    auto ops = ops::make_cuda_ops(o);
+    ASSERT_TRUE(ops.ok());
+    auto m = DeepseekV4::load(dir, ops->get());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    auto g = testing::load_golden(dir);
+    ASSERT_TRUE(g.ok());
+    const int64_t V = (*m)->config().vocab_size;
+    const int64_t T = int64_t(g->prompt_ids.size());
+    const size_t steps = std::min<size_t>(9, g->tokens.size());
+    std::vector<float> logits[2];
+    for (int i = 0; i < 2; ++i) {
+      const KvDtype dt = i ? KvDtype::kFp8 : KvDtype::kF32;
+      auto kv = (*m)->make_cache(int64_t(256) << 20, 2, 0, 0, dt);
+      ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+      const int32_t s = *(*kv)->create_sequence();
+      ForwardBatch b;
+      b.slices.push_back({s, 0, g->prompt_ids, true});
+      auto out = (*m)->forward(b, **kv);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      logits[i] = out->logits;  // T rows, then one row per decode step
+      int64_t pos = T;
+      for (size_t j = 1; j < steps; ++j) {
+        ForwardBatch d;
+        d.slices.push_back({s, pos++, {g->tokens[j - 1]}, false});
+        auto o2 = (*m)->forward(d, **kv);
+        ASSERT_TRUE(o2.ok()) << o2.status().to_string();
+        logits[i].insert(logits[i].end(), o2->logits.begin(), o2->logits.end());
+      }
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    ASSERT_EQ(logits[1].size(), size_t(T + int64_t(steps) - 1) * size_t(V));
+    double worst = 0;
+    for (size_t r = 0; r * V < logits[0].size(); ++r)
+      worst = std::max(worst, testing::rel_err(&logits[1][r * V], &logits[0][r * V], size_t(V)));
+    // Greedy agreement with the oracle: prefill positions, then the decode steps (the last
+    // prefill row predicts tokens[0], decode step j predicts tokens[j]).
+    int64_t same = 0, total = 0;
+    for (int64_t t = 0; t < T; ++t, ++total)
+      same += testing::argmax(&logits[1][size_t(t * V)], V) ==
+              testing::argmax(&g->prefill_logits[size_t(t * V)], V);
+    for (size_t j = 1; j < steps; ++j, ++total)
+      same += testing::argmax(&logits[1][size_t((T - 1 + int64_t(j)) * V)], V) == g->tokens[j];
+    std::printf("[kv fp8] %s fp8 vs f32 pools worst rel err %.3g; greedy equal to the oracle "
+                "%lld/%lld\n",
+                dir.c_str(), worst, (long long)same, (long long)total);
+    for (float x : logits[1]) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_LE(worst, 1.0);
+    EXPECT_GE(double(same), 0.8 * double(total));
+    EXPECT_NE(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0)
+        << "fp8 pools gave the f32 logits bit for bit: the option had no effect";
+  }
+}
+
+}  // namespace
+}  // namespace v4::model
