@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <type_traits>
 
@@ -316,14 +317,15 @@ int forced_unroll() {
 }
 
 // Wide plans (plan_compress_rows_wide: more, smaller CTAs per row, every slot load of a thread in
-// flight at once; the same rows bit for bit) when compress_wide_fits (decode-sized grids).
-// V4_COMPRESS_WIDE=0: the base plan for every call (A/B runs); =1: the wide plan for every call
-// (tests, A/B). Read at every call, as use_pdl.
+// flight at once; the same rows bit for bit). Off by default: on the H200 they were slower than
+// the base plan in decode (batch 64 C4 d512 6.33 vs 5.84 µs, indexer 5.27 vs 4.53; batch 1 6.08
+// vs 5.62; bench/results/cuda-compressor.md at c12b7f3). V4_COMPRESS_WIDE=1: the wide plan for
+// every call (tests, A/B); =auto: for decode-sized grids (compress_wide_fits). Read at every call.
 bool use_wide(int64_t n_out, const CompressRowsPlan& wide) {
   const char* e = std::getenv("V4_COMPRESS_WIDE");
-  if (e && e[0] == '0') return false;
   if (e && e[0] == '1') return true;
-  return compress_wide_fits(n_out, wide);
+  if (e && std::strcmp(e, "auto") == 0) return compress_wide_fits(n_out, wide);
+  return false;
 }
 
 // V4_COMPRESS_FLOOR=1 (benchmark diagnostic only: the results are NOT computed): every CTA of the

@@ -17,10 +17,10 @@ namespace v4::cuda {
 ///      per channel, partitions merged in shared memory, Σx² over the cluster through distributed
 ///      shared memory (in an order independent of K), RMSNorm, interleaved RoPE at positions[r],
 ///      one float4 store of the finished row into pool[dst[r]]. Scalar path (1 channel per
-///      thread, K = 1) when d % 4 ≠ 0 or a pointer is not 16-byte aligned. Decode-sized grids
-///      take the WIDE plan (compress_split.h plan_compress_rows_wide / compress_wide_fits: more,
-///      smaller CTAs per row, all slot loads of a thread in flight at once; bit-identical rows);
-///      V4_COMPRESS_WIDE=0 / =1 forces the base / wide plan for every call (A/B).
+///      thread, K = 1) when d % 4 ≠ 0 or a pointer is not 16-byte aligned. The WIDE plan
+///      (compress_split.h plan_compress_rows_wide: more, smaller CTAs per row, all slot loads of
+///      a thread in flight at once; bit-identical rows) measured slower in decode and is off
+///      unless V4_COMPRESS_WIDE=1 (every call) or =auto (decode-sized grids).
 ///   2. The ring refresh (kv and gate rows, float4 when the rows allow):
 ///      - a.ring_disjoint (decode; prefill chunks without the hazard): extra CTAs of the same grid,
 ///        running concurrently with the pooling — ONE launch;

@@ -2219,6 +2219,14 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // (H200, bench/results/cuda-topk.md, cold: 65,536 10.3 µs vs 13.4; 131,072 13.7 vs 14.9);
     // at 262,144 v3 cluster 16 (17) stays faster (16.8 vs 19.3). Falls back to the previous
     // choice where a 16-CTA cluster cannot be resident.
+    // Session 6: v6 with one shared atomic per list entry (variant 37: keys ≥ the pre-filter
+    // compacted once into an index-ordered shared list) beats both at batch 1, cold (H200,
+    // cuda-topk.md at c12b7f3): 65,536 9.9 µs vs 10.4 (v5); 131,072 11.7 vs 13.7; 262,144 13.8
+    // vs 16.9 (v3). At 8,192 it is slower (9.2 vs 8.4). Falls back as v5 does.
+    if (!many && max_n > 8192 && max_n <= 262144) {
+      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 37);
+      if (st.code() != ErrorCode::kUnsupported) return st;
+    }
     if (!many && max_n > 8192 && max_n <= 131072) {
       const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 30);
       if (st.code() != ErrorCode::kUnsupported) return st;
