@@ -31,7 +31,8 @@
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5),
 #   V4_GEMV_STREAM=0 (every wgemv call, decode included, runs the shared-memory kernel: A/B),
-#   V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
+#   V4_BENCH_EXTRA (more v4serve bench flags, e.g. "--prefill-steps 1 --prefill-warmup 0"),
+#   V4_TEST_SHARDS (parallel gtest shards, run_gpu.sh), V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/issue7_run.sh", carry=[".devdeps"], timeout_s=600)
@@ -83,14 +84,14 @@ common=(--model models/configs/v4-flash --load-format dummy --num-layers "${V4_L
         --device cuda --precision bf16 --mem-fraction 0.9)
 if has decode; then
   timeout 240 build-gpu/v4serve bench "${common[@]}" --batch "${V4_BATCH:-1,64}" \
-    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile ${V4_BENCH_EXTRA:-} \
     --out "$OUT/bench-v4flash-20l-after.md" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-after.md"
   logs+=(bench.log)
 fi
 if has kvbf16; then
   timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 --batch "${V4_BATCH:-1,64}" \
-    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile ${V4_BENCH_EXTRA:-} \
     --out "$OUT/bench-v4flash-20l-kvbf16.md" > "$OUT/bench-kvbf16.log" 2>&1
   echo "bench (kv bf16) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-kvbf16.md"
   logs+=(bench-kvbf16.log)
@@ -98,7 +99,7 @@ fi
 if has moe && [ -n "${V4_MOE_E2E-1 2 3}" ]; then  # end to end: old moe_mma vs new (env switch)
   for v in ${V4_MOE_E2E-1 2 3}; do
     V4_MOE_MMA_VERSION=$v timeout 200 build-gpu/v4serve bench "${common[@]}" --batch 1,64 \
-      --context 4K --steps "${V4_STEPS:-5}" --profile \
+      --context 4K --steps "${V4_STEPS:-5}" --profile ${V4_BENCH_EXTRA:-} \
       --out "$OUT/bench-moe-v$v.md" > "$OUT/bench-moe-v$v.log" 2>&1
     echo "bench moe v$v rc=$?"; grep -E "^\| (decode)" "$OUT/bench-moe-v$v.md"
     logs+=(bench-moe-v$v.log)
@@ -110,7 +111,7 @@ if has moe && [ -n "${V4_MOE_E2E-1 2 3}" ]; then  # end to end: old moe_mma vs n
 fi
 if has kvfp8; then
   timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype fp8 --batch "${V4_BATCH:-1,64}" \
-    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile \
+    --context "${V4_CONTEXT:-4K,128K,900K,1M}" --steps "${V4_STEPS:-5}" --profile ${V4_BENCH_EXTRA:-} \
     --out "$OUT/bench-v4flash-20l-kvfp8.md" > "$OUT/bench-kvfp8.log" 2>&1
   echo "bench (kv fp8) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-kvfp8.md"
   logs+=(bench-kvfp8.log)

@@ -10,7 +10,8 @@
 #   git rev-parse --short HEAD > .devdeps/commit   # before each run (the device has no .git)
 #   run(command="bash scripts/device/run_gpu.sh", carry=[".devdeps"], timeout_s=540)
 # Options (env): V4_TARGETS (default "test_cuda bench_kernels"), V4_GTEST_FILTER (default "*"),
-#   V4_SKIP_BENCH=1, V4_BENCH_ARGS (passed to bench_kernels).
+#   V4_SKIP_BENCH=1, V4_BENCH_ARGS (passed to bench_kernels), V4_TEST_SHARDS (run the tests as
+#   that many gtest shards in parallel; default 1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -74,7 +75,23 @@ grep -E "error|warning: " "$OUT/build.log" | head -40
 if [ $rc -ne 0 ]; then step "build FAILED"; tail -80 "$OUT/build.log"; exit 4; fi
 
 step "GPU op tests"
-if [ -x $B/tests/test_cuda ]; then
+if [ -x $B/tests/test_cuda ] && [ "${V4_TEST_SHARDS:-1}" -gt 1 ]; then
+  # gtest shards in parallel on the one GPU (the host-side references dominate the suite's time);
+  # the logs are concatenated in shard order, the exit code is the worst shard's.
+  n=${V4_TEST_SHARDS}; pids=()
+  for i in $(seq 0 $((n - 1))); do
+    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i V4_REQUIRE_GPU=1 $B/tests/test_cuda \
+      --gtest_filter="${V4_GTEST_FILTER:-*}" --gtest_color=no > "$OUT/cuda-op-tests.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  test_rc=0
+  for p in "${pids[@]}"; do wait "$p" || test_rc=1; done
+  for i in $(seq 0 $((n - 1))); do echo "=== shard $i of $n"; cat "$OUT/cuda-op-tests.$i.log"; done \
+    > "$OUT/cuda-op-tests.log"
+  rm -f "$OUT"/cuda-op-tests.*.log
+  grep -E "^\[  (PASSED|FAILED)" "$OUT/cuda-op-tests.log"
+  echo "test_cuda exit code: $test_rc ($n shards)"
+elif [ -x $B/tests/test_cuda ]; then
   V4_REQUIRE_GPU=1 $B/tests/test_cuda --gtest_filter="${V4_GTEST_FILTER:-*}" --gtest_color=no 2>&1 | tee "$OUT/cuda-op-tests.log"
   test_rc=${PIPESTATUS[0]}
   echo "test_cuda exit code: $test_rc"
