@@ -24,6 +24,8 @@
 #               bf16 indexer keys) -> bench-v4flash-20l-kvfp8.md
 #   kvacc       bench_kv_accuracy --device cuda: attention error and fixture greedy agreement of
 #               f32 / bf16 / fp8 pools on the GPU -> kv-fp8-accuracy-cuda.md
+#   ratio       v4serve bench --kv-cache-dtype $V4_RATIO_KV (bf16) at batch 1, 4K and 900K, no
+#               profile (multi-stream branches overlap as served) -> bench-v4flash-20l-ratio.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
@@ -121,6 +123,13 @@ if has kvacc; then
     > "$OUT/kvacc.log" 2>&1
   echo "bench_kv_accuracy rc=$?"; grep -E "^\| .*fp8" "$OUT/kv-fp8-accuracy-cuda.md" | head -12
   logs+=(kvacc.log)
+fi
+if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile: branches overlap)
+  timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "${V4_RATIO_KV:-bf16}" \
+    --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 \
+    --out "$OUT/bench-v4flash-20l-ratio.md" > "$OUT/bench-ratio.log" 2>&1
+  echo "bench (900K vs 4K) rc=$?"; grep -E "^\| (decode|prefill)" "$OUT/bench-v4flash-20l-ratio.md"
+  logs+=(bench-ratio.log)
 fi
 if has mstream; then
   timeout 200 build-gpu/v4serve bench "${common[@]}" --batch "${V4_MS_BATCH:-1,64}" --context 4K \

@@ -57,6 +57,9 @@ struct Dev {
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
     if (n) {
       EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+      // The backends run on non-blocking streams, which do not wait for the legacy default
+      // stream: finish the upload before a kernel may read it.
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
   }
   ~Dev() {
@@ -64,10 +67,14 @@ struct Dev {
   }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
-  /// Fills with 0xff bytes (NaN for floats, −1 for ints).
+  /// Fills with 0xff bytes (NaN for floats, −1 for ints), finished before it returns:
+  /// cudaMemset is asynchronous on the legacy default stream, and a backend's non-blocking stream
+  /// does not wait for it (under GPU contention the memset landed after a kernel's output:
+  /// CudaOps.RmsNorm and CudaSampling.* failed in a sharded run).
   void poison() {
     if (n) {
       EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(T)), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
   }
   std::vector<T> host() const {

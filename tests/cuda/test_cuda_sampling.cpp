@@ -155,6 +155,7 @@ DevOut run_device(DeviceSampler& ds, cudaStream_t st, const std::vector<float>& 
   EXPECT_EQ(cudaMemcpy(dl.p + misalign, logits.data(), logits.size() * sizeof(float),
                        cudaMemcpyHostToDevice),
             cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the sampler's non-blocking stream
   Dev<SampleRowParams> dp(params ? *params : std::vector<SampleRowParams>{});
   Dev<int32_t> dt(static_cast<size_t>(R)), dtt(size_t(R * top_n));
   Dev<float> dlp(static_cast<size_t>(R)), dtlp(size_t(R * top_n));
@@ -500,6 +501,7 @@ TEST(CudaSampling, GraphCaptureReplaysWithNewInputs) {
     EXPECT_EQ(cudaMemcpy(dp.p, prm->data(), prm->size() * sizeof(SampleRowParams),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the sampler's non-blocking stream
   };
   std::vector<float> l;
   std::vector<SampleRowParams> prm;
