@@ -1,6 +1,7 @@
 // bench_kernels --only-gemv: the bf16 mode's decode GEMV (wgemv) over the V4-Flash weight
 // shapes, the shared-memory kernel ("old", GemvArgs::use_stream_kernel = false) vs the streaming
 // kernel ("new", gemv_stream.h), each next to a same-size device copy.
+#ifdef V4_HAVE_CUDA  // CPU builds compile bench_kernels.cpp's stub main only
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -212,3 +213,4 @@ std::string bench_gemv(double bw, int samples) {
   }
   return t.str();
 }
+#endif  // V4_HAVE_CUDA
