@@ -414,7 +414,10 @@ class Bench {
 
   Row not_fit(Row r, double need_bytes) {
     r.ok = false;
-    r.why = fmt::format("does not fit (needs {:.2f} GiB of KV pools)", gib(need_bytes));
+    // MiB below 1 GiB: small budgets (--kv-cache-bytes) would print "0.00 GiB".
+    r.why = gib(need_bytes) >= 1.0
+                ? fmt::format("does not fit (needs {:.2f} GiB of KV pools)", gib(need_bytes))
+                : fmt::format("does not fit (needs {:.2f} MiB of KV pools)", need_bytes / 1048576.0);
     return r;
   }
 

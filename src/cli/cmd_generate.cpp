@@ -73,7 +73,8 @@ int run_generate(const GenerateOptions& o) {
   }
   auto& model = *lm->model;
   const auto& cfg = model.config();
-  V4_LOG_INFO("loaded {} in {:.2f} s", o.m.model, now_s() - t_load);
+  V4_LOG_INFO("loaded {} in {:.2f} s (KV cache {})", o.m.model, now_s() - t_load,
+              v4::kv_dtype_name(o.m.kv_dtype()));
   const std::string model_dir = cli::model_dir_of(o.m.model);
 
   std::optional<text::Tokenizer> tok;

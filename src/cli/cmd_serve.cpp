@@ -23,6 +23,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Stop signal delivered to a thread that does not block SIGINT/SIGTERM (one started before
+// run_serve, e.g. by a library at load time): the handler records it instead of the default
+// action killing the process mid-drain; wait_stop_signal reads it.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int s) { g_stop_signal = s; }
+
+// Waits up to timeout_ms for SIGINT/SIGTERM (blocked: sigtimedwait; or caught by on_stop_signal
+// in another thread). Returns the signal number, 0 on timeout.
+int wait_stop_signal(const sigset_t& sigs, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, long(timeout_ms % 1000) * 1000000L};
+  const int s = sigtimedwait(&sigs, nullptr, &ts);
+  if (s > 0) return s;
+  const int caught = g_stop_signal;
+  g_stop_signal = 0;
+  return caught;
+}
+
 /// Upper bound of the seconds flags (a year): they become int64 milliseconds or chrono durations.
 constexpr double kMaxSeconds = 365.0 * 24 * 3600;
 
@@ -55,11 +72,18 @@ struct ServeOptions {
 };
 
 int run_serve(const ServeOptions& o) {
-  // Block the stop signals in every thread; the main thread waits for them with sigwait.
+  // Block the stop signals in every thread started from here on; the main thread waits for them
+  // with sigtimedwait. Threads that already exist may not block them: a handler (not the default
+  // action) catches those deliveries, so a second signal during the drain cannot kill the process.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   const bool dummy = o.m.dummy();
@@ -125,6 +149,8 @@ int run_serve(const ServeOptions& o) {
     return 2;
   }
   const auto specs = ex.pools();
+  V4_LOG_INFO("KV cache element type: {} (--kv-cache-dtype {})", v4::kv_dtype_name(o.m.kv_dtype()),
+              o.m.kv_cache_dtype);
   for (auto& p : ex.pool_usage()) {
     const auto spec = std::find_if(specs.begin(), specs.end(),
                                    [&](const auto& q) { return q.name == p.name; });
@@ -184,21 +210,18 @@ int run_serve(const ServeOptions& o) {
   std::fflush(stdout);
 
   int sig = 0;
-  sigwait(&sigs, &sig);
+  while ((sig = wait_stop_signal(sigs, 200)) == 0) {
+  }
   // Graceful shutdown: refuse new requests (503), let running streams finish for up to
   // --shutdown-timeout seconds (a second signal ends the wait), then close everything.
   api.begin_drain();
   V4_LOG_INFO("signal {}: draining {} in-flight request(s) (up to {:.0f}s; signal again to stop now)",
               sig, api.active_generations(), o.shutdown_timeout_s);
   {
-    sigset_t pending;
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(int64_t(o.shutdown_timeout_s * 1000));
-    while (api.active_generations() > 0 && std::chrono::steady_clock::now() < deadline) {
-      sigpending(&pending);
-      if (sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM)) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    while (api.active_generations() > 0 && std::chrono::steady_clock::now() < deadline)
+      if (wait_stop_signal(sigs, 20) != 0) break;
   }
   V4_LOG_INFO("shutting down ({} request(s) still in flight)", api.active_generations());
   server.stop();

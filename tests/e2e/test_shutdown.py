@@ -43,3 +43,34 @@ def test_sigterm_drains_running_streams():
         assert srv.proc.wait(timeout=60) == 0
     finally:
         srv.stop()
+
+
+def test_second_signal_ends_the_drain_and_exits_0():
+    """A second SIGTERM during the drain stops waiting for running streams: the process logs
+    "shutting down" and exits 0 (not killed by the signal's default action in a thread that does
+    not block it, e.g. one a library started before `serve` blocked the stop signals)."""
+    srv = Server(extra_args=["--shutdown-timeout", "60"])
+    try:
+        def stream():
+            try:
+                with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
+                                   timeout=120,
+                                   json={"prompt": [5, 6, 7, 8], "max_tokens": 3000, "temperature": 0,
+                                         "ignore_eos": True, "stream": True}) as r:
+                    for _ in r.iter_lines():
+                        pass
+            except requests.exceptions.RequestException:
+                pass  # the second signal cuts the stream
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.5)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = srv.proc.wait(timeout=30)
+        t.join(timeout=30)
+        assert rc == 0, srv.tail()
+        assert "shutting down" in srv.tail(), srv.tail()
+    finally:
+        srv.stop()
