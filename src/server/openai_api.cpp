@@ -489,6 +489,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
                                 id, prompt, completion, cached, ttft_ms,
                                 choices.empty() ? "" : choices[0].finish_reason));
     if (req.stream) {
+      // 499 = the client went away before the stream's end. Checked before the last events: a
+      // client that closes right after reading [DONE] (curl, most SDKs) got the whole answer.
+      const bool gone = w->closed();
       if (req.include_usage) {
         Json chunk = chunk_base();
         chunk["choices"] = Json::array();
@@ -497,7 +500,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       }
       emit(sse_done());
       if (started) w->end();
-      api->metrics_.count_request(endpoint, w->closed() ? 499 : 200);  // 499: client went away
+      api->metrics_.count_request(endpoint, gone ? 499 : 200);
       return;
     }
     if (!started) return;  // handler thread sends the response once all submits are done
