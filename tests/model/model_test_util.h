@@ -99,4 +99,31 @@ inline int32_t argmax(const float* v, int64_t n) {
   return int32_t(std::max_element(v, v + n) - v);
 }
 
+/// Logits of `g`'s prompt (every position; prefill) and of its teacher-forced decode (the last
+/// prefill row, then one row per fed golden token) with KV pools of `dt` (a fresh 96 MiB cache).
+/// Errors: the cache or a forward step failing.
+inline Status golden_logits(DeepseekV4& m, const Golden& g, KvDtype dt, std::vector<float>* prefill,
+                            std::vector<float>* decode) {
+  const int64_t V = m.config().vocab_size;
+  auto kv = m.make_cache(int64_t(96) << 20, 1, 0, 0, dt);
+  if (!kv.ok()) return kv.status();
+  auto s = (*kv)->create_sequence();
+  if (!s.ok()) return s.status();
+  ForwardBatch b;
+  b.slices.push_back({*s, 0, g.prompt_ids, true});
+  auto out = m.forward(b, **kv);
+  if (!out.ok()) return out.status();
+  *prefill = out->logits;
+  decode->assign(prefill->end() - V, prefill->end());
+  int64_t pos = int64_t(g.prompt_ids.size());
+  for (size_t i = 1; i < g.tokens.size(); ++i) {
+    ForwardBatch d;
+    d.slices.push_back({*s, pos++, {g.tokens[i - 1]}, false});
+    auto o = m.forward(d, **kv);
+    if (!o.ok()) return o.status();
+    decode->insert(decode->end(), o->logits.begin(), o->logits.end());
+  }
+  return Status::Ok();
+}
+
 }  // namespace v4::model::testing

@@ -430,28 +430,9 @@ TEST(KvFp8, GoldenFixturesWithFp8Pools) {
     auto g = testing::load_golden(dir);
     ASSERT_TRUE(g.ok()) << g.status().to_string();
     const int64_t V = (*m)->config().vocab_size;
-    auto run = [&](KvDtype dt, std::vector<float>* prefill, std::vector<float>* decode) {
-      auto kv = (*m)->make_cache(int64_t(96) << 20, 1, 0, 0, dt);
-      ASSERT_TRUE(kv.ok());
-      const int32_t s = *(*kv)->create_sequence();
-      ForwardBatch b;
-      b.slices.push_back({s, 0, g->prompt_ids, true});
-      auto out = (*m)->forward(b, **kv);
-      ASSERT_TRUE(out.ok()) << out.status().to_string();
-      *prefill = out->logits;
-      decode->assign(prefill->end() - V, prefill->end());
-      int64_t pos = int64_t(g->prompt_ids.size());
-      for (size_t i = 1; i < g->tokens.size(); ++i) {
-        ForwardBatch d;
-        d.slices.push_back({s, pos++, {g->tokens[i - 1]}, false});
-        auto o = (*m)->forward(d, **kv);
-        ASSERT_TRUE(o.ok()) << o.status().to_string();
-        decode->insert(decode->end(), o->logits.begin(), o->logits.end());
-      }
-    };
     std::vector<float> pf, df, pq, dq;
-    run(KvDtype::kF32, &pf, &df);
-    run(KvDtype::kFp8, &pq, &dq);
+    ASSERT_TRUE(testing::golden_logits(**m, *g, KvDtype::kF32, &pf, &df).ok());
+    ASSERT_TRUE(testing::golden_logits(**m, *g, KvDtype::kFp8, &pq, &dq).ok());
     ASSERT_EQ(pq.size(), g->prefill_logits.size());
     ASSERT_EQ(dq.size(), g->decode_logits.size());
     for (float v : pq) ASSERT_TRUE(std::isfinite(v));
