@@ -170,7 +170,7 @@ std::vector<int32_t> ref_topk(const float* s, int n, int k) {
   return out;
 }
 
-enum class Dist { kNormal, kTies, kSpecial, kAllEqual, kSorted, kRampUp, kRampDown, kOutlier, kLowBits };
+enum class Dist { kNormal, kTies, kSpecial, kAllEqual, kSorted, kRampUp, kRampDown, kOutlier, kLowBits, kPerThread };
 
 std::vector<float> make_row(int n, Dist d) {
   std::vector<float> v = randn(size_t(n));
@@ -205,6 +205,20 @@ std::vector<float> make_row(int n, Dist d) {
                           // maximum and the k-th key (v5's window walk takes several steps)
       for (int j = 0; j < 3 && n > 0; ++j) v[size_t(rand_int(0, n - 1))] = 1e30f;
       break;
+    case Dist::kPerThread:  // v7 × 256 threads, cluster 16 (P keys per thread): in CTA 0 every
+                            // thread's first key is huge (256 keys) and its fifth medium (256
+                            // more), the rest small: the top 512 need 2 keys of every thread, so a
+                            // pre-filter from the thread maximum alone would drop the medium ones
+    {
+      const int P = ((n + 4095) / 4096 + 3) & ~3;
+      for (auto& x : v) x *= 0.1f;
+      for (int idx = 0; idx < std::min(n, 256 * P); ++idx) {
+        const int rem = idx % (32 * P), j = rem / 128, c = rem % 4;
+        if (c == 0 && j == 0) v[size_t(idx)] = 100.f + 0.001f * float(idx);
+        else if (c == 0 && j == 1) v[size_t(idx)] = 10.f + 0.001f * float(idx);
+      }
+      break;
+    }
     case Dist::kLowBits:  // ~0.4% of the keys share all bits but the low 8 (3.0 + a few ulps),
                           // the rest small: a threshold bin of ~n/250 keys that only the last
                           // 8-bit digit separates, ~n/64000 ties per value
@@ -439,14 +453,16 @@ TEST(CudaKernels, TopkExactV6Variants) {
 
 // v7's pre-filter bound at 256 threads is the minimum over threads of each thread's SECOND largest
 // key (valid for k ≤ 512, off above): k around 256 / 512, rows whose last threads hold 0, 1 or 2
-// keys (n = 262144 − 1, 65536 + 1, 4096·P + 1..3), distributions where the bound is tight (ramps:
-// the selected keys are one CTA's slice) or ties sit on it.
+// keys (n = 262144 − 1, 65536 + 1, 4096·P + 1..3), distributions where the bound is tight
+// (kPerThread: the top 512 are two keys of every thread of CTA 0 — fails with a thread-maximum
+// bound, checked in scripts/topk_v7_emulate.py —; ramps: the selected keys are one CTA's slice) or
+// ties sit on it.
 TEST(CudaKernels, TopkV7PrefilterEdges) {
   V4_REQUIRE_GPU();
   for (int variant : {40, 38}) {
     for (int k : {255, 256, 257, 511, 512, 513}) {
-      for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kRampUp, Dist::kRampDown, Dist::kLowBits,
-                     Dist::kAllEqual}) {
+      for (Dist d : {Dist::kPerThread, Dist::kNormal, Dist::kTies, Dist::kRampUp, Dist::kRampDown,
+                     Dist::kLowBits, Dist::kAllEqual}) {
         SCOPED_TRACE(::testing::Message() << "variant " << variant << " k " << k << " dist " << int(d));
         if (!run_topk_case({262144, 262143, 65537, 4096 * 5 + 1, 4096 * 7 + 2, 4096 * 9 + 3}, k, d,
                            variant, true))
