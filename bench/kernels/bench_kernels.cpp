@@ -1067,7 +1067,8 @@ int main(int argc, char** argv) {
                     V{38, "v7 cluster 16×512 (one-warp window walk)"},
                     V{39, "v7 cluster 16×512 + programmatic dependent launch"},
                     V{40, "v7 cluster 16×256 (one-warp window walk)"},
-                    V{41, "v7 cluster 16×256 + programmatic dependent launch"}})
+                    V{41, "v7 cluster 16×256 + programmatic dependent launch"},
+                    V{42, "v7 cluster 8×256 (one-warp window walk)"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -1086,11 +1087,12 @@ int main(int argc, char** argv) {
         variants.push_back({39, "v7 cluster 16×512 + programmatic dependent launch"});
         variants.push_back({40, "v7 cluster 16×256 (one-warp window walk)"});
         variants.push_back({41, "v7 cluster 16×256 + programmatic dependent launch"});
+        variants.push_back({42, "v7 cluster 8×256 (one-warp window walk)"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: case 42: return 131072;
           default: return 262144;
         }
       };

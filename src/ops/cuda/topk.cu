@@ -2931,6 +2931,11 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 16 * 256 * 16) return launch_topk_v7<16, 256, 16, true>(scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 16 * 256 * 32) return launch_topk_v7<16, 256, 32, true>(scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_topk_v7<16, 256, 64, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 42:  // cluster 8 × 256 threads (rows ≤ 131072; portable cluster size, for many rows)
+      if (max_n > 8 * 256 * 64) break;
+      if (max_n <= 8 * 256 * 16) return launch_topk_v7<8, 256, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * 256 * 32) return launch_topk_v7<8, 256, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v7<8, 256, 64, false>(scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

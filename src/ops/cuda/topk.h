@@ -75,7 +75,8 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// fills ITEMS), cluster 16, rows ≤ 262144, keys/thread sized to the row: 38: 512 threads
 /// (I ≤ 32), 39: 38 with programmatic dependent launch, 40: 256 threads (I ≤ 64; pre-filter bound
 /// = min over threads of each thread's second largest key, valid for k ≤ 512), 41: 40 with
-/// programmatic dependent launch. Not in auto (the lead sets it from measurements).
+/// programmatic dependent launch, 42: cluster 8 × 256 threads (rows ≤ 131072). Not in auto (the
+/// lead sets it from measurements).
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
