@@ -1063,7 +1063,12 @@ int main(int argc, char** argv) {
                     V{34, "v6 cluster 16 (v5 + compacted key list)"},
                     V{35, "v6 cluster 16 + programmatic dependent launch"},
                     V{36, "v6 cluster 8 (v5 + compacted key list)"},
-                    V{37, "v6 cluster 16, unmerged histogram atomics"}})
+                    V{37, "v6 cluster 16, unmerged histogram atomics"},
+                    V{38, "v7 cluster 16×512 (one-warp window walk)"},
+                    V{39, "v7 cluster 16×512 + programmatic dependent launch"},
+                    V{40, "v7 cluster 16×256 (one-warp window walk)"},
+                    V{41, "v7 cluster 16×256 + programmatic dependent launch"},
+                    V{42, "v7 cluster 8×256 (one-warp window walk)"}})
           variants.push_back(v);
       } else {
         variants.push_back({9, "v2 cluster 8×64"});
@@ -1078,11 +1083,16 @@ int main(int argc, char** argv) {
         variants.push_back({35, "v6 cluster 16 + programmatic dependent launch"});
         variants.push_back({36, "v6 cluster 8 (v5 + compacted key list)"});
         variants.push_back({37, "v6 cluster 16, unmerged histogram atomics"});
+        variants.push_back({38, "v7 cluster 16×512 (one-warp window walk)"});
+        variants.push_back({39, "v7 cluster 16×512 + programmatic dependent launch"});
+        variants.push_back({40, "v7 cluster 16×256 (one-warp window walk)"});
+        variants.push_back({41, "v7 cluster 16×256 + programmatic dependent launch"});
+        variants.push_back({42, "v7 cluster 8×256 (one-warp window walk)"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: case 42: return 131072;
           default: return 262144;
         }
       };
@@ -1104,8 +1114,9 @@ int main(int argc, char** argv) {
         }
         row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_rows(sc, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
         row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
-        if (v.id == 0) {
-          row.graph = time_graph([&](int i, cudaStream_t st) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, st)); }, 20);
+        // graph column: auto, and v6/v7 with and without PDL (does PDL survive graph capture?)
+        if (v.id == 0 || v.id == 35 || v.id == 37 || v.id >= 38) {
+          row.graph = time_graph([&](int i, cudaStream_t st) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, st, v.id)); }, 20);
         }
         rows.push_back(row);
         std::printf("topk n=%lld batch=%d %-40s warm %.2f us cold %.2f us (floor %.2f us)\n",

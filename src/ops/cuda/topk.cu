@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cub/cub.cuh>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1988,6 +1989,493 @@ __global__ void __launch_bounds__(512, 1)
   if (wait_at_exit) cluster_wait();
 }
 
+// ------------------------------------------------------------------------------------------------
+// v7 (session 7): v6 (pre-filter F, compacted index-ordered key list, one cluster barrier per pass,
+// windowed DSMEM histogram reads, candidate broadcast, output from the list) with the fixed
+// per-thread code that v6 runs in all 16 warps cut down:
+//  1. Window walk in ONE warp. v6 spread the remote 16-byte reads of a step over ng·C threads,
+//     summed them with 8 shuffles × log2 C in every warp (uniform control flow), published them in
+//     a shared buffer, took a block barrier and then let all 16 warps scan the same bins. v7: lane g
+//     of warp 0 owns the 4-bin group g of the step and reads it from all C CTAs itself (C
+//     independent loads issued before the first use; the same bytes as v6), sums the total and the
+//     part of the lower-ranked CTAs in registers, and the warp scans; the result (bin, counts above
+//     it, count in it, and the two lower-rank counts) goes to shared memory behind ONE block barrier
+//     per pass (v6: one per window step + the redundant scans). The other warps wait at that
+//     barrier without issuing.
+//  2. THREADS ∈ {512, 256}: at 256 threads the redundant per-thread code (reductions over warp
+//     slots, block scans, barriers) is issued by half as many warps; keys per thread double
+//     (register path ~40 PTX instructions per key). The pre-filter stays valid for k ≤ 512 with
+//     256 threads by taking F = min over threads of each thread's (512/THREADS)-th largest key:
+//     every thread then has ≥ 512/THREADS keys ≥ F, so the CTA (hence the row) has ≥ 512 keys ≥ F
+//     and the k-th largest key is ≥ F; F = 0 (no filter) for k > 512 or when a thread has fewer
+//     valid keys.
+//  3. Validity without per-key tests where possible: when the warp's whole slice is inside the row
+//     and P = ITEMS (the 262,144-row case), every register key is valid and the convert and
+//     compaction loops are compiled without the i < cnt guard (the other rows run the guarded
+//     copy).
+//  4. One plain shared atomic per list entry in the histograms (v6's variant 37 measured faster
+//     than the __match_any_sync merging).
+// Everything else (exactness argument, tie rule, candidate selection, output) is v6's.
+
+// Block-wide (THREADS threads): block_pick_bin for 256- or 512-thread blocks (nb ∈ {256, 4096}).
+// out[0] = the bin d where the count accumulated from the highest bin down first reaches krem,
+// out[1] = keys in bins above d, out[2] = keys in d. All threads must call; ends with
+// __syncthreads.
+template <int THREADS>
+__device__ __forceinline__ void block_pick_bin_t(
+    const uint32_t* h, int nb, int krem, typename cub::BlockScan<int, THREADS>::TempStorage& ts,
+    int* out) {
+  constexpr int WM = 4096 / THREADS;  // bins per thread at nb = 4096 (8 or 16)
+  const int tid = threadIdx.x;
+  const int W = nb >= THREADS ? nb / THREADS : 1;
+  const bool owner = tid * W < nb;
+  const int base = nb - W * (tid + 1);  // this thread owns bins [base, base + W)
+  uint32_t c[WM];                        // c[j] = count of bin base + W − 1 − j (descending)
+#pragma unroll
+  for (int j = 0; j < WM; ++j) c[j] = (owner && j < W) ? h[base + W - 1 - j] : 0u;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < WM; ++j) sum += int(c[j]);
+  int excl;
+  cub::BlockScan<int, THREADS>(ts).ExclusiveSum(sum, excl);
+  if (owner) {
+#pragma unroll
+    for (int j = 0; j < WM; ++j) {
+      if (j < W && excl < krem && excl + int(c[j]) >= krem) {
+        out[0] = base + W - 1 - j;
+        out[1] = excl;
+        out[2] = int(c[j]);
+      }
+      excl += int(c[j]);
+    }
+  }
+  __syncthreads();
+}
+
+constexpr int kV7MaxKeysPerCta = 16384;  // u16 list indices, 16-bit packed output counts
+
+template <int C, int THREADS, int ITEMS, bool PDL = false>
+__global__ void __launch_bounds__(THREADS, 1)
+    topk_kernel_v7(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
+  constexpr int NW = THREADS / 32;
+  constexpr unsigned FULL = 0xffffffffu;
+  constexpr int RK = 512 / THREADS;  // keys per thread behind the pre-filter bound (1 or 2)
+  constexpr int NG = ITEMS / 4;      // float4 groups per thread
+  constexpr int NCW = (NG + 3) / 4;  // words of byte-packed per-group counts
+  static_assert(C >= 2 && C <= 16 && (C & (C - 1)) == 0, "cluster size 2..16, power of two");
+  static_assert(THREADS == 256 || THREADS == 512, "256 or 512 threads");
+  static_assert(ITEMS % 4 == 0 && ITEMS >= 4 && ITEMS <= 64, "ITEMS: multiple of 4, 4..64");
+  static_assert(THREADS * ITEMS <= kV7MaxKeysPerCta, "list index (u16) and packed counts (16 bit)");
+  __shared__ __align__(16) uint32_t hist0[4096];
+  __shared__ __align__(16) uint32_t hist1[4096];
+  __shared__ __align__(16) uint32_t hist2[256];
+  __shared__ __align__(16) uint32_t cand[kV5Cap];
+  __shared__ typename cub::BlockScan<int, THREADS>::TempStorage scan_tmp;
+  __shared__ uint32_t s_top[3], s_wmin[NW], s_wmax[NW], s_wcnt[NW], s_wsum[NW];
+  __shared__ uint32_t s_top0[C];  // pass-0 top of CTA q, pushed by CTA q before the pass barrier
+  __shared__ int s_pick[3], s_cslot, s_red[2][NW];
+  __shared__ int s_walk[5];  // warp 0's window result: bin, G, Gl, E, El
+  extern __shared__ __align__(16) unsigned char v7_dyn[];
+  uint32_t* const lk = reinterpret_cast<uint32_t*>(v7_dyn);
+  uint16_t* const li = reinterpret_cast<uint16_t*>(v7_dyn + size_t(THREADS) * ITEMS * sizeof(uint32_t));
+
+  const uint32_t rank = cg::this_cluster().block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  {  // zero the three histograms and the per-pass tops (shared memory only)
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = tid; j < 1024; j += THREADS) {
+      reinterpret_cast<uint4*>(hist0)[j] = z;
+      reinterpret_cast<uint4*>(hist1)[j] = z;
+    }
+    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
+    if (tid < 3) s_top[tid] = 0u;
+    if (tid == 0) s_cslot = 0;
+  }
+  // Split cluster barrier #0 (as v5): the wait before the first remote store is free.
+  cluster_arrive();
+  if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int64_t r = blockIdx.y;
+  const int n = max(nrows[r], 0);
+  const float* row = scores + r * ld;
+  int32_t* orow = out + r * int64_t(k);
+
+  if (n <= k) {  // short row (cluster-uniform, no shared-memory exchange)
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    cluster_wait();
+    return;
+  }
+  TOPK_TS(0);
+  // Element i of this thread: wbase + ((i/4)·32 + lane)·4 + i%4; the valid ones are a prefix i < cnt.
+  int P = (n + C * THREADS - 1) / (C * THREADS);
+  P = (P + 3) & ~3;  // ≤ ITEMS (host: n ≤ C·THREADS·ITEMS)
+  const int64_t cbase = int64_t(rank) * THREADS * P;  // first index of this CTA's slice
+  const int64_t wbase = cbase + int64_t(warp) * 32 * P;
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  const bool whole = vec && wbase + int64_t(32) * P <= n;  // warp-uniform: the slice is in the row
+  float4 f[NG];
+  if (whole) {
+#pragma unroll
+    for (int j = 0; j < NG; ++j)
+      f[j] = 4 * j < P ? __ldg(reinterpret_cast<const float4*>(row + wbase + (j * 32 + lane) * 4))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+      f[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (4 * j < P) {
+        const int64_t g = wbase + int64_t(j * 32 + lane) * 4;
+        if (vec && g + 4 <= n) {
+          f[j] = __ldg(reinterpret_cast<const float4*>(row + g));
+        } else {
+          if (g < n) f[j].x = row[g];
+          if (g + 1 < n) f[j].y = row[g + 1];
+          if (g + 2 < n) f[j].z = row[g + 2];
+          if (g + 3 < n) f[j].w = row[g + 3];
+        }
+      }
+    }
+  }
+  // Every key valid (no i < cnt tests needed): warp-uniform, the 262,144 case at ITEMS = P.
+  const bool all_valid = whole && P == ITEMS;
+  int cnt = ITEMS;
+  if (!all_valid) {
+    cnt = 0;
+#pragma unroll
+    for (int j = 0; j < NG; ++j)
+      if (4 * j < P) {
+        const int64_t v = int64_t(n) - (wbase + int64_t(j * 32 + lane) * 4);
+        cnt += v <= 0 ? 0 : (v < 4 ? int(v) : 4);
+      }
+  }
+  uint32_t key[ITEMS];
+  uint32_t m1 = 0, m2 = 0;  // the thread's largest and second largest key (invalid keys are 0)
+  const auto convert = [&](auto valid_tag) {
+    constexpr bool kAll = decltype(valid_tag)::value;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const float x = (i % 4 == 0) ? f[i / 4].x : (i % 4 == 1) ? f[i / 4].y : (i % 4 == 2) ? f[i / 4].z : f[i / 4].w;
+      key[i] = (kAll || i < cnt) ? order_key(x) : 0u;
+      if constexpr (RK == 2) m2 = max(m2, min(m1, key[i]));
+      m1 = max(m1, key[i]);
+    }
+  };
+  if (all_valid) convert(std::true_type{});
+  else convert(std::false_type{});
+  const uint32_t tbound = RK == 2 ? m2 : m1;  // ≥ RK keys of this thread are ≥ tbound
+  {
+    const uint32_t wmin = __reduce_min_sync(FULL, tbound), wmax = __reduce_max_sync(FULL, m1);
+    if (lane == 0) {
+      s_wmin[warp] = wmin;
+      s_wmax[warp] = wmax;
+    }
+  }
+  __syncthreads();
+  uint32_t F = __reduce_min_sync(FULL, lane < NW ? s_wmin[lane] : 0xffffffffu);
+  const uint32_t M = __reduce_max_sync(FULL, lane < NW ? s_wmax[lane] : 0u);
+  if (k > RK * THREADS) F = 0u;
+  // Compaction (v6): per lane, the number of its keys ≥ F in float4 group j (0..4) sits in byte
+  // j % 4 of word j / 4; one warp scan of the NCW words gives every group's lane prefix and the warp
+  // totals (a byte sums ≤ 32·4 = 128: no carry). List order = (warp, group, lane, c) = index order.
+  uint32_t cw[NCW], iw[NCW], tw[NCW];
+#pragma unroll
+  for (int w = 0; w < NCW; ++w) cw[w] = 0u;
+  const auto count = [&](auto valid_tag) {
+    constexpr bool kAll = decltype(valid_tag)::value;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if ((kAll || i < cnt) && key[i] >= F) cw[i / 16] += 1u << (8 * ((i / 4) % 4));
+  };
+  if (all_valid) count(std::true_type{});
+  else count(std::false_type{});
+#pragma unroll
+  for (int w = 0; w < NCW; ++w) iw[w] = cw[w];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    uint32_t x[NCW];
+#pragma unroll
+    for (int w = 0; w < NCW; ++w) x[w] = __shfl_up_sync(FULL, iw[w], o);
+    if (lane >= o) {
+#pragma unroll
+      for (int w = 0; w < NCW; ++w) iw[w] += x[w];
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < NCW; ++w) tw[w] = __shfl_sync(FULL, iw[w], 31);
+  if (lane == 0) {
+    uint32_t s = 0;
+#pragma unroll
+    for (int w = 0; w < NCW; ++w)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) s += (tw[w] >> (8 * b)) & 0xffu;
+    s_wcnt[warp] = s;
+  }
+  // Pass-0 top of this CTA into slot `rank` of every CTA (as v5; ordered before the reads by the
+  // pass-0 cluster barrier).
+  cluster_wait();
+  if (tid < C) st_cluster_u32(cluster_map(&s_top0[rank], uint32_t(tid)), (M >> 20) + 1u);
+  __syncthreads();  // s_wcnt
+  const uint32_t wc = lane < NW ? s_wcnt[lane] : 0u;
+  const int L = int(__reduce_add_sync(FULL, wc));
+  const int woff = int(__reduce_add_sync(FULL, lane < warp ? wc : 0u));
+  const auto scatter = [&](auto valid_tag) {
+    constexpr bool kAll = decltype(valid_tag)::value;
+    int gbase = woff;  // list position of this warp's group j
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+      const int sh = 8 * (j % 4);
+      int pos = gbase + int(((iw[j / 4] >> sh) & 0xffu) - ((cw[j / 4] >> sh) & 0xffu));
+      const int lbase = warp * 32 * P + (j * 32 + lane) * 4;  // index in the CTA's slice
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = 4 * j + c;
+        if ((kAll || i < cnt) && key[i] >= F) {
+          lk[pos] = key[i];
+          li[pos] = uint16_t(lbase + c);
+          ++pos;
+        }
+      }
+      gbase += int((tw[j / 4] >> sh) & 0xffu);
+    }
+  };
+  if (all_valid) scatter(std::true_type{});
+  else scatter(std::false_type{});
+  __syncthreads();  // the list is complete
+  TOPK_TS(1);
+
+  uint32_t prefix = 0, mask = 0;
+  int krem = k;        // keys still to take among those matching (mask, prefix)
+  int gt_lo = 0;       // selected keys above the current bin held by lower-ranked CTAs
+  int eq_lo = 0;       // keys matching the final (mask, prefix) held by lower-ranked CTAs
+  bool wait_at_exit = false;
+#pragma unroll 1
+  for (int p = 0; p < 3; ++p) {
+    const int shift = p == 0 ? 20 : (p == 1 ? 8 : 0);
+    const uint32_t dmask = p == 2 ? 0xffu : 0xfffu;
+    uint32_t* h = p == 0 ? hist0 : (p == 1 ? hist1 : hist2);
+    uint32_t dtop = 0;  // highest digit seen + 1
+    for (int j = tid; j < L; j += THREADS) {  // one shared atomic per matching list entry
+      const uint32_t kk = lk[j];
+      if ((kk & mask) == prefix) {
+        const uint32_t d = (kk >> shift) & dmask;
+        atomicAdd(&h[d], 1u);
+        dtop = max(dtop, d + 1);
+      }
+    }
+    if (p > 0) {
+      dtop = __reduce_max_sync(FULL, dtop);
+      if (lane == 0 && dtop != 0) atomicMax(&s_top[p], dtop);
+    }
+    cg::this_cluster().sync();  // pass barrier: local histograms and tops visible cluster-wide
+    TOPK_TS(2 + 2 * p);
+    if (warp == 0) {
+      // The row's highest non-empty bin + 1 (pass 0: pushed by every CTA; later passes: read).
+      uint32_t gtop;
+      if (p == 0) {
+        gtop = __reduce_max_sync(FULL, lane < C ? s_top0[lane] : 0u);
+      } else {
+        const uint32_t t = lane < C ? ld_cluster_u32(cluster_map(&s_top[p], uint32_t(lane))) : 0u;
+        gtop = __reduce_max_sync(FULL, t);
+      }
+      // Window walk from the top bin down; step = groups [hi − ng, hi) of 4 bins, lane g reads
+      // group hi − 1 − g from every CTA (4, 8, 16, then 32 groups per step).
+      int hi = int((gtop + 3u) >> 2);
+      int carry = 0, carry_lo = 0, zg = 4;
+      int bstar = 0, G = 0, Gl = 0, E = 0, El = 0;
+      while (hi > 0) {  // warp-uniform
+        const int ng = min(zg, hi);
+        uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
+        if (lane < ng) {
+          const uint32_t* gp = h + 4 * (hi - 1 - lane);
+          uint4 u[C];
+#pragma unroll
+          for (int q = 0; q < C; ++q) u[q] = ld_cluster_v4(cluster_map(gp, uint32_t(q)));
+#pragma unroll
+          for (int q = 0; q < C; ++q) {
+            v.x += u[q].x;
+            v.y += u[q].y;
+            v.z += u[q].z;
+            v.w += u[q].w;
+            if (q < int(rank)) {
+              vl.x += u[q].x;
+              vl.y += u[q].y;
+              vl.z += u[q].z;
+              vl.w += u[q].w;
+            }
+          }
+        }
+        // Descending bins: t4[j] = bin 4·(hi − 1 − lane) + 3 − j, i.e. position 4·lane + j of the
+        // step's bins counted from the top.
+        const int t4[4] = {int(v.w), int(v.z), int(v.y), int(v.x)};
+        const int l4[4] = {int(vl.w), int(vl.z), int(vl.y), int(vl.x)};
+        const int st = t4[0] + t4[1] + t4[2] + t4[3], sl = l4[0] + l4[1] + l4[2] + l4[3];
+        int it = st, il = sl;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int x = __shfl_up_sync(FULL, it, o), y = __shfl_up_sync(FULL, il, o);
+          if (lane >= o) {
+            it += x;
+            il += y;
+          }
+        }
+        const bool cross = lane < ng && carry + it - st < krem && carry + it >= krem;
+        const unsigned bal = __ballot_sync(FULL, cross);
+        if (bal != 0u) {
+          int acc = carry + it - st, accl = carry_lo + il - sl, jd = 0, e = 0, ee = 0;
+          bool got = false;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (!got) {
+              if (acc + t4[j] >= krem) {
+                got = true;
+                jd = j;
+                e = t4[j];
+                ee = l4[j];
+              } else {
+                acc += t4[j];
+                accl += l4[j];
+              }
+            }
+          }
+          const int src = __ffs(int(bal)) - 1;
+          const int d = __shfl_sync(FULL, 4 * lane + jd, src);
+          G = __shfl_sync(FULL, acc, src);
+          Gl = __shfl_sync(FULL, accl, src);
+          E = __shfl_sync(FULL, e, src);
+          El = __shfl_sync(FULL, ee, src);
+          bstar = 4 * hi - 1 - d;
+          break;
+        }
+        carry += __shfl_sync(FULL, it, 31);
+        carry_lo += __shfl_sync(FULL, il, 31);
+        hi -= ng;
+        zg = min(2 * zg, 32);
+      }
+      if (lane == 0) {
+        s_walk[0] = bstar;
+        s_walk[1] = G;
+        s_walk[2] = Gl;
+        s_walk[3] = E;
+        s_walk[4] = El;
+      }
+    }
+    __syncthreads();  // s_walk (the only block barrier of the walk)
+    const int bstar = s_walk[0], G = s_walk[1], Gl = s_walk[2], E = s_walk[3], El = s_walk[4];
+    krem -= G;
+    gt_lo += Gl;
+    prefix |= uint32_t(bstar) << shift;
+    mask |= dmask << shift;
+    TOPK_TS(3 + 2 * p);
+    if (E == krem || p == 2) {  // the whole bin is taken, or the key is complete (ties by index)
+      eq_lo = El;
+      cluster_arrive();  // this CTA's remote reads are done; the matching wait is before exit
+      wait_at_exit = true;
+      break;
+    }
+    if (E <= kV5Cap) {
+      // Candidates (v6): my list entries of the bin, at [El + my slot) in every CTA's buffer.
+      for (int j0 = 0; j0 < L; j0 += THREADS) {  // CTA-uniform trip count
+        const int j = j0 + tid;
+        const uint32_t kk = j < L ? lk[j] : 0u;
+        const bool m = j < L && (kk & mask) == prefix;
+        const unsigned bal = __ballot_sync(FULL, m);
+        if (bal != 0u) {
+          int wslot = 0;
+          if (lane == 0) wslot = atomicAdd(&s_cslot, __popc(bal));
+          wslot = __shfl_sync(FULL, wslot, 0);
+          if (m) {
+            const int pos = El + wslot + __popc(bal & ((1u << lane) - 1u));
+#pragma unroll
+            for (int qq = 0; qq < C; ++qq) st_cluster_u32(cluster_map(&cand[pos], uint32_t(qq)), kk);
+          }
+        }
+      }
+      cg::this_cluster().sync();  // candidates visible; no remote access after this point
+      TOPK_TS(8);
+      // The ck-th largest candidate (v5/v6): radix passes over the bits below the prefix, local.
+      uint32_t cpre = prefix, cmsk = mask;
+      int ck = krem;
+#pragma unroll 1
+      for (int sub = p == 0 ? 0 : 1; sub < 2; ++sub) {
+        const int sh = sub == 0 ? 8 : 0;
+        const uint32_t dm = sub == 0 ? 0xfffu : 0xffu;
+        uint32_t* hh = sub == 0 ? hist1 : hist2;
+        for (int j = tid; j < E; j += THREADS) {
+          const uint32_t c = cand[j];
+          if ((c & cmsk) == cpre) atomicAdd(&hh[(c >> sh) & dm], 1u);
+        }
+        __syncthreads();
+        block_pick_bin_t<THREADS>(hh, sub == 0 ? 4096 : 256, ck, scan_tmp, s_pick);
+        cpre |= uint32_t(s_pick[0]) << sh;
+        cmsk |= dm << sh;
+        ck -= s_pick[1];
+        if (s_pick[2] == ck) break;  // CTA-uniform
+      }
+      // Candidates of lower-ranked CTAs (buffer prefix [0, El)) above / equal to the threshold.
+      int cgt = 0, ceq = 0;
+      for (int j = tid; j < El; j += THREADS) {
+        const uint32_t m = cand[j] & cmsk;
+        cgt += m > cpre;
+        ceq += m == cpre;
+      }
+      cgt = __reduce_add_sync(FULL, cgt);
+      ceq = __reduce_add_sync(FULL, ceq);
+      if (lane == 0) {
+        s_red[0][warp] = cgt;
+        s_red[1][warp] = ceq;
+      }
+      __syncthreads();
+      const int sg = __reduce_add_sync(FULL, lane < NW ? s_red[0][lane] : 0);
+      const int se = __reduce_add_sync(FULL, lane < NW ? s_red[1][lane] : 0);
+      gt_lo += sg;
+      eq_lo = se;
+      prefix = cpre;
+      mask = cmsk;
+      krem = ck;
+      TOPK_TS(10);
+      break;
+    }
+  }
+
+  // Output from the list (v6): thread t owns the list chunk [t·s, t·s + s); one block scan of the
+  // packed (greater << 16 | tied) chunk counts (each ≤ L ≤ 16,384) gives its offsets; gt_lo / eq_lo
+  // add the lower-ranked CTAs.
+  const int s = (L + THREADS - 1) / THREADS;
+  const int beg = min(tid * s, L), end = min(beg + s, L);
+  uint32_t v = 0;
+  for (int j = beg; j < end; ++j) {
+    const uint32_t kk = lk[j] & mask;
+    v += kk > prefix ? 0x10000u : (kk == prefix ? 1u : 0u);
+  }
+  uint32_t inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t x = __shfl_up_sync(FULL, inc, o);
+    if (lane >= o) inc += x;
+  }
+  if (lane == 31) s_wsum[warp] = inc;
+  __syncthreads();
+  const uint32_t excl = inc - v + __reduce_add_sync(FULL, lane < warp ? s_wsum[lane] : 0u);
+  int g = gt_lo + int(excl >> 16), e = eq_lo + int(excl & 0xffffu);
+  for (int j = beg; j < end; ++j) {
+    const uint32_t kk = lk[j] & mask;
+    if (kk > prefix) {
+      const int o = g + min(e, krem);
+      if (o < k) orow[o] = int32_t(cbase + li[j]);
+      ++g;
+    } else if (kk == prefix) {
+      if (e < krem && g + e < k) orow[g + e] = int32_t(cbase + li[j]);
+      ++e;
+    }
+  }
+  TOPK_TS(9);
+  if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+  if (wait_at_exit) cluster_wait();
+}
+
 // Launches topk_kernel_v4<C, ITEMS> with per-CTA candidate capacity cap = k·cap_x4/4 (≥ k).
 // kUnsupported when the cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0) or the
 // candidate buffer exceeds the shared memory.
@@ -2116,6 +2604,38 @@ Status launch_topk_v6(const float* scores, int64_t ld, const int32_t* n, int64_t
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C, unsigned(R), 1);
   cfg.blockDim = dim3(512, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;  // residency question without the PDL attribute
+  if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
+  if constexpr (PDL) cfg.numAttrs = 2;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
+  return Status::Ok();
+}
+
+// Launches topk_kernel_v7<C, THREADS, ITEMS, PDL>: dynamic shared memory for the list
+// (THREADS·ITEMS keys and u16 indices: 96 KiB at THREADS·ITEMS = 16,384), granted once per kernel;
+// non-portable cluster size (C = 16) and residency checked per kernel (check_big_cluster),
+// kUnsupported when a cluster cannot be resident. PDL: programmatic stream serialization.
+template <int C, int THREADS, int ITEMS, bool PDL>
+Status launch_topk_v7(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
+                      int32_t* out, int32_t* out_len, cudaStream_t stream) {
+  auto kern = topk_kernel_v7<C, THREADS, ITEMS, PDL>;
+  const size_t smem = size_t(THREADS) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t));
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  V4_CUDA_TRY(attr_err);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C, unsigned(R), 1);
+  cfg.blockDim = dim3(THREADS, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -2387,6 +2907,35 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 16 * T * 8) return launch_topk_v6<16, 8, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 16 * T * 16) return launch_topk_v6<16, 16, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_topk_v6<16, 32, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    // v7 (v6 with the window walk in one warp, 256- or 512-thread CTAs, unguarded register keys
+    // where the slice is whole, plain list-histogram atomics), keys per thread sized to the row
+    case 38:  // cluster 16 × 512 threads
+    case 39:  // 38 launched with programmatic dependent launch
+      if (max_n > 16 * T * 32) break;
+      if (variant == 38) {
+        if (max_n <= 16 * T * 8) return launch_topk_v7<16, T, 8, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+        if (max_n <= 16 * T * 16) return launch_topk_v7<16, T, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+        return launch_topk_v7<16, T, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      }
+      if (max_n <= 16 * T * 8) return launch_topk_v7<16, T, 8, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_topk_v7<16, T, 16, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v7<16, T, 32, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 40:  // cluster 16 × 256 threads
+    case 41:  // 40 launched with programmatic dependent launch
+      if (max_n > 16 * 256 * 64) break;
+      if (variant == 40) {
+        if (max_n <= 16 * 256 * 16) return launch_topk_v7<16, 256, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+        if (max_n <= 16 * 256 * 32) return launch_topk_v7<16, 256, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+        return launch_topk_v7<16, 256, 64, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      }
+      if (max_n <= 16 * 256 * 16) return launch_topk_v7<16, 256, 16, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * 256 * 32) return launch_topk_v7<16, 256, 32, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v7<16, 256, 64, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 42:  // cluster 8 × 256 threads (rows ≤ 131072; portable cluster size, for many rows)
+      if (max_n > 8 * 256 * 64) break;
+      if (max_n <= 8 * 256 * 16) return launch_topk_v7<8, 256, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * 256 * 32) return launch_topk_v7<8, 256, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v7<8, 256, 64, false>(scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

@@ -68,7 +68,15 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// candidates and the output run over that list instead of every register key; dynamic shared
 /// memory 512·I·6 B), keys/thread sized to the row, I ≤ 32: 34: cluster 16 (rows ≤ 262144),
 /// 35: as 34 with programmatic dependent launch, 36: cluster 8 (rows ≤ 131072), 37: as 34 without
-/// the warp merging of equal digits before the histogram atomics (A/B). Not in auto yet.
+/// the warp merging of equal digits before the histogram atomics (A/B).
+/// v7 kernel (v6 with the window walk done by one warp — lane g reads 4-bin group g from every
+/// CTA, one block barrier per pass instead of one per step plus 16 redundant scans —, plain list-
+/// histogram atomics, register keys without validity tests when the warp's slice is whole and
+/// fills ITEMS), cluster 16, rows ≤ 262144, keys/thread sized to the row: 38: 512 threads
+/// (I ≤ 32), 39: 38 with programmatic dependent launch, 40: 256 threads (I ≤ 64; pre-filter bound
+/// = min over threads of each thread's second largest key, valid for k ≤ 512), 41: 40 with
+/// programmatic dependent launch, 42: cluster 8 × 256 threads (rows ≤ 131072). Not in auto (the
+/// lead sets it from measurements).
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
