@@ -983,8 +983,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, tq = lane & 3;
   const int hg = warp / kDP, part = warp % kDP;
   const int H = a.n_heads;
-  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
-  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
+  // Counts and offsets loaded together (v2 loads the offsets after the counts: one dependent
+  // round trip fewer on the batch-1 critical path; offset[t] exists wherever count[t] does).
+  const bool has_swa = swa_pool && a.swa.count, has_comp = comp_pool && a.comp.count;
+  const int64_t swa_off = has_swa ? a.swa.offset[t] : 0;
+  const int64_t comp_off = has_comp ? a.comp.offset[t] : 0;
+  const int n_swa = has_swa ? a.swa.count[t] : 0;
+  const int n_comp = has_comp ? a.comp.count[t] : 0;
   const int n = n_swa + n_comp;
   const int tiles_all = (n + kKT - 1) / kKT;
   const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
@@ -992,8 +997,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k1 = min(n, k0 + tiles_per * kKT);
   const int n_tiles = (k1 - k0 + kKT - 1) / kKT;
 
-  const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
-  const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
   auto lookup = [&](int tile) -> int32_t {
     const int j = k0 + tile * kKT + lane;
     if (tile >= n_tiles || j >= k1) return -1;
