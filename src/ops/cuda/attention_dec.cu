@@ -790,6 +790,55 @@ __global__ void __launch_bounds__(kCombThreads) attn_dec_combine_kernel(ops::Att
 }
 
 
+// Combine of variants 3 / 4: the same merge (same grid, same fixed order over the splits) with
+// fewer dependent L2 round trips: every split's m and l are read in one pass (thread s holds
+// split s), and the output sum keeps 32 partial loads in flight (unroll 32: one round trip per
+// 32 splits; attn_dec_combine_kernel above waits once per 8 and reads m twice).
+__global__ void __launch_bounds__(kCombThreads) attn_dec_combine3_kernel(
+    ops::AttentionArgs a, int n_splits, const float* __restrict__ ws) {
+  __shared__ float fs[kMaxSplits];
+  __shared__ float red[kCombThreads / 32];
+  pdl_wait();  // the main grid's partials complete and visible
+  const int64_t th = blockIdx.x;
+  const int h = int(th % a.n_heads);
+  const float* p = ws + th * n_splits * int64_t(kHd + 2);
+  const float sink = a.sinks[h];
+  constexpr int kPer = kMaxSplits / kCombThreads;  // splits per thread (2)
+  float mq[kPer], lq[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = threadIdx.x + i * kCombThreads;
+    mq[i] = sp < n_splits ? p[sp * int64_t(kHd + 2)] : -INFINITY;
+    lq[i] = sp < n_splits ? p[sp * int64_t(kHd + 2) + 1] : 0.f;
+    mx = fmaxf(mx, mq[i]);
+  }
+  const float M = fmaxf(sink, block_reduce(mx, true, red));
+  float ls = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = threadIdx.x + i * kCombThreads;
+    const float f = mq[i] == -INFINITY ? 0.f : __expf(mq[i] - M);
+    if (sp < n_splits) fs[sp] = f;
+    ls += lq[i] * f;
+  }
+  const float inv = 1.f / (__expf(sink - M) + block_reduce(ls, false, red));  // syncs: fs ready
+  const int d = blockIdx.y * kCombThreads + threadIdx.x;
+  const float* pd = p + 2 + d;
+  float acc = 0.f;
+  int sp = 0;
+  for (; sp + 32 <= n_splits; sp += 32) {
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = pd[(sp + j) * int64_t(kHd + 2)];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc = fmaf(v[j], fs[sp + j], acc);
+  }
+  for (; sp < n_splits; ++sp) acc = fmaf(pd[sp * int64_t(kHd + 2)], fs[sp], acc);
+  a.out[th * kHd + d] = acc * inv;
+}
+static_assert(kMaxSplits % kCombThreads == 0, "combine3: whole splits per thread");
+
 // ---- variant 3 / 4 (issue 7: the batch-1 fixed cost) ----------------------------------------
 // attn_dec3_kernel<T, kHC>: the v2 ring kernel with kHC = 32 (variant 3) or 16 (variant 4)
 // heads per CTA instead of 64, so that batch 1 spreads its keys over 2× / 4× more CTAs with a
@@ -1354,6 +1403,16 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
+  if (variant >= 3) {  // v3 / v4 (fp8 pools were sent to variant 2 above)
+    if (!pdl) {
+      attn_dec_combine3_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
+      return check_launch("attn_dec_combine3_kernel");
+    }
+    const float* ws3 = workspace;
+    V4_RETURN_IF_ERROR(launch_ex(attn_dec_combine3_kernel, cgrid, dim3(kCombThreads, 1, 1), 0,
+                                 stream, true, 1u, a, n_splits, ws3));
+    return check_launch("attn_dec_combine3_kernel (PDL)");
+  }
   if (!pdl) {
     attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
     return check_launch("attn_dec_combine_kernel");
