@@ -100,10 +100,17 @@ std::string bench_attention(double bw) {
         "(`attention_dec_splits(..., kv_bytes)`, as CudaOps runs it); `v2 best` = the fastest "
         "of a sweep of split counts; `v1` = variant 1 (the session-5 kernel, plain combine) "
         "with the same splits; `mma` = the previous bf16-mode kernel (TF32 attention_mma, "
-        "attention_auto_splits; f32 pools only).\n\n"
+        "attention_auto_splits; f32 pools only); `v3` / `v4` = variants 3 / 4 (issue 7: the v2 "
+        "ring kernel with 32 / 16 heads per block, f32 rows loaded and converted by the threads, "
+        "combine kernel with PDL) at `attention_dec3_splits` (one wave), `best` = the fastest of "
+        "their split sweep. Below the table: fixed-cost probes at batch 1 (every row with 0 "
+        "keys: launch, key counts, q-free epilogue, output / partial write and combine only; and "
+        "1 tile per split).\n\n"
      << "| pools | kind | batch | context | keys/row | floor µs | v2 µs (splits) | v2/floor | "
-        "v2 best µs (splits) | best/floor | v1 µs | v1/floor | mma µs (splits) | mma/floor |\n"
-     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "v2 best µs (splits) | best/floor | v1 µs | v1/floor | mma µs (splits) | mma/floor | "
+        "v3 µs (splits) | v3 best (splits) | v4 µs (splits) | v4 best (splits) |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::ostringstream probes;  // fixed-cost probes (batch 1), printed after the table
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
   for (const bool b16 : {false, true})
@@ -183,6 +190,63 @@ std::string bench_attention(double bw) {
           if (us < best_us) best_us = us, best_splits = sp;
         }
         const double v1_us = t_dec(dec_splits, 1);
+        // Variants 3 / 4 at their one-wave split count, and a sweep.
+        char v34_cell[160];
+        {
+          double us34[2], best34[2];
+          int sp34[2], bsp34[2];
+          for (int k = 0; k < 2; ++k) {
+            const int variant = 3 + k;
+            sp34[k] = v4::cuda::attention_dec3_splits(S, H, keys, n_sms, variant == 3 ? 32 : 16);
+            us34[k] = best34[k] = t_dec(sp34[k], variant);
+            bsp34[k] = sp34[k];
+            for (int sp : {1, 2, 4, 8, 12, 16, 20, 24, 33, 36, 48, 65, 66, 96, 128}) {
+              if (sp > tiles || sp == sp34[k]) continue;
+              const double us = t_dec(sp, variant);
+              std::printf("  sweep v%d %s %s S=%lld keys=%lld splits=%d: %.2f us\n", variant,
+                          b16 ? "bf16" : "f32", kind, (long long)S, (long long)keys, sp, us);
+              if (us < best34[k]) best34[k] = us, bsp34[k] = sp;
+            }
+          }
+          std::snprintf(v34_cell, sizeof v34_cell, "%.2f (%d) | %.2f (%d) | %.2f (%d) | %.2f (%d)",
+                        us34[0], sp34[0], best34[0], bsp34[0], us34[1], sp34[1], best34[1],
+                        bsp34[1]);
+        }
+        // Fixed-cost probes, batch 1, once per pool type (the CSA 4K pass): the same launches
+        // with every key count 0 (no tile, no q load: launch + counts + epilogue / partials +
+        // combine), and v2 / v3 / v4 with one tile per split (keys = 32 · splits).
+        if (S == 1 && csa && ctx == 4096) {
+          int32_t* d_zero = nullptr;
+          AB_CHECK(cudaMalloc(&d_zero, 4));
+          AB_CHECK(cudaMemset(d_zero, 0, 4));
+          auto t_zero = [&](int splits, int variant) {
+            return median_us([&](int i) {
+              v4::ops::AttentionArgs a = args(i);
+              a.swa.count = d_zero;
+              a.comp.count = d_zero;
+              AB_OK(v4::cuda::sparse_attention_dec(a, splits, ws, nullptr, variant));
+            });
+          };
+          probes << "- " << (b16 ? "bf16" : "f32") << " pools, batch 1, 0 keys (µs): ";
+          for (int variant : {2, 3, 4})
+            for (int sp : {1, 2, 8, 20, 65}) {
+              char cell[64];
+              std::snprintf(cell, sizeof cell, "v%d/%d splits %.2f; ", variant, sp,
+                            t_zero(sp, variant));
+              probes << cell;
+            }
+          probes << "\n- " << (b16 ? "bf16" : "f32")
+                 << " pools, batch 1, CSA 640 keys, forced splits (tiles per split) (µs): ";
+          for (int variant : {2, 3, 4})
+            for (int sp : {1, 2, 5, 10, 20}) {
+              char cell[64];
+              std::snprintf(cell, sizeof cell, "v%d/%d (%d) %.2f; ", variant, sp, 20 / sp,
+                            t_dec(sp, variant));
+              probes << cell;
+            }
+          probes << "\n";
+          cudaFree(d_zero);
+        }
         if (b16 && dec_splits >= 2 && dec_splits <= 8) {  // A/B of the cluster merge (log only)
           setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
           const double us = t_dec(dec_splits);
@@ -204,14 +268,14 @@ std::string bench_attention(double bw) {
         else
           std::snprintf(mma_cell, sizeof mma_cell, "%.2f (%d) | %.2f×", mma_us, mma_splits,
                         mma_us / floor_us);
-        char line[640];
+        char line[1024];
         std::snprintf(line, sizeof line,
                       "| %s | %s | %lld | %s | %lld | %.2f | %.2f (%d) | %.2f× | %.2f (%d) | "
-                      "%.2f× | %.2f | %.2f× | %s |\n",
+                      "%.2f× | %.2f | %.2f× | %s | %s |\n",
                       b16 ? "bf16" : "f32", kind, (long long)S,
                       ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M", (long long)keys,
                       floor_us, dec_us, dec_splits, dec_us / floor_us, best_us, best_splits,
-                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell);
+                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell, v34_cell);
         md << line;
         std::printf("%s", line);
         std::fflush(stdout);
@@ -227,7 +291,7 @@ std::string bench_attention(double bw) {
   cudaFree(pool);
   cudaFree(pool_b);
   cudaFree(sinks);
-  md << "\n";
+  md << "\n" << probes.str() << "\n";
   return md.str();
 }
 #endif  // V4_HAVE_CUDA

@@ -200,6 +200,44 @@ void check_kernel(AttnCase& c, const std::vector<int>& split_list) {
 
 constexpr KvDtype kDtypes[] = {KvDtype::kF32, KvDtype::kBf16};
 
+/// Variants 3 / 4 (32 / 16 heads per block) at each split count of split_list plus
+/// attention_dec3_splits' choice: vs the CPU op (kDecTol) and vs variant 2 at the same split
+/// count. v3 / v4 sum a head's partial S over 4 / 8 dim parts instead of 2 (another fp32
+/// order), so a p value can round to another bf16 neighbour: they agree with v2 to ~1e-4 of
+/// max |out|, not bit for bit; a head, dim-part, ring or split slip gives O(1) differences.
+void check_kernel34(AttnCase& c, const std::vector<int>& split_list) {
+  for (int variant : {3, 4}) {
+    std::vector<int> splits = split_list;
+    splits.push_back(
+        cuda::attention_dec3_splits(c.S, c.H, c.max_keys, 132, variant == 3 ? 32 : 16));
+    for (const int sp : splits) {
+      SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp
+                                        << " pools=" << kv_dtype_name(c.dt));
+      Dev<float> ws(
+          size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
+      ws.poison();
+      c.dout->poison();
+      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 2).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto ref2 = c.dout->host();
+      ws.poison();
+      c.dout->poison();
+      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = c.dout->host();
+      const double e = rel_err(got, c.out_cpu);
+      const double d = rel_err(got, ref2);
+      std::printf("[attention dec] v%d %s S=%lld H=%d keys<=%lld splits=%d rel err %.2e "
+                  "(vs v2 %.2e)\n",
+                  variant, kv_dtype_name(c.dt), (long long)c.S, c.H, (long long)c.max_keys, sp,
+                  e, d);
+      EXPECT_LE(e, kDecTol);
+      EXPECT_LE(d, 2e-3);
+      c.expect_empty_rows_zero(got);
+    }
+  }
+}
+
 TEST(CudaAttentionDec, EqualsCpuBatch1) {
   V4_REQUIRE_GPU();
   for (KvDtype dt : kDtypes) {
@@ -333,6 +371,103 @@ TEST(CudaAttentionDec, Variant2LaunchOptions) {
   }
 }
 
+// Variants 3 / 4 (issue 7, batch 1): the cases above that matter for them — batch 1 CSA /
+// HCA 1M / 0, 1, 17 keys, head counts that are not a multiple of 32 / 16, sliding-only layers,
+// batch 3 / 7 (ring wraps, tails), batch 64, sink extremes, PDL off — f32 and bf16 pools.
+TEST(CudaAttentionDec, Variant34Batch1) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("CSA 128 + 512");
+      AttnCase c(1, 64, {640}, false, false, dt);
+      check_kernel34(c, {1, 3, 20});
+    }
+    {
+      SCOPED_TRACE("HCA 128 + 8192");
+      AttnCase c(1, 64, {8320}, false, false, dt);
+      check_kernel34(c, {1, 7, 65, 128, 200});
+    }
+    {
+      SCOPED_TRACE("HCA 128K: 1152 keys");
+      AttnCase c(1, 64, {1152}, false, false, dt);
+      check_kernel34(c, {1, 36});
+    }
+    {
+      SCOPED_TRACE("V4-Pro heads, 17 keys (one partial tile)");
+      AttnCase c(1, 128, {17}, false, false, dt);
+      check_kernel34(c, {1, 2});
+    }
+    for (int n : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << n << " keys");
+      AttnCase c(1, 64, {n}, false, false, dt);
+      check_kernel34(c, {1, 4});
+    }
+    {
+      SCOPED_TRACE("sliding-only, 40 heads (not a multiple of 16 / 32), 128 keys");
+      AttnCase c(1, 40, {128}, false, /*sliding=*/true, dt);
+      check_kernel34(c, {1, 3});
+    }
+  }
+}
+
+TEST(CudaAttentionDec, Variant34Batch3And7) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("counts 8320 / 0 / 17, own keys, 128 heads");
+      AttnCase c(3, 128, {8320, 0, 17}, false, false, dt);
+      check_kernel34(c, {1, 5});
+    }
+    {
+      SCOPED_TRACE("counts 1 / 640 / 0, own keys; 640 shared");
+      AttnCase c(3, 64, {1, 640, 0}, false, false, dt);
+      check_kernel34(c, {1, 3});
+      AttnCase d(3, 64, {640}, true, false, dt);
+      check_kernel34(d, {1, 3});
+    }
+    {
+      SCOPED_TRACE("sliding-only layer, 48 heads");
+      AttnCase c(3, 48, {128, 33, 0}, false, /*sliding=*/true, dt);
+      check_kernel34(c, {1, 2, 8});
+    }
+    {
+      SCOPED_TRACE("batch 7 ring boundaries 33 / 70 / 100 / 128 / 150 / 0 / 8320");
+      AttnCase c(7, 64, {33, 70, 100, 128, 150, 0, 8320}, false, false, dt);
+      check_kernel34(c, {1, 2, 3, 9});
+    }
+  }
+}
+
+TEST(CudaAttentionDec, Variant34Batch64AndSinks) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("CSA 640 keys, own keys per row");
+      AttnCase c(64, 64, {640}, false, false, dt);
+      check_kernel34(c, {1, 2});
+    }
+    {
+      SCOPED_TRACE("mixed counts 0/1/17/640/160, own keys, 128 heads");
+      AttnCase c(64, 128, {0, 1, 17, 640, 160}, false, false, dt);
+      check_kernel34(c, {1, 3});
+    }
+    for (float shift : {6.f, -30.f}) {
+      SCOPED_TRACE(::testing::Message() << "sink shift " << shift);
+      AttnCase c(7, 64, {640, 17, 1152, 1, 160, 8320, 0}, false, false, dt, shift);
+      check_kernel34(c, {1, 4});
+    }
+  }
+  {
+    SCOPED_TRACE("V4_ATTN_DEC_PDL=0 (plain launches)");
+    setenv("V4_ATTN_DEC_PDL", "0", 1);
+    for (KvDtype dt : kDtypes) {
+      AttnCase c(7, 128, {640, 17, 1152, 0, 160, 8320, 1}, false, false, dt, 0.5f);
+      check_kernel34(c, {1, 5});
+    }
+    unsetenv("V4_ATTN_DEC_PDL");
+  }
+}
+
 TEST(CudaAttentionDec, RefusesBadArguments) {
   V4_REQUIRE_GPU();
   AttnCase c(1, 64, {17}, false);
@@ -341,7 +476,8 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
-  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 3).ok());  // no variant 3
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 5).ok());  // no variant 5
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 0).ok());
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
 }
@@ -370,20 +506,41 @@ TEST(CudaAttentionDec, SplitModel) {
   }
 }
 
+// Variants 3 / 4 split counts: one wave of CTAs (S · ⌈H / heads⌉ per split) of whole tiles.
+TEST(CudaAttentionDec, SplitModel34) {
+  EXPECT_EQ(cuda::attention_dec3_splits(1, 64, 0, 132, 32), 1);
+  EXPECT_EQ(cuda::attention_dec3_splits(1, 64, 32, 132, 16), 1);
+  EXPECT_EQ(cuda::attention_dec3_splits(1, 64, 640, 132, 32), 20);   // 20 tiles, 66 allowed
+  EXPECT_EQ(cuda::attention_dec3_splits(1, 64, 8320, 132, 32), 65);  // 260 tiles: 4 per split
+  EXPECT_EQ(cuda::attention_dec3_splits(1, 64, 8320, 132, 16), 33);  // 8 tiles per split
+  EXPECT_EQ(cuda::attention_dec3_splits(64, 64, 640, 132, 32), 1);
+  for (int64_t S : {1, 3, 64, 256})
+    for (int64_t k : {33, 128, 160, 640, 1152, 8320})
+      for (int hc : {16, 32}) {
+        const int sp = cuda::attention_dec3_splits(S, 64, k, 132, hc);
+        const int64_t tiles = (k + 31) / 32;
+        EXPECT_GE(sp, 1);
+        EXPECT_LE(sp, 128);
+        EXPECT_LE(int64_t(sp) * ((64 + hc - 1) / hc) * S, std::max<int64_t>(132, S * 4));
+        const int64_t per = (tiles + sp - 1) / sp;
+        EXPECT_GT(tiles, int64_t(sp - 1) * per) << "an empty split";
+      }
+}
+
 // Through the backend (bf16 mode): the decode kernel variants 2 (default) and 1, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {2, 1, 0})
+  for (int mode : {2, 1, 0, 3, 4})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));
       CudaOptions o;
       o.precision = Precision::kBf16;
       o.attention_dec = mode != 0;
-      o.attention_dec_variant = mode == 1 ? 1 : 2;
+      o.attention_dec_variant = mode == 0 ? 2 : mode;
       auto r = make_cuda_ops(o);
       ASSERT_TRUE(r.ok());
       auto gpu = std::move(r).value();

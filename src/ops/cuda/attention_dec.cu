@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "base/kv_fp8.h"  // kvfp8::dequantize (fp8 KV pools)
 #include "ops/cuda/attention.h"
@@ -788,6 +789,370 @@ __global__ void __launch_bounds__(kCombThreads) attn_dec_combine_kernel(ops::Att
   a.out[th * kHd + d] = acc * inv;
 }
 
+
+// Combine of variants 3 / 4: the same merge (same grid, same fixed order over the splits) with
+// fewer dependent L2 round trips: every split's m and l are read in one pass (thread s holds
+// split s), and the output sum keeps 32 partial loads in flight (unroll 32: one round trip per
+// 32 splits; attn_dec_combine_kernel above waits once per 8 and reads m twice).
+__global__ void __launch_bounds__(kCombThreads) attn_dec_combine3_kernel(
+    ops::AttentionArgs a, int n_splits, const float* __restrict__ ws) {
+  __shared__ float fs[kMaxSplits];
+  __shared__ float red[kCombThreads / 32];
+  pdl_wait();  // the main grid's partials complete and visible
+  const int64_t th = blockIdx.x;
+  const int h = int(th % a.n_heads);
+  const float* p = ws + th * n_splits * int64_t(kHd + 2);
+  const float sink = a.sinks[h];
+  constexpr int kPer = kMaxSplits / kCombThreads;  // splits per thread (2)
+  float mq[kPer], lq[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = threadIdx.x + i * kCombThreads;
+    mq[i] = sp < n_splits ? p[sp * int64_t(kHd + 2)] : -INFINITY;
+    lq[i] = sp < n_splits ? p[sp * int64_t(kHd + 2) + 1] : 0.f;
+    mx = fmaxf(mx, mq[i]);
+  }
+  const float M = fmaxf(sink, block_reduce(mx, true, red));
+  float ls = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int sp = threadIdx.x + i * kCombThreads;
+    const float f = mq[i] == -INFINITY ? 0.f : __expf(mq[i] - M);
+    if (sp < n_splits) fs[sp] = f;
+    ls += lq[i] * f;
+  }
+  const float inv = 1.f / (__expf(sink - M) + block_reduce(ls, false, red));  // syncs: fs ready
+  const int d = blockIdx.y * kCombThreads + threadIdx.x;
+  const float* pd = p + 2 + d;
+  float acc = 0.f;
+  int sp = 0;
+  for (; sp + 32 <= n_splits; sp += 32) {
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = pd[(sp + j) * int64_t(kHd + 2)];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc = fmaf(v[j], fs[sp + j], acc);
+  }
+  for (; sp < n_splits; ++sp) acc = fmaf(pd[sp * int64_t(kHd + 2)], fs[sp], acc);
+  a.out[th * kHd + d] = acc * inv;
+}
+static_assert(kMaxSplits % kCombThreads == 0, "combine3: whole splits per thread");
+
+// ---- variant 3 / 4 (issue 7: the batch-1 fixed cost) ----------------------------------------
+// attn_dec3_kernel<T, kHC>: the v2 ring kernel with kHC = 32 (variant 3) or 16 (variant 4)
+// heads per CTA instead of 64, so that batch 1 spreads its keys over 2× / 4× more CTAs with a
+// quarter / half of the per-CTA work: Q staging kHC × 512 (32 / 16 KiB of f32 per CTA instead
+// of 128), a tile's math, the O registers and the partial write all shrink by 64 / kHC. The
+// 8 warps form kHG = kHC / 16 head groups of 16 heads; the kDP = 8 / kHG warps of a group split
+// the 512 dims into parts of kDW = 512 / kDP (128 / 64): QK gives a partial S over the warp's
+// dims, the group's kDP partials are summed through the S exchange in part order 0 .. kDP−1
+// (every warp of the group reads all of them, its own included, so all hold bit-identical S and
+// softmax state), P·V covers the warp's kDW dims. Output and split partials: the attention.h
+// layout (the combine kernel above merges them, PDL-launched). bf16 pools: cp.async into the
+// 4-tile ring as in v2; f32 pools: the issuing threads load the rows (16 float4 each per tile,
+// plain loads, so the issue blocks for their latency) and store them converted to bf16 into the
+// same ring slot — the same slot hazards as v2 (the slot is free after barrier B; the stores
+// are visible after barrier A of the tile that reads them).
+constexpr int kStages3 = 4;
+template <int kHC>
+constexpr size_t smem3_bytes() {
+  return size_t(kHC) * kLdB * 2 + size_t(kStages3) * kKbBytes + kSxBytes;
+}
+static_assert(smem3_bytes<32>() + size_t(kStages3) * kKT * 4 <= 232448, "v3 shared memory");
+
+/// tile_qk over kDW dims (qw, kw already offset to the warp's first dim).
+template <int kDW>
+__device__ __forceinline__ void tile_qk_w(const __nv_bfloat16* qw, const __nv_bfloat16* kw,
+                                          int lane, float (&sacc)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kDW; kk += 16) {
+    uint32_t af[4];
+    ldmatrix_x4(af, qw + (lane & 15) * kLdB + kk + 8 * (lane >> 4));
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, kw + (16 * np + (lane & 7) + 8 * (lane >> 4)) * kLdB + kk +
+                          8 * ((lane >> 3) & 1));
+      mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
+      mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// After the exchange barrier: S = Σ_p partial_p (p = 0 .. kDP−1 in order: the kDP warps of head
+/// group hg hold identical S), scaled and masked as tile_softmax; online softmax update of
+/// (m_r, l_r) and o ([kDW / 8] n-tiles); on return sv holds the tile's p values.
+template <int kDP, int kDW>
+__device__ __forceinline__ void tile_softmax_w(const float* sx, int hg, int g, int tq, float scale,
+                                               const int32_t* rows, float (&sv)[4][4],
+                                               float (&m_r)[2], float (&l_r)[2],
+                                               float (&o)[kDW / 8][4]) {
+  const float* grp = sx + hg * kDP * (16 * kSxLd);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int c0 = nt * 8 + 2 * tq;
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll
+    for (int p = 0; p < kDP; ++p) {
+      const float* w = grp + p * (16 * kSxLd);
+      const float2 lo = *reinterpret_cast<const float2*>(w + g * kSxLd + c0);
+      const float2 hi = *reinterpret_cast<const float2*>(w + (g + 8) * kSxLd + c0);
+      s0 += lo.x;
+      s1 += lo.y;
+      s2 += hi.x;
+      s3 += hi.y;
+    }
+    sv[nt][0] = s0 * scale;
+    sv[nt][1] = s1 * scale;
+    sv[nt][2] = s2 * scale;
+    sv[nt][3] = s3 * scale;
+    const bool v0 = rows[c0] >= 0, v1 = rows[c0 + 1] >= 0;
+    if (!v0) sv[nt][0] = sv[nt][2] = -INFINITY;
+    if (!v1) sv[nt][1] = sv[nt][3] = -INFINITY;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r[r], mx);
+    const float corr =
+        m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
+    float psum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float v = sv[nt][2 * r + c];
+        const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
+        sv[nt][2 * r + c] = p;
+        psum += p;
+      }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+    l_r[r] = l_r[r] * corr + psum;
+    m_r[r] = m_new;
+    if (__any_sync(0xffffffffu, corr != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < kDW / 8; ++i) {
+        o[i][2 * r] *= corr;
+        o[i][2 * r + 1] *= corr;
+      }
+    }
+  }
+}
+
+/// O[16 heads, kDW dims] += P · V (kw offset to the warp's first dim), as tile_pv.
+template <int kDW>
+__device__ __forceinline__ void tile_pv_w(const __nv_bfloat16* kw, int lane,
+                                          const float (&sv)[4][4], float (&o)[kDW / 8][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t af[4];
+    af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
+    af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
+    af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
+    af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
+    const __nv_bfloat16* vrow =
+        kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB + 8 * (lane >> 4);
+#pragma unroll
+    for (int np = 0; np < kDW / 16; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, vrow + 16 * np);
+      mma_bf16(o[2 * np], af, bf[0], bf[1]);
+      mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/// store_out for a warp of head group hg (heads hb + 16·hg + g (+8)) and dims part·kDW + 8·nt
+/// + 2tq (+1): the normalized output (n_splits == 1) or the split partial.
+template <int kDW>
+__device__ __forceinline__ void store_out_w(const ops::AttentionArgs& a, int64_t t, int s,
+                                            int n_splits, int hb, int hg, int part, int g, int tq,
+                                            const float (&m_r)[2], const float (&l_r)[2],
+                                            const float (&o)[kDW / 8][4], float* __restrict__ ws) {
+  const int H = a.n_heads;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = hb + hg * 16 + g + 8 * r;
+    if (h >= H) continue;
+    if (n_splits == 1) {
+      const float sink = a.sinks[h];
+      const float M = fmaxf(m_r[r], sink);
+      const float f = m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - M);
+      const float inv = f / (l_r[r] * f + __expf(sink - M));
+      float* out = a.out + (t * H + h) * int64_t(kHd) + part * kDW;
+#pragma unroll
+      for (int nt = 0; nt < kDW / 8; ++nt)
+        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    } else {
+      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
+      if (part == 0 && tq == 0) {
+        pwo[0] = m_r[r];
+        pwo[1] = l_r[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < kDW / 8; ++nt)
+        *reinterpret_cast<float2*>(pwo + 2 + part * kDW + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+  }
+}
+
+template <typename T, int kHC>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_dec3_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
+                     const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
+  static_assert(kHC == 16 || kHC == 32, "16 or 32 heads per CTA");
+  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  static_assert(kBf16 || std::is_same<T, float>::value, "bf16 or f32 pools");
+  constexpr int kHG = kHC / 16;    // head groups of 16
+  constexpr int kDP = 8 / kHG;     // warps (dim parts) per head group
+  constexpr int kDW = kHd / kDP;   // dims per warp: 128 (kHC 32) / 64 (kHC 16)
+  static_assert(kHG * kDP * 32 == kThreads && kDW % 16 == 0, "warp layout");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* ring = smem + size_t(kHC) * kLdB * 2;
+  float* sx = reinterpret_cast<float*>(ring + size_t(kStages3) * kKbBytes);
+  __shared__ int32_t rows_s[kStages3][kKT];
+  pdl_wait();  // PDL launch: as attn_dec2_kernel
+  pdl_trigger();
+
+  const int64_t t = blockIdx.x / n_splits;
+  const int s = int(blockIdx.x % n_splits);
+  const int hb = blockIdx.y * kHC;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int hg = warp / kDP, part = warp % kDP;
+  const int H = a.n_heads;
+  // Counts and offsets loaded together (v2 loads the offsets after the counts: one dependent
+  // round trip fewer on the batch-1 critical path; offset[t] exists wherever count[t] does).
+  const bool has_swa = swa_pool && a.swa.count, has_comp = comp_pool && a.comp.count;
+  const int64_t swa_off = has_swa ? a.swa.offset[t] : 0;
+  const int64_t comp_off = has_comp ? a.comp.offset[t] : 0;
+  const int n_swa = has_swa ? a.swa.count[t] : 0;
+  const int n_comp = has_comp ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  const int tiles_all = (n + kKT - 1) / kKT;
+  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
+  const int k0 = min(n, s * tiles_per * kKT);
+  const int k1 = min(n, k0 + tiles_per * kKT);
+  const int n_tiles = (k1 - k0 + kKT - 1) / kKT;
+
+  auto lookup = [&](int tile) -> int32_t {
+    const int j = k0 + tile * kKT + lane;
+    if (tile >= n_tiles || j >= k1) return -1;
+    return j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
+  };
+  static_assert(kKT == 32, "one key per lane");
+  auto issue = [&](int tile, int32_t my_r) {
+    if (tile < n_tiles) {  // block-uniform
+      const int buf = tile % kStages3;
+      unsigned char* dst = ring + size_t(buf) * kKbBytes;
+      const int kt0 = k0 + tile * kKT;
+      if constexpr (kBf16) {
+        constexpr int kChunks = kHd * 2 / 16;             // 64 per row
+        constexpr int kIt = kKT * kChunks / kThreads;     // 8
+#pragma unroll
+        for (int i = 0; i < kIt; ++i) {
+          const int e = threadIdx.x + i * kThreads;
+          const int key = e / kChunks, c = e % kChunks;  // key warp-uniform
+          const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+          const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
+          const void* src =
+              r >= 0 ? static_cast<const void*>(
+                           reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) + 16 * c)
+                     : static_cast<const void*>(a.q);
+          cp_async16(dst + size_t(key) * (kLdB * 2) + 16 * c, src, r >= 0);
+        }
+      } else {
+        constexpr int kChunks = kHd / 4;                  // 128 float4 per row
+        constexpr int kIt = kKT * kChunks / kThreads;     // 16
+        float4 v[kIt];
+#pragma unroll
+        for (int i = 0; i < kIt; ++i) {
+          const int e = threadIdx.x + i * kThreads;
+          const int key = e / kChunks, c = e % kChunks;  // key warp-uniform
+          const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+          const float* pool =
+              reinterpret_cast<const float*>(kt0 + key >= n_swa ? comp_pool : swa_pool);
+          v[i] = r >= 0 ? __ldg(reinterpret_cast<const float4*>(pool + int64_t(r) * kHd) + c)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __nv_bfloat16* kb = reinterpret_cast<__nv_bfloat16*>(dst);
+#pragma unroll
+        for (int i = 0; i < kIt; ++i) {
+          const int e = threadIdx.x + i * kThreads;
+          const int key = e / kChunks, c = e % kChunks;
+          uint2 u;
+          u.x = pack_bf16(v[i].x, v[i].y);
+          u.y = pack_bf16(v[i].z, v[i].w);
+          *reinterpret_cast<uint2*>(kb + key * kLdB + 4 * c) = u;
+        }
+      }
+      if (warp == 0) rows_s[buf][lane] = my_r;
+    }
+    cp_async_commit();  // one group per tile (empty for f32 pools): cp_async_wait counts tiles
+  };
+
+  float o[kDW / 8][4];
+#pragma unroll
+  for (int i = 0; i < kDW / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+
+  int32_t next_r = -1;
+  if (n_tiles > 0) {
+    // Q of the kHC heads (kHC / 2 float4 per thread) requested before the key-list lookups.
+    constexpr int kQ = kHC * (kHd / 4) / kThreads;
+    float4 qv[kQ];
+#pragma unroll
+    for (int j = 0; j < kQ; ++j) {
+      const int e = threadIdx.x + j * kThreads;
+      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+      qv[j] = hb + h < H
+                  ? __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int p = 0; p < kStages3 - 1; ++p) issue(p, lookup(p));
+    next_r = lookup(kStages3 - 1);
+#pragma unroll
+    for (int j = 0; j < kQ; ++j) {
+      const int e = threadIdx.x + j * kThreads;
+      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+      uint2 u;
+      u.x = pack_bf16(qv[j].x, qv[j].y);
+      u.y = pack_bf16(qv[j].z, qv[j].w);
+      *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+    }
+  }
+  const __nv_bfloat16* qw = qs + (hg * 16) * kLdB + part * kDW;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it % kStages3;
+    cp_async_wait<kStages3 - 2>();  // as v2: tiles 0 .. it landed (this thread's copies)
+    __syncthreads();                // A: tile it (on it == 0 also qs) visible
+    const __nv_bfloat16* kw =
+        reinterpret_cast<const __nv_bfloat16*>(ring + size_t(buf) * kKbBytes) + part * kDW;
+    float sacc[4][4], sv[4][4];
+    tile_qk_w<kDW>(qw, kw, lane, sacc);
+    tile_s_write(sx, warp, g, tq, sacc);
+    __syncthreads();  // B: partial S visible; every warp is past tile it − 1
+    issue(it + kStages3 - 1, next_r);
+    next_r = lookup(it + kStages3);
+    tile_softmax_w<kDP, kDW>(sx, hg, g, tq, a.scale, rows_s[buf], sv, m_r, l_r, o);
+    tile_pv_w<kDW>(kw, lane, sv, o);
+  }
+  cp_async_wait<0>();
+  store_out_w<kDW>(a, t, s, n_splits, hb, hg, part, g, tq, m_r, l_r, o, ws);
+}
+
 }  // namespace
 
 bool attention_dec_supported(int n_heads, int head_dim) {
@@ -832,6 +1197,16 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_b
     }
   }
   return best;
+}
+
+int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int heads_per_cta) {
+  if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0 || heads_per_cta <= 0) return 1;
+  const int64_t groups = S * ((H + heads_per_cta - 1) / heads_per_cta);
+  const int64_t tiles = (max_keys + kKT - 1) / kKT;
+  int64_t sp = std::max<int64_t>(1, n_sms / groups);  // one CTA per SM: a single wave
+  sp = std::min<int64_t>(std::min<int64_t>(sp, tiles), 128);
+  const int64_t per = (tiles + sp - 1) / sp;  // whole tiles per split, every split non-empty
+  return int((tiles + per - 1) / per);
 }
 
 namespace {
@@ -957,19 +1332,40 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant != 1 && variant != 2)
+  if (variant < 1 || variant > 4)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
-      (a.n_heads + kHeads - 1) / kHeads > 65535)
+      (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 / v4
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
-  const bool pdl = variant == 2 && attn_pdl_enabled();
-  if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
+  const bool pdl = variant >= 2 && attn_pdl_enabled();
+  if (variant >= 3 && (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
+    // Variants 3 / 4: 32 / 16 heads per CTA (attn_dec3_kernel), combine below when split.
+    const int hc = variant == 3 ? 32 : 16;
+    const dim3 grid3{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + hc - 1) / hc), 1};
+    if (a.kv_dtype == KvDtype::kBf16) {
+      if (hc == 32)
+        V4_RETURN_IF_ERROR((launch_main<7, B>(attn_dec3_kernel<B, 32>, smem3_bytes<32>(), a,
+                                               n_splits, workspace, grid3, pdl, stream)));
+      else
+        V4_RETURN_IF_ERROR((launch_main<8, B>(attn_dec3_kernel<B, 16>, smem3_bytes<16>(), a,
+                                               n_splits, workspace, grid3, pdl, stream)));
+    } else {
+      if (hc == 32)
+        V4_RETURN_IF_ERROR((launch_main<9, float>(attn_dec3_kernel<float, 32>, smem3_bytes<32>(),
+                                                   a, n_splits, workspace, grid3, pdl, stream)));
+      else
+        V4_RETURN_IF_ERROR((launch_main<10, float>(attn_dec3_kernel<float, 16>,
+                                                    smem3_bytes<16>(), a, n_splits, workspace,
+                                                    grid3, pdl, stream)));
+    }
+  } else if (a.kv_dtype == KvDtype::kBf16) {  // bf16 pools: rows staged as they are (half the bytes)
     if (variant == 2 && n_splits >= 2 && n_splits <= kMaxClusterSplits &&
         attn_cluster_enabled() && cluster_fits(n_splits)) {  // merged in the cluster: no combine
       V4_RETURN_IF_ERROR((launch_main<4, B>(attn_dec2_kernel<B, true>, kSmem2, a, n_splits,
@@ -1007,6 +1403,16 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
+  if (variant >= 3) {  // v3 / v4 (fp8 pools were sent to variant 2 above)
+    if (!pdl) {
+      attn_dec_combine3_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
+      return check_launch("attn_dec_combine3_kernel");
+    }
+    const float* ws3 = workspace;
+    V4_RETURN_IF_ERROR(launch_ex(attn_dec_combine3_kernel, cgrid, dim3(kCombThreads, 1, 1), 0,
+                                 stream, true, 1u, a, n_splits, ws3));
+    return check_launch("attn_dec_combine3_kernel (PDL)");
+  }
   if (!pdl) {
     attn_dec_combine_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
     return check_launch("attn_dec_combine_kernel");

@@ -47,12 +47,23 @@ bool attention_dec_supported(int n_heads, int head_dim);
 /// and one more launch. Returns 1 for max_keys ≤ 0 (unknown) or ≤ one tile. Result in [1, 128].
 int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_bytes = 4);
 
+/// Split count of variants 3 / 4 (`heads_per_cta` 32 / 16) for S rows of up to `max_keys`
+/// keys: as many splits as fill one wave of n_sms CTAs (S · ⌈H / heads_per_cta⌉ CTAs per split),
+/// at most one per tile and 128, balanced so every split of a max_keys row gets whole tiles.
+/// Returns 1 for max_keys ≤ one tile (or unknown). Result in [1, 128].
+int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int heads_per_cta);
+
 /// Runs the decode kernel (and the combine when n_splits > 1). `workspace` must hold
 /// attention_workspace_floats(S, H, 512, n_splits) floats (attention.h; may be nullptr when
 /// n_splits == 1). Works for any S (prefill rows: one block per row and split), each row its own
 /// key list. `variant`: 2 (default: bf16 pools stream into a ring of bf16 tiles, f32 pools run
 /// the v1 body; PDL launches, V4_ATTN_DEC_PDL=0 turns them off) or 1 (the session-5 kernel,
 /// plain launches; CudaOptions::attention_dec_variant, V4_ATTN_DEC=1); same math, same results.
+/// Variants 3 / 4 (issue 7, batch 1; V4_ATTN_DEC=3 / 4; split counts: attention_dec3_splits):
+/// the v2 ring kernel with 32 / 16 heads per block instead of 64 (smaller Q staging, tile math
+/// and partials per block, so short rows spread over more SMs), f32 and bf16 pools (f32 rows
+/// loaded and converted by the threads; fp8 pools run variant 2), the combine kernel (PDL) when
+/// split; same math per head (within rounding of the partial-S summation order).
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.

@@ -386,6 +386,8 @@ class CudaOps final : public Ops {
     if (const char* e = std::getenv("V4_ATTN_DEC")) {
       if (std::string(e) == "1") opts_.attention_dec = true, opts_.attention_dec_variant = 1;
       if (std::string(e) == "2") opts_.attention_dec = true, opts_.attention_dec_variant = 2;
+      if (std::string(e) == "3") opts_.attention_dec = true, opts_.attention_dec_variant = 3;
+      if (std::string(e) == "4") opts_.attention_dec = true, opts_.attention_dec_variant = 4;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
   }
@@ -762,16 +764,23 @@ class CudaOps final : public Ops {
         cuda::attention_dec_supported(a.n_heads, a.head_dim) &&
         (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
-      const int splits = cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
-                                                    a.kv_dtype == KvDtype::kBf16 ? 2 : 4);
+      const int variant = opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 4
+                              ? opts_.attention_dec_variant
+                              : 2;
+      // Variants 3 / 4 (32 / 16 heads per block; fp8 pools run variant 2 inside): own splits.
+      const bool v3 = variant >= 3 && a.kv_dtype != KvDtype::kFp8;
+      const int splits =
+          v3 ? cuda::attention_dec3_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                           variant == 3 ? 32 : 16)
+             : cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                          a.kv_dtype == KvDtype::kBf16 ? 2 : 4);
       float* ws = nullptr;
       if (splits > 1)
         ws = static_cast<float*>(scratch(
             cuda::kSlotAttention,
             size_t(cuda::attention_workspace_floats(a.n_rows, a.n_heads, a.head_dim, splits)) *
                 sizeof(float)));
-      record(cuda::sparse_attention_dec(a, splits, ws, cs(),
-                                        opts_.attention_dec_variant == 1 ? 1 : 2));
+      record(cuda::sparse_attention_dec(a, splits, ws, cs(), variant));
       return;
     }
     if (!batch_invariant_ && a.kv_dtype == KvDtype::kF32 &&
