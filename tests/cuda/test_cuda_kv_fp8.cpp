@@ -234,15 +234,17 @@ struct Fp8StepOut {
   std::vector<uint8_t> pool;
   std::vector<float> rkv, rg;
 };
+/// `off`: the pool starts `off` bytes into its allocation (4: not 16-byte aligned, so the kernel
+/// takes its scalar path for every dtype; the returned pool excludes those bytes).
 Fp8StepOut run_step_device(Ops* g, const v4::testing::CompressCase& k, KvDtype dt, bool one,
-                           bool graph) {
+                           bool graph, int off = 0) {
   const int64_t row_bytes = kv_row_bytes(dt, k.d, k.rd);
   Dev<float> kc(k.kc), zc(k.zc), rkv(k.ring_kv), rg(k.ring_gate), bias(k.bias), norm(k.norm),
       invf(k.inv_freq),
       scratch(size_t(std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width())));
   Dev<int32_t> src(k.src), dst(k.dst), rsrc(k.ring_src), rdst(k.ring_dst);
   Dev<int64_t> pos(k.positions);
-  Dev<uint8_t> pool(std::vector<uint8_t>(size_t(k.pool_rows * row_bytes),
+  Dev<uint8_t> pool(std::vector<uint8_t>(size_t(k.pool_rows * row_bytes + off),
                                          dt == KvDtype::kF32 ? 0xff : 0xAB));
   CompressFusedArgs a;
   a.fresh_kv = kc.p;
@@ -265,7 +267,7 @@ Fp8StepOut run_step_device(Ops* g, const v4::testing::CompressCase& k, KvDtype d
   a.rope_dim = k.rd;
   a.inv_freq = invf.p;
   a.attention_scaling = 1.f;
-  a.pool = pool.p;
+  a.pool = pool.p + off;
   a.pool_dtype = dt;
   a.scratch = scratch.p;
   a.ring_disjoint = one;
@@ -277,7 +279,9 @@ Fp8StepOut run_step_device(Ops* g, const v4::testing::CompressCase& k, KvDtype d
     g->compress_fused(a);
   }
   g->synchronize();
-  return Fp8StepOut{pool.host(), rkv.host(), rg.host()};
+  std::vector<uint8_t> bytes = pool.host();
+  bytes.erase(bytes.begin(), bytes.begin() + off);
+  return Fp8StepOut{std::move(bytes), rkv.host(), rg.host()};
 }
 
 // FlashCompressor's fused fp8 store (default route of CudaOps::compress_fused for fp8 pools):
@@ -338,17 +342,25 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
       const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                    k.ring_dst.data(), k.n_ring());
       for (const char* wide : {"0", "1"})
-        for (bool one : {false, true}) {
-          if (one && !disjoint) continue;
-          for (bool graph : {false, true}) {
+        for (bool one : {false, true})
+          for (int variant = 0; variant < 3; ++variant) {
+            // 0 plain, 1 under graph capture (decode B=64), 2 pool 4 bytes off a 16-byte
+            // boundary (scalar path; C4 d512, decode B=64 and the ring-hazard prefill)
+            const bool graph = variant == 1, shifted = variant == 2;
+            if (one && !disjoint) continue;
             if (graph && std::strcmp(name, "decode B=64") != 0) continue;
+            if (shifted && !(s.m == 4 && s.d == 512 && (std::strcmp(name, "decode B=64") == 0 ||
+                                                         std::strcmp(name, "prefill ring hazard") == 0)))
+              continue;
             SCOPED_TRACE(::testing::Message()
                          << "m=" << s.m << " c=" << s.c << " d=" << s.d << " rd=" << s.rd << " "
                          << name << (one ? ", one launch" : ", two launches")
-                         << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : ""));
+                         << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : "")
+                         << (shifted ? ", pool at +4 bytes (scalar path)" : ""));
             EnvVar w("V4_COMPRESS_WIDE", wide);
-            const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph);
-            const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8, one, graph);
+            const int off = shifted ? 4 : 0;
+            const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph, off);
+            const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8, one, graph, off);
             // Expected bytes: the poisoned pool with every written row quantized on the host
             // from the device's f32 row.
             std::vector<uint8_t> want(fp8.pool.size(), 0xAB);
@@ -388,7 +400,6 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
               }
             }
           }
-        }
     }
   }
   std::printf("[kv fp8] fused compressor: %lld rows byte-compared\n", (long long)rows_checked);
