@@ -203,7 +203,9 @@ std::string bench_compressor(double bw) {
         "switch flipped (two-launch form, V4_COMPRESS_PDL=0). `floor (diagnostic)`: the same "
         "grid with V4_COMPRESS_FLOOR=1 — every CTA does its index loads, the PDL wait and exits, "
         "nothing computed: the latency of one call of this launch shape without work (one-launch "
-        "cases only).\n\n";
+        "cases only). `fused, fp8 pool` / `unfused, fp8 pool` (d 512 shapes): the same step into "
+        "an fp8 pool (608-byte rows) — FlashCompressor's fused fp8 store vs the composition "
+        "(V4_COMPRESS_FP8_FUSED=0); their byte columns count the f32 rows.\n\n";
   md << "Byte counts from the plan (compressor_bench.cpp `count_bytes`): fused = the floor, each "
         "byte once: every distinct kc / zc / state (row, channel half) a closing window or the "
         "ring refresh reads (kv + gate, d·4 B each) + indices + bias/norm once + n_closing·d·4 B "

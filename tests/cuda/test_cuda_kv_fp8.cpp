@@ -372,12 +372,15 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
               kvfp8::quantize_row(row.data(), L, &want[size_t(r) * size_t(L.bytes)]);
               ++rows_checked;
             }
-            size_t first = want.size();
-            for (size_t i = 0; i < want.size() && first == want.size(); ++i)
-              if (fp8.pool[i] != want[i]) first = i;
+            size_t first = want.size(), n_diff = 0;
+            for (size_t i = 0; i < want.size(); ++i)
+              if (fp8.pool[i] != want[i]) {
+                if (first == want.size()) first = i;
+                ++n_diff;
+              }
             const size_t fi = first < want.size() ? first : 0;
             EXPECT_EQ(first, want.size())
-                << "first differing byte " << first << " (row " << first / size_t(L.bytes)
+                << n_diff << " bytes differ; first " << first << " (row " << first / size_t(L.bytes)
                 << ", offset " << first % size_t(L.bytes) << "): device " << int(fp8.pool[fi])
                 << " want " << int(want[fi]);
             EXPECT_TRUE(fp8.rkv == cpu_rkv);

@@ -156,6 +156,9 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // ring clusters never reach the cluster barriers. ring_ctas = 0 without RING.
 // Batches of 4: ≤ 64 registers (4 CTAs of 256 threads per SM: the C128 prefill-8K grid of 512
 // CTAs and a decode B = 64 grid of 512 + ring CTAs stay one wave); batches of 8 need ~116.
+// FP8 (fp8 pools, a.pool_dtype == kFp8; separate instances so the f32 / bf16 kernels are
+// unchanged): the final store quantizes (step 4 below: block amax from the chunk grid over the
+// cluster, kvfp8::quantize), the rope values are stored as bf16.
 // PF (wide plans, CompressRowsPlan::prefetch): each thread's ≤ 2·U slots are all loaded before
 // any math (cs_fold_slots_pf, bit-identical to cs_fold_slots): ~100 registers, 2 CTAs of 256
 // threads per SM at most (the wide C4 plans have 32-thread CTAs).
