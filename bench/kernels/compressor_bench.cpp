@@ -3,7 +3,8 @@
 // prefill from position 0 — else 2) vs the default composition of the same backend's ops
 // (8 launches: compress_pool, rms_norm, rope, store_rows, 2 × gather/store), at prefill 8K tokens
 // (from position 0, and a continuation chunk with the ring hazard) and decode batch 64 and 1,
-// for C4 (d 512 and the indexer's d 128) and C128.
+// for C4 (d 512 and the indexer's d 128) and C128; for d 512 also fp8 pools (fused fp8 store vs
+// the composition, V4_COMPRESS_FP8_FUSED=0).
 #ifdef V4_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -202,7 +203,9 @@ std::string bench_compressor(double bw) {
         "switch flipped (two-launch form, V4_COMPRESS_PDL=0). `floor (diagnostic)`: the same "
         "grid with V4_COMPRESS_FLOOR=1 — every CTA does its index loads, the PDL wait and exits, "
         "nothing computed: the latency of one call of this launch shape without work (one-launch "
-        "cases only).\n\n";
+        "cases only). `fused, fp8 pool` / `unfused, fp8 pool` (d 512 shapes): the same step into "
+        "an fp8 pool (608-byte rows) — FlashCompressor's fused fp8 store vs the composition "
+        "(V4_COMPRESS_FP8_FUSED=0); their byte columns count the f32 rows.\n\n";
   md << "Byte counts from the plan (compressor_bench.cpp `count_bytes`): fused = the floor, each "
         "byte once: every distinct kc / zc / state (row, channel half) a closing window or the "
         "ring refresh reads (kv + gate, d·4 B each) + indices + bias/norm once + n_closing·d·4 B "
@@ -305,6 +308,26 @@ std::string bench_compressor(double bw) {
             time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(diagnostic)");
         unsetenv("V4_COMPRESS_FLOOR");
       }
+      // fp8 pools (--kv-cache-dtype fp8; KV shapes only: the model keeps indexer keys bf16):
+      // FlashCompressor's fused fp8 store vs the composition (V4_COMPRESS_FP8_FUSED=0: pool,
+      // rms_norm, rope, the fp8 store, 2 × gather/store). Same inputs; the byte columns count
+      // the f32 rows (the fp8 pool writes are 608 B instead of 2048 B per row).
+      void* pool8 = nullptr;
+      if (s.d == 512) {
+        const int64_t rb = v4::kv_row_bytes(v4::KvDtype::kFp8, k.d, k.rd);
+        pool8 = o->alloc(size_t(k.pool_rows * rb));
+        CB_CHECK(cudaMemset(pool8, 0, size_t(k.pool_rows * rb)));
+        CB_CHECK(cudaDeviceSynchronize());
+        CompressFusedArgs a8 = a;
+        a8.pool = pool8;
+        a8.pool_dtype = v4::KvDtype::kFp8;
+        row("fused, fp8 pool", launches,
+            time_graph_ops(o, [&] { o->compress_fused(a8); }, inner, 15), "(fp8)");
+        setenv("V4_COMPRESS_FP8_FUSED", "0", 1);
+        row("unfused, fp8 pool (A/B, V4_COMPRESS_FP8_FUSED=0)", 8,
+            time_graph_ops(o, [&] { o->compress_fused(a8); }, inner, 15), "(fp8 A/B)");
+        unsetenv("V4_COMPRESS_FP8_FUSED");
+      }
       std::printf("compressor %s %s: fused %.2f us (%d launches), unfused %.2f us, memcpy %.2f us\n",
                   sc.name, s.name, t_f, launches, t_u, t_mc);
       o->synchronize();
@@ -314,6 +337,7 @@ std::string bench_compressor(double bw) {
                             (const void*)a.dst, (const void*)a.ring_src, (const void*)a.ring_dst,
                             (const void*)a.inv_freq, (const void*)a.pool, (const void*)a.scratch})
         o->free(const_cast<void*>(p));
+      if (pool8) o->free(pool8);
     }
   }
   return md.str();

@@ -5,9 +5,11 @@
 //    padding included) on random rows and on rows of zeros, huge (1e30), tiny (< 2^-64 and f32
 //    subnormal) values, NaN / ±Inf, −0, several layouts (V4 512/64, the fixtures' 32/8, nope not
 //    a multiple of 16 or 64);
-//  - compress_fused into an fp8 pool (CudaOps composes pool/norm/rope + the fp8 store): each
+//  - compress_fused into an fp8 pool, both CudaOps routes (FlashCompressor's fused fp8 store,
+//    default; the composition pool/norm/rope + the fp8 store with V4_COMPRESS_FP8_FUSED=0): each
 //    row within one e4m3 step of the CPU op's row (the f32 values before quantization may differ
-//    in the last bits: summation order), ≥ 90% of the bytes identical, rings exact;
+//    in the last bits: summation order), ≥ 90% of the bytes identical, rings exact; the fused
+//    store's bytes equal the CPU quantizer run on the same kernel's f32 rows, every plan;
 //  - sparse_attention over fp8 pools vs the CPU op on the same bytes: the decode kernel
 //    (KeyPool<KvFp8Row>: bf16 mma over the dequantized rows, tolerance 1e-2 as for f32 / bf16
 //    pools), the split kernel (fp32: 1e-5; vec4 and scalar loads), CudaOps in fp32 mode (split;
@@ -23,9 +25,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "../model/compressor_cases.h"
@@ -73,6 +78,15 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   }
   return num / den;
 }
+
+/// Sets an environment variable for a scope (the backends read their switches at every call).
+struct EnvVar {
+  const char* name;
+  EnvVar(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~EnvVar() { unsetenv(name); }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+};
 
 TEST(CudaKvFp8, StoreRowsKvBytesEqualCpu) {
   V4_REQUIRE_GPU();
@@ -134,8 +148,13 @@ TEST(CudaKvFp8, CompressFusedFp8PoolWithinOneStepOfCpu) {
   ASSERT_TRUE(g);
   auto cpu = make_cpu_ops();
   struct Shape { int m, c, d, rd; };
+  // Both CudaOps routes: FlashCompressor's fused fp8 store (default) and the composition
+  // (V4_COMPRESS_FP8_FUSED=0).
+  for (const char* fused : {"1", "0"})
   for (Shape s : {Shape{4, 2, 512, 64}, Shape{128, 1, 512, 64}, Shape{4, 2, 32, 8}}) {
-    SCOPED_TRACE(::testing::Message() << "m=" << s.m << " c=" << s.c << " d=" << s.d);
+    EnvVar env("V4_COMPRESS_FP8_FUSED", fused);
+    SCOPED_TRACE(::testing::Message() << "m=" << s.m << " c=" << s.c << " d=" << s.d
+                                      << " V4_COMPRESS_FP8_FUSED=" << fused);
     const KvFp8Layout L = kv_fp8_layout(s.d, s.rd);
     auto k = v4::testing::prefill_case(s.m, s.c, s.d, s.rd, {{0, 3, 3 * s.m + 2}, {1, 0, s.m + 1}},
                                        uint64_t(rand_int(1, 1 << 30)));
@@ -193,6 +212,200 @@ TEST(CudaKvFp8, CompressFusedFp8PoolWithinOneStepOfCpu) {
     EXPECT_EQ(rkv.host(), ring_kv);
     EXPECT_EQ(rg.host(), ring_gate);
   }
+}
+
+/// Decode positions of B rows (−1 = padding; about a quarter close a window; row 0 closes one
+/// with both series).
+std::vector<int64_t> fp8_decode_positions(int B, int m, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int64_t> pos(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    const int u = int(g() % 8);
+    const int64_t base = int64_t(g() % 4000);
+    pos[size_t(b)] = u == 0 ? -1 : u <= 2 ? (base / m + 1) * m - 1 : base;
+  }
+  pos[0] = 2 * int64_t(m) - 1;
+  return pos;
+}
+
+/// One compressor step on the device through CudaOps::compress_fused: pool (pool_dtype, every
+/// byte poisoned first: f32 NaN / fp8 0xAB) and the ring after it.
+struct Fp8StepOut {
+  std::vector<uint8_t> pool;
+  std::vector<float> rkv, rg;
+};
+/// `off`: the pool starts `off` bytes into its allocation (4: not 16-byte aligned, so the kernel
+/// takes its scalar path for every dtype; the returned pool excludes those bytes).
+Fp8StepOut run_step_device(Ops* g, const v4::testing::CompressCase& k, KvDtype dt, bool one,
+                           bool graph, int off = 0) {
+  const int64_t row_bytes = kv_row_bytes(dt, k.d, k.rd);
+  Dev<float> kc(k.kc), zc(k.zc), rkv(k.ring_kv), rg(k.ring_gate), bias(k.bias), norm(k.norm),
+      invf(k.inv_freq),
+      scratch(size_t(std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width())));
+  Dev<int32_t> src(k.src), dst(k.dst), rsrc(k.ring_src), rdst(k.ring_dst);
+  Dev<int64_t> pos(k.positions);
+  Dev<uint8_t> pool(std::vector<uint8_t>(size_t(k.pool_rows * row_bytes + off),
+                                         dt == KvDtype::kF32 ? 0xff : 0xAB));
+  CompressFusedArgs a;
+  a.fresh_kv = kc.p;
+  a.fresh_gate = zc.p;
+  a.state_kv = rkv.p;
+  a.state_gate = rg.p;
+  a.bias = bias.p;
+  a.norm = norm.p;
+  a.eps = 1e-6f;
+  a.src = src.p;
+  a.positions = pos.p;
+  a.dst = dst.p;
+  a.n_out = k.n_out();
+  a.ring_src = rsrc.p;
+  a.ring_dst = rdst.p;
+  a.n_ring = k.n_ring();
+  a.ratio = k.m;
+  a.overlap = k.c;
+  a.dim = k.d;
+  a.rope_dim = k.rd;
+  a.inv_freq = invf.p;
+  a.attention_scaling = 1.f;
+  a.pool = pool.p + off;
+  a.pool_dtype = dt;
+  a.scratch = scratch.p;
+  a.ring_disjoint = one;
+  if (graph) {
+    std::unique_ptr<Graph> gr = g->capture([&] { g->compress_fused(a); });
+    EXPECT_NE(gr, nullptr);
+    if (gr) gr->replay();
+  } else {
+    g->compress_fused(a);
+  }
+  g->synchronize();
+  std::vector<uint8_t> bytes = pool.host();
+  bytes.erase(bytes.begin(), bytes.begin() + off);
+  return Fp8StepOut{std::move(bytes), rkv.host(), rg.host()};
+}
+
+// FlashCompressor's fused fp8 store (default route of CudaOps::compress_fused for fp8 pools):
+// every byte of the fp8 pool equals the CPU quantizer (kvfp8::quantize_row, base/kv_fp8.h) run
+// on the f32 rows the same kernel writes into an f32 pool for the same inputs (same plan, same
+// f32 arithmetic: only the final store differs), rows it must not write keep their poison bytes,
+// and the rings equal the CPU op's. Plans covered (V4_COMPRESS_WIDE = 0 base / 1 wide): C4 d512
+// (1 CTA a row; wide 4 × 128 channels), C128 d512 (clusters of 8 × 64 channels), the indexer
+// shape C4 d128 (the model keeps indexer keys bf16: kernel coverage only; wide 2 × 64), C128 d192
+// rope 32 (wide: 6 CTAs × 32 channels, so the 64-channel blocks straddle two CTAs: the amax
+// exchange over distributed shared memory; base 3 × 64), d 100 rope 10 (vector path, a float4
+// group with nope and rope channels, nope 90: a short last block), d 130 / 37 (scalar path),
+// rope 0 and the fixtures' 32 / 8. Cases: decode B = 1 and 64 (one launch; B = 64 also under
+// graph capture), a prefill with the ring hazard (chunks longer than the ring: ring wrap, two
+// launches) and prefill chunks from 0 / on window edges (one and two launches). The fp8 rows
+// also stay within one e4m3 step of the CPU op's rows (its f32 values differ by a few ulps).
+TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kFp32);
+  ASSERT_TRUE(g);
+  auto cpu = make_cpu_ops();
+  EnvVar fused("V4_COMPRESS_FP8_FUSED", "1");
+  struct Shape { int m, c, d, rd; };
+  int64_t rows_checked = 0;
+  for (Shape s : {Shape{4, 2, 512, 64}, Shape{128, 1, 512, 64}, Shape{4, 2, 128, 64},
+                  Shape{128, 1, 192, 32}, Shape{4, 2, 100, 10}, Shape{128, 1, 130, 6},
+                  Shape{3, 2, 37, 8}, Shape{4, 2, 64, 0}, Shape{4, 2, 32, 8}}) {
+    const KvFp8Layout L = kv_fp8_layout(s.d, s.rd);
+    const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
+    const int64_t len = 3 * int64_t(s.c) * s.m + 5;
+    std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
+    cases.emplace_back("decode B=1",
+                       v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
+    cases.emplace_back("decode B=64",
+                       v4::testing::decode_case(s.m, s.c, s.d, s.rd,
+                                                fp8_decode_positions(64, s.m, seed), seed + 1));
+    cases.emplace_back("prefill ring hazard",
+                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
+                                                 {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},
+                                                 seed + 2));
+    cases.emplace_back("prefill window edges",
+                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
+                                                 {{0, 0, 5 * int64_t(s.m) + 3},
+                                                  {1, 2 * int64_t(s.m) - 2, 2},
+                                                  {2, 3 * int64_t(s.m) - 1, 1}},
+                                                 seed + 3));
+    for (auto& [name, k] : cases) {
+      ASSERT_GT(k.n_out(), 0);
+      // CPU op (the reference composition) into an fp8 pool: rings and the one-step bound.
+      std::vector<uint8_t> pool_cpu(size_t(k.pool_rows * L.bytes), 0xAB);
+      std::vector<float> cpu_rkv = k.ring_kv, cpu_rg = k.ring_gate;
+      std::vector<float> scratch(size_t(std::max<int64_t>(k.n_out() * s.d, k.n_ring() * k.width())));
+      auto ac = v4::testing::host_args(k, nullptr, cpu_rkv.data(), cpu_rg.data(), scratch.data(),
+                                       1e-6f, 1.f);
+      ac.pool = pool_cpu.data();
+      ac.pool_dtype = KvDtype::kFp8;
+      cpu->compress_fused(ac);
+      const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                   k.ring_dst.data(), k.n_ring());
+      for (const char* wide : {"0", "1"})
+        for (bool one : {false, true})
+          for (int variant = 0; variant < 3; ++variant) {
+            // 0 plain, 1 under graph capture (decode B=64), 2 pool 4 bytes off a 16-byte
+            // boundary (scalar path; C4 d512, decode B=64 and the ring-hazard prefill)
+            const bool graph = variant == 1, shifted = variant == 2;
+            if (one && !disjoint) continue;
+            if (graph && std::strcmp(name, "decode B=64") != 0) continue;
+            if (shifted && !(s.m == 4 && s.d == 512 && (std::strcmp(name, "decode B=64") == 0 ||
+                                                         std::strcmp(name, "prefill ring hazard") == 0)))
+              continue;
+            SCOPED_TRACE(::testing::Message()
+                         << "m=" << s.m << " c=" << s.c << " d=" << s.d << " rd=" << s.rd << " "
+                         << name << (one ? ", one launch" : ", two launches")
+                         << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : "")
+                         << (shifted ? ", pool at +4 bytes (scalar path)" : ""));
+            EnvVar w("V4_COMPRESS_WIDE", wide);
+            const int off = shifted ? 4 : 0;
+            const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph, off);
+            const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8, one, graph, off);
+            // Expected bytes: the poisoned pool with every written row quantized on the host
+            // from the device's f32 row.
+            std::vector<uint8_t> want(fp8.pool.size(), 0xAB);
+            for (int32_t r : k.dst) {
+              if (r < 0) continue;
+              std::vector<float> row(static_cast<size_t>(s.d));
+              std::memcpy(row.data(), &f32.pool[size_t(r) * size_t(s.d) * 4], size_t(s.d) * 4);
+              for (float v : row) ASSERT_FALSE(std::isnan(v)) << "f32 row " << r << " not written";
+              kvfp8::quantize_row(row.data(), L, &want[size_t(r) * size_t(L.bytes)]);
+              ++rows_checked;
+            }
+            size_t first = want.size(), n_diff = 0;
+            for (size_t i = 0; i < want.size(); ++i)
+              if (fp8.pool[i] != want[i]) {
+                if (first == want.size()) first = i;
+                ++n_diff;
+              }
+            const size_t fi = first < want.size() ? first : 0;
+            EXPECT_EQ(first, want.size())
+                << n_diff << " bytes differ; first " << first << " (row " << first / size_t(L.bytes)
+                << ", offset " << first % size_t(L.bytes) << "): device " << int(fp8.pool[fi])
+                << " want " << int(want[fi]);
+            EXPECT_TRUE(fp8.rkv == cpu_rkv);
+            EXPECT_TRUE(fp8.rg == cpu_rg);
+            EXPECT_TRUE(f32.rkv == cpu_rkv);
+            // Within one e4m3 step of the CPU op's row (as CompressFusedFp8PoolWithinOneStepOfCpu).
+            std::vector<float> yg(static_cast<size_t>(s.d)), yc(static_cast<size_t>(s.d));
+            for (int32_t r : k.dst) {
+              if (r < 0) continue;
+              kvfp8::dequantize_row(&fp8.pool[size_t(r) * size_t(L.bytes)], L, yg.data());
+              kvfp8::dequantize_row(&pool_cpu[size_t(r) * size_t(L.bytes)], L, yc.data());
+              for (int c = 0; c < s.d; ++c) {
+                float scale = 0;
+                if (c < L.nope)
+                  std::memcpy(&scale, &pool_cpu[size_t(r) * size_t(L.bytes) + size_t(L.scale_off + 4 * (c / 64))], 4);
+                const double tol = c < L.nope ? std::fabs(yc[size_t(c)]) * 0x1p-3 + scale * 0x1p-9 * 1.01 + 1e-30
+                                              : std::fabs(yc[size_t(c)]) * 0x1p-7 + 1e-30;
+                ASSERT_LE(std::fabs(double(yg[size_t(c)]) - yc[size_t(c)]), tol * 1.001)
+                    << "row " << r << " channel " << c;
+              }
+            }
+          }
+    }
+  }
+  std::printf("[kv fp8] fused compressor: %lld rows byte-compared\n", (long long)rows_checked);
 }
 
 /// Random attention over fp8 pools: host bytes, the CPU result on them, device copies.

@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "compressor_cases.h"
+#include "base/kv_fp8.h"
 #include "ops/cuda/compress_split.h"
 #include "ops/ops.h"
 
@@ -101,6 +103,107 @@ TEST(CompressSplit, PlansCoverEveryChannelAndSlotOnce) {
                            std::tuple{128, 1, 196}, std::tuple{16, 2, 132}, std::tuple{128, 2, 4096},
                            std::tuple{1, 1, 4}, std::tuple{128, 1, 8}, std::tuple{7, 2, 11000}})
       for (bool wide : {false, true}) check_plan(m, c, d, v, wide);
+}
+
+// FlashCompressor's fused fp8 store (compressor.cu, FP8 kernels) on the host: for a finished f32
+// row, every CTA k of the plan owns channels [c0, c0 + cw) (c0 = k·gpc·vec); it writes the max
+// |x| of the finite nope values of each kCsChunk chunk of its slice (chunk q of the row at rank
+// q / cpr, index q % cpr, cpr = ceil(gpc·vec / 32)); each group of vec nope channels takes the
+// amax of its 64-value block b = max(chunk 2b, chunk 2b + 1 if it exists), codes its values
+// (4-byte store when the whole group is nope), the group at the block's first channel writes
+// the scale, rope groups store bf16, rank 0 writes the padding. The index math of the kernel,
+// run for base and wide plans of shapes whose slices are 32 mod 64 channels (blocks straddling
+// two CTAs), with nope not a multiple of 4 / 64, rope 0 and the scalar path: the bytes must equal
+// kvfp8::quantize_row of the same row (byte poison elsewhere: every byte written).
+void check_fp8_store(int m, int c, int d, int rd, bool vec_ok, bool wide) {
+  SCOPED_TRACE(::testing::Message() << "m=" << m << " c=" << c << " d=" << d << " rd=" << rd
+                                    << " vec_ok=" << vec_ok << " wide=" << wide);
+  const CompressRowsPlan pl = make_plan(m, c, d, vec_ok, wide);
+  ASSERT_GT(pl.threads, 0);
+  const KvFp8Layout L = kv_fp8_layout(d, rd);
+  const int nope = d - rd, V = pl.vec, K = pl.ctas, cw_max = pl.gpc * V;
+  const int cpr = (cw_max + cuda::kCsChunk - 1) / cuda::kCsChunk;
+  const int nq_row = (d + cuda::kCsChunk - 1) / cuda::kCsChunk;
+  std::vector<float> row(static_cast<size_t>(d));
+  uint64_t st = 0x9E3779B97F4A7C15ull * uint64_t(d + 7 * m + rd);
+  for (int i = 0; i < d; ++i) {  // block-varying magnitudes, a NaN and an Inf
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    row[size_t(i)] = (float(int(st >> 40) % 2001 - 1000) / 1000.f) * std::ldexp(1.f, (i / 64) * 3 - 6);
+  }
+  if (nope > 70) {
+    row[65] = std::numeric_limits<float>::quiet_NaN();
+    row[66] = std::numeric_limits<float>::infinity();
+  }
+  std::vector<uint8_t> want(size_t(L.bytes)), got(size_t(L.bytes), 0xAB);
+  kvfp8::quantize_row(row.data(), L, want.data());
+  std::vector<std::vector<float>> chunk(static_cast<size_t>(K));
+  for (int k = 0; k < K; ++k) {  // phase 1: chunk amaxes of each slice
+    const int g0 = k * pl.gpc, g1 = std::min(pl.groups, g0 + pl.gpc);
+    const int c0 = g0 * V, cw = std::max(0, g1 - g0) * V, nq = (cw + cuda::kCsChunk - 1) / cuda::kCsChunk;
+    ASSERT_LE(nq, cpr);
+    if (K > 1) {
+      ASSERT_EQ(c0 % cuda::kCsChunk, 0);
+    }
+    chunk[size_t(k)].assign(size_t(cpr), -1.f);  // -1: not written
+    for (int q = 0; q < nq; ++q) {
+      float v = 0.f;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int l = q * cuda::kCsChunk + lane;
+        const float a = l < cw && c0 + l < nope ? kvfp8::abs_finite(row[size_t(c0 + l)]) : 0.f;
+        v = std::fmax(v, a);
+      }
+      chunk[size_t(k)][size_t(q)] = v;
+    }
+  }
+  auto chunk_amax = [&](int q) {
+    const int rank = q / cpr, idx = q % cpr;
+    EXPECT_LT(rank, K);
+    const float v = rank < K ? chunk[size_t(rank)][size_t(idx)] : -1.f;
+    EXPECT_GE(v, 0.f) << "chunk " << q << " read before it was written";
+    return v;
+  };
+  for (int k = 0; k < K; ++k) {  // phase 2: stores
+    const int g0 = k * pl.gpc, g1 = std::min(pl.groups, g0 + pl.gpc);
+    const int c0 = g0 * V, cw = std::max(0, g1 - g0) * V;
+    for (int l = 0; l < cw; l += V) {
+      const int ch = c0 + l;
+      for (int i = 0; i < V; ++i) {  // rope part (store_fp8_rope)
+        if (ch + i < nope) continue;
+        const uint16_t h = kvfp8::bf16_encode(row[size_t(ch + i)]);
+        std::memcpy(&got[size_t(L.rope_off + 2 * (ch + i - nope))], &h, 2);
+      }
+      if (ch >= nope) continue;
+      const int b = ch / KvFp8Layout::kBlock;
+      ASSERT_EQ((ch + V - 1) / KvFp8Layout::kBlock, b) << "group straddles a block";
+      float amax = chunk_amax(2 * b);
+      if (2 * b + 1 < nq_row) amax = std::fmax(amax, chunk_amax(2 * b + 1));
+      const float scale = kvfp8::block_scale(amax);
+      for (int i = 0; i < V && ch + i < nope; ++i)
+        got[size_t(ch + i)] = kvfp8::quantize(row[size_t(ch + i)], scale);
+      if (ch % KvFp8Layout::kBlock == 0) std::memcpy(&got[size_t(L.scale_off + 4 * b)], &scale, 4);
+    }
+  }
+  for (int o = L.nope; o < L.scale_off; ++o) got[size_t(o)] = 0;
+  for (int o = L.scale_off + 4 * L.n_scales; o < L.rope_off; ++o) got[size_t(o)] = 0;
+  for (int o = L.rope_off + 2 * L.rope; o < L.bytes; ++o) got[size_t(o)] = 0;
+  for (int i = 0; i < L.bytes; ++i) ASSERT_EQ(int(got[size_t(i)]), int(want[size_t(i)])) << "byte " << i;
+}
+
+TEST(CompressSplit, Fp8StoreIndexMathMatchesQuantizer) {
+  // (128, 1, 192, 32) wide: 6 CTAs × 32 channels (blocks straddle CTAs); (4, 2, 100, 10): nope 90
+  // (a float4 group of nope and rope channels); (128, 1, 130, 6), (3, 2, 37, 8): scalar path.
+  for (bool v : {true, false})
+    for (auto [m, c, d, rd] : {std::tuple{4, 2, 512, 64}, std::tuple{128, 1, 512, 64},
+                               std::tuple{4, 2, 128, 64}, std::tuple{128, 1, 192, 32},
+                               std::tuple{128, 1, 192, 64}, std::tuple{4, 2, 100, 10},
+                               std::tuple{128, 1, 130, 6}, std::tuple{3, 2, 37, 8},
+                               std::tuple{4, 2, 64, 0}, std::tuple{4, 2, 32, 8},
+                               std::tuple{5, 1, 1100, 64}, std::tuple{128, 1, 256, 256}})
+      for (bool wide : {false, true}) check_fp8_store(m, c, d, rd, v, wide);
+  // The shape that exercises the cross-CTA block: slices of 32 channels.
+  const CompressRowsPlan w = cuda::plan_compress_rows_wide(128, 1, 192, true);
+  EXPECT_EQ(w.gpc * w.vec, 32);
+  EXPECT_EQ(w.ctas, 6);
 }
 
 TEST(CompressSplit, ModelShapes) {

@@ -66,6 +66,27 @@ __device__ __forceinline__ void store_pool_values(const ops::CompressFusedArgs& 
     p[0] = o[0];
 }
 
+// fp8 rows: stores the rope values among o[0..VEC) (channels ch0 + i ≥ nope) of a row as bf16
+// (kvfp8::bf16_encode, round to nearest even as the CPU) at L.rope_off; nope channels are left
+// to the quantization pass. VEC = 4 with the whole group rope and (ch0 − nope) % 4 == 0: one
+// 8-byte store (rope_off % 16 == 0, rows 16-byte aligned); otherwise 2-byte stores.
+template <int VEC>
+__device__ __forceinline__ void store_fp8_rope(uint8_t* row, const KvFp8Layout& L, int ch0,
+                                               int nope, const float* o) {
+  uint16_t* r = reinterpret_cast<uint16_t*>(row + L.rope_off);
+  if constexpr (VEC == 4) {
+    if (ch0 >= nope && (ch0 - nope) % 4 == 0) {
+      *reinterpret_cast<uint2*>(r + (ch0 - nope)) = make_uint2(
+          uint32_t(kvfp8::bf16_encode(o[0])) | (uint32_t(kvfp8::bf16_encode(o[1])) << 16),
+          uint32_t(kvfp8::bf16_encode(o[2])) | (uint32_t(kvfp8::bf16_encode(o[3])) << 16));
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i)
+    if (ch0 + i >= nope) r[ch0 + i - nope] = kvfp8::bf16_encode(o[i]);
+}
+
 // Ring items per thread of a ring CTA (all loads in flight before the stores).
 constexpr int kRingPerThread = 4;
 
@@ -135,10 +156,13 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // ring clusters never reach the cluster barriers. ring_ctas = 0 without RING.
 // Batches of 4: ≤ 64 registers (4 CTAs of 256 threads per SM: the C128 prefill-8K grid of 512
 // CTAs and a decode B = 64 grid of 512 + ring CTAs stay one wave); batches of 8 need ~116.
+// FP8 (fp8 pools, a.pool_dtype == kFp8; separate instances so the f32 / bf16 kernels are
+// unchanged): the final store quantizes (step 4 below: block amax from the chunk grid over the
+// cluster, kvfp8::quantize), the rope values are stored as bf16.
 // PF (wide plans, CompressRowsPlan::prefetch): each thread's ≤ 2·U slots are all loaded before
 // any math (cs_fold_slots_pf, bit-identical to cs_fold_slots): ~100 registers, 2 CTAs of 256
 // threads per SM at most (the wide C4 plans have 32-thread CTAs).
-template <int VEC, int U, bool RING, bool PF>
+template <int VEC, int U, bool RING, bool PF, bool FP8>
 __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
     compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas,
                                bool floor) {
@@ -261,7 +285,11 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
   const float inv = rsqrtf(total / float(int64_t(d)) + a.eps);
 
   // 3. Normalise + weight, RoPE, store (VEC channels per thread).
-  const int64_t out = int64_t(s_dst) * d;  // first value index of the row in the pool
+  [[maybe_unused]] const int64_t out = int64_t(s_dst) * d;  // first value index of the row in the pool (f32/bf16)
+  // FP8 (a.pool_dtype == kFp8): a template parameter, so the f32 / bf16 kernels compile as
+  // before this path existed (same registers, no new spills).
+  [[maybe_unused]] const KvFp8Layout L = FP8 ? kv_fp8_layout(d, rd) : KvFp8Layout{};
+  [[maybe_unused]] uint8_t* const fp8_row = FP8 ? static_cast<uint8_t*>(a.pool) + int64_t(s_dst) * L.bytes : nullptr;
   auto normed = [&](int l) {  // channel l of the slice, normalised · norm
     const float w = pl.stage ? s_norm[l] : (a.norm ? __ldg(a.norm + c0 + l) : 1.f);
     return s_row[l] * inv * w;
@@ -286,7 +314,74 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       cs *= a.attention_scaling;
       o[i] = ((ch - nope) & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
     }
-    store_pool_values<VEC>(a, out + c0 + l, o);
+    if constexpr (FP8) {
+      // fp8 rows: nope values back into s_row (in place: a nope channel is read by its owner
+      // only; RoPE reads rope channels), quantized below once the block amaxes are known; rope
+      // values stored now as bf16 (no scale needed).
+#pragma unroll
+      for (int i = 0; i < VEC; ++i)
+        if (c0 + l + i < nope) s_row[l + i] = o[i];
+      store_fp8_rope<VEC>(fp8_row, L, c0 + l, nope, o);
+    } else {
+      store_pool_values<VEC>(a, out + c0 + l, o);
+    }
+  }
+  if constexpr (FP8) {
+    // 4. fp8 rows (a.pool_dtype == kFp8, kv_fp8_layout(d, rd)): the amax of each 64-channel block
+    // in the kCsChunk grid (a block is chunks 2b and 2b + 1; a slice starts on a chunk boundary, so
+    // a block may straddle two CTAs of the cluster when the slice is 32 mod 64 channels): per-chunk
+    // max of |x| over the chunk's finite nope values (one warp per chunk, xor butterfly: max is
+    // exact in any order), into s_chunk (free again: every read of the Σx² chunk sums is done —
+    // before the second cluster barrier, or before the barrier below when K = 1), exchanged
+    // through distributed shared memory as the Σx² chunks; then each group of VEC nope channels
+    // (never straddling a block: 64 % VEC == 0) takes its block's scale and codes with the shared
+    // quantizer of base/kv_fp8.h (kvfp8::block_scale / quantize: the CPU's operations, so the
+    // bytes equal kvfp8::quantize_row of the same f32 row).
+    __syncthreads();  // every in-place nope value written
+    for (int q = warp; q < nq; q += n_warps) {  // warp-uniform
+      const int l = q * kCsChunk + lane;
+      float v = l < cw && c0 + l < nope ? kvfp8::abs_finite(s_row[l]) : 0.f;
+      for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+      if (lane == 0) s_chunk[q] = v;
+    }
+    if (K > 1)
+      cg::this_cluster().sync();  // chunk amaxes visible cluster-wide
+    else
+      __syncthreads();
+    auto chunk_amax = [&](int q) -> float {  // chunk q of the row (q < nq_row)
+      if (K > 1) return *cg::this_cluster().map_shared_rank(&s_chunk[q % cpr], unsigned(q / cpr));
+      return s_chunk[q];
+    };
+    for (int l = tid * VEC; l < cw; l += nt * VEC) {
+      const int ch = c0 + l;
+      if (ch >= nope) break;  // l grows: every later group is rope too
+      const int b = ch / KvFp8Layout::kBlock;
+      float amax = chunk_amax(2 * b);
+      if (2 * b + 1 < nq_row) amax = fmaxf(amax, chunk_amax(2 * b + 1));
+      const float scale = kvfp8::block_scale(amax);
+      if constexpr (VEC == 4) {
+        if (ch + 3 < nope) {  // 4-byte store: ch % 4 == 0, rows 16-byte aligned (L.bytes % 16 == 0)
+          const uint32_t w = uint32_t(kvfp8::quantize(s_row[l], scale)) |
+                             (uint32_t(kvfp8::quantize(s_row[l + 1], scale)) << 8) |
+                             (uint32_t(kvfp8::quantize(s_row[l + 2], scale)) << 16) |
+                             (uint32_t(kvfp8::quantize(s_row[l + 3], scale)) << 24);
+          *reinterpret_cast<uint32_t*>(fp8_row + ch) = w;
+        } else {
+          for (int i = 0; i < VEC && ch + i < nope; ++i)
+            fp8_row[ch + i] = kvfp8::quantize(s_row[l + i], scale);
+        }
+      } else {
+        fp8_row[ch] = kvfp8::quantize(s_row[l], scale);
+      }
+      if (ch % KvFp8Layout::kBlock == 0)  // the block's first channel writes its scale
+        *reinterpret_cast<float*>(fp8_row + L.scale_off + 4 * b) = scale;
+    }
+    if (rank == 0) {  // padding bytes (zeros, as the CPU's quantize_row)
+      for (int o = L.nope + tid; o < L.scale_off; o += nt) fp8_row[o] = 0;
+      for (int o = L.scale_off + 4 * L.n_scales + tid; o < L.rope_off; o += nt) fp8_row[o] = 0;
+      for (int o = L.rope_off + 2 * L.rope + tid; o < L.bytes; o += nt) fp8_row[o] = 0;
+    }
+    if (K > 1) cg::this_cluster().sync();  // remote reads done before any CTA of the cluster exits
   }
 }
 
@@ -365,6 +460,23 @@ Status launch(Kern kern, unsigned grid, unsigned threads, size_t smem, unsigned 
   return Status::Ok();
 }
 
+using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t, bool);
+
+// The rows kernel instance of plan `pl` (one: the one-launch form with ring CTAs; FP8: fp8 pool).
+template <bool FP8>
+Kern rows_kernel(const CompressRowsPlan& pl, bool one) {
+  if (pl.vec == 4 && pl.prefetch)
+    return one ? compress_fused_rows_kernel<4, 4, true, true, FP8>
+               : compress_fused_rows_kernel<4, 4, false, true, FP8>;
+  if (pl.vec == 4)
+    return pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true, false, FP8>
+                                 : compress_fused_rows_kernel<4, 8, false, false, FP8>)
+                          : (one ? compress_fused_rows_kernel<4, 4, true, false, FP8>
+                                 : compress_fused_rows_kernel<4, 4, false, false, FP8>);
+  return one ? compress_fused_rows_kernel<1, 4, true, false, FP8>
+             : compress_fused_rows_kernel<1, 4, false, false, FP8>;
+}
+
 }  // namespace
 
 Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
@@ -377,8 +489,12 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
   if (a.n_out > 0x7fffffff || a.n_ring > 0x7fffffff)
     return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows, {} ring rows",
                   a.n_out, a.n_ring);
-  if (a.pool_dtype == KvDtype::kFp8)  // CudaOps::compress_fused composes fp8 stores instead
-    return errorf(ErrorCode::kUnsupported, "compress_fused: fp8 pools (use the composition)");
+  // fp8 rows: f32 scales and bf16 rope values need a 4-byte aligned pool (the vector path, taken
+  // when the pool is 16-byte aligned, also stores 4 codes / 4 rope values at once: rows are
+  // multiples of 16 bytes by construction of kv_fp8_layout).
+  if (a.pool_dtype == KvDtype::kFp8 && (kv_fp8_layout(d, a.rope_dim).bytes % 16 != 0 ||
+                                         (reinterpret_cast<uintptr_t>(a.pool) & 3) != 0))
+    return errorf(ErrorCode::kInvalidArgument, "compress_fused: fp8 pool not 4-byte aligned");
   const int64_t width = int64_t(a.overlap) * d;
   bool ring_done = a.n_ring == 0;
   if (a.n_out > 0) {
@@ -413,19 +529,8 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     const int64_t grid = a.n_out * pl.ctas + ring_ctas;
     if (grid > 0x7fffffff)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t, bool);
-    Kern kern;
-    if (pl.vec == 4 && pl.prefetch)
-      kern = one ? compress_fused_rows_kernel<4, 4, true, true>
-                 : compress_fused_rows_kernel<4, 4, false, true>;
-    else if (pl.vec == 4)
-      kern = pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true, false>
-                                   : compress_fused_rows_kernel<4, 8, false, false>)
-                            : (one ? compress_fused_rows_kernel<4, 4, true, false>
-                                   : compress_fused_rows_kernel<4, 4, false, false>);
-    else
-      kern = one ? compress_fused_rows_kernel<1, 4, true, false>
-                 : compress_fused_rows_kernel<1, 4, false, false>;
+    const Kern kern = a.pool_dtype == KvDtype::kFp8 ? rows_kernel<true>(pl, one)
+                                                    : rows_kernel<false>(pl, one);
     V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
                               unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
     ring_done = ring_done || one;

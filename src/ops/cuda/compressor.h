@@ -8,7 +8,7 @@
 
 namespace v4::cuda {
 
-/// Runs `Ops::compress_fused` (same contract, fp32 pools) on `stream`:
+/// Runs `Ops::compress_fused` (same contract; f32, bf16 or fp8 pools) on `stream`:
 ///   1. compress_fused_rows_kernel: a cluster of K ≤ 8 CTAs per output row r with dst[r] ≥ 0
 ///      (others exit after the first round of loads), each CTA a channel slice, its threads P slot
 ///      partitions of the window (plan: compress_split.h, a function of (m, c, d) only): slot
@@ -16,7 +16,10 @@ namespace v4::cuda {
 ///      reads of kv / gate / bias, one batch of up to 8 slots per thread in flight, online softmax
 ///      per channel, partitions merged in shared memory, Σx² over the cluster through distributed
 ///      shared memory (in an order independent of K), RMSNorm, interleaved RoPE at positions[r],
-///      one float4 store of the finished row into pool[dst[r]]. Scalar path (1 channel per
+///      one float4 store of the finished row into pool[dst[r]] (bf16 pools: 4 rounded values;
+///      fp8 pools, kv_fp8_layout(d, rope_dim) rows: the amax of each 64-value block from the
+///      Σx² chunk grid, exchanged over the cluster, then kvfp8::quantize — the bytes of
+///      kvfp8::quantize_row of the same f32 row — and bf16 rope values). Scalar path (1 channel per
 ///      thread, K = 1) when d % 4 ≠ 0 or a pointer is not 16-byte aligned. The WIDE plan
 ///      (compress_split.h plan_compress_rows_wide: more, smaller CTAs per row, all slot loads of
 ///      a thread in flight at once; bit-identical rows) measured slower in decode and is off
@@ -32,7 +35,8 @@ namespace v4::cuda {
 /// diagnostic that computes NOTHING (launch shape only). The variables are read at every call.
 /// No allocation, no host sync: graph-capturable. `scratch` is ignored.
 /// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range,
-/// d too large for the shared-memory plan (> ~12K); launch failures.
+/// d too large for the shared-memory plan (> ~12K), an fp8 pool not 4-byte aligned; launch
+/// failures.
 Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream);
 
 }  // namespace v4::cuda

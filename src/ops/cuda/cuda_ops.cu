@@ -533,9 +533,9 @@ class CudaOps final : public Ops {
   /// f32 and bf16 KV pools: bf16 is read by attention_dec (KeyPool<bf16>), the split kernel, the
   /// generic kernels and the indexer; attention_mma (TF32, prefill) takes f32 pools only, so bf16
   /// prefill attention runs attention_dec too (sparse_attention below).
-  /// fp8 pools (rows of KvFp8Layout): stored by store_rows_fp8_kernel (SWA) and by the
-  /// default compress_fused composition (compressed rows; FlashCompressor stores f32 / bf16
-  /// only), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
+  /// fp8 pools (rows of KvFp8Layout): stored by store_rows_fp8_kernel (SWA) and by
+  /// FlashCompressor's fused fp8 store (compressed rows; V4_COMPRESS_FP8_FUSED=0: the default
+  /// compress_fused composition), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
   /// split kernel and the generic kernel; their indexer keys are bf16.
   bool supports_kv_dtype(KvDtype dt) const override {
     return dt == KvDtype::kF32 || dt == KvDtype::kBf16 || dt == KvDtype::kFp8;
@@ -674,11 +674,18 @@ class CudaOps final : public Ops {
     launched("compress_pool_kernel");
   }
 
+  /// fp8 pools take FlashCompressor's fused fp8 store unless V4_COMPRESS_FP8_FUSED=0 (the
+  /// unfused composition; A/B runs). Read at every call.
+  static bool compress_fp8_fused() {
+    const char* e = std::getenv("V4_COMPRESS_FP8_FUSED");
+    return !(e && e[0] == '0');
+  }
   void compress_fused(const CompressFusedArgs& a) override {
-    if (a.pool_dtype == KvDtype::kFp8) {
-      // fp8 compressed rows: the default composition (pool, norm, rope into scratch, then
-      // store_rows_kv's fp8 kernel, then the ring refresh). FlashCompressor's fused store
-      // writes f32 / bf16 values only (follow-up: quantize in its final store).
+    if (a.pool_dtype == KvDtype::kFp8 && !compress_fp8_fused()) {
+      // fp8 compressed rows, V4_COMPRESS_FP8_FUSED=0: the default composition (pool, norm,
+      // rope into scratch, then store_rows_kv's fp8 kernel, then the ring refresh). Default:
+      // FlashCompressor quantizes in its final store (the same bytes as kvfp8::quantize_row
+      // of its f32 row).
       if (a.n_out > 0 && !a.scratch) {
         record(cuda::errorf(ErrorCode::kInvalidArgument,
                             "compress_fused: fp8 pools need CompressFusedArgs::scratch"));
