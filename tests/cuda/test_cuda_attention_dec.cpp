@@ -527,26 +527,27 @@ TEST(CudaAttentionDec, SplitModel34) {
       }
 }
 
-// Through the backend (bf16 mode): the decode kernel variants 2 (default) and 1, and off
+// Through the backend (bf16 mode): the decode kernel's auto choice (mode -1: variant 3 for S = 1
+// with 8,320 keys, 4 for S = 3 with 640, 2 for S = 7 / 64), variants 2 and 1, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {2, 1, 0, 3, 4})
+  for (int mode : {-1, 2, 1, 0, 3, 4})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));
       CudaOptions o;
       o.precision = Precision::kBf16;
       o.attention_dec = mode != 0;
-      o.attention_dec_variant = mode == 0 ? 2 : mode;
+      o.attention_dec_variant = mode == -1 ? 0 : mode == 0 ? 2 : mode;
       auto r = make_cuda_ops(o);
       ASSERT_TRUE(r.ok());
       auto gpu = std::move(r).value();
       const bool dec = mode != 0;
-      for (int64_t S : {int64_t(1), int64_t(7), int64_t(64)}) {
-        AttnCase c(S, 64, {S == 64 ? 640 : 8320, 17}, false, false, dt);
+      for (int64_t S : {int64_t(1), int64_t(3), int64_t(7), int64_t(64)}) {
+        AttnCase c(S, 64, {S == 64 || S == 3 ? 640 : 8320, 17}, false, false, dt);
         c.dout->poison();
         gpu->sparse_attention(c.ag);
         gpu->synchronize();
