@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <vector>
 
 #include "cache/pools.h"
 #include "cli/command.h"
@@ -174,22 +175,37 @@ int print_kv(const v4::model::ModelConfig& c) {
     l.index_dim = k == model::LayerKind::kCsa ? cfg->index_head_dim : 0;
     spec.layers.push_back(l);
   }
-  std::printf("\n== KV cache bytes per token (f32 pools, the default; --kv-cache-dtype bf16 = half)\n");
-  double growing = 0;
-  for (const auto& [pool, b] : cache::KvCache::bytes_per_token(spec)) {
-    if (pool == "swa") {
-      std::printf(
-          "%-10s %10.2f B/token while in the window; fixed %lld B per sequence (%d-token window × "
-          "%d layers)\n",
-          pool.c_str(), b, (long long)(b * cfg->sliding_window), cfg->sliding_window,
-          cfg->num_hidden_layers);
-    } else {
-      std::printf("%-10s %10.2f B/token\n", pool.c_str(), b);
-      growing += b;
-    }
+  spec.rope_dim = cfg->rope_main.rope_dim;
+  // One column per --kv-cache-dtype value (f32 is what `auto` picks today; bf16 rows are half;
+  // fp8 rows are e4m3 values + f32 scales + bf16 rope channels, docs/cache.md §10).
+  const KvDtype dtypes[] = {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8};
+  std::vector<std::vector<std::pair<std::string, double>>> per;
+  for (KvDtype d : dtypes) {
+    spec.kv_dtype = d;
+    per.push_back(cache::KvCache::bytes_per_token(spec));
   }
-  std::printf("%-10s %10.2f B/token (compressed pools); compressor state %lld B per sequence\n",
-              "total", growing, (long long)cache::KvCache::state_slot_bytes(spec));
+  std::printf("\n== KV cache bytes per token by --kv-cache-dtype (auto = f32)\n");
+  std::printf("%-10s %12s %12s %12s\n", "pool", "f32", "bf16", "fp8");
+  double growing[3] = {0, 0, 0};
+  for (size_t i = 0; i < per[0].size(); ++i) {
+    const std::string& pool = per[0][i].first;
+    std::printf("%-10s", pool.c_str());
+    for (size_t d = 0; d < 3; ++d) {
+      const double b = per[d][i].second;
+      std::printf(" %12.2f", b);
+      if (pool != "swa") growing[d] += b;
+    }
+    if (pool == "swa")
+      std::printf("  B/token while in the window (%d-token window, %d layers)\n",
+                  cfg->sliding_window, cfg->num_hidden_layers);
+    else
+      std::printf("  B/token\n");
+  }
+  std::printf("%-10s %12.2f %12.2f %12.2f  B/token (compressed pools)\n", "total", growing[0],
+              growing[1], growing[2]);
+  spec.kv_dtype = KvDtype::kF32;
+  std::printf("compressor state %lld B per sequence (f32 rings, every dtype)\n",
+              (long long)cache::KvCache::state_slot_bytes(spec));
   return 0;
 }
 
