@@ -24,9 +24,9 @@
 #               bf16 indexer keys) -> bench-v4flash-20l-kvfp8.md
 #   kvacc       bench_kv_accuracy --device cuda: attention error and fixture greedy agreement of
 #               f32 / bf16 / fp8 pools on the GPU -> kv-fp8-accuracy-cuda.md
-#   ratio       v4serve bench --kv-cache-dtype $V4_RATIO_KV (bf16) at batch 1, 4K and 900K, no
-#               profile (multi-stream branches overlap as served), once per attention_dec variant
-#               in $V4_RATIO_ATTN (default: the default variant) -> bench-v4flash-20l-ratio.md
+#   ratio       v4serve bench at batch 1, 4K and 900K, no profile (multi-stream branches overlap as
+#               served), once per KV type in $V4_RATIO_KV (bf16) and attention_dec variant in
+#               $V4_RATIO_ATTN (auto) -> bench-v4flash-20l-ratio.md
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
@@ -126,16 +126,20 @@ if has kvacc; then
   logs+=(kvacc.log)
 fi
 if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile: branches overlap)
-  # V4_RATIO_ATTN: attention_dec variants to run (V4_ATTN_DEC), one table each in the one file.
+  # V4_RATIO_KV: KV element types (default bf16); V4_RATIO_ATTN: attention_dec variants
+  # (V4_ATTN_DEC; default: the auto choice); one table per pair, all in the one file.
   : > "$OUT/bench-v4flash-20l-ratio.md"
-  for av in ${V4_RATIO_ATTN:-default}; do
-    if [ "$av" = default ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
-    timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "${V4_RATIO_KV:-bf16}" \
-      --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 \
-      --out "$OUT/ratio-$av.md" > "$OUT/bench-ratio-$av.log" 2>&1
-    echo "bench (900K vs 4K, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$av.md"
-    { echo "## V4_ATTN_DEC=$av"; echo; cat "$OUT/ratio-$av.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio.md"
-    rm -f "$OUT/ratio-$av.md"; logs+=(bench-ratio-$av.log)
+  for kv in ${V4_RATIO_KV:-bf16}; do
+    for av in ${V4_RATIO_ATTN:-auto}; do
+      if [ "$av" = auto ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
+      timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "$kv" \
+        --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 \
+        --out "$OUT/ratio-$kv-$av.md" > "$OUT/bench-ratio-$kv-$av.log" 2>&1
+      echo "bench (900K vs 4K, kv $kv, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$kv-$av.md"
+      { echo "## --kv-cache-dtype $kv, V4_ATTN_DEC=$av"; echo; cat "$OUT/ratio-$kv-$av.md"; echo; } \
+        >> "$OUT/bench-v4flash-20l-ratio.md"
+      rm -f "$OUT/ratio-$kv-$av.md"; logs+=(bench-ratio-$kv-$av.log)
+    done
   done
   unset V4_ATTN_DEC
 fi
