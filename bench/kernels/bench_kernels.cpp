@@ -1064,6 +1064,7 @@ int main(int argc, char** argv) {
                     V{35, "v6 cluster 16 + programmatic dependent launch"},
                     V{36, "v6 cluster 8 (v5 + compacted key list)"},
                     V{37, "v6 cluster 16, unmerged histogram atomics"},
+                    V{43, "v6 cluster 16, unmerged atomics + PDL"},
                     V{38, "v7 cluster 16×512 (one-warp window walk)"},
                     V{39, "v7 cluster 16×512 + programmatic dependent launch"},
                     V{40, "v7 cluster 16×256 (one-warp window walk)"},
@@ -1083,6 +1084,7 @@ int main(int argc, char** argv) {
         variants.push_back({35, "v6 cluster 16 + programmatic dependent launch"});
         variants.push_back({36, "v6 cluster 8 (v5 + compacted key list)"});
         variants.push_back({37, "v6 cluster 16, unmerged histogram atomics"});
+        variants.push_back({43, "v6 cluster 16, unmerged atomics + PDL"});
         variants.push_back({38, "v7 cluster 16×512 (one-warp window walk)"});
         variants.push_back({39, "v7 cluster 16×512 + programmatic dependent launch"});
         variants.push_back({40, "v7 cluster 16×256 (one-warp window walk)"});

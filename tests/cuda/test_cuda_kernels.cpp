@@ -407,7 +407,7 @@ TEST(CudaKernels, TopkExactV6Variants) {
       {34, 262144}, {34, 131072}, {34, 65536}, {34, 16384}, {35, 262144}, {36, 131072},
       {36, 65536},  {37, 262144}, {38, 262144}, {38, 131072}, {38, 65536}, {38, 16384},
       {39, 262144}, {40, 262144}, {40, 131072}, {40, 65536}, {40, 16384}, {41, 262144},
-      {42, 131072}, {42, 65536}, {42, 16384}};
+      {42, 131072}, {42, 65536}, {42, 16384}, {43, 262144}, {43, 65536}};
   for (auto [variant, cap] : variants) {
     const bool maybe = variant != 36 && variant != 42;  // a 16-CTA cluster may not be resident
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
@@ -486,7 +486,8 @@ TEST(CudaKernels, TopkV6Batch64At256K) {
   }
 }
 
-// Variants 35 / 39 / 41 (v6 / v7 × 512 / v7 × 256 threads + programmatic dependent launch):
+// Variants 35 / 39 / 41 / 43 (v6 / v7 × 512 / v7 × 256 threads / v6 unmerged atomics + programmatic
+// dependent launch):
 // back-to-back launches alternating two inputs into one output (as TopkV5PdlBackToBack); the
 // result must be the last input's top-k.
 TEST(CudaKernels, TopkV6PdlBackToBack) {
@@ -496,7 +497,7 @@ TEST(CudaKernels, TopkV6PdlBackToBack) {
   const auto a = make_row(n, Dist::kNormal), b = make_row(n, Dist::kRampUp);
   Dev<float> da(a), db(b);
   const auto want = ref_topk(a.data(), n, k);
-  for (int variant : {35, 39, 41}) {
+  for (int variant : {35, 39, 41, 43}) {
     SCOPED_TRACE(::testing::Message() << "variant " << variant);
     Dev<int32_t> dn(lens), dout{size_t(k)};
     dout.poison();

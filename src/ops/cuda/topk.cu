@@ -2714,7 +2714,7 @@ Status indexer_scores(const __nv_bfloat16* q, const float* w, const __nv_bfloat1
 
 Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
-                 int variant) {
+                 int variant, bool pdl) {
   if (R <= 0) return Status::Ok();
   if (k < 1 || R > 65535 || max_n > kTopkMaxRow || max_n > ld)
     return errorf(ErrorCode::kInvalidArgument, "topk_rows: k={} R={} max_n={} ld={}", k, R,
@@ -2743,12 +2743,16 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // compacted once into an index-ordered shared list) beats both at batch 1, cold (H200,
     // cuda-topk.md at c12b7f3): 65,536 9.9 µs vs 10.4 (v5); 131,072 11.7 vs 13.7; 262,144 13.8
     // vs 16.9 (v3). At 8,192 it is slower (9.2 vs 8.4). Falls back as v5 does.
+    // pdl: the same kernels in their programmatic-dependent-launch form (43 = 37 + PDL, 33 = 30
+    // + PDL); the other choices have no PDL form and launch plainly.
     if (!many && max_n > 8192 && max_n <= 262144) {
-      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 37);
+      const Status st =
+          topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, pdl ? 43 : 37);
       if (st.code() != ErrorCode::kUnsupported) return st;
     }
     if (!many && max_n > 8192 && max_n <= 131072) {
-      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 30);
+      const Status st =
+          topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, pdl ? 33 : 30);
       if (st.code() != ErrorCode::kUnsupported) return st;
     }
     if (variant == 17) {
@@ -2907,6 +2911,11 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 16 * T * 8) return launch_topk_v6<16, 8, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 16 * T * 16) return launch_topk_v6<16, 16, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_topk_v6<16, 32, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 43:  // 37 launched with programmatic dependent launch (auto's PDL form of 37)
+      if (max_n > 16 * T * 32) break;
+      if (max_n <= 16 * T * 8) return launch_topk_v6<16, 8, true, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_topk_v6<16, 16, true, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v6<16, 32, true, false>(scores, ld, n, R, k, out_idx, out_len, stream);
     // v7 (v6 with the window walk in one warp, 256- or 512-thread CTAs, unguarded register keys
     // where the slice is whole, plain list-histogram atomics), keys per thread sized to the row
     case 38:  // cluster 16 × 512 threads
