@@ -190,10 +190,10 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
 // idx_bits bits of (2^idx_bits − 1 − s) (s < 2^idx_bits: the host passes the bit width of
 // max_count − 1), so the radix sort runs over 32 + idx_bits bits instead of 64 (at 1K candidates
 // 11 instead of 16 passes of 4 bits), same order.
-// PDL: launched with programmatic stream serialization (CudaOptions::indexer_pdl): every thread
-// waits for the top-k grid (griddepcontrol.wait: completed, its memory — and, since the top-k
-// itself waited, the scores kernel's — visible) before its first global access, then lets the
-// next kernel launch early (it must wait before reading out_rows / out_count).
+// PDL: launched with programmatic stream serialization (CudaOptions::indexer_pdl): lets the next
+// kernel launch early (a PDL-launched one waits before reading out_rows / out_count), and every
+// thread waits for the top-k grid (griddepcontrol.wait: completed, its memory — and, since the
+// top-k itself waited, the scores kernel's — visible) before its first global access.
 template <int THREADS, int ITEMS, bool PDL>
 __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
     const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ sel, RowMap cand,
@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
   using Sort = cub::BlockRadixSort<unsigned long long, THREADS, ITEMS>;
   __shared__ typename Sort::TempStorage tmp;
   if constexpr (PDL) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
   }
   const int64_t t = blockIdx.x;
   const int n = cand.count[t];

@@ -202,10 +202,10 @@ __device__ __forceinline__ int key_dim0(int kk, int t) {
 // B registers as they are (no conversion), and the same 256 bytes per lane in flight cover twice
 // the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
 // kPdl: launched with programmatic stream serialization (V4_INDEXER_PDL, docs/cuda.md §Indexer
-// chain): every thread waits for the previous kernel of the stream (griddepcontrol.wait: it has
-// completed and its memory is visible) before its first global access (the count, q, weights,
-// candidate rows and keys may all be written by it), then lets the dependent kernel (the PDL
-// top-k) launch at once: the dependent waits for this whole grid before reading any score.
+// chain): lets the dependent kernel (the PDL top-k) launch at once — it waits for this whole grid
+// before reading any score —, and every thread waits for the previous kernel of the stream
+// (griddepcontrol.wait: it has completed and its memory is visible) before its first global
+// access (the count, q, weights, candidate rows and keys may all be written by it).
 template <int kDNT, bool kBf16Keys, bool kPdl>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
   constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
   if constexpr (kPdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
   }
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
