@@ -88,8 +88,8 @@ std::string bench_indexer_chain(int reps) {
        "over a **bf16** key pool (the served format), every row n candidates of its own list; "
        "plain = `CudaOptions::indexer_pdl` off (`V4_INDEXER_PDL=0`), PDL = on (the default: "
        "every kernel of the chain launched with programmatic stream serialization, the top-k "
-       "in its PDL form where the auto choice has one — variant 43 for 37 at batch < 16 and 8K < "
-       "n ≤ 262,144 —, else plain)\n"
+       "in its PDL form where the auto choice has one — 44 / 45 for 7 / 8 (rows ≤ 8K / 32K), 43 "
+       "for 37 (batch < 16, rows ≤ 262,144) —, else plain)\n"
     << "- each sample = the same `calls` calls back to back (pages rotate from call to call over "
        "≥ 256 MiB of key rows where the shape allows), device span between step markers / "
        "calls; eager = the calls issued one by one (includes any host gap), graph = one CUDA "
@@ -184,8 +184,10 @@ std::string bench_indexer_chain(int reps) {
       }
       ops.synchronize();
     }
-    const bool pdl_topk = B < 16 && n > 8192 && n <= 262144;
-    const char* topk = pdl_topk ? "37 → PDL 43" : "no PDL form";
+    const char* topk = n <= 8192                          ? "7 → PDL 44"
+                       : n <= 32768                       ? "8 → PDL 45"
+                       : B < 16 && n <= 262144            ? "37 → PDL 43"
+                                                          : "v3 cluster (no PDL form)";
     auto cell = [](double v) {
       char b[32];
       if (v < 0) return std::string("—");

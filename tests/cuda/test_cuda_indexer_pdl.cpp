@@ -212,6 +212,7 @@ TEST(CudaIndexerPdl, OnEqualsOffEagerAndGraph) {
   const std::vector<Case> cases = {
       {{1024}, false},        {{65536}, false},          {{230400}, false},
       {{262144}, false},      {{150001}, false},         {{700}, false},
+      {{20000}, false},       {{8192}, false},           {mixed_counts(64, 32768), false},
       {mixed_counts(64, 1024), false}, {mixed_counts(64, 65536), false},
       {mixed_counts(64, 230400), false}, {mixed_counts(7, 100000), false},
       {{65536}, true},        {mixed_counts(64, 1024), true}};

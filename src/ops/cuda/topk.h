@@ -77,10 +77,11 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// = min over threads of each thread's second largest key, valid for k ≤ 512), 41: 40 with
 /// programmatic dependent launch, 42: cluster 8 × 256 threads (rows ≤ 131072). Not in auto (the
 /// lead sets it from measurements).
-/// 43: 37 launched with programmatic dependent launch (the PDL form auto picks for 37).
-/// `pdl` (auto only, variant = 0): launch the auto choice in its PDL form where it has one (37 →
-/// 43, 30 → 33; the others launch plainly): the kernel may be scheduled while the previous kernel
-/// of `stream` runs, waits for it (griddepcontrol.wait: completed, memory visible) before its
+/// 43: 37 launched with programmatic dependent launch (the PDL form auto picks for 37); 44 / 45:
+/// v2 single CTA (7 / 8) with programmatic dependent launch.
+/// `pdl` (auto only, variant = 0): launch the auto choice in its PDL form where it has one (7 →
+/// 44, 8 → 45, 37 → 43, 30 → 33; the others launch plainly): the kernel may be scheduled while
+/// the previous kernel of `stream` runs, waits for it (griddepcontrol.wait: completed, memory visible) before its
 /// first global access, and lets the next kernel launch early (which must itself wait before
 /// reading out_idx). Same results bit for bit. Ignored for a fixed variant.
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
