@@ -215,8 +215,11 @@ __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
     key[i] = 0ull;
     if (e < n_sel) {
       const uint32_t s = uint32_t(sel[t * k + e]);
-      key[i] = (static_cast<unsigned long long>(order_key(scores[t * ld + s])) << idx_bits) |
-               (mask - s);
+      // PDL: the scores come from the grid before the top-k (visible through the top-k's own
+      // wait); read them from L2 (ld.global.cg) so no L1 line of an earlier layer's scores at the
+      // same scratch address can be hit. Same value either way.
+      const float sv = PDL ? __ldcg(scores + t * ld + s) : scores[t * ld + s];
+      key[i] = (static_cast<unsigned long long>(order_key(sv)) << idx_bits) | (mask - s);
     }
   }
   Sort(tmp).SortDescending(key, 0, 32 + idx_bits);
