@@ -33,7 +33,8 @@
 //   bench_kernels --out DIR --only-indexer   (only the indexer scores over the paged f32 key
 //                                             pool, decode kernel vs WMMA, ± top-512, and the
 //                                             whole Ops::indexer_topk: DIR/cuda-indexer.md;
-//                                             also part of the full run)
+//                                             then the chain over a bf16 key pool, plain vs
+//                                             PDL, eager vs graph; also part of the full run)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
