@@ -33,7 +33,8 @@
 //   bench_kernels --out DIR --only-indexer   (only the indexer scores over the paged f32 key
 //                                             pool, decode kernel vs WMMA, ± top-512, and the
 //                                             whole Ops::indexer_topk: DIR/cuda-indexer.md;
-//                                             also part of the full run)
+//                                             then the chain over a bf16 key pool, plain vs
+//                                             PDL, eager vs graph; also part of the full run)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -1064,6 +1065,7 @@ int main(int argc, char** argv) {
                     V{35, "v6 cluster 16 + programmatic dependent launch"},
                     V{36, "v6 cluster 8 (v5 + compacted key list)"},
                     V{37, "v6 cluster 16, unmerged histogram atomics"},
+                    V{43, "v6 cluster 16, unmerged atomics + PDL"},
                     V{38, "v7 cluster 16×512 (one-warp window walk)"},
                     V{39, "v7 cluster 16×512 + programmatic dependent launch"},
                     V{40, "v7 cluster 16×256 (one-warp window walk)"},
@@ -1071,6 +1073,8 @@ int main(int argc, char** argv) {
                     V{42, "v7 cluster 8×256 (one-warp window walk)"}})
           variants.push_back(v);
       } else {
+        variants.push_back({n <= 8192 ? 7 : 8, "v2 1 CTA (auto's choice here)"});
+        variants.push_back({n <= 8192 ? 44 : 45, "v2 1 CTA + programmatic dependent launch"});
         variants.push_back({9, "v2 cluster 8×64"});
         variants.push_back({1, "v1 1 CTA (first version)"});
         variants.push_back({22, "v4 cluster 8×32 (cap 2k)"});
@@ -1083,6 +1087,7 @@ int main(int argc, char** argv) {
         variants.push_back({35, "v6 cluster 16 + programmatic dependent launch"});
         variants.push_back({36, "v6 cluster 8 (v5 + compacted key list)"});
         variants.push_back({37, "v6 cluster 16, unmerged histogram atomics"});
+        variants.push_back({43, "v6 cluster 16, unmerged atomics + PDL"});
         variants.push_back({38, "v7 cluster 16×512 (one-warp window walk)"});
         variants.push_back({39, "v7 cluster 16×512 + programmatic dependent launch"});
         variants.push_back({40, "v7 cluster 16×256 (one-warp window walk)"});
@@ -1091,6 +1096,8 @@ int main(int argc, char** argv) {
       }
       const auto cap = [](int id) {
         switch (id) {
+          case 7: case 44: return 8192;
+          case 8: case 45: return 32768;
           case 13: case 14: case 29: return 65536;
           case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: case 42: return 131072;
           default: return 262144;
@@ -1115,7 +1122,7 @@ int main(int argc, char** argv) {
         row.warm = time_it([&](int) { BENCH_OK(v4::cuda::topk_rows(sc, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
         row.cold = time_it([&](int i) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, nullptr, v.id)); }, reps);
         // graph column: auto, and v6/v7 with and without PDL (does PDL survive graph capture?)
-        if (v.id == 0 || v.id == 35 || v.id == 37 || v.id >= 38) {
+        if (v.id == 0 || v.id == 7 || v.id == 8 || v.id == 35 || v.id == 37 || v.id >= 38) {
           row.graph = time_graph([&](int i, cudaStream_t st) { BENCH_OK(v4::cuda::topk_rows(sc + (i % rot) * per, n, dn, batch, k, n, out, nullptr, st, v.id)); }, 20);
         }
         rows.push_back(row);

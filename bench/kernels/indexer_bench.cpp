@@ -4,7 +4,9 @@
 // Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it.
 // V4-Flash shapes: nI = 64, dI = 128; n candidates per row ∈ {1K, 32K, 230,400 (900K context),
 // 262,144} at batch 1, and 1K / 32K at batch 64 (each row its own candidate list, as distinct
-// sequences).
+// sequences). Then the chain table (bench_indexer_chain): the whole Ops::indexer_topk over a bf16
+// key pool at 1K / 32K / 230,400 / 262,144 × batch 1 / 64, plain launches vs PDL
+// (CudaOptions::indexer_pdl), eager and replayed from a CUDA graph.
 //
 // Inputs are L2-cold: the pool holds ≥ 256 MiB of key rows and every launch uses another set of
 // pages (rotating over `rot` disjoint row maps), each list = runs of 64 consecutive pool rows (one
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -58,6 +61,159 @@ double time_on(cudaStream_t st, const std::function<void(int, cudaStream_t)>& fn
   return v4::bench::time_launches(st, fn, samples, inner, warmup).med_us;
 }
 
+// The chain table of cuda-indexer.md: `Ops::indexer_topk` (decode scores kernel → Lightning TopK
+// → finalize) over a bf16 key pool (the served format), plain launches vs programmatic dependent
+// launch (CudaOptions::indexer_pdl), eager and replayed from a CUDA graph.
+std::string bench_indexer_chain(int reps) {
+  using v4::ops::IndexerArgs;
+  const int nI = 64, dI = 128, k = 512;
+  unsetenv("V4_INDEXER_PDL");  // the options below decide (the env would override both)
+  std::unique_ptr<v4::ops::Ops> be[2];  // [0] plain, [1] PDL
+  for (int p = 0; p < 2; ++p) {
+    v4::ops::CudaOptions co;
+    co.precision = v4::ops::Precision::kBf16;
+    co.indexer_pdl = p == 1;
+    auto made = v4::ops::make_cuda_ops(co);
+    IB_OK(made.status());
+    be[p] = std::move(made).value();
+  }
+  cudaStream_t st;
+  IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::mt19937_64 g(2027);
+  std::normal_distribution<float> nd;
+  const int samples = std::max(5, reps / 4);
+  std::ostringstream o;
+  o << "\n## Indexer chain: plain launches vs PDL (bf16 key pool)\n\n"
+    << "- `Ops::indexer_topk` in bf16 mode (decode scores kernel → `topk_rows` auto → finalize) "
+       "over a **bf16** key pool (the served format), every row n candidates of its own list; "
+       "plain = `CudaOptions::indexer_pdl` off (`V4_INDEXER_PDL=0`), PDL = on (the default: "
+       "every kernel of the chain launched with programmatic stream serialization, the top-k "
+       "in its PDL form where the auto choice has one — 44 / 45 for 7 / 8 (rows ≤ 8K / 32K), 43 "
+       "for 37 (batch < 16, rows ≤ 262,144) —, else plain)\n"
+    << "- each sample = the same `calls` calls back to back (pages rotate from call to call over "
+       "≥ 256 MiB of key rows where the shape allows), device span between step markers / "
+       "calls; eager = the calls issued one by one (includes any host gap), graph = one CUDA "
+       "graph of the calls replayed; median of " << samples << " samples\n\n"
+    << "| n | batch | calls | top-k (auto) | eager plain µs | eager PDL µs | PDL − plain µs | "
+       "graph plain µs | graph PDL µs | PDL − plain µs |\n"
+    << "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
+  struct Shape { int64_t n; int batch; };
+  for (Shape sh : {Shape{1024, 1}, Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1},
+                   Shape{1024, 64}, Shape{32768, 64}, Shape{230400, 64}, Shape{262144, 64}}) {
+    const int64_t n = sh.n, B = sh.batch, per = n * B;  // key rows per call
+    const int64_t min_rows = (int64_t(256) << 20) / (dI * 2);
+    const int rot = int(std::min<int64_t>(1024, std::max<int64_t>(2, (min_rows + per - 1) / per)));
+    const int64_t pool_rows = per * rot;  // every rotation its own pages
+    const int calls = per >= (int64_t(1) << 22) ? 4 : 20;
+    uint16_t* pool = nullptr;
+    float *q = nullptr, *w = nullptr;
+    int32_t *rows = nullptr, *cnt = nullptr, *out_rows = nullptr, *out_cnt = nullptr;
+    int64_t* offs = nullptr;
+    IB_CHECK(cudaMalloc(&pool, size_t(pool_rows) * dI * 2));
+    IB_CHECK(cudaMalloc(&q, size_t(B) * nI * dI * 4));
+    IB_CHECK(cudaMalloc(&w, size_t(B) * nI * 4));
+    IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
+    IB_CHECK(cudaMalloc(&offs, size_t(rot) * B * 8));
+    IB_CHECK(cudaMalloc(&cnt, size_t(B) * 4));
+    IB_CHECK(cudaMalloc(&out_rows, size_t(B) * k * 4));
+    IB_CHECK(cudaMalloc(&out_cnt, size_t(B) * 4));
+    IB_OK(v4::cuda::fill_random(pool, pool_rows * dI,
+                                v4::ops::fill::make_params(v4::ops::RandomFill::kBF16Normal, 1.f, 12),
+                                st));
+    {
+      std::vector<float> hq(size_t(B) * nI * dI), hw(size_t(B) * nI);
+      for (auto& x : hq) x = nd(g);
+      for (auto& x : hw) x = nd(g);
+      IB_CHECK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows));
+      std::iota(pages.begin(), pages.end(), 0);
+      std::shuffle(pages.begin(), pages.end(), g);
+      for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
+      std::vector<int64_t> hoff(size_t(rot) * B);
+      for (int64_t i = 0; i < int64_t(hoff.size()); ++i) hoff[size_t(i)] = i * n;
+      std::vector<int32_t> hcnt(static_cast<size_t>(B), static_cast<int32_t>(n));
+      IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
+    }
+    IB_CHECK(cudaStreamSynchronize(st));
+    IB_CHECK(cudaDeviceSynchronize());
+    auto args = [&](int i) {
+      IndexerArgs a;
+      a.q = q;
+      a.weights = w;
+      a.key_pool = pool;
+      a.key_dtype = v4::KvDtype::kBf16;
+      a.cand = {rows, offs + int64_t(i % rot) * B, cnt};
+      a.n_rows = B;
+      a.n_heads = nI;
+      a.head_dim = dI;
+      a.topk = k;
+      a.max_count = n;
+      a.out_rows = out_rows;
+      a.out_count = out_cnt;
+      return a;
+    };
+    double t_eager[2] = {}, t_graph[2] = {-1, -1};
+    for (int p = 0; p < 2; ++p) {
+      v4::ops::Ops& ops = *be[p];
+      auto body = [&] {
+        for (int j = 0; j < calls; ++j) ops.indexer_topk(args(j));
+      };
+      // median device span per call of `run` between step markers (2 untimed samples first)
+      auto span = [&](const std::function<void()>& run) {
+        std::vector<double> t;
+        for (int s = 0; s < samples + 2; ++s) {
+          const double before = ops.step_timing().busy_s;
+          ops.step_begin(true);
+          run();
+          ops.step_end();
+          if (s >= 2) t.push_back((ops.step_timing().busy_s - before) * 1e6 / calls);
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+      };
+      t_eager[p] = span(body);  // also the warm-up the capture needs (scratch sized)
+      std::unique_ptr<v4::ops::Graph> graph = ops.capture(body);
+      if (graph) {
+        t_graph[p] = span([&] { graph->replay(); });
+      } else {
+        std::printf("indexer chain n=%lld batch=%lld %s: capture failed\n", (long long)n,
+                    (long long)B, p ? "PDL" : "plain");
+      }
+      ops.synchronize();
+    }
+    const char* topk = n <= 8192                          ? "7 → PDL 44"
+                       : n <= 32768                       ? "8 → PDL 45"
+                       : B < 16 && n <= 262144            ? "37 → PDL 43"
+                                                          : "v3 cluster (no PDL form)";
+    auto cell = [](double v) {
+      char b[32];
+      if (v < 0) return std::string("—");
+      std::snprintf(b, sizeof b, "%.1f", v);
+      return std::string(b);
+    };
+    auto diff = [](double a, double b) {
+      char c[32];
+      if (a < 0 || b < 0) return std::string("—");
+      std::snprintf(c, sizeof c, "%+.1f", b - a);
+      return std::string(c);
+    };
+    o << "| " << n << " | " << B << " | " << calls << " | " << topk << " | " << cell(t_eager[0])
+      << " | " << cell(t_eager[1]) << " | " << diff(t_eager[0], t_eager[1]) << " | "
+      << cell(t_graph[0]) << " | " << cell(t_graph[1]) << " | " << diff(t_graph[0], t_graph[1])
+      << " |\n";
+    std::printf("indexer chain bf16 n=%lld batch=%lld: eager plain %.1f PDL %.1f us; graph plain "
+                "%.1f PDL %.1f us\n",
+                (long long)n, (long long)B, t_eager[0], t_eager[1], t_graph[0], t_graph[1]);
+    cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(rows); cudaFree(offs); cudaFree(cnt);
+    cudaFree(out_rows); cudaFree(out_cnt);
+  }
+  cudaStreamDestroy(st);
+  return o.str();
+}
+
 }  // namespace
 
 // The cuda-indexer.md body at copy bandwidth `bw` GB/s (read + write).
@@ -88,7 +244,7 @@ std::string bench_indexer(double bw, int reps) {
     << "- times: median per launch of " << reps << " samples × 10 back-to-back launches on one "
        "stream (host launch cost hidden, as in a decode graph); `Ops::indexer_topk` = device span "
        "per call of 10 eager calls between step markers (3 launches each: scores, topk_rows, "
-       "finalize; includes any host gap)\n"
+       "finalize, PDL on — the default; includes any host gap)\n"
     << "- byte floor (per launch): keys n·512 B + row map n·4 B + scores n·4 B written, per row; "
        "+ top-512: scores read back n·4 B; / the copy bandwidth " << int(bw) << " GB/s\n"
     << "- new = decode kernel (`indexer_scores_tc` variant 2, 16-key chunks, the auto choice: keys "
@@ -196,6 +352,8 @@ std::string bench_indexer(double bw, int reps) {
     cudaFree(cnt); cudaFree(sel); cudaFree(out_rows); cudaFree(out_cnt);
   }
   cudaStreamDestroy(st);
+  ops.reset();
+  o << bench_indexer_chain(reps);
   return o.str();
 }
 

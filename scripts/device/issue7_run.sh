@@ -27,6 +27,10 @@
 #   ratio       v4serve bench at batch 1, 4K and 900K, no profile (multi-stream branches overlap as
 #               served), once per KV type in $V4_RATIO_KV (bf16) and attention_dec variant in
 #               $V4_RATIO_ATTN (auto) -> bench-v4flash-20l-ratio.md
+#   idxpdl      v4serve bench --kv-cache-dtype bf16 at batch $V4_IDXPDL_BATCH (1) × 4K and 900K,
+#               no profile (as served), with V4_INDEXER_PDL=0 and =1 (the indexer chain's plain
+#               launches vs programmatic dependent launch, docs/cuda.md §Indexer chain)
+#               -> bench-v4flash-20l-idxpdl.md (not in the default stage list)
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
@@ -142,6 +146,17 @@ if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile:
     done
   done
   unset V4_ATTN_DEC
+fi
+if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (plain) vs 1 (default)
+  : > "$OUT/bench-v4flash-20l-idxpdl.md"
+  for p in 0 1; do
+    V4_INDEXER_PDL=$p timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
+      --batch "${V4_IDXPDL_BATCH:-1}" --context 4K,900K --steps 20 --prefill-steps 1 \
+      --prefill-warmup 0 --out "$OUT/idxpdl-$p.md" > "$OUT/bench-idxpdl-$p.log" 2>&1
+    echo "bench (V4_INDEXER_PDL=$p) rc=$?"; grep -E "^\| (decode)" "$OUT/idxpdl-$p.md"
+    { echo "## V4_INDEXER_PDL=$p"; echo; cat "$OUT/idxpdl-$p.md"; echo; } >> "$OUT/bench-v4flash-20l-idxpdl.md"
+    rm -f "$OUT/idxpdl-$p.md"; logs+=(bench-idxpdl-$p.log)
+  done
 fi
 if has mstream; then
   timeout 200 build-gpu/v4serve bench "${common[@]}" --batch "${V4_MS_BATCH:-1,64}" --context 4K \

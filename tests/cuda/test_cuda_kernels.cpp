@@ -273,7 +273,7 @@ bool run_topk_case(const std::vector<int32_t>& lens, int k, Dist dist, int varia
 
 TEST(CudaKernels, TopkExactShortRows) {
   V4_REQUIRE_GPU();
-  for (int variant : {0, 1, 7, 8}) {
+  for (int variant : {0, 1, 7, 8, 44, 45}) {
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted}) {
       SCOPED_TRACE(::testing::Message() << "variant " << variant << " dist " << int(d));
       run_topk_case({0, 1, 511, 512, 513, 1000, 2049, 8192}, 512, d, variant);
@@ -289,7 +289,7 @@ TEST(CudaKernels, TopkExactLongRowsAllVariants) {
   const std::pair<int, int> variants[] = {
       {0, 262144},  {0, 524288},  {2, 32768},   {3, 262144},  {4, 262144},  {5, 524288},
       {6, 262144},  {8, 32768},   {9, 262144},  {10, 262144}, {12, 131072}, {13, 65536},
-      {14, 65536},  {15, 131072}, {16, 262144}, {18, 131072}};
+      {14, 65536},  {15, 131072}, {16, 262144}, {18, 131072}, {45, 32768}};
   for (auto [variant, cap] : variants) {
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual}) {
       SCOPED_TRACE(::testing::Message() << "variant " << variant << " dist " << int(d));
@@ -407,7 +407,7 @@ TEST(CudaKernels, TopkExactV6Variants) {
       {34, 262144}, {34, 131072}, {34, 65536}, {34, 16384}, {35, 262144}, {36, 131072},
       {36, 65536},  {37, 262144}, {38, 262144}, {38, 131072}, {38, 65536}, {38, 16384},
       {39, 262144}, {40, 262144}, {40, 131072}, {40, 65536}, {40, 16384}, {41, 262144},
-      {42, 131072}, {42, 65536}, {42, 16384}};
+      {42, 131072}, {42, 65536}, {42, 16384}, {43, 262144}, {43, 65536}};
   for (auto [variant, cap] : variants) {
     const bool maybe = variant != 36 && variant != 42;  // a 16-CTA cluster may not be resident
     for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
@@ -486,7 +486,8 @@ TEST(CudaKernels, TopkV6Batch64At256K) {
   }
 }
 
-// Variants 35 / 39 / 41 (v6 / v7 × 512 / v7 × 256 threads + programmatic dependent launch):
+// Variants 35 / 39 / 41 / 43 (v6 / v7 × 512 / v7 × 256 threads / v6 unmerged atomics + programmatic
+// dependent launch):
 // back-to-back launches alternating two inputs into one output (as TopkV5PdlBackToBack); the
 // result must be the last input's top-k.
 TEST(CudaKernels, TopkV6PdlBackToBack) {
@@ -496,7 +497,7 @@ TEST(CudaKernels, TopkV6PdlBackToBack) {
   const auto a = make_row(n, Dist::kNormal), b = make_row(n, Dist::kRampUp);
   Dev<float> da(a), db(b);
   const auto want = ref_topk(a.data(), n, k);
-  for (int variant : {35, 39, 41}) {
+  for (int variant : {35, 39, 41, 43}) {
     SCOPED_TRACE(::testing::Message() << "variant " << variant);
     Dev<int32_t> dn(lens), dout{size_t(k)};
     dout.poison();
@@ -513,6 +514,44 @@ TEST(CudaKernels, TopkV6PdlBackToBack) {
     if (!ran) continue;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(dout.host(), want);  // it = 20 reads a
+  }
+}
+
+// Variants 44 / 45 (v2 single CTA + programmatic dependent launch, the indexer chain's top-k for
+// rows ≤ 8K / 32K): back-to-back launches alternating two inputs into one output, batch 1 and 64
+// (as TopkV5PdlBackToBack); the result must be the last input's top-k.
+TEST(CudaKernels, TopkV2PdlBackToBack) {
+  V4_REQUIRE_GPU();
+  const int k = 512;
+  for (auto [variant, n] : {std::pair<int, int>{44, 8192}, std::pair<int, int>{45, 32768},
+                            std::pair<int, int>{45, 9000}}) {
+    for (int R : {1, 64}) {
+      SCOPED_TRACE(::testing::Message() << "variant " << variant << " n " << n << " R " << R);
+      std::vector<float> a, b;
+      for (int r = 0; r < R; ++r) {
+        const auto ra = make_row(n, Dist::kNormal), rb = make_row(n, Dist::kRampUp);
+        a.insert(a.end(), ra.begin(), ra.end());
+        b.insert(b.end(), rb.begin(), rb.end());
+      }
+      std::vector<int32_t> lens(static_cast<size_t>(R));
+      for (auto& l : lens) l = rand_int(1, n);
+      lens[0] = n;
+      Dev<float> da(a), db(b);
+      Dev<int32_t> dn(lens), dout{size_t(R) * k}, dlen{size_t(R)};
+      dout.poison();
+      dlen.poison();
+      for (int it = 0; it < 21; ++it) {
+        const Status st = topk_rows(it % 2 ? db.p : da.p, n, dn.p, R, k, n, dout.p, dlen.p, nullptr, variant);
+        ASSERT_TRUE(st.ok()) << st.message();
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto out = dout.host(), len = dlen.host();
+      for (int r = 0; r < R; ++r) {  // it = 20 reads a
+        const auto want = ref_topk(a.data() + size_t(r) * n, lens[r], k);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), out.begin() + size_t(r) * k)) << "row " << r;
+        EXPECT_EQ(len[r], std::min(lens[r], k)) << "row " << r;
+      }
+    }
   }
 }
 

@@ -190,12 +190,20 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
 // idx_bits bits of (2^idx_bits − 1 − s) (s < 2^idx_bits: the host passes the bit width of
 // max_count − 1), so the radix sort runs over 32 + idx_bits bits instead of 64 (at 1K candidates
 // 11 instead of 16 passes of 4 bits), same order.
-template <int THREADS, int ITEMS>
+// PDL: launched with programmatic stream serialization (CudaOptions::indexer_pdl): lets the next
+// kernel launch early (a PDL-launched one waits before reading out_rows / out_count), and every
+// thread waits for the top-k grid (griddepcontrol.wait: completed, its memory — and, since the
+// top-k itself waited, the scores kernel's — visible) before its first global access.
+template <int THREADS, int ITEMS, bool PDL>
 __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
     const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ sel, RowMap cand,
     int k, int idx_bits, int32_t* __restrict__ out_rows, int32_t* __restrict__ out_count) {
   using Sort = cub::BlockRadixSort<unsigned long long, THREADS, ITEMS>;
   __shared__ typename Sort::TempStorage tmp;
+  if constexpr (PDL) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
   const int64_t t = blockIdx.x;
   const int n = cand.count[t];
   const int n_sel = n < k ? n : k;
@@ -207,8 +215,11 @@ __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
     key[i] = 0ull;
     if (e < n_sel) {
       const uint32_t s = uint32_t(sel[t * k + e]);
-      key[i] = (static_cast<unsigned long long>(order_key(scores[t * ld + s])) << idx_bits) |
-               (mask - s);
+      // PDL: the scores come from the grid before the top-k (visible through the top-k's own
+      // wait); read them from L2 (ld.global.cg) so no L1 line of an earlier layer's scores at the
+      // same scratch address can be hit. Same value either way.
+      const float sv = PDL ? __ldcg(scores + t * ld + s) : scores[t * ld + s];
+      key[i] = (static_cast<unsigned long long>(order_key(sv)) << idx_bits) | (mask - s);
     }
   }
   Sort(tmp).SortDescending(key, 0, 32 + idx_bits);
@@ -401,6 +412,10 @@ class CudaOps final : public Ops {
       if (std::string(e) == "3") opts_.attention_dec = true, opts_.attention_dec_variant = 3;
       if (std::string(e) == "4") opts_.attention_dec = true, opts_.attention_dec_variant = 4;
       if (std::string(e) == "0") opts_.attention_dec = false;
+    }
+    if (const char* e = std::getenv("V4_INDEXER_PDL")) {  // A/B of the indexer chain's PDL
+      if (std::string(e) == "1") opts_.indexer_pdl = true;
+      if (std::string(e) == "0") opts_.indexer_pdl = false;
     }
   }
   ~CudaOps() override {
@@ -747,24 +762,57 @@ class CudaOps final : public Ops {
       check(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(smem)),
             "indexer smem attribute");
+    // The chain (docs/cuda.md §Indexer chain): with opts_.indexer_pdl each kernel that is
+    // PDL-launched waits for its predecessor before any global access (so the first kernel after
+    // a multi-stream join, whose predecessors include the side streams' last kernels, is ordered
+    // after all of them), and triggers its dependents at its start.
+    const bool pdl = opts_.indexer_pdl;
     if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
-      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, cs()));
+      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, cs(), 0, pdl));
     } else {
       indexer_score_kernel<<<g1, 128, smem, cs()>>>(a, scores, ld);
       launched("indexer_score_kernel");
     }
-    record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs()));
+    record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs(), 0, pdl));
     int idx_bits = 1;  // bit width of maxc − 1 (every selected position s < maxc ≤ 2^idx_bits)
     while ((int64_t(1) << idx_bits) < maxc) ++idx_bits;
-    if (k <= 256) {
-      indexer_finalize_kernel<128, 2><<<unsigned(S), 128, 0, cs()>>>(
-          scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
-    } else {
-      indexer_finalize_kernel<256, 4><<<unsigned(S), 256, 0, cs()>>>(
-          scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
+    if (!pdl) {
+      if (k <= 256) {
+        indexer_finalize_kernel<128, 2, false><<<unsigned(S), 128, 0, cs()>>>(
+            scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
+      } else {
+        indexer_finalize_kernel<256, 4, false><<<unsigned(S), 256, 0, cs()>>>(
+            scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
+      }
+      launched("indexer_finalize_kernel");
+      return;
     }
-    launched("indexer_finalize_kernel");
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(S), 1, 1);
+    cfg.blockDim = dim3(k <= 256 ? 128 : 256, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = cs();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const RowMap cand = a.cand;
+    int32_t* const out_rows = a.out_rows;
+    int32_t* const out_count = a.out_count;
+    const float* const sc = scores;
+    const int32_t* const sl = sel;
+    if (k <= 256) {
+      check(cudaLaunchKernelEx(&cfg, indexer_finalize_kernel<128, 2, true>, sc, ld, sl, cand, k,
+                               idx_bits, out_rows, out_count),
+            "indexer_finalize_kernel (PDL)");
+    } else {
+      check(cudaLaunchKernelEx(&cfg, indexer_finalize_kernel<256, 4, true>, sc, ld, sl, cand, k,
+                               idx_bits, out_rows, out_count),
+            "indexer_finalize_kernel (PDL)");
+    }
+    launched("indexer_finalize_kernel (PDL)");
   }
 
   void sparse_attention(const AttentionArgs& a) override {

@@ -99,6 +99,13 @@ struct CudaOptions {
   /// Prefill-sized calls (more rows) with f32 pools keep attention_mma until the decode kernel
   /// is measured there (it is correct for any row count); bf16 pools take it at any row count.
   int64_t attention_dec_max_rows = 256;
+  /// indexer_topk launches its chain (decode scores kernel → Lightning TopK → finalize) with
+  /// programmatic dependent launch: each kernel waits for its predecessor (griddepcontrol.wait)
+  /// before its first global access and triggers its dependents at its start, so the next
+  /// launch overlaps the running kernel (the top-k in its PDL form where the auto choice has one:
+  /// topk.h variants 43 / 33). Same results bit for bit. Off: plain launches (A/B).
+  /// Environment override at backend creation: V4_INDEXER_PDL=0 (off) / 1 (on).
+  bool indexer_pdl = true;
 };
 
 /// Counters of the multi-stream branches of a CUDA backend since creation: forks that ran on

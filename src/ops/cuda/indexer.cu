@@ -201,12 +201,21 @@ __device__ __forceinline__ int key_dim0(int kk, int t) {
 // kBf16Keys: the key pool holds bf16 (KvDtype::kBf16) instead of f32; the loaded pairs are the
 // B registers as they are (no conversion), and the same 256 bytes per lane in flight cover twice
 // the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
-template <int kDNT, bool kBf16Keys>
+// kPdl: launched with programmatic stream serialization (V4_INDEXER_PDL, docs/cuda.md §Indexer
+// chain): lets the dependent kernel (the PDL top-k) launch at once — it waits for this whole grid
+// before reading any score —, and every thread waits for the previous kernel of the stream
+// (griddepcontrol.wait: it has completed and its memory is visible) before its first global
+// access (the count, q, weights, candidate rows and keys may all be written by it).
+template <int kDNT, bool kBf16Keys, bool kPdl>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
   constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
+  if constexpr (kPdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
   if (int64_t(blockIdx.x) * kDWarps * kDChunk >= n) return;  // whole block idle (uniform)
@@ -381,12 +390,12 @@ bool decode_kernel_enabled() {
 
 template <int kDNT, bool kBf16Keys>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                     int n_sms, cudaStream_t stream) {
+                     int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kDChunk = 8 * kDNT;
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT, kBf16Keys>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT, kBf16Keys, false>,
                                                       kDWarps * 32, 0) != cudaSuccess ||
         b < 1) {
       (void)cudaGetLastError();
@@ -400,13 +409,29 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   // Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave adds a block's duration.
   const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
-  indexer_decode_kernel<kDNT, kBf16Keys><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
-  return check_launch("indexer_decode_kernel");
+  if (!pdl) {
+    indexer_decode_kernel<kDNT, kBf16Keys, false><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
+    return check_launch("indexer_decode_kernel");
+  }
+  // The PDL twin has the same body (plus the wait / trigger at its start), so the same registers
+  // and occupancy as the plain kernel the grid was sized for.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDWarps * 32, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kBf16Keys, true>, a, scores, ld));
+  return check_launch("indexer_decode_kernel (PDL)");
 }
 }  // namespace
 
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                         int n_sms, cudaStream_t stream, int variant) {
+                         int n_sms, cudaStream_t stream, int variant, bool pdl) {
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
   if (variant < 0 || variant > 3)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: variant {}", variant);
@@ -423,10 +448,10 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // bf16 keys: 4 n-tiles keep the f32 kernel's 256 bytes per lane in flight (variant 2 = 2
     // n-tiles for A/B); f32 keys: 2 n-tiles (variant 3 = 4).
     if (a.key_dtype == KvDtype::kBf16)
-      return variant == 2 ? launch_decode<2, true>(a, max_count, scores, ld, n_sms, stream)
-                          : launch_decode<4, true>(a, max_count, scores, ld, n_sms, stream);
-    return variant == 3 ? launch_decode<4, false>(a, max_count, scores, ld, n_sms, stream)
-                        : launch_decode<2, false>(a, max_count, scores, ld, n_sms, stream);
+      return variant == 2 ? launch_decode<2, true>(a, max_count, scores, ld, n_sms, stream, pdl)
+                          : launch_decode<4, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    return variant == 3 ? launch_decode<4, false>(a, max_count, scores, ld, n_sms, stream, pdl)
+                        : launch_decode<2, false>(a, max_count, scores, ld, n_sms, stream, pdl);
   }
   if (!indexer_tc_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: nI={} dI={} unsupported",

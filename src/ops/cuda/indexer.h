@@ -42,7 +42,13 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// way for q, so no shared-memory staging of keys and no block barrier in the loop), q is packed
 /// once per block into shared memory as A fragments, bf16 m16n8k16 mma.sync with fp32
 /// accumulation, then ReLU·w per head and a fixed shuffle tree over heads.
+///
+/// `pdl` (decode kernel only; the WMMA kernel ignores it): launched with programmatic dependent
+/// launch — the kernel may be scheduled while the previous kernel of `stream` still runs and
+/// waits for it (griddepcontrol.wait) before its first global access, then triggers its
+/// dependents at once (a PDL-launched consumer must wait before reading the scores). Same
+/// scores bit for bit.
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                         int n_sms, cudaStream_t stream, int variant = 0);
+                         int n_sms, cudaStream_t stream, int variant = 0, bool pdl = false);
 
 }  // namespace v4::cuda

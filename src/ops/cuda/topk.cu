@@ -304,7 +304,10 @@ __device__ __forceinline__ unsigned long long ld_cluster_u64(uint32_t addr) {
   return v;
 }
 
-template <int C, int THREADS, int ITEMS>
+// PDL (variants 44 / 45): launched with programmatic stream serialization; lets the next kernel
+// of the stream launch at once (griddepcontrol.launch_dependents) and waits for the previous one
+// (griddepcontrol.wait: completed, its memory visible) before its first global access.
+template <int C, int THREADS, int ITEMS, bool PDL = false>
 __global__ void __launch_bounds__(THREADS, 1)
     topk_kernel_v2(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
                    int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
@@ -324,6 +327,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   cg::cluster_group cluster = cg::this_cluster();
   const uint32_t rank = cluster.block_rank();
+  if constexpr (PDL) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
   const int64_t r = blockIdx.y;
   const int n = max(nrows[r], 0);
   const float* row = scores + r * ld;
@@ -2714,7 +2721,7 @@ Status indexer_scores(const __nv_bfloat16* q, const float* w, const __nv_bfloat1
 
 Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
-                 int variant) {
+                 int variant, bool pdl) {
   if (R <= 0) return Status::Ok();
   if (k < 1 || R > 65535 || max_n > kTopkMaxRow || max_n > ld)
     return errorf(ErrorCode::kInvalidArgument, "topk_rows: k={} R={} max_n={} ld={}", k, R,
@@ -2728,8 +2735,8 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // (15.0 / 17.0 µs vs 15.4 / 22.1 for 18 / 16); 17 falls back to 16 where a 16-CTA cluster
     // cannot be resident.
     const bool many = R >= 16;
-    variant = max_n <= 8192     ? 7
-              : max_n <= 32768  ? 8
+    variant = max_n <= 8192     ? (pdl ? 44 : 7)
+              : max_n <= 32768  ? (pdl ? 45 : 8)
               : max_n <= 65536  ? (many ? 13 : 26)
               : max_n <= 131072 ? (many ? 15 : 17)
               : max_n <= 262144 ? (many ? 16 : 17)
@@ -2743,12 +2750,17 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // compacted once into an index-ordered shared list) beats both at batch 1, cold (H200,
     // cuda-topk.md at c12b7f3): 65,536 9.9 µs vs 10.4 (v5); 131,072 11.7 vs 13.7; 262,144 13.8
     // vs 16.9 (v3). At 8,192 it is slower (9.2 vs 8.4). Falls back as v5 does.
+    // pdl: the same kernels in their programmatic-dependent-launch form (44 / 45 = 7 / 8 + PDL,
+    // 43 = 37 + PDL, 33 = 30 + PDL); the other choices (v2 / v3 clusters for ≥ 16 rows above
+    // 32K, rows above 262,144) have no PDL form and launch plainly.
     if (!many && max_n > 8192 && max_n <= 262144) {
-      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 37);
+      const Status st =
+          topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, pdl ? 43 : 37);
       if (st.code() != ErrorCode::kUnsupported) return st;
     }
     if (!many && max_n > 8192 && max_n <= 131072) {
-      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, 30);
+      const Status st =
+          topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, pdl ? 33 : 30);
       if (st.code() != ErrorCode::kUnsupported) return st;
     }
     if (variant == 17) {
@@ -2784,6 +2796,12 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     case 8:
       if (max_n > 1 * T * 64) break;
       return launch_cluster<1>(topk_kernel_v2<1, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 44:  // 7 launched with programmatic dependent launch (auto's PDL form of 7)
+      if (max_n > 1 * T * 16) break;
+      return launch_cluster_pdl<1>(topk_kernel_v2<1, T, 16, true>, scores, ld, n, R, k, out_idx, out_len, stream);
+    case 45:  // 8 launched with programmatic dependent launch (auto's PDL form of 8)
+      if (max_n > 1 * T * 64) break;
+      return launch_cluster_pdl<1>(topk_kernel_v2<1, T, 64, true>, scores, ld, n, R, k, out_idx, out_len, stream);
     case 9:
       if (max_n > 8 * T * 64) break;
       return launch_cluster<8>(topk_kernel_v2<8, T, 64>, scores, ld, n, R, k, out_idx, out_len, stream);
@@ -2907,6 +2925,11 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 16 * T * 8) return launch_topk_v6<16, 8, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 16 * T * 16) return launch_topk_v6<16, 16, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_topk_v6<16, 32, false, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 43:  // 37 launched with programmatic dependent launch (auto's PDL form of 37)
+      if (max_n > 16 * T * 32) break;
+      if (max_n <= 16 * T * 8) return launch_topk_v6<16, 8, true, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_topk_v6<16, 16, true, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v6<16, 32, true, false>(scores, ld, n, R, k, out_idx, out_len, stream);
     // v7 (v6 with the window walk in one warp, 256- or 512-thread CTAs, unguarded register keys
     // where the slice is whole, plain list-histogram atomics), keys per thread sized to the row
     case 38:  // cluster 16 × 512 threads

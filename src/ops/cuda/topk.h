@@ -77,13 +77,20 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// = min over threads of each thread's second largest key, valid for k ≤ 512), 41: 40 with
 /// programmatic dependent launch, 42: cluster 8 × 256 threads (rows ≤ 131072). Not in auto (the
 /// lead sets it from measurements).
+/// 43: 37 launched with programmatic dependent launch (the PDL form auto picks for 37); 44 / 45:
+/// v2 single CTA (7 / 8) with programmatic dependent launch.
+/// `pdl` (auto only, variant = 0): launch the auto choice in its PDL form where it has one (7 →
+/// 44, 8 → 45, 37 → 43, 30 → 33; the others launch plainly): the kernel may be scheduled while
+/// the previous kernel of `stream` runs, waits for it (griddepcontrol.wait: completed, memory visible) before its
+/// first global access, and lets the next kernel launch early (which must itself wait before
+/// reading out_idx). Same results bit for bit. Ignored for a fixed variant.
 /// A variant whose cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0), or whose
 /// candidate buffer would not fit (v4 with large k), returns kUnsupported.
 /// Errors: kInvalidArgument (k < 1, max_n > kTopkMaxRow or too large for the variant),
 /// kUnsupported (above).
 Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
-                 int variant = 0);
+                 int variant = 0, bool pdl = false);
 
 /// Debug aid: clock64() stamps (SM cycles) recorded by thread 0 of CTA 0 of row 0 at fixed points
 /// of the last v3–v6 launch (see TOPK_TS in topk.cu), 16 entries; the stamps are cleared after
