@@ -239,9 +239,12 @@ std::string bench_attention(double bw) {
                           sp >= 2 && sp <= mc ? " (cluster)" : "", us);
               if (us < best5) best5 = us, bsp5 = sp;
             }
-          setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
-          const double nocl5 = t_dec(sp5, 5);
-          unsetenv("V4_ATTN_DEC_CLUSTER");
+          double nocl5 = us5;  // 1 split: no merge at all
+          if (sp5 > 1) {
+            setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
+            nocl5 = t_dec(sp5, 5);
+            unsetenv("V4_ATTN_DEC_CLUSTER");
+          }
           if (S == 1)
             std::snprintf(v5_cell, sizeof v5_cell, "%.2f (%d) | %.2f (%d) | %.2f", us5, sp5, best5,
                           bsp5, nocl5);
