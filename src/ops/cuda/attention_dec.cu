@@ -1742,10 +1742,13 @@ Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, flo
 int attention_dec5_max_cluster(KvDtype kv_dtype) {
   if (!attn_cluster_enabled()) return 0;
   if (kv_dtype != KvDtype::kBf16 && kv_dtype != KvDtype::kF32) return 0;
-  for (int n = kMaxCluster5; n >= 2; --n)
+  // Every size is asked (cached) on the first call, so that a later launch of any split count
+  // finds its answer without a device query (e.g. inside a graph capture).
+  int largest = 0;
+  for (int n = 2; n <= kMaxCluster5; ++n)
     if (kv_dtype == KvDtype::kBf16 ? cluster5_fits<__nv_bfloat16>(n) : cluster5_fits<float>(n))
-      return n;
-  return 0;
+      largest = n;
+  return largest;
 }
 
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
