@@ -26,6 +26,8 @@
 
 namespace {
 
+v4::KvDtype a0_dtype(bool b16) { return b16 ? v4::KvDtype::kBf16 : v4::KvDtype::kF32; }
+
 #define AB_CHECK(x)                                                                      \
   do {                                                                                   \
     cudaError_t e_ = (x);                                                                \
@@ -103,13 +105,20 @@ std::string bench_attention(double bw) {
         "attention_auto_splits; f32 pools only); `v3` / `v4` = variants 3 / 4 (issue 7: the v2 "
         "ring kernel with 32 / 16 heads per block, f32 rows loaded and converted by the threads, "
         "combine kernel with PDL) at `attention_dec3_splits` (one wave), `best` = the fastest of "
-        "their split sweep. Below the table: fixed-cost probes at batch 1 (every row with 0 "
+        "their split sweep; `v5` = variant 5 (16 heads per block, key rows preloaded into "
+        "shared memory, key-split QK with Q in registers, 2–16 splits merged inside a thread "
+        "block cluster, more through the combine kernel) at `attention_dec5_splits` (with the "
+        "largest resident cluster), `best` = the fastest of its split sweep (batch 1 only), "
+        "`v5 nocl` = the same splits with V4_ATTN_DEC_CLUSTER=0 (workspace + combine kernel). "
+        "Below the table: fixed-cost probes at batch 1 (every row with 0 "
         "keys: launch, key counts, q-free epilogue, output / partial write and combine only; and "
         "1 tile per split).\n\n"
      << "| pools | kind | batch | context | keys/row | floor µs | v2 µs (splits) | v2/floor | "
         "v2 best µs (splits) | best/floor | v1 µs | v1/floor | mma µs (splits) | mma/floor | "
-        "v3 µs (splits) | v3 best (splits) | v4 µs (splits) | v4 best (splits) |\n"
-     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "v3 µs (splits) | v3 best (splits) | v4 µs (splits) | v4 best (splits) | "
+        "v5 µs (splits) | v5 best (splits) | v5 nocl µs |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|---:|---:|\n";
   std::ostringstream probes;  // fixed-cost probes (batch 1), printed after the table
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
@@ -212,6 +221,36 @@ std::string bench_attention(double bw) {
                         us34[0], sp34[0], best34[0], bsp34[0], us34[1], sp34[1], best34[1],
                         bsp34[1]);
         }
+        // Variant 5 at its modelled split count (with the largest resident cluster), a sweep at
+        // batch 1 (cheap launches), and the same splits without the cluster merge.
+        char v5_cell[160];
+        {
+          const int mc = v4::cuda::attention_dec5_max_cluster(a0_dtype(b16));
+          const int sp5 = v4::cuda::attention_dec5_splits(S, H, keys, n_sms, mc);
+          const double us5 = t_dec(sp5, 5);
+          double best5 = us5;
+          int bsp5 = sp5;
+          if (S == 1)
+            for (int sp : {1, 2, 4, 5, 8, 10, 12, 16, 20, 24, 33, 36, 48, 65}) {
+              if (sp > tiles || sp == sp5) continue;
+              const double us = t_dec(sp, 5);
+              std::printf("  sweep v5 %s %s S=%lld keys=%lld splits=%d%s: %.2f us\n",
+                          b16 ? "bf16" : "f32", kind, (long long)S, (long long)keys, sp,
+                          sp >= 2 && sp <= mc ? " (cluster)" : "", us);
+              if (us < best5) best5 = us, bsp5 = sp;
+            }
+          double nocl5 = us5;  // 1 split: no merge at all
+          if (sp5 > 1) {
+            setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
+            nocl5 = t_dec(sp5, 5);
+            unsetenv("V4_ATTN_DEC_CLUSTER");
+          }
+          if (S == 1)
+            std::snprintf(v5_cell, sizeof v5_cell, "%.2f (%d) | %.2f (%d) | %.2f", us5, sp5, best5,
+                          bsp5, nocl5);
+          else
+            std::snprintf(v5_cell, sizeof v5_cell, "%.2f (%d) | — | %.2f", us5, sp5, nocl5);
+        }
         // Fixed-cost probes, batch 1, once per pool type (the CSA 4K pass): the same launches
         // with every key count 0 (no tile, no q load: launch + counts + epilogue / partials +
         // combine), and v2 / v3 / v4 with one tile per split (keys = 32 · splits).
@@ -228,8 +267,9 @@ std::string bench_attention(double bw) {
             });
           };
           probes << "- " << (b16 ? "bf16" : "f32") << " pools, batch 1, 0 keys (µs): ";
-          for (int variant : {2, 3, 4})
-            for (int sp : {1, 2, 8, 20, 65}) {
+          for (int variant : {2, 3, 4, 5})
+            for (int sp : {1, 2, 8, 16, 20, 65}) {
+              if (variant < 5 && sp == 16) continue;  // v5: the largest cluster
               char cell[64];
               std::snprintf(cell, sizeof cell, "v%d/%d splits %.2f; ", variant, sp,
                             t_zero(sp, variant));
@@ -237,7 +277,7 @@ std::string bench_attention(double bw) {
             }
           probes << "\n- " << (b16 ? "bf16" : "f32")
                  << " pools, batch 1, CSA 640 keys, forced splits (tiles per split) (µs): ";
-          for (int variant : {2, 3, 4})
+          for (int variant : {2, 3, 4, 5})
             for (int sp : {1, 2, 5, 10, 20}) {
               char cell[64];
               std::snprintf(cell, sizeof cell, "v%d/%d (%d) %.2f; ", variant, sp, 20 / sp,
@@ -271,11 +311,11 @@ std::string bench_attention(double bw) {
         char line[1024];
         std::snprintf(line, sizeof line,
                       "| %s | %s | %lld | %s | %lld | %.2f | %.2f (%d) | %.2f× | %.2f (%d) | "
-                      "%.2f× | %.2f | %.2f× | %s | %s |\n",
+                      "%.2f× | %.2f | %.2f× | %s | %s | %s |\n",
                       b16 ? "bf16" : "f32", kind, (long long)S,
                       ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M", (long long)keys,
                       floor_us, dec_us, dec_splits, dec_us / floor_us, best_us, best_splits,
-                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell, v34_cell);
+                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell, v34_cell, v5_cell);
         md << line;
         std::printf("%s", line);
         std::fflush(stdout);

@@ -238,6 +238,59 @@ void check_kernel34(AttnCase& c, const std::vector<int>& split_list) {
   }
 }
 
+/// Variant 5 (16 heads per block, preloaded key rows, key-split QK, cluster merge of 2–16
+/// splits) at each split count of split_list plus attention_dec5_splits' choice: vs the CPU op
+/// (kDecTol), vs variant 4 at the same split count (2e-3: v5 sums a head's partial S over two
+/// dim halves of 4 accumulators, v4 over 8 dim parts: another fp32 order, so a p value may round
+/// to another bf16 neighbour; a key, head, ring, index-preload or split slip gives O(1)
+/// differences), and, for 2–16 splits, the cluster merge vs the same kernel with
+/// V4_ATTN_DEC_CLUSTER=0 (workspace + combine kernel: identical partials, the merge differs
+/// only by Σ o·(f·inv) vs (Σ o·f)·inv rounding: 1e-5).
+void check_kernel5(AttnCase& c, const std::vector<int>& split_list) {
+  const int max_cluster = cuda::attention_dec5_max_cluster(c.dt);
+  std::vector<int> splits = split_list;
+  splits.push_back(cuda::attention_dec5_splits(c.S, c.H, c.max_keys, 132, max_cluster));
+  for (const int sp : splits) {
+    SCOPED_TRACE(::testing::Message() << "variant=5 splits=" << sp
+                                      << " pools=" << kv_dtype_name(c.dt));
+    Dev<float> ws(
+        size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
+    ws.poison();
+    c.dout->poison();
+    ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 4).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto ref4 = c.dout->host();
+    ws.poison();
+    c.dout->poison();
+    ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 5).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = c.dout->host();
+    const double e = rel_err(got, c.out_cpu);
+    const double d = rel_err(got, ref4);
+    std::printf("[attention dec] v5 %s S=%lld H=%d keys<=%lld splits=%d%s rel err %.2e "
+                "(vs v4 %.2e)\n",
+                kv_dtype_name(c.dt), (long long)c.S, c.H, (long long)c.max_keys, sp,
+                sp >= 2 && sp <= max_cluster ? " (cluster)" : "", e, d);
+    EXPECT_LE(e, kDecTol);
+    EXPECT_LE(d, 2e-3);
+    c.expect_empty_rows_zero(got);
+    if (sp >= 2 && sp <= 16) {  // the same partials through the workspace + combine kernel
+      setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
+      ws.poison();
+      c.dout->poison();
+      const bool ok = cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 5).ok();
+      unsetenv("V4_ATTN_DEC_CLUSTER");
+      ASSERT_TRUE(ok);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto comb = c.dout->host();
+      const double dc = rel_err(got, comb);
+      std::printf("[attention dec] v5 cluster vs combine splits=%d rel diff %.2e\n", sp, dc);
+      EXPECT_LE(dc, 1e-5);
+      EXPECT_LE(rel_err(comb, c.out_cpu), kDecTol);
+    }
+  }
+}
+
 TEST(CudaAttentionDec, EqualsCpuBatch1) {
   V4_REQUIRE_GPU();
   for (KvDtype dt : kDtypes) {
@@ -468,6 +521,96 @@ TEST(CudaAttentionDec, Variant34Batch64AndSinks) {
   }
 }
 
+// Variant 5 (issue 7, batch 1): the Variant34 cases plus cluster sizes 2–16 (non-portable
+// above 8), splits longer than the preloaded 32 tiles (the global look-ahead), f32 and bf16
+// pools.
+TEST(CudaAttentionDec, Variant5Batch1) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes) {
+    const int mc = cuda::attention_dec5_max_cluster(dt);
+    std::printf("[attention dec] v5 %s pools: largest resident cluster %d\n", kv_dtype_name(dt),
+                mc);
+    EXPECT_GE(mc, 8);  // the portable size fits (variant 2 runs 8 CTAs of more smem)
+    {
+      SCOPED_TRACE("CSA 128 + 512");
+      AttnCase c(1, 64, {640}, false, false, dt);
+      check_kernel5(c, {1, 2, 3, 8, 10, 16, 20});
+    }
+    {
+      SCOPED_TRACE("HCA 128 + 8192 (1 split: 260 tiles, 228 past the preload)");
+      AttnCase c(1, 64, {8320}, false, false, dt);
+      check_kernel5(c, {1, 7, 16, 33, 65, 200});
+    }
+    {
+      SCOPED_TRACE("HCA 128K: 1152 keys (36 tiles: 4 past the preload at 1 split)");
+      AttnCase c(1, 64, {1152}, false, false, dt);
+      check_kernel5(c, {1, 12, 36});
+    }
+    {
+      SCOPED_TRACE("V4-Pro heads, 17 keys (one partial tile)");
+      AttnCase c(1, 128, {17}, false, false, dt);
+      check_kernel5(c, {1, 2});
+    }
+    for (int n : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << n << " keys");
+      AttnCase c(1, 64, {n}, false, false, dt);
+      check_kernel5(c, {1, 4, 16});
+    }
+    {
+      SCOPED_TRACE("sliding-only, 40 heads (not a multiple of 16), 128 keys");
+      AttnCase c(1, 40, {128}, false, /*sliding=*/true, dt);
+      check_kernel5(c, {1, 3, 4});
+    }
+  }
+}
+
+TEST(CudaAttentionDec, Variant5Batch3To64) {
+  V4_REQUIRE_GPU();
+  for (KvDtype dt : kDtypes) {
+    {
+      SCOPED_TRACE("counts 8320 / 0 / 17, own keys, 128 heads");
+      AttnCase c(3, 128, {8320, 0, 17}, false, false, dt);
+      check_kernel5(c, {1, 5, 16});
+    }
+    {
+      SCOPED_TRACE("counts 1 / 640 / 0, own keys; 640 shared");
+      AttnCase c(3, 64, {1, 640, 0}, false, false, dt);
+      check_kernel5(c, {1, 3, 11});
+      AttnCase d(3, 64, {640}, true, false, dt);
+      check_kernel5(d, {1, 3});
+    }
+    {
+      SCOPED_TRACE("sliding-only layer, 48 heads");
+      AttnCase c(3, 48, {128, 33, 0}, false, /*sliding=*/true, dt);
+      check_kernel5(c, {1, 2, 8});
+    }
+    {
+      SCOPED_TRACE("batch 7 ring boundaries 33 / 70 / 100 / 128 / 150 / 0 / 8320");
+      AttnCase c(7, 64, {33, 70, 100, 128, 150, 0, 8320}, false, false, dt);
+      check_kernel5(c, {1, 2, 3, 9, 16});
+    }
+    {
+      SCOPED_TRACE("batch 64, mixed counts 0/1/17/640/160, own keys, 128 heads");
+      AttnCase c(64, 128, {0, 1, 17, 640, 160}, false, false, dt);
+      check_kernel5(c, {1, 3});
+    }
+    for (float shift : {6.f, -30.f}) {
+      SCOPED_TRACE(::testing::Message() << "sink shift " << shift);
+      AttnCase c(7, 64, {640, 17, 1152, 1, 160, 8320, 0}, false, false, dt, shift);
+      check_kernel5(c, {1, 4, 13});
+    }
+  }
+  {
+    SCOPED_TRACE("V4_ATTN_DEC_PDL=0 (plain launches)");
+    setenv("V4_ATTN_DEC_PDL", "0", 1);
+    for (KvDtype dt : kDtypes) {
+      AttnCase c(7, 128, {640, 17, 1152, 0, 160, 8320, 1}, false, false, dt, 0.5f);
+      check_kernel5(c, {1, 5, 16, 20});
+    }
+    unsetenv("V4_ATTN_DEC_PDL");
+  }
+}
+
 TEST(CudaAttentionDec, RefusesBadArguments) {
   V4_REQUIRE_GPU();
   AttnCase c(1, 64, {17}, false);
@@ -476,7 +619,7 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
-  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 5).ok());  // no variant 5
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 6).ok());  // no variant 6
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 0).ok());
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
@@ -527,6 +670,30 @@ TEST(CudaAttentionDec, SplitModel34) {
       }
 }
 
+// Variant 5 split counts: the modelled critical path (tiles per split, the combine launch or the
+// cluster merge); invariants as SplitModel34 and the batch-1 V4-Flash choices.
+TEST(CudaAttentionDec, SplitModel5) {
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 0, 132, 16), 1);
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 32, 132, 16), 1);
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 640, 132, 16), 10);    // CSA: cluster of 10 × 2 tiles
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 640, 132, 0), 20);     // no cluster: 20 × 1 + combine
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 160, 132, 16), 5);     // HCA 4K: cluster of 5 × 1
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 1152, 132, 16), 12);   // HCA 128K: 12 × 3, cluster
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 8320, 132, 16), 33);   // HCA 1M: one wave of 8 tiles
+  EXPECT_EQ(cuda::attention_dec5_splits(64, 64, 640, 132, 16), 1);
+  for (int64_t S : {1, 3, 64, 256})
+    for (int64_t k : {33, 128, 160, 640, 1152, 8320})
+      for (int mc : {0, 8, 16}) {
+        const int sp = cuda::attention_dec5_splits(S, 64, k, 132, mc);
+        const int64_t tiles = (k + 31) / 32;
+        EXPECT_GE(sp, 1);
+        EXPECT_LE(sp, 128);
+        EXPECT_LE(sp, tiles);
+        const int64_t per = (tiles + sp - 1) / sp;
+        EXPECT_GT(tiles, int64_t(sp - 1) * per) << "an empty split";
+      }
+}
+
 // Through the backend (bf16 mode): the decode kernel's auto choice (mode -1: variant 3 for S = 1
 // with 8,320 keys, 4 for S = 3 with 640, 2 for S = 7 / 64), variants 2 and 1, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
@@ -534,7 +701,7 @@ TEST(CudaAttentionDec, SplitModel34) {
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {-1, 2, 1, 0, 3, 4})
+  for (int mode : {-1, 2, 1, 0, 3, 4, 5})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));

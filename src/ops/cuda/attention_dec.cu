@@ -1153,6 +1153,360 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_out_w<kDW>(a, t, s, n_splits, hb, hg, part, g, tq, m_r, l_r, o, ws);
 }
 
+
+// ---- variant 5 (issue 7: batch-1 per-tile latency and fixed cost) ---------------------------
+// attn_dec5_kernel<T, kCluster>: 16 heads per CTA (as variant 4) with three changes on the
+// batch-1 critical path:
+//  1. Key rows up front: after the counts / offsets, the CTA loads the pool rows of its split's
+//     first kPre5 tiles (≤ 1,024 keys) into shared memory in one coalesced pass (4 independent
+//     loads per thread, together with Q), so the prologue issues tiles 0..2 without a dependent
+//     global load, and the loop's look-ahead reads shared memory; tiles ≥ kPre5 fall back to the
+//     v3 / v4 global lookup one tile ahead.
+//  2. QK split by keys, not by dims: warp w computes S[16 heads][keys 8·(w/2) .. +7] over dims
+//     256·(w%2) .. +255 with Q in registers (16 A fragments, loaded once), 4 accumulators of 4
+//     k-steps each (short mma chains), summed in a fixed order. The S exchange is then 8 slots
+//     of 16 × 8 f32 (4 KiB written, every warp reads 2 slots per 8-key n-tile: 32 KiB a tile,
+//     v4: 16 KiB written, 128 KiB read; and no Q reads from shared memory: v4 16 KiB a tile).
+//     S[h][key] = slot(2·nt)[h][key'] + slot(2·nt + 1)[h][key'] (dim half 0 + half 1, fixed
+//     order): all 8 warps hold bit-identical S and softmax state. P·V as variant 4 (warp w:
+//     dims 64·w .. +63, all 32 keys).
+//  3. kCluster (2 ≤ n_splits ≤ kMaxCluster5 = 16, non-portable cluster size above 8): the splits
+//     of a (row, 16-head group) form one cluster and merge their partials through distributed
+//     shared memory (no workspace, no combine launch): every CTA writes (m, l, unnormalized o) of
+//     its 16 heads (32 KiB) into its own shared memory, cluster barrier, every CTA computes the
+//     merge weights of the 16 heads (rank order), then sums its share of the 32 half-rows of
+//     256 outputs (half-row c goes to rank c % n) over the ranks in rank order (deterministic),
+//     second cluster barrier. Otherwise the attention.h partials + attn_dec_combine3_kernel.
+// Ring, barriers and hazards: as attn_dec3_kernel (4 slots, 3 tiles in flight, barriers A / B).
+constexpr int kHC5 = 16;            // heads per CTA
+constexpr int kPre5 = 32;           // tiles whose key rows are preloaded (1,024 keys)
+constexpr int kMaxCluster5 = 16;    // non-portable cluster size limit (sm_90)
+constexpr int kSx5Ld = 8;           // f32 row stride of an S slot (16 × 8; conflict-free float2)
+constexpr size_t kQs5Bytes = size_t(kHC5) * kLdB * 2;                    // 16,640
+constexpr size_t kSx5Bytes = size_t(8) * 16 * kSx5Ld * 4;                // 4,096
+constexpr size_t kSmem5 = kQs5Bytes + size_t(kStages3) * kKbBytes + kSx5Bytes;  // 153,856
+constexpr size_t kCp5Bytes = size_t(kHC5) * kHd * 4;                      // 32,768
+static_assert(kCp5Bytes + 2 * kHC5 * 4 <= kSmem5, "v5 cluster partial must fit the smem");
+static_assert(kSmem5 + size_t(kStages3) * kKT * 4 + size_t(kPre5) * kKT * 4 +
+                      size_t(kHC5) * kMaxCluster5 * 4 <= 232448,
+              "v5 shared memory over 227 KiB");
+static_assert(kQs5Bytes % 16 == 0 && (kQs5Bytes + size_t(kStages3) * kKbBytes) % 16 == 0,
+              "v5 alignment");
+
+/// S = Q[16 heads, 256 dims of half dh] · K[8 keys of n-tile kn, same dims]ᵀ: qf = Q fragments
+/// of the 16 k-steps (registers), kw = key tile + (8·kn)·kLdB + 256·dh. Returns the warp's
+/// 16 × 8 partial in mma C layout (c[0..1]: row g, keys 2tq, 2tq+1; c[2..3]: row g + 8).
+__device__ __forceinline__ void tile_qk5(const uint32_t (&qf)[16][4], const __nv_bfloat16* kw,
+                                         int lane, float (&c)[4]) {
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  // ldmatrix x4: lanes 8m .. 8m+7 address keys (lane & 7), dims 32j + 8m: matrices 0 / 1 are
+  // b0 / b1 of k-step 2j, matrices 2 / 3 those of k-step 2j + 1.
+  const __nv_bfloat16* krow = kw + (lane & 7) * kLdB + 8 * (lane >> 3);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t bf[4];
+    ldmatrix_x4(bf, krow + 32 * j);
+    mma_bf16(acc[(2 * j) & 3], qf[2 * j], bf[0], bf[1]);
+    mma_bf16(acc[(2 * j + 1) & 3], qf[2 * j + 1], bf[2], bf[3]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
+}
+
+/// Online softmax update of (m_r, l_r) and o[kNO][4] with the scaled, masked logits sv (−inf:
+/// masked); on return sv holds the p values. Same arithmetic as tile_softmax_w.
+template <int kNO>
+__device__ __forceinline__ void softmax_update5(float (&sv)[4][4], float (&m_r)[2],
+                                                float (&l_r)[2], float (&o)[kNO][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r[r], mx);
+    const float corr =
+        m_new == -INFINITY ? 1.f : (m_r[r] == -INFINITY ? 0.f : __expf(m_r[r] - m_new));
+    float psum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float v = sv[nt][2 * r + c];
+        const float p = v == -INFINITY ? 0.f : __expf(v - m_new);
+        sv[nt][2 * r + c] = p;
+        psum += p;
+      }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+    l_r[r] = l_r[r] * corr + psum;
+    m_r[r] = m_new;
+    if (__any_sync(0xffffffffu, corr != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < kNO; ++i) {
+        o[i][2 * r] *= corr;
+        o[i][2 * r + 1] *= corr;
+      }
+    }
+  }
+}
+
+template <typename T, bool kCluster>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_dec5_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
+                     const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
+  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  static_assert(kBf16 || std::is_same<T, float>::value, "bf16 or f32 pools");
+  constexpr int kDW = kHd / 8;  // P·V dims per warp (64)
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* ring = smem + kQs5Bytes;
+  float* sx = reinterpret_cast<float*>(ring + size_t(kStages3) * kKbBytes);
+  __shared__ int32_t rows_s[kStages3][kKT];  // pool row per key of the ring tiles (−1: masked)
+  __shared__ int32_t rows_pre[kPre5 * kKT];  // pool rows of the split's first kPre5 tiles
+  pdl_wait();  // PDL launch: as attn_dec2_kernel
+  pdl_trigger();
+
+  const int64_t t = blockIdx.x / n_splits;
+  const int s = int(blockIdx.x % n_splits);  // = the cluster rank with kCluster
+  const int hb = blockIdx.y * kHC5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int H = a.n_heads;
+  const bool has_swa = swa_pool && a.swa.count, has_comp = comp_pool && a.comp.count;
+  const int64_t swa_off = has_swa ? a.swa.offset[t] : 0;
+  const int64_t comp_off = has_comp ? a.comp.offset[t] : 0;
+  const int n_swa = has_swa ? a.swa.count[t] : 0;
+  const int n_comp = has_comp ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  const int tiles_all = (n + kKT - 1) / kKT;
+  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
+  const int k0 = min(n, s * tiles_per * kKT);
+  const int k1 = min(n, k0 + tiles_per * kKT);
+  const int n_tiles = (k1 - k0 + kKT - 1) / kKT;
+
+  // Pool row of split key k0 + i (−1 past the split or for a masked entry), from global memory.
+  auto key_at = [&](int i) -> int32_t {
+    const int j = k0 + i;
+    if (j >= k1) return -1;
+    return j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
+  };
+  // Pool row of key k0 + 32·tile + lane: shared memory for tile < kPre5 (after the prologue
+  // barrier), else a global load (made one tile ahead by the loop, as attn_dec3_kernel).
+  auto lookup = [&](int tile) -> int32_t {
+    if (tile >= n_tiles) return -1;
+    if (tile < kPre5) return rows_pre[tile * kKT + lane];
+    return key_at(tile * kKT + lane);
+  };
+  static_assert(kKT == 32, "one key per lane");
+  auto issue = [&](int tile, int32_t my_r) {
+    if (tile < n_tiles) {  // block-uniform
+      const int buf = tile % kStages3;
+      unsigned char* dst = ring + size_t(buf) * kKbBytes;
+      const int kt0 = k0 + tile * kKT;
+      if constexpr (kBf16) {
+        constexpr int kChunks = kHd * 2 / 16;             // 64 per row
+        constexpr int kIt = kKT * kChunks / kThreads;     // 8
+#pragma unroll
+        for (int i = 0; i < kIt; ++i) {
+          const int e = threadIdx.x + i * kThreads;
+          const int key = e / kChunks, c = e % kChunks;  // key warp-uniform
+          const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+          const T* pool = kt0 + key >= n_swa ? comp_pool : swa_pool;
+          const void* src =
+              r >= 0 ? static_cast<const void*>(
+                           reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) + 16 * c)
+                     : static_cast<const void*>(a.q);
+          cp_async16(dst + size_t(key) * (kLdB * 2) + 16 * c, src, r >= 0);
+        }
+      } else {
+        constexpr int kChunks = kHd / 4;                  // 128 float4 per row
+        constexpr int kIt = kKT * kChunks / kThreads;     // 16
+        float4 v[kIt];
+#pragma unroll
+        for (int i = 0; i < kIt; ++i) {
+          const int e = threadIdx.x + i * kThreads;
+          const int key = e / kChunks, c = e % kChunks;  // key warp-uniform
+          const int32_t r = __shfl_sync(0xffffffffu, my_r, key);
+          const float* pool =
+              reinterpret_cast<const float*>(kt0 + key >= n_swa ? comp_pool : swa_pool);
+          v[i] = r >= 0 ? __ldg(reinterpret_cast<const float4*>(pool + int64_t(r) * kHd) + c)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __nv_bfloat16* kb = reinterpret_cast<__nv_bfloat16*>(dst);
+#pragma unroll
+        for (int i = 0; i < kIt; ++i) {
+          const int e = threadIdx.x + i * kThreads;
+          const int key = e / kChunks, c = e % kChunks;
+          uint2 u;
+          u.x = pack_bf16(v[i].x, v[i].y);
+          u.y = pack_bf16(v[i].z, v[i].w);
+          *reinterpret_cast<uint2*>(kb + key * kLdB + 4 * c) = u;
+        }
+      }
+      if (warp == 0) rows_s[buf][lane] = my_r;
+    }
+    cp_async_commit();  // one group per tile (empty for f32 pools): cp_async_wait counts tiles
+  };
+
+  float o[kDW / 8][4];
+#pragma unroll
+  for (int i = 0; i < kDW / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+  uint32_t qf[16][4];  // Q A-fragments of k-steps 0..15 over the warp's dim half (QK)
+  const int kn = warp >> 1, dh = warp & 1;  // QK: keys 8·kn .. +7, dims 256·dh .. +255
+
+  int32_t next_r = -1;
+  if (n_tiles > 0) {  // block-uniform
+    // Q (8 float4 per thread) and the preloaded key rows (4 per thread) in one round trip.
+    constexpr int kQ = kHC5 * (kHd / 4) / kThreads;  // 8
+    constexpr int kP = kPre5 * kKT / kThreads;       // 4
+    const int n_pre = min(n_tiles, kPre5) * kKT;
+    float4 qv[kQ];
+    int32_t pv[kP];
+#pragma unroll
+    for (int j = 0; j < kQ; ++j) {
+      const int e = threadIdx.x + j * kThreads;
+      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+      qv[j] = hb + h < H
+                  ? __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd)) + c4)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kP; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      pv[j] = i < n_pre ? key_at(i) : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kP; ++j) rows_pre[threadIdx.x + j * kThreads] = pv[j];
+#pragma unroll
+    for (int j = 0; j < kQ; ++j) {
+      const int e = threadIdx.x + j * kThreads;
+      const int h = e / (kHd / 4), c4 = e % (kHd / 4);
+      uint2 u;
+      u.x = pack_bf16(qv[j].x, qv[j].y);
+      u.y = pack_bf16(qv[j].z, qv[j].w);
+      *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
+    }
+    __syncthreads();  // rows_pre and qs visible to every thread
+#pragma unroll
+    for (int p = 0; p < kStages3 - 1; ++p) issue(p, lookup(p));
+    next_r = lookup(kStages3 - 1);
+    const __nv_bfloat16* qw = qs + dh * 256;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      ldmatrix_x4(qf[i], qw + (lane & 15) * kLdB + 16 * i + 8 * (lane >> 4));
+  }
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it % kStages3;
+    cp_async_wait<kStages3 - 2>();  // as v2: tiles 0 .. it landed (this thread's copies)
+    __syncthreads();                // A: tile it visible; every warp is past tile it − 1's S reads
+    const __nv_bfloat16* kt = reinterpret_cast<const __nv_bfloat16*>(ring + size_t(buf) * kKbBytes);
+    float c[4];
+    tile_qk5(qf, kt + (8 * kn) * kLdB + 256 * dh, lane, c);
+    {
+      float* mine = sx + warp * (16 * kSx5Ld);
+      *reinterpret_cast<float2*>(mine + g * kSx5Ld + 2 * tq) = make_float2(c[0], c[1]);
+      *reinterpret_cast<float2*>(mine + (g + 8) * kSx5Ld + 2 * tq) = make_float2(c[2], c[3]);
+    }
+    __syncthreads();  // B: the 8 partial-S slots visible; every warp is past tile it − 1
+    issue(it + kStages3 - 1, next_r);
+    next_r = lookup(it + kStages3);
+    float sv[4][4];
+    const int32_t* rows = rows_s[buf];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const float* s0 = sx + (2 * nt) * (16 * kSx5Ld);      // keys 8nt.., dims 0..255
+      const float* s1 = sx + (2 * nt + 1) * (16 * kSx5Ld);  // same keys, dims 256..511
+      const float2 a0 = *reinterpret_cast<const float2*>(s0 + g * kSx5Ld + 2 * tq);
+      const float2 b0 = *reinterpret_cast<const float2*>(s1 + g * kSx5Ld + 2 * tq);
+      const float2 a1 = *reinterpret_cast<const float2*>(s0 + (g + 8) * kSx5Ld + 2 * tq);
+      const float2 b1 = *reinterpret_cast<const float2*>(s1 + (g + 8) * kSx5Ld + 2 * tq);
+      sv[nt][0] = (a0.x + b0.x) * a.scale;
+      sv[nt][1] = (a0.y + b0.y) * a.scale;
+      sv[nt][2] = (a1.x + b1.x) * a.scale;
+      sv[nt][3] = (a1.y + b1.y) * a.scale;
+      const int c0 = nt * 8 + 2 * tq;
+      if (rows[c0] < 0) sv[nt][0] = sv[nt][2] = -INFINITY;
+      if (rows[c0 + 1] < 0) sv[nt][1] = sv[nt][3] = -INFINITY;
+    }
+    softmax_update5<kDW / 8>(sv, m_r, l_r, o);
+    tile_pv_w<kDW>(kt + warp * kDW, lane, sv, o);
+  }
+  cp_async_wait<0>();
+  if constexpr (!kCluster) {
+    store_out_w<kDW>(a, t, s, n_splits, hb, 0, warp, g, tq, m_r, l_r, o, ws);
+  } else {
+    // Cluster merge. cp [16 heads][512] f32, cm[16], cl[16] over the (now free) Q / ring space.
+    float* cp = reinterpret_cast<float*>(smem);
+    float* cm = reinterpret_cast<float*>(smem + kCp5Bytes);
+    float* cl = cm + kHC5;
+    __shared__ float wts[kHC5][kMaxCluster5];
+    __syncthreads();  // every warp is done with qs, the ring and sx
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hl = g + 8 * r;  // head within the CTA
+      if (warp == 0 && tq == 0) {  // every warp holds the same (m, l)
+        cm[hl] = m_r[r];
+        cl[hl] = l_r[r];
+      }
+      float* row = cp + hl * kHd + warp * kDW;
+#pragma unroll
+      for (int nt = 0; nt < kDW / 8; ++nt)
+        *reinterpret_cast<float2*>(row + nt * 8 + 2 * tq) =
+            make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's partial written and visible cluster-wide
+    // 1. Merge weights of the 16 heads (every CTA; thread hl < 16): w[q] = exp(m_q − M) /
+    //    (Σ_q l_q · exp(m_q − M) + exp(sink − M)), M = max(sink, m_q), sums in rank order.
+    if (int(threadIdx.x) < kHC5) {
+      const int hl = int(threadIdx.x);
+      const float sink = hb + hl < H ? a.sinks[hb + hl] : 0.f;
+      float mq[kMaxCluster5], lq[kMaxCluster5];
+#pragma unroll
+      for (int q = 0; q < kMaxCluster5; ++q) {
+        mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
+        lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
+      }
+      float M = sink;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster5; ++q) M = fmaxf(M, mq[q]);
+      float L = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster5; ++q) {
+        mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
+        L = fmaf(lq[q], mq[q], L);
+      }
+      const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
+#pragma unroll
+      for (int q = 0; q < kMaxCluster5; ++q) wts[hl][q] = mq[q] * inv;
+    }
+    __syncthreads();  // wts ready
+    // 2. Half-rows c = 0 .. 31 (head c / 2, dims 256·(c % 2) + thread) of rank c % n_splits:
+    //    out = Σ_q o_q · w[q] over the ranks in order.
+    constexpr int kHalfRows = kHC5 * 2;
+    static_assert(kThreads * 2 == kHd, "two half-rows of 256 dims per head");
+    for (int hr = s; hr < kHalfRows; hr += n_splits) {
+      const int hl = hr >> 1;
+      if (hb + hl >= H) continue;  // block-uniform
+      const int d = (hr & 1) * kThreads + int(threadIdx.x);
+      float v[kMaxCluster5];
+#pragma unroll
+      for (int q = 0; q < kMaxCluster5; ++q)
+        v[q] = q < n_splits ? *cluster.map_shared_rank(cp + hl * kHd + d, q) : 0.f;
+      float acc = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster5; ++q)
+        if (q < n_splits) acc = fmaf(v[q], wts[hl][q], acc);
+      a.out[(t * H + hb + hl) * int64_t(kHd) + d] = acc;
+    }
+    cluster.sync();  // keep this CTA's shared memory until every rank has read it
+  }
+}
 }  // namespace
 
 bool attention_dec_supported(int n_heads, int head_dim) {
@@ -1207,6 +1561,33 @@ int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int hea
   sp = std::min<int64_t>(std::min<int64_t>(sp, tiles), 128);
   const int64_t per = (tiles + sp - 1) / sp;  // whole tiles per split, every split non-empty
   return int((tiles + per - 1) / per);
+}
+
+int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster) {
+  if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0) return 1;
+  // Critical-path model in µs (H200, session 7 probes of variant 4; per-tile time of variant 5
+  // expected, to be re-fit from the bench's v5 sweep): a CTA's tiles after the first cost
+  // kTileUs each, per wave of CTAs; a split row adds the combine launch (kCombineUs, measured:
+  // 0 keys at 20 splits − 1 split ≈ 4.5 µs) plus its partial reads, or, merged inside a
+  // cluster (2 ≤ splits ≤ max_cluster), two cluster barriers and the DSMEM sums (kClusterUs).
+  constexpr double kTileUs = 1.0, kCombineUs = 4.5, kPerSplitUs = 0.03, kClusterUs = 0.6;
+  const int64_t groups = S * ((H + kHC5 - 1) / kHC5);
+  const int64_t tiles = (max_keys + kKT - 1) / kKT;
+  int best = 1;
+  double best_cost = 0;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(tiles, 128); ++sp) {
+    const int64_t per = (tiles + sp - 1) / sp;
+    if ((tiles + per - 1) / per != sp) continue;  // every split gets keys
+    const int64_t waves = (groups * sp + n_sms - 1) / n_sms;
+    const bool cluster = sp >= 2 && sp <= std::min(max_cluster, kMaxCluster5);
+    const double cost = double(waves) * double(per) * kTileUs +
+                        (sp == 1 ? 0.0 : cluster ? kClusterUs : kCombineUs + kPerSplitUs * double(sp));
+    if (sp == 1 || cost < best_cost) {
+      best = int(sp);
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 namespace {
@@ -1301,6 +1682,41 @@ bool cluster_fits(int n) {
   return fits[n] > 0;
 }
 
+
+// Whether clusters of n (2..kMaxCluster5) CTAs of attn_dec5_kernel<T, true> can be resident
+// (cudaOccupancyMaxActiveClusters > 0); allows non-portable sizes (> 8) and sets the shared
+// memory limit on the way; asked once per (T, n) and process.
+template <typename T>
+bool cluster5_fits(int n) {
+  static int fits[kMaxCluster5 + 1] = {};  // 0 unknown, 1 yes, −1 no
+  if (n < 2 || n > kMaxCluster5) return false;
+  if (fits[n] == 0) {
+    auto kern = attn_dec5_kernel<T, true>;
+    const void* kp = reinterpret_cast<const void*>(kern);
+    int count = 0;
+    bool ok = cudaFuncSetAttribute(kp, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(kSmem5)) == cudaSuccess &&
+              cudaFuncSetAttribute(kp, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                  cudaSuccess;
+    if (ok) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(n), 1, 1);
+      cfg.blockDim = dim3(kThreads, 1, 1);
+      cfg.dynamicSmemBytes = kSmem5;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(n);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
+    }
+    if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
+    fits[n] = ok && count > 0 ? 1 : -1;
+  }
+  return fits[n] > 0;
+}
 // Launches the main kernel `kern` (dynamic smem `smem`, attribute slot kId) on pools of type T;
 // pdl: with programmatic stream serialization (the kernel must pdl_wait before any access);
 // cluster > 1: clusters of (cluster, 1, 1) CTAs (the kernel must be a kCluster instantiation).
@@ -1323,6 +1739,18 @@ Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, flo
 
 }  // namespace
 
+int attention_dec5_max_cluster(KvDtype kv_dtype) {
+  if (!attn_cluster_enabled()) return 0;
+  if (kv_dtype != KvDtype::kBf16 && kv_dtype != KvDtype::kF32) return 0;
+  // Every size is asked (cached) on the first call, so that a later launch of any split count
+  // finds its answer without a device query (e.g. inside a graph capture).
+  int largest = 0;
+  for (int n = 2; n <= kMaxCluster5; ++n)
+    if (kv_dtype == KvDtype::kBf16 ? cluster5_fits<__nv_bfloat16>(n) : cluster5_fits<float>(n))
+      largest = n;
+  return largest;
+}
+
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
                             cudaStream_t stream, int variant) {
   if (a.n_rows <= 0) return Status::Ok();
@@ -1332,20 +1760,44 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 4)
+  if (variant < 1 || variant > 5)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 / v4
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 / v4 / v5
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
-  if (variant >= 3 && (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
+  if (variant == 5 && (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
+    // Variant 5: 16 heads per CTA, preloaded key rows, key-split QK (attn_dec5_kernel); 2..16
+    // splits merged inside a cluster when it can be resident, else the combine below.
+    const dim3 grid5{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHC5 - 1) / kHC5), 1};
+    const bool b16 = a.kv_dtype == KvDtype::kBf16;
+    const bool cl = n_splits >= 2 && n_splits <= kMaxCluster5 && attn_cluster_enabled() &&
+                    (b16 ? cluster5_fits<B>(n_splits) : cluster5_fits<float>(n_splits));
+    if (cl) {  // cluster5_fits allowed the non-portable size and set the smem limit
+      if (b16)
+        V4_RETURN_IF_ERROR((launch_main<11, B>(attn_dec5_kernel<B, true>, kSmem5, a, n_splits,
+                                                workspace, grid5, pdl, stream,
+                                                unsigned(n_splits))));
+      else
+        V4_RETURN_IF_ERROR((launch_main<12, float>(attn_dec5_kernel<float, true>, kSmem5, a,
+                                                    n_splits, workspace, grid5, pdl, stream,
+                                                    unsigned(n_splits))));
+      return Status::Ok();
+    }
+    if (b16)
+      V4_RETURN_IF_ERROR((launch_main<13, B>(attn_dec5_kernel<B, false>, kSmem5, a, n_splits,
+                                              workspace, grid5, pdl, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<14, float>(attn_dec5_kernel<float, false>, kSmem5, a,
+                                                  n_splits, workspace, grid5, pdl, stream)));
+  } else if (variant >= 3 && (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
     // Variants 3 / 4: 32 / 16 heads per CTA (attn_dec3_kernel), combine below when split.
     const int hc = variant == 3 ? 32 : 16;
     const dim3 grid3{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + hc - 1) / hc), 1};
@@ -1403,7 +1855,7 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  if (variant >= 3) {  // v3 / v4 (fp8 pools were sent to variant 2 above)
+  if (variant >= 3) {  // v3 / v4 / v5 (fp8 pools were sent to variant 2 above)
     if (!pdl) {
       attn_dec_combine3_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
       return check_launch("attn_dec_combine3_kernel");

@@ -53,6 +53,18 @@ int attention_dec_splits(int64_t S, int H, int64_t max_keys, int n_sms, int kv_b
 /// Returns 1 for max_keys ≤ one tile (or unknown). Result in [1, 128].
 int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int heads_per_cta);
 
+/// Split count of variant 5 (16 heads per CTA) for S rows of up to `max_keys` keys on n_sms
+/// SMs: the count of whole-tile splits (≤ one per tile, ≤ 128) with the least modelled critical
+/// path — waves · tiles per split · ~1 µs, plus the combine launch (~4.5 µs) when split, or a
+/// cluster merge (~0.6 µs) when 2 ≤ splits ≤ max_cluster (attention_dec5_max_cluster; 0: none).
+/// Returns 1 for max_keys ≤ one tile (or unknown). Result in [1, 128].
+int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster);
+
+/// Largest split count (≤ 16) whose thread block cluster of variant-5 CTAs can be resident on
+/// the current device for pools of `kv_dtype` (f32 / bf16; others 0), 0 when none can or when
+/// V4_ATTN_DEC_CLUSTER=0. Queries the device once per size and process (CUDA runtime calls).
+int attention_dec5_max_cluster(KvDtype kv_dtype);
+
 /// Runs the decode kernel (and the combine when n_splits > 1). `workspace` must hold
 /// attention_workspace_floats(S, H, 512, n_splits) floats (attention.h; may be nullptr when
 /// n_splits == 1). Works for any S (prefill rows: one block per row and split), each row its own
@@ -64,6 +76,12 @@ int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int hea
 /// and partials per block, so short rows spread over more SMs), f32 and bf16 pools (f32 rows
 /// loaded and converted by the threads; fp8 pools run variant 2), the combine kernel (PDL) when
 /// split; same math per head (within rounding of the partial-S summation order).
+/// Variant 5 (issue 7, batch 1; V4_ATTN_DEC=5; split counts: attention_dec5_splits): 16 heads
+/// per CTA with the split's key rows (≤ 1,024 keys) preloaded into shared memory in one pass, QK
+/// split over keys (Q in registers, 4 KiB S exchange) and, for 2–16 splits, the partials merged
+/// inside a thread block cluster (distributed shared memory; no workspace writes, no combine
+/// launch; V4_ATTN_DEC_CLUSTER=0 or a cluster that cannot be resident: the combine kernel).
+/// f32 and bf16 pools (fp8: variant 2); within rounding of variant 4 (another partial-S order).
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.

@@ -411,6 +411,7 @@ class CudaOps final : public Ops {
       if (std::string(e) == "2") opts_.attention_dec = true, opts_.attention_dec_variant = 2;
       if (std::string(e) == "3") opts_.attention_dec = true, opts_.attention_dec_variant = 3;
       if (std::string(e) == "4") opts_.attention_dec = true, opts_.attention_dec_variant = 4;
+      if (std::string(e) == "5") opts_.attention_dec = true, opts_.attention_dec_variant = 5;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
     if (const char* e = std::getenv("V4_INDEXER_PDL")) {  // A/B of the indexer chain's PDL
@@ -831,16 +832,20 @@ class CudaOps final : public Ops {
         cuda::attention_dec_supported(a.n_heads, a.head_dim) &&
         (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
-      const int variant = opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 4
+      const int variant = opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 5
                               ? opts_.attention_dec_variant
                               : attention_dec_auto_variant(a.n_rows, a.max_keys);
-      // Variants 3 / 4 (32 / 16 heads per block; fp8 pools run variant 2 inside): own splits.
+      // Variants 3 / 4 (32 / 16 heads per block) and 5 (16 heads, cluster merge of ≤ 16
+      // splits); fp8 pools run variant 2 inside: own splits.
       const bool v3 = variant >= 3 && a.kv_dtype != KvDtype::kFp8;
       const int splits =
-          v3 ? cuda::attention_dec3_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
-                                           variant == 3 ? 32 : 16)
-             : cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
-                                          a.kv_dtype == KvDtype::kBf16 ? 2 : 4);
+          v3 && variant == 5
+              ? cuda::attention_dec5_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                            cuda::attention_dec5_max_cluster(a.kv_dtype))
+          : v3 ? cuda::attention_dec3_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                             variant == 3 ? 32 : 16)
+               : cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
+                                            a.kv_dtype == KvDtype::kBf16 ? 2 : 4);
       float* ws = nullptr;
       if (splits > 1)
         ws = static_cast<float*>(scratch(
