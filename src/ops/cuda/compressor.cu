@@ -489,6 +489,12 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
   if (a.n_out > 0x7fffffff || a.n_ring > 0x7fffffff)
     return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows, {} ring rows",
                   a.n_out, a.n_ring);
+  // fp8 indexer-key rows (kFp8Index) have no fused store: CudaOps::compress_fused routes them
+  // through the default composition (store_rows_kv).
+  if (a.pool_dtype != KvDtype::kF32 && a.pool_dtype != KvDtype::kBf16 &&
+      a.pool_dtype != KvDtype::kFp8)
+    return errorf(ErrorCode::kUnsupported, "compress_fused: no fused store for {} pools",
+                  kv_dtype_name(a.pool_dtype));
   // fp8 rows: f32 scales and bf16 rope values need a 4-byte aligned pool (the vector path, taken
   // when the pool is 16-byte aligned, also stores 4 codes / 4 rope values at once: rows are
   // multiples of 16 bytes by construction of kv_fp8_layout).
