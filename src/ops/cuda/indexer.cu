@@ -48,7 +48,8 @@ __host__ __device__ inline Layout make_layout(int nI, int dI) {
 }
 
 // kQB = query rows per block group (1 for decode-shaped calls, 4 for prefill chunks).
-template <int kQB>
+// kFp8: kFp8Index key pools (separate instances, so the f32 / bf16 kernels are unchanged).
+template <int kQB, bool kFp8>
 __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a,
                                                               float* __restrict__ scores,
                                                               int64_t ld) {
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
   // fp8 keys (kFp8Index rows, kv_fp8_index_layout(dI)): the tile holds the codes' exact values
   // (e4m3 ⊂ bf16), the row scale multiplies the key's head sum (score = scale · Σ_h ReLU(q_h ·
   // codes) · w_h; scale ≥ 0).
-  const bool fp8 = a.key_dtype == KvDtype::kFp8Index;
+  constexpr bool fp8 = kFp8;
   const int64_t fp8_row_bytes = int64_t(dI) + 4;
   const int warp = threadIdx.x / 32;
   const int64_t t0 = int64_t(blockIdx.y) * kQB;
@@ -413,13 +414,13 @@ bool indexer_tc_supported(int n_heads, int head_dim) {
 }
 
 namespace {
-template <int kQB>
+template <int kQB, bool kFp8>
 Status launch_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                  int n_sms, cudaStream_t stream) {
   const Layout L = make_layout<kQB>(a.n_heads, a.head_dim);
   static bool attr_set = false;  // process-wide attribute per instantiation (largest layout)
   if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(indexer_tc_kernel<kQB>,
+    cudaError_t e = cudaFuncSetAttribute(indexer_tc_kernel<kQB, kFp8>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
     if (e != cudaSuccess) return cuda_status(e, "indexer_tc smem attribute");
     attr_set = true;
@@ -429,7 +430,7 @@ Status launch_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, in
   const int64_t want = 8 * int64_t(n_sms);
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(tiles, (want + groups - 1) / groups));
   const dim3 grid{unsigned(gx), unsigned(groups), 1u};
-  indexer_tc_kernel<kQB><<<grid, kThreads, L.bytes, stream>>>(a, scores, ld);
+  indexer_tc_kernel<kQB, kFp8><<<grid, kThreads, L.bytes, stream>>>(a, scores, ld);
   return check_launch("indexer_tc_kernel");
 }
 }  // namespace
@@ -513,8 +514,11 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
                   a.n_heads, a.head_dim);
   // Decode-shaped calls (few rows, each its own candidate list) use one query row per group:
   // a quarter of the shared memory, so several blocks share an SM.
-  if (a.n_rows <= 64) return launch_tc<1>(a, max_count, scores, ld, n_sms, stream);
-  return launch_tc<4>(a, max_count, scores, ld, n_sms, stream);
+  if (a.key_dtype == KvDtype::kFp8Index)
+    return a.n_rows <= 64 ? launch_tc<1, true>(a, max_count, scores, ld, n_sms, stream)
+                          : launch_tc<4, true>(a, max_count, scores, ld, n_sms, stream);
+  if (a.n_rows <= 64) return launch_tc<1, false>(a, max_count, scores, ld, n_sms, stream);
+  return launch_tc<4, false>(a, max_count, scores, ld, n_sms, stream);
 }
 
 }  // namespace v4::cuda
