@@ -608,10 +608,11 @@ TEST(CudaKvFp8, IndexStoreRowsBytesEqualCpu) {
   }
 }
 
-// compress_fused into an fp8 indexer pool (CudaOps routes kFp8Index through the default
-// composition): indexer shape C4 d128 rope 64, decode B = 64 and a prefill: each value within one
-// e4m3 step of the CPU op's row (the f32 rows before quantization differ in the last bits), ≥ 90%
-// of the bytes identical, scales within 1e-5 relative, rings exact; also under graph capture.
+// compress_fused into an fp8 indexer pool, both CudaOps routes (FlashCompressor's fused store,
+// default; the composition with V4_COMPRESS_FP8_FUSED=0): indexer shape C4 d128 rope 64, decode
+// B = 64 and a prefill: each value within one e4m3 step of the CPU op's row (the f32 rows before
+// quantization differ in the last bits), ≥ 90% of the bytes identical, scales within 1e-5
+// relative, rings exact; also under graph capture.
 TEST(CudaKvFp8, CompressFusedIndexPoolWithinOneStepOfCpu) {
   V4_REQUIRE_GPU();
   auto g = cuda_ops(Precision::kBf16);
@@ -626,9 +627,12 @@ TEST(CudaKvFp8, CompressFusedIndexPoolWithinOneStepOfCpu) {
   cases.emplace_back("prefill", v4::testing::prefill_case(m, c, d, rd,
                                                           {{0, 3, 3 * m + 2}, {1, 0, 5 * m + 1}},
                                                           seed + 1));
+  for (const char* fused : {"1", "0"})
   for (auto& [name, k] : cases)
     for (bool graph : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << name << (graph ? ", graph" : ""));
+      EnvVar env("V4_COMPRESS_FP8_FUSED", fused);
+      SCOPED_TRACE(::testing::Message() << name << (graph ? ", graph" : "")
+                                        << ", V4_COMPRESS_FP8_FUSED=" << fused);
       ASSERT_GT(k.n_out(), 0);
       std::vector<uint8_t> pool_cpu(size_t(k.pool_rows * L.bytes), 0xAB);
       std::vector<float> cpu_rkv = k.ring_kv, cpu_rg = k.ring_gate;
@@ -663,6 +667,98 @@ TEST(CudaKvFp8, CompressFusedIndexPoolWithinOneStepOfCpu) {
       EXPECT_TRUE(dev.rkv == cpu_rkv);
       EXPECT_TRUE(dev.rg == cpu_rg);
     }
+}
+
+// FlashCompressor's fused fp8 indexer-key store (kFp8Index, the default route): every byte of
+// the pool equals kvfp8::quantize_index_row of the f32 row the same kernel writes into an f32
+// pool for the same inputs (same plan), unwritten rows keep their poison, rings equal the CPU
+// op's. Plans (V4_COMPRESS_WIDE = 0 / 1): C4 d128 rope 64 (the V4 indexer; wide: 2 CTAs), C4
+// d512 rope 64 (clusters: the row amax over distributed shared memory), C128 d192 rope 32 (wide:
+// 6 CTAs of 32 channels), the fixtures' C4 d32 rope 8 and d16 rope 8. Cases: decode B = 1 and
+// B = 64 (one launch; B = 64 also under graph capture), a prefill with the ring hazard (two
+// launches) and prefill chunks on window edges.
+TEST(CudaKvFp8, CompressFusedIndexBytesEqualCpuQuantizer) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kFp32);
+  ASSERT_TRUE(g);
+  auto cpu = make_cpu_ops();
+  EnvVar fused("V4_COMPRESS_FP8_FUSED", "1");
+  struct Shape { int m, c, d, rd; };
+  int64_t rows_checked = 0;
+  for (Shape s : {Shape{4, 2, 128, 64}, Shape{4, 2, 512, 64}, Shape{128, 1, 192, 32},
+                  Shape{4, 2, 32, 8}, Shape{4, 2, 16, 8}}) {
+    const KvFp8IndexLayout L = kv_fp8_index_layout(s.d);
+    const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
+    const int64_t len = 3 * int64_t(s.c) * s.m + 5;
+    std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
+    cases.emplace_back("decode B=1",
+                       v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
+    cases.emplace_back("decode B=64",
+                       v4::testing::decode_case(s.m, s.c, s.d, s.rd,
+                                                fp8_decode_positions(64, s.m, seed), seed + 1));
+    cases.emplace_back("prefill ring hazard",
+                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
+                                                 {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},
+                                                 seed + 2));
+    cases.emplace_back("prefill window edges",
+                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
+                                                 {{0, 0, 5 * int64_t(s.m) + 3},
+                                                  {1, 2 * int64_t(s.m) - 2, 2},
+                                                  {2, 3 * int64_t(s.m) - 1, 1}},
+                                                 seed + 3));
+    for (auto& [name, k] : cases) {
+      ASSERT_GT(k.n_out(), 0);
+      std::vector<float> cpu_rkv = k.ring_kv, cpu_rg = k.ring_gate;
+      {
+        std::vector<uint8_t> pool_cpu(size_t(k.pool_rows * L.bytes), 0xAB);
+        std::vector<float> scratch(size_t(std::max<int64_t>(k.n_out() * s.d, k.n_ring() * k.width())));
+        auto ac = v4::testing::host_args(k, nullptr, cpu_rkv.data(), cpu_rg.data(), scratch.data(),
+                                         1e-6f, 1.f);
+        ac.pool = pool_cpu.data();
+        ac.pool_dtype = KvDtype::kFp8Index;
+        cpu->compress_fused(ac);
+      }
+      const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                   k.ring_dst.data(), k.n_ring());
+      for (const char* wide : {"0", "1"})
+        for (bool one : {false, true})
+          for (bool graph : {false, true}) {
+            if (one && !disjoint) continue;
+            if (graph && std::strcmp(name, "decode B=64") != 0) continue;
+            SCOPED_TRACE(::testing::Message()
+                         << "m=" << s.m << " c=" << s.c << " d=" << s.d << " rd=" << s.rd << " "
+                         << name << (one ? ", one launch" : ", two launches")
+                         << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : ""));
+            EnvVar w("V4_COMPRESS_WIDE", wide);
+            const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph);
+            const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8Index, one, graph);
+            std::vector<uint8_t> want(fp8.pool.size(), 0xAB);
+            for (int32_t r : k.dst) {
+              if (r < 0) continue;
+              std::vector<float> row(static_cast<size_t>(s.d));
+              std::memcpy(row.data(), &f32.pool[size_t(r) * size_t(s.d) * 4], size_t(s.d) * 4);
+              for (float v : row) ASSERT_FALSE(std::isnan(v)) << "f32 row " << r << " not written";
+              kvfp8::quantize_index_row(row.data(), L, &want[size_t(r) * size_t(L.bytes)]);
+              ++rows_checked;
+            }
+            size_t first = want.size(), n_diff = 0;
+            for (size_t i = 0; i < want.size(); ++i)
+              if (fp8.pool[i] != want[i]) {
+                if (first == want.size()) first = i;
+                ++n_diff;
+              }
+            const size_t fi = first < want.size() ? first : 0;
+            EXPECT_EQ(first, want.size())
+                << n_diff << " bytes differ; first " << first << " (row " << first / size_t(L.bytes)
+                << ", offset " << first % size_t(L.bytes) << "): device " << int(fp8.pool[fi])
+                << " want " << int(want[fi]);
+            EXPECT_TRUE(fp8.rkv == cpu_rkv);
+            EXPECT_TRUE(fp8.rg == cpu_rg);
+          }
+    }
+  }
+  std::printf("[kv fp8] fused compressor, indexer rows: %lld rows byte-compared\n",
+              (long long)rows_checked);
 }
 
 /// Random fp8 indexer keys for the score tests: `rows` keys of 128 values with per-row magnitudes

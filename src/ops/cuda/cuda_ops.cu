@@ -587,9 +587,9 @@ class CudaOps final : public Ops {
   /// FlashCompressor's fused fp8 store (compressed rows; V4_COMPRESS_FP8_FUSED=0: the default
   /// compress_fused composition), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
   /// split kernel and the generic kernel. Their indexer keys are kFp8Index rows (e4m3 codes + one
-  /// f32 scale, 132 bytes for V4): stored by store_rows_fp8_index_kernel (compress_fused routes
-  /// them through the default composition), read by the decode / WMMA indexer kernels
-  /// (indexer.cu) and indexer_score_kernel.
+  /// f32 scale, 132 bytes for V4): stored by store_rows_fp8_index_kernel and by FlashCompressor's
+  /// fused store (V4_COMPRESS_FP8_FUSED=0 or a scalar plan: the default composition), read by the
+  /// decode / WMMA indexer kernels (indexer.cu) and indexer_score_kernel.
   bool supports_kv_dtype(KvDtype dt) const override {
     return dt == KvDtype::kF32 || dt == KvDtype::kBf16 || dt == KvDtype::kFp8;
   }
@@ -750,9 +750,13 @@ class CudaOps final : public Ops {
     return !(e && e[0] == '0');
   }
   void compress_fused(const CompressFusedArgs& a) override {
-    // fp8 indexer keys (kFp8Index): always the default composition (no fused form yet): pool,
-    // norm, rope into scratch, store_rows_fp8_index_kernel, ring refresh.
-    if (a.pool_dtype == KvDtype::kFp8Index || (a.pool_dtype == KvDtype::kFp8 && !compress_fp8_fused())) {
+    // fp8 indexer keys (kFp8Index): FlashCompressor's fused store (one scale per row) when
+    // V4_COMPRESS_FP8_FUSED is not 0 and the vector plan applies
+    // (cuda::compress_fused_index_fp8_ok); otherwise the default composition (pool, norm, rope
+    // into scratch, store_rows_fp8_index_kernel, ring refresh).
+    const bool idx_composed = a.pool_dtype == KvDtype::kFp8Index &&
+                              (!compress_fp8_fused() || !cuda::compress_fused_index_fp8_ok(a));
+    if (idx_composed || (a.pool_dtype == KvDtype::kFp8 && !compress_fp8_fused())) {
       // fp8 compressed rows, V4_COMPRESS_FP8_FUSED=0: the default composition (pool, norm,
       // rope into scratch, then store_rows_kv's fp8 kernel, then the ring refresh). Default:
       // FlashCompressor quantizes in its final store (the same bytes as kvfp8::quantize_row
