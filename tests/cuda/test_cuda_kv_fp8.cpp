@@ -296,7 +296,8 @@ Fp8StepOut run_step_device(Ops* g, const v4::testing::CompressCase& k, KvDtype d
 // f32 arithmetic: only the final store differs), rows it must not write keep their poison bytes,
 // and the rings equal the CPU op's. Plans covered (V4_COMPRESS_WIDE = 0 base / 1 wide): C4 d512
 // (1 CTA a row; wide 4 × 128 channels), C128 d512 (clusters of 8 × 64 channels), the indexer
-// shape C4 d128 (the model keeps indexer keys bf16: kernel coverage only; wide 2 × 64), C128 d192
+// shape C4 d128 (the model stores indexer keys as kFp8Index rows: kernel coverage only, see
+// CompressFusedIndexBytesEqualCpuQuantizer; wide 2 × 64), C128 d192
 // rope 32 (wide: 6 CTAs × 32 channels, so the 64-channel blocks straddle two CTAs: the amax
 // exchange over distributed shared memory; base 3 × 64), d 100 rope 10 (vector path, a float4
 // group with nope and rope channels, nope 90: a short last block), d 130 / 37 (scalar path),
