@@ -19,10 +19,10 @@
 //    CPU's; compress_fused into an indexer pool within one e4m3 step of the CPU op; decode /
 //    WMMA indexer scores vs a double reference on the same bytes (2e-4); indexer_topk equal to
 //    the CPU op's on well-separated scores (decode, WMMA and fp32 score kernels);
-//  - a model decode on the fixtures (bf16 precision): fp8 vs f32 pools within 1.0 of max |logit|
-//    (the CPU test's bound, tests/model/test_kv_fp8.cpp; CPU measured ≤ 0.81), greedy agreement
-//    with the transformers oracle ≥ 80% of positions (CPU fp8: ≥ 90.1%), every logit finite, and
-//    not bit-identical to the f32-pool run.
+//  - a model decode on the fixtures (bf16 precision): fp8 vs f32 pools within 1.25 of max
+//    |logit| (the same procedure on the CPU: ≤ 0.972 with fp8 indexer keys), greedy agreement
+//    with the transformers oracle ≥ 80% of positions (CPU, same procedure: ≥ 87.3%), every logit
+//    finite, and not bit-identical to the f32-pool run.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -1058,7 +1058,12 @@ TEST(CudaKvFp8, DecodeFp8PoolsNearF32PoolsAndOracle) {
                 "%lld/%lld\n",
                 dir.c_str(), worst, (long long)same, (long long)total);
     for (float x : logits[1]) ASSERT_TRUE(std::isfinite(x));
-    EXPECT_LE(worst, 1.0);
+    // 1.25: with fp8 indexer keys (idxfp8) the CPU backend's run of this exact procedure reaches
+    // 0.972 on tiny-bf16 (0.44–0.67 on the others; 0.72 before, with bf16 indexer keys), so
+    // 1.0 left no room for the GPU's bf16 arithmetic. The bound stays a sanity check (a
+    // flipped near-tied top-k pick moves single logits by ~max |logit|); the row formats are
+    // checked byte for byte above and the agreement bound below.
+    EXPECT_LE(worst, 1.25);
     EXPECT_GE(double(same), 0.8 * double(total));
     EXPECT_NE(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0)
         << "fp8 pools gave the f32 logits bit for bit: the option had no effect";
