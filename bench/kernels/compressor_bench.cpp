@@ -308,23 +308,27 @@ std::string bench_compressor(double bw) {
             time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(diagnostic)");
         unsetenv("V4_COMPRESS_FLOOR");
       }
-      // fp8 pools (--kv-cache-dtype fp8; KV shapes only: the model keeps indexer keys bf16):
-      // FlashCompressor's fused fp8 store vs the composition (V4_COMPRESS_FP8_FUSED=0: pool,
-      // rms_norm, rope, the fp8 store, 2 × gather/store). Same inputs; the byte columns count
-      // the f32 rows (the fp8 pool writes are 608 B instead of 2048 B per row).
+      // fp8 pools (--kv-cache-dtype fp8): KV shapes (d 512, kFp8 rows of 608 B) and the indexer
+      // shape (d 128, kFp8Index rows of 132 B): FlashCompressor's fused fp8 store vs the
+      // composition (V4_COMPRESS_FP8_FUSED=0: pool, rms_norm, rope, the fp8 store, 2 ×
+      // gather/store). Same inputs; the byte columns count the f32 rows.
       void* pool8 = nullptr;
-      if (s.d == 512) {
-        const int64_t rb = v4::kv_row_bytes(v4::KvDtype::kFp8, k.d, k.rd);
+      if (s.d == 512 || s.d == 128) {
+        const v4::KvDtype dt8 = s.d == 512 ? v4::KvDtype::kFp8 : v4::KvDtype::kFp8Index;
+        const int64_t rb = v4::kv_row_bytes(dt8, k.d, k.rd);
         pool8 = o->alloc(size_t(k.pool_rows * rb));
         CB_CHECK(cudaMemset(pool8, 0, size_t(k.pool_rows * rb)));
         CB_CHECK(cudaDeviceSynchronize());
         CompressFusedArgs a8 = a;
         a8.pool = pool8;
-        a8.pool_dtype = v4::KvDtype::kFp8;
-        row("fused, fp8 pool", launches,
+        a8.pool_dtype = dt8;
+        const bool idx8 = dt8 == v4::KvDtype::kFp8Index;
+        row(idx8 ? "fused, fp8 indexer rows (132 B)" : "fused, fp8 pool", launches,
             time_graph_ops(o, [&] { o->compress_fused(a8); }, inner, 15), "(fp8)");
         setenv("V4_COMPRESS_FP8_FUSED", "0", 1);
-        row("unfused, fp8 pool (A/B, V4_COMPRESS_FP8_FUSED=0)", 8,
+        row(idx8 ? "unfused, fp8 indexer rows (A/B, V4_COMPRESS_FP8_FUSED=0)"
+                 : "unfused, fp8 pool (A/B, V4_COMPRESS_FP8_FUSED=0)",
+            8,
             time_graph_ops(o, [&] { o->compress_fused(a8); }, inner, 15), "(fp8 A/B)");
         unsetenv("V4_COMPRESS_FP8_FUSED");
       }

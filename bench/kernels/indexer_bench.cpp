@@ -1,7 +1,8 @@
 // Indexer rows of bench_kernels (`--only-indexer` → cuda-indexer.md): the bf16 indexer scores
 // over the paged f32 index-key pool (indexer.h), decode kernel (variant 2) vs the previous WMMA
 // kernel (variant 1), alone and followed by Lightning TopK (top-512), and the whole
-// Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it.
+// Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it;
+// then the decode kernel over f32 / bf16 / fp8 key pools ("Key formats").
 // V4-Flash shapes: nI = 64, dI = 128; n candidates per row ∈ {1K, 32K, 230,400 (900K context),
 // 262,144} at batch 1, and 1K / 32K at batch 64 (each row its own candidate list, as distinct
 // sequences). Then the chain table (bench_indexer_chain): the whole Ops::indexer_topk over a bf16
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "bench_timing.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fill.h"
@@ -350,6 +352,89 @@ std::string bench_indexer(double bw, int reps) {
                 (long long)n, (long long)B, t_sc[2], t_sc[1], f_sc, t_tk[2], t_tk[1], f_tk, t_op);
     cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(scores); cudaFree(rows); cudaFree(offs);
     cudaFree(cnt); cudaFree(sel); cudaFree(out_rows); cudaFree(out_cnt);
+  }
+  // Key formats: the decode kernel (auto choice, variant 0) over f32 / bf16 / fp8 (kFp8Index,
+  // 132-byte rows) key pools, same lists and inputs (L2-cold as above). Byte floor: key rows
+  // n·row_bytes + row map n·4 + scores n·4, per row.
+  o << "\n### Key formats (`--kv-cache-dtype`: f32 / bf16 / fp8 indexer keys)\n\n"
+    << "Decode kernel (variant 0 = auto: 2 n-tiles f32, 4 bf16, 4 fp8), scores only; row bytes "
+       "512 / 256 / 132 (fp8: 128 e4m3 + f32 scale); floor = (n·row bytes + 8n) per row / "
+    << int(bw) << " GB/s.\n\n"
+    << "| n | batch | f32 µs | bf16 µs | fp8 µs | f32 / floor | bf16 / floor | fp8 / floor | "
+       "fp8 vs bf16 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (Shape sh : {Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1}, Shape{32768, 64}}) {
+    const int64_t n = sh.n, B = sh.batch, per = n * B;
+    const int64_t min_rows = (int64_t(256) << 20) / (dI * 4);
+    const int rot = int(std::min<int64_t>(256, std::max<int64_t>(2, (min_rows + per - 1) / per)));
+    const int64_t pool_rows = per * rot;
+    void* pool = nullptr;
+    float *q = nullptr, *w = nullptr, *scores = nullptr;
+    int32_t *rows = nullptr, *cnt = nullptr;
+    int64_t* offs = nullptr;
+    IB_CHECK(cudaMalloc(&pool, size_t(pool_rows) * dI * 4));  // the largest format (f32)
+    IB_CHECK(cudaMalloc(&q, size_t(B) * nI * dI * 4));
+    IB_CHECK(cudaMalloc(&w, size_t(B) * nI * 4));
+    IB_CHECK(cudaMalloc(&scores, size_t(B) * n * 4));
+    IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
+    IB_CHECK(cudaMalloc(&offs, size_t(rot) * B * 8));
+    IB_CHECK(cudaMalloc(&cnt, size_t(B) * 4));
+    {
+      std::vector<float> hq(size_t(B) * nI * dI), hw(size_t(B) * nI);
+      for (auto& x : hq) x = nd(g);
+      for (auto& x : hw) x = nd(g);
+      IB_CHECK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows));
+      std::iota(pages.begin(), pages.end(), 0);
+      std::shuffle(pages.begin(), pages.end(), g);
+      for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
+      std::vector<int64_t> hoff(size_t(rot) * B);
+      for (int64_t i = 0; i < int64_t(hoff.size()); ++i) hoff[size_t(i)] = i * n;
+      std::vector<int32_t> hcnt(static_cast<size_t>(B), static_cast<int32_t>(n));
+      IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
+    }
+    double t[3] = {}, f[3] = {};
+    const v4::KvDtype dts[3] = {v4::KvDtype::kF32, v4::KvDtype::kBf16, v4::KvDtype::kFp8Index};
+    for (int fi = 0; fi < 3; ++fi) {
+      const int64_t rb = v4::kv_row_bytes(dts[fi], dI, 0);
+      const v4::ops::RandomFill kind = fi == 0   ? v4::ops::RandomFill::kF32Normal
+                                       : fi == 1 ? v4::ops::RandomFill::kBF16Normal
+                                                 : v4::ops::RandomFill::kE4M3Normal;
+      // fp8: every byte an e4m3 code of N(0, 1) (the scales then are finite f32 patterns).
+      const int64_t units = pool_rows * rb / v4::ops::fill::unit_bytes(kind);
+      IB_OK(v4::cuda::fill_random(pool, units, v4::ops::fill::make_params(kind, 1.f, 12), st));
+      IB_CHECK(cudaStreamSynchronize(st));
+      auto args = [&](int i) {
+        IndexerArgs a;
+        a.q = q;
+        a.weights = w;
+        a.key_pool = pool;
+        a.key_dtype = dts[fi];
+        a.cand = {rows, offs + int64_t(i % rot) * B, cnt};
+        a.n_rows = B;
+        a.n_heads = nI;
+        a.head_dim = dI;
+        a.topk = k;
+        a.max_count = n;
+        return a;
+      };
+      t[fi] = time_on(st, [&](int i, cudaStream_t s) {
+        IB_OK(v4::cuda::indexer_scores_tc(args(i), n, scores, n, n_sms, s, 0));
+      }, reps);
+      f[fi] = double(per) * double(rb + 8) / (bw * 1e9) * 1e6;
+    }
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "| %lld | %lld | %.1f | %.1f | %.1f | %.2f× | %.2f× | %.2f× | %.2f× |\n",
+                  (long long)n, (long long)B, t[0], t[1], t[2], t[0] / f[0], t[1] / f[1],
+                  t[2] / f[2], t[2] / t[1]);
+    o << buf;
+    std::printf("indexer keys n=%lld batch=%lld: f32 %.1f bf16 %.1f fp8 %.1f us\n", (long long)n,
+                (long long)B, t[0], t[1], t[2]);
+    cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(scores); cudaFree(rows); cudaFree(offs);
+    cudaFree(cnt);
   }
   cudaStreamDestroy(st);
   ops.reset();

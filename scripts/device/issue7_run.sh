@@ -21,7 +21,7 @@
 #   kvbf16      the decode stage again with --kv-cache-dtype bf16 (bf16 KV pools and indexer keys)
 #               -> bench-v4flash-20l-kvbf16.md
 #   kvfp8       the decode stage again with --kv-cache-dtype fp8 (608-byte e4m3 + bf16-rope rows,
-#               bf16 indexer keys) -> bench-v4flash-20l-kvfp8.md
+#               132-byte fp8 indexer keys since idxfp8) -> bench-v4flash-20l-kvfp8.md
 #   kvacc       bench_kv_accuracy --device cuda: attention error and fixture greedy agreement of
 #               f32 / bf16 / fp8 pools on the GPU -> kv-fp8-accuracy-cuda.md
 #   ratio       v4serve bench at batch 1, 4K and 900K, no profile (multi-stream branches overlap as

@@ -17,20 +17,26 @@ enum class DType { kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64, kF
 /// docs/cache.md). Values are computed in f32 and converted on store (bf16: round-to-nearest-
 /// even) and on read. Compressor-state rings stay f32 in every mode. kFp8: attention rows (SWA,
 /// C4, C128) as e4m3 nope values with per-64 f32 scales + bf16 rope values (base/kv_fp8.h,
-/// KvFp8Layout); indexer keys as bf16 (kv_index_dtype).
-enum class KvDtype : int { kF32 = 0, kBf16 = 1, kFp8 = 2 };
-/// Bytes per stored KV value: 4 (kF32), 2 (kBf16), 1 (kFp8: the e4m3 nope values; a row's size
-/// is kv_row_bytes, which also counts scales and the bf16 rope part).
+/// KvFp8Layout); indexer keys as kFp8Index rows (kv_index_dtype).
+/// kFp8Index: the indexer-key pool of --kv-cache-dtype fp8 (never a --kv-cache-dtype value):
+/// rows of n e4m3 codes (every value, RoPE channels included) + one f32 scale, n + 4 bytes
+/// (KvFp8IndexLayout; V4: 128 + 4 = 132 bytes).
+enum class KvDtype : int { kF32 = 0, kBf16 = 1, kFp8 = 2, kFp8Index = 3 };
+/// Bytes per stored KV value: 4 (kF32), 2 (kBf16), 1 (kFp8 / kFp8Index: the e4m3 codes; a
+/// row's size is kv_row_bytes, which also counts scales and the bf16 rope part).
 inline int kv_dtype_size(KvDtype t) {
-  return t == KvDtype::kBf16 ? 2 : t == KvDtype::kFp8 ? 1 : 4;
+  return t == KvDtype::kBf16 ? 2 : t == KvDtype::kFp8 || t == KvDtype::kFp8Index ? 1 : 4;
 }
-/// "f32", "bf16" or "fp8".
+/// "f32", "bf16", "fp8" or "fp8_index".
 inline const char* kv_dtype_name(KvDtype t) {
-  return t == KvDtype::kBf16 ? "bf16" : t == KvDtype::kFp8 ? "fp8" : "f32";
+  return t == KvDtype::kBf16       ? "bf16"
+         : t == KvDtype::kFp8      ? "fp8"
+         : t == KvDtype::kFp8Index ? "fp8_index"
+                                   : "f32";
 }
-/// Element type of the indexer-key pool for KV pools of `t`: kFp8 → kBf16 (the indexer scores
-/// every candidate key; its keys stay bf16), otherwise `t`.
-inline KvDtype kv_index_dtype(KvDtype t) { return t == KvDtype::kFp8 ? KvDtype::kBf16 : t; }
+/// Element type of the indexer-key pool for KV pools of `t`: kFp8 → kFp8Index (e4m3 codes + one
+/// f32 scale per row), otherwise `t`.
+inline KvDtype kv_index_dtype(KvDtype t) { return t == KvDtype::kFp8 ? KvDtype::kFp8Index : t; }
 /// Parses a --kv-cache-dtype value: "auto" (= f32 until bf16 is measured on the GPU), "f32" /
 /// "float32" / "fp32", "bf16" / "bfloat16", "fp8" / "fp8_e4m3". Returns false for anything else.
 bool parse_kv_dtype(std::string_view name, KvDtype* out);
@@ -60,10 +66,33 @@ constexpr KvFp8Layout kv_fp8_layout(int dim, int rope_dim) {
   return l;
 }
 static_assert(kv_fp8_layout(512, 64).bytes == 608 && kv_fp8_layout(512, 64).rope_off == 480);
+
+/// Byte layout of one fp8 indexer-key row (KvDtype::kFp8Index; --kv-cache-dtype fp8): all `n`
+/// values (RoPE channels included) share one scale.
+///   [0, n)          e4m3fn codes, value i = code · scale
+///   [n, n + 4)      the f32 scale
+/// bytes = n + 4 (no padding: V4's 128-dim keys take 132 bytes, so rows are only 4-byte aligned;
+/// n must be a multiple of 16 so that the scale stays 4-byte aligned and code loads of 4 bytes
+/// never straddle the scale).
+struct KvFp8IndexLayout {
+  int n = 0, scale_off = 0, bytes = 0;
+};
+/// The layout of an `n`-value indexer-key row (n > 0, n % 16 == 0: the caller checks).
+constexpr KvFp8IndexLayout kv_fp8_index_layout(int n) {
+  KvFp8IndexLayout l;
+  l.n = n;
+  l.scale_off = n;
+  l.bytes = n + 4;
+  return l;
+}
+static_assert(kv_fp8_index_layout(128).bytes == 132);
+
 /// Bytes of one stored row of `dim` values in a pool of `t` (kFp8: kv_fp8_layout(dim, rope_dim)
-/// .bytes; otherwise dim · kv_dtype_size(t), rope_dim unused).
+/// .bytes; kFp8Index: kv_fp8_index_layout(dim).bytes; otherwise dim · kv_dtype_size(t),
+/// rope_dim unused).
 constexpr int64_t kv_row_bytes(KvDtype t, int64_t dim, int rope_dim) {
   if (t == KvDtype::kFp8) return kv_fp8_layout(int(dim), rope_dim).bytes;
+  if (t == KvDtype::kFp8Index) return kv_fp8_index_layout(int(dim)).bytes;
   return dim * (t == KvDtype::kBf16 ? 2 : 4);
 }
 

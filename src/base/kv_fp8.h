@@ -1,7 +1,8 @@
 // FP8 KV rows (--kv-cache-dtype fp8): the quantizer shared bit for bit by the CPU backend (the
 // reference) and the CUDA kernels (the functions below compile for host and device; the same
 // integer and IEEE f32 operations on both, so a device-stored row equals the host's byte for
-// byte). Row layout: KvFp8Layout (base/dtype.h).
+// byte). Row layout: KvFp8Layout (base/dtype.h); indexer keys (KvDtype::kFp8Index):
+// KvFp8IndexLayout, one block of all n values (same rules, RoPE channels quantized too).
 //
 // Per block of 64 nope values (the last block may be shorter):
 //   amax  = max |x| over the block's finite values (0 if none)
@@ -164,6 +165,31 @@ inline void dequantize_row(const uint8_t* row, const KvFp8Layout& L, float* out)
     std::memcpy(&h, row + L.rope_off + 2 * i, 2);
     out[L.nope + i] = bf16_to_f32(h);
   }
+}
+
+/// Host: quantizes one indexer-key row src[L.n] into dst[L.bytes] (KvFp8IndexLayout, every byte
+/// written): one block of all n values, with the rules above (amax over the finite values,
+/// block_scale, quantize; RoPE channels are quantized like the others).
+inline void quantize_index_row(const float* src, const KvFp8IndexLayout& L, uint8_t* dst) {
+  float amax = 0.f;
+  for (int c = 0; c < L.n; ++c) {
+    const float v = abs_finite(src[c]);
+    amax = v > amax ? v : amax;
+  }
+  const float scale = block_scale(amax);
+  for (int c = 0; c < L.n; ++c) dst[c] = quantize(src[c], scale);
+  std::memcpy(dst + L.scale_off, &scale, 4);
+}
+/// Host: the scale of a stored indexer-key row.
+inline float index_row_scale(const uint8_t* row, const KvFp8IndexLayout& L) {
+  float scale;
+  std::memcpy(&scale, row + L.scale_off, 4);
+  return scale;
+}
+/// Host: one stored indexer-key row → out[L.n] f32 (code value · scale, dequantize).
+inline void dequantize_index_row(const uint8_t* row, const KvFp8IndexLayout& L, float* out) {
+  const float scale = index_row_scale(row, L);
+  for (int c = 0; c < L.n; ++c) out[c] = dequantize(row[c], scale);
 }
 
 }  // namespace v4::kvfp8

@@ -146,7 +146,11 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
       p.ring_kv[0] = get(ring * c * l.kv_dim, "ring_kv");
       p.ring_gate[0] = get(ring * c * l.kv_dim, "ring_gate");
       if (csa) {
-        p.index = get_as(tokens / l.ratio * l.index_dim, "c4_index", kv_index_dtype(spec.kv_dtype));
+        // Indexer keys: index_row_bytes per row (kFp8Index: n codes + a scale, one "value" per
+        // byte).
+        const KvDtype idt = kv_index_dtype(spec.kv_dtype);
+        p.index = get_as(tokens / l.ratio * spec.index_row_bytes(l) / kv_dtype_size(idt),
+                         "c4_index", idt);
         const int64_t iring = int64_t(opt.max_seqs) * 2 * l.ratio;
         p.ring_kv[1] = get(iring * 2 * l.index_dim, "index_ring_kv");
         p.ring_gate[1] = get(iring * 2 * l.index_dim, "index_ring_gate");

@@ -400,9 +400,10 @@ class Bench {
       kv_ = std::move(kv).value();
       for (const auto& b : kv_->buffers())
         ops_.fill_random(b.data, b.values,
-                         b.dtype == KvDtype::kBf16  ? ops::RandomFill::kBF16Normal
-                         : b.dtype == KvDtype::kFp8 ? ops::RandomFill::kE4M3Normal
-                                                    : ops::RandomFill::kF32Normal,
+                         b.dtype == KvDtype::kBf16 ? ops::RandomFill::kBF16Normal
+                         : b.dtype == KvDtype::kFp8 || b.dtype == KvDtype::kFp8Index
+                             ? ops::RandomFill::kE4M3Normal
+                             : ops::RandomFill::kF32Normal,
                          1.f, o_.seed + 1000);
       ops_.synchronize();
     } catch (const std::bad_alloc&) {

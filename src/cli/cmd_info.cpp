@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "cache/pools.h"
@@ -175,36 +176,40 @@ int print_kv(const v4::model::ModelConfig& c) {
     l.index_dim = k == model::LayerKind::kCsa ? cfg->index_head_dim : 0;
     spec.layers.push_back(l);
   }
-  spec.rope_dim = cfg->rope_main.rope_dim;
-  // One column per --kv-cache-dtype value (f32 is what `auto` picks today; bf16 rows are half;
-  // fp8 rows are e4m3 values + f32 scales + bf16 rope channels, docs/cache.md §10).
-  const KvDtype dtypes[] = {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8};
-  std::vector<std::vector<std::pair<std::string, double>>> per;
-  for (KvDtype d : dtypes) {
-    spec.kv_dtype = d;
-    per.push_back(cache::KvCache::bytes_per_token(spec));
+  spec.rope_dim = cfg->rope_dim();
+  // One column per --kv-cache-dtype (f32 is the default): fp8 = 608-byte-class attention rows
+  // (kv_fp8_layout) and indexer keys of index_head_dim e4m3 + one f32 scale (132 B for V4).
+  const KvDtype dts[3] = {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8};
+  std::vector<std::pair<std::string, double>> per[3];
+  for (int i = 0; i < 3; ++i) {
+    spec.kv_dtype = dts[i];
+    per[i] = cache::KvCache::bytes_per_token(spec);
   }
-  std::printf("\n== KV cache bytes per token by --kv-cache-dtype (auto = f32)\n");
+  std::printf("\n== KV cache bytes per token by --kv-cache-dtype (f32 default; fp8: e4m3 attention "
+              "rows of %lld B, indexer keys of %lld B)\n",
+              (long long)kv_row_bytes(KvDtype::kFp8, cfg->head_dim, cfg->rope_dim()),
+              (long long)kv_row_bytes(kv_index_dtype(KvDtype::kFp8), cfg->index_head_dim, 0));
   std::printf("%-10s %12s %12s %12s\n", "pool", "f32", "bf16", "fp8");
   double growing[3] = {0, 0, 0};
-  for (size_t i = 0; i < per[0].size(); ++i) {
-    const std::string& pool = per[0][i].first;
-    std::printf("%-10s", pool.c_str());
-    for (size_t d = 0; d < 3; ++d) {
-      const double b = per[d][i].second;
-      std::printf(" %12.2f", b);
-      if (pool != "swa") growing[d] += b;
+  for (size_t p = 0; p < per[0].size(); ++p) {
+    const std::string& pool = per[0][p].first;
+    std::printf("%-10s %12.2f %12.2f %12.2f B/token", pool.c_str(), per[0][p].second,
+                per[1][p].second, per[2][p].second);
+    if (pool == "swa") {
+      std::printf(" while in the window; fixed %lld / %lld / %lld B per sequence (%d-token window × "
+                  "%d layers)\n",
+                  (long long)(per[0][p].second * cfg->sliding_window),
+                  (long long)(per[1][p].second * cfg->sliding_window),
+                  (long long)(per[2][p].second * cfg->sliding_window), cfg->sliding_window,
+                  cfg->num_hidden_layers);
+    } else {
+      std::printf("\n");
+      for (int i = 0; i < 3; ++i) growing[i] += per[i][p].second;
     }
-    if (pool == "swa")
-      std::printf("  B/token while in the window (%d-token window, %d layers)\n",
-                  cfg->sliding_window, cfg->num_hidden_layers);
-    else
-      std::printf("  B/token\n");
   }
-  std::printf("%-10s %12.2f %12.2f %12.2f  B/token (compressed pools)\n", "total", growing[0],
-              growing[1], growing[2]);
-  spec.kv_dtype = KvDtype::kF32;
-  std::printf("compressor state %lld B per sequence (f32 rings, every dtype)\n",
+  std::printf("%-10s %12.2f %12.2f %12.2f B/token (compressed pools); compressor state %lld B per "
+              "sequence (f32 in every mode)\n",
+              "total", growing[0], growing[1], growing[2],
               (long long)cache::KvCache::state_slot_bytes(spec));
   return 0;
 }

@@ -356,6 +356,10 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
     return make_error(ErrorCode::kUnsupported,
                       "fp8 KV pools need one rope width (main {}, compressor {})",
                       cfg_.rope_main.rope_dim, cfg_.rope_compress.rope_dim);
+  if (kv_dtype == KvDtype::kFp8 && cfg_.index_head_dim % 16 != 0)
+    return make_error(ErrorCode::kUnsupported,
+                      "fp8 KV pools need index_head_dim % 16 == 0 (fp8 indexer keys), got {}",
+                      cfg_.index_head_dim);
   const auto spec = cache_spec(kv_dtype);
   if (page_size <= 0) {
     page_size = 256;

@@ -196,7 +196,8 @@ struct CompressFusedArgs {
   float attention_scaling = 1.f;
   void* pool = nullptr;               // [pool rows, d] of pool_dtype: compressed (or indexer) pool
   KvDtype pool_dtype = KvDtype::kF32; // rows are converted on store (bf16: round-to-nearest-even;
-                                      // fp8: kv_fp8_layout(dim, rope_dim) rows, store_rows_kv)
+                                      // fp8: kv_fp8_layout(dim, rope_dim) rows, store_rows_kv;
+                                      // kFp8Index: indexer-key rows, kv_fp8_index_layout(dim))
   float* scratch = nullptr;           // default implementation only (see above)
   /// The caller's promise that no ring row refreshed by this call (ring_dst) is a state slot of
   /// any window (src), so the Ordering rule above holds for any interleaving: a backend may then
@@ -249,7 +250,8 @@ struct IndexerArgs {
   const float* q = nullptr;         // [S, nI, dI] (roped)
   const float* weights = nullptr;   // [S, nI] raw weights_proj output (op applies nI^-1/2)
   const void* key_pool = nullptr;   // [pool rows, dI] of key_dtype
-  KvDtype key_dtype = KvDtype::kF32;  // bf16 keys are widened to f32 on read
+  KvDtype key_dtype = KvDtype::kF32;  // bf16 keys are widened to f32 on read; kFp8Index rows
+                                      // (kv_fp8_index_layout(dI)) read as code value · scale
   RowMap cand;
   int64_t n_rows = 0;            // S
   int n_heads = 0;               // nI
@@ -498,8 +500,9 @@ class Ops {
   /// store_rows into a KV pool of element type `dtype` (pool [pool rows, width] of dtype, src
   /// [n, width] f32): kF32 copies, kBf16 rounds to nearest even (f32_to_bf16), kFp8 writes
   /// kv_fp8_layout(width, rope_dim) rows (kvfp8::quantize_row, base/kv_fp8.h: e4m3 nope +
-  /// per-64 f32 scales + bf16 rope; `rope_dim` = trailing rope channels, kFp8 only). Default:
-  /// kF32 through store_rows; other dtypes throw std::invalid_argument (backends with such
+  /// per-64 f32 scales + bf16 rope; `rope_dim` = trailing rope channels, kFp8 only), kFp8Index
+  /// writes kv_fp8_index_layout(width) rows (kvfp8::quantize_index_row: width e4m3 codes + one
+  /// f32 scale; width % 16 == 0). Default: kF32 through store_rows; other dtypes throw std::invalid_argument (backends with such
   /// pools override it).
   virtual void store_rows_kv(void* pool, KvDtype dtype, const int32_t* rows, int64_t n,
                              int64_t width, const float* src, int rope_dim = 0);

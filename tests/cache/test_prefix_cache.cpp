@@ -195,7 +195,8 @@ TEST(PrefixCache, Bf16PoolsBranchHitsAreBitIdentical) {
   branch_hits_are_bit_identical(KvDtype::kBf16);
 }
 
-// fp8 KV pools: 608-byte-class rows (e4m3 + scales + bf16 rope) and bf16 indexer keys are
+// fp8 KV pools: 608-byte-class rows (e4m3 + scales + bf16 rope) and fp8 indexer keys (codes +
+// one scale, index_dim + 4 bytes: not 16-byte aligned) are
 // copied as whole rows: hits stay bit-identical to cold runs.
 TEST(PrefixCache, Fp8PoolsBranchHitsAreBitIdentical) {
   branch_hits_are_bit_identical(KvDtype::kFp8);

@@ -146,7 +146,8 @@ TEST(PrefixExact, Bf16PoolsRealRates) {
            KvDtype::kBf16);
 }
 
-// fp8 KV pools (--kv-cache-dtype fp8): rows of two byte sizes (attention rows, bf16 indexer keys).
+// fp8 KV pools (--kv-cache-dtype fp8): rows of two byte sizes (attention rows, fp8 indexer keys
+// of index_dim + 4 bytes).
 TEST(PrefixExact, Fp8PoolsRealRates) {
   run_cuts("tiny-real-rates", 560, {1, 3, 4, 5, 127, 128, 129, 130, 255, 256, 257, 385, 513},
            KvDtype::kFp8);

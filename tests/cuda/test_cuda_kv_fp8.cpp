@@ -15,10 +15,14 @@
 //    pools), the split kernel (fp32: 1e-5; vec4 and scalar loads), CudaOps in fp32 mode (split;
 //    generic kernel for hd 576), in bf16 mode with many and few rows (decode kernel at any row
 //    count, as for bf16 pools) and with rope_dim ≠ 64 (the decode kernel refuses it: split);
-//  - a model decode on the fixtures (bf16 precision): fp8 vs f32 pools within 1.0 of max |logit|
-//    (the CPU test's bound, tests/model/test_kv_fp8.cpp; CPU measured ≤ 0.81), greedy agreement
-//    with the transformers oracle ≥ 80% of positions (CPU fp8: ≥ 90.1%), every logit finite, and
-//    not bit-identical to the f32-pool run.
+//  - fp8 indexer keys (KvDtype::kFp8Index, 132-byte V4 rows): store_rows_kv bytes equal the
+//    CPU's; compress_fused into an indexer pool within one e4m3 step of the CPU op; decode /
+//    WMMA indexer scores vs a double reference on the same bytes (2e-4); indexer_topk equal to
+//    the CPU op's on well-separated scores (decode, WMMA and fp32 score kernels);
+//  - a model decode on the fixtures (bf16 precision): fp8 vs f32 pools within 1.25 of max
+//    |logit| (the same procedure on the CPU: ≤ 0.972 with fp8 indexer keys), greedy agreement
+//    with the transformers oracle ≥ 80% of positions (CPU, same procedure: ≥ 87.3%), every logit
+//    finite, and not bit-identical to the f32-pool run.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -29,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <utility>
 #include <vector>
@@ -42,6 +47,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/indexer.h"
 #include "ops/ops.h"
 
 namespace v4::ops {
@@ -290,7 +296,8 @@ Fp8StepOut run_step_device(Ops* g, const v4::testing::CompressCase& k, KvDtype d
 // f32 arithmetic: only the final store differs), rows it must not write keep their poison bytes,
 // and the rings equal the CPU op's. Plans covered (V4_COMPRESS_WIDE = 0 base / 1 wide): C4 d512
 // (1 CTA a row; wide 4 × 128 channels), C128 d512 (clusters of 8 × 64 channels), the indexer
-// shape C4 d128 (the model keeps indexer keys bf16: kernel coverage only; wide 2 × 64), C128 d192
+// shape C4 d128 (the model stores indexer keys as kFp8Index rows: kernel coverage only, see
+// CompressFusedIndexBytesEqualCpuQuantizer; wide 2 × 64), C128 d192
 // rope 32 (wide: 6 CTAs × 32 channels, so the 64-channel blocks straddle two CTAs: the amax
 // exchange over distributed shared memory; base 3 × 64), d 100 rope 10 (vector path, a float4
 // group with nope and rope channels, nope 90: a short last block), d 130 / 37 (scalar path),
@@ -536,6 +543,461 @@ TEST(CudaKvFp8, AttentionFp8PoolsMatchCpu) {
   }
 }
 
+
+// ---- fp8 indexer keys (KvDtype::kFp8Index: n e4m3 codes + one f32 scale per row) -------------
+
+/// Quantized indexer-key rows of x [rows, n] (host reference, kvfp8::quantize_index_row).
+std::vector<uint8_t> quantize_index_rows(const std::vector<float>& x, int n) {
+  const KvFp8IndexLayout L = kv_fp8_index_layout(n);
+  const size_t rows = x.size() / size_t(n);
+  std::vector<uint8_t> q(rows * size_t(L.bytes));
+  for (size_t r = 0; r < rows; ++r) kvfp8::quantize_index_row(&x[r * n], L, &q[r * L.bytes]);
+  return q;
+}
+
+// store_rows_kv(kFp8Index): every byte of the device pool equals the CPU's (random rows with
+// per-row magnitudes, zeros, huge, tiny, subnormals, NaN / ±Inf, signed zeros, e4m3 ties; rows
+// at odd indices: 4-byte aligned only; skipped rows keep their poison).
+TEST(CudaKvFp8, IndexStoreRowsBytesEqualCpu) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kFp32);
+  ASSERT_TRUE(g);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (int w : {128, 16, 64, 192}) {
+    SCOPED_TRACE(::testing::Message() << "width " << w);
+    const KvFp8IndexLayout L = kv_fp8_index_layout(w);
+    const int64_t n = 45, pool_rows = 50;
+    auto src = randn(size_t(n * w), 2.f);
+    auto row = [&](int64_t i) { return &src[size_t(i * w)]; };
+    for (int64_t c = 0; c < w; ++c) {
+      row(0)[c] = 0.f;
+      row(1)[c] *= 1e30f;
+      row(2)[c] *= 1e-25f;
+      row(3)[c] = c % 3 == 0 ? 1e-40f : row(3)[c] * 1e-3f;
+      row(4)[c] = c % 2 ? -0.f : 0.f;
+    }
+    for (int64_t i = 9; i < n; ++i)
+      for (int64_t c = 0; c < w; ++c) row(i)[c] *= float(1 + i % 5) * 0.37f;
+    row(5)[0] = nan;
+    row(5)[1] = inf;
+    row(5)[w - 1] = -inf;
+    row(6)[w / 2] = 448.f * 16;
+    row(7)[0] = 3e38f;
+    row(7)[1] = -3e38f;
+    row(8)[0] = 448.f;
+    row(8)[1] = 1.f + 1.f / 16;
+    row(8)[2] = 3 * 0x1p-10f;
+    row(8)[3] = 0x1p-10f;
+    std::vector<int32_t> rows(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = i % 7 == 6 ? -1 : int32_t((i * 7) % pool_rows);
+    std::vector<uint8_t> cpu(size_t(pool_rows * L.bytes), 0xAB);
+    make_cpu_ops()->store_rows_kv(cpu.data(), KvDtype::kFp8Index, rows.data(), n, w, src.data(), 0);
+    Dev<float> dsrc(src);
+    Dev<int32_t> drows(rows);
+    Dev<uint8_t> dpool(std::vector<uint8_t>(cpu.size(), 0xAB));
+    g->store_rows_kv(dpool.p, KvDtype::kFp8Index, drows.p, n, w, dsrc.p, 0);
+    g->synchronize();
+    const auto got = dpool.host();
+    size_t first = got.size();
+    for (size_t i = 0; i < got.size() && first == got.size(); ++i)
+      if (got[i] != cpu[i]) first = i;
+    const size_t fi = first < got.size() ? first : 0;
+    EXPECT_EQ(first, got.size()) << "first differing byte " << first << " (row "
+                                 << first / size_t(L.bytes) << ", offset "
+                                 << first % size_t(L.bytes) << "): device " << int(got[fi])
+                                 << " cpu " << int(cpu[fi]);
+  }
+}
+
+// compress_fused into an fp8 indexer pool, both CudaOps routes (FlashCompressor's fused store,
+// default; the composition with V4_COMPRESS_FP8_FUSED=0): indexer shape C4 d128 rope 64, decode
+// B = 64 and a prefill: each value within one e4m3 step of the CPU op's row (the f32 rows before
+// quantization differ in the last bits), ≥ 90% of the bytes identical, scales within 1e-5
+// relative, rings exact; also under graph capture.
+TEST(CudaKvFp8, CompressFusedIndexPoolWithinOneStepOfCpu) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kBf16);
+  ASSERT_TRUE(g);
+  auto cpu = make_cpu_ops();
+  const int m = 4, c = 2, d = 128, rd = 64;
+  const KvFp8IndexLayout L = kv_fp8_index_layout(d);
+  const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
+  std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
+  cases.emplace_back("decode B=64", v4::testing::decode_case(m, c, d, rd,
+                                                             fp8_decode_positions(64, m, seed), seed));
+  cases.emplace_back("prefill", v4::testing::prefill_case(m, c, d, rd,
+                                                          {{0, 3, 3 * m + 2}, {1, 0, 5 * m + 1}},
+                                                          seed + 1));
+  for (const char* fused : {"1", "0"})
+  for (auto& [name, k] : cases)
+    for (bool graph : {false, true}) {
+      EnvVar env("V4_COMPRESS_FP8_FUSED", fused);
+      SCOPED_TRACE(::testing::Message() << name << (graph ? ", graph" : "")
+                                        << ", V4_COMPRESS_FP8_FUSED=" << fused);
+      ASSERT_GT(k.n_out(), 0);
+      std::vector<uint8_t> pool_cpu(size_t(k.pool_rows * L.bytes), 0xAB);
+      std::vector<float> cpu_rkv = k.ring_kv, cpu_rg = k.ring_gate;
+      std::vector<float> scratch(size_t(std::max<int64_t>(k.n_out() * d, k.n_ring() * k.width())));
+      auto ac = v4::testing::host_args(k, nullptr, cpu_rkv.data(), cpu_rg.data(), scratch.data(),
+                                       1e-6f, 1.f);
+      ac.pool = pool_cpu.data();
+      ac.pool_dtype = KvDtype::kFp8Index;
+      cpu->compress_fused(ac);
+      const Fp8StepOut dev = run_step_device(g.get(), k, KvDtype::kFp8Index, false, graph);
+      ASSERT_EQ(dev.pool.size(), pool_cpu.size());
+      int64_t same = 0, written = 0;
+      for (size_t i = 0; i < dev.pool.size(); ++i) same += dev.pool[i] == pool_cpu[i];
+      std::vector<float> yg(static_cast<size_t>(d)), yc(static_cast<size_t>(d));
+      for (int32_t r : k.dst) {
+        if (r < 0) continue;
+        ++written;
+        const uint8_t* pg = &dev.pool[size_t(r) * size_t(L.bytes)];
+        const uint8_t* pc = &pool_cpu[size_t(r) * size_t(L.bytes)];
+        const float sg = kvfp8::index_row_scale(pg, L), sc = kvfp8::index_row_scale(pc, L);
+        ASSERT_LE(std::fabs(double(sg) - sc), 1e-5 * sc + 1e-30) << "scale of row " << r;
+        kvfp8::dequantize_index_row(pg, L, yg.data());
+        kvfp8::dequantize_index_row(pc, L, yc.data());
+        for (int ch = 0; ch < d; ++ch) {
+          const double tol = std::fabs(yc[size_t(ch)]) * 0x1p-3 + sc * 0x1p-9 * 1.01 + 1e-30;
+          ASSERT_LE(std::fabs(double(yg[size_t(ch)]) - yc[size_t(ch)]), tol * 1.001)
+              << "row " << r << " channel " << ch;
+        }
+      }
+      EXPECT_GT(written, 0);
+      EXPECT_GE(double(same), 0.9 * double(dev.pool.size()));
+      EXPECT_TRUE(dev.rkv == cpu_rkv);
+      EXPECT_TRUE(dev.rg == cpu_rg);
+    }
+}
+
+// FlashCompressor's fused fp8 indexer-key store (kFp8Index, the default route): every byte of
+// the pool equals kvfp8::quantize_index_row of the f32 row the same kernel writes into an f32
+// pool for the same inputs (same plan), unwritten rows keep their poison, rings equal the CPU
+// op's. Plans (V4_COMPRESS_WIDE = 0 / 1): C4 d128 rope 64 (the V4 indexer; wide: 2 CTAs), C4
+// d512 rope 64 (clusters: the row amax over distributed shared memory), C128 d192 rope 32 (wide:
+// 6 CTAs of 32 channels), the fixtures' C4 d32 rope 8 and d16 rope 8. Cases: decode B = 1 and
+// B = 64 (one launch; B = 64 also under graph capture), a prefill with the ring hazard (two
+// launches) and prefill chunks on window edges.
+TEST(CudaKvFp8, CompressFusedIndexBytesEqualCpuQuantizer) {
+  V4_REQUIRE_GPU();
+  auto g = cuda_ops(Precision::kFp32);
+  ASSERT_TRUE(g);
+  auto cpu = make_cpu_ops();
+  EnvVar fused("V4_COMPRESS_FP8_FUSED", "1");
+  struct Shape { int m, c, d, rd; };
+  int64_t rows_checked = 0;
+  for (Shape s : {Shape{4, 2, 128, 64}, Shape{4, 2, 512, 64}, Shape{128, 1, 192, 32},
+                  Shape{4, 2, 32, 8}, Shape{4, 2, 16, 8}}) {
+    const KvFp8IndexLayout L = kv_fp8_index_layout(s.d);
+    const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
+    const int64_t len = 3 * int64_t(s.c) * s.m + 5;
+    std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
+    cases.emplace_back("decode B=1",
+                       v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
+    cases.emplace_back("decode B=64",
+                       v4::testing::decode_case(s.m, s.c, s.d, s.rd,
+                                                fp8_decode_positions(64, s.m, seed), seed + 1));
+    cases.emplace_back("prefill ring hazard",
+                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
+                                                 {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},
+                                                 seed + 2));
+    cases.emplace_back("prefill window edges",
+                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
+                                                 {{0, 0, 5 * int64_t(s.m) + 3},
+                                                  {1, 2 * int64_t(s.m) - 2, 2},
+                                                  {2, 3 * int64_t(s.m) - 1, 1}},
+                                                 seed + 3));
+    for (auto& [name, k] : cases) {
+      ASSERT_GT(k.n_out(), 0);
+      std::vector<float> cpu_rkv = k.ring_kv, cpu_rg = k.ring_gate;
+      {
+        std::vector<uint8_t> pool_cpu(size_t(k.pool_rows * L.bytes), 0xAB);
+        std::vector<float> scratch(size_t(std::max<int64_t>(k.n_out() * s.d, k.n_ring() * k.width())));
+        auto ac = v4::testing::host_args(k, nullptr, cpu_rkv.data(), cpu_rg.data(), scratch.data(),
+                                         1e-6f, 1.f);
+        ac.pool = pool_cpu.data();
+        ac.pool_dtype = KvDtype::kFp8Index;
+        cpu->compress_fused(ac);
+      }
+      const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                   k.ring_dst.data(), k.n_ring());
+      for (const char* wide : {"0", "1"})
+        for (bool one : {false, true})
+          for (bool graph : {false, true}) {
+            if (one && !disjoint) continue;
+            if (graph && std::strcmp(name, "decode B=64") != 0) continue;
+            SCOPED_TRACE(::testing::Message()
+                         << "m=" << s.m << " c=" << s.c << " d=" << s.d << " rd=" << s.rd << " "
+                         << name << (one ? ", one launch" : ", two launches")
+                         << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : ""));
+            EnvVar w("V4_COMPRESS_WIDE", wide);
+            const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph);
+            const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8Index, one, graph);
+            std::vector<uint8_t> want(fp8.pool.size(), 0xAB);
+            for (int32_t r : k.dst) {
+              if (r < 0) continue;
+              std::vector<float> row(static_cast<size_t>(s.d));
+              std::memcpy(row.data(), &f32.pool[size_t(r) * size_t(s.d) * 4], size_t(s.d) * 4);
+              for (float v : row) ASSERT_FALSE(std::isnan(v)) << "f32 row " << r << " not written";
+              kvfp8::quantize_index_row(row.data(), L, &want[size_t(r) * size_t(L.bytes)]);
+              ++rows_checked;
+            }
+            size_t first = want.size(), n_diff = 0;
+            for (size_t i = 0; i < want.size(); ++i)
+              if (fp8.pool[i] != want[i]) {
+                if (first == want.size()) first = i;
+                ++n_diff;
+              }
+            const size_t fi = first < want.size() ? first : 0;
+            EXPECT_EQ(first, want.size())
+                << n_diff << " bytes differ; first " << first << " (row " << first / size_t(L.bytes)
+                << ", offset " << first % size_t(L.bytes) << "): device " << int(fp8.pool[fi])
+                << " want " << int(want[fi]);
+            EXPECT_TRUE(fp8.rkv == cpu_rkv);
+            EXPECT_TRUE(fp8.rg == cpu_rg);
+          }
+    }
+  }
+  std::printf("[kv fp8] fused compressor, indexer rows: %lld rows byte-compared\n",
+              (long long)rows_checked);
+}
+
+/// Random fp8 indexer keys for the score tests: `rows` keys of 128 values with per-row magnitudes
+/// (×0.05 … ×20, so the row scale matters), quantized; `deq` = their dequantized values.
+struct Fp8Keys {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;
+  Fp8Keys(int64_t rows, int dI) {
+    auto x = randn(size_t(rows * dI), 1.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float mag = std::pow(20.f, float(r % 9 - 4) / 4.f);
+      for (int c = 0; c < dI; ++c) x[size_t(r * dI + c)] *= mag;
+    }
+    bytes = quantize_index_rows(x, dI);
+    const KvFp8IndexLayout L = kv_fp8_index_layout(dI);
+    deq.resize(x.size());
+    for (int64_t r = 0; r < rows; ++r)
+      kvfp8::dequantize_index_row(&bytes[size_t(r * L.bytes)], L, &deq[size_t(r * dI)]);
+  }
+};
+
+/// Reference score in double of candidate rows `rows[0..n)` for query row t: Σ_h ReLU(q_h · k) ·
+/// w_h · (nI·dI)^-1/2 on bf16-rounded q and the dequantized fp8 keys (what the tensor-core
+/// kernels compute, up to fp32 summation order: codes are exact in bf16, the row scale is one
+/// f32 product).
+std::vector<double> fp8_ref_row(const std::vector<float>& q, const std::vector<float>& w,
+                                const std::vector<float>& deq, const int32_t* rows, int n,
+                                int64_t t, int nI, int dI) {
+  const double wscale = 1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI));
+  std::vector<double> qd(size_t(nI) * dI), out(static_cast<size_t>(n));
+  for (size_t i = 0; i < qd.size(); ++i) qd[i] = round_bf16(q[size_t(t) * nI * dI + i]);
+  for (int s = 0; s < n; ++s) {
+    const float* key = &deq[size_t(rows[s]) * dI];
+    double acc = 0;
+    for (int h = 0; h < nI; ++h) {
+      double dd = 0;
+      for (int c = 0; c < dI; ++c) dd += qd[size_t(h) * dI + c] * double(key[c]);
+      acc += std::max(0.0, dd) * double(w[size_t(t * nI + h)]) * wscale;
+    }
+    out[size_t(s)] = acc;
+  }
+  return out;
+}
+
+// Indexer scores over fp8 keys (V4 shapes nI 64, dI 128, 132-byte rows) vs the double reference
+// on the same bytes: the decode kernel (variant 2: 2 n-tiles, 3 and auto 0: 4 n-tiles; batch 1 /
+// 7 / 64, counts not multiples of a chunk, an empty row, a tiny grid) and the WMMA kernel
+// (variant 1; decode-shaped and prefill-shaped, rows sharing a list). Tolerance 2e-4 relative
+// (abs floor 1e-2 · max score), as for bf16 keys; entries at or beyond count[t] stay poisoned.
+TEST(CudaKvFp8, IndexerScoresFp8KeysMatchReference) {
+  V4_REQUIRE_GPU();
+  const int nI = 64, dI = 128;
+  const int64_t pool_rows = 20000;
+  Fp8Keys keys(pool_rows, dI);
+  Dev<uint8_t> dpool(keys.bytes);
+  struct Case { std::vector<int> counts; int n_sms; bool shared; };
+  std::vector<int> b64(64), causal(70);
+  for (int& c : b64) c = rand_int(1, 1500);
+  b64[5] = 0;
+  for (int t = 0; t < 70; ++t) causal[size_t(t)] = 700 - 3 * (69 - t);  // > 64 rows: WMMA kQB = 4
+  const Case cases[] = {{{5000}, 132, false}, {{1, 15, 16, 17, 0, 33, 1000}, 132, false},
+                        {b64, 132, false}, {{4099, 9000}, 3, false},
+                        {{700, 700, 700, 700, 700, 690, 650, 600, 3}, 132, true},
+                        {causal, 132, true}};
+  for (const Case& c : cases) {
+    const int64_t S = int64_t(c.counts.size());
+    const int maxc = std::max(1, *std::max_element(c.counts.begin(), c.counts.end()));
+    SCOPED_TRACE(::testing::Message() << "S=" << S << " max count " << maxc << " shared "
+                                      << c.shared);
+    auto q = randn(size_t(S * nI * dI), 1.f), w = randn(size_t(S * nI), 1.f);
+    std::vector<int32_t> rows, count(c.counts.begin(), c.counts.end());
+    std::vector<int64_t> offset(static_cast<size_t>(S));
+    if (c.shared) {  // prefill-shaped: one list, causal counts (prefixes of it)
+      for (int i = 0; i < maxc; ++i) rows.push_back(rand_int(0, int(pool_rows) - 1));
+      for (int64_t t = 0; t < S; ++t) offset[size_t(t)] = 0;
+    } else {
+      for (int64_t t = 0; t < S; ++t) {  // runs of 64 consecutive rows (odd rows: 4-byte aligned)
+        offset[size_t(t)] = int64_t(rows.size());
+        const int base = rand_int(0, int(pool_rows / 64) - 40) * 64;
+        for (int i = 0; i < count[size_t(t)]; ++i)
+          rows.push_back(int32_t((base + i) % pool_rows));
+      }
+    }
+    if (rows.empty()) rows.push_back(0);
+    const int64_t ld = maxc + 5;
+    Dev<float> dq(q), dw(w), dscores(size_t(S * ld));
+    Dev<int32_t> drows(rows), dcount(count);
+    Dev<int64_t> doff(offset);
+    IndexerArgs a;
+    a.q = dq.p;
+    a.weights = dw.p;
+    a.key_pool = dpool.p;
+    a.key_dtype = KvDtype::kFp8Index;
+    a.cand = {drows.p, doff.p, dcount.p};
+    a.n_rows = S;
+    a.n_heads = nI;
+    a.head_dim = dI;
+    ASSERT_TRUE(cuda::indexer_decode_supported(a));
+    std::vector<std::vector<double>> ref(static_cast<size_t>(S));
+    for (int64_t t = 0; t < S; ++t)
+      ref[size_t(t)] = fp8_ref_row(q, w, keys.deq, rows.data() + offset[size_t(t)],
+                                   count[size_t(t)], t, nI, dI);
+    for (int variant : {0, 1, 2, 3}) {
+      dscores.poison();
+      ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, dscores.p, ld, c.n_sms, nullptr, variant).ok())
+          << "variant " << variant;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      auto got = dscores.host();
+      double worst = 0;
+      int64_t bad_untouched = 0, checked = 0;
+      for (int64_t t = 0; t < S; ++t) {
+        const int n = count[size_t(t)];
+        double top = 0;
+        for (int s = 0; s < n; ++s) top = std::max(top, std::fabs(ref[size_t(t)][size_t(s)]));
+        for (int64_t s = 0; s < ld; ++s) {
+          const float gv = got[size_t(t * ld + s)];
+          if (s >= n) {
+            bad_untouched += !std::isnan(gv);
+            continue;
+          }
+          ++checked;
+          const double r = ref[size_t(t)][size_t(s)];
+          worst = std::max(worst, std::fabs(double(gv) - r) / (1e-2 * top + std::fabs(r) + 1e-30));
+        }
+      }
+      std::printf("[indexer fp8] variant %d S=%lld max count %d: %lld scores, worst rel err %.2e\n",
+                  variant, (long long)S, maxc, (long long)checked, worst);
+      EXPECT_LE(worst, 2e-4) << "variant " << variant;
+      EXPECT_EQ(bad_untouched, 0) << "variant " << variant;
+    }
+  }
+}
+
+// CudaOps::indexer_topk over fp8 keys on well-separated scores equals the CPU op's selection
+// exactly (rows and counts): every key is α_r · v for one random vector v (so all rows quantize
+// to nearly the same codes and the score is ∝ the row scale α_r·amax(v)/448), q_h = v, weights
+// > 0, α_r distinct and ≥ 4% apart. Paths: bf16 mode (decode kernel at S = 3; WMMA kernel at
+// S = 130, rows sharing a list) and fp32 mode (indexer_score_kernel, dequantize on load).
+TEST(CudaKvFp8, Fp8IndexerTopkMatchesCpuOp) {
+  V4_REQUIRE_GPU();
+  auto cpu = make_cpu_ops();
+  const int nI = 64, dI = 128, k = 64;
+  const int64_t pool_rows = 3000;
+  const KvFp8IndexLayout L = kv_fp8_index_layout(dI);
+  const auto v = randn(size_t(dI), 1.f);
+  std::vector<int> perm(static_cast<size_t>(pool_rows));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), cuda::testing::rng());
+  std::vector<float> x(size_t(pool_rows * dI));
+  for (int64_t r = 0; r < pool_rows; ++r) {
+    const float alpha = 0.01f * std::pow(1.04f, float(perm[size_t(r)] % 300));
+    for (int c = 0; c < dI; ++c) x[size_t(r * dI + c)] = alpha * v[size_t(c)];
+  }
+  // Distinct α per candidate of a list: lists draw distinct rows whose perm % 300 differ.
+  const auto bytes = quantize_index_rows(x, dI);
+  Dev<uint8_t> dpool(bytes);
+  std::vector<int32_t> by_alpha(300, -1);
+  for (int64_t r = 0; r < pool_rows; ++r)
+    if (by_alpha[size_t(perm[size_t(r)] % 300)] < 0) by_alpha[size_t(perm[size_t(r)] % 300)] = int32_t(r);
+  struct Mode { Precision p; int64_t S; bool shared; };
+  for (Mode md : {Mode{Precision::kBf16, 3, false}, Mode{Precision::kBf16, 130, true},
+                  Mode{Precision::kFp32, 3, false}}) {
+    SCOPED_TRACE(::testing::Message() << (md.p == Precision::kBf16 ? "bf16" : "fp32") << " S="
+                                      << md.S);
+    auto g = cuda_ops(md.p);
+    ASSERT_TRUE(g);
+    const int64_t S = md.S;
+    std::vector<float> q(size_t(S * nI * dI)), w(size_t(S * nI));
+    for (int64_t i = 0; i < S * nI; ++i) {
+      std::copy(v.begin(), v.end(), q.begin() + i * dI);
+      w[size_t(i)] = 0.5f + float(rand_int(0, 100)) / 100.f;
+    }
+    std::vector<int32_t> rows, count(static_cast<size_t>(S));
+    std::vector<int64_t> offset(static_cast<size_t>(S));
+    auto one_list = [&](int n) {
+      std::vector<int32_t> order(by_alpha);
+      std::shuffle(order.begin(), order.end(), cuda::testing::rng());
+      order.resize(size_t(n));
+      return order;
+    };
+    if (md.shared) {
+      rows = one_list(300);
+      for (int64_t t = 0; t < S; ++t) count[size_t(t)] = int(std::max<int64_t>(1, 300 - (S - 1 - t)));
+    } else {
+      for (int64_t t = 0; t < S; ++t) {
+        offset[size_t(t)] = int64_t(rows.size());
+        auto l = one_list(t == 1 ? 40 : 250);  // row 1: fewer candidates than k
+        rows.insert(rows.end(), l.begin(), l.end());
+        count[size_t(t)] = int(l.size());
+      }
+    }
+    const int maxc = *std::max_element(count.begin(), count.end());
+    IndexerArgs a;
+    a.n_rows = S;
+    a.n_heads = nI;
+    a.head_dim = dI;
+    a.topk = k;
+    a.max_count = maxc;
+    a.key_dtype = KvDtype::kFp8Index;
+    std::vector<int32_t> out_cpu(size_t(S * k), -7), cnt_cpu(static_cast<size_t>(S), -7);
+    IndexerArgs ac = a;
+    ac.q = q.data();
+    ac.weights = w.data();
+    ac.key_pool = bytes.data();
+    ac.cand = {rows.data(), offset.data(), count.data()};
+    ac.out_rows = out_cpu.data();
+    ac.out_count = cnt_cpu.data();
+    cpu->indexer_topk(ac);
+    Dev<float> dq(q), dw(w);
+    Dev<int32_t> drows(rows), dcount(count), dout(out_cpu.size()), dcnt{size_t(S)};
+    Dev<int64_t> doff(offset);
+    dout.poison();
+    dcnt.poison();
+    IndexerArgs ag = a;
+    ag.q = dq.p;
+    ag.weights = dw.p;
+    ag.key_pool = dpool.p;
+    ag.cand = {drows.p, doff.p, dcount.p};
+    ag.out_rows = dout.p;
+    ag.out_count = dcnt.p;
+    g->indexer_topk(ag);
+    g->synchronize();
+    EXPECT_EQ(dcnt.host(), cnt_cpu);
+    const auto out = dout.host();
+    int64_t diff = 0;
+    for (size_t i = 0; i < out.size(); ++i) diff += out[i] != out_cpu[i];
+    EXPECT_EQ(diff, 0) << "selected rows differ from the CPU op's";
+    // the CPU selection is the α order (sanity: the test separates what it claims to)
+    for (int64_t t = 0; t < S; ++t)
+      for (int i = 1; i < std::min(k, count[size_t(t)]); ++i) {
+        const int32_t r0 = out_cpu[size_t(t * k + i - 1)], r1 = out_cpu[size_t(t * k + i)];
+        ASSERT_GT(kvfp8::index_row_scale(&bytes[size_t(r0) * L.bytes], L),
+                  kvfp8::index_row_scale(&bytes[size_t(r1) * L.bytes], L))
+            << "row " << t << " rank " << i;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace v4::ops
 
@@ -596,7 +1058,12 @@ TEST(CudaKvFp8, DecodeFp8PoolsNearF32PoolsAndOracle) {
                 "%lld/%lld\n",
                 dir.c_str(), worst, (long long)same, (long long)total);
     for (float x : logits[1]) ASSERT_TRUE(std::isfinite(x));
-    EXPECT_LE(worst, 1.0);
+    // 1.25: with fp8 indexer keys (idxfp8) the CPU backend's run of this exact procedure reaches
+    // 0.972 on tiny-bf16 (0.44–0.67 on the others; 0.72 before, with bf16 indexer keys), so
+    // 1.0 left no room for the GPU's bf16 arithmetic. The bound stays a sanity check (a
+    // flipped near-tied top-k pick moves single logits by ~max |logit|); the row formats are
+    // checked byte for byte above and the agreement bound below.
+    EXPECT_LE(worst, 1.25);
     EXPECT_GE(double(same), 0.8 * double(total));
     EXPECT_NE(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0)
         << "fp8 pools gave the f32 logits bit for bit: the option had no effect";

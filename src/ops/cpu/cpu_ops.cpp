@@ -58,13 +58,19 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 // Row `row` (width `dim`) of a KV pool of element type `dt` as f32: a pointer into the pool for
 // kF32, else the row widened into `buf` (dim floats; bf16 → f32 is exact; kFp8 rows,
-// kv_fp8_layout(dim, rope_dim), dequantized by kvfp8::dequantize_row).
+// kv_fp8_layout(dim, rope_dim), dequantized by kvfp8::dequantize_row; kFp8Index rows,
+// kv_fp8_index_layout(dim), by kvfp8::dequantize_index_row).
 inline const float* kv_row_f32(const void* pool, KvDtype dt, int64_t row, int64_t dim,
                                float* buf, int rope_dim = 0) {
   if (dt == KvDtype::kF32) return static_cast<const float*>(pool) + row * dim;
   if (dt == KvDtype::kFp8) {
     const KvFp8Layout L = kv_fp8_layout(int(dim), rope_dim);
     kvfp8::dequantize_row(static_cast<const uint8_t*>(pool) + row * L.bytes, L, buf);
+    return buf;
+  }
+  if (dt == KvDtype::kFp8Index) {
+    const KvFp8IndexLayout L = kv_fp8_index_layout(int(dim));
+    kvfp8::dequantize_index_row(static_cast<const uint8_t*>(pool) + row * L.bytes, L, buf);
     return buf;
   }
   const uint16_t* p = static_cast<const uint16_t*>(pool) + row * dim;
@@ -208,6 +214,16 @@ class CpuOps final : public Ops {
       uint8_t* p = static_cast<uint8_t*>(pool);
       for (int64_t i = 0; i < n; ++i)
         if (rows[i] >= 0) kvfp8::quantize_row(src + i * width, L, p + int64_t(rows[i]) * L.bytes);
+      return;
+    }
+    if (dtype == KvDtype::kFp8Index) {
+      if (width <= 0 || width % 16 != 0)
+        throw std::invalid_argument("store_rows_kv: fp8 indexer rows need width % 16 == 0");
+      const KvFp8IndexLayout L = kv_fp8_index_layout(int(width));
+      uint8_t* p = static_cast<uint8_t*>(pool);
+      for (int64_t i = 0; i < n; ++i)
+        if (rows[i] >= 0)
+          kvfp8::quantize_index_row(src + i * width, L, p + int64_t(rows[i]) * L.bytes);
       return;
     }
     uint16_t* p = static_cast<uint16_t*>(pool);

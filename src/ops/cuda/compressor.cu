@@ -162,7 +162,13 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // PF (wide plans, CompressRowsPlan::prefetch): each thread's ≤ 2·U slots are all loaded before
 // any math (cs_fold_slots_pf, bit-identical to cs_fold_slots): ~100 registers, 2 CTAs of 256
 // threads per SM at most (the wide C4 plans have 32-thread CTAs).
-template <int VEC, int U, bool RING, bool PF, bool FP8>
+// IDX (fp8 indexer-key pools, a.pool_dtype == kFp8Index, kv_fp8_index_layout(d) rows: d codes +
+// one f32 scale; separate instances, vector path only, FP8 false): every finished value (rope
+// included) goes back into s_row in place (safe: with VEC = 4, c0 % 4 == 0 and nope even, a RoPE
+// pair lies inside one thread's group, computed before it is written), then step 5 below: the
+// row amax from the chunk grid over the cluster, one scale, kvfp8::quantize of every channel —
+// the bytes of kvfp8::quantize_index_row of the same f32 row.
+template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false>
 __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
     compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas,
                                bool floor) {
@@ -322,6 +328,9 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       for (int i = 0; i < VEC; ++i)
         if (c0 + l + i < nope) s_row[l + i] = o[i];
       store_fp8_rope<VEC>(fp8_row, L, c0 + l, nope, o);
+    } else if constexpr (IDX) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s_row[l + i] = o[i];
     } else {
       store_pool_values<VEC>(a, out + c0 + l, o);
     }
@@ -381,6 +390,42 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       for (int o = L.scale_off + 4 * L.n_scales + tid; o < L.rope_off; o += nt) fp8_row[o] = 0;
       for (int o = L.rope_off + 2 * L.rope + tid; o < L.bytes; o += nt) fp8_row[o] = 0;
     }
+    if (K > 1) cg::this_cluster().sync();  // remote reads done before any CTA of the cluster exits
+  }
+  if constexpr (IDX) {
+    // 5. fp8 indexer-key rows (kv_fp8_index_layout(d): d codes at 0, the f32 scale at d; rows of
+    // d + 4 bytes, 4-byte aligned): per-chunk max of |x| over the chunk's finite values (one warp
+    // per chunk, xor butterfly: max is exact in any order) into s_chunk (free again, as in step
+    // 4), exchanged over the cluster; every thread forms the row amax over all nq_row chunks
+    // (the same value everywhere), block_scale, then each group of 4 channels one 4-byte store
+    // of kvfp8::quantize codes; rank 0 thread 0 stores the scale.
+    static_assert(!FP8 && VEC == 4, "fp8 indexer rows: vector path, not with FP8");
+    uint8_t* const idx_row = static_cast<uint8_t*>(a.pool) + int64_t(s_dst) * (int64_t(d) + 4);
+    __syncthreads();  // every in-place value written
+    for (int q = warp; q < nq; q += n_warps) {  // warp-uniform
+      const int l = q * kCsChunk + lane;
+      float v = l < cw ? kvfp8::abs_finite(s_row[l]) : 0.f;
+      for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+      if (lane == 0) s_chunk[q] = v;
+    }
+    if (K > 1)
+      cg::this_cluster().sync();  // chunk amaxes visible cluster-wide
+    else
+      __syncthreads();
+    float amax = 0.f;
+    for (int q = 0; q < nq_row; ++q)
+      amax = fmaxf(amax, K > 1 ? *cg::this_cluster().map_shared_rank(&s_chunk[q % cpr],
+                                                                     unsigned(q / cpr))
+                               : s_chunk[q]);
+    const float scale = kvfp8::block_scale(amax);
+    for (int l = tid * VEC; l < cw; l += nt * VEC) {
+      const uint32_t w = uint32_t(kvfp8::quantize(s_row[l], scale)) |
+                         (uint32_t(kvfp8::quantize(s_row[l + 1], scale)) << 8) |
+                         (uint32_t(kvfp8::quantize(s_row[l + 2], scale)) << 16) |
+                         (uint32_t(kvfp8::quantize(s_row[l + 3], scale)) << 24);
+      *reinterpret_cast<uint32_t*>(idx_row + c0 + l) = w;  // c0 + l ≡ 0 mod 4, rows 4-aligned
+    }
+    if (rank == 0 && tid == 0) *reinterpret_cast<float*>(idx_row + d) = scale;
     if (K > 1) cg::this_cluster().sync();  // remote reads done before any CTA of the cluster exits
   }
 }
@@ -462,6 +507,18 @@ Status launch(Kern kern, unsigned grid, unsigned threads, size_t smem, unsigned 
 
 using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t, bool);
 
+// The fp8 indexer-key instance of a vector plan `pl` (kFp8Index pools; nullptr for scalar plans).
+Kern rows_kernel_idx(const CompressRowsPlan& pl, bool one) {
+  if (pl.vec != 4) return nullptr;
+  if (pl.prefetch)
+    return one ? compress_fused_rows_kernel<4, 4, true, true, false, true>
+               : compress_fused_rows_kernel<4, 4, false, true, false, true>;
+  return pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true, false, false, true>
+                               : compress_fused_rows_kernel<4, 8, false, false, false, true>)
+                        : (one ? compress_fused_rows_kernel<4, 4, true, false, false, true>
+                               : compress_fused_rows_kernel<4, 4, false, false, false, true>);
+}
+
 // The rows kernel instance of plan `pl` (one: the one-launch form with ring CTAs; FP8: fp8 pool).
 template <bool FP8>
 Kern rows_kernel(const CompressRowsPlan& pl, bool one) {
@@ -479,6 +536,12 @@ Kern rows_kernel(const CompressRowsPlan& pl, bool one) {
 
 }  // namespace
 
+bool compress_fused_index_fp8_ok(const ops::CompressFusedArgs& a) {
+  return a.dim > 0 && a.dim % 16 == 0 && a.rope_dim % 2 == 0 && aligned16(a.fresh_kv) &&
+         aligned16(a.fresh_gate) && aligned16(a.state_kv) && aligned16(a.state_gate) &&
+         aligned16(a.bias) && aligned16(a.pool);
+}
+
 Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
   const int d = a.dim;
   if (d < 1 || a.ratio < 1 || (a.overlap != 1 && a.overlap != 2) || a.rope_dim < 0 ||
@@ -489,6 +552,16 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
   if (a.n_out > 0x7fffffff || a.n_ring > 0x7fffffff)
     return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows, {} ring rows",
                   a.n_out, a.n_ring);
+  if (a.pool_dtype != KvDtype::kF32 && a.pool_dtype != KvDtype::kBf16 &&
+      a.pool_dtype != KvDtype::kFp8 && a.pool_dtype != KvDtype::kFp8Index)
+    return errorf(ErrorCode::kUnsupported, "compress_fused: no fused store for {} pools",
+                  kv_dtype_name(a.pool_dtype));
+  // fp8 indexer-key rows (kFp8Index): the vector path only (compress_fused_index_fp8_ok).
+  if (a.pool_dtype == KvDtype::kFp8Index && !compress_fused_index_fp8_ok(a))
+    return errorf(ErrorCode::kUnsupported,
+                  "compress_fused: fp8 indexer rows need d % 16 == 0 and 16-byte aligned rows "
+                  "(d {})",
+                  d);
   // fp8 rows: f32 scales and bf16 rope values need a 4-byte aligned pool (the vector path, taken
   // when the pool is 16-byte aligned, also stores 4 codes / 4 rope values at once: rows are
   // multiples of 16 bytes by construction of kv_fp8_layout).
@@ -529,8 +602,12 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     const int64_t grid = a.n_out * pl.ctas + ring_ctas;
     if (grid > 0x7fffffff)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    const Kern kern = a.pool_dtype == KvDtype::kFp8 ? rows_kernel<true>(pl, one)
-                                                    : rows_kernel<false>(pl, one);
+    const Kern kern = a.pool_dtype == KvDtype::kFp8        ? rows_kernel<true>(pl, one)
+                      : a.pool_dtype == KvDtype::kFp8Index ? rows_kernel_idx(pl, one)
+                                                           : rows_kernel<false>(pl, one);
+    if (!kern)
+      return errorf(ErrorCode::kInternal, "compress_fused: no kernel for plan vec {} ({} pools)",
+                    pl.vec, kv_dtype_name(a.pool_dtype));
     V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
                               unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
     ring_done = ring_done || one;

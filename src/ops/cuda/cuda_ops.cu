@@ -98,6 +98,30 @@ __global__ void store_rows_fp8_kernel(const float* __restrict__ src,
   for (int o = L.rope_off + 2 * L.rope + lane; o < L.bytes; o += 32) dst[o] = 0;
 }
 
+// pool row rows[i] = the fp8 indexer-key row (KvFp8IndexLayout L: L.n codes + one f32 scale) of
+// src[i, :] (rows[i] < 0: skipped); one warp a row. The operations of the CPU's
+// kvfp8::quantize_index_row: amax over every finite |x| of the row (max: exact in any order),
+// scale = block_scale(amax), codes = quantize(x, scale) — so the bytes are the CPU's. Rows are
+// L.n + 4 bytes (4-byte aligned: L.n % 16 == 0, checked by the host), codes stored bytewise.
+__global__ void store_rows_fp8_index_kernel(const float* __restrict__ src,
+                                            const int32_t* __restrict__ rows, int64_t n,
+                                            KvFp8IndexLayout L, uint8_t* __restrict__ pool) {
+  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (i >= n) return;  // whole warps
+  const int32_t p = rows[i];
+  if (p < 0) return;
+  const float* x = src + i * L.n;
+  uint8_t* dst = pool + int64_t(p) * L.bytes;
+  float m = 0.f;
+  for (int c = lane; c < L.n; c += 32) m = fmaxf(m, kvfp8::abs_finite(x[c]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float s = kvfp8::block_scale(m);
+  for (int c = lane; c < L.n; c += 32) dst[c] = kvfp8::quantize(x[c], s);
+  if (lane == 0) *reinterpret_cast<float*>(dst + L.scale_off) = s;
+}
+
 // dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
 __global__ void rows_copy_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows,
                                  int64_t n, int64_t width, float* __restrict__ dst, bool scatter) {
@@ -177,6 +201,20 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
   if (s >= n) return;
   const int64_t key = int64_t(a.cand.rows[a.cand.offset[t] + s]) * dI;  // first value
   float acc = 0.f;
+  if (a.key_dtype == KvDtype::kFp8Index) {
+    // fp8 indexer keys (kv_fp8_index_layout(dI)): dequantized on load (code value · row scale,
+    // kvfp8::dequantize), as the CPU reads them.
+    const KvFp8IndexLayout L = kv_fp8_index_layout(dI);
+    const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) + (key / dI) * L.bytes;
+    const float ks = *reinterpret_cast<const float*>(kr + L.scale_off);
+    for (int h = 0; h < nI; ++h) {
+      float dsum = 0.f;
+      for (int c = 0; c < dI; ++c) dsum += sm[h * dI + c] * kvfp8::dequantize(kr[c], ks);
+      acc += fmaxf(0.f, dsum) * qscale * sm[nI * dI + h];
+    }
+    scores[t * ld + s] = acc;
+    return;
+  }
   for (int h = 0; h < nI; ++h) {
     float dsum = 0.f;
     for (int c = 0; c < dI; ++c) dsum += sm[h * dI + c] * kv_load(a.key_pool, a.key_dtype, key + c);
@@ -564,7 +602,10 @@ class CudaOps final : public Ops {
   /// fp8 pools (rows of KvFp8Layout): stored by store_rows_fp8_kernel (SWA) and by
   /// FlashCompressor's fused fp8 store (compressed rows; V4_COMPRESS_FP8_FUSED=0: the default
   /// compress_fused composition), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
-  /// split kernel and the generic kernel; their indexer keys are bf16.
+  /// split kernel and the generic kernel. Their indexer keys are kFp8Index rows (e4m3 codes + one
+  /// f32 scale, 132 bytes for V4): stored by store_rows_fp8_index_kernel and by FlashCompressor's
+  /// fused store (V4_COMPRESS_FP8_FUSED=0 or a scalar plan: the default composition), read by the
+  /// decode / WMMA indexer kernels (indexer.cu) and indexer_score_kernel.
   bool supports_kv_dtype(KvDtype dt) const override {
     return dt == KvDtype::kF32 || dt == KvDtype::kBf16 || dt == KvDtype::kFp8;
   }
@@ -620,6 +661,22 @@ class CudaOps final : public Ops {
       store_rows_fp8_kernel<<<unsigned((n + kWarps - 1) / kWarps), 32 * kWarps, 0, cs()>>>(
           src, rows, n, int(width), L, static_cast<uint8_t*>(pool));
       launched("store_rows_fp8");
+      return;
+    }
+    if (dtype == KvDtype::kFp8Index) {
+      if (width <= 0 || width % 16 != 0 || width > (int64_t(1) << 20) ||
+          (reinterpret_cast<uintptr_t>(pool) & 3) != 0) {
+        record(cuda::errorf(ErrorCode::kInvalidArgument,
+                            "store_rows_kv: fp8 indexer width {} (needs % 16 == 0) or pool "
+                            "not 4-byte aligned",
+                            width));
+        return;
+      }
+      if (n <= 0) return;
+      constexpr int kWarps = 4;
+      store_rows_fp8_index_kernel<<<unsigned((n + kWarps - 1) / kWarps), 32 * kWarps, 0, cs()>>>(
+          src, rows, n, kv_fp8_index_layout(int(width)), static_cast<uint8_t*>(pool));
+      launched("store_rows_fp8_index");
       return;
     }
     if (dtype != KvDtype::kBf16) {
@@ -709,7 +766,13 @@ class CudaOps final : public Ops {
     return !(e && e[0] == '0');
   }
   void compress_fused(const CompressFusedArgs& a) override {
-    if (a.pool_dtype == KvDtype::kFp8 && !compress_fp8_fused()) {
+    // fp8 indexer keys (kFp8Index): FlashCompressor's fused store (one scale per row) when
+    // V4_COMPRESS_FP8_FUSED is not 0 and the vector plan applies
+    // (cuda::compress_fused_index_fp8_ok); otherwise the default composition (pool, norm, rope
+    // into scratch, store_rows_fp8_index_kernel, ring refresh).
+    const bool idx_composed = a.pool_dtype == KvDtype::kFp8Index &&
+                              (!compress_fp8_fused() || !cuda::compress_fused_index_fp8_ok(a));
+    if (idx_composed || (a.pool_dtype == KvDtype::kFp8 && !compress_fp8_fused())) {
       // fp8 compressed rows, V4_COMPRESS_FP8_FUSED=0: the default composition (pool, norm,
       // rope into scratch, then store_rows_kv's fp8 kernel, then the ring refresh). Default:
       // FlashCompressor quantizes in its final store (the same bytes as kvfp8::quantize_row

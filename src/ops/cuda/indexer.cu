@@ -1,6 +1,8 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 // Tensor-core indexer scores over paged f32 keys (see indexer.h).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -22,7 +24,7 @@ constexpr int kPad = 8;       // bf16 row padding (keeps WMMA pointers 32-byte a
 
 struct Layout {
   int nI, dI, ldq, ldk, ldc;
-  size_t q_off, k_off, c_off, w_off, r_off, bytes;
+  size_t q_off, k_off, c_off, w_off, r_off, s_off, bytes;
 };
 
 __host__ __device__ inline size_t align128(size_t x) { return (x + 127) / 128 * 128; }
@@ -40,12 +42,14 @@ __host__ __device__ inline Layout make_layout(int nI, int dI) {
   L.c_off = align128(L.k_off + size_t(kKT) * L.ldk * 2);
   L.w_off = align128(L.c_off + size_t(kQB) * nI * L.ldc * 4);
   L.r_off = align128(L.w_off + size_t(kQB) * nI * 4);
-  L.bytes = align128(L.r_off + size_t(kKT) * 4);
+  L.s_off = align128(L.r_off + size_t(kKT) * 4);  // fp8 keys: row scale per key of the tile
+  L.bytes = align128(L.s_off + size_t(kKT) * 4);
   return L;
 }
 
 // kQB = query rows per block group (1 for decode-shaped calls, 4 for prefill chunks).
-template <int kQB>
+// kFp8: kFp8Index key pools (separate instances, so the f32 / bf16 kernels are unchanged).
+template <int kQB, bool kFp8>
 __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a,
                                                               float* __restrict__ scores,
                                                               int64_t ld) {
@@ -56,7 +60,13 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
   float* cs = reinterpret_cast<float*>(smem + L.c_off);
   float* wsm = reinterpret_cast<float*>(smem + L.w_off);
   int32_t* rows_s = reinterpret_cast<int32_t*>(smem + L.r_off);
+  float* scale_s = reinterpret_cast<float*>(smem + L.s_off);
   const int nI = L.nI, dI = L.dI;
+  // fp8 keys (kFp8Index rows, kv_fp8_index_layout(dI)): the tile holds the codes' exact values
+  // (e4m3 ⊂ bf16), the row scale multiplies the key's head sum (score = scale · Σ_h ReLU(q_h ·
+  // codes) · w_h; scale ≥ 0).
+  constexpr bool fp8 = kFp8;
+  const int64_t fp8_row_bytes = int64_t(dI) + 4;
   const int warp = threadIdx.x / 32;
   const int64_t t0 = int64_t(blockIdx.y) * kQB;
   const int nq = int(min(int64_t(kQB), a.n_rows - t0));
@@ -86,7 +96,13 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
       __syncthreads();  // qs/wsm written; previous tile's cs consumed
       if (threadIdx.x < kKT) {
         const int s = s0 + threadIdx.x;
-        rows_s[threadIdx.x] = s < maxc ? cand[s] : -1;
+        const int32_t r = s < maxc ? cand[s] : -1;
+        rows_s[threadIdx.x] = r;
+        if (fp8)
+          scale_s[threadIdx.x] =
+              r >= 0 ? __ldg(reinterpret_cast<const float*>(static_cast<const uint8_t*>(a.key_pool) +
+                                                            int64_t(r) * fp8_row_bytes + dI))
+                     : 0.f;
       }
       __syncthreads();
       const int w4 = dI / 4;
@@ -94,7 +110,16 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
         const int key = e / w4, c4 = e - key * w4;
         const int32_t r = rows_s[key];
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r >= 0) v = kv_load4(a.key_pool, a.key_dtype, int64_t(r) * dI + 4 * c4);
+        if (r >= 0 && fp8) {  // 4 codes (4-byte load: rows are dI + 4 bytes, dI % 16 == 0)
+          const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(
+              static_cast<const uint8_t*>(a.key_pool) + int64_t(r) * fp8_row_bytes + 4 * c4));
+          v = make_float4(kvfp8::e4m3_decode(uint8_t(w & 0xffu)),
+                          kvfp8::e4m3_decode(uint8_t((w >> 8) & 0xffu)),
+                          kvfp8::e4m3_decode(uint8_t((w >> 16) & 0xffu)),
+                          kvfp8::e4m3_decode(uint8_t(w >> 24)));
+        } else if (r >= 0) {
+          v = kv_load4(a.key_pool, a.key_dtype, int64_t(r) * dI + 4 * c4);
+        }
         __nv_bfloat16* dst = ks + key * L.ldk + 4 * c4;
         dst[0] = __float2bfloat16(v.x);
         dst[1] = __float2bfloat16(v.y);
@@ -127,6 +152,7 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
         for (int h = part; h < nI; h += 4) acc += fmaxf(0.f, col[h * L.ldc]) * w[h];
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (fp8) acc *= scale_s[key];
         const int s = s0 + key;
         const int64_t t = tq0 + qi;
         if (part == 0 && s < a.cand.count[t]) scores[t * ld + s] = acc;
@@ -161,6 +187,11 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
 // bf16 key pools permute further (key_dim0): lane t's 16-byte load of dims 32u + 8t … +7 gives
 // k-step 2u dims +0..3 and k-step 2u+1 dims +4..7, already packed as B registers; q's A fragments
 // follow the same map. Σ_k is the same sum in another order.
+// fp8 key pools (kFp8Index rows: 128 e4m3 codes + one f32 scale, 132 bytes, so rows are only
+// 4-byte aligned): the f32 map (dims 16kk + 4t … +3), one 4-byte load of 4 codes per lane and
+// k-step (the 4 lanes of a key read 16 contiguous bytes), converted exactly to bf16 pairs
+// (e4m3 → f16x2 → f32 → bf16x2; e4m3 ⊂ bf16); the MMA runs on the unscaled codes and the row
+// scale multiplies the key's head sum once (score = s · Σ_h ReLU(q_h · codes) · w_h, s ≥ 0).
 //
 // Head reduction: lane (g, t) owns heads {16m+g, 16m+g+8 : m < kDMT} of keys 8j+2t, 8j+2t+1; it
 // sums ReLU(c)·w over those 8 heads (m ascending, row g before g+8), then a fixed xor-shuffle tree
@@ -189,27 +220,48 @@ __device__ __forceinline__ uint4 ld_stream_u4(const uint16_t* p) {
   return v;
 }
 
-// First of the four key dims that lane t feeds into k-step kk (the K permutation below). f32 keys:
-// 16kk + 4t (one 16-byte load per k-step). bf16 keys: one 16-byte load of 8 dims per lane serves
-// two k-steps, so 32·(kk/2) + 8t + 4·(kk%2).
-template <bool kBf16Keys>
+// Key pool formats of the decode kernel (template argument kKeys).
+constexpr int kKeysF32 = 0, kKeysBf16 = 1, kKeysFp8 = 2;
+// Bytes of one fp8 key row (kv_fp8_index_layout(128)).
+constexpr int kFp8KeyRowBytes = 132;
+static_assert(kv_fp8_index_layout(128).bytes == kFp8KeyRowBytes &&
+              kv_fp8_index_layout(128).scale_off == 128);
+
+// First of the four key dims that lane t feeds into k-step kk (the K permutation below). f32 and
+// fp8 keys: 16kk + 4t (one 16-byte / 4-byte load per k-step). bf16 keys: one 16-byte load of 8
+// dims per lane serves two k-steps, so 32·(kk/2) + 8t + 4·(kk%2).
+template <int kKeys>
 __device__ __forceinline__ int key_dim0(int kk, int t) {
-  return kBf16Keys ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1) : 16 * kk + 4 * t;
+  return kKeys == kKeysBf16 ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1) : 16 * kk + 4 * t;
+}
+
+// Two e4m3 codes (low byte = first value) → their exact values as a packed bf16 pair (low half =
+// first value): cvt e4m3x2 → f16x2 (exact), widened to f32, packed (exact: e4m3 ⊂ bf16).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes2) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes2 & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  return wfrag::pack_bf16(f.x, f.y);
+}
+// One 4-byte load (4 codes) of a read-only fp8 key row.
+__device__ __forceinline__ uint32_t ld_nc_u32(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
 
 // kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
-// kBf16Keys: the key pool holds bf16 (KvDtype::kBf16) instead of f32; the loaded pairs are the
-// B registers as they are (no conversion), and the same 256 bytes per lane in flight cover twice
-// the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
+// kKeys == kKeysBf16: the key pool holds bf16 (KvDtype::kBf16) instead of f32; the loaded pairs
+// are the B registers as they are (no conversion), and the same 256 bytes per lane in flight cover
+// twice the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
+// kKeys == kKeysFp8: kFp8Index rows (see above; launch_decode picks kDNT = 4).
 // kPdl: launched with programmatic stream serialization (V4_INDEXER_PDL, docs/cuda.md §Indexer
 // chain): lets the dependent kernel (the PDL top-k) launch at once — it waits for this whole grid
 // before reading any score —, and every thread waits for the previous kernel of the stream
 // (griddepcontrol.wait: it has completed and its memory is visible) before its first global
 // access (the count, q, weights, candidate rows and keys may all be written by it).
-template <int kDNT, bool kBf16Keys, bool kPdl>
+template <int kDNT, int kKeys, bool kPdl>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
+  constexpr bool kBf16Keys = kKeys == kKeysBf16, kFp8Keys = kKeys == kKeysFp8;
   constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
   if constexpr (kPdl) {
@@ -238,7 +290,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
   for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kDWarps * 32) {
     const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
     const int ug = ul >> 2, ut = ul & 3;
-    const int d0 = key_dim0<kBf16Keys>(kk, ut);
+    const int d0 = key_dim0<kKeys>(kk, ut);
     const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
     const float4 hi = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
     qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
@@ -258,25 +310,42 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
     int32_t r[kDNT];
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
-    // Key loads of this chunk (16 B per lane per (j, kk), or per (j, kk pair) for bf16 keys).
+    // Key loads of this chunk (16 B per lane per (j, kk), or per (j, kk pair) for bf16 keys; fp8
+    // keys: 4 B per lane per (j, kk) into kw, and the row scale of key 8j + g into ksc).
     constexpr int kLoads = kBf16Keys ? kDKT / 2 : kDKT;
-    uint4 kv[kDNT][kLoads];
+    [[maybe_unused]] uint4 kv[kDNT][kFp8Keys ? 1 : kLoads];
+    [[maybe_unused]] uint32_t kw[kDNT][kFp8Keys ? kDKT : 1];
+    [[maybe_unused]] float ksc[kDNT];
+    if constexpr (kFp8Keys) {
 #pragma unroll
-    for (int j = 0; j < kDNT; ++j) {
-      const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI;  // value index of the row
+      for (int j = 0; j < kDNT; ++j) {
+        const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
+                            int64_t(r[j] < 0 ? 0 : r[j]) * kFp8KeyRowBytes;
 #pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        if (r[j] < 0) {
-          kv[j][u] = make_uint4(0u, 0u, 0u, 0u);
-        } else if constexpr (kBf16Keys) {
-          kv[j][u] = ld_stream_u4(static_cast<const uint16_t*>(a.key_pool) + kp + key_dim0<true>(2 * u, t));
-        } else {
-          const float4 f = ld_stream_f4(static_cast<const float*>(a.key_pool) + kp + key_dim0<false>(u, t));
-          kv[j][u] = make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z),
-                                __float_as_uint(f.w));
+        for (int u = 0; u < kDKT; ++u)
+          kw[j][u] = r[j] < 0 ? 0u : ld_nc_u32(kr + key_dim0<kKeys>(u, t));
+        ksc[j] = r[j] < 0 ? 0.f : __ldg(reinterpret_cast<const float*>(kr + kDDI));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI;  // value index of the row
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          if (r[j] < 0) {
+            kv[j][u] = make_uint4(0u, 0u, 0u, 0u);
+          } else if constexpr (kBf16Keys) {
+            kv[j][u] = ld_stream_u4(static_cast<const uint16_t*>(a.key_pool) + kp +
+                                    key_dim0<kKeysBf16>(2 * u, t));
+          } else {
+            const float4 f = ld_stream_f4(static_cast<const float*>(a.key_pool) + kp +
+                                          key_dim0<kKeysF32>(u, t));
+            kv[j][u] = make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z),
+                                  __float_as_uint(f.w));
+          }
         }
       }
-    }
+    }  // !kFp8Keys
     // Next chunk's candidate rows while the keys are in flight.
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) {
@@ -295,7 +364,10 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
       uint32_t b[kDNT][2];
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
-        if constexpr (kBf16Keys) {  // dims d0..d0+3 of the 8 this lane loaded for steps kk, kk+1
+        if constexpr (kFp8Keys) {  // dims d0..d0+3: codes 0, 1 → reg0, codes 2, 3 → reg1
+          b[j][0] = e4m3x2_to_bf16x2(kw[j][kk]);
+          b[j][1] = e4m3x2_to_bf16x2(kw[j][kk] >> 16);
+        } else if constexpr (kBf16Keys) {  // dims d0..d0+3 of the 8 this lane loaded for steps kk, kk+1
           const uint4& v = kv[j][kk >> 1];
           b[j][0] = (kk & 1) ? v.z : v.x;
           b[j][1] = (kk & 1) ? v.w : v.y;
@@ -329,6 +401,11 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
         p0 += __shfl_xor_sync(0xffffffffu, p0, o);
         p1 += __shfl_xor_sync(0xffffffffu, p1, o);
       }
+      if constexpr (kFp8Keys) {
+        // Row scales of keys 8j + 2t, 8j + 2t + 1: loaded by the lanes with g = 2t, 2t + 1.
+        p0 *= __shfl_sync(0xffffffffu, ksc[j], 8 * t);
+        p1 *= __shfl_sync(0xffffffffu, ksc[j], 8 * t + 4);
+      }
       // Every lane now holds the sums of its t; lanes with g == j write n-tile j.
       if (g == j) {
         const int s = s0 + 8 * j + 2 * t;
@@ -346,13 +423,13 @@ bool indexer_tc_supported(int n_heads, int head_dim) {
 }
 
 namespace {
-template <int kQB>
+template <int kQB, bool kFp8>
 Status launch_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                  int n_sms, cudaStream_t stream) {
   const Layout L = make_layout<kQB>(a.n_heads, a.head_dim);
   static bool attr_set = false;  // process-wide attribute per instantiation (largest layout)
   if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(indexer_tc_kernel<kQB>,
+    cudaError_t e = cudaFuncSetAttribute(indexer_tc_kernel<kQB, kFp8>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
     if (e != cudaSuccess) return cuda_status(e, "indexer_tc smem attribute");
     attr_set = true;
@@ -362,7 +439,7 @@ Status launch_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, in
   const int64_t want = 8 * int64_t(n_sms);
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(tiles, (want + groups - 1) / groups));
   const dim3 grid{unsigned(gx), unsigned(groups), 1u};
-  indexer_tc_kernel<kQB><<<grid, kThreads, L.bytes, stream>>>(a, scores, ld);
+  indexer_tc_kernel<kQB, kFp8><<<grid, kThreads, L.bytes, stream>>>(a, scores, ld);
   return check_launch("indexer_tc_kernel");
 }
 }  // namespace
@@ -388,14 +465,14 @@ bool decode_kernel_enabled() {
   return on;
 }
 
-template <int kDNT, bool kBf16Keys>
+template <int kDNT, int kKeys>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                      int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kDChunk = 8 * kDNT;
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT, kBf16Keys, false>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT, kKeys, false>,
                                                       kDWarps * 32, 0) != cudaSuccess ||
         b < 1) {
       (void)cudaGetLastError();
@@ -410,7 +487,7 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
   if (!pdl) {
-    indexer_decode_kernel<kDNT, kBf16Keys, false><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
+    indexer_decode_kernel<kDNT, kKeys, false><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
     return check_launch("indexer_decode_kernel");
   }
   // The PDL twin has the same body (plus the wait / trigger at its start), so the same registers
@@ -425,7 +502,7 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kBf16Keys, true>, a, scores, ld));
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kKeys, true>, a, scores, ld));
   return check_launch("indexer_decode_kernel (PDL)");
 }
 }  // namespace
@@ -447,19 +524,26 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
                     kDNI, kDDI, a.n_heads, a.head_dim);
     // bf16 keys: 4 n-tiles keep the f32 kernel's 256 bytes per lane in flight (variant 2 = 2
     // n-tiles for A/B); f32 keys: 2 n-tiles (variant 3 = 4).
+    // fp8 keys: 4 n-tiles (128 bytes per lane in flight, 32 key registers; variant 2 = 2).
+    if (a.key_dtype == KvDtype::kFp8Index)
+      return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
+                          : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kBf16)
-      return variant == 2 ? launch_decode<2, true>(a, max_count, scores, ld, n_sms, stream, pdl)
-                          : launch_decode<4, true>(a, max_count, scores, ld, n_sms, stream, pdl);
-    return variant == 3 ? launch_decode<4, false>(a, max_count, scores, ld, n_sms, stream, pdl)
-                        : launch_decode<2, false>(a, max_count, scores, ld, n_sms, stream, pdl);
+      return variant == 2 ? launch_decode<2, kKeysBf16>(a, max_count, scores, ld, n_sms, stream, pdl)
+                          : launch_decode<4, kKeysBf16>(a, max_count, scores, ld, n_sms, stream, pdl);
+    return variant == 3 ? launch_decode<4, kKeysF32>(a, max_count, scores, ld, n_sms, stream, pdl)
+                        : launch_decode<2, kKeysF32>(a, max_count, scores, ld, n_sms, stream, pdl);
   }
   if (!indexer_tc_supported(a.n_heads, a.head_dim))
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: nI={} dI={} unsupported",
                   a.n_heads, a.head_dim);
   // Decode-shaped calls (few rows, each its own candidate list) use one query row per group:
   // a quarter of the shared memory, so several blocks share an SM.
-  if (a.n_rows <= 64) return launch_tc<1>(a, max_count, scores, ld, n_sms, stream);
-  return launch_tc<4>(a, max_count, scores, ld, n_sms, stream);
+  if (a.key_dtype == KvDtype::kFp8Index)
+    return a.n_rows <= 64 ? launch_tc<1, true>(a, max_count, scores, ld, n_sms, stream)
+                          : launch_tc<4, true>(a, max_count, scores, ld, n_sms, stream);
+  if (a.n_rows <= 64) return launch_tc<1, false>(a, max_count, scores, ld, n_sms, stream);
+  return launch_tc<4, false>(a, max_count, scores, ld, n_sms, stream);
 }
 
 }  // namespace v4::cuda
