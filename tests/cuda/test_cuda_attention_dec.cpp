@@ -694,7 +694,7 @@ TEST(CudaAttentionDec, SplitModel5) {
       }
 }
 
-// Through the backend (bf16 mode): the decode kernel's auto choice (mode -1: variant 3 for S = 1
+// Through the backend (bf16 mode): the decode kernel's auto choice (mode -1: variant 5 for S = 1
 // with 8,320 keys, 4 for S = 3 with 640, 2 for S = 7 / 64), variants 2 and 1, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a

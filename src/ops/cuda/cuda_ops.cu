@@ -424,14 +424,15 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 
 /// The attention_dec variant for a call when CudaOptions::attention_dec_variant is 0 (auto).
 /// From bench/results/cuda-attention.md (H200, session 7, 64 heads, bf16 pools): at batch 1
-/// variant 4 (16 heads per block) takes 9.7 µs for CSA (v2 18.5) and 8.6 for HCA at 4K (v2 15.4);
-/// with longer key lists variant 3 is faster (HCA 1M, 8,320 keys: v3 25.6 µs, v4 28.2, v2 30.1);
-/// at batch 64 variant 2 is fastest or within 1 % end to end
-/// (bench/results/bench-v4flash-20l-attn-b64.md), and v4 is 2× slower per kernel.
-/// rows = query rows of the call (batch × tokens per sequence); max_keys = longest key list.
+/// variant 4 (16 heads per block) takes 9.8 µs for CSA (v2 18.6, v5 10.7) and 9.0 for HCA at 4K
+/// (v2 15.4); with long key lists variant 5 (key rows preloaded, cluster merge) is fastest
+/// (HCA 1M, 8,320 keys: v5 24.3 µs, v3 25.5, v4 28.3, v2 31.4); at batch 64 variant 2 is
+/// fastest or within 1 % end to end (bench/results/bench-v4flash-20l-attn-b64.md), v4 2× slower
+/// per kernel. rows = query rows of the call (batch × tokens per sequence); max_keys = longest
+/// key list (0 = unknown).
 inline int attention_dec_auto_variant(int64_t rows, int64_t max_keys) {
   if (rows > 4) return 2;
-  return max_keys > 4096 ? 3 : 4;
+  return max_keys > 4096 ? 5 : 4;
 }
 
 // ---- the backend --------------------------------------------------------------------------------
