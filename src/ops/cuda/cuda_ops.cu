@@ -831,7 +831,9 @@ class CudaOps final : public Ops {
     // PDL-launched waits for its predecessor before any global access (so the first kernel after
     // a multi-stream join, whose predecessors include the side streams' last kernels, is ordered
     // after all of them), and triggers its dependents at its start.
-    const bool pdl = opts_.indexer_pdl;
+    // Measured (H200, bench/results/cuda-indexer.md, chain table): PDL saves 1.5–3.6 µs a chain
+    // at batch 1 but costs 2–9 µs at batch 64, so only calls of ≤ indexer_pdl_max_rows rows use it.
+    const bool pdl = opts_.indexer_pdl && S <= opts_.indexer_pdl_max_rows;
     if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
       record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, cs(), 0, pdl));

@@ -108,6 +108,9 @@ struct CudaOptions {
   /// topk.h variants 43 / 33). Same results bit for bit. Off: plain launches (A/B).
   /// Environment override at backend creation: V4_INDEXER_PDL=0 (off) / 1 (on).
   bool indexer_pdl = true;
+  /// indexer_pdl applies to calls of at most this many query rows (batch 1 gains 1.5–3.6 µs a
+  /// chain on the H200; batch 64 loses 2–9 µs: bench/results/cuda-indexer.md).
+  int64_t indexer_pdl_max_rows = 4;
 };
 
 /// Counters of the multi-stream branches of a CUDA backend since creation: forks that ran on
