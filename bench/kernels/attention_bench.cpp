@@ -53,6 +53,118 @@ double median_us(const std::function<void(int)>& fn, int samples = 30, int inner
       .med_us;
 }
 
+// The key pools of the attention rows: `rows` rows × 512 of finite, non-constant values (the
+// kernels' cost does not depend on them) as f32 (`f32`) and / or the same values rounded to bf16
+// (`bf16`); the pool that is not asked for stays nullptr.
+struct AttnPools {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  AttnPools(int64_t rows, int hd, bool want_f32, bool want_bf16) {
+    if (want_f32) AB_CHECK(cudaMalloc(&f32, size_t(rows) * hd * sizeof(float)));
+    if (want_bf16) AB_CHECK(cudaMalloc(&bf16, size_t(rows) * hd * sizeof(uint16_t)));
+    std::vector<float> chunk(size_t(1) << 22);
+    std::vector<uint16_t> chunk_b(chunk.size());
+    std::mt19937_64 g(99);
+    std::normal_distribution<float> d(0.f, 0.3f);
+    for (auto& x : chunk) x = d(g);
+    for (size_t i = 0; i < chunk.size(); ++i) chunk_b[i] = v4::f32_to_bf16(chunk[i]);
+    const size_t total = size_t(rows) * hd;
+    for (size_t off = 0; off < total; off += chunk.size()) {
+      const size_t cnt = std::min(chunk.size(), total - off);
+      if (f32) AB_CHECK(cudaMemcpy(f32 + off, chunk.data(), cnt * 4, cudaMemcpyHostToDevice));
+      if (bf16) AB_CHECK(cudaMemcpy(bf16 + off, chunk_b.data(), cnt * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  AttnPools(const AttnPools&) = delete;
+  AttnPools& operator=(const AttnPools&) = delete;
+  ~AttnPools() {
+    cudaFree(f32);
+    cudaFree(bf16);
+  }
+};
+
+// Device inputs of one decode-attention configuration: S query rows per launch, each with
+// n_swa SWA keys then n_comp compressed keys (keys = n_swa + n_comp), `sets` input sets (key
+// lists, q, out) so consecutive launches touch different memory. Set r, row t → its keys are
+// distinct rows of the pool (consecutive chunks of a fresh permutation of `perm`'s rows, which
+// must hold ≥ S · keys rows). q of set r = `q_src` + r · S · H · hd (device f32, ≥ sets · S · H ·
+// hd floats).
+struct AttnInputs {
+  int64_t S, n_swa, n_comp, keys;
+  int sets, H, hd;
+  size_t qn;  // floats of q (and out) per set: S · H · hd
+  int32_t *d_rows = nullptr, *d_sc = nullptr, *d_cc = nullptr;
+  int64_t *d_so = nullptr, *d_co = nullptr;
+  float *d_q = nullptr, *d_out = nullptr;
+  AttnInputs(int64_t S_, int64_t n_swa_, int64_t n_comp_, int sets_, int H_, int hd_,
+             std::vector<int32_t>& perm, std::mt19937_64& g, const float* q_src)
+      : S(S_), n_swa(n_swa_), n_comp(n_comp_), keys(n_swa_ + n_comp_), sets(sets_), H(H_),
+        hd(hd_), qn(size_t(S_) * H_ * hd_) {
+    if (S * keys > int64_t(perm.size())) {
+      std::fprintf(stderr, "AttnInputs: %lld rows × %lld keys exceed the pool (%zu rows)\n",
+                   (long long)S, (long long)keys, perm.size());
+      std::exit(2);
+    }
+    std::vector<int32_t> rows(size_t(sets * S * keys));
+    std::vector<int64_t> so(size_t(sets * S)), co(size_t(sets * S));
+    std::vector<int32_t> sc(static_cast<size_t>(S), static_cast<int32_t>(n_swa));
+    std::vector<int32_t> cc(static_cast<size_t>(S), static_cast<int32_t>(n_comp));
+    for (int r = 0; r < sets; ++r) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      for (int64_t t = 0; t < S; ++t) {
+        const int64_t base = (r * S + t) * keys;
+        std::copy(perm.begin() + t * keys, perm.begin() + (t + 1) * keys, rows.begin() + base);
+        so[size_t(r * S + t)] = base;
+        co[size_t(r * S + t)] = base + n_swa;
+      }
+    }
+    AB_CHECK(cudaMalloc(&d_rows, rows.size() * 4));
+    AB_CHECK(cudaMalloc(&d_sc, size_t(S) * 4));
+    AB_CHECK(cudaMalloc(&d_cc, size_t(S) * 4));
+    AB_CHECK(cudaMalloc(&d_so, so.size() * 8));
+    AB_CHECK(cudaMalloc(&d_co, co.size() * 8));
+    AB_CHECK(cudaMalloc(&d_q, sets * qn * 4));
+    AB_CHECK(cudaMalloc(&d_out, sets * qn * 4));
+    AB_CHECK(cudaMemcpy(d_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+    AB_CHECK(cudaMemcpy(d_sc, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
+    AB_CHECK(cudaMemcpy(d_cc, cc.data(), cc.size() * 4, cudaMemcpyHostToDevice));
+    AB_CHECK(cudaMemcpy(d_so, so.data(), so.size() * 8, cudaMemcpyHostToDevice));
+    AB_CHECK(cudaMemcpy(d_co, co.data(), co.size() * 8, cudaMemcpyHostToDevice));
+    AB_CHECK(cudaMemcpy(d_q, q_src, sets * qn * 4, cudaMemcpyDeviceToDevice));
+  }
+  AttnInputs(const AttnInputs&) = delete;
+  AttnInputs& operator=(const AttnInputs&) = delete;
+  ~AttnInputs() {
+    cudaFree(d_rows);
+    cudaFree(d_sc);
+    cudaFree(d_cc);
+    cudaFree(d_so);
+    cudaFree(d_co);
+    cudaFree(d_q);
+    cudaFree(d_out);
+  }
+  // Arguments of launch i (input set i % sets) over `pool` (bf16 when b16, else f32).
+  v4::ops::AttentionArgs args(int i, const void* pool, bool b16, const float* sinks) const {
+    const int r = i % sets;
+    v4::ops::AttentionArgs a;
+    a.q = d_q + r * qn;
+    a.sinks = sinks;
+    a.swa_pool = pool;
+    a.swa = {d_rows, d_so + r * S, d_sc};
+    a.comp_pool = pool;
+    a.kv_dtype = a0_dtype(b16);
+    a.comp = {d_rows, d_co + r * S, d_cc};
+    a.n_rows = S;
+    a.n_heads = H;
+    a.head_dim = hd;
+    a.scale = 1.f / std::sqrt(float(hd));
+    a.max_keys = keys;
+    a.out = d_out + r * qn;
+    return a;
+  }
+};
+
 }  // namespace
 
 /// The cuda-attention.md body at copy bandwidth `bw` GB/s (read + write).
@@ -62,25 +174,9 @@ std::string bench_attention(double bw) {
   int dev = 0, n_sms = 0;
   AB_CHECK(cudaGetDevice(&dev));
   AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
-  float* pool = nullptr;
-  uint16_t* pool_b = nullptr;  // the same values as bf16 (1 GiB)
-  AB_CHECK(cudaMalloc(&pool, size_t(kPoolRows) * hd * sizeof(float)));
-  AB_CHECK(cudaMalloc(&pool_b, size_t(kPoolRows) * hd * sizeof(uint16_t)));
-  {
-    // Finite, non-constant values (the kernels' cost does not depend on them).
-    std::vector<float> chunk(size_t(1) << 22);
-    std::vector<uint16_t> chunk_b(chunk.size());
-    std::mt19937_64 g(99);
-    std::normal_distribution<float> d(0.f, 0.3f);
-    for (auto& x : chunk) x = d(g);
-    for (size_t i = 0; i < chunk.size(); ++i) chunk_b[i] = v4::f32_to_bf16(chunk[i]);
-    const size_t total = size_t(kPoolRows) * hd;
-    for (size_t off = 0; off < total; off += chunk.size()) {
-      const size_t cnt = std::min(chunk.size(), total - off);
-      AB_CHECK(cudaMemcpy(pool + off, chunk.data(), cnt * 4, cudaMemcpyHostToDevice));
-      AB_CHECK(cudaMemcpy(pool_b + off, chunk_b.data(), cnt * 2, cudaMemcpyHostToDevice));
-    }
-  }
+  AttnPools pools(kPoolRows, hd, true, true);  // 2 GiB f32 + the same values as bf16 (1 GiB)
+  const float* pool = pools.f32;
+  const uint16_t* pool_b = pools.bf16;
   float* sinks = nullptr;
   AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
   AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
@@ -129,55 +225,10 @@ std::string bench_attention(double bw) {
         const bool csa = kind[0] == 'C';
         const int64_t n_comp = csa ? std::min<int64_t>(512, ctx / 4) : ctx / 128;
         const int64_t keys = 128 + n_comp;
-        // Key lists: set r, row t → 128 SWA rows then n_comp compressed rows, all distinct
-        // within a set (consecutive chunks of a fresh permutation of the pool rows).
-        std::vector<int32_t> rows(size_t(kSets * S * keys));
-        std::vector<int64_t> so(size_t(kSets * S)), co(size_t(kSets * S));
-        std::vector<int32_t> sc(static_cast<size_t>(S), 128), cc(static_cast<size_t>(S), static_cast<int32_t>(n_comp));
-        for (int r = 0; r < kSets; ++r) {
-          std::iota(perm.begin(), perm.end(), 0);
-          std::shuffle(perm.begin(), perm.end(), g);
-          for (int64_t t = 0; t < S; ++t) {
-            const int64_t base = (r * S + t) * keys;
-            std::copy(perm.begin() + t * keys, perm.begin() + (t + 1) * keys, rows.begin() + base);
-            so[size_t(r * S + t)] = base;
-            co[size_t(r * S + t)] = base + 128;
-          }
-        }
-        int32_t *d_rows = nullptr, *d_sc = nullptr, *d_cc = nullptr;
-        int64_t *d_so = nullptr, *d_co = nullptr;
-        float *d_q = nullptr, *d_out = nullptr;
-        const size_t qn = size_t(S) * H * hd;
-        AB_CHECK(cudaMalloc(&d_rows, rows.size() * 4));
-        AB_CHECK(cudaMalloc(&d_sc, size_t(S) * 4));
-        AB_CHECK(cudaMalloc(&d_cc, size_t(S) * 4));
-        AB_CHECK(cudaMalloc(&d_so, so.size() * 8));
-        AB_CHECK(cudaMalloc(&d_co, co.size() * 8));
-        AB_CHECK(cudaMalloc(&d_q, kSets * qn * 4));
-        AB_CHECK(cudaMalloc(&d_out, kSets * qn * 4));
-        AB_CHECK(cudaMemcpy(d_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
-        AB_CHECK(cudaMemcpy(d_sc, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
-        AB_CHECK(cudaMemcpy(d_cc, cc.data(), cc.size() * 4, cudaMemcpyHostToDevice));
-        AB_CHECK(cudaMemcpy(d_so, so.data(), so.size() * 8, cudaMemcpyHostToDevice));
-        AB_CHECK(cudaMemcpy(d_co, co.data(), co.size() * 8, cudaMemcpyHostToDevice));
-        AB_CHECK(cudaMemcpy(d_q, pool, kSets * qn * 4, cudaMemcpyDeviceToDevice));
+        const AttnInputs in(S, 128, n_comp, kSets, H, hd, perm, g, pool);
+        const size_t qn = in.qn;
         auto args = [&](int i) {
-          const int r = i % kSets;
-          v4::ops::AttentionArgs a;
-          a.q = d_q + r * qn;
-          a.sinks = sinks;
-          a.swa_pool = b16 ? static_cast<const void*>(pool_b) : pool;
-          a.swa = {d_rows, d_so + r * S, d_sc};
-          a.comp_pool = b16 ? static_cast<const void*>(pool_b) : pool;
-          a.kv_dtype = b16 ? v4::KvDtype::kBf16 : v4::KvDtype::kF32;
-          a.comp = {d_rows, d_co + r * S, d_cc};
-          a.n_rows = S;
-          a.n_heads = H;
-          a.head_dim = hd;
-          a.scale = 1.f / std::sqrt(float(hd));
-          a.max_keys = keys;
-          a.out = d_out + r * qn;
-          return a;
+          return in.args(i, b16 ? static_cast<const void*>(pool_b) : pool, b16, sinks);
         };
         float* ws = nullptr;
         AB_CHECK(cudaMalloc(&ws, size_t(v4::cuda::attention_workspace_floats(S, H, hd, 128)) * 4));
@@ -320,18 +371,60 @@ std::string bench_attention(double bw) {
         std::printf("%s", line);
         std::fflush(stdout);
         cudaFree(ws);
-        cudaFree(d_rows);
-        cudaFree(d_sc);
-        cudaFree(d_cc);
-        cudaFree(d_so);
-        cudaFree(d_co);
-        cudaFree(d_q);
-        cudaFree(d_out);
       }
-  cudaFree(pool);
-  cudaFree(pool_b);
   cudaFree(sinks);
   md << "\n" << probes.str() << "\n";
   return md.str();
+}
+
+/// `bench_kernels --profile-attention` (for ncu): `launches` calls of
+/// sparse_attention_dec(variant, splits) at batch 1, 64 heads × 512, one query row with
+/// min(keys, 128) SWA keys then the rest as compressed keys, distinct random rows of a 1M-row
+/// pool (bf16 when `b16`, else f32; only that pool is allocated), rotating over 8 input sets
+/// (key lists, q, out) as in bench_attention, then a device sync. Checks 1 ≤ keys ≤ 1M and
+/// 1 ≤ splits ≤ min(tiles, 256) (tiles = ⌈keys / 32⌉); exits with 2 on bad arguments or CUDA
+/// errors, 3 on a failed call. Returns 0.
+int profile_attention(int variant, int64_t keys, int splits, bool b16, int launches) {
+  const int H = 64, hd = 512, kSets = 8;
+  const int64_t kPoolRows = int64_t(1) << 20;
+  const int64_t tiles = (keys + v4::cuda::kAttnDecTileKeys - 1) / v4::cuda::kAttnDecTileKeys;
+  if (keys < 1 || keys > kPoolRows || splits < 1 || splits > tiles || splits > 256 ||
+      launches < 1) {
+    std::fprintf(stderr, "profile-attention: keys %lld (1..%lld), splits %d (1..min(%lld, 256)), "
+                 "launches %d (≥ 1)\n", (long long)keys, (long long)kPoolRows, splits,
+                 (long long)tiles, launches);
+    std::exit(2);
+  }
+  const AttnPools pools(kPoolRows, hd, !b16, b16);
+  const void* pool = b16 ? static_cast<const void*>(pools.bf16) : pools.f32;
+  float* q_src = nullptr;  // kSets query rows of N(0, 0.3) values
+  {
+    std::vector<float> hq(size_t(kSets) * H * hd);
+    std::mt19937_64 gq(5);
+    std::normal_distribution<float> d(0.f, 0.3f);
+    for (auto& x : hq) x = d(gq);
+    AB_CHECK(cudaMalloc(&q_src, hq.size() * 4));
+    AB_CHECK(cudaMemcpy(q_src, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+  }
+  float* sinks = nullptr;
+  AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
+  AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
+  std::mt19937_64 g(12345);
+  std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
+  const int64_t n_swa = std::min<int64_t>(keys, 128);
+  const AttnInputs in(1, n_swa, keys - n_swa, kSets, H, hd, perm, g, q_src);
+  float* ws = nullptr;
+  AB_CHECK(cudaMalloc(&ws, size_t(v4::cuda::attention_workspace_floats(1, H, hd, std::max(splits, 128))) * 4));
+  AB_CHECK(cudaDeviceSynchronize());
+  for (int i = 0; i < launches; ++i)
+    AB_OK(v4::cuda::sparse_attention_dec(in.args(i, pool, b16, sinks), splits, ws, nullptr, variant));
+  AB_CHECK(cudaDeviceSynchronize());
+  std::printf("profile-attention done: variant %d, %lld keys (%lld SWA), %d splits, %s pool, %d "
+              "launches\n", variant, (long long)keys, (long long)n_swa, splits, b16 ? "bf16" : "f32",
+              launches);
+  cudaFree(ws);
+  cudaFree(sinks);
+  cudaFree(q_src);
+  return 0;
 }
 #endif  // V4_HAVE_CUDA

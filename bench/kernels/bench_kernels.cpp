@@ -11,7 +11,20 @@
 // Method (performance.md): warm-up, CUDA events around each launch, median and p10–p90 of many
 // repetitions; the copy bandwidth is measured in the same run. Usage:
 //   bench_kernels --out DIR [--reps N]
-//   bench_kernels --profile-topk [VARIANT]   (30 launches of top-512 of 262,144, for ncu)
+//   bench_kernels [--launches L] --profile-topk [VARIANT [N]]
+//                                            (L launches, default 20, of top-512 of N = 262,144
+//                                             N(0,1) scores at batch 1, for ncu; inputs rotate
+//                                             over copies filling ≥ 256 MiB, at most 256)
+//   bench_kernels [--launches L] --profile-attention VARIANT KEYS SPLITS [bf16|f32]
+//                                            (L launches of attention_dec VARIANT at batch 1, 64
+//                                             heads × 512, min(KEYS, 128) SWA + the rest
+//                                             compressed keys, distinct random rows of a 1M-row
+//                                             bf16 (default) or f32 pool, SPLITS splits, 8 input
+//                                             sets; for ncu, scripts/device/ncu_issue7.sh)
+//   bench_kernels [--launches L] --profile-indexer bf16|fp8|f32 N
+//                                            (L launches of indexer_scores_tc, auto = the decode
+//                                             kernel, batch 1, N keys of that format, paged
+//                                             L2-cold lists; for ncu)
 //   bench_kernels --profile-gemv             (30 batch-1 FP8 GEMVs of wq_b and of wo_b, for ncu)
 //   bench_kernels --out DIR --only-gemv      (only the batch-1 GEMV, shared-memory wgemv vs the
 //                                             streaming gemv_stream, M = 1/2/4, next to a
@@ -76,6 +89,10 @@ std::string bench_indexer(double bw, int reps);
 std::string bench_attention(double bw);
 // gemv_bench.cpp: old vs streaming batch-1 GEMV (--only-gemv, cuda-gemv.md).
 std::string bench_gemv(double bw, int samples);
+// attention_bench.cpp: --profile-attention (one decode-attention configuration, for ncu).
+int profile_attention(int variant, int64_t keys, int splits, bool b16, int launches);
+// indexer_bench.cpp: --profile-indexer (the decode indexer kernel over one key format, for ncu).
+int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches);
 
 namespace {
 
@@ -852,6 +869,9 @@ int main(int argc, char** argv) {
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   bool only_moe = false;  // only the routed-MoE moe_mma v1 vs v2 table (cuda-moe.md)
+  int prof_launches = 20;  // --launches: launches of the --profile-* modes
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--launches")) prof_launches = std::max(1, std::atoi(argv[i + 1]));
   for (int i = 1; i < argc; ++i) {
     cmd += std::string(" ") + argv[i];
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i], cmd += std::string(" ") + argv[i];
@@ -864,7 +884,39 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--only-moe")) only_moe = true;
-    else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
+    else if (!std::strcmp(argv[i], "--launches") && i + 1 < argc) ++i;  // read above
+    else if (!std::strcmp(argv[i], "--profile-attention")) {
+      if (i + 3 >= argc) {
+        std::fprintf(stderr, "usage: --profile-attention VARIANT KEYS SPLITS [bf16|f32]\n");
+        return 2;
+      }
+      const int variant = std::atoi(argv[i + 1]);
+      const int64_t keys = std::atoll(argv[i + 2]);
+      const int splits = std::atoi(argv[i + 3]);
+      const bool b16 = !(i + 4 < argc && !std::strcmp(argv[i + 4], "f32"));
+      if (i + 4 < argc && std::strcmp(argv[i + 4], "f32") && std::strcmp(argv[i + 4], "bf16")) {
+        std::fprintf(stderr, "--profile-attention: pool %s (bf16 or f32)\n", argv[i + 4]);
+        return 2;
+      }
+      BENCH_CHECK(cudaSetDevice(0));
+      return profile_attention(variant, keys, splits, b16, prof_launches);
+    } else if (!std::strcmp(argv[i], "--profile-indexer")) {
+      if (i + 2 >= argc) {
+        std::fprintf(stderr, "usage: --profile-indexer bf16|fp8|f32 N\n");
+        return 2;
+      }
+      const std::string kd = argv[i + 1];
+      const v4::KvDtype dt = kd == "f32"    ? v4::KvDtype::kF32
+                             : kd == "bf16" ? v4::KvDtype::kBf16
+                             : kd == "fp8"  ? v4::KvDtype::kFp8Index
+                                            : v4::KvDtype::kFp8;  // kFp8: not a key format
+      if (dt == v4::KvDtype::kFp8) {
+        std::fprintf(stderr, "--profile-indexer: key format %s (bf16, fp8 or f32)\n", kd.c_str());
+        return 2;
+      }
+      BENCH_CHECK(cudaSetDevice(0));
+      return profile_indexer(dt, std::atoll(argv[i + 2]), prof_launches);
+    } else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);
       const int64_t n = std::atoll(argv[i + 2]);
@@ -936,22 +988,36 @@ int main(int argc, char** argv) {
       std::printf("profile-gemv done\n");
       return 0;
     } else if (!std::strcmp(argv[i], "--profile-topk")) {
+      // L launches of one top-512 configuration at batch 1; the scores (one N(0,1) draw) are
+      // copied into `sets` buffers filling ≥ 256 MiB (2..256 of them) and launch j reads copy
+      // j % sets, so consecutive launches read other addresses (cold, as the event timing).
       const int variant = i + 1 < argc ? std::atoi(argv[i + 1]) : 0;
+      const int64_t n = i + 2 < argc && argv[i + 2][0] != '-' ? std::atoll(argv[i + 2]) : 262144;
+      if (n < 1 || n > 4 * 1024 * 1024) {
+        std::fprintf(stderr, "--profile-topk: N %lld (1..4194304)\n", (long long)n);
+        return 2;
+      }
       BENCH_CHECK(cudaSetDevice(0));
       std::mt19937_64 g0(7);
-      const int64_t n = 262144;
       auto host = randn(size_t(n), g0);
+      const int64_t sets = std::max<int64_t>(2, std::min<int64_t>(256, ((int64_t(256) << 20) / (n * 4))));
       float* sc = nullptr;
       int32_t *dn = nullptr, *out = nullptr;
       const int32_t len = int32_t(n);
-      BENCH_CHECK(cudaMalloc(&sc, n * sizeof(float)));
+      BENCH_CHECK(cudaMalloc(&sc, size_t(sets * n) * sizeof(float)));
       BENCH_CHECK(cudaMalloc(&dn, sizeof(int32_t)));
       BENCH_CHECK(cudaMalloc(&out, 512 * sizeof(int32_t)));
-      BENCH_CHECK(cudaMemcpy(sc, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      for (int64_t c = 0; c < sets; ++c)
+        BENCH_CHECK(cudaMemcpy(sc + c * n, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
       BENCH_CHECK(cudaMemcpy(dn, &len, sizeof(int32_t), cudaMemcpyHostToDevice));
-      for (int it = 0; it < 30; ++it) BENCH_OK(v4::cuda::topk_rows(sc, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
+      for (int it = 0; it < prof_launches; ++it)
+        BENCH_OK(v4::cuda::topk_rows(sc + (it % sets) * n, n, dn, 1, 512, n, out, nullptr, nullptr, variant));
       BENCH_CHECK(cudaDeviceSynchronize());
-      std::printf("profile-topk done\n");
+      std::printf("profile-topk done: variant %d, n %lld, %d launches over %lld copies\n", variant,
+                  (long long)n, prof_launches, (long long)sets);
+      cudaFree(sc);
+      cudaFree(dn);
+      cudaFree(out);
       return 0;
     }
   }

@@ -63,6 +63,83 @@ double time_on(cudaStream_t st, const std::function<void(int, cudaStream_t)>& fn
   return v4::bench::time_launches(st, fn, samples, inner, warmup).med_us;
 }
 
+// Device inputs of the decode indexer over a paged key pool: B query rows of nI × dI f32 q and
+// nI f32 weights (N(0, 1) from `g`), each row n candidates; `rot` disjoint row maps so that
+// consecutive launches read other pages (L2-cold): rot = enough rotations for ≥ 256 MiB of f32
+// key rows (2..256). Each list = runs of 64 consecutive pool rows (one C4 page) from a random
+// page order. The pool has room for pool_rows f32 rows (the largest key format); its contents
+// are written by the caller (fill_random per key format).
+struct PagedIndexerInputs {
+  int64_t n, B, per, pool_rows;
+  int rot, nI, dI;
+  void* pool = nullptr;
+  float *q = nullptr, *w = nullptr, *scores = nullptr;  // scores: f32 [B, n]
+  int32_t *rows = nullptr, *cnt = nullptr;
+  int64_t* offs = nullptr;
+  PagedIndexerInputs(int64_t n_, int64_t B_, int nI_, int dI_, std::mt19937_64& g)
+      : n(n_), B(B_), per(n_ * B_), nI(nI_), dI(dI_) {
+    const int64_t min_rows = (int64_t(256) << 20) / (dI * 4);
+    rot = int(std::min<int64_t>(256, std::max<int64_t>(2, (min_rows + per - 1) / per)));
+    pool_rows = per * rot;
+    std::normal_distribution<float> nd;
+    IB_CHECK(cudaMalloc(&pool, size_t(pool_rows) * dI * 4));  // the largest format (f32)
+    IB_CHECK(cudaMalloc(&q, size_t(B) * nI * dI * 4));
+    IB_CHECK(cudaMalloc(&w, size_t(B) * nI * 4));
+    IB_CHECK(cudaMalloc(&scores, size_t(B) * n * 4));
+    IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
+    IB_CHECK(cudaMalloc(&offs, size_t(rot) * B * 8));
+    IB_CHECK(cudaMalloc(&cnt, size_t(B) * 4));
+    std::vector<float> hq(size_t(B) * nI * dI), hw(size_t(B) * nI);
+    for (auto& x : hq) x = nd(g);
+    for (auto& x : hw) x = nd(g);
+    IB_CHECK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+    IB_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), g);
+    for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
+    std::vector<int64_t> hoff(size_t(rot) * B);
+    for (int64_t i = 0; i < int64_t(hoff.size()); ++i) hoff[size_t(i)] = i * n;
+    std::vector<int32_t> hcnt(static_cast<size_t>(B), static_cast<int32_t>(n));
+    IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
+    IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
+    IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
+  }
+  PagedIndexerInputs(const PagedIndexerInputs&) = delete;
+  PagedIndexerInputs& operator=(const PagedIndexerInputs&) = delete;
+  ~PagedIndexerInputs() {
+    cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(scores); cudaFree(rows); cudaFree(offs);
+    cudaFree(cnt);
+  }
+  // Fills the pool with keys of `dt` (f32 / bf16 / fp8 kFp8Index) on `st` and waits for it:
+  // N(0, 1) values; fp8: every byte an e4m3 code of N(0, 1) (the scales then are finite f32
+  // patterns).
+  void fill_keys(v4::KvDtype dt, cudaStream_t st) {
+    const int64_t rb = v4::kv_row_bytes(dt, dI, 0);
+    const v4::ops::RandomFill kind = dt == v4::KvDtype::kF32    ? v4::ops::RandomFill::kF32Normal
+                                     : dt == v4::KvDtype::kBf16 ? v4::ops::RandomFill::kBF16Normal
+                                                                : v4::ops::RandomFill::kE4M3Normal;
+    const int64_t units = pool_rows * rb / v4::ops::fill::unit_bytes(kind);
+    IB_OK(v4::cuda::fill_random(pool, units, v4::ops::fill::make_params(kind, 1.f, 12), st));
+    IB_CHECK(cudaStreamSynchronize(st));
+  }
+  // Arguments of launch i (row map i % rot) over keys of `dt`, top-512.
+  v4::ops::IndexerArgs args(int i, v4::KvDtype dt) const {
+    v4::ops::IndexerArgs a;
+    a.q = q;
+    a.weights = w;
+    a.key_pool = pool;
+    a.key_dtype = dt;
+    a.cand = {rows, offs + int64_t(i % rot) * B, cnt};
+    a.n_rows = B;
+    a.n_heads = nI;
+    a.head_dim = dI;
+    a.topk = 512;
+    a.max_count = n;
+    return a;
+  }
+};
+
 // The chain table of cuda-indexer.md: `Ops::indexer_topk` (decode scores kernel → Lightning TopK
 // → finalize) over a bf16 key pool (the served format), plain launches vs programmatic dependent
 // launch (CudaOptions::indexer_pdl), eager and replayed from a CUDA graph.
@@ -364,64 +441,14 @@ std::string bench_indexer(double bw, int reps) {
        "fp8 vs bf16 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (Shape sh : {Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1}, Shape{32768, 64}}) {
     const int64_t n = sh.n, B = sh.batch, per = n * B;
-    const int64_t min_rows = (int64_t(256) << 20) / (dI * 4);
-    const int rot = int(std::min<int64_t>(256, std::max<int64_t>(2, (min_rows + per - 1) / per)));
-    const int64_t pool_rows = per * rot;
-    void* pool = nullptr;
-    float *q = nullptr, *w = nullptr, *scores = nullptr;
-    int32_t *rows = nullptr, *cnt = nullptr;
-    int64_t* offs = nullptr;
-    IB_CHECK(cudaMalloc(&pool, size_t(pool_rows) * dI * 4));  // the largest format (f32)
-    IB_CHECK(cudaMalloc(&q, size_t(B) * nI * dI * 4));
-    IB_CHECK(cudaMalloc(&w, size_t(B) * nI * 4));
-    IB_CHECK(cudaMalloc(&scores, size_t(B) * n * 4));
-    IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
-    IB_CHECK(cudaMalloc(&offs, size_t(rot) * B * 8));
-    IB_CHECK(cudaMalloc(&cnt, size_t(B) * 4));
-    {
-      std::vector<float> hq(size_t(B) * nI * dI), hw(size_t(B) * nI);
-      for (auto& x : hq) x = nd(g);
-      for (auto& x : hw) x = nd(g);
-      IB_CHECK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
-      IB_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
-      std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows));
-      std::iota(pages.begin(), pages.end(), 0);
-      std::shuffle(pages.begin(), pages.end(), g);
-      for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
-      std::vector<int64_t> hoff(size_t(rot) * B);
-      for (int64_t i = 0; i < int64_t(hoff.size()); ++i) hoff[size_t(i)] = i * n;
-      std::vector<int32_t> hcnt(static_cast<size_t>(B), static_cast<int32_t>(n));
-      IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
-      IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
-      IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
-    }
+    PagedIndexerInputs in(n, B, nI, dI, g);
     double t[3] = {}, f[3] = {};
     const v4::KvDtype dts[3] = {v4::KvDtype::kF32, v4::KvDtype::kBf16, v4::KvDtype::kFp8Index};
     for (int fi = 0; fi < 3; ++fi) {
       const int64_t rb = v4::kv_row_bytes(dts[fi], dI, 0);
-      const v4::ops::RandomFill kind = fi == 0   ? v4::ops::RandomFill::kF32Normal
-                                       : fi == 1 ? v4::ops::RandomFill::kBF16Normal
-                                                 : v4::ops::RandomFill::kE4M3Normal;
-      // fp8: every byte an e4m3 code of N(0, 1) (the scales then are finite f32 patterns).
-      const int64_t units = pool_rows * rb / v4::ops::fill::unit_bytes(kind);
-      IB_OK(v4::cuda::fill_random(pool, units, v4::ops::fill::make_params(kind, 1.f, 12), st));
-      IB_CHECK(cudaStreamSynchronize(st));
-      auto args = [&](int i) {
-        IndexerArgs a;
-        a.q = q;
-        a.weights = w;
-        a.key_pool = pool;
-        a.key_dtype = dts[fi];
-        a.cand = {rows, offs + int64_t(i % rot) * B, cnt};
-        a.n_rows = B;
-        a.n_heads = nI;
-        a.head_dim = dI;
-        a.topk = k;
-        a.max_count = n;
-        return a;
-      };
+      in.fill_keys(dts[fi], st);
       t[fi] = time_on(st, [&](int i, cudaStream_t s) {
-        IB_OK(v4::cuda::indexer_scores_tc(args(i), n, scores, n, n_sms, s, 0));
+        IB_OK(v4::cuda::indexer_scores_tc(in.args(i, dts[fi]), n, in.scores, n, n_sms, s, 0));
       }, reps);
       f[fi] = double(per) * double(rb + 8) / (bw * 1e9) * 1e6;
     }
@@ -433,13 +460,41 @@ std::string bench_indexer(double bw, int reps) {
     o << buf;
     std::printf("indexer keys n=%lld batch=%lld: f32 %.1f bf16 %.1f fp8 %.1f us\n", (long long)n,
                 (long long)B, t[0], t[1], t[2]);
-    cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(scores); cudaFree(rows); cudaFree(offs);
-    cudaFree(cnt);
   }
   cudaStreamDestroy(st);
   ops.reset();
   o << bench_indexer_chain(reps);
   return o.str();
+}
+
+/// `bench_kernels --profile-indexer` (for ncu): `launches` calls of
+/// `cuda::indexer_scores_tc` (variant 0 = auto: the decode kernel) at batch 1 over n candidates
+/// of keys of `key_dtype` (f32 / bf16 / fp8 kFp8Index), nI = 64, dI = 128, paged L2-cold lists
+/// rotating as in the "Key formats" table (PagedIndexerInputs), then a device sync. Exits with 2
+/// on n outside [1, 2^22] or CUDA errors, 3 on a failed call. Returns 0.
+int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches) {
+  if (n < 1 || n > (int64_t(1) << 22) || launches < 1) {
+    std::fprintf(stderr, "profile-indexer: n %lld (1..4194304), launches %d (≥ 1)\n", (long long)n,
+                 launches);
+    std::exit(2);
+  }
+  int n_sms = 132, dev = 0;
+  IB_CHECK(cudaGetDevice(&dev));
+  IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaStream_t st;
+  IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::mt19937_64 g(2026);
+  {
+    PagedIndexerInputs in(n, 1, 64, 128, g);
+    in.fill_keys(key_dtype, st);
+    for (int i = 0; i < launches; ++i)
+      IB_OK(v4::cuda::indexer_scores_tc(in.args(i, key_dtype), n, in.scores, n, n_sms, st, 0));
+    IB_CHECK(cudaStreamSynchronize(st));
+    std::printf("profile-indexer done: %s keys, n %lld, %d launches over %d row maps\n",
+                v4::kv_dtype_name(key_dtype), (long long)n, launches, in.rot);
+  }
+  cudaStreamDestroy(st);
+  return 0;
 }
 
 #endif  // V4_HAVE_CUDA

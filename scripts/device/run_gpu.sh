@@ -11,7 +11,9 @@
 #   run(command="bash scripts/device/run_gpu.sh", carry=[".devdeps"], timeout_s=540)
 # Options (env): V4_TARGETS (default "test_cuda bench_kernels"), V4_GTEST_FILTER (default "*"),
 #   V4_SKIP_BENCH=1, V4_BENCH_ARGS (passed to bench_kernels), V4_TEST_SHARDS (run the tests as
-#   that many gtest shards in parallel; default 1).
+#   that many gtest shards in parallel; default 1), V4_BUILD_DIR (default build-gpu),
+#   V4_CUDA_FLAGS_EXTRA (appended to CMAKE_CUDA_FLAGS, e.g. -lineinfo for ncu source views),
+#   V4_SKIP_TESTS=1 (build only, no test_cuda run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -54,7 +56,7 @@ export CMAKE_PREFIX_PATH=$D/usr
 
 step "configure"
 gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-B=build-gpu
+B=${V4_BUILD_DIR:-build-gpu}
 cmake -S . -B $B $gen -DCMAKE_BUILD_TYPE=Release -DV4_CUDA=ON -DV4_TESTS=ON -DV4_BENCH=ON \
   -DPKG_CONFIG_EXECUTABLE=$D/usr/bin/pkgconf \
   -DCMAKE_INCLUDE_PATH="$D/usr/include;$D/usr/include/x86_64-linux-gnu" \
@@ -63,7 +65,7 @@ cmake -S . -B $B $gen -DCMAKE_BUILD_TYPE=Release -DV4_CUDA=ON -DV4_TESTS=ON -DV4
   -DCMAKE_CXX_FLAGS="-isystem $D/usr/include" \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
-  -DCMAKE_CUDA_FLAGS="-isystem $D/usr/include" >"$OUT/build.log" 2>&1
+  -DCMAKE_CUDA_FLAGS="-isystem $D/usr/include ${V4_CUDA_FLAGS_EXTRA:-}" >"$OUT/build.log" 2>&1
 rc=$?
 tail -3 "$OUT/build.log"
 if [ $rc -ne 0 ]; then step "configure FAILED"; tail -60 "$OUT/build.log"; exit 3; fi
@@ -75,7 +77,9 @@ grep -E "error|warning: " "$OUT/build.log" | head -40
 if [ $rc -ne 0 ]; then step "build FAILED"; tail -80 "$OUT/build.log"; exit 4; fi
 
 step "GPU op tests"
-if [ -x $B/tests/test_cuda ] && [ "${V4_TEST_SHARDS:-1}" -gt 1 ]; then
+if [ "${V4_SKIP_TESTS:-0}" = 1 ]; then
+  echo "skipped (V4_SKIP_TESTS=1)"; test_rc=0
+elif [ -x $B/tests/test_cuda ] && [ "${V4_TEST_SHARDS:-1}" -gt 1 ]; then
   # gtest shards in parallel on the one GPU (the host-side references dominate the suite's time);
   # the logs are concatenated in shard order, the exit code is the worst shard's.
   n=${V4_TEST_SHARDS}; pids=()
