@@ -12,6 +12,7 @@ instructions / CUDA lines with the most warp-stall samples. Any missing or unrea
 reported in one line and skipped; the script never fails (exit code 0).
 """
 import csv
+import os
 import re
 import sys
 
@@ -97,8 +98,20 @@ def stall_reasons(raw):
         print(f"    {name:<28} {x:10.2f}  {100 * x / total:5.1f}%")
 
 
+def csv_rows_ctx(text):
+    """CSV rows of `text` with the last non-CSV line before each (e.g. a source file name)."""
+    out, ctx = [], ""
+    for line in text.splitlines():
+        if line.startswith('"'):
+            out.append((ctx, next(csv.reader([line]))))
+        elif line.strip() and not line.startswith("=="):
+            ctx = line.strip()
+    return out
+
+
 def top_lines(text, label, n):
-    rows = csv_rows(text)
+    with_ctx = csv_rows_ctx(text)
+    rows = [r for _, r in with_ctx]
     hi = next((i for i, r in enumerate(rows) if any("Sampling" in c for c in r)), None)
     if hi is None:
         print(f"  ({label}: no warp-stall sampling columns)")
@@ -109,7 +122,8 @@ def top_lines(text, label, n):
         col = next(i for i, c in enumerate(head) if "Sampling" in c)
     src = next((i for i, c in enumerate(head) if c.strip() == "Source"), 1 if len(head) > 1 else 0)
     key = 0  # first column: address (SASS) or line number (CUDA)
-    data = [r for r in rows[hi + 1:] if len(r) == len(head) and num(r[col]) is not None]
+    data = [r + [os.path.basename(c)[-24:]] for c, r in with_ctx[hi + 1:]
+            if len(r) == len(head) and num(r[col]) is not None]
     total = sum(num(r[col]) for r in data) or 1.0
     # per-row extra: the stall-reason columns (if the page has them) with the largest values
     reason_cols = [i for i, c in enumerate(head) if re.search(r"stall", c, re.I) and i != col
@@ -123,7 +137,8 @@ def top_lines(text, label, n):
             parts = [f"{h} {v:.0f}" for v, h in rs if v > 0]
             extra = "  [" + ", ".join(parts) + "]" if parts else ""
         s = re.sub(r"\s+", " ", r[src]).strip()[:90]
-        print(f"    {r[key]:>8} {100 * num(r[col]) / total:5.1f}%  {s}{extra}")
+        where = f"{r[-1]}:" if r[-1] else ""
+        print(f"    {where}{r[key]:>6} {100 * num(r[col]) / total:5.1f}%  {s}{extra}")
 
 
 def main():
