@@ -189,28 +189,37 @@ int print_kv(const v4::model::ModelConfig& c) {
               "rows of %lld B, indexer keys of %lld B)\n",
               (long long)kv_row_bytes(KvDtype::kFp8, cfg->head_dim, cfg->rope_dim()),
               (long long)kv_row_bytes(kv_index_dtype(KvDtype::kFp8), cfg->index_head_dim, 0));
+  // fp8 pools need shapes this model may not have (ModelConfig::check_kv_dtype): n/a then.
+  const Status fp8_ok = cfg->check_kv_dtype(KvDtype::kFp8);
+  const auto cell = [&](int i, double v) {
+    return i == 2 && !fp8_ok.ok() ? std::string("n/a") : fmt::format("{:.2f}", v);
+  };
+  const auto cell_int = [&](int i, double v) {
+    return i == 2 && !fp8_ok.ok() ? std::string("n/a") : fmt::format("{}", (long long)v);
+  };
   std::printf("%-10s %12s %12s %12s\n", "pool", "f32", "bf16", "fp8");
   double growing[3] = {0, 0, 0};
   for (size_t p = 0; p < per[0].size(); ++p) {
     const std::string& pool = per[0][p].first;
-    std::printf("%-10s %12.2f %12.2f %12.2f B/token", pool.c_str(), per[0][p].second,
-                per[1][p].second, per[2][p].second);
+    std::printf("%-10s %12s %12s %12s B/token", pool.c_str(), cell(0, per[0][p].second).c_str(),
+                cell(1, per[1][p].second).c_str(), cell(2, per[2][p].second).c_str());
     if (pool == "swa") {
-      std::printf(" while in the window; fixed %lld / %lld / %lld B per sequence (%d-token window × "
+      std::printf(" while in the window; fixed %s / %s / %s B per sequence (%d-token window × "
                   "%d layers)\n",
-                  (long long)(per[0][p].second * cfg->sliding_window),
-                  (long long)(per[1][p].second * cfg->sliding_window),
-                  (long long)(per[2][p].second * cfg->sliding_window), cfg->sliding_window,
+                  cell_int(0, per[0][p].second * cfg->sliding_window).c_str(),
+                  cell_int(1, per[1][p].second * cfg->sliding_window).c_str(),
+                  cell_int(2, per[2][p].second * cfg->sliding_window).c_str(), cfg->sliding_window,
                   cfg->num_hidden_layers);
     } else {
       std::printf("\n");
       for (int i = 0; i < 3; ++i) growing[i] += per[i][p].second;
     }
   }
-  std::printf("%-10s %12.2f %12.2f %12.2f B/token (compressed pools); compressor state %lld B per "
+  std::printf("%-10s %12s %12s %12s B/token (compressed pools); compressor state %lld B per "
               "sequence (f32 in every mode)\n",
-              "total", growing[0], growing[1], growing[2],
-              (long long)cache::KvCache::state_slot_bytes(spec));
+              "total", cell(0, growing[0]).c_str(), cell(1, growing[1]).c_str(),
+              cell(2, growing[2]).c_str(), (long long)cache::KvCache::state_slot_bytes(spec));
+  if (!fp8_ok.ok()) std::printf("fp8: n/a for this model (%s)\n", fp8_ok.message().c_str());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "base/log.h"
 #include "cli/validators.h"
 #include "model/backend.h"
+#include "model/config.h"
 
 namespace v4::cli {
 
@@ -28,8 +29,8 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
                    "prefix-cache store: auto (= f32 for now), f32, bf16 (halves KV memory: "
                    "twice the tokens per budget; rows rounded to bf16 as the bf16 reference "
                    "model stores them), or fp8 / fp8_e4m3 (attention rows as e4m3 nope values "
-                   "with per-64 f32 scales + bf16 rope: 608 bytes a V4 row, 0.30x f32; indexer "
-                   "keys bf16)")
+                   "with per-64 f32 scales + bf16 rope: 608 bytes a V4 row; indexer keys as e4m3 "
+                   "+ one f32 scale: 132 bytes; 0.34x f32 per token)")
         ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8", "fp8_e4m3"}));
   app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights")
       ->check(int_at_least(0));
@@ -56,6 +57,14 @@ Result<LoadedModel> load_model(const ModelArgs& a, ThreadPool* pool) {
 }
 
 Result<LoadedModel> load_model(const ModelArgs& a, std::unique_ptr<ops::Ops> ops) {
+  // A KV element type this model's shapes cannot hold is refused before any weight is read or
+  // generated (a config that does not load is reported by the load below).
+  if (auto c = a.dummy() ? model::ModelConfig::load_path(a.model) : model::ModelConfig::load(a.model);
+      c.ok()) {
+    const Status st = c.value().check_kv_dtype(a.kv_dtype());
+    if (!st.ok())
+      return make_error(st.code(), "--kv-cache-dtype {}: {}", a.kv_cache_dtype, st.message());
+  }
   LoadedModel lm;
   lm.ops = std::move(ops);
   if (a.dummy()) {

@@ -213,6 +213,18 @@ Result<ModelConfig> ModelConfig::load(const std::string& dir) {
   return from_json_text(ss.str(), path);
 }
 
+Status ModelConfig::check_kv_dtype(KvDtype d) const {
+  if (d == KvDtype::kFp8 && rope_main.rope_dim != rope_compress.rope_dim)
+    return make_error(ErrorCode::kUnsupported,
+                      "fp8 KV pools need one rope width (main {}, compressor {})",
+                      rope_main.rope_dim, rope_compress.rope_dim);
+  if (d == KvDtype::kFp8 && index_head_dim % 16 != 0)
+    return make_error(ErrorCode::kUnsupported,
+                      "fp8 KV pools need index_head_dim % 16 == 0 (fp8 indexer keys), got {}",
+                      index_head_dim);
+  return Status::Ok();
+}
+
 Result<ModelConfig> ModelConfig::load_path(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return load(path);

@@ -107,6 +107,11 @@ struct ModelConfig {
   /// the compress ratios and hash layers) truncated to n. Every other field is unchanged.
   /// Errors (kInvalidArgument): n < 1 or n > num_hidden_layers.
   Status truncate_layers(int n);
+  /// Whether KV pools of element type `d` can hold this model's rows (shape conditions only; the
+  /// backend's own support is checked by DeepseekV4::make_cache). kFp8 needs one rope width for
+  /// the main and compressor rows (the bf16 rope tail of an fp8 row) and index_head_dim % 16 == 0
+  /// (fp8 indexer keys). Errors: kUnsupported, one line naming the field.
+  Status check_kv_dtype(KvDtype d) const;
 };
 
 }  // namespace v4::model

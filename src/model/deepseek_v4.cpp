@@ -352,14 +352,7 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
   if (kv_dtype != KvDtype::kF32 && !ops_->supports_kv_dtype(kv_dtype))
     return make_error(ErrorCode::kUnsupported, "the {} backend has no {} KV cache pools",
                       ops_->name(), kv_dtype_name(kv_dtype));
-  if (kv_dtype == KvDtype::kFp8 && cfg_.rope_main.rope_dim != cfg_.rope_compress.rope_dim)
-    return make_error(ErrorCode::kUnsupported,
-                      "fp8 KV pools need one rope width (main {}, compressor {})",
-                      cfg_.rope_main.rope_dim, cfg_.rope_compress.rope_dim);
-  if (kv_dtype == KvDtype::kFp8 && cfg_.index_head_dim % 16 != 0)
-    return make_error(ErrorCode::kUnsupported,
-                      "fp8 KV pools need index_head_dim % 16 == 0 (fp8 indexer keys), got {}",
-                      cfg_.index_head_dim);
+  V4_RETURN_IF_ERROR(cfg_.check_kv_dtype(kv_dtype));
   const auto spec = cache_spec(kv_dtype);
   if (page_size <= 0) {
     page_size = 256;

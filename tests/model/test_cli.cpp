@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "model/checkpoint.h"
@@ -104,6 +106,41 @@ TEST(Cli, InfoPrintsSummary) {
          {"model_type       deepseek_v4", "parameters", "routed experts", "c4_kv", "swa", "naming"})
       EXPECT_NE(out.find(s), std::string::npos) << dir << ": missing '" << s << "' in\n" << out;
   }
+}
+
+// A model whose shapes fp8 pools cannot hold (index_head_dim 24: fp8 indexer keys need a
+// multiple of 16): info prints n/a in the fp8 column with the reason, and generate refuses
+// --kv-cache-dtype fp8 with a one-line error before any weight is generated; bf16 still runs.
+TEST(Cli, Fp8KvRefusedForUnsupportedShapes) {
+  const std::string src = std::string(V4_SOURCE_DIR) + "/tests/fixtures/tiny-kinds-fp32/config.json";
+  std::ifstream in(src);
+  ASSERT_TRUE(in.good()) << src;
+  auto j = nlohmann::json::parse(in);
+  j["index_head_dim"] = 24;
+  const auto dir = std::filesystem::temp_directory_path() / "v4-cli-idx24";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << j.dump();
+  const std::string bin = V4_BINARY, d = dir.string();
+  auto [rc, out] = run(bin + " info --model " + d + " --load-format dummy");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("fp8: n/a for this model (fp8 KV pools need index_head_dim % 16 == 0"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("n/a B/token"), std::string::npos) << out;
+  std::tie(rc, out) = run(bin + " generate --model " + d +
+                          " --load-format dummy --kv-cache-dtype fp8 --prompt-ids 1,2,3 "
+                          "--max-new-tokens 1");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--kv-cache-dtype fp8: fp8 KV pools need index_head_dim % 16 == 0"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("generating dummy weights"), std::string::npos) << "refused after loading:\n"
+                                                                     << out;
+  std::tie(rc, out) = run(bin + " generate --model " + d +
+                          " --load-format dummy --kv-cache-dtype bf16 --prompt-ids 1,2,3 "
+                          "--max-new-tokens 1");
+  EXPECT_EQ(rc, 0) << out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
