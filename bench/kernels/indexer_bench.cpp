@@ -159,7 +159,6 @@ std::string bench_indexer_chain(int reps) {
   cudaStream_t st;
   IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::mt19937_64 g(2027);
-  std::normal_distribution<float> nd;
   const int samples = std::max(5, reps / 4);
   std::ostringstream o;
   o << "\n## Indexer chain: plain launches vs PDL (bf16 key pool)\n\n"
@@ -180,56 +179,17 @@ std::string bench_indexer_chain(int reps) {
   for (Shape sh : {Shape{1024, 1}, Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1},
                    Shape{1024, 64}, Shape{32768, 64}, Shape{230400, 64}, Shape{262144, 64}}) {
     const int64_t n = sh.n, B = sh.batch, per = n * B;  // key rows per call
-    const int64_t min_rows = (int64_t(256) << 20) / (dI * 2);
-    const int rot = int(std::min<int64_t>(1024, std::max<int64_t>(2, (min_rows + per - 1) / per)));
-    const int64_t pool_rows = per * rot;  // every rotation its own pages
     const int calls = per >= (int64_t(1) << 22) ? 4 : 20;
-    uint16_t* pool = nullptr;
-    float *q = nullptr, *w = nullptr;
-    int32_t *rows = nullptr, *cnt = nullptr, *out_rows = nullptr, *out_cnt = nullptr;
-    int64_t* offs = nullptr;
-    IB_CHECK(cudaMalloc(&pool, size_t(pool_rows) * dI * 2));
-    IB_CHECK(cudaMalloc(&q, size_t(B) * nI * dI * 4));
-    IB_CHECK(cudaMalloc(&w, size_t(B) * nI * 4));
-    IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
-    IB_CHECK(cudaMalloc(&offs, size_t(rot) * B * 8));
-    IB_CHECK(cudaMalloc(&cnt, size_t(B) * 4));
+    // Paged inputs over ≥ 256 MiB of f32-sized rows (every rotation its own pages), bf16 keys.
+    PagedIndexerInputs in(n, B, nI, dI, g);
+    in.fill_keys(v4::KvDtype::kBf16, st);
+    int32_t *out_rows = nullptr, *out_cnt = nullptr;
     IB_CHECK(cudaMalloc(&out_rows, size_t(B) * k * 4));
     IB_CHECK(cudaMalloc(&out_cnt, size_t(B) * 4));
-    IB_OK(v4::cuda::fill_random(pool, pool_rows * dI,
-                                v4::ops::fill::make_params(v4::ops::RandomFill::kBF16Normal, 1.f, 12),
-                                st));
-    {
-      std::vector<float> hq(size_t(B) * nI * dI), hw(size_t(B) * nI);
-      for (auto& x : hq) x = nd(g);
-      for (auto& x : hw) x = nd(g);
-      IB_CHECK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
-      IB_CHECK(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
-      std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows));
-      std::iota(pages.begin(), pages.end(), 0);
-      std::shuffle(pages.begin(), pages.end(), g);
-      for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
-      std::vector<int64_t> hoff(size_t(rot) * B);
-      for (int64_t i = 0; i < int64_t(hoff.size()); ++i) hoff[size_t(i)] = i * n;
-      std::vector<int32_t> hcnt(static_cast<size_t>(B), static_cast<int32_t>(n));
-      IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
-      IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
-      IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
-    }
-    IB_CHECK(cudaStreamSynchronize(st));
     IB_CHECK(cudaDeviceSynchronize());
     auto args = [&](int i) {
-      IndexerArgs a;
-      a.q = q;
-      a.weights = w;
-      a.key_pool = pool;
-      a.key_dtype = v4::KvDtype::kBf16;
-      a.cand = {rows, offs + int64_t(i % rot) * B, cnt};
-      a.n_rows = B;
-      a.n_heads = nI;
-      a.head_dim = dI;
+      IndexerArgs a = in.args(i, v4::KvDtype::kBf16);
       a.topk = k;
-      a.max_count = n;
       a.out_rows = out_rows;
       a.out_count = out_cnt;
       return a;
@@ -286,8 +246,8 @@ std::string bench_indexer_chain(int reps) {
     std::printf("indexer chain bf16 n=%lld batch=%lld: eager plain %.1f PDL %.1f us; graph plain "
                 "%.1f PDL %.1f us\n",
                 (long long)n, (long long)B, t_eager[0], t_eager[1], t_graph[0], t_graph[1]);
-    cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(rows); cudaFree(offs); cudaFree(cnt);
-    cudaFree(out_rows); cudaFree(out_cnt);
+    cudaFree(out_rows);
+    cudaFree(out_cnt);
   }
   cudaStreamDestroy(st);
   return o.str();
