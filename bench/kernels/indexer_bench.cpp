@@ -453,13 +453,15 @@ std::string bench_indexer(double bw, int reps) {
         }, samples);
         if (t[vi] < t[best]) best = vi;
       }
-      char buf[512];
+      char best_name[16], buf[512];
+      if (best == 0) std::snprintf(best_name, sizeof best_name, "auto");
+      else std::snprintf(best_name, sizeof best_name, "v%d", vs[best]);
       std::snprintf(buf, sizeof buf,
                     "| %s | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f× | %.2f× | "
                     "%.2f× | %.2f× | %.2f× | %s |\n",
                     v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
                     fl, t[0] / fl, t[1] / fl, t[2] / fl, t[3] / fl, t[4] / fl,
-                    best == 0 ? "auto" : ("v" + std::to_string(vs[best])).c_str());
+                    best_name);
       o << buf;
       std::printf("indexer pipe %s n=%lld batch=%lld: auto %.1f v4 %.1f v5 %.1f v6 %.1f v7 %.1f "
                   "(floor %.1f) us\n",

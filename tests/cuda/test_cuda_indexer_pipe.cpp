@@ -14,11 +14,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
 #include "base/dtype.h"
 #include "cuda_test_util.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/indexer.h"
 #include "base/kv_fp8.h"
 #include "ops/ops.h"
@@ -251,6 +253,61 @@ TEST(CudaIndexerTc, PipelinedVariantsOnF32KeysRunTheDecodeKernel) {
   EXPECT_FALSE(cuda::indexer_scores_tc(a, 8000, out.p, ld, 132, nullptr,
                                        cuda::kIndexerScoresMaxVariant + 1)
                    .ok());
+}
+
+// CudaOptions::indexer_scores_variant reaches the scores kernel of Ops::indexer_topk: a backend
+// forced to each pipelined variant selects exactly the rows of the default backend (the scores
+// are bit-identical), for bf16 and fp8 pools, batch 1 and 5, lists shorter and longer than k.
+TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
+  V4_REQUIRE_GPU();
+  const int k = 512;
+  const int64_t pool_rows = 65536;
+  auto make = [](int variant) {
+    CudaOptions co;
+    co.precision = Precision::kBf16;
+    co.indexer_scores_variant = variant;
+    auto made = make_cuda_ops(co);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    return std::move(made).value();
+  };
+  std::unique_ptr<Ops> base_ops = make(0);
+  std::vector<std::unique_ptr<Ops>> forced;  // variants 4 … max
+  for (int variant = 4; variant <= cuda::kIndexerScoresMaxVariant; ++variant)
+    forced.push_back(make(variant));
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp8Index}) {
+    KeyPool keys(dt, pool_rows);
+    Dev<uint8_t> dpool(keys.bytes);
+    for (const std::vector<int>& counts :
+         {std::vector<int>{60000}, std::vector<int>{300, 513, 0, 20000, 4099}}) {
+      const int64_t S = int64_t(counts.size());
+      SCOPED_TRACE(::testing::Message() << kv_dtype_name(dt) << " S=" << S);
+      auto q = randn(size_t(S * kNI * kDI), 1.f), w = randn(size_t(S * kNI), 1.f);
+      Lists l = make_lists(counts, pool_rows, 0);
+      Dev<float> dq(q), dw(w);
+      Dev<int32_t> drows(l.rows), dcount(l.count), dout(size_t(S * k)), dcnt{size_t(S)};
+      Dev<int64_t> doff(l.offset);
+      IndexerArgs a;
+      a.q = dq.p; a.weights = dw.p; a.key_pool = dpool.p; a.key_dtype = dt;
+      a.cand = {drows.p, doff.p, dcount.p};
+      a.n_rows = S; a.n_heads = kNI; a.head_dim = kDI; a.topk = k;
+      a.max_count = *std::max_element(counts.begin(), counts.end());
+      a.out_rows = dout.p; a.out_count = dcnt.p;
+      dout.poison(); dcnt.poison();
+      base_ops->indexer_topk(a);
+      base_ops->synchronize();
+      const auto want_rows = dout.host();
+      const auto want_cnt = dcnt.host();
+      for (int64_t t = 0; t < S; ++t) EXPECT_EQ(want_cnt[size_t(t)], std::min(counts[size_t(t)], k));
+      for (int variant = 4; variant <= cuda::kIndexerScoresMaxVariant; ++variant) {
+        Ops* ops = forced[size_t(variant - 4)].get();
+        dout.poison(); dcnt.poison();
+        ops->indexer_topk(a);
+        ops->synchronize();
+        EXPECT_EQ(dout.host(), want_rows) << "variant " << variant;
+        EXPECT_EQ(dcnt.host(), want_cnt) << "variant " << variant;
+      }
+    }
+  }
 }
 
 }  // namespace
