@@ -21,10 +21,11 @@
 //                                             compressed keys, distinct random rows of a 1M-row
 //                                             bf16 (default) or f32 pool, SPLITS splits, 8 input
 //                                             sets; for ncu, scripts/device/ncu_issue7.sh)
-//   bench_kernels [--launches L] --profile-indexer bf16|fp8|f32 N
-//                                            (L launches of indexer_scores_tc, auto = the decode
-//                                             kernel, batch 1, N keys of that format, paged
-//                                             L2-cold lists; for ncu)
+//   bench_kernels [--launches L] --profile-indexer bf16|fp8|f32 N [VARIANT]
+//                                            (L launches of indexer_scores_tc VARIANT (default
+//                                             0 = auto, the decode kernel; 4–7 the pipelined
+//                                             decode kernel), batch 1, N keys of that format,
+//                                             paged L2-cold lists; for ncu)
 //   bench_kernels --profile-gemv             (30 batch-1 FP8 GEMVs of wq_b and of wo_b, for ncu)
 //   bench_kernels --out DIR --only-gemv      (only the batch-1 GEMV, shared-memory wgemv vs the
 //                                             streaming gemv_stream, M = 1/2/4, next to a
@@ -92,7 +93,7 @@ std::string bench_gemv(double bw, int samples);
 // attention_bench.cpp: --profile-attention (one decode-attention configuration, for ncu).
 int profile_attention(int variant, int64_t keys, int splits, bool b16, int launches);
 // indexer_bench.cpp: --profile-indexer (the decode indexer kernel over one key format, for ncu).
-int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches);
+int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant);
 
 namespace {
 
@@ -902,7 +903,7 @@ int main(int argc, char** argv) {
       return profile_attention(variant, keys, splits, b16, prof_launches);
     } else if (!std::strcmp(argv[i], "--profile-indexer")) {
       if (i + 2 >= argc) {
-        std::fprintf(stderr, "usage: --profile-indexer bf16|fp8|f32 N\n");
+        std::fprintf(stderr, "usage: --profile-indexer bf16|fp8|f32 N [VARIANT]\n");
         return 2;
       }
       const std::string kd = argv[i + 1];
@@ -914,8 +915,12 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--profile-indexer: key format %s (bf16, fp8 or f32)\n", kd.c_str());
         return 2;
       }
+      // Optional VARIANT (indexer_scores_tc; default 0 = auto).
+      const int variant = i + 3 < argc && argv[i + 3][0] >= '0' && argv[i + 3][0] <= '9'
+                              ? std::atoi(argv[i + 3])
+                              : 0;
       BENCH_CHECK(cudaSetDevice(0));
-      return profile_indexer(dt, std::atoll(argv[i + 2]), prof_launches);
+      return profile_indexer(dt, std::atoll(argv[i + 2]), prof_launches, variant);
     } else if (!std::strcmp(argv[i], "--phases-topk") && i + 2 < argc) {
       // Per-phase SM cycles of one launch (needs a build with -DV4_TOPK_PHASES=1): variant, n.
       const int variant = std::atoi(argv[i + 1]);

@@ -2,7 +2,8 @@
 // over the paged f32 index-key pool (indexer.h), decode kernel (variant 2) vs the previous WMMA
 // kernel (variant 1), alone and followed by Lightning TopK (top-512), and the whole
 // Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it;
-// then the decode kernel over f32 / bf16 / fp8 key pools ("Key formats").
+// then the decode kernel over f32 / bf16 / fp8 key pools ("Key formats"), then the pipelined
+// decode kernel (variants 4–7) next to it over bf16 / fp8 keys at batch 1 and 64.
 // V4-Flash shapes: nI = 64, dI = 128; n candidates per row ∈ {1K, 32K, 230,400 (900K context),
 // 262,144} at batch 1, and 1K / 32K at batch 64 (each row its own candidate list, as distinct
 // sequences). Then the chain table (bench_indexer_chain): the whole Ops::indexer_topk over a bf16
@@ -421,6 +422,53 @@ std::string bench_indexer(double bw, int reps) {
     std::printf("indexer keys n=%lld batch=%lld: f32 %.1f bf16 %.1f fp8 %.1f us\n", (long long)n,
                 (long long)B, t[0], t[1], t[2]);
   }
+  // Pipelined decode kernel (variants 4–7: cp.async ring of S chunk slots per warp) vs the decode
+  // kernel (variant 0 = auto), bf16 and fp8 keys, same inputs (L2-cold as above). Batch 64 rows
+  // at 230K / 262K keys take ~1–3 ms a launch: a quarter of the samples.
+  o << "\n### Pipelined decode kernel (variants 4–7 vs auto; `V4_INDEXER_DEC=N`)\n\n"
+    << "Scores only; auto = the decode kernel (4 n-tiles, keys loaded into registers, no "
+       "overlap); v4 / v5 / v6 = the pipelined kernel with a per-warp cp.async ring of 3 / 2 / 4 "
+       "32-key chunk slots (fp8: exact bit-move e4m3 → bf16 conversion); v7 = v4 with the old "
+       "fp8 conversion (bf16: = v4). Bit-identical scores "
+       "(`CudaIndexerTc.PipelinedDecodeEqualsDecodeKernelBitwise`). floor = (n·row bytes + 8n) "
+       "per row / " << int(bw) << " GB/s; ×fl = time / floor.\n\n"
+    << "| keys | n | batch | auto µs | v4 µs | v5 µs | v6 µs | v7 µs | floor µs | auto ×fl | "
+       "v4 ×fl | v5 ×fl | v6 ×fl | v7 ×fl | best |\n"
+    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (Shape sh : {Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1}, Shape{32768, 64},
+                   Shape{230400, 64}, Shape{262144, 64}}) {
+    const int64_t n = sh.n, B = sh.batch, per = n * B;
+    PagedIndexerInputs in(n, B, nI, dI, g);
+    const int samples = B > 1 && n > 32768 ? std::max(5, reps / 4) : reps;
+    for (v4::KvDtype dt : {v4::KvDtype::kBf16, v4::KvDtype::kFp8Index}) {
+      in.fill_keys(dt, st);
+      const int64_t rb = v4::kv_row_bytes(dt, dI, 0);
+      const double fl = double(per) * double(rb + 8) / (bw * 1e9) * 1e6;
+      const int vs[5] = {0, 4, 5, 6, 7};
+      double t[5] = {};
+      int best = 0;
+      for (int vi = 0; vi < 5; ++vi) {
+        t[vi] = time_on(st, [&](int i, cudaStream_t s) {
+          IB_OK(v4::cuda::indexer_scores_tc(in.args(i, dt), n, in.scores, n, n_sms, s, vs[vi]));
+        }, samples);
+        if (t[vi] < t[best]) best = vi;
+      }
+      char best_name[16], buf[512];
+      if (best == 0) std::snprintf(best_name, sizeof best_name, "auto");
+      else std::snprintf(best_name, sizeof best_name, "v%d", vs[best]);
+      std::snprintf(buf, sizeof buf,
+                    "| %s | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f× | %.2f× | "
+                    "%.2f× | %.2f× | %.2f× | %s |\n",
+                    v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
+                    fl, t[0] / fl, t[1] / fl, t[2] / fl, t[3] / fl, t[4] / fl,
+                    best_name);
+      o << buf;
+      std::printf("indexer pipe %s n=%lld batch=%lld: auto %.1f v4 %.1f v5 %.1f v6 %.1f v7 %.1f "
+                  "(floor %.1f) us\n",
+                  v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
+                  fl);
+    }
+  }
   cudaStreamDestroy(st);
   ops.reset();
   o << bench_indexer_chain(reps);
@@ -428,14 +476,16 @@ std::string bench_indexer(double bw, int reps) {
 }
 
 /// `bench_kernels --profile-indexer` (for ncu): `launches` calls of
-/// `cuda::indexer_scores_tc` (variant 0 = auto: the decode kernel) at batch 1 over n candidates
+/// `cuda::indexer_scores_tc` (`variant`: 0 = auto, the decode kernel; 4–7 the pipelined decode
+/// kernel `indexer_decode_pipe_kernel`; any of indexer.h) at batch 1 over n candidates
 /// of keys of `key_dtype` (f32 / bf16 / fp8 kFp8Index), nI = 64, dI = 128, paged L2-cold lists
 /// rotating as in the "Key formats" table (PagedIndexerInputs), then a device sync. Exits with 2
 /// on n outside [1, 2^22] or CUDA errors, 3 on a failed call. Returns 0.
-int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches) {
-  if (n < 1 || n > (int64_t(1) << 22) || launches < 1) {
-    std::fprintf(stderr, "profile-indexer: n %lld (1..4194304), launches %d (≥ 1)\n", (long long)n,
-                 launches);
+int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant) {
+  if (n < 1 || n > (int64_t(1) << 22) || launches < 1 || variant < 0 ||
+      variant > v4::cuda::kIndexerScoresMaxVariant) {
+    std::fprintf(stderr, "profile-indexer: n %lld (1..4194304), launches %d (≥ 1), variant %d "
+                 "(0..%d)\n", (long long)n, launches, variant, v4::cuda::kIndexerScoresMaxVariant);
     std::exit(2);
   }
   int n_sms = 132, dev = 0;
@@ -448,10 +498,11 @@ int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches) {
     PagedIndexerInputs in(n, 1, 64, 128, g);
     in.fill_keys(key_dtype, st);
     for (int i = 0; i < launches; ++i)
-      IB_OK(v4::cuda::indexer_scores_tc(in.args(i, key_dtype), n, in.scores, n, n_sms, st, 0));
+      IB_OK(v4::cuda::indexer_scores_tc(in.args(i, key_dtype), n, in.scores, n, n_sms, st,
+                                        variant));
     IB_CHECK(cudaStreamSynchronize(st));
-    std::printf("profile-indexer done: %s keys, n %lld, %d launches over %d row maps\n",
-                v4::kv_dtype_name(key_dtype), (long long)n, launches, in.rot);
+    std::printf("profile-indexer done: %s keys, n %lld, variant %d, %d launches over %d row maps\n",
+                v4::kv_dtype_name(key_dtype), (long long)n, variant, launches, in.rot);
   }
   cudaStreamDestroy(st);
   return 0;

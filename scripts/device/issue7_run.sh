@@ -34,6 +34,10 @@
 #               no profile (as served), with V4_INDEXER_PDL=0 and =1 (the indexer chain's plain
 #               launches vs programmatic dependent launch, docs/cuda.md §Indexer chain)
 #               -> bench-v4flash-20l-idxpdl.md (not in the default stage list)
+#   idxdec      v4serve bench at batch $V4_IDXDEC_BATCH (1) × 4K and 900K, no profile, per KV type in
+#               $V4_IDXDEC_KV (bf16,fp8) with V4_INDEXER_DEC in $V4_IDXDEC_VARIANTS (0 4 5 6: the
+#               indexer scores decode kernel vs its pipelined form, docs/cuda.md §Indexer scores)
+#               -> bench-v4flash-20l-idxdec.md (not in the default stage list)
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
@@ -175,6 +179,20 @@ if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (pla
     echo "bench (V4_INDEXER_PDL=$p) rc=$?"; grep -E "^\| (decode)" "$OUT/idxpdl-$p.md"
     { echo "## V4_INDEXER_PDL=$p"; echo; cat "$OUT/idxpdl-$p.md"; echo; } >> "$OUT/bench-v4flash-20l-idxpdl.md"
     rm -f "$OUT/idxpdl-$p.md"; logs+=(bench-idxpdl-$p.log)
+  done
+fi
+if has idxdec; then  # the pipelined indexer scores kernel end to end: V4_INDEXER_DEC=N
+  : > "$OUT/bench-v4flash-20l-idxdec.md"
+  for kv in ${V4_IDXDEC_KV:-bf16 fp8}; do
+    for v in ${V4_IDXDEC_VARIANTS:-0 4 5 6}; do
+      V4_INDEXER_DEC=$v timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype $kv \
+        --batch "${V4_IDXDEC_BATCH:-1}" --context 4K,900K --steps 20 --prefill-steps 1 \
+        --prefill-warmup 0 --out "$OUT/idxdec-$kv-$v.md" > "$OUT/bench-idxdec-$kv-$v.log" 2>&1
+      echo "bench (kv $kv, V4_INDEXER_DEC=$v) rc=$?"; grep -E "^\| (decode)" "$OUT/idxdec-$kv-$v.md"
+      { echo "## --kv-cache-dtype $kv, V4_INDEXER_DEC=$v"; echo; cat "$OUT/idxdec-$kv-$v.md"; echo; } \
+        >> "$OUT/bench-v4flash-20l-idxdec.md"
+      rm -f "$OUT/idxdec-$kv-$v.md"; logs+=(bench-idxdec-$kv-$v.log)
+    done
   done
 fi
 if has mstream; then

@@ -4,7 +4,7 @@
 #   attention_dec v4 / v5 / v2 at batch 1 (bench_kernels --profile-attention; kernel
 #     attn_dec[235]_kernel, not the combine), Lightning TopK variant 37 (--profile-topk;
 #     topk_kernel_v6), the indexer decode kernel over bf16 / fp8 keys (--profile-indexer;
-#     indexer_decode_kernel).
+#     indexer_decode_kernel; its pipelined form indexer_decode_pipe_kernel, variant 4).
 # Builds bench_kernels in build-ncu with -lineinfo (run_gpu.sh: V4_BUILD_DIR, V4_CUDA_FLAGS_EXTRA;
 # no tests), then per probe: one ncu run of one launch after warm-up launches (--launch-skip 5 of
 # 20 launches of the probe's kernel), clocks left alone (--clock-control none: Durations compare
@@ -129,6 +129,9 @@ if [ $ncu_ok = 1 ]; then
   # indexer decode kernel (auto), batch 1, 230,400 keys (900K context)
   probe idx-bf16-230400 indexer_decode_kernel --profile-indexer bf16 230400
   probe idx-fp8-230400 indexer_decode_kernel --profile-indexer fp8 230400
+  # pipelined decode kernel (indexer_scores_tc variant 4: cp.async ring of 3 chunk slots per warp)
+  probe idx-pipe-bf16-230400 indexer_decode_pipe_kernel --profile-indexer bf16 230400 4
+  probe idx-pipe-fp8-230400 indexer_decode_pipe_kernel --profile-indexer fp8 230400 4
   if ! grep -q "^### " "$summary"; then
     echo "no probe produced a report: see logs.tgz (ncu-work/*.ncu.log)" >> "$summary"
   fi

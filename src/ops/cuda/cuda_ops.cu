@@ -457,6 +457,11 @@ class CudaOps final : public Ops {
       if (std::string(e) == "1") opts_.indexer_pdl = true;
       if (std::string(e) == "0") opts_.indexer_pdl = false;
     }
+    if (const char* e = std::getenv("V4_INDEXER_DEC")) {  // A/B of the indexer scores kernel
+      const std::string v(e);
+      if (v.size() == 1 && v[0] >= '0' && v[0] - '0' <= cuda::kIndexerScoresMaxVariant)
+        opts_.indexer_scores_variant = v[0] - '0';
+    }
   }
   ~CudaOps() override {
     if (stream_) cudaStreamSynchronize(stream_);
@@ -836,7 +841,12 @@ class CudaOps final : public Ops {
     const bool pdl = opts_.indexer_pdl && S <= opts_.indexer_pdl_max_rows;
     if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
-      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, cs(), 0, pdl));
+      // A forced variant (CudaOptions::indexer_scores_variant) only where auto takes the decode
+      // kernel; elsewhere auto.
+      const int v = S <= cuda::kIndexerDecodeMaxRows && cuda::indexer_decode_supported(a)
+                        ? opts_.indexer_scores_variant
+                        : 0;
+      record(cuda::indexer_scores_tc(a, maxc, scores, ld, n_sms_, cs(), v, pdl));
     } else {
       indexer_score_kernel<<<g1, 128, smem, cs()>>>(a, scores, ld);
       launched("indexer_score_kernel");

@@ -111,6 +111,13 @@ struct CudaOptions {
   /// indexer_pdl applies to calls of at most this many query rows (batch 1 gains 1.5–3.6 µs a
   /// chain on the H200; batch 64 loses 2–9 µs: bench/results/cuda-indexer.md).
   int64_t indexer_pdl_max_rows = 4;
+  /// `cuda::indexer_scores_tc` variant of bf16-mode indexer_topk calls the decode kernel serves
+  /// (≤ cuda::kIndexerDecodeMaxRows rows, nI = 64, dI = 128; other calls keep auto): 0 auto (the
+  /// decode kernel), 2 / 3 the decode kernel with 16 / 32-key chunks, 4–7 the pipelined decode
+  /// kernel (indexer.h: cp.async ring of 3 / 2 / 4 chunk slots per warp; 7 = 4 with the old fp8
+  /// conversion), 1 the WMMA kernel. Same scores bit for bit across 0 and 2–7 for a key format
+  /// (f32 keys: 0 = 2 = 4–7). Environment override at backend creation: V4_INDEXER_DEC=N (0–7).
+  int indexer_scores_variant = 0;
 };
 
 /// Counters of the multi-stream branches of a CUDA backend since creation: forks that ran on

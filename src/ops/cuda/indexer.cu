@@ -415,6 +415,256 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
     }
   }
 }
+
+// ---- pipelined decode kernel: per-warp cp.async ring (variants 4–7, docs/cuda.md §Indexer scores)
+//
+// ncu of indexer_decode_kernel<4, kKeysBf16> at batch 1 × 230,400 keys (H200): 26.2 µs vs a byte
+// floor of 14.7, DRAM throughput 49%, 3 CTAs/SM, long_scoreboard 60% of the stalls: each warp
+// loads a chunk into registers, waits, runs its 128 mma, then loads the next — per SM too few
+// bytes in flight and no overlap of the loads with the math.
+//
+// This kernel keeps the decode kernel's math exactly (same chunk of 32 keys = 4 n-tiles, same K
+// permutation, same B registers, same mma order into the same accumulators, same head reduction;
+// the scores are bit-identical: CudaIndexerTc.PipelinedDecodeEqualsDecodeKernelBitwise) but moves
+// the keys through a per-warp ring of kStages chunk slots in shared memory, filled with cp.async:
+//
+//   slot layout: uint4 [j][u][lane] (bf16 keys: u < 4, lane (g, t) copies the 16 bytes
+//     32u + 8t … +7 dims of key 8j + g — exactly the bytes the old kernel loaded into kv[j][u]);
+//     fp8 keys: uint4 [j][h][lane] with word w of (j, h) = the 4 codes of k-step 4h + w (dims
+//     16(4h + w) + 4t … +3, 4-byte cp.async: rows are only 4-byte aligned), then f32 [j][lane]
+//     the row scale of key 8j + g.
+//   Every lane reads back (ld.shared) only the bytes it copied itself, so cp.async.wait_group in
+//   that lane orders the copy before the read: no barrier in the loop, no __syncwarp.
+//   Iteration i (the warp's i-th chunk, slot i % S): issue the copies of chunk i + S − 1 into
+//   slot (i − 1) % S (its reads were consumed by chunk i − 1's mma, in this lane: same-thread
+//   order), commit, wait until ≤ S − 1 groups are pending (= chunk i landed), compute chunk i.
+//   A group is committed every iteration (empty past the row's end) so the count stays exact.
+//   Candidate rows are loaded one issue ahead (registers rn).
+//
+// Shared memory per block: 16 KB q fragments + 4 warps × S × 8 KB (bf16) / 4.5 KB (fp8).
+// S = 3, bf16: 112 KB → 2 blocks (8 warps) per SM, ≤ 3 chunks = 24 KB per warp in flight,
+// 192 KB per SM while waiting, 128 KB while computing.
+// kFastCvt (fp8 keys): e4m3 → bf16 by moving the bits into bf16 fields (sign → bit 15, exponent +
+// mantissa → bits 4..10 of the half) and one bf16x2 multiply by 2^120 — exact for every finite
+// code, subnormals included (the moved subnormal is a bf16 subnormal 2^-126·m/8, × 2^120 = the
+// e4m3 value 2^-6·m/8); NaN codes (0x7f / 0xff) would become ±480, which keys never hold.
+// Otherwise the decode kernel's e4m3x2_to_bf16x2.
+constexpr int kPipeNT = 4;                  // n-tiles per chunk (32 keys), as the bf16 / fp8 default
+constexpr int kPipeChunk = 8 * kPipeNT;
+constexpr int kQaBytes = kDMT * kDKT * 32 * 16;  // packed q A fragments (16 KB)
+template <int kKeys>
+constexpr int pipe_slot_bytes() {
+  // bf16: 4 n-tiles × 4 16-byte loads × 32 lanes; fp8: 4 × 2 uint4 × 32 lanes + 4 × 32 scales
+  return kKeys == kKeysBf16 ? kPipeNT * 4 * 32 * 16 : kPipeNT * 2 * 32 * 16 + kPipeNT * 32 * 4;
+}
+template <int kStages, int kKeys>
+constexpr int pipe_smem_bytes() {
+  return kQaBytes + kDWarps * kStages * pipe_slot_bytes<kKeys>();
+}
+static_assert(pipe_slot_bytes<kKeysBf16>() == 8192 && pipe_slot_bytes<kKeysFp8>() == 4608);
+static_assert(pipe_smem_bytes<4, kKeysBf16>() <= 227 * 1024, "largest ring fits one SM");
+
+__device__ __forceinline__ uint32_t pipe_smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global → shared, L2 only; zero fill when !valid (src must still be a mapped address).
+__device__ __forceinline__ void pipe_cp16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(pipe_smem_addr(dst)),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// 4 bytes global → shared (cp.async 4-byte copies exist only as .ca); zero fill when !valid.
+__device__ __forceinline__ void pipe_cp4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(pipe_smem_addr(dst)),
+               "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void pipe_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void pipe_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Four e4m3 codes (byte i = code i) → bf16 pairs (codes 0, 1) and (codes 2, 3), exact (kFastCvt).
+__device__ __forceinline__ uint2 e4m3x4_to_bf16x4_fast(uint32_t w) {
+  uint2 r;
+  const uint32_t lo = __byte_perm(w, 0u, 0x4140u);  // bytes [c0, 0, c1, 0]
+  const uint32_t hi = __byte_perm(w, 0u, 0x4342u);  // bytes [c2, 0, c3, 0]
+  const uint32_t ml = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+  const uint32_t mh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves (exponent 247)
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r.x) : "r"(ml), "r"(k2p120));
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r.y) : "r"(mh), "r"(k2p120));
+  return r;
+}
+
+template <int kStages, int kKeys, bool kFastCvt, bool kPdl>
+__global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::IndexerArgs a,
+                                                                            float* __restrict__ scores,
+                                                                            int64_t ld) {
+  static_assert(kKeys == kKeysBf16 || kKeys == kKeysFp8, "f32 keys use indexer_decode_kernel");
+  static_assert(kStages >= 2 && kStages <= 4);
+  constexpr bool kFp8Keys = kKeys == kKeysFp8;
+  constexpr int kDNT = kPipeNT, kDChunk = kPipeChunk;
+  constexpr int kSlotBytes = pipe_slot_bytes<kKeys>();
+  extern __shared__ __align__(16) unsigned char pipe_smem[];
+  uint4* qa = reinterpret_cast<uint4*>(pipe_smem);  // [m][kk][lane] packed A fragments
+  if constexpr (kPdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  const int64_t row = blockIdx.y;
+  const int n = a.cand.count[row];
+  if (int64_t(blockIdx.x) * kDWarps * kDChunk >= n) return;  // whole block idle (uniform)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  unsigned char* ring = pipe_smem + kQaBytes + size_t(warp) * kStages * kSlotBytes;
+  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  float* srow = scores + row * ld;
+  const int stride = gridDim.x * kDWarps;
+  const int c0 = blockIdx.x * kDWarps + warp;
+  // Candidate rows (key 8j + g of chunk c; −1 past the row's end).
+  auto load_rows = [&](int c, int32_t (&r)[kDNT]) {
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      const int s = c * kDChunk + 8 * j + g;
+      r[j] = s < n ? cand[s] : -1;
+    }
+  };
+  // This lane's copies of chunk c (rows r) into ring slot `slot`; nothing past the row's end.
+  auto issue = [&](int c, const int32_t (&r)[kDNT], int slot) {
+    if (c * kDChunk >= n) return;  // uniform over the warp
+    unsigned char* sl = ring + slot * kSlotBytes;
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      const bool ok = r[j] >= 0;
+      if constexpr (kFp8Keys) {
+        const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
+                            int64_t(ok ? r[j] : 0) * kFp8KeyRowBytes;
+#pragma unroll
+        for (int u = 0; u < kDKT; ++u)
+          pipe_cp4(sl + ((j * 2 + (u >> 2)) * 32 + lane) * 16 + 4 * (u & 3),
+                   kr + key_dim0<kKeysFp8>(u, t), ok);
+        pipe_cp4(sl + kDNT * 2 * 32 * 16 + (j * 32 + lane) * 4, kr + kDDI, ok);
+      } else {
+        const uint16_t* kr = static_cast<const uint16_t*>(a.key_pool) + int64_t(ok ? r[j] : 0) * kDDI;
+#pragma unroll
+        for (int u = 0; u < kDKT / 2; ++u)
+          pipe_cp16(sl + ((j * 4 + u) * 32 + lane) * 16, kr + key_dim0<kKeysBf16>(2 * u, t), ok);
+      }
+    }
+  };
+  // Prologue: chunks 0 … S − 2 of this warp in flight before the q staging (overlaps it).
+  int32_t rn[kDNT];
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    load_rows(c0 + p * stride, rn);
+    issue(c0 + p * stride, rn, p);
+    pipe_commit();
+  }
+  load_rows(c0 + (kStages - 1) * stride, rn);  // rows of the first in-loop issue
+  // Stage q[row] (f32 [nI, dI]) as packed bf16 A fragments (as indexer_decode_kernel).
+  const float* qrow = a.q + row * (kDNI * kDDI);
+  for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kDWarps * 32) {
+    const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
+    const int ug = ul >> 2, ut = ul & 3;
+    const int d0 = key_dim0<kKeys>(kk, ut);
+    const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
+    const float4 hi = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
+    qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
+                       wfrag::pack_bf16(lo.z, lo.w), wfrag::pack_bf16(hi.z, hi.w));
+  }
+  const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
+  float wl[kDMT][2];
+#pragma unroll
+  for (int m = 0; m < kDMT; ++m) {
+    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale;
+    wl[m][1] = a.weights[row * kDNI + 16 * m + g + 8] * wscale;
+  }
+  __syncthreads();  // qa written (the only barrier)
+  int slot = 0;  // = i % S for the warp's i-th chunk
+  for (int c = c0; c * kDChunk < n; c += stride) {
+    const int s0 = c * kDChunk;
+    // Refill the slot chunk i − 1 used with chunk i + S − 1, then wait for chunk i.
+    issue(c + (kStages - 1) * stride, rn, slot == 0 ? kStages - 1 : slot - 1);
+    pipe_commit();
+    load_rows(c + kStages * stride, rn);  // next issue's rows, in flight during the math
+    pipe_wait<kStages - 1>();
+    const unsigned char* sl = ring + slot * kSlotBytes;
+    slot = slot == kStages - 1 ? 0 : slot + 1;
+    float acc[kDMT][kDNT][4];
+#pragma unroll
+    for (int m = 0; m < kDMT; ++m)
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kDKT; ++kk) {
+      uint32_t b[kDNT][2];
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        if constexpr (kFp8Keys) {  // word kk % 4 of (j, kk / 4): dims 16kk + 4t … +3
+          // One 16-byte ld.shared per (j, kk / 4) (conflict-free: lanes read consecutive 16-byte
+          // slots; reloads of the same slot for the next three kk are the same load), not four
+          // 4-byte loads at a 16-byte lane stride (4-way bank conflicts).
+          const uint4 v4w = reinterpret_cast<const uint4*>(sl)[(j * 2 + (kk >> 2)) * 32 + lane];
+          const uint32_t w = (kk & 3) == 0 ? v4w.x : (kk & 3) == 1 ? v4w.y : (kk & 3) == 2 ? v4w.z : v4w.w;
+          if constexpr (kFastCvt) {
+            const uint2 p = e4m3x4_to_bf16x4_fast(w);
+            b[j][0] = p.x;
+            b[j][1] = p.y;
+          } else {
+            b[j][0] = e4m3x2_to_bf16x2(w);
+            b[j][1] = e4m3x2_to_bf16x2(w >> 16);
+          }
+        } else {  // dims d0..d0+3 of the 8 this lane copied for steps kk & ~1, kk | 1
+          const uint4 v = reinterpret_cast<const uint4*>(sl)[(j * 4 + (kk >> 1)) * 32 + lane];
+          b[j][0] = (kk & 1) ? v.z : v.x;
+          b[j][1] = (kk & 1) ? v.w : v.y;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kDMT; ++m) {
+        const uint4 af = qa[(m * kDKT + kk) * 32 + lane];
+#pragma unroll
+        for (int j = 0; j < kDNT; ++j)
+          wfrag::mma_bf16(acc[m][j], af.x, af.y, af.z, af.w, b[j][0], b[j][1]);
+      }
+    }
+    // Σ_h ReLU(q_h·k)·w_h, exactly as indexer_decode_kernel.
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+      for (int m = 0; m < kDMT; ++m) {
+        p0 += fmaxf(acc[m][j][0], 0.f) * wl[m][0];
+        p0 += fmaxf(acc[m][j][2], 0.f) * wl[m][1];
+        p1 += fmaxf(acc[m][j][1], 0.f) * wl[m][0];
+        p1 += fmaxf(acc[m][j][3], 0.f) * wl[m][1];
+      }
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        p0 += __shfl_xor_sync(0xffffffffu, p0, o);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, o);
+      }
+      if constexpr (kFp8Keys) {
+        // Row scale of key 8j + g, copied by this lane; keys 8j + 2t, 8j + 2t + 1 from lanes
+        // with g = 2t, 2t + 1.
+        const float ksc = reinterpret_cast<const float*>(sl + kDNT * 2 * 32 * 16)[j * 32 + lane];
+        p0 *= __shfl_sync(0xffffffffu, ksc, 8 * t);
+        p1 *= __shfl_sync(0xffffffffu, ksc, 8 * t + 4);
+      }
+      if (g == j) {
+        const int s = s0 + 8 * j + 2 * t;
+        if (s < n) srow[s] = p0;
+        if (s + 1 < n) srow[s + 1] = p1;
+      }
+    }
+  }
+  pipe_wait<0>();  // no copy outstanding at exit (the groups past the row's end are empty)
+}
 }  // namespace
 
 bool indexer_tc_supported(int n_heads, int head_dim) {
@@ -455,7 +705,7 @@ namespace {
 // list; the WMMA kernel would take such rows one by one) and short prefill chunks (rows of one
 // sequence then each read the shared keys, mostly from L2). Longer prefill chunks keep the WMMA
 // kernel, whose 4-row groups load each key tile once.
-constexpr int64_t kDecodeMaxRows = 128;
+constexpr int64_t kDecodeMaxRows = kIndexerDecodeMaxRows;
 // V4_INDEXER_DECODE=0 turns the decode kernel off (A/B against the WMMA kernel); read once.
 bool decode_kernel_enabled() {
   static const bool on = [] {
@@ -505,12 +755,79 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kKeys, true>, a, scores, ld));
   return check_launch("indexer_decode_kernel (PDL)");
 }
+
+// The pipelined decode kernel (bf16 / fp8 keys): grid sized as launch_decode (one wave, resident
+// blocks per SM from the occupancy API with the ring's dynamic shared memory).
+template <int kStages, int kKeys, bool kFastCvt>
+Status launch_decode_pipe(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                          int n_sms, cudaStream_t stream, bool pdl) {
+  constexpr int kSmem = pipe_smem_bytes<kStages, kKeys>();
+  // Opt-in to > 48 KB dynamic shared memory for both launch forms, once per instantiation.
+  static const cudaError_t attr_err = [] {
+    cudaError_t e = cudaFuncSetAttribute(indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return e;
+  }();
+  if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_pipe smem attribute");
+  static const int per_sm = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &b, indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>, kDWarps * 32, kSmem) !=
+            cudaSuccess ||
+        b < 1) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    return b;
+  }();
+  const int64_t S = a.n_rows;
+  const int64_t blocks_needed = (max_count + kDWarps * kPipeChunk - 1) / (kDWarps * kPipeChunk);
+  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
+  const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
+  const dim3 grid{unsigned(gx), unsigned(S), 1u};
+  if (!pdl) {
+    indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>
+        <<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld);
+    return check_launch("indexer_decode_pipe_kernel");
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDWarps * 32, 1, 1);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true>, a,
+                                 scores, ld));
+  return check_launch("indexer_decode_pipe_kernel (PDL)");
+}
+
+// Variants 4–7 over bf16 / fp8 keys (f32 keys: the decode kernel's default, 2 n-tiles).
+template <int kKeys>
+Status launch_pipe_variant(int variant, const ops::IndexerArgs& a, int64_t max_count,
+                           float* scores, int64_t ld, int n_sms, cudaStream_t stream, bool pdl) {
+  switch (variant) {
+    case 5: return launch_decode_pipe<2, kKeys, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    case 6: return launch_decode_pipe<4, kKeys, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    case 7:
+      if constexpr (kKeys == kKeysFp8)
+        return launch_decode_pipe<3, kKeys, false>(a, max_count, scores, ld, n_sms, stream, pdl);
+      [[fallthrough]];
+    default: return launch_decode_pipe<3, kKeys, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+  }
+}
 }  // namespace
 
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream, int variant, bool pdl) {
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
-  if (variant < 0 || variant > 3)
+  if (variant < 0 || variant > kIndexerScoresMaxVariant)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: variant {}", variant);
   if (max_count > int64_t(1) << 30)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: max_count {} too large",
@@ -525,6 +842,10 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // bf16 keys: 4 n-tiles keep the f32 kernel's 256 bytes per lane in flight (variant 2 = 2
     // n-tiles for A/B); f32 keys: 2 n-tiles (variant 3 = 4).
     // fp8 keys: 4 n-tiles (128 bytes per lane in flight, 32 key registers; variant 2 = 2).
+    if (variant >= 4 && a.key_dtype == KvDtype::kFp8Index)
+      return launch_pipe_variant<kKeysFp8>(variant, a, max_count, scores, ld, n_sms, stream, pdl);
+    if (variant >= 4 && a.key_dtype == KvDtype::kBf16)
+      return launch_pipe_variant<kKeysBf16>(variant, a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);

@@ -20,6 +20,11 @@
 
 namespace v4::cuda {
 
+/// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
+inline constexpr int64_t kIndexerDecodeMaxRows = 128;
+/// Largest `variant` of `indexer_scores_tc`.
+inline constexpr int kIndexerScoresMaxVariant = 7;
+
 /// Whether `indexer_scores_tc` handles (nI, dI): multiples of 16, nI ≤ 128, dI ≤ 256.
 bool indexer_tc_supported(int n_heads, int head_dim);
 
@@ -32,8 +37,13 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// (grid sizing). `variant`: 0 auto — the decode kernel (below) for S ≤ 128 rows when
 /// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), else the WMMA kernel (one
 /// query row per group for S ≤ 64, 4 rows sharing key tiles above); 1 the WMMA kernel only (the
-/// previous decode path, for benchmarks); 2 the decode kernel only; 3 the decode kernel with
-/// 32-key chunks (benchmarks). No host sync, no allocation
+/// previous decode path, for benchmarks); 2 the decode kernel only (bf16 / fp8 keys: 16-key
+/// chunks; f32: the default 16); 3 the decode kernel with 32-key chunks (f32 keys; bf16 / fp8:
+/// their default 32); 4–7 the pipelined decode kernel (bf16 / fp8 keys; f32 keys run the decode
+/// kernel's default): 32-key chunks streamed by cp.async through a per-warp ring of 3 (4), 2 (5)
+/// or 4 (6) chunk slots in shared memory, fp8 codes converted by bit moves + one bf16x2 multiply;
+/// 7 = 4 with fp8 keys converted as the decode kernel does (A/B of the conversion). Variants 2–7
+/// give bit-identical scores for a key format (same math and summation order). No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
 /// Decode path: blocks of 4 warps per query row, spread over one wave of the GPU; each warp
