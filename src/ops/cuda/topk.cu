@@ -2506,8 +2506,11 @@ __global__ void __launch_bounds__(THREADS, 1)
 //     slots with 16-byte DSMEM loads); it also orders the pass-0 top pushes.
 //  3. Compaction from a 32-bit per-thread mask (bit i = key i passes): per-group counts come from
 //     nibble popcounts spread into v6's byte-packed words (one warp scan as v6), and each lane loops
-//     over its set bits only, re-reading the score from global memory (L1-hot) for the list entry;
-//     list order = ascending index, as v6.
+//     over its set bits only, reading the score back from a shared-memory copy of the CTA's slice
+//     (written with one 16-byte store per float4 right after the loads; registers cannot be indexed
+//     by a runtime bit position, and a global re-read would miss L1, which the cluster barrier's
+//     acquire invalidates); list order = ascending index, as v6. Dynamic shared memory 512·I·10 B
+//     (list 6 B + copy 4 B per key: 160 KiB at I = 32, + 48 KB static).
 // Everything after the list is complete (passes over the list with one plain shared atomic per
 // entry as 37, window walk, candidate broadcast, local pick, output from the list) is v6's code.
 
@@ -2553,6 +2556,10 @@ __global__ void __launch_bounds__(512, 1)
   extern __shared__ __align__(16) unsigned char v8_dyn[];
   uint32_t* const lk = reinterpret_cast<uint32_t*>(v8_dyn);
   uint16_t* const li = reinterpret_cast<uint16_t*>(v8_dyn + size_t(THREADS) * ITEMS * sizeof(uint32_t));
+  // The CTA's scores as loaded (float4 granules in register order, NaN-padded), for the list
+  // writes: the cluster barrier's acquire invalidates L1 (CCTL.IVALL), so re-reading the few
+  // passing scores from global memory would cost an L2 round trip per entry.
+  float4* const sf4 = reinterpret_cast<float4*>(v8_dyn + size_t(THREADS) * ITEMS * 6);
 
   const uint32_t rank = cg::this_cluster().block_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -2588,24 +2595,31 @@ __global__ void __launch_bounds__(512, 1)
   const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
   const float qnan = __uint_as_float(0x7fffffffu);
   const float4 nan4 = make_float4(qnan, qnan, qnan, qnan);
+  // Valid keys of the warp's slice (0 … 32·P; 32-bit offsets from here on).
+  const int rem = int(min(max(int64_t(n) - wbase, int64_t(0)), int64_t(32) * P));
+  const float4* const wp = reinterpret_cast<const float4*>(row + wbase) + lane;  // read when vec
   float4 f[ITEMS / 4];
-  if (vec && wbase + int64_t(32) * P <= n) {  // warp-uniform: the warp's whole slice is in the row
+  if (vec && rem == 32 * P) {  // warp-uniform: the warp's whole slice is in the row
+    if (P == ITEMS) {          // (every full 262,144 row): unpredicated, constant offsets
 #pragma unroll
-    for (int j = 0; j < ITEMS / 4; ++j)
-      f[j] = 4 * j < P ? __ldg(reinterpret_cast<const float4*>(row + wbase + (j * 32 + lane) * 4)) : nan4;
+      for (int j = 0; j < ITEMS / 4; ++j) f[j] = __ldg(wp + j * 32);
+    } else {
+#pragma unroll
+      for (int j = 0; j < ITEMS / 4; ++j) f[j] = 4 * j < P ? __ldg(wp + j * 32) : nan4;
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < ITEMS / 4; ++j) {
       f[j] = nan4;
       if (4 * j < P) {
-        const int64_t g = wbase + int64_t(j * 32 + lane) * 4;
-        if (vec && g + 4 <= n) {
-          f[j] = __ldg(reinterpret_cast<const float4*>(row + g));
+        const int o = (j * 32 + lane) * 4;  // offset in the warp's slice
+        if (vec && o + 4 <= rem) {
+          f[j] = __ldg(wp + j * 32);
         } else {
-          if (g < n) f[j].x = row[g];
-          if (g + 1 < n) f[j].y = row[g + 1];
-          if (g + 2 < n) f[j].z = row[g + 2];
-          if (g + 3 < n) f[j].w = row[g + 3];
+          if (o < rem) f[j].x = row[wbase + o];
+          if (o + 1 < rem) f[j].y = row[wbase + o + 1];
+          if (o + 2 < rem) f[j].z = row[wbase + o + 2];
+          if (o + 3 < rem) f[j].w = row[wbase + o + 3];
         }
       }
     }
@@ -2613,10 +2627,11 @@ __global__ void __launch_bounds__(512, 1)
   int cnt = 0;
 #pragma unroll
   for (int j = 0; j < ITEMS / 4; ++j)
-    if (4 * j < P) {
-      const int64_t v = int64_t(n) - (wbase + int64_t(j * 32 + lane) * 4);
-      cnt += v <= 0 ? 0 : (v < 4 ? int(v) : 4);
-    }
+    if (4 * j < P) cnt += min(max(rem - (j * 32 + lane) * 4, 0), 4);
+  // Granule j of this thread = slice-local scores [(warp·32·P) + (j·32 + lane)·4, +4).
+#pragma unroll
+  for (int j = 0; j < ITEMS / 4; ++j)
+    if (4 * j < P) sf4[warp * 8 * P + j * 32 + lane] = f[j];
   // Thread maximum (NaN-ignoring; NaN when the thread has no non-NaN key → key 0).
   float fm = qnan;
 #pragma unroll
@@ -2751,7 +2766,7 @@ __global__ void __launch_bounds__(512, 1)
       const int pos = s_gb[warp][j] + int((ew >> (8 * (j & 3))) & 0xffu) +
                       __popc((m >> (4 * j)) & ((1u << c) - 1u));
       const int loc = wslice + (j * 32 + lane) * 4 + c;
-      lk[pos] = order_key(__ldg(row + cbase + loc));
+      lk[pos] = order_key(reinterpret_cast<const float*>(sf4)[loc]);
       li[pos] = uint16_t(loc);
     }
   }
@@ -3137,13 +3152,13 @@ Status launch_topk_v6(const float* scores, int64_t ld, const int32_t* n, int64_t
 }
 
 // Launches topk_kernel_v8<C, ITEMS, PDL>: as launch_topk_v6 (dynamic shared memory for the list of
-// 512·ITEMS keys and u16 indices, non-portable cluster size and residency checked per kernel,
+// 512·ITEMS keys and u16 indices plus the 512·ITEMS-float copy of the slice, non-portable cluster size and residency checked per kernel,
 // kUnsupported when a cluster cannot be resident; PDL: programmatic stream serialization).
 template <int C, int ITEMS, bool PDL>
 Status launch_topk_v8(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                       int32_t* out, int32_t* out_len, cudaStream_t stream) {
   auto kern = topk_kernel_v8<C, ITEMS, PDL>;
-  const size_t smem = size_t(512) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t));
+  const size_t smem = size_t(512) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float));
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   V4_CUDA_TRY(attr_err);
