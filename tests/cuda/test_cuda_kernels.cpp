@@ -576,6 +576,28 @@ TEST_P(TopkV8, Exact) {
   run_topk_case(lens, 512, Dist::kSpecial, variant);
   run_topk_case(lens, 1024, Dist::kTies, variant);
   run_topk_case(lens, 512, Dist::kGroupMaxTies, variant);
+  {  // odd row stride: rows 1 and 2 are not 16-byte aligned (scalar loads), the last row short
+    const int64_t ld = cap + 1;
+    const std::vector<int32_t> lens = {cap, cap - 5, 1000};
+    std::vector<float> sc(size_t(3 * ld), 12345.f);
+    for (int rr = 0; rr < 3; ++rr) {
+      const auto row = make_row(lens[rr], Dist::kSpecial);
+      std::copy(row.begin(), row.end(), sc.begin() + rr * ld);
+    }
+    for (int k : {1, 512, 1024}) {
+      Dev<float> ds(sc);
+      Dev<int32_t> dn(lens), dout{size_t(3 * k)};
+      dout.poison();
+      ASSERT_TRUE(topk_rows(ds.p, ld, dn.p, 3, k, cap, dout.p, nullptr, nullptr, variant).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dout.host();
+      for (int rr = 0; rr < 3; ++rr) {
+        const auto want = ref_topk(sc.data() + rr * ld, lens[rr], k);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + rr * k))
+            << "odd stride row " << rr << " k " << k;
+      }
+    }
+  }
   {  // MTP: one sequence's draft rows see the same scores, each one key longer
     const int n0 = cap - 2, k = 512;
     const auto row = make_row(cap, Dist::kNormal);
