@@ -1141,7 +1141,10 @@ int main(int argc, char** argv) {
                     V{39, "v7 cluster 16×512 + programmatic dependent launch"},
                     V{40, "v7 cluster 16×256 (one-warp window walk)"},
                     V{41, "v7 cluster 16×256 + programmatic dependent launch"},
-                    V{42, "v7 cluster 8×256 (one-warp window walk)"}})
+                    V{42, "v7 cluster 8×256 (one-warp window walk)"},
+                    V{46, "v8 cluster 16 (row-wide bound, float compares)"},
+                    V{47, "v8 cluster 16 + programmatic dependent launch"},
+                    V{48, "v8 cluster 8 (row-wide bound, float compares)"}})
           variants.push_back(v);
       } else {
         variants.push_back({n <= 8192 ? 7 : 8, "v2 1 CTA (auto's choice here)"});
@@ -1164,13 +1167,16 @@ int main(int argc, char** argv) {
         variants.push_back({40, "v7 cluster 16×256 (one-warp window walk)"});
         variants.push_back({41, "v7 cluster 16×256 + programmatic dependent launch"});
         variants.push_back({42, "v7 cluster 8×256 (one-warp window walk)"});
+        variants.push_back({46, "v8 cluster 16 (row-wide bound, float compares)"});
+        variants.push_back({47, "v8 cluster 16 + programmatic dependent launch"});
+        variants.push_back({48, "v8 cluster 8 (row-wide bound, float compares)"});
       }
       const auto cap = [](int id) {
         switch (id) {
           case 7: case 44: return 8192;
           case 8: case 45: return 32768;
           case 13: case 14: case 29: return 65536;
-          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: case 42: return 131072;
+          case 12: case 15: case 18: case 22: case 23: case 25: case 28: case 32: case 36: case 42: case 48: return 131072;
           default: return 262144;
         }
       };

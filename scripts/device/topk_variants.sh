@@ -17,7 +17,7 @@ timeout 300 build-gpu/bench/bench_kernels --out "$OUT" --only-topk > "$OUT/bench
 grep -E "batch=1 " "$OUT/bench-topk.log" | sed 's/  */ /g'
 cmake build-gpu -DCMAKE_CUDA_FLAGS="-isystem $D/usr/include -DV4_TOPK_PHASES=1" > /dev/null 2>&1
 cmake --build build-gpu -j "$(nproc)" --target bench_kernels > "$OUT/build-phases.log" 2>&1 || tail -20 "$OUT/build-phases.log"
-for vn in ${V4_PHASES:-"37:262144 38:262144 40:262144 41:262144 37:65536 38:65536 40:65536 34:262144"}; do
+for vn in ${V4_PHASES:-"46:262144 37:262144 47:262144 46:131072 46:65536 37:65536 46:8192 37:8192"}; do
   build-gpu/bench/bench_kernels --phases-topk "${vn%%:*}" "${vn##*:}" 2>&1 | tail -1
 done | tee "$OUT/phases.txt"
 # leave build-gpu as run_gpu.sh configures it

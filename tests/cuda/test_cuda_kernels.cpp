@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
@@ -170,7 +172,10 @@ std::vector<int32_t> ref_topk(const float* s, int n, int k) {
   return out;
 }
 
-enum class Dist { kNormal, kTies, kSpecial, kAllEqual, kSorted, kRampUp, kRampDown, kOutlier, kLowBits, kPerThread };
+enum class Dist {
+  kNormal, kTies, kSpecial, kAllEqual, kSorted, kRampUp, kRampDown, kOutlier, kLowBits, kPerThread,
+  kGroupMax, kGroupMaxTies, kNaNBlock
+};
 
 std::vector<float> make_row(int n, Dist d) {
   std::vector<float> v = randn(size_t(n));
@@ -219,6 +224,26 @@ std::vector<float> make_row(int n, Dist d) {
       }
       break;
     }
+    case Dist::kGroupMax:       // v8 (cluster 16 × 512 threads, P keys per thread): one large key
+    case Dist::kGroupMaxTies: { // in every group of 16 threads (half a warp), the rest small. At
+                                // 262,144 there are exactly 512 groups, so the 512th key equals
+                                // the row-wide bound T (min of the group maxima): keys == T must
+                                // pass the pre-filter. Ties: every large key is 100 and every
+                                // third group holds a second 100 (tie order by index at T).
+      const int P = ((n + 8191) / 8192 + 3) & ~3;
+      for (auto& x : v) x *= 0.1f;
+      for (int g = 0; g < 2 * (n / (32 * P) + 1); ++g) {
+        const int w = g / 2, h = g % 2, j = w % (P / 4), c = (g / 4) % 4;
+        const int64_t base = int64_t(w) * 32 * P + int64_t(j * 32 + 16 * h) * 4;
+        const float val = d == Dist::kGroupMax ? 100.f + 0.001f * float(g) : 100.f;
+        if (base + c < n) v[size_t(base + c)] = val;
+        if (d == Dist::kGroupMaxTies && g % 3 == 0 && base + 4 + c < n) v[size_t(base + 4 + c)] = val;
+      }
+      break;
+    }
+    case Dist::kNaNBlock:  // the first 2,048 scores NaN (whole groups of NaN: v8 runs unfiltered)
+      for (int i = 0; i < std::min(n, 2048); ++i) v[size_t(i)] = std::numeric_limits<float>::quiet_NaN();
+      break;
     case Dist::kLowBits:  // ~0.4% of the keys share all bits but the low 8 (3.0 + a few ulps),
                           // the rest small: a threshold bin of ~n/250 keys that only the last
                           // 8-bit digit separates, ~n/64000 ties per value
@@ -515,6 +540,124 @@ TEST(CudaKernels, TopkV6PdlBackToBack) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(dout.host(), want);  // it = 20 reads a
   }
+}
+
+// v8 (46: cluster 16, 47: 46 + programmatic dependent launch, 48: cluster 8): v6's protocol with a
+// row-wide pre-filter bound from per-group maxima (groups of 1…32 threads, one cluster exchange),
+// float compares against the bound and mask-driven compaction. Parametrised over (variant, row
+// capacity): the v6 suite (all distributions, k = 1 / 100 / 512 / 1024 / 2048, batches of mixed
+// lengths, short rows, MTP rows) plus the v8 bound edges.
+class TopkV8 : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(TopkV8, Exact) {
+  V4_REQUIRE_GPU();
+  const auto [variant, cap] = GetParam();
+  const bool maybe = variant != 48;  // a 16-CTA cluster may not be resident
+  for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kAllEqual, Dist::kSorted,
+                 Dist::kRampUp, Dist::kRampDown, Dist::kOutlier, Dist::kLowBits, Dist::kPerThread,
+                 Dist::kGroupMax, Dist::kGroupMaxTies, Dist::kNaNBlock}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant << " cap " << cap << " dist " << int(d));
+    if (!run_topk_case({cap, cap - rand_int(1, 999), 9000, 513, 100, 0}, 512, d, variant, maybe))
+      GTEST_SKIP() << "variant " << variant << " cannot run here";
+    run_topk_case({cap / 2 + 7, std::min(70000, cap), 4096}, 1, d, variant);
+    run_topk_case({cap, 3000, 1025}, 1024, d, variant);
+    run_topk_case({cap - 3, std::min(40000, cap)}, 100, d, variant);
+    run_topk_case({cap, cap / 3}, 2048, d, variant);
+    for (int k : {255, 256, 257, 511, 513}) run_topk_case({cap, cap - 1, cap / 2 + 1}, k, d, variant);
+  }
+  SCOPED_TRACE(::testing::Message() << "variant " << variant << " short rows, batch 64, MTP");
+  run_topk_case({0, 1, 511, 512, 513, 1000, 2049, 8192}, 512, Dist::kNormal, variant);
+  run_topk_case({5, 3, 40, 37}, 3, Dist::kSpecial, variant);
+  std::vector<int32_t> lens(64);
+  for (auto& l : lens) l = rand_int(1, cap);
+  lens[0] = cap;
+  run_topk_case(lens, 512, Dist::kNormal, variant);
+  run_topk_case(lens, 512, Dist::kLowBits, variant);
+  run_topk_case(lens, 512, Dist::kSpecial, variant);
+  run_topk_case(lens, 1024, Dist::kTies, variant);
+  run_topk_case(lens, 512, Dist::kGroupMaxTies, variant);
+  {  // odd row stride: rows 1 and 2 are not 16-byte aligned (scalar loads), the last row short
+    const int64_t ld = cap + 1;
+    const std::vector<int32_t> lens = {cap, cap - 5, 1000};
+    std::vector<float> sc(size_t(3 * ld), 12345.f);
+    for (int rr = 0; rr < 3; ++rr) {
+      const auto row = make_row(lens[rr], Dist::kSpecial);
+      std::copy(row.begin(), row.end(), sc.begin() + rr * ld);
+    }
+    for (int k : {1, 512, 1024}) {
+      Dev<float> ds(sc);
+      Dev<int32_t> dn(lens), dout{size_t(3 * k)};
+      dout.poison();
+      ASSERT_TRUE(topk_rows(ds.p, ld, dn.p, 3, k, cap, dout.p, nullptr, nullptr, variant).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dout.host();
+      for (int rr = 0; rr < 3; ++rr) {
+        const auto want = ref_topk(sc.data() + rr * ld, lens[rr], k);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + rr * k))
+            << "odd stride row " << rr << " k " << k;
+      }
+    }
+  }
+  {  // MTP: one sequence's draft rows see the same scores, each one key longer
+    const int n0 = cap - 2, k = 512;
+    const auto row = make_row(cap, Dist::kNormal);
+    const int64_t ld = cap;
+    std::vector<float> sc(size_t(3 * ld));
+    for (int rr = 0; rr < 3; ++rr) std::copy(row.begin(), row.end(), sc.begin() + rr * ld);
+    const std::vector<int32_t> mlens = {n0, n0 + 1, n0 + 2};
+    Dev<float> ds(sc);
+    Dev<int32_t> dn(mlens), dout{size_t(3 * k)};
+    dout.poison();
+    ASSERT_TRUE(topk_rows(ds.p, ld, dn.p, 3, k, cap, dout.p, nullptr, nullptr, variant).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = dout.host();
+    for (int rr = 0; rr < 3; ++rr) {
+      const auto want = ref_topk(row.data(), mlens[rr], k);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + rr * k)) << "MTP row " << rr;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CudaKernels, TopkV8,
+    ::testing::Values(std::pair<int, int>{46, 262144}, std::pair<int, int>{46, 131072},
+                      std::pair<int, int>{46, 65536}, std::pair<int, int>{46, 8192},
+                      std::pair<int, int>{47, 262144}, std::pair<int, int>{47, 65536},
+                      std::pair<int, int>{48, 131072}, std::pair<int, int>{48, 65536},
+                      std::pair<int, int>{48, 8192}),
+    [](const ::testing::TestParamInfo<std::pair<int, int>>& i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "v%d_%d", i.param.first, i.param.second);
+      return std::string(name);
+    });
+
+// v8 at batch 64 of 200K–262K rows (the rows' last CTAs partly empty: the bound's group counts)
+// and back-to-back PDL launches (47) alternating two inputs into one output.
+TEST(CudaKernels, TopkV8Batch64At256KAndPdl) {
+  V4_REQUIRE_GPU();
+  std::vector<int32_t> lens(64);
+  for (auto& l : lens) l = rand_int(200000, 262144);
+  lens[0] = 262144;
+  for (int variant : {46, 47}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    if (!run_topk_case(lens, 512, Dist::kNormal, variant, true)) continue;
+    run_topk_case(lens, 1024, Dist::kTies, variant);
+    run_topk_case(lens, 512, Dist::kSpecial, variant);
+    run_topk_case(lens, 512, Dist::kGroupMax, variant);
+  }
+  const int n = 262144, k = 512;
+  const std::vector<int32_t> one = {n};
+  const auto a = make_row(n, Dist::kNormal), b = make_row(n, Dist::kRampUp);
+  Dev<float> da(a), db(b);
+  Dev<int32_t> dn(one), dout{size_t(k)};
+  dout.poison();
+  for (int it = 0; it < 21; ++it) {
+    const Status st = topk_rows(it % 2 ? db.p : da.p, n, dn.p, 1, k, n, dout.p, nullptr, nullptr, 47);
+    if (st.code() == ErrorCode::kUnsupported) GTEST_SKIP() << st.message();
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(dout.host(), ref_topk(a.data(), n, k));  // it = 20 reads a
 }
 
 // Variants 44 / 45 (v2 single CTA + programmatic dependent launch, the indexer chain's top-k for

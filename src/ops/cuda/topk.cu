@@ -2483,6 +2483,529 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (wait_at_exit) cluster_wait();
 }
 
+// ------------------------------------------------------------------------------------------------
+// v8 (session 8): v6's exchange protocol on a much shorter list, with ~3 instructions per register
+// key instead of ~37 (Nsight Compute, variant 37 at 262,144: 38.8K warp instructions per CTA, about
+// half of them in the unrolled load / convert / pre-filter / compaction code, IPC 1.7).
+//  1. No key conversion per key. Invalid elements (past the row or the warp's slice) are loaded as
+//     NaN, the thread maximum is an fmaxf chain (NaN-ignoring: a thread with only NaN / no keys
+//     ends with NaN, whose key is 0), and the pre-filter test is a float compare x ≥ tf (tf = the
+//     float of the bound key T ≥ 1: for non-NaN x, x ≥ tf ⇔ order_key(x) ≥ T — order_key is
+//     monotone and only merges −0 / +0, which compare equal —, and NaN fails it like its key 0 < T).
+//     Keys are converted only when written to the list (~1% of them).
+//  2. A tighter, row-wide bound T from one cluster exchange. For group sizes g = 1, 2, 4, …, 32
+//     threads (level l = log2 g, xor-shuffle maxima) each CTA publishes T_q,l = the minimum over its
+//     groups holding ≥ 1 valid key of the group maximum, and n_q,l = the number of such groups.
+//     The groups are disjoint and each holds a key ≥ its maximum ≥ T_l = min_q T_q,l, so the row
+//     holds ≥ Σ_q n_q,l keys ≥ T_l; every CTA takes the largest level with Σ_q n_q,l ≥ k (T_l grows
+//     with l), so the row's k-th key is ≥ T and keys < T are never selected (the v5/v6 argument,
+//     with 16·32 = 512 groups of 16 threads at 262,144 → 512: ~1.2% of the keys pass, ~200 per CTA,
+//     against ~19% for v6's per-CTA bound). No level qualifies (k > the groups of the row) or T = 0
+//     (a group of NaNs): no filter, the list takes every valid key (i < cnt). The exchange replaces
+//     v6's split start barrier with one full cluster barrier (publish, barrier, warp 0 reads the C
+//     slots with 16-byte DSMEM loads); it also orders the pass-0 top pushes.
+//  3. Compaction from a 32-bit per-thread mask (bit i = key i passes): per-group counts come from
+//     nibble popcounts spread into v6's byte-packed words (one warp scan as v6), and each lane loops
+//     over its set bits only, reading the score back from a shared-memory copy of the CTA's slice
+//     (written with one 16-byte store per float4 right after the loads; registers cannot be indexed
+//     by a runtime bit position, and a global re-read would miss L1, which the cluster barrier's
+//     acquire invalidates); list order = ascending index, as v6. Dynamic shared memory 512·I·10 B
+//     (list 6 B + copy 4 B per key: 160 KiB at I = 32, + 48 KB static).
+// Everything after the list is complete (passes over the list with one plain shared atomic per
+// entry as 37, window walk, candidate broadcast, local pick, output from the list) is v6's code.
+
+constexpr int kV8Levels = 6;  // group sizes 1, 2, 4, 8, 16, 32 threads
+
+// Inverse of order_key for keys ≥ 1 (every key of a non-NaN float; −0 and +0 both give +0.0f).
+__device__ __forceinline__ float key_to_float(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// Four 4-bit counts (nibbles of the low 16 bits of v) into the four bytes of the result.
+__device__ __forceinline__ uint32_t spread_nibbles(uint32_t v) {
+  v &= 0xffffu;
+  v = (v | (v << 8)) & 0x00ff00ffu;  // bytes 0 / 2: nibbles (1,0) / (3,2)
+  v = (v | (v << 4)) & 0x0f0f0f0fu;  // byte b: nibble b
+  return v;
+}
+
+template <int C, int ITEMS, bool PDL = false>
+__global__ void __launch_bounds__(512, 1)
+    topk_kernel_v8(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
+  constexpr int THREADS = 512, NW = THREADS / 32;
+  constexpr unsigned FULL = 0xffffffffu;
+  static_assert(C >= 2 && C <= 16 && (C & (C - 1)) == 0, "cluster size 2..16, power of two");
+  static_assert(ITEMS % 4 == 0 && ITEMS >= 4 && ITEMS <= 32, "ITEMS: multiple of 4, 4..32");
+  constexpr int kGroupsMax = THREADS / C < kV5WinGroups ? THREADS / C : kV5WinGroups;
+  __shared__ __align__(16) uint32_t hist0[4096];
+  __shared__ __align__(16) uint32_t hist1[4096];
+  __shared__ __align__(16) uint32_t hist2[256];
+  __shared__ __align__(16) uint32_t cand[kV5Cap];
+  __shared__ __align__(16) uint32_t win[2][2][4 * kV5WinGroups];  // [parity][total, lower][bin desc]
+  __shared__ typename cub::BlockScan<int, THREADS>::TempStorage scan_tmp;
+  __shared__ uint32_t s_top[3], s_gtop, s_wcnt[NW], s_wsum[NW];
+  __shared__ uint32_t s_top0[C];  // pass-0 top of CTA q, pushed by CTA q after the bound barrier
+  __shared__ int s_pick[3], s_cslot, s_red[2][NW];
+  __shared__ uint32_t s_lt[NW][kV8Levels], s_ln[NW][kV8Levels], s_wmax[NW];  // per warp and level
+  // Read by every CTA of the cluster: [0, 6) T_q,l, [8, 14) n_q,l; 16 = this CTA's maximum key.
+  __shared__ __align__(16) uint32_t s_lvl[17];
+  __shared__ uint32_t s_T;
+  __shared__ int s_gb[NW][8];  // list position of (warp, float4 group j)
+  // The list: keys ≥ T of this CTA in ascending index order; li = index − the CTA's first index.
+  extern __shared__ __align__(16) unsigned char v8_dyn[];
+  uint32_t* const lk = reinterpret_cast<uint32_t*>(v8_dyn);
+  uint16_t* const li = reinterpret_cast<uint16_t*>(v8_dyn + size_t(THREADS) * ITEMS * sizeof(uint32_t));
+  // The CTA's scores as loaded (float4 granules in register order, NaN-padded), for the list
+  // writes: the cluster barrier's acquire invalidates L1 (CCTL.IVALL), so re-reading the few
+  // passing scores from global memory would cost an L2 round trip per entry.
+  float4* const sf4 = reinterpret_cast<float4*>(v8_dyn + size_t(THREADS) * ITEMS * 6);
+
+  const uint32_t rank = cg::this_cluster().block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  {  // zero the three histograms and the per-pass tops (shared memory only)
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(hist0)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist0)[tid * 2 + 1] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2] = z;
+    reinterpret_cast<uint4*>(hist1)[tid * 2 + 1] = z;
+    if (tid < 64) reinterpret_cast<uint4*>(hist2)[tid] = z;
+    if (tid < 3) s_top[tid] = 0u;
+    if (tid == 0) s_cslot = 0;
+  }
+  if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int64_t r = blockIdx.y;
+  const int n = max(nrows[r], 0);
+  const float* row = scores + r * ld;
+  int32_t* orow = out + r * int64_t(k);
+
+  if (n <= k) {  // short row (cluster-uniform; no cluster barrier has been entered yet)
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    if (out_len && rank == 0 && tid == 0) out_len[r] = n;
+    return;
+  }
+  TOPK_TS(0);
+  // Element i of this thread: wbase + ((i/4)·32 + lane)·4 + i%4; the valid ones are a prefix i < cnt;
+  // the others hold NaN.
+  int P = (n + C * THREADS - 1) / (C * THREADS);
+  P = (P + 3) & ~3;  // ≤ ITEMS (host: n ≤ C·512·ITEMS)
+  const int64_t cbase = int64_t(rank) * THREADS * P;  // first index of this CTA's slice
+  const int64_t wbase = cbase + int64_t(warp) * 32 * P;
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  const float qnan = __uint_as_float(0x7fffffffu);
+  const float4 nan4 = make_float4(qnan, qnan, qnan, qnan);
+  // Valid keys of the warp's slice (0 … 32·P; 32-bit offsets from here on).
+  const int rem = int(min(max(int64_t(n) - wbase, int64_t(0)), int64_t(32) * P));
+  const float4* const wp = reinterpret_cast<const float4*>(row + wbase) + lane;  // read when vec
+  float4 f[ITEMS / 4];
+  if (vec && rem == 32 * P) {  // warp-uniform: the warp's whole slice is in the row
+    if (P == ITEMS) {          // (every full 262,144 row): unpredicated, constant offsets
+#pragma unroll
+      for (int j = 0; j < ITEMS / 4; ++j) f[j] = __ldg(wp + j * 32);
+    } else {
+#pragma unroll
+      for (int j = 0; j < ITEMS / 4; ++j) f[j] = 4 * j < P ? __ldg(wp + j * 32) : nan4;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < ITEMS / 4; ++j) {
+      f[j] = nan4;
+      if (4 * j < P) {
+        const int o = (j * 32 + lane) * 4;  // offset in the warp's slice
+        if (vec && o + 4 <= rem) {
+          f[j] = __ldg(wp + j * 32);
+        } else {
+          if (o < rem) f[j].x = row[wbase + o];
+          if (o + 1 < rem) f[j].y = row[wbase + o + 1];
+          if (o + 2 < rem) f[j].z = row[wbase + o + 2];
+          if (o + 3 < rem) f[j].w = row[wbase + o + 3];
+        }
+      }
+    }
+  }
+  int cnt = 0;
+#pragma unroll
+  for (int j = 0; j < ITEMS / 4; ++j)
+    if (4 * j < P) cnt += min(max(rem - (j * 32 + lane) * 4, 0), 4);
+  // Granule j of this thread = slice-local scores [(warp·32·P) + (j·32 + lane)·4, +4).
+#pragma unroll
+  for (int j = 0; j < ITEMS / 4; ++j)
+    if (4 * j < P) sf4[warp * 8 * P + j * 32 + lane] = f[j];
+  // Thread maximum (NaN-ignoring; NaN when the thread has no non-NaN key → key 0).
+  float fm = qnan;
+#pragma unroll
+  for (int j = 0; j < ITEMS / 4; ++j) fm = fmaxf(fm, fmaxf(fmaxf(f[j].x, f[j].y), fmaxf(f[j].z, f[j].w)));
+  {
+    // Levels: group of 2^l lanes (xor butterfly: every lane of a group ends with the group's max
+    // key and whether any of its threads holds a valid key). Per warp: min over non-empty groups,
+    // count of non-empty groups (one leader lane per group).
+    constexpr unsigned kLeaders[kV8Levels] = {0xffffffffu, 0x55555555u, 0x11111111u,
+                                              0x01010101u, 0x00010001u, 0x00000001u};
+    uint32_t gk = order_key(fm);
+    bool gne = cnt > 0;
+#pragma unroll
+    for (int l = 0; l < kV8Levels; ++l) {
+      if (l > 0) {
+        gk = max(gk, __shfl_xor_sync(FULL, gk, 1 << (l - 1)));
+        gne = __shfl_xor_sync(FULL, int(gne), 1 << (l - 1)) != 0 || gne;
+      }
+      const uint32_t wmin = __reduce_min_sync(FULL, gne ? gk : 0xffffffffu);
+      const unsigned bal = __ballot_sync(FULL, gne) & kLeaders[l];
+      if (lane == 0) {
+        s_lt[warp][l] = wmin;
+        s_ln[warp][l] = uint32_t(__popc(bal));
+      }
+    }
+    if (lane == 0) s_wmax[warp] = gk;  // level 5 = the whole warp: its maximum key
+  }
+  __syncthreads();
+  if (warp == 0) {  // this CTA's levels and maximum key, for every CTA of the cluster
+#pragma unroll
+    for (int l = 0; l < kV8Levels; ++l) {
+      const uint32_t t = __reduce_min_sync(FULL, lane < NW ? s_lt[lane][l] : 0xffffffffu);
+      const uint32_t c = __reduce_add_sync(FULL, lane < NW ? s_ln[lane][l] : 0u);
+      if (lane == 0) {
+        s_lvl[l] = t;
+        s_lvl[8 + l] = c;
+      }
+    }
+    const uint32_t mx = __reduce_max_sync(FULL, lane < NW ? s_wmax[lane] : 0u);
+    if (lane == 0) s_lvl[16] = mx;
+  }
+  // Bound barrier: every CTA has started (remote stores are legal from here on) and published its
+  // levels (release / acquire at cluster scope).
+  cg::this_cluster().sync();
+  TOPK_TS(11);
+  if (warp == 0) {  // lane q < C reads CTA q's levels; T = the bound of the largest valid level
+    uint4 a = make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu), b = a;
+    uint4 c = make_uint4(0, 0, 0, 0), d = c;
+    if (lane < C) {
+      a = ld_cluster_v4(cluster_map(&s_lvl[0], uint32_t(lane)));
+      b = ld_cluster_v4(cluster_map(&s_lvl[4], uint32_t(lane)));
+      c = ld_cluster_v4(cluster_map(&s_lvl[8], uint32_t(lane)));
+      d = ld_cluster_v4(cluster_map(&s_lvl[12], uint32_t(lane)));
+    }
+    const uint32_t tl[kV8Levels] = {a.x, a.y, a.z, a.w, b.x, b.y};
+    const uint32_t nl[kV8Levels] = {c.x, c.y, c.z, c.w, d.x, d.y};
+    uint32_t T = 0;
+    bool found = false;
+#pragma unroll
+    for (int l = kV8Levels - 1; l >= 0; --l) {
+      const uint32_t tot = __reduce_add_sync(FULL, nl[l]);
+      const uint32_t tmin = __reduce_min_sync(FULL, nl[l] > 0 ? tl[l] : 0xffffffffu);
+      if (!found && tot >= uint32_t(k)) {  // k ≥ 1, so some CTA has n > 0: tmin is a real key
+        T = tmin;
+        found = true;
+      }
+    }
+    if (lane == 0) s_T = T;
+  }
+  // Pass-0 top of this CTA (its maximum key's digit + 1) into slot `rank` of every CTA; ordered
+  // before the reads by the pass-0 cluster barrier.
+  if (tid < C) st_cluster_u32(cluster_map(&s_top0[rank], uint32_t(tid)), (s_lvl[16] >> 20) + 1u);
+  __syncthreads();  // s_T
+  const uint32_t T = s_T;
+  // Bit i of m: key i enters the list.
+  uint32_t m = 0;
+  if (T != 0u) {
+    const float tf = key_to_float(T);
+#pragma unroll
+    for (int j = 0; j < ITEMS / 4; ++j) {
+      m |= f[j].x >= tf ? 1u << (4 * j) : 0u;
+      m |= f[j].y >= tf ? 1u << (4 * j + 1) : 0u;
+      m |= f[j].z >= tf ? 1u << (4 * j + 2) : 0u;
+      m |= f[j].w >= tf ? 1u << (4 * j + 3) : 0u;
+    }
+  } else {
+    m = cnt >= 32 ? 0xffffffffu : (1u << cnt) - 1u;  // no filter: every valid key
+  }
+  // Per-(lane, float4 group) counts, byte-packed as v6 (group j in byte j % 4 of c_lo / c_hi).
+  uint32_t nib = m - ((m >> 1) & 0x55555555u);
+  nib = (nib & 0x33333333u) + ((nib >> 2) & 0x33333333u);  // nibble j = popcount of nibble j of m
+  const uint32_t c_lo = spread_nibbles(nib), c_hi = spread_nibbles(nib >> 16);
+  uint32_t i_lo = c_lo, i_hi = c_hi;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t x = __shfl_up_sync(FULL, i_lo, o), y = __shfl_up_sync(FULL, i_hi, o);
+    if (lane >= o) {
+      i_lo += x;
+      i_hi += y;
+    }
+  }
+  const uint32_t t_lo = __shfl_sync(FULL, i_lo, 31), t_hi = __shfl_sync(FULL, i_hi, 31);
+  // Group totals of the warp: lane j < 8 holds group j's (a byte sums ≤ 32·4 = 128: no carry).
+  const uint32_t gtot = lane < 8 ? (((lane < 4 ? t_lo : t_hi) >> (8 * (lane & 3))) & 0xffu) : 0u;
+  {
+    uint32_t incl = gtot;  // inclusive scan over lanes 0..7 (the rest add 0)
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+      const uint32_t x = __shfl_up_sync(FULL, incl, o);
+      if (lane >= o) incl += x;
+    }
+    if (lane == 7) s_wcnt[warp] = incl;  // the warp's list entries
+    __syncthreads();                      // s_wcnt
+    const uint32_t wc = lane < NW ? s_wcnt[lane] : 0u;
+    const int woff = int(__reduce_add_sync(FULL, lane < warp ? wc : 0u));
+    if (lane < 8) s_gb[warp][lane] = woff + int(incl - gtot);
+    __syncwarp();
+  }
+  const int L = [&] {
+    const uint32_t wc = lane < NW ? s_wcnt[lane] : 0u;
+    return int(__reduce_add_sync(FULL, wc));
+  }();
+  {
+    const uint32_t e_lo = i_lo - c_lo, e_hi = i_hi - c_hi;  // exclusive lane prefix per group
+    const int wslice = warp * 32 * P;                         // this warp's first index in the slice
+    uint32_t mm = m;
+    while (mm != 0u) {  // the set bits, ascending
+      const int i = __ffs(int(mm)) - 1;
+      mm &= mm - 1u;
+      const int j = i >> 2, c = i & 3;
+      const uint32_t ew = j < 4 ? e_lo : e_hi;
+      const int pos = s_gb[warp][j] + int((ew >> (8 * (j & 3))) & 0xffu) +
+                      __popc((m >> (4 * j)) & ((1u << c) - 1u));
+      const int loc = wslice + (j * 32 + lane) * 4 + c;
+      lk[pos] = order_key(reinterpret_cast<const float*>(sf4)[loc]);
+      li[pos] = uint16_t(loc);
+    }
+  }
+  __syncthreads();  // the list is complete
+  TOPK_TS(1);
+
+  uint32_t prefix = 0, mask = 0;
+  int krem = k;        // keys still to take among those matching (mask, prefix)
+  int gt_lo = 0;       // selected keys above the current bin held by lower-ranked CTAs
+  int eq_lo = 0;       // keys matching the final (mask, prefix) held by lower-ranked CTAs
+  bool wait_at_exit = false;
+  int par = 0;
+  const int gl = tid / C, q = tid % C;  // window step: 4-bin group gl of CTA q's histogram
+#pragma unroll 1
+  for (int p = 0; p < 3; ++p) {
+    const int shift = p == 0 ? 20 : (p == 1 ? 8 : 0);
+    const uint32_t dmask = p == 2 ? 0xffu : 0xfffu;
+    uint32_t* h = p == 0 ? hist0 : (p == 1 ? hist1 : hist2);
+    uint32_t dtop = 0;  // highest digit seen + 1
+    // One plain shared atomic per list entry (variant 37's form; the list holds ~200 entries per
+    // CTA for N(0,1) rows at 262,144 → 512).
+    for (int j0 = 0; j0 < L; j0 += THREADS) {  // CTA-uniform trip count
+      const int j = j0 + tid;
+      const uint32_t kk = j < L ? lk[j] : 0u;
+      const bool act = j < L && (kk & mask) == prefix;
+      const uint32_t d = (kk >> shift) & dmask;
+      if (act) atomicAdd(&h[d], 1u);
+      if (act) dtop = max(dtop, d + 1);
+    }
+    if (p > 0) {
+      dtop = __reduce_max_sync(FULL, dtop);
+      if (lane == 0 && dtop != 0) atomicMax(&s_top[p], dtop);
+    }
+    cg::this_cluster().sync();  // pass barrier: local histograms and tops visible cluster-wide
+    TOPK_TS(2 + 2 * p);
+    uint32_t gtop = 0;
+    if (p == 0) {
+      gtop = __reduce_max_sync(FULL, lane < C ? s_top0[lane] : 0u);
+    } else {
+      if (warp == 0) {
+        uint32_t t = lane < C ? ld_cluster_u32(cluster_map(&s_top[p], uint32_t(lane))) : 0u;
+        t = __reduce_max_sync(FULL, t);
+        if (lane == 0) s_gtop = t;
+      }
+      __syncthreads();
+      gtop = s_gtop;
+    }
+    // Window walk from the row's highest non-empty bin down (v5, unchanged).
+    int hi = int((gtop + 3u) >> 2);
+    int carry = 0, carry_lo = 0, zg = 4;
+    int bstar = 0, G = 0, Gl = 0, E = 0, El = 0;
+    while (hi > 0) {  // CTA-uniform
+      const int ng = min(zg, hi);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (gl < ng) v = ld_cluster_v4(cluster_map(h + 4 * (hi - 1 - gl), uint32_t(q)));
+      uint4 vl = q < int(rank) ? v : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int o = 1; o < C; o <<= 1) {  // sum over the C lanes of the group (contiguous lanes)
+        v.x += __shfl_xor_sync(FULL, v.x, o);
+        v.y += __shfl_xor_sync(FULL, v.y, o);
+        v.z += __shfl_xor_sync(FULL, v.z, o);
+        v.w += __shfl_xor_sync(FULL, v.w, o);
+        vl.x += __shfl_xor_sync(FULL, vl.x, o);
+        vl.y += __shfl_xor_sync(FULL, vl.y, o);
+        vl.z += __shfl_xor_sync(FULL, vl.z, o);
+        vl.w += __shfl_xor_sync(FULL, vl.w, o);
+      }
+      if (gl < ng && q == 0) {  // position 4·gl + (3 − j) holds bin 4·(hi − 1 − gl) + j
+        *reinterpret_cast<uint4*>(&win[par][0][4 * gl]) = make_uint4(v.w, v.z, v.y, v.x);
+        *reinterpret_cast<uint4*>(&win[par][1][4 * gl]) = make_uint4(vl.w, vl.z, vl.y, vl.x);
+      }
+      __syncthreads();
+      uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+      if (lane < ng) {
+        a = *reinterpret_cast<const uint4*>(&win[par][0][4 * lane]);
+        b = *reinterpret_cast<const uint4*>(&win[par][1][4 * lane]);
+      }
+      const int t4[4] = {int(a.x), int(a.y), int(a.z), int(a.w)};
+      const int l4[4] = {int(b.x), int(b.y), int(b.z), int(b.w)};
+      const int st = t4[0] + t4[1] + t4[2] + t4[3], sl = l4[0] + l4[1] + l4[2] + l4[3];
+      int it = st, il = sl;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(FULL, it, o), y = __shfl_up_sync(FULL, il, o);
+        if (lane >= o) {
+          it += x;
+          il += y;
+        }
+      }
+      const bool cross = lane < ng && carry + it - st < krem && carry + it >= krem;
+      const unsigned bal = __ballot_sync(FULL, cross);
+      if (bal != 0u) {
+        int acc = carry + it - st, accl = carry_lo + il - sl, jd = 0, e = 0, ee = 0;
+        bool got = false;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (!got) {
+            if (acc + t4[j] >= krem) {
+              got = true;
+              jd = j;
+              e = t4[j];
+              ee = l4[j];
+            } else {
+              acc += t4[j];
+              accl += l4[j];
+            }
+          }
+        }
+        const int src = __ffs(int(bal)) - 1;
+        const int d = __shfl_sync(FULL, 4 * lane + jd, src);
+        G = __shfl_sync(FULL, acc, src);
+        Gl = __shfl_sync(FULL, accl, src);
+        E = __shfl_sync(FULL, e, src);
+        El = __shfl_sync(FULL, ee, src);
+        bstar = 4 * hi - 1 - d;
+        par ^= 1;
+        break;
+      }
+      carry += __shfl_sync(FULL, it, 31);
+      carry_lo += __shfl_sync(FULL, il, 31);
+      hi -= ng;
+      zg = min(2 * zg, kGroupsMax);
+      par ^= 1;
+    }
+    krem -= G;
+    gt_lo += Gl;
+    prefix |= uint32_t(bstar) << shift;
+    mask |= dmask << shift;
+    TOPK_TS(3 + 2 * p);
+    if (E == krem || p == 2) {  // the whole bin is taken, or the key is complete (ties by index)
+      eq_lo = El;
+      cluster_arrive();  // this CTA's remote reads are done; the matching wait is before exit
+      wait_at_exit = true;
+      break;
+    }
+    if (E <= kV5Cap) {
+      // Candidates: my list entries of the bin, at [El + my slot) in every CTA's buffer (rank
+      // order; the order inside a CTA's region does not matter, only the region boundaries).
+      for (int j0 = 0; j0 < L; j0 += THREADS) {  // CTA-uniform trip count
+        const int j = j0 + tid;
+        const uint32_t kk = j < L ? lk[j] : 0u;
+        const bool m = j < L && (kk & mask) == prefix;
+        const unsigned bal = __ballot_sync(FULL, m);
+        if (bal != 0u) {
+          int wslot = 0;
+          if (lane == 0) wslot = atomicAdd(&s_cslot, __popc(bal));
+          wslot = __shfl_sync(FULL, wslot, 0);
+          if (m) {
+            const int pos = El + wslot + __popc(bal & ((1u << lane) - 1u));
+#pragma unroll
+            for (int qq = 0; qq < C; ++qq) st_cluster_u32(cluster_map(&cand[pos], uint32_t(qq)), kk);
+          }
+        }
+      }
+      cg::this_cluster().sync();  // candidates visible; no remote access after this point
+      TOPK_TS(8);
+      // The ck-th largest candidate (v5): radix passes over the bits below the prefix, local only.
+      uint32_t cpre = prefix, cmsk = mask;
+      int ck = krem;
+#pragma unroll 1
+      for (int sub = p == 0 ? 0 : 1; sub < 2; ++sub) {
+        const int sh = sub == 0 ? 8 : 0;
+        const uint32_t dm = sub == 0 ? 0xfffu : 0xffu;
+        uint32_t* hh = sub == 0 ? hist1 : hist2;
+        for (int j = tid; j < E; j += THREADS) {
+          const uint32_t c = cand[j];
+          if ((c & cmsk) == cpre) atomicAdd(&hh[(c >> sh) & dm], 1u);
+        }
+        __syncthreads();
+        block_pick_bin(hh, sub == 0 ? 4096 : 256, ck, scan_tmp, s_pick);
+        cpre |= uint32_t(s_pick[0]) << sh;
+        cmsk |= dm << sh;
+        ck -= s_pick[1];
+        if (s_pick[2] == ck) break;  // CTA-uniform
+      }
+      // Candidates of lower-ranked CTAs (buffer prefix [0, El)) above / equal to the threshold.
+      int cgt = 0, ceq = 0;
+      for (int j = tid; j < El; j += THREADS) {
+        const uint32_t m = cand[j] & cmsk;
+        cgt += m > cpre;
+        ceq += m == cpre;
+      }
+      cgt = __reduce_add_sync(FULL, cgt);
+      ceq = __reduce_add_sync(FULL, ceq);
+      if (lane == 0) {
+        s_red[0][warp] = cgt;
+        s_red[1][warp] = ceq;
+      }
+      __syncthreads();
+      const int sg = __reduce_add_sync(FULL, lane < NW ? s_red[0][lane] : 0);
+      const int se = __reduce_add_sync(FULL, lane < NW ? s_red[1][lane] : 0);
+      gt_lo += sg;
+      eq_lo = se;
+      prefix = cpre;
+      mask = cmsk;
+      krem = ck;
+      TOPK_TS(10);
+      break;
+    }
+  }
+
+  // Output from the list (ascending index order). Selected: (key & mask) > prefix, or
+  // (key & mask) == prefix among the first krem such keys of the row. Thread t owns the contiguous
+  // list chunk [t·s, t·s + s); one block scan of the packed (greater << 16 | tied) chunk counts
+  // (each ≤ L ≤ 16,384) gives its offsets; gt_lo / eq_lo add the lower-ranked CTAs.
+  const int s = (L + THREADS - 1) / THREADS;
+  const int beg = min(tid * s, L), end = min(beg + s, L);
+  uint32_t v = 0;
+  for (int j = beg; j < end; ++j) {
+    const uint32_t kk = lk[j] & mask;
+    v += kk > prefix ? 0x10000u : (kk == prefix ? 1u : 0u);
+  }
+  uint32_t inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t x = __shfl_up_sync(FULL, inc, o);
+    if (lane >= o) inc += x;
+  }
+  if (lane == 31) s_wsum[warp] = inc;
+  __syncthreads();
+  const uint32_t excl = inc - v + __reduce_add_sync(FULL, lane < warp ? s_wsum[lane] : 0u);
+  int g = gt_lo + int(excl >> 16), e = eq_lo + int(excl & 0xffffu);
+  for (int j = beg; j < end; ++j) {
+    const uint32_t kk = lk[j] & mask;
+    if (kk > prefix) {
+      const int o = g + min(e, krem);
+      if (o < k) orow[o] = int32_t(cbase + li[j]);
+      ++g;
+    } else if (kk == prefix) {
+      if (e < krem && g + e < k) orow[g + e] = int32_t(cbase + li[j]);
+      ++e;
+    }
+  }
+  TOPK_TS(9);
+  if (out_len && rank == 0 && tid == 0) out_len[r] = k;
+  if (wait_at_exit) cluster_wait();
+}
+
+
 // Launches topk_kernel_v4<C, ITEMS> with per-CTA candidate capacity cap = k·cap_x4/4 (≥ k).
 // kUnsupported when the cluster cannot be resident (cudaOccupancyMaxActiveClusters = 0) or the
 // candidate buffer exceeds the shared memory.
@@ -2605,6 +3128,37 @@ Status launch_topk_v6(const float* scores, int64_t ld, const int32_t* n, int64_t
                       int32_t* out, int32_t* out_len, cudaStream_t stream) {
   auto kern = topk_kernel_v6<C, ITEMS, PDL, AGG>;
   const size_t smem = size_t(512) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t));
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  V4_CUDA_TRY(attr_err);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C, unsigned(R), 1);
+  cfg.blockDim = dim3(512, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;  // residency question without the PDL attribute
+  if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
+  if constexpr (PDL) cfg.numAttrs = 2;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
+  return Status::Ok();
+}
+
+// Launches topk_kernel_v8<C, ITEMS, PDL>: as launch_topk_v6 (dynamic shared memory for the list of
+// 512·ITEMS keys and u16 indices plus the 512·ITEMS-float copy of the slice, non-portable cluster size and residency checked per kernel,
+// kUnsupported when a cluster cannot be resident; PDL: programmatic stream serialization).
+template <int C, int ITEMS, bool PDL>
+Status launch_topk_v8(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
+                      int32_t* out, int32_t* out_len, cudaStream_t stream) {
+  auto kern = topk_kernel_v8<C, ITEMS, PDL>;
+  const size_t smem = size_t(512) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float));
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   V4_CUDA_TRY(attr_err);
@@ -2959,6 +3513,23 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
       if (max_n <= 8 * 256 * 16) return launch_topk_v7<8, 256, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       if (max_n <= 8 * 256 * 32) return launch_topk_v7<8, 256, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
       return launch_topk_v7<8, 256, 64, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    // v8 (v6's protocol; row-wide pre-filter bound from one cluster exchange of per-group maxima,
+    // float compares instead of per-key conversion, mask-driven compaction), rows ≤ C·512·32
+    case 46:  // cluster 16
+      if (max_n > 16 * T * 32) break;
+      if (max_n <= 16 * T * 8) return launch_topk_v8<16, 8, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_topk_v8<16, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v8<16, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 47:  // 46 launched with programmatic dependent launch
+      if (max_n > 16 * T * 32) break;
+      if (max_n <= 16 * T * 8) return launch_topk_v8<16, 8, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 16 * T * 16) return launch_topk_v8<16, 16, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v8<16, 32, true>(scores, ld, n, R, k, out_idx, out_len, stream);
+    case 48:  // cluster 8 (rows ≤ 131072; portable cluster size)
+      if (max_n > 8 * T * 32) break;
+      if (max_n <= 8 * T * 8) return launch_topk_v8<8, 8, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      if (max_n <= 8 * T * 16) return launch_topk_v8<8, 16, false>(scores, ld, n, R, k, out_idx, out_len, stream);
+      return launch_topk_v8<8, 32, false>(scores, ld, n, R, k, out_idx, out_len, stream);
     default:
       break;
   }

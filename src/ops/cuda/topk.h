@@ -77,6 +77,13 @@ constexpr int64_t kTopkMaxRow = 524288;
 /// = min over threads of each thread's second largest key, valid for k ≤ 512), 41: 40 with
 /// programmatic dependent launch, 42: cluster 8 × 256 threads (rows ≤ 131072). Not in auto (the
 /// lead sets it from measurements).
+/// v8 kernel (v6's protocol on a much shorter list: a row-wide pre-filter bound T from one
+/// cluster exchange of per-group maxima — groups of 1…32 threads, the largest group size whose
+/// non-empty groups number ≥ k —, float compares against T instead of a key conversion per key,
+/// NaN-padded slices, compaction from a per-thread bit mask; ~1.2% of N(0,1) keys enter the list at
+/// 262,144 → 512 against ~19% in v6; dynamic shared memory 512·I·10 B), keys/thread sized to the
+/// row, I ≤ 32: 46: cluster 16 (rows ≤ 262144), 47: 46 with programmatic dependent launch, 48:
+/// cluster 8 (rows ≤ 131072). Not in auto (the lead sets it from measurements).
 /// 43: 37 launched with programmatic dependent launch (the PDL form auto picks for 37); 44 / 45:
 /// v2 single CTA (7 / 8) with programmatic dependent launch.
 /// `pdl` (auto only, variant = 0): launch the auto choice in its PDL form where it has one (7 →
