@@ -4,6 +4,8 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <cub/cub.cuh>
 #include <mutex>
 #include <type_traits>
@@ -3273,6 +3275,18 @@ Status indexer_scores(const __nv_bfloat16* q, const float* w, const __nv_bfloat1
   return Status::Ok();
 }
 
+namespace {
+// Whether the auto choice takes v8 (46 / 47) for batch-1 rows of 8K–256K: env V4_TOPK_V8 ("1" /
+// "0"), read once per process; default off.
+bool topk_v8_auto() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_TOPK_V8");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+}  // namespace
+
 Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
                  int variant, bool pdl) {
@@ -3307,9 +3321,11 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // pdl: the same kernels in their programmatic-dependent-launch form (44 / 45 = 7 / 8 + PDL,
     // 43 = 37 + PDL, 33 = 30 + PDL); the other choices (v2 / v3 clusters for ≥ 16 rows above
     // 32K, rows above 262,144) have no PDL form and launch plainly.
+    // Session 8: v8 (46 / 47 = 46 + PDL: row-wide pre-filter bound, float compares, mask-driven
+    // compaction) in place of 37 / 43 when V4_TOPK_V8=1 (topk_v8_auto; A/B until measured).
     if (!many && max_n > 8192 && max_n <= 262144) {
-      const Status st =
-          topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, pdl ? 43 : 37);
+      const int v = topk_v8_auto() ? (pdl ? 47 : 46) : (pdl ? 43 : 37);
+      const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, v);
       if (st.code() != ErrorCode::kUnsupported) return st;
     }
     if (!many && max_n > 8192 && max_n <= 131072) {
