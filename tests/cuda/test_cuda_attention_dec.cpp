@@ -256,15 +256,19 @@ void check_kernel34(AttnCase& c, const std::vector<int>& split_list) {
 /// V4_ATTN_DEC_CLUSTER=0 (workspace + combine kernel: identical partials, the merge differs
 /// only by Σ o·(f·inv) vs (Σ o·f)·inv rounding: 1e-5).
 /// variant 6 (variant 5 with lean per-tile bookkeeping): the same checks, its reference being
-/// variant 5 at the same split count, also at 2e-3 of max |out|: both see the same bf16 q, k and
-/// fp32 S; v6's p = 2^(s·c2 − m2) differs from v5's exp(s·scale − m) by the exp approximations
-/// (~1e-6 relative) and, with the lazy rescale, is taken against a reference max up to 2^8 below
-/// the running max, so p ∈ [0, 256] instead of [0, 1]: the same relative bf16 rounding, but a p
-/// may land on the other bf16 neighbour (≤ 2^-8 relative, averaged over the keys) — the v5-vs-v4
-/// class. A missed or doubled rescale of o or l is off by a factor ≥ 2^8 on the affected rows.
+/// variant 5 at the same split count, at kV6VsV5Tol (5e-3) of max |out|: both see the same bf16
+/// q, k and fp32 S, but v6's p = 2^(s·c2 − m2) is taken against a lazy reference max (up to 2^8
+/// below the running max: p ∈ [0, 256]) where v5's exp(s·scale − m) uses the running max, so the
+/// two round each p to bf16 independently (v4 and v5 round the same p: 4e-5 apart). Each is
+/// ~1.2–2.2e-3 from the exact result (H200 logs; a host simulation of both bookkeepings with
+/// these shapes gives v6 vs v5 ≤ 2.1e-3), so 5e-3 bounds the sum; v6 also sums l from the bf16 p
+/// (P · ones on the tensor cores) where v5 sums the fp32 p. A missed or doubled rescale of o or
+/// l is off by a factor ≥ 2^8 on the affected rows; a key, mask or ring slip by O(1).
+constexpr double kV6VsV5Tol = 5e-3;
 void check_kernel5(AttnCase& c, const std::vector<int>& split_list, int variant = 5) {
   const int max_cluster = cuda::attention_dec5_max_cluster(c.dt, variant);
   const int ref_variant = variant == 6 ? 5 : 4;
+  const double ref_tol = variant == 6 ? kV6VsV5Tol : 2e-3;
   std::vector<int> splits = split_list;
   splits.push_back(
       cuda::attention_dec5_splits(c.S, c.H, c.max_keys, 132, max_cluster, variant));
@@ -290,7 +294,7 @@ void check_kernel5(AttnCase& c, const std::vector<int>& split_list, int variant 
                 variant, kv_dtype_name(c.dt), (long long)c.S, c.H, (long long)c.max_keys, sp,
                 sp >= 2 && sp <= max_cluster ? " (cluster)" : "", e, ref_variant, d);
     EXPECT_LE(e, kDecTol);
-    EXPECT_LE(d, 2e-3);
+    EXPECT_LE(d, ref_tol);
     c.expect_empty_rows_zero(got);
     if (sp >= 2 && sp <= 16) {  // the same partials through the workspace + combine kernel
       setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
@@ -693,7 +697,8 @@ void check_56(AttnCase& c, const std::vector<int>& splits, double tol, double to
 // kernels' inputs; f32 pools would add k's bf16 rounding times logits of ±20). Bounds: vs the
 // CPU op 1e-2 (p rounded to bf16 once: ≤ 2^-9 of the dominant terms); v6 vs v5 1e-2 (each
 // rounds the dominant p independently, their references differ by a non-power of two: ≤ 2^-8 of
-// max |v| / max |out|, ~1.5 here). A missed or doubled rescale is off by ≥ 2^8 on a row.
+// max |v| / max |out|, ~1.5 here; the host simulation gives ~1e-3). A missed or doubled rescale
+// is off by ≥ 2^8 on a row.
 TEST(CudaAttentionDec, Variant6LazyRescale) {
   V4_REQUIRE_GPU();
   const KvDtype b = KvDtype::kBf16;
@@ -715,7 +720,7 @@ TEST(CudaAttentionDec, Variant6LazyRescale) {
   {
     SCOPED_TRACE("moderate logits (q std 3: ~N(0, 0.9²)), batch 1 HCA 1M");
     AttnCase c(1, 64, {8320}, false, false, b, 0.f, 3.f, true);
-    check_56(c, {1, 33}, 1e-2, 2e-3);
+    check_56(c, {1, 33}, 1e-2, kV6VsV5Tol);
   }
 }
 
@@ -729,19 +734,19 @@ TEST(CudaAttentionDec, Variant6MaskedTiles) {
     {
       SCOPED_TRACE("HCA 1M, keys 0..95 (tiles 0-2) / 1000..1299 (tiles 32-39 whole) masked");
       AttnCase c(1, 64, {8320}, false, false, dt, 0.f, 0.3f, false, 0, 96);
-      check_56(c, {1, 7, 33, 65}, kDecTol, 2e-3);
+      check_56(c, {1, 7, 33, 65}, kDecTol, kV6VsV5Tol);
       AttnCase d(1, 64, {8320}, false, false, dt, 0.f, 0.3f, false, 1000, 1300);
-      check_56(d, {1, 33, 65}, kDecTol, 2e-3);
+      check_56(d, {1, 33, 65}, kDecTol, kV6VsV5Tol);
     }
     {
       SCOPED_TRACE("CSA 640 with keys 0..319 masked: splits 0..9 of 20 have no valid key");
       AttnCase c(1, 64, {640}, false, false, dt, 0.f, 0.3f, false, 0, 320);
-      check_56(c, {1, 2, 10, 20}, kDecTol, 2e-3);
+      check_56(c, {1, 2, 10, 20}, kDecTol, kV6VsV5Tol);
     }
     {
       SCOPED_TRACE("every key masked, batch 3");
       AttnCase c(3, 64, {640, 70, 8320}, false, false, dt, 0.f, 0.3f, false, 0, 1 << 20);
-      check_56(c, {1, 2, 20}, kDecTol, 2e-3);
+      check_56(c, {1, 2, 20}, kDecTol, kV6VsV5Tol);
     }
   }
 }

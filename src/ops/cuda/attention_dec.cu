@@ -1270,7 +1270,10 @@ __device__ __forceinline__ void softmax_update5(float (&sv)[4][4], float (&m_r)[
 //    on the fast path), so p ≤ 2^8 and the O / l rescale runs on a few tiles a split. Exact: p, l
 //    and o share the reference, the result differs from variant 5 only by f32 / bf16 rounding
 //    (p ≤ 256 keeps bf16's relative precision; l ≤ 256 · keys, far from f32 overflow);
-//  - l accumulated per thread (its own 8 columns a row), summed over the quad once at the end;
+//  - l on the tensor cores: P · ones (one more mma per 16 keys, the P fragments P·V packs
+//    anyway) accumulates Σ p of each row in mma C layout, already summed over the quad — no
+//    per-tile FADDs or shuffles for l; it sums the bf16-rounded p that P·V multiplies (variant 5:
+//    the fp32 p), so numerator and denominator see the same weights;
 //  - the key mask is a ballot of the tile's pool rows taken at issue time (registers, 3 tiles
 //    ahead, identical in every warp), applied only to tiles with a masked key (uniform branch);
 //    a tile with no valid key is skipped (no softmax, no P·V);
@@ -1291,12 +1294,12 @@ __device__ __forceinline__ void cp_async16_sa(uint32_t dst, const void* src, int
 
 /// Variant 6 softmax update of a tile: sv = raw S (unscaled, −inf: masked; every row has at least
 /// one finite value — the caller skips tiles without a valid key), m2 = reference max in log2
-/// units (−inf: none yet), lt = the thread's partial sums of p over its own columns. Rescales o
-/// and lt only when some row's tile max exceeds m2 by more than kTau6 (warp vote). On return sv
-/// holds p = 2^(s·c2 − m2) (masked: 0).
+/// units (−inf: none yet), lacc = Σ p of rows g (lacc[0..1]) and g + 8 (lacc[2..3]) in mma C
+/// layout (tile_pv6 adds to it). Rescales o and lacc only when some row's tile max exceeds m2 by
+/// more than kTau6 (warp vote). On return sv holds p = 2^(s·c2 − m2) (masked: 0).
 template <int kNO>
 __device__ __forceinline__ void softmax_lean6(float (&sv)[4][4], float c2, float (&m2)[2],
-                                              float (&lt)[2], float (&o)[kNO][4]) {
+                                              float (&lacc)[4], float (&o)[kNO][4]) {
   float mx[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1313,7 +1316,8 @@ __device__ __forceinline__ void softmax_lean6(float (&sv)[4][4], float c2, float
       q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 2));  // the row's tile max (its quad)
       const float m_new = fmaxf(m2[r], q * c2);
       const float corr = m_new == -INFINITY ? 1.f : ex2_ftz(m2[r] - m_new);  // m2 = −inf: 0
-      lt[r] *= corr;
+      lacc[2 * r] *= corr;
+      lacc[2 * r + 1] *= corr;
 #pragma unroll
       for (int i = 0; i < kNO; ++i) {
         o[i][2 * r] *= corr;
@@ -1328,11 +1332,35 @@ __device__ __forceinline__ void softmax_lean6(float (&sv)[4][4], float c2, float
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float p = ex2_ftz(fmaf(sv[nt][2 * r + c], c2, nm));  // s = −inf → 0
-        sv[nt][2 * r + c] = p;
-        lt[r] += p;
-      }
+      for (int c = 0; c < 2; ++c)
+        sv[nt][2 * r + c] = ex2_ftz(fmaf(sv[nt][2 * r + c], c2, nm));  // s = −inf → 0
+  }
+}
+
+/// tile_pv_w<64> plus l: O[16 heads, 64 dims] += P · V as tile_pv_w, and lacc += P · ones (B =
+/// all-ones bf16: every column of the 16 × 8 result is the row's Σ_k p over the tile's 32 keys,
+/// in mma C layout: lacc[0..1] row g, lacc[2..3] row g + 8).
+template <int kDW>
+__device__ __forceinline__ void tile_pv6(const __nv_bfloat16* kw, int lane, const float (&sv)[4][4],
+                                         float (&o)[kDW / 8][4], float (&lacc)[4]) {
+  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1, 1)
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t af[4];
+    af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
+    af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
+    af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
+    af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
+    const __nv_bfloat16* vrow =
+        kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB + 8 * (lane >> 4);
+#pragma unroll
+    for (int np = 0; np < kDW / 16; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, vrow + 16 * np);
+      mma_bf16(o[2 * np], af, bf[0], bf[1]);
+      mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+    }
+    mma_bf16(lacc, af, kOnes, kOnes);
   }
 }
 
@@ -1464,9 +1492,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[kDW / 8][4];
 #pragma unroll
   for (int i = 0; i < kDW / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  // Variant 5: (m, l) of rows g, g+8 (natural units, quad-uniform). Variant 6 during the loop:
-  // m_r = reference max in log2 units, l_r = this thread's partial sum (converted after the loop).
+  // (m, l) of rows g, g+8 (natural units, quad-uniform). Variant 6 during the loop: m_r = the
+  // reference max in log2 units and lacc = Σ p in mma C layout (converted after the loop).
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+  float lacc[4] = {0.f, 0.f, 0.f, 0.f};
   const float c2 = a.scale * 1.4426950408889634f;  // variant 6: logit scale in log2 units
   uint32_t vm0 = 0, vm1 = 0, vm2 = 0;  // variant 6: valid-key masks of tiles it, it+1, it+2
   uint32_t qf[16][4];  // Q A-fragments of k-steps 0..15 over the warp's dim half (QK)
@@ -1560,8 +1589,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (!((vm >> (c0 + 1)) & 1u)) sv[nt][1] = sv[nt][3] = -INFINITY;
         }
       }
-      softmax_lean6<kDW / 8>(sv, c2, m_r, l_r, o);
-      tile_pv_w<kDW>(kt + warp * kDW, lane, sv, o);
+      softmax_lean6<kDW / 8>(sv, c2, m_r, lacc, o);
+      tile_pv6<kDW>(kt + warp * kDW, lane, sv, o, lacc);
       continue;
     }
     float sv[4][4];
@@ -1587,13 +1616,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile_pv_w<kDW>(kt + warp * kDW, lane, sv, o);
   }
   cp_async_wait<0>();
-  if constexpr (kLean) {  // back to variant 5's (m, l): natural units, quad sums
+  if constexpr (kLean) {  // back to variant 5's (m, l): natural units
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = l_r[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      l_r[r] = l;
+      l_r[r] = lacc[2 * r];                   // = lacc[2r + 1]: every column holds the row sum
       m_r[r] = m_r[r] * 0.6931471805599453f;  // −inf stays −inf
     }
   }
