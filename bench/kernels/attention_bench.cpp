@@ -205,16 +205,21 @@ std::string bench_attention(double bw) {
         "shared memory, key-split QK with Q in registers, 2–16 splits merged inside a thread "
         "block cluster, more through the combine kernel) at `attention_dec5_splits` (with the "
         "largest resident cluster), `best` = the fastest of its split sweep (batch 1 only), "
-        "`v5 nocl` = the same splits with V4_ATTN_DEC_CLUSTER=0 (workspace + combine kernel). "
+        "`v5 nocl` = the same splits with V4_ATTN_DEC_CLUSTER=0 (workspace + combine kernel); "
+        "`v6` = variant 6 (variant 5 with fewer instructions per tile: ex2 of log2-unit logits, "
+        "lazy rescale, register key masks, shuffled issue pointers) with the same columns at "
+        "`attention_dec5_splits(..., 6)`, and `v6 @v5` = variant 6 at variant 5's split count "
+        "(the direct A/B). "
         "Below the table: fixed-cost probes at batch 1 (every row with 0 "
         "keys: launch, key counts, q-free epilogue, output / partial write and combine only; and "
         "1 tile per split).\n\n"
      << "| pools | kind | batch | context | keys/row | floor µs | v2 µs (splits) | v2/floor | "
         "v2 best µs (splits) | best/floor | v1 µs | v1/floor | mma µs (splits) | mma/floor | "
         "v3 µs (splits) | v3 best (splits) | v4 µs (splits) | v4 best (splits) | "
-        "v5 µs (splits) | v5 best (splits) | v5 nocl µs |\n"
+        "v5 µs (splits) | v5 best (splits) | v5 nocl µs | v6 µs (splits) | v6 best (splits) | "
+        "v6 nocl µs | v6 @v5 µs |\n"
      << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        "---:|---:|---:|\n";
+        "---:|---:|---:|---:|---:|---:|---:|\n";
   std::ostringstream probes;  // fixed-cost probes (batch 1), printed after the table
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
@@ -272,35 +277,43 @@ std::string bench_attention(double bw) {
                         us34[0], sp34[0], best34[0], bsp34[0], us34[1], sp34[1], best34[1],
                         bsp34[1]);
         }
-        // Variant 5 at its modelled split count (with the largest resident cluster), a sweep at
-        // batch 1 (cheap launches), and the same splits without the cluster merge.
-        char v5_cell[160];
-        {
-          const int mc = v4::cuda::attention_dec5_max_cluster(a0_dtype(b16));
-          const int sp5 = v4::cuda::attention_dec5_splits(S, H, keys, n_sms, mc);
-          const double us5 = t_dec(sp5, 5);
-          double best5 = us5;
-          int bsp5 = sp5;
+        // Variants 5 / 6 at their modelled split counts (with the largest resident cluster), a
+        // sweep at batch 1 (cheap launches), and the same splits without the cluster merge; v6
+        // also at v5's split count.
+        char v5_cell[160], v6_cell[200];
+        int sp5 = 1;
+        for (int variant : {5, 6}) {
+          const int mc = v4::cuda::attention_dec5_max_cluster(a0_dtype(b16), variant);
+          const int spv = v4::cuda::attention_dec5_splits(S, H, keys, n_sms, mc, variant);
+          if (variant == 5) sp5 = spv;
+          const double usv = t_dec(spv, variant);
+          double bestv = usv;
+          int bspv = spv;
           if (S == 1)
             for (int sp : {1, 2, 4, 5, 8, 10, 12, 16, 20, 24, 33, 36, 48, 65}) {
-              if (sp > tiles || sp == sp5) continue;
-              const double us = t_dec(sp, 5);
-              std::printf("  sweep v5 %s %s S=%lld keys=%lld splits=%d%s: %.2f us\n",
+              if (sp > tiles || sp == spv) continue;
+              const double us = t_dec(sp, variant);
+              std::printf("  sweep v%d %s %s S=%lld keys=%lld splits=%d%s: %.2f us\n", variant,
                           b16 ? "bf16" : "f32", kind, (long long)S, (long long)keys, sp,
                           sp >= 2 && sp <= mc ? " (cluster)" : "", us);
-              if (us < best5) best5 = us, bsp5 = sp;
+              if (us < bestv) bestv = us, bspv = sp;
             }
-          double nocl5 = us5;  // 1 split: no merge at all
-          if (sp5 > 1) {
+          double noclv = usv;  // 1 split: no merge at all
+          if (spv > 1) {
             setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
-            nocl5 = t_dec(sp5, 5);
+            noclv = t_dec(spv, variant);
             unsetenv("V4_ATTN_DEC_CLUSTER");
           }
-          if (S == 1)
-            std::snprintf(v5_cell, sizeof v5_cell, "%.2f (%d) | %.2f (%d) | %.2f", us5, sp5, best5,
-                          bsp5, nocl5);
-          else
-            std::snprintf(v5_cell, sizeof v5_cell, "%.2f (%d) | — | %.2f", us5, sp5, nocl5);
+          char best_s[48] = "—";
+          if (S == 1) std::snprintf(best_s, sizeof best_s, "%.2f (%d)", bestv, bspv);
+          if (variant == 5) {
+            std::snprintf(v5_cell, sizeof v5_cell, "%.2f (%d) | %s | %.2f", usv, spv, best_s,
+                          noclv);
+          } else {
+            const double at5 = spv == sp5 ? usv : t_dec(sp5, 6);
+            std::snprintf(v6_cell, sizeof v6_cell, "%.2f (%d) | %s | %.2f | %.2f", usv, spv,
+                          best_s, noclv, at5);
+          }
         }
         // Fixed-cost probes, batch 1, once per pool type (the CSA 4K pass): the same launches
         // with every key count 0 (no tile, no q load: launch + counts + epilogue / partials +
@@ -318,9 +331,9 @@ std::string bench_attention(double bw) {
             });
           };
           probes << "- " << (b16 ? "bf16" : "f32") << " pools, batch 1, 0 keys (µs): ";
-          for (int variant : {2, 3, 4, 5})
+          for (int variant : {2, 3, 4, 5, 6})
             for (int sp : {1, 2, 8, 16, 20, 65}) {
-              if (variant < 5 && sp == 16) continue;  // v5: the largest cluster
+              if (variant < 5 && sp == 16) continue;  // v5 / v6: the largest cluster
               char cell[64];
               std::snprintf(cell, sizeof cell, "v%d/%d splits %.2f; ", variant, sp,
                             t_zero(sp, variant));
@@ -328,7 +341,7 @@ std::string bench_attention(double bw) {
             }
           probes << "\n- " << (b16 ? "bf16" : "f32")
                  << " pools, batch 1, CSA 640 keys, forced splits (tiles per split) (µs): ";
-          for (int variant : {2, 3, 4, 5})
+          for (int variant : {2, 3, 4, 5, 6})
             for (int sp : {1, 2, 5, 10, 20}) {
               char cell[64];
               std::snprintf(cell, sizeof cell, "v%d/%d (%d) %.2f; ", variant, sp, 20 / sp,
@@ -362,11 +375,12 @@ std::string bench_attention(double bw) {
         char line[1024];
         std::snprintf(line, sizeof line,
                       "| %s | %s | %lld | %s | %lld | %.2f | %.2f (%d) | %.2f× | %.2f (%d) | "
-                      "%.2f× | %.2f | %.2f× | %s | %s | %s |\n",
+                      "%.2f× | %.2f | %.2f× | %s | %s | %s | %s |\n",
                       b16 ? "bf16" : "f32", kind, (long long)S,
                       ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M", (long long)keys,
                       floor_us, dec_us, dec_splits, dec_us / floor_us, best_us, best_splits,
-                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell, v34_cell, v5_cell);
+                      best_us / floor_us, v1_us, v1_us / floor_us, mma_cell, v34_cell, v5_cell,
+                      v6_cell);
         md << line;
         std::printf("%s", line);
         std::fflush(stdout);

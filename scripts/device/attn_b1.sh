@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs ON the lent GPU machine (issue 7, branch attnb2): attention_dec variant 5 (batch-1 fixed
-# cost and per-tile latency), in one call.
+# Runs ON the lent GPU machine (issue 7, branches attnb2 / attn6): attention_dec variants 5 / 6
+# (batch-1 fixed cost, per-tile latency, per-tile instruction count), in one call.
 #   1. build v4serve + test_cuda + bench_kernels, run the CudaAttentionDec.* tests
-#      (-> cuda-op-tests.log; Variant5Batch1 / Variant5Batch3To64 / SplitModel5 / BackendBf16 mode 5)
-#   2. bench_kernels --only-attention -> cuda-attention.md (v2 / v1 / mma / v3 / v4 / v5 columns,
-#      v5 batch-1 split sweep in attention.log, fixed-cost probes with v5 below the table)
-#   3. v4serve bench, batch 1 at 4K and 900K, bf16 KV pools, --profile, V4_ATTN_DEC = 4 / 3 / 5
-#      (auto = 4 / 3 at these contexts) -> bench-v4flash-20l-attn-b1.md (one section per variant)
+#      (-> cuda-op-tests.log; Variant5* / Variant6* / SplitModel5 / BackendBf16 modes 5 / 6)
+#   2. bench_kernels --only-attention -> cuda-attention.md (v2 / v1 / mma / v3 / v4 / v5 / v6
+#      columns, v5 / v6 batch-1 split sweeps in attention.log, fixed-cost probes below the table)
+#   3. v4serve bench, batch 1 at 4K and 900K, bf16 KV pools, --profile, one run per entry of
+#      V4_B1_ATTN (default "auto lean": auto = v4 for short key lists, v5 for HCA at 900K; lean =
+#      auto with V4_ATTN_DEC_LEAN=1, v6 instead of v5; a number N = V4_ATTN_DEC=N for every call)
+#      -> bench-v4flash-20l-attn-b1.md (one section per entry)
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/attn_b1.sh", carry=[".devdeps"], timeout_s=600)
 set -u
@@ -23,12 +25,14 @@ echo "attention bench rc=$?"; grep -E "^\| bf16 \| (CSA|HCA) \| 1 " "$OUT/cuda-a
 common=(--model models/configs/v4-flash --load-format dummy --num-layers 20 --device cuda
         --precision bf16 --mem-fraction 0.9 --kv-cache-dtype bf16)
 : > "$OUT/bench-v4flash-20l-attn-b1.md"
-for av in ${V4_B1_ATTN:-4 3 5}; do
-  V4_ATTN_DEC=$av timeout 150 build-gpu/v4serve bench "${common[@]}" --batch 1 \
+for av in ${V4_B1_ATTN:-auto lean}; do
+  dec=$av lean=0
+  if [ "$av" = lean ]; then dec=auto lean=1; fi
+  V4_ATTN_DEC=$dec V4_ATTN_DEC_LEAN=$lean timeout 150 build-gpu/v4serve bench "${common[@]}" --batch 1 \
     --context "${V4_B1_CONTEXT:-4K,900K}" --steps 10 --prefill-steps 1 --prefill-warmup 0 --profile \
     --out "$OUT/b1-$av.md" > "$OUT/bench-b1-$av.log" 2>&1
-  echo "bench V4_ATTN_DEC=$av rc=$?"; grep -E "^\| decode" "$OUT/b1-$av.md"
-  { echo "## V4_ATTN_DEC=$av"; echo; cat "$OUT/b1-$av.md"; echo; } >> "$OUT/bench-v4flash-20l-attn-b1.md"
+  echo "bench V4_ATTN_DEC=$dec V4_ATTN_DEC_LEAN=$lean rc=$?"; grep -E "^\| decode" "$OUT/b1-$av.md"
+  { echo "## V4_ATTN_DEC=$dec V4_ATTN_DEC_LEAN=$lean"; echo; cat "$OUT/b1-$av.md"; echo; } >> "$OUT/bench-v4flash-20l-attn-b1.md"
   rm -f "$OUT/b1-$av.md"
 done
 cd "$OUT" && tar czf /tmp/v4-logs.tgz --exclude='*.md' --exclude='*.txt' . && mv /tmp/v4-logs.tgz logs.tgz &&

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON the lent GPU machine (issue 7, one call, < 8 minutes): Nsight Compute reports of the
 # three kernels that are far from their floors (docs/cuda.md §Missing):
-#   attention_dec v4 / v5 / v2 at batch 1 (bench_kernels --profile-attention; kernel
+#   attention_dec v4 / v5 / v6 / v2 at batch 1 (bench_kernels --profile-attention; kernel
 #     attn_dec[235]_kernel, not the combine), Lightning TopK variant 37 (--profile-topk;
 #     topk_kernel_v6), the indexer decode kernel over bf16 / fp8 keys (--profile-indexer;
 #     indexer_decode_kernel; its pipelined form indexer_decode_pipe_kernel, variant 4).
@@ -122,6 +122,7 @@ if [ $ncu_ok = 1 ]; then
   probe attn-v4-csa640-s1 "$A" --profile-attention 4 640 1 bf16
   probe attn-v4-csa640-s20 "$A" --profile-attention 4 640 20 bf16
   probe attn-v5-hca8320-s33 "$A" --profile-attention 5 8320 33 bf16
+  probe attn-v6-hca8320-s33 "$A" --profile-attention 6 8320 33 bf16
   probe attn-v2-csa640-s20 "$A" --profile-attention 2 640 20 bf16
   # Lightning TopK v6 (variant 37) top-512 at batch 1
   probe topk37-262144 topk_kernel --profile-topk 37 262144

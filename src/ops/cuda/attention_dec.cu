@@ -1254,7 +1254,118 @@ __device__ __forceinline__ void softmax_update5(float (&sv)[4][4], float (&m_r)[
   }
 }
 
-template <typename T, bool kCluster>
+// ---- variant 6 (issue 7: fewer instructions per tile; attn_dec5_kernel<T, kCluster, true>) ----
+// ncu of variant 5 at HCA 1M (batch 1, 33 splits): ~750 warp instructions per 32-key tile, 4 %
+// of them mma; the rest softmax bookkeeping (__expf's denormal range fix-up: ~9 instructions an
+// exp, 16 exps a thread a tile), per-element −inf tests, the O rescale on ~85 % of the tiles
+// (some head's max grows in most of the first tiles of a split), the per-tile quad sums of l,
+// the mask read from shared memory, and the issue's per-chunk address math (~25 instructions a
+// cp.async). Variant 6 keeps variant 5's data flow (ring, barriers, S exchange, P·V, merge) and
+// changes only that bookkeeping:
+//  - logits in log2 units: p = ex2.approx.ftz(s · c2 − m2) (one FFMA + one MUFU), c2 = scale ·
+//    log2 e, m2 = the running reference max in log2 units (converted back to natural units,
+//    m = m2 · ln 2, for the partial / output: the same (m, l, o) contract as variant 5);
+//  - lazy rescale: the reference max m2 only moves when a row's tile max exceeds it by more than
+//    kTau6 = 8 (log2 units; warp-uniform vote on the thread's own 8 logits per row, no shuffles
+//    on the fast path), so p ≤ 2^8 and the O / l rescale runs on a few tiles a split. Exact: p, l
+//    and o share the reference, the result differs from variant 5 only by f32 / bf16 rounding
+//    (p ≤ 256 keeps bf16's relative precision; l ≤ 256 · keys, far from f32 overflow);
+//  - l on the tensor cores: P · ones (one more mma per 16 keys, the P fragments P·V packs
+//    anyway) accumulates Σ p of each row in mma C layout, already summed over the quad — no
+//    per-tile FADDs or shuffles for l; it sums the bf16-rounded p that P·V multiplies (variant 5:
+//    the fp32 p), so numerator and denominator see the same weights;
+//  - the key mask is a ballot of the tile's pool rows taken at issue time (registers, 3 tiles
+//    ahead, identical in every warp), applied only to tiles with a masked key (uniform branch);
+//    a tile with no valid key is skipped (no softmax, no P·V);
+//  - bf16 issue: warp w copies keys 4w .. 4w+3 (two 512-byte half rows each per instruction), the
+//    source pointer of key k computed once by lane k and shuffled (64-bit), shared addresses
+//    from one base plus immediates. f32 pools keep variant 5's issue.
+constexpr float kTau6 = 8.f;  // lazy-rescale threshold (log2 units: p ≤ 2^8)
+
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// cp.async of 16 bytes to a shared address (bytes: 16, or 0 = zero fill).
+__device__ __forceinline__ void cp_async16_sa(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+/// Variant 6 softmax update of a tile: sv = raw S (unscaled, −inf: masked; every row has at least
+/// one finite value — the caller skips tiles without a valid key), m2 = reference max in log2
+/// units (−inf: none yet), lacc = Σ p of rows g (lacc[0..1]) and g + 8 (lacc[2..3]) in mma C
+/// layout (tile_pv6 adds to it). Rescales o and lacc only when some row's tile max exceeds m2 by
+/// more than kTau6 (warp vote). On return sv holds p = 2^(s·c2 − m2) (masked: 0).
+template <int kNO>
+__device__ __forceinline__ void softmax_lean6(float (&sv)[4][4], float c2, float (&m2)[2],
+                                              float (&lacc)[4], float (&o)[kNO][4]) {
+  float mx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(sv[0][2 * r], sv[0][2 * r + 1]);
+#pragma unroll
+    for (int nt = 1; nt < 4; ++nt) mx[r] = fmaxf(mx[r], fmaxf(sv[nt][2 * r], sv[nt][2 * r + 1]));
+  }
+  const bool grow = mx[0] * c2 > m2[0] + kTau6 || mx[1] * c2 > m2[1] + kTau6;
+  if (__any_sync(0xffffffffu, grow)) {  // warp-uniform; rare after a split's first tile
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float q = mx[r];
+      q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 1));
+      q = fmaxf(q, __shfl_xor_sync(0xffffffffu, q, 2));  // the row's tile max (its quad)
+      const float m_new = fmaxf(m2[r], q * c2);
+      const float corr = m_new == -INFINITY ? 1.f : ex2_ftz(m2[r] - m_new);  // m2 = −inf: 0
+      lacc[2 * r] *= corr;
+      lacc[2 * r + 1] *= corr;
+#pragma unroll
+      for (int i = 0; i < kNO; ++i) {
+        o[i][2 * r] *= corr;
+        o[i][2 * r + 1] *= corr;
+      }
+      m2[r] = m_new;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float nm = m2[r] == -INFINITY ? 0.f : -m2[r];  // guard: never −inf + inf
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        sv[nt][2 * r + c] = ex2_ftz(fmaf(sv[nt][2 * r + c], c2, nm));  // s = −inf → 0
+  }
+}
+
+/// tile_pv_w<64> plus l: O[16 heads, 64 dims] += P · V as tile_pv_w, and lacc += P · ones (B =
+/// all-ones bf16: every column of the 16 × 8 result is the row's Σ_k p over the tile's 32 keys,
+/// in mma C layout: lacc[0..1] row g, lacc[2..3] row g + 8).
+template <int kDW>
+__device__ __forceinline__ void tile_pv6(const __nv_bfloat16* kw, int lane, const float (&sv)[4][4],
+                                         float (&o)[kDW / 8][4], float (&lacc)[4]) {
+  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1, 1)
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t af[4];
+    af[0] = pack_bf16(sv[2 * ks][0], sv[2 * ks][1]);
+    af[1] = pack_bf16(sv[2 * ks][2], sv[2 * ks][3]);
+    af[2] = pack_bf16(sv[2 * ks + 1][0], sv[2 * ks + 1][1]);
+    af[3] = pack_bf16(sv[2 * ks + 1][2], sv[2 * ks + 1][3]);
+    const __nv_bfloat16* vrow =
+        kw + (16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1)) * kLdB + 8 * (lane >> 4);
+#pragma unroll
+    for (int np = 0; np < kDW / 16; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, vrow + 16 * np);
+      mma_bf16(o[2 * np], af, bf[0], bf[1]);
+      mma_bf16(o[2 * np + 1], af, bf[2], bf[3]);
+    }
+    mma_bf16(lacc, af, kOnes, kOnes);
+  }
+}
+
+// kLean = false: variant 5; true: variant 6 (above).
+template <typename T, bool kCluster, bool kLean>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_dec5_kernel(ops::AttentionArgs a, const T* __restrict__ swa_pool,
                      const T* __restrict__ comp_pool, int n_splits, float* __restrict__ ws) {
@@ -1302,12 +1413,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     return key_at(tile * kKT + lane);
   };
   static_assert(kKT == 32, "one key per lane");
-  auto issue = [&](int tile, int32_t my_r) {
+  // Issues tile `tile` (my_r: the pool row of its key `lane`, −1 masked) into its ring slot;
+  // returns (variant 6) the tile's valid-key mask, bit k = key k has a pool row (0 past the end).
+  auto issue = [&](int tile, int32_t my_r) -> uint32_t {
+    uint32_t vm = 0;
     if (tile < n_tiles) {  // block-uniform
       const int buf = tile % kStages3;
       unsigned char* dst = ring + size_t(buf) * kKbBytes;
       const int kt0 = k0 + tile * kKT;
-      if constexpr (kBf16) {
+      if constexpr (kLean) vm = __ballot_sync(0xffffffffu, my_r >= 0);
+      if constexpr (kLean && kBf16) {
+        // Warp w copies keys 4w .. 4w+3: per key two instructions of 32 × 16 bytes (the row's
+        // halves); lane k computed key k's source pointer (a.q when masked: a zero fill reads
+        // nothing) and the warp shuffles it.
+        static_assert(kThreads / 32 * 4 == kKT && kHd * 2 == 2 * 32 * 16, "v6 issue layout");
+        const T* pool = kt0 + lane >= n_swa ? comp_pool : swa_pool;
+        const unsigned char* mine =
+            my_r >= 0 ? reinterpret_cast<const unsigned char*>(pool + int64_t(my_r) * kHd)
+                      : reinterpret_cast<const unsigned char*>(a.q);
+        const uint32_t d0 = smem_addr(dst) + uint32_t(4 * warp * (kLdB * 2) + 16 * lane);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int key = 4 * warp + k;  // warp-uniform
+          const unsigned char* src =
+              reinterpret_cast<const unsigned char*>(__shfl_sync(
+                  0xffffffffu, reinterpret_cast<unsigned long long>(mine), key)) +
+              16 * lane;
+          const int bytes = (vm >> key) & 1u ? 16 : 0;
+          cp_async16_sa(d0 + uint32_t(k * (kLdB * 2)), src, bytes);
+          cp_async16_sa(d0 + uint32_t(k * (kLdB * 2) + 512), src + 512, bytes);
+        }
+      } else if constexpr (kBf16) {
         constexpr int kChunks = kHd * 2 / 16;             // 64 per row
         constexpr int kIt = kKT * kChunks / kThreads;     // 8
 #pragma unroll
@@ -1347,15 +1483,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint2*>(kb + key * kLdB + 4 * c) = u;
         }
       }
-      if (warp == 0) rows_s[buf][lane] = my_r;
+      if (!kLean && warp == 0) rows_s[buf][lane] = my_r;
     }
     cp_async_commit();  // one group per tile (empty for f32 pools): cp_async_wait counts tiles
+    return vm;
   };
 
   float o[kDW / 8][4];
 #pragma unroll
   for (int i = 0; i < kDW / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  // (m, l) of rows g, g+8 (natural units, quad-uniform). Variant 6 during the loop: m_r = the
+  // reference max in log2 units and lacc = Σ p in mma C layout (converted after the loop).
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+  float lacc[4] = {0.f, 0.f, 0.f, 0.f};
+  const float c2 = a.scale * 1.4426950408889634f;  // variant 6: logit scale in log2 units
+  uint32_t vm0 = 0, vm1 = 0, vm2 = 0;  // variant 6: valid-key masks of tiles it, it+1, it+2
   uint32_t qf[16][4];  // Q A-fragments of k-steps 0..15 over the warp's dim half (QK)
   const int kn = warp >> 1, dh = warp & 1;  // QK: keys 8·kn .. +7, dims 256·dh .. +255
 
@@ -1392,8 +1534,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint2*>(qs + h * kLdB + 4 * c4) = u;
     }
     __syncthreads();  // rows_pre and qs visible to every thread
-#pragma unroll
-    for (int p = 0; p < kStages3 - 1; ++p) issue(p, lookup(p));
+    static_assert(kStages3 == 4, "three tiles in flight (vm0..vm2)");
+    vm0 = issue(0, lookup(0));
+    vm1 = issue(1, lookup(1));
+    vm2 = issue(2, lookup(2));
     next_r = lookup(kStages3 - 1);
     const __nv_bfloat16* qw = qs + dh * 256;
 #pragma unroll
@@ -1413,9 +1557,44 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<float2*>(mine + (g + 8) * kSx5Ld + 2 * tq) = make_float2(c[2], c[3]);
     }
     __syncthreads();  // B: the 8 partial-S slots visible; every warp is past tile it − 1
-    issue(it + kStages3 - 1, next_r);
+    const uint32_t vm = vm0;  // variant 6: tile it's valid keys
+    {
+      const uint32_t vn = issue(it + kStages3 - 1, next_r);
+      vm0 = vm1;
+      vm1 = vm2;
+      vm2 = vn;
+    }
     next_r = lookup(it + kStages3);
+    if constexpr (kLean) {
+      if (vm == 0u) continue;  // no valid key (block-uniform): nothing to add
+      float sv[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float* s0 = sx + (2 * nt) * (16 * kSx5Ld);      // keys 8nt.., dims 0..255
+        const float* s1 = sx + (2 * nt + 1) * (16 * kSx5Ld);  // same keys, dims 256..511
+        const float2 a0 = *reinterpret_cast<const float2*>(s0 + g * kSx5Ld + 2 * tq);
+        const float2 b0 = *reinterpret_cast<const float2*>(s1 + g * kSx5Ld + 2 * tq);
+        const float2 a1 = *reinterpret_cast<const float2*>(s0 + (g + 8) * kSx5Ld + 2 * tq);
+        const float2 b1 = *reinterpret_cast<const float2*>(s1 + (g + 8) * kSx5Ld + 2 * tq);
+        sv[nt][0] = a0.x + b0.x;  // raw S; the scale is folded into softmax_lean6's FFMA
+        sv[nt][1] = a0.y + b0.y;
+        sv[nt][2] = a1.x + b1.x;
+        sv[nt][3] = a1.y + b1.y;
+      }
+      if (vm != 0xffffffffu) {  // block-uniform: only tiles with a masked key
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int c0 = nt * 8 + 2 * tq;
+          if (!((vm >> c0) & 1u)) sv[nt][0] = sv[nt][2] = -INFINITY;
+          if (!((vm >> (c0 + 1)) & 1u)) sv[nt][1] = sv[nt][3] = -INFINITY;
+        }
+      }
+      softmax_lean6<kDW / 8>(sv, c2, m_r, lacc, o);
+      tile_pv6<kDW>(kt + warp * kDW, lane, sv, o, lacc);
+      continue;
+    }
     float sv[4][4];
+
     const int32_t* rows = rows_s[buf];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -1437,6 +1616,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile_pv_w<kDW>(kt + warp * kDW, lane, sv, o);
   }
   cp_async_wait<0>();
+  if constexpr (kLean) {  // back to variant 5's (m, l): natural units
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_r[r] = lacc[2 * r];                   // = lacc[2r + 1]: every column holds the row sum
+      m_r[r] = m_r[r] * 0.6931471805599453f;  // −inf stays −inf
+    }
+  }
   if constexpr (!kCluster) {
     store_out_w<kDW>(a, t, s, n_splits, hb, 0, warp, g, tq, m_r, l_r, o, ws);
   } else {
@@ -1563,14 +1749,18 @@ int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int hea
   return int((tiles + per - 1) / per);
 }
 
-int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster) {
+int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster,
+                          int variant) {
   if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0) return 1;
   // Critical-path model in µs (H200, session 7 probes of variant 4; per-tile time of variant 5
   // expected, to be re-fit from the bench's v5 sweep): a CTA's tiles after the first cost
   // kTileUs each, per wave of CTAs; a split row adds the combine launch (kCombineUs, measured:
   // 0 keys at 20 splits − 1 split ≈ 4.5 µs) plus its partial reads, or, merged inside a
   // cluster (2 ≤ splits ≤ max_cluster), two cluster barriers and the DSMEM sums (kClusterUs).
-  constexpr double kTileUs = 1.0, kCombineUs = 4.5, kPerSplitUs = 0.03, kClusterUs = 0.6;
+  // Variant 6 (lean per-tile bookkeeping): ~0.6 µs a tile expected from the instruction count
+  // (~250 instead of ~750 warp instructions a tile), to be re-fit from its sweep.
+  constexpr double kCombineUs = 4.5, kPerSplitUs = 0.03, kClusterUs = 0.6;
+  const double kTileUs = variant == 6 ? 0.6 : 1.0;
   const int64_t groups = S * ((H + kHC5 - 1) / kHC5);
   const int64_t tiles = (max_keys + kKT - 1) / kKT;
   int best = 1;
@@ -1683,15 +1873,15 @@ bool cluster_fits(int n) {
 }
 
 
-// Whether clusters of n (2..kMaxCluster5) CTAs of attn_dec5_kernel<T, true> can be resident
-// (cudaOccupancyMaxActiveClusters > 0); allows non-portable sizes (> 8) and sets the shared
-// memory limit on the way; asked once per (T, n) and process.
-template <typename T>
+// Whether clusters of n (2..kMaxCluster5) CTAs of attn_dec5_kernel<T, true, kLean> (variant 5 /
+// 6) can be resident (cudaOccupancyMaxActiveClusters > 0); allows non-portable sizes (> 8) and
+// sets the shared memory limit on the way; asked once per (T, kLean, n) and process.
+template <typename T, bool kLean>
 bool cluster5_fits(int n) {
   static int fits[kMaxCluster5 + 1] = {};  // 0 unknown, 1 yes, −1 no
   if (n < 2 || n > kMaxCluster5) return false;
   if (fits[n] == 0) {
-    auto kern = attn_dec5_kernel<T, true>;
+    auto kern = attn_dec5_kernel<T, true, kLean>;
     const void* kp = reinterpret_cast<const void*>(kern);
     int count = 0;
     bool ok = cudaFuncSetAttribute(kp, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1739,15 +1929,20 @@ Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, flo
 
 }  // namespace
 
-int attention_dec5_max_cluster(KvDtype kv_dtype) {
+int attention_dec5_max_cluster(KvDtype kv_dtype, int variant) {
   if (!attn_cluster_enabled()) return 0;
   if (kv_dtype != KvDtype::kBf16 && kv_dtype != KvDtype::kF32) return 0;
   // Every size is asked (cached) on the first call, so that a later launch of any split count
   // finds its answer without a device query (e.g. inside a graph capture).
+  const bool b16 = kv_dtype == KvDtype::kBf16, lean = variant == 6;
   int largest = 0;
-  for (int n = 2; n <= kMaxCluster5; ++n)
-    if (kv_dtype == KvDtype::kBf16 ? cluster5_fits<__nv_bfloat16>(n) : cluster5_fits<float>(n))
-      largest = n;
+  for (int n = 2; n <= kMaxCluster5; ++n) {
+    const bool fits = lean ? (b16 ? cluster5_fits<__nv_bfloat16, true>(n)
+                                  : cluster5_fits<float, true>(n))
+                           : (b16 ? cluster5_fits<__nv_bfloat16, false>(n)
+                                  : cluster5_fits<float, false>(n));
+    if (fits) largest = n;
+  }
   return largest;
 }
 
@@ -1760,43 +1955,61 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 5)
+  if (variant < 1 || variant > 6)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 / v4 / v5
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v6
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
-  if (variant == 5 && (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
-    // Variant 5: 16 heads per CTA, preloaded key rows, key-split QK (attn_dec5_kernel); 2..16
-    // splits merged inside a cluster when it can be resident, else the combine below.
+  if ((variant == 5 || variant == 6) &&
+      (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
+    // Variants 5 / 6: 16 heads per CTA, preloaded key rows, key-split QK (attn_dec5_kernel; 6:
+    // the lean per-tile bookkeeping); 2..16 splits merged inside a cluster when it can be
+    // resident, else the combine below.
     const dim3 grid5{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHC5 - 1) / kHC5), 1};
-    const bool b16 = a.kv_dtype == KvDtype::kBf16;
+    const bool b16 = a.kv_dtype == KvDtype::kBf16, lean = variant == 6;
     const bool cl = n_splits >= 2 && n_splits <= kMaxCluster5 && attn_cluster_enabled() &&
-                    (b16 ? cluster5_fits<B>(n_splits) : cluster5_fits<float>(n_splits));
+                    (lean ? (b16 ? cluster5_fits<B, true>(n_splits)
+                                 : cluster5_fits<float, true>(n_splits))
+                          : (b16 ? cluster5_fits<B, false>(n_splits)
+                                 : cluster5_fits<float, false>(n_splits)));
+    const unsigned cn = unsigned(n_splits);
     if (cl) {  // cluster5_fits allowed the non-portable size and set the smem limit
-      if (b16)
-        V4_RETURN_IF_ERROR((launch_main<11, B>(attn_dec5_kernel<B, true>, kSmem5, a, n_splits,
-                                                workspace, grid5, pdl, stream,
-                                                unsigned(n_splits))));
+      if (!lean && b16)
+        V4_RETURN_IF_ERROR((launch_main<11, B>(attn_dec5_kernel<B, true, false>, kSmem5, a,
+                                                n_splits, workspace, grid5, pdl, stream, cn)));
+      else if (!lean)
+        V4_RETURN_IF_ERROR((launch_main<12, float>(attn_dec5_kernel<float, true, false>, kSmem5,
+                                                    a, n_splits, workspace, grid5, pdl, stream,
+                                                    cn)));
+      else if (b16)
+        V4_RETURN_IF_ERROR((launch_main<15, B>(attn_dec5_kernel<B, true, true>, kSmem5, a,
+                                                n_splits, workspace, grid5, pdl, stream, cn)));
       else
-        V4_RETURN_IF_ERROR((launch_main<12, float>(attn_dec5_kernel<float, true>, kSmem5, a,
-                                                    n_splits, workspace, grid5, pdl, stream,
-                                                    unsigned(n_splits))));
+        V4_RETURN_IF_ERROR((launch_main<16, float>(attn_dec5_kernel<float, true, true>, kSmem5,
+                                                    a, n_splits, workspace, grid5, pdl, stream,
+                                                    cn)));
       return Status::Ok();
     }
-    if (b16)
-      V4_RETURN_IF_ERROR((launch_main<13, B>(attn_dec5_kernel<B, false>, kSmem5, a, n_splits,
-                                              workspace, grid5, pdl, stream)));
+    if (!lean && b16)
+      V4_RETURN_IF_ERROR((launch_main<13, B>(attn_dec5_kernel<B, false, false>, kSmem5, a,
+                                              n_splits, workspace, grid5, pdl, stream)));
+    else if (!lean)
+      V4_RETURN_IF_ERROR((launch_main<14, float>(attn_dec5_kernel<float, false, false>, kSmem5,
+                                                  a, n_splits, workspace, grid5, pdl, stream)));
+    else if (b16)
+      V4_RETURN_IF_ERROR((launch_main<17, B>(attn_dec5_kernel<B, false, true>, kSmem5, a,
+                                              n_splits, workspace, grid5, pdl, stream)));
     else
-      V4_RETURN_IF_ERROR((launch_main<14, float>(attn_dec5_kernel<float, false>, kSmem5, a,
-                                                  n_splits, workspace, grid5, pdl, stream)));
+      V4_RETURN_IF_ERROR((launch_main<18, float>(attn_dec5_kernel<float, false, true>, kSmem5,
+                                                  a, n_splits, workspace, grid5, pdl, stream)));
   } else if (variant >= 3 && (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
     // Variants 3 / 4: 32 / 16 heads per CTA (attn_dec3_kernel), combine below when split.
     const int hc = variant == 3 ? 32 : 16;
@@ -1855,7 +2068,7 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  if (variant >= 3) {  // v3 / v4 / v5 (fp8 pools were sent to variant 2 above)
+  if (variant >= 3) {  // v3 .. v6 (fp8 pools were sent to variant 2 above)
     if (!pdl) {
       attn_dec_combine3_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
       return check_launch("attn_dec_combine3_kernel");

@@ -57,13 +57,16 @@ int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int hea
 /// SMs: the count of whole-tile splits (≤ one per tile, ≤ 128) with the least modelled critical
 /// path — waves · tiles per split · ~1 µs, plus the combine launch (~4.5 µs) when split, or a
 /// cluster merge (~0.6 µs) when 2 ≤ splits ≤ max_cluster (attention_dec5_max_cluster; 0: none).
+/// `variant` 6 models its cheaper tiles (~0.6 µs instead of ~1; to be re-fit on the H200).
 /// Returns 1 for max_keys ≤ one tile (or unknown). Result in [1, 128].
-int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster);
+int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster,
+                          int variant = 5);
 
-/// Largest split count (≤ 16) whose thread block cluster of variant-5 CTAs can be resident on
-/// the current device for pools of `kv_dtype` (f32 / bf16; others 0), 0 when none can or when
-/// V4_ATTN_DEC_CLUSTER=0. Queries the device once per size and process (CUDA runtime calls).
-int attention_dec5_max_cluster(KvDtype kv_dtype);
+/// Largest split count (≤ 16) whose thread block cluster of variant-5 (`variant` 5) or
+/// variant-6 (6) CTAs can be resident on the current device for pools of `kv_dtype` (f32 /
+/// bf16; others 0), 0 when none can or when V4_ATTN_DEC_CLUSTER=0. Queries the device once per
+/// size, variant and process (CUDA runtime calls).
+int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 
 /// Runs the decode kernel (and the combine when n_splits > 1). `workspace` must hold
 /// attention_workspace_floats(S, H, 512, n_splits) floats (attention.h; may be nullptr when
@@ -82,6 +85,12 @@ int attention_dec5_max_cluster(KvDtype kv_dtype);
 /// inside a thread block cluster (distributed shared memory; no workspace writes, no combine
 /// launch; V4_ATTN_DEC_CLUSTER=0 or a cluster that cannot be resident: the combine kernel).
 /// f32 and bf16 pools (fp8: variant 2); within rounding of variant 4 (another partial-S order).
+/// Variant 6 (issue 7; V4_ATTN_DEC=6; splits: attention_dec5_splits(..., 6), clusters:
+/// attention_dec5_max_cluster(kv, 6)): variant 5 with fewer instructions per tile — logits in
+/// log2 units with ex2.approx.ftz, lazy rescale (the reference max moves only when a row's tile
+/// max exceeds it by > 8 in log2 units), per-thread l, key masks as register ballots applied
+/// only to tiles with a masked key, shuffled source pointers in the bf16 issue; the same
+/// (m, l, o) partials, within f32 / bf16 rounding of variant 5.
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.

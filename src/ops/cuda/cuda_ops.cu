@@ -429,10 +429,12 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 /// (HCA 1M, 8,320 keys: v5 24.3 µs, v3 25.5, v4 28.3, v2 31.4); at batch 64 variant 2 is
 /// fastest or within 1 % end to end (bench/results/bench-v4flash-20l-attn-b64.md), v4 2× slower
 /// per kernel. rows = query rows of the call (batch × tokens per sequence); max_keys = longest
-/// key list (0 = unknown).
-inline int attention_dec_auto_variant(int64_t rows, int64_t max_keys) {
+/// key list (0 = unknown). lean (CudaOptions::attention_dec_lean, V4_ATTN_DEC_LEAN=1): variant
+/// 6 (variant 5 with fewer instructions per tile) where variant 5 would run; off by default until
+/// measured on the H200.
+inline int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
   if (rows > 4) return 2;
-  return max_keys > 4096 ? 5 : 4;
+  return max_keys > 4096 ? (lean ? 6 : 5) : 4;
 }
 
 // ---- the backend --------------------------------------------------------------------------------
@@ -451,7 +453,12 @@ class CudaOps final : public Ops {
       if (std::string(e) == "3") opts_.attention_dec = true, opts_.attention_dec_variant = 3;
       if (std::string(e) == "4") opts_.attention_dec = true, opts_.attention_dec_variant = 4;
       if (std::string(e) == "5") opts_.attention_dec = true, opts_.attention_dec_variant = 5;
+      if (std::string(e) == "6") opts_.attention_dec = true, opts_.attention_dec_variant = 6;
       if (std::string(e) == "0") opts_.attention_dec = false;
+    }
+    if (const char* e = std::getenv("V4_ATTN_DEC_LEAN")) {  // auto: variant 6 for variant 5
+      if (std::string(e) == "1") opts_.attention_dec_lean = true;
+      if (std::string(e) == "0") opts_.attention_dec_lean = false;
     }
     if (const char* e = std::getenv("V4_INDEXER_PDL")) {  // A/B of the indexer chain's PDL
       if (std::string(e) == "1") opts_.indexer_pdl = true;
@@ -908,16 +915,18 @@ class CudaOps final : public Ops {
         cuda::attention_dec_supported(a.n_heads, a.head_dim) &&
         (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
-      const int variant = opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 5
-                              ? opts_.attention_dec_variant
-                              : attention_dec_auto_variant(a.n_rows, a.max_keys);
+      const int variant =
+          opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 6
+              ? opts_.attention_dec_variant
+              : attention_dec_auto_variant(a.n_rows, a.max_keys, opts_.attention_dec_lean);
       // Variants 3 / 4 (32 / 16 heads per block) and 5 (16 heads, cluster merge of ≤ 16
       // splits); fp8 pools run variant 2 inside: own splits.
       const bool v3 = variant >= 3 && a.kv_dtype != KvDtype::kFp8;
       const int splits =
-          v3 && variant == 5
+          v3 && (variant == 5 || variant == 6)
               ? cuda::attention_dec5_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
-                                            cuda::attention_dec5_max_cluster(a.kv_dtype))
+                                            cuda::attention_dec5_max_cluster(a.kv_dtype, variant),
+                                            variant)
           : v3 ? cuda::attention_dec3_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
                                              variant == 3 ? 32 : 16)
                : cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
