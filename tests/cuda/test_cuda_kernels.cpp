@@ -230,7 +230,7 @@ std::vector<float> make_row(int n, Dist d) {
                                 // the row-wide bound T (min of the group maxima): keys == T must
                                 // pass the pre-filter. Ties: every large key is 100 and every
                                 // third group holds a second 100 (tie order by index at T).
-      const int P = ((n + 8191) / 8192 + 3) & ~3;
+      const int P = std::max(4, ((n + 8191) / 8192 + 3) & ~3);  // empty rows: P = 4, not 0
       for (auto& x : v) x *= 0.1f;
       for (int g = 0; g < 2 * (n / (32 * P) + 1); ++g) {
         const int w = g / 2, h = g % 2, j = w % (P / 4), c = (g / 4) % 4;
