@@ -3276,12 +3276,14 @@ Status indexer_scores(const __nv_bfloat16* q, const float* w, const __nv_bfloat1
 }
 
 namespace {
-// Whether the auto choice takes v8 (46 / 47) for batch-1 rows of 8K–256K: env V4_TOPK_V8 ("1" /
-// "0"), read once per process; default off.
+// Whether the auto choice takes v8 (46 / 47) for batch-1 rows of 8K–256K: default on since
+// session 8 (H200, cuda-topk.md at 8d6aaf2, cold: 262,144 9.46 µs with PDL vs 12.00 for 43, 10.77
+// plain vs 13.80 for 37; 65,536 8.00 / 9.19 vs 9.94 auto); env V4_TOPK_V8=0 restores 37 / 43 (A/B),
+// read once per process.
 bool topk_v8_auto() {
   static const bool on = [] {
     const char* e = std::getenv("V4_TOPK_V8");
-    return e != nullptr && std::string(e) == "1";
+    return !(e != nullptr && std::string(e) == "0");
   }();
   return on;
 }
@@ -3322,7 +3324,7 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
     // 43 = 37 + PDL, 33 = 30 + PDL); the other choices (v2 / v3 clusters for ≥ 16 rows above
     // 32K, rows above 262,144) have no PDL form and launch plainly.
     // Session 8: v8 (46 / 47 = 46 + PDL: row-wide pre-filter bound, float compares, mask-driven
-    // compaction) in place of 37 / 43 when V4_TOPK_V8=1 (topk_v8_auto; A/B until measured).
+    // compaction) in place of 37 / 43 unless V4_TOPK_V8=0 (topk_v8_auto).
     if (!many && max_n > 8192 && max_n <= 262144) {
       const int v = topk_v8_auto() ? (pdl ? 47 : 46) : (pdl ? 43 : 37);
       const Status st = topk_rows(scores, ld, n, R, k, max_n, out_idx, out_len, stream, v);
