@@ -194,7 +194,7 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
                     kv_dtype_name(dt), (long long)S, worst);
         EXPECT_LE(worst, 2e-4);
       }
-      for (int variant = 4; variant <= cuda::kIndexerScoresMaxVariant; ++variant)
+      for (int variant = 4; variant <= cuda::kIndexerPipeMaxVariant; ++variant)
         for (bool pdl : {false, true}) {
           out.poison();
           ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, variant, pdl).ok())
@@ -218,12 +218,12 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
                              << (first < 0 ? 0.f : base[size_t(first)]);
         }
       std::printf("[indexer pipe] %s S=%lld max count %d n_sms %d: variants 4–%d == variant 3\n",
-                  kv_dtype_name(dt), (long long)S, maxc, c.n_sms, cuda::kIndexerScoresMaxVariant);
+                  kv_dtype_name(dt), (long long)S, maxc, c.n_sms, cuda::kIndexerPipeMaxVariant);
     }
   }
 }
 
-// f32 key pools: variants 4–7 fall back to the decode kernel's default (variant 2), bit for bit.
+// f32 key pools: variants 4–9 fall back to the decode kernel's default (variant 2), bit for bit.
 TEST(CudaIndexerTc, PipelinedVariantsOnF32KeysRunTheDecodeKernel) {
   V4_REQUIRE_GPU();
   const int64_t pool_rows = 8192;
@@ -272,7 +272,7 @@ TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
   };
   std::unique_ptr<Ops> base_ops = make(0);
   std::vector<std::unique_ptr<Ops>> forced;  // variants 4 … max
-  for (int variant = 4; variant <= cuda::kIndexerScoresMaxVariant; ++variant)
+  for (int variant = 4; variant <= cuda::kIndexerPipeMaxVariant; ++variant)
     forced.push_back(make(variant));
   for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp8Index}) {
     KeyPool keys(dt, pool_rows);
@@ -298,7 +298,7 @@ TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
       const auto want_rows = dout.host();
       const auto want_cnt = dcnt.host();
       for (int64_t t = 0; t < S; ++t) EXPECT_EQ(want_cnt[size_t(t)], std::min(counts[size_t(t)], k));
-      for (int variant = 4; variant <= cuda::kIndexerScoresMaxVariant; ++variant) {
+      for (int variant = 4; variant <= cuda::kIndexerPipeMaxVariant; ++variant) {
         Ops* ops = forced[size_t(variant - 4)].get();
         dout.poison(); dcnt.poison();
         ops->indexer_topk(a);

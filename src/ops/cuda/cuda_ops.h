@@ -119,8 +119,10 @@ struct CudaOptions {
   /// (≤ cuda::kIndexerDecodeMaxRows rows, nI = 64, dI = 128; other calls keep auto): 0 auto (the
   /// decode kernel), 2 / 3 the decode kernel with 16 / 32-key chunks, 4–7 the pipelined decode
   /// kernel (indexer.h: cp.async ring of 3 / 2 / 4 chunk slots per warp; 7 = 4 with the old fp8
-  /// conversion), 1 the WMMA kernel. Same scores bit for bit across 0 and 2–7 for a key format
-  /// (f32 keys: 0 = 2 = 4–7). Environment override at backend creation: V4_INDEXER_DEC=N (0–7).
+  /// conversion), 8 / 9 the warpgroup-MMA (wgmma) decode kernel for bf16 keys (ring of 4 / 3
+  /// 64-key tiles; fp8 / f32 keys: the default), 1 the WMMA kernel. Same scores bit for bit
+  /// across 0 and 2–7 for a key format (f32 keys: 0 = 2 = 4–9; fp8: 0 = 3 = 8 = 9); 8 / 9 equal
+  /// them up to fp32 rounding. Environment override at backend creation: V4_INDEXER_DEC=N (0–9).
   int indexer_scores_variant = 0;
 };
 

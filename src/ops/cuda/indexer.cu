@@ -665,6 +665,249 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
   }
   pipe_wait<0>();  // no copy outstanding at exit (the groups past the row's end are empty)
 }
+
+// ---- warpgroup-MMA decode kernel (variants 8, 9; docs/cuda.md §Indexer scores, "wgmma") --------
+//
+// Why: the register-fed and pipelined decode kernels are instruction-issue-bound (ncu: ~700 warp
+// instructions per 32-key chunk, HMMA 18%: q-fragment LDS, ReLU·w, address math, shuffles). Here
+// one Hopper wgmma.m64n64k16 per k-step multiplies all 64 heads with a 64-key tile for the whole
+// warpgroup (8 per tile), with both operands read by the tensor cores from shared memory.
+//
+// One CTA = one warpgroup (4 warps, 128 threads) on one query row (blockIdx.y); CTAs take 64-key
+// tiles grid-strided over the row (tile = blockIdx.x + i·gridDim.x, the CTA's i-th tile).
+//
+//   D[h, key] = Σ_d Q[h, d] · K[key, d]  (M = 64 heads, N = 64 keys, K = 128 dims, 8 k-steps)
+//
+// Shared memory (dynamic): Q (bf16, 16 KB) | kWgStages key tiles (bf16, 16 KB each) | head-sum
+// partials (f32 [4 warps][64 keys], 1 KB). Q and every key tile use the same canonical K-major
+// layout without swizzle (PTX ISA "Shared Memory Matrix Layout", K-major, no-swizzling:
+// ((8,m),(T,2k)):((1T,SBO),(1,LBO)), T = 8 bf16 = 16 bytes): "core matrices" of 8 rows × 16 bytes
+// (8 dims), 128 contiguous bytes each (row r of the core at byte 16·r). Element (row, dim) of a
+// 64 × 128 operand (row = head for Q, key for a tile) is at byte
+//
+//   (row / 8) · 2048 + (dim / 8) · 128 + (row % 8) · 16 + (dim % 8) · 2
+//
+// i.e. the 16 core matrices of one 8-row group along K are contiguous (LBO = 128 bytes: from a
+// core matrix to the next one along K), and 8-row groups follow each other at SBO = 2048 bytes.
+// The descriptor of k-step kk (dims 16kk … 16kk + 15: two core matrices along K) starts at
+// base + 256·kk. Descriptor (PTX ISA "Matrix Descriptor Format"): bits 0–13 start address >> 4,
+// 16–29 LBO >> 4 (= 8), 32–45 SBO >> 4 (= 128), 49–51 base offset 0, 62–63 swizzle 0 (none).
+//
+// Keys: every 16-byte piece (key, dims 8c … 8c + 7) of the tile is one cp.async.cg; copy it of a
+// thread: key 8·it + (lane % 8), piece c = 4·warp + lane / 8 — a warp copies 64 contiguous bytes
+// of 8 rows per instruction, and each quarter-warp writes one 128-byte core matrix (conflict-free).
+// Invalid candidates (−1) and keys past the row's end are zero-filled (src-size 0): their scores
+// are 0 (as the other kernels: ReLU(0) = 0), and past the end nothing is stored.
+//
+// Pipeline (all 128 threads both copy and compute): the CTA's first kWgStages − 1 tiles are issued
+// before the q staging; iteration i issues tile i + S − 1 into the slot tile i − 1 used, commits (a
+// group every iteration, empty past the end, so wait_group S − 1 ⇔ tile i landed), waits, then
+// fence.proxy.async (cp.async / st.shared are generic-proxy writes, wgmma reads through the async
+// proxy), __syncthreads (every thread's pieces), wgmma.fence, 8 wgmma, commit, wait_group 0. The
+// slot refilled in iteration i was read by tile i − 1's wgmma, which every thread waited for
+// before the epilogue barrier of iteration i − 1.
+//
+// Epilogue: accumulator fragment of wgmma m64nN (f32): warp w holds heads 16w … 16w + 15; lane
+// (g = lane / 4, t = lane % 4) holds d[4j + e] = (head 16w + g, key 8j + 2t + e) and d[4j + 2 + e]
+// = (head 16w + g + 8, same key), j < 8, e < 2. ReLU · w_h (w · nI^-1/2 · dI^-1/2) over its two
+// heads → 16 values (keys 8j + 2t + e), summed over g (the warp's 16 heads) by a halving butterfly
+// (xor 16: keep j of half (lane >> 4), add the partner's; xor 8; xor 4: 8 + 4 + 2 shuffles) that
+// leaves lane (g, t) with keys 8g + 2t, 8g + 2t + 1; the 4 warps' sums go through shared memory,
+// thread k < 64 adds them (warp 0 … 3) and stores score[tile·64 + k]. The summation order differs
+// from the mma.sync kernels (scores equal up to fp32 rounding, not bit for bit).
+constexpr int kWgN = 64;                          // keys per tile (wgmma N)
+constexpr int kWgOperandBytes = 64 * kDDI * 2;    // 64 rows × 128 bf16 = 16 KB (Q or a key tile)
+constexpr int kWgLbo = 128, kWgSbo = 2048;        // descriptor strides (bytes), see above
+constexpr int kWgPartBytes = kDWarps * kWgN * 4;  // head-sum partials
+template <int kStages>
+constexpr int wg_smem_bytes() {
+  return kWgOperandBytes * (1 + kStages) + kWgPartBytes;
+}
+static_assert(kDNI == 64 && kDDI == 128 && kDWarps == 4, "wgmma kernel: M = 64 heads, K = 128");
+static_assert(wg_smem_bytes<4>() <= 227 * 1024);
+
+// Byte offset of (row, piece c = dims 8c … 8c + 7) in a 64 × 128 bf16 operand (layout above).
+__device__ __forceinline__ uint32_t wg_piece_off(int row, int c) {
+  return uint32_t((row >> 3) * kWgSbo + c * kWgLbo + (row & 7) * 16);
+}
+// wgmma shared-memory matrix descriptor of the operand starting at shared address `saddr`.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(kWgLbo >> 4) << 16) |
+         (uint64_t(kWgSbo >> 4) << 32);  // base offset 0, swizzle 0 (none)
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) → visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads / writes across wgmma.wait / wgmma.fence.
+__device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// D (+)= A · B, m64n64k16, bf16 inputs from shared memory (both K-major), f32 accumulators;
+// accumulate = false: D = A · B.
+__device__ __forceinline__ void wg_mma_m64n64k16(float (&d)[32], uint64_t adesc, uint64_t bdesc,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(adesc), "l"(bdesc), "r"(accumulate)
+      : "memory");
+}
+
+template <int kStages, bool kPdl>
+__global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::IndexerArgs a,
+                                                                          float* __restrict__ scores,
+                                                                          int64_t ld) {
+  static_assert(kStages >= 2 && kStages <= 4);
+  extern __shared__ __align__(128) unsigned char wg_smem[];
+  unsigned char* qs = wg_smem;                                         // Q operand
+  unsigned char* ring = wg_smem + kWgOperandBytes;                     // kStages key tiles
+  float* part = reinterpret_cast<float*>(ring + kStages * kWgOperandBytes);  // [warp][key]
+  if constexpr (kPdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  const int64_t row = blockIdx.y;
+  const int n = a.cand.count[row];
+  if (int64_t(blockIdx.x) * kWgN >= n) return;  // whole CTA idle (uniform)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  float* srow = scores + row * ld;
+  const int gx = gridDim.x;
+  const int tile0 = blockIdx.x;
+  // This thread's copies: keys 8·it + kr (it < 8) of a tile, piece kc.
+  const int kr = lane & 7, kc = 4 * warp + (lane >> 3);
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t my_off = wg_piece_off(kr, kc);  // + it · 2048 for key 8·it + kr
+  const uint16_t* pool = static_cast<const uint16_t*>(a.key_pool);
+  // Candidate rows of this thread's 8 keys of tile `tile` (−1: invalid or past the end).
+  auto load_rows = [&](int tile, int32_t (&r)[8]) {
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const int s = tile * kWgN + 8 * it + kr;
+      r[it] = s < n ? cand[s] : -1;
+    }
+  };
+  auto issue = [&](int tile, const int32_t (&r)[8], int slot) {
+    if (tile * kWgN >= n) return;  // uniform over the CTA
+    const uint32_t dst0 = ring_s + uint32_t(slot * kWgOperandBytes) + my_off;
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const bool ok = r[it] >= 0;
+      const uint16_t* src = pool + int64_t(ok ? r[it] : 0) * kDDI + 8 * kc;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       dst0 + uint32_t(it * kWgSbo)),
+                   "l"(src), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+  };
+  // Prologue: the CTA's tiles 0 … S − 2 in flight before the q staging.
+  int32_t rn[8];
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    load_rows(tile0 + p * gx, rn);
+    issue(tile0 + p * gx, rn, p);
+    pipe_commit();
+  }
+  load_rows(tile0 + (kStages - 1) * gx, rn);  // rows of the first in-loop issue
+  // Stage q[row] (f32 [64, 128]) as bf16 in the operand layout: 1024 pieces of 8 dims.
+  const float* qrow = a.q + row * (kDNI * kDDI);
+  for (int u = threadIdx.x; u < kDNI * (kDDI / 8); u += kDWarps * 32) {
+    const int h = u >> 4, c = u & 15;
+    const float4 lo = *reinterpret_cast<const float4*>(qrow + h * kDDI + 8 * c);
+    const float4 hi = *reinterpret_cast<const float4*>(qrow + h * kDDI + 8 * c + 4);
+    *reinterpret_cast<uint4*>(qs + wg_piece_off(h, c)) =
+        make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(lo.z, lo.w),
+                   wfrag::pack_bf16(hi.x, hi.y), wfrag::pack_bf16(hi.z, hi.w));
+  }
+  // This thread's head weights (heads 16·warp + g, + 8), scaled by nI^-1/2 · dI^-1/2.
+  const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
+  const float w0 = a.weights[row * kDNI + 16 * warp + g] * wscale;
+  const float w1 = a.weights[row * kDNI + 16 * warp + g + 8] * wscale;
+  const uint64_t qdesc = wg_desc(static_cast<uint32_t>(__cvta_generic_to_shared(qs)));
+  float d[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  int slot = 0;  // = i % S
+  for (int tile = tile0; tile * kWgN < n; tile += gx) {
+    issue(tile + (kStages - 1) * gx, rn, slot == 0 ? kStages - 1 : slot - 1);
+    pipe_commit();
+    load_rows(tile + kStages * gx, rn);  // next issue's rows, in flight during the math
+    pipe_wait<kStages - 1>();            // this thread's pieces of `tile` landed
+    fence_proxy_async_smem();            // … and (with the q stores) visible to wgmma
+    __syncthreads();                     // every thread's pieces; previous partials consumed
+    const uint64_t kdesc = wg_desc(ring_s + uint32_t(slot * kWgOperandBytes));
+    slot = slot == kStages - 1 ? 0 : slot + 1;
+    wg_fence();
+    wg_fence_acc(d);
+#pragma unroll
+    for (int kk = 0; kk < kDKT; ++kk)  // k-step kk: + 256 bytes = + 16 in the address field
+      wg_mma_m64n64k16(d, qdesc + uint64_t(16 * kk), kdesc + uint64_t(16 * kk), kk > 0);
+    wg_commit();
+    wg_wait0();
+    wg_fence_acc(d);
+    // ReLU · w over this thread's two heads: v[2j + e] = key 8j + 2t + e.
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        v[2 * j + e] = fmaxf(d[4 * j + e], 0.f) * w0 + fmaxf(d[4 * j + 2 + e], 0.f) * w1;
+    }
+    // Σ over g (lane bits 2–4): halve the kept keys at each step.
+    {
+      const bool hi = (lane >> 4) & 1;  // keep j ∈ [4hi, 4hi + 4): v[8hi … 8hi + 7]
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float keep = hi ? v[k + 8] : v[k], send = hi ? v[k] : v[k + 8];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+      }
+    }
+    {
+      const bool hi = (lane >> 3) & 1;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float keep = hi ? v[k + 4] : v[k], send = hi ? v[k] : v[k + 4];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+      }
+    }
+    {
+      const bool hi = (lane >> 2) & 1;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float keep = hi ? v[k + 2] : v[k], send = hi ? v[k] : v[k + 2];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+      }
+    }
+    // v[0], v[1] = Σ over the warp's 16 heads of keys 8g + 2t, 8g + 2t + 1.
+    *reinterpret_cast<float2*>(part + warp * kWgN + 8 * g + 2 * t) = make_float2(v[0], v[1]);
+    __syncthreads();
+    if (threadIdx.x < kWgN) {
+      const int s = tile * kWgN + threadIdx.x;
+      const float sc = ((part[threadIdx.x] + part[kWgN + threadIdx.x]) + part[2 * kWgN + threadIdx.x]) +
+                       part[3 * kWgN + threadIdx.x];
+      if (s < n) srow[s] = sc;
+    }
+  }
+  pipe_wait<0>();  // no copy outstanding at exit (groups past the row's end are empty)
+}
 }  // namespace
 
 bool indexer_tc_supported(int n_heads, int head_dim) {
@@ -822,6 +1065,56 @@ Status launch_pipe_variant(int variant, const ops::IndexerArgs& a, int64_t max_c
     default: return launch_decode_pipe<3, kKeys, true>(a, max_count, scores, ld, n_sms, stream, pdl);
   }
 }
+
+// The warpgroup-MMA decode kernel (bf16 keys): one wave of CTAs (resident CTAs per SM from the
+// occupancy API with the dynamic shared memory), spread over the S rows as launch_decode does.
+template <int kStages>
+Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                        int n_sms, cudaStream_t stream, bool pdl) {
+  constexpr int kSmem = wg_smem_bytes<kStages>();
+  static const cudaError_t attr_err = [] {
+    cudaError_t e = cudaFuncSetAttribute(indexer_decode_wg_kernel<kStages, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(indexer_decode_wg_kernel<kStages, true>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return e;
+  }();
+  if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_wg smem attribute");
+  static const int per_sm = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_wg_kernel<kStages, false>,
+                                                      kDWarps * 32, kSmem) != cudaSuccess ||
+        b < 1) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    return b;
+  }();
+  if (a.key_dtype != KvDtype::kBf16)
+    return errorf(ErrorCode::kInvalidArgument, "indexer_decode_wg: bf16 keys only");
+  const int64_t S = a.n_rows;
+  const int64_t tiles = (max_count + kWgN - 1) / kWgN;
+  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
+  const int64_t gx = std::max<int64_t>(1, std::min(tiles, want / S));
+  const dim3 grid{unsigned(gx), unsigned(S), 1u};
+  if (!pdl) {
+    indexer_decode_wg_kernel<kStages, false><<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld);
+    return check_launch("indexer_decode_wg_kernel");
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDWarps * 32, 1, 1);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_wg_kernel<kStages, true>, a, scores, ld));
+  return check_launch("indexer_decode_wg_kernel (PDL)");
+}
 }  // namespace
 
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
@@ -842,10 +1135,16 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // bf16 keys: 4 n-tiles keep the f32 kernel's 256 bytes per lane in flight (variant 2 = 2
     // n-tiles for A/B); f32 keys: 2 n-tiles (variant 3 = 4).
     // fp8 keys: 4 n-tiles (128 bytes per lane in flight, 32 key registers; variant 2 = 2).
-    if (variant >= 4 && a.key_dtype == KvDtype::kFp8Index)
+    const bool pipe = variant >= 4 && variant <= kIndexerPipeMaxVariant;
+    if (pipe && a.key_dtype == KvDtype::kFp8Index)
       return launch_pipe_variant<kKeysFp8>(variant, a, max_count, scores, ld, n_sms, stream, pdl);
-    if (variant >= 4 && a.key_dtype == KvDtype::kBf16)
+    if (pipe && a.key_dtype == KvDtype::kBf16)
       return launch_pipe_variant<kKeysBf16>(variant, a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 8 / 9: the warpgroup-MMA kernel for bf16 keys (fp8 / f32 keys: the default below).
+    if (variant == 8 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_wg<4>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (variant == 9 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_wg<3>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);

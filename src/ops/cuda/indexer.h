@@ -23,7 +23,9 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 7;
+inline constexpr int kIndexerScoresMaxVariant = 9;
+/// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
+inline constexpr int kIndexerPipeMaxVariant = 7;
 
 /// Whether `indexer_scores_tc` handles (nI, dI): multiples of 16, nI ≤ 128, dI ≤ 256.
 bool indexer_tc_supported(int n_heads, int head_dim);
@@ -43,7 +45,12 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// kernel's default): 32-key chunks streamed by cp.async through a per-warp ring of 3 (4), 2 (5)
 /// or 4 (6) chunk slots in shared memory, fp8 codes converted by bit moves + one bf16x2 multiply;
 /// 7 = 4 with fp8 keys converted as the decode kernel does (A/B of the conversion). Variants 2–7
-/// give bit-identical scores for a key format (same math and summation order). No host sync, no allocation
+/// give bit-identical scores for a key format (same math and summation order). 8 / 9 (bf16 keys;
+/// fp8 / f32 keys run the decode kernel's default): the warpgroup-MMA decode kernel — one
+/// wgmma.m64n64k16 per k-step over all 64 heads × a 64-key tile from shared memory, key tiles
+/// gathered by cp.async through a ring of 4 (8) or 3 (9) tiles per 128-thread CTA; scores equal
+/// the decode kernel's up to fp32 rounding (another summation order), never chosen by auto.
+/// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
 /// Decode path: blocks of 4 warps per query row, spread over one wave of the GPU; each warp
