@@ -24,7 +24,8 @@
 //   bench_kernels [--launches L] --profile-indexer bf16|fp8|f32 N [VARIANT]
 //                                            (L launches of indexer_scores_tc VARIANT (default
 //                                             0 = auto, the decode kernel; 4–7 the pipelined
-//                                             decode kernel), batch 1, N keys of that format,
+//                                             decode kernel; 8 / 9 the wgmma kernel, bf16 keys),
+//                                             batch 1, N keys of that format,
 //                                             paged L2-cold lists; for ncu)
 //   bench_kernels --profile-gemv             (30 batch-1 FP8 GEMVs of wq_b and of wo_b, for ncu)
 //   bench_kernels --out DIR --only-gemv      (only the batch-1 GEMV, shared-memory wgemv vs the

@@ -3,7 +3,8 @@
 // kernel (variant 1), alone and followed by Lightning TopK (top-512), and the whole
 // Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it;
 // then the decode kernel over f32 / bf16 / fp8 key pools ("Key formats"), then the pipelined
-// decode kernel (variants 4–7) next to it over bf16 / fp8 keys at batch 1 and 64.
+// decode kernel (variants 4–7) and the warpgroup-MMA kernel (8 / 9, bf16 keys) next to it over
+// bf16 / fp8 keys at batch 1 and 64.
 // V4-Flash shapes: nI = 64, dI = 128; n candidates per row ∈ {1K, 32K, 230,400 (900K context),
 // 262,144} at batch 1, and 1K / 32K at batch 64 (each row its own candidate list, as distinct
 // sequences). Then the chain table (bench_indexer_chain): the whole Ops::indexer_topk over a bf16
@@ -425,16 +426,18 @@ std::string bench_indexer(double bw, int reps) {
   // Pipelined decode kernel (variants 4–7: cp.async ring of S chunk slots per warp) vs the decode
   // kernel (variant 0 = auto), bf16 and fp8 keys, same inputs (L2-cold as above). Batch 64 rows
   // at 230K / 262K keys take ~1–3 ms a launch: a quarter of the samples.
-  o << "\n### Pipelined decode kernel (variants 4–7 vs auto; `V4_INDEXER_DEC=N`)\n\n"
+  o << "\n### Pipelined decode kernel (variants 4–9 vs auto; `V4_INDEXER_DEC=N`)\n\n"
     << "Scores only; auto = the decode kernel (4 n-tiles, keys loaded into registers, no "
        "overlap); v4 / v5 / v6 = the pipelined kernel with a per-warp cp.async ring of 3 / 2 / 4 "
        "32-key chunk slots (fp8: exact bit-move e4m3 → bf16 conversion); v7 = v4 with the old "
        "fp8 conversion (bf16: = v4). Bit-identical scores "
-       "(`CudaIndexerTc.PipelinedDecodeEqualsDecodeKernelBitwise`). floor = (n·row bytes + 8n) "
-       "per row / " << int(bw) << " GB/s; ×fl = time / floor.\n\n"
-    << "| keys | n | batch | auto µs | v4 µs | v5 µs | v6 µs | v7 µs | floor µs | auto ×fl | "
-       "v4 ×fl | v5 ×fl | v6 ×fl | v7 ×fl | best |\n"
-    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+       "(`CudaIndexerTc.PipelinedDecodeEqualsDecodeKernelBitwise`). v8 / v9 = the warpgroup-MMA "
+       "kernel (wgmma.m64n64k16, cp.async ring of 4 / 3 64-key tiles per 128-thread CTA; bf16 "
+       "keys only — fp8: = auto; scores equal up to fp32 rounding, `CudaIndexerWg.*`). floor = "
+       "(n·row bytes + 8n) per row / " << int(bw) << " GB/s; ×fl = time / floor.\n\n"
+    << "| keys | n | batch | auto µs | v4 µs | v5 µs | v6 µs | v7 µs | v8 µs | v9 µs | floor µs | "
+       "auto ×fl | v4 ×fl | v5 ×fl | v6 ×fl | v7 ×fl | v8 ×fl | v9 ×fl | best |\n"
+    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (Shape sh : {Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1}, Shape{32768, 64},
                    Shape{230400, 64}, Shape{262144, 64}}) {
     const int64_t n = sh.n, B = sh.batch, per = n * B;
@@ -444,10 +447,10 @@ std::string bench_indexer(double bw, int reps) {
       in.fill_keys(dt, st);
       const int64_t rb = v4::kv_row_bytes(dt, dI, 0);
       const double fl = double(per) * double(rb + 8) / (bw * 1e9) * 1e6;
-      const int vs[5] = {0, 4, 5, 6, 7};
-      double t[5] = {};
+      const int vs[7] = {0, 4, 5, 6, 7, 8, 9};
+      double t[7] = {};
       int best = 0;
-      for (int vi = 0; vi < 5; ++vi) {
+      for (int vi = 0; vi < 7; ++vi) {
         t[vi] = time_on(st, [&](int i, cudaStream_t s) {
           IB_OK(v4::cuda::indexer_scores_tc(in.args(i, dt), n, in.scores, n, n_sms, s, vs[vi]));
         }, samples);
@@ -457,16 +460,16 @@ std::string bench_indexer(double bw, int reps) {
       if (best == 0) std::snprintf(best_name, sizeof best_name, "auto");
       else std::snprintf(best_name, sizeof best_name, "v%d", vs[best]);
       std::snprintf(buf, sizeof buf,
-                    "| %s | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f× | %.2f× | "
-                    "%.2f× | %.2f× | %.2f× | %s |\n",
+                    "| %s | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+                    "%.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %s |\n",
                     v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
-                    fl, t[0] / fl, t[1] / fl, t[2] / fl, t[3] / fl, t[4] / fl,
-                    best_name);
+                    t[5], t[6], fl, t[0] / fl, t[1] / fl, t[2] / fl, t[3] / fl, t[4] / fl,
+                    t[5] / fl, t[6] / fl, best_name);
       o << buf;
       std::printf("indexer pipe %s n=%lld batch=%lld: auto %.1f v4 %.1f v5 %.1f v6 %.1f v7 %.1f "
-                  "(floor %.1f) us\n",
+                  "v8 %.1f v9 %.1f (floor %.1f) us\n",
                   v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
-                  fl);
+                  t[5], t[6], fl);
     }
   }
   cudaStreamDestroy(st);
@@ -477,7 +480,8 @@ std::string bench_indexer(double bw, int reps) {
 
 /// `bench_kernels --profile-indexer` (for ncu): `launches` calls of
 /// `cuda::indexer_scores_tc` (`variant`: 0 = auto, the decode kernel; 4–7 the pipelined decode
-/// kernel `indexer_decode_pipe_kernel`; any of indexer.h) at batch 1 over n candidates
+/// kernel `indexer_decode_pipe_kernel`; 8 / 9 the warpgroup-MMA kernel `indexer_decode_wg_kernel`,
+/// bf16 keys; any of indexer.h) at batch 1 over n candidates
 /// of keys of `key_dtype` (f32 / bf16 / fp8 kFp8Index), nI = 64, dI = 128, paged L2-cold lists
 /// rotating as in the "Key formats" table (PagedIndexerInputs), then a device sync. Exits with 2
 /// on n outside [1, 2^22] or CUDA errors, 3 on a failed call. Returns 0.
