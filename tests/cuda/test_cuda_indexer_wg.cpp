@@ -286,6 +286,32 @@ TEST(CudaIndexerWg, CheckerRejectsWrongLayouts) {
   }
 }
 
+// Which reading of the descriptor strides the hardware uses: a 1K row with the kernel's
+// descriptors as documented (LBO = 128 B between core matrices along K, SBO = 2048 B between 8-row
+// groups) and with the two fields exchanged (cuda::indexer_wg_set_desc_swap); the documented one
+// must match the reference. Both runs stay inside each operand's 16 KB, so a wrong reading gives
+// wrong numbers, not a fault. Printed for the first GPU run.
+TEST(CudaIndexerWg, DescriptorStrideDiagnostic) {
+  V4_REQUIRE_GPU();
+  const int64_t pool_rows = 8192;
+  Bf16Pool pool(pool_rows);
+  Dev<uint16_t> dpool(pool.bits);
+  Problem p(make_lists({1024}, pool_rows, 0), dpool);
+  const auto ref = ref_row(p.q, p.w, pool, p.l.list(0), p.l.count[0], 0);
+  double err[2] = {};
+  for (int swap = 0; swap < 2; ++swap) {
+    cuda::indexer_wg_set_desc_swap(swap != 0);
+    const auto got = p.run(8, 132);
+    err[swap] = row_err(got.data(), ref);
+  }
+  cuda::indexer_wg_set_desc_swap(false);
+  std::printf("[indexer wg] descriptor strides as documented: err %.2e; LBO / SBO exchanged: %.2e\n",
+              err[0], err[1]);
+  EXPECT_LE(err[0], kTol) << (err[1] <= kTol ? "the hardware reads LBO / SBO the other way round: "
+                                               "exchange them in wg_desc (indexer.cu)"
+                                             : "neither stride reading matches the reference");
+}
+
 // Top-512 sets: one N(0, 1) row of 64K candidates is scored in double, then every candidate ranked
 // below 512 whose score is within 2% of the row's largest |score| under the 512th is dropped from
 // the list, so the 512th and 513th scores of the new list are ≥ 2% apart (far beyond both

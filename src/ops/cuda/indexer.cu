@@ -731,9 +731,13 @@ __device__ __forceinline__ uint32_t wg_piece_off(int row, int c) {
   return uint32_t((row >> 3) * kWgSbo + c * kWgLbo + (row & 7) * 16);
 }
 // wgmma shared-memory matrix descriptor of the operand starting at shared address `saddr`.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(kWgLbo >> 4) << 16) |
-         (uint64_t(kWgSbo >> 4) << 32);  // base offset 0, swizzle 0 (none)
+// swap (diagnostics only, indexer_wg_set_desc_swap): LBO and SBO fields exchanged — should the
+// hardware read the two strides the other way round than the PTX ISA text says, the swapped
+// descriptor is the right one (CudaIndexerWg.DescriptorStrideDiagnostic tells which).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, bool swap) {
+  const uint64_t lbo = swap ? kWgSbo : kWgLbo, sbo = swap ? kWgLbo : kWgSbo;
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16) |
+         ((sbo >> 4) << 32);  // base offset 0, swizzle 0 (none)
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
@@ -773,7 +777,7 @@ __device__ __forceinline__ void wg_mma_m64n64k16(float (&d)[32], uint64_t adesc,
 template <int kStages, bool kPdl>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::IndexerArgs a,
                                                                           float* __restrict__ scores,
-                                                                          int64_t ld) {
+                                                                          int64_t ld, int desc_swap) {
   static_assert(kStages >= 2 && kStages <= 4);
   extern __shared__ __align__(128) unsigned char wg_smem[];
   unsigned char* qs = wg_smem;                                         // Q operand
@@ -841,7 +845,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
   const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
   const float w0 = a.weights[row * kDNI + 16 * warp + g] * wscale;
   const float w1 = a.weights[row * kDNI + 16 * warp + g + 8] * wscale;
-  const uint64_t qdesc = wg_desc(static_cast<uint32_t>(__cvta_generic_to_shared(qs)));
+  const uint64_t qdesc = wg_desc(static_cast<uint32_t>(__cvta_generic_to_shared(qs)), desc_swap);
   float d[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
@@ -853,7 +857,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
     pipe_wait<kStages - 1>();            // this thread's pieces of `tile` landed
     fence_proxy_async_smem();            // … and (with the q stores) visible to wgmma
     __syncthreads();                     // every thread's pieces; previous partials consumed
-    const uint64_t kdesc = wg_desc(ring_s + uint32_t(slot * kWgOperandBytes));
+    const uint64_t kdesc = wg_desc(ring_s + uint32_t(slot * kWgOperandBytes), desc_swap);
     slot = slot == kStages - 1 ? 0 : slot + 1;
     wg_fence();
     wg_fence_acc(d);
@@ -1066,6 +1070,9 @@ Status launch_pipe_variant(int variant, const ops::IndexerArgs& a, int64_t max_c
   }
 }
 
+// Diagnostics only (indexer_wg_set_desc_swap): exchange the descriptors' LBO / SBO fields.
+bool g_wg_desc_swap = false;
+
 // The warpgroup-MMA decode kernel (bf16 keys): one wave of CTAs (resident CTAs per SM from the
 // occupancy API with the dynamic shared memory), spread over the S rows as launch_decode does.
 template <int kStages>
@@ -1099,7 +1106,8 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
   const int64_t gx = std::max<int64_t>(1, std::min(tiles, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
   if (!pdl) {
-    indexer_decode_wg_kernel<kStages, false><<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld);
+    indexer_decode_wg_kernel<kStages, false>
+        <<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld, int(g_wg_desc_swap));
     return check_launch("indexer_decode_wg_kernel");
   }
   cudaLaunchConfig_t cfg = {};
@@ -1112,10 +1120,13 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_wg_kernel<kStages, true>, a, scores, ld));
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_wg_kernel<kStages, true>, a, scores, ld,
+                                 int(g_wg_desc_swap)));
   return check_launch("indexer_decode_wg_kernel (PDL)");
 }
 }  // namespace
+
+void indexer_wg_set_desc_swap(bool swap) { g_wg_desc_swap = swap; }
 
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream, int variant, bool pdl) {

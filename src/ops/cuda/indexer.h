@@ -68,4 +68,9 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream, int variant = 0, bool pdl = false);
 
+/// Diagnostics only (CudaIndexerWg.DescriptorStrideDiagnostic; not thread-safe, process-wide):
+/// variants 8 / 9 launch with the LBO and SBO fields of their wgmma shared-memory descriptors
+/// exchanged while `swap` is set (default false: the PTX ISA reading, docs/cuda.md).
+void indexer_wg_set_desc_swap(bool swap);
+
 }  // namespace v4::cuda
