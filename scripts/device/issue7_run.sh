@@ -37,7 +37,8 @@
 #               -> bench-v4flash-20l-idxpdl.md (not in the default stage list)
 #   idxdec      v4serve bench at batch $V4_IDXDEC_BATCH (1) × 4K and 900K, no profile, per KV type in
 #               $V4_IDXDEC_KV (bf16,fp8) with V4_INDEXER_DEC in $V4_IDXDEC_VARIANTS (0 4 5 6: the
-#               indexer scores decode kernel vs its pipelined form, docs/cuda.md §Indexer scores)
+#               indexer scores decode kernel vs its pipelined form; 8 9: the wgmma kernel, bf16
+#               keys only — V4_IDXDEC_KV=bf16 V4_IDXDEC_VARIANTS="0 8 9"; docs/cuda.md §Indexer scores)
 #               -> bench-v4flash-20l-idxdec.md (not in the default stage list)
 #   mstream     v4serve bench --multi-stream off,on (no profile: the region profile runs
 #               branches serially) at batch $V4_MS_BATCH × 4K -> bench-v4flash-20l-mstream.md
