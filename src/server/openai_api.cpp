@@ -623,13 +623,14 @@ OpenAiApi::~OpenAiApi() = default;
 void OpenAiApi::set_connection_counter(std::function<int64_t()> fn) { connections_ = std::move(fn); }
 
 int64_t OpenAiApi::abort_generations(const std::string& message) {
+  const ApiError e = api_error(503, message, "service_unavailable", "shutting_down");
   std::vector<std::shared_ptr<Generation>> live;
   {
     std::lock_guard<std::mutex> lk(gens_mu_);
+    abort_error_ = e;  // requests registering later end at once too
     for (auto& w : gens_)
       if (auto g = w.lock()) live.push_back(std::move(g));
   }
-  const ApiError e = api_error(503, message, "service_unavailable", "shutting_down");
   int64_t n = 0;
   for (auto& g : live) {
     std::vector<engine::RequestId> ids;
@@ -860,11 +861,6 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   auto body = parse_json_body(hreq.body, &err);
   if (!body.ok()) return send_error(hreq, *w, err);
   auto gen = std::make_shared<Generation>(this);
-  {
-    std::lock_guard<std::mutex> lk(gens_mu_);
-    std::erase_if(gens_, [](const std::weak_ptr<Generation>& g) { return g.expired(); });
-    gens_.push_back(gen);
-  }
   gen->w = w;
   gen->chat = chat;
   gen->endpoint = hreq.path;
@@ -960,7 +956,17 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   Status submit_error;
   {
     std::unique_lock<std::mutex> lk(gen->mu);
+    // Visible to abort_generations from here on (set up; it takes gen->mu). A request that gets
+    // here after abort_generations ran is ended at once the same way.
+    {
+      std::lock_guard<std::mutex> g(gens_mu_);
+      std::erase_if(gens_, [](const std::weak_ptr<Generation>& x) { return x.expired(); });
+      gens_.push_back(gen);
+      std::vector<engine::RequestId> none;  // nothing submitted yet
+      if (abort_error_) gen->abort(*abort_error_, &none);
+    }
     for (size_t ci = 0; ci < gen->choices.size(); ++ci) {
+      if (gen->aborted) break;  // abort_generations: submit nothing more
       size_t pi = ci / size_t(n);
       engine::Request er;
       er.prompt_tokens = prompts[pi];

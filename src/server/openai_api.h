@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,9 +83,11 @@ class OpenAiApi {
   ValidationLimits limits_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
-  /// Generations in flight (expired entries pruned on insert), for abort_generations.
+  /// Generations in flight (registered once set up; expired entries pruned on insert), and the
+  /// error abort_generations ended them with (later ones end with it at once).
   std::mutex gens_mu_;
   std::vector<std::weak_ptr<Generation>> gens_;
+  std::optional<ApiError> abort_error_;
 };
 
 /// Maps an OpenAI `reasoning_effort` (minimal/low/medium/high/xhigh/max) to the value the
