@@ -774,7 +774,7 @@ class Bench {
   bool clamped_ = false;  // a decode cell ran below its asked context (max_position_embeddings)
   bool profiling_supported_ = false;  // the backend has device timers (Ops::set_profiling)
   int mode_ = -1;                     // current --multi-stream mode (−1: backend default)
-  int cells_run_ = 0;                     // cells that reached their steps (V4_BENCH_FAIL_CELL)
+  int cells_run_ = 0;                 // cells that reached their steps (V4_BENCH_FAIL_CELL)
   const int fail_cell_ = fail_cell_from_env();
 };
 

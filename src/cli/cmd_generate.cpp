@@ -141,9 +141,7 @@ int run_generate(const GenerateOptions& o) {
     V4_LOG_INFO("{}", why);
     kv_budget = *b;
   }
-  // One sequence whose largest step is the prompt: SWA pages for that step's window
-  // (ceil((prompt + W − 1) / P) + 1), the rest of the budget as virtual pages.
-  auto kv_r = model.make_cache(kv_budget, 1, 0, int64_t(prompt.size()), o.m.kv_dtype());
+  auto kv_r = model.make_cache(kv_budget, 1, 0, 0, o.m.kv_dtype());
   if (!kv_r.ok()) {
     std::fprintf(stderr, "error: %s\n", kv_r.status().message().c_str());
     return 1;
