@@ -48,7 +48,8 @@
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5),
 #   V4_GEMV_STREAM=0 (every wgemv call, decode included, runs the shared-memory kernel: A/B),
 #   V4_BENCH_EXTRA (more v4serve bench flags, e.g. "--prefill-steps 1 --prefill-warmup 0"),
-#   V4_TEST_SHARDS (parallel gtest shards, run_gpu.sh), V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
+#   V4_BUILD_TARGETS (default "v4serve test_cuda bench_kernels bench_kv_accuracy"; with
+#   V4_SKIP_TESTS=1 a v4serve-only build for end-to-end stages), V4_TEST_SHARDS (parallel gtest shards, run_gpu.sh), V4_MOE_E2E (moe_mma versions the moe stage runs end to end; default "1 2 3", "" = none).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/issue7_run.sh", carry=[".devdeps"], timeout_s=600)
@@ -64,7 +65,7 @@ if [ "${V4_SKIP_BUILD:-0}" = 1 ] && [ -x build-gpu/v4serve ]; then
     > "$OUT/cuda-op-tests.log" 2>&1
   echo "test_cuda rc=$?"; grep -E "FAILED|PASSED" "$OUT/cuda-op-tests.log" | head -20
 else
-  V4_TARGETS="v4serve test_cuda bench_kernels bench_kv_accuracy" V4_SKIP_BENCH=1 \
+  V4_TARGETS="${V4_BUILD_TARGETS:-v4serve test_cuda bench_kernels bench_kv_accuracy}" V4_SKIP_BENCH=1 \
     V4_GTEST_FILTER="${V4_GTEST_FILTER:-*}" bash scripts/device/run_gpu.sh > /dev/null 2>&1
   echo "build+tests rc=$?"; grep -E "^\[  FAILED|PASSED|build FAILED|error" "$OUT/device.log" | head -30
 fi

@@ -8,7 +8,9 @@
 //   model::decode_step_bytes / the device-to-device copy bandwidth measured in the same run.
 // - prefill: one sequence fast-forwarded to L − chunk, one timed step of `chunk` tokens.
 //   FLOP floor = model::prefill_step_flops / a dense peak constant (--peak-tflops).
-// A cell that does not fit in the KV pools prints "does not fit (needs X GiB)".
+// A cell that does not fit in the KV pools prints "does not fit (needs X GiB)". A cell frees its
+// sequences on every exit (CellSequences), so a cell that failed mid-step (out of device memory)
+// leaves the pools whole for the next one.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -224,6 +226,42 @@ std::string path_of(const model::DeepseekV4::DecodeStats& a,
   if (d == steps) return "device plan";
   if (h == steps) return "host plan";
   return fmt::format("mixed: {} graph, {} device plan, {} host plan", g, d, h);
+}
+
+/// The sequences one bench cell created in `kv`, freed when the cell ends on any path — a step
+/// that threw (device out of memory) included — so the next cell finds every state slot and page
+/// free. Not copyable.
+class CellSequences {
+ public:
+  explicit CellSequences(cache::KvCache& kv) : kv_(kv) {}
+  ~CellSequences() { release(); }
+  CellSequences(const CellSequences&) = delete;
+  CellSequences& operator=(const CellSequences&) = delete;
+  /// A new empty sequence (KvCache::create_sequence), owned until release().
+  Result<int32_t> create() {
+    auto s = kv_.create_sequence();
+    if (s.ok()) ids_.push_back(*s);
+    return s;
+  }
+  /// Frees every owned sequence now (KvCache::free_sequence; it only returns pages to free lists).
+  void release() {
+    for (int32_t s : ids_) kv_.free_sequence(s);
+    ids_.clear();
+  }
+  /// The owned sequence ids in creation order.
+  const std::vector<int32_t>& ids() const { return ids_; }
+
+ private:
+  cache::KvCache& kv_;
+  std::vector<int32_t> ids_;
+};
+
+/// Test hook: V4_BENCH_FAIL_CELL=N makes the N-th cell that runs (1-based, in report order,
+/// cells that do not fit excluded) throw std::bad_alloc from its first step, after its sequences
+/// were created — the path of a cell whose step runs out of device memory. 0 / unset: none.
+int fail_cell_from_env() {
+  const char* e = std::getenv("V4_BENCH_FAIL_CELL");
+  return e ? std::atoi(e) : 0;
 }
 
 class Bench {
@@ -479,15 +517,15 @@ class Bench {
         B * decode_swa_per_seq() > ko.n_swa_pages)
       return not_fit(r, decode_need_bytes(L, B));
     return guarded(r, [&](Row r) {
-      std::vector<int32_t> seqs;
+      const bool inject = ++cells_run_ == fail_cell_;  // V4_BENCH_FAIL_CELL
+      CellSequences seqs(*kv_);  // freed on every exit, a throwing step included
       Status st = Status::Ok();
       for (int64_t b = 0; b < B && st.ok(); ++b) {
-        auto s = kv_->create_sequence();
+        auto s = seqs.create();
         if (!s.ok()) {
           st = s.status();
           break;
         }
-        seqs.push_back(*s);
         st = kv_->fast_forward(*s, L);
       }
       if (st.ok()) {
@@ -500,10 +538,11 @@ class Bench {
           }
           model::ForwardBatch batch;
           for (int64_t b = 0; b < B; ++b) {
-            batch.slices.push_back(
-                {seqs[size_t(b)], L + i, {int32_t((b * 7919 + i * 104729 + 13) % V)}, false});
+            batch.slices.push_back({seqs.ids()[size_t(b)], L + i,
+                                    {int32_t((b * 7919 + i * 104729 + 13) % V)}, false});
             if (o_.sampling == "device") batch.slices.back().sample = model::DeviceSampling{};
           }
+          if (inject) throw std::bad_alloc();
           const double t0 = now_s();
           auto out = model_.forward(batch, *kv_);
           ops_.synchronize();
@@ -515,7 +554,7 @@ class Bench {
       } else {
         r.why = "does not fit (" + st.message() + ")";
       }
-      for (int32_t s : seqs) kv_->free_sequence(s);
+      seqs.release();
       if (r.ok) {
         r.tok_s = double(B) / (r.ms / 1e3);
         const auto bytes =
@@ -543,23 +582,26 @@ class Bench {
     if (prefill_vpages(L) > ko.n_pages || prefill_swa(L) > ko.n_swa_pages)
       return not_fit(r, prefill_need_bytes(L));
     return guarded(r, [&](Row r) {
+      const bool inject = ++cells_run_ == fail_cell_;  // V4_BENCH_FAIL_CELL
       const int64_t V = c.vocab_size;
       std::vector<int32_t> ids(static_cast<size_t>(chunk));
       for (int64_t i = 0; i < chunk; ++i) ids[size_t(i)] = int32_t((i * 7919 + 7) % V);
       time_steps(r, o_.prefill_warmup, o_.prefill_steps, [&](int i, double* dt) -> Status {
         if (i == o_.prefill_warmup) ops_.reset_region_profile();  // time the timed steps only
-        V4_ASSIGN_OR_RETURN(int32_t s, kv_->create_sequence());
+        CellSequences seq(*kv_);  // freed on every exit, a throwing step included
+        V4_ASSIGN_OR_RETURN(int32_t s, seq.create());
         Status st = kv_->fast_forward(s, L - chunk);
         if (st.ok()) {
           model::ForwardBatch batch;
           batch.slices.push_back({s, L - chunk, ids, false});
+          if (inject) throw std::bad_alloc();
           const double t0 = now_s();
           auto out = model_.forward(batch, *kv_);
           ops_.synchronize();
           *dt = now_s() - t0;
           if (!out.ok()) st = out.status();
         }
-        kv_->free_sequence(s);
+        seq.release();
         return st;
       });
       r.path = "host plan" + mode_suffix();
@@ -732,6 +774,8 @@ class Bench {
   bool clamped_ = false;  // a decode cell ran below its asked context (max_position_embeddings)
   bool profiling_supported_ = false;  // the backend has device timers (Ops::set_profiling)
   int mode_ = -1;                     // current --multi-stream mode (−1: backend default)
+  int cells_run_ = 0;                 // cells that reached their steps (V4_BENCH_FAIL_CELL)
+  const int fail_cell_ = fail_cell_from_env();
 };
 
 int run_bench(const BenchOptions& o) {

@@ -53,7 +53,10 @@ int layer_of(const std::string& n) {
 int print_dummy_weights(const v4::model::ModelConfig& cfg) {
   using namespace v4;
   auto ops = model::make_shape_only_ops();
-  auto w = model::Weights::dummy(cfg, ops.get());
+  // Shapes only: nothing is generated, so no "generating dummy weights … 0.00 s" lines.
+  model::LoadObserver quiet;
+  quiet.log = false;
+  auto w = model::Weights::dummy(cfg, ops.get(), {}, 0, quiet);
   if (!w.ok()) {
     std::fprintf(stderr, "error: %s\n", w.status().message().c_str());
     return 1;

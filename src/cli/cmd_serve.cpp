@@ -217,16 +217,33 @@ int run_serve(const ServeOptions& o) {
   api.begin_drain();
   V4_LOG_INFO("signal {}: draining {} in-flight request(s) (up to {:.0f}s; signal again to stop now)",
               sig, api.active_generations(), o.shutdown_timeout_s);
+  int forced = 0;  // the second signal, if one came
   {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(int64_t(o.shutdown_timeout_s * 1000));
     while (api.active_generations() > 0 && std::chrono::steady_clock::now() < deadline)
-      if (wait_stop_signal(sigs, 20) != 0) break;
+      if ((forced = wait_stop_signal(sigs, 20)) != 0) break;
+  }
+  if (forced) {
+    // Stop now, but tell every client: each open stream gets an OpenAI-style error event
+    // (code "shutting_down") + [DONE], each pending non-streaming request a 503; the I/O threads
+    // get up to kForcedFlush to write them (a client that does not read is cut without it).
+    constexpr auto kForcedFlush = std::chrono::milliseconds(2000);
+    const int64_t n = api.abort_generations(fmt::format(
+        "the server was stopped (signal {} during the shutdown drain) before this response ended",
+        forced));
+    const bool flushed = server.wait_responses(kForcedFlush);
+    V4_LOG_WARN("signal {} again: stopping now; {} request(s) ended with a shutting_down error{}",
+                forced, n,
+                flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
+                                           server.pending_responses(), kForcedFlush.count()));
   }
   V4_LOG_INFO("shutting down ({} request(s) still in flight)", api.active_generations());
   server.stop();
   engine->reset();
-  return 0;
+  // A forced stop exits like a process ended by that signal would report it (130 for SIGINT,
+  // 143 for SIGTERM); the drain that finished or timed out exits 0.
+  return forced ? 128 + forced : 0;
 }
 
 }  // namespace

@@ -59,13 +59,13 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
                   double(opt.prefix_cache_bytes) / double(int64_t(1) << 30));
     }
   }
-  // With --mem-fraction (large device budgets) the SWA pool is sized for live windows only
-  // (max_sequences × ceil((chunk + W − 1) / P) + 1 pages, the bound pages_for() reports): with
-  // equal page counts a V4 shape would spend ~7/8 of the budget on SWA pages.
+  // The SWA pool is sized for live windows only (max_sequences × (ceil((chunk + W − 1) / P) + 1)
+  // pages, the bound pages_for() reports), with --mem-fraction or a fixed --kv-cache-bytes alike;
+  // the rest of the budget goes to virtual pages. With equal page counts a V4 shape would spend
+  // ~7/8 of the budget on SWA pages. (options_from_budget keeps equal counts when that bound is
+  // not smaller: many sequences in a small budget.)
   V4_ASSIGN_OR_RETURN(e->cache_, e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences,
-                                                       opt.page_size,
-                                                       opt.mem_fraction > 0 ? opt.max_chunk_tokens
-                                                                            : 0,
+                                                       opt.page_size, opt.max_chunk_tokens,
                                                        opt.kv_dtype));
   const auto& ko = e->cache_->options();
   e->page_size_ = ko.page_size;

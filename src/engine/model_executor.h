@@ -26,7 +26,10 @@
 namespace v4::engine {
 
 struct ModelExecutorOptions {
-  int64_t kv_budget_bytes = int64_t(1) << 30;  // bytes for all KV pools together
+  /// Bytes for all KV pools together: max_sequences state slots, SWA pages for the live windows
+  /// (max_sequences × (ceil((max_chunk_tokens + W − 1) / P) + 1), KvCache::options_from_budget),
+  /// the rest virtual pages.
+  int64_t kv_budget_bytes = int64_t(1) << 30;
   int max_sequences = 256;                     // compressor-state slots = live sequences
   int page_size = 0;                           // tokens per page; 0 = the model's default
   int64_t max_chunk_tokens = 2048;             // the engine's chunked_prefill_size (bounds SWA use)
@@ -56,8 +59,8 @@ struct ModelExecutorOptions {
   /// measured when the executor is created (after the weights are loaded):
   ///   budget = F · total − (total − free) − workspace_reserve_bytes(config, max_chunk_tokens,
   ///            max_context)
-  /// (Ops::memory_info; CPU: MemTotal / MemAvailable). The pools are allocated once, here, with
-  /// the SWA pool sized for live windows (KvCache::options_from_budget with max_chunk_tokens).
+  /// (Ops::memory_info; CPU: MemTotal / MemAvailable). The pools are allocated once, here, split
+  /// as for kv_budget_bytes (SWA pool for the live windows).
   double mem_fraction = 0;
 };
 

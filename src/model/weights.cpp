@@ -32,7 +32,7 @@ class ProgressReporter {
     p_.bytes_total = bytes_total;
     p_.tensors_total = tensors_total;
     last_log_ = t0_;
-    V4_LOG_INFO("{}: {} in {} tensors ...", what_, gib_str(bytes_total), tensors_total);
+    if (obs_.log) V4_LOG_INFO("{}: {} in {} tensors ...", what_, gib_str(bytes_total), tensors_total);
   }
   void add(int64_t bytes, int64_t tensors) {
     p_.bytes_done += bytes;
@@ -40,7 +40,7 @@ class ProgressReporter {
     const auto now = std::chrono::steady_clock::now();
     p_.elapsed_s = std::chrono::duration<double>(now - t0_).count();
     if (obs_.on_progress) obs_.on_progress(p_);
-    if (obs_.log_interval_s > 0 &&
+    if (obs_.log && obs_.log_interval_s > 0 &&
         std::chrono::duration<double>(now - last_log_).count() >= obs_.log_interval_s) {
       last_log_ = now;
       V4_LOG_INFO("{}: {} / {} ({:.0f}%), {} / {} tensors, {:.0f}s elapsed", what_,
@@ -53,6 +53,7 @@ class ProgressReporter {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     p_.finished = true;
     if (obs_.on_progress) obs_.on_progress(p_);
+    if (!obs_.log) return;
     V4_LOG_INFO("{}: done, {} / {} ({:.0f}%), {} / {} tensors in {:.2f}s ({:.2f} GB/s)", what_,
                 gib_str(p_.bytes_done), gib_str(p_.bytes_total), percent(), p_.tensors_done,
                 p_.tensors_total, p_.elapsed_s,

@@ -54,11 +54,14 @@ struct LoadProgress {
 
 /// What a load reports. Independently of `on_progress`, the load logs (info) one line with the
 /// totals when it starts, a "bytes done / total, tensors done / total" line every
-/// `log_interval_s` seconds (≤ 0: none), and a final line with bytes, tensors, seconds and GB/s.
+/// `log_interval_s` seconds (≤ 0: none), and a final line with bytes, tensors, seconds and GB/s
+/// (none of these lines with `log` false).
 struct LoadObserver {
   /// Called after every tensor (and once more with finished = true); may be empty.
   std::function<void(const LoadProgress&)> on_progress;
   double log_interval_s = 5.0;
+  /// false: no log lines at all (e.g. `v4serve info`'s shape-only pass, which loads nothing).
+  bool log = true;
 };
 
 /// Backend memory a set of weights takes.

@@ -101,6 +101,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   void fail(const char* what, beast::error_code ec);
   void transport_error(int status, const std::string& message);
   void log_access();
+  // pending_responses bookkeeping (strand only): count this session's request once, from
+  // dispatch until its response is written or the connection closes.
+  void count_pending();
+  void uncount_pending();
 
   beast::tcp_stream stream_;
   HttpServer::Impl* server_;
@@ -122,6 +126,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   std::unique_ptr<std::array<char, 16384>> discard_;  // lingering close
   int64_t drained_ = 0;
   bool out_last_ = false;  // it ends the response
+  bool counted_ = false;   // counted in server_->pending (count_pending)
   int status_ = 0;
   int64_t n_requests_ = 0;
   int64_t bytes_out_ = 0;
@@ -137,6 +142,7 @@ struct HttpServer::Impl {
   HttpHandler handler;
   // Declared before ioc: sessions destroyed with ioc's pending handlers still touch them.
   std::atomic<int64_t> open{0};
+  std::atomic<int64_t> pending{0};  // dispatched requests whose response is not fully written
   std::atomic<bool> stopping{false};
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
@@ -176,7 +182,22 @@ Session::Session(tcp::socket socket, HttpServer::Impl* server)
   server_->open++;
 }
 
-Session::~Session() { server_->open--; }
+Session::~Session() {
+  uncount_pending();
+  server_->open--;
+}
+
+void Session::count_pending() {
+  if (counted_) return;
+  counted_ = true;
+  server_->pending++;
+}
+
+void Session::uncount_pending() {
+  if (!counted_) return;
+  counted_ = false;
+  server_->pending--;
+}
 
 void Session::run() {
   net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read_header(); });
@@ -303,6 +324,7 @@ void Session::dispatch() {
   streaming_ = false;
   response_done_ = false;
   in_request_ = true;
+  count_pending();
   ++n_requests_;
   start_probe();
   try {
@@ -451,6 +473,7 @@ void Session::on_write(beast::error_code ec) {
 }
 
 void Session::response_finished() {
+  uncount_pending();
   log_access();
   in_request_ = false;
   streaming_ = false;
@@ -516,6 +539,7 @@ void Session::fail(const char* what, beast::error_code ec) {
 
 void Session::close_now() {
   if (closed_.exchange(true)) return;
+  uncount_pending();
   beast::error_code ec;
   stream_.socket().close(ec);
   queue_.clear();
@@ -568,6 +592,17 @@ Status HttpServer::start() {
 int HttpServer::port() const { return impl_->bound_port; }
 
 int64_t HttpServer::open_connections() const { return impl_->open.load(); }
+
+int64_t HttpServer::pending_responses() const { return impl_->pending.load(); }
+
+bool HttpServer::wait_responses(std::chrono::milliseconds timeout) const {
+  const auto deadline = Clock::now() + timeout;
+  while (impl_->pending.load() > 0) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 void HttpServer::stop() {
   auto& I = *impl_;

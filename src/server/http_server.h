@@ -79,10 +79,18 @@ class HttpServer {
   Status start();
   /// The bound port (useful with port 0).
   int port() const;
-  /// Stops accepting, closes connections and joins the I/O threads.
+  /// Stops accepting, closes connections and joins the I/O threads. Bytes still queued on a
+  /// connection are dropped (see wait_responses).
   void stop();
   /// Open connections right now.
   int64_t open_connections() const;
+  /// Requests dispatched to the handler whose response is not yet completely written (nor the
+  /// connection closed).
+  int64_t pending_responses() const;
+  /// Waits up to `timeout` until pending_responses() is 0, e.g. for the error events
+  /// OpenAiApi::abort_generations queued to be written before stop(). True when it reached 0; a
+  /// client that does not read keeps its response pending until the write deadline.
+  bool wait_responses(std::chrono::milliseconds timeout) const;
 
   struct Impl;
 

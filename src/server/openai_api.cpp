@@ -165,6 +165,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   bool done = false;
   bool cancelled = false;
   std::vector<std::string> pending;  // SSE chunks produced before `started`
+  std::optional<ApiError> aborted;    // abort_generations: the error this request ended with
   int n_finished = 0;
   Clock::time_point t_arrival = Clock::now();
 
@@ -507,7 +508,35 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     send_final();
   }
 
+  // OpenAiApi::abort_generations for this request (under mu): ends it now with `e` unless its
+  // response is already complete or failed. Engine ids still running go to `to_cancel`; a choice
+  // not yet submitted is cancelled by the handler (`cancelled`). Returns whether it ended here.
+  bool abort(const ApiError& e, std::vector<engine::RequestId>* to_cancel) {
+    if (done || failed) return false;
+    done = true;
+    cancelled = true;
+    aborted = e;
+    for (auto& c : choices) {
+      if (c.submitted && !c.finished) to_cancel->push_back(c.id);
+      c.finished = true;  // later engine outputs (the cancellations) are ignored
+    }
+    w->set_log_info(fmt::format("id={} error=\"{}\"", id, e.message.substr(0, 200)));
+    api->metrics_.count_request(endpoint, e.status);
+    if (req.stream) {
+      emit(sse_event(Json::parse(error_body(e))));
+      emit(sse_done());
+      if (started) w->end();  // else the handler writes `pending` and ends the stream
+    } else if (started) {
+      w->respond(e.status, "application/json", error_body(e));
+    }  // else the handler calls send_final, which answers with `aborted`
+    return true;
+  }
+
   void send_final() {
+    if (aborted) {  // (metrics counted in abort)
+      w->respond(aborted->status, "application/json", error_body(*aborted));
+      return;
+    }
     for (auto& c : choices) {
       if (c.finish_reason == "error") {
         ApiError e = choice_error(c);
@@ -592,6 +621,27 @@ OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfi
 OpenAiApi::~OpenAiApi() = default;
 
 void OpenAiApi::set_connection_counter(std::function<int64_t()> fn) { connections_ = std::move(fn); }
+
+int64_t OpenAiApi::abort_generations(const std::string& message) {
+  const ApiError e = api_error(503, message, "service_unavailable", "shutting_down");
+  std::vector<std::shared_ptr<Generation>> live;
+  {
+    std::lock_guard<std::mutex> lk(gens_mu_);
+    abort_error_ = e;  // requests registering later end at once too
+    for (auto& w : gens_)
+      if (auto g = w.lock()) live.push_back(std::move(g));
+  }
+  int64_t n = 0;
+  for (auto& g : live) {
+    std::vector<engine::RequestId> ids;
+    {
+      std::lock_guard<std::mutex> lk(g->mu);
+      n += g->abort(e, &ids) ? 1 : 0;
+    }
+    for (auto id : ids) engine_->cancel(id);
+  }
+  return n;
+}
 
 void OpenAiApi::send_error(const HttpRequest& req, ResponseWriter& w, const ApiError& e) {
   metrics_.count_request(req.path, e.status);
@@ -906,7 +956,17 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   Status submit_error;
   {
     std::unique_lock<std::mutex> lk(gen->mu);
+    // Visible to abort_generations from here on (set up; it takes gen->mu). A request that gets
+    // here after abort_generations ran is ended at once the same way.
+    {
+      std::lock_guard<std::mutex> g(gens_mu_);
+      std::erase_if(gens_, [](const std::weak_ptr<Generation>& x) { return x.expired(); });
+      gens_.push_back(gen);
+      std::vector<engine::RequestId> none;  // nothing submitted yet
+      if (abort_error_) gen->abort(*abort_error_, &none);
+    }
     for (size_t ci = 0; ci < gen->choices.size(); ++ci) {
+      if (gen->aborted) break;  // abort_generations: submit nothing more
       size_t pi = ci / size_t(n);
       engine::Request er;
       er.prompt_tokens = prompts[pi];

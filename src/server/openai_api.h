@@ -8,7 +8,10 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/http_server.h"
@@ -46,6 +49,13 @@ class OpenAiApi {
   void begin_drain() { draining_.store(true); }
   /// Chat/completion requests still in flight (their HTTP responses not yet finished).
   int64_t active_generations() const { return active_.load(); }
+  /// Forced shutdown (a second stop signal): ends every chat/completion request still in flight
+  /// at once with `message` as an OpenAI-style 503 error (type "service_unavailable", code
+  /// "shutting_down"): a stream gets a `data: {"error": {...}}` event, then `data: [DONE]` and its
+  /// end; a non-streaming request gets the error as its response. Their engine requests are
+  /// cancelled. The bytes are only queued on the connections: let the HTTP server write them
+  /// (HttpServer::wait_responses) before stopping it. Returns the number of requests ended.
+  int64_t abort_generations(const std::string& message);
 
   Metrics& metrics() { return metrics_; }
   const ApiConfig& config() const { return cfg_; }
@@ -73,6 +83,11 @@ class OpenAiApi {
   ValidationLimits limits_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
+  /// Generations in flight (registered once set up; expired entries pruned on insert), and the
+  /// error abort_generations ended them with (later ones end with it at once).
+  std::mutex gens_mu_;
+  std::vector<std::weak_ptr<Generation>> gens_;
+  std::optional<ApiError> abort_error_;
 };
 
 /// Maps an OpenAI `reasoning_effort` (minimal/low/medium/high/xhigh/max) to the value the

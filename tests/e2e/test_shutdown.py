@@ -1,5 +1,6 @@
 """Graceful shutdown: SIGTERM lets running streams finish (final chunk + [DONE]), refuses new
-requests with 503 while draining, and the process exits 0."""
+requests with 503 while draining, and the process exits 0; a second signal ends the open requests
+with a shutting_down error and exits 128 + the signal."""
 import json
 import signal
 import threading
@@ -45,10 +46,73 @@ def test_sigterm_drains_running_streams():
         srv.stop()
 
 
-def test_second_signal_ends_the_drain_and_exits_0():
-    """A second SIGTERM during the drain stops waiting for running streams: the process logs
-    "shutting down" and exits 0 (not killed by the signal's default action in a thread that does
-    not block it, e.g. one a library started before `serve` blocked the stop signals)."""
+def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
+    """A second SIGINT during the drain stops now, but not silently: every open stream gets an
+    OpenAI-style error event (code "shutting_down") and [DONE], then a properly ended chunked
+    response; a pending non-streaming request gets a 503 with the same code. The process logs
+    "shutting down" and exits 128 + SIGINT = 130 (not killed by the signal's default action in a
+    thread that does not block it, e.g. one a library started before `serve` blocked the stop
+    signals)."""
+    srv = Server(extra_args=["--shutdown-timeout", "60"])
+    try:
+        result = {}
+
+        def stream():
+            try:
+                with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
+                                   timeout=120,
+                                   json={"prompt": [5, 6, 7, 8], "max_tokens": 3000, "temperature": 0,
+                                         "ignore_eos": True, "stream": True}) as r:
+                    events = []
+                    for line in r.iter_lines():
+                        if line.startswith(b"data: "):
+                            events.append(line.decode()[6:])
+                    result["events"] = events
+            except requests.exceptions.RequestException as e:
+                result["stream_error"] = repr(e)  # cut without the chunked terminator
+
+        def blocking():
+            try:
+                r = requests.post(srv.base + "/v1/completions", headers=srv.headers(), timeout=120,
+                                  json={"prompt": [9, 10, 11], "max_tokens": 3000, "temperature": 0,
+                                        "ignore_eos": True})
+                result["blocking"] = (r.status_code, r.json())
+            except (requests.exceptions.RequestException, ValueError) as e:
+                result["blocking_error"] = repr(e)
+
+        threads = [threading.Thread(target=stream), threading.Thread(target=blocking)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # both are running
+        srv.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGINT)
+        rc = srv.proc.wait(timeout=30)
+        for t in threads:
+            t.join(timeout=30)
+        assert rc == 128 + signal.SIGINT, srv.tail()
+        assert "shutting down" in srv.tail(), srv.tail()
+        assert "ended with a shutting_down error" in srv.tail(), srv.tail()
+        assert "events" in result, (result, srv.tail())
+        ev = result["events"]
+        assert ev[-1] == "[DONE]", ev[-3:]
+        err = json.loads(ev[-2])["error"]
+        assert err["code"] == "shutting_down", err
+        assert err["type"] == "service_unavailable", err
+        assert "signal" in err["message"], err
+        texts = [json.loads(e) for e in ev[:-2]]
+        assert any(c["choices"] and c["choices"][0].get("text") for c in texts), ev[:5]
+        assert all(c["choices"][0]["finish_reason"] is None for c in texts if c["choices"]), ev[-4:]
+        assert "blocking" in result, (result, srv.tail())
+        status, body = result["blocking"]
+        assert status == 503, body
+        assert body["error"]["code"] == "shutting_down", body
+    finally:
+        srv.stop()
+
+
+def test_second_sigterm_ends_the_drain_and_exits_143():
+    """The same with SIGTERM: the second one stops now and the process exits 128 + SIGTERM."""
     srv = Server(extra_args=["--shutdown-timeout", "60"])
     try:
         def stream():
@@ -60,7 +124,7 @@ def test_second_signal_ends_the_drain_and_exits_0():
                     for _ in r.iter_lines():
                         pass
             except requests.exceptions.RequestException:
-                pass  # the second signal cuts the stream
+                pass
 
         t = threading.Thread(target=stream)
         t.start()
@@ -70,7 +134,7 @@ def test_second_signal_ends_the_drain_and_exits_0():
         srv.proc.send_signal(signal.SIGTERM)
         rc = srv.proc.wait(timeout=30)
         t.join(timeout=30)
-        assert rc == 0, srv.tail()
+        assert rc == 128 + signal.SIGTERM, srv.tail()
         assert "shutting down" in srv.tail(), srv.tail()
     finally:
         srv.stop()

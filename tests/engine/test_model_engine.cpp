@@ -333,5 +333,41 @@ TEST(ModelEngine, TinySnapshotIntervalNeverCachesLessThanNone) {
   }
 }
 
+// A fixed KV budget (no --mem-fraction: serve's default --kv-cache-bytes, generate) sizes the SWA
+// pool for the live windows only, max_sequences × (ceil((chunk + W − 1) / P) + 1) pages, and gives
+// the rest to virtual pages — as --mem-fraction does. (It used to give both pools equal page
+// counts: ~7/8 of a V4 budget on SWA pages.) A budget too small for that split keeps equal counts.
+TEST(ModelEngine, FixedBudgetSizesSwaPoolForLiveWindows) {
+  const auto dirs = fixtures();
+  ASSERT_FALSE(dirs.empty());
+  auto pool_pages = [](const ModelExecutor& e, const std::string& name) {
+    for (const auto& p : e.pool_usage())
+      if (p.name == name) return p.capacity_pages;
+    return int64_t(-1);
+  };
+  ModelExecutorOptions mo;
+  mo.kv_budget_bytes = int64_t(64) << 20;
+  mo.max_sequences = 4;
+  mo.max_chunk_tokens = 256;
+  auto exec = ModelExecutor::load_cpu(dirs[0], mo);
+  ASSERT_TRUE(exec.ok()) << exec.status().to_string();
+  const auto& kv = (*exec)->cache();
+  const int64_t P = kv.options().page_size, W = kv.spec().sliding_window;
+  const int64_t live = mo.max_sequences * ((mo.max_chunk_tokens + W - 1 + P - 1) / P + 1);
+  EXPECT_EQ(kv.options().n_swa_pages, live);
+  EXPECT_EQ(pool_pages(**exec, "swa_pages"), live);
+  const int64_t vpage = cache::KvCache::virtual_page_bytes(kv.spec(), int(P));
+  const int64_t swa_page = cache::KvCache::swa_page_bytes(kv.spec(), int(P));
+  const int64_t state = cache::KvCache::state_slot_bytes(kv.spec()) * mo.max_sequences;
+  EXPECT_EQ(kv.options().n_pages, (mo.kv_budget_bytes - state - live * swa_page) / vpage);
+  EXPECT_GT(kv.options().n_pages, live);
+  // The executor's per-sequence SWA bound (pages_for) fits max_sequences times into the pool.
+  const auto need = (*exec)->pages_for(int64_t(1) << 20);
+  const auto pools = (*exec)->pools();
+  for (size_t i = 0; i < pools.size(); ++i)
+    if (pools[i].name == "swa_pages")
+      EXPECT_EQ(need[i] * mo.max_sequences, live) << "pages_for(1M) swa " << need[i];
+}
+
 }  // namespace
 }  // namespace v4::engine

@@ -108,6 +108,16 @@ TEST(Cli, InfoPrintsSummary) {
   }
 }
 
+// `info --load-format dummy` reads config.json and counts shapes only: no weights are generated,
+// so it logs no "generating dummy weights … done … 0.00s" lines (it did before).
+TEST(Cli, InfoDummyLogsNoWeightGeneration) {
+  auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
+                       "/tests/fixtures/tiny-kinds-fp32 --load-format dummy");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("dummy weights (--load-format dummy"), std::string::npos) << out;
+  EXPECT_EQ(out.find("generating dummy weights"), std::string::npos) << out;
+}
+
 // A model whose shapes fp8 pools cannot hold (index_head_dim 24: fp8 indexer keys need a
 // multiple of 16): info prints n/a in the fp8 column with the reason, and generate refuses
 // --kv-cache-dtype fp8 with a one-line error before any weight is generated; bf16 still runs.

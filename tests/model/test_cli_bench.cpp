@@ -184,3 +184,35 @@ TEST(CliBench, InfoDummyOnAShapeOnlyConfig) {
 }
 
 }  // namespace
+
+namespace {
+
+// A cell whose step runs out of memory (V4_BENCH_FAIL_CELL=1: the first cell, decode batch 2,
+// throws std::bad_alloc from its first step) reports "does not fit" and frees its sequences: the
+// next cells (decode batch 1, prefill) of the same run find the state slots (2 in all, the largest
+// batch) free and run. Before the sequences were freed on every exit, both reported "does not fit".
+TEST(CliBench, FailedCellFreesItsSequences) {
+  const auto [rc, out] =
+      run("V4_BENCH_FAIL_CELL=1 " + std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+          "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 2,1 --context 256 "
+          "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
+          "--threads 2 --kv-cache-bytes 33554432");
+  ASSERT_EQ(rc, 0) << out;
+  auto row = [&](const std::string& prefix) {
+    const size_t at = out.find(prefix);
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const std::string failed = row("| decode | 256 | 2 |"), next = row("| decode | 256 | 1 |"),
+                    prefill = row("| prefill | 256 | 1 |");
+  EXPECT_NE(failed.find("does not fit (device memory ran out during the step)"),
+            std::string::npos)
+      << out;
+  ASSERT_FALSE(next.empty()) << out;
+  EXPECT_EQ(next.find("does not fit"), std::string::npos) << out;
+  EXPECT_GT(std::atof(cells(next)[4].c_str()), 0) << next;
+  ASSERT_FALSE(prefill.empty()) << out;
+  EXPECT_EQ(prefill.find("does not fit"), std::string::npos) << out;
+  EXPECT_GT(std::atof(cells(prefill)[4].c_str()), 0) << prefill;
+}
+
+}  // namespace

@@ -135,6 +135,7 @@ class ApiTest : public ::testing::Test {
     fc.max_context = 512;
     fc.kv_pages = 4096;
     fc.state_pages = 256;
+    fc.step_delay_us = step_delay_us_;
     auto exec = std::make_unique<engine::testing::FakeExecutor>(fc);
     engine::EngineConfig ec;
     ec.eos_token_ids = {kEos};
@@ -171,6 +172,16 @@ class ApiTest : public ::testing::Test {
   std::unique_ptr<OpenAiApi> api_;
   std::unique_ptr<HttpServer> server_;
   int port_ = 0;
+  int64_t step_delay_us_ = 0;  // FakeConfig::step_delay_us (set before start)
+};
+
+// Engine steps of 5 ms: requests stay in flight long enough to be aborted.
+class SlowApiTest : public ApiTest {
+ protected:
+  void SetUp() override {
+    step_delay_us_ = 5000;
+    start("");
+  }
 };
 
 std::string prompt_json(const std::vector<int32_t>& p) { return json(p).dump(); }
@@ -470,4 +481,60 @@ TEST_F(ApiTest, ConcurrentStreamsGreedyAndCancelHalf) {
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.waiting, 0);
   for (auto& p : st.pools) EXPECT_EQ(p.used_pages, 0) << p.name;
+}
+
+// A forced stop (`serve`'s second signal): OpenAiApi::abort_generations ends an open stream with an
+// OpenAI-style error event (code shutting_down) + [DONE] + the chunked terminator, answers a pending
+// non-streaming request with that error as a 503, and ends a request arriving afterwards the same
+// way; HttpServer::wait_responses sees every response written.
+TEST_F(SlowApiTest, AbortGenerationsEndsOpenRequestsWithAnError) {
+  Response streamed, blocking;
+  std::thread a([&] {
+    streamed = http(port_, "POST", "/v1/completions",
+                    R"({"prompt":[1,2,3],"max_tokens":400,"temperature":0,"ignore_eos":true,"stream":true})");
+  });
+  std::thread b([&] {
+    blocking = http(port_, "POST", "/v1/completions",
+                    R"({"prompt":[4,5,6],"max_tokens":400,"temperature":0,"ignore_eos":true})");
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (api_->active_generations() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(api_->active_generations(), 2);
+  std::this_thread::sleep_for(100ms);  // some tokens streamed (400 steps take 2 s)
+  EXPECT_EQ(api_->abort_generations("stopped by the test"), 2);
+  EXPECT_TRUE(server_->wait_responses(5000ms));
+  EXPECT_EQ(server_->pending_responses(), 0);
+  a.join();
+  b.join();
+
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const auto ev = sse_payloads(streamed.body);
+  ASSERT_GE(ev.size(), 3u) << streamed.body;
+  EXPECT_EQ(ev.back(), "[DONE]");
+  const json err = json::parse(ev[ev.size() - 2]);
+  EXPECT_EQ(err["error"]["code"], "shutting_down") << err;
+  EXPECT_EQ(err["error"]["type"], "service_unavailable") << err;
+  EXPECT_EQ(err["error"]["message"], "stopped by the test") << err;
+  int text_chunks = 0;
+  for (size_t i = 0; i + 2 < ev.size(); ++i) {
+    const json c = json::parse(ev[i]);
+    EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null()) << c;  // cut, not finished
+    text_chunks += !c["choices"][0]["text"].get<std::string>().empty();
+  }
+  EXPECT_GT(text_chunks, 0) << streamed.body;
+
+  EXPECT_EQ(blocking.status, 503) << blocking.body;
+  EXPECT_EQ(blocking.j()["error"]["code"], "shutting_down") << blocking.body;
+
+  // A request arriving after the abort ends at once with the same error.
+  const auto late = http(port_, "POST", "/v1/completions",
+                         R"({"prompt":[7],"max_tokens":400,"stream":true})");
+  ASSERT_EQ(late.status, 200) << late.body;
+  const auto lev = sse_payloads(late.body);
+  ASSERT_EQ(lev.size(), 2u) << late.body;
+  EXPECT_EQ(json::parse(lev[0])["error"]["code"], "shutting_down");
+  EXPECT_EQ(lev[1], "[DONE]");
+  engine_->wait_idle();
+  for (auto& p : engine_->stats().pools) EXPECT_EQ(p.used_pages, 0) << p.name;
 }
