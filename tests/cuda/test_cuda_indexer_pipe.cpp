@@ -35,18 +35,6 @@ using cuda::testing::rng;
 
 constexpr int kNI = 64, kDI = 128;
 
-// bf16 bits of x, round to nearest even (finite inputs).
-uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float bf16_value(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 // Key pool of `rows` rows in `dt` (kBf16: N(0, 1) rounded to bf16; kFp8Index: every finite e4m3
 // code (0x7f / 0xff excluded) uniformly, subnormals and ±0 included, and a positive row scale
@@ -59,9 +47,9 @@ struct KeyPool {
       bytes.resize(size_t(rows) * kDI * 2);
       auto x = randn(size_t(rows) * kDI, 1.f);
       for (size_t i = 0; i < x.size(); ++i) {
-        const uint16_t b = bf16_bits(x[i]);
+        const uint16_t b = f32_to_bf16(x[i]);
         std::memcpy(&bytes[2 * i], &b, 2);
-        values[i] = bf16_value(b);
+        values[i] = bf16_to_f32(b);
       }
       return;
     }

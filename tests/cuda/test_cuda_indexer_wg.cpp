@@ -44,17 +44,6 @@ using cuda::testing::rng;
 constexpr int kNI = 64, kDI = 128;
 constexpr double kTol = 1e-3;  // × the row's largest |reference score|
 
-uint16_t bf16_bits(float x) {  // round to nearest even (finite x)
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float bf16_value(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 
 // bf16 key pool of `rows` rows: N(0, 1) rounded to bf16; `values` = the same as f32.
 struct Bf16Pool {
@@ -63,8 +52,8 @@ struct Bf16Pool {
   explicit Bf16Pool(int64_t rows) : bits(size_t(rows) * kDI), values(size_t(rows) * kDI) {
     auto x = randn(bits.size(), 1.f);
     for (size_t i = 0; i < x.size(); ++i) {
-      bits[i] = bf16_bits(x[i]);
-      values[i] = bf16_value(bits[i]);
+      bits[i] = f32_to_bf16(x[i]);
+      values[i] = bf16_to_f32(bits[i]);
     }
   }
 };
