@@ -834,16 +834,22 @@ TEST(CudaAttentionDec, SplitModel5) {
           const int64_t per = (tiles + sp - 1) / sp;
           EXPECT_GT(tiles, int64_t(sp - 1) * per) << "an empty split";
         }
-  // Variant 6 (tiles modelled at 0.6 µs): HCA 1M stays at one wave of 33 × 8 + combine
-  // (16 × 17 in a cluster: 10.8 µs vs 10.3), CSA / HCA 4K as variant 5.
+  // Variant 6 (re-fit on the H200: 1.4 µs a tile, combine 1.5 µs dearer than a cluster merge):
+  // HCA 1M and the step's 900K rows (7,200 compressed + 128 SWA keys) take one wave of 33
+  // splits + combine, not a 16-CTA cluster of 14–17 tiles each (the session-8 model's choice at
+  // 900K); CSA / HCA 4K as variant 5; without clusters CSA takes 20 × 1 tile + combine.
   EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 8320, 132, 16, 6), 33);
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 7328, 132, 16, 6), 33);
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 7328, 132, 16, 5), 33);
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 640, 132, 0, 6), 20);
+  EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 1152, 132, 16, 6), 12);
   EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 640, 132, 16, 6), 10);
   EXPECT_EQ(cuda::attention_dec5_splits(1, 64, 160, 132, 16, 6), 5);
 }
 
-// Through the backend (bf16 mode): the decode kernel's auto choice (mode -1: variant 5 for S = 1
-// with 8,320 keys, 4 for S = 3 with 640, 2 for S = 7 / 64; mode -2: the same with
-// attention_dec_lean, variant 6 instead of 5), variants 2 and 1, and off
+// Through the backend (bf16 mode): the decode kernel's auto choice (mode -1, the default
+// attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 2 for S = 7 / 64;
+// mode -2: lean off, variant 5 for S = 1, 4 for S = 3), variants 2 and 1, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
@@ -857,7 +863,7 @@ TEST(CudaAttentionDec, BackendBf16) {
       o.precision = Precision::kBf16;
       o.attention_dec = mode != 0;
       o.attention_dec_variant = mode < 0 ? 0 : mode == 0 ? 2 : mode;
-      o.attention_dec_lean = mode == -2;
+      o.attention_dec_lean = mode != -2;
       auto r = make_cuda_ops(o);
       ASSERT_TRUE(r.ok());
       auto gpu = std::move(r).value();

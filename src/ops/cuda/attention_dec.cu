@@ -1757,10 +1757,16 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
   // kTileUs each, per wave of CTAs; a split row adds the combine launch (kCombineUs, measured:
   // 0 keys at 20 splits − 1 split ≈ 4.5 µs) plus its partial reads, or, merged inside a
   // cluster (2 ≤ splits ≤ max_cluster), two cluster barriers and the DSMEM sums (kClusterUs).
-  // Variant 6 (lean per-tile bookkeeping): ~0.6 µs a tile expected from the instruction count
-  // (~250 instead of ~750 warp instructions a tile), to be re-fit from its sweep.
-  constexpr double kCombineUs = 4.5, kPerSplitUs = 0.03, kClusterUs = 0.6;
-  const double kTileUs = variant == 6 ? 0.6 : 1.0;
+  // Variant 6: re-fit on the H200 from bench/results/cuda-attention.md (309d01f, bf16 pools,
+  // batch 1): ~1.4 µs a tile after the first (HCA 1M: 33 splits × 8 tiles 18.7 µs vs 0 keys at
+  // 33 splits ≈ 7), and the combine only ~1.5 µs dearer than a cluster merge (CSA 640 keys: 20
+  // splits × 1 tile + combine 8.70 µs vs a cluster of 10 × 2 tiles 9.22; HCA 128K: 20 splits
+  // 9.97 vs a cluster of 12 × 3 tiles 10.53). The session-8 guess (0.6 µs a tile, combine 4.5)
+  // made the step's HCA rows at 900K (224 tiles) take a 16-CTA cluster of 14 tiles each (27.4
+  // µs a layer, bench-v4flash-20l-ratio-ab.md call 4) instead of one wave of 32 × 7.
+  const bool v6 = variant == 6;
+  const double kCombineUs = v6 ? 1.5 : 4.5, kPerSplitUs = 0.03, kClusterUs = v6 ? 0.0 : 0.6;
+  const double kTileUs = v6 ? 1.4 : 1.0;
   const int64_t groups = S * ((H + kHC5 - 1) / kHC5);
   const int64_t tiles = (max_keys + kKT - 1) / kKT;
   int best = 1;

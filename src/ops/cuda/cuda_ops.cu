@@ -429,12 +429,15 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 /// (HCA 1M, 8,320 keys: v5 24.3 µs, v3 25.5, v4 28.3, v2 31.4); at batch 64 variant 2 is
 /// fastest or within 1 % end to end (bench/results/bench-v4flash-20l-attn-b64.md), v4 2× slower
 /// per kernel. rows = query rows of the call (batch × tokens per sequence); max_keys = longest
-/// key list (0 = unknown). lean (CudaOptions::attention_dec_lean, V4_ATTN_DEC_LEAN=1): variant
-/// 6 (variant 5 with fewer instructions per tile) where variant 5 would run; off by default until
-/// measured on the H200.
+/// key list (0 = unknown). lean (CudaOptions::attention_dec_lean, the default; V4_ATTN_DEC_LEAN=0
+/// turns it off): variant 6 (variant 5 with fewer instructions per tile) for every call of ≤ 4
+/// rows — faster than variant 4 on CSA (9.2 vs 9.8 µs) and short HCA rows (8.6 vs 8.7 at 4K, 10.5
+/// vs 12.3 at 128K) and than variant 5 on HCA 1M (18.7 vs 24.1), cuda-attention.md at 309d01f;
+/// in the step once attention_dec5_splits' variant-6 model was re-fit (session 9).
 inline int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
   if (rows > 4) return 2;
-  return max_keys > 4096 ? (lean ? 6 : 5) : 4;
+  if (lean) return 6;
+  return max_keys > 4096 ? 5 : 4;
 }
 
 // ---- the backend --------------------------------------------------------------------------------

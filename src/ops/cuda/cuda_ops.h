@@ -99,9 +99,9 @@ struct CudaOptions {
   /// attention_dec5_splits), 6 (variant 5 with fewer instructions per tile: ex2 of log2-unit
   /// logits, lazy rescale, register key masks; attention_dec5_splits(..., 6)).
   int attention_dec_variant = 0;
-  /// Auto (attention_dec_variant 0) takes variant 6 instead of 5 (≤ 4 rows, > 4,096 keys).
-  /// Off until measured on the H200. Environment override: V4_ATTN_DEC_LEAN=1 (on) / 0 (off).
-  bool attention_dec_lean = false;
+  /// Auto (attention_dec_variant 0) takes variant 6 for calls of ≤ 4 rows (off: variant 5 for
+  /// > 4,096 keys, else 4). Environment override: V4_ATTN_DEC_LEAN=1 (on) / 0 (off).
+  bool attention_dec_lean = true;
   /// Prefill-sized calls (more rows) with f32 pools keep attention_mma until the decode kernel
   /// is measured there (it is correct for any row count); bf16 pools take it at any row count.
   int64_t attention_dec_max_rows = 256;
