@@ -3,7 +3,7 @@
 // kernel (variant 1), alone and followed by Lightning TopK (top-512), and the whole
 // Ops::indexer_topk (bf16 mode: scores + topk_rows + finalize) as the decode step issues it;
 // then the decode kernel over f32 / bf16 / fp8 key pools ("Key formats"), then the pipelined
-// decode kernel (variants 4–7) and the warpgroup-MMA kernel (8 / 9, bf16 keys) next to it over
+// decode kernel (variants 4–7) and the warpgroup-MMA kernel (8 / 9 heads on M, 10–12 keys on M; bf16 keys) next to it over
 // bf16 / fp8 keys at batch 1 and 64.
 // V4-Flash shapes: nI = 64, dI = 128; n candidates per row ∈ {1K, 32K, 230,400 (900K context),
 // 262,144} at batch 1, and 1K / 32K at batch 64 (each row its own candidate list, as distinct
@@ -426,18 +426,26 @@ std::string bench_indexer(double bw, int reps) {
   // Pipelined decode kernel (variants 4–7: cp.async ring of S chunk slots per warp) vs the decode
   // kernel (variant 0 = auto), bf16 and fp8 keys, same inputs (L2-cold as above). Batch 64 rows
   // at 230K / 262K keys take ~1–3 ms a launch: a quarter of the samples.
-  o << "\n### Pipelined decode kernel (variants 4–9 vs auto; `V4_INDEXER_DEC=N`)\n\n"
+  o << "\n### Pipelined decode kernel (variants 4–12 vs auto; `V4_INDEXER_DEC=N`)\n\n"
     << "Scores only; auto = the decode kernel (4 n-tiles, keys loaded into registers, no "
        "overlap); v4 / v5 / v6 = the pipelined kernel with a per-warp cp.async ring of 3 / 2 / 4 "
        "32-key chunk slots (fp8: exact bit-move e4m3 → bf16 conversion); v7 = v4 with the old "
        "fp8 conversion (bf16: = v4). Bit-identical scores "
        "(`CudaIndexerTc.PipelinedDecodeEqualsDecodeKernelBitwise`). v8 / v9 = the warpgroup-MMA "
-       "kernel (wgmma.m64n64k16, cp.async ring of 4 / 3 64-key tiles per 128-thread CTA; bf16 "
-       "keys only — fp8: = auto; scores equal up to fp32 rounding, `CudaIndexerWg.*`). floor = "
-       "(n·row bytes + 8n) per row / " << int(bw) << " GB/s; ×fl = time / floor.\n\n"
-    << "| keys | n | batch | auto µs | v4 µs | v5 µs | v6 µs | v7 µs | v8 µs | v9 µs | floor µs | "
-       "auto ×fl | v4 ×fl | v5 ×fl | v6 ×fl | v7 ×fl | v8 ×fl | v9 ×fl | best |\n"
-    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+       "kernel with heads on M (wgmma.m64n64k16, cp.async ring of 4 / 3 64-key tiles per "
+       "128-thread CTA); v10 / v11 / v12 = the same kernel with keys on M (A = the key tile, "
+       "B = Q; ring of 4 / 3 / 2 tiles, one barrier a tile); v8–v12 bf16 keys only (fp8 rows: "
+       "not run, they would run auto); scores equal up to fp32 rounding, `CudaIndexerWg.*`. "
+       "floor = (n·row bytes + 8n) per row / " << int(bw) << " GB/s; ×fl = time / floor.\n\n";
+  constexpr int kNv = 10;
+  const int vs[kNv] = {0, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  o << "| keys | n | batch |";
+  for (int vi = 0; vi < kNv; ++vi) o << (vi == 0 ? " auto" : " v" + std::to_string(vs[vi])) << " µs |";
+  o << " floor µs |";
+  for (int vi = 0; vi < kNv; ++vi) o << (vi == 0 ? " auto" : " v" + std::to_string(vs[vi])) << " ×fl |";
+  o << " best |\n|---|---:|---:|";
+  for (int vi = 0; vi < 2 * kNv + 2; ++vi) o << "---:|";
+  o << "\n";
   for (Shape sh : {Shape{32768, 1}, Shape{230400, 1}, Shape{262144, 1}, Shape{32768, 64},
                    Shape{230400, 64}, Shape{262144, 64}}) {
     const int64_t n = sh.n, B = sh.batch, per = n * B;
@@ -447,29 +455,37 @@ std::string bench_indexer(double bw, int reps) {
       in.fill_keys(dt, st);
       const int64_t rb = v4::kv_row_bytes(dt, dI, 0);
       const double fl = double(per) * double(rb + 8) / (bw * 1e9) * 1e6;
-      const int vs[7] = {0, 4, 5, 6, 7, 8, 9};
-      double t[7] = {};
+      double t[kNv] = {};
       int best = 0;
-      for (int vi = 0; vi < 7; ++vi) {
+      for (int vi = 0; vi < kNv; ++vi) {
+        if (vs[vi] >= 8 && dt != v4::KvDtype::kBf16) continue;  // bf16 keys only
         t[vi] = time_on(st, [&](int i, cudaStream_t s) {
           IB_OK(v4::cuda::indexer_scores_tc(in.args(i, dt), n, in.scores, n, n_sms, s, vs[vi]));
         }, samples);
         if (t[vi] < t[best]) best = vi;
       }
-      char best_name[16], buf[512];
-      if (best == 0) std::snprintf(best_name, sizeof best_name, "auto");
-      else std::snprintf(best_name, sizeof best_name, "v%d", vs[best]);
-      std::snprintf(buf, sizeof buf,
-                    "| %s | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
-                    "%.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %.2f× | %s |\n",
-                    v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
-                    t[5], t[6], fl, t[0] / fl, t[1] / fl, t[2] / fl, t[3] / fl, t[4] / fl,
-                    t[5] / fl, t[6] / fl, best_name);
-      o << buf;
-      std::printf("indexer pipe %s n=%lld batch=%lld: auto %.1f v4 %.1f v5 %.1f v6 %.1f v7 %.1f "
-                  "v8 %.1f v9 %.1f (floor %.1f) us\n",
-                  v4::kv_dtype_name(dt), (long long)n, (long long)B, t[0], t[1], t[2], t[3], t[4],
-                  t[5], t[6], fl);
+      std::string row = std::string("| ") + v4::kv_dtype_name(dt) + " | " + std::to_string(n) +
+                        " | " + std::to_string(B) + " |";
+      char buf[64];
+      for (int vi = 0; vi < kNv; ++vi) {
+        if (t[vi] > 0) std::snprintf(buf, sizeof buf, " %.1f |", t[vi]);
+        else std::snprintf(buf, sizeof buf, " — |");
+        row += buf;
+      }
+      std::snprintf(buf, sizeof buf, " %.1f |", fl);
+      row += buf;
+      for (int vi = 0; vi < kNv; ++vi) {
+        if (t[vi] > 0) std::snprintf(buf, sizeof buf, " %.2f× |", t[vi] / fl);
+        else std::snprintf(buf, sizeof buf, " — |");
+        row += buf;
+      }
+      row += best == 0 ? std::string(" auto |") : " v" + std::to_string(vs[best]) + " |";
+      o << row << "\n";
+      std::printf("indexer pipe %s n=%lld batch=%lld:", v4::kv_dtype_name(dt), (long long)n,
+                  (long long)B);
+      for (int vi = 0; vi < kNv; ++vi)
+        if (t[vi] > 0) std::printf(" %s%d %.1f", vi == 0 ? "auto/v" : "v", vs[vi], t[vi]);
+      std::printf(" (floor %.1f) us\n", fl);
     }
   }
   cudaStreamDestroy(st);

@@ -28,7 +28,8 @@
 #               served), once per KV type in $V4_RATIO_KV (bf16) and attention_dec variant in
 #               $V4_RATIO_ATTN (auto) -> bench-v4flash-20l-ratio.md
 #   ratioenv    the ratio measurement (bf16 KV, decode only) once per env set in $V4_RATIO_ENVS
-#               (e.g. "default V4_INDEXER_DEC=2"; V4_RATIO_PROFILE=1 adds --profile: per-region
+#               (e.g. "default V4_INDEXER_DEC=2"; V4_RATIO_PROFILE=1 adds --profile to every run, an
+#               entry's PROFILE=1 pair to that run only, e.g. "PROFILE=1,V4_ATTN_DEC_LEAN=0": per-region
 #               tables, branches serialised) -> bench-v4flash-20l-ratio-ab.md (A/B of kernel
 #               switches end to end; not in the default stage list)
 #   idxpdl      v4serve bench --kv-cache-dtype bf16 at batch $V4_IDXPDL_BATCH (1) × 4K and 900K,
@@ -165,9 +166,11 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
   for e in ${V4_RATIO_ENVS:-default}; do
     i=$((i + 1)); envs=()
     [ "$e" != default ] && IFS=, read -r -a envs <<< "$e"
+    prof=${V4_RATIO_PROFILE:+--profile}
+    [[ ",$e," == *",PROFILE=1,"* ]] && prof=--profile  # entry-level "PROFILE=1": this run only
     env "${envs[@]}" timeout 150 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
       --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
-      ${V4_RATIO_PROFILE:+--profile} --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
+      $prof --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"
     rm -f "$OUT/ratioenv-$i.md"; logs+=(bench-ratioenv-$i.log)

@@ -1,4 +1,4 @@
-// The warpgroup-MMA decode indexer kernel (indexer_scores_tc variants 8 / 9: wgmma.m64n64k16 over
+// The warpgroup-MMA decode indexer kernel (indexer_scores_tc variants 8 / 9, heads on M, and 10 / 11 / 12, keys on M: wgmma.m64n64k16 over
 // 64-key tiles gathered by cp.async into a shared-memory ring, src/ops/cuda/indexer.cu) on bf16
 // key pools:
 //  - per key against a double-precision reference of the same math on bf16-rounded q and keys
@@ -217,7 +217,7 @@ TEST(CudaIndexerWg, MatchesReferenceAndDecodeKernel) {
     if (c.ref)
       for (int64_t t = 0; t < p.S; ++t)
         ref[size_t(t)] = ref_row(p.q, p.w, pool, p.l.list(t), p.l.count[size_t(t)], t);
-    for (int variant : {8, 9})
+    for (int variant : {8, 9, 10, 11, 12})
       for (bool pdl : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "variant " << variant << " pdl " << pdl);
         const auto got = p.run(variant, c.n_sms, pdl);
@@ -261,7 +261,7 @@ TEST(CudaIndexerWg, CheckerRejectsWrongLayouts) {
   Bf16Pool pool(pool_rows);
   Dev<uint16_t> dpool(pool.bits);
   Problem p(make_lists({1024}, pool_rows, 0), dpool);
-  for (int variant : {8, 9}) {
+  for (int variant : {8, 9, 10, 11, 12}) {
     const auto got = p.run(variant, 132);
     const int n = p.l.count[0];
     const double ok = row_err(got.data(), ref_row(p.q, p.w, pool, p.l.list(0), n, 0));
@@ -364,7 +364,7 @@ TEST(CudaIndexerWg, Top512SetsEqualOnSeparatedScores) {
     ASSERT_EQ(cudaMemcpy(p.dq->p, p.q.data(), p.q.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(p.dw->p, p.w.data(), p.w.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
     const auto base = p.run(3, 132);
-    for (int variant : {8, 9}) {
+    for (int variant : {8, 9, 10, 11, 12}) {
       const auto got = p.run(variant, 132);
       for (int64_t t = 0; t < S; ++t) {
         const int n = p.l.count[size_t(t)];
@@ -438,7 +438,7 @@ TEST(CudaIndexerWg, OtherKeyFormatsRunTheDecodeKernel) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto base = out.host();
     expect_well_formed(base, l, S, ld, "default");
-    for (int variant : {8, 9}) {
+    for (int variant : {8, 9, 10, 11, 12}) {
       out.poison();
       ASSERT_TRUE(cuda::indexer_scores_tc(a, 8000, out.p, ld, 132, nullptr, variant).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

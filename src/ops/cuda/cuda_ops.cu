@@ -469,8 +469,12 @@ class CudaOps final : public Ops {
     }
     if (const char* e = std::getenv("V4_INDEXER_DEC")) {  // A/B of the indexer scores kernel
       const std::string v(e);
-      if (v.size() == 1 && v[0] >= '0' && v[0] - '0' <= cuda::kIndexerScoresMaxVariant)
-        opts_.indexer_scores_variant = v[0] - '0';
+      int n = -1;
+      if (!v.empty() && v.size() <= 2 && std::all_of(v.begin(), v.end(), [](char ch) {
+            return ch >= '0' && ch <= '9';
+          }))
+        n = std::stoi(v);
+      if (n >= 0 && n <= cuda::kIndexerScoresMaxVariant) opts_.indexer_scores_variant = n;
     }
   }
   ~CudaOps() override {

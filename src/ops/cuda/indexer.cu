@@ -715,7 +715,18 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
 // leaves lane (g, t) with keys 8g + 2t, 8g + 2t + 1; the 4 warps' sums go through shared memory,
 // thread k < 64 adds them (warp 0 … 3) and stores score[tile·64 + k]. The summation order differs
 // from the mma.sync kernels (scores equal up to fp32 rounding, not bit for bit).
-constexpr int kWgN = 64;                          // keys per tile (wgmma N)
+//
+// Keys on M (kKeysM, variants 10–12): the same operands with the roles swapped — A = the key tile
+// (M = 64 keys), B = Q (N = 64 heads); both K-major in the same layout, so only the two
+// descriptors trade places. D[key, h]: warp w holds keys 16w … 16w + 15; lane (g, t) holds
+// d[4j + e] = (key 16w + g, head 8j + 2t + e) and d[4j + 2 + e] = (key 16w + g + 8, same head).
+// ReLU · w over its 16 heads (j, then e ascending) gives two partial sums, completed over t by
+// two xor shuffles (1, 2): a warp owns whole keys, so no cross-warp partials, no second barrier,
+// 4 shuffles instead of 14 and no selects. The single barrier of an iteration (after the tile's
+// copies landed) also orders the refill: every warp passed wgmma.wait_group 0 of the previous
+// tile before it, so the slot that tile used is refilled right after it (tile i + S − 1), and
+// wait_group S − 2 finds tile i landed (S − 1 tiles in flight while one computes).
+constexpr int kWgN = 64;                          // keys per tile (wgmma N; kKeysM: M)
 constexpr int kWgOperandBytes = 64 * kDDI * 2;    // 64 rows × 128 bf16 = 16 KB (Q or a key tile)
 constexpr int kWgLbo = 128, kWgSbo = 2048;        // descriptor strides (bytes), see above
 constexpr int kWgPartBytes = kDWarps * kWgN * 4;  // head-sum partials
@@ -774,7 +785,7 @@ __device__ __forceinline__ void wg_mma_m64n64k16(float (&d)[32], uint64_t adesc,
       : "memory");
 }
 
-template <int kStages, bool kPdl>
+template <int kStages, bool kPdl, bool kKeysM = false>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::IndexerArgs a,
                                                                           float* __restrict__ scores,
                                                                           int64_t ld, int desc_swap) {
@@ -841,74 +852,117 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
         make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(lo.z, lo.w),
                    wfrag::pack_bf16(hi.x, hi.y), wfrag::pack_bf16(hi.z, hi.w));
   }
-  // This thread's head weights (heads 16·warp + g, + 8), scaled by nI^-1/2 · dI^-1/2.
+  // This thread's head weights, scaled by nI^-1/2 · dI^-1/2: heads 16·warp + g, + 8 (heads on
+  // M), or heads 8j + 2t + e, j < 8, e < 2 as wk[2j + e] (kKeysM).
   const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
   const float w0 = a.weights[row * kDNI + 16 * warp + g] * wscale;
   const float w1 = a.weights[row * kDNI + 16 * warp + g + 8] * wscale;
+  [[maybe_unused]] float wk[16];
+  if constexpr (kKeysM) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      wk[2 * j] = a.weights[row * kDNI + 8 * j + 2 * t] * wscale;
+      wk[2 * j + 1] = a.weights[row * kDNI + 8 * j + 2 * t + 1] * wscale;
+    }
+  }
   const uint64_t qdesc = wg_desc(static_cast<uint32_t>(__cvta_generic_to_shared(qs)), desc_swap);
   float d[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
   int slot = 0;  // = i % S
   for (int tile = tile0; tile * kWgN < n; tile += gx) {
-    issue(tile + (kStages - 1) * gx, rn, slot == 0 ? kStages - 1 : slot - 1);
-    pipe_commit();
-    load_rows(tile + kStages * gx, rn);  // next issue's rows, in flight during the math
-    pipe_wait<kStages - 1>();            // this thread's pieces of `tile` landed
-    fence_proxy_async_smem();            // … and (with the q stores) visible to wgmma
-    __syncthreads();                     // every thread's pieces; previous partials consumed
+    const int refill = slot == 0 ? kStages - 1 : slot - 1;  // the slot tile − gx used
+    if constexpr (kKeysM) {
+      pipe_wait<kStages - 2>();  // this thread's pieces of `tile` landed
+      fence_proxy_async_smem();  // … and (with the q stores) visible to wgmma
+      __syncthreads();           // every thread's pieces; every warp done with tile − gx's wgmma
+      issue(tile + (kStages - 1) * gx, rn, refill);
+      pipe_commit();
+      load_rows(tile + kStages * gx, rn);  // next issue's rows, in flight during the math
+    } else {
+      issue(tile + (kStages - 1) * gx, rn, refill);
+      pipe_commit();
+      load_rows(tile + kStages * gx, rn);  // next issue's rows, in flight during the math
+      pipe_wait<kStages - 1>();            // this thread's pieces of `tile` landed
+      fence_proxy_async_smem();            // … and (with the q stores) visible to wgmma
+      __syncthreads();                     // every thread's pieces; previous partials consumed
+    }
     const uint64_t kdesc = wg_desc(ring_s + uint32_t(slot * kWgOperandBytes), desc_swap);
     slot = slot == kStages - 1 ? 0 : slot + 1;
     wg_fence();
     wg_fence_acc(d);
 #pragma unroll
-    for (int kk = 0; kk < kDKT; ++kk)  // k-step kk: + 256 bytes = + 16 in the address field
-      wg_mma_m64n64k16(d, qdesc + uint64_t(16 * kk), kdesc + uint64_t(16 * kk), kk > 0);
+    for (int kk = 0; kk < kDKT; ++kk) {  // k-step kk: + 256 bytes = + 16 in the address field
+      if constexpr (kKeysM)
+        wg_mma_m64n64k16(d, kdesc + uint64_t(16 * kk), qdesc + uint64_t(16 * kk), kk > 0);
+      else
+        wg_mma_m64n64k16(d, qdesc + uint64_t(16 * kk), kdesc + uint64_t(16 * kk), kk > 0);
+    }
     wg_commit();
     wg_wait0();
     wg_fence_acc(d);
-    // ReLU · w over this thread's two heads: v[2j + e] = key 8j + 2t + e.
-    float v[16];
+    if constexpr (kKeysM) {
+      // Σ over this thread's 16 heads of keys 16·warp + g (s0) and + 8 (s1), then over t.
+      float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        v[2 * j + e] = fmaxf(d[4 * j + e], 0.f) * w0 + fmaxf(d[4 * j + 2 + e], 0.f) * w1;
-    }
-    // Σ over g (lane bits 2–4): halve the kept keys at each step.
-    {
-      const bool hi = (lane >> 4) & 1;  // keep j ∈ [4hi, 4hi + 4): v[8hi … 8hi + 7]
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float keep = hi ? v[k + 8] : v[k], send = hi ? v[k] : v[k + 8];
-        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+        for (int e = 0; e < 2; ++e) {
+          s0 += fmaxf(d[4 * j + e], 0.f) * wk[2 * j + e];
+          s1 += fmaxf(d[4 * j + 2 + e], 0.f) * wk[2 * j + e];
+        }
       }
-    }
-    {
-      const bool hi = (lane >> 3) & 1;
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      const int k0 = tile * kWgN + 16 * warp + g;
+      if (t == 0 && k0 < n) srow[k0] = s0;
+      if (t == 1 && k0 + 8 < n) srow[k0 + 8] = s1;
+    } else {
+      // ReLU · w over this thread's two heads: v[2j + e] = key 8j + 2t + e.
+      float v[16];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float keep = hi ? v[k + 4] : v[k], send = hi ? v[k] : v[k + 4];
-        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-      }
-    }
-    {
-      const bool hi = (lane >> 2) & 1;
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const float keep = hi ? v[k + 2] : v[k], send = hi ? v[k] : v[k + 2];
-        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+        for (int e = 0; e < 2; ++e)
+          v[2 * j + e] = fmaxf(d[4 * j + e], 0.f) * w0 + fmaxf(d[4 * j + 2 + e], 0.f) * w1;
       }
-    }
-    // v[0], v[1] = Σ over the warp's 16 heads of keys 8g + 2t, 8g + 2t + 1.
-    *reinterpret_cast<float2*>(part + warp * kWgN + 8 * g + 2 * t) = make_float2(v[0], v[1]);
-    __syncthreads();
-    if (threadIdx.x < kWgN) {
-      const int s = tile * kWgN + threadIdx.x;
-      const float sc = ((part[threadIdx.x] + part[kWgN + threadIdx.x]) + part[2 * kWgN + threadIdx.x]) +
-                       part[3 * kWgN + threadIdx.x];
-      if (s < n) srow[s] = sc;
-    }
+      // Σ over g (lane bits 2–4): halve the kept keys at each step.
+      {
+        const bool hi = (lane >> 4) & 1;  // keep j ∈ [4hi, 4hi + 4): v[8hi … 8hi + 7]
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float keep = hi ? v[k + 8] : v[k], send = hi ? v[k] : v[k + 8];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+        }
+      }
+      {
+        const bool hi = (lane >> 3) & 1;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float keep = hi ? v[k + 4] : v[k], send = hi ? v[k] : v[k + 4];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+        }
+      }
+      {
+        const bool hi = (lane >> 2) & 1;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float keep = hi ? v[k + 2] : v[k], send = hi ? v[k] : v[k + 2];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+        }
+      }
+      // v[0], v[1] = Σ over the warp's 16 heads of keys 8g + 2t, 8g + 2t + 1.
+      *reinterpret_cast<float2*>(part + warp * kWgN + 8 * g + 2 * t) = make_float2(v[0], v[1]);
+      __syncthreads();
+      if (threadIdx.x < kWgN) {
+        const int s = tile * kWgN + threadIdx.x;
+        const float sc = ((part[threadIdx.x] + part[kWgN + threadIdx.x]) + part[2 * kWgN + threadIdx.x]) +
+                         part[3 * kWgN + threadIdx.x];
+        if (s < n) srow[s] = sc;
+      }
+    }  // heads on M
   }
   pipe_wait<0>();  // no copy outstanding at exit (groups past the row's end are empty)
 }
@@ -1075,22 +1129,22 @@ bool g_wg_desc_swap = false;
 
 // The warpgroup-MMA decode kernel (bf16 keys): one wave of CTAs (resident CTAs per SM from the
 // occupancy API with the dynamic shared memory), spread over the S rows as launch_decode does.
-template <int kStages>
+template <int kStages, bool kKeysM = false>
 Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                         int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kSmem = wg_smem_bytes<kStages>();
   static const cudaError_t attr_err = [] {
-    cudaError_t e = cudaFuncSetAttribute(indexer_decode_wg_kernel<kStages, false>,
+    cudaError_t e = cudaFuncSetAttribute(indexer_decode_wg_kernel<kStages, false, kKeysM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(indexer_decode_wg_kernel<kStages, true>,
+      e = cudaFuncSetAttribute(indexer_decode_wg_kernel<kStages, true, kKeysM>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     return e;
   }();
   if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_wg smem attribute");
   static const int per_sm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_wg_kernel<kStages, false>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_wg_kernel<kStages, false, kKeysM>,
                                                       kDWarps * 32, kSmem) != cudaSuccess ||
         b < 1) {
       (void)cudaGetLastError();
@@ -1106,7 +1160,7 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
   const int64_t gx = std::max<int64_t>(1, std::min(tiles, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
   if (!pdl) {
-    indexer_decode_wg_kernel<kStages, false>
+    indexer_decode_wg_kernel<kStages, false, kKeysM>
         <<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld, int(g_wg_desc_swap));
     return check_launch("indexer_decode_wg_kernel");
   }
@@ -1120,7 +1174,7 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_wg_kernel<kStages, true>, a, scores, ld,
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_wg_kernel<kStages, true, kKeysM>, a, scores, ld,
                                  int(g_wg_desc_swap)));
   return check_launch("indexer_decode_wg_kernel (PDL)");
 }
@@ -1156,6 +1210,13 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return launch_decode_wg<4>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (variant == 9 && a.key_dtype == KvDtype::kBf16)
       return launch_decode_wg<3>(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 10 / 11 / 12: the same kernel with keys on M (4 / 3 / 2 ring slots).
+    if (variant == 10 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_wg<4, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (variant == 11 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_wg<3, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (variant == 12 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_wg<2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);
