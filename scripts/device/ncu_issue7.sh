@@ -38,7 +38,7 @@ mkdir -p "$W"
 exec > >(tee -a "$W/ncu_issue7.log") 2>&1
 t0=$(date +%s)
 step() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
-B=build-ncu
+B=${V4_NCU_BUILD_DIR:-build-ncu}  # V4_NCU_BUILD_DIR=build-gpu + V4_SKIP_BUILD=1: reuse issue7_run.sh's build
 BK=$B/bench/bench_kernels
 
 step "build bench_kernels (-lineinfo) in $B"
@@ -133,6 +133,9 @@ if [ $ncu_ok = 1 ]; then
   # pipelined decode kernel (indexer_scores_tc variant 4: cp.async ring of 3 chunk slots per warp)
   probe idx-pipe-bf16-230400 indexer_decode_pipe_kernel --profile-indexer bf16 230400 4
   probe idx-pipe-fp8-230400 indexer_decode_pipe_kernel --profile-indexer fp8 230400 4
+  # warpgroup-MMA kernel, bf16 keys: heads on M (variant 8) and keys on M (variant 10)
+  probe idx-wg8-bf16-230400 indexer_decode_wg_kernel --profile-indexer bf16 230400 8
+  probe idx-wg10-bf16-230400 indexer_decode_wg_kernel --profile-indexer bf16 230400 10
   if ! grep -q "^### " "$summary"; then
     echo "no probe produced a report: see logs.tgz (ncu-work/*.ncu.log)" >> "$summary"
   fi

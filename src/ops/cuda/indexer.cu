@@ -253,8 +253,8 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint8_t* p) {
 // twice the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
 // kKeys == kKeysFp8: kFp8Index rows (see above; launch_decode picks kDNT = 4).
 // kPdl: launched with programmatic stream serialization (V4_INDEXER_PDL, docs/cuda.md §Indexer
-// chain): lets the dependent kernel (the PDL top-k) launch at once — it waits for this whole grid
-// before reading any score —, and every thread waits for the previous kernel of the stream
+// chain): lets the dependent kernel (the PDL top-k) launch once every CTA finished its loop — it
+// waits for this whole grid before reading any score —, and every thread waits for the previous kernel of the stream
 // (griddepcontrol.wait: it has completed and its memory is visible) before its first global
 // access (the count, q, weights, candidate rows and keys may all be written by it).
 template <int kDNT, int kKeys, bool kPdl>
@@ -264,10 +264,11 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
   constexpr bool kBf16Keys = kKeys == kKeysBf16, kFp8Keys = kKeys == kKeysFp8;
   constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
-  if constexpr (kPdl) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-  }
+  // PDL: wait for the previous kernel here; trigger the dependents only after the loop (below),
+  // so the top-k's CTAs do not sit resident on SMs this one-wave grid was sized to fill (the
+  // chain at 230,400 keys took 47.5 µs with the trigger at the start vs 44.6 with plain
+  // launches, cuda-indexer.md at e5ca414).
+  if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
   if (int64_t(blockIdx.x) * kDWarps * kDChunk >= n) return;  // whole block idle (uniform)
@@ -414,6 +415,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::Index
       }
     }
   }
+  if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // ---- pipelined decode kernel: per-warp cp.async ring (variants 4–7, docs/cuda.md §Indexer scores)
