@@ -499,7 +499,8 @@ std::string bench_indexer(double bw, int reps) {
 /// kernel `indexer_decode_pipe_kernel`; 8 / 9 the warpgroup-MMA kernel `indexer_decode_wg_kernel`,
 /// bf16 keys; any of indexer.h) at batch 1 over n candidates
 /// of keys of `key_dtype` (f32 / bf16 / fp8 kFp8Index), nI = 64, dI = 128, paged L2-cold lists
-/// rotating as in the "Key formats" table (PagedIndexerInputs), then a device sync. Exits with 2
+/// rotating as in the "Key formats" table (PagedIndexerInputs), then a device sync, then the
+/// median µs per launch of the same calls (printed). Exits with 2
 /// on n outside [1, 2^22] or CUDA errors, 3 on a failed call. Returns 0.
 int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant) {
   if (n < 1 || n > (int64_t(1) << 22) || launches < 1 || variant < 0 ||
@@ -523,6 +524,13 @@ int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant)
     IB_CHECK(cudaStreamSynchronize(st));
     std::printf("profile-indexer done: %s keys, n %lld, variant %d, %d launches over %d row maps\n",
                 v4::kv_dtype_name(key_dtype), (long long)n, variant, launches, in.rot);
+    // Then the "Key formats" timing of the same calls (median of 20 samples × 10 launches), so
+    // one variant can be timed without the whole --only-indexer table.
+    const double us = time_on(st, [&](int i, cudaStream_t s) {
+      IB_OK(v4::cuda::indexer_scores_tc(in.args(i, key_dtype), n, in.scores, n, n_sms, s, variant));
+    }, 20);
+    std::printf("profile-indexer time: %s keys, n %lld, variant %d: %.2f us per launch\n",
+                v4::kv_dtype_name(key_dtype), (long long)n, variant, us);
   }
   cudaStreamDestroy(st);
   return 0;

@@ -512,10 +512,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
   constexpr int kSlotBytes = pipe_slot_bytes<kKeys>();
   extern __shared__ __align__(16) unsigned char pipe_smem[];
   uint4* qa = reinterpret_cast<uint4*>(pipe_smem);  // [m][kk][lane] packed A fragments
-  if constexpr (kPdl) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-  }
+  if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // trigger: at the end
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
   if (int64_t(blockIdx.x) * kDWarps * kDChunk >= n) return;  // whole block idle (uniform)
@@ -666,6 +663,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
     }
   }
   pipe_wait<0>();  // no copy outstanding at exit (the groups past the row's end are empty)
+  if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // ---- warpgroup-MMA decode kernel (variants 8, 9; docs/cuda.md §Indexer scores, "wgmma") --------
@@ -732,6 +730,7 @@ constexpr int kWgN = 64;                          // keys per tile (wgmma N; kKe
 constexpr int kWgOperandBytes = 64 * kDDI * 2;    // 64 rows × 128 bf16 = 16 KB (Q or a key tile)
 constexpr int kWgLbo = 128, kWgSbo = 2048;        // descriptor strides (bytes), see above
 constexpr int kWgPartBytes = kDWarps * kWgN * 4;  // head-sum partials
+constexpr int kWgRowQ = 3;                         // issues whose candidate rows are in flight
 template <int kStages>
 constexpr int wg_smem_bytes() {
   return kWgOperandBytes * (1 + kStages) + kWgPartBytes;
@@ -796,10 +795,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
   unsigned char* qs = wg_smem;                                         // Q operand
   unsigned char* ring = wg_smem + kWgOperandBytes;                     // kStages key tiles
   float* part = reinterpret_cast<float*>(ring + kStages * kWgOperandBytes);  // [warp][key]
-  if constexpr (kPdl) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-  }
+  if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // trigger: at the end
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
   if (int64_t(blockIdx.x) * kWgN >= n) return;  // whole CTA idle (uniform)
@@ -835,15 +831,30 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
                    : "memory");
     }
   };
-  // Prologue: the CTA's tiles 0 … S − 2 in flight before the q staging.
-  int32_t rn[8];
+  // Prologue: the CTA's tiles 0 … S − 2 in flight before the q staging. Candidate rows then run
+  // kWgRowQ issues ahead in registers (rq[0] = the next issue's): ncu of variants 8 / 10 at
+  // 230,400 keys (bench/results/ncu-issue7-bf60df0.md) had 25–30% of the warp stalls on the
+  // row loads when they were fetched only one tile ahead.
+  int32_t rq[kWgRowQ][8];
 #pragma unroll
   for (int p = 0; p < kStages - 1; ++p) {
-    load_rows(tile0 + p * gx, rn);
-    issue(tile0 + p * gx, rn, p);
+    load_rows(tile0 + p * gx, rq[0]);
+    issue(tile0 + p * gx, rq[0], p);
     pipe_commit();
   }
-  load_rows(tile0 + (kStages - 1) * gx, rn);  // rows of the first in-loop issue
+#pragma unroll
+  for (int q = 0; q < kWgRowQ; ++q) load_rows(tile0 + (kStages - 1 + q) * gx, rq[q]);
+  // Issues tile `tile` + (S − 1)·gx into `slot`, then shifts the row queue and loads the rows
+  // kWgRowQ issues ahead.
+  auto issue_next = [&](int tile, int slot_) {
+    issue(tile + (kStages - 1) * gx, rq[0], slot_);
+    pipe_commit();
+#pragma unroll
+    for (int q = 0; q + 1 < kWgRowQ; ++q)
+#pragma unroll
+      for (int it = 0; it < 8; ++it) rq[q][it] = rq[q + 1][it];
+    load_rows(tile + (kStages - 1 + kWgRowQ) * gx, rq[kWgRowQ - 1]);
+  };
   // Stage q[row] (f32 [64, 128]) as bf16 in the operand layout: 1024 pieces of 8 dims.
   const float* qrow = a.q + row * (kDNI * kDDI);
   for (int u = threadIdx.x; u < kDNI * (kDDI / 8); u += kDWarps * 32) {
@@ -878,13 +889,9 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
       pipe_wait<kStages - 2>();  // this thread's pieces of `tile` landed
       fence_proxy_async_smem();  // … and (with the q stores) visible to wgmma
       __syncthreads();           // every thread's pieces; every warp done with tile − gx's wgmma
-      issue(tile + (kStages - 1) * gx, rn, refill);
-      pipe_commit();
-      load_rows(tile + kStages * gx, rn);  // next issue's rows, in flight during the math
+      issue_next(tile, refill);
     } else {
-      issue(tile + (kStages - 1) * gx, rn, refill);
-      pipe_commit();
-      load_rows(tile + kStages * gx, rn);  // next issue's rows, in flight during the math
+      issue_next(tile, refill);
       pipe_wait<kStages - 1>();            // this thread's pieces of `tile` landed
       fence_proxy_async_smem();            // … and (with the q stores) visible to wgmma
       __syncthreads();                     // every thread's pieces; previous partials consumed
@@ -967,6 +974,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
     }  // heads on M
   }
   pipe_wait<0>();  // no copy outstanding at exit (groups past the row's end are empty)
+  if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 }  // namespace
 
