@@ -252,13 +252,18 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint8_t* p) {
 // are the B registers as they are (no conversion), and the same 256 bytes per lane in flight cover
 // twice the keys when kDNT doubles (launch_decode picks kDNT = 4 for bf16 keys).
 // kKeys == kKeysFp8: kFp8Index rows (see above; launch_decode picks kDNT = 4).
+// kMinBlocks (variants 13 / 14): __launch_bounds__ minimum of resident blocks per SM, so the
+// compiler keeps the registers ≤ 65536 / (128 · kMinBlocks): ncu at 230,400 bf16 keys (ncu-issue7-
+// bf60df0.md) shows the default (132 registers, 3 blocks = 12 warps an SM) waiting on the key
+// loads 58% of the time with 0.33 eligible warps per scheduler — more resident warps, more bytes
+// in flight.
 // kPdl: launched with programmatic stream serialization (V4_INDEXER_PDL, docs/cuda.md §Indexer
 // chain): lets the dependent kernel (the PDL top-k) launch once every CTA finished its loop — it
 // waits for this whole grid before reading any score —, and every thread waits for the previous kernel of the stream
 // (griddepcontrol.wait: it has completed and its memory is visible) before its first global
 // access (the count, q, weights, candidate rows and keys may all be written by it).
-template <int kDNT, int kKeys, bool kPdl>
-__global__ void __launch_bounds__(kDWarps * 32) indexer_decode_kernel(ops::IndexerArgs a,
+template <int kDNT, int kKeys, bool kPdl, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
   constexpr bool kBf16Keys = kKeys == kKeysBf16, kFp8Keys = kKeys == kKeysFp8;
@@ -1026,15 +1031,16 @@ bool decode_kernel_enabled() {
   return on;
 }
 
-template <int kDNT, int kKeys>
+template <int kDNT, int kKeys, int kMinBlocks = 1>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                      int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kDChunk = 8 * kDNT;
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_kernel<kDNT, kKeys, false>,
-                                                      kDWarps * 32, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &b, indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>, kDWarps * 32, 0) !=
+            cudaSuccess ||
         b < 1) {
       (void)cudaGetLastError();
       b = 4;
@@ -1048,10 +1054,11 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
   const dim3 grid{unsigned(gx), unsigned(S), 1u};
   if (!pdl) {
-    indexer_decode_kernel<kDNT, kKeys, false><<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
+    indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>
+        <<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
     return check_launch("indexer_decode_kernel");
   }
-  // The PDL twin has the same body (plus the wait / trigger at its start), so the same registers
+  // The PDL twin has the same body (plus the wait at its start, the trigger at its end), so the same registers
   // and occupancy as the plain kernel the grid was sized for.
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -1063,7 +1070,8 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kKeys, true>, a, scores, ld));
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kKeys, true, kMinBlocks>, a,
+                                 scores, ld));
   return check_launch("indexer_decode_kernel (PDL)");
 }
 
@@ -1227,6 +1235,18 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return launch_decode_wg<3, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (variant == 12 && a.key_dtype == KvDtype::kBf16)
       return launch_decode_wg<2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 13 / 14: the decode kernel (default chunk) with ≥ 4 / 5 resident blocks an SM.
+    if (variant == 13 || variant == 14) {
+      const bool five = variant == 14;
+      if (a.key_dtype == KvDtype::kFp8Index)
+        return five ? launch_decode<4, kKeysFp8, 5>(a, max_count, scores, ld, n_sms, stream, pdl)
+                    : launch_decode<4, kKeysFp8, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
+      if (a.key_dtype == KvDtype::kBf16)
+        return five ? launch_decode<4, kKeysBf16, 5>(a, max_count, scores, ld, n_sms, stream, pdl)
+                    : launch_decode<4, kKeysBf16, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
+      return five ? launch_decode<2, kKeysF32, 5>(a, max_count, scores, ld, n_sms, stream, pdl)
+                  : launch_decode<2, kKeysF32, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
+    }
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);

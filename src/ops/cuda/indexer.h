@@ -23,7 +23,7 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 12;
+inline constexpr int kIndexerScoresMaxVariant = 14;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 
@@ -52,7 +52,9 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// the decode kernel's up to fp32 rounding (another summation order), never chosen by auto.
 /// 10 / 11 / 12 (bf16 keys): the warpgroup-MMA kernel with keys on M (A = a 64-key tile, B = Q:
 /// each warp owns 16 whole keys, no cross-warp head sums, one barrier a tile) and a ring of 4 /
-/// 3 / 2 tiles; equal to the decode kernel's scores up to fp32 rounding.
+/// 3 / 2 tiles; equal to the decode kernel's scores up to fp32 rounding. 13 / 14: the decode
+/// kernel (default chunk per key format) compiled for ≥ 4 / 5 resident blocks per SM (fewer
+/// registers, more warps in flight); bit-identical to variant 3 (bf16 / fp8) / 2 (f32).
 /// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
