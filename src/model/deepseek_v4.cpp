@@ -50,23 +50,24 @@ cache::AttnKind to_cache_kind(LayerKind k) {
 // Region names of the step profile (ops::Ops::region), per attention kind: the parts of a layer
 // whose device time `v4serve bench --profile` reports.
 enum Region { kRHcAttn, kRQ, kRKv, kRComp, kRIndexComp, kRIndexQ, kRIndexTopk, kRCore, kROut,
-              kRHcFfn, kRRouter, kRRouted, kRShared, kNumRegions };
+              kRHcFfn, kRRouter, kRRouted, kRShared, kRQTail, kNumRegions };
 const char* region_name(LayerKind k, Region r) {
   static const char* const names[3][kNumRegions] = {
       {"swa: mHC pre + norm (attn)", "swa: q (wq_a, q_norm, wq_b, head norm, rope)",
        "swa: kv (wkv, norm, rope, SWA store)", "", "", "", "", "swa: sparse attention",
        "swa: out (inverse rope, wo_a, wo_b, mHC post)", "swa: mHC pre + norm (ffn)", "swa: MoE router",
-       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post"},
-      {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm, wq_b, head norm, rope)",
+       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post", ""},
+      {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm)",
        "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
        "csa: indexer compressor", "csa: indexer q + weights", "csa: indexer scores + top-k",
        "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
-       "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post"},
+       "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post",
+       "csa: q tail (wq_b, head norm, rope)"},
       {"hca: mHC pre + norm (attn)", "hca: q (wq_a, q_norm, wq_b, head norm, rope)",
        "hca: kv (wkv, norm, rope, SWA store)", "hca: compressor (wkv, wgate, pool, norm, rope, store, ring)",
        "", "", "", "hca: sparse attention", "hca: out (inverse rope, wo_a, wo_b, mHC post)",
        "hca: mHC pre + norm (ffn)", "hca: MoE router", "hca: MoE routed experts",
-       "hca: MoE shared expert + add + mHC post"}};
+       "hca: MoE shared expert + add + mHC post", ""}};
   return names[int(k)][r];
 }
 
@@ -751,9 +752,11 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
 
   // Four independent chains read the layer input x (read-only) and write disjoint buffers, so
   // they run as Ops branches (ops.h fork/join; concurrent streams on CUDA with multi_stream):
-  //   0 (main): q path, then the indexer's q (from cq) and weights;  1: kv + SWA store;
-  //   2: compressor (comp pool, ring 0);  3: indexer compressor (index pool, ring 1).
-  // They join before the indexer top-k and the sparse attention, which read the pools. Every
+  //   0 (main): q path (CSA: wq_a + q_norm, the indexer's q from cq and its weights, then the
+  //     q tail wq_b + head norm + rope);  1: kv + SWA store;  2: compressor (comp pool, ring 0);
+  //   3 (CSA): indexer compressor (index pool, ring 1), then — after branch 0's indexer q and
+  //     weights (branch_wait) — the indexer top-k, which so overlaps branch 0's q tail.
+  // They join before the sparse attention, which reads the pools and the top-k rows. Every
   // buffer a branch writes is allocated before the fork and released after the join (a
   // release inside would let another branch's allocation reuse memory still in use).
   const bool csa = kind == LayerKind::kCsa, hca = kind == LayerKind::kHca;
@@ -827,9 +830,21 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   o.region(region_name(kind, kRQ));
   o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
   o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
-  o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
-  o.rms_norm_rope(q, nullptr, S, H, hd, eps, rope.rope_dim, st.pos, rope.inv_freq.data(),
-                  rope.attention_scaling);
+  if (csa) {
+    // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x. Issued before
+    // the q tail so that branch 3's top-k can start while the tail runs.
+    o.region(region_name(kind, kRIndexQ));
+    o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
+    o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
+           false);
+    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
+  }
+  auto q_tail = [&] {
+    o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
+    o.rms_norm_rope(q, nullptr, S, H, hd, eps, rope.rope_dim, st.pos, rope.inv_freq.data(),
+                    rope.attention_scaling);
+  };
+  if (!csa) q_tail();
   // Branch 1 — K = V path: kv_norm then RoPE, stored into the SWA pool.
   o.branch(1);
   o.region(region_name(kind, kRKv));
@@ -852,13 +867,28 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->index_dtype(),
              st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1), icomp_b);
-    // Branch 0 again — lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x.
+    // Top-k compressed rows per query from the indexer keys (this branch) and the indexer q and
+    // weights (branch 0 up to here).
+    o.branch_wait(0);
+    ops::IndexerArgs ia;
+    ia.q = qi;
+    ia.weights = wi;
+    ia.key_pool = st.kv->index_pool(l);
+    ia.key_dtype = st.kv->index_dtype();
+    ia.cand = st.csa.cand;
+    ia.n_rows = S;
+    ia.n_heads = nI;
+    ia.head_dim = dI;
+    ia.topk = topk;
+    ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
+    ia.out_rows = sel_rows;
+    ia.out_count = sel_count;
+    o.region(region_name(kind, kRIndexTopk));
+    o.indexer_topk(ia);
+    // Branch 0 again — the q tail.
     o.branch(0);
-    o.region(region_name(kind, kRIndexQ));
-    o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
-    o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
-           false);
-    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
+    o.region(region_name(kind, kRQTail));
+    q_tail();
   }
   o.join();
 
@@ -877,22 +907,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = st.hca.cand;
   } else if (csa) {
-    // Top-k compressed rows per query from the indexer keys (all branches joined).
-    ops::IndexerArgs ia;
-    ia.q = qi;
-    ia.weights = wi;
-    ia.key_pool = st.kv->index_pool(l);
-    ia.key_dtype = st.kv->index_dtype();
-    ia.cand = st.csa.cand;
-    ia.n_rows = S;
-    ia.n_heads = nI;
-    ia.head_dim = dI;
-    ia.topk = topk;
-    ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
-    ia.out_rows = sel_rows;
-    ia.out_count = sel_count;
-    o.region(region_name(kind, kRIndexTopk));
-    o.indexer_topk(ia);
+    // The top-k rows of branch 3 (joined).
     aa.comp_pool = st.kv->comp_pool(l);
     aa.comp = {sel_rows, st.topk_offset, sel_count};
   }

@@ -649,6 +649,12 @@ class Ops {
   }
   /// Selects branch `b` (0 ≤ b < the fork's branch count) for the ops issued next.
   virtual void branch(int b) { (void)b; }
+  /// Orders the ops issued next on the current branch after every op issued so far on branch
+  /// `b` (0 ≤ b < the fork's branch count; a no-op for the current branch itself and in issue
+  /// order). Ops issued on `b` later stay unordered with them. Lets one branch consume what
+  /// another produced early (the indexer top-k on the indexer-compressor branch reads the
+  /// indexer q and weights of branch 0) while the producer branch goes on.
+  virtual void branch_wait(int b) { (void)b; }
   /// Ends the fork (see `fork`).
   virtual void join() {}
   /// Turns running branches concurrently on or off at run time (graphs captured before keep the

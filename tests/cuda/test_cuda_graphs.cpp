@@ -587,7 +587,7 @@ TEST(CudaGraphs, RegionProfileTilesEagerAndReplayedSteps) {
     int per_kind[3] = {0, 0, 0};
     for (int l = 0; l < c.num_hidden_layers; ++l) ++per_kind[int(c.layer_types[l])];
     const char* q_names[3] = {"swa: q (wq_a, q_norm, wq_b, head norm, rope)",
-                              "csa: q (wq_a, q_norm, wq_b, head norm, rope)",
+                              "csa: q (wq_a, q_norm)",
                               "hca: q (wq_a, q_norm, wq_b, head norm, rope)"};
     for (int k = 0; k < 3; ++k)
       EXPECT_EQ(calls[graphs][q_names[k]], int64_t(per_kind[k]) * n) << q_names[k];

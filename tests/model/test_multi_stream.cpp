@@ -8,18 +8,22 @@
 //   different branches where one writes a range the other touches;
 // - defers the ops of a fork and runs them at the join branch by branch in REVERSE order (the
 //   last branch first), the issue order a concurrent device could pick that differs most from
-//   the serial one: a hidden dependency between branches changes the results.
+//   the serial one: a hidden dependency between branches changes the results. branch_wait(b)
+//   is the one allowed cross-branch order: ops issued after it on the waiting branch run after
+//   branch b's ops issued before it (and may touch what those wrote without a conflict).
 // Logits of prefill and decode steps through BranchOps must be bit-identical to the plain CPU
 // backend (where fork/join are no-ops), on every fixture (SWA-only, CSA and HCA layers).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/deepseek_v4.h"
@@ -84,7 +88,14 @@ class BranchOps final : public ops::Ops {
     cur_ = 0;
     pending_.assign(size_t(n), {});
     acc_.assign(size_t(n), {});
+    waits_.clear();
+    done_.assign(size_t(n), 0);
     ++forks;
+  }
+  void branch_wait(int b) override {
+    if (!forked_) return err(fmt::format("branch_wait({}) outside a fork", b));
+    if (b < 0 || b >= n_) return err(fmt::format("branch_wait({}) of a fork of {}", b, n_));
+    if (b != cur_) waits_.push_back({cur_, op_, b, op_});
   }
   void branch(int b) override {
     if (!forked_) return err(fmt::format("branch({}) outside a fork", b));
@@ -98,10 +109,11 @@ class BranchOps final : public ops::Ops {
     cur_ = 0;
     for (int i = 0; i < n_; ++i) {
       const int b = reverse_ ? n_ - 1 - i : i;
-      for (auto& f : pending_[size_t(b)]) f();
+      run_upto(b, INT64_MAX);
     }
     pending_.clear();
     acc_.clear();
+    waits_.clear();
   }
 
   // ---- ops: accesses recorded while forked ---------------------------------------------------
@@ -228,8 +240,23 @@ class BranchOps final : public ops::Ops {
     in_->compress_pool(a);
   }
   void indexer_topk(const ops::IndexerArgs& a) override {
-    unexpected("indexer_topk");
-    in_->indexer_topk(a);
+    if (forked_) {
+      const int64_t row_bytes = int64_t(a.head_dim) * 4;  // f32 key pools (CPU backend)
+      rd("indexer q", a.q, a.n_rows * a.n_heads * a.head_dim * 4);
+      rd("indexer weights", a.weights, a.n_rows * a.n_heads * 4);
+      rd("indexer cand count", a.cand.count, a.n_rows * 4);
+      for (int64_t t = 0; t < a.n_rows; ++t) {
+        const int32_t* list = a.cand.rows + a.cand.offset[t];
+        rd("indexer cand rows", list, int64_t(a.cand.count[t]) * 4);
+        for (int32_t s = 0; s < a.cand.count[t]; ++s)
+          if (list[s] >= 0)
+            rd("indexer key row", static_cast<const char*>(a.key_pool) + list[s] * row_bytes,
+               row_bytes);
+      }
+      wr("indexer out rows", a.out_rows, a.n_rows * a.topk * 4);
+      wr("indexer out count", a.out_count, a.n_rows * 4);
+    }
+    run([=, this] { in_->indexer_topk(a); });
   }
   void sparse_attention(const ops::AttentionArgs& a) override {
     unexpected("sparse_attention");
@@ -273,19 +300,47 @@ class BranchOps final : public ops::Ops {
   }
   void rd(const char* what, const void* p, int64_t bytes) { touch(what, p, bytes, false); }
   void wr(const char* what, const void* p, int64_t bytes) { touch(what, p, bytes, true); }
+  // branch_wait(from) issued on `branch` when the fork's next op index was `at`: ops of `branch`
+  // with index ≥ at run after the ops of `from` with index < upto.
+  struct Wait {
+    int branch;
+    int64_t at;
+    int from;
+    int64_t upto;
+  };
   template <typename F>
   void run(F&& f) {
     if (!forked_) return f();
-    ++op_;
     if (cur_ > 0) ++branched;
-    pending_[size_t(cur_)].push_back(std::forward<F>(f));
+    pending_[size_t(cur_)].push_back({op_, std::function<void()>(std::forward<F>(f))});
+    ++op_;
+  }
+  // Runs branch b's deferred ops with issue index < upto (each after the ops its waits need).
+  void run_upto(int b, int64_t upto) {
+    auto& q = pending_[size_t(b)];
+    size_t& next = done_[size_t(b)];
+    while (next < q.size() && q[next].first < upto) {
+      const int64_t idx = q[next].first;
+      for (const Wait& w : waits_)
+        if (w.branch == b && w.at <= idx) run_upto(w.from, w.upto);
+      auto f = std::move(q[next].second);
+      ++next;
+      f();
+    }
+  }
+  // Whether access x (branch i) is ordered before access y (branch j) by a branch_wait.
+  bool ordered(const Access& x, int i, const Access& y, int j) const {
+    for (const Wait& w : waits_)
+      if (w.branch == j && w.from == i && x.op < w.upto && y.op >= w.at) return true;
+    return false;
   }
   void check_conflicts() {
     for (int i = 0; i < n_; ++i)
       for (int j = i + 1; j < n_; ++j)
         for (const Access& a : acc_[size_t(i)])
           for (const Access& b : acc_[size_t(j)])
-            if ((a.write || b.write) && a.lo < b.hi && b.lo < a.hi)
+            if ((a.write || b.write) && a.lo < b.hi && b.lo < a.hi && !ordered(a, i, b, j) &&
+                !ordered(b, j, a, i))
               err(fmt::format("conflict: branch {} {} ({}) and branch {} {} ({}) overlap", i,
                               a.what, a.write ? "write" : "read", j, b.what,
                               b.write ? "write" : "read"));
@@ -296,8 +351,10 @@ class BranchOps final : public ops::Ops {
   bool forked_ = false;
   int n_ = 0, cur_ = 0;
   int64_t op_ = 0;
-  std::vector<std::vector<std::function<void()>>> pending_;
+  std::vector<std::vector<std::pair<int64_t, std::function<void()>>>> pending_;  // (issue index, op)
+  std::vector<size_t> done_;  // per branch: deferred ops already run at the join
   std::vector<std::vector<Access>> acc_;
+  std::vector<Wait> waits_;
 };
 
 struct Run {

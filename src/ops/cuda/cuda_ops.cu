@@ -488,6 +488,8 @@ class CudaOps final : public Ops {
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : ev_handoff_)
       if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : ev_xbranch_)
+      if (e) cudaEventDestroy(e);
     if (ev_fork_) cudaEventDestroy(ev_fork_);
     for (auto& [sz, list] : free_)
       for (void* p : list) cudaFree(p);
@@ -530,6 +532,8 @@ class CudaOps final : public Ops {
     V4_CUDA_TRY(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
     for (cudaEvent_t& e : ev_join_) V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : ev_handoff_)
+      V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : ev_xbranch_)
       V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return Status::Ok();
   }
@@ -1083,6 +1087,7 @@ class CudaOps final : public Ops {
     n_branches_ = std::max(1, branches);
     cur_ = 0;
     for (bool& w : side_waited_) w = false;
+    for (bool& u : scratch_fork_used_) u = false;
     fork_active_ = opts_.multi_stream && !profiling_ && n_branches_ > 1 && side_[0] != nullptr &&
                    (opts_.multi_stream_max_rows <= 0 || rows <= opts_.multi_stream_max_rows);
     if (fork_active_) {
@@ -1102,6 +1107,20 @@ class CudaOps final : public Ops {
       check(cudaStreamWaitEvent(side_[cur_ - 1], ev_fork_, 0), "fork wait");
       side_waited_[cur_ - 1] = true;
     }
+  }
+  void branch_wait(int b) override {
+    if (!forked_ || b < 0 || b >= n_branches_) {
+      record(cuda::errorf(ErrorCode::kInternal, "branch_wait({}) outside a fork of {} branches", b,
+                          forked_ ? n_branches_ : 0));
+      return;
+    }
+    if (!fork_active_) return;
+    const int src = b % kStreams;
+    // Same stream: already ordered. A side stream that has not joined this fork holds no work
+    // issued in it (earlier work is ordered by the fork event every branch waited on).
+    if (src == cur_ || (src > 0 && !side_waited_[src - 1])) return;
+    check(cudaEventRecord(ev_xbranch_[src], stream_of(src)), "branch_wait event");
+    check(cudaStreamWaitEvent(cs(), ev_xbranch_[src], 0), "branch_wait");
   }
   void join() override {
     if (!forked_) {
@@ -1414,6 +1433,12 @@ class CudaOps final : public Ops {
   // request in the same op). At the model's decode sizes the branches take no slot (docs/cuda.md
   // §Multi-stream), so this never serializes them there.
   void* scratch(int slot, size_t bytes) {
+    // A slot main owns but has not used since the fork is free for any branch: every side
+    // stream waited on the fork event, recorded after main's earlier users (and, after a join,
+    // after every branch's). No event, no handoff count.
+    if (forked_ && scratch_owner_[slot] == 0 && !scratch_fork_used_[slot])
+      scratch_owner_[slot] = cur_;
+    if (forked_) scratch_fork_used_[slot] = true;
     if (forked_ && scratch_owner_[slot] != cur_) {
       const int prev = scratch_owner_[slot];
       check(cudaEventRecord(ev_handoff_[prev], stream_of(prev)), "scratch handoff event");
@@ -1468,11 +1493,13 @@ class CudaOps final : public Ops {
   cudaStream_t stream_of(int i) const { return i == 0 ? stream_ : side_[i - 1]; }
   cudaStream_t cs() const { return stream_of(cur_); }
   cudaStream_t side_[kStreams - 1] = {};
-  cudaEvent_t ev_fork_ = nullptr, ev_join_[kStreams - 1] = {}, ev_handoff_[kStreams] = {};
+  cudaEvent_t ev_fork_ = nullptr, ev_join_[kStreams - 1] = {}, ev_handoff_[kStreams] = {},
+              ev_xbranch_[kStreams] = {};
   bool side_waited_[kStreams - 1] = {};
   bool forked_ = false, fork_active_ = false;
   int n_branches_ = 1, cur_ = 0;
   int scratch_owner_[cuda::kNumScratchSlots] = {};
+  bool scratch_fork_used_[cuda::kNumScratchSlots] = {};  // taken by any stream since the fork
   int64_t forks_ = 0, handoffs_ = 0;
   int n_sms_ = 132;
   // Step timing (step_begin / step_end).

@@ -457,6 +457,7 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 // e4m3 value 2^-6·m/8); NaN codes (0x7f / 0xff) would become ±480, which keys never hold.
 // Otherwise the decode kernel's e4m3x2_to_bf16x2.
 constexpr int kPipeNT = 4;                  // n-tiles per chunk (32 keys), as the bf16 / fp8 default
+constexpr int64_t kPipeAutoMinRows = 16;    // auto runs variant 5 for bf16 keys from this many rows
 constexpr int kPipeChunk = 8 * kPipeNT;
 constexpr int kQaBytes = kDMT * kDKT * 32 * 16;  // packed q A fragments (16 KB)
 template <int kKeys>
@@ -1219,6 +1220,12 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // n-tiles for A/B); f32 keys: 2 n-tiles (variant 3 = 4).
     // fp8 keys: 4 n-tiles (128 bytes per lane in flight, 32 key registers; variant 2 = 2).
     const bool pipe = variant >= 4 && variant <= kIndexerPipeMaxVariant;
+    // Auto, bf16 keys, ≥ kPipeAutoMinRows rows: the pipelined kernel with a 2-slot ring (variant
+    // 5), bit-identical to the decode kernel and faster with many rows (cuda-indexer.md, session
+    // 9: batch 64 × 230,400 keys 1,011 µs vs 1,175; × 32,768 153 vs 160); at batch 1 it is within
+    // ±1 µs either way, so small batches keep the decode kernel.
+    if (variant == 0 && a.key_dtype == KvDtype::kBf16 && a.n_rows >= kPipeAutoMinRows)
+      return launch_pipe_variant<kKeysBf16>(5, a, max_count, scores, ld, n_sms, stream, pdl);
     if (pipe && a.key_dtype == KvDtype::kFp8Index)
       return launch_pipe_variant<kKeysFp8>(variant, a, max_count, scores, ld, n_sms, stream, pdl);
     if (pipe && a.key_dtype == KvDtype::kBf16)

@@ -36,7 +36,8 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 
 /// Writes score[t, s] for s < a.cand.count[t] into `scores` (f32 [S, ld]); other entries are
 /// untouched. `max_count` ≥ every count (host bound; sizes the grid). `n_sms`: SMs of the device
-/// (grid sizing). `variant`: 0 auto — the decode kernel (below) for S ≤ 128 rows when
+/// (grid sizing). `variant`: 0 auto — the decode kernel (below; bf16 keys with S ≥ 16 rows: its
+/// bit-identical pipelined form, variant 5) for S ≤ 128 rows when
 /// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), else the WMMA kernel (one
 /// query row per group for S ≤ 64, 4 rows sharing key tiles above); 1 the WMMA kernel only (the
 /// previous decode path, for benchmarks); 2 the decode kernel only (bf16 / fp8 keys: 16-key
