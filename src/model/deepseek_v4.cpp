@@ -59,7 +59,8 @@ const char* region_name(LayerKind k, Region r) {
        "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post", ""},
       {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm)",
        "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
-       "csa: indexer compressor", "csa: indexer q + weights", "csa: indexer scores + top-k",
+       "csa: indexer weights + compressor", "csa: indexer q (index_wq_b, rope)",
+       "csa: indexer scores + top-k",
        "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
        "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post",
        "csa: q tail (wq_b, head norm, rope)"},
@@ -752,10 +753,10 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
 
   // Four independent chains read the layer input x (read-only) and write disjoint buffers, so
   // they run as Ops branches (ops.h fork/join; concurrent streams on CUDA with multi_stream):
-  //   0 (main): q path (CSA: wq_a + q_norm, the indexer's q from cq and its weights, then the
-  //     q tail wq_b + head norm + rope);  1: kv + SWA store;  2: compressor (comp pool, ring 0);
-  //   3 (CSA): indexer compressor (index pool, ring 1), then — after branch 0's indexer q and
-  //     weights (branch_wait) — the indexer top-k, which so overlaps branch 0's q tail.
+  //   0 (main): q path (CSA: wq_a + q_norm, the indexer's q from cq, then the q tail wq_b +
+  //     head norm + rope);  1: kv + SWA store;  2: compressor (comp pool, ring 0);
+  //   3 (CSA): the indexer's head weights, its compressor (index pool, ring 1), then — after
+  //     branch 0's indexer q (branch_wait) — the indexer top-k, which so overlaps the q tail.
   // They join before the sparse attention, which reads the pools and the top-k rows. Every
   // buffer a branch writes is allocated before the fork and released after the join (a
   // release inside would let another branch's allocation reuse memory still in use).
@@ -831,13 +832,12 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   o.linear_w(x, D, a.wq_a.v(), S, cq, Rq);
   o.rms_norm(cq, a.q_norm.data(), S, Rq, eps, cq);
   if (csa) {
-    // Lightning indexer (dsv4-model.md §6): q^I from cq, roped; weights from x. Issued before
-    // the q tail so that branch 3's top-k can start while the tail runs.
+    // Lightning indexer (dsv4-model.md §6): q^I from cq, roped (its weights: branch 3). Issued
+    // before the q tail so that branch 3's top-k can start while the tail runs.
     o.region(region_name(kind, kRIndexQ));
     o.linear_w(cq, Rq, a.index_wq_b.v(), S, qi, int64_t(nI) * dI);
     o.rope(qi, S, nI, dI, rope.rope_dim, st.pos, rope.inv_freq.data(), rope.attention_scaling,
            false);
-    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
   }
   auto q_tail = [&] {
     o.linear_w(cq, Rq, a.wq_b.v(), S, q, int64_t(H) * hd);
@@ -864,11 +864,14 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     // Branch 3 — the indexer's compressor (keys of the lightning indexer).
     o.branch(3);
     o.region(region_name(kind, kRIndexComp));
+    // The indexer's head weights (from x) here rather than on branch 0, so the top-k below waits
+    // for less of branch 0.
+    o.linear_w(x, D, a.index_weights_proj.v(), S, wi, nI);
     compress(a.index_compressor, st.csa, dI, st.kv->index_pool(l), st.kv->index_dtype(),
              st.kv->ring_kv(l, 1),
              st.kv->ring_gate(l, 1), icomp_b);
-    // Top-k compressed rows per query from the indexer keys (this branch) and the indexer q and
-    // weights (branch 0 up to here).
+    // Top-k compressed rows per query from the indexer keys and weights (this branch) and the
+    // indexer q (branch 0 up to here).
     o.branch_wait(0);
     ops::IndexerArgs ia;
     ia.q = qi;

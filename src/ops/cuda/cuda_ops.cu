@@ -450,6 +450,10 @@ class CudaOps final : public Ops {
       if (std::string(e) == "1") opts_.multi_stream = true;
       if (std::string(e) == "0") opts_.multi_stream = false;
     }
+    if (const char* e = std::getenv("V4_STREAM_PRIORITY")) {  // A/B of branch 3's priority
+      if (std::string(e) == "1") opts_.indexer_stream_priority = true;
+      if (std::string(e) == "0") opts_.indexer_stream_priority = false;
+    }
     if (const char* e = std::getenv("V4_ATTN_DEC")) {
       if (std::string(e) == "1") opts_.attention_dec = true, opts_.attention_dec_variant = 1;
       if (std::string(e) == "2") opts_.attention_dec = true, opts_.attention_dec_variant = 2;
@@ -528,7 +532,13 @@ class CudaOps final : public Ops {
   // capture: set_multi_stream refuses then).
   Status make_side_streams() {
     if (side_[0]) return Status::Ok();
-    for (cudaStream_t& st : side_) V4_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;  // numerically: greatest ≤ least (lower = more urgent)
+    V4_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    for (int i = 0; i < kStreams - 1; ++i) {
+      const bool urgent = opts_.indexer_stream_priority && i + 1 == kIndexerBranch;
+      V4_CUDA_TRY(cudaStreamCreateWithPriority(&side_[i], cudaStreamNonBlocking,
+                                               urgent ? greatest : least));
+    }
     V4_CUDA_TRY(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
     for (cudaEvent_t& e : ev_join_) V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : ev_handoff_)
@@ -1490,6 +1500,7 @@ class CudaOps final : public Ops {
   // Multi-stream branches: the stream ops are issued on (branch `cur_`: 0 = stream_, b > 0 =
   // side_[b − 1]); every op method launches on cs().
   static constexpr int kStreams = 4;
+  static constexpr int kIndexerBranch = 3;  // fork branch of the indexer chain (model attention)
   cudaStream_t stream_of(int i) const { return i == 0 ? stream_ : side_[i - 1]; }
   cudaStream_t cs() const { return stream_of(cur_); }
   cudaStream_t side_[kStreams - 1] = {};

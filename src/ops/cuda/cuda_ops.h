@@ -85,6 +85,12 @@ struct CudaOptions {
   /// 1 (batch-1 decode only): from 2 rows the branches' linears run dense_mma, whose scratch
   /// slots are one per backend, so the branches hand slots over and serialize anyway.
   int64_t multi_stream_max_rows = 1;
+  /// The side stream of fork branch 3 (the indexer compressor, then the indexer top-k: the
+  /// critical path of a CSA layer at long context) is created with the device's highest stream
+  /// priority, the others with the default, so the chain's CTAs are scheduled ahead of the other
+  /// branches' when they compete for SMs. Environment override: V4_STREAM_PRIORITY=1 / 0 (read
+  /// at backend creation; streams are created once).
+  bool indexer_stream_priority = true;
   /// kBf16 sparse_attention with head_dim 512 and n_rows ≤ attention_dec_max_rows: the decode
   /// kernel (attention_dec.h: bf16 mma.sync, 64 heads per block, cp.async-staged 32-key tiles,
   /// cost-model split-KV) instead of the TF32 kernel (attention_mma). Off: attention_mma for
