@@ -183,8 +183,9 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
         EXPECT_LE(worst, 2e-4);
       }
       // 4 … kIndexerPipeMaxVariant: the pipelined kernel; 13 / 14: the decode kernel compiled
-      // for ≥ 4 / 5 resident blocks an SM (same code, fewer registers).
-      std::vector<int> bitwise;
+      // for ≥ 4 / 5 resident blocks an SM (same code, fewer registers); 0: auto (the decode
+      // kernel, or variant 5 for bf16 keys with ≥ 16 rows: the batch-64 cases).
+      std::vector<int> bitwise = {0};
       for (int v = 4; v <= cuda::kIndexerPipeMaxVariant; ++v) bitwise.push_back(v);
       bitwise.push_back(13);
       bitwise.push_back(14);

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/dtype.h"
 #include "model/deepseek_v4.h"
 #include "model_test_util.h"
 #include "ops/ops.h"
@@ -241,7 +242,7 @@ class BranchOps final : public ops::Ops {
   }
   void indexer_topk(const ops::IndexerArgs& a) override {
     if (forked_) {
-      const int64_t row_bytes = int64_t(a.head_dim) * 4;  // f32 key pools (CPU backend)
+      const int64_t row_bytes = kv_row_bytes(a.key_dtype, a.head_dim, 0);
       rd("indexer q", a.q, a.n_rows * a.n_heads * a.head_dim * 4);
       rd("indexer weights", a.weights, a.n_rows * a.n_heads * 4);
       rd("indexer cand count", a.cand.count, a.n_rows * 4);
@@ -474,6 +475,69 @@ TEST(MultiStream, DoubleDetectsConflictsNestingAndReorders) {
   o.join();
   EXPECT_EQ(o.errors.size(), 5u);  // branch outside, join without fork, nested fork, branch 2, upload
   o.free(buf);
+  o.free(out);
+  o.free(tw);
+}
+
+// branch_wait: branch 1 reads what branch 0 wrote before the wait — ordered, no conflict, and the
+// reverse-order replay runs branch 0's earlier op first; branch 0 writing the same buffer again
+// after the wait is still a conflict (the wait orders only what was issued before it), and so is
+// a read issued on branch 1 before the wait.
+TEST(MultiStream, DoubleOrdersBranchWait) {
+  BranchOps o(ops::make_cpu_ops());
+  float* a = static_cast<float*>(o.alloc(8 * sizeof(float)));
+  float* out = static_cast<float*>(o.alloc(8 * sizeof(float)));
+  float* tw = static_cast<float*>(o.alloc(8 * sizeof(float)));
+  const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1}, twos[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+  auto reset = [&] {
+    o.upload(a, ones, sizeof ones);
+    o.upload(out, ones, sizeof ones);
+    o.upload(tw, twos, sizeof twos);
+  };
+  float r[8];
+  // 1. Ordered: no conflict, branch 1 sees a = 3.
+  reset();
+  o.fork(2);
+  o.add(a, tw, 8);  // branch 0: a = 3
+  o.branch(1);
+  o.branch_wait(0);
+  o.add(out, a, 8);  // branch 1: out = 1 + 3
+  o.join();
+  EXPECT_TRUE(o.errors.empty()) << (o.errors.empty() ? "" : o.errors[0]);
+  o.download(r, out, sizeof r);
+  EXPECT_EQ(r[0], 4.f) << "branch 1's read ran before branch 0's write";
+  // 2. Branch 0 writes a again after the wait: one conflict (that write vs branch 1's read).
+  o.errors.clear();
+  reset();
+  o.fork(2);
+  o.add(a, tw, 8);
+  o.branch(1);
+  o.branch_wait(0);
+  o.add(out, a, 8);
+  o.branch(0);
+  o.add(a, tw, 8);
+  o.join();
+  ASSERT_EQ(o.errors.size(), 1u);
+  EXPECT_NE(o.errors[0].find("conflict"), std::string::npos) << o.errors[0];
+  // 3. A read on branch 1 issued before the wait: a conflict too.
+  o.errors.clear();
+  reset();
+  o.fork(2);
+  o.add(a, tw, 8);
+  o.branch(1);
+  o.add(out, a, 8);
+  o.branch_wait(0);
+  o.join();
+  ASSERT_EQ(o.errors.size(), 1u);
+  EXPECT_NE(o.errors[0].find("conflict"), std::string::npos) << o.errors[0];
+  // 4. A wait outside a fork and on a branch the fork does not have: errors.
+  o.errors.clear();
+  o.branch_wait(0);
+  o.fork(2);
+  o.branch_wait(2);
+  o.join();
+  EXPECT_EQ(o.errors.size(), 2u);
+  o.free(a);
   o.free(out);
   o.free(tw);
 }

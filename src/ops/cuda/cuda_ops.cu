@@ -862,8 +862,9 @@ class CudaOps final : public Ops {
             "indexer smem attribute");
     // The chain (docs/cuda.md §Indexer chain): with opts_.indexer_pdl each kernel that is
     // PDL-launched waits for its predecessor before any global access (so the first kernel after
-    // a multi-stream join, whose predecessors include the side streams' last kernels, is ordered
-    // after all of them), and triggers its dependents at its start.
+    // a cross-stream wait — branch_wait on fork branch 3, or a join — is ordered after every
+    // prerequisite), and triggers its dependents: the top-k and finalize at their start, the
+    // scores kernels after their loop (their one-wave grid keeps its SMs).
     // Measured (H200, bench/results/cuda-indexer.md, chain table): PDL saves 1.5–3.6 µs a chain
     // at batch 1 but costs 2–9 µs at batch 64, so only calls of ≤ indexer_pdl_max_rows rows use it.
     const bool pdl = opts_.indexer_pdl && S <= opts_.indexer_pdl_max_rows;
