@@ -50,6 +50,9 @@
 //                                             whole Ops::indexer_topk: DIR/cuda-indexer.md;
 //                                             then the chain over a bf16 key pool, plain vs
 //                                             PDL, eager vs graph; also part of the full run)
+//   bench_kernels --out DIR --probe-indexer-gather (the decode scores kernel vs its loads
+//                                             alone, random vs sequential lists, bf16 keys,
+//                                             batch 1: DIR/cuda-indexer-gather.md)
 #ifndef V4_HAVE_CUDA
 #include <cstdio>
 int main() {
@@ -87,6 +90,7 @@ std::string bench_compressor(double bw);
 std::string bench_mhc(double bw);
 // indexer_bench.cpp: the cuda-indexer.md body at copy bandwidth `bw` GB/s.
 std::string bench_indexer(double bw, int reps);
+std::string bench_indexer_gather(double bw, int reps);  // --probe-indexer-gather (indexer_bench.cpp)
 // attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
 std::string bench_attention(double bw);
 // gemv_bench.cpp: old vs streaming batch-1 GEMV (--only-gemv, cuda-gemv.md).
@@ -869,6 +873,7 @@ int main(int argc, char** argv) {
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
+  bool probe_indexer_gather = false;  // --probe-indexer-gather (cuda-indexer-gather.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   bool only_moe = false;  // only the routed-MoE moe_mma v1 vs v2 table (cuda-moe.md)
   int prof_launches = 20;  // --launches: launches of the --profile-* modes
@@ -884,6 +889,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
     else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
+    else if (!std::strcmp(argv[i], "--probe-indexer-gather")) probe_indexer_gather = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--only-moe")) only_moe = true;
     else if (!std::strcmp(argv[i], "--launches") && i + 1 < argc) ++i;  // read above
@@ -1060,6 +1066,14 @@ int main(int argc, char** argv) {
   };
   if (only_indexer) {
     write_indexer();
+    return 0;
+  }
+  if (probe_indexer_gather) {
+    std::ofstream(out_dir + "/cuda-indexer-gather.md")
+        << "# Indexer decode scores kernel vs its loads alone\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n" << bench_indexer_gather(bw, reps);
+    std::printf("wrote %s/cuda-indexer-gather.md\n", out_dir.c_str());
     return 0;
   }
   if (only_attention) {

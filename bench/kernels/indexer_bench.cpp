@@ -536,4 +536,76 @@ int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant)
   return 0;
 }
 
+/// `bench_kernels --out DIR --probe-indexer-gather` → DIR/cuda-indexer-gather.md: what bounds the
+/// decode scores kernel at batch 1 (docs/cuda.md §Missing). Over bf16 keys, n = 32,768 / 230,400 /
+/// 262,144 candidates: `cuda::indexer_gather_probe` (the decode kernel's loads, grid and chunk
+/// order without the math) and the decode kernel (variant 0), each over the usual lists (runs of
+/// 64 rows from a random page order, PagedIndexerInputs) and over sequential lists (row i of the
+/// pool at position i: contiguous memory), L2-cold rotation as in the other tables. If the
+/// gather alone takes about the decode kernel's time, the kernel is bound by the memory side
+/// (latency / bytes in flight); if the sequential lists are much faster, by the gather pattern
+/// (DRAM pages, TLB).
+std::string bench_indexer_gather(double bw, int reps) {
+  int n_sms = 132, dev = 0;
+  IB_CHECK(cudaGetDevice(&dev));
+  IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaStream_t st;
+  IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::mt19937_64 g(2028);
+  std::ostringstream o;
+  o << "\n## Decode scores kernel vs its loads alone (bf16 keys, batch 1)\n\n"
+    << "- gather = `cuda::indexer_gather_probe`: the decode kernel's grid (one wave at its "
+       "occupancy), 32-key chunks per warp and 16-byte non-caching loads, candidate rows one chunk "
+       "ahead, no math (the loaded words are XORed into one u32 per thread); decode = "
+       "`indexer_scores_tc` variant 0 (auto: the decode kernel)\n"
+    << "- random = lists of runs of 64 pool rows from a random page order (as every other table); "
+       "sequential = row i of the pool at list position i (contiguous)\n"
+    << "- floor = n · (256 + 8) bytes / " << int(bw) << " GB/s; median µs per launch, launches "
+       "rotate over ≥ 256 MiB of rows (L2-cold)\n\n"
+    << "| n | floor µs | gather random µs | gather sequential µs | decode random µs | decode "
+       "sequential µs | gather / decode (random) |\n"
+    << "|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (int64_t n : {int64_t(32768), int64_t(230400), int64_t(262144)}) {
+    PagedIndexerInputs in(n, 1, 64, 128, g);
+    in.fill_keys(v4::KvDtype::kBf16, st);
+    int32_t* seq = nullptr;
+    {
+      std::vector<int32_t> h(static_cast<size_t>(in.pool_rows));
+      std::iota(h.begin(), h.end(), 0);
+      IB_CHECK(cudaMalloc(&seq, h.size() * 4));
+      IB_CHECK(cudaMemcpy(seq, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    }
+    auto args = [&](int i, bool sequential) {
+      v4::ops::IndexerArgs a = in.args(i, v4::KvDtype::kBf16);
+      if (sequential) a.cand.rows = seq;
+      return a;
+    };
+    const int64_t words = v4::cuda::indexer_gather_probe_sink_words(args(0, false), n, n_sms);
+    uint32_t* sink = nullptr;
+    IB_CHECK(cudaMalloc(&sink, size_t(words) * 4));
+    double t[4] = {};
+    for (int k = 0; k < 4; ++k) {
+      const bool sequential = k % 2 == 1, gather = k < 2;
+      t[k] = time_on(st, [&](int i, cudaStream_t s) {
+        if (gather)
+          IB_OK(v4::cuda::indexer_gather_probe(args(i, sequential), n, sink, n_sms, s));
+        else
+          IB_OK(v4::cuda::indexer_scores_tc(args(i, sequential), n, in.scores, n, n_sms, s, 0));
+      }, reps);
+    }
+    const double fl = double(n) * (256 + 8) / (bw * 1e9) * 1e6;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "| %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n",
+                  (long long)n, fl, t[0], t[1], t[2], t[3], t[0] / t[2]);
+    o << buf;
+    std::printf("indexer gather n=%lld: gather random %.1f sequential %.1f; decode random %.1f "
+                "sequential %.1f (floor %.1f) us\n",
+                (long long)n, t[0], t[1], t[2], t[3], fl);
+    cudaFree(sink);
+    cudaFree(seq);
+  }
+  cudaStreamDestroy(st);
+  return o.str();
+}
+
 #endif  // V4_HAVE_CUDA

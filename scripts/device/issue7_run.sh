@@ -7,6 +7,8 @@
 #               wgemv vs streaming gemv_stream, % of a same-traffic copy)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
+#   gather      bench_kernels --probe-indexer-gather -> cuda-indexer-gather.md (the decode scores
+#               kernel vs its loads alone, random vs sequential lists; not in the default list)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
 #   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
 #   moe         bench_kernels --only-moe         -> cuda-moe.md (routed MoE moe_mma v1 vs v2 vs the
@@ -86,6 +88,7 @@ has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wf
 has gemv && { kb gemv --only-gemv; grep -E "^gemv" "$OUT/gemv.log"; }
 has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
+has gather && { kb gather --probe-indexer-gather; grep -E "^indexer gather" "$OUT/gather.log"; }
 has attention && kb attention --only-attention
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }

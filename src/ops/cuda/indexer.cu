@@ -1201,6 +1201,85 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
 
 void indexer_wg_set_desc_swap(bool swap) { g_wg_desc_swap = swap; }
 
+namespace {
+// indexer_gather_probe's kernel: indexer_decode_kernel<4, kKeysBf16, false>'s loads, no math.
+__global__ void __launch_bounds__(kDWarps * 32) indexer_gather_probe_kernel(ops::IndexerArgs a,
+                                                                             uint32_t* sink) {
+  constexpr int kDNT = 4, kDChunk = 8 * kDNT;
+  const int64_t row = blockIdx.y;
+  const int n = a.cand.count[row];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  const uint16_t* pool = static_cast<const uint16_t*>(a.key_pool);
+  const int stride = gridDim.x * kDWarps;
+  int c = blockIdx.x * kDWarps + warp;
+  int32_t rn[kDNT];
+#pragma unroll
+  for (int j = 0; j < kDNT; ++j) {
+    const int s = c * kDChunk + 8 * j + g;
+    rn[j] = s < n ? cand[s] : -1;
+  }
+  uint32_t acc = 0;
+  for (; c * kDChunk < n; c += stride) {
+    int32_t r[kDNT];
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
+    uint4 kv[kDNT][kDKT / 2];
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j)
+#pragma unroll
+      for (int u = 0; u < kDKT / 2; ++u)
+        kv[j][u] = r[j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
+                            : ld_stream_u4(pool + int64_t(r[j]) * kDDI +
+                                           key_dim0<kKeysBf16>(2 * u, t));
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      const int s = (c + stride) * kDChunk + 8 * j + g;
+      rn[j] = s < n ? cand[s] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j)
+#pragma unroll
+      for (int u = 0; u < kDKT / 2; ++u) acc ^= kv[j][u].x ^ kv[j][u].y ^ kv[j][u].z ^ kv[j][u].w;
+  }
+  sink[(row * gridDim.x + blockIdx.x) * (kDWarps * 32) + threadIdx.x] = acc;
+}
+
+// The decode kernel's grid for bf16 keys (launch_decode<4, kKeysBf16>).
+int64_t gather_probe_gx(const ops::IndexerArgs& a, int64_t max_count, int n_sms) {
+  static const int per_sm = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &b, indexer_decode_kernel<4, kKeysBf16, false>, kDWarps * 32, 0) != cudaSuccess ||
+        b < 1) {
+      (void)cudaGetLastError();
+      b = 4;
+    }
+    return b;
+  }();
+  const int64_t blocks_needed = (max_count + kDWarps * 32 - 1) / (kDWarps * 32);
+  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
+  return std::max<int64_t>(1, std::min(blocks_needed, want / std::max<int64_t>(1, a.n_rows)));
+}
+}  // namespace
+
+int64_t indexer_gather_probe_sink_words(const ops::IndexerArgs& a, int64_t max_count, int n_sms) {
+  return std::max<int64_t>(1, a.n_rows) * gather_probe_gx(a, max_count, n_sms) * (kDWarps * 32);
+}
+
+Status indexer_gather_probe(const ops::IndexerArgs& a, int64_t max_count, uint32_t* sink,
+                            int n_sms, cudaStream_t stream) {
+  if (a.key_dtype != KvDtype::kBf16 || a.n_heads != kDNI || a.head_dim != kDDI ||
+      a.n_rows <= 0 || a.n_rows > 65535 || max_count <= 0 || !sink)
+    return errorf(ErrorCode::kInvalidArgument,
+                  "indexer_gather_probe: bf16 keys, nI {} dI {}, 1..65535 rows, a sink", kDNI,
+                  kDDI);
+  const dim3 grid{unsigned(gather_probe_gx(a, max_count, n_sms)), unsigned(a.n_rows), 1u};
+  indexer_gather_probe_kernel<<<grid, kDWarps * 32, 0, stream>>>(a, sink);
+  return check_launch("indexer_gather_probe_kernel");
+}
+
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream, int variant, bool pdl) {
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();

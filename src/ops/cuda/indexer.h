@@ -79,4 +79,17 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
 /// exchanged while `swap` is set (default false: the PTX ISA reading, docs/cuda.md).
 void indexer_wg_set_desc_swap(bool swap);
 
+/// Diagnostics (bench_kernels --probe-indexer-gather): the memory side of the decode kernel
+/// alone. Reads every candidate key row of a **bf16** key pool exactly as the decode kernel's
+/// lanes do for bf16 keys (same grid — one wave sized by the decode kernel's occupancy — same
+/// 32-key chunks per warp, grid-strided, candidate rows one chunk ahead, 16-byte non-caching
+/// loads of dims 32u + 8t … of key 8j + g) but without the math: XORs the loaded words and
+/// writes one u32 per thread to `sink` (at least `indexer_gather_probe_sink_words` entries).
+/// Errors: kInvalidArgument for a non-bf16 pool or dims other than nI = 64, dI = 128; launch
+/// errors.
+Status indexer_gather_probe(const ops::IndexerArgs& a, int64_t max_count, uint32_t* sink,
+                            int n_sms, cudaStream_t stream);
+/// Entries of `sink` indexer_gather_probe writes for `a` (rows × grid blocks × 128).
+int64_t indexer_gather_probe_sink_words(const ops::IndexerArgs& a, int64_t max_count, int n_sms);
+
 }  // namespace v4::cuda
