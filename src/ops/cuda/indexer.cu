@@ -1032,48 +1032,63 @@ bool decode_kernel_enabled() {
   return on;
 }
 
-template <int kDNT, int kKeys, int kMinBlocks = 1>
-Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                     int n_sms, cudaStream_t stream, bool pdl) {
-  constexpr int kDChunk = 8 * kDNT;
-  // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
-  static const int per_sm = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>, kDWarps * 32, 0) !=
-            cudaSuccess ||
-        b < 1) {
-      (void)cudaGetLastError();
-      b = 4;
-    }
-    return b;
-  }();
-  const int64_t S = a.n_rows;
-  const int64_t blocks_needed = (max_count + kDWarps * kDChunk - 1) / (kDWarps * kDChunk);
-  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);  // one wave over the GPU
-  // Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave adds a block's duration.
-  const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
-  const dim3 grid{unsigned(gx), unsigned(S), 1u};
-  if (!pdl) {
-    indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>
-        <<<grid, kDWarps * 32, 0, stream>>>(a, scores, ld);
-    return check_launch("indexer_decode_kernel");
+// Resident CTAs per SM of `kernel` (128 threads, `smem` bytes of dynamic shared memory) from the
+// occupancy API, or `fallback` when the query fails.
+template <typename... P>
+int resident_per_sm(void (*kernel)(P...), int smem, int fallback) {
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kDWarps * 32, smem) !=
+          cudaSuccess ||
+      b < 1) {
+    (void)cudaGetLastError();
+    b = fallback;
   }
-  // The PDL twin has the same body (plus the wait at its start, the trigger at its end), so the same registers
-  // and occupancy as the plain kernel the grid was sized for.
+  return b;
+}
+// Grid x of a one-wave launch over S rows: per row `units` work items (chunks / tiles) at most,
+// per_sm · n_sms CTAs in all. Floor, not ceil: S·gx ≤ one wave, so no almost-empty second wave
+// adds a block's duration.
+int64_t one_wave_gx(int64_t units, int per_sm, int n_sms, int64_t S) {
+  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
+  return std::max<int64_t>(1, std::min(units, want / std::max<int64_t>(1, S)));
+}
+// Launches `kernel` (128 threads a CTA) — the plain form, or with pdl the PDL form (same
+// signature and body plus griddepcontrol, so the same registers and occupancy the grid was
+// sized for) with programmatic stream serialization.
+template <typename... P, typename... Args>
+Status launch_indexer_kernel(void (*kernel)(P...), dim3 grid, int smem, cudaStream_t stream,
+                             bool pdl, const char* name, Args... args) {
+  if (!pdl) {
+    kernel<<<grid, kDWarps * 32, smem, stream>>>(args...);
+    return check_launch(name);
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kDWarps * 32, 1, 1);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_kernel<kDNT, kKeys, true, kMinBlocks>, a,
-                                 scores, ld));
-  return check_launch("indexer_decode_kernel (PDL)");
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
+  return check_launch(name);
+}
+
+template <int kDNT, int kKeys, int kMinBlocks = 1>
+Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                     int n_sms, cudaStream_t stream, bool pdl) {
+  constexpr int kDChunk = 8 * kDNT;
+  // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
+  static const int per_sm =
+      resident_per_sm(indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>, 0, 4);
+  const int64_t blocks_needed = (max_count + kDWarps * kDChunk - 1) / (kDWarps * kDChunk);
+  const dim3 grid{unsigned(one_wave_gx(blocks_needed, per_sm, n_sms, a.n_rows)),
+                  unsigned(a.n_rows), 1u};
+  return launch_indexer_kernel(pdl ? indexer_decode_kernel<kDNT, kKeys, true, kMinBlocks>
+                                   : indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>,
+                               grid, 0, stream, pdl, "indexer_decode_kernel", a, scores, ld);
 }
 
 // The pipelined decode kernel (bf16 / fp8 keys): grid sized as launch_decode (one wave, resident
@@ -1092,40 +1107,15 @@ Status launch_decode_pipe(const ops::IndexerArgs& a, int64_t max_count, float* s
     return e;
   }();
   if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_pipe smem attribute");
-  static const int per_sm = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>, kDWarps * 32, kSmem) !=
-            cudaSuccess ||
-        b < 1) {
-      (void)cudaGetLastError();
-      b = 1;
-    }
-    return b;
-  }();
-  const int64_t S = a.n_rows;
+  static const int per_sm =
+      resident_per_sm(indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>, kSmem, 1);
   const int64_t blocks_needed = (max_count + kDWarps * kPipeChunk - 1) / (kDWarps * kPipeChunk);
-  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
-  const int64_t gx = std::max<int64_t>(1, std::min(blocks_needed, want / S));
-  const dim3 grid{unsigned(gx), unsigned(S), 1u};
-  if (!pdl) {
-    indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>
-        <<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld);
-    return check_launch("indexer_decode_pipe_kernel");
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kDWarps * 32, 1, 1);
-  cfg.dynamicSmemBytes = kSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true>, a,
-                                 scores, ld));
-  return check_launch("indexer_decode_pipe_kernel (PDL)");
+  const dim3 grid{unsigned(one_wave_gx(blocks_needed, per_sm, n_sms, a.n_rows)),
+                  unsigned(a.n_rows), 1u};
+  return launch_indexer_kernel(pdl ? indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true>
+                                   : indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>,
+                               grid, kSmem, stream, pdl, "indexer_decode_pipe_kernel", a, scores,
+                               ld);
 }
 
 // Variants 4–7 over bf16 / fp8 keys (f32 keys: the decode kernel's default, 2 n-tiles).
@@ -1161,41 +1151,16 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
     return e;
   }();
   if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_wg smem attribute");
-  static const int per_sm = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, indexer_decode_wg_kernel<kStages, false, kKeysM>,
-                                                      kDWarps * 32, kSmem) != cudaSuccess ||
-        b < 1) {
-      (void)cudaGetLastError();
-      b = 1;
-    }
-    return b;
-  }();
+  static const int per_sm =
+      resident_per_sm(indexer_decode_wg_kernel<kStages, false, kKeysM>, kSmem, 1);
   if (a.key_dtype != KvDtype::kBf16)
     return errorf(ErrorCode::kInvalidArgument, "indexer_decode_wg: bf16 keys only");
-  const int64_t S = a.n_rows;
   const int64_t tiles = (max_count + kWgN - 1) / kWgN;
-  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
-  const int64_t gx = std::max<int64_t>(1, std::min(tiles, want / S));
-  const dim3 grid{unsigned(gx), unsigned(S), 1u};
-  if (!pdl) {
-    indexer_decode_wg_kernel<kStages, false, kKeysM>
-        <<<grid, kDWarps * 32, kSmem, stream>>>(a, scores, ld, int(g_wg_desc_swap));
-    return check_launch("indexer_decode_wg_kernel");
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kDWarps * 32, 1, 1);
-  cfg.dynamicSmemBytes = kSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, indexer_decode_wg_kernel<kStages, true, kKeysM>, a, scores, ld,
-                                 int(g_wg_desc_swap)));
-  return check_launch("indexer_decode_wg_kernel (PDL)");
+  const dim3 grid{unsigned(one_wave_gx(tiles, per_sm, n_sms, a.n_rows)), unsigned(a.n_rows), 1u};
+  return launch_indexer_kernel(pdl ? indexer_decode_wg_kernel<kStages, true, kKeysM>
+                                   : indexer_decode_wg_kernel<kStages, false, kKeysM>,
+                               grid, kSmem, stream, pdl, "indexer_decode_wg_kernel", a, scores, ld,
+                               int(g_wg_desc_swap));
 }
 }  // namespace
 
@@ -1248,19 +1213,8 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_gather_probe_kernel(ops:
 
 // The decode kernel's grid for bf16 keys (launch_decode<4, kKeysBf16>).
 int64_t gather_probe_gx(const ops::IndexerArgs& a, int64_t max_count, int n_sms) {
-  static const int per_sm = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, indexer_decode_kernel<4, kKeysBf16, false>, kDWarps * 32, 0) != cudaSuccess ||
-        b < 1) {
-      (void)cudaGetLastError();
-      b = 4;
-    }
-    return b;
-  }();
-  const int64_t blocks_needed = (max_count + kDWarps * 32 - 1) / (kDWarps * 32);
-  const int64_t want = int64_t(per_sm) * std::max(1, n_sms);
-  return std::max<int64_t>(1, std::min(blocks_needed, want / std::max<int64_t>(1, a.n_rows)));
+  static const int per_sm = resident_per_sm(indexer_decode_kernel<4, kKeysBf16, false>, 0, 4);
+  return one_wave_gx((max_count + kDWarps * 32 - 1) / (kDWarps * 32), per_sm, n_sms, a.n_rows);
 }
 }  // namespace
 
