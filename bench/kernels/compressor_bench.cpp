@@ -309,7 +309,7 @@ std::string bench_compressor(double bw) {
         unsetenv("V4_COMPRESS_FLOOR");
       }
       // fp8 pools (--kv-cache-dtype fp8): KV shapes (d 512, kFp8 rows of 608 B) and the indexer
-      // shape (d 128, kFp8Index rows of 132 B): FlashCompressor's fused fp8 store vs the
+      // shape (d 128, kFp8Index rows of 144 B): FlashCompressor's fused fp8 store vs the
       // composition (V4_COMPRESS_FP8_FUSED=0: pool, rms_norm, rope, the fp8 store, 2 ×
       // gather/store). Same inputs; the byte columns count the f32 rows.
       void* pool8 = nullptr;
@@ -323,7 +323,7 @@ std::string bench_compressor(double bw) {
         a8.pool = pool8;
         a8.pool_dtype = dt8;
         const bool idx8 = dt8 == v4::KvDtype::kFp8Index;
-        row(idx8 ? "fused, fp8 indexer rows (132 B)" : "fused, fp8 pool", launches,
+        row(idx8 ? "fused, fp8 indexer rows (144 B)" : "fused, fp8 pool", launches,
             time_graph_ops(o, [&] { o->compress_fused(a8); }, inner, 15), "(fp8)");
         setenv("V4_COMPRESS_FP8_FUSED", "0", 1);
         row(idx8 ? "unfused, fp8 indexer rows (A/B, V4_COMPRESS_FP8_FUSED=0)"

@@ -154,6 +154,9 @@ std::string bench_indexer_chain(int reps) {
     v4::ops::CudaOptions co;
     co.precision = v4::ops::Precision::kBf16;
     co.indexer_pdl = p == 1;
+    co.indexer_pdl_max_count = int64_t(1) << 40;  // PDL at every size here (the default stops
+                                                  // at 65,536 candidates: this table's result)
+    co.indexer_pdl_max_rows = int64_t(1) << 40;
     auto made = v4::ops::make_cuda_ops(co);
     IB_OK(made.status());
     be[p] = std::move(made).value();
@@ -166,10 +169,12 @@ std::string bench_indexer_chain(int reps) {
   o << "\n## Indexer chain: plain launches vs PDL (bf16 key pool)\n\n"
     << "- `Ops::indexer_topk` in bf16 mode (decode scores kernel → `topk_rows` auto → finalize) "
        "over a **bf16** key pool (the served format), every row n candidates of its own list; "
-       "plain = `CudaOptions::indexer_pdl` off (`V4_INDEXER_PDL=0`), PDL = on (the default: "
-       "every kernel of the chain launched with programmatic stream serialization, the top-k "
+       "plain = `CudaOptions::indexer_pdl` off (`V4_INDEXER_PDL=0`), PDL = on at every size "
+       "(every kernel of the chain launched with programmatic stream serialization, the top-k "
        "in its PDL form where the auto choice has one — 44 / 45 for 7 / 8 (rows ≤ 8K / 32K), 43 "
-       "for 37 (batch < 16, rows ≤ 262,144) —, else plain)\n"
+       "for 37 (batch < 16, rows ≤ 262,144) —, else plain; the default applies PDL to calls of "
+       "≤ 4 rows and ≤ 65,536 candidates only, `CudaOptions::indexer_pdl_max_rows` / "
+       "`indexer_pdl_max_count`)\n"
     << "- each sample = the same `calls` calls back to back (pages rotate from call to call over "
        "≥ 256 MiB of key rows where the shape allows), device span between step markers / "
        "calls; eager = the calls issued one by one (includes any host gap), graph = one CUDA "
@@ -393,11 +398,11 @@ std::string bench_indexer(double bw, int reps) {
     cudaFree(cnt); cudaFree(sel); cudaFree(out_rows); cudaFree(out_cnt);
   }
   // Key formats: the decode kernel (auto choice, variant 0) over f32 / bf16 / fp8 (kFp8Index,
-  // 132-byte rows) key pools, same lists and inputs (L2-cold as above). Byte floor: key rows
+  // 144-byte rows) key pools, same lists and inputs (L2-cold as above). Byte floor: key rows
   // n·row_bytes + row map n·4 + scores n·4, per row.
   o << "\n### Key formats (`--kv-cache-dtype`: f32 / bf16 / fp8 indexer keys)\n\n"
     << "Decode kernel (variant 0 = auto: 2 n-tiles f32, 4 bf16, 4 fp8), scores only; row bytes "
-       "512 / 256 / 132 (fp8: 128 e4m3 + f32 scale); floor = (n·row bytes + 8n) per row / "
+       "512 / 256 / 144 (fp8: 128 e4m3 + f32 scale + 12 bytes padding); floor = (n·row bytes + 8n) per row / "
     << int(bw) << " GB/s.\n\n"
     << "| n | batch | f32 µs | bf16 µs | fp8 µs | f32 / floor | bf16 / floor | fp8 / floor | "
        "fp8 vs bf16 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -603,6 +608,65 @@ std::string bench_indexer_gather(double bw, int reps) {
                 (long long)n, t[0], t[1], t[2], t[3], fl);
     cudaFree(sink);
     cudaFree(seq);
+  }
+  // What limits the loads: more CTAs an SM (warps), two chunks in flight per warp, half the
+  // bytes of the same rows, and a plain contiguous read of the same bytes.
+  o << "\n## Gather probe variants (bf16 keys, batch 1, random lists)\n\n"
+    << "- CTAs/SM: 0 = the decode kernel's grid (its occupancy), else that many (capped by the "
+       "probe's occupancy); depth = chunks of 32 keys in flight per warp; half = only bytes "
+       "0..127 of each 256-byte row\n"
+    << "- read = `cuda::read_probe`: a contiguous read of n · 256 bytes by SMs × CTAs/SM blocks "
+       "of 256 threads, 4 × 16-byte loads in flight per thread (the achievable time of those "
+       "bytes in one kernel)\n"
+    << "- probe loads are volatile asm (issued in program order, all before the first use); whole "
+       "rows = each load covers two whole 256-byte rows (lanes 0–15, 16–31) instead of the decode "
+       "kernel's 8 rows × 64 bytes\n\n"
+    << "| n | probe | CTAs/SM | depth | bytes read | µs | GB/s |\n|---:|---|---:|---:|---:|---:|---:|\n";
+  for (int64_t n : {int64_t(32768), int64_t(230400)}) {
+    PagedIndexerInputs in(n, 1, 64, 128, g);
+    in.fill_keys(v4::KvDtype::kBf16, st);
+    struct Cfg { int bps, depth; bool half, whole; };
+    for (const Cfg c : {Cfg{0, 1, false, false}, Cfg{4, 1, false, false}, Cfg{8, 1, false, false},
+                        Cfg{0, 2, false, false}, Cfg{4, 2, false, false}, Cfg{0, 1, true, false},
+                        Cfg{8, 1, true, false}, Cfg{2, 1, false, true}, Cfg{4, 1, false, true},
+                        Cfg{8, 1, false, true}}) {
+      v4::cuda::GatherProbeOptions po;
+      po.blocks_per_sm = c.bps;
+      po.depth = c.depth;
+      po.half_rows = c.half;
+      po.whole_rows = c.whole;
+      const int64_t words = v4::cuda::indexer_gather_probe_sink_words(in.args(0, v4::KvDtype::kBf16), n, n_sms, po);
+      uint32_t* sink = nullptr;
+      IB_CHECK(cudaMalloc(&sink, size_t(words) * 4));
+      const double us = time_on(st, [&](int i, cudaStream_t s) {
+        IB_OK(v4::cuda::indexer_gather_probe(in.args(i, v4::KvDtype::kBf16), n, sink, n_sms, s, po));
+      }, reps);
+      const double bytes = double(n) * (c.half ? 128 : 256);
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "| %lld | %s | %d | %d | %.1f MB | %.1f | %.0f |\n",
+                    (long long)n, c.whole ? "gather, whole rows" : "gather", c.bps, c.depth,
+                    bytes / 1e6, us, bytes / us * 1e-3);
+      o << buf;
+      std::printf("indexer gather probe n=%lld bps %d depth %d half %d whole %d: %.1f us\n",
+                  (long long)n, c.bps, c.depth, int(c.half), int(c.whole), us);
+      cudaFree(sink);
+    }
+    for (int bps : {2, 4, 8}) {
+      const int64_t words = v4::cuda::read_probe_sink_words(n_sms, bps);
+      uint32_t* sink = nullptr;
+      IB_CHECK(cudaMalloc(&sink, size_t(words) * 4));
+      const int64_t bytes = n * 256;
+      const double us = time_on(st, [&](int i, cudaStream_t s) {
+        const char* base = static_cast<const char*>(in.pool) + int64_t(i % in.rot) * in.per * 256;
+        IB_OK(v4::cuda::read_probe(base, bytes, sink, n_sms, bps, s));
+      }, reps);
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "| %lld | read | %d | – | %.1f MB | %.1f | %.0f |\n",
+                    (long long)n, bps, double(bytes) / 1e6, us, double(bytes) / us * 1e-3);
+      o << buf;
+      std::printf("read probe n=%lld bps %d: %.1f us\n", (long long)n, bps, us);
+      cudaFree(sink);
+    }
   }
   cudaStreamDestroy(st);
   return o.str();

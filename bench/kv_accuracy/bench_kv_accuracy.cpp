@@ -2,7 +2,7 @@
 // Markdown report (bench/results/kv-fp8-accuracy.md on the CPU, kv-fp8-accuracy-cuda.md on the
 // GPU) with
 //   1. row sizes (bytes a V4 row of 512 = 448 nope + 64 rope, a 128-value indexer key; fp8
-//      pools store fp8 indexer keys, 132 bytes);
+//      pools store fp8 indexer keys, 144 bytes);
 //   2. sparse attention at V4 shapes (64 heads, hd 512, 128 SWA + 512 compressed keys, 4 query
 //      rows) over random rows stored through the backend's store_rows_kv into pools of each
 //      format, vs the CPU backend on f32 pools: max |Δ| / max |ref| and ‖Δ‖₂ / ‖ref‖₂ of the
@@ -261,7 +261,7 @@ int run(int argc, char** argv) {
      << "fp8 rows (`--kv-cache-dtype fp8`): the 448 nope values as e4m3 with one f32 scale per 64 "
         "(amax / 448, round to nearest even, saturating), the 64 rope values as bf16, 16-byte "
         "aligned (base/kv_fp8.h, docs/cache.md). The fp8 column includes fp8 indexer keys: 128 "
-        "e4m3 values (RoPE channels too) + one f32 scale (amax / 448) per row, 132 bytes "
+        "e4m3 values (RoPE channels too) + one f32 scale (amax / 448) per row, zero-padded to 144 bytes "
         "(KvDtype::kFp8Index).\n\n"
      << "## Row sizes\n\n| row | f32 | bf16 | fp8 |\n|---|---|---|---|\n"
      << "| attention (SWA / C4 / C128), 512 = 448 + 64 | " << kv_row_bytes(KvDtype::kF32, 512, 64)

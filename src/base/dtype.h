@@ -19,8 +19,8 @@ enum class DType { kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64, kF
 /// C4, C128) as e4m3 nope values with per-64 f32 scales + bf16 rope values (base/kv_fp8.h,
 /// KvFp8Layout); indexer keys as kFp8Index rows (kv_index_dtype).
 /// kFp8Index: the indexer-key pool of --kv-cache-dtype fp8 (never a --kv-cache-dtype value):
-/// rows of n e4m3 codes (every value, RoPE channels included) + one f32 scale, n + 4 bytes
-/// (KvFp8IndexLayout; V4: 128 + 4 = 132 bytes).
+/// rows of n e4m3 codes (every value, RoPE channels included) + one f32 scale, padded to 16 bytes
+/// (KvFp8IndexLayout; V4: 128 + 4 + 12 = 144 bytes).
 enum class KvDtype : int { kF32 = 0, kBf16 = 1, kFp8 = 2, kFp8Index = 3 };
 /// Bytes per stored KV value: 4 (kF32), 2 (kBf16), 1 (kFp8 / kFp8Index: the e4m3 codes; a
 /// row's size is kv_row_bytes, which also counts scales and the bf16 rope part).
@@ -71,9 +71,12 @@ static_assert(kv_fp8_layout(512, 64).bytes == 608 && kv_fp8_layout(512, 64).rope
 /// values (RoPE channels included) share one scale.
 ///   [0, n)          e4m3fn codes, value i = code · scale
 ///   [n, n + 4)      the f32 scale
-/// bytes = n + 4 (no padding: V4's 128-dim keys take 132 bytes, so rows are only 4-byte aligned;
-/// n must be a multiple of 16 so that the scale stays 4-byte aligned and code loads of 4 bytes
-/// never straddle the scale).
+///   [n + 4, bytes) zero padding to a multiple of 16 bytes
+/// bytes = n + 4 rounded up to 16 (V4's 128-dim keys: 144 bytes). n must be a multiple of 16, so
+/// every row's codes start 16-byte aligned and the decode indexer reads them with 16-byte loads
+/// (132-byte unpadded rows allowed only 4-byte loads: at 230,400 keys the fp8 scores kernel took
+/// as long as the bf16 one with twice the bytes, bench/results/cuda-indexer.md). The padding
+/// costs 9% of the indexer-key bytes.
 struct KvFp8IndexLayout {
   int n = 0, scale_off = 0, bytes = 0;
 };
@@ -82,10 +85,10 @@ constexpr KvFp8IndexLayout kv_fp8_index_layout(int n) {
   KvFp8IndexLayout l;
   l.n = n;
   l.scale_off = n;
-  l.bytes = n + 4;
+  l.bytes = (n + 4 + 15) / 16 * 16;
   return l;
 }
-static_assert(kv_fp8_index_layout(128).bytes == 132);
+static_assert(kv_fp8_index_layout(128).bytes == 144);
 
 /// Bytes of one stored row of `dim` values in a pool of `t` (kFp8: kv_fp8_layout(dim, rope_dim)
 /// .bytes; kFp8Index: kv_fp8_index_layout(dim).bytes; otherwise dim · kv_dtype_size(t),

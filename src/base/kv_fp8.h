@@ -168,8 +168,8 @@ inline void dequantize_row(const uint8_t* row, const KvFp8Layout& L, float* out)
 }
 
 /// Host: quantizes one indexer-key row src[L.n] into dst[L.bytes] (KvFp8IndexLayout, every byte
-/// written): one block of all n values, with the rules above (amax over the finite values,
-/// block_scale, quantize; RoPE channels are quantized like the others).
+/// written, the padding zero): one block of all n values, with the rules above (amax over the
+/// finite values, block_scale, quantize; RoPE channels are quantized like the others).
 inline void quantize_index_row(const float* src, const KvFp8IndexLayout& L, uint8_t* dst) {
   float amax = 0.f;
   for (int c = 0; c < L.n; ++c) {
@@ -179,6 +179,7 @@ inline void quantize_index_row(const float* src, const KvFp8IndexLayout& L, uint
   const float scale = block_scale(amax);
   for (int c = 0; c < L.n; ++c) dst[c] = quantize(src[c], scale);
   std::memcpy(dst + L.scale_off, &scale, 4);
+  for (int b = L.scale_off + 4; b < L.bytes; ++b) dst[b] = 0;
 }
 /// Host: the scale of a stored indexer-key row.
 inline float index_row_scale(const uint8_t* row, const KvFp8IndexLayout& L) {

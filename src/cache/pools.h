@@ -50,7 +50,7 @@ struct CacheSpec {
     return kv_row_bytes(kv_dtype, l.kv_dim, rope_dim);
   }
   /// Bytes of one indexer-key row of layer `l` (kv_index_dtype(kv_dtype): kFp8 → kFp8Index rows
-  /// of index_dim e4m3 codes + one f32 scale, 132 bytes for V4).
+  /// of index_dim e4m3 codes + one f32 scale, padded to 16 bytes: 144 for V4).
   int64_t index_row_bytes(const LayerCacheSpec& l) const {
     return kv_row_bytes(kv_index_dtype(kv_dtype), l.index_dim, 0);
   }

@@ -181,7 +181,7 @@ int print_kv(const v4::model::ModelConfig& c) {
   }
   spec.rope_dim = cfg->rope_dim();
   // One column per --kv-cache-dtype (f32 is the default): fp8 = 608-byte-class attention rows
-  // (kv_fp8_layout) and indexer keys of index_head_dim e4m3 + one f32 scale (132 B for V4).
+  // (kv_fp8_layout) and indexer keys of index_head_dim e4m3 + one f32 scale, 16-byte padded (144 B for V4).
   const KvDtype dts[3] = {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8};
   std::vector<std::pair<std::string, double>> per[3];
   for (int i = 0; i < 3; ++i) {

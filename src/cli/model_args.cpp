@@ -30,7 +30,7 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
                    "twice the tokens per budget; rows rounded to bf16 as the bf16 reference "
                    "model stores them), or fp8 / fp8_e4m3 (attention rows as e4m3 nope values "
                    "with per-64 f32 scales + bf16 rope: 608 bytes a V4 row; indexer keys as e4m3 "
-                   "+ one f32 scale: 132 bytes; 0.34x f32 per token)")
+                   "+ one f32 scale, 16-byte padded: 144 bytes)")
         ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8", "fp8_e4m3"}));
   app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights")
       ->check(int_at_least(0));

@@ -25,7 +25,7 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B,
   r.dense += double(n * n * D) * 4.0 + double(B * D) * 4.0;  // HyperHead fn, embedding rows
   r.head = double(w.head.bytes());
   const int64_t W = c.sliding_window;
-  // Row sizes in bytes (kFp8: 608 for V4's 512 = 448 + 64; indexer keys 132 = 128 e4m3 + scale).
+  // Row sizes in bytes (kFp8: 608 for V4's 512 = 448 + 64; indexer keys 144 = 128 e4m3 + scale + padding).
   const int64_t hd = kv_row_bytes(kv_dtype, c.head_dim, c.rope_dim());
   const int64_t dI = kv_row_bytes(kv_index_dtype(kv_dtype), c.index_head_dim, 0);
   double per_seq = 0;

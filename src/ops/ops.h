@@ -243,9 +243,11 @@ inline bool compress_ring_disjoint(const int32_t* src, int64_t n_src, const int3
 /// Arguments of `Ops::indexer_topk` (dsv4-model.md §6, lightning indexer).
 ///   score(t, s) = Σ_h (ReLU(q[t,h] · K[s]) · dI^-1/2) · (w[t,h] · nI^-1/2)
 /// over the candidate rows of query t (row map `cand`, logical order = map order), then selects
-/// the top min(k, count[t]) candidates. Deterministic tie order: higher score first; equal scores
-/// → earlier map position (= lower compressed-row index) first. Output rows are physical pool rows
-/// in selection order; unused entries are −1.
+/// the top min(k, count[t]) candidates. Deterministic selection: higher score first; equal scores
+/// → earlier map position (= lower compressed-row index) first. Output rows are the selected
+/// candidates' physical pool rows in ascending map position (not score) order — what the top-k
+/// kernel emits, so no sort after the selection, and attention gathers pages in order; unused
+/// entries are −1.
 struct IndexerArgs {
   const float* q = nullptr;         // [S, nI, dI] (roped)
   const float* weights = nullptr;   // [S, nI] raw weights_proj output (op applies nI^-1/2)

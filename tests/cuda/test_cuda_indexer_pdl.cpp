@@ -41,7 +41,8 @@ std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream) {
   CudaOptions co;
   co.precision = Precision::kBf16;
   co.indexer_pdl = pdl;
-  co.indexer_pdl_max_rows = INT64_MAX;  // PDL at every batch size (the default limits it to 4 rows)
+  co.indexer_pdl_max_rows = INT64_MAX;   // PDL at every batch size (the default limits it to 4 rows)
+  co.indexer_pdl_max_count = INT64_MAX;  // and every row length (default: ≤ 65,536 candidates)
   co.multi_stream = multi_stream;
   co.multi_stream_max_rows = 0;  // forks of any row count on side streams
   auto made = make_cuda_ops(co);

@@ -54,7 +54,7 @@ struct KeyPool {
       return;
     }
     const KvFp8IndexLayout L = kv_fp8_index_layout(kDI);
-    EXPECT_EQ(L.bytes, 132);
+    EXPECT_EQ(L.bytes, 144);
     bytes.resize(size_t(rows) * L.bytes);
     for (int64_t r = 0; r < rows; ++r) {
       uint8_t* row = &bytes[size_t(r) * L.bytes];

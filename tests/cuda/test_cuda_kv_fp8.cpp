@@ -15,7 +15,7 @@
 //    pools), the split kernel (fp32: 1e-5; vec4 and scalar loads), CudaOps in fp32 mode (split;
 //    generic kernel for hd 576), in bf16 mode with many and few rows (decode kernel at any row
 //    count, as for bf16 pools) and with rope_dim ≠ 64 (the decode kernel refuses it: split);
-//  - fp8 indexer keys (KvDtype::kFp8Index, 132-byte V4 rows): store_rows_kv bytes equal the
+//  - fp8 indexer keys (KvDtype::kFp8Index, 144-byte V4 rows): store_rows_kv bytes equal the
 //    CPU's; compress_fused into an indexer pool within one e4m3 step of the CPU op; decode /
 //    WMMA indexer scores vs a double reference on the same bytes (2e-4); indexer_topk equal to
 //    the CPU op's on well-separated scores (decode, WMMA and fp32 score kernels);
@@ -86,6 +86,17 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 /// Sets an environment variable for a scope (the backends read their switches at every call).
+/// Absolute tolerance of a stored rope channel (bf16, channels [nope, d) of a dequantized row y):
+/// the device and the CPU rotate the same normalised pair in f32 with differently ordered
+/// arithmetic, so a small output of the rotation (a·cos − b·sin cancelling) can differ by a few
+/// f32 ulps of the pair's magnitude, and not only by one bf16 step of itself. Bound: 2^-18 of the
+/// largest rope value of the row (≈ 32 ulps at that magnitude).
+double rope_abs_tol(const float* y, int nope, int d) {
+  double m = 0;
+  for (int c = nope; c < d; ++c) m = std::max(m, std::fabs(double(y[c])));
+  return m * 0x1p-18 + 1e-30;
+}
+
 struct EnvVar {
   const char* name;
   EnvVar(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
@@ -204,13 +215,14 @@ TEST(CudaKvFp8, CompressFusedFp8PoolWithinOneStepOfCpu) {
     for (int64_t r = 0; r < k.pool_rows; ++r) {
       kvfp8::dequantize_row(&got[size_t(r * L.bytes)], L, yg.data());
       kvfp8::dequantize_row(&pool_cpu[size_t(r * L.bytes)], L, yc.data());
+      const double rope_abs = rope_abs_tol(yc.data(), L.nope, s.d);
       for (int c = 0; c < s.d; ++c) {
         float scale = 0;
         if (c < L.nope) std::memcpy(&scale, &pool_cpu[size_t(r * L.bytes + L.scale_off + 4 * (c / 64))], 4);
         // one e4m3 step (2^-3 relative; subnormal step scale·2^-9) plus a scale change of a few
-        // ulps; rope values: one bf16 step
+        // ulps; rope values: one bf16 step plus the f32 rounding of the rotation (rope_abs_tol)
         const double tol = c < L.nope ? std::fabs(yc[size_t(c)]) * 0x1p-3 + scale * 0x1p-9 * 1.01 + 1e-30
-                                      : std::fabs(yc[size_t(c)]) * 0x1p-7 + 1e-30;
+                                      : std::fabs(yc[size_t(c)]) * 0x1p-7 + rope_abs;
         ASSERT_LE(std::fabs(double(yg[size_t(c)]) - yc[size_t(c)]), tol * 1.001)
             << "row " << r << " channel " << c;
       }
@@ -399,12 +411,13 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
               if (r < 0) continue;
               kvfp8::dequantize_row(&fp8.pool[size_t(r) * size_t(L.bytes)], L, yg.data());
               kvfp8::dequantize_row(&pool_cpu[size_t(r) * size_t(L.bytes)], L, yc.data());
+              const double rope_abs = rope_abs_tol(yc.data(), L.nope, s.d);
               for (int c = 0; c < s.d; ++c) {
                 float scale = 0;
                 if (c < L.nope)
                   std::memcpy(&scale, &pool_cpu[size_t(r) * size_t(L.bytes) + size_t(L.scale_off + 4 * (c / 64))], 4);
                 const double tol = c < L.nope ? std::fabs(yc[size_t(c)]) * 0x1p-3 + scale * 0x1p-9 * 1.01 + 1e-30
-                                              : std::fabs(yc[size_t(c)]) * 0x1p-7 + 1e-30;
+                                              : std::fabs(yc[size_t(c)]) * 0x1p-7 + rope_abs;
                 ASSERT_LE(std::fabs(double(yg[size_t(c)]) - yc[size_t(c)]), tol * 1.001)
                     << "row " << r << " channel " << c;
               }
@@ -804,7 +817,7 @@ std::vector<double> fp8_ref_row(const std::vector<float>& q, const std::vector<f
   return out;
 }
 
-// Indexer scores over fp8 keys (V4 shapes nI 64, dI 128, 132-byte rows) vs the double reference
+// Indexer scores over fp8 keys (V4 shapes nI 64, dI 128, 144-byte rows) vs the double reference
 // on the same bytes: the decode kernel (variant 2: 2 n-tiles, 3 and auto 0: 4 n-tiles; batch 1 /
 // 7 / 64, counts not multiples of a chunk, an empty row, a tiny grid) and the WMMA kernel
 // (variant 1; decode-shaped and prefill-shaped, rows sharing a list). Tolerance 2e-4 relative
@@ -987,14 +1000,28 @@ TEST(CudaKvFp8, Fp8IndexerTopkMatchesCpuOp) {
     int64_t diff = 0;
     for (size_t i = 0; i < out.size(); ++i) diff += out[i] != out_cpu[i];
     EXPECT_EQ(diff, 0) << "selected rows differ from the CPU op's";
-    // the CPU selection is the α order (sanity: the test separates what it claims to)
-    for (int64_t t = 0; t < S; ++t)
-      for (int i = 1; i < std::min(k, count[size_t(t)]); ++i) {
-        const int32_t r0 = out_cpu[size_t(t * k + i - 1)], r1 = out_cpu[size_t(t * k + i)];
-        ASSERT_GT(kvfp8::index_row_scale(&bytes[size_t(r0) * L.bytes], L),
-                  kvfp8::index_row_scale(&bytes[size_t(r1) * L.bytes], L))
-            << "row " << t << " rank " << i;
+    // the CPU selection is the k largest α, in map position order (sanity: the test separates
+    // what it claims to)
+    for (int64_t t = 0; t < S; ++t) {
+      const int n = count[size_t(t)], n_sel = std::min(k, n);
+      const int32_t* rw = rows.data() + offset[size_t(t)];
+      std::vector<char> taken(static_cast<size_t>(n), 0);
+      int prev_j = -1;
+      float min_taken = INFINITY, max_left = -INFINITY;
+      for (int i = 0; i < n_sel; ++i) {
+        const int32_t r = out_cpu[size_t(t * k + i)];
+        const int j = int(std::find(rw, rw + n, r) - rw);
+        ASSERT_LT(j, n) << "row " << t << " rank " << i << ": not a candidate";
+        ASSERT_GT(j, prev_j) << "row " << t << " rank " << i << ": not in map position order";
+        prev_j = j;
+        taken[size_t(j)] = 1;
+        min_taken = std::min(min_taken, kvfp8::index_row_scale(&bytes[size_t(r) * L.bytes], L));
       }
+      for (int j = 0; j < n; ++j)
+        if (!taken[size_t(j)])
+          max_left = std::max(max_left, kvfp8::index_row_scale(&bytes[size_t(rw[j]) * L.bytes], L));
+      ASSERT_GT(min_taken, max_left) << "row " << t << ": not the k largest α";
+    }
   }
 }
 

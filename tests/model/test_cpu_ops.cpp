@@ -150,9 +150,17 @@ TEST(CpuOps, IndexerTopkTieOrder) {
   a.out_rows = out;
   a.out_count = out_count;
   ops->indexer_topk(a);
-  // Higher score first; equal scores -> lower index first: 1, 3, 0, 4, 2.
+  // Selection: higher score first, equal scores -> lower index first: 1, 3, 0, 4, then of the two
+  // zeros (2, 5) index 2. Output in map position order: 0, 1, 2, 3, 4.
   EXPECT_EQ(out_count[0], 5);
-  EXPECT_EQ(std::vector<int32_t>(out, out + 5), (std::vector<int32_t>{11, 13, 10, 14, 12}));
+  EXPECT_EQ(std::vector<int32_t>(out, out + 5), (std::vector<int32_t>{10, 11, 12, 13, 14}));
+  // Top 3 of the same: 1, 3 (score 2), then 0 (0.5, lower index than 4) -> rows 10, 11, 13.
+  a.topk = 3;
+  int32_t out3[3];
+  a.out_rows = out3;
+  ops->indexer_topk(a);
+  EXPECT_EQ(out_count[0], 3);
+  EXPECT_EQ(std::vector<int32_t>(out3, out3 + 3), (std::vector<int32_t>{10, 11, 13}));
   a.topk = 8;
   int32_t out8[8];
   a.out_rows = out8;

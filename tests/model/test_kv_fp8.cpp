@@ -5,7 +5,7 @@
 //  - quantize_row's policy (zeros, huge, tiny, NaN/Inf, rounding bound, padding);
 //  - store_rows_kv / compress_fused write exactly quantize_row of the f32 row; attention reads an
 //    fp8 pool exactly as an f32 pool holding the dequantized rows;
-//  - fp8 indexer keys (KvDtype::kFp8Index, 132-byte V4 rows: codes + one scale): layout, the
+//  - fp8 indexer keys (KvDtype::kFp8Index, 144-byte V4 rows: codes + one scale + zero padding): layout, the
 //    row quantizer's policy, store_rows_kv, indexer scores vs a double reference;
 //  - layer 0 of a prefill stores the quantized f32 rows (attention rows and indexer keys);
 //  - the golden fixtures with fp8 pools (logit error, greedy agreement: bounds below).
@@ -63,11 +63,12 @@ TEST(KvFp8, ParseNamesAndLayout) {
   EXPECT_STREQ(kv_dtype_name(KvDtype::kFp8Index), "fp8_index");
   EXPECT_FALSE(parse_kv_dtype("fp8_index", &d));  // internal: the indexer pool of fp8 only
   EXPECT_EQ(kv_dtype_size(KvDtype::kFp8Index), 1);
-  EXPECT_EQ(kv_row_bytes(KvDtype::kFp8Index, 128, 0), 132);  // V4 indexer keys: 128 codes + scale
-  EXPECT_EQ(kv_row_bytes(KvDtype::kFp8Index, 128, 64), 132);  // rope_dim unused
+  EXPECT_EQ(kv_row_bytes(KvDtype::kFp8Index, 128, 0), 144);  // V4: 128 codes + scale + 12 pad
+  EXPECT_EQ(kv_row_bytes(KvDtype::kFp8Index, 128, 64), 144);  // rope_dim unused
   EXPECT_EQ(kv_row_bytes(KvDtype::kBf16, 128, 0), 256);
   EXPECT_EQ(kv_fp8_index_layout(16).scale_off, 16);
-  EXPECT_EQ(kv_fp8_index_layout(16).bytes, 20);
+  EXPECT_EQ(kv_fp8_index_layout(16).bytes, 32);  // 16 + 4, padded to 16 bytes
+  EXPECT_EQ(kv_fp8_index_layout(128).bytes % 16, 0);  // 16-byte loads of the codes
   EXPECT_EQ(kv_index_dtype(KvDtype::kBf16), KvDtype::kBf16);
   EXPECT_EQ(kv_index_dtype(KvDtype::kF32), KvDtype::kF32);
   const KvFp8Layout v4 = kv_fp8_layout(512, 64);  // DeepSeek-V4: 448 nope + 64 rope
@@ -248,7 +249,7 @@ TEST(KvFp8, StoreRowsKvWritesIndexRows) {
   const int width = 128;
   const KvFp8IndexLayout L = kv_fp8_index_layout(width);
   const auto src = random_floats(size_t(3 * width), 22, 2.f);
-  const std::vector<int32_t> rows = {4, -1, 1};  // rows 1 and 4: 132 · r, 4-byte aligned only
+  const std::vector<int32_t> rows = {4, -1, 1};  // rows 1 and 4 (144 · r), padding zero (want)
   std::vector<uint8_t> pool(size_t(6 * L.bytes), 0xCD);
   ops->store_rows_kv(pool.data(), KvDtype::kFp8Index, rows.data(), 3, width, src.data(), 64);
   std::vector<uint8_t> want(static_cast<size_t>(L.bytes));
@@ -450,7 +451,7 @@ TEST(KvFp8, PoolBytesAndBuffers) {
     want_swa += 256 * row;
     if (l.kind != cache::AttnKind::kSliding)
       want_virt += 256 / l.ratio *
-                   (row + (l.kind == cache::AttnKind::kCsa ? int64_t(l.index_dim) + 4 : 0));
+                   (row + (l.kind == cache::AttnKind::kCsa ? (int64_t(l.index_dim) + 4 + 15) / 16 * 16 : 0));
   }
   EXPECT_EQ(cache::KvCache::swa_page_bytes(q, 256), want_swa);
   EXPECT_EQ(cache::KvCache::virtual_page_bytes(q, 256), want_virt);
@@ -474,15 +475,16 @@ TEST(KvFp8, PoolBytesAndBuffers) {
     }
     if (buf.name == "c4_index") {
       const auto& l = q.layers[size_t(buf.layer)];
-      EXPECT_EQ(buf.values, (*kq)->options().n_pages * 256 / l.ratio * (l.index_dim + 4));
-      EXPECT_EQ((*kq)->index_row_bytes(buf.layer), l.index_dim + 4);
+      const int64_t idx_row = (l.index_dim + 4 + 15) / 16 * 16;  // codes + scale, 16-byte padded
+      EXPECT_EQ(buf.values, (*kq)->options().n_pages * 256 / l.ratio * idx_row);
+      EXPECT_EQ((*kq)->index_row_bytes(buf.layer), idx_row);
     }
   }
   EXPECT_EQ(seen, int(q.layers.size()));
 }
 
 // decode_step_bytes counts the stored row sizes: V4 rows 608 bytes (f32 2048), indexer keys
-// index_head_dim + 4 bytes (fp8 codes + scale).
+// index_head_dim + 4 bytes rounded up to 16 (fp8 codes + scale + padding).
 TEST(KvFp8, DecodeStepBytesCountFp8Rows) {
   auto ops = ops::make_cpu_ops();
   auto m = DeepseekV4::load(fixture("tiny-real-rates"), ops.get());
@@ -501,7 +503,7 @@ TEST(KvFp8, DecodeStepBytesCountFp8Rows) {
       const int64_t rows = (L + 1) / c.compress_rate_csa;
       const double sel = double(std::min<int64_t>(c.index_topk, rows));
       want_f += sel * rf + double(rows) * 4.0 * c.index_head_dim;
-      want_q += sel * rq + double(rows) * (c.index_head_dim + 4.0);
+      want_q += sel * rq + double(rows) * double((c.index_head_dim + 4 + 15) / 16 * 16);
     } else if (k == LayerKind::kHca) {
       want_f += double((L + 1) / c.compress_rate_hca) * rf;
       want_q += double((L + 1) / c.compress_rate_hca) * rq;

@@ -473,6 +473,7 @@ class CpuOps final : public Ops {
                                 if (score[x] != score[y]) return score[x] > score[y];
                                 return x < y;
                               });
+            std::sort(order.begin(), order.begin() + n_sel);  // output: map position order
             int32_t* out = a.out_rows + t * k;
             for (int i = 0; i < k; ++i) out[i] = i < n_sel ? rows[order[i]] : -1;
             if (a.out_count) a.out_count[t] = n_sel;

@@ -393,14 +393,15 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
     if (K > 1) cg::this_cluster().sync();  // remote reads done before any CTA of the cluster exits
   }
   if constexpr (IDX) {
-    // 5. fp8 indexer-key rows (kv_fp8_index_layout(d): d codes at 0, the f32 scale at d; rows of
-    // d + 4 bytes, 4-byte aligned): per-chunk max of |x| over the chunk's finite values (one warp
+    // 5. fp8 indexer-key rows (kv_fp8_index_layout(d): d codes at 0, the f32 scale at d, zero
+    // padding to 16 bytes; rows 16-byte aligned): per-chunk max of |x| over the chunk's finite values (one warp
     // per chunk, xor butterfly: max is exact in any order) into s_chunk (free again, as in step
     // 4), exchanged over the cluster; every thread forms the row amax over all nq_row chunks
     // (the same value everywhere), block_scale, then each group of 4 channels one 4-byte store
-    // of kvfp8::quantize codes; rank 0 thread 0 stores the scale.
+    // of kvfp8::quantize codes; rank 0 thread 0 stores the scale and the padding.
     static_assert(!FP8 && VEC == 4, "fp8 indexer rows: vector path, not with FP8");
-    uint8_t* const idx_row = static_cast<uint8_t*>(a.pool) + int64_t(s_dst) * (int64_t(d) + 4);
+    const KvFp8IndexLayout IL = kv_fp8_index_layout(d);
+    uint8_t* const idx_row = static_cast<uint8_t*>(a.pool) + int64_t(s_dst) * IL.bytes;
     __syncthreads();  // every in-place value written
     for (int q = warp; q < nq; q += n_warps) {  // warp-uniform
       const int l = q * kCsChunk + lane;
@@ -425,7 +426,10 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
                          (uint32_t(kvfp8::quantize(s_row[l + 3], scale)) << 24);
       *reinterpret_cast<uint32_t*>(idx_row + c0 + l) = w;  // c0 + l ≡ 0 mod 4, rows 4-aligned
     }
-    if (rank == 0 && tid == 0) *reinterpret_cast<float*>(idx_row + d) = scale;
+    if (rank == 0 && tid == 0) {
+      *reinterpret_cast<float*>(idx_row + IL.scale_off) = scale;
+      for (int b = IL.scale_off + 4; b < IL.bytes; b += 4) *reinterpret_cast<uint32_t*>(idx_row + b) = 0;
+    }
     if (K > 1) cg::this_cluster().sync();  // remote reads done before any CTA of the cluster exits
   }
 }

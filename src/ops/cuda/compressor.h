@@ -34,9 +34,10 @@ namespace v4::cuda {
 /// forces load batches of 4 / 8 slots (8: base plans only). V4_COMPRESS_FLOOR=1 is a benchmark
 /// diagnostic that computes NOTHING (launch shape only). The variables are read at every call.
 /// No allocation, no host sync: graph-capturable. `scratch` is ignored.
-/// fp8 indexer-key pools (a.pool_dtype == kFp8Index, kv_fp8_index_layout(d) rows of d + 4 bytes):
+/// fp8 indexer-key pools (a.pool_dtype == kFp8Index, kv_fp8_index_layout(d) rows: d codes,
+/// a scale, zero padding to 16 bytes):
 /// the vector path keeps every finished value (rope too) in shared memory, takes the row amax
-/// over the cluster and stores d codes + one scale — the bytes of kvfp8::quantize_index_row of
+/// over the cluster and stores d codes + one scale + the padding — the bytes of kvfp8::quantize_index_row of
 /// the f32 row the same plan writes into an f32 pool. Needs compress_fused_index_fp8_ok(a).
 /// Errors: kInvalidArgument for d < 1, odd or too large rope_dim, ratio/overlap out of range,
 /// d too large for the shared-memory plan (> ~12K), an fp8 pool not 4-byte aligned; kUnsupported

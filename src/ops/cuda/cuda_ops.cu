@@ -3,7 +3,6 @@
 // a fixed summation order that does not depend on the number of rows in the call, so results are
 // batch-invariant like the CPU backend's (not bit-equal to it: FMA contraction and reduction trees
 // differ; tests/cuda compares within fp32 tolerance).
-#include <cub/block/block_radix_sort.cuh>
 
 #include <algorithm>
 #include <cmath>
@@ -40,7 +39,6 @@ namespace v4::ops {
 namespace {
 
 using cuda::grid_for;
-using cuda::order_key;
 using cuda::kv_load;
 
 // ---- elementwise / copies -----------------------------------------------------------------------
@@ -101,8 +99,9 @@ __global__ void store_rows_fp8_kernel(const float* __restrict__ src,
 // pool row rows[i] = the fp8 indexer-key row (KvFp8IndexLayout L: L.n codes + one f32 scale) of
 // src[i, :] (rows[i] < 0: skipped); one warp a row. The operations of the CPU's
 // kvfp8::quantize_index_row: amax over every finite |x| of the row (max: exact in any order),
-// scale = block_scale(amax), codes = quantize(x, scale) — so the bytes are the CPU's. Rows are
-// L.n + 4 bytes (4-byte aligned: L.n % 16 == 0, checked by the host), codes stored bytewise.
+// scale = block_scale(amax), codes = quantize(x, scale), zero padding — so the bytes are the
+// CPU's. Rows are L.bytes (16-byte aligned: L.n % 16 == 0, checked by the host), codes stored
+// bytewise.
 __global__ void store_rows_fp8_index_kernel(const float* __restrict__ src,
                                             const int32_t* __restrict__ rows, int64_t n,
                                             KvFp8IndexLayout L, uint8_t* __restrict__ pool) {
@@ -120,6 +119,7 @@ __global__ void store_rows_fp8_index_kernel(const float* __restrict__ src,
   const float s = kvfp8::block_scale(m);
   for (int c = lane; c < L.n; c += 32) dst[c] = kvfp8::quantize(x[c], s);
   if (lane == 0) *reinterpret_cast<float*>(dst + L.scale_off) = s;
+  for (int b = L.scale_off + 4 + lane; b < L.bytes; b += 32) dst[b] = 0;
 }
 
 // dst[i] = src[rows[i]] (gather) or pool[rows[i]] = src[i] (scatter, rows < 0 skipped).
@@ -223,21 +223,21 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
   scores[t * ld + s] = acc;
 }
 
-// Orders the selected candidates of each row by (score desc, map position asc) and maps them to
-// physical pool rows; −1 padding after min(k, count) entries. Sort key = order_key(score) above
-// idx_bits bits of (2^idx_bits − 1 − s) (s < 2^idx_bits: the host passes the bit width of
-// max_count − 1), so the radix sort runs over 32 + idx_bits bits instead of 64 (at 1K candidates
-// 11 instead of 16 passes of 4 bits), same order.
+// Maps the selected candidates of each row (sel: map positions in ascending order, topk_rows'
+// output) to physical pool rows, in that order (IndexerArgs: map position order); −1 padding
+// after min(k, count) entries; out_count = min(k, count). One block a row. (Until 2026-11-30 this
+// kernel radix-sorted the selection by (score desc, position asc) first: 13 passes over 50-bit
+// keys at 230,400 candidates, most of the ~10 µs between the top-k and the chain's end,
+// bench/results/cuda-indexer.md chain table.)
 // PDL: launched with programmatic stream serialization (CudaOptions::indexer_pdl): lets the next
 // kernel launch early (a PDL-launched one waits before reading out_rows / out_count), and every
-// thread waits for the top-k grid (griddepcontrol.wait: completed, its memory — and, since the
-// top-k itself waited, the scores kernel's — visible) before its first global access.
-template <int THREADS, int ITEMS, bool PDL>
-__global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
-    const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ sel, RowMap cand,
-    int k, int idx_bits, int32_t* __restrict__ out_rows, int32_t* __restrict__ out_count) {
-  using Sort = cub::BlockRadixSort<unsigned long long, THREADS, ITEMS>;
-  __shared__ typename Sort::TempStorage tmp;
+// thread waits for the top-k grid (griddepcontrol.wait: completed, its memory visible) before its
+// first global access.
+template <bool PDL>
+__global__ void __launch_bounds__(128) indexer_finalize_kernel(const int32_t* __restrict__ sel,
+                                                               RowMap cand, int k,
+                                                               int32_t* __restrict__ out_rows,
+                                                               int32_t* __restrict__ out_count) {
   if constexpr (PDL) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -245,31 +245,9 @@ __global__ void __launch_bounds__(THREADS) indexer_finalize_kernel(
   const int64_t t = blockIdx.x;
   const int n = cand.count[t];
   const int n_sel = n < k ? n : k;
-  const unsigned long long mask = (1ull << idx_bits) - 1ull;
-  unsigned long long key[ITEMS];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int e = threadIdx.x * ITEMS + i;
-    key[i] = 0ull;
-    if (e < n_sel) {
-      const uint32_t s = uint32_t(sel[t * k + e]);
-      // PDL: the scores come from the grid before the top-k (visible through the top-k's own
-      // wait); read them from L2 (ld.global.cg) so no L1 line of an earlier layer's scores at the
-      // same scratch address can be hit. Same value either way.
-      const float sv = PDL ? __ldcg(scores + t * ld + s) : scores[t * ld + s];
-      key[i] = (static_cast<unsigned long long>(order_key(sv)) << idx_bits) | (mask - s);
-    }
-  }
-  Sort(tmp).SortDescending(key, 0, 32 + idx_bits);
   const int32_t* rows = cand.rows + cand.offset[t];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int e = threadIdx.x * ITEMS + i;
-    if (e < k) {
-      const uint32_t s = uint32_t(mask - (key[i] & mask));
-      out_rows[t * k + e] = e < n_sel ? rows[s] : -1;
-    }
-  }
+  for (int e = threadIdx.x; e < k; e += blockDim.x)
+    out_rows[t * k + e] = e < n_sel ? rows[sel[t * k + e]] : -1;
   if (threadIdx.x == 0 && out_count) out_count[t] = n_sel;
 }
 
@@ -471,6 +449,11 @@ class CudaOps final : public Ops {
       if (std::string(e) == "1") opts_.indexer_pdl = true;
       if (std::string(e) == "0") opts_.indexer_pdl = false;
     }
+    if (const char* e = std::getenv("V4_INDEXER_PDL_MAX_COUNT")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && end != e && v >= 0) opts_.indexer_pdl_max_count = v;
+    }
     if (const char* e = std::getenv("V4_INDEXER_DEC")) {  // A/B of the indexer scores kernel
       const std::string v(e);
       int n = -1;
@@ -637,7 +620,7 @@ class CudaOps final : public Ops {
   /// FlashCompressor's fused fp8 store (compressed rows; V4_COMPRESS_FP8_FUSED=0: the default
   /// compress_fused composition), read by attention_dec (KeyPool<KvFp8Row>, rope_dim 64; any row count as bf16), the
   /// split kernel and the generic kernel. Their indexer keys are kFp8Index rows (e4m3 codes + one
-  /// f32 scale, 132 bytes for V4): stored by store_rows_fp8_index_kernel and by FlashCompressor's
+  /// f32 scale, zero-padded to 144 bytes for V4): stored by store_rows_fp8_index_kernel and by FlashCompressor's
   /// fused store (V4_COMPRESS_FP8_FUSED=0 or a scalar plan: the default composition), read by the
   /// decode / WMMA indexer kernels (indexer.cu) and indexer_score_kernel.
   bool supports_kv_dtype(KvDtype dt) const override {
@@ -867,7 +850,8 @@ class CudaOps final : public Ops {
     // scores kernels after their loop (their one-wave grid keeps its SMs).
     // Measured (H200, bench/results/cuda-indexer.md, chain table): PDL saves 1.5–3.6 µs a chain
     // at batch 1 but costs 2–9 µs at batch 64, so only calls of ≤ indexer_pdl_max_rows rows use it.
-    const bool pdl = opts_.indexer_pdl && S <= opts_.indexer_pdl_max_rows;
+    const bool pdl = opts_.indexer_pdl && S <= opts_.indexer_pdl_max_rows &&
+                     maxc <= opts_.indexer_pdl_max_count;
     if (!batch_invariant_ && cuda::indexer_tc_supported(a.n_heads, a.head_dim)) {
       // bf16 tensor cores (indexer.h): bf16 tolerance, so only when fp32 results are not needed.
       // A forced variant (CudaOptions::indexer_scores_variant) only where auto takes the decode
@@ -881,22 +865,15 @@ class CudaOps final : public Ops {
       launched("indexer_score_kernel");
     }
     record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs(), 0, pdl));
-    int idx_bits = 1;  // bit width of maxc − 1 (every selected position s < maxc ≤ 2^idx_bits)
-    while ((int64_t(1) << idx_bits) < maxc) ++idx_bits;
     if (!pdl) {
-      if (k <= 256) {
-        indexer_finalize_kernel<128, 2, false><<<unsigned(S), 128, 0, cs()>>>(
-            scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
-      } else {
-        indexer_finalize_kernel<256, 4, false><<<unsigned(S), 256, 0, cs()>>>(
-            scores, ld, sel, a.cand, k, idx_bits, a.out_rows, a.out_count);
-      }
+      indexer_finalize_kernel<false><<<unsigned(S), 128, 0, cs()>>>(sel, a.cand, k, a.out_rows,
+                                                                     a.out_count);
       launched("indexer_finalize_kernel");
       return;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(S), 1, 1);
-    cfg.blockDim = dim3(k <= 256 ? 128 : 256, 1, 1);
+    cfg.blockDim = dim3(128, 1, 1);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = cs();
     cudaLaunchAttribute attr[1];
@@ -907,17 +884,9 @@ class CudaOps final : public Ops {
     const RowMap cand = a.cand;
     int32_t* const out_rows = a.out_rows;
     int32_t* const out_count = a.out_count;
-    const float* const sc = scores;
     const int32_t* const sl = sel;
-    if (k <= 256) {
-      check(cudaLaunchKernelEx(&cfg, indexer_finalize_kernel<128, 2, true>, sc, ld, sl, cand, k,
-                               idx_bits, out_rows, out_count),
-            "indexer_finalize_kernel (PDL)");
-    } else {
-      check(cudaLaunchKernelEx(&cfg, indexer_finalize_kernel<256, 4, true>, sc, ld, sl, cand, k,
-                               idx_bits, out_rows, out_count),
-            "indexer_finalize_kernel (PDL)");
-    }
+    check(cudaLaunchKernelEx(&cfg, indexer_finalize_kernel<true>, sl, cand, k, out_rows, out_count),
+          "indexer_finalize_kernel (PDL)");
     launched("indexer_finalize_kernel (PDL)");
   }
 

@@ -121,6 +121,12 @@ struct CudaOptions {
   /// indexer_pdl applies to calls of at most this many query rows (batch 1 gains 1.5–3.6 µs a
   /// chain on the H200; batch 64 loses 2–9 µs: bench/results/cuda-indexer.md).
   int64_t indexer_pdl_max_rows = 4;
+  /// ... and at most this many candidates per row (max_count): with PDL the chain at batch 1 took
+  /// 2.0–2.4 µs less at 1K / 32K candidates but 2.3 / 4.6 µs more at 230,400 / 262,144 (graph
+  /// replay, bench/results/cuda-indexer.md chain table, after the finalize lost its sort); the
+  /// threshold sits between the measured sizes (a 256K-token context).
+  /// Environment override at backend creation: V4_INDEXER_PDL_MAX_COUNT=N.
+  int64_t indexer_pdl_max_count = 65536;
   /// `cuda::indexer_scores_tc` variant of bf16-mode indexer_topk calls the decode kernel serves
   /// (≤ cuda::kIndexerDecodeMaxRows rows, nI = 64, dI = 128; other calls keep auto): 0 auto (the
   /// decode kernel), 2 / 3 the decode kernel with 16 / 32-key chunks, 4–7 the pipelined decode

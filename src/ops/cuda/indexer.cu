@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
   // (e4m3 ⊂ bf16), the row scale multiplies the key's head sum (score = scale · Σ_h ReLU(q_h ·
   // codes) · w_h; scale ≥ 0).
   constexpr bool fp8 = kFp8;
-  const int64_t fp8_row_bytes = int64_t(dI) + 4;
+  const int64_t fp8_row_bytes = kv_fp8_index_layout(dI).bytes;
   const int warp = threadIdx.x / 32;
   const int64_t t0 = int64_t(blockIdx.y) * kQB;
   const int nq = int(min(int64_t(kQB), a.n_rows - t0));
@@ -187,9 +187,9 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
 // bf16 key pools permute further (key_dim0): lane t's 16-byte load of dims 32u + 8t … +7 gives
 // k-step 2u dims +0..3 and k-step 2u+1 dims +4..7, already packed as B registers; q's A fragments
 // follow the same map. Σ_k is the same sum in another order.
-// fp8 key pools (kFp8Index rows: 128 e4m3 codes + one f32 scale, 132 bytes, so rows are only
-// 4-byte aligned): the f32 map (dims 16kk + 4t … +3), one 4-byte load of 4 codes per lane and
-// k-step (the 4 lanes of a key read 16 contiguous bytes), converted exactly to bf16 pairs
+// fp8 key pools (kFp8Index rows: 128 e4m3 codes + one f32 scale + 12 bytes of padding, 144
+// bytes, 16-byte aligned): lane t's 16-byte load u of codes 64u + 16t … +15 gives k-steps 4u … 4u+3
+// (dims 64u + 16t + 4w … +3 for k-step 4u + w), converted exactly to bf16 pairs
 // (e4m3 → f16x2 → f32 → bf16x2; e4m3 ⊂ bf16); the MMA runs on the unscaled codes and the row
 // scale multiplies the key's head sum once (score = s · Σ_h ReLU(q_h · codes) · w_h, s ≥ 0).
 //
@@ -223,16 +223,19 @@ __device__ __forceinline__ uint4 ld_stream_u4(const uint16_t* p) {
 // Key pool formats of the decode kernel (template argument kKeys).
 constexpr int kKeysF32 = 0, kKeysBf16 = 1, kKeysFp8 = 2;
 // Bytes of one fp8 key row (kv_fp8_index_layout(128)).
-constexpr int kFp8KeyRowBytes = 132;
+constexpr int kFp8KeyRowBytes = 144;
 static_assert(kv_fp8_index_layout(128).bytes == kFp8KeyRowBytes &&
               kv_fp8_index_layout(128).scale_off == 128);
 
-// First of the four key dims that lane t feeds into k-step kk (the K permutation below). f32 and
-// fp8 keys: 16kk + 4t (one 16-byte / 4-byte load per k-step). bf16 keys: one 16-byte load of 8
-// dims per lane serves two k-steps, so 32·(kk/2) + 8t + 4·(kk%2).
+// First of the four key dims that lane t feeds into k-step kk (the K permutation below). f32
+// keys: 16kk + 4t (one 16-byte load per k-step). bf16 keys: one 16-byte load of 8 dims per lane
+// serves two k-steps, so 32·(kk/2) + 8t + 4·(kk%2). fp8 keys: one 16-byte load of 16 codes per
+// lane serves four k-steps, so 64·(kk/4) + 16t + 4·(kk%4).
 template <int kKeys>
 __device__ __forceinline__ int key_dim0(int kk, int t) {
-  return kKeys == kKeysBf16 ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1) : 16 * kk + 4 * t;
+  return kKeys == kKeysBf16  ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1)
+         : kKeys == kKeysFp8 ? 64 * (kk >> 2) + 16 * t + 4 * (kk & 3)
+                             : 16 * kk + 4 * t;
 }
 
 // Two e4m3 codes (low byte = first value) → their exact values as a packed bf16 pair (low half =
@@ -242,9 +245,9 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes2) {
   const float2 f = __half22float2(__half2(h));
   return wfrag::pack_bf16(f.x, f.y);
 }
-// One 4-byte load (4 codes) of a read-only fp8 key row.
-__device__ __forceinline__ uint32_t ld_nc_u32(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const unsigned int*>(p));
+// One 16-byte load (16 codes) of a read-only fp8 key row (16-byte aligned), as ld_stream_u4.
+__device__ __forceinline__ uint4 ld_stream_codes16(const uint8_t* p) {
+  return ld_stream_u4(reinterpret_cast<const uint16_t*>(p));
 }
 
 // kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
@@ -316,11 +319,10 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
     int32_t r[kDNT];
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
-    // Key loads of this chunk (16 B per lane per (j, kk), or per (j, kk pair) for bf16 keys; fp8
-    // keys: 4 B per lane per (j, kk) into kw, and the row scale of key 8j + g into ksc).
-    constexpr int kLoads = kBf16Keys ? kDKT / 2 : kDKT;
-    [[maybe_unused]] uint4 kv[kDNT][kFp8Keys ? 1 : kLoads];
-    [[maybe_unused]] uint32_t kw[kDNT][kFp8Keys ? kDKT : 1];
+    // Key loads of this chunk (16 B per lane per (j, kk), or per (j, kk pair) for bf16 keys, or
+    // per (j, kk quad) for fp8 keys, plus the row scale of key 8j + g into ksc).
+    constexpr int kLoads = kBf16Keys ? kDKT / 2 : kFp8Keys ? kDKT / 4 : kDKT;
+    [[maybe_unused]] uint4 kv[kDNT][kLoads];
     [[maybe_unused]] float ksc[kDNT];
     if constexpr (kFp8Keys) {
 #pragma unroll
@@ -328,8 +330,9 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
         const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
                             int64_t(r[j] < 0 ? 0 : r[j]) * kFp8KeyRowBytes;
 #pragma unroll
-        for (int u = 0; u < kDKT; ++u)
-          kw[j][u] = r[j] < 0 ? 0u : ld_nc_u32(kr + key_dim0<kKeys>(u, t));
+        for (int u = 0; u < kLoads; ++u)
+          kv[j][u] = r[j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
+                              : ld_stream_codes16(kr + key_dim0<kKeys>(4 * u, t));
         ksc[j] = r[j] < 0 ? 0.f : __ldg(reinterpret_cast<const float*>(kr + kDDI));
       }
     } else {
@@ -371,8 +374,10 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
         if constexpr (kFp8Keys) {  // dims d0..d0+3: codes 0, 1 → reg0, codes 2, 3 → reg1
-          b[j][0] = e4m3x2_to_bf16x2(kw[j][kk]);
-          b[j][1] = e4m3x2_to_bf16x2(kw[j][kk] >> 16);
+          const uint4& v = kv[j][kk >> 2];
+          const uint32_t w = (kk & 3) == 0 ? v.x : (kk & 3) == 1 ? v.y : (kk & 3) == 2 ? v.z : v.w;
+          b[j][0] = e4m3x2_to_bf16x2(w);
+          b[j][1] = e4m3x2_to_bf16x2(w >> 16);
         } else if constexpr (kBf16Keys) {  // dims d0..d0+3 of the 8 this lane loaded for steps kk, kk+1
           const uint4& v = kv[j][kk >> 1];
           b[j][0] = (kk & 1) ? v.z : v.x;
@@ -437,9 +442,8 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 //
 //   slot layout: uint4 [j][u][lane] (bf16 keys: u < 4, lane (g, t) copies the 16 bytes
 //     32u + 8t … +7 dims of key 8j + g — exactly the bytes the old kernel loaded into kv[j][u]);
-//     fp8 keys: uint4 [j][h][lane] with word w of (j, h) = the 4 codes of k-step 4h + w (dims
-//     16(4h + w) + 4t … +3, 4-byte cp.async: rows are only 4-byte aligned), then f32 [j][lane]
-//     the row scale of key 8j + g.
+//     fp8 keys: uint4 [j][h][lane] = codes 64h + 16t … +15 of key 8j + g (one 16-byte cp.async;
+//     word w = the 4 codes of k-step 4h + w), then f32 [j][lane] the row scale of key 8j + g.
 //   Every lane reads back (ld.shared) only the bytes it copied itself, so cp.async.wait_group in
 //   that lane orders the copy before the read: no barrier in the loop, no __syncwarp.
 //   Iteration i (the warp's i-th chunk, slot i % S): issue the copies of chunk i + S − 1 into
@@ -548,9 +552,8 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
         const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
                             int64_t(ok ? r[j] : 0) * kFp8KeyRowBytes;
 #pragma unroll
-        for (int u = 0; u < kDKT; ++u)
-          pipe_cp4(sl + ((j * 2 + (u >> 2)) * 32 + lane) * 16 + 4 * (u & 3),
-                   kr + key_dim0<kKeysFp8>(u, t), ok);
+        for (int h = 0; h < 2; ++h)
+          pipe_cp16(sl + ((j * 2 + h) * 32 + lane) * 16, kr + key_dim0<kKeysFp8>(4 * h, t), ok);
         pipe_cp4(sl + kDNT * 2 * 32 * 16 + (j * 32 + lane) * 4, kr + kDDI, ok);
       } else {
         const uint16_t* kr = static_cast<const uint16_t*>(a.key_pool) + int64_t(ok ? r[j] : 0) * kDDI;
@@ -610,7 +613,7 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
       uint32_t b[kDNT][2];
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
-        if constexpr (kFp8Keys) {  // word kk % 4 of (j, kk / 4): dims 16kk + 4t … +3
+        if constexpr (kFp8Keys) {  // word kk % 4 of (j, kk / 4): dims key_dim0<kKeysFp8>(kk, t) … +3
           // One 16-byte ld.shared per (j, kk / 4) (conflict-free: lanes read consecutive 16-byte
           // slots; reloads of the same slot for the next three kk are the same load), not four
           // 4-byte loads at a 16-byte lane stride (4-way bank conflicts).
@@ -1167,10 +1170,25 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
 void indexer_wg_set_desc_swap(bool swap) { g_wg_desc_swap = swap; }
 
 namespace {
+// ld_stream_u4 as a volatile asm: the probe kernels' loads stay in program order, all issued
+// before the first use (a plain asm let ptxas interleave the XORs and keep 32 registers, so
+// fewer bytes were in flight than in the decode kernel).
+__device__ __forceinline__ uint4 ld_stream_u4_ordered(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // indexer_gather_probe's kernel: indexer_decode_kernel<4, kKeysBf16, false>'s loads, no math.
+// kDepth chunks per warp in flight (1 = the decode kernel: chunks c, c + stride, … one at a
+// time; 2 = chunks c and c + stride issued together, then c + 2·stride, …). kHalf: only the
+// first 128 bytes of each 256-byte row (u < 2): the same rows, half the bytes.
+template <int kDepth, bool kHalf>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_gather_probe_kernel(ops::IndexerArgs a,
                                                                              uint32_t* sink) {
-  constexpr int kDNT = 4, kDChunk = 8 * kDNT;
+  constexpr int kDNT = 4, kDChunk = 8 * kDNT, kU = kHalf ? kDKT / 4 : kDKT / 2;
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1179,59 +1197,150 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_gather_probe_kernel(ops:
   const uint16_t* pool = static_cast<const uint16_t*>(a.key_pool);
   const int stride = gridDim.x * kDWarps;
   int c = blockIdx.x * kDWarps + warp;
-  int32_t rn[kDNT];
+  int32_t rn[kDepth][kDNT];
 #pragma unroll
-  for (int j = 0; j < kDNT; ++j) {
-    const int s = c * kDChunk + 8 * j + g;
-    rn[j] = s < n ? cand[s] : -1;
-  }
-  uint32_t acc = 0;
-  for (; c * kDChunk < n; c += stride) {
-    int32_t r[kDNT];
-#pragma unroll
-    for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
-    uint4 kv[kDNT][kDKT / 2];
-#pragma unroll
-    for (int j = 0; j < kDNT; ++j)
-#pragma unroll
-      for (int u = 0; u < kDKT / 2; ++u)
-        kv[j][u] = r[j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
-                            : ld_stream_u4(pool + int64_t(r[j]) * kDDI +
-                                           key_dim0<kKeysBf16>(2 * u, t));
+  for (int d = 0; d < kDepth; ++d)
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) {
-      const int s = (c + stride) * kDChunk + 8 * j + g;
-      rn[j] = s < n ? cand[s] : -1;
+      const int s = (c + d * stride) * kDChunk + 8 * j + g;
+      rn[d][j] = s < n ? cand[s] : -1;
     }
+  uint32_t acc = 0;
+  for (; c * kDChunk < n; c += kDepth * stride) {
+    uint4 kv[kDepth][kDNT][kU];
 #pragma unroll
-    for (int j = 0; j < kDNT; ++j)
+    for (int d = 0; d < kDepth; ++d)
 #pragma unroll
-      for (int u = 0; u < kDKT / 2; ++u) acc ^= kv[j][u].x ^ kv[j][u].y ^ kv[j][u].z ^ kv[j][u].w;
+      for (int j = 0; j < kDNT; ++j)
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          kv[d][j][u] = rn[d][j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
+                                     : ld_stream_u4_ordered(pool + int64_t(rn[d][j]) * kDDI +
+                                                            key_dim0<kKeysBf16>(2 * u, t));
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        const int s = (c + (kDepth + d) * stride) * kDChunk + 8 * j + g;
+        rn[d][j] = s < n ? cand[s] : -1;
+      }
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j)
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          acc ^= kv[d][j][u].x ^ kv[d][j][u].y ^ kv[d][j][u].z ^ kv[d][j][u].w;
   }
   sink[(row * gridDim.x + blockIdx.x) * (kDWarps * 32) + threadIdx.x] = acc;
 }
 
-// The decode kernel's grid for bf16 keys (launch_decode<4, kKeysBf16>).
-int64_t gather_probe_gx(const ops::IndexerArgs& a, int64_t max_count, int n_sms) {
-  static const int per_sm = resident_per_sm(indexer_decode_kernel<4, kKeysBf16, false>, 0, 4);
+// The probe with whole rows per load: load i (0..15) of a 32-key chunk reads keys 2i and 2i + 1,
+// lanes 0–15 the 256 bytes of the first, 16–31 of the second (each load = 2 contiguous rows),
+// the row numbers shuffled from lane k (candidate k of the chunk).
+__global__ void __launch_bounds__(kDWarps * 32) indexer_gather_probe_rows_kernel(ops::IndexerArgs a,
+                                                                                  uint32_t* sink) {
+  constexpr int kDChunk = 32;
+  const int64_t row = blockIdx.y;
+  const int n = a.cand.count[row];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  const uint16_t* pool = static_cast<const uint16_t*>(a.key_pool);
+  const int stride = gridDim.x * kDWarps;
+  int c = blockIdx.x * kDWarps + warp;
+  int32_t rn = c * kDChunk + lane < n ? cand[c * kDChunk + lane] : -1;
+  uint32_t acc = 0;
+  for (; c * kDChunk < n; c += stride) {
+    const int32_t mine = rn;
+    uint4 kv[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int32_t r = __shfl_sync(0xffffffffu, mine, 2 * i + (lane >> 4));
+      kv[i] = r < 0 ? make_uint4(0u, 0u, 0u, 0u)
+                    : ld_stream_u4_ordered(pool + int64_t(r) * kDDI + 8 * (lane & 15));
+    }
+    const int s = (c + stride) * kDChunk + lane;
+    rn = s < n ? cand[s] : -1;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc ^= kv[i].x ^ kv[i].y ^ kv[i].z ^ kv[i].w;
+  }
+  sink[(row * gridDim.x + blockIdx.x) * (kDWarps * 32) + threadIdx.x] = acc;
+}
+
+// Contiguous read of n16 16-byte words (grid-stride, 4 loads in flight per thread).
+__global__ void __launch_bounds__(256) read_probe_kernel(const uint4* __restrict__ p, int64_t n16,
+                                                         uint32_t* sink) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  uint32_t acc = 0;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * step < n16; i += 4 * step) {
+    uint4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = ld_stream_u4_ordered(p + i + k * step);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < n16; i += step) {
+    const uint4 v = ld_stream_u4(reinterpret_cast<const uint16_t*>(p + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  sink[int64_t(blockIdx.x) * blockDim.x + threadIdx.x] = acc;
+}
+
+template <int kDepth, bool kHalf>
+void (*gather_probe_kernel())(ops::IndexerArgs, uint32_t*) {
+  return indexer_gather_probe_kernel<kDepth, kHalf>;
+}
+void (*gather_probe_kernel(const GatherProbeOptions& o))(ops::IndexerArgs, uint32_t*) {
+  if (o.whole_rows) return indexer_gather_probe_rows_kernel;
+  if (o.depth == 2) return o.half_rows ? gather_probe_kernel<2, true>() : gather_probe_kernel<2, false>();
+  return o.half_rows ? gather_probe_kernel<1, true>() : gather_probe_kernel<1, false>();
+}
+// The probe's grid: the decode kernel's for bf16 keys (launch_decode<4, kKeysBf16>), or
+// o.blocks_per_sm CTAs an SM (capped by the probe kernel's own occupancy).
+int64_t gather_probe_gx(const ops::IndexerArgs& a, int64_t max_count, int n_sms,
+                        const GatherProbeOptions& o) {
+  static const int decode_per_sm =
+      resident_per_sm(indexer_decode_kernel<4, kKeysBf16, false>, 0, 4);
+  int per_sm = decode_per_sm;
+  if (o.blocks_per_sm > 0)
+    per_sm = std::min(o.blocks_per_sm, resident_per_sm(gather_probe_kernel(o), 0, 1));
   return one_wave_gx((max_count + kDWarps * 32 - 1) / (kDWarps * 32), per_sm, n_sms, a.n_rows);
 }
 }  // namespace
 
-int64_t indexer_gather_probe_sink_words(const ops::IndexerArgs& a, int64_t max_count, int n_sms) {
-  return std::max<int64_t>(1, a.n_rows) * gather_probe_gx(a, max_count, n_sms) * (kDWarps * 32);
+int64_t indexer_gather_probe_sink_words(const ops::IndexerArgs& a, int64_t max_count, int n_sms,
+                                        const GatherProbeOptions& o) {
+  return std::max<int64_t>(1, a.n_rows) * gather_probe_gx(a, max_count, n_sms, o) * (kDWarps * 32);
 }
 
 Status indexer_gather_probe(const ops::IndexerArgs& a, int64_t max_count, uint32_t* sink,
-                            int n_sms, cudaStream_t stream) {
+                            int n_sms, cudaStream_t stream, const GatherProbeOptions& o) {
   if (a.key_dtype != KvDtype::kBf16 || a.n_heads != kDNI || a.head_dim != kDDI ||
-      a.n_rows <= 0 || a.n_rows > 65535 || max_count <= 0 || !sink)
+      a.n_rows <= 0 || a.n_rows > 65535 || max_count <= 0 || !sink ||
+      (o.depth != 1 && o.depth != 2) || o.blocks_per_sm < 0)
     return errorf(ErrorCode::kInvalidArgument,
-                  "indexer_gather_probe: bf16 keys, nI {} dI {}, 1..65535 rows, a sink", kDNI,
-                  kDDI);
-  const dim3 grid{unsigned(gather_probe_gx(a, max_count, n_sms)), unsigned(a.n_rows), 1u};
-  indexer_gather_probe_kernel<<<grid, kDWarps * 32, 0, stream>>>(a, sink);
+                  "indexer_gather_probe: bf16 keys, nI {} dI {}, 1..65535 rows, a sink, depth 1 "
+                  "or 2, blocks_per_sm >= 0", kDNI, kDDI);
+  const dim3 grid{unsigned(gather_probe_gx(a, max_count, n_sms, o)), unsigned(a.n_rows), 1u};
+  gather_probe_kernel(o)<<<grid, kDWarps * 32, 0, stream>>>(a, sink);
   return check_launch("indexer_gather_probe_kernel");
+}
+
+int64_t read_probe_sink_words(int n_sms, int blocks_per_sm) {
+  return int64_t(std::max(1, n_sms)) * std::max(1, blocks_per_sm) * 256;
+}
+
+Status read_probe(const void* p, int64_t bytes, uint32_t* sink, int n_sms, int blocks_per_sm,
+                  cudaStream_t stream) {
+  if (!p || !sink || bytes < 16 || bytes % 16 != 0 || blocks_per_sm < 1 ||
+      reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    return errorf(ErrorCode::kInvalidArgument,
+                  "read_probe: a 16-byte aligned buffer of a positive multiple of 16 bytes, a "
+                  "sink, blocks_per_sm >= 1");
+  read_probe_kernel<<<unsigned(std::max(1, n_sms) * blocks_per_sm), 256, 0, stream>>>(
+      static_cast<const uint4*>(p), bytes / 16, sink);
+  return check_launch("read_probe_kernel");
 }
 
 Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,

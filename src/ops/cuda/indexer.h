@@ -79,17 +79,41 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
 /// exchanged while `swap` is set (default false: the PTX ISA reading, docs/cuda.md).
 void indexer_wg_set_desc_swap(bool swap);
 
+/// Diagnostics (bench_kernels --probe-indexer-gather): how the gather probe reads.
+/// blocks_per_sm: 0 = the decode kernel's grid (one wave at the decode kernel's occupancy), else
+/// that many CTAs an SM (capped by the probe's own occupancy). depth: chunks in flight per warp
+/// (1 = as the decode kernel, 2 = two chunks issued together). half_rows: read only the first
+/// 128 bytes of every 256-byte row (same rows, half the bytes: rows-bound vs bytes-bound).
+/// whole_rows: each 16-byte-per-lane load covers two whole rows (lanes 0–15 one row, 16–31 the
+/// next: 2 × 256 contiguous bytes) instead of the decode kernel's 8 rows × 64 bytes (depth and
+/// half_rows ignored).
+struct GatherProbeOptions {
+  int blocks_per_sm = 0;
+  int depth = 1;
+  bool half_rows = false;
+  bool whole_rows = false;
+};
+
 /// Diagnostics (bench_kernels --probe-indexer-gather): the memory side of the decode kernel
 /// alone. Reads every candidate key row of a **bf16** key pool exactly as the decode kernel's
-/// lanes do for bf16 keys (same grid — one wave sized by the decode kernel's occupancy — same
-/// 32-key chunks per warp, grid-strided, candidate rows one chunk ahead, 16-byte non-caching
-/// loads of dims 32u + 8t … of key 8j + g) but without the math: XORs the loaded words and
-/// writes one u32 per thread to `sink` (at least `indexer_gather_probe_sink_words` entries).
-/// Errors: kInvalidArgument for a non-bf16 pool or dims other than nI = 64, dI = 128; launch
-/// errors.
+/// lanes do for bf16 keys (by default the same grid — one wave sized by the decode kernel's
+/// occupancy — same 32-key chunks per warp, grid-strided, candidate rows one chunk ahead, 16-byte
+/// non-caching loads of dims 32u + 8t … of key 8j + g; `o` varies grid, depth and bytes) but
+/// without the math: XORs the loaded words and writes one u32 per thread to `sink` (at least
+/// `indexer_gather_probe_sink_words` entries). Errors: kInvalidArgument for a non-bf16 pool,
+/// dims other than nI = 64, dI = 128, or bad options; launch errors.
 Status indexer_gather_probe(const ops::IndexerArgs& a, int64_t max_count, uint32_t* sink,
-                            int n_sms, cudaStream_t stream);
+                            int n_sms, cudaStream_t stream, const GatherProbeOptions& o = {});
 /// Entries of `sink` indexer_gather_probe writes for `a` (rows × grid blocks × 128).
-int64_t indexer_gather_probe_sink_words(const ops::IndexerArgs& a, int64_t max_count, int n_sms);
+int64_t indexer_gather_probe_sink_words(const ops::IndexerArgs& a, int64_t max_count, int n_sms,
+                                        const GatherProbeOptions& o = {});
+
+/// Diagnostics: a plain contiguous read of `bytes` (multiple of 16, 16-byte aligned `p`) by
+/// n_sms · blocks_per_sm CTAs of 256 threads, grid-strided, four 16-byte non-caching loads in
+/// flight per thread; XORs into one u32 per thread of `sink` (read_probe_sink_words entries).
+/// The achievable read time of that many bytes in one kernel (ramp and tail included).
+Status read_probe(const void* p, int64_t bytes, uint32_t* sink, int n_sms, int blocks_per_sm,
+                  cudaStream_t stream);
+int64_t read_probe_sink_words(int n_sms, int blocks_per_sm);
 
 }  // namespace v4::cuda
