@@ -511,11 +511,28 @@ __device__ __forceinline__ uint2 e4m3x4_to_bf16x4_fast(uint32_t w) {
   return r;
 }
 
-template <int kStages, int kKeys, bool kFastCvt, bool kPdl>
+// Row-major slot layout of the kRowMap form (variants 15 / 16): 16-byte unit `unit` (0..15) of
+// key `key` (0..31) of a chunk at byte 16 · (16 · key + (unit ^ 4 · (key & 1))). The XOR moves
+// odd keys' units by 64 bytes, so the fragment reads (a quarter-warp reads 64 bytes of each of two
+// consecutive keys) and the copies (8 lanes write 128 bytes of one key) are both conflict-free.
+__device__ __forceinline__ int pipe_row_unit_off(int key, int unit) {
+  return 16 * (16 * key + (unit ^ ((key & 1) << 2)));
+}
+
+// kRowMap (bf16 keys, variants 15 / 16; docs/cuda.md §Indexer scores, session 10): the copies
+// read whole rows — copy i of a chunk moves keys 2i (lanes 0–15) and 2i + 1 (lanes 16–31), 16
+// bytes a lane, 512 contiguous-per-row bytes a warp instruction, instead of 8 rows × 64 bytes (the
+// gather probe: 18.7–19.2 µs for 230,400 keys against 20.7 at the same occupancy,
+// cuda-indexer-gather.md) — into the row-major slot layout above; each lane then reads its B
+// fragments (the same values as !kRowMap: bit-identical scores) from rows other lanes copied, so
+// the warp synchronises (__syncwarp) after the wait and before refilling a slot. Candidate rows:
+// one per lane (key `lane` of the chunk), shuffled to the copying lanes.
+template <int kStages, int kKeys, bool kFastCvt, bool kPdl, bool kRowMap = false>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::IndexerArgs a,
                                                                             float* __restrict__ scores,
                                                                             int64_t ld) {
   static_assert(kKeys == kKeysBf16 || kKeys == kKeysFp8, "f32 keys use indexer_decode_kernel");
+  static_assert(!kRowMap || kKeys == kKeysBf16, "row-major staging: bf16 keys only");
   static_assert(kStages >= 2 && kStages <= 4);
   constexpr bool kFp8Keys = kKeys == kKeysFp8;
   constexpr int kDNT = kPipeNT, kDChunk = kPipeChunk;
@@ -533,33 +550,52 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
   float* srow = scores + row * ld;
   const int stride = gridDim.x * kDWarps;
   const int c0 = blockIdx.x * kDWarps + warp;
-  // Candidate rows (key 8j + g of chunk c; −1 past the row's end).
+  // Candidate rows (key 8j + g of chunk c; kRowMap: key `lane` in r[0]; −1 past the row's end).
   auto load_rows = [&](int c, int32_t (&r)[kDNT]) {
+    if constexpr (kRowMap) {
+      const int s = c * kDChunk + lane;
+      r[0] = s < n ? cand[s] : -1;
+    } else {
 #pragma unroll
-    for (int j = 0; j < kDNT; ++j) {
-      const int s = c * kDChunk + 8 * j + g;
-      r[j] = s < n ? cand[s] : -1;
+      for (int j = 0; j < kDNT; ++j) {
+        const int s = c * kDChunk + 8 * j + g;
+        r[j] = s < n ? cand[s] : -1;
+      }
     }
   };
   // This lane's copies of chunk c (rows r) into ring slot `slot`; nothing past the row's end.
   auto issue = [&](int c, const int32_t (&r)[kDNT], int slot) {
     if (c * kDChunk >= n) return;  // uniform over the warp
     unsigned char* sl = ring + slot * kSlotBytes;
+    if constexpr (kRowMap) {
+      const int half = lane >> 4, unit = lane & 15;
 #pragma unroll
-    for (int j = 0; j < kDNT; ++j) {
-      const bool ok = r[j] >= 0;
-      if constexpr (kFp8Keys) {
-        const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
-                            int64_t(ok ? r[j] : 0) * kFp8KeyRowBytes;
+      for (int i = 0; i < kDChunk / 2; ++i) {
+        const int key = 2 * i + half;
+        const int32_t rr = __shfl_sync(0xffffffffu, r[0], key);
+        const bool ok = rr >= 0;
+        pipe_cp16(sl + pipe_row_unit_off(key, unit),
+                  static_cast<const uint16_t*>(a.key_pool) + int64_t(ok ? rr : 0) * kDDI + 8 * unit,
+                  ok);
+      }
+    } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          pipe_cp16(sl + ((j * 2 + h) * 32 + lane) * 16, kr + key_dim0<kKeysFp8>(4 * h, t), ok);
-        pipe_cp4(sl + kDNT * 2 * 32 * 16 + (j * 32 + lane) * 4, kr + kDDI, ok);
-      } else {
-        const uint16_t* kr = static_cast<const uint16_t*>(a.key_pool) + int64_t(ok ? r[j] : 0) * kDDI;
+      for (int j = 0; j < kDNT; ++j) {
+        const bool ok = r[j] >= 0;
+        if constexpr (kFp8Keys) {
+          const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
+                              int64_t(ok ? r[j] : 0) * kFp8KeyRowBytes;
 #pragma unroll
-        for (int u = 0; u < kDKT / 2; ++u)
-          pipe_cp16(sl + ((j * 4 + u) * 32 + lane) * 16, kr + key_dim0<kKeysBf16>(2 * u, t), ok);
+          for (int h = 0; h < 2; ++h)
+            pipe_cp16(sl + ((j * 2 + h) * 32 + lane) * 16, kr + key_dim0<kKeysFp8>(4 * h, t), ok);
+          pipe_cp4(sl + kDNT * 2 * 32 * 16 + (j * 32 + lane) * 4, kr + kDDI, ok);
+        } else {
+          const uint16_t* kr =
+              static_cast<const uint16_t*>(a.key_pool) + int64_t(ok ? r[j] : 0) * kDDI;
+#pragma unroll
+          for (int u = 0; u < kDKT / 2; ++u)
+            pipe_cp16(sl + ((j * 4 + u) * 32 + lane) * 16, kr + key_dim0<kKeysBf16>(2 * u, t), ok);
+        }
       }
     }
   };
@@ -595,10 +631,12 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
   for (int c = c0; c * kDChunk < n; c += stride) {
     const int s0 = c * kDChunk;
     // Refill the slot chunk i − 1 used with chunk i + S − 1, then wait for chunk i.
+    if constexpr (kRowMap) __syncwarp();  // every lane done reading the slot refilled below
     issue(c + (kStages - 1) * stride, rn, slot == 0 ? kStages - 1 : slot - 1);
     pipe_commit();
     load_rows(c + kStages * stride, rn);  // next issue's rows, in flight during the math
     pipe_wait<kStages - 1>();
+    if constexpr (kRowMap) __syncwarp();  // the other lanes' copies of chunk i visible
     const unsigned char* sl = ring + slot * kSlotBytes;
     slot = slot == kStages - 1 ? 0 : slot + 1;
     float acc[kDMT][kDNT][4];
@@ -627,6 +665,10 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
             b[j][0] = e4m3x2_to_bf16x2(w);
             b[j][1] = e4m3x2_to_bf16x2(w >> 16);
           }
+        } else if constexpr (kRowMap) {  // unit 4·(kk/2) + t of key 8j + g: dims key_dim0 … +7
+          const uint4 v = *reinterpret_cast<const uint4*>(sl + pipe_row_unit_off(8 * j + g, 4 * (kk >> 1) + t));
+          b[j][0] = (kk & 1) ? v.z : v.x;
+          b[j][1] = (kk & 1) ? v.w : v.y;
         } else {  // dims d0..d0+3 of the 8 this lane copied for steps kk & ~1, kk | 1
           const uint4 v = reinterpret_cast<const uint4*>(sl)[(j * 4 + (kk >> 1)) * 32 + lane];
           b[j][0] = (kk & 1) ? v.z : v.x;
@@ -1096,29 +1138,28 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
 
 // The pipelined decode kernel (bf16 / fp8 keys): grid sized as launch_decode (one wave, resident
 // blocks per SM from the occupancy API with the ring's dynamic shared memory).
-template <int kStages, int kKeys, bool kFastCvt>
+template <int kStages, int kKeys, bool kFastCvt, bool kRowMap = false>
 Status launch_decode_pipe(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                           int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kSmem = pipe_smem_bytes<kStages, kKeys>();
+  constexpr auto kPlain = indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false, kRowMap>;
+  constexpr auto kWithPdl = indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true, kRowMap>;
   // Opt-in to > 48 KB dynamic shared memory for both launch forms, once per instantiation.
   static const cudaError_t attr_err = [] {
-    cudaError_t e = cudaFuncSetAttribute(indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    cudaError_t e = cudaFuncSetAttribute(kPlain, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      e = cudaFuncSetAttribute(kWithPdl, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     return e;
   }();
   if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_pipe smem attribute");
-  static const int per_sm =
-      resident_per_sm(indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>, kSmem, 1);
+  static const int per_sm = resident_per_sm(kPlain, kSmem, 1);
   const int64_t blocks_needed = (max_count + kDWarps * kPipeChunk - 1) / (kDWarps * kPipeChunk);
   const dim3 grid{unsigned(one_wave_gx(blocks_needed, per_sm, n_sms, a.n_rows)),
                   unsigned(a.n_rows), 1u};
-  return launch_indexer_kernel(pdl ? indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true>
-                                   : indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false>,
-                               grid, kSmem, stream, pdl, "indexer_decode_pipe_kernel", a, scores,
-                               ld);
+  return launch_indexer_kernel(pdl ? kWithPdl : kPlain, grid, kSmem, stream, pdl,
+                               kRowMap ? "indexer_decode_pipe_kernel (row map)"
+                                       : "indexer_decode_pipe_kernel",
+                               a, scores, ld);
 }
 
 // Variants 4–7 over bf16 / fp8 keys (f32 keys: the decode kernel's default, 2 n-tiles).
@@ -1384,6 +1425,12 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return launch_decode_wg<3, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (variant == 12 && a.key_dtype == KvDtype::kBf16)
       return launch_decode_wg<2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 15 / 16: the pipelined kernel (2 / 3 ring slots) copying whole key rows (kRowMap),
+    // bf16 keys only (fp8 / f32 keys: the default below).
+    if (variant == 15 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_pipe<2, kKeysBf16, true, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (variant == 16 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_pipe<3, kKeysBf16, true, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     // Variants 13 / 14: the decode kernel (default chunk) with ≥ 4 / 5 resident blocks an SM.
     if (variant == 13 || variant == 14) {
       const bool five = variant == 14;

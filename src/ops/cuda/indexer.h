@@ -23,7 +23,7 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 14;
+inline constexpr int kIndexerScoresMaxVariant = 16;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 
@@ -56,6 +56,10 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// 3 / 2 tiles; equal to the decode kernel's scores up to fp32 rounding. 13 / 14: the decode
 /// kernel (default chunk per key format) compiled for ≥ 4 / 5 resident blocks per SM (fewer
 /// registers, more warps in flight); bit-identical to variant 3 (bf16 / fp8) / 2 (f32).
+/// 15 / 16 (bf16 keys; fp8 / f32 keys run the default): the pipelined kernel (2 / 3 ring slots)
+/// copying whole 256-byte key rows per warp instruction into a row-major, XOR-swizzled slot
+/// (instead of 8 rows × 64 bytes), fragments read across lanes after a __syncwarp;
+/// bit-identical to the decode kernel (same B values, same mma order).
 /// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
