@@ -184,11 +184,12 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       }
       // 4 … kIndexerPipeMaxVariant: the pipelined kernel; 13 / 14: the decode kernel compiled
       // for ≥ 4 / 5 resident blocks an SM (same code, fewer registers); 15 / 16: the pipelined
-      // kernel copying whole rows (bf16 keys; fp8 keys run the default); 0: auto (the decode
+      // kernel copying whole rows (17 / 18: 16-key chunks; bf16 keys; fp8 keys run the default);
+      // 0: auto (the decode
       // kernel, or variant 5 for bf16 keys with ≥ 16 rows: the batch-64 cases).
       std::vector<int> bitwise = {0};
       for (int v = 4; v <= cuda::kIndexerPipeMaxVariant; ++v) bitwise.push_back(v);
-      for (int v : {13, 14, 15, 16}) bitwise.push_back(v);
+      for (int v : {13, 14, 15, 16, 17, 18}) bitwise.push_back(v);
       for (int variant : bitwise)
         for (bool pdl : {false, true}) {
           out.poison();
@@ -212,7 +213,7 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
                              << (first < 0 ? 0.f : got[size_t(first)]) << " vs "
                              << (first < 0 ? 0.f : base[size_t(first)]);
         }
-      std::printf("[indexer pipe] %s S=%lld max count %d n_sms %d: variants 4–%d, 13–16 == "
+      std::printf("[indexer pipe] %s S=%lld max count %d n_sms %d: variants 4–%d, 13–18 == "
                   "variant 3\n",
                   kv_dtype_name(dt), (long long)S, maxc, c.n_sms, cuda::kIndexerPipeMaxVariant);
     }

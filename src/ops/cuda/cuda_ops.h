@@ -135,8 +135,8 @@ struct CudaOptions {
   /// 64-key tiles; fp8 / f32 keys: the default), 1 the WMMA kernel. Same scores bit for bit
   /// across 0 and 2–7 for a key format (f32 keys: 0 = 2 = 4–9; fp8: 0 = 3 = 8 = 9); 8 / 9 equal
   /// them up to fp32 rounding; 10–12 wgmma with keys on M, 13 / 14 the decode kernel at ≥ 4 / 5
-  /// blocks an SM, 15 / 16 the pipelined kernel copying whole key rows (indexer.h).
-  /// Environment override at backend creation: V4_INDEXER_DEC=N (0–16).
+  /// blocks an SM, 15–18 the pipelined kernel copying whole key rows (indexer.h).
+  /// Environment override at backend creation: V4_INDEXER_DEC=N (0–18).
   int indexer_scores_variant = 0;
 };
 

@@ -462,16 +462,16 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 // Otherwise the decode kernel's e4m3x2_to_bf16x2.
 constexpr int kPipeNT = 4;                  // n-tiles per chunk (32 keys), as the bf16 / fp8 default
 constexpr int64_t kPipeAutoMinRows = 16;    // auto runs variant 5 for bf16 keys from this many rows
-constexpr int kPipeChunk = 8 * kPipeNT;
 constexpr int kQaBytes = kDMT * kDKT * 32 * 16;  // packed q A fragments (16 KB)
-template <int kKeys>
+template <int kKeys, int kNT = kPipeNT>
 constexpr int pipe_slot_bytes() {
-  // bf16: 4 n-tiles × 4 16-byte loads × 32 lanes; fp8: 4 × 2 uint4 × 32 lanes + 4 × 32 scales
-  return kKeys == kKeysBf16 ? kPipeNT * 4 * 32 * 16 : kPipeNT * 2 * 32 * 16 + kPipeNT * 32 * 4;
+  // bf16: kNT n-tiles × 4 16-byte loads × 32 lanes; fp8: kNT × 2 uint4 × 32 lanes + kNT × 32
+  // scales
+  return kKeys == kKeysBf16 ? kNT * 4 * 32 * 16 : kNT * 2 * 32 * 16 + kNT * 32 * 4;
 }
-template <int kStages, int kKeys>
+template <int kStages, int kKeys, int kNT = kPipeNT>
 constexpr int pipe_smem_bytes() {
-  return kQaBytes + kDWarps * kStages * pipe_slot_bytes<kKeys>();
+  return kQaBytes + kDWarps * kStages * pipe_slot_bytes<kKeys, kNT>();
 }
 static_assert(pipe_slot_bytes<kKeysBf16>() == 8192 && pipe_slot_bytes<kKeysFp8>() == 4608);
 static_assert(pipe_smem_bytes<4, kKeysBf16>() <= 227 * 1024, "largest ring fits one SM");
@@ -527,16 +527,20 @@ __device__ __forceinline__ int pipe_row_unit_off(int key, int unit) {
 // fragments (the same values as !kRowMap: bit-identical scores) from rows other lanes copied, so
 // the warp synchronises (__syncwarp) after the wait and before refilling a slot. Candidate rows:
 // one per lane (key `lane` of the chunk), shuffled to the copying lanes.
-template <int kStages, int kKeys, bool kFastCvt, bool kPdl, bool kRowMap = false>
+// kNT: n-tiles (8 keys) per chunk, kPipeNT (32-key chunks) but for variants 17 / 18 (2: 16-key
+// chunks, 4 KB slots, so a 2-slot ring of 4 warps takes 48 KB and 4 CTAs fit an SM).
+template <int kStages, int kKeys, bool kFastCvt, bool kPdl, bool kRowMap = false,
+          int kNT = kPipeNT>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::IndexerArgs a,
                                                                             float* __restrict__ scores,
                                                                             int64_t ld) {
   static_assert(kKeys == kKeysBf16 || kKeys == kKeysFp8, "f32 keys use indexer_decode_kernel");
   static_assert(!kRowMap || kKeys == kKeysBf16, "row-major staging: bf16 keys only");
+  static_assert(kNT == 2 || kNT == 4);
   static_assert(kStages >= 2 && kStages <= 4);
   constexpr bool kFp8Keys = kKeys == kKeysFp8;
-  constexpr int kDNT = kPipeNT, kDChunk = kPipeChunk;
-  constexpr int kSlotBytes = pipe_slot_bytes<kKeys>();
+  constexpr int kDNT = kNT, kDChunk = 8 * kNT;
+  constexpr int kSlotBytes = pipe_slot_bytes<kKeys, kNT>();
   extern __shared__ __align__(16) unsigned char pipe_smem[];
   uint4* qa = reinterpret_cast<uint4*>(pipe_smem);  // [m][kk][lane] packed A fragments
   if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // trigger: at the end
@@ -552,9 +556,9 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
   const int c0 = blockIdx.x * kDWarps + warp;
   // Candidate rows (key 8j + g of chunk c; kRowMap: key `lane` in r[0]; −1 past the row's end).
   auto load_rows = [&](int c, int32_t (&r)[kDNT]) {
-    if constexpr (kRowMap) {
+    if constexpr (kRowMap) {  // lanes ≥ kDChunk hold no key (16-key chunks)
       const int s = c * kDChunk + lane;
-      r[0] = s < n ? cand[s] : -1;
+      r[0] = lane < kDChunk && s < n ? cand[s] : -1;
     } else {
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
@@ -1138,12 +1142,12 @@ Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores
 
 // The pipelined decode kernel (bf16 / fp8 keys): grid sized as launch_decode (one wave, resident
 // blocks per SM from the occupancy API with the ring's dynamic shared memory).
-template <int kStages, int kKeys, bool kFastCvt, bool kRowMap = false>
+template <int kStages, int kKeys, bool kFastCvt, bool kRowMap = false, int kNT = kPipeNT>
 Status launch_decode_pipe(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                           int n_sms, cudaStream_t stream, bool pdl) {
-  constexpr int kSmem = pipe_smem_bytes<kStages, kKeys>();
-  constexpr auto kPlain = indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false, kRowMap>;
-  constexpr auto kWithPdl = indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true, kRowMap>;
+  constexpr int kSmem = pipe_smem_bytes<kStages, kKeys, kNT>();
+  constexpr auto kPlain = indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, false, kRowMap, kNT>;
+  constexpr auto kWithPdl = indexer_decode_pipe_kernel<kStages, kKeys, kFastCvt, true, kRowMap, kNT>;
   // Opt-in to > 48 KB dynamic shared memory for both launch forms, once per instantiation.
   static const cudaError_t attr_err = [] {
     cudaError_t e = cudaFuncSetAttribute(kPlain, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -1153,7 +1157,8 @@ Status launch_decode_pipe(const ops::IndexerArgs& a, int64_t max_count, float* s
   }();
   if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_pipe smem attribute");
   static const int per_sm = resident_per_sm(kPlain, kSmem, 1);
-  const int64_t blocks_needed = (max_count + kDWarps * kPipeChunk - 1) / (kDWarps * kPipeChunk);
+  constexpr int kChunk = 8 * kNT;
+  const int64_t blocks_needed = (max_count + kDWarps * kChunk - 1) / (kDWarps * kChunk);
   const dim3 grid{unsigned(one_wave_gx(blocks_needed, per_sm, n_sms, a.n_rows)),
                   unsigned(a.n_rows), 1u};
   return launch_indexer_kernel(pdl ? kWithPdl : kPlain, grid, kSmem, stream, pdl,
@@ -1431,6 +1436,12 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return launch_decode_pipe<2, kKeysBf16, true, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (variant == 16 && a.key_dtype == KvDtype::kBf16)
       return launch_decode_pipe<3, kKeysBf16, true, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 17 / 18: the same with 16-key chunks (2 / 3 slots of 4 KB: 48 / 64 KB a CTA, so 4 /
+    // 3 CTAs an SM instead of 2).
+    if (variant == 17 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_pipe<2, kKeysBf16, true, true, 2>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (variant == 18 && a.key_dtype == KvDtype::kBf16)
+      return launch_decode_pipe<3, kKeysBf16, true, true, 2>(a, max_count, scores, ld, n_sms, stream, pdl);
     // Variants 13 / 14: the decode kernel (default chunk) with ≥ 4 / 5 resident blocks an SM.
     if (variant == 13 || variant == 14) {
       const bool five = variant == 14;

@@ -23,7 +23,7 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 16;
+inline constexpr int kIndexerScoresMaxVariant = 18;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 
@@ -59,7 +59,8 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// 15 / 16 (bf16 keys; fp8 / f32 keys run the default): the pipelined kernel (2 / 3 ring slots)
 /// copying whole 256-byte key rows per warp instruction into a row-major, XOR-swizzled slot
 /// (instead of 8 rows × 64 bytes), fragments read across lanes after a __syncwarp;
-/// bit-identical to the decode kernel (same B values, same mma order).
+/// bit-identical to the decode kernel (same B values, same mma order). 17 / 18: 15 / 16 with
+/// 16-key chunks (4 KB slots: 4 / 3 CTAs an SM; written in session 10, first run next session).
 /// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
