@@ -196,7 +196,7 @@ TEST(PrefixCache, Bf16PoolsBranchHitsAreBitIdentical) {
 }
 
 // fp8 KV pools: 608-byte-class rows (e4m3 + scales + bf16 rope) and fp8 indexer keys (codes +
-// one scale, index_dim + 4 bytes: not 16-byte aligned) are
+// one scale + padding, kv_fp8_index_layout(index_dim).bytes) are
 // copied as whole rows: hits stay bit-identical to cold runs.
 TEST(PrefixCache, Fp8PoolsBranchHitsAreBitIdentical) {
   branch_hits_are_bit_identical(KvDtype::kFp8);

@@ -147,7 +147,7 @@ TEST(PrefixExact, Bf16PoolsRealRates) {
 }
 
 // fp8 KV pools (--kv-cache-dtype fp8): rows of two byte sizes (attention rows, fp8 indexer keys
-// of index_dim + 4 bytes).
+// of kv_fp8_index_layout(index_dim).bytes).
 TEST(PrefixExact, Fp8PoolsRealRates) {
   run_cuts("tiny-real-rates", 560, {1, 3, 4, 5, 127, 128, 129, 130, 255, 256, 257, 385, 513},
            KvDtype::kFp8);

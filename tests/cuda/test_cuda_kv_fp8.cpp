@@ -570,7 +570,7 @@ std::vector<uint8_t> quantize_index_rows(const std::vector<float>& x, int n) {
 
 // store_rows_kv(kFp8Index): every byte of the device pool equals the CPU's (random rows with
 // per-row magnitudes, zeros, huge, tiny, subnormals, NaN / ±Inf, signed zeros, e4m3 ties; rows
-// at odd indices: 4-byte aligned only; skipped rows keep their poison).
+// at odd indices; padding zero; skipped rows keep their poison).
 TEST(CudaKvFp8, IndexStoreRowsBytesEqualCpu) {
   V4_REQUIRE_GPU();
   auto g = cuda_ops(Precision::kFp32);

@@ -100,8 +100,8 @@ __global__ void store_rows_fp8_kernel(const float* __restrict__ src,
 // src[i, :] (rows[i] < 0: skipped); one warp a row. The operations of the CPU's
 // kvfp8::quantize_index_row: amax over every finite |x| of the row (max: exact in any order),
 // scale = block_scale(amax), codes = quantize(x, scale), zero padding — so the bytes are the
-// CPU's. Rows are L.bytes (16-byte aligned: L.n % 16 == 0, checked by the host), codes stored
-// bytewise.
+// CPU's. Rows are L.bytes (a multiple of 16: L.n % 16 == 0, checked by the host; the kernel
+// needs only a 4-byte aligned pool for the scale), codes stored bytewise.
 __global__ void store_rows_fp8_index_kernel(const float* __restrict__ src,
                                             const int32_t* __restrict__ rows, int64_t n,
                                             KvFp8IndexLayout L, uint8_t* __restrict__ pool) {

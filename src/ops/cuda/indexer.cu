@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
         const int key = e / w4, c4 = e - key * w4;
         const int32_t r = rows_s[key];
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r >= 0 && fp8) {  // 4 codes (4-byte load: rows are dI + 4 bytes, dI % 16 == 0)
+        if (r >= 0 && fp8) {  // 4 codes (4-byte load; rows kv_fp8_index_layout(dI).bytes)
           const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(
               static_cast<const uint8_t*>(a.key_pool) + int64_t(r) * fp8_row_bytes + 4 * c4));
           v = make_float4(kvfp8::e4m3_decode(uint8_t(w & 0xffu)),
@@ -445,7 +445,8 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 //     fp8 keys: uint4 [j][h][lane] = codes 64h + 16t … +15 of key 8j + g (one 16-byte cp.async;
 //     word w = the 4 codes of k-step 4h + w), then f32 [j][lane] the row scale of key 8j + g.
 //   Every lane reads back (ld.shared) only the bytes it copied itself, so cp.async.wait_group in
-//   that lane orders the copy before the read: no barrier in the loop, no __syncwarp.
+//   that lane orders the copy before the read: no barrier in the loop, no __syncwarp (except the
+//   kRowMap form, variants 15–18, below: it reads rows other lanes copied).
 //   Iteration i (the warp's i-th chunk, slot i % S): issue the copies of chunk i + S − 1 into
 //   slot (i − 1) % S (its reads were consumed by chunk i − 1's mma, in this lane: same-thread
 //   order), commit, wait until ≤ S − 1 groups are pending (= chunk i landed), compute chunk i.
