@@ -204,7 +204,7 @@ TEST(KvFp8, StoreRowsKvWritesQuantizedRows) {
 }
 
 // Indexer-key rows: one scale over all values (rope channels included): zeros, tiny, huge,
-// NaN / Inf, the rounding bound, every byte written, round trip of the stored codes.
+// NaN / Inf, the rounding bound, every byte written (padding zero), round trip of the stored codes.
 TEST(KvFp8, QuantizeIndexRowPolicy) {
   const KvFp8IndexLayout L = kv_fp8_index_layout(128);
   auto r = random_floats(128, 41, 3.f);
@@ -223,6 +223,9 @@ TEST(KvFp8, QuantizeIndexRowPolicy) {
     const double bound = std::max(double(std::fabs(r[size_t(c)])) * 0x1p-4, double(s) * 0x1p-10) * 1.0001;
     EXPECT_LE(std::fabs(double(y[size_t(c)]) - r[size_t(c)]), bound) << c;
   }
+  // the 16-byte padding after the scale is written as zeros (the row was 0xAB)
+  ASSERT_EQ(L.bytes, 144);
+  for (int i = L.scale_off + 4; i < L.bytes; ++i) EXPECT_EQ(row[size_t(i)], 0) << i;
   // re-quantizing the dequantized row gives the same bytes (idempotent)
   std::vector<uint8_t> again(size_t(L.bytes), 0x11);
   kvfp8::quantize_index_row(y.data(), L, again.data());
