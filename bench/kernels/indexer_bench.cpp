@@ -59,6 +59,14 @@ namespace {
     }                                                                                   \
   } while (0)
 
+// SMs of the current device (grid sizing of the indexer kernels).
+int current_device_sms() {
+  int n_sms = 132, dev = 0;
+  IB_CHECK(cudaGetDevice(&dev));
+  IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  return n_sms;
+}
+
 // Median per-launch µs of `fn(i, stream)` on `st`: v4::bench::time_launches (bench_timing.h).
 double time_on(cudaStream_t st, const std::function<void(int, cudaStream_t)>& fn, int samples,
                int inner = 10, int warmup = 10) {
@@ -266,12 +274,7 @@ std::string bench_indexer_chain(int reps) {
 std::string bench_indexer(double bw, int reps) {
   using v4::ops::IndexerArgs;
   const int nI = 64, dI = 128, k = 512;
-  int n_sms = 132;
-  {
-    int dev = 0;
-    IB_CHECK(cudaGetDevice(&dev));
-    IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
-  }
+  const int n_sms = current_device_sms();
   cudaStream_t st;
   IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   v4::ops::CudaOptions co;
@@ -514,9 +517,7 @@ int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant)
                  "(0..%d)\n", (long long)n, launches, variant, v4::cuda::kIndexerScoresMaxVariant);
     std::exit(2);
   }
-  int n_sms = 132, dev = 0;
-  IB_CHECK(cudaGetDevice(&dev));
-  IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  const int n_sms = current_device_sms();
   cudaStream_t st;
   IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::mt19937_64 g(2026);
@@ -551,9 +552,7 @@ int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant)
 /// (latency / bytes in flight); if the sequential lists are much faster, by the gather pattern
 /// (DRAM pages, TLB).
 std::string bench_indexer_gather(double bw, int reps) {
-  int n_sms = 132, dev = 0;
-  IB_CHECK(cudaGetDevice(&dev));
-  IB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  const int n_sms = current_device_sms();
   cudaStream_t st;
   IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::mt19937_64 g(2028);

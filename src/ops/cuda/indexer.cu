@@ -1334,14 +1334,13 @@ __global__ void __launch_bounds__(256) read_probe_kernel(const uint4* __restrict
   sink[int64_t(blockIdx.x) * blockDim.x + threadIdx.x] = acc;
 }
 
-template <int kDepth, bool kHalf>
-void (*gather_probe_kernel())(ops::IndexerArgs, uint32_t*) {
-  return indexer_gather_probe_kernel<kDepth, kHalf>;
-}
-void (*gather_probe_kernel(const GatherProbeOptions& o))(ops::IndexerArgs, uint32_t*) {
+// The probe kernel `o` selects.
+using GatherProbeKernel = void (*)(ops::IndexerArgs, uint32_t*);
+GatherProbeKernel gather_probe_kernel(const GatherProbeOptions& o) {
   if (o.whole_rows) return indexer_gather_probe_rows_kernel;
-  if (o.depth == 2) return o.half_rows ? gather_probe_kernel<2, true>() : gather_probe_kernel<2, false>();
-  return o.half_rows ? gather_probe_kernel<1, true>() : gather_probe_kernel<1, false>();
+  if (o.depth == 2)
+    return o.half_rows ? indexer_gather_probe_kernel<2, true> : indexer_gather_probe_kernel<2, false>;
+  return o.half_rows ? indexer_gather_probe_kernel<1, true> : indexer_gather_probe_kernel<1, false>;
 }
 // The probe's grid: the decode kernel's for bf16 keys (launch_decode<4, kKeysBf16>), or
 // o.blocks_per_sm CTAs an SM (capped by the probe kernel's own occupancy).
