@@ -193,4 +193,28 @@ inline void dequantize_index_row(const uint8_t* row, const KvFp8IndexLayout& L, 
   for (int c = 0; c < L.n; ++c) out[c] = dequantize(row[c], scale);
 }
 
+/// The multiplier of an fp8 indexer query head of scale `scale` (index_query_fp8): 1 / scale
+/// rounded to nearest, 0 for scale 0.
+V4_KV_HD float index_query_inv(float scale) { return scale > 0.f ? div_rn(1.f, scale) : 0.f; }
+
+/// Host: the query head q[n] as an fp8 indexer scores it against kFp8Index keys (IndexerArgs):
+///   scale = block_scale(amax over the finite values)   (as an index row)
+///   code  = e4m3_encode(x · index_query_inv(scale))    (RNE, saturating; NaN → 0x7f)
+///   dst   = dequantize(code, scale)
+/// A product with the rounded inverse, not a division (unlike the key rows), so the CUDA kernels
+/// quantize q with one multiply and the hardware cvt.rn.satfinite.e4m3x2.f32 per value and get the
+/// same codes (e4m3_encode is RNE + satfinite too). The scores are then Σ_h w_h · ReLU(q̂_h · k̂)
+/// with both sides e4m3 codes times one f32 scale, which the kernels compute as
+/// s_q · s_k · Σ code_q · code_k (the official V4 indexer quantizes q and k alike: FP4
+/// simulation, dsv4-model.md §6).
+inline void index_query_fp8(const float* src, int n, float* dst) {
+  float amax = 0.f;
+  for (int c = 0; c < n; ++c) {
+    const float v = abs_finite(src[c]);
+    amax = v > amax ? v : amax;
+  }
+  const float scale = block_scale(amax), inv = index_query_inv(scale);
+  for (int c = 0; c < n; ++c) dst[c] = dequantize(e4m3_encode(mul_rn(src[c], inv)), scale);
+}
+
 }  // namespace v4::kvfp8

@@ -94,8 +94,23 @@ Lists make_lists(const std::vector<int>& counts, int64_t pool_rows, int invalid_
   return l;
 }
 
-// score[s] in double for row t on bf16-rounded q and the keys' f32 values (−1: a zero key).
-double ref_score(const std::vector<float>& q, const std::vector<float>& w,
+// q as the kernels multiply it: bf16 keys: rounded to bf16; fp8 keys: each head quantized to
+// e4m3 and read back (kvfp8::index_query_fp8, the op's definition; exact in the kernels).
+std::vector<float> ref_query(const std::vector<float>& q, KvDtype dt) {
+  std::vector<float> r(q.size());
+  for (size_t h = 0; h < q.size() / kDI; ++h) {
+    if (dt == KvDtype::kFp8Index) {
+      kvfp8::index_query_fp8(&q[h * kDI], kDI, &r[h * kDI]);
+    } else {
+      for (int k = 0; k < kDI; ++k) r[h * kDI + size_t(k)] = round_bf16(q[h * kDI + size_t(k)]);
+    }
+  }
+  return r;
+}
+
+// score[s] in double for row t on the prepared q (ref_query) and the keys' f32 values (−1: a
+// zero key).
+double ref_score(const std::vector<float>& qr, const std::vector<float>& w,
                  const std::vector<float>& values, int32_t r, int64_t t) {
   if (r < 0) return 0.0;
   const double wscale = 1.0 / std::sqrt(double(kNI)) / std::sqrt(double(kDI));
@@ -103,8 +118,7 @@ double ref_score(const std::vector<float>& q, const std::vector<float>& w,
   double acc = 0;
   for (int h = 0; h < kNI; ++h) {
     double d = 0;
-    for (int k = 0; k < kDI; ++k)
-      d += double(round_bf16(q[size_t((t * kNI + h) * kDI + k)])) * double(key[k]);
+    for (int k = 0; k < kDI; ++k) d += double(qr[size_t((t * kNI + h) * kDI + k)]) * double(key[k]);
     acc += std::max(0.0, d) * double(w[size_t(t * kNI + h)]) * wscale;
   }
   return acc;
@@ -167,11 +181,12 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
         // Relative error with an absolute floor of 1e-2 × the row's largest |score| (scores that
         // cancel to near zero carry the fp32 noise of their large terms).
         double worst = 0;
+        const auto qr = ref_query(q, dt);
         for (int64_t t = 0; t < S; ++t) {
           std::vector<double> r(size_t(l.count[t]));
           double top = 0;
           for (int s = 0; s < l.count[t]; ++s) {
-            r[size_t(s)] = ref_score(q, w, keys.values, l.rows[size_t(l.offset[t] + s)], t);
+            r[size_t(s)] = ref_score(qr, w, keys.values, l.rows[size_t(l.offset[t] + s)], t);
             top = std::max(top, std::fabs(r[size_t(s)]));
           }
           for (int s = 0; s < l.count[t]; ++s)
@@ -185,11 +200,17 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       // 4 … kIndexerPipeMaxVariant: the pipelined kernel; 13 / 14: the decode kernel compiled
       // for ≥ 4 / 5 resident blocks an SM (same code, fewer registers); 15 / 16: the pipelined
       // kernel copying whole rows (17 / 18: 16-key chunks; bf16 keys; fp8 keys run the default);
-      // 0: auto (the decode
-      // kernel, or variant 5 for bf16 keys with ≥ 16 rows: the batch-64 cases).
-      std::vector<int> bitwise = {0};
+      // 0: auto for bf16 keys (the decode
+      // kernel, or variant 5 with ≥ 16 rows: the batch-64 cases); 19–21: the default for bf16
+      // keys. fp8 keys: auto and 19–21 run the e4m3 tensor-core kernel (equal up to fp32
+      // rounding: checked below).
+      const bool fp8 = dt == KvDtype::kFp8Index;
+      std::vector<int> bitwise;
+      if (!fp8) bitwise.push_back(0);
       for (int v = 4; v <= cuda::kIndexerPipeMaxVariant; ++v) bitwise.push_back(v);
       for (int v : {13, 14, 15, 16, 17, 18}) bitwise.push_back(v);
+      if (!fp8)
+        for (int v : {19, 20, 21}) bitwise.push_back(v);
       for (int variant : bitwise)
         for (bool pdl : {false, true}) {
           out.poison();
@@ -216,6 +237,45 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       std::printf("[indexer pipe] %s S=%lld max count %d n_sms %d: variants 4–%d, 13–18 == "
                   "variant 3\n",
                   kv_dtype_name(dt), (long long)S, maxc, c.n_sms, cuda::kIndexerPipeMaxVariant);
+      if (!fp8) continue;
+      // fp8 keys, e4m3 tensor cores (auto, 19–21): the same scores as variant 3 up to fp32
+      // rounding (q's codes × the key codes are exact products in both; the summation order and
+      // the tensor cores' fp8 accumulation differ) — relative 2e-4 (the reference tolerance
+      // above) with an absolute floor of 1e-2 × the row's largest |score|;
+      // entries at or beyond count stay poisoned.
+      for (int variant : {0, 19, 20, 21})
+        for (bool pdl : {false, true}) {
+          out.poison();
+          ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, variant, pdl).ok())
+              << "variant " << variant;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "variant " << variant;
+          const auto got = out.host();
+          double worst = 0;
+          int64_t bad = 0;
+          for (int64_t t = 0; t < S; ++t) {
+            double top = 0;
+            for (int s = 0; s < l.count[t]; ++s)
+              top = std::max(top, std::fabs(double(base[size_t(t * ld + s)])));
+            for (int64_t s = 0; s < ld; ++s) {
+              const float gv = got[size_t(t * ld + s)], bv = base[size_t(t * ld + s)];
+              if (s >= l.count[t]) {
+                bad += !std::isnan(gv);
+                continue;
+              }
+              if (std::isnan(gv)) {
+                ++bad;
+                continue;
+              }
+              worst = std::max(worst, std::fabs(double(gv) - bv) /
+                                          (1e-2 * top + 1e-30 + std::fabs(double(bv))));
+            }
+          }
+          std::printf("[indexer fp8 e4m3] S=%lld max count %d variant %d pdl %d: worst rel diff "
+                      "vs variant 3 %.2e\n",
+                      (long long)S, maxc, variant, int(pdl), worst);
+          EXPECT_LE(worst, 2e-4) << "variant " << variant << " pdl " << pdl;
+          EXPECT_EQ(bad, 0) << "variant " << variant << " pdl " << pdl;
+        }
     }
   }
 }
@@ -267,7 +327,10 @@ TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     return std::move(made).value();
   };
-  std::unique_ptr<Ops> base_ops = make(0);
+  // Base: auto for bf16 keys; variant 3 for fp8 keys (auto runs the e4m3 tensor-core kernel,
+  // whose scores differ from the bf16-converting kernels' in the last bits, so near-ties may
+  // select differently).
+  std::unique_ptr<Ops> base_ops = make(0), base_fp8 = make(3);
   std::vector<std::unique_ptr<Ops>> forced;  // variants 4 … max
   for (int variant = 4; variant <= cuda::kIndexerPipeMaxVariant; ++variant)
     forced.push_back(make(variant));
@@ -290,8 +353,9 @@ TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
       a.max_count = *std::max_element(counts.begin(), counts.end());
       a.out_rows = dout.p; a.out_count = dcnt.p;
       dout.poison(); dcnt.poison();
-      base_ops->indexer_topk(a);
-      base_ops->synchronize();
+      Ops* base = dt == KvDtype::kFp8Index ? base_fp8.get() : base_ops.get();
+      base->indexer_topk(a);
+      base->synchronize();
       const auto want_rows = dout.host();
       const auto want_cnt = dcnt.host();
       for (int64_t t = 0; t < S; ++t) EXPECT_EQ(want_cnt[size_t(t)], std::min(counts[size_t(t)], k));

@@ -803,7 +803,13 @@ std::vector<double> fp8_ref_row(const std::vector<float>& q, const std::vector<f
                                 int64_t t, int nI, int dI) {
   const double wscale = 1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI));
   std::vector<double> qd(size_t(nI) * dI), out(static_cast<size_t>(n));
-  for (size_t i = 0; i < qd.size(); ++i) qd[i] = round_bf16(q[size_t(t) * nI * dI + i]);
+  // q as fp8 keys score it: each head quantized to e4m3 and read back (IndexerArgs); the kernels
+  // multiply its codes exactly (bf16 or e4m3 tensor cores) and fold the scale into the weight.
+  std::vector<float> qh(static_cast<size_t>(dI));
+  for (int h = 0; h < nI; ++h) {
+    kvfp8::index_query_fp8(&q[(size_t(t) * nI + h) * dI], dI, qh.data());
+    for (int c = 0; c < dI; ++c) qd[size_t(h) * dI + c] = qh[size_t(c)];
+  }
   for (int s = 0; s < n; ++s) {
     const float* key = &deq[size_t(rows[s]) * dI];
     double acc = 0;
@@ -818,7 +824,8 @@ std::vector<double> fp8_ref_row(const std::vector<float>& q, const std::vector<f
 }
 
 // Indexer scores over fp8 keys (V4 shapes nI 64, dI 128, 144-byte rows) vs the double reference
-// on the same bytes: the decode kernel (variant 2: 2 n-tiles, 3 and auto 0: 4 n-tiles; batch 1 /
+// on the same bytes (q quantized per head, as the op defines for fp8 keys): the decode kernel
+// (variant 2: 2 n-tiles, 3: 4 n-tiles; auto 0 and 19–21: 4 n-tiles on e4m3 tensor cores; batch 1 /
 // 7 / 64, counts not multiples of a chunk, an empty row, a tiny grid) and the WMMA kernel
 // (variant 1; decode-shaped and prefill-shaped, rows sharing a list). Tolerance 2e-4 relative
 // (abs floor 1e-2 · max score), as for bf16 keys; entries at or beyond count[t] stay poisoned.
@@ -875,7 +882,7 @@ TEST(CudaKvFp8, IndexerScoresFp8KeysMatchReference) {
     for (int64_t t = 0; t < S; ++t)
       ref[size_t(t)] = fp8_ref_row(q, w, keys.deq, rows.data() + offset[size_t(t)],
                                    count[size_t(t)], t, nI, dI);
-    for (int variant : {0, 1, 2, 3}) {
+    for (int variant : {0, 1, 2, 3, 19, 20, 21}) {
       dscores.poison();
       ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, dscores.p, ld, c.n_sms, nullptr, variant).ok())
           << "variant " << variant;
@@ -903,6 +910,89 @@ TEST(CudaKvFp8, IndexerScoresFp8KeysMatchReference) {
       EXPECT_LE(worst, 2e-4) << "variant " << variant;
       EXPECT_EQ(bad_untouched, 0) << "variant " << variant;
     }
+  }
+}
+
+// The fp8 indexer's query codes on the GPU equal the host definition (kvfp8::index_query_fp8)
+// value for value: row t puts weight 1 on head t only and scores 128 one-hot keys (key d = code
+// 1.0 at dim d, scale 1), so score[t][d] = ReLU(q̂[t, t, d]) · nI^-1/2 · dI^-1/2 exposes every q̂
+// value of head t (q > 0 except the special heads). One e4m3 step is ≥ 1/16 relative, the
+// tolerance 1e-6. Heads: random magnitudes 2^-30 … 2^30, all zero, all below the 2^-64 amax
+// floor (scale 0: q̂ = 0), values straddling e4m3 rounding boundaries and the subnormal range
+// (a head with amax 448·2^k and small entries). Variants: auto / 19 / 20 / 21 (e4m3 tensor cores,
+// hardware conversion), 3 (codes as bf16), 1 (WMMA kernel, host encoder).
+TEST(CudaKvFp8, IndexerQueryCodesEqualHostQuantizer) {
+  V4_REQUIRE_GPU();
+  const int nI = 64, dI = 128;
+  const int64_t S = nI;
+  const KvFp8IndexLayout L = kv_fp8_index_layout(dI);
+  std::vector<uint8_t> pool(size_t(dI) * L.bytes, 0);
+  for (int d = 0; d < dI; ++d) {
+    uint8_t* row = &pool[size_t(d) * L.bytes];
+    row[d] = 0x38;  // e4m3 1.0
+    const float one = 1.f;
+    std::memcpy(row + L.scale_off, &one, 4);
+  }
+  std::vector<float> q(size_t(S * nI * dI)), w(size_t(S * nI), 0.f);
+  auto x = randn(q.size(), 1.f);
+  for (int64_t t = 0; t < S; ++t) {
+    w[size_t(t * nI + t)] = 1.f;
+    float* qh = &q[size_t((t * nI + t) * dI)];
+    const float mag = std::ldexp(1.f, int(t % 61) - 30);
+    for (int c = 0; c < dI; ++c) qh[c] = (std::fabs(x[size_t((t * nI + t) * dI + c)]) + 1e-3f) * mag;
+    if (t == 5) std::fill(qh, qh + dI, 0.f);
+    if (t == 6) std::fill(qh, qh + dI, 1e-21f);  // amax < 2^-64: scale 0
+    if (t == 7 || t == 8) {  // amax 448 · 2^k: x · inv = x · 2^-k, codes at and around boundaries
+      const float k2 = t == 7 ? 1.f : 0.03125f;
+      for (int c = 0; c < dI; ++c) {
+        const float code_val = kvfp8::e4m3_decode(uint8_t(c % 0x7e));  // 0 … 448, subnormals too
+        const float nudge = (c % 3 == 0) ? 1.f : (c % 3 == 1) ? 1.0625f : 0.9375f;
+        qh[c] = code_val * nudge * k2;
+      }
+      qh[0] = 448.f * k2;
+    }
+  }
+  std::vector<int32_t> rows(static_cast<size_t>(dI)), count(static_cast<size_t>(S), dI);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<int64_t> offset(static_cast<size_t>(S), 0);
+  Dev<float> dq(q), dw(w), dscores(size_t(S * dI));
+  Dev<uint8_t> dpool(pool);
+  Dev<int32_t> drows(rows), dcount(count);
+  Dev<int64_t> doff(offset);
+  IndexerArgs a;
+  a.q = dq.p;
+  a.weights = dw.p;
+  a.key_pool = dpool.p;
+  a.key_dtype = KvDtype::kFp8Index;
+  a.cand = {drows.p, doff.p, dcount.p};
+  a.n_rows = S;
+  a.n_heads = nI;
+  a.head_dim = dI;
+  const double wscale = 1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI));
+  std::vector<float> qh(static_cast<size_t>(dI));
+  for (int variant : {0, 19, 20, 21, 3, 1}) {
+    dscores.poison();
+    ASSERT_TRUE(cuda::indexer_scores_tc(a, dI, dscores.p, dI, 132, nullptr, variant).ok())
+        << "variant " << variant;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = dscores.host();
+    int64_t bad = 0, nonzero = 0;
+    for (int64_t t = 0; t < S; ++t) {
+      kvfp8::index_query_fp8(&q[size_t((t * nI + t) * dI)], dI, qh.data());
+      for (int d = 0; d < dI; ++d) {
+        const double want = std::max(0.0, double(qh[size_t(d)])) * wscale;
+        const double g = got[size_t(t * dI + d)];
+        nonzero += want != 0.0;
+        if (!(std::fabs(g - want) <= 1e-6 * std::fabs(want))) {
+          if (bad < 5)
+            ADD_FAILURE() << "variant " << variant << " row " << t << " dim " << d << ": " << g
+                          << " vs " << want << " (q " << q[size_t((t * nI + t) * dI + d)] << ")";
+          ++bad;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << "variant " << variant;
+    EXPECT_GT(nonzero, (S - 3) * dI / 2) << "variant " << variant;
   }
 }
 

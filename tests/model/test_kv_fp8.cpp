@@ -270,7 +270,8 @@ TEST(KvFp8, StoreRowsKvWritesIndexRows) {
 }
 
 // indexer_topk over fp8 keys (V4 shapes nI 64, dI 128): the selection equals the one over an f32
-// pool holding the dequantized keys (the CPU reads code · scale), and it is the top-k of a double
+// pool holding the dequantized keys (the CPU reads code · scale) with q quantized per head and
+// read back (kvfp8::index_query_fp8, which fp8 keys apply to q), and it is the top-k of a double
 // reference score on those values (up to near-ties: a selected key's reference score is ≥ every
 // unselected one's minus 1e-5 of the score scale).
 TEST(KvFp8, IndexerScoresWithFp8Keys) {
@@ -288,6 +289,13 @@ TEST(KvFp8, IndexerScoresWithFp8Keys) {
     kvfp8::dequantize_index_row(&kq[size_t(r * L.bytes)], L, &kd[size_t(r * dI)]);
   }
   const auto q = random_floats(size_t(S * nI * dI), 52), w = random_floats(size_t(S * nI), 53);
+  // fp8 keys score q quantized per head (IndexerArgs): q̂ for the f32 comparison and the reference.
+  std::vector<float> qd(q.size());
+  for (int64_t h = 0; h < S * nI; ++h) kvfp8::index_query_fp8(&q[size_t(h * dI)], dI, &qd[size_t(h * dI)]);
+  // q̂ is not q (so the quantization is really applied): e4m3 keeps 3 mantissa bits.
+  double qerr = 0;
+  for (size_t i = 0; i < q.size(); ++i) qerr = std::max(qerr, double(std::fabs(q[i] - qd[i])));
+  EXPECT_GT(qerr, 1e-3);
   std::vector<int32_t> cand;
   std::vector<int64_t> off;
   std::vector<int32_t> cnt;
@@ -314,6 +322,7 @@ TEST(KvFp8, IndexerScoresWithFp8Keys) {
   ops->indexer_topk(a);
   a.key_pool = kd.data();
   a.key_dtype = KvDtype::kF32;
+  a.q = qd.data();
   a.out_rows = sel_d.data();
   a.out_count = n_d.data();
   ops->indexer_topk(a);
@@ -326,7 +335,7 @@ TEST(KvFp8, IndexerScoresWithFp8Keys) {
       for (int h = 0; h < nI; ++h) {
         double dot = 0;
         for (int c = 0; c < dI; ++c)
-          dot += double(q[size_t((t * nI + h) * dI + c)]) * kd[size_t(row * dI + c)];
+          dot += double(qd[size_t((t * nI + h) * dI + c)]) * kd[size_t(row * dI + c)];
         acc += std::max(0.0, dot) / std::sqrt(double(dI)) * w[size_t(t * nI + h)] / std::sqrt(double(nI));
       }
       return acc;

@@ -448,11 +448,17 @@ class CpuOps final : public Ops {
         [&](int64_t b, int64_t e) {
           std::vector<float> score;
           std::vector<int32_t> order;
-          std::vector<float> w(nI), kbuf(static_cast<size_t>(dI));
+          std::vector<float> w(nI), kbuf(static_cast<size_t>(dI)), qbuf;
           for (int64_t t = b; t < e; ++t) {
             const int32_t n_cand = a.cand.count[t];
             const int32_t* rows = a.cand.rows + a.cand.offset[t];
             const float* q = a.q + t * nI * dI;
+            if (a.key_dtype == KvDtype::kFp8Index) {  // fp8 keys: q quantized per head as well
+              qbuf.resize(size_t(nI) * dI);
+              for (int h = 0; h < nI; ++h)
+                kvfp8::index_query_fp8(q + h * dI, dI, qbuf.data() + size_t(h) * dI);
+              q = qbuf.data();
+            }
             for (int h = 0; h < nI; ++h) w[h] = a.weights[t * nI + h] * wscale;
             score.assign(n_cand, 0.f);
             for (int32_t s = 0; s < n_cand; ++s) {

@@ -197,6 +197,21 @@ __global__ void indexer_score_kernel(IndexerArgs a, float* __restrict__ scores, 
   for (int i = threadIdx.x; i < nI * dI; i += blockDim.x) sm[i] = a.q[t * nI * dI + i];
   for (int i = threadIdx.x; i < nI; i += blockDim.x) sm[nI * dI + i] = a.weights[t * nI + i] * wscale;
   __syncthreads();
+  if (a.key_dtype == KvDtype::kFp8Index) {
+    // fp8 keys: each q head quantized and read back as the CPU op does (kvfp8::index_query_fp8;
+    // the amax is a max, so the scale — and q̂ — equal the host's bit for bit). A warp a head.
+    const int lane = threadIdx.x & 31;
+    for (int h = threadIdx.x / 32; h < nI; h += blockDim.x / 32) {
+      float amax = 0.f;
+      for (int c = lane; c < dI; c += 32) amax = fmaxf(amax, kvfp8::abs_finite(sm[h * dI + c]));
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float qs = kvfp8::block_scale(amax), qinv = kvfp8::index_query_inv(qs);
+      for (int c = lane; c < dI; c += 32)
+        sm[h * dI + c] =
+            kvfp8::dequantize(kvfp8::e4m3_encode(kvfp8::mul_rn(sm[h * dI + c], qinv)), qs);
+    }
+    __syncthreads();
+  }
   const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= n) return;
   const int64_t key = int64_t(a.cand.rows[a.cand.offset[t] + s]) * dI;  // first value

@@ -63,8 +63,9 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
   float* scale_s = reinterpret_cast<float*>(smem + L.s_off);
   const int nI = L.nI, dI = L.dI;
   // fp8 keys (kFp8Index rows, kv_fp8_index_layout(dI)): the tile holds the codes' exact values
-  // (e4m3 ⊂ bf16), the row scale multiplies the key's head sum (score = scale · Σ_h ReLU(q_h ·
-  // codes) · w_h; scale ≥ 0).
+  // (e4m3 ⊂ bf16), q is quantized per head (IndexerArgs) and staged as its codes' values, and the
+  // two scales multiply outside the dot (score = s_k · Σ_h ReLU(codes_q,h · codes_k) · s_q,h · w_h;
+  // scales ≥ 0).
   constexpr bool fp8 = kFp8;
   const int64_t fp8_row_bytes = kv_fp8_index_layout(dI).bytes;
   const int warp = threadIdx.x / 32;
@@ -82,13 +83,29 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
     for (int i = 0; i < pq; ++i) maxc = max(maxc, a.cand.count[tq0 + i]);
     if (int64_t(blockIdx.x) * kKT >= maxc) continue;
     __syncthreads();  // previous pass done with qs / wsm
-    // q rows (bf16) and head weights of the pass.
+    const float* qp = a.q + (tq0 * nI) * int64_t(dI);
+    if (fp8) {  // per-head q scales (kvfp8::index_query_fp8) into wsm, a warp a head
+      const int lane = threadIdx.x & 31;
+      for (int r = warp; r < pq * nI; r += kThreads / 32) {
+        float amax = 0.f;
+        for (int c = lane; c < dI; c += 32) amax = fmaxf(amax, kvfp8::abs_finite(qp[r * dI + c]));
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (lane == 0) wsm[r] = kvfp8::block_scale(amax);
+      }
+      __syncthreads();
+    }
+    // q rows (bf16; fp8 keys: q's e4m3 codes, exact in bf16) and head weights of the pass (fp8
+    // keys: times the head's q scale).
     for (int e = threadIdx.x; e < pq * nI * dI; e += kThreads) {
       const int r = e / dI, c = e - r * dI;  // r = qi·nI + h
-      qs[r * L.ldq + c] = __float2bfloat16(a.q[(tq0 * nI) * int64_t(dI) + e]);
+      const float x = qp[e];
+      qs[r * L.ldq + c] = __float2bfloat16(
+          fp8 ? kvfp8::e4m3_decode(kvfp8::e4m3_encode(kvfp8::mul_rn(x, kvfp8::index_query_inv(wsm[r]))))
+              : x);
     }
+    if (fp8) __syncthreads();  // every read of the scales done
     for (int e = threadIdx.x; e < pq * nI; e += kThreads)
-      wsm[e] = a.weights[tq0 * nI + e] * wscale;
+      wsm[e] = a.weights[tq0 * nI + e] * wscale * (fp8 ? wsm[e] : 1.f);
     const int32_t* cand = a.cand.rows + a.cand.offset[tq0];
     const int mt = pq * nI / 16, nt = kKT / 16;
     for (int tile = blockIdx.x; tile * kKT < maxc; tile += gridDim.x) {
@@ -220,8 +237,10 @@ __device__ __forceinline__ uint4 ld_stream_u4(const uint16_t* p) {
   return v;
 }
 
-// Key pool formats of the decode kernel (template argument kKeys).
-constexpr int kKeysF32 = 0, kKeysBf16 = 1, kKeysFp8 = 2;
+// Key pool formats of the decode kernel (template argument kKeys). kKeysFp8x8: fp8 key pools
+// multiplied on e4m3 tensor cores (q's codes × the key codes, m16n8k32) instead of converting the
+// codes to bf16 (kKeysFp8).
+constexpr int kKeysF32 = 0, kKeysBf16 = 1, kKeysFp8 = 2, kKeysFp8x8 = 3;
 // Bytes of one fp8 key row (kv_fp8_index_layout(128)).
 constexpr int kFp8KeyRowBytes = 144;
 static_assert(kv_fp8_index_layout(128).bytes == kFp8KeyRowBytes &&
@@ -231,11 +250,12 @@ static_assert(kv_fp8_index_layout(128).bytes == kFp8KeyRowBytes &&
 // keys: 16kk + 4t (one 16-byte load per k-step). bf16 keys: one 16-byte load of 8 dims per lane
 // serves two k-steps, so 32·(kk/2) + 8t + 4·(kk%2). fp8 keys: one 16-byte load of 16 codes per
 // lane serves four k-steps, so 64·(kk/4) + 16t + 4·(kk%4).
+// kKeysFp8x8: the same 16-byte loads (one per pair of 32-wide k-steps); see kKeysFp8x8 below.
 template <int kKeys>
 __device__ __forceinline__ int key_dim0(int kk, int t) {
-  return kKeys == kKeysBf16  ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1)
-         : kKeys == kKeysFp8 ? 64 * (kk >> 2) + 16 * t + 4 * (kk & 3)
-                             : 16 * kk + 4 * t;
+  return kKeys == kKeysBf16                            ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1)
+         : kKeys == kKeysFp8 || kKeys == kKeysFp8x8 ? 64 * (kk >> 2) + 16 * t + 4 * (kk & 3)
+                                                     : 16 * kk + 4 * t;
 }
 
 // Two e4m3 codes (low byte = first value) → their exact values as a packed bf16 pair (low half =
@@ -248,6 +268,123 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes2) {
 // One 16-byte load (16 codes) of a read-only fp8 key row (16-byte aligned), as ld_stream_u4.
 __device__ __forceinline__ uint4 ld_stream_codes16(const uint8_t* p) {
   return ld_stream_u4(reinterpret_cast<const uint16_t*>(p));
+}
+
+// fp8 key pools score q quantized per head (IndexerArgs, kvfp8::index_query_fp8): q̂_h = s_h ·
+// codes_h. The kernels stage q's codes (kKeysFp8: as exact bf16 values; kKeysFp8x8: the e4m3 bytes)
+// and fold s_h ≥ 0 into the head weight (ReLU(s·x) = s·ReLU(x)).
+// Per-head q scales of q[row] ([kDNI, kDDI] f32) into qsc[kDNI] and their index_query_inv into
+// qinv[kDNI]: one warp a head, the block's kDWarps warps. The amax is a max (order-free), so both
+// equal the host's bit for bit.
+__device__ __forceinline__ void q_head_scales(const float* __restrict__ qrow, float* qsc,
+                                              float* qinv) {
+  static_assert(kDDI == 128, "a float4 a lane");
+  constexpr int kHeads = kDNI / kDWarps;  // per warp
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // All loads first (one L2 round trip, not one per head: this runs before the key loads).
+  float4 v[kHeads];
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i)
+    v[i] = *reinterpret_cast<const float4*>(qrow + (warp + kDWarps * i) * kDDI + 4 * lane);
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    float amax = fmaxf(fmaxf(kvfp8::abs_finite(v[i].x), kvfp8::abs_finite(v[i].y)),
+                       fmaxf(kvfp8::abs_finite(v[i].z), kvfp8::abs_finite(v[i].w)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) {
+      const int h = warp + kDWarps * i;
+      const float sc = kvfp8::block_scale(amax);
+      qsc[h] = sc;
+      qinv[h] = kvfp8::index_query_inv(sc);
+    }
+  }
+}
+// Four e4m3 codes of x · inv packed into a register, x.x in the low byte: __fmul_rn and the
+// hardware RNE satfinite conversion = kvfp8::e4m3_encode(mul_rn(x, inv)) (index_query_fp8).
+__device__ __forceinline__ uint32_t q_codes4(float4 x, float inv) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+      make_float2(__fmul_rn(x.x, inv), __fmul_rn(x.y, inv)), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+      make_float2(__fmul_rn(x.z, inv), __fmul_rn(x.w, inv)), __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
+}
+// The exact values of x's codes (q_codes4): what kKeysFp8 multiplies as bf16.
+__device__ __forceinline__ float4 q_code_values(float4 x, float inv) {
+  const uint32_t c = q_codes4(x, inv);
+  const float2 a = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c & 0xffffu), __NV_E4M3)));
+  const float2 b = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c >> 16), __NV_E4M3)));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+// Stages q[row] as packed A fragments into qa (all kDWarps warps; the caller syncs after).
+//   kKeysF32 / kKeysBf16 / kKeysFp8: [m][kk][lane] for m16n8k16 bf16, k-step kk's dims through
+//     key_dim0 (16 KB); kKeysFp8: the values of q's codes (qinv: q_head_scales', already written).
+//   kKeysFp8x8: [m][ks][lane], 4 k-steps of 32 for m16n8k32 e4m3 (8 KB). The K permutation of
+//     k-step ks: mma k-index 4t + i ↔ dim d0 + i, 16 + 4t + i ↔ dim d0 + 4 + i (i < 4), with d0 =
+//     64·(ks/2) + 16t + 8·(ks%2): a lane's 16-byte key load of codes 64u + 16t … +15 holds its B
+//     registers of k-steps 2u (words 0, 1) and 2u + 1 (words 2, 3). A registers: codes of (head
+//     g, d0 … +3), (g + 8, d0 … +3), (g, d0 + 4 … +7), (g + 8, d0 + 4 … +7).
+template <int kKeys>
+__device__ __forceinline__ void stage_q(const float* __restrict__ qrow, const float* qinv, uint4* qa) {
+  // Compile-time trip counts, every load of the thread issued before any use: one L2 round trip
+  // instead of one per unit (this runs before the kernel's first key load).
+  constexpr int kThreads = kDWarps * 32;
+  if constexpr (kKeys == kKeysFp8x8) {
+    constexpr int kUnits = kDMT * (kDKT / 2) * 32 / kThreads;
+    float4 x[kUnits][4];
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = threadIdx.x + kThreads * i;
+      const int m = u / ((kDKT / 2) * 32), ks = (u / 32) % (kDKT / 2), ul = u % 32;
+      const int ug = ul >> 2, ut = ul & 3;
+      const int d0 = 64 * (ks >> 1) + 16 * ut + 8 * (ks & 1);
+      const float* p0 = qrow + (16 * m + ug) * kDDI + d0;
+      const float* p1 = p0 + 8 * kDDI;
+      x[i][0] = *reinterpret_cast<const float4*>(p0);
+      x[i][1] = *reinterpret_cast<const float4*>(p1);
+      x[i][2] = *reinterpret_cast<const float4*>(p0 + 4);
+      x[i][3] = *reinterpret_cast<const float4*>(p1 + 4);
+    }
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = threadIdx.x + kThreads * i;
+      const int m = u / ((kDKT / 2) * 32), ug = (u % 32) >> 2;
+      const float s0 = qinv[16 * m + ug], s1 = qinv[16 * m + ug + 8];
+      qa[u] = make_uint4(q_codes4(x[i][0], s0), q_codes4(x[i][1], s1), q_codes4(x[i][2], s0),
+                         q_codes4(x[i][3], s1));
+    }
+  } else if constexpr (kKeys != kKeysFp8) {  // the loop as before (unrolled: 178 registers, not 132)
+    for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kThreads) {
+      const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
+      const int ug = ul >> 2, ut = ul & 3;
+      const int d0 = key_dim0<kKeys>(kk, ut);
+      const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
+      const float4 hi = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
+      qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
+                         wfrag::pack_bf16(lo.z, lo.w), wfrag::pack_bf16(hi.z, hi.w));
+    }
+  } else {
+    constexpr int kUnits = kDMT * kDKT * 32 / kThreads;
+    float4 lo[kUnits], hi[kUnits];
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = threadIdx.x + kThreads * i;
+      const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
+      const int ug = ul >> 2, ut = ul & 3;
+      const int d0 = key_dim0<kKeys>(kk, ut);
+      lo[i] = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
+      hi[i] = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
+    }
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = threadIdx.x + kThreads * i;
+      const int m = u / (kDKT * 32), ug = (u % 32) >> 2;
+      const float4 l = q_code_values(lo[i], qinv[16 * m + ug]);
+      const float4 h = q_code_values(hi[i], qinv[16 * m + ug + 8]);
+      qa[u] = make_uint4(wfrag::pack_bf16(l.x, l.y), wfrag::pack_bf16(h.x, h.y),
+                         wfrag::pack_bf16(l.z, l.w), wfrag::pack_bf16(h.z, h.w));
+    }
+  }
 }
 
 // kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
@@ -269,9 +406,12 @@ template <int kDNT, int kKeys, bool kPdl, int kMinBlocks = 1>
 __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
-  constexpr bool kBf16Keys = kKeys == kKeysBf16, kFp8Keys = kKeys == kKeysFp8;
+  constexpr bool kBf16Keys = kKeys == kKeysBf16;
+  constexpr bool kMma8 = kKeys == kKeysFp8x8;               // e4m3 tensor cores
+  constexpr bool kFp8Keys = kKeys == kKeysFp8 || kMma8;     // fp8 key rows (loads, row scales)
   constexpr int kDChunk = 8 * kDNT;
-  __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // [m][kk][lane] packed A fragments
+  __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // packed A fragments (stage_q)
+  __shared__ float qsc[kFp8Keys ? 2 * kDNI : 1];          // fp8 keys: q's head scales, inverses
   // PDL: wait for the previous kernel here; trigger the dependents only after the loop (below),
   // so the top-k's CTAs do not sit resident on SMs this one-wave grid was sized to fill (the
   // chain at 230,400 keys took 47.5 µs with the trigger at the start vs 44.6 with plain
@@ -294,24 +434,21 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
     const int s = c * kDChunk + 8 * j + g;
     rn[j] = s < n ? cand[s] : -1;
   }
-  // Stage q[row] (f32 [nI, dI]) as packed bf16 A fragments.
+  // Stage q[row] (f32 [nI, dI]) as packed A fragments (fp8 keys: its codes, stage_q).
   const float* qrow = a.q + row * (kDNI * kDDI);
-  for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kDWarps * 32) {
-    const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
-    const int ug = ul >> 2, ut = ul & 3;
-    const int d0 = key_dim0<kKeys>(kk, ut);
-    const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
-    const float4 hi = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
-    qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
-                       wfrag::pack_bf16(lo.z, lo.w), wfrag::pack_bf16(hi.z, hi.w));
+  if constexpr (kFp8Keys) {
+    q_head_scales(qrow, qsc, qsc + kDNI);
+    __syncthreads();
   }
-  // This lane's head weights, scaled by dI^-1/2 · nI^-1/2.
+  stage_q<kKeys>(qrow, qsc + (kFp8Keys ? kDNI : 0), qa);
+  // This lane's head weights, scaled by dI^-1/2 · nI^-1/2 (fp8 keys: and q's head scale).
   const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
   float wl[kDMT][2];
 #pragma unroll
   for (int m = 0; m < kDMT; ++m) {
-    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale;
-    wl[m][1] = a.weights[row * kDNI + 16 * m + g + 8] * wscale;
+    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale * (kFp8Keys ? qsc[16 * m + g] : 1.f);
+    wl[m][1] =
+        a.weights[row * kDNI + 16 * m + g + 8] * wscale * (kFp8Keys ? qsc[16 * m + g + 8] : 1.f);
   }
   __syncthreads();
   for (; c * kDChunk < n; c += stride) {
@@ -332,7 +469,7 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 #pragma unroll
         for (int u = 0; u < kLoads; ++u)
           kv[j][u] = r[j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
-                              : ld_stream_codes16(kr + key_dim0<kKeys>(4 * u, t));
+                              : ld_stream_codes16(kr + key_dim0<kKeysFp8>(4 * u, t));
         ksc[j] = r[j] < 0 ? 0.f : __ldg(reinterpret_cast<const float*>(kr + kDDI));
       }
     } else {
@@ -368,8 +505,27 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
       for (int j = 0; j < kDNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+    if constexpr (kMma8) {  // 4 k-steps of 32 on e4m3 tensor cores (stage_q's K permutation)
 #pragma unroll
-    for (int kk = 0; kk < kDKT; ++kk) {
+      for (int ks = 0; ks < kDKT / 2; ++ks) {
+        uint32_t b[kDNT][2];
+#pragma unroll
+        for (int j = 0; j < kDNT; ++j) {
+          const uint4& v = kv[j][ks >> 1];
+          b[j][0] = (ks & 1) ? v.z : v.x;
+          b[j][1] = (ks & 1) ? v.w : v.y;
+        }
+#pragma unroll
+        for (int m = 0; m < kDMT; ++m) {
+          const uint4 af = qa[(m * (kDKT / 2) + ks) * 32 + lane];
+#pragma unroll
+          for (int j = 0; j < kDNT; ++j)
+            wfrag::mma_e4m3(acc[m][j], af.x, af.y, af.z, af.w, b[j][0], b[j][1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < (kMma8 ? 0 : kDKT); ++kk) {
       uint32_t b[kDNT][2];
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
@@ -613,25 +769,24 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_pipe_kernel(ops::
     pipe_commit();
   }
   load_rows(c0 + (kStages - 1) * stride, rn);  // rows of the first in-loop issue
-  // Stage q[row] (f32 [nI, dI]) as packed bf16 A fragments (as indexer_decode_kernel).
+  // Stage q[row] (f32 [nI, dI]) as packed bf16 A fragments and the head weights, as
+  // indexer_decode_kernel (fp8 keys: q's codes, the head scales folded into the weights).
+  __shared__ float qsc[kFp8Keys ? 2 * kDNI : 1];  // fp8 keys: q's head scales, inverses
   const float* qrow = a.q + row * (kDNI * kDDI);
-  for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kDWarps * 32) {
-    const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
-    const int ug = ul >> 2, ut = ul & 3;
-    const int d0 = key_dim0<kKeys>(kk, ut);
-    const float4 lo = *reinterpret_cast<const float4*>(qrow + (16 * m + ug) * kDDI + d0);
-    const float4 hi = *reinterpret_cast<const float4*>(qrow + (16 * m + ug + 8) * kDDI + d0);
-    qa[u] = make_uint4(wfrag::pack_bf16(lo.x, lo.y), wfrag::pack_bf16(hi.x, hi.y),
-                       wfrag::pack_bf16(lo.z, lo.w), wfrag::pack_bf16(hi.z, hi.w));
+  if constexpr (kFp8Keys) {
+    q_head_scales(qrow, qsc, qsc + kDNI);
+    __syncthreads();
   }
+  stage_q<kKeys>(qrow, qsc + (kFp8Keys ? kDNI : 0), qa);
   const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
   float wl[kDMT][2];
 #pragma unroll
   for (int m = 0; m < kDMT; ++m) {
-    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale;
-    wl[m][1] = a.weights[row * kDNI + 16 * m + g + 8] * wscale;
+    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale * (kFp8Keys ? qsc[16 * m + g] : 1.f);
+    wl[m][1] =
+        a.weights[row * kDNI + 16 * m + g + 8] * wscale * (kFp8Keys ? qsc[16 * m + g + 8] : 1.f);
   }
-  __syncthreads();  // qa written (the only barrier)
+  __syncthreads();  // qa written (the only barrier of the loop's prologue)
   int slot = 0;  // = i % S for the warp's i-th chunk
   for (int c = c0; c * kDChunk < n; c += stride) {
     const int s0 = c * kDChunk;
@@ -1454,6 +1609,16 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return five ? launch_decode<2, kKeysF32, 5>(a, max_count, scores, ld, n_sms, stream, pdl)
                   : launch_decode<2, kKeysF32, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
     }
+    // fp8 keys: auto (0) and 19 run the e4m3 tensor-core form (kKeysFp8x8); 2 / 3 and the others
+    // that land here convert the codes to bf16 (kKeysFp8, bit-identical to variants 4–7).
+    // 19 / 20 / 21: ≥ 1 / 3 / 4 resident blocks an SM (246 / 168 / 128 registers: at 1 the
+    // compiler keeps all of q's A fragments in registers).
+    if (a.key_dtype == KvDtype::kFp8Index && (variant == 0 || variant == 20))
+      return launch_decode<4, kKeysFp8x8, 3>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 19)
+      return launch_decode<4, kKeysFp8x8>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 21)
+      return launch_decode<4, kKeysFp8x8, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);

@@ -23,7 +23,7 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 18;
+inline constexpr int kIndexerScoresMaxVariant = 21;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 
@@ -60,7 +60,12 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// copying whole 256-byte key rows per warp instruction into a row-major, XOR-swizzled slot
 /// (instead of 8 rows × 64 bytes), fragments read across lanes after a __syncwarp;
 /// bit-identical to the decode kernel (same B values, same mma order). 17 / 18: 15 / 16 with
-/// 16-key chunks (4 KB slots: 4 / 3 CTAs an SM; written in session 10, first run next session).
+/// 16-key chunks (4 KB slots: 4 / 3 CTAs an SM; 22.6 / 24.1 µs vs 23.5 at 230,400 keys, not
+/// chosen by auto). 19 / 20 / 21 (fp8 keys; auto runs 20): the decode kernel on e4m3 tensor cores
+/// — q's per-head e4m3 codes (IndexerArgs: fp8 keys score a per-head quantized q) × the key codes
+/// with mma.m16n8k32.e4m3, no code conversion; the scores equal the bf16-converting fp8 kernels'
+/// (variants 2–7, 13, 14) up to fp32 rounding; compiled for ≥ 1 / 3 / 4 resident blocks an SM.
+/// bf16 / f32 keys: 19–21 run the default.
 /// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
