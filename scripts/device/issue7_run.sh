@@ -7,6 +7,9 @@
 #               wgemv vs streaming gemv_stream, % of a same-traffic copy)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
+#   idxprof     bench_kernels --launches 200 --profile-indexer DTYPE KEYS VARIANT per entry of
+#               $V4_IDXPROF (dtype:keys:variant, e.g. "bf16:230400:0 fp8:230400:20")
+#               -> cuda-indexer-profile.md (not in the default stage list)
 #   gather      bench_kernels --probe-indexer-gather -> cuda-indexer-gather.md (the decode scores
 #               kernel vs its loads alone, random vs sequential lists; not in the default list)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
@@ -89,6 +92,19 @@ has gemv && { kb gemv --only-gemv; grep -E "^gemv" "$OUT/gemv.log"; }
 has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has gather && { kb gather --probe-indexer-gather; grep -E "^indexer gather" "$OUT/gather.log"; }
+if has idxprof; then  # scores kernel per variant: bench_kernels --profile-indexer, µs per launch
+  f="$OUT/cuda-indexer-profile.md"
+  { echo "# Indexer scores kernel per variant (bench_kernels --launches 200 --profile-indexer)"; echo
+    echo "- GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); commit $V4_COMMIT; $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- cases (dtype:keys:variant): ${V4_IDXPROF:-bf16:230400:0 fp8:230400:3 fp8:230400:20 fp8:1024:3 fp8:1024:20}"
+    echo; echo '```'; } > "$f"
+  for c in ${V4_IDXPROF:-bf16:230400:0 fp8:230400:3 fp8:230400:20 fp8:1024:3 fp8:1024:20}; do
+    IFS=: read -r dt n v <<< "$c"
+    timeout 60 build-gpu/bench/bench_kernels --launches 200 --profile-indexer "$dt" "$n" "$v" 2>&1 |
+      grep "time" | tee -a "$f"
+  done
+  echo '```' >> "$f"
+fi
 has attention && kb attention --only-attention
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
