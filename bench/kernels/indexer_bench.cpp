@@ -438,12 +438,13 @@ std::string bench_indexer(double bw, int reps) {
     << "Scores only; auto = the decode kernel (4 n-tiles, keys loaded into registers, no "
        "overlap); v4 / v5 / v6 = the pipelined kernel with a per-warp cp.async ring of 3 / 2 / 4 "
        "32-key chunk slots (fp8: exact bit-move e4m3 → bf16 conversion); v7 = v4 with the old "
-       "fp8 conversion (bf16: = v4). Bit-identical scores "
+       "fp8 conversion (bf16: = v4). Bit-identical scores to the decode kernel (fp8 keys: to v3; "
+       "fp8 auto = the e4m3 tensor-core kernel, equal up to fp32 rounding) "
        "(`CudaIndexerTc.PipelinedDecodeEqualsDecodeKernelBitwise`). v8 / v9 = the warpgroup-MMA "
        "kernel with heads on M (wgmma.m64n64k16, cp.async ring of 4 / 3 64-key tiles per "
        "128-thread CTA); v10 / v11 / v12 = the same kernel with keys on M (A = the key tile, "
        "B = Q; ring of 4 / 3 / 2 tiles, one barrier a tile); v8–v12 bf16 keys only (fp8 rows: "
-       "not run, they would run auto); scores equal up to fp32 rounding, `CudaIndexerWg.*`. "
+       "not run, they would run v3); scores equal up to fp32 rounding, `CudaIndexerWg.*`. "
        "floor = (n·row bytes + 8n) per row / " << int(bw) << " GB/s; ×fl = time / floor.\n\n";
   constexpr int kNv = 10;
   const int vs[kNv] = {0, 4, 5, 6, 7, 8, 9, 10, 11, 12};

@@ -254,8 +254,9 @@ struct IndexerArgs {
   const void* key_pool = nullptr;   // [pool rows, dI] of key_dtype
   KvDtype key_dtype = KvDtype::kF32;  // bf16 keys are widened to f32 on read; kFp8Index rows
                                       // (kv_fp8_index_layout(dI)) read as code value · scale,
-                                      // and then q[t,h] is quantized the same way (one e4m3
-                                      // block per head, kvfp8::index_query_fp8): fp8 × fp8
+                                      // and then q[t,h] is quantized per head too (one e4m3
+                                      // block, scale amax / 448, codes of x · (1/scale) —
+                                      // a product, ±Inf saturating: kvfp8::index_query_fp8)
   RowMap cand;
   int64_t n_rows = 0;            // S
   int n_heads = 0;               // nI

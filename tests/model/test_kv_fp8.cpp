@@ -587,10 +587,12 @@ TEST(KvFp8, Layer0PoolRowsAreQuantizedF32Rows) {
 /// near-tied indexer top-k picks; see kTolBf16 in test_kv_bf16.cpp), so single logits move a lot.
 /// Measured on CPU (max|Δlogit|/max|logit| vs the f32-pool run, prefill / worst decode step;
 /// greedy agreement with the oracle over prefill + decode positions; the [kv-fp8] lines), with
-/// fp8 indexer keys (idxfp8): tiny-bf16 0.52 / 0.97, 159/182 (87.4%, the lowest);
-/// tiny-fp8-base 0.35 / 0.29, 273/304; tiny-fp8-mxfp4 0.35 / 0.38, 286/324; tiny-kinds-fp32
-/// 0.37 / 0.81, 171/192; tiny-real-rates 0.43 / 0.26, 1496/1560; tiny-sigmoid 0.37 / 0.33,
-/// 127/144. With bf16 indexer keys (before): tiny-bf16 0.52 / 0.48, 170/182; tiny-fp8-base
+/// fp8 indexer keys and, since session 11, the indexer's q quantized per head against them:
+/// tiny-bf16 0.54 / 0.93, 159/182 (87.4%); tiny-fp8-base 0.35 / 0.32, 273/304; tiny-fp8-mxfp4
+/// 0.36 / 0.39, 283/324; tiny-kinds-fp32 0.37 / 0.80, 167/192 (87.0%, the lowest);
+/// tiny-real-rates 0.43 / 0.32, 1491/1560; tiny-sigmoid 0.37 / 0.34, 128/144. fp8 keys with an
+/// unquantized q (idxfp8, before): tiny-bf16 0.52 / 0.97, 159/182; tiny-kinds-fp32 0.81,
+/// 171/192; tiny-real-rates 1496/1560. With bf16 indexer keys (before): tiny-bf16 0.52 / 0.48, 170/182; tiny-fp8-base
 /// 292/304; tiny-fp8-mxfp4 297/324; tiny-kinds-fp32 173/192; tiny-real-rates 1512/1560;
 /// tiny-sigmoid 130/144 (90.3%). bf16 pools on the same fixtures: 94.5–100% (test_kv_bf16.cpp).
 /// Bounds: logits 1.0 (loose; a wrong row format is caught by the bit-exact tests above and by

@@ -133,8 +133,8 @@ struct CudaOptions {
   /// kernel (indexer.h: cp.async ring of 3 / 2 / 4 chunk slots per warp; 7 = 4 with the old fp8
   /// conversion), 8 / 9 the warpgroup-MMA (wgmma) decode kernel for bf16 keys (ring of 4 / 3
   /// 64-key tiles; fp8 / f32 keys: the default), 1 the WMMA kernel. Same scores bit for bit
-  /// across 0 and 2–7 for a key format (f32 keys: 0 = 2 = 4–9; fp8: 3 = 8 = 9 = 2–7 up to the
-  /// chunk); 8 / 9 equal them up to fp32 rounding; 10–12 wgmma with keys on M, 13 / 14 the decode
+  /// across 0 and 2–7 for bf16 keys (f32 keys: 0 = 2 = 4–9; fp8 keys: 3 = 4–12 = 13–18, while 0
+  /// runs the e4m3 kernel); 8 / 9 equal them up to fp32 rounding; 10–12 wgmma with keys on M, 13 / 14 the decode
   /// kernel at ≥ 4 / 5 blocks an SM, 15–18 the pipelined kernel copying whole key rows, 19–21 the
   /// e4m3 tensor-core kernel for fp8 keys (auto = 20; equal to 3 up to fp32 rounding) (indexer.h).
   /// Environment override at backend creation: V4_INDEXER_DEC=N (0–21).

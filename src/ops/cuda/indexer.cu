@@ -207,8 +207,11 @@ __global__ void __launch_bounds__(kThreads) indexer_tc_kernel(ops::IndexerArgs a
 // fp8 key pools (kFp8Index rows: 128 e4m3 codes + one f32 scale + 12 bytes of padding, 144
 // bytes, 16-byte aligned): lane t's 16-byte load u of codes 64u + 16t … +15 gives k-steps 4u … 4u+3
 // (dims 64u + 16t + 4w … +3 for k-step 4u + w), converted exactly to bf16 pairs
-// (e4m3 → f16x2 → f32 → bf16x2; e4m3 ⊂ bf16); the MMA runs on the unscaled codes and the row
-// scale multiplies the key's head sum once (score = s · Σ_h ReLU(q_h · codes) · w_h, s ≥ 0).
+// (e4m3 → f16x2 → f32 → bf16x2; e4m3 ⊂ bf16); q is quantized per head (IndexerArgs) and staged
+// as its codes' values (stage_q); the MMA runs on the unscaled codes, the row scale multiplies the
+// key's head sum once and q's head scale sits in the head weight (score = s_k · Σ_h ReLU(codes_q,h
+// · codes_k) · s_q,h · w_h, scales ≥ 0). kKeysFp8x8 (variants 19–21, auto for fp8 keys): the same
+// loads and scales, the codes multiplied as e4m3 by m16n8k32 (stage_q's K permutation).
 //
 // Head reduction: lane (g, t) owns heads {16m+g, 16m+g+8 : m < kDMT} of keys 8j+2t, 8j+2t+1; it
 // sums ReLU(c)·w over those 8 heads (m ascending, row g before g+8), then a fixed xor-shuffle tree
@@ -615,7 +618,9 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 // kFastCvt (fp8 keys): e4m3 → bf16 by moving the bits into bf16 fields (sign → bit 15, exponent +
 // mantissa → bits 4..10 of the half) and one bf16x2 multiply by 2^120 — exact for every finite
 // code, subnormals included (the moved subnormal is a bf16 subnormal 2^-126·m/8, × 2^120 = the
-// e4m3 value 2^-6·m/8); NaN codes (0x7f / 0xff) would become ±480, which keys never hold.
+// e4m3 value 2^-6·m/8); NaN codes (0x7f / 0xff) become ±480 instead of NaN: a key row stored from
+// non-finite values (quantize_index_row writes 0x7f for NaN / ±Inf) scores finite here, 0 after
+// ReLU(NaN) in variant 3 and on the CPU (variants 4–6 only; never chosen by auto).
 // Otherwise the decode kernel's e4m3x2_to_bf16x2.
 constexpr int kPipeNT = 4;                  // n-tiles per chunk (32 keys), as the bf16 / fp8 default
 constexpr int64_t kPipeAutoMinRows = 16;    // auto runs variant 5 for bf16 keys from this many rows
@@ -1609,7 +1614,7 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return five ? launch_decode<2, kKeysF32, 5>(a, max_count, scores, ld, n_sms, stream, pdl)
                   : launch_decode<2, kKeysF32, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
     }
-    // fp8 keys: auto (0) and 19 run the e4m3 tensor-core form (kKeysFp8x8); 2 / 3 and the others
+    // fp8 keys: auto (0 = 20) and 19–21 run the e4m3 tensor-core form (kKeysFp8x8); 2 / 3 and the others
     // that land here convert the codes to bf16 (kKeysFp8, bit-identical to variants 4–7).
     // 19 / 20 / 21: ≥ 1 / 3 / 4 resident blocks an SM (246 / 168 / 128 registers: at 1 the
     // compiler keeps all of q's A fragments in registers).

@@ -1,7 +1,8 @@
 // Lightning indexer scores on tensor cores over paged f32 key pools (dsv4-model.md §6):
 //   score[t, s] = Σ_h ReLU(q[t,h] · K[cand_t[s]]) · dI^-1/2 · w[t,h] · nI^-1/2,  s < count[t]
-// with q and keys rounded to bf16 (fp32 accumulate) — the bf16 tolerance applies, so the CUDA
-// backend uses this only when batch invariance / fp32 results are not required.
+// with q and keys rounded to bf16 (fp32 accumulate; fp8 keys: q's per-head e4m3 codes and the key
+// codes, exact, IndexerArgs) — the bf16 tolerance applies, so the CUDA backend uses this only when
+// batch invariance / fp32 results are not required.
 //
 // Two kernels: the decode kernel (≤ 128 rows, nI = 64, dI = 128; described at indexer_scores_tc)
 // and the WMMA kernel (any supported dims, prefill). WMMA kernel: blocks take groups of 4
