@@ -59,8 +59,12 @@ int32_t pick(const float* logits, int64_t V, double temperature, std::mt19937_64
 
 int run_generate(const GenerateOptions& o) {
   using namespace v4;
-  if (o.prompt.empty() == o.prompt_ids.empty()) {
-    std::fprintf(stderr, "error: give exactly one of --prompt or --prompt-ids\n");
+  if (o.prompt.empty() && o.prompt_ids.empty()) {
+    std::fprintf(stderr, "error: give a non-empty --prompt TEXT or --prompt-ids IDS\n");
+    return 2;
+  }
+  if (!o.prompt.empty() && !o.prompt_ids.empty()) {
+    std::fprintf(stderr, "error: give only one of --prompt or --prompt-ids\n");
     return 2;
   }
   std::unique_ptr<ThreadPool> pool;

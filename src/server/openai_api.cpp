@@ -908,6 +908,18 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                       ctx, longest);
     return send_error(hreq, *w, api_error(400, msg, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt"));
   }
+  // Within the model's context but beyond what the KV pools hold for one sequence (the pools are
+  // sized by --mem-fraction, not by the context): the same error code, naming the cache limit.
+  if (const int64_t room = engine_->max_tokens_limit(longest); room == 0 || (r.max_tokens && *r.max_tokens > room)) {
+    const int64_t cap = engine_->max_tokens_limit(1) + 1;  // tokens one sequence can hold
+    std::string msg = r.max_tokens
+        ? fmt::format("This server's KV cache holds at most {} tokens for one sequence (the model's maximum context length is {}). However, you requested {} tokens ({} in the prompt, {} for the completion). Please reduce the length of the prompt or of max_tokens.",
+                      cap, ctx, longest + *r.max_tokens, longest, *r.max_tokens)
+        : fmt::format("This server's KV cache holds at most {} tokens for one sequence (the model's maximum context length is {}). However, the prompt has {} tokens, leaving no room for the completion.",
+                      cap, ctx, longest);
+    return send_error(hreq, *w, api_error(400, msg, "invalid_request_error", "context_length_exceeded",
+                                          room == 0 ? (chat ? "messages" : "prompt") : "max_tokens"));
+  }
 
   // Choices.
   const int n = r.n;

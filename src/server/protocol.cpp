@@ -323,7 +323,12 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
           if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
             return rd.fail(fmt::format("'{}.content' parts must be objects with a 'type'", p), "messages");
           }
-          if (part["type"] == "text" && (!part.contains("text") || !part["text"].is_string())) {
+          if (part["type"] != "text") {  // image_url, input_audio, file, ...: not silently dropped
+            return rd.fail(fmt::format("'{}.content' part type '{}' is not supported: this model takes text parts only",
+                                       p, part["type"].get<std::string>()),
+                           "messages");
+          }
+          if (!part.contains("text") || !part["text"].is_string()) {
             return rd.fail(fmt::format("'{}.content' text parts need a string 'text'", p), "messages");
           }
         }

@@ -133,7 +133,7 @@ class ApiTest : public ::testing::Test {
     engine::testing::FakeConfig fc;
     fc.vocab = kVocab;
     fc.max_context = 512;
-    fc.kv_pages = 4096;
+    fc.kv_pages = kv_pages_;
     fc.state_pages = 256;
     fc.step_delay_us = step_delay_us_;
     auto exec = std::make_unique<engine::testing::FakeExecutor>(fc);
@@ -173,7 +173,42 @@ class ApiTest : public ::testing::Test {
   std::unique_ptr<HttpServer> server_;
   int port_ = 0;
   int64_t step_delay_us_ = 0;  // FakeConfig::step_delay_us (set before start)
+  int64_t kv_pages_ = 4096;    // FakeConfig::kv_pages (set before start)
 };
+
+// KV pools smaller than the context (16 pages × 16 tokens = 256 of the 512-token context): a
+// request within the context that the pools can never hold gets 400 context_length_exceeded
+// naming the cache limit (param: the prompt when the prompt alone does not fit, else max_tokens),
+// not the engine's bare "can never fit"; a request that fits is served, a defaulted max_tokens
+// is cut to what fits.
+class SmallCacheApiTest : public ApiTest {
+ protected:
+  void SetUp() override {
+    kv_pages_ = 16;
+    start("");
+  }
+};
+
+TEST_F(SmallCacheApiTest, RequestsBeyondTheCacheAreContextLengthErrors) {
+  const std::string p300 = json(std::vector<int32_t>(300, 3)).dump();
+  auto r = http(port_, "POST", "/v1/completions", R"({"prompt":)" + p300 + "}");
+  EXPECT_EQ(r.status, 400) << r.body;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r.body;
+  EXPECT_EQ(j["error"]["param"], "prompt") << r.body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("at most 256 tokens"), std::string::npos) << r.body;
+  r = http(port_, "POST", "/v1/completions", R"({"prompt":[1,2,3],"max_tokens":300})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r.body;
+  EXPECT_EQ(j["error"]["param"], "max_tokens") << r.body;
+  r = http(port_, "POST", "/v1/completions", R"({"prompt":[1,2,3],"max_tokens":253,"ignore_eos":true})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = http(port_, "POST", "/v1/completions", R"({"prompt":[1,2,3]})");
+  EXPECT_EQ(r.status, 200) << r.body;
+}
 
 // Engine steps of 5 ms: requests stay in flight long enough to be aborted.
 class SlowApiTest : public ApiTest {

@@ -351,6 +351,21 @@ TEST(Protocol, UserContentPartsAreJoined) {
   EXPECT_EQ(r.messages[0]["content"], "hello\n\nworld");
 }
 
+// Parts this text-only model cannot read are refused by name, not dropped (a 200 that ignored an
+// image would answer a different question than the one asked).
+TEST(Protocol, NonTextContentPartsAreRefused) {
+  GenerateRequest r;
+  ApiError e = chat_err(R"({"messages":[{"role":"user","content":[{"type":"text","text":"hi"},
+      {"type":"image_url","image_url":{"url":"x"}}]}]})", &r);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "messages");
+  EXPECT_NE(e.message.find("image_url"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("messages[0]"), std::string::npos) << e.message;
+  e = chat_err(R"({"messages":[{"role":"tool","tool_call_id":"c","content":[{"type":"input_audio"}]}]})", &r);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("input_audio"), std::string::npos) << e.message;
+}
+
 TEST(Metrics, EndpointLabelIsBounded) {
   Metrics m;
   m.count_request("/random12345", 404);
