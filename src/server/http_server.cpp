@@ -121,6 +121,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   bool read_after_probe_ = false;
   bool writing_ = false;
   bool response_done_ = false;  // the last bytes are queued
+  bool peer_closed_ = false;    // the client closed while the last bytes were being written
   std::deque<std::pair<std::string, bool>> queue_;  // bytes, is_last
   std::string out_;        // the write in flight
   std::unique_ptr<std::array<char, 16384>> discard_;  // lingering close
@@ -363,6 +364,12 @@ void Session::on_probe(beast::error_code ec, size_t n) {
   }
   if (ec) {
     if (ec == net::error::operation_aborted) return;
+    if (response_done_ && writing_) {
+      // The whole answer is on its way (a client may read it and close before our write's
+      // completion runs): not a disconnect. on_write finishes the response, then closes.
+      peer_closed_ = true;
+      return;
+    }
     fail("client disconnected", ec);
     return;
   }
@@ -478,7 +485,7 @@ void Session::response_finished() {
   in_request_ = false;
   streaming_ = false;
   on_close_ = nullptr;
-  if (!keep_alive_ || server_->stopping) {
+  if (!keep_alive_ || server_->stopping || peer_closed_) {
     linger_close();
     return;
   }
