@@ -308,6 +308,16 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
                       src, c.scoring_func);
   if (c.num_hidden_layers <= 0) return field_error(src, "num_hidden_layers", "must be > 0");
   const int L = c.num_hidden_layers;
+  // A config without num_hidden_layers gets the V4-Flash default; when its per-layer lists say
+  // otherwise, name the missing field rather than the default the user never wrote.
+  if (!j.contains("num_hidden_layers")) {
+    for (const char* list : {"layer_types", "mlp_layer_types"})
+      if (auto it = j.find(list); it != j.end() && it->is_array() && int(it->size()) != L)
+        return field_error(src, "num_hidden_layers",
+                           fmt::format("is missing (its default {} does not match the {} entries of "
+                                       "'{}')",
+                                       L, it->size(), list));
+  }
 
   // compress_rates: dict, then legacy scalar overrides.
   if (auto it = j.find("compress_rates"); it != j.end() && !it->is_null()) {

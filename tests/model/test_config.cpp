@@ -112,6 +112,22 @@ TEST(Config, DefaultsWithoutLayerTypes) {
   EXPECT_EQ(c->n_routed_experts, 256);
 }
 
+// A config that omits num_hidden_layers but lists 2 layers: the error names the missing field
+// (not "num_hidden_layers = 43", a default the file never wrote).
+TEST(Config, MissingLayerCountIsNamed) {
+  json j = {{"model_type", "deepseek_v4"},
+            {"layer_types", {"compressed_sparse_attention", "heavily_compressed_attention"}}};
+  auto c = ModelConfig::from_json(j, "cfg.json");
+  ASSERT_FALSE(c.ok());
+  const std::string m = c.status().message();
+  EXPECT_NE(m.find("cfg.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("num_hidden_layers"), std::string::npos) << m;
+  EXPECT_NE(m.find("missing"), std::string::npos) << m;
+  EXPECT_NE(m.find("2 entries of 'layer_types'"), std::string::npos) << m;
+  j["num_hidden_layers"] = 2;  // with it, the same lists load
+  EXPECT_TRUE(ModelConfig::from_json(j, "cfg.json").ok());
+}
+
 TEST(Config, LegacyScalarRatesAndAliases) {
   json j = {{"model_type", "deepseek_v4"},
             {"num_hidden_layers", 2},
