@@ -1,4 +1,5 @@
 // `v4serve serve`: load a checkpoint, start the engine and the OpenAI-compatible HTTP server.
+#include <boost/asio/ip/address.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -86,6 +87,15 @@ int run_serve(const ServeOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  {  // --host before minutes of loading: an IP address (the server binds it as given)
+    boost::system::error_code ec;
+    boost::asio::ip::make_address(o.host, ec);
+    if (ec) {
+      V4_LOG_ERROR("bad --host '{}': {} (expected an IPv4 or IPv6 address, e.g. 127.0.0.1 or 0.0.0.0)",
+                   o.host, ec.message());
+      return 2;
+    }
+  }
   const bool dummy = o.m.dummy();
   if (o.m.model.empty() || !(fs::is_directory(o.m.model) || (dummy && fs::is_regular_file(o.m.model)))) {
     V4_LOG_ERROR("--model '{}' is not a directory (expected config.json + *.safetensors{})", o.m.model,
@@ -100,7 +110,7 @@ int run_serve(const ServeOptions& o) {
   }
   auto tok = v4::text::Tokenizer::from_file(tok_path);
   if (!tok.ok()) {
-    V4_LOG_ERROR("cannot load the tokenizer: {} (pass --tokenizer FILE)", tok.status().to_string());
+    V4_LOG_ERROR("cannot load the tokenizer: {} (pass --tokenizer FILE)", tok.status().message());
     return 2;
   }
 
@@ -126,8 +136,9 @@ int run_serve(const ServeOptions& o) {
       lm.ok() ? v4::engine::ModelExecutor::create(std::move(lm->ops), std::move(lm->model), mo)
               : v4::Result<std::unique_ptr<v4::engine::ModelExecutor>>(lm.status());
   if (!exec.ok()) {
-    V4_LOG_ERROR("cannot load the model: {}", exec.status().to_string());
-    return 1;
+    V4_LOG_ERROR("cannot load the model: {}", exec.status().message());
+    // as `generate`: 2 for a bad checkpoint / argument, 1 for resources and I/O
+    return exec.status().code() == v4::ErrorCode::kInvalidArgument ? 2 : 1;
   }
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto& ex = **exec;
@@ -174,7 +185,7 @@ int run_serve(const ServeOptions& o) {
                 o.max_context, ctx);
   auto engine = v4::engine::Engine::create(std::move(exec).value(), ec);
   if (!engine.ok()) {
-    V4_LOG_ERROR("cannot start the engine: {}", engine.status().to_string());
+    V4_LOG_ERROR("cannot start the engine: {}", engine.status().message());
     return 1;
   }
 
@@ -202,7 +213,7 @@ int run_serve(const ServeOptions& o) {
   api.set_connection_counter([&server] { return server.open_connections(); });
   auto st = server.start();
   if (!st.ok()) {
-    V4_LOG_ERROR("{}", st.to_string());
+    V4_LOG_ERROR("{}", st.message());
     return 1;
   }
   V4_LOG_INFO("serving '{}' (context {} tokens) on http://{}:{}{}", ac.served_model_name, ctx, o.host,
