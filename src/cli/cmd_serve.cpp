@@ -216,8 +216,10 @@ int run_serve(const ServeOptions& o) {
     V4_LOG_ERROR("{}", st.message());
     return 1;
   }
-  V4_LOG_INFO("serving '{}' (context {} tokens) on http://{}:{}{}", ac.served_model_name, ctx, o.host,
-              server.port(), o.api_key.empty() ? "" : " (API key required)");
+  const int64_t seq_cap = std::min<int64_t>(ctx, (*engine)->max_tokens_limit(1) + 1);
+  V4_LOG_INFO("serving '{}' (context {} tokens{}) on http://{}:{}{}", ac.served_model_name, ctx,
+              seq_cap < ctx ? fmt::format("; the KV cache holds {} for one sequence", seq_cap) : "",
+              o.host, server.port(), o.api_key.empty() ? "" : " (API key required)");
   std::fflush(stdout);
 
   int sig = 0;

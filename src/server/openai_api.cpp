@@ -616,6 +616,7 @@ OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfi
   drop_tokens_ = text::template_special_tokens(&tok_);
   limits_.max_context = engine_->max_context();
   limits_.vocab_size = engine_->vocab_size();
+  seq_capacity_ = std::min(engine_->max_context(), engine_->max_tokens_limit(1) + 1);
 }
 
 OpenAiApi::~OpenAiApi() = default;
@@ -911,7 +912,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   // Within the model's context but beyond what the KV pools hold for one sequence (the pools are
   // sized by --mem-fraction, not by the context): the same error code, naming the cache limit.
   if (const int64_t room = engine_->max_tokens_limit(longest); room == 0 || (r.max_tokens && *r.max_tokens > room)) {
-    const int64_t cap = engine_->max_tokens_limit(1) + 1;  // tokens one sequence can hold
+    const int64_t cap = seq_capacity_;  // < ctx here
     std::string msg = r.max_tokens
         ? fmt::format("This server's KV cache holds at most {} tokens for one sequence (the model's maximum context length is {}). However, you requested {} tokens ({} in the prompt, {} for the completion). Please reduce the length of the prompt or of max_tokens.",
                       cap, ctx, longest + *r.max_tokens, longest, *r.max_tokens)

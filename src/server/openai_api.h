@@ -81,6 +81,10 @@ class OpenAiApi {
   Metrics metrics_;
   std::function<int64_t()> connections_;
   ValidationLimits limits_;
+  /// Tokens one sequence can hold: the model's context, capped by the KV pools' whole capacity.
+  /// /v1/models and /tokenize report the context as max_model_len (as SGLang does; the pools are
+  /// sized by --mem-fraction and shared), requests beyond this get context_length_exceeded.
+  int64_t seq_capacity_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
   /// Generations in flight (registered once set up; expired entries pruned on insert), and the

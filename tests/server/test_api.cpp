@@ -198,6 +198,8 @@ TEST_F(SmallCacheApiTest, RequestsBeyondTheCacheAreContextLengthErrors) {
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r.body;
   EXPECT_EQ(j["error"]["param"], "prompt") << r.body;
   EXPECT_NE(j["error"]["message"].get<std::string>().find("at most 256 tokens"), std::string::npos) << r.body;
+  // /v1/models reports the model's context (as SGLang); the limit is in the error above
+  EXPECT_EQ(json::parse(http(port_, "GET", "/v1/models", "").body)["data"][0]["max_model_len"], 512);
   r = http(port_, "POST", "/v1/completions", R"({"prompt":[1,2,3],"max_tokens":300})");
   EXPECT_EQ(r.status, 400) << r.body;
   j = json::parse(r.body, nullptr, false);
