@@ -15,17 +15,24 @@ def test_sigterm_drains_running_streams():
     srv = Server(extra_args=["--shutdown-timeout", "60"])
     try:
         result = {}
+        started = threading.Event()
 
         def stream():
             with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True, timeout=120,
                                json={"prompt": [5, 6, 7, 8], "max_tokens": 1500, "temperature": 0,
                                      "ignore_eos": True, "stream": True}) as r:
-                events = [l.decode()[6:] for l in r.iter_lines() if l.startswith(b"data: ")]
+                events = []
+                for l in r.iter_lines():
+                    if l.startswith(b"data: "):
+                        events.append(l.decode()[6:])
+                        started.set()
             result["events"] = events
 
         t = threading.Thread(target=stream)
         t.start()
-        time.sleep(0.5)  # the stream is running
+        # The stream is running (its first chunk arrived; a fixed sleep raced a loaded machine: a
+        # signal before the request was admitted drains nothing and the server is gone at once).
+        assert started.wait(timeout=60)
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         # Draining: new generation requests are refused with an OpenAI-style 503; health says so.
@@ -56,6 +63,7 @@ def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
     srv = Server(extra_args=["--shutdown-timeout", "60"])
     try:
         result = {}
+        started = threading.Event()
 
         def stream():
             try:
@@ -67,6 +75,7 @@ def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
                     for line in r.iter_lines():
                         if line.startswith(b"data: "):
                             events.append(line.decode()[6:])
+                            started.set()
                     result["events"] = events
             except requests.exceptions.RequestException as e:
                 result["stream_error"] = repr(e)  # cut without the chunked terminator
@@ -83,7 +92,8 @@ def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
         threads = [threading.Thread(target=stream), threading.Thread(target=blocking)]
         for t in threads:
             t.start()
-        time.sleep(0.5)  # both are running
+        assert started.wait(timeout=60)  # the stream is running
+        time.sleep(0.5)  # and the blocking request too
         srv.proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         srv.proc.send_signal(signal.SIGINT)
@@ -115,6 +125,8 @@ def test_second_sigterm_ends_the_drain_and_exits_143():
     """The same with SIGTERM: the second one stops now and the process exits 128 + SIGTERM."""
     srv = Server(extra_args=["--shutdown-timeout", "60"])
     try:
+        started = threading.Event()
+
         def stream():
             try:
                 with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
@@ -122,13 +134,13 @@ def test_second_sigterm_ends_the_drain_and_exits_143():
                                    json={"prompt": [5, 6, 7, 8], "max_tokens": 3000, "temperature": 0,
                                          "ignore_eos": True, "stream": True}) as r:
                     for _ in r.iter_lines():
-                        pass
+                        started.set()
             except requests.exceptions.RequestException:
                 pass
 
         t = threading.Thread(target=stream)
         t.start()
-        time.sleep(0.5)
+        assert started.wait(timeout=60)
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         srv.proc.send_signal(signal.SIGTERM)
