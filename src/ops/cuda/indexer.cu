@@ -322,41 +322,15 @@ __device__ __forceinline__ float4 q_code_values(float4 x, float inv) {
 // Stages q[row] as packed A fragments into qa (all kDWarps warps; the caller syncs after).
 //   kKeysF32 / kKeysBf16 / kKeysFp8: [m][kk][lane] for m16n8k16 bf16, k-step kk's dims through
 //     key_dim0 (16 KB); kKeysFp8: the values of q's codes (qinv: q_head_scales', already written).
-//   kKeysFp8x8: [m][ks][lane], 4 k-steps of 32 for m16n8k32 e4m3 (8 KB). The K permutation of
-//     k-step ks: mma k-index 4t + i ↔ dim d0 + i, 16 + 4t + i ↔ dim d0 + 4 + i (i < 4), with d0 =
-//     64·(ks/2) + 16t + 8·(ks%2): a lane's 16-byte key load of codes 64u + 16t … +15 holds its B
-//     registers of k-steps 2u (words 0, 1) and 2u + 1 (words 2, 3). A registers: codes of (head
-//     g, d0 … +3), (g + 8, d0 … +3), (g, d0 + 4 … +7), (g + 8, d0 + 4 … +7).
+//   kKeysFp8x8: stage_q_fp8x8_one_pass.
 template <int kKeys>
 __device__ __forceinline__ void stage_q(const float* __restrict__ qrow, const float* qinv, uint4* qa) {
   // Compile-time trip counts, every load of the thread issued before any use: one L2 round trip
   // instead of one per unit (this runs before the kernel's first key load).
   constexpr int kThreads = kDWarps * 32;
-  if constexpr (kKeys == kKeysFp8x8) {
-    constexpr int kUnits = kDMT * (kDKT / 2) * 32 / kThreads;
-    float4 x[kUnits][4];
-#pragma unroll
-    for (int i = 0; i < kUnits; ++i) {
-      const int u = threadIdx.x + kThreads * i;
-      const int m = u / ((kDKT / 2) * 32), ks = (u / 32) % (kDKT / 2), ul = u % 32;
-      const int ug = ul >> 2, ut = ul & 3;
-      const int d0 = 64 * (ks >> 1) + 16 * ut + 8 * (ks & 1);
-      const float* p0 = qrow + (16 * m + ug) * kDDI + d0;
-      const float* p1 = p0 + 8 * kDDI;
-      x[i][0] = *reinterpret_cast<const float4*>(p0);
-      x[i][1] = *reinterpret_cast<const float4*>(p1);
-      x[i][2] = *reinterpret_cast<const float4*>(p0 + 4);
-      x[i][3] = *reinterpret_cast<const float4*>(p1 + 4);
-    }
-#pragma unroll
-    for (int i = 0; i < kUnits; ++i) {
-      const int u = threadIdx.x + kThreads * i;
-      const int m = u / ((kDKT / 2) * 32), ug = (u % 32) >> 2;
-      const float s0 = qinv[16 * m + ug], s1 = qinv[16 * m + ug + 8];
-      qa[u] = make_uint4(q_codes4(x[i][0], s0), q_codes4(x[i][1], s1), q_codes4(x[i][2], s0),
-                         q_codes4(x[i][3], s1));
-    }
-  } else if constexpr (kKeys != kKeysFp8) {  // the loop as before (unrolled: 178 registers, not 132)
+  static_assert(kKeys != kKeysFp8x8, "kKeysFp8x8: stage_q_fp8x8_one_pass");
+  if constexpr (kKeys != kKeysFp8) {  // bf16 / f32: the loop as before (unrolled, the bf16 kernel
+                                      // took 178 registers instead of 172)
     for (int u = threadIdx.x; u < kDMT * kDKT * 32; u += kThreads) {
       const int m = u / (kDKT * 32), kk = (u / 32) % kDKT, ul = u % 32;
       const int ug = ul >> 2, ut = ul & 3;
@@ -390,6 +364,73 @@ __device__ __forceinline__ void stage_q(const float* __restrict__ qrow, const fl
   }
 }
 
+// kKeysFp8x8 staging: qa = [m][ks][lane] A fragments of m16n8k32 e4m3, 4 k-steps of 32 (8 KB).
+// The K permutation of k-step ks: mma k-index 4t + i ↔ dim d0 + i, 16 + 4t + i ↔ dim d0 + 4 + i
+// (i < 4), with d0 = 64·(ks/2) + 16t + 8·(ks%2): a lane's 16-byte key load of codes 64u + 16t … +15
+// holds its B registers of k-steps 2u (words 0, 1) and 2u + 1 (words 2, 3). A registers: codes of
+// (head g, d0 … +3), (g + 8, d0 … +3), (g, d0 + 4 … +7), (g + 8, d0 + 4 … +7).
+// One pass over q (scales then codes would read q twice: every CTA of the one-wave grid reads the
+// row's 32 KB, ~13 MB of L2 traffic a pass at 396 CTAs; the two-pass form measured 25.7 µs at
+// 230,400 keys vs 23.0 for the kernel before q was quantized, session 11).
+// Thread (warp w, lane (g, t)) holds unit u = threadIdx.x + 128·m for m < 4, i.e. k-step ks = w of
+// m-tile m: dims d0 … d0 + 7 (d0 = 64·(w/2) + 16t + 8·(w%2)) of heads 16m + g and 16m + g + 8.
+// A head's 128 dims are spread over the 4 warps × 4 lanes t with that g: the amax is reduced over t
+// by shuffles and over the warps through `part` (shared, [4][kDNI]); every one of the 16 threads
+// then derives the same scale (a max is order-free: equal to the host's bit for bit). The thread's
+// heads are exactly the heads of its lane's head weights (wl), so the scales come back in sc.
+__device__ __forceinline__ void stage_q_fp8x8_one_pass(const float* __restrict__ qrow, uint4* qa,
+                                                       float* part, float (&sc)[kDMT][2]) {
+  constexpr int kThreads = kDWarps * 32;
+  static_assert(kDMT * (kDKT / 2) * 32 == kDMT * kThreads && kDKT / 2 == kDWarps,
+                "one unit per (thread, m-tile), k-step = warp");
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int d0 = 64 * (w >> 1) + 16 * t + 8 * (w & 1);
+  float4 x[kDMT][4];
+#pragma unroll
+  for (int m = 0; m < kDMT; ++m) {
+    const float* p0 = qrow + (16 * m + g) * kDDI + d0;
+    const float* p1 = p0 + 8 * kDDI;
+    x[m][0] = *reinterpret_cast<const float4*>(p0);
+    x[m][1] = *reinterpret_cast<const float4*>(p1);
+    x[m][2] = *reinterpret_cast<const float4*>(p0 + 4);
+    x[m][3] = *reinterpret_cast<const float4*>(p1 + 4);
+  }
+  auto amax4 = [](float4 v) {
+    return fmaxf(fmaxf(kvfp8::abs_finite(v.x), kvfp8::abs_finite(v.y)),
+                 fmaxf(kvfp8::abs_finite(v.z), kvfp8::abs_finite(v.w)));
+  };
+#pragma unroll
+  for (int m = 0; m < kDMT; ++m) {
+    float a0 = fmaxf(amax4(x[m][0]), amax4(x[m][2])), a1 = fmaxf(amax4(x[m][1]), amax4(x[m][3]));
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      a0 = fmaxf(a0, __shfl_xor_sync(0xffffffffu, a0, o));
+      a1 = fmaxf(a1, __shfl_xor_sync(0xffffffffu, a1, o));
+    }
+    if (t == 0) {
+      part[w * kDNI + 16 * m + g] = a0;
+      part[w * kDNI + 16 * m + g + 8] = a1;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < kDMT; ++m) {
+    float inv[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 16 * m + g + 8 * e;
+      float amax = part[h];
+#pragma unroll
+      for (int ww = 1; ww < kDWarps; ++ww) amax = fmaxf(amax, part[ww * kDNI + h]);
+      sc[m][e] = kvfp8::block_scale(amax);
+      inv[e] = kvfp8::index_query_inv(sc[m][e]);
+    }
+    qa[threadIdx.x + kThreads * m] =
+        make_uint4(q_codes4(x[m][0], inv[0]), q_codes4(x[m][1], inv[1]), q_codes4(x[m][2], inv[0]),
+                   q_codes4(x[m][3], inv[1]));
+  }
+}
+
 // kDNT = n-tiles (8 keys each) per chunk: 2 (16 keys, 96 registers) by default, 4 as variant 3.
 // kKeys == kKeysBf16: the key pool holds bf16 (KvDtype::kBf16) instead of f32; the loaded pairs
 // are the B registers as they are (no conversion), and the same 256 bytes per lane in flight cover
@@ -414,7 +455,9 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
   constexpr bool kFp8Keys = kKeys == kKeysFp8 || kMma8;     // fp8 key rows (loads, row scales)
   constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // packed A fragments (stage_q)
-  __shared__ float qsc[kFp8Keys ? 2 * kDNI : 1];          // fp8 keys: q's head scales, inverses
+  // fp8 keys: q's head scales and inverses (kKeysFp8x8: the one-pass staging's [4][kDNI] partial
+  // maxima)
+  __shared__ float qsc[kMma8 ? kDWarps * kDNI : kFp8Keys ? 2 * kDNI : 1];
   // PDL: wait for the previous kernel here; trigger the dependents only after the loop (below),
   // so the top-k's CTAs do not sit resident on SMs this one-wave grid was sized to fill (the
   // chain at 230,400 keys took 47.5 µs with the trigger at the start vs 44.6 with plain
@@ -437,21 +480,34 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
     const int s = c * kDChunk + 8 * j + g;
     rn[j] = s < n ? cand[s] : -1;
   }
-  // Stage q[row] (f32 [nI, dI]) as packed A fragments (fp8 keys: its codes, stage_q).
+  // Stage q[row] (f32 [nI, dI]) as packed A fragments (fp8 keys: its codes, stage_q; e4m3 MMA:
+  // in one pass, stage_q_fp8x8_one_pass, its scales straight into this lane's head weights).
   const float* qrow = a.q + row * (kDNI * kDDI);
-  if constexpr (kFp8Keys) {
-    q_head_scales(qrow, qsc, qsc + kDNI);
-    __syncthreads();
+  [[maybe_unused]] float sc8[kDMT][2];
+  if constexpr (kMma8) {
+    stage_q_fp8x8_one_pass(qrow, qa, qsc, sc8);
+  } else {
+    if constexpr (kFp8Keys) {
+      q_head_scales(qrow, qsc, qsc + kDNI);
+      __syncthreads();
+    }
+    stage_q<kKeys>(qrow, qsc + (kFp8Keys ? kDNI : 0), qa);
   }
-  stage_q<kKeys>(qrow, qsc + (kFp8Keys ? kDNI : 0), qa);
   // This lane's head weights, scaled by dI^-1/2 · nI^-1/2 (fp8 keys: and q's head scale).
   const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
   float wl[kDMT][2];
 #pragma unroll
   for (int m = 0; m < kDMT; ++m) {
-    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale * (kFp8Keys ? qsc[16 * m + g] : 1.f);
-    wl[m][1] =
-        a.weights[row * kDNI + 16 * m + g + 8] * wscale * (kFp8Keys ? qsc[16 * m + g + 8] : 1.f);
+    float s0 = 1.f, s1 = 1.f;
+    if constexpr (kMma8) {
+      s0 = sc8[m][0];
+      s1 = sc8[m][1];
+    } else if constexpr (kFp8Keys) {
+      s0 = qsc[16 * m + g];
+      s1 = qsc[16 * m + g + 8];
+    }
+    wl[m][0] = a.weights[row * kDNI + 16 * m + g] * wscale * s0;
+    wl[m][1] = a.weights[row * kDNI + 16 * m + g + 8] * wscale * s1;
   }
   __syncthreads();
   for (; c * kDChunk < n; c += stride) {
