@@ -130,6 +130,10 @@ if [ $ncu_ok = 1 ]; then
   # indexer decode kernel (auto), batch 1, 230,400 keys (900K context)
   probe idx-bf16-230400 indexer_decode_kernel --profile-indexer bf16 230400
   probe idx-fp8-230400 indexer_decode_kernel --profile-indexer fp8 230400
+  # the e4m3 tensor-core kernel (variant 20 = auto for fp8 keys) and its key-prefetch forms 22 / 23
+  probe idx-fp8-v20-230400 indexer_decode_kernel --profile-indexer fp8 230400 20
+  probe idx-fp8-v22-230400 indexer_decode_kernel --profile-indexer fp8 230400 22
+  probe idx-fp8-v23-230400 indexer_decode_kernel --profile-indexer fp8 230400 23
   # pipelined decode kernel (indexer_scores_tc variant 4: cp.async ring of 3 chunk slots per warp)
   probe idx-pipe-bf16-230400 indexer_decode_pipe_kernel --profile-indexer bf16 230400 4
   probe idx-pipe-fp8-230400 indexer_decode_pipe_kernel --profile-indexer fp8 230400 4

@@ -446,7 +446,11 @@ __device__ __forceinline__ void stage_q_fp8x8_one_pass(const float* __restrict__
 // waits for this whole grid before reading any score —, and every thread waits for the previous kernel of the stream
 // (griddepcontrol.wait: it has completed and its memory is visible) before its first global
 // access (the count, q, weights, candidate rows and keys may all be written by it).
-template <int kDNT, int kKeys, bool kPdl, int kMinBlocks = 1>
+// kPf (fp8 keys, variants 22 / 23): the key loads run one chunk ahead in registers — chunk c + 1's
+// loads are issued before chunk c's math, the first chunk's before the q staging — so every warp
+// keeps a chunk in flight while it computes (without kPf a warp loads, waits, then computes: the
+// ncu profiles show the decode kernels waiting on their key loads most of the time).
+template <int kDNT, int kKeys, bool kPdl, int kMinBlocks = 1, bool kPf = false>
 __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kernel(ops::IndexerArgs a,
                                                                        float* __restrict__ scores,
                                                                        int64_t ld) {
@@ -480,6 +484,58 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
     const int s = c * kDChunk + 8 * j + g;
     rn[j] = s < n ? cand[s] : -1;
   }
+  // Key loads of one chunk of rows r (16 B per lane per (j, kk), or per (j, kk pair) for bf16
+  // keys, or per (j, kk quad) for fp8 keys, plus the row scale of key 8j + g into ksc).
+  constexpr int kLoads = kBf16Keys ? kDKT / 2 : kFp8Keys ? kDKT / 4 : kDKT;
+  auto load_keys = [&](const int32_t (&r)[kDNT], uint4 (&kv)[kDNT][kLoads], float (&ksc)[kDNT]) {
+    if constexpr (kFp8Keys) {
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
+                            int64_t(r[j] < 0 ? 0 : r[j]) * kFp8KeyRowBytes;
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u)
+          kv[j][u] = r[j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
+                              : ld_stream_codes16(kr + key_dim0<kKeysFp8>(4 * u, t));
+        ksc[j] = r[j] < 0 ? 0.f : __ldg(reinterpret_cast<const float*>(kr + kDDI));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI;  // value index of the row
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          if (r[j] < 0) {
+            kv[j][u] = make_uint4(0u, 0u, 0u, 0u);
+          } else if constexpr (kBf16Keys) {
+            kv[j][u] = ld_stream_u4(static_cast<const uint16_t*>(a.key_pool) + kp +
+                                    key_dim0<kKeysBf16>(2 * u, t));
+          } else {
+            const float4 f = ld_stream_f4(static_cast<const float*>(a.key_pool) + kp +
+                                          key_dim0<kKeysF32>(u, t));
+            kv[j][u] = make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z),
+                                  __float_as_uint(f.w));
+          }
+        }
+      }
+    }
+  };
+  // The candidate rows of chunk cc (−1 past the row's end).
+  auto load_rows = [&](int cc, int32_t (&r)[kDNT]) {
+#pragma unroll
+    for (int j = 0; j < kDNT; ++j) {
+      const int s = cc * kDChunk + 8 * j + g;
+      r[j] = s < n ? cand[s] : -1;
+    }
+  };
+  // kPf: the next chunk's keys (first: this warp's first chunk, issued before the q staging), and
+  // rn then holds the rows of the chunk after it.
+  [[maybe_unused]] uint4 kvp[kPf ? kDNT : 1][kLoads];
+  [[maybe_unused]] float kscp[kPf ? kDNT : 1];
+  if constexpr (kPf) {
+    load_keys(rn, kvp, kscp);
+    load_rows(c + stride, rn);
+  }
   // Stage q[row] (f32 [nI, dI]) as packed A fragments (fp8 keys: its codes, stage_q; e4m3 MMA:
   // in one pass, stage_q_fp8x8_one_pass, its scales straight into this lane's head weights).
   const float* qrow = a.q + row * (kDNI * kDDI);
@@ -512,50 +568,25 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
   __syncthreads();
   for (; c * kDChunk < n; c += stride) {
     const int s0 = c * kDChunk;
-    int32_t r[kDNT];
-#pragma unroll
-    for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
-    // Key loads of this chunk (16 B per lane per (j, kk), or per (j, kk pair) for bf16 keys, or
-    // per (j, kk quad) for fp8 keys, plus the row scale of key 8j + g into ksc).
-    constexpr int kLoads = kBf16Keys ? kDKT / 2 : kFp8Keys ? kDKT / 4 : kDKT;
     [[maybe_unused]] uint4 kv[kDNT][kLoads];
     [[maybe_unused]] float ksc[kDNT];
-    if constexpr (kFp8Keys) {
+    if constexpr (kPf) {
+      // This chunk's keys were issued one iteration ago; issue the next chunk's now.
 #pragma unroll
       for (int j = 0; j < kDNT; ++j) {
-        const uint8_t* kr = static_cast<const uint8_t*>(a.key_pool) +
-                            int64_t(r[j] < 0 ? 0 : r[j]) * kFp8KeyRowBytes;
+        ksc[j] = kscp[j];
 #pragma unroll
-        for (int u = 0; u < kLoads; ++u)
-          kv[j][u] = r[j] < 0 ? make_uint4(0u, 0u, 0u, 0u)
-                              : ld_stream_codes16(kr + key_dim0<kKeysFp8>(4 * u, t));
-        ksc[j] = r[j] < 0 ? 0.f : __ldg(reinterpret_cast<const float*>(kr + kDDI));
+        for (int u = 0; u < kLoads; ++u) kv[j][u] = kvp[j][u];
       }
+      load_keys(rn, kvp, kscp);
+      load_rows(c + 2 * stride, rn);
     } else {
+      int32_t r[kDNT];
 #pragma unroll
-      for (int j = 0; j < kDNT; ++j) {
-        const int64_t kp = int64_t(r[j] < 0 ? 0 : r[j]) * kDDI;  // value index of the row
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          if (r[j] < 0) {
-            kv[j][u] = make_uint4(0u, 0u, 0u, 0u);
-          } else if constexpr (kBf16Keys) {
-            kv[j][u] = ld_stream_u4(static_cast<const uint16_t*>(a.key_pool) + kp +
-                                    key_dim0<kKeysBf16>(2 * u, t));
-          } else {
-            const float4 f = ld_stream_f4(static_cast<const float*>(a.key_pool) + kp +
-                                          key_dim0<kKeysF32>(u, t));
-            kv[j][u] = make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z),
-                                  __float_as_uint(f.w));
-          }
-        }
-      }
-    }  // !kFp8Keys
-    // Next chunk's candidate rows while the keys are in flight.
-#pragma unroll
-    for (int j = 0; j < kDNT; ++j) {
-      const int s = (c + stride) * kDChunk + 8 * j + g;
-      rn[j] = s < n ? cand[s] : -1;
+      for (int j = 0; j < kDNT; ++j) r[j] = rn[j];
+      load_keys(r, kv, ksc);
+      // Next chunk's candidate rows while the keys are in flight.
+      load_rows(c + stride, rn);
     }
     float acc[kDMT][kDNT][4];
 #pragma unroll
@@ -1342,18 +1373,18 @@ Status launch_indexer_kernel(void (*kernel)(P...), dim3 grid, int smem, cudaStre
   return check_launch(name);
 }
 
-template <int kDNT, int kKeys, int kMinBlocks = 1>
+template <int kDNT, int kKeys, int kMinBlocks = 1, bool kPf = false>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                      int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kDChunk = 8 * kDNT;
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm =
-      resident_per_sm(indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>, 0, 4);
+      resident_per_sm(indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks, kPf>, 0, 4);
   const int64_t blocks_needed = (max_count + kDWarps * kDChunk - 1) / (kDWarps * kDChunk);
   const dim3 grid{unsigned(one_wave_gx(blocks_needed, per_sm, n_sms, a.n_rows)),
                   unsigned(a.n_rows), 1u};
-  return launch_indexer_kernel(pdl ? indexer_decode_kernel<kDNT, kKeys, true, kMinBlocks>
-                                   : indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks>,
+  return launch_indexer_kernel(pdl ? indexer_decode_kernel<kDNT, kKeys, true, kMinBlocks, kPf>
+                                   : indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks, kPf>,
                                grid, 0, stream, pdl, "indexer_decode_kernel", a, scores, ld);
 }
 
@@ -1680,6 +1711,12 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return launch_decode<4, kKeysFp8x8>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index && variant == 21)
       return launch_decode<4, kKeysFp8x8, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 22 / 23: the e4m3 kernel with the key loads one chunk ahead (kPf), 32-key chunks
+    // at ≥ 2 CTAs an SM / 16-key chunks at ≥ 4.
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 22)
+      return launch_decode<4, kKeysFp8x8, 2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 23)
+      return launch_decode<2, kKeysFp8x8, 4, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);
