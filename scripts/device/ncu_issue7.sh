@@ -134,6 +134,10 @@ if [ $ncu_ok = 1 ]; then
   probe idx-fp8-v20-230400 indexer_decode_kernel --profile-indexer fp8 230400 20
   probe idx-fp8-v22-230400 indexer_decode_kernel --profile-indexer fp8 230400 22
   probe idx-fp8-v23-230400 indexer_decode_kernel --profile-indexer fp8 230400 23
+  # the f16 tensor-core forms (24 / 25 / 26)
+  probe idx-fp8-v24-230400 indexer_decode_kernel --profile-indexer fp8 230400 24
+  probe idx-fp8-v25-230400 indexer_decode_kernel --profile-indexer fp8 230400 25
+  probe idx-fp8-v26-230400 indexer_decode_kernel --profile-indexer fp8 230400 26
   # pipelined decode kernel (indexer_scores_tc variant 4: cp.async ring of 3 chunk slots per warp)
   probe idx-pipe-bf16-230400 indexer_decode_pipe_kernel --profile-indexer bf16 230400 4
   probe idx-pipe-fp8-230400 indexer_decode_pipe_kernel --profile-indexer fp8 230400 4

@@ -202,7 +202,7 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       // kernel copying whole rows (17 / 18: 16-key chunks; bf16 keys; fp8 keys run the default);
       // 0: auto for bf16 keys (the decode
       // kernel, or variant 5 with ≥ 16 rows: the batch-64 cases); 19–21: the default for bf16
-      // keys. fp8 keys: auto and 19–23 run the e4m3 tensor-core kernel (equal up to fp32
+      // keys. fp8 keys: auto and 19–25 run the e4m3 kernels (24 / 25: on f16 tensor cores) (equal up to fp32
       // rounding: checked below).
       const bool fp8 = dt == KvDtype::kFp8Index;
       std::vector<int> bitwise;
@@ -210,7 +210,7 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       for (int v = 4; v <= cuda::kIndexerPipeMaxVariant; ++v) bitwise.push_back(v);
       for (int v : {13, 14, 15, 16, 17, 18}) bitwise.push_back(v);
       if (!fp8)
-        for (int v : {19, 20, 21, 22, 23}) bitwise.push_back(v);
+        for (int v : {19, 20, 21, 22, 23, 24, 25, 26}) bitwise.push_back(v);
       for (int variant : bitwise)
         for (bool pdl : {false, true}) {
           out.poison();
@@ -238,12 +238,12 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
                   "variant 3\n",
                   kv_dtype_name(dt), (long long)S, maxc, c.n_sms, cuda::kIndexerPipeMaxVariant);
       if (!fp8) continue;
-      // fp8 keys, e4m3 tensor cores (auto, 19–23): the same scores as variant 3 up to fp32
+      // fp8 keys, q quantized (auto, 19–25): the same scores as variant 3 up to fp32
       // rounding (q's codes × the key codes are exact products in both; the summation order and
       // the tensor cores' fp8 accumulation differ) — relative 2e-4 (the reference tolerance
       // above) with an absolute floor of 1e-2 × the row's largest |score|;
       // entries at or beyond count stay poisoned.
-      for (int variant : {0, 19, 20, 21, 22, 23})
+      for (int variant : {0, 19, 20, 21, 22, 23, 24, 25, 26})
         for (bool pdl : {false, true}) {
           out.poison();
           ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, variant, pdl).ok())
@@ -277,21 +277,25 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
           EXPECT_EQ(bad, 0) << "variant " << variant << " pdl " << pdl;
         }
       // 22 / 23 (key loads one chunk ahead, 32- / 16-key chunks) do each key's math exactly as
-      // variant 20: the same scores bit for bit.
-      out.poison();
-      ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, 20, false).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto v20 = out.host();
-      for (int variant : {22, 23}) {
+      // variant 20, and 25 as 24 (f16 tensor cores, 32- / 16-key chunks): the same scores bit
+      // for bit.
+      for (auto [ref, others] : {std::pair<int, std::vector<int>>{20, {22, 23}}, {24, {25, 26}}}) {
         out.poison();
-        ASSERT_TRUE(
-            cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, variant, true).ok());
+        ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, ref, false).ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const auto got = out.host();
-        int64_t diff = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          diff += std::memcmp(&got[i], &v20[i], 4) != 0;
-        EXPECT_EQ(diff, 0) << "fp8 variant " << variant << " vs 20: " << diff << " entries differ";
+        const auto want = out.host();
+        for (int variant : others) {
+          out.poison();
+          ASSERT_TRUE(
+              cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, variant, true).ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto got = out.host();
+          int64_t diff = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            diff += std::memcmp(&got[i], &want[i], 4) != 0;
+          EXPECT_EQ(diff, 0) << "fp8 variant " << variant << " vs " << ref << ": " << diff
+                             << " entries differ";
+        }
       }
     }
   }

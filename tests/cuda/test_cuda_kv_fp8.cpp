@@ -883,7 +883,7 @@ TEST(CudaKvFp8, IndexerScoresFp8KeysMatchReference) {
     for (int64_t t = 0; t < S; ++t)
       ref[size_t(t)] = fp8_ref_row(q, w, keys.deq, rows.data() + offset[size_t(t)],
                                    count[size_t(t)], t, nI, dI);
-    for (int variant : {0, 1, 2, 3, 19, 20, 21, 22, 23}) {
+    for (int variant : {0, 1, 2, 3, 19, 20, 21, 22, 23, 24, 25, 26}) {
       dscores.poison();
       ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, dscores.p, ld, c.n_sms, nullptr, variant).ok())
           << "variant " << variant;
@@ -971,7 +971,7 @@ TEST(CudaKvFp8, IndexerQueryCodesEqualHostQuantizer) {
   a.head_dim = dI;
   const double wscale = 1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI));
   std::vector<float> qh(static_cast<size_t>(dI));
-  for (int variant : {0, 19, 20, 21, 22, 23, 3, 1}) {
+  for (int variant : {0, 19, 20, 21, 22, 23, 24, 25, 26, 3, 1}) {
     dscores.poison();
     ASSERT_TRUE(cuda::indexer_scores_tc(a, dI, dscores.p, dI, 132, nullptr, variant).ok())
         << "variant " << variant;

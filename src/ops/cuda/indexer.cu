@@ -243,7 +243,7 @@ __device__ __forceinline__ uint4 ld_stream_u4(const uint16_t* p) {
 // Key pool formats of the decode kernel (template argument kKeys). kKeysFp8x8: fp8 key pools
 // multiplied on e4m3 tensor cores (q's codes × the key codes, m16n8k32) instead of converting the
 // codes to bf16 (kKeysFp8).
-constexpr int kKeysF32 = 0, kKeysBf16 = 1, kKeysFp8 = 2, kKeysFp8x8 = 3;
+constexpr int kKeysF32 = 0, kKeysBf16 = 1, kKeysFp8 = 2, kKeysFp8x8 = 3, kKeysFp8h = 4;
 // Bytes of one fp8 key row (kv_fp8_index_layout(128)).
 constexpr int kFp8KeyRowBytes = 144;
 static_assert(kv_fp8_index_layout(128).bytes == kFp8KeyRowBytes &&
@@ -257,7 +257,8 @@ static_assert(kv_fp8_index_layout(128).bytes == kFp8KeyRowBytes &&
 template <int kKeys>
 __device__ __forceinline__ int key_dim0(int kk, int t) {
   return kKeys == kKeysBf16                            ? 32 * (kk >> 1) + 8 * t + 4 * (kk & 1)
-         : kKeys == kKeysFp8 || kKeys == kKeysFp8x8 ? 64 * (kk >> 2) + 16 * t + 4 * (kk & 3)
+         : kKeys == kKeysFp8 || kKeys == kKeysFp8x8 || kKeys == kKeysFp8h
+             ? 64 * (kk >> 2) + 16 * t + 4 * (kk & 3)
                                                      : 16 * kk + 4 * t;
 }
 
@@ -267,6 +268,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes2) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes2 & 0xffffu), __NV_E4M3);
   const float2 f = __half22float2(__half2(h));
   return wfrag::pack_bf16(f.x, f.y);
+}
+// Two e4m3 codes (low byte = first value) → their exact values as a packed f16 pair (one
+// cvt.rn.f16x2.e4m3x2: every e4m3 value, subnormals included, is an f16; NaN stays NaN).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes2) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes2 & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | uint32_t(h.y) << 16;
 }
 // One 16-byte load (16 codes) of a read-only fp8 key row (16-byte aligned), as ld_stream_u4.
 __device__ __forceinline__ uint4 ld_stream_codes16(const uint8_t* p) {
@@ -378,6 +385,10 @@ __device__ __forceinline__ void stage_q(const float* __restrict__ qrow, const fl
 // by shuffles and over the warps through `part` (shared, [4][kDNI]); every one of the 16 threads
 // then derives the same scale (a max is order-free: equal to the host's bit for bit). The thread's
 // heads are exactly the heads of its lane's head weights (wl), so the scales come back in sc.
+// kF16 (kKeysFp8h): the same codes written as their exact f16 values in the m16n8k16 layout of
+// stage_q ([m][kk][lane], 16 KB): the thread's dims d0 … d0 + 3 / d0 + 4 … d0 + 7 are exactly
+// k-steps kk = 2w / 2w + 1 of key_dim0<kKeysFp8h> at its t.
+template <bool kF16 = false>
 __device__ __forceinline__ void stage_q_fp8x8_one_pass(const float* __restrict__ qrow, uint4* qa,
                                                        float* part, float (&sc)[kDMT][2]) {
   constexpr int kThreads = kDWarps * 32;
@@ -425,9 +436,19 @@ __device__ __forceinline__ void stage_q_fp8x8_one_pass(const float* __restrict__
       sc[m][e] = kvfp8::block_scale(amax);
       inv[e] = kvfp8::index_query_inv(sc[m][e]);
     }
-    qa[threadIdx.x + kThreads * m] =
-        make_uint4(q_codes4(x[m][0], inv[0]), q_codes4(x[m][1], inv[1]), q_codes4(x[m][2], inv[0]),
-                   q_codes4(x[m][3], inv[1]));
+    const uint32_t c0 = q_codes4(x[m][0], inv[0]), c1 = q_codes4(x[m][1], inv[1]);
+    const uint32_t c2 = q_codes4(x[m][2], inv[0]), c3 = q_codes4(x[m][3], inv[1]);
+    if constexpr (kF16) {
+      // k-step 2w: (g, d0 d0+1), (g+8, d0 d0+1), (g, d0+2 d0+3), (g+8, d0+2 d0+3); 2w + 1: + 4.
+      qa[(m * kDKT + 2 * w) * 32 + lane] =
+          make_uint4(e4m3x2_to_f16x2(c0), e4m3x2_to_f16x2(c1), e4m3x2_to_f16x2(c0 >> 16),
+                     e4m3x2_to_f16x2(c1 >> 16));
+      qa[(m * kDKT + 2 * w + 1) * 32 + lane] =
+          make_uint4(e4m3x2_to_f16x2(c2), e4m3x2_to_f16x2(c3), e4m3x2_to_f16x2(c2 >> 16),
+                     e4m3x2_to_f16x2(c3 >> 16));
+    } else {
+      qa[threadIdx.x + kThreads * m] = make_uint4(c0, c1, c2, c3);
+    }
   }
 }
 
@@ -456,12 +477,13 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
                                                                        int64_t ld) {
   constexpr bool kBf16Keys = kKeys == kKeysBf16;
   constexpr bool kMma8 = kKeys == kKeysFp8x8;               // e4m3 tensor cores
-  constexpr bool kFp8Keys = kKeys == kKeysFp8 || kMma8;     // fp8 key rows (loads, row scales)
+  constexpr bool kF16 = kKeys == kKeysFp8h;                 // f16 tensor cores on code values
+  constexpr bool kFp8Keys = kKeys == kKeysFp8 || kMma8 || kF16;  // fp8 key rows (loads, scales)
   constexpr int kDChunk = 8 * kDNT;
   __shared__ __align__(16) uint4 qa[kDMT * kDKT * 32];  // packed A fragments (stage_q)
   // fp8 keys: q's head scales and inverses (kKeysFp8x8: the one-pass staging's [4][kDNI] partial
   // maxima)
-  __shared__ float qsc[kMma8 ? kDWarps * kDNI : kFp8Keys ? 2 * kDNI : 1];
+  __shared__ float qsc[kMma8 || kF16 ? kDWarps * kDNI : kFp8Keys ? 2 * kDNI : 1];
   // PDL: wait for the previous kernel here; trigger the dependents only after the loop (below),
   // so the top-k's CTAs do not sit resident on SMs this one-wave grid was sized to fill (the
   // chain at 230,400 keys took 47.5 µs with the trigger at the start vs 44.6 with plain
@@ -540,8 +562,8 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
   // in one pass, stage_q_fp8x8_one_pass, its scales straight into this lane's head weights).
   const float* qrow = a.q + row * (kDNI * kDDI);
   [[maybe_unused]] float sc8[kDMT][2];
-  if constexpr (kMma8) {
-    stage_q_fp8x8_one_pass(qrow, qa, qsc, sc8);
+  if constexpr (kMma8 || kF16) {
+    stage_q_fp8x8_one_pass<kF16>(qrow, qa, qsc, sc8);
   } else {
     if constexpr (kFp8Keys) {
       q_head_scales(qrow, qsc, qsc + kDNI);
@@ -555,7 +577,7 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
 #pragma unroll
   for (int m = 0; m < kDMT; ++m) {
     float s0 = 1.f, s1 = 1.f;
-    if constexpr (kMma8) {
+    if constexpr (kMma8 || kF16) {
       s0 = sc8[m][0];
       s1 = sc8[m][1];
     } else if constexpr (kFp8Keys) {
@@ -622,8 +644,8 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
         if constexpr (kFp8Keys) {  // dims d0..d0+3: codes 0, 1 → reg0, codes 2, 3 → reg1
           const uint4& v = kv[j][kk >> 2];
           const uint32_t w = (kk & 3) == 0 ? v.x : (kk & 3) == 1 ? v.y : (kk & 3) == 2 ? v.z : v.w;
-          b[j][0] = e4m3x2_to_bf16x2(w);
-          b[j][1] = e4m3x2_to_bf16x2(w >> 16);
+          b[j][0] = kF16 ? e4m3x2_to_f16x2(w) : e4m3x2_to_bf16x2(w);
+          b[j][1] = kF16 ? e4m3x2_to_f16x2(w >> 16) : e4m3x2_to_bf16x2(w >> 16);
         } else if constexpr (kBf16Keys) {  // dims d0..d0+3 of the 8 this lane loaded for steps kk, kk+1
           const uint4& v = kv[j][kk >> 1];
           b[j][0] = (kk & 1) ? v.z : v.x;
@@ -639,7 +661,10 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
         const uint4 af = qa[(m * kDKT + kk) * 32 + lane];
 #pragma unroll
         for (int j = 0; j < kDNT; ++j)
-          wfrag::mma_bf16(acc[m][j], af.x, af.y, af.z, af.w, b[j][0], b[j][1]);
+          if constexpr (kF16)
+            wfrag::mma_f16(acc[m][j], af.x, af.y, af.z, af.w, b[j][0], b[j][1]);
+          else
+            wfrag::mma_bf16(acc[m][j], af.x, af.y, af.z, af.w, b[j][0], b[j][1]);
       }
     }
     // Σ_h ReLU(q_h·k)·w_h for keys 8j+2t (c0, c2) and 8j+2t+1 (c1, c3).
@@ -1717,6 +1742,16 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
       return launch_decode<4, kKeysFp8x8, 2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index && variant == 23)
       return launch_decode<2, kKeysFp8x8, 4, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Variants 24 / 25: q's codes and the key codes as exact f16 values on f16 tensor cores
+    // (kKeysFp8h: one cvt per code pair; sm_90 has no e4m3 mma.sync — ptxas lowers 19–23's
+    // m16n8k32.e4m3 to f16 unpacks of both operands plus two HMMA.16816 each), key loads one
+    // chunk ahead, 32-key chunks at ≥ 2 CTAs an SM / 16-key chunks at ≥ 4 (26: 32-key at ≥ 3).
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 24)
+      return launch_decode<4, kKeysFp8h, 2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 25)
+      return launch_decode<2, kKeysFp8h, 4, true>(a, max_count, scores, ld, n_sms, stream, pdl);
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 26)  // 24 at ≥ 3 CTAs an SM
+      return launch_decode<4, kKeysFp8h, 3, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index)
       return variant == 2 ? launch_decode<2, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl)
                           : launch_decode<4, kKeysFp8>(a, max_count, scores, ld, n_sms, stream, pdl);

@@ -24,7 +24,7 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 23;
+inline constexpr int kIndexerScoresMaxVariant = 26;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 

@@ -51,6 +51,17 @@ __device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// D += A · B on f16 tensor cores (m16n8k16, f32 accumulate); fragments as mma_bf16 with f16
+// pairs (PTX ISA, mma.m16n8k16 with .f16).
+__device__ __forceinline__ void mma_f16(float* d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // D += A · B on e4m3 tensor cores (m16n8k32, f32 accumulate; sm_89+). Registers hold 4 codes
 // each, lowest k in the low byte: A a0 = (row g, k 4t..4t+3), a1 = (row g+8, same k), a2 = (row
 // g, k 16+4t..+3), a3 = (row g+8, same); B b0 = (k 4t..4t+3, col g), b1 = (k 16+4t..+3, col g);
