@@ -136,8 +136,10 @@ struct CudaOptions {
   /// across 0 and 2–7 for bf16 keys (f32 keys: 0 = 2 = 4–9; fp8 keys: 3 = 4–12 = 13–18, while 0
   /// runs the e4m3 kernel); 8 / 9 equal them up to fp32 rounding; 10–12 wgmma with keys on M, 13 / 14 the decode
   /// kernel at ≥ 4 / 5 blocks an SM, 15–18 the pipelined kernel copying whole key rows, 19–21 the
-  /// e4m3 tensor-core kernel for fp8 keys (auto = 20; equal to 3 up to fp32 rounding) (indexer.h).
-  /// Environment override at backend creation: V4_INDEXER_DEC=N (0–21).
+  /// e4m3 mma.sync kernel for fp8 keys, 22 / 23 the same with the key loads one chunk ahead,
+  /// 24–26 fp8 keys as exact f16 values on f16 tensor cores (auto for fp8 keys = 24; 19–26 equal
+  /// 3 up to fp32 rounding) (indexer.h).
+  /// Environment override at backend creation: V4_INDEXER_DEC=N (0–26).
   int indexer_scores_variant = 0;
 };
 
