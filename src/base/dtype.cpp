@@ -20,6 +20,18 @@ bool parse_kv_dtype(std::string_view name, KvDtype* out) {
   return false;
 }
 
+bool parse_index_cache_dtype(std::string_view name, IndexCacheDtype* out) {
+  if (name == "auto") {
+    *out = IndexCacheDtype::kAuto;
+    return true;
+  }
+  if (name == "fp8") {
+    *out = IndexCacheDtype::kFp8;
+    return true;
+  }
+  return false;
+}
+
 int dtype_size(DType t) {
   switch (t) {
     case DType::kF32: case DType::kI32: return 4;

@@ -18,9 +18,9 @@ enum class DType { kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI8, kU8, kI32, kI64, kF
 /// even) and on read. Compressor-state rings stay f32 in every mode. kFp8: attention rows (SWA,
 /// C4, C128) as e4m3 nope values with per-64 f32 scales + bf16 rope values (base/kv_fp8.h,
 /// KvFp8Layout); indexer keys as kFp8Index rows (kv_index_dtype).
-/// kFp8Index: the indexer-key pool of --kv-cache-dtype fp8 (never a --kv-cache-dtype value):
-/// rows of n e4m3 codes (every value, RoPE channels included) + one f32 scale, padded to 16 bytes
-/// (KvFp8IndexLayout; V4: 128 + 4 + 12 = 144 bytes).
+/// kFp8Index: the indexer-key pool of --kv-cache-dtype fp8 or --index-cache-dtype fp8 (never a
+/// --kv-cache-dtype value): rows of n e4m3 codes (every value, RoPE channels included) + one f32
+/// scale, padded to 16 bytes (KvFp8IndexLayout; V4: 128 + 4 + 12 = 144 bytes).
 enum class KvDtype : int { kF32 = 0, kBf16 = 1, kFp8 = 2, kFp8Index = 3 };
 /// Bytes per stored KV value: 4 (kF32), 2 (kBf16), 1 (kFp8 / kFp8Index: the e4m3 codes; a
 /// row's size is kv_row_bytes, which also counts scales and the bf16 rope part).
@@ -35,11 +35,27 @@ inline const char* kv_dtype_name(KvDtype t) {
                                    : "f32";
 }
 /// Element type of the indexer-key pool for KV pools of `t`: kFp8 → kFp8Index (e4m3 codes + one
-/// f32 scale per row), otherwise `t`.
+/// f32 scale per row), otherwise `t` (--index-cache-dtype auto).
 inline KvDtype kv_index_dtype(KvDtype t) { return t == KvDtype::kFp8 ? KvDtype::kFp8Index : t; }
 /// Parses a --kv-cache-dtype value: "auto" (= f32 until bf16 is measured on the GPU), "f32" /
 /// "float32" / "fp32", "bf16" / "bfloat16", "fp8" / "fp8_e4m3". Returns false for anything else.
 bool parse_kv_dtype(std::string_view name, KvDtype* out);
+
+/// What --index-cache-dtype asks of the indexer-key pools. kAuto: follow the KV pools
+/// (kv_index_dtype: kFp8 → kFp8Index, otherwise the KV dtype). kFp8: kFp8Index rows whatever the
+/// KV dtype (SGLang and vLLM keep DeepSeek's indexer keys in fp8 with bf16 attention rows too).
+enum class IndexCacheDtype : int { kAuto = 0, kFp8 = 1 };
+/// Element type of the indexer-key pool for KV pools of `t` under `i`: kFp8Index when `i` is
+/// kFp8, otherwise kv_index_dtype(t).
+inline KvDtype kv_index_dtype(KvDtype t, IndexCacheDtype i) {
+  return i == IndexCacheDtype::kFp8 ? KvDtype::kFp8Index : kv_index_dtype(t);
+}
+/// "auto" or "fp8".
+inline const char* index_cache_dtype_name(IndexCacheDtype i) {
+  return i == IndexCacheDtype::kFp8 ? "fp8" : "auto";
+}
+/// Parses an --index-cache-dtype value: "auto" or "fp8". Returns false for anything else.
+bool parse_index_cache_dtype(std::string_view name, IndexCacheDtype* out);
 
 /// Byte layout of one fp8 KV row (--kv-cache-dtype fp8; FlashMLA's V3.2 layout adapted to V4's
 /// 448 nope + 64 rope split). A row of `dim` values whose last `rope` values are RoPE channels:
@@ -67,8 +83,8 @@ constexpr KvFp8Layout kv_fp8_layout(int dim, int rope_dim) {
 }
 static_assert(kv_fp8_layout(512, 64).bytes == 608 && kv_fp8_layout(512, 64).rope_off == 480);
 
-/// Byte layout of one fp8 indexer-key row (KvDtype::kFp8Index; --kv-cache-dtype fp8): all `n`
-/// values (RoPE channels included) share one scale.
+/// Byte layout of one fp8 indexer-key row (KvDtype::kFp8Index; --kv-cache-dtype fp8 or
+/// --index-cache-dtype fp8): all `n` values (RoPE channels included) share one scale.
 ///   [0, n)          e4m3fn codes, value i = code · scale
 ///   [n, n + 4)      the f32 scale
 ///   [n + 4, bytes) zero padding to a multiple of 16 bytes

@@ -118,7 +118,8 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
   kv->alloc_ = std::move(alloc);
   kv->free_ = std::move(free);
   int layer = 0;
-  // KV pools hold spec.kv_dtype values; the compressor-state rings stay f32.
+  // KV pools hold spec.kv_dtype values (indexer keys: spec.index_dtype()); the compressor-state
+  // rings stay f32.
   auto get_as = [&](int64_t n_values, const char* name, KvDtype dt) {
     void* p = kv->alloc_(size_t(n_values) * size_t(kv_dtype_size(dt)));
     kv->allocations_.push_back(p);
@@ -148,7 +149,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const CacheSpec& spec, const Kv
       if (csa) {
         // Indexer keys: index_row_bytes per row (kFp8Index: n codes + a scale, one "value" per
         // byte).
-        const KvDtype idt = kv_index_dtype(spec.kv_dtype);
+        const KvDtype idt = spec.index_dtype();
         p.index = get_as(tokens / l.ratio * spec.index_row_bytes(l) / kv_dtype_size(idt),
                          "c4_index", idt);
         const int64_t iring = int64_t(opt.max_seqs) * 2 * l.ratio;

@@ -40,23 +40,29 @@ struct LayerCacheSpec {
 struct CacheSpec {
   std::vector<LayerCacheSpec> layers;
   int sliding_window = 128;  // W (tokens incl. self)
-  /// Element type of the KV pools (SWA, C4/C128, indexer keys); rings stay f32. Every byte
-  /// count below (page bytes, budgets, bytes_per_token) uses the row sizes below.
+  /// Element type of the KV pools (SWA, C4/C128, indexer keys unless index_cache_dtype says
+  /// otherwise); rings stay f32. Every byte count below (page bytes, budgets, bytes_per_token)
+  /// uses the row sizes below.
   KvDtype kv_dtype = KvDtype::kF32;
+  /// --index-cache-dtype: kAuto = indexer keys follow kv_dtype (kv_index_dtype); kFp8 =
+  /// kFp8Index indexer-key rows whatever kv_dtype is.
+  IndexCacheDtype index_cache_dtype = IndexCacheDtype::kAuto;
   /// Trailing RoPE channels of an attention row (qk_rope_head_dim): kFp8 rows keep them bf16.
   int rope_dim = 0;
   /// Bytes of one SWA / compressed row of layer `l` (kv_row_bytes(kv_dtype, kv_dim, rope_dim)).
   int64_t attn_row_bytes(const LayerCacheSpec& l) const {
     return kv_row_bytes(kv_dtype, l.kv_dim, rope_dim);
   }
-  /// Bytes of one indexer-key row of layer `l` (kv_index_dtype(kv_dtype): kFp8 → kFp8Index rows
-  /// of index_dim e4m3 codes + one f32 scale, padded to 16 bytes: 144 for V4).
+  /// Element type of the indexer-key pools: kv_index_dtype(kv_dtype, index_cache_dtype).
+  KvDtype index_dtype() const { return kv_index_dtype(kv_dtype, index_cache_dtype); }
+  /// Bytes of one indexer-key row of layer `l` in index_dtype() (kFp8Index: rows of index_dim
+  /// e4m3 codes + one f32 scale, padded to 16 bytes: 144 for V4).
   int64_t index_row_bytes(const LayerCacheSpec& l) const {
-    return kv_row_bytes(kv_index_dtype(kv_dtype), l.index_dim, 0);
+    return kv_row_bytes(index_dtype(), l.index_dim, 0);
   }
 };
 
-/// Pool sizes. All counts; bytes follow CacheSpec::kv_dtype (rings: f32).
+/// Pool sizes. All counts; bytes follow CacheSpec::kv_dtype and index_dtype() (rings: f32).
 struct KvCacheOptions {
   int page_size = 256;      // tokens per virtual page (multiple of 128 and of every ratio)
   int64_t n_pages = 0;      // virtual pages (C4 / indexer / C128 shadows)
@@ -80,7 +86,8 @@ class KvCache {
   static int64_t virtual_page_bytes(const CacheSpec& spec, int page_size);
   static int64_t swa_page_bytes(const CacheSpec& spec, int page_size);
   static int64_t state_slot_bytes(const CacheSpec& spec);
-  /// KV bytes per token by pool: {"c4_kv", "c4_index", "c128_kv", "swa"} (spec.kv_dtype values).
+  /// KV bytes per token by pool: {"c4_kv", "c4_index", "c128_kv", "swa"} (spec.kv_dtype values;
+  /// c4_index: spec.index_dtype()).
   static std::vector<std::pair<std::string, double>> bytes_per_token(const CacheSpec& spec);
   /// Sizes the pools from a byte budget: `max_seqs` state slots first; then, if
   /// `max_chunk_tokens` > 0, SWA pages for what live sequences can hold at once
@@ -144,7 +151,7 @@ class KvCache {
   void* index_pool(int l) const { return layers_[l].index; }
   /// Element type of the SWA / compressed pools and of the indexer-key pools.
   KvDtype kv_dtype() const { return spec_.kv_dtype; }
-  KvDtype index_dtype() const { return kv_index_dtype(spec_.kv_dtype); }
+  KvDtype index_dtype() const { return spec_.index_dtype(); }
   /// Bytes per value of the SWA / compressed pools (kv_dtype_size; kFp8: 1, see attn_row_bytes).
   int64_t kv_value_bytes() const { return kv_dtype_size(spec_.kv_dtype); }
   /// Bytes of one SWA / compressed row, one indexer-key row of layer `l`.

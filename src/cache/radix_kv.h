@@ -100,9 +100,9 @@ struct PrefixSeq {
 /// Not thread-safe.
 class PrefixCache {
  public:
-  /// Tree-store sizes for a byte budget (rows of kv.kv_dtype(), the pools' layout; snapshots
-  /// f32): SWA pages and snapshot slots for `kept_boundaries` boundary windows, the rest as
-  /// pages. `page_tokens` must be a multiple of 128. Errors (kInvalidArgument): budget below one page per boundary.
+  /// Tree-store sizes for a byte budget (rows in the pools' layout: attention rows of
+  /// kv.kv_dtype(), indexer keys of kv.index_dtype(); snapshots f32): SWA pages and snapshot
+  /// slots for `kept_boundaries` boundary windows, the rest as pages. `page_tokens` must be a multiple of 128. Errors (kInvalidArgument): budget below one page per boundary.
   static Result<ShadowRadixConfig> config_for_budget(const KvCache& kv, int64_t budget_bytes,
                                                      int64_t page_tokens = 256,
                                                      int64_t swa_page_tokens = 64,

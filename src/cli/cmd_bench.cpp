@@ -369,12 +369,29 @@ class Bench {
     return double(prefill_vpages(L)) * vpage_b_ + double(prefill_swa(L)) * swa_b_ + state_b_;
   }
 
+  /// Whether --index-cache-dtype gives the indexer keys another type than --kv-cache-dtype's
+  /// own rule (fp8 keys next to f32 / bf16 KV pools).
+  bool index_keys_differ() const { return spec_.index_dtype() != kv_index_dtype(spec_.kv_dtype); }
+  /// "fp8 indexer keys (--index-cache-dtype), " for the pools line when index_keys_differ().
+  std::string index_keys_note() const {
+    return index_keys_differ()
+               ? fmt::format("{} indexer keys (--index-cache-dtype), ",
+                             index_cache_dtype_name(spec_.index_cache_dtype))
+               : std::string();
+  }
+
   int make_pools() {
     const model::ModelConfig& c = model_.config();
-    spec_ = model_.cache_spec(o_.m.kv_dtype());
+    spec_ = model_.cache_spec(o_.m.kv_dtype(), o_.m.index_cache());
     if (spec_.kv_dtype != KvDtype::kF32 && !ops_.supports_kv_dtype(spec_.kv_dtype)) {
       std::fprintf(stderr, "error: the %s backend has no %s KV cache pools\n",
                    ops_.name().c_str(), kv_dtype_name(spec_.kv_dtype));
+      return 1;
+    }
+    if (spec_.index_cache_dtype == IndexCacheDtype::kFp8 &&
+        !ops_.supports_kv_dtype(KvDtype::kFp8)) {
+      std::fprintf(stderr, "error: the %s backend has no fp8 indexer-key pools\n",
+                   ops_.name().c_str());
       return 1;
     }
     P_ = page_size_for(spec_);
@@ -423,9 +440,9 @@ class Bench {
     pools_line_ = fmt::format(
         "page {} tokens; {} virtual pages ({:.2f} GiB: C4 KV, indexer keys, C128 KV), {} SWA pages "
         "({:.2f} GiB), {} compressor-state slots ({:.2f} GiB); {} KV values (--kv-cache-dtype), "
-        "f32 compressor state",
+        "{}f32 compressor state",
         P_, n_pages, gib(n_pages * vpage_b_), n_swa, gib(n_swa * swa_b_), max_seqs,
-        gib(max_seqs * state_b_), kv_dtype_name(spec_.kv_dtype));
+        gib(max_seqs * state_b_), kv_dtype_name(spec_.kv_dtype), index_keys_note());
     V4_LOG_INFO("KV pools: {}", pools_line_);
     ops::Ops* o = &ops_;
     try {
@@ -558,7 +575,8 @@ class Bench {
       if (r.ok) {
         r.tok_s = double(B) / (r.ms / 1e3);
         const auto bytes =
-            model::decode_step_bytes(c, model_.weights(), B, L, kv_->kv_dtype());
+            model::decode_step_bytes(c, model_.weights(), B, L, kv_->kv_dtype(),
+                                     kv_->spec().index_cache_dtype);
         r.floor_amount = bytes.total();
         r.floor_ms = bytes.total() / bw_ * 1e3;
       }
@@ -632,8 +650,12 @@ class Bench {
     md += fmt::format("- commit: {}\n", commit_id(cli::model_dir_of(o_.m.model)));
     md += fmt::format("- command: `{}`\n", command_line());
     md += fmt::format("- date: {}\n", utc_now());
-    md += fmt::format("- backend: {}, precision {}, KV cache {}\n", ops_.name(), o_.m.precision,
-                      kv_dtype_name(spec_.kv_dtype));
+    md += fmt::format("- backend: {}, precision {}, KV cache {}{}\n", ops_.name(), o_.m.precision,
+                      kv_dtype_name(spec_.kv_dtype),
+                      index_keys_differ()
+                          ? fmt::format(" (indexer keys {})",
+                                        index_cache_dtype_name(spec_.index_cache_dtype))
+                          : std::string());
     if (!o_.multi_stream.empty())
       md += fmt::format("- multi-stream (--multi-stream {}): each cell once per mode, named in "
                         "its path column\n",

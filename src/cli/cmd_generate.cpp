@@ -77,8 +77,9 @@ int run_generate(const GenerateOptions& o) {
   }
   auto& model = *lm->model;
   const auto& cfg = model.config();
-  V4_LOG_INFO("loaded {} in {:.2f} s (KV cache {})", o.m.model, now_s() - t_load,
-              v4::kv_dtype_name(o.m.kv_dtype()));
+  V4_LOG_INFO("loaded {} in {:.2f} s (KV cache {}, indexer keys {})", o.m.model,
+              now_s() - t_load, v4::kv_dtype_name(o.m.kv_dtype()),
+              v4::kv_dtype_name(o.m.index_dtype()));
   const std::string model_dir = cli::model_dir_of(o.m.model);
 
   std::optional<text::Tokenizer> tok;
@@ -145,7 +146,7 @@ int run_generate(const GenerateOptions& o) {
     V4_LOG_INFO("{}", why);
     kv_budget = *b;
   }
-  auto kv_r = model.make_cache(kv_budget, 1, 0, 0, o.m.kv_dtype());
+  auto kv_r = model.make_cache(kv_budget, 1, 0, 0, o.m.kv_dtype(), o.m.index_cache());
   if (!kv_r.ok()) {
     std::fprintf(stderr, "error: %s\n", kv_r.status().message().c_str());
     return 1;

@@ -223,6 +223,24 @@ int print_kv(const v4::model::ModelConfig& c) {
               "total", cell(0, growing[0]).c_str(), cell(1, growing[1]).c_str(),
               cell(2, growing[2]).c_str(), (long long)cache::KvCache::state_slot_bytes(spec));
   if (!fp8_ok.ok()) std::printf("fp8: n/a for this model (%s)\n", fp8_ok.message().c_str());
+  // --index-cache-dtype fp8: the fp8 column's indexer keys next to f32 / bf16 attention rows.
+  const Status idx_ok = cfg->check_index_cache_dtype(IndexCacheDtype::kFp8);
+  if (!idx_ok.ok()) {
+    std::printf("--index-cache-dtype fp8: n/a for this model (%s)\n", idx_ok.message().c_str());
+    return 0;
+  }
+  double idx_tok[2] = {0, 0}, idx_total[2] = {0, 0};
+  spec.index_cache_dtype = IndexCacheDtype::kFp8;
+  for (int i = 0; i < 2; ++i) {
+    spec.kv_dtype = dts[i];
+    for (const auto& [pool, b] : cache::KvCache::bytes_per_token(spec)) {
+      if (pool == "c4_index") idx_tok[i] = b;
+      if (pool != "swa") idx_total[i] += b;
+    }
+  }
+  std::printf("--index-cache-dtype fp8 (indexer keys as in the fp8 column) with f32 / bf16 KV: "
+              "c4_index %.2f / %.2f B/token, total %.2f / %.2f B/token (compressed pools)\n",
+              idx_tok[0], idx_tok[1], idx_total[0], idx_total[1]);
   return 0;
 }
 

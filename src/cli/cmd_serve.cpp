@@ -128,6 +128,7 @@ int run_serve(const ServeOptions& o) {
   mo.max_chunk_tokens = o.chunked_prefill_size;
   mo.max_context = o.max_context;
   mo.kv_dtype = o.m.kv_dtype();
+  mo.index_cache_dtype = o.m.index_cache();
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
   mo.prefix_cache_optional = !o.prefix_cache_bytes_given;  // the default budget may not fit
   mo.prefix_snapshot_interval = o.prefix_snapshot_interval;
@@ -160,8 +161,10 @@ int run_serve(const ServeOptions& o) {
     return 2;
   }
   const auto specs = ex.pools();
-  V4_LOG_INFO("KV cache element type: {} (--kv-cache-dtype {})", v4::kv_dtype_name(o.m.kv_dtype()),
-              o.m.kv_cache_dtype);
+  V4_LOG_INFO("KV cache element type: {} (--kv-cache-dtype {}); indexer keys {} "
+              "(--index-cache-dtype {})",
+              v4::kv_dtype_name(o.m.kv_dtype()), o.m.kv_cache_dtype,
+              v4::kv_dtype_name(o.m.index_dtype()), o.m.index_cache_dtype);
   for (auto& p : ex.pool_usage()) {
     const auto spec = std::find_if(specs.begin(), specs.end(),
                                    [&](const auto& q) { return q.name == p.name; });

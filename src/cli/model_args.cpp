@@ -25,13 +25,21 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
         ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   if (with_precision)
     app.add_option("--kv-cache-dtype", a->kv_cache_dtype,
-                   "element type of the KV cache pools (SWA, compressed, indexer keys) and the "
-                   "prefix-cache store: auto (= f32 for now), f32, bf16 (halves KV memory: "
+                   "element type of the KV cache pools (SWA, compressed, indexer keys unless "
+                   "--index-cache-dtype fp8) and the prefix-cache store: auto (= f32 for now), f32, bf16 (halves KV memory: "
                    "twice the tokens per budget; rows rounded to bf16 as the bf16 reference "
                    "model stores them), or fp8 / fp8_e4m3 (attention rows as e4m3 nope values "
                    "with per-64 f32 scales + bf16 rope: 608 bytes a V4 row; indexer keys as e4m3 "
                    "+ one f32 scale, 16-byte padded: 144 bytes)")
         ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8", "fp8_e4m3"}));
+  if (with_precision)
+    app.add_option("--index-cache-dtype", a->index_cache_dtype,
+                   "element type of the lightning indexer's key pools (and their prefix-cache "
+                   "rows): auto (as --kv-cache-dtype: fp8 keys with fp8 pools, otherwise the KV "
+                   "dtype) or fp8 (e4m3 + one f32 scale per key, 16-byte padded: 144 bytes a V4 "
+                   "key, with any --kv-cache-dtype, e.g. bf16 attention rows + fp8 keys as SGLang "
+                   "and vLLM store them)")
+        ->check(CLI::IsMember({"auto", "fp8"}));
   app.add_option("--dummy-seed", a->dummy_seed, "seed of --load-format dummy weights")
       ->check(int_at_least(0));
 }
@@ -64,6 +72,10 @@ Result<LoadedModel> load_model(const ModelArgs& a, std::unique_ptr<ops::Ops> ops
     const Status st = c.value().check_kv_dtype(a.kv_dtype());
     if (!st.ok())
       return make_error(st.code(), "--kv-cache-dtype {}: {}", a.kv_cache_dtype, st.message());
+    const Status si = c.value().check_index_cache_dtype(a.index_cache());
+    if (!si.ok())
+      return make_error(si.code(), "--index-cache-dtype {}: {}", a.index_cache_dtype,
+                        si.message());
   }
   LoadedModel lm;
   lm.ops = std::move(ops);

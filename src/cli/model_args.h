@@ -8,6 +8,9 @@
 //   --dummy-seed S             seed of the dummy weights (same seed → same weights on any backend)
 //   --kv-cache-dtype auto|f32|bf16|fp8  element type of the KV pools (auto = f32 for now; bf16
 //                              halves KV memory; fp8 = e4m3 nope + bf16 rope rows; not for `info`)
+//   --index-cache-dtype auto|fp8  element type of the indexer-key pools (auto = as the KV pools;
+//                              fp8 = e4m3 + one f32 scale per key with any --kv-cache-dtype;
+//                              not for `info`)
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -37,7 +40,8 @@ struct ModelArgs {
   int num_layers = 0;  // 0 = all
   std::string precision = "auto";
   uint64_t dummy_seed = 0;
-  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype
+  std::string kv_cache_dtype = "auto";     // --kv-cache-dtype
+  std::string index_cache_dtype = "auto";  // --index-cache-dtype
   bool dummy() const { return load_format == "dummy"; }
   /// The KV pool element type --kv-cache-dtype names (auto → kF32 until bf16 is measured).
   KvDtype kv_dtype() const {
@@ -45,10 +49,18 @@ struct ModelArgs {
     (void)parse_kv_dtype(kv_cache_dtype, &d);  // the option's check admits only valid names
     return d;
   }
+  /// What --index-cache-dtype asks of the indexer-key pools (auto → follow --kv-cache-dtype).
+  IndexCacheDtype index_cache() const {
+    IndexCacheDtype d = IndexCacheDtype::kAuto;
+    (void)parse_index_cache_dtype(index_cache_dtype, &d);  // checked by the option, as above
+    return d;
+  }
+  /// The indexer-key pools' element type: kv_index_dtype(kv_dtype(), index_cache()).
+  KvDtype index_dtype() const { return kv_index_dtype(kv_dtype(), index_cache()); }
 };
 
-/// Adds --load-format, --num-layers, --precision, --kv-cache-dtype (both only with
-/// `with_precision`) and --dummy-seed to `app` (--model and --device stay with each command:
+/// Adds --load-format, --num-layers, --precision, --kv-cache-dtype, --index-cache-dtype (the
+/// last three only with `with_precision`) and --dummy-seed to `app` (--model and --device stay with each command:
 /// their help texts differ).
 void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision = true);
 

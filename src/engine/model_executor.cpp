@@ -66,7 +66,7 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
   // not smaller: many sequences in a small budget.)
   V4_ASSIGN_OR_RETURN(e->cache_, e->model_->make_cache(opt.kv_budget_bytes, opt.max_sequences,
                                                        opt.page_size, opt.max_chunk_tokens,
-                                                       opt.kv_dtype));
+                                                       opt.kv_dtype, opt.index_cache_dtype));
   const auto& ko = e->cache_->options();
   e->page_size_ = ko.page_size;
   const int64_t W = e->cache_->spec().sliding_window;

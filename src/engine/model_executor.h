@@ -38,6 +38,10 @@ struct ModelExecutorOptions {
   /// = "auto" until bf16 is measured on the GPU) or kBf16 (half the KV bytes: twice the tokens
   /// per budget; rows rounded to bf16 on store, as the bf16 reference model keeps them).
   KvDtype kv_dtype = KvDtype::kF32;
+  /// Element type of the indexer-key pools and their rows in the prefix-cache store
+  /// (--index-cache-dtype): kAuto follows kv_dtype (kv_index_dtype), kFp8 stores kFp8Index keys
+  /// (e4m3 codes + one f32 scale per row) with any kv_dtype.
+  IndexCacheDtype index_cache_dtype = IndexCacheDtype::kAuto;
   /// Bytes for the prefix cache's tree store (cache::PrefixCache, docs/cache.md); 0 = no prefix
   /// caching. With it, a request resumes at the longest cached boundary of its prompt and every
   /// finished (or preempted) request's tokens are inserted for later requests. The store is

@@ -225,6 +225,13 @@ Status ModelConfig::check_kv_dtype(KvDtype d) const {
   return Status::Ok();
 }
 
+Status ModelConfig::check_index_cache_dtype(IndexCacheDtype i) const {
+  if (i == IndexCacheDtype::kFp8 && index_head_dim % 16 != 0)
+    return make_error(ErrorCode::kUnsupported,
+                      "fp8 indexer keys need index_head_dim % 16 == 0, got {}", index_head_dim);
+  return Status::Ok();
+}
+
 Result<ModelConfig> ModelConfig::load_path(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return load(path);

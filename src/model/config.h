@@ -112,6 +112,10 @@ struct ModelConfig {
   /// the main and compressor rows (the bf16 rope tail of an fp8 row) and index_head_dim % 16 == 0
   /// (fp8 indexer keys). Errors: kUnsupported, one line naming the field.
   Status check_kv_dtype(KvDtype d) const;
+  /// Whether indexer-key pools as --index-cache-dtype `i` asks can hold this model's keys:
+  /// kFp8 needs index_head_dim % 16 == 0 (kFp8Index rows); kAuto is checked by check_kv_dtype.
+  /// Errors: kUnsupported, one line naming the field.
+  Status check_index_cache_dtype(IndexCacheDtype i) const;
 };
 
 }  // namespace v4::model

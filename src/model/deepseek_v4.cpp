@@ -331,10 +331,11 @@ void DeepseekV4::init_tables() {
   decode_opt_.graphs = ops_->supports_graphs() && !env_graphs_off();
 }
 
-cache::CacheSpec DeepseekV4::cache_spec(KvDtype kv_dtype) const {
+cache::CacheSpec DeepseekV4::cache_spec(KvDtype kv_dtype, IndexCacheDtype index) const {
   cache::CacheSpec s;
   s.sliding_window = cfg_.sliding_window;
   s.kv_dtype = kv_dtype;
+  s.index_cache_dtype = index;
   s.rope_dim = cfg_.rope_dim();
   for (auto k : cfg_.layer_types) {
     cache::LayerCacheSpec l;
@@ -350,12 +351,18 @@ cache::CacheSpec DeepseekV4::cache_spec(KvDtype kv_dtype) const {
 Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_bytes, int max_seqs,
                                                                int page_size,
                                                                int64_t max_chunk_tokens,
-                                                               KvDtype kv_dtype) const {
+                                                               KvDtype kv_dtype,
+                                                               IndexCacheDtype index) const {
   if (kv_dtype != KvDtype::kF32 && !ops_->supports_kv_dtype(kv_dtype))
     return make_error(ErrorCode::kUnsupported, "the {} backend has no {} KV cache pools",
                       ops_->name(), kv_dtype_name(kv_dtype));
+  // fp8 indexer keys (kFp8Index) come with a backend's fp8 KV pools.
+  if (index == IndexCacheDtype::kFp8 && !ops_->supports_kv_dtype(KvDtype::kFp8))
+    return make_error(ErrorCode::kUnsupported, "the {} backend has no fp8 indexer-key pools",
+                      ops_->name());
   V4_RETURN_IF_ERROR(cfg_.check_kv_dtype(kv_dtype));
-  const auto spec = cache_spec(kv_dtype);
+  V4_RETURN_IF_ERROR(cfg_.check_index_cache_dtype(index));
+  const auto spec = cache_spec(kv_dtype, index);
   if (page_size <= 0) {
     page_size = 256;
     for (;;) {

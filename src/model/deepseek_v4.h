@@ -64,17 +64,20 @@ class DeepseekV4 {
 
   /// The cache layer table derived from the config (one row per layer), with KV pools of
   /// `kv_dtype` (kF32 default; kBf16 halves the KV bytes, kFp8 stores 608-byte V4 rows,
-  /// --kv-cache-dtype).
-  cache::CacheSpec cache_spec(KvDtype kv_dtype = KvDtype::kF32) const;
+  /// --kv-cache-dtype) and indexer-key pools as `index` asks (--index-cache-dtype: kAuto follows
+  /// kv_dtype, kFp8 stores kFp8Index keys whatever kv_dtype is).
+  cache::CacheSpec cache_spec(KvDtype kv_dtype = KvDtype::kF32,
+                              IndexCacheDtype index = IndexCacheDtype::kAuto) const;
   /// A KV cache sized from a byte budget (`page_size` tokens per page; 0 → smallest valid size
   /// ≥ 256 that every compression rate divides), allocated through this model's ops.
   /// `max_chunk_tokens` > 0 (the largest slice a step will carry) lets the SWA pool be sized for
-  /// live windows only (KvCache::options_from_budget). `kv_dtype`: element type of the KV pools
-  /// (cache_spec); errors kUnsupported when the backend cannot store it.
-  Result<std::unique_ptr<cache::KvCache>> make_cache(int64_t budget_bytes, int max_seqs,
-                                                     int page_size = 0,
-                                                     int64_t max_chunk_tokens = 0,
-                                                     KvDtype kv_dtype = KvDtype::kF32) const;
+  /// live windows only (KvCache::options_from_budget). `kv_dtype`, `index`: element types of the
+  /// KV and indexer-key pools (cache_spec); errors kUnsupported when the backend cannot store
+  /// them or the model's shapes do not fit them (ModelConfig::check_kv_dtype /
+  /// check_index_cache_dtype).
+  Result<std::unique_ptr<cache::KvCache>> make_cache(
+      int64_t budget_bytes, int max_seqs, int page_size = 0, int64_t max_chunk_tokens = 0,
+      KvDtype kv_dtype = KvDtype::kF32, IndexCacheDtype index = IndexCacheDtype::kAuto) const;
 
   /// Runs one step. Each slice must continue its sequence (start_pos == cache.length(seq)),
   /// a sequence may appear once per batch, token ids must be < vocab_size. Errors:

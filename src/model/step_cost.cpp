@@ -6,7 +6,7 @@
 namespace v4::model {
 
 DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B, int64_t L,
-                              KvDtype kv_dtype) {
+                              KvDtype kv_dtype, IndexCacheDtype index_cache) {
   DecodeBytes r;
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   r.expected_experts_per_layer = E * (1.0 - std::pow(1.0 - k / E, double(B)));
@@ -27,7 +27,7 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const Weights& w, int64_t B,
   const int64_t W = c.sliding_window;
   // Row sizes in bytes (kFp8: 608 for V4's 512 = 448 + 64; indexer keys 144 = 128 e4m3 + scale + padding).
   const int64_t hd = kv_row_bytes(kv_dtype, c.head_dim, c.rope_dim());
-  const int64_t dI = kv_row_bytes(kv_index_dtype(kv_dtype), c.index_head_dim, 0);
+  const int64_t dI = kv_row_bytes(kv_index_dtype(kv_dtype, index_cache), c.index_head_dim, 0);
   double per_seq = 0;
   for (LayerKind kind : c.layer_types) {
     per_seq += double(std::min<int64_t>(W, L + 1) * hd);

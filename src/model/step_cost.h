@@ -23,15 +23,17 @@ struct DecodeBytes {
   /// lm_head [V, D] in its stored format (read once for the B rows).
   double head = 0;
   /// KV rows the B queries read, in the pools' row format (kv_row_bytes of `kv_dtype`; indexer
-  /// keys of kv_index_dtype): every layer its SWA window
+  /// keys of kv_index_dtype(kv_dtype, index_cache)): every layer its SWA window
   /// (min(W, L+1) rows × hd); CSA layers + min(topk, ⌊(L+1)/m⌋) compressed rows × hd + all
   /// ⌊(L+1)/m⌋ indexer keys × dI (the indexer scores every candidate); HCA layers
   /// + ⌊(L+1)/m'⌋ rows × hd. (L+1: the decoded token sees the L cached ones and itself.)
   double kv = 0;
   double total() const { return dense + experts + head + kv; }
 };
+/// `kv_dtype`, `index_cache`: the pools' element types (--kv-cache-dtype, --index-cache-dtype).
 DecodeBytes decode_step_bytes(const ModelConfig& cfg, const Weights& w, int64_t batch,
-                              int64_t context, KvDtype kv_dtype = KvDtype::kF32);
+                              int64_t context, KvDtype kv_dtype = KvDtype::kF32,
+                              IndexCacheDtype index_cache = IndexCacheDtype::kAuto);
 
 /// FLOPs of one prefill step of `chunk` tokens at positions [start, start + chunk) of one
 /// sequence (multiply-add = 2 FLOPs):

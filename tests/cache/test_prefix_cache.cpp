@@ -28,7 +28,7 @@ struct Env {
 };
 
 Env make_env(int32_t pages, int32_t swa_pages, int32_t snaps, int max_seqs = 8,
-             KvDtype kv_dtype = KvDtype::kF32) {
+             KvDtype kv_dtype = KvDtype::kF32, IndexCacheDtype index = IndexCacheDtype::kAuto) {
   Env e;
   e.ops = ops::make_cpu_ops();
   const auto dir =
@@ -38,7 +38,7 @@ Env make_env(int32_t pages, int32_t swa_pages, int32_t snaps, int max_seqs = 8,
   if (!m.ok()) return e;
   e.model = std::move(m).value();
   e.V = e.model->config().vocab_size;
-  auto kv = e.model->make_cache(int64_t(256) << 20, max_seqs, 0, 0, kv_dtype);
+  auto kv = e.model->make_cache(int64_t(256) << 20, max_seqs, 0, 0, kv_dtype, index);
   EXPECT_TRUE(kv.ok());
   e.kv = std::move(kv).value();
   cache::ShadowRadixConfig c;
@@ -161,9 +161,11 @@ void cold(Env& e, const std::vector<int32_t>& prompt, int n_gen, std::vector<flo
 
 }  // namespace
 
-void branch_hits_are_bit_identical(KvDtype kv_dtype) {
-  Env e = make_env(64, 128, 32, 8, kv_dtype);
+void branch_hits_are_bit_identical(KvDtype kv_dtype,
+                                   IndexCacheDtype index = IndexCacheDtype::kAuto) {
+  Env e = make_env(64, 128, 32, 8, kv_dtype, index);
   ASSERT_TRUE(e.pc);
+  ASSERT_EQ(e.kv->index_dtype(), kv_index_dtype(kv_dtype, index));
   const auto S = toks(1, 420, e.V);
   for (int64_t cut : {3, 4, 5, 6, 127, 128, 129, 130, 258, 385}) {
     Req a{cat(S, toks(100 + uint32_t(cut), 40, e.V)), 2};
@@ -200,6 +202,12 @@ TEST(PrefixCache, Bf16PoolsBranchHitsAreBitIdentical) {
 // copied as whole rows: hits stay bit-identical to cold runs.
 TEST(PrefixCache, Fp8PoolsBranchHitsAreBitIdentical) {
   branch_hits_are_bit_identical(KvDtype::kFp8);
+}
+
+// bf16 KV pools with fp8 indexer keys (--index-cache-dtype fp8): the store holds 2-byte
+// attention rows next to kFp8Index key rows; hits stay bit-identical to cold runs.
+TEST(PrefixCache, Bf16PoolsFp8KeysBranchHitsAreBitIdentical) {
+  branch_hits_are_bit_identical(KvDtype::kBf16, IndexCacheDtype::kFp8);
 }
 
 void eviction_under_pressure(KvDtype kv_dtype) {

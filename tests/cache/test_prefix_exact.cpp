@@ -29,7 +29,8 @@ struct Env {
   bool ok = false;
 };
 
-Env make_env(const std::string& dir, KvDtype kv_dtype = KvDtype::kF32) {
+Env make_env(const std::string& dir, KvDtype kv_dtype = KvDtype::kF32,
+             IndexCacheDtype index = IndexCacheDtype::kAuto) {
   Env e;
   e.ops = ops::make_cpu_ops();
   auto m = model::DeepseekV4::load(dir, e.ops.get());
@@ -38,7 +39,7 @@ Env make_env(const std::string& dir, KvDtype kv_dtype = KvDtype::kF32) {
     return e;
   }
   e.model = std::move(m).value();
-  auto kv = e.model->make_cache(int64_t(256) << 20, 8, 0, 0, kv_dtype);
+  auto kv = e.model->make_cache(int64_t(256) << 20, 8, 0, 0, kv_dtype, index);
   if (!kv.ok()) {
     ADD_FAILURE() << kv.status().to_string();
     return e;
@@ -79,8 +80,8 @@ std::vector<int32_t> greedy(Env& e, int32_t seq, int64_t pos, std::vector<float>
 }
 
 void run_cuts(const std::string& name, int64_t T, const std::vector<int64_t>& cuts,
-              KvDtype kv_dtype = KvDtype::kF32) {
-  Env e = make_env(fixture(name), kv_dtype);
+              KvDtype kv_dtype = KvDtype::kF32, IndexCacheDtype index = IndexCacheDtype::kAuto) {
+  Env e = make_env(fixture(name), kv_dtype, index);
   ASSERT_TRUE(e.ok);
   const int64_t V = e.model->config().vocab_size;
   std::mt19937 g(42);
@@ -155,6 +156,13 @@ TEST(PrefixExact, Fp8PoolsRealRates) {
 
 TEST(PrefixExact, Fp8PoolsKindsFixture) {
   run_cuts("tiny-kinds-fp32", 300, {1, 4, 5, 127, 128, 129, 257}, KvDtype::kFp8);
+}
+
+// bf16 KV pools with fp8 indexer keys (--index-cache-dtype fp8): attention rows and key rows of
+// different formats, copied as whole rows.
+TEST(PrefixExact, Bf16PoolsFp8KeysRealRates) {
+  run_cuts("tiny-real-rates", 560, {1, 3, 4, 5, 127, 128, 129, 130, 257, 385, 513},
+           KvDtype::kBf16, IndexCacheDtype::kFp8);
 }
 
 TEST(PrefixExact, Bf16PoolsKindsFixture) {

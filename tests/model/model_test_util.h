@@ -100,12 +100,14 @@ inline int32_t argmax(const float* v, int64_t n) {
 }
 
 /// Logits of `g`'s prompt (every position; prefill) and of its teacher-forced decode (the last
-/// prefill row, then one row per fed golden token) with KV pools of `dt` (a fresh 96 MiB cache).
-/// Errors: the cache or a forward step failing.
+/// prefill row, then one row per fed golden token) with KV pools of `dt` and indexer keys as
+/// `index` asks (--index-cache-dtype; a fresh 96 MiB cache). Errors: the cache or a forward step
+/// failing.
 inline Status golden_logits(DeepseekV4& m, const Golden& g, KvDtype dt, std::vector<float>* prefill,
-                            std::vector<float>* decode) {
+                            std::vector<float>* decode,
+                            IndexCacheDtype index = IndexCacheDtype::kAuto) {
   const int64_t V = m.config().vocab_size;
-  auto kv = m.make_cache(int64_t(96) << 20, 1, 0, 0, dt);
+  auto kv = m.make_cache(int64_t(96) << 20, 1, 0, 0, dt, index);
   if (!kv.ok()) return kv.status();
   auto s = (*kv)->create_sequence();
   if (!s.ok()) return s.status();
