@@ -160,26 +160,30 @@ if has kvacc; then
   logs+=(kvacc.log)
 fi
 if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile: branches overlap)
-  # V4_RATIO_KV: KV element types (default bf16); V4_RATIO_ATTN: attention_dec variants
-  # (V4_ATTN_DEC; default: the auto choice); one table per pair, all in the one file.
+  # V4_RATIO_KV: KV element types (default bf16; "bf16+fp8idx" = --kv-cache-dtype bf16
+  # --index-cache-dtype fp8); V4_RATIO_ATTN: attention_dec variants (V4_ATTN_DEC; default: the
+  # auto choice); one table per pair, all in the one file.
   : > "$OUT/bench-v4flash-20l-ratio.md"
-  for kv in ${V4_RATIO_KV:-bf16}; do
+  for kvspec in ${V4_RATIO_KV:-bf16}; do
+    kv=${kvspec%%+*}; idx=()
+    [[ "$kvspec" == *+fp8idx ]] && idx=(--index-cache-dtype fp8)
     for av in ${V4_RATIO_ATTN:-auto}; do
       if [ "$av" = auto ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
-      timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "$kv" \
+      timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "$kv" "${idx[@]}" \
         --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 \
-        --out "$OUT/ratio-$kv-$av.md" > "$OUT/bench-ratio-$kv-$av.log" 2>&1
-      echo "bench (900K vs 4K, kv $kv, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$kv-$av.md"
-      { echo "## --kv-cache-dtype $kv, V4_ATTN_DEC=$av"; echo; cat "$OUT/ratio-$kv-$av.md"; echo; } \
+        --out "$OUT/ratio-$kvspec-$av.md" > "$OUT/bench-ratio-$kvspec-$av.log" 2>&1
+      echo "bench (900K vs 4K, kv $kvspec, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$kvspec-$av.md"
+      { echo "## --kv-cache-dtype $kv ${idx[*]}, V4_ATTN_DEC=$av"; echo; cat "$OUT/ratio-$kvspec-$av.md"; echo; } \
         >> "$OUT/bench-v4flash-20l-ratio.md"
-      rm -f "$OUT/ratio-$kv-$av.md"; logs+=(bench-ratio-$kv-$av.log)
+      rm -f "$OUT/ratio-$kvspec-$av.md"; logs+=(bench-ratio-$kvspec-$av.log)
     done
   done
   unset V4_ATTN_DEC
 fi
 if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under several env sets
   # V4_RATIO_ENVS: space-separated entries, each "default" or comma-separated VAR=VALUE pairs
-  # (e.g. "default V4_INDEXER_DEC=2 V4_INDEXER_DEC=2,V4_ATTN_DEC=6"); one table per entry.
+  # (e.g. "default V4_INDEXER_DEC=2 V4_INDEXER_DEC=2,V4_ATTN_DEC=6"); one table per entry;
+  # V4_RATIO_EXTRA: more bench arguments for every entry (e.g. "--index-cache-dtype fp8").
   : > "$OUT/bench-v4flash-20l-ratio-ab.md"
   i=0
   for e in ${V4_RATIO_ENVS:-default}; do
@@ -187,7 +191,7 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
     [ "$e" != default ] && IFS=, read -r -a envs <<< "$e"
     prof=${V4_RATIO_PROFILE:+--profile}
     [[ ",$e," == *",PROFILE=1,"* ]] && prof=--profile  # entry-level "PROFILE=1": this run only
-    env "${envs[@]}" timeout 150 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
+    env "${envs[@]}" timeout 150 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 ${V4_RATIO_EXTRA:-} \
       --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
       $prof --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
