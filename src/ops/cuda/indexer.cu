@@ -668,6 +668,54 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
       }
     }
     // Σ_h ReLU(q_h·k)·w_h for keys 8j+2t (c0, c2) and 8j+2t+1 (c1, c3).
+    if constexpr (kF16) {
+      // Halving butterfly over g (kKeysFp8h): the 2·kDNT per-lane partials v[2j + e] (key
+      // 8j + 2t + e) are summed over the 8 lanes of a t in rounds xor 16, 8, 4; in a halving
+      // round each lane keeps the half its lane bit selects and adds the partner's copy of it,
+      // so 8 values take 4 + 2 + 1 shuffles instead of 3 per value (kDNT = 2: 2 + 1, then a
+      // plain xor-4 round). The lane ends with the sum of v[i], i = its halving bits (MSB first:
+      // kDNT = 4 → i = g; 2 → i = g >> 1), scales it by its key's row scale (fp8 rows: from the
+      // lane with that key's g, one shuffle per n-tile) and stores it.
+      constexpr int kV = 2 * kDNT;
+      static_assert(kV == 8 || kV == 4, "kDNT 4 or 2");
+      float v[kV];
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+        for (int m = 0; m < kDMT; ++m) {
+          p0 += fmaxf(acc[m][j][0], 0.f) * wl[m][0];
+          p0 += fmaxf(acc[m][j][2], 0.f) * wl[m][1];
+          p1 += fmaxf(acc[m][j][1], 0.f) * wl[m][0];
+          p1 += fmaxf(acc[m][j][3], 0.f) * wl[m][1];
+        }
+        v[2 * j] = p0;
+        v[2 * j + 1] = p1;
+      }
+      int i = 0;  // index of the value this lane keeps (its halving bits so far)
+#pragma unroll
+      for (int h = kV / 2, o = 16; h >= 1; h >>= 1, o >>= 1) {
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int x = 0; x < h; ++x) {
+          const float keep = up ? v[x + h] : v[x];
+          const float send = up ? v[x] : v[x + h];
+          v[x] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+        i = 2 * i + int(up);
+      }
+      float sum = v[0];
+      if constexpr (kV == 4) sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      const int jm = i >> 1, e = i & 1;  // this lane's key: 8·jm + 2t + e
+      float sc = 0.f;
+#pragma unroll
+      for (int j = 0; j < kDNT; ++j) {
+        const float x = __shfl_sync(0xffffffffu, ksc[j], 4 * (2 * t + e));
+        if (j == jm) sc = x;
+      }
+      const int s = s0 + 8 * jm + 2 * t + e;
+      if ((kV == 8 || (lane & 4) == 0) && s < n) srow[s] = sum * sc;
+    } else {
 #pragma unroll
     for (int j = 0; j < kDNT; ++j) {
       float p0 = 0.f, p1 = 0.f;
@@ -695,6 +743,7 @@ __global__ void __launch_bounds__(kDWarps * 32, kMinBlocks) indexer_decode_kerne
         if (s + 1 < n) srow[s + 1] = p1;
       }
     }
+    }  // !kF16
   }
   if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
