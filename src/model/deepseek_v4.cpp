@@ -60,7 +60,7 @@ const char* region_name(LayerKind k, Region r) {
       {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm)",
        "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
        "csa: indexer weights + compressor", "csa: indexer q (index_wq_b, rope)",
-       "csa: indexer scores + top-k",
+       "csa: indexer scores",  // the CUDA backend marks "csa: indexer top-k + finalize" inside
        "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
        "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post",
        "csa: q tail (wq_b, head norm, rope)"},

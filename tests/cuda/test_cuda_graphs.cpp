@@ -591,6 +591,9 @@ TEST(CudaGraphs, RegionProfileTilesEagerAndReplayedSteps) {
                               "hca: q (wq_a, q_norm, wq_b, head norm, rope)"};
     for (int k = 0; k < 3; ++k)
       EXPECT_EQ(calls[graphs][q_names[k]], int64_t(per_kind[k]) * n) << q_names[k];
+    // CSA layers: the indexer's top-k + finalize region marked inside CudaOps::indexer_topk.
+    EXPECT_EQ(calls[graphs]["csa: indexer top-k + finalize"], int64_t(per_kind[1]) * n);
+    EXPECT_EQ(calls[graphs]["csa: indexer scores"], int64_t(per_kind[1]) * n);
     EXPECT_EQ(calls[graphs]["embed"], n);
     EXPECT_EQ(calls[graphs]["head (mHC head, norm, lm_head)"], n);
     // Regions tile the step from the first marker: their sum is the busy time (within the
