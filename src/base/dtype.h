@@ -34,6 +34,11 @@ inline const char* kv_dtype_name(KvDtype t) {
          : t == KvDtype::kFp8Index ? "fp8_index"
                                    : "f32";
 }
+/// How logs and reports name an indexer-key element type: "fp8" for kFp8Index rows (the value
+/// --index-cache-dtype / --kv-cache-dtype take), otherwise kv_dtype_name.
+inline const char* index_key_dtype_name(KvDtype t) {
+  return t == KvDtype::kFp8Index ? "fp8" : kv_dtype_name(t);
+}
 /// Element type of the indexer-key pool for KV pools of `t`: kFp8 → kFp8Index (e4m3 codes + one
 /// f32 scale per row), otherwise `t` (--index-cache-dtype auto).
 inline KvDtype kv_index_dtype(KvDtype t) { return t == KvDtype::kFp8 ? KvDtype::kFp8Index : t; }

@@ -79,7 +79,7 @@ int run_generate(const GenerateOptions& o) {
   const auto& cfg = model.config();
   V4_LOG_INFO("loaded {} in {:.2f} s (KV cache {}, indexer keys {})", o.m.model,
               now_s() - t_load, v4::kv_dtype_name(o.m.kv_dtype()),
-              v4::kv_dtype_name(o.m.index_dtype()));
+              v4::index_key_dtype_name(o.m.index_dtype()));
   const std::string model_dir = cli::model_dir_of(o.m.model);
 
   std::optional<text::Tokenizer> tok;

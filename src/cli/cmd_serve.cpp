@@ -164,7 +164,7 @@ int run_serve(const ServeOptions& o) {
   V4_LOG_INFO("KV cache element type: {} (--kv-cache-dtype {}); indexer keys {} "
               "(--index-cache-dtype {})",
               v4::kv_dtype_name(o.m.kv_dtype()), o.m.kv_cache_dtype,
-              v4::kv_dtype_name(o.m.index_dtype()), o.m.index_cache_dtype);
+              v4::index_key_dtype_name(o.m.index_dtype()), o.m.index_cache_dtype);
   for (auto& p : ex.pool_usage()) {
     const auto spec = std::find_if(specs.begin(), specs.end(),
                                    [&](const auto& q) { return q.name == p.name; });

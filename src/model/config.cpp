@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -218,7 +219,9 @@ Status ModelConfig::check_kv_dtype(KvDtype d) const {
     return make_error(ErrorCode::kUnsupported,
                       "fp8 KV pools need one rope width (main {}, compressor {})",
                       rope_main.rope_dim, rope_compress.rope_dim);
-  if (d == KvDtype::kFp8 && index_head_dim % 16 != 0)
+  const bool indexer = std::find(layer_types.begin(), layer_types.end(), LayerKind::kCsa) !=
+                       layer_types.end();  // no CSA layer: no indexer keys are stored
+  if (d == KvDtype::kFp8 && indexer && index_head_dim % 16 != 0)
     return make_error(ErrorCode::kUnsupported,
                       "fp8 KV pools need index_head_dim % 16 == 0 (fp8 indexer keys), got {}",
                       index_head_dim);
@@ -226,7 +229,9 @@ Status ModelConfig::check_kv_dtype(KvDtype d) const {
 }
 
 Status ModelConfig::check_index_cache_dtype(IndexCacheDtype i) const {
-  if (i == IndexCacheDtype::kFp8 && index_head_dim % 16 != 0)
+  const bool indexer = std::find(layer_types.begin(), layer_types.end(), LayerKind::kCsa) !=
+                       layer_types.end();  // no CSA layer: no indexer keys are stored
+  if (i == IndexCacheDtype::kFp8 && indexer && index_head_dim % 16 != 0)
     return make_error(ErrorCode::kUnsupported,
                       "fp8 indexer keys need index_head_dim % 16 == 0, got {}", index_head_dim);
   return Status::Ok();

@@ -109,11 +109,13 @@ struct ModelConfig {
   Status truncate_layers(int n);
   /// Whether KV pools of element type `d` can hold this model's rows (shape conditions only; the
   /// backend's own support is checked by DeepseekV4::make_cache). kFp8 needs one rope width for
-  /// the main and compressor rows (the bf16 rope tail of an fp8 row) and index_head_dim % 16 == 0
-  /// (fp8 indexer keys). Errors: kUnsupported, one line naming the field.
+  /// the main and compressor rows (the bf16 rope tail of an fp8 row) and, when a layer is CSA (an
+  /// indexer stores keys), index_head_dim % 16 == 0 (fp8 indexer keys). Errors: kUnsupported, one
+  /// line naming the field.
   Status check_kv_dtype(KvDtype d) const;
   /// Whether indexer-key pools as --index-cache-dtype `i` asks can hold this model's keys:
-  /// kFp8 needs index_head_dim % 16 == 0 (kFp8Index rows); kAuto is checked by check_kv_dtype.
+  /// kFp8 needs index_head_dim % 16 == 0 (kFp8Index rows) when a layer is CSA (no CSA layer: no
+  /// indexer keys, nothing to check); kAuto is checked by check_kv_dtype.
   /// Errors: kUnsupported, one line naming the field.
   Status check_index_cache_dtype(IndexCacheDtype i) const;
 };

@@ -341,7 +341,7 @@ TEST(IndexCacheDtype, CliAcceptsFp8AndRefusesBadValues) {
                          "--threads 2 --kv-budget-mb 64 --kv-cache-dtype " +
                          kv + " --index-cache-dtype fp8");
     EXPECT_EQ(rc, 0) << out;
-    EXPECT_NE(out.find(std::string("KV cache ") + kv + ", indexer keys fp8_index"),
+    EXPECT_NE(out.find(std::string("KV cache ") + kv + ", indexer keys fp8"),
               std::string::npos)
         << out;
   }
@@ -387,6 +387,30 @@ TEST(IndexCacheDtype, CliRefusesShapesFp8KeysCannotHold) {
                           "--prompt-ids 1,2,3 --max-new-tokens 1");
   EXPECT_EQ(rc, 0) << out;
   std::filesystem::remove_all(d);
+}
+
+// The index_head_dim % 16 condition applies only where an indexer stores keys: a model without
+// CSA layers takes fp8 keys (and fp8 KV pools) at any index_head_dim; with one CSA layer it is
+// refused, naming the field. Log names: kFp8Index keys print as "fp8", the value users pass.
+TEST(IndexCacheDtype, Fp8KeyShapeCheckOnlyWithAnIndexer) {
+  const std::string d = config_with_index_dim(24);
+  auto cfg = model::ModelConfig::load_path(d);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  model::ModelConfig c = std::move(cfg).value();
+  ASSERT_NE(std::find(c.layer_types.begin(), c.layer_types.end(), model::LayerKind::kCsa),
+            c.layer_types.end()) << "fixture needs a CSA layer";
+  EXPECT_FALSE(c.check_index_cache_dtype(IndexCacheDtype::kFp8).ok());
+  EXPECT_NE(c.check_index_cache_dtype(IndexCacheDtype::kFp8).message().find("index_head_dim"),
+            std::string::npos);
+  EXPECT_TRUE(c.check_index_cache_dtype(IndexCacheDtype::kAuto).ok());
+  for (auto& k : c.layer_types)
+    if (k == model::LayerKind::kCsa) k = model::LayerKind::kHca;
+  EXPECT_TRUE(c.check_index_cache_dtype(IndexCacheDtype::kFp8).ok());
+  if (c.rope_main.rope_dim == c.rope_compress.rope_dim)
+    EXPECT_TRUE(c.check_kv_dtype(KvDtype::kFp8).ok());
+  std::filesystem::remove_all(d);
+  EXPECT_STREQ(index_key_dtype_name(KvDtype::kFp8Index), "fp8");
+  EXPECT_STREQ(index_key_dtype_name(KvDtype::kBf16), "bf16");
 }
 
 // bench names fp8 keys in the report's header (the KV cache line and the KV pools line) and
