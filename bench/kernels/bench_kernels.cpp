@@ -22,6 +22,7 @@
 //                                             bf16 (default) or f32 pool, SPLITS splits, 8 input
 //                                             sets; for ncu, scripts/device/ncu_issue7.sh)
 //   bench_kernels [--launches L] --profile-indexer bf16|fp8|f32 N [VARIANT]
+//   bench_kernels --profile-indexer-topk bf16|fp8|f32 COUNT MAX_N [TOPK_VARIANT]   (µs per launch)
 //                                            (L launches of indexer_scores_tc VARIANT (default
 //                                             0 = auto, the decode kernel; 4–7 the pipelined
 //                                             decode kernel; 8 / 9 the wgmma kernel, bf16 keys),
@@ -99,6 +100,8 @@ std::string bench_gemv(double bw, int samples);
 int profile_attention(int variant, int64_t keys, int splits, bool b16, int launches);
 // indexer_bench.cpp: --profile-indexer (the decode indexer kernel over one key format, for ncu).
 int profile_indexer(v4::KvDtype key_dtype, int64_t n, int launches, int variant);
+// indexer_bench.cpp: --profile-indexer-topk (top-k on the indexer's own scores, count < max_n).
+int profile_indexer_topk(v4::KvDtype key_dtype, int64_t n, int64_t max_n, int variant);
 
 namespace {
 
@@ -908,6 +911,27 @@ int main(int argc, char** argv) {
       }
       BENCH_CHECK(cudaSetDevice(0));
       return profile_attention(variant, keys, splits, b16, prof_launches);
+    } else if (!std::strcmp(argv[i], "--profile-indexer-topk")) {
+      // DTYPE COUNT MAX_N [TOPK_VARIANT]: the top-k on the indexer's scores of COUNT keys, the
+      // grid sized for MAX_N (as in the decode step) and for COUNT, vs N(0, 1) scores.
+      if (i + 3 >= argc) {
+        std::fprintf(stderr, "usage: --profile-indexer-topk bf16|fp8|f32 COUNT MAX_N [VARIANT]\n");
+        return 2;
+      }
+      const std::string kd = argv[i + 1];
+      if (kd != "f32" && kd != "bf16" && kd != "fp8") {
+        std::fprintf(stderr, "--profile-indexer-topk: key format %s (bf16, fp8 or f32)\n",
+                     kd.c_str());
+        return 2;
+      }
+      const v4::KvDtype dt = kd == "f32"    ? v4::KvDtype::kF32
+                             : kd == "bf16" ? v4::KvDtype::kBf16
+                                            : v4::KvDtype::kFp8Index;
+      const int variant = i + 4 < argc && argv[i + 4][0] >= '0' && argv[i + 4][0] <= '9'
+                              ? std::atoi(argv[i + 4])
+                              : 0;
+      BENCH_CHECK(cudaSetDevice(0));
+      return profile_indexer_topk(dt, std::atoll(argv[i + 2]), std::atoll(argv[i + 3]), variant);
     } else if (!std::strcmp(argv[i], "--profile-indexer")) {
       if (i + 2 >= argc) {
         std::fprintf(stderr, "usage: --profile-indexer bf16|fp8|f32 N [VARIANT]\n");

@@ -673,3 +673,60 @@ std::string bench_indexer_gather(double bw, int reps) {
 }
 
 #endif  // V4_HAVE_CUDA
+
+// --profile-indexer-topk: Lightning TopK (top-512 of one row, topk_rows `variant`) on the scores
+// the indexer scores kernel (auto) writes over keys of `key_dtype` — the step's input — against
+// the same kernel on N(0, 1) scores, each with the grid sized for `max_n` (the step: the decode
+// graph's context bucket, e.g. 262,144 for 900K = 230,400 candidates) and for `n` itself. Rows
+// hold n scores at a stride of max_n; launches rotate over the row maps' score copies (cold).
+// Prints one "profile-indexer-topk time" line per (scores, sizing).
+int profile_indexer_topk(v4::KvDtype key_dtype, int64_t n, int64_t max_n, int variant) {
+  if (n < 1 || max_n < n || max_n > v4::cuda::kTopkMaxRow || variant < 0) {
+    std::fprintf(stderr, "profile-indexer-topk: 1 <= n %lld <= max_n %lld <= %lld, variant %d\n",
+                 (long long)n, (long long)max_n, (long long)v4::cuda::kTopkMaxRow, variant);
+    std::exit(2);
+  }
+  const int n_sms = current_device_sms();
+  cudaStream_t st;
+  IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::mt19937_64 g(2027);
+  {
+    PagedIndexerInputs in(n, 1, 64, 128, g);
+    in.fill_keys(key_dtype, st);
+    const int rot = in.rot;
+    float *idx_sc = nullptr, *nrm_sc = nullptr;
+    int32_t* out = nullptr;
+    IB_CHECK(cudaMalloc(&idx_sc, size_t(rot) * max_n * 4));
+    IB_CHECK(cudaMalloc(&nrm_sc, size_t(rot) * max_n * 4));
+    IB_CHECK(cudaMalloc(&out, 512 * 4));
+    for (int r = 0; r < rot; ++r)
+      IB_OK(v4::cuda::indexer_scores_tc(in.args(r, key_dtype), max_n, idx_sc + int64_t(r) * max_n,
+                                        max_n, n_sms, st, 0));
+    std::normal_distribution<float> nd;
+    std::vector<float> h(static_cast<size_t>(n));
+    for (int r = 0; r < rot; ++r) {
+      for (auto& x : h) x = nd(g);
+      IB_CHECK(cudaMemcpyAsync(nrm_sc + int64_t(r) * max_n, h.data(), size_t(n) * 4,
+                               cudaMemcpyHostToDevice, st));
+      IB_CHECK(cudaStreamSynchronize(st));
+    }
+    IB_CHECK(cudaStreamSynchronize(st));
+    for (const bool indexer_scores : {true, false})
+      for (const int64_t sized : {max_n, n}) {
+        const float* base = indexer_scores ? idx_sc : nrm_sc;
+        const double us = time_on(st, [&](int i, cudaStream_t s) {
+          IB_OK(v4::cuda::topk_rows(base + int64_t(i % rot) * max_n, max_n, in.cnt, 1, 512, sized,
+                                    out, nullptr, s, variant));
+        }, 20);
+        std::printf("profile-indexer-topk time: %s scores (%s keys), count %lld, grid for %lld, "
+                    "variant %d: %.2f us per launch\n",
+                    indexer_scores ? "indexer" : "N(0,1)", v4::kv_dtype_name(key_dtype),
+                    (long long)n, (long long)sized, variant, us);
+      }
+    cudaFree(idx_sc);
+    cudaFree(nrm_sc);
+    cudaFree(out);
+  }
+  cudaStreamDestroy(st);
+  return 0;
+}

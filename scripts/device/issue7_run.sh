@@ -7,6 +7,8 @@
 #               wgemv vs streaming gemv_stream, % of a same-traffic copy)
 #   topk        bench_kernels --only-topk        -> cuda-topk.md
 #   indexer     bench_kernels --only-indexer     -> cuda-indexer.md (decode scores kernel vs WMMA)
+#   topkprof    bench_kernels --profile-indexer-topk DTYPE COUNT MAX_N VARIANT per entry of
+#               $V4_TOPKPROF (dtype:count:max_n:variant): the top-k on the indexer's scores
 #   idxprof     bench_kernels --launches 200 --profile-indexer DTYPE KEYS VARIANT per entry of
 #               $V4_IDXPROF (dtype:keys:variant, e.g. "bf16:230400:0 fp8:230400:20")
 #               -> cuda-indexer-profile.md (not in the default stage list)
@@ -101,6 +103,20 @@ if has idxprof; then  # scores kernel per variant: bench_kernels --profile-index
   for c in ${V4_IDXPROF:-bf16:230400:0 fp8:230400:3 fp8:230400:20 fp8:1024:3 fp8:1024:20}; do
     IFS=: read -r dt n v <<< "$c"
     timeout 60 build-gpu/bench/bench_kernels --launches 200 --profile-indexer "$dt" "$n" "$v" 2>&1 |
+      grep "time" | tee -a "$f"
+  done
+  echo '```' >> "$f"
+fi
+if has topkprof; then  # the top-k on the indexer's own scores, grid sized as in the step
+  f="$OUT/cuda-indexer-topk-profile.md"
+  tp=${V4_TOPKPROF:-fp8:230400:262144:0 bf16:230400:262144:0 fp8:230400:262144:37 bf16:230400:262144:37}
+  { echo "# Lightning TopK on the indexer's scores (bench_kernels --profile-indexer-topk)"; echo
+    echo "- GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); commit $V4_COMMIT; $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- cases (key dtype:count:max_n:topk variant): $tp"
+    echo; echo '```'; } > "$f"
+  for c in $tp; do
+    IFS=: read -r dt n m v <<< "$c"
+    timeout 90 build-gpu/bench/bench_kernels --profile-indexer-topk "$dt" "$n" "$m" "$v" 2>&1 |
       grep "time" | tee -a "$f"
   done
   echo '```' >> "$f"
