@@ -12,21 +12,12 @@
 
 #include "model/checkpoint.h"
 #include "model_test_util.h"
+#include "../shell_run.h"
+
+using v4::testing::run_command;
 
 namespace v4::model {
 namespace {
-
-// Runs a shell command, returns (exit code, stdout+stderr).
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
-}
 
 TEST(Cli, GenerateDumpLogitsMatchesGolden) {
   const auto dirs = testing::fixture_dirs();
@@ -41,7 +32,7 @@ TEST(Cli, GenerateDumpLogitsMatchesGolden) {
                               ("v4dump-" + std::to_string(::getpid()) + ".safetensors"))
                                  .string();
     const auto [rc, out] =
-        run(std::string(V4_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
+        run_command(std::string(V4_BINARY) + " generate --model " + dir + " --prompt-ids " + ids +
             " --max-new-tokens " + std::to_string(g->tokens.size()) +
             " --temperature 0 --ignore-eos --threads 2 --kv-budget-mb 64 --dump-logits " + dump);
     ASSERT_EQ(rc, 0) << out;
@@ -67,16 +58,16 @@ TEST(Cli, GenerateErrors) {
   const auto dirs = testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());
   const std::string bin = V4_BINARY;
-  auto [rc, out] = run(bin + " generate --model /nonexistent --prompt-ids 1,2");
+  auto [rc, out] = run_command(bin + " generate --model /nonexistent --prompt-ids 1,2");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("/nonexistent/config.json: cannot open"), std::string::npos) << out;
-  std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt-ids 1,x");
+  std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] + " --prompt-ids 1,x");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("'x' is not an integer"), std::string::npos) << out;
-  std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt-ids 99999999");
+  std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] + " --prompt-ids 99999999");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
-  std::tie(rc, out) = run(bin + " generate --model " + dirs[0] + " --prompt hello");
+  std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] + " --prompt hello");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("tokenizer.json"), std::string::npos) << out;
 }
@@ -85,7 +76,7 @@ TEST(Cli, GenerateErrors) {
 TEST(Cli, GeneratePromptTextWithTokenizer) {
   const std::string dir = std::string(V4_SOURCE_DIR) + "/models/default";
   ASSERT_TRUE(std::filesystem::exists(dir + "/tokenizer.json")) << dir;
-  auto [rc, out] = run(
+  auto [rc, out] = run_command(
       std::string(V4_BINARY) + " generate --model " + dir +
       " --prompt 'Once upon a time' --max-new-tokens 4 --ignore-eos --threads 2 --kv-budget-mb 64");
   ASSERT_EQ(rc, 0) << out;
@@ -100,7 +91,7 @@ TEST(Cli, InfoPrintsSummary) {
   const auto dirs = testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());
   for (const auto& dir : dirs) {
-    auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + dir);
+    auto [rc, out] = run_command(std::string(V4_BINARY) + " info --model " + dir);
     ASSERT_EQ(rc, 0) << out;
     for (const char* s :
          {"model_type       deepseek_v4", "parameters", "routed experts", "c4_kv", "swa", "naming"})
@@ -111,7 +102,7 @@ TEST(Cli, InfoPrintsSummary) {
 // `info --load-format dummy` reads config.json and counts shapes only: no weights are generated,
 // so it logs no "generating dummy weights … done … 0.00s" lines (it did before).
 TEST(Cli, InfoDummyLogsNoWeightGeneration) {
-  auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
+  auto [rc, out] = run_command(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
                        "/tests/fixtures/tiny-kinds-fp32 --load-format dummy");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("dummy weights (--load-format dummy"), std::string::npos) << out;
@@ -131,13 +122,13 @@ TEST(Cli, Fp8KvRefusedForUnsupportedShapes) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "config.json") << j.dump();
   const std::string bin = V4_BINARY, d = dir.string();
-  auto [rc, out] = run(bin + " info --model " + d + " --load-format dummy");
+  auto [rc, out] = run_command(bin + " info --model " + d + " --load-format dummy");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("fp8: n/a for this model (fp8 KV pools need index_head_dim % 16 == 0"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("n/a B/token"), std::string::npos) << out;
-  std::tie(rc, out) = run(bin + " generate --model " + d +
+  std::tie(rc, out) = run_command(bin + " generate --model " + d +
                           " --load-format dummy --kv-cache-dtype fp8 --prompt-ids 1,2,3 "
                           "--max-new-tokens 1");
   EXPECT_NE(rc, 0) << out;
@@ -146,7 +137,7 @@ TEST(Cli, Fp8KvRefusedForUnsupportedShapes) {
       << out;
   EXPECT_EQ(out.find("generating dummy weights"), std::string::npos) << "refused after loading:\n"
                                                                      << out;
-  std::tie(rc, out) = run(bin + " generate --model " + d +
+  std::tie(rc, out) = run_command(bin + " generate --model " + d +
                           " --load-format dummy --kv-cache-dtype bf16 --prompt-ids 1,2,3 "
                           "--max-new-tokens 1");
   EXPECT_EQ(rc, 0) << out;

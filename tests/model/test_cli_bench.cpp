@@ -12,18 +12,11 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "../shell_run.h"
 
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
-}
+using v4::testing::run_command;
+
+namespace {
 
 std::vector<std::string> cells(const std::string& row) {
   std::vector<std::string> out;
@@ -45,7 +38,7 @@ TEST(CliBench, KvCacheDtypeBf16HalvesPoolBytes) {
                             ("v4bench-kv-" + dtype + std::to_string(::getpid()) + ".md"))
                                .string();
     const auto [rc, out] =
-        run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+        run_command(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
             "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 64 --context 4096 "
             "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
             "--threads 2 --kv-cache-bytes 33554432 --kv-cache-dtype " +
@@ -84,7 +77,7 @@ TEST(CliBench, TinyDummyWritesEveryCell) {
       (std::filesystem::temp_directory_path() / ("v4bench-" + std::to_string(::getpid()) + ".md"))
           .string();
   const auto [rc, out] =
-      run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+      run_command(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
           "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1,2 --context 64,256 "
           "--steps 2 --threads 2 --out " +
           md);
@@ -135,19 +128,19 @@ TEST(CliBench, SamplingModeIsReportedAndValidated) {
                            "--context 64 --steps 1 --warmup 1 --prefill-steps 1 "
                            "--prefill-warmup 0 --threads 2";
   {
-    const auto [rc, out] = run(base);
+    const auto [rc, out] = run_command(base);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("greedy sampling on the backend"), std::string::npos) << out;
     EXPECT_EQ(out.find("(--sampling logits)"), std::string::npos) << out;
   }
   {
-    const auto [rc, out] = run(base + " --sampling logits");
+    const auto [rc, out] = run_command(base + " --sampling logits");
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("logits download of B × "), std::string::npos) << out;
     EXPECT_NE(out.find("(--sampling logits)"), std::string::npos) << out;
   }
   {
-    const auto [rc, out] = run(base + " --sampling best");
+    const auto [rc, out] = run_command(base + " --sampling best");
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(out.find("--sampling"), std::string::npos) << out;
   }
@@ -157,7 +150,7 @@ TEST(CliBench, SamplingModeIsReportedAndValidated) {
 // steps) tokens and says so; prefill at 1M ends exactly at the last position.
 TEST(CliBench, DecodeAtTheLastPositionsIsClamped) {
   const auto [rc, out] =
-      run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+      run_command(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
           "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1 --context 1M "
           "--steps 2 --warmup 1 --prefill-chunk 16 --prefill-steps 1 --prefill-warmup 0 "
           "--threads 2");
@@ -170,7 +163,7 @@ TEST(CliBench, DecodeAtTheLastPositionsIsClamped) {
 }
 
 TEST(CliBench, InfoDummyOnAShapeOnlyConfig) {
-  const auto [rc, out] = run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
+  const auto [rc, out] = run_command(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR +
                              "/models/configs/v4-flash --load-format dummy --num-layers 20");
   ASSERT_EQ(rc, 0) << out;
   for (const char* s :
@@ -178,7 +171,7 @@ TEST(CliBench, InfoDummyOnAShapeOnlyConfig) {
         "fp8-block", "bf16", "routed experts", "c4_kv"})
     EXPECT_NE(out.find(s), std::string::npos) << "missing '" << s << "' in\n" << out;
   const auto [rc2, out2] =
-      run(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR + "/models/configs/v4-flash");
+      run_command(std::string(V4_BINARY) + " info --model " + V4_SOURCE_DIR + "/models/configs/v4-flash");
   EXPECT_NE(rc2, 0);
   EXPECT_NE(out2.find("--load-format dummy"), std::string::npos) << out2;
 }
@@ -193,7 +186,7 @@ namespace {
 // batch) free and run. Before the sequences were freed on every exit, both reported "does not fit".
 TEST(CliBench, FailedCellFreesItsSequences) {
   const auto [rc, out] =
-      run("V4_BENCH_FAIL_CELL=1 " + std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+      run_command("V4_BENCH_FAIL_CELL=1 " + std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
           "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 2,1 --context 256 "
           "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
           "--threads 2 --kv-cache-bytes 33554432");

@@ -32,6 +32,9 @@
 #include "model/step_cost.h"
 #include "model_test_util.h"
 #include "ops/ops.h"
+#include "../shell_run.h"
+
+using v4::testing::run_command;
 
 namespace v4::model {
 namespace {
@@ -43,17 +46,6 @@ std::string fixture(const std::string& name) {
   return std::string(V4_SOURCE_DIR) + "/tests/fixtures/" + name;
 }
 
-// Runs a shell command, returns (exit code, stdout+stderr).
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
-}
 
 // A temporary directory holding tiny-kinds-fp32's config.json with index_head_dim = `dI`.
 std::string config_with_index_dim(int dI) {
@@ -336,7 +328,7 @@ TEST(IndexCacheDtype, DecodeStepBytesCountFp8Keys) {
 TEST(IndexCacheDtype, CliAcceptsFp8AndRefusesBadValues) {
   const std::string bin = V4_BINARY, dir = fixture("tiny-kinds-fp32");
   for (const char* kv : {"bf16", "f32"}) {
-    auto [rc, out] = run(bin + " generate --model " + dir +
+    auto [rc, out] = run_command(bin + " generate --model " + dir +
                          " --prompt-ids 1,2,3,4,5,6,7,8,9 --max-new-tokens 2 --ignore-eos "
                          "--threads 2 --kv-budget-mb 64 --kv-cache-dtype " +
                          kv + " --index-cache-dtype fp8");
@@ -345,14 +337,14 @@ TEST(IndexCacheDtype, CliAcceptsFp8AndRefusesBadValues) {
               std::string::npos)
         << out;
   }
-  auto [rc, out] = run(bin + " generate --model " + dir +
+  auto [rc, out] = run_command(bin + " generate --model " + dir +
                        " --prompt-ids 1,2,3 --max-new-tokens 1 --threads 2 --kv-budget-mb 64 "
                        "--kv-cache-dtype bf16");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("KV cache bf16, indexer keys bf16"), std::string::npos) << out;
   for (const char* cmd : {"serve", "generate", "bench"}) {
     std::tie(rc, out) =
-        run(bin + " " + cmd + " --model " + dir + " --index-cache-dtype bogus");
+        run_command(bin + " " + cmd + " --model " + dir + " --index-cache-dtype bogus");
     EXPECT_NE(rc, 0) << cmd << ": " << out;
     EXPECT_NE(out.find("--index-cache-dtype: bogus not in {auto,fp8}"), std::string::npos)
         << cmd << ": " << out;
@@ -369,7 +361,7 @@ TEST(IndexCacheDtype, CliAcceptsFp8AndRefusesBadValues) {
 // --index-cache-dtype fp8 before any weight is generated, info says n/a; auto still runs.
 TEST(IndexCacheDtype, CliRefusesShapesFp8KeysCannotHold) {
   const std::string bin = V4_BINARY, d = config_with_index_dim(24);
-  auto [rc, out] = run(bin + " generate --model " + d +
+  auto [rc, out] = run_command(bin + " generate --model " + d +
                        " --load-format dummy --kv-cache-dtype bf16 --index-cache-dtype fp8 "
                        "--prompt-ids 1,2,3 --max-new-tokens 1");
   EXPECT_NE(rc, 0) << out;
@@ -379,10 +371,10 @@ TEST(IndexCacheDtype, CliRefusesShapesFp8KeysCannotHold) {
       << out;
   EXPECT_EQ(out.find("generating dummy weights"), std::string::npos) << "refused after loading:\n"
                                                                      << out;
-  std::tie(rc, out) = run(bin + " info --model " + d + " --load-format dummy");
+  std::tie(rc, out) = run_command(bin + " info --model " + d + " --load-format dummy");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("--index-cache-dtype fp8: n/a for this model"), std::string::npos) << out;
-  std::tie(rc, out) = run(bin + " generate --model " + d +
+  std::tie(rc, out) = run_command(bin + " generate --model " + d +
                           " --load-format dummy --kv-cache-dtype bf16 --index-cache-dtype auto "
                           "--prompt-ids 1,2,3 --max-new-tokens 1");
   EXPECT_EQ(rc, 0) << out;
@@ -421,7 +413,7 @@ TEST(IndexCacheDtype, BenchReportNamesFp8Keys) {
                             ("v4bench-idx-" + index + std::to_string(::getpid()) + ".md"))
                                .string();
     const auto [rc, out] =
-        run(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+        run_command(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
             "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1 --context 256 "
             "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
             "--threads 2 --kv-cache-bytes 33554432 --kv-cache-dtype bf16 --index-cache-dtype " +
