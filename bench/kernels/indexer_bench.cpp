@@ -672,8 +672,6 @@ std::string bench_indexer_gather(double bw, int reps) {
   return o.str();
 }
 
-#endif  // V4_HAVE_CUDA
-
 // --profile-indexer-topk: Lightning TopK (top-512 of one row, topk_rows `variant`) on the scores
 // the indexer scores kernel (auto) writes over keys of `key_dtype` — the step's input — against
 // the same kernel on N(0, 1) scores, each with the grid sized for `max_n` (the step: the decode
@@ -730,3 +728,5 @@ int profile_indexer_topk(v4::KvDtype key_dtype, int64_t n, int64_t max_n, int va
   cudaStreamDestroy(st);
   return 0;
 }
+
+#endif  // V4_HAVE_CUDA
