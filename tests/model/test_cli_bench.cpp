@@ -34,21 +34,16 @@ std::vector<std::string> cells(const std::string& row) {
 // of bf16 pools; a 32 MiB budget runs the cell only with bf16.
 TEST(CliBench, KvCacheDtypeBf16HalvesPoolBytes) {
   auto report = [](const std::string& dtype) {
-    const std::string md = (std::filesystem::temp_directory_path() /
-                            ("v4bench-kv-" + dtype + std::to_string(::getpid()) + ".md"))
-                               .string();
-    const auto [rc, out] =
-        run_command(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+    const auto r = v4::testing::run_bench_report(
+        V4_BINARY,
+        std::string("--model ") + V4_SOURCE_DIR +
             "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 64 --context 4096 "
             "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
             "--threads 2 --kv-cache-bytes 33554432 --kv-cache-dtype " +
-            dtype + " --out " + md);
-    EXPECT_EQ(rc, 0) << out;
-    std::ifstream in(md);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::filesystem::remove(md);
-    return ss.str();
+            dtype,
+        "kv-" + dtype);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return r.report;
   };
   auto decode_row = [](const std::string& text) {
     const size_t at = text.find("\n| decode |");

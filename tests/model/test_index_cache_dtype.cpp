@@ -409,21 +409,16 @@ TEST(IndexCacheDtype, Fp8KeyShapeCheckOnlyWithAnIndexer) {
 // runs the decode cell through them.
 TEST(IndexCacheDtype, BenchReportNamesFp8Keys) {
   auto report = [](const std::string& index) {
-    const std::string md = (std::filesystem::temp_directory_path() /
-                            ("v4bench-idx-" + index + std::to_string(::getpid()) + ".md"))
-                               .string();
-    const auto [rc, out] =
-        run_command(std::string(V4_BINARY) + " bench --model " + V4_SOURCE_DIR +
+    const auto r = v4::testing::run_bench_report(
+        V4_BINARY,
+        std::string("--model ") + V4_SOURCE_DIR +
             "/tests/fixtures/tiny-kinds-fp32 --load-format dummy --batch 1 --context 256 "
             "--steps 1 --warmup 0 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 64 "
             "--threads 2 --kv-cache-bytes 33554432 --kv-cache-dtype bf16 --index-cache-dtype " +
-            index + " --out " + md);
-    EXPECT_EQ(rc, 0) << out;
-    std::ifstream in(md);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::filesystem::remove(md);
-    return ss.str();
+            index,
+        "idx-" + index);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return r.report;
   };
   const std::string q = report("fp8"), a = report("auto");
   EXPECT_NE(q.find("KV cache bf16 (indexer keys fp8)"), std::string::npos) << q;
