@@ -50,25 +50,25 @@ cache::AttnKind to_cache_kind(LayerKind k) {
 // Region names of the step profile (ops::Ops::region), per attention kind: the parts of a layer
 // whose device time `v4serve bench --profile` reports.
 enum Region { kRHcAttn, kRQ, kRKv, kRComp, kRIndexComp, kRIndexQ, kRIndexTopk, kRCore, kROut,
-              kRHcFfn, kRRouter, kRRouted, kRShared, kRQTail, kNumRegions };
+              kRHcFfn, kRRouter, kRRouted, kRShared, kRQTail, kRIndexSel, kNumRegions };
 const char* region_name(LayerKind k, Region r) {
   static const char* const names[3][kNumRegions] = {
       {"swa: mHC pre + norm (attn)", "swa: q (wq_a, q_norm, wq_b, head norm, rope)",
        "swa: kv (wkv, norm, rope, SWA store)", "", "", "", "", "swa: sparse attention",
        "swa: out (inverse rope, wo_a, wo_b, mHC post)", "swa: mHC pre + norm (ffn)", "swa: MoE router",
-       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post", ""},
+       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post", "", ""},
       {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm)",
        "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
        "csa: indexer weights + compressor", "csa: indexer q (index_wq_b, rope)",
-       "csa: indexer scores",  // the CUDA backend marks "csa: indexer top-k + finalize" inside
+       "csa: indexer scores",  // then kRIndexSel, marked by backends that split the chain
        "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
        "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post",
-       "csa: q tail (wq_b, head norm, rope)"},
+       "csa: q tail (wq_b, head norm, rope)", "csa: indexer top-k + finalize"},
       {"hca: mHC pre + norm (attn)", "hca: q (wq_a, q_norm, wq_b, head norm, rope)",
        "hca: kv (wkv, norm, rope, SWA store)", "hca: compressor (wkv, wgate, pool, norm, rope, store, ring)",
        "", "", "", "hca: sparse attention", "hca: out (inverse rope, wo_a, wo_b, mHC post)",
        "hca: mHC pre + norm (ffn)", "hca: MoE router", "hca: MoE routed experts",
-       "hca: MoE shared expert + add + mHC post", ""}};
+       "hca: MoE shared expert + add + mHC post", "", ""}};
   return names[int(k)][r];
 }
 
@@ -893,6 +893,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.max_count = std::max<int64_t>(1, st.csa.max_cand);
     ia.out_rows = sel_rows;
     ia.out_count = sel_count;
+    ia.topk_region = region_name(kind, kRIndexSel);
     o.region(region_name(kind, kRIndexTopk));
     o.indexer_topk(ia);
     // Branch 0 again — the q tail.

@@ -267,6 +267,9 @@ struct IndexerArgs {
   int64_t max_count = 0;
   int32_t* out_rows = nullptr;   // [S, topk]
   int32_t* out_count = nullptr;  // [S] number of valid entries (min(k, count[t]))
+  /// Step profile (Ops::region): a backend that runs the scores and the selection as separate
+  /// kernels marks this region between them (nullptr: no marker).
+  const char* topk_region = nullptr;
 };
 
 /// Arguments of `Ops::route` (dsv4-model.md §8).

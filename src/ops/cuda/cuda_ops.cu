@@ -879,10 +879,10 @@ class CudaOps final : public Ops {
       indexer_score_kernel<<<g1, 128, smem, cs()>>>(a, scores, ld);
       launched("indexer_score_kernel");
     }
-    // Step profile: the top-k and the finalize get their own region (the model's region before
-    // this call then holds the scores kernel alone). A marker is an event record between the
+    // Step profile: the top-k and the finalize get the caller's region (the region before this
+    // call then holds the scores kernel alone). A marker is an event record between the
     // kernels, so under --profile the top-k does not overlap the scores kernel's tail (PDL).
-    region("csa: indexer top-k + finalize");
+    if (a.topk_region) region(a.topk_region);
     record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs(), 0, pdl));
     if (!pdl) {
       indexer_finalize_kernel<false><<<unsigned(S), 128, 0, cs()>>>(sel, a.cand, k, a.out_rows,
