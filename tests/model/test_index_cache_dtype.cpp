@@ -103,7 +103,9 @@ TEST(IndexCacheDtype, PoolSizing) {
               256 / 4 * (128 * kv_dtype_size(kv) - 144));
     EXPECT_EQ(cache::KvCache::state_slot_bytes(q), cache::KvCache::state_slot_bytes(a));
     for (const auto& [pool, b] : cache::KvCache::bytes_per_token(q))
-      if (pool == "c4_index") EXPECT_DOUBLE_EQ(b, 144.0 / 4);
+      if (pool == "c4_index") {
+        EXPECT_DOUBLE_EQ(b, 144.0 / 4);
+      }
 
     // The pools themselves: the indexer-key buffer is kFp8Index of 144-byte rows, the rest as
     // the KV dtype.
@@ -153,8 +155,9 @@ TEST(IndexCacheDtype, ModelCacheCarriesTheOption) {
     EXPECT_EQ((*c)->index_dtype(), KvDtype::kFp8Index);
     const int dI = (*m)->config().index_head_dim;
     for (int l = 0; l < int((*c)->spec().layers.size()); ++l)
-      if ((*c)->spec().layers[size_t(l)].kind == cache::AttnKind::kCsa)
+      if ((*c)->spec().layers[size_t(l)].kind == cache::AttnKind::kCsa) {
         EXPECT_EQ((*c)->index_row_bytes(l), kv_row_bytes(KvDtype::kFp8Index, dI, 0));
+      }
     auto d = (*m)->make_cache(int64_t(32) << 20, 2, 256, 0, kv);
     ASSERT_TRUE(d.ok());
     EXPECT_EQ((*d)->index_dtype(), kv);
@@ -398,8 +401,9 @@ TEST(IndexCacheDtype, Fp8KeyShapeCheckOnlyWithAnIndexer) {
   for (auto& k : c.layer_types)
     if (k == model::LayerKind::kCsa) k = model::LayerKind::kHca;
   EXPECT_TRUE(c.check_index_cache_dtype(IndexCacheDtype::kFp8).ok());
-  if (c.rope_main.rope_dim == c.rope_compress.rope_dim)
+  if (c.rope_main.rope_dim == c.rope_compress.rope_dim) {
     EXPECT_TRUE(c.check_kv_dtype(KvDtype::kFp8).ok());
+  }
   std::filesystem::remove_all(d);
   EXPECT_STREQ(index_key_dtype_name(KvDtype::kFp8Index), "fp8");
   EXPECT_STREQ(index_key_dtype_name(KvDtype::kBf16), "bf16");
