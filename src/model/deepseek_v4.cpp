@@ -894,6 +894,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ia.out_rows = sel_rows;
     ia.out_count = sel_count;
     ia.topk_region = region_name(kind, kRIndexSel);
+    ia.after_scores_branch = 0;  // the q tail (issued next on branch 0) may follow the scores
     o.region(region_name(kind, kRIndexTopk));
     o.indexer_topk(ia);
     // Branch 0 again — the q tail.

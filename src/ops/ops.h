@@ -270,6 +270,11 @@ struct IndexerArgs {
   /// Step profile (Ops::region): a backend that runs the scores and the selection as separate
   /// kernels marks this region between them (nullptr: no marker).
   const char* topk_region = nullptr;
+  /// Multi-stream steps (Ops::fork): a branch of the current fork whose ops issued after this
+  /// call may be made to wait for the scores (not for the selection), so that they overlap the
+  /// top-k rather than the scores pass; −1: none. A scheduling hint only (results unchanged);
+  /// backends without concurrent branches ignore it (CUDA: CudaOptions::indexer_gate_min_count).
+  int after_scores_branch = -1;
 };
 
 /// Arguments of `Ops::route` (dsv4-model.md §8).

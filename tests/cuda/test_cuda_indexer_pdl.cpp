@@ -35,9 +35,10 @@ constexpr int kNI = 64, kDI = 128, kTopk = 512;
 
 // A CUDA backend in bf16 mode with the indexer chain's PDL on or off (the environment overrides
 // are cleared so the option decides).
-std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream) {
+std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream, int64_t gate_min_count = 0) {
   unsetenv("V4_INDEXER_PDL");
   unsetenv("V4_MULTI_STREAM");
+  unsetenv("V4_INDEXER_GATE_MIN_COUNT");
   CudaOptions co;
   co.precision = Precision::kBf16;
   co.indexer_pdl = pdl;
@@ -45,6 +46,7 @@ std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream) {
   co.indexer_pdl_max_count = INT64_MAX;  // and every row length (default: ≤ 65,536 candidates)
   co.multi_stream = multi_stream;
   co.multi_stream_max_rows = 0;  // forks of any row count on side streams
+  co.indexer_gate_min_count = gate_min_count;
   auto made = make_cuda_ops(co);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return nullptr;
@@ -345,6 +347,70 @@ TEST(CudaIndexerPdl, BackToBackLayersInOneGraph) {
       o->synchronize();
       for (size_t i = 0; i < L; ++i)
         EXPECT_EQ(first_diff(want[i], fetch(*outs[i])), "") << "8 replays, layer " << i;
+    }
+  }
+}
+
+// The gate (CudaOptions::indexer_gate_min_count, IndexerArgs::after_scores_branch): the chain
+// runs on branch 1 of a fork and branch 0's next op (a gather standing in for the model's q tail)
+// is made to wait for the scores kernel. Eagerly and replayed from a graph (new q / weights
+// between replays, 8 replays back to back), PDL on and off, the chain's rows and the gather's
+// output must equal the ungated one-stream results.
+TEST(CudaIndexerPdl, GateKeepsResultsEagerAndGraph) {
+  V4_REQUIRE_GPU();
+  const int64_t pool_rows = 262144;
+  auto pool = make_pool(KvDtype::kBf16, pool_rows);
+  auto ref = make_backend(false, false);
+  ASSERT_TRUE(ref);
+  for (const auto& counts : {std::vector<int>{230400}, mixed_counts(3, 40000), std::vector<int>{1024}}) {
+    auto in = make_inputs(counts, pool_rows);
+    const int64_t S = in->S;
+    std::vector<int32_t> id(static_cast<size_t>(S));
+    std::iota(id.begin(), id.end(), 0);
+    Dev<int32_t> ident(id);
+    Dev<float> side_out{size_t(S * kNI)};
+    for (bool pdl : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "S=" << S << " max_count=" << in->max_count << " PDL "
+                                        << (pdl ? "on" : "off"));
+      auto o = make_backend(pdl, true, 1);
+      ASSERT_TRUE(o);
+      Outs out(S), out_ref(S);
+      IndexerArgs a = args_for(*in, *pool, in->q->p, in->w->p, out);
+      a.after_scores_branch = 0;
+      auto body = [&] {
+        o->fork(2, S);
+        o->branch(1);
+        o->indexer_topk(a);
+        o->branch(0);
+        o->gather_rows(in->w->p, ident.p, S, kNI, side_out.p);
+        o->join();
+      };
+      auto check = [&](const char* what) {
+        const Result want = run_eager(*ref, args_for(*in, *pool, in->q->p, in->w->p, out_ref), out_ref);
+        expect_valid(*in, want, pool_rows);
+        EXPECT_EQ(first_diff(want, fetch(out)), "") << what;
+        std::vector<float> w(size_t(S * kNI));
+        ASSERT_EQ(cudaMemcpy(w.data(), in->w->p, w.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(side_out.host(), w) << what << ": the gated branch's op";
+      };
+      out.poison();
+      side_out.poison();
+      body();  // eager (the warm-up)
+      o->synchronize();
+      check("eager");
+      auto g = o->capture(body);
+      ASSERT_TRUE(g != nullptr) << "capture failed";
+      for (int rep = 0; rep < 2; ++rep) {
+        new_q(*in);
+        out.poison();
+        side_out.poison();
+        g->replay();
+        o->synchronize();
+        check("replay");
+      }
+      for (int rep = 0; rep < 8; ++rep) g->replay();
+      o->synchronize();
+      check("8 replays");
     }
   }
 }

@@ -660,6 +660,78 @@ TEST(CudaKernels, TopkV8Batch64At256KAndPdl) {
   EXPECT_EQ(dout.host(), ref_topk(a.data(), n, k));  // it = 20 reads a
 }
 
+// topk_rows_mapped (the indexer's finalize fused into v8's output stage): for every row, the
+// output equals the row map's entries of ref_topk's indices, −1 past min(n, k), count min(n, k);
+// batch 1 … 15 (mixed lengths, short rows), k = 512 / 1024, plain and PDL, ties and specials,
+// with rows of the map at distinct offsets. Batches of 16+ rows and rows ≤ 8,192 or above
+// 262,144 are kUnsupported (nothing written).
+TEST(CudaKernels, TopkMappedEqualsTopkThenMap) {
+  V4_REQUIRE_GPU();
+  for (int cap : {262144, 230400, 65536, 9000}) {
+    for (int R : {1, 3, 15}) {
+      for (Dist d : {Dist::kNormal, Dist::kTies, Dist::kSpecial, Dist::kGroupMaxTies}) {
+        if (R == 15 && d != Dist::kNormal) continue;  // host time: one distribution at 15 rows
+        for (int k : {512, 1024}) {
+          for (bool pdl : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << "cap " << cap << " R " << R << " dist " << int(d)
+                                              << " k " << k << " pdl " << pdl);
+            std::vector<int32_t> lens(static_cast<size_t>(R));
+            for (auto& l : lens) l = rand_int(1, cap);
+            lens[0] = cap;
+            if (R > 2) lens[1] = std::min(k - 1, cap);  // a short row
+            const int64_t ld = cap;
+            std::vector<float> sc(size_t(R) * ld, 0.f);
+            std::vector<int64_t> off(static_cast<size_t>(R));
+            std::vector<int32_t> map;
+            for (int r = 0; r < R; ++r) {
+              const auto row = make_row(lens[r], d);
+              std::copy(row.begin(), row.end(), sc.begin() + size_t(r) * ld);
+              off[r] = int64_t(map.size()) + 3;  // a gap before each row's entries
+              map.resize(map.size() + 3);
+              for (int i = 0; i < lens[r]; ++i) map.push_back(rand_int(0, 1 << 30));
+            }
+            Dev<float> ds(sc);
+            Dev<int32_t> dn(lens), dmap(map), dout{size_t(R) * k}, dcnt{size_t(R)};
+            Dev<int64_t> doff(off);
+            dout.poison();
+            dcnt.poison();
+            const Status st = topk_rows_mapped(ds.p, ld, dn.p, R, k, cap, dmap.p, doff.p, dout.p,
+                                               dcnt.p, nullptr, pdl);
+            if (st.code() == ErrorCode::kUnsupported && cap > 8192) {
+              GTEST_SKIP() << st.message();  // a 16-CTA cluster cannot be resident here
+            }
+            ASSERT_TRUE(st.ok()) << st.message();
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto out = dout.host(), cnt = dcnt.host();
+            for (int r = 0; r < R; ++r) {
+              const auto sel = ref_topk(sc.data() + size_t(r) * ld, lens[r], k);
+              const int m = std::min(lens[r], k);
+              EXPECT_EQ(cnt[r], m) << "row " << r;
+              for (int e = 0; e < k; ++e) {
+                const int32_t want = e < m ? map[size_t(off[r] + sel[e])] : -1;
+                ASSERT_EQ(out[size_t(r) * k + e], want) << "row " << r << " entry " << e;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // No fused form: 16 rows, rows ≤ 8,192, rows above 262,144; null map.
+  Dev<float> ds{size_t(16) * 8192};
+  Dev<int32_t> dn{16}, dmap{8192}, dout{size_t(16) * 512};
+  Dev<int64_t> doff{16};
+  EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 16, 512, 8192, dmap.p, doff.p, dout.p, nullptr,
+                             nullptr).code(),
+            ErrorCode::kUnsupported);
+  EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 1, 512, 8192, dmap.p, doff.p, dout.p, nullptr,
+                             nullptr).code(),
+            ErrorCode::kUnsupported);
+  EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 1, 512, 8192, nullptr, doff.p, dout.p, nullptr,
+                             nullptr).code(),
+            ErrorCode::kInvalidArgument);
+}
+
 // Variants 44 / 45 (v2 single CTA + programmatic dependent launch, the indexer chain's top-k for
 // rows ≤ 8K / 32K): back-to-back launches alternating two inputs into one output, batch 1 and 64
 // (as TopkV5PdlBackToBack); the result must be the last input's top-k.

@@ -469,6 +469,11 @@ class CudaOps final : public Ops {
       const long long v = std::strtoll(e, &end, 10);
       if (end && *end == '\0' && end != e && v >= 0) opts_.indexer_pdl_max_count = v;
     }
+    if (const char* e = std::getenv("V4_INDEXER_GATE_MIN_COUNT")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (end && *end == '\0' && end != e && v >= 0) opts_.indexer_gate_min_count = v;
+    }
     if (const char* e = std::getenv("V4_INDEXER_DEC")) {  // A/B of the indexer scores kernel
       const std::string v(e);
       int n = -1;
@@ -492,6 +497,7 @@ class CudaOps final : public Ops {
       if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : ev_xbranch_)
       if (e) cudaEventDestroy(e);
+    if (ev_gate_) cudaEventDestroy(ev_gate_);
     if (ev_fork_) cudaEventDestroy(ev_fork_);
     for (auto& [sz, list] : free_)
       for (void* p : list) cudaFree(p);
@@ -543,6 +549,7 @@ class CudaOps final : public Ops {
       V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t& e : ev_xbranch_)
       V4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    V4_CUDA_TRY(cudaEventCreateWithFlags(&ev_gate_, cudaEventDisableTiming));
     return Status::Ok();
   }
   std::string name() const override { return "cuda"; }
@@ -879,10 +886,30 @@ class CudaOps final : public Ops {
       indexer_score_kernel<<<g1, 128, smem, cs()>>>(a, scores, ld);
       launched("indexer_score_kernel");
     }
+    // The gate (CudaOptions::indexer_gate_min_count): the hinted branch's later ops follow the
+    // scores kernel. Only a branch that has joined this fork (main always has).
+    if (fork_active_ && a.after_scores_branch >= 0 && a.after_scores_branch < n_branches_ &&
+        opts_.indexer_gate_min_count > 0 && maxc >= opts_.indexer_gate_min_count) {
+      const int dst = a.after_scores_branch % kStreams;
+      if (dst != cur_ && (dst == 0 || side_waited_[dst - 1])) {
+        check(cudaEventRecord(ev_gate_, cs()), "indexer gate event");
+        check(cudaStreamWaitEvent(stream_of(dst), ev_gate_, 0), "indexer gate");
+      }
+    }
     // Step profile: the top-k and the finalize get the caller's region (the region before this
     // call then holds the scores kernel alone). A marker is an event record between the
     // kernels, so under --profile the top-k does not overlap the scores kernel's tail (PDL).
     if (a.topk_region) region(a.topk_region);
+    // Batch-1 rows of 8K–256K candidates: the top-k writes the pool rows itself (the finalize
+    // fused, one launch less on the chain); elsewhere kUnsupported, nothing launched.
+    {
+      const Status fused = cuda::topk_rows_mapped(scores, ld, a.cand.count, S, k, maxc, a.cand.rows,
+                                                  a.cand.offset, a.out_rows, a.out_count, cs(), pdl);
+      if (fused.code() != ErrorCode::kUnsupported) {
+        record(fused);
+        return;
+      }
+    }
     record(cuda::topk_rows(scores, ld, a.cand.count, S, k, maxc, sel, nullptr, cs(), 0, pdl));
     if (!pdl) {
       indexer_finalize_kernel<false><<<unsigned(S), 128, 0, cs()>>>(sel, a.cand, k, a.out_rows,
@@ -1494,7 +1521,7 @@ class CudaOps final : public Ops {
   cudaStream_t cs() const { return stream_of(cur_); }
   cudaStream_t side_[kStreams - 1] = {};
   cudaEvent_t ev_fork_ = nullptr, ev_join_[kStreams - 1] = {}, ev_handoff_[kStreams] = {},
-              ev_xbranch_[kStreams] = {};
+              ev_xbranch_[kStreams] = {}, ev_gate_ = nullptr;
   bool side_waited_[kStreams - 1] = {};
   bool forked_ = false, fork_active_ = false;
   int n_branches_ = 1, cur_ = 0;

@@ -127,6 +127,12 @@ struct CudaOptions {
   /// threshold sits between the measured sizes (a 256K-token context).
   /// Environment override at backend creation: V4_INDEXER_PDL_MAX_COUNT=N.
   int64_t indexer_pdl_max_count = 65536;
+  /// indexer_topk calls of at least this many candidates per row (max_count) honour
+  /// IndexerArgs::after_scores_branch in multi-stream steps: that branch's later ops (the
+  /// model's q tail) wait for the scores kernel, so they run beside the latency-bound top-k
+  /// instead of sharing HBM with the scores pass. 0 = never (A/B).
+  /// Environment override at backend creation: V4_INDEXER_GATE_MIN_COUNT=N.
+  int64_t indexer_gate_min_count = 0;
   /// `cuda::indexer_scores_tc` variant of bf16-mode indexer_topk calls the decode kernel serves
   /// (≤ cuda::kIndexerDecodeMaxRows rows, nI = 64, dI = 128; other calls keep auto): 0 auto (the
   /// decode kernel), 2 / 3 the decode kernel with 16 / 32-key chunks, 4–7 the pipelined decode

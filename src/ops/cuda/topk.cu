@@ -2534,7 +2534,9 @@ __device__ __forceinline__ uint32_t spread_nibbles(uint32_t v) {
 template <int C, int ITEMS, bool PDL = false>
 __global__ void __launch_bounds__(512, 1)
     topk_kernel_v8(const float* __restrict__ scores, int64_t ld, const int32_t* __restrict__ nrows,
-                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len) {
+                   int k, int32_t* __restrict__ out, int32_t* __restrict__ out_len,
+                   const int32_t* __restrict__ map_rows = nullptr,
+                   const int64_t* __restrict__ map_off = nullptr) {
   constexpr int THREADS = 512, NW = THREADS / 32;
   constexpr unsigned FULL = 0xffffffffu;
   static_assert(C >= 2 && C <= 16 && (C & (C - 1)) == 0, "cluster size 2..16, power of two");
@@ -2581,9 +2583,13 @@ __global__ void __launch_bounds__(512, 1)
   const int n = max(nrows[r], 0);
   const float* row = scores + r * ld;
   int32_t* orow = out + r * int64_t(k);
+  // map_rows (topk_rows_mapped): an output is the row map's entry of the selected index (the
+  // indexer's finalize), not the index.
+  const int32_t* const mrow = map_rows != nullptr ? map_rows + map_off[r] : nullptr;
+  auto emit = [mrow](int32_t i) { return mrow != nullptr ? mrow[i] : i; };
 
   if (n <= k) {  // short row (cluster-uniform; no cluster barrier has been entered yet)
-    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? i : -1;
+    for (int i = int(rank) * THREADS + tid; i < k; i += C * THREADS) orow[i] = i < n ? emit(i) : -1;
     if (out_len && rank == 0 && tid == 0) out_len[r] = n;
     return;
   }
@@ -2995,10 +3001,10 @@ __global__ void __launch_bounds__(512, 1)
     const uint32_t kk = lk[j] & mask;
     if (kk > prefix) {
       const int o = g + min(e, krem);
-      if (o < k) orow[o] = int32_t(cbase + li[j]);
+      if (o < k) orow[o] = emit(int32_t(cbase + li[j]));
       ++g;
     } else if (kk == prefix) {
-      if (e < krem && g + e < k) orow[g + e] = int32_t(cbase + li[j]);
+      if (e < krem && g + e < k) orow[g + e] = emit(int32_t(cbase + li[j]));
       ++e;
     }
   }
@@ -3158,7 +3164,8 @@ Status launch_topk_v6(const float* scores, int64_t ld, const int32_t* n, int64_t
 // kUnsupported when a cluster cannot be resident; PDL: programmatic stream serialization).
 template <int C, int ITEMS, bool PDL>
 Status launch_topk_v8(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
-                      int32_t* out, int32_t* out_len, cudaStream_t stream) {
+                      int32_t* out, int32_t* out_len, cudaStream_t stream,
+                      const int32_t* map_rows = nullptr, const int64_t* map_off = nullptr) {
   auto kern = topk_kernel_v8<C, ITEMS, PDL>;
   const size_t smem = size_t(512) * ITEMS * (sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float));
   static const cudaError_t attr_err =
@@ -3180,7 +3187,7 @@ Status launch_topk_v8(const float* scores, int64_t ld, const int32_t* n, int64_t
   cfg.numAttrs = 1;  // residency question without the PDL attribute
   if constexpr (C > 8) V4_RETURN_IF_ERROR(check_big_cluster<C>(kern, cfg));
   if constexpr (PDL) cfg.numAttrs = 2;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len));
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, scores, ld, n, k, out, out_len, map_rows, map_off));
   return Status::Ok();
 }
 
@@ -3553,6 +3560,52 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
   }
   return errorf(ErrorCode::kInvalidArgument, "topk_rows: variant {} cannot take rows of {}",
                     variant, max_n);
+}
+
+namespace {
+// Whether topk_rows_mapped fuses the map (default on; env V4_TOPK_FUSE_MAP=0: never, so the
+// caller launches its own mapping kernel — A/B), read once per process.
+bool topk_fuse_map() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_TOPK_FUSE_MAP");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
+Status topk_rows_mapped(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
+                        int64_t max_n, const int32_t* map_rows, const int64_t* map_offset,
+                        int32_t* out_rows, int32_t* out_count, cudaStream_t stream, bool pdl) {
+  if (R <= 0) return Status::Ok();
+  if (!map_rows || !map_offset || !out_rows)
+    return errorf(ErrorCode::kInvalidArgument, "topk_rows_mapped: null map or output");
+  if (k < 1 || R > 65535 || max_n > kTopkMaxRow || max_n > ld)
+    return errorf(ErrorCode::kInvalidArgument, "topk_rows_mapped: k={} R={} max_n={} ld={}", k,
+                  R, max_n, ld);
+  // Exactly the rows where auto (topk_rows, variant 0) takes v8: fewer than 16 rows of 8K–256K.
+  if (!topk_fuse_map() || !topk_v8_auto() || R >= 16 || max_n <= 8192 || max_n > 262144)
+    return errorf(ErrorCode::kUnsupported, "topk_rows_mapped: no fused form for R={} max_n={}",
+                  R, max_n);
+  constexpr int T = 512;
+  if (pdl) {
+    if (max_n <= 16 * T * 8)
+      return launch_topk_v8<16, 8, true>(scores, ld, n, R, k, out_rows, out_count, stream,
+                                         map_rows, map_offset);
+    if (max_n <= 16 * T * 16)
+      return launch_topk_v8<16, 16, true>(scores, ld, n, R, k, out_rows, out_count, stream,
+                                          map_rows, map_offset);
+    return launch_topk_v8<16, 32, true>(scores, ld, n, R, k, out_rows, out_count, stream, map_rows,
+                                        map_offset);
+  }
+  if (max_n <= 16 * T * 8)
+    return launch_topk_v8<16, 8, false>(scores, ld, n, R, k, out_rows, out_count, stream, map_rows,
+                                        map_offset);
+  if (max_n <= 16 * T * 16)
+    return launch_topk_v8<16, 16, false>(scores, ld, n, R, k, out_rows, out_count, stream,
+                                         map_rows, map_offset);
+  return launch_topk_v8<16, 32, false>(scores, ld, n, R, k, out_rows, out_count, stream, map_rows,
+                                       map_offset);
 }
 
 Status topk_phase_cycles(long long* cycles16) {

@@ -99,6 +99,22 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
                  int64_t max_n, int32_t* out_idx, int32_t* out_len, cudaStream_t stream,
                  int variant = 0, bool pdl = false);
 
+/// topk_rows (auto) with the selection mapped through a row map: the indexer's finalize fused
+/// into the top-k's output stage. For row r with n[r] candidates:
+///   out_rows[r·k + e] = map_rows[map_offset[r] + sel_e] for e < min(n[r], k), −1 after;
+///   out_count[r] = min(n[r], k) (out_count may be null),
+/// where sel_e are the indices topk_rows returns (same order, same ties). Shapes: scores [R, ld]
+/// f32, n [R], map_offset [R] (int64), map_rows int32 (each row's n[r] entries from its offset),
+/// out_rows [R, k] int32. Only where auto takes v8 (R < 16, 8,192 < max_n ≤ 262,144, v8 not
+/// switched off by V4_TOPK_V8=0) and V4_TOPK_FUSE_MAP is not 0: otherwise kUnsupported, and the
+/// caller runs topk_rows plus its own mapping (nothing was launched). `pdl` as topk_rows.
+/// Errors: kInvalidArgument (null map / output, k < 1, max_n > ld or kTopkMaxRow), kUnsupported
+/// (above, or a 16-CTA cluster cannot be resident).
+Status topk_rows_mapped(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
+                        int64_t max_n, const int32_t* map_rows, const int64_t* map_offset,
+                        int32_t* out_rows, int32_t* out_count, cudaStream_t stream,
+                        bool pdl = false);
+
 /// Debug aid: clock64() stamps (SM cycles) recorded by thread 0 of CTA 0 of row 0 at fixed points
 /// of the last v3–v6 launch (see TOPK_TS in topk.cu), 16 entries; the stamps are cleared after
 /// reading, so ones the last launch did not reach read 0. Only in builds with -DV4_TOPK_PHASES=1;
