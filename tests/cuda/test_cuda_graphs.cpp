@@ -260,11 +260,15 @@ TEST(CudaGraphs, PlanOpMatchesCpuOp) {
   auto cpu = ops::make_cpu_ops();
   auto& g = cuda::testing::rng();
   const int rows = 6, ps = 128, W = 128;
-  const int64_t P = 12, B = 8, n_live = 6;
+  const int64_t B = 8, n_live = 6;
   const int ratio[2] = {4, 128}, overlap[2] = {2, 1};
-  const int64_t ctx = P * ps, topk = 16;
-  for (int trial = 0; trial < 20; ++trial) {
-    SCOPED_TRACE("trial " + std::to_string(trial));
+  const int64_t topk = 16;
+  // P = 12: one block per row; P = 400 (51,200 tokens, 12,800 C4 candidates): the candidate
+  // lists spread over several blocks per row (build_decode_plan's grid.y > 1).
+  for (int trial = 0; trial < 26; ++trial) {
+    const int64_t P = trial < 20 ? 12 : 400;
+    const int64_t ctx = P * ps;
+    SCOPED_TRACE("trial " + std::to_string(trial) + " pages " + std::to_string(P));
     // Raw state: live rows with random positions; random distinct pages; SWA pages below the
     // window freed; three table rows sent as deltas, the others pre-set.
     std::vector<int32_t> staging(size_t(4 * B + 1 + B + B * 2 * P), 0);

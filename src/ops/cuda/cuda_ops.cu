@@ -902,7 +902,8 @@ class CudaOps final : public Ops {
     if (a.topk_region) region(a.topk_region);
     // Batch-1 rows of 8K–256K candidates: the top-k writes the pool rows itself (the finalize
     // fused, one launch less on the chain); elsewhere kUnsupported, nothing launched.
-    {
+    // (A plan with no candidate rows at all may pass a null map: the finalize never reads it.)
+    if (a.cand.rows && a.cand.offset && a.out_rows) {
       const Status fused = cuda::topk_rows_mapped(scores, ld, a.cand.count, S, k, maxc, a.cand.rows,
                                                   a.cand.offset, a.out_rows, a.out_count, cs(), pdl);
       if (fused.code() != ErrorCode::kUnsupported) {

@@ -36,8 +36,11 @@ Status build_decode_plan(const ops::DecodePlanArgs& a, cudaStream_t stream) {
     longest = std::max<int64_t>(longest, int64_t(a.rates[r].overlap) * a.rates[r].ratio);
     longest = std::max<int64_t>(longest, a.rates[r].cand_stride);
   }
-  // ~8 entries per thread; at most 64 blocks per row.
-  const int64_t y = std::min<int64_t>(64, std::max<int64_t>(1, longest / (kThreads * 8)));
+  // ~2 entries per thread, at most 1,024 blocks per row: each entry is a page-table load (L2) and
+  // a store, and one thread's entries run one after another, so at batch 1 the list's latency is
+  // the entries per thread × an L2 round trip (the previous 8 entries per thread and 64 blocks
+  // gave 16 per thread at a 262,144-candidate bucket).
+  const int64_t y = std::min<int64_t>(1024, std::max<int64_t>(1, longest / (kThreads * 2)));
   dim3 grid(unsigned(a.n_rows), unsigned(y));
   decode_plan_kernel<<<grid, kThreads, 0, stream>>>(a);
   V4_CUDA_CHECK_LAUNCH("decode_plan_kernel");
