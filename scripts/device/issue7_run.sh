@@ -53,6 +53,7 @@
 # Results under $OUT (≤ 8 files come back): the tables above and logs.tgz (device.log, build.log,
 # cuda-op-tests.log, every program's full output).
 # Env: V4_GTEST_FILTER (default "*"), V4_SKIP_BUILD=1 (warm machine), V4_LAYERS (20),
+#   V4_RATIO_STEPS (timed decode steps of the ratio / ratioenv runs, default 20),
 #   V4_BATCH (1,64), V4_CONTEXT (4K,128K,900K,1M), V4_MS_BATCH (1,64), V4_STEPS (5),
 #   V4_GEMV_STREAM=0 (every wgemv call, decode included, runs the shared-memory kernel: A/B),
 #   V4_BENCH_EXTRA (more v4serve bench flags, e.g. "--prefill-steps 1 --prefill-warmup 0"),
@@ -186,7 +187,7 @@ if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile:
     for av in ${V4_RATIO_ATTN:-auto}; do
       if [ "$av" = auto ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
       timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "$kv" "${idx[@]}" \
-        --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 \
+        --batch 1 --context 4K,900K --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 \
         --out "$OUT/ratio-$kvspec-$av.md" > "$OUT/bench-ratio-$kvspec-$av.log" 2>&1
       echo "bench (900K vs 4K, kv $kvspec, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$kvspec-$av.md"
       { echo "## --kv-cache-dtype $kv ${idx[*]}, V4_ATTN_DEC=$av"; echo; cat "$OUT/ratio-$kvspec-$av.md"; echo; } \
@@ -208,7 +209,7 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
     prof=${V4_RATIO_PROFILE:+--profile}
     [[ ",$e," == *",PROFILE=1,"* ]] && prof=--profile  # entry-level "PROFILE=1": this run only
     env "${envs[@]}" timeout 150 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 ${V4_RATIO_EXTRA:-} \
-      --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
+      --batch 1 --context 4K,900K --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
       $prof --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"
