@@ -863,11 +863,6 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     // Branch 2 — the compressor of this layer's rate.
     o.branch(2);
     o.region(region_name(kind, kRComp));
-    // CSA: first a cache hint for the indexer keys branch 3's top-k will score (at long context
-    // their read is the chain's largest cost; this branch is off the critical path).
-    if (csa)
-      o.prefetch_rows(st.kv->index_pool(l), st.kv->index_row_bytes(l),
-                      st.csa.cand, S, std::max<int64_t>(1, st.csa.max_cand));
     compress(a.compressor, hca ? st.hca : st.csa, hd, st.kv->comp_pool(l), st.kv->kv_dtype(),
              st.kv->ring_kv(l, 0),
              st.kv->ring_gate(l, 0), comp_b);

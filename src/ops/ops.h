@@ -576,16 +576,6 @@ class Ops {
   /// docs/cuda.md).
   virtual void compress_fused(const CompressFusedArgs& a);
   virtual void indexer_topk(const IndexerArgs& a) = 0;
-  /// Cache hint for a later read of pool rows: rows cand.rows[cand.offset[t] + e] (e <
-  /// cand.count[t], t < n_rows) of `row_bytes` bytes each at pool + row · row_bytes — e.g. the
-  /// indexer keys a following indexer_topk will score, issued on a fork branch that is not on
-  /// the critical path while the query is computed. `max_count` bounds the counts (the grid). No
-  /// effect on any result; a backend may ignore it (default: nothing; CUDA: L2 prefetch with
-  /// evict-last priority of rows of calls with max_count ≥ CudaOptions::indexer_prefetch_min_count).
-  virtual void prefetch_rows(const void* pool, int64_t row_bytes, const RowMap& cand,
-                             int64_t n_rows, int64_t max_count) {
-    (void)pool, (void)row_bytes, (void)cand, (void)n_rows, (void)max_count;
-  }
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void route(const RouteArgs& a) = 0;
   /// Markers around one model step's device work: `step_begin` right before its first device

@@ -35,12 +35,10 @@ constexpr int kNI = 64, kDI = 128, kTopk = 512;
 
 // A CUDA backend in bf16 mode with the indexer chain's PDL on or off (the environment overrides
 // are cleared so the option decides).
-std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream, int64_t gate_min_count = 0,
-                                  int64_t prefetch_min_count = 0) {
+std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream, int64_t gate_min_count = 0) {
   unsetenv("V4_INDEXER_PDL");
   unsetenv("V4_MULTI_STREAM");
   unsetenv("V4_INDEXER_GATE_MIN_COUNT");
-  unsetenv("V4_INDEXER_PREFETCH_MIN_COUNT");
   CudaOptions co;
   co.precision = Precision::kBf16;
   co.indexer_pdl = pdl;
@@ -49,7 +47,6 @@ std::unique_ptr<Ops> make_backend(bool pdl, bool multi_stream, int64_t gate_min_
   co.multi_stream = multi_stream;
   co.multi_stream_max_rows = 0;  // forks of any row count on side streams
   co.indexer_gate_min_count = gate_min_count;
-  co.indexer_prefetch_min_count = prefetch_min_count;
   auto made = make_cuda_ops(co);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return nullptr;
@@ -356,8 +353,7 @@ TEST(CudaIndexerPdl, BackToBackLayersInOneGraph) {
 
 // The gate (CudaOptions::indexer_gate_min_count, IndexerArgs::after_scores_branch): the chain
 // runs on branch 1 of a fork and branch 0's next op (a gather standing in for the model's q tail)
-// is made to wait for the scores kernel. Branch 0 first prefetches the chain's key rows
-// (Ops::prefetch_rows, on at every count here), as the model's compressor branch does. Eagerly and replayed from a graph (new q / weights
+// is made to wait for the scores kernel. Eagerly and replayed from a graph (new q / weights
 // between replays, 8 replays back to back), PDL on and off, the chain's rows and the gather's
 // output must equal the ungated one-stream results.
 TEST(CudaIndexerPdl, GateKeepsResultsEagerAndGraph) {
@@ -376,14 +372,13 @@ TEST(CudaIndexerPdl, GateKeepsResultsEagerAndGraph) {
     for (bool pdl : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "S=" << S << " max_count=" << in->max_count << " PDL "
                                         << (pdl ? "on" : "off"));
-      auto o = make_backend(pdl, true, 1, 1);
+      auto o = make_backend(pdl, true, 1);
       ASSERT_TRUE(o);
       Outs out(S), out_ref(S);
       IndexerArgs a = args_for(*in, *pool, in->q->p, in->w->p, out);
       a.after_scores_branch = 0;
       auto body = [&] {
         o->fork(2, S);
-        o->prefetch_rows(pool->ptr(), kDI * 2, a.cand, S, in->max_count);  // bf16 rows
         o->branch(1);
         o->indexer_topk(a);
         o->branch(0);

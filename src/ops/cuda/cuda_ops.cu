@@ -266,21 +266,6 @@ __global__ void __launch_bounds__(128) indexer_finalize_kernel(const int32_t* __
   if (threadIdx.x == 0 && out_count) out_count[t] = n_sel;
 }
 
-// Ops::prefetch_rows: thread e of row t prefetches the 128-byte lines of candidate row
-// cand.rows[cand.offset[t] + e] into L2 with evict-last priority (fire and forget: the kernel
-// ends before the lines arrive). Negative rows (invalid candidates) are skipped.
-__global__ void __launch_bounds__(256) prefetch_rows_kernel(const char* __restrict__ pool,
-                                                            int64_t row_bytes, RowMap cand) {
-  const int64_t t = blockIdx.y;
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= cand.count[t]) return;
-  const int32_t r = cand.rows[cand.offset[t] + e];
-  if (r < 0) return;
-  const uintptr_t a = reinterpret_cast<uintptr_t>(pool + int64_t(r) * row_bytes);
-  for (uintptr_t l = a & ~uintptr_t(127); l < a + uintptr_t(row_bytes); l += 128)
-    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(l));
-}
-
 // ---- sparse attention with sink (dsv4-model.md §4): one warp per (row, head), online softmax ------
 constexpr int kAttnMaxHd = 1024;
 __global__ void attention_kernel(AttentionArgs a) {
@@ -483,11 +468,6 @@ class CudaOps final : public Ops {
       char* end = nullptr;
       const long long v = std::strtoll(e, &end, 10);
       if (end && *end == '\0' && end != e && v >= 0) opts_.indexer_pdl_max_count = v;
-    }
-    if (const char* e = std::getenv("V4_INDEXER_PREFETCH_MIN_COUNT")) {
-      char* end = nullptr;
-      const long long v = std::strtoll(e, &end, 10);
-      if (end && *end == '\0' && end != e && v >= 0) opts_.indexer_prefetch_min_count = v;
     }
     if (const char* e = std::getenv("V4_INDEXER_GATE_MIN_COUNT")) {
       char* end = nullptr;
@@ -955,18 +935,6 @@ class CudaOps final : public Ops {
     check(cudaLaunchKernelEx(&cfg, indexer_finalize_kernel<true>, sl, cand, k, out_rows, out_count),
           "indexer_finalize_kernel (PDL)");
     launched("indexer_finalize_kernel (PDL)");
-  }
-
-  void prefetch_rows(const void* pool, int64_t row_bytes, const RowMap& cand, int64_t n_rows,
-                     int64_t max_count) override {
-    if (!pool || row_bytes <= 0 || n_rows <= 0 || max_count <= 0 || !cand.rows || !cand.offset ||
-        !cand.count)
-      return;
-    if (opts_.indexer_prefetch_min_count <= 0 || max_count < opts_.indexer_prefetch_min_count)
-      return;
-    dim3 grid(unsigned((max_count + 255) / 256), unsigned(std::min<int64_t>(n_rows, 65535)));
-    prefetch_rows_kernel<<<grid, 256, 0, cs()>>>(static_cast<const char*>(pool), row_bytes, cand);
-    launched("prefetch_rows_kernel");
   }
 
   void sparse_attention(const AttentionArgs& a) override {

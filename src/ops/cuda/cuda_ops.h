@@ -135,10 +135,6 @@ struct CudaOptions {
   /// without, 4K unchanged (bench/results/bench-v4flash-20l-ratio-gate.md).
   /// Environment override at backend creation: V4_INDEXER_GATE_MIN_COUNT=N.
   int64_t indexer_gate_min_count = 65536;
-  /// Ops::prefetch_rows (the model: the CSA layer's indexer keys, at the fork, on the compressor
-  /// branch) prefetches into L2 only for calls of at least this many rows per query (max_count);
-  /// 0 = never. Environment override at backend creation: V4_INDEXER_PREFETCH_MIN_COUNT=N.
-  int64_t indexer_prefetch_min_count = 0;
   /// `cuda::indexer_scores_tc` variant of bf16-mode indexer_topk calls the decode kernel serves
   /// (≤ cuda::kIndexerDecodeMaxRows rows, nI = 64, dI = 128; other calls keep auto): 0 auto (the
   /// decode kernel), 2 / 3 the decode kernel with 16 / 32-key chunks, 4–7 the pipelined decode
