@@ -247,13 +247,17 @@ void KvCache::commit(int32_t seq, int64_t new_length) {
   s.length = new_length;
   // Tokens < new_length - (W - 1) are never read again by this sequence.
   const int64_t first_needed = std::max<int64_t>(0, new_length - (spec_.sliding_window - 1));
-  const int64_t dead_pages = first_needed / opt_.page_size;
-  for (int64_t p = 0; p < dead_pages && p < int64_t(s.swa_pages.size()); ++p)
+  // Pages below the watermark were freed by an earlier commit (SWA pages are only ever appended),
+  // so a decode step's commit looks at the pages that died since then, not the whole context.
+  const int64_t dead_pages =
+      std::min<int64_t>(first_needed / opt_.page_size, int64_t(s.swa_pages.size()));
+  for (int64_t p = s.swa_freed; p < dead_pages; ++p)
     if (s.swa_pages[p] >= 0) {
       free_swa_pages_.push_back(s.swa_pages[p]);
       s.swa_pages[p] = -1;
       s.version = next_stamp();
     }
+  s.swa_freed = std::max(s.swa_freed, dead_pages);
 }
 
 std::pair<int64_t, int64_t> KvCache::fast_forward_pages(int64_t n) const {

@@ -230,6 +230,7 @@ class KvCache {
     int32_t state_slot = -1;
     std::vector<int32_t> pages;      // virtual page per logical page
     std::vector<int32_t> swa_pages;  // SWA page per logical page (-1 = freed)
+    int64_t swa_freed = 0;           // swa_pages[0, swa_freed) are all −1 (commit's watermark)
     uint64_t version = 0;            // addressing_version()
   };
   uint64_t id_ = 0;

@@ -99,6 +99,38 @@ TEST(Pools, SequencesPagesAndAddressing) {
   EXPECT_TRUE(d.ok());
 }
 
+// Token-by-token decode commits free each SWA page once, as it leaves the window (commit keeps a
+// watermark of the freed prefix instead of rescanning every page each step), and the addressing
+// version changes exactly when a page is freed or appended.
+TEST(Pools, DecodeCommitsFreeSwaPagesAsTheWindowPasses) {
+  auto kv = make({128, 12, 12, 1});
+  ASSERT_TRUE(kv);
+  auto a = kv->create_sequence();
+  ASSERT_TRUE(a.ok());
+  auto used_swa = [&] {
+    for (auto& u : kv->usage())
+      if (u.name == "swa_pages") return u.used;
+    return int64_t(-1);
+  };
+  const int W = spec().sliding_window;
+  for (int64_t len = 1; len <= 12 * 128; ++len) {
+    ASSERT_TRUE(kv->reserve(*a, len).ok());
+    const uint64_t v0 = kv->addressing_version(*a);
+    kv->commit(*a, len);
+    const int64_t pages = (len + 127) / 128;
+    const int64_t dead = std::max<int64_t>(0, len - (W - 1)) / 128;
+    ASSERT_EQ(used_swa(), pages - dead) << "length " << len;
+    const bool freed_now = dead > 0 && std::max<int64_t>(0, len - 1 - (W - 1)) / 128 < dead;
+    EXPECT_EQ(kv->addressing_version(*a) != v0, freed_now) << "length " << len;
+    for (int64_t p = std::max<int64_t>(0, len - (W - 1)); p < len; ++p)  // still read
+      ASSERT_GE(kv->swa_row(*a, p), 0) << "length " << len << " token " << p;
+  }
+  kv->commit(*a, 12 * 128);  // a repeated commit frees nothing more
+  EXPECT_EQ(used_swa(), 12 - (12 * 128 - (W - 1)) / 128);
+  kv->free_sequence(*a);
+  EXPECT_EQ(used_swa(), 0);
+}
+
 TEST(Pools, ForwardReportsFullCacheWithoutComputing) {
   const auto dirs = model::testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());
