@@ -131,8 +131,9 @@ struct CudaOptions {
   /// IndexerArgs::after_scores_branch in multi-stream steps: that branch's later ops (the
   /// model's q tail) wait for the scores kernel, so they run beside the latency-bound top-k
   /// instead of sharing HBM with the scores pass. 0 = never (A/B). H200, V4-Flash 20 layers,
-  /// batch 1, bf16 KV + fp8 indexer keys: 900K decode 5.29 ms with the gate at 65,536 vs 5.33
-  /// without, 4K unchanged (bench/results/bench-v4flash-20l-ratio-gate.md).
+  /// batch 1, bf16 KV + fp8 indexer keys, three A/B pairs at 900K: 5.29 / 5.34 / 5.29 ms with
+  /// the gate at 65,536 vs 5.33 / 5.31 / 5.31 without (mean −10 µs, inside the run-to-run
+  /// spread; 4K unchanged; bench/results/bench-v4flash-20l-ratio-ab-s13.md).
   /// Environment override at backend creation: V4_INDEXER_GATE_MIN_COUNT=N.
   int64_t indexer_gate_min_count = 65536;
   /// `cuda::indexer_scores_tc` variant of bf16-mode indexer_topk calls the decode kernel serves
