@@ -1447,36 +1447,10 @@ Status launch_indexer_kernel(void (*kernel)(P...), dim3 grid, int smem, cudaStre
   return check_launch(name);
 }
 
-// Shared-memory carveout preference (percent of the unified L1 / shared memory) for the decode
-// scores kernels, from env V4_INDEXER_CARVEOUT (0–100; unset or other values: the driver's
-// default), read once per process. An A/B of whether the step pays for SMs switching between the
-// scores kernel's small shared memory and the top-k's ~200 KB (docs/cuda.md §Indexer chain).
-int indexer_carveout() {
-  static const int v = [] {
-    const char* e = std::getenv("V4_INDEXER_CARVEOUT");
-    if (!e || !*e) return -1;
-    char* end = nullptr;
-    const long c = std::strtol(e, &end, 10);
-    return end && *end == '\0' && c >= 0 && c <= 100 ? int(c) : -1;
-  }();
-  return v;
-}
-
 template <int kDNT, int kKeys, int kMinBlocks = 1, bool kPf = false>
 Status launch_decode(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                      int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kDChunk = 8 * kDNT;
-  static const cudaError_t carve_err = [] {
-    const int c = indexer_carveout();
-    if (c < 0) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks, kPf>,
-                                         cudaFuncAttributePreferredSharedMemoryCarveout, c);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(indexer_decode_kernel<kDNT, kKeys, true, kMinBlocks, kPf>,
-                               cudaFuncAttributePreferredSharedMemoryCarveout, c);
-    return e;
-  }();
-  if (carve_err != cudaSuccess) return cuda_status(carve_err, "indexer_decode carveout attribute");
   // Resident blocks per SM (registers bound it; no dynamic shared memory), queried once.
   static const int per_sm =
       resident_per_sm(indexer_decode_kernel<kDNT, kKeys, false, kMinBlocks, kPf>, 0, 4);
