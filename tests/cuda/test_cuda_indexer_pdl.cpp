@@ -411,6 +411,26 @@ TEST(CudaIndexerPdl, GateKeepsResultsEagerAndGraph) {
       for (int rep = 0; rep < 8; ++rep) g->replay();
       o->synchronize();
       check("8 replays");
+      // A hint naming a branch of the fork that never runs work: no wait is inserted (its stream
+      // never joined the fork), and the capture still closes.
+      IndexerArgs a2 = a;
+      a2.after_scores_branch = 2;
+      auto body2 = [&] {
+        o->fork(3, S);
+        o->branch(1);
+        o->indexer_topk(a2);
+        o->branch(0);
+        o->gather_rows(in->w->p, ident.p, S, kNI, side_out.p);
+        o->join();
+      };
+      auto g2 = o->capture(body2);
+      ASSERT_TRUE(g2 != nullptr) << "capture with an unused hinted branch failed";
+      new_q(*in);
+      out.poison();
+      side_out.poison();
+      g2->replay();
+      o->synchronize();
+      check("unused hinted branch");
     }
   }
 }

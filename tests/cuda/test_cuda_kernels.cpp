@@ -718,10 +718,16 @@ TEST(CudaKernels, TopkMappedEqualsTopkThenMap) {
     }
   }
   // No fused form: 16 rows, rows ≤ 8,192, rows above 262,144; null map.
-  Dev<float> ds{size_t(16) * 8192};
+  Dev<float> ds{size_t(16) * 65536};
   Dev<int32_t> dn{16}, dmap{8192}, dout{size_t(16) * 512};
   Dev<int64_t> doff{16};
   EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 16, 512, 8192, dmap.p, doff.p, dout.p, nullptr,
+                             nullptr).code(),
+            ErrorCode::kUnsupported);
+  EXPECT_EQ(topk_rows_mapped(ds.p, 65536, dn.p, 16, 512, 65536, dmap.p, doff.p, dout.p, nullptr,
+                             nullptr).code(),
+            ErrorCode::kUnsupported);
+  EXPECT_EQ(topk_rows_mapped(ds.p, 262148, dn.p, 1, 512, 262148, dmap.p, doff.p, dout.p, nullptr,
                              nullptr).code(),
             ErrorCode::kUnsupported);
   EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 1, 512, 8192, dmap.p, doff.p, dout.p, nullptr,

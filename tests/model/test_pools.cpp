@@ -129,6 +129,29 @@ TEST(Pools, DecodeCommitsFreeSwaPagesAsTheWindowPasses) {
   EXPECT_EQ(used_swa(), 12 - (12 * 128 - (W - 1)) / 128);
   kv->free_sequence(*a);
   EXPECT_EQ(used_swa(), 0);
+  // The slot reused by a new sequence starts with no freed prefix: its first pages are freed
+  // again as its window passes them.
+  auto b = kv->create_sequence();
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(kv->reserve(*b, 3 * 128).ok());
+  kv->commit(*b, 3 * 128);
+  EXPECT_EQ(used_swa(), 3 - (3 * 128 - (W - 1)) / 128);
+  for (int64_t p = 3 * 128 - (W - 1); p < 3 * 128; ++p) EXPECT_GE(kv->swa_row(*b, p), 0);
+  kv->free_sequence(*b);
+  // fast_forward (no SWA pages below the window), then decode commits across a page boundary.
+  auto c = kv->create_sequence();
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(kv->fast_forward(*c, 5 * 128 + 3).ok());
+  const int64_t ff_used = used_swa();
+  for (int64_t len = 5 * 128 + 4; len <= 6 * 128 + 20; ++len) {
+    ASSERT_TRUE(kv->reserve(*c, len).ok());
+    kv->commit(*c, len);
+    const int64_t pages = (len + 127) / 128;
+    const int64_t dead = (len - (W - 1)) / 128;
+    ASSERT_EQ(used_swa(), pages - dead) << "length " << len << " (after fast_forward: " << ff_used
+                                        << ")";
+    for (int64_t p = len - (W - 1); p < len; ++p) ASSERT_GE(kv->swa_row(*c, p), 0) << "length " << len;
+  }
 }
 
 TEST(Pools, ForwardReportsFullCacheWithoutComputing) {

@@ -888,7 +888,9 @@ class CudaOps final : public Ops {
     }
     // The gate (CudaOptions::indexer_gate_min_count): the hinted branch's later ops follow the
     // scores kernel. Only a branch that has joined this fork (main always has).
-    if (fork_active_ && a.after_scores_branch >= 0 && a.after_scores_branch < n_branches_ &&
+    // Not with a PDL chain: the event record between the scores kernel and the top-k would stop
+    // the top-k overlapping the scores kernel's tail (the overlap PDL is there for).
+    if (fork_active_ && !pdl && a.after_scores_branch >= 0 && a.after_scores_branch < n_branches_ &&
         opts_.indexer_gate_min_count > 0 && maxc >= opts_.indexer_gate_min_count) {
       const int dst = a.after_scores_branch % kStreams;
       if (dst != cur_ && (dst == 0 || side_waited_[dst - 1])) {

@@ -127,8 +127,9 @@ struct CudaOptions {
   /// threshold sits between the measured sizes (a 256K-token context).
   /// Environment override at backend creation: V4_INDEXER_PDL_MAX_COUNT=N.
   int64_t indexer_pdl_max_count = 65536;
-  /// indexer_topk calls of at least this many candidates per row (max_count) honour
-  /// IndexerArgs::after_scores_branch in multi-stream steps: that branch's later ops (the
+  /// indexer_topk calls of at least this many candidates per row (max_count) whose chain is not
+  /// PDL-launched (above indexer_pdl_max_count) honour IndexerArgs::after_scores_branch in
+  /// multi-stream steps: that branch's later ops (the
   /// model's q tail) wait for the scores kernel, so they run beside the latency-bound top-k
   /// instead of sharing HBM with the scores pass. 0 = never (A/B). H200, V4-Flash 20 layers,
   /// batch 1, bf16 KV + fp8 indexer keys, three A/B pairs at 900K: 5.29 / 5.34 / 5.29 ms with

@@ -40,7 +40,10 @@ Status build_decode_plan(const ops::DecodePlanArgs& a, cudaStream_t stream) {
   // a store, and one thread's entries run one after another, so at batch 1 the list's latency is
   // the entries per thread × an L2 round trip (the previous 8 entries per thread and 64 blocks
   // gave 16 per thread at a 262,144-candidate bucket).
-  const int64_t y = std::min<int64_t>(1024, std::max<int64_t>(1, longest / (kThreads * 2)));
+  // Batches: at most ~8,192 blocks in all (batch 64 at a 1M bucket: 128 a row, ~16 entries a
+  // thread — many rows fill the GPU anyway).
+  const int64_t y = std::min<int64_t>({int64_t(1024), std::max<int64_t>(1, 8192 / a.n_rows),
+                                      std::max<int64_t>(1, longest / (kThreads * 2))});
   dim3 grid(unsigned(a.n_rows), unsigned(y));
   decode_plan_kernel<<<grid, kThreads, 0, stream>>>(a);
   V4_CUDA_CHECK_LAUNCH("decode_plan_kernel");
