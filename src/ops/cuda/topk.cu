@@ -3283,15 +3283,23 @@ Status indexer_scores(const __nv_bfloat16* q, const float* w, const __nv_bfloat1
 }
 
 namespace {
+// An A/B switch that is on unless the environment variable `name` is "0".
+bool env_not_zero(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e != nullptr && std::string(e) == "0");
+}
 // Whether the auto choice takes v8 (46 / 47) for batch-1 rows of 8K–256K: default on since
 // session 8 (H200, cuda-topk.md at 8d6aaf2, cold: 262,144 9.46 µs with PDL vs 12.00 for 43, 10.77
 // plain vs 13.80 for 37; 65,536 8.00 / 9.19 vs 9.94 auto); env V4_TOPK_V8=0 restores 37 / 43 (A/B),
 // read once per process.
 bool topk_v8_auto() {
-  static const bool on = [] {
-    const char* e = std::getenv("V4_TOPK_V8");
-    return !(e != nullptr && std::string(e) == "0");
-  }();
+  static const bool on = env_not_zero("V4_TOPK_V8");
+  return on;
+}
+// Whether topk_rows_mapped fuses the map (default on; env V4_TOPK_FUSE_MAP=0: never, so the
+// caller launches its own mapping kernel — A/B), read once per process.
+bool topk_fuse_map() {
+  static const bool on = env_not_zero("V4_TOPK_FUSE_MAP");
   return on;
 }
 }  // namespace
@@ -3561,18 +3569,6 @@ Status topk_rows(const float* scores, int64_t ld, const int32_t* n, int64_t R, i
   return errorf(ErrorCode::kInvalidArgument, "topk_rows: variant {} cannot take rows of {}",
                     variant, max_n);
 }
-
-namespace {
-// Whether topk_rows_mapped fuses the map (default on; env V4_TOPK_FUSE_MAP=0: never, so the
-// caller launches its own mapping kernel — A/B), read once per process.
-bool topk_fuse_map() {
-  static const bool on = [] {
-    const char* e = std::getenv("V4_TOPK_FUSE_MAP");
-    return !(e != nullptr && std::string(e) == "0");
-  }();
-  return on;
-}
-}  // namespace
 
 Status topk_rows_mapped(const float* scores, int64_t ld, const int32_t* n, int64_t R, int k,
                         int64_t max_n, const int32_t* map_rows, const int64_t* map_offset,
