@@ -122,15 +122,30 @@ struct PagedIndexerInputs {
     cudaFree(cnt);
   }
   // Fills the pool with keys of `dt` (f32 / bf16 / fp8 kFp8Index) on `st` and waits for it:
-  // N(0, 1) values; fp8: every byte an e4m3 code of N(0, 1) (the scales then are finite f32
-  // patterns).
+  // N(0, 1) values. fp8 rows as a store would write them: codes of N(0, 160) (saturating at
+  // ±448: the e4m3 range an amax / 448 scale uses), then each row's f32 scale set to a positive
+  // value around 1/160 (uniform in [0.8, 1.2] / 160) by one strided copy — random bytes there
+  // made every scale a random float of either sign, so the scores were not a model's.
   void fill_keys(v4::KvDtype dt, cudaStream_t st) {
     const int64_t rb = v4::kv_row_bytes(dt, dI, 0);
+    const bool fp8 = dt == v4::KvDtype::kFp8Index;
     const v4::ops::RandomFill kind = dt == v4::KvDtype::kF32    ? v4::ops::RandomFill::kF32Normal
                                      : dt == v4::KvDtype::kBf16 ? v4::ops::RandomFill::kBF16Normal
                                                                 : v4::ops::RandomFill::kE4M3Normal;
     const int64_t units = pool_rows * rb / v4::ops::fill::unit_bytes(kind);
-    IB_OK(v4::cuda::fill_random(pool, units, v4::ops::fill::make_params(kind, 1.f, 12), st));
+    IB_OK(v4::cuda::fill_random(pool, units,
+                                v4::ops::fill::make_params(kind, fp8 ? 160.f : 1.f, 12), st));
+    if (fp8) {
+      std::mt19937_64 g(13);
+      std::uniform_real_distribution<float> u(0.8f / 160.f, 1.2f / 160.f);
+      std::vector<float> sc(static_cast<size_t>(pool_rows));
+      for (auto& x : sc) x = u(g);
+      const v4::KvFp8IndexLayout L = v4::kv_fp8_index_layout(dI);
+      IB_CHECK(cudaMemcpy2DAsync(static_cast<char*>(pool) + L.scale_off, size_t(rb), sc.data(),
+                                 sizeof(float), sizeof(float), size_t(pool_rows),
+                                 cudaMemcpyHostToDevice, st));
+      IB_CHECK(cudaStreamSynchronize(st));  // before `sc` goes
+    }
     IB_CHECK(cudaStreamSynchronize(st));
   }
   // Arguments of launch i (row map i % rot) over keys of `dt`, top-512.
