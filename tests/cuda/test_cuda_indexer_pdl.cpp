@@ -377,14 +377,16 @@ TEST(CudaIndexerPdl, GateKeepsResultsEagerAndGraph) {
       Outs out(S), out_ref(S);
       IndexerArgs a = args_for(*in, *pool, in->q->p, in->w->p, out);
       a.after_scores_branch = 0;
-      auto body = [&] {
-        o->fork(2, S);
+      // The chain on branch 1 of a fork of `branches`, the stand-in q tail on branch 0.
+      auto body_with = [&](const IndexerArgs& args, int branches) {
+        o->fork(branches, S);
         o->branch(1);
-        o->indexer_topk(a);
+        o->indexer_topk(args);
         o->branch(0);
         o->gather_rows(in->w->p, ident.p, S, kNI, side_out.p);
         o->join();
       };
+      auto body = [&] { body_with(a, 2); };
       auto check = [&](const char* what) {
         const Result want = run_eager(*ref, args_for(*in, *pool, in->q->p, in->w->p, out_ref), out_ref);
         expect_valid(*in, want, pool_rows);
@@ -415,15 +417,7 @@ TEST(CudaIndexerPdl, GateKeepsResultsEagerAndGraph) {
       // never joined the fork), and the capture still closes.
       IndexerArgs a2 = a;
       a2.after_scores_branch = 2;
-      auto body2 = [&] {
-        o->fork(3, S);
-        o->branch(1);
-        o->indexer_topk(a2);
-        o->branch(0);
-        o->gather_rows(in->w->p, ident.p, S, kNI, side_out.p);
-        o->join();
-      };
-      auto g2 = o->capture(body2);
+      auto g2 = o->capture([&] { body_with(a2, 3); });
       ASSERT_TRUE(g2 != nullptr) << "capture with an unused hinted branch failed";
       new_q(*in);
       out.poison();

@@ -721,18 +721,11 @@ TEST(CudaKernels, TopkMappedEqualsTopkThenMap) {
   Dev<float> ds{size_t(16) * 65536};
   Dev<int32_t> dn{16}, dmap{8192}, dout{size_t(16) * 512};
   Dev<int64_t> doff{16};
-  EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 16, 512, 8192, dmap.p, doff.p, dout.p, nullptr,
-                             nullptr).code(),
-            ErrorCode::kUnsupported);
-  EXPECT_EQ(topk_rows_mapped(ds.p, 65536, dn.p, 16, 512, 65536, dmap.p, doff.p, dout.p, nullptr,
-                             nullptr).code(),
-            ErrorCode::kUnsupported);
-  EXPECT_EQ(topk_rows_mapped(ds.p, 262148, dn.p, 1, 512, 262148, dmap.p, doff.p, dout.p, nullptr,
-                             nullptr).code(),
-            ErrorCode::kUnsupported);
-  EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 1, 512, 8192, dmap.p, doff.p, dout.p, nullptr,
-                             nullptr).code(),
-            ErrorCode::kUnsupported);
+  for (auto [R, max_n] : {std::pair<int64_t, int64_t>{16, 8192}, {16, 65536}, {1, 262148}, {1, 8192}})
+    EXPECT_EQ(topk_rows_mapped(ds.p, max_n, dn.p, R, 512, max_n, dmap.p, doff.p, dout.p, nullptr,
+                               nullptr).code(),
+              ErrorCode::kUnsupported)
+        << "R " << R << " max_n " << max_n;
   EXPECT_EQ(topk_rows_mapped(ds.p, 8192, dn.p, 1, 512, 8192, nullptr, doff.p, dout.p, nullptr,
                              nullptr).code(),
             ErrorCode::kInvalidArgument);
