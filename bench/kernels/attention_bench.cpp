@@ -442,3 +442,99 @@ int profile_attention(int variant, int64_t keys, int splits, bool b16, int launc
   return 0;
 }
 #endif  // V4_HAVE_CUDA
+
+/// The cuda-attention-wg.md body at copy bandwidth `bw` GB/s: bf16 pools only, the default
+/// kernels (auto: variant 6 at batch 1, variant 2 at batch 64, each at its split model) against
+/// the warpgroup-MMA variants 7 (64-key tiles) and 8 (32-key tiles) at attention_dec7_splits and
+/// at the best of a split sweep, CSA / HCA × batch 1 / 64 × 4K / 128K / 1M.
+std::string bench_attention_wg(double bw) {
+  const int H = 64, hd = 512, kSets = 16;
+  const int64_t kPoolRows = int64_t(1) << 20;  // 1 GiB bf16 pool: key reads come from HBM
+  int dev = 0, n_sms = 0;
+  AB_CHECK(cudaGetDevice(&dev));
+  AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  AttnPools pools(kPoolRows, hd, false, true);
+  const uint16_t* pool_b = pools.bf16;
+  float* sinks = nullptr;
+  AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
+  AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
+  std::ostringstream md;
+  md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB), one "
+        "query row per sequence; keys per row: CSA = 128 SWA + min(512, ctx/4) top-k, HCA = 128 "
+        "SWA + ctx/128 compressed; each sequence reads its own random distinct pool rows, and "
+        "every launch uses another of "
+     << kSets
+     << " input sets: cold, reads come from HBM. Times: median of 30 samples of 10 back-to-back "
+        "launches (CUDA events), the combine launch included when split. Floor = (distinct key "
+        "rows · 1024 B + q + out (f32)) / measured copy bandwidth. `auto` = what CudaOps runs "
+        "today (variant 6 at batch 1 with attention_dec5_splits(..., 6), variant 2 at batch 64 "
+        "with attention_dec_splits); `v7` / `v8` = the warpgroup-MMA kernel (64 heads per CTA, "
+        "wgmma QK from shared memory, P·V m64n256k16 with P in registers) with 64- / 32-key "
+        "tiles at attention_dec7_splits, `best` = the fastest of a split sweep (splits in "
+        "parentheses).\n\n"
+     << "| kind | batch | context | keys/row | floor µs | auto µs (variant, splits) | auto/floor | "
+        "v7 µs (splits) | v7 best µs (splits) | v7 best/floor | v8 µs (splits) | v8 best µs "
+        "(splits) | v8 best/floor |\n"
+     << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::mt19937_64 g(12345);
+  std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
+  for (const char* kind : {"CSA", "HCA"})
+    for (int64_t S : {int64_t(1), int64_t(64)})
+      for (int64_t ctx : {int64_t(4096), int64_t(131072), int64_t(1) << 20}) {
+        const bool csa = kind[0] == 'C';
+        const int64_t n_comp = csa ? std::min<int64_t>(512, ctx / 4) : ctx / 128;
+        const int64_t keys = 128 + n_comp;
+        // q: the pool's bytes read as f32 (each float's high half is a bf16 pool value: finite,
+        // ~N(0, 0.3)).
+        const AttnInputs in(S, 128, n_comp, kSets, H, hd, perm, g,
+                            reinterpret_cast<const float*>(pool_b));
+        auto args = [&](int i) { return in.args(i, pool_b, true, sinks); };
+        float* ws = nullptr;
+        AB_CHECK(cudaMalloc(&ws, size_t(v4::cuda::attention_workspace_floats(S, H, hd, 128)) * 4));
+        auto t_dec = [&](int splits, int variant) {
+          return median_us([&](int i) {
+            AB_OK(v4::cuda::sparse_attention_dec(args(i), splits, ws, nullptr, variant));
+          });
+        };
+        const int auto_v = S <= 4 ? 6 : 2;
+        const int auto_sp =
+            auto_v == 6
+                ? v4::cuda::attention_dec5_splits(
+                      S, H, keys, n_sms,
+                      v4::cuda::attention_dec5_max_cluster(v4::KvDtype::kBf16, 6), 6)
+                : v4::cuda::attention_dec_splits(S, H, keys, n_sms, 2);
+        const double auto_us = t_dec(auto_sp, auto_v);
+        const double bytes = double(S) * keys * hd * 2 + 2.0 * double(in.qn) * 4;
+        const double floor_us = bytes / (bw * 1e3);
+        char cells[2][160];
+        for (int k = 0; k < 2; ++k) {
+          const int variant = 7 + k, kt = k == 0 ? 64 : 32;
+          const int spm = v4::cuda::attention_dec7_splits(S, H, keys, n_sms, kt);
+          const double us = t_dec(spm, variant);
+          double best = us;
+          int bsp = spm;
+          const int64_t tiles = (keys + kt - 1) / kt;
+          for (int sp : {1, 2, 3, 4, 6, 8, 12, 16, 24, 33, 48, 65, 96, 128}) {
+            if (sp > tiles || sp == spm) continue;
+            const double u = t_dec(sp, variant);
+            std::printf("  sweep v%d %s S=%lld keys=%lld splits=%d: %.2f us\n", variant, kind,
+                        (long long)S, (long long)keys, sp, u);
+            if (u < best) best = u, bsp = sp;
+          }
+          std::snprintf(cells[k], sizeof cells[k], "%.2f (%d) | %.2f (%d) | %.2f×", us, spm, best,
+                        bsp, best / floor_us);
+        }
+        char line[640];
+        std::snprintf(line, sizeof line,
+                      "| %s | %lld | %s | %lld | %.2f | %.2f (v%d, %d) | %.2f× | %s | %s |\n", kind,
+                      (long long)S, ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M",
+                      (long long)keys, floor_us, auto_us, auto_v, auto_sp, auto_us / floor_us,
+                      cells[0], cells[1]);
+        md << line;
+        std::printf("%s", line);
+        std::fflush(stdout);
+        cudaFree(ws);
+      }
+  cudaFree(sinks);
+  return md.str();
+}

@@ -43,6 +43,9 @@
 //   bench_kernels --out DIR --only-attention (only decode attention, attention_dec vs
 //                                             attention_mma vs the byte floor, CSA/HCA × batch
 //                                             1/64 × 4K/128K/1M: DIR/cuda-attention.md)
+//   bench_kernels --out DIR --only-attention-wg (decode attention, bf16 pools: the default
+//                                             kernels vs the warpgroup-MMA variants 7 / 8 and
+//                                             their split sweeps: DIR/cuda-attention-wg.md)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
@@ -94,6 +97,8 @@ std::string bench_indexer(double bw, int reps);
 std::string bench_indexer_gather(double bw, int reps);  // --probe-indexer-gather (indexer_bench.cpp)
 // attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
 std::string bench_attention(double bw);
+// attention_bench.cpp: the cuda-attention-wg.md body (variants 7 / 8 vs the default kernels).
+std::string bench_attention_wg(double bw);
 // gemv_bench.cpp: old vs streaming batch-1 GEMV (--only-gemv, cuda-gemv.md).
 std::string bench_gemv(double bw, int samples);
 // attention_bench.cpp: --profile-attention (one decode-attention configuration, for ncu).
@@ -878,6 +883,7 @@ int main(int argc, char** argv) {
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
   bool probe_indexer_gather = false;  // --probe-indexer-gather (cuda-indexer-gather.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
+  bool only_attention_wg = false;  // only the variant 7 / 8 table (cuda-attention-wg.md)
   bool only_moe = false;  // only the routed-MoE moe_mma v1 vs v2 table (cuda-moe.md)
   int prof_launches = 20;  // --launches: launches of the --profile-* modes
   for (int i = 1; i + 1 < argc; ++i)
@@ -894,6 +900,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
     else if (!std::strcmp(argv[i], "--probe-indexer-gather")) probe_indexer_gather = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
+    else if (!std::strcmp(argv[i], "--only-attention-wg")) only_attention_wg = true;
     else if (!std::strcmp(argv[i], "--only-moe")) only_moe = true;
     else if (!std::strcmp(argv[i], "--launches") && i + 1 < argc) ++i;  // read above
     else if (!std::strcmp(argv[i], "--profile-attention")) {
@@ -1098,6 +1105,14 @@ int main(int argc, char** argv) {
         << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n" << bench_indexer_gather(bw, reps);
     std::printf("wrote %s/cuda-indexer-gather.md\n", out_dir.c_str());
+    return 0;
+  }
+  if (only_attention_wg) {
+    std::ofstream(out_dir + "/cuda-attention-wg.md")
+        << "# Decode sparse attention on warpgroup MMA (variants 7 / 8) vs the byte floor\n\n"
+        << head << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_attention_wg(bw);
+    std::printf("wrote %s/cuda-attention-wg.md\n", out_dir.c_str());
     return 0;
   }
   if (only_attention) {

@@ -15,6 +15,9 @@
 #   gather      bench_kernels --probe-indexer-gather -> cuda-indexer-gather.md (the decode scores
 #               kernel vs its loads alone, random vs sequential lists; not in the default list)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
+#   attnwg      bench_kernels --only-attention-wg -> cuda-attention-wg.md (bf16 pools: the default
+#               kernels vs the warpgroup-MMA variants 7 / 8 and their split sweeps; not in the
+#               default stage list)
 #   mhc         bench_kernels --only-mhc         -> cuda-mhc.md (fused mHC old vs new)
 #   moe         bench_kernels --only-moe         -> cuda-moe.md (routed MoE moe_mma v1 vs v2 vs the
 #               byte floor, MXFP4 + FP8, S = 1…512; gmoe 4 vs 8 warps at prefill sizes); also
@@ -123,6 +126,7 @@ if has topkprof; then  # the top-k on the indexer's own scores, grid sized as in
   echo '```' >> "$f"
 fi
 has attention && kb attention --only-attention
+has attnwg && { kb attnwg --only-attention-wg; grep -E "^\|" "$OUT/attnwg.log"; }
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW

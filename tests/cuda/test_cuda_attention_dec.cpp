@@ -752,6 +752,189 @@ TEST(CudaAttentionDec, Variant6MaskedTiles) {
   }
 }
 
+/// Variants 7 / 8 (warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles; bf16 pools, others run
+/// variant 2) at each split count of split_list plus attention_dec7_splits' choice: vs the CPU op
+/// (tol) and vs variant 6 at the same split count (tol6). Both use the lazy log2 reference max,
+/// but over other tiles (v6: 32 keys of one 16-head group, S summed over two dim halves in
+/// another order), so a p may round to another bf16 neighbour — the kV6VsV5Tol argument; a key,
+/// head, dim-half, descriptor, ring or split slip gives O(1) differences.
+void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol = kDecTol,
+                   double tol6 = kV6VsV5Tol) {
+  for (int variant : {7, 8}) {
+    std::vector<int> splits = split_list;
+    splits.push_back(
+        cuda::attention_dec7_splits(c.S, c.H, c.max_keys, 132, variant == 7 ? 64 : 32));
+    for (const int sp : splits) {
+      SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp
+                                        << " pools=" << kv_dtype_name(c.dt));
+      Dev<float> ws(
+          size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
+      ws.poison();
+      c.dout->poison();
+      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 6).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto ref = c.dout->host();
+      ws.poison();
+      c.dout->poison();
+      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = c.dout->host();
+      const double e = rel_err(got, c.out_cpu);
+      const double d = rel_err(got, ref);
+      std::printf("[attention dec] v%d %s S=%lld H=%d keys<=%lld splits=%d rel err %.2e "
+                  "(vs v6 %.2e)\n",
+                  variant, kv_dtype_name(c.dt), (long long)c.S, c.H, (long long)c.max_keys, sp,
+                  e, d);
+      EXPECT_LE(e, tol);
+      EXPECT_LE(d, tol6);
+      c.expect_empty_rows_zero(got);
+    }
+  }
+}
+
+// The P·V operand of variants 7 / 8 is the key tile read N-major; which descriptor field holds
+// which stride (PTX ISA, canonical layouts) is checked here: the default must match the CPU op,
+// and the swapped descriptor (diagnostics) is printed for the record.
+TEST(CudaAttentionDec, Variant7VDescriptorDiagnostic) {
+  V4_REQUIRE_GPU();
+  AttnCase c(1, 64, {640}, false, false, KvDtype::kBf16);
+  Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, 2)));
+  for (int variant : {7, 8}) {
+    double err[2];
+    for (int swap : {0, 1}) {
+      cuda::attention_dec7_set_vdesc_swap(swap != 0);
+      c.dout->poison();
+      const bool ok = cuda::sparse_attention_dec(c.ag, 1, ws.p, nullptr, variant).ok();
+      cuda::attention_dec7_set_vdesc_swap(false);
+      ASSERT_TRUE(ok);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      err[swap] = rel_err(c.dout->host(), c.out_cpu);
+    }
+    std::printf("[attention dec] v%d P·V descriptor: default rel err %.2e, swapped %.2e\n",
+                variant, err[0], err[1]);
+    EXPECT_LE(err[0], kDecTol) << "variant " << variant << " (swapped: " << err[1] << ")";
+  }
+}
+
+TEST(CudaAttentionDec, Variant7Batch1) {
+  V4_REQUIRE_GPU();
+  const KvDtype b = KvDtype::kBf16;
+  {
+    SCOPED_TRACE("CSA 128 + 512");
+    AttnCase c(1, 64, {640}, false, false, b);
+    check_kernel7(c, {1, 2, 5, 10, 20});
+  }
+  {
+    SCOPED_TRACE("HCA 1M: 8320 keys");
+    AttnCase c(1, 64, {8320}, false, false, b);
+    check_kernel7(c, {1, 7, 33, 65, 130});
+  }
+  {
+    SCOPED_TRACE("HCA 128K: 1152 keys");
+    AttnCase c(1, 64, {1152}, false, false, b);
+    check_kernel7(c, {1, 9, 18});
+  }
+  {
+    SCOPED_TRACE("V4-Pro heads, 17 keys (one partial tile)");
+    AttnCase c(1, 128, {17}, false, false, b);
+    check_kernel7(c, {1, 2});
+  }
+  for (int n : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << n << " keys");
+    AttnCase c(1, 64, {n}, false, false, b);
+    check_kernel7(c, {1, 4});
+  }
+  {
+    SCOPED_TRACE("sliding-only, 40 heads (not a multiple of 64), 128 keys");
+    AttnCase c(1, 40, {128}, false, /*sliding=*/true, b);
+    check_kernel7(c, {1, 2, 3});
+  }
+  {
+    SCOPED_TRACE("whole masked tiles: keys 0..95 and 1000..1299 of 8320");
+    AttnCase c(1, 64, {8320}, false, false, b, 0.f, 0.3f, false, 0, 96);
+    check_kernel7(c, {1, 33, 65});
+    AttnCase d(1, 64, {8320}, false, false, b, 0.f, 0.3f, false, 1000, 1300);
+    check_kernel7(d, {1, 33});
+  }
+  {
+    SCOPED_TRACE("sharp softmax (q std 18, bf16 q): the lazy rescale runs mid-split");
+    AttnCase c(1, 64, {8320}, false, false, b, 0.f, 18.f, true);
+    check_kernel7(c, {1, 7, 33}, 1e-2, 1e-2);
+    AttnCase d(1, 128, {640}, false, false, b, 0.f, 18.f, true);
+    check_kernel7(d, {1, 2, 10}, 1e-2, 1e-2);
+  }
+}
+
+TEST(CudaAttentionDec, Variant7Batch3To64) {
+  V4_REQUIRE_GPU();
+  const KvDtype b = KvDtype::kBf16;
+  {
+    SCOPED_TRACE("counts 8320 / 0 / 17, own keys, 128 heads");
+    AttnCase c(3, 128, {8320, 0, 17}, false, false, b);
+    check_kernel7(c, {1, 5, 16});
+  }
+  {
+    SCOPED_TRACE("counts 1 / 640 / 0, own keys; 640 shared");
+    AttnCase c(3, 64, {1, 640, 0}, false, false, b);
+    check_kernel7(c, {1, 3, 11});
+    AttnCase d(3, 64, {640}, true, false, b);
+    check_kernel7(d, {1, 3});
+  }
+  {
+    SCOPED_TRACE("sliding-only layer, 48 heads");
+    AttnCase c(3, 48, {128, 33, 0}, false, /*sliding=*/true, b);
+    check_kernel7(c, {1, 2});
+  }
+  {
+    SCOPED_TRACE("batch 7 ring boundaries 33 / 70 / 100 / 128 / 150 / 0 / 8320");
+    AttnCase c(7, 64, {33, 70, 100, 128, 150, 0, 8320}, false, false, b);
+    check_kernel7(c, {1, 2, 3, 9, 16});
+  }
+  {
+    SCOPED_TRACE("batch 64, mixed counts 0/1/17/640/160, own keys, 128 heads");
+    AttnCase c(64, 128, {0, 1, 17, 640, 160}, false, false, b);
+    check_kernel7(c, {1, 3});
+  }
+  for (float shift : {6.f, -30.f}) {
+    SCOPED_TRACE(::testing::Message() << "sink shift " << shift);
+    AttnCase c(7, 64, {640, 17, 1152, 1, 160, 8320, 0}, false, false, b, shift);
+    check_kernel7(c, {1, 4, 13});
+  }
+  {
+    SCOPED_TRACE("V4_ATTN_DEC_PDL=0 (plain launches)");
+    setenv("V4_ATTN_DEC_PDL", "0", 1);
+    AttnCase c(7, 128, {640, 17, 1152, 0, 160, 8320, 1}, false, false, b, 0.5f);
+    check_kernel7(c, {1, 5, 20});
+    unsetenv("V4_ATTN_DEC_PDL");
+  }
+  {
+    SCOPED_TRACE("every key masked, batch 3");
+    AttnCase c(3, 64, {640, 70, 8320}, false, false, b, 0.f, 0.3f, false, 0, 1 << 20);
+    check_kernel7(c, {1, 2, 20});
+  }
+  {
+    SCOPED_TRACE("f32 pools: variants 7 / 8 run variant 2");
+    AttnCase c(3, 64, {640, 8320, 17}, false, false, KvDtype::kF32);
+    check_kernel7(c, {1, 3});
+  }
+}
+
+// Split model of variants 7 / 8: whole-tile splits in [1, 128], one split for one tile.
+TEST(CudaAttentionDec, SplitModel7) {
+  for (int kt : {64, 32}) {
+    EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 0, 132, kt), 1);
+    EXPECT_EQ(cuda::attention_dec7_splits(1, 64, kt, 132, kt), 1);
+    EXPECT_GT(cuda::attention_dec7_splits(1, 64, 8320, 132, kt), 8);
+    for (int64_t S : {1, 3, 64, 256})
+      for (int64_t k : {128, 160, 640, 1152, 8320}) {
+        const int sp = cuda::attention_dec7_splits(S, 64, k, 132, kt);
+        EXPECT_GE(sp, 1);
+        EXPECT_LE(sp, 128);
+        EXPECT_LE(int64_t(sp - 1) * kt, k);  // no split without keys
+      }
+  }
+}
+
 TEST(CudaAttentionDec, RefusesBadArguments) {
   V4_REQUIRE_GPU();
   AttnCase c(1, 64, {17}, false);
@@ -760,7 +943,7 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
-  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 7).ok());  // no variant 7
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 9).ok());  // no variant 9
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 0).ok());
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));

@@ -35,6 +35,7 @@
 #include "base/kv_fp8.h"  // kvfp8::dequantize (fp8 KV pools)
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
+#include "ops/cuda/wgmma.cuh"  // variants 7 / 8 (attention_dec_wg.cuh)
 
 namespace v4::cuda {
 namespace {
@@ -1693,7 +1694,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster.sync();  // keep this CTA's shared memory until every rank has read it
   }
 }
+
+// ---- variants 7 / 8 (issue 7: warpgroup MMA, 64 heads per CTA) --------------------------------
+#include "ops/cuda/attention_dec_wg.cuh"
+
+// Diagnostics only (attention_dec7_set_vdesc_swap): the P·V descriptor with LBO / SBO exchanged.
+bool g_attn7_vdesc_swap = false;
 }  // namespace
+
+void attention_dec7_set_vdesc_swap(bool swap) { g_attn7_vdesc_swap = swap; }
 
 bool attention_dec_supported(int n_heads, int head_dim) {
   return head_dim == kHd && n_heads > 0;
@@ -1778,6 +1787,35 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
     const bool cluster = sp >= 2 && sp <= std::min(max_cluster, kMaxCluster5);
     const double cost = double(waves) * double(per) * kTileUs +
                         (sp == 1 ? 0.0 : cluster ? kClusterUs : kCombineUs + kPerSplitUs * double(sp));
+    if (sp == 1 || cost < best_cost) {
+      best = int(sp);
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile) {
+  if (keys_per_tile != 32) keys_per_tile = 64;
+  if (S <= 0 || H <= 0 || max_keys <= keys_per_tile || n_sms <= 0) return 1;
+  // Critical-path model in µs (first guess, to be re-fit from the bench's split sweep): a CTA's
+  // tiles cost kTileUs each (64 keys: ~1 µs of tensor work, the same as a 64 KiB read at one
+  // SM's fair share of HBM), per wave; split rows add the combine launch, the partial write of
+  // a CTA (128 KiB) and the combine's read of all partials (~3 TB/s).
+  const double kTileUs = keys_per_tile == 64 ? 1.0 : 0.55;
+  const double kCombineUs = 2.0, kPartialWriteUs = 1.0, kPartialReadUs = 0.131072 / 3.0;
+  const int64_t groups = S * ((H + 63) / 64);
+  const int64_t tiles = (max_keys + keys_per_tile - 1) / keys_per_tile;
+  int best = 1;
+  double best_cost = 0;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(tiles, 128); ++sp) {
+    const int64_t per = (tiles + sp - 1) / sp;
+    if ((tiles + per - 1) / per != sp) continue;  // every split gets keys
+    const int64_t waves = (groups * sp + n_sms - 1) / n_sms;
+    const double cost =
+        double(waves) * double(per) * kTileUs +
+        (sp == 1 ? 0.0
+                 : kCombineUs + kPartialWriteUs + double(groups * sp) * kPartialReadUs);
     if (sp == 1 || cost < best_cost) {
       best = int(sp);
       best_cost = cost;
@@ -1961,20 +1999,37 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 6)
+  if (variant < 1 || variant > 8)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v6
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v8
+  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 / v8: bf16 pools only
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
-  if ((variant == 5 || variant == 6) &&
+  if (variant == 7 || variant == 8) {
+    // Variants 7 / 8: warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles (attention_dec_wg.cuh);
+    // the combine below when split.
+    const bool sw = g_attn7_vdesc_swap;
+    if (variant == 7 && !sw)
+      V4_RETURN_IF_ERROR((launch_main<19, B>(attn_dec7_kernel<64, false>, Wg7Shape<64>::kSmem, a,
+                                              n_splits, workspace, grid, pdl, stream)));
+    else if (variant == 7)
+      V4_RETURN_IF_ERROR((launch_main<20, B>(attn_dec7_kernel<64, true>, Wg7Shape<64>::kSmem, a,
+                                              n_splits, workspace, grid, pdl, stream)));
+    else if (!sw)
+      V4_RETURN_IF_ERROR((launch_main<21, B>(attn_dec7_kernel<32, false>, Wg7Shape<32>::kSmem, a,
+                                              n_splits, workspace, grid, pdl, stream)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<22, B>(attn_dec7_kernel<32, true>, Wg7Shape<32>::kSmem, a,
+                                              n_splits, workspace, grid, pdl, stream)));
+  } else if ((variant == 5 || variant == 6) &&
       (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
     // Variants 5 / 6: 16 heads per CTA, preloaded key rows, key-split QK (attn_dec5_kernel; 6:
     // the lean per-tile bookkeeping); 2..16 splits merged inside a cluster when it can be
@@ -2074,7 +2129,7 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  if (variant >= 3) {  // v3 .. v6 (fp8 pools were sent to variant 2 above)
+  if (variant >= 3) {  // v3 .. v8 (fp8 pools were sent to variant 2 above)
     if (!pdl) {
       attn_dec_combine3_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
       return check_launch("attn_dec_combine3_kernel");

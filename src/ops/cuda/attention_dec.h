@@ -62,6 +62,17 @@ int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int hea
 int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster,
                           int variant = 5);
 
+/// Split count of variants 7 / 8 (64 heads per CTA, `keys_per_tile` 64 / 32) for S rows of up
+/// to `max_keys` keys on n_sms SMs: the whole-tile split count (≤ one per tile, ≤ 128) with the
+/// least modelled critical path — waves · tiles per split · a tile's time, plus, when split, the
+/// combine launch, a CTA's partial write and the combine's read of all partials. Returns 1 for
+/// max_keys ≤ one tile (or unknown). Result in [1, 128].
+int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64);
+
+/// Diagnostics only (CudaAttentionDec.Variant7VDescriptorDiagnostic): variants 7 / 8 build the
+/// P·V operand descriptor with its two stride fields exchanged (attention_dec_wg.cuh).
+void attention_dec7_set_vdesc_swap(bool swap);
+
 /// Largest split count (≤ 16) whose thread block cluster of variant-5 (`variant` 5) or
 /// variant-6 (6) CTAs can be resident on the current device for pools of `kv_dtype` (f32 /
 /// bf16; others 0), 0 when none can or when V4_ATTN_DEC_CLUSTER=0. Queries the device once per
@@ -91,6 +102,12 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 /// max exceeds it by > 8 in log2 units), per-thread l, key masks as register ballots applied
 /// only to tiles with a masked key, shuffled source pointers in the bf16 issue; the same
 /// (m, l, o) partials, within f32 / bf16 rounding of variant 5.
+/// Variants 7 / 8 (issue 7; V4_ATTN_DEC=7 / 8; splits: attention_dec7_splits(..., 64 / 32)):
+/// warpgroup MMA (wgmma) with 64 heads per CTA of 2 warpgroups — QK from shared-memory operands
+/// (each warpgroup half of the dims, partial S summed through shared memory), variant 6's lazy
+/// log2 softmax, P·V as m64n256k16 with P from registers; 64- / 32-key tiles in a 2- / 4-deep
+/// cp.async ring; bf16 pools only (others run variant 2); the combine kernel when split. Within
+/// bf16 rounding of variant 6 (the same p up to the lazy reference and fp32 order).
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.

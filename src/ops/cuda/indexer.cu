@@ -12,6 +12,7 @@
 #include "ops/cuda/device_util.cuh"  // kv_load4 (f32 or bf16 key pools)
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/wfrag.cuh"
+#include "ops/cuda/wgmma.cuh"  // descriptors, fences (shared with attention_dec.cu)
 
 namespace v4::cuda {
 namespace {
@@ -1124,45 +1125,8 @@ __device__ __forceinline__ uint32_t wg_piece_off(int row, int c) {
 // hardware read the two strides the other way round than the PTX ISA text says, the swapped
 // descriptor is the right one (CudaIndexerWg.DescriptorStrideDiagnostic tells which).
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, bool swap) {
-  const uint64_t lbo = swap ? kWgSbo : kWgLbo, sbo = swap ? kWgLbo : kWgSbo;
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16) |
-         ((sbo >> 4) << 32);  // base offset 0, swizzle 0 (none)
+  return wgmma_desc(saddr, swap ? kWgSbo : kWgLbo, swap ? kWgLbo : kWgSbo);
 }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Generic-proxy shared-memory writes (st.shared, cp.async) → visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Keeps the compiler from moving accumulator reads / writes across wgmma.wait / wgmma.fence.
-__device__ __forceinline__ void wg_fence_acc(float (&d)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// D (+)= A · B, m64n64k16, bf16 inputs from shared memory (both K-major), f32 accumulators;
-// accumulate = false: D = A · B.
-__device__ __forceinline__ void wg_mma_m64n64k16(float (&d)[32], uint64_t adesc, uint64_t bdesc,
-                                                 int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(adesc), "l"(bdesc), "r"(accumulate)
-      : "memory");
-}
-
 template <int kStages, bool kPdl, bool kKeysM = false>
 __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::IndexerArgs a,
                                                                           float* __restrict__ scores,
@@ -1275,18 +1239,18 @@ __global__ void __launch_bounds__(kDWarps * 32) indexer_decode_wg_kernel(ops::In
     }
     const uint64_t kdesc = wg_desc(ring_s + uint32_t(slot * kWgOperandBytes), desc_swap);
     slot = slot == kStages - 1 ? 0 : slot + 1;
-    wg_fence();
-    wg_fence_acc(d);
+    wgmma_fence();
+    wgmma_fence_acc(d);
 #pragma unroll
     for (int kk = 0; kk < kDKT; ++kk) {  // k-step kk: + 256 bytes = + 16 in the address field
       if constexpr (kKeysM)
-        wg_mma_m64n64k16(d, kdesc + uint64_t(16 * kk), qdesc + uint64_t(16 * kk), kk > 0);
+        wgmma_ss_m64n64k16(d, kdesc + uint64_t(16 * kk), qdesc + uint64_t(16 * kk), kk > 0);
       else
-        wg_mma_m64n64k16(d, qdesc + uint64_t(16 * kk), kdesc + uint64_t(16 * kk), kk > 0);
+        wgmma_ss_m64n64k16(d, qdesc + uint64_t(16 * kk), kdesc + uint64_t(16 * kk), kk > 0);
     }
-    wg_commit();
-    wg_wait0();
-    wg_fence_acc(d);
+    wgmma_commit();
+    wgmma_wait0();
+    wgmma_fence_acc(d);
     if constexpr (kKeysM) {
       // Σ over this thread's 16 heads of keys 16·warp + g (s0) and + 8 (s1), then over t.
       float s0 = 0.f, s1 = 0.f;
