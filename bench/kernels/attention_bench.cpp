@@ -97,10 +97,12 @@ struct AttnInputs {
   int64_t *d_so = nullptr, *d_co = nullptr;
   float *d_q = nullptr, *d_out = nullptr;
   AttnInputs(int64_t S_, int64_t n_swa_, int64_t n_comp_, int sets_, int H_, int hd_,
-             std::vector<int32_t>& perm, std::mt19937_64& g, const float* q_src)
+             std::vector<int32_t>& perm, std::mt19937_64& g, const float* q_src,
+             int64_t pool_rows = 0)
       : S(S_), n_swa(n_swa_), n_comp(n_comp_), keys(n_swa_ + n_comp_), sets(sets_), H(H_),
         hd(hd_), qn(size_t(S_) * H_ * hd_) {
-    if (S * keys > int64_t(perm.size())) {
+    if (S * keys > (pool_rows > 0 ? std::min<int64_t>(pool_rows, int64_t(perm.size()))
+                                    : int64_t(perm.size()))) {
       std::fprintf(stderr, "AttnInputs: %lld rows × %lld keys exceed the pool (%zu rows)\n",
                    (long long)S, (long long)keys, perm.size());
       std::exit(2);
@@ -111,7 +113,10 @@ struct AttnInputs {
     std::vector<int32_t> cc(static_cast<size_t>(S), static_cast<int32_t>(n_comp));
     for (int r = 0; r < sets; ++r) {
       std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), g);
+      // pool_rows > 0: the rows come from the first pool_rows rows only (a smaller pool).
+      const auto end = pool_rows > 0 && pool_rows < int64_t(perm.size()) ? perm.begin() + pool_rows
+                                                                           : perm.end();
+      std::shuffle(perm.begin(), end, g);
       for (int64_t t = 0; t < S; ++t) {
         const int64_t base = (r * S + t) * keys;
         std::copy(perm.begin() + t * keys, perm.begin() + (t + 1) * keys, rows.begin() + base);
@@ -478,16 +483,24 @@ std::string bench_attention_wg(double bw) {
      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
+  // V4_ATTN_WG_POOL_ROWS: the key rows come from the first N pool rows only (default: all 1M
+  // rows = 1 GiB; the step's CSA pool of one layer at 1M context is ~256 MiB, its HCA pool 8 MiB).
+  const char* pr = std::getenv("V4_ATTN_WG_POOL_ROWS");
+  const int64_t pool_rows = pr ? std::atoll(pr) : 0;
+  if (pool_rows > 0)
+    md << "Key rows drawn from the first " << pool_rows << " pool rows only (V4_ATTN_WG_POOL_ROWS: "
+       << pool_rows * 1024 / (1 << 20) << " MiB).\n\n";
   for (const char* kind : {"CSA", "HCA"})
     for (int64_t S : {int64_t(1), int64_t(64)})
       for (int64_t ctx : {int64_t(4096), int64_t(131072), int64_t(1) << 20}) {
         const bool csa = kind[0] == 'C';
         const int64_t n_comp = csa ? std::min<int64_t>(512, ctx / 4) : ctx / 128;
         const int64_t keys = 128 + n_comp;
+        if (pool_rows > 0 && S * keys > pool_rows) continue;
         // q: the pool's bytes read as f32 (each float's high half is a bf16 pool value: finite,
         // ~N(0, 0.3)).
         const AttnInputs in(S, 128, n_comp, kSets, H, hd, perm, g,
-                            reinterpret_cast<const float*>(pool_b));
+                            reinterpret_cast<const float*>(pool_b), pool_rows);
         auto args = [&](int i) { return in.args(i, pool_b, true, sinks); };
         float* ws = nullptr;
         AB_CHECK(cudaMalloc(&ws, size_t(v4::cuda::attention_workspace_floats(S, H, hd, 128)) * 4));

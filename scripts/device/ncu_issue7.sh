@@ -124,6 +124,8 @@ if [ $ncu_ok = 1 ]; then
   probe attn-v5-hca8320-s33 "$A" --profile-attention 5 8320 33 bf16
   probe attn-v6-hca8320-s33 "$A" --profile-attention 6 8320 33 bf16
   probe attn-v2-csa640-s20 "$A" --profile-attention 2 640 20 bf16
+  probe attn-v7-csa640-s1 "$A" --profile-attention 7 640 1 bf16
+  probe attn-v7-hca8320-s33 "$A" --profile-attention 7 8320 33 bf16
   # Lightning TopK v6 (variant 37) top-512 at batch 1
   probe topk37-262144 topk_kernel --profile-topk 37 262144
   probe topk37-8192 topk_kernel --profile-topk 37 8192

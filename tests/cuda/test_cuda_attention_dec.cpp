@@ -792,30 +792,6 @@ void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol =
   }
 }
 
-// The P·V operand of variants 7 / 8 is the key tile read N-major; which descriptor field holds
-// which stride (PTX ISA, canonical layouts) is checked here: the default must match the CPU op,
-// and the swapped descriptor (diagnostics) is printed for the record.
-TEST(CudaAttentionDec, Variant7VDescriptorDiagnostic) {
-  V4_REQUIRE_GPU();
-  AttnCase c(1, 64, {640}, false, false, KvDtype::kBf16);
-  Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, 2)));
-  for (int variant : {7, 8}) {
-    double err[2];
-    for (int swap : {0, 1}) {
-      cuda::attention_dec7_set_vdesc_swap(swap != 0);
-      c.dout->poison();
-      const bool ok = cuda::sparse_attention_dec(c.ag, 1, ws.p, nullptr, variant).ok();
-      cuda::attention_dec7_set_vdesc_swap(false);
-      ASSERT_TRUE(ok);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      err[swap] = rel_err(c.dout->host(), c.out_cpu);
-    }
-    std::printf("[attention dec] v%d P·V descriptor: default rel err %.2e, swapped %.2e\n",
-                variant, err[0], err[1]);
-    EXPECT_LE(err[0], kDecTol) << "variant " << variant << " (swapped: " << err[1] << ")";
-  }
-}
-
 TEST(CudaAttentionDec, Variant7Batch1) {
   V4_REQUIRE_GPU();
   const KvDtype b = KvDtype::kBf16;

@@ -1697,12 +1697,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- variants 7 / 8 (issue 7: warpgroup MMA, 64 heads per CTA) --------------------------------
 #include "ops/cuda/attention_dec_wg.cuh"
-
-// Diagnostics only (attention_dec7_set_vdesc_swap): the P·V descriptor with LBO / SBO exchanged.
-bool g_attn7_vdesc_swap = false;
 }  // namespace
-
-void attention_dec7_set_vdesc_swap(bool swap) { g_attn7_vdesc_swap = swap; }
 
 bool attention_dec_supported(int n_heads, int head_dim) {
   return head_dim == kHd && n_heads > 0;
@@ -2016,18 +2011,11 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (variant == 7 || variant == 8) {
     // Variants 7 / 8: warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles (attention_dec_wg.cuh);
     // the combine below when split.
-    const bool sw = g_attn7_vdesc_swap;
-    if (variant == 7 && !sw)
-      V4_RETURN_IF_ERROR((launch_main<19, B>(attn_dec7_kernel<64, false>, Wg7Shape<64>::kSmem, a,
-                                              n_splits, workspace, grid, pdl, stream)));
-    else if (variant == 7)
-      V4_RETURN_IF_ERROR((launch_main<20, B>(attn_dec7_kernel<64, true>, Wg7Shape<64>::kSmem, a,
-                                              n_splits, workspace, grid, pdl, stream)));
-    else if (!sw)
-      V4_RETURN_IF_ERROR((launch_main<21, B>(attn_dec7_kernel<32, false>, Wg7Shape<32>::kSmem, a,
+    if (variant == 7)
+      V4_RETURN_IF_ERROR((launch_main<19, B>(attn_dec7_kernel<64>, Wg7Shape<64>::kSmem, a,
                                               n_splits, workspace, grid, pdl, stream)));
     else
-      V4_RETURN_IF_ERROR((launch_main<22, B>(attn_dec7_kernel<32, true>, Wg7Shape<32>::kSmem, a,
+      V4_RETURN_IF_ERROR((launch_main<20, B>(attn_dec7_kernel<32>, Wg7Shape<32>::kSmem, a,
                                               n_splits, workspace, grid, pdl, stream)));
   } else if ((variant == 5 || variant == 6) &&
       (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {

@@ -69,10 +69,6 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 /// max_keys ≤ one tile (or unknown). Result in [1, 128].
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64);
 
-/// Diagnostics only (CudaAttentionDec.Variant7VDescriptorDiagnostic): variants 7 / 8 build the
-/// P·V operand descriptor with its two stride fields exchanged (attention_dec_wg.cuh).
-void attention_dec7_set_vdesc_swap(bool swap);
-
 /// Largest split count (≤ 16) whose thread block cluster of variant-5 (`variant` 5) or
 /// variant-6 (6) CTAs can be resident on the current device for pools of `kv_dtype` (f32 /
 /// bf16; others 0), 0 when none can or when V4_ATTN_DEC_CLUSTER=0. Queries the device once per

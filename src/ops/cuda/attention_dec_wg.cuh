@@ -26,10 +26,10 @@
 //
 // As a K-major operand (Q, and the tile in QK: rows = heads / keys, K = dims) LBO = 128 (next 8
 // dims), SBO = 8192 (next 8 rows). As the N-major B of PV (K = keys, N = dims) the same bytes are
-// core matrices of 8 keys × 8 dims: 8 keys further is 8192 bytes, 8 dims further 128; which of
-// the two descriptor fields takes which stride is kVSwap's question (attention_dec7_set_vdesc_swap,
-// CudaAttentionDec.Variant7VDescriptorDiagnostic): kVSwap = false puts the K stride (8192) in LBO
-// and the N stride (128) in SBO, as for a K-major operand.
+// core matrices of 8 keys × 8 dims: 8 keys further is 8192 bytes, 8 dims further 128. Its
+// descriptor takes the K stride (8192) in LBO and the N stride (128) in SBO, as for a K-major
+// operand (checked on the H200 at 93be9ca: the variant 7 / 8 tests match the CPU op; the fields
+// the other way round read past the CTA's shared memory and fault).
 // Copies: a warp copies 8 key rows × 64 contiguous bytes per cp.async instruction (lane: key
 // 8·group + lane % 8, 16-byte piece c = 4·i + lane / 8 …), and each quarter-warp fills one
 // 128-byte core matrix (conflict-free). Key-list lookups run one tile ahead of the issue.
@@ -74,7 +74,7 @@ __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uin
     wgmma_ss_m64n32k16(d, qd, kd, acc);
 }
 
-template <int kN, bool kVSwap>
+template <int kN>
 __global__ void __launch_bounds__(kWg7Threads, 1)
     attn_dec7_kernel(ops::AttentionArgs a, const __nv_bfloat16* __restrict__ swa_pool,
                      const __nv_bfloat16* __restrict__ comp_pool, int n_splits,
@@ -145,18 +145,27 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
     for (int p = 0; p < kS - 1; ++p) issue(p, lookup(p));
     next_r = lookup(kS - 1);
     // Q[hb … hb + 63] (f32) → bf16 operand: 4,096 pieces of 8 dims, 16 per thread; a warp reads
-    // 8 heads × 128 contiguous bytes and writes whole core matrices.
-#pragma unroll 4
+    // 8 heads × 128 contiguous bytes and writes whole core matrices. All 32 loads of a thread are
+    // issued before the first store (o is not live yet): one memory round trip, not 16 (ncu at
+    // 93be9ca: the conversions stalled on the loads of a 4-deep unroll).
+    float4 qv[16][2];
+#pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int u = tid + kWg7Threads * i;
       const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
-      float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+      qv[i][0] = qv[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (hb + h < H) {
         const float4* src =
             reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd) + 8 * c);
-        lo = __ldg(src);
-        hi = __ldg(src + 1);
+        qv[i][0] = __ldg(src);
+        qv[i][1] = __ldg(src + 1);
       }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int u = tid + kWg7Threads * i;
+      const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
+      const float4 lo = qv[i][0], hi = qv[i][1];
       *reinterpret_cast<uint4*>(smem + op7_off(h, c)) =
           make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
                      pack_bf16(hi.z, hi.w));
@@ -249,8 +258,7 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
 #pragma unroll
     for (int ks = 0; ks < kN / 16; ++ks) {
       const uint32_t vs = tile_s + uint32_t(ks * 2 * kOp7Sbo);  // keys 16ks … (2 row groups)
-      const uint64_t vd = kVSwap ? wgmma_desc(vs, kOp7Lbo, kOp7Sbo) : wgmma_desc(vs, kOp7Sbo, kOp7Lbo);
-      wgmma_rs_m64n256k16_tb(o, pa[ks], vd);
+      wgmma_rs_m64n256k16_tb(o, pa[ks], wgmma_desc(vs, kOp7Sbo, kOp7Lbo));
     }
     wgmma_commit();
     wgmma_wait0();
