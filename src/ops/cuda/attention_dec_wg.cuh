@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
     cp_async_commit();
   };
 
+  const float c2 = a.scale * 1.4426950408889634f;  // logits in log2 units
   int32_t next_r = -1;  // lookup(it + kS − 1), one tile ahead of its issue
   if (n_tiles > 0) {
 #pragma unroll
@@ -176,49 +177,57 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m2[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
-  const float c2 = a.scale * 1.4426950408889634f;  // logits in log2 units
-  const uint32_t qw_s = q_s + uint32_t(4096 * wg);  // this warpgroup's 256 dims
+  // Descriptors of k-step 0 / slot 0; a k-step (16 dims: 256 bytes), a slot and 16 keys (2 row
+  // groups: 16 KiB) add their byte offset >> 4 to the start-address field (no carry: shared
+  // addresses stay below 256 KiB).
+  const uint64_t q_desc = wgmma_desc(q_s + uint32_t(4096 * wg), kOp7Lbo, kOp7Sbo);
+  const uint64_t k_desc0 = wgmma_desc(ring_s + uint32_t(4096 * wg), kOp7Lbo, kOp7Sbo);
+  const uint64_t v_desc0 = wgmma_desc(ring_s + uint32_t(4096 * wg), kOp7Sbo, kOp7Lbo);
+  // S accumulators: written only by the QK wgmma (k-step 0 does not accumulate); the softmax
+  // works on copies (sv).
+  float sacc[kNA];
+#pragma unroll
+  for (int i = 0; i < kNA; ++i) sacc[i] = 0.f;
   for (int it = 0; it < n_tiles; ++it) {
     const int slot = it % kS;
+    const uint64_t slot_off = uint64_t(slot * (Sh::kTileBytes >> 4));
     cp_async_wait<kS - 2>();   // this thread's pieces of tile it landed
     fence_proxy_async_smem();  // … and (with the Q stores) visible to wgmma
-    __syncthreads();           // A: every thread's pieces; every warp done with tile it − 1
-    issue(it + kS - 1, next_r);
-    next_r = lookup(it + kS);
-    const uint32_t tile_s = ring_s + uint32_t(slot * Sh::kTileBytes) + uint32_t(4096 * wg);
-
-    // QK over this warpgroup's dims: 16 k-steps of 16 dims (+ 256 bytes each).
-    float sacc[kNA];
-#pragma unroll
-    for (int i = 0; i < kNA; ++i) sacc[i] = 0.f;
+    __syncthreads();           // A: every thread's pieces of tile it; every warp done with it − 1
+    // QK over this warpgroup's dims: 16 k-steps of 16 dims, on the tensor cores while this
+    // thread issues its copies of tile it + kS − 1 (into the slot tile it − 1 used).
     wgmma_fence();
-    wgmma_fence_acc(sacc);
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk)
-      wg7_qk_step<kN>(sacc, wgmma_desc(qw_s + uint32_t(256 * kk), kOp7Lbo, kOp7Sbo),
-                      wgmma_desc(tile_s + uint32_t(256 * kk), kOp7Lbo, kOp7Sbo), kk > 0);
+      wg7_qk_step<kN>(sacc, q_desc + uint64_t(16 * kk), k_desc0 + slot_off + uint64_t(16 * kk),
+                      kk > 0);
     wgmma_commit();
+    issue(it + kS - 1, next_r);
+    next_r = lookup(it + kS);
     wgmma_wait0();
     wgmma_fence_acc(sacc);
     // Exchange the partials: sx[w][i][thread] (consecutive threads, consecutive words).
 #pragma unroll
     for (int i = 0; i < kNA; ++i) sx[(wg * kNA + i) * 128 + wt] = sacc[i];
     __syncthreads();  // B: both partials visible
-    const uint64_t valid = kN == 64 ? *reinterpret_cast<const uint64_t*>(valid_s[slot])
-                                    : uint64_t(*reinterpret_cast<const uint32_t*>(valid_s[slot]));
-    // sacc[4j + 2r + e] = (head 16·wq + g + 8r, key 8j + 2·tq + e); → log2-unit logits.
+    // This thread's keys 8j + 2·tq + e are bits 8j + e of vm.
+    const uint64_t vm =
+        (kN == 64 ? *reinterpret_cast<const uint64_t*>(valid_s[slot])
+                  : uint64_t(*reinterpret_cast<const uint32_t*>(valid_s[slot]))) >> (2 * tq);
+    // sacc[4j + 2r + e] = (head 16·wq + g + 8r, key 8j + 2·tq + e) → log2-unit logits.
+    float sv[kNA];
 #pragma unroll
     for (int i = 0; i < kNA; ++i) {
-      const int key = 8 * (i >> 2) + 2 * tq + (i & 1);
       const float v = (sacc[i] + sx[((wg ^ 1) * kNA + i) * 128 + wt]) * c2;
-      sacc[i] = (valid >> key) & 1u ? v : -INFINITY;
+      sv[i] = (vm & (uint64_t(1) << (8 * (i >> 2) + (i & 1)))) ? v : -INFINITY;
     }
-    float corr[2];
+    float corr[2], mref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kNA / 4; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * r], sacc[4 * j + 2 * r + 1]));
+      for (int j = 0; j < kNA / 4; ++j)
+        mx = fmaxf(mx, fmaxf(sv[4 * j + 2 * r], sv[4 * j + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       corr[r] = 1.f;
@@ -227,6 +236,7 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
         lsum[r] *= corr[r];
         m2[r] = mx;
       }
+      mref[r] = m2[r] == -INFINITY ? INFINITY : m2[r];  // no valid key yet: every p = 2^−inf = 0
     }
     if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
@@ -240,26 +250,24 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
 #pragma unroll
     for (int i = 0; i < kNA; ++i) {
       const int r = (i >> 1) & 1;
-      const float p = m2[r] == -INFINITY ? 0.f : ex2_ftz(sacc[i] - m2[r]);  // −inf → 0
-      sacc[i] = p;
+      const float p = ex2_ftz(sv[i] - mref[r]);  // masked (−inf) → 0
+      sv[i] = p;
       lsum[r] += p;
     }
     // P as the A fragments of the kN / 16 k-steps (keys 16ks … 16ks + 15).
     uint32_t pa[kN / 16][4];
 #pragma unroll
     for (int ks = 0; ks < kN / 16; ++ks) {
-      pa[ks][0] = pack_bf16(sacc[8 * ks], sacc[8 * ks + 1]);
-      pa[ks][1] = pack_bf16(sacc[8 * ks + 2], sacc[8 * ks + 3]);
-      pa[ks][2] = pack_bf16(sacc[8 * ks + 4], sacc[8 * ks + 5]);
-      pa[ks][3] = pack_bf16(sacc[8 * ks + 6], sacc[8 * ks + 7]);
+      pa[ks][0] = pack_bf16(sv[8 * ks], sv[8 * ks + 1]);
+      pa[ks][1] = pack_bf16(sv[8 * ks + 2], sv[8 * ks + 3]);
+      pa[ks][2] = pack_bf16(sv[8 * ks + 4], sv[8 * ks + 5]);
+      pa[ks][3] = pack_bf16(sv[8 * ks + 6], sv[8 * ks + 7]);
     }
     wgmma_fence();  // o was rescaled, pa written: order them before the wgmma reads
     wgmma_fence_acc(o);
 #pragma unroll
-    for (int ks = 0; ks < kN / 16; ++ks) {
-      const uint32_t vs = tile_s + uint32_t(ks * 2 * kOp7Sbo);  // keys 16ks … (2 row groups)
-      wgmma_rs_m64n256k16_tb(o, pa[ks], wgmma_desc(vs, kOp7Sbo, kOp7Lbo));
-    }
+    for (int ks = 0; ks < kN / 16; ++ks)  // keys 16ks … : 2 row groups = 16 KiB further
+      wgmma_rs_m64n256k16_tb(o, pa[ks], v_desc0 + slot_off + uint64_t(ks * (2 * kOp7Sbo >> 4)));
     wgmma_commit();
     wgmma_wait0();
     wgmma_fence_acc(o);
