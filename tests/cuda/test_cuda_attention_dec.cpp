@@ -1007,14 +1007,15 @@ TEST(CudaAttentionDec, SplitModel5) {
 }
 
 // Through the backend (bf16 mode): the decode kernel's auto choice (mode -1, the default
-// attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 2 for S = 7 / 64;
-// mode -2: lean off, variant 5 for S = 1, 4 for S = 3), variants 2 and 1, and off
+// attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 7 for S = 7 (8,320
+// keys; f32 pools: variant 2 inside), 2 for S = 64 (640 keys); mode -2: lean off, variant 5 for
+// S = 1, 4 for S = 3), variants 1 … 8 forced, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6})
+  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));

@@ -426,9 +426,13 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteArgs a) {
 /// turns it off): variant 6 (variant 5 with fewer instructions per tile) for every call of ≤ 4
 /// rows — faster than variant 4 on CSA (9.2 vs 9.8 µs) and short HCA rows (8.6 vs 8.7 at 4K, 10.5
 /// vs 12.3 at 128K) and than variant 5 on HCA 1M (18.7 vs 24.1), cuda-attention.md at 309d01f;
-/// in the step once attention_dec5_splits' variant-6 model was re-fit (session 9).
+/// in the step once attention_dec5_splits' variant-6 model was re-fit (session 9). Calls of more
+/// rows with key lists over 4,096 keys take variant 7 (warpgroup MMA; bf16 pools, others run
+/// variant 2 inside): batch 64, HCA 1M (8,320 keys) 355 µs against variant 2's 422, while at
+/// 640 / 1,152 keys variant 2 stays faster (51 / 77 µs against 59 / 86),
+/// bench/results/cuda-attention-wg.md (session 14).
 inline int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
-  if (rows > 4) return 2;
+  if (rows > 4) return max_keys > 4096 ? 7 : 2;
   if (lean) return 6;
   return max_keys > 4096 ? 5 : 4;
 }

@@ -107,7 +107,8 @@ struct CudaOptions {
   /// MMA, 64 heads per CTA, 64- / 32-key tiles, bf16 pools only; attention_dec7_splits).
   int attention_dec_variant = 0;
   /// Auto (attention_dec_variant 0) takes variant 6 for calls of ≤ 4 rows (off: variant 5 for
-  /// > 4,096 keys, else 4). Environment override: V4_ATTN_DEC_LEAN=1 (on) / 0 (off).
+  /// > 4,096 keys, else 4); more rows take variant 7 for > 4,096 keys, else 2. Environment
+  /// override: V4_ATTN_DEC_LEAN=1 (on) / 0 (off).
   bool attention_dec_lean = true;
   /// Prefill-sized calls (more rows) with f32 pools keep attention_mma until the decode kernel
   /// is measured there (it is correct for any row count); bf16 pools take it at any row count.
