@@ -83,6 +83,22 @@ struct AttnPools {
   }
 };
 
+// The current device's SM count and H zero sinks (device f32, freed with the object).
+struct AttnDevice {
+  int n_sms = 0;
+  float* sinks = nullptr;
+  explicit AttnDevice(int H) {
+    int dev = 0;
+    AB_CHECK(cudaGetDevice(&dev));
+    AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+    AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
+    AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
+  }
+  AttnDevice(const AttnDevice&) = delete;
+  AttnDevice& operator=(const AttnDevice&) = delete;
+  ~AttnDevice() { cudaFree(sinks); }
+};
+
 // Device inputs of one decode-attention configuration: S query rows per launch, each with
 // n_swa SWA keys then n_comp compressed keys (keys = n_swa + n_comp), `sets` input sets (key
 // lists, q, out) so consecutive launches touch different memory. Set r, row t → its keys are
@@ -176,15 +192,12 @@ struct AttnInputs {
 std::string bench_attention(double bw) {
   const int H = 64, hd = 512, kSets = 16;
   const int64_t kPoolRows = int64_t(1) << 20;  // 2 GiB f32 pool: key reads come from HBM
-  int dev = 0, n_sms = 0;
-  AB_CHECK(cudaGetDevice(&dev));
-  AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  const AttnDevice device(H);
+  const int n_sms = device.n_sms;
+  float* const sinks = device.sinks;
   AttnPools pools(kPoolRows, hd, true, true);  // 2 GiB f32 + the same values as bf16 (1 GiB)
   const float* pool = pools.f32;
   const uint16_t* pool_b = pools.bf16;
-  float* sinks = nullptr;
-  AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
-  AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
 
   std::ostringstream md;
   md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), f32 pools (2 GiB) and "
@@ -391,7 +404,6 @@ std::string bench_attention(double bw) {
         std::fflush(stdout);
         cudaFree(ws);
       }
-  cudaFree(sinks);
   md << "\n" << probes.str() << "\n";
   return md.str();
 }
@@ -455,14 +467,11 @@ int profile_attention(int variant, int64_t keys, int splits, bool b16, int launc
 std::string bench_attention_wg(double bw) {
   const int H = 64, hd = 512, kSets = 16;
   const int64_t kPoolRows = int64_t(1) << 20;  // 1 GiB bf16 pool: key reads come from HBM
-  int dev = 0, n_sms = 0;
-  AB_CHECK(cudaGetDevice(&dev));
-  AB_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
+  const AttnDevice device(H);
+  const int n_sms = device.n_sms;
+  float* const sinks = device.sinks;
   AttnPools pools(kPoolRows, hd, false, true);
   const uint16_t* pool_b = pools.bf16;
-  float* sinks = nullptr;
-  AB_CHECK(cudaMalloc(&sinks, H * sizeof(float)));
-  AB_CHECK(cudaMemset(sinks, 0, H * sizeof(float)));
   std::ostringstream md;
   md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB), one "
         "query row per sequence; keys per row: CSA = 128 SWA + min(512, ctx/4) top-k, HCA = 128 "
@@ -550,6 +559,5 @@ std::string bench_attention_wg(double bw) {
         std::fflush(stdout);
         cudaFree(ws);
       }
-  cudaFree(sinks);
   return md.str();
 }

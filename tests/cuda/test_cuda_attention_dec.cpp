@@ -209,6 +209,16 @@ void check_kernel(AttnCase& c, const std::vector<int>& split_list) {
 
 constexpr KvDtype kDtypes[] = {KvDtype::kF32, KvDtype::kBf16};
 
+/// Runs variant `variant` at `sp` splits on c (workspace and output poisoned first) and returns
+/// the output; a refused call or a launch error fails the test.
+std::vector<float> run_dec(AttnCase& c, Dev<float>& ws, int sp, int variant) {
+  ws.poison();
+  c.dout->poison();
+  EXPECT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return c.dout->host();
+}
+
 /// Variants 3 / 4 (32 / 16 heads per block) at each split count of split_list plus
 /// attention_dec3_splits' choice: vs the CPU op (kDecTol) and vs variant 2 at the same split
 /// count. v3 / v4 sum a head's partial S over 4 / 8 dim parts instead of 2 (another fp32
@@ -224,16 +234,8 @@ void check_kernel34(AttnCase& c, const std::vector<int>& split_list) {
                                         << " pools=" << kv_dtype_name(c.dt));
       Dev<float> ws(
           size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
-      ws.poison();
-      c.dout->poison();
-      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 2).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto ref2 = c.dout->host();
-      ws.poison();
-      c.dout->poison();
-      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto got = c.dout->host();
+      const auto ref2 = run_dec(c, ws, sp, 2);
+      const auto got = run_dec(c, ws, sp, variant);
       const double e = rel_err(got, c.out_cpu);
       const double d = rel_err(got, ref2);
       std::printf("[attention dec] v%d %s S=%lld H=%d keys<=%lld splits=%d rel err %.2e "
@@ -278,16 +280,8 @@ void check_kernel5(AttnCase& c, const std::vector<int>& split_list, int variant 
                                       << " pools=" << kv_dtype_name(c.dt));
     Dev<float> ws(
         size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
-    ws.poison();
-    c.dout->poison();
-    ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, ref_variant).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto ref = c.dout->host();
-    ws.poison();
-    c.dout->poison();
-    ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto got = c.dout->host();
+    const auto ref = run_dec(c, ws, sp, ref_variant);
+    const auto got = run_dec(c, ws, sp, variant);
     const double e = rel_err(got, c.out_cpu);
     const double d = rel_err(got, ref);
     std::printf("[attention dec] v%d %s S=%lld H=%d keys<=%lld splits=%d%s rel err %.2e "
@@ -769,16 +763,8 @@ void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol =
                                         << " pools=" << kv_dtype_name(c.dt));
       Dev<float> ws(
           size_t(std::max<int64_t>(1, cuda::attention_workspace_floats(c.S, c.H, kHd, sp))));
-      ws.poison();
-      c.dout->poison();
-      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, 6).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto ref = c.dout->host();
-      ws.poison();
-      c.dout->poison();
-      ASSERT_TRUE(cuda::sparse_attention_dec(c.ag, sp, ws.p, nullptr, variant).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto got = c.dout->host();
+      const auto ref = run_dec(c, ws, sp, 6);
+      const auto got = run_dec(c, ws, sp, variant);
       const double e = rel_err(got, c.out_cpu);
       const double d = rel_err(got, ref);
       std::printf("[attention dec] v%d %s S=%lld H=%d keys<=%lld splits=%d rel err %.2e "
@@ -895,8 +881,17 @@ TEST(CudaAttentionDec, Variant7Batch3To64) {
   }
 }
 
-// Split model of variants 7 / 8: whole-tile splits in [1, 128], one split for one tile.
+// Split model of variants 7 / 8: whole-tile splits in [1, 128], one split for one tile, and the
+// counts bench/results/cuda-attention-wg.md (e659806) measured for 64-key tiles at 132 SMs.
 TEST(CudaAttentionDec, SplitModel7) {
+  EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 640, 132, 64), 10);
+  EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 160, 132, 64), 1);
+  EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 1152, 132, 64), 18);
+  EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 8320, 132, 64), 65);
+  EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 640, 132, 64), 1);
+  EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 160, 132, 64), 1);
+  EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 1152, 132, 64), 2);
+  EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 8320, 132, 64), 2);
   for (int kt : {64, 32}) {
     EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 0, 132, kt), 1);
     EXPECT_EQ(cuda::attention_dec7_splits(1, 64, kt, 132, kt), 1);

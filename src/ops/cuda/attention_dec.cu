@@ -1753,6 +1753,28 @@ int attention_dec3_splits(int64_t S, int H, int64_t max_keys, int n_sms, int hea
   return int((tiles + per - 1) / per);
 }
 
+namespace {
+// The whole-tile split count sp in [1, min(tiles, 128)] — only counts whose every split gets
+// keys — with the least cost(sp, tiles per split, waves of groups · sp CTAs on n_sms SMs); ties
+// keep the smaller count.
+template <typename Cost>
+int least_cost_splits(int64_t tiles, int64_t groups, int n_sms, Cost cost) {
+  int best = 1;
+  double best_cost = 0;
+  for (int64_t sp = 1; sp <= std::min<int64_t>(tiles, 128); ++sp) {
+    const int64_t per = (tiles + sp - 1) / sp;
+    if ((tiles + per - 1) / per != sp) continue;  // every split gets keys
+    const int64_t waves = (groups * sp + n_sms - 1) / n_sms;
+    const double c = cost(sp, per, waves);
+    if (sp == 1 || c < best_cost) {
+      best = int(sp);
+      best_cost = c;
+    }
+  }
+  return best;
+}
+}  // namespace
+
 int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max_cluster,
                           int variant) {
   if (S <= 0 || H <= 0 || max_keys <= kKT || n_sms <= 0) return 1;
@@ -1773,50 +1795,32 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
   const double kTileUs = v6 ? 1.4 : 1.0;
   const int64_t groups = S * ((H + kHC5 - 1) / kHC5);
   const int64_t tiles = (max_keys + kKT - 1) / kKT;
-  int best = 1;
-  double best_cost = 0;
-  for (int64_t sp = 1; sp <= std::min<int64_t>(tiles, 128); ++sp) {
-    const int64_t per = (tiles + sp - 1) / sp;
-    if ((tiles + per - 1) / per != sp) continue;  // every split gets keys
-    const int64_t waves = (groups * sp + n_sms - 1) / n_sms;
+  return least_cost_splits(tiles, groups, n_sms, [&](int64_t sp, int64_t per, int64_t waves) {
     const bool cluster = sp >= 2 && sp <= std::min(max_cluster, kMaxCluster5);
-    const double cost = double(waves) * double(per) * kTileUs +
-                        (sp == 1 ? 0.0 : cluster ? kClusterUs : kCombineUs + kPerSplitUs * double(sp));
-    if (sp == 1 || cost < best_cost) {
-      best = int(sp);
-      best_cost = cost;
-    }
-  }
-  return best;
+    return double(waves) * double(per) * kTileUs +
+           (sp == 1 ? 0.0 : cluster ? kClusterUs : kCombineUs + kPerSplitUs * double(sp));
+  });
 }
 
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile) {
   if (keys_per_tile != 32) keys_per_tile = 64;
   if (S <= 0 || H <= 0 || max_keys <= keys_per_tile || n_sms <= 0) return 1;
-  // Critical-path model in µs (first guess, to be re-fit from the bench's split sweep): a CTA's
-  // tiles cost kTileUs each (64 keys: ~1 µs of tensor work, the same as a 64 KiB read at one
-  // SM's fair share of HBM), per wave; split rows add the combine launch, the partial write of
-  // a CTA (128 KiB) and the combine's read of all partials (~3 TB/s).
+  // Critical-path model in µs: a CTA's tiles cost kTileUs each (64 keys: ~1 µs of tensor work,
+  // the same as a 64 KiB read at one SM's fair share of HBM), per wave; split rows add the
+  // combine launch, the partial write of a CTA (128 KiB) and the combine's read of all partials
+  // (~3 TB/s). Against the H200 split sweep (bench/results/cuda-attention-wg.md, e659806) it
+  // picks the fastest count in 11 of 12 rows for 64-key tiles (9 of 12 for 32-key tiles; the
+  // misses within 15%). The measured tile takes ~5.5 µs, not 1: the kernel is latency-bound
+  // per CTA (docs/cuda.md §Variants 7 / 8), which scales every count alike.
   const double kTileUs = keys_per_tile == 64 ? 1.0 : 0.55;
   const double kCombineUs = 2.0, kPartialWriteUs = 1.0, kPartialReadUs = 0.131072 / 3.0;
   const int64_t groups = S * ((H + 63) / 64);
   const int64_t tiles = (max_keys + keys_per_tile - 1) / keys_per_tile;
-  int best = 1;
-  double best_cost = 0;
-  for (int64_t sp = 1; sp <= std::min<int64_t>(tiles, 128); ++sp) {
-    const int64_t per = (tiles + sp - 1) / sp;
-    if ((tiles + per - 1) / per != sp) continue;  // every split gets keys
-    const int64_t waves = (groups * sp + n_sms - 1) / n_sms;
-    const double cost =
-        double(waves) * double(per) * kTileUs +
-        (sp == 1 ? 0.0
-                 : kCombineUs + kPartialWriteUs + double(groups * sp) * kPartialReadUs);
-    if (sp == 1 || cost < best_cost) {
-      best = int(sp);
-      best_cost = cost;
-    }
-  }
-  return best;
+  return least_cost_splits(tiles, groups, n_sms, [&](int64_t sp, int64_t per, int64_t waves) {
+    return double(waves) * double(per) * kTileUs +
+           (sp == 1 ? 0.0
+                    : kCombineUs + kPartialWriteUs + double(groups * sp) * kPartialReadUs);
+  });
 }
 
 namespace {
