@@ -458,10 +458,9 @@ int profile_attention(int variant, int64_t keys, int splits, bool b16, int launc
   cudaFree(q_src);
   return 0;
 }
-#endif  // V4_HAVE_CUDA
 
-/// The cuda-attention-wg.md body at copy bandwidth `bw` GB/s: bf16 pools only, the default
-/// kernels (auto: variant 6 at batch 1, variant 2 at batch 64, each at its split model) against
+/// The cuda-attention-wg.md body at copy bandwidth `bw` GB/s: bf16 pools only, the mma.sync
+/// kernels (variant 6 at batch 1, variant 2 at batch 64, each at its split model) against
 /// the warpgroup-MMA variants 7 (64-key tiles) and 8 (32-key tiles) at attention_dec7_splits and
 /// at the best of a split sweep, CSA / HCA × batch 1 / 64 × 4K / 128K / 1M.
 std::string bench_attention_wg(double bw) {
@@ -561,3 +560,4 @@ std::string bench_attention_wg(double bw) {
       }
   return md.str();
 }
+#endif  // V4_HAVE_CUDA
