@@ -471,10 +471,20 @@ std::string bench_attention_wg(double bw) {
   float* const sinks = device.sinks;
   AttnPools pools(kPoolRows, hd, false, true);
   const uint16_t* pool_b = pools.bf16;
+  // V4_ATTN_WG_POOL_ROWS: the key rows come from the first N pool rows only (default: all 1M
+  // rows = 1 GiB; the step's CSA pool of one layer at 1M context is ~256 MiB, its HCA pool 8 MiB);
+  // rows of more keys than that hold are left out.
+  const char* pr = std::getenv("V4_ATTN_WG_POOL_ROWS");
+  const int64_t pool_rows =
+      pr && std::atoll(pr) > 0 ? std::min<int64_t>(std::atoll(pr), kPoolRows) : 0;
   std::ostringstream md;
-  md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB), one "
-        "query row per sequence; keys per row: CSA = 128 SWA + min(512, ctx/4) top-k, HCA = 128 "
-        "SWA + ctx/128 compressed; each sequence reads its own random distinct pool rows, and "
+  md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB";
+  if (pool_rows > 0)
+    md << "; key rows drawn from its first " << pool_rows << " rows only, "
+       << pool_rows * 1024 / (1 << 20)
+       << " MiB, V4_ATTN_WG_POOL_ROWS; rows needing more distinct keys are left out";
+  md << "), one query row per sequence; keys per row: CSA = 128 SWA + min(512, ctx/4) top-k, HCA = "
+        "128 SWA + ctx/128 compressed; each sequence reads its own random distinct pool rows, and "
         "every launch uses another of "
      << kSets
      << " input sets: cold, reads come from HBM. Times: median of 30 samples of 10 back-to-back "
@@ -482,10 +492,10 @@ std::string bench_attention_wg(double bw) {
         "rows · 1024 B + q + out (f32)) / measured copy bandwidth. `mma.sync` = the mma.sync "
         "kernel CudaOps' auto takes for these rows without variant 7 (variant 6 at batch 1 with "
         "attention_dec5_splits(..., 6), variant 2 at batch 64 with attention_dec_splits; since "
-        "session 14 auto takes variant 7 for more than 4 rows of more than 4,096 keys); `v7` / `v8` = the warpgroup-MMA kernel (64 heads per CTA, "
-        "wgmma QK from shared memory, P·V m64n256k16 with P in registers) with 64- / 32-key "
-        "tiles at attention_dec7_splits, `best` = the fastest of a split sweep (splits in "
-        "parentheses).\n\n"
+        "session 14 auto takes variant 7 for calls of more than 4 rows of more than 4,096 keys); "
+        "`v7` / `v8` = the warpgroup-MMA kernel (64 heads per CTA, wgmma QK from shared memory, "
+        "P·V m64n256k16 with P in registers) with 64- / 32-key tiles at attention_dec7_splits, "
+        "`best` = the fastest of a split sweep (splits in parentheses).\n\n"
      << "| kind | batch | context | keys/row | floor µs | mma.sync µs (variant, splits) | "
         "mma.sync/floor | "
         "v7 µs (splits) | v7 best µs (splits) | v7 best/floor | v8 µs (splits) | v8 best µs "
@@ -493,13 +503,6 @@ std::string bench_attention_wg(double bw) {
      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
-  // V4_ATTN_WG_POOL_ROWS: the key rows come from the first N pool rows only (default: all 1M
-  // rows = 1 GiB; the step's CSA pool of one layer at 1M context is ~256 MiB, its HCA pool 8 MiB).
-  const char* pr = std::getenv("V4_ATTN_WG_POOL_ROWS");
-  const int64_t pool_rows = pr ? std::atoll(pr) : 0;
-  if (pool_rows > 0)
-    md << "Key rows drawn from the first " << pool_rows << " pool rows only (V4_ATTN_WG_POOL_ROWS: "
-       << pool_rows * 1024 / (1 << 20) << " MiB).\n\n";
   for (const char* kind : {"CSA", "HCA"})
     for (int64_t S : {int64_t(1), int64_t(64)})
       for (int64_t ctx : {int64_t(4096), int64_t(131072), int64_t(1) << 20}) {

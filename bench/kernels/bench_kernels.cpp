@@ -16,7 +16,7 @@
 //                                             N(0,1) scores at batch 1, for ncu; inputs rotate
 //                                             over copies filling ≥ 256 MiB, at most 256)
 //   bench_kernels [--launches L] --profile-attention VARIANT KEYS SPLITS [bf16|f32]
-//                                            (L launches of attention_dec VARIANT, 1..6, at
+//                                            (L launches of attention_dec VARIANT, 1..8, at
 //                                             batch 1, 64 heads × 512, min(KEYS, 128) SWA + the rest
 //                                             compressed keys, distinct random rows of a 1M-row
 //                                             bf16 (default) or f32 pool, SPLITS splits, 8 input

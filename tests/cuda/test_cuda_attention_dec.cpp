@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -848,6 +849,11 @@ TEST(CudaAttentionDec, Variant7Batch3To64) {
     check_kernel7(c, {1, 2});
   }
   {
+    SCOPED_TRACE("96 heads: the second 64-head group half full");
+    AttnCase c(3, 96, {640, 8320, 17}, false, false, b);
+    check_kernel7(c, {1, 4});
+  }
+  {
     SCOPED_TRACE("batch 7 ring boundaries 33 / 70 / 100 / 128 / 150 / 0 / 8320");
     AttnCase c(7, 64, {33, 70, 100, 128, 150, 0, 8320}, false, false, b);
     check_kernel7(c, {1, 2, 3, 9, 16});
@@ -882,7 +888,9 @@ TEST(CudaAttentionDec, Variant7Batch3To64) {
 }
 
 // Split model of variants 7 / 8: whole-tile splits in [1, 128], one split for one tile, and the
-// counts bench/results/cuda-attention-wg.md (e659806) measured for 64-key tiles at 132 SMs.
+// counts the model chose for 64-key tiles at 132 SMs in bench/results/cuda-attention-wg.md
+// (e659806; the split sweep found them fastest in every row but batch-1 HCA 160 keys, where 3
+// splits beat the model's 1 by 11%).
 TEST(CudaAttentionDec, SplitModel7) {
   EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 640, 132, 64), 10);
   EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 160, 132, 64), 1);
@@ -904,6 +912,43 @@ TEST(CudaAttentionDec, SplitModel7) {
         EXPECT_LE(int64_t(sp - 1) * kt, k);  // no split without keys
       }
   }
+}
+
+// CudaOps' auto choice (attention_dec_auto_variant): lean variant 6 for ≤ 4 rows (off: 4, or 5
+// over 4,096 keys); more rows: variant 7 over 4,096 keys, else 2.
+TEST(CudaAttentionDec, AutoVariant) {
+  EXPECT_EQ(cuda::attention_dec_auto_variant(1, 640, true), 6);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(4, 8320, true), 6);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(1, 640, false), 4);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(1, 8320, false), 5);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4096, true), 2);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4097, true), 7);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 640, true), 2);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 8320, false), 7);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(4096, 8320, true), 7);  // a prefill chunk
+}
+
+// Variants 7 / 8 are deterministic (fixed summation order, no atomics): repeated launches over
+// many CTAs must give bit-identical outputs — a missing barrier or fence in the cp.async ring,
+// the S exchange or the P·V reads shows up as run-to-run differences.
+TEST(CudaAttentionDec, Variant7Deterministic) {
+  V4_REQUIRE_GPU();
+  AttnCase c(64, 128, {8320, 640, 1152, 17}, false, false, KvDtype::kBf16);
+  for (int variant : {7, 8})
+    for (int sp : {1, 2, 9}) {
+      SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp);
+      Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, sp) + 1));
+      const auto first = run_dec(c, ws, sp, variant);
+      EXPECT_LE(rel_err(first, c.out_cpu), kDecTol);
+      for (int rep = 0; rep < 4; ++rep) {
+        const auto again = run_dec(c, ws, sp, variant);
+        ASSERT_EQ(again.size(), first.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < first.size(); ++i)
+          diff += std::memcmp(&first[i], &again[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0u) << "rep " << rep;
+      }
+    }
 }
 
 TEST(CudaAttentionDec, RefusesBadArguments) {

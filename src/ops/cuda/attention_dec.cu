@@ -1802,6 +1802,12 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
   });
 }
 
+int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
+  if (rows > 4) return max_keys > 4096 ? 7 : 2;
+  if (lean) return 6;
+  return max_keys > 4096 ? 5 : 4;
+}
+
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile) {
   if (keys_per_tile != 32) keys_per_tile = 64;
   if (S <= 0 || H <= 0 || max_keys <= keys_per_tile || n_sms <= 0) return 1;
@@ -1810,8 +1816,9 @@ int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int key
   // combine launch, the partial write of a CTA (128 KiB) and the combine's read of all partials
   // (~3 TB/s). Against the H200 split sweep (bench/results/cuda-attention-wg.md, e659806) it
   // picks the fastest count in 11 of 12 rows for 64-key tiles (9 of 12 for 32-key tiles; the
-  // misses within 15%). The measured tile takes ~5.5 µs, not 1: the kernel is latency-bound
-  // per CTA (docs/cuda.md §Variants 7 / 8), which scales every count alike.
+  // misses within 15%). The measured tile takes ~5.5 µs, not 1 (the kernel is latency-bound per
+  // CTA, docs/cuda.md §Variants 7 / 8); a re-fit with that tile time would shift the picks
+  // (batch-64 CSA to 2 splits, batch-1 HCA 160 keys to 3) and has not been measured.
   const double kTileUs = keys_per_tile == 64 ? 1.0 : 0.55;
   const double kCombineUs = 2.0, kPartialWriteUs = 1.0, kPartialReadUs = 0.131072 / 3.0;
   const int64_t groups = S * ((H + 63) / 64);

@@ -69,6 +69,27 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 /// max_keys ≤ one tile (or unknown). Result in [1, 128].
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64);
 
+/// The attention_dec variant CudaOps takes for a call when CudaOptions::attention_dec_variant is
+/// 0 (auto).
+/// From bench/results/cuda-attention.md (H200, session 7, 64 heads, bf16 pools): at batch 1
+/// variant 4 (16 heads per block) takes 9.8 µs for CSA (v2 18.6, v5 10.7) and 9.0 for HCA at 4K
+/// (v2 15.4); with long key lists variant 5 (key rows preloaded, cluster merge) is fastest
+/// (HCA 1M, 8,320 keys: v5 24.3 µs, v3 25.5, v4 28.3, v2 31.4); at batch 64 variant 2 is
+/// fastest or within 1 % end to end (bench/results/bench-v4flash-20l-attn-b64.md), v4 2× slower
+/// per kernel. rows = query rows of the call (batch × tokens per sequence); max_keys = longest
+/// key list (0 = unknown). lean (CudaOptions::attention_dec_lean, the default; V4_ATTN_DEC_LEAN=0
+/// turns it off): variant 6 (variant 5 with fewer instructions per tile) for every call of ≤ 4
+/// rows — faster than variant 4 on CSA (9.2 vs 9.8 µs) and short HCA rows (8.6 vs 8.7 at 4K, 10.5
+/// vs 12.3 at 128K) and than variant 5 on HCA 1M (18.7 vs 24.1), cuda-attention.md at 309d01f;
+/// in the step once attention_dec5_splits' variant-6 model was re-fit (session 9). Calls of more
+/// rows with key lists over 4,096 keys take variant 7 (warpgroup MMA; bf16 pools, others run
+/// variant 2 inside): batch 64, HCA 1M (8,320 keys) 354 µs against variant 2's 419, while at
+/// 640 / 1,152 keys variant 2 stays faster (51 / 77 µs against 58 / 87),
+/// bench/results/cuda-attention-wg.md (session 14, e659806). Prefill chunks (more rows) over long
+/// HCA lists take variant 7 too (not benched as a kernel; the 900K prefill step of
+/// bench-v4flash-20l-ratio-s14.md ran 4,036 ms, against 4,063 in -ratio-s13.md).
+int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean);
+
 /// Largest split count (≤ 16) whose thread block cluster of variant-5 (`variant` 5) or
 /// variant-6 (6) CTAs can be resident on the current device for pools of `kv_dtype` (f32 /
 /// bf16; others 0), 0 when none can or when V4_ATTN_DEC_CLUSTER=0. Queries the device once per

@@ -263,8 +263,8 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
       pa[ks][2] = pack_bf16(sv[8 * ks + 4], sv[8 * ks + 5]);
       pa[ks][3] = pack_bf16(sv[8 * ks + 6], sv[8 * ks + 7]);
     }
-    wgmma_fence();  // o was rescaled, pa written: order them before the wgmma reads
-    wgmma_fence_acc(o);
+    wgmma_fence_acc(o);  // the rescale of o stays before the fence …
+    wgmma_fence();       // … which orders o and pa before the wgmma reads them
 #pragma unroll
     for (int ks = 0; ks < kN / 16; ++ks)  // keys 16ks … : 2 row groups = 16 KiB further
       wgmma_rs_m64n256k16_tb(o, pa[ks], v_desc0 + slot_off + uint64_t(ks * (2 * kOp7Sbo >> 4)));
