@@ -36,7 +36,8 @@
 #               f32 / bf16 / fp8 pools on the GPU -> kv-fp8-accuracy-cuda.md
 #   ratio       v4serve bench at batch 1, 4K and 900K, no profile (multi-stream branches overlap as
 #               served), once per KV type in $V4_RATIO_KV (bf16) and attention_dec variant in
-#               $V4_RATIO_ATTN (auto) -> bench-v4flash-20l-ratio.md
+#               $V4_RATIO_ATTN (auto), $V4_RATIO_REPEAT times each (1), with a summary of the
+#               900K / 4K ratios (min, mean, max) on top -> bench-v4flash-20l-ratio.md
 #   ratioenv    the ratio measurement (bf16 KV, decode only) once per env set in $V4_RATIO_ENVS
 #               (e.g. "default V4_INDEXER_DEC=2"; V4_RATIO_PROFILE=1 adds --profile to every run, an
 #               entry's PROFILE=1 pair to that run only, e.g. "PROFILE=1,V4_ATTN_DEC_LEAN=0": per-region
@@ -183,23 +184,31 @@ fi
 if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile: branches overlap)
   # V4_RATIO_KV: KV element types (default bf16; "bf16+fp8idx" = --kv-cache-dtype bf16
   # --index-cache-dtype fp8); V4_RATIO_ATTN: attention_dec variants (V4_ATTN_DEC; default: the
-  # auto choice); one table per pair, all in the one file.
-  : > "$OUT/bench-v4flash-20l-ratio.md"
+  # auto choice); V4_RATIO_REPEAT: runs per pair (default 1; the run-to-run spread at 900K is
+  # ~±0.04 ms). One table per run, all in the one file, after a summary of every run's
+  # 900K / 4K tok/s ratio (min, mean, max per pair).
+  body=$OUT/ratio-body.md; : > "$body"; summary=$OUT/ratio-summary.tsv; : > "$summary"
   for kvspec in ${V4_RATIO_KV:-bf16}; do
     kv=${kvspec%%+*}; idx=()
     [[ "$kvspec" == *+fp8idx ]] && idx=(--index-cache-dtype fp8)
     for av in ${V4_RATIO_ATTN:-auto}; do
       if [ "$av" = auto ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
-      timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "$kv" "${idx[@]}" \
-        --batch 1 --context 4K,900K --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 \
-        --out "$OUT/ratio-$kvspec-$av.md" > "$OUT/bench-ratio-$kvspec-$av.log" 2>&1
-      echo "bench (900K vs 4K, kv $kvspec, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$kvspec-$av.md"
-      { echo "## --kv-cache-dtype $kv ${idx[*]}, V4_ATTN_DEC=$av"; echo; cat "$OUT/ratio-$kvspec-$av.md"; echo; } \
-        >> "$OUT/bench-v4flash-20l-ratio.md"
-      rm -f "$OUT/ratio-$kvspec-$av.md"; logs+=(bench-ratio-$kvspec-$av.log)
+      for rep in $(seq 1 "${V4_RATIO_REPEAT:-1}"); do
+        tag=$kvspec-$av-$rep
+        timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype "$kv" "${idx[@]}" \
+          --batch 1 --context 4K,900K --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 \
+          --out "$OUT/ratio-$tag.md" > "$OUT/bench-ratio-$tag.log" 2>&1
+        echo "bench (900K vs 4K, kv $kvspec, V4_ATTN_DEC=$av, run $rep) rc=$?"; grep -E "^\| (decode)" "$OUT/ratio-$tag.md"
+        grep -E "^\| decode" "$OUT/ratio-$tag.md" | awk -F'|' -v k="$kvspec" -v a="$av" -v r="$rep" \
+          '{gsub(/ /, "", $3); gsub(/ /, "", $6); gsub(/ /, "", $8); printf "%s\t%s\t%s\t%s\t%s\t%s\n", k, a, r, $3, $6, $8}' >> "$summary"
+        { echo "## --kv-cache-dtype $kv ${idx[*]}, V4_ATTN_DEC=$av, run $rep"; echo; cat "$OUT/ratio-$tag.md"; echo; } >> "$body"
+        rm -f "$OUT/ratio-$tag.md"; logs+=(bench-ratio-$tag.log)
+      done
     done
   done
   unset V4_ATTN_DEC
+  { python3 scripts/device/ratio_summary.py "$summary"; echo; cat "$body"; } > "$OUT/bench-v4flash-20l-ratio.md"
+  rm -f "$body" "$summary"
 fi
 if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under several env sets
   # V4_RATIO_ENVS: space-separated entries, each "default" or comma-separated VAR=VALUE pairs
