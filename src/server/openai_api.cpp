@@ -299,7 +299,10 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           toks.push_back(token_text(lp.token));
           lps.push_back(lp.logprob);
           tops.push_back(req.top_logprobs > 0 ? Json(std::move(top)) : Json(nullptr));
-          offs.push_back(c.text_len + int64_t(text_delta.size()) + int64_t(piece.size()));
+          // Where this token's text starts in the choice's text (OpenAI's text_offset). A stream
+          // counts the echoed prompt here; the whole response adds it when it is assembled.
+          offs.push_back(c.text_len + int64_t(text_delta.size()) +
+                         (streaming ? int64_t(c.echo_text.size()) : 0));
         }
       }
       text_delta += piece;

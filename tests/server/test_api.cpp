@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
+#include <sstream>
 #include <thread>
 
 #include "../engine/fake_executor.h"
@@ -300,6 +301,57 @@ TEST_F(ApiTest, StopStringNeverLeaks) {
     EXPECT_EQ(text, expect) << "stream=" << stream << " stop='" << stop << "'";
     EXPECT_EQ(finish, "stop");
   }
+  engine_->wait_idle();
+}
+
+// text_offset (completions logprobs) is where each token's text starts in the choice's text:
+// 0 for the first generated token, shifted by the echoed prompt with "echo", and the same
+// whether streamed or not.
+TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
+  std::vector<int32_t> prompt = {5, 6};
+  auto offsets = [&](bool echo, bool stream, std::string* text) {
+    json req = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
+                {"logprobs", 1}, {"echo", echo}, {"stream", stream}};
+    auto r = http(port_, "POST", "/v1/completions", req.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::vector<int64_t> out;
+    text->clear();
+    if (!stream) {
+      json ch = r.j()["choices"][0];
+      *text = ch["text"].get<std::string>();
+      for (auto& o : ch["logprobs"]["text_offset"]) out.push_back(o.get<int64_t>());
+      return out;
+    }
+    std::istringstream lines(r.body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: ", 0) != 0 || line == "data: [DONE]") continue;
+      json ch = json::parse(line.substr(6))["choices"][0];
+      *text += ch["text"].get<std::string>();
+      if (ch["logprobs"].is_object())
+        for (auto& o : ch["logprobs"]["text_offset"]) out.push_back(o.get<int64_t>());
+    }
+    return out;
+  };
+  std::string plain, echoed, plain_s, echoed_s;
+  const auto o_plain = offsets(false, false, &plain);
+  const auto o_echo = offsets(true, false, &echoed);
+  const auto o_plain_s = offsets(false, true, &plain_s);
+  const auto o_echo_s = offsets(true, true, &echoed_s);
+  ASSERT_EQ(o_plain.size(), 6u);
+  EXPECT_EQ(o_plain[0], 0);
+  for (size_t i = 1; i < o_plain.size(); ++i) {
+    EXPECT_GE(o_plain[i], o_plain[i - 1]);
+    EXPECT_LE(o_plain[i], int64_t(plain.size()));
+  }
+  ASSERT_GE(echoed.size(), plain.size());
+  const int64_t echo_len = int64_t(echoed.size() - plain.size());
+  EXPECT_EQ(echoed.substr(size_t(echo_len)), plain);
+  ASSERT_EQ(o_echo.size(), o_plain.size());
+  for (size_t i = 0; i < o_plain.size(); ++i) EXPECT_EQ(o_echo[i], o_plain[i] + echo_len) << i;
+  EXPECT_EQ(plain_s, plain);
+  EXPECT_EQ(echoed_s, echoed);
+  EXPECT_EQ(o_plain_s, o_plain);
+  EXPECT_EQ(o_echo_s, o_echo);
   engine_->wait_idle();
 }
 
