@@ -1,6 +1,7 @@
 // v4serve: DeepSeek-V4 inference engine and OpenAI-compatible server.
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "base/log.h"
 #include "cli/command.h"
@@ -17,9 +18,31 @@ int main(int argc, char** argv) {
   CLI::App app{"v4serve: DeepSeek-V4 inference engine and OpenAI-compatible server"};
   app.require_subcommand(1);
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "debug, info, warn, error");
+  // An unknown name would make spdlog turn every message off, errors included.
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"},
+                            CLI::ignore_case));
   auto& cmds = v4::cli::registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  // The first word that is not an option (or --log-level's value) names the subcommand; CLI11
+  // would only say "A subcommand is required" for a misspelt one.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (!arg.empty() && arg[0] == '-') continue;
+    const bool known = std::any_of(cmds.begin(), cmds.end(), [&](auto& c) { return c.name == arg; });
+    if (!known) {
+      std::string names;
+      for (auto& c : cmds) names += (names.empty() ? "" : ", ") + c.name;
+      std::fprintf(stderr, "error: unknown subcommand '%s' (one of: %s; see v4serve --help)\n",
+                   arg.c_str(), names.c_str());
+      return 2;
+    }
+    break;
+  }
   std::function<int()> action;
   for (auto& c : cmds) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);

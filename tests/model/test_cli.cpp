@@ -54,6 +54,33 @@ TEST(Cli, GenerateDumpLogitsMatchesGolden) {
   }
 }
 
+// A misspelt subcommand is named in the error; a --log-level spdlog does not know is refused
+// (it used to turn every message off, errors included); level names ignore case.
+TEST(Cli, UnknownSubcommandAndLogLevel) {
+  const std::string bin = V4_BINARY;
+  {
+    const auto [rc, out] = run_command(bin + " frobnicate");
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(out.find("unknown subcommand 'frobnicate'"), std::string::npos) << out;
+  }
+  {
+    const auto [rc, out] = run_command(bin + " --log-level loud version");
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(out.find("--log-level"), std::string::npos) << out;
+    EXPECT_EQ(out.find("v4serve 0."), std::string::npos) << out;
+  }
+  {
+    const auto [rc, out] = run_command(bin + " --log-level WARN version");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("v4serve "), std::string::npos) << out;
+  }
+  {
+    const auto [rc, out] = run_command(bin + " --log-level=error info --model /nonexistent/model");
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(out.find("/nonexistent/model"), std::string::npos) << out;  // errors still print
+  }
+}
+
 TEST(Cli, GenerateErrors) {
   const auto dirs = testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());
