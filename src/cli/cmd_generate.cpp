@@ -67,6 +67,14 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "error: give only one of --prompt or --prompt-ids\n");
     return 2;
   }
+  if (!o.dump_logits.empty()) {  // checked before the model loads, not after generating
+    const auto dir = std::filesystem::path(o.dump_logits).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir)) {
+      std::fprintf(stderr, "error: --dump-logits %s: directory %s does not exist\n",
+                   o.dump_logits.c_str(), dir.string().c_str());
+      return 2;
+    }
+  }
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
   const double t_load = now_s();
@@ -131,6 +139,17 @@ int run_generate(const GenerateOptions& o) {
       return 2;
     }
 
+  // The whole request must fit the model's context, as the server checks (context_length_exceeded).
+  const int64_t total = int64_t(prompt.size()) + o.max_new_tokens;
+  if (total > cfg.max_position_embeddings) {
+    std::fprintf(stderr,
+                 "error: --max-new-tokens %d: the prompt's %zu tokens plus %d new ones exceed the "
+                 "model's context of %lld tokens\n",
+                 o.max_new_tokens, prompt.size(), o.max_new_tokens,
+                 (long long)cfg.max_position_embeddings);
+    return 2;
+  }
+
   int64_t kv_budget = o.kv_budget_mb << 20;
   if (o.mem_fraction > 0) {
     std::string why;
@@ -152,6 +171,17 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   auto& kv = *kv_r.value();
+  // The cache holds the prompt and every new token but the last (it is not fed back): refuse a
+  // request the pools cannot hold now, instead of failing after decoding part of it.
+  const int64_t cache_tokens = kv.options().n_pages * kv.options().page_size;
+  if (total - 1 > cache_tokens) {
+    std::fprintf(stderr,
+                 "error: --max-new-tokens %d: the prompt's %zu tokens plus %d new ones need %lld "
+                 "cached tokens, and the KV cache (--kv-budget-mb / --mem-fraction) holds %lld\n",
+                 o.max_new_tokens, prompt.size(), o.max_new_tokens, (long long)(total - 1),
+                 (long long)cache_tokens);
+    return 2;
+  }
   auto seq = kv.create_sequence();
   if (!seq.ok()) {
     std::fprintf(stderr, "error: %s\n", seq.status().message().c_str());
@@ -176,6 +206,7 @@ int run_generate(const GenerateOptions& o) {
   int64_t pos = int64_t(prompt.size());
   const double t1 = now_s();
   int n_decode_steps = 0;
+  std::string decode_error;
   for (int i = 0; i < o.max_new_tokens; ++i) {
     if (dump) decode_logits.insert(decode_logits.end(), last.begin(), last.end());
     const int32_t next = pick(last.data(), V, o.temperature, rng);
@@ -186,9 +217,9 @@ int run_generate(const GenerateOptions& o) {
     model::ForwardBatch d;
     d.slices.push_back({*seq, pos, {next}, false});
     out = model.forward(d, kv);
-    if (!out.ok()) {
-      std::fprintf(stderr, "error: %s\n", out.status().message().c_str());
-      return 1;
+    if (!out.ok()) {  // print what was generated, then the error
+      decode_error = out.status().message();
+      break;
     }
     last = out->logits;
     ++pos;
@@ -208,6 +239,11 @@ int run_generate(const GenerateOptions& o) {
       "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s)\n",
       prompt.size(), t_prefill, prompt.size() / std::max(t_prefill, 1e-9), n_decode_steps, t_decode,
       n_decode_steps / std::max(t_decode, 1e-9));
+  if (!decode_error.empty()) {
+    std::fprintf(stderr, "error: %s (after %zu generated tokens)\n", decode_error.c_str(),
+                 tokens.size());
+    return 1;
+  }
   if (dump) {
     std::vector<int64_t> pids(prompt.begin(), prompt.end());
     const int64_t N = int64_t(tokens.size());

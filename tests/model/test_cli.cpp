@@ -97,6 +97,22 @@ TEST(Cli, GenerateErrors) {
   std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] + " --prompt hello");
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("tokenizer.json"), std::string::npos) << out;
+  // Requests that cannot fit are refused before any decoding: past the model's context, past
+  // the KV budget; and a --dump-logits path whose directory is missing, before the model loads.
+  std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] +
+                                  " --prompt-ids 1,2 --max-new-tokens 2000000000");
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("exceed the model's context"), std::string::npos) << out;
+  std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] +
+                                  " --prompt-ids 1,2 --max-new-tokens 100000 --kv-budget-mb 1");
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("and the KV cache"), std::string::npos) << out;
+  EXPECT_EQ(out.find("tokens: "), std::string::npos) << out;  // nothing was generated
+  std::tie(rc, out) = run_command(bin + " generate --model " + dirs[0] +
+                                  " --prompt-ids 1,2 --dump-logits /nonexistent-dir/x.safetensors");
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("/nonexistent-dir does not exist"), std::string::npos) << out;
+  EXPECT_EQ(out.find("loaded"), std::string::npos) << out;  // refused before the model loads
 }
 
 // --prompt goes through the model directory's tokenizer.json (the embedded default model has one).
