@@ -461,8 +461,11 @@ int profile_attention(int variant, int64_t keys, int splits, bool b16, int launc
 
 /// The cuda-attention-wg.md body at copy bandwidth `bw` GB/s: bf16 pools only, the mma.sync
 /// kernels (variant 6 at batch 1, variant 2 at batch 64, each at its split model) against
-/// the warpgroup-MMA variants 7 (64-key tiles) and 8 (32-key tiles) at attention_dec7_splits and
-/// at the best of a split sweep, CSA / HCA × batch 1 / 64 × 4K / 128K / 1M.
+/// the warpgroup-MMA variants (V4_ATTN_WG_VARIANTS, a comma list of 7 … 10, default "7,9": 7 / 9
+/// 64-key tiles, 8 / 10 32-key tiles, 9 / 10 swizzled operands) at attention_dec7_splits and at
+/// the best of a split sweep (V4_ATTN_WG_SWEEP=0: no sweep), CSA / HCA × batch 1 / 64 × 4K /
+/// 128K / 1M. V4_ATTN_WG_DIAG=1 adds, per variant, the time at the model's splits without the
+/// key-row copies and without the wgmma instructions (set_attention_dec7_diag 1 / 2).
 std::string bench_attention_wg(double bw) {
   const int H = 64, hd = 512, kSets = 16;
   const int64_t kPoolRows = int64_t(1) << 20;  // 1 GiB bf16 pool: key reads come from HBM
@@ -477,6 +480,25 @@ std::string bench_attention_wg(double bw) {
   const char* pr = std::getenv("V4_ATTN_WG_POOL_ROWS");
   const int64_t pool_rows =
       pr && std::atoll(pr) > 0 ? std::min<int64_t>(std::atoll(pr), kPoolRows) : 0;
+  std::vector<int> variants;
+  {
+    const char* ev = std::getenv("V4_ATTN_WG_VARIANTS");
+    std::string list = ev && *ev ? ev : "7,9";
+    std::stringstream ss(list);
+    for (std::string item; std::getline(ss, item, ',');) {
+      const int v = std::atoi(item.c_str());
+      if (v < 7 || v > 10) {
+        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 10\n",
+                     item.c_str());
+        std::exit(2);
+      }
+      variants.push_back(v);
+    }
+  }
+  const char* esw = std::getenv("V4_ATTN_WG_SWEEP");
+  const bool sweep = !(esw && std::string(esw) == "0");
+  const char* edg = std::getenv("V4_ATTN_WG_DIAG");
+  const bool diag = edg && std::string(edg) == "1";
   std::ostringstream md;
   md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB";
   if (pool_rows > 0)
@@ -495,12 +517,25 @@ std::string bench_attention_wg(double bw) {
         "session 14 auto takes variant 7 for calls of more than 4 rows of more than 4,096 keys); "
         "`v7` / `v8` = the warpgroup-MMA kernel (64 heads per CTA, wgmma QK from shared memory, "
         "P·V m64n256k16 with P in registers) with 64- / 32-key tiles at attention_dec7_splits, "
-        "`best` = the fastest of a split sweep (splits in parentheses).\n\n"
-     << "| kind | batch | context | keys/row | floor µs | mma.sync µs (variant, splits) | "
-        "mma.sync/floor | "
-        "v7 µs (splits) | v7 best µs (splits) | v7 best/floor | v8 µs (splits) | v8 best µs "
-        "(splits) | v8 best/floor |\n"
-     << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "operands in 8 × 16-byte core matrices; `v9` / `v10` = the same with 128-byte-swizzled "
+        "operands; `best` = the fastest of a split sweep (splits in parentheses)";
+  if (!sweep) md << " (no sweep this run: best = the model's count)";
+  if (diag)
+    md << "; `no copy` = the same launch without its key-row copies (tiles of zeros), `no MMA` "
+          "= without its wgmma instructions (set_attention_dec7_diag 1 / 2: what the pipeline "
+          "costs without the loads, and without the tensor work)";
+  md << ".\n\n| kind | batch | context | keys/row | floor µs | mma.sync µs (variant, splits) | "
+        "mma.sync/floor |";
+  std::string sep = "|---|---:|---:|---:|---:|---:|---:|";
+  for (int v : variants) {
+    md << " v" << v << " µs (splits) | v" << v << " best µs (splits) | v" << v << " best/floor |";
+    sep += "---:|---:|---:|";
+    if (diag) {
+      md << " v" << v << " no copy µs | v" << v << " no MMA µs |";
+      sep += "---:|---:|";
+    }
+  }
+  md << "\n" << sep << "\n";
   std::mt19937_64 g(12345);
   std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
   for (const char* kind : {"CSA", "HCA"})
@@ -532,32 +567,42 @@ std::string bench_attention_wg(double bw) {
         const double auto_us = t_dec(auto_sp, auto_v);
         const double bytes = double(S) * keys * hd * 2 + 2.0 * double(in.qn) * 4;
         const double floor_us = bytes / (bw * 1e3);
-        char cells[2][160];
-        for (int k = 0; k < 2; ++k) {
-          const int variant = 7 + k, kt = k == 0 ? 64 : 32;
+        std::string cells;
+        for (const int variant : variants) {
+          const int kt = variant == 7 || variant == 9 ? 64 : 32;
           const int spm = v4::cuda::attention_dec7_splits(S, H, keys, n_sms, kt);
           const double us = t_dec(spm, variant);
           double best = us;
           int bsp = spm;
           const int64_t tiles = (keys + kt - 1) / kt;
           for (int sp : {1, 2, 3, 4, 6, 8, 12, 16, 24, 33, 48, 65, 96, 128}) {
-            if (sp > tiles || sp == spm) continue;
+            if (!sweep || sp > tiles || sp == spm) continue;
             const double u = t_dec(sp, variant);
             std::printf("  sweep v%d %s S=%lld keys=%lld splits=%d: %.2f us\n", variant, kind,
                         (long long)S, (long long)keys, sp, u);
             if (u < best) best = u, bsp = sp;
           }
-          std::snprintf(cells[k], sizeof cells[k], "%.2f (%d) | %.2f (%d) | %.2f×", us, spm, best,
+          char cell[160];
+          std::snprintf(cell, sizeof cell, " %.2f (%d) | %.2f (%d) | %.2f× |", us, spm, best,
                         bsp, best / floor_us);
+          cells += cell;
+          if (diag) {
+            double d_us[2];
+            for (int mode = 1; mode <= 2; ++mode) {
+              AB_OK(v4::cuda::set_attention_dec7_diag(mode));
+              d_us[mode - 1] = t_dec(spm, variant);
+              AB_OK(v4::cuda::set_attention_dec7_diag(0));
+            }
+            std::snprintf(cell, sizeof cell, " %.2f | %.2f |", d_us[0], d_us[1]);
+            cells += cell;
+          }
         }
-        char line[640];
-        std::snprintf(line, sizeof line,
-                      "| %s | %lld | %s | %lld | %.2f | %.2f (v%d, %d) | %.2f× | %s | %s |\n", kind,
-                      (long long)S, ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M",
-                      (long long)keys, floor_us, auto_us, auto_v, auto_sp, auto_us / floor_us,
-                      cells[0], cells[1]);
-        md << line;
-        std::printf("%s", line);
+        char line[384];
+        std::snprintf(line, sizeof line, "| %s | %lld | %s | %lld | %.2f | %.2f (v%d, %d) | %.2f× |",
+                      kind, (long long)S, ctx == 4096 ? "4K" : ctx == 131072 ? "128K" : "1M",
+                      (long long)keys, floor_us, auto_us, auto_v, auto_sp, auto_us / floor_us);
+        md << line << cells << "\n";
+        std::printf("%s%s\n", line, cells.c_str());
         std::fflush(stdout);
         cudaFree(ws);
       }

@@ -755,10 +755,10 @@ TEST(CudaAttentionDec, Variant6MaskedTiles) {
 /// head, dim-half, descriptor, ring or split slip gives O(1) differences.
 void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol = kDecTol,
                    double tol6 = kV6VsV5Tol) {
-  for (int variant : {7, 8}) {
+  for (int variant : {7, 8, 9, 10}) {
     std::vector<int> splits = split_list;
-    splits.push_back(
-        cuda::attention_dec7_splits(c.S, c.H, c.max_keys, 132, variant == 7 ? 64 : 32));
+    splits.push_back(cuda::attention_dec7_splits(c.S, c.H, c.max_keys, 132,
+                                                 variant == 7 || variant == 9 ? 64 : 32));
     for (const int sp : splits) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp
                                         << " pools=" << kv_dtype_name(c.dt));
@@ -934,7 +934,7 @@ TEST(CudaAttentionDec, AutoVariant) {
 TEST(CudaAttentionDec, Variant7Deterministic) {
   V4_REQUIRE_GPU();
   AttnCase c(64, 128, {8320, 640, 1152, 17}, false, false, KvDtype::kBf16);
-  for (int variant : {7, 8})
+  for (int variant : {7, 8, 9, 10})
     for (int sp : {1, 2, 9}) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp);
       Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, sp) + 1));
@@ -948,6 +948,27 @@ TEST(CudaAttentionDec, Variant7Deterministic) {
           diff += std::memcmp(&first[i], &again[i], sizeof(float)) != 0;
         EXPECT_EQ(diff, 0u) << "rep " << rep;
       }
+    }
+}
+
+// Variants 9 / 10 are variants 7 / 8 with the 128-byte-swizzle operand layout: the same wgmma
+// products in the same order, so the outputs must match bit for bit (a swizzle, descriptor or
+// block-offset slip reads other dims or keys and changes them).
+TEST(CudaAttentionDec, Variant9BitIdenticalTo7) {
+  V4_REQUIRE_GPU();
+  AttnCase c(7, 128, {8320, 640, 1152, 17, 0, 33, 160}, false, false, KvDtype::kBf16, 0.5f);
+  for (int variant : {9, 10})
+    for (int sp : {1, 3, 16}) {
+      SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp);
+      Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, sp) + 1));
+      const auto base = run_dec(c, ws, sp, variant - 2);
+      const auto got = run_dec(c, ws, sp, variant);
+      ASSERT_EQ(got.size(), base.size());
+      size_t diff = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        diff += std::memcmp(&got[i], &base[i], sizeof(float)) != 0;
+      EXPECT_EQ(diff, 0u);
+      EXPECT_LE(rel_err(got, c.out_cpu), kDecTol);
     }
 }
 
@@ -1049,13 +1070,13 @@ TEST(CudaAttentionDec, SplitModel5) {
 // Through the backend (bf16 mode): the decode kernel's auto choice (mode -1, the default
 // attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 7 for S = 7 (8,320
 // keys; f32 pools: variant 2 inside), 2 for S = 64 (640 keys); mode -2: lean off, variant 5 for
-// S = 1, 4 for S = 3), variants 1 … 8 forced, and off
+// S = 1, 4 for S = 3), variants 1 … 10 forced, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8})
+  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));

@@ -1996,6 +1996,13 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant) {
   return largest;
 }
 
+Status set_attention_dec7_diag(int mode) {
+  if (mode < 0 || mode > 2)
+    return errorf(ErrorCode::kInvalidArgument, "set_attention_dec7_diag: mode {}", mode);
+  return cuda_status(cudaMemcpyToSymbol(c_attn7_diag, &mode, sizeof mode),
+                     "set_attention_dec7_diag");
+}
+
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
                             cudaStream_t stream, int variant) {
   if (a.n_rows <= 0) return Status::Ok();
@@ -2005,29 +2012,36 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 8)
+  if (variant < 1 || variant > 10)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v8
-  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 / v8: bf16 pools only
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v10
+  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 … v10: bf16 pools only
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
-  if (variant == 7 || variant == 8) {
-    // Variants 7 / 8: warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles (attention_dec_wg.cuh);
-    // the combine below when split.
+  if (variant >= 7) {
+    // Variants 7 … 10: warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles, operands without
+    // swizzle (7 / 8) or 128-byte-swizzled (9 / 10) (attention_dec_wg.cuh); the combine below
+    // when split.
     if (variant == 7)
-      V4_RETURN_IF_ERROR((launch_main<19, B>(attn_dec7_kernel<64>, Wg7Shape<64>::kSmem, a,
-                                              n_splits, workspace, grid, pdl, stream)));
+      V4_RETURN_IF_ERROR((launch_main<19, B>(attn_dec7_kernel<64, false>, Wg7Shape<64>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream)));
+    else if (variant == 8)
+      V4_RETURN_IF_ERROR((launch_main<20, B>(attn_dec7_kernel<32, false>, Wg7Shape<32>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream)));
+    else if (variant == 9)
+      V4_RETURN_IF_ERROR((launch_main<21, B>(attn_dec7_kernel<64, true>, Wg7Shape<64>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream)));
     else
-      V4_RETURN_IF_ERROR((launch_main<20, B>(attn_dec7_kernel<32>, Wg7Shape<32>::kSmem, a,
-                                              n_splits, workspace, grid, pdl, stream)));
+      V4_RETURN_IF_ERROR((launch_main<22, B>(attn_dec7_kernel<32, true>, Wg7Shape<32>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream)));
   } else if ((variant == 5 || variant == 6) &&
       (a.kv_dtype == KvDtype::kBf16 || a.kv_dtype == KvDtype::kF32)) {
     // Variants 5 / 6: 16 heads per CTA, preloaded key rows, key-split QK (attn_dec5_kernel; 6:

@@ -125,10 +125,21 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 /// log2 softmax, P·V as m64n256k16 with P from registers; 64- / 32-key tiles in a 2- / 4-deep
 /// cp.async ring; bf16 pools only (others run variant 2); the combine kernel when split. Within
 /// bf16 rounding of variant 6 (the same p up to the lazy reference and fp32 order).
+/// Variants 9 / 10 (V4_ATTN_DEC=9 / 10; splits as 7 / 8): variants 7 / 8 with Q and the key
+/// tiles in the 128-byte-swizzle operand layout (a key row's 64-dim blocks in 128-byte lines)
+/// instead of 8 × 16-byte core matrices; the same products in the same order (bit-identical to
+/// 7 / 8).
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
                             cudaStream_t stream, int variant = 2);
+
+/// Diagnostic of variants 7 … 10 for bench_kernels (never set by the engine): `mode` 0 normal,
+/// 1 the kernels skip their key-row copies (tiles of zeros: compute and pipeline only), 2 they
+/// skip their wgmma instructions (copies, barriers and softmax only). Process-wide (a
+/// __constant__); the outputs are wrong in modes 1 / 2. Errors: kInvalidArgument for another
+/// mode; CUDA errors.
+Status set_attention_dec7_diag(int mode);
 
 }  // namespace v4::cuda

@@ -45,7 +45,8 @@ constexpr int kOp7Sbo = 8192;          // bytes from 8 rows of a 512-dim operand
 constexpr int kOp7Lbo = 128;           // bytes from 8 dims to the next 8 (one core matrix)
 constexpr int kQ7Bytes = 64 * kHd * 2;  // Q of 64 heads, bf16
 
-/// Shapes of the variant-7 (kN = 64) and variant-8 (kN = 32) kernels.
+/// Shapes of the variant-7 / 9 (kN = 64) and variant-8 / 10 (kN = 32) kernels (the layout does
+/// not change the sizes; 1 KiB of slack aligns the operands to 1,024 bytes for the swizzle).
 template <int kN>
 struct Wg7Shape {
   static_assert(kN == 32 || kN == 64, "keys per tile");
@@ -56,15 +57,28 @@ struct Wg7Shape {
   static constexpr int kWarpsPerGroup = 8 / kKeyGroups;     // warps copying one key group
   static constexpr int kPieceIters = 16 / kWarpsPerGroup;   // cp.async per thread per tile
   static constexpr size_t kSmem =
-      size_t(kQ7Bytes) + size_t(kStages) * kTileBytes + size_t(2) * 128 * kSAcc * 4;
+      size_t(kQ7Bytes) + size_t(kStages) * kTileBytes + size_t(2) * 128 * kSAcc * 4 + 1024;
 };
-static_assert(Wg7Shape<64>::kSmem == 229376 && Wg7Shape<32>::kSmem == 212992);
+static_assert(Wg7Shape<64>::kSmem == 230400 && Wg7Shape<32>::kSmem == 214016);
 static_assert(Wg7Shape<64>::kSmem + 64 <= 232448, "smem over the 227 KiB limit");
 
-/// Byte offset of (row, 16-byte piece c = dims 8c … 8c + 7) in a 512-dim operand (layout above).
+/// Byte offset of (row, 16-byte piece c = dims 8c … 8c + 7) in a 512-dim operand of kRows rows:
+/// the no-swizzle layout above (kSw false; variants 7 / 8), or (kSw true; variants 9 / 10) the
+/// 128-byte-swizzle layout: 8 blocks of 64 dims, each kRows × 128 bytes (a row's 64 dims in one
+/// 128-byte line, its 16-byte chunk j at j ^ (row % 8)):
+///
+///   (c / 8) · kRows · 128 + row · 128 + ((c % 8) ^ (row % 8)) · 16
+template <bool kSw, int kRows>
 __device__ __forceinline__ uint32_t op7_off(int row, int c) {
-  return uint32_t((row >> 3) * kOp7Sbo + c * kOp7Lbo + (row & 7) * 16);
+  if constexpr (kSw)
+    return uint32_t((c >> 3) * (kRows * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+  else
+    return uint32_t((row >> 3) * kOp7Sbo + c * kOp7Lbo + (row & 7) * 16);
 }
+
+/// Diagnostic switch of the variant 7 … 10 kernels (bench only; set_attention_dec7_diag):
+/// 0 normal, 1 no key-row copies (the ring holds zeros), 2 no wgmma (S and o stay 0).
+__constant__ int c_attn7_diag = 0;
 
 template <int kN>
 __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uint64_t kd, int acc) {
@@ -74,14 +88,14 @@ __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uin
     wgmma_ss_m64n32k16(d, qd, kd, acc);
 }
 
-template <int kN>
+template <int kN, bool kSw>
 __global__ void __launch_bounds__(kWg7Threads, 1)
     attn_dec7_kernel(ops::AttentionArgs a, const __nv_bfloat16* __restrict__ swa_pool,
                      const __nv_bfloat16* __restrict__ comp_pool, int n_splits,
                      float* __restrict__ ws) {
   using Sh = Wg7Shape<kN>;
   constexpr int kS = Sh::kStages, kNA = Sh::kSAcc;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   // Per ring slot: bit k of byte b = key 8b + k of the tile has a pool row (kN / 8 bytes).
   __shared__ __align__(8) uint8_t valid_s[kS][8];
   pdl_wait();     // the previous kernel's q, key lists and workspace reads are done
@@ -104,7 +118,10 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
   const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
   const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
 
-  const uint32_t q_s = smem_addr(smem);
+  // Operands start on a 1,024-byte boundary (the swizzle atoms' alignment; kSmem has the slack).
+  const uint32_t q_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (q_s - smem_addr(smem_raw));
+  const int diag = c_attn7_diag;
   const uint32_t ring_s = q_s + kQ7Bytes;
   float* sx = reinterpret_cast<float*>(smem + kQ7Bytes + size_t(kS) * Sh::kTileBytes);
 
@@ -112,7 +129,6 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
   const int kg = warp / Sh::kWarpsPerGroup;
   const int my_key = 8 * kg + (lane & 7);
   const int pc0 = (warp % Sh::kWarpsPerGroup) * (4 * Sh::kPieceIters) + (lane >> 3);
-  const uint32_t my_dst = op7_off(my_key, pc0);
   auto lookup = [&](int tile) -> int32_t {
     const int j = k0 + tile * kN + my_key;
     if (tile >= n_tiles || j >= k1) return -1;
@@ -129,10 +145,13 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
       const unsigned char* src =
           ok ? reinterpret_cast<const unsigned char*>(pool + int64_t(r) * kHd) + 16 * pc0
              : reinterpret_cast<const unsigned char*>(a.q);  // not read (0 source bytes)
-      const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes) + my_dst;
+      const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
+      if (diag != 1) {
 #pragma unroll
-      for (int i = 0; i < Sh::kPieceIters; ++i)
-        cp_async16_sa(dst + uint32_t(i * 4 * kOp7Lbo), src + (ok ? 64 * i : 0), ok ? 16 : 0);
+        for (int i = 0; i < Sh::kPieceIters; ++i)
+          cp_async16_sa(dst + op7_off<kSw, kN>(my_key, pc0 + 4 * i), src + (ok ? 64 * i : 0),
+                        ok ? 16 : 0);
+      }
       const unsigned bal = __ballot_sync(0xffffffffu, ok);
       if (warp % Sh::kWarpsPerGroup == 0 && lane == 0) valid_s[slot][kg] = uint8_t(bal & 0xffu);
     }
@@ -167,12 +186,16 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
       const int u = tid + kWg7Threads * i;
       const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
       const float4 lo = qv[i][0], hi = qv[i][1];
-      *reinterpret_cast<uint4*>(smem + op7_off(h, c)) =
+      *reinterpret_cast<uint4*>(smem + op7_off<kSw, 64>(h, c)) =
           make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
                      pack_bf16(hi.z, hi.w));
     }
   }
 
+  if (diag == 1) {  // diagnostic: no copies; the tiles hold zeros
+    for (int i = tid; i < kS * Sh::kTileBytes / 16; i += kWg7Threads)
+      reinterpret_cast<uint4*>(smem + kQ7Bytes)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -180,9 +203,29 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
   // Descriptors of k-step 0 / slot 0; a k-step (16 dims: 256 bytes), a slot and 16 keys (2 row
   // groups: 16 KiB) add their byte offset >> 4 to the start-address field (no carry: shared
   // addresses stay below 256 KiB).
-  const uint64_t q_desc = wgmma_desc(q_s + uint32_t(4096 * wg), kOp7Lbo, kOp7Sbo);
-  const uint64_t k_desc0 = wgmma_desc(ring_s + uint32_t(4096 * wg), kOp7Lbo, kOp7Sbo);
-  const uint64_t v_desc0 = wgmma_desc(ring_s + uint32_t(4096 * wg), kOp7Sbo, kOp7Lbo);
+  // Swizzled (kSw): warpgroup w's dims are the 64-dim blocks 4w … 4w + 3; a k-step moves 32
+  // bytes inside a block's 128-byte lines (the hardware applies the XOR to the final address),
+  // every fourth one to the next block; a 16-key step of P·V is 2 row groups (2 KiB).
+  constexpr uint32_t kBlkQ = 64 * 128, kBlkK = kN * 128;
+  const uint64_t q_desc =
+      kSw ? wgmma_desc_sw128(q_s + 4 * kBlkQ * wg, 16, 1024)
+          : wgmma_desc(q_s + uint32_t(4096 * wg), kOp7Lbo, kOp7Sbo);
+  const uint64_t k_desc0 =
+      kSw ? wgmma_desc_sw128(ring_s + 4 * kBlkK * wg, 16, 1024)
+          : wgmma_desc(ring_s + uint32_t(4096 * wg), kOp7Lbo, kOp7Sbo);
+  const uint64_t v_desc0 =
+      kSw ? wgmma_desc_sw128(ring_s + 4 * kBlkK * wg, kBlkK, 1024)
+          : wgmma_desc(ring_s + uint32_t(4096 * wg), kOp7Sbo, kOp7Lbo);
+  // Descriptor increments (bytes >> 4) of k-step kk (QK: q, k) and 16-key step ks (P·V).
+  auto q_step = [](int kk) -> uint64_t {
+    return kSw ? uint64_t(((kk >> 2) * kBlkQ + (kk & 3) * 32) >> 4) : uint64_t(16 * kk);
+  };
+  auto k_step = [](int kk) -> uint64_t {
+    return kSw ? uint64_t(((kk >> 2) * kBlkK + (kk & 3) * 32) >> 4) : uint64_t(16 * kk);
+  };
+  auto v_step = [](int ks) -> uint64_t {
+    return kSw ? uint64_t(ks * (2048 >> 4)) : uint64_t(ks * (2 * kOp7Sbo >> 4));
+  };
   // S accumulators: written only by the QK wgmma (k-step 0 does not accumulate); the softmax
   // works on copies (sv).
   float sacc[kNA];
@@ -197,10 +240,11 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
     // QK over this warpgroup's dims: 16 k-steps of 16 dims, on the tensor cores while this
     // thread issues its copies of tile it + kS − 1 (into the slot tile it − 1 used).
     wgmma_fence();
+    if (diag != 2) {
 #pragma unroll
-    for (int kk = 0; kk < 16; ++kk)
-      wg7_qk_step<kN>(sacc, q_desc + uint64_t(16 * kk), k_desc0 + slot_off + uint64_t(16 * kk),
-                      kk > 0);
+      for (int kk = 0; kk < 16; ++kk)
+        wg7_qk_step<kN>(sacc, q_desc + q_step(kk), k_desc0 + slot_off + k_step(kk), kk > 0);
+    }
     wgmma_commit();
     issue(it + kS - 1, next_r);
     next_r = lookup(it + kS);
@@ -265,9 +309,11 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
     }
     wgmma_fence_acc(o);  // the rescale of o stays before the fence …
     wgmma_fence();       // … which orders o and pa before the wgmma reads them
+    if (diag != 2) {
 #pragma unroll
-    for (int ks = 0; ks < kN / 16; ++ks)  // keys 16ks … : 2 row groups = 16 KiB further
-      wgmma_rs_m64n256k16_tb(o, pa[ks], v_desc0 + slot_off + uint64_t(ks * (2 * kOp7Sbo >> 4)));
+      for (int ks = 0; ks < kN / 16; ++ks)  // keys 16ks … 16ks + 15
+        wgmma_rs_m64n256k16_tb(o, pa[ks], v_desc0 + slot_off + v_step(ks));
+    }
     wgmma_commit();
     wgmma_wait0();
     wgmma_fence_acc(o);

@@ -95,7 +95,7 @@ struct CudaOptions {
   /// kernel (attention_dec.h: bf16 mma.sync, 64 heads per block, cp.async-staged 32-key tiles,
   /// cost-model split-KV) instead of the TF32 kernel (attention_mma). Off: attention_mma for
   /// every bf16 call (the A/B baseline). Environment override: V4_ATTN_DEC=0 (off) / 1 (on,
-  /// variant 1) / 2 (on, variant 2) / 3 … 8 (on, variants 3 … 8).
+  /// variant 1) / 2 (on, variant 2) / 3 … 10 (on, variants 3 … 10).
   bool attention_dec = true;
   /// Decode kernel variant (attention_dec.h): 0 (default, auto: attention_dec_auto_variant),
   /// 2 (bf16 pools stream into a 4-deep ring of bf16 tiles, PDL launches, 2–8 splits merged in
@@ -104,7 +104,8 @@ struct CudaOptions {
   /// block, preloaded key rows, key-split QK, 2–16 splits merged in a cluster;
   /// attention_dec5_splits), 6 (variant 5 with fewer instructions per tile: ex2 of log2-unit
   /// logits, lazy rescale, register key masks; attention_dec5_splits(..., 6)), 7 / 8 (warpgroup
-  /// MMA, 64 heads per CTA, 64- / 32-key tiles, bf16 pools only; attention_dec7_splits).
+  /// MMA, 64 heads per CTA, 64- / 32-key tiles, bf16 pools only; attention_dec7_splits), 9 / 10
+  /// (7 / 8 with 128-byte-swizzled operands).
   int attention_dec_variant = 0;
   /// Auto (attention_dec_variant 0) takes variant 6 for calls of ≤ 4 rows (off: variant 5 for
   /// > 4,096 keys, else 4); more rows take variant 7 for > 4,096 keys, else 2. Environment

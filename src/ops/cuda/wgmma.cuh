@@ -26,6 +26,14 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
+/// wgmma descriptor of an operand in the 128-byte-swizzle layout (PTX ISA, "Shared Memory Matrix
+/// Layout"): 8-row × 128-byte atoms, the 16-byte chunk j of row r stored at chunk j ^ (r % 8),
+/// atoms 1024-byte aligned (base offset 0); `lbo` / `sbo` in bytes as for wgmma_desc (K-major: lbo
+/// unused, sbo = bytes between 8-row groups; MN-major: lbo = bytes between 64-element blocks along
+/// M / N, sbo = between 8-row groups along K).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return wgmma_desc(saddr, lbo, sbo) | (uint64_t(1) << 62);
+}
 /// Waits until no committed wgmma group of the warpgroup is pending.
 __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
