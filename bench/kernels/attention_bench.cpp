@@ -487,8 +487,8 @@ std::string bench_attention_wg(double bw) {
     std::stringstream ss(list);
     for (std::string item; std::getline(ss, item, ',');) {
       const int v = std::atoi(item.c_str());
-      if (v < 7 || v > 10) {
-        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 10\n",
+      if (v < 7 || v > 12) {
+        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 12\n",
                      item.c_str());
         std::exit(2);
       }
@@ -569,7 +569,7 @@ std::string bench_attention_wg(double bw) {
         const double floor_us = bytes / (bw * 1e3);
         std::string cells;
         for (const int variant : variants) {
-          const int kt = variant == 7 || variant == 9 ? 64 : 32;
+          const int kt = variant % 2 == 1 ? 64 : 32;
           const int spm = v4::cuda::attention_dec7_splits(S, H, keys, n_sms, kt);
           const double us = t_dec(spm, variant);
           double best = us;

@@ -44,8 +44,9 @@
 //                                             attention_mma vs the byte floor, CSA/HCA × batch
 //                                             1/64 × 4K/128K/1M: DIR/cuda-attention.md)
 //   bench_kernels --out DIR --only-attention-wg (decode attention, bf16 pools: the default
-//                                             kernels vs the warpgroup-MMA variants 7 / 8 and
-//                                             their split sweeps: DIR/cuda-attention-wg.md)
+//                                             kernels vs the warpgroup-MMA variants 7 … 10
+//                                             (V4_ATTN_WG_VARIANTS) and their split sweeps:
+//                                             DIR/cuda-attention-wg.md)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
@@ -97,7 +98,7 @@ std::string bench_indexer(double bw, int reps);
 std::string bench_indexer_gather(double bw, int reps);  // --probe-indexer-gather (indexer_bench.cpp)
 // attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
 std::string bench_attention(double bw);
-// attention_bench.cpp: the cuda-attention-wg.md body (variants 7 / 8 vs the default kernels).
+// attention_bench.cpp: the cuda-attention-wg.md body (variants 7 … 10 vs the default kernels).
 std::string bench_attention_wg(double bw);
 // gemv_bench.cpp: old vs streaming batch-1 GEMV (--only-gemv, cuda-gemv.md).
 std::string bench_gemv(double bw, int samples);
@@ -1109,7 +1110,7 @@ int main(int argc, char** argv) {
   }
   if (only_attention_wg) {
     std::ofstream(out_dir + "/cuda-attention-wg.md")
-        << "# Decode sparse attention on warpgroup MMA (variants 7 / 8) vs the byte floor\n\n"
+        << "# Decode sparse attention on warpgroup MMA (variants 7 … 10) vs the byte floor\n\n"
         << head << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n\n" << bench_attention_wg(bw);
     std::printf("wrote %s/cuda-attention-wg.md\n", out_dir.c_str());

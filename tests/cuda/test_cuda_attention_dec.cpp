@@ -755,10 +755,10 @@ TEST(CudaAttentionDec, Variant6MaskedTiles) {
 /// head, dim-half, descriptor, ring or split slip gives O(1) differences.
 void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol = kDecTol,
                    double tol6 = kV6VsV5Tol) {
-  for (int variant : {7, 8, 9, 10}) {
+  for (int variant : {7, 8, 9, 10, 11, 12}) {
     std::vector<int> splits = split_list;
     splits.push_back(cuda::attention_dec7_splits(c.S, c.H, c.max_keys, 132,
-                                                 variant == 7 || variant == 9 ? 64 : 32));
+                                                 variant % 2 == 1 ? 64 : 32));
     for (const int sp : splits) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp
                                         << " pools=" << kv_dtype_name(c.dt));
@@ -915,17 +915,17 @@ TEST(CudaAttentionDec, SplitModel7) {
 }
 
 // CudaOps' auto choice (attention_dec_auto_variant): lean variant 6 for ≤ 4 rows (off: 4, or 5
-// over 4,096 keys); more rows: variant 7 over 4,096 keys, else 2.
+// over 4,096 keys); more rows: variant 9 (swizzled warpgroup MMA) at any key count.
 TEST(CudaAttentionDec, AutoVariant) {
   EXPECT_EQ(cuda::attention_dec_auto_variant(1, 640, true), 6);
   EXPECT_EQ(cuda::attention_dec_auto_variant(4, 8320, true), 6);
   EXPECT_EQ(cuda::attention_dec_auto_variant(1, 640, false), 4);
   EXPECT_EQ(cuda::attention_dec_auto_variant(1, 8320, false), 5);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4096, true), 2);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4097, true), 7);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 640, true), 2);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 8320, false), 7);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(4096, 8320, true), 7);  // a prefill chunk
+  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4096, true), 9);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 160, true), 9);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 640, true), 9);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 8320, false), 9);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(4096, 8320, true), 9);  // a prefill chunk
 }
 
 // Variants 7 / 8 are deterministic (fixed summation order, no atomics): repeated launches over
@@ -934,7 +934,7 @@ TEST(CudaAttentionDec, AutoVariant) {
 TEST(CudaAttentionDec, Variant7Deterministic) {
   V4_REQUIRE_GPU();
   AttnCase c(64, 128, {8320, 640, 1152, 17}, false, false, KvDtype::kBf16);
-  for (int variant : {7, 8, 9, 10})
+  for (int variant : {7, 8, 9, 10, 11, 12})
     for (int sp : {1, 2, 9}) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp);
       Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, sp) + 1));
@@ -980,7 +980,7 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
-  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 9).ok());  // no variant 9
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 13).ok());  // no variant 13
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 0).ok());
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
@@ -1070,13 +1070,13 @@ TEST(CudaAttentionDec, SplitModel5) {
 // Through the backend (bf16 mode): the decode kernel's auto choice (mode -1, the default
 // attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 7 for S = 7 (8,320
 // keys; f32 pools: variant 2 inside), 2 for S = 64 (640 keys); mode -2: lean off, variant 5 for
-// S = 1, 4 for S = 3), variants 1 … 10 forced, and off
+// S = 1, 4 for S = 3), variants 1 … 12 forced, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10})
+  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));

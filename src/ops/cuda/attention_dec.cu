@@ -1697,6 +1697,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- variants 7 / 8 (issue 7: warpgroup MMA, 64 heads per CTA) --------------------------------
 #include "ops/cuda/attention_dec_wg.cuh"
+// ---- variants 11 / 12 (issue 7: warp-specialized warpgroup MMA) --------------------------------
+#include "ops/cuda/attention_dec_ws.cuh"
 }  // namespace
 
 bool attention_dec_supported(int n_heads, int head_dim) {
@@ -1803,7 +1805,7 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 }
 
 int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
-  if (rows > 4) return max_keys > 4096 ? 7 : 2;
+  if (rows > 4) return 9;
   if (lean) return 6;
   return max_keys > 4096 ? 5 : 4;
 }
@@ -1963,17 +1965,17 @@ bool cluster5_fits(int n) {
 template <int kId, typename T>
 Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, float*),
                    size_t smem, const ops::AttentionArgs& a, int n_splits, float* ws, dim3 grid,
-                   bool pdl, cudaStream_t stream, unsigned cluster = 1) {
+                   bool pdl, cudaStream_t stream, unsigned cluster = 1, int threads = kThreads) {
   V4_RETURN_IF_ERROR(smem_attr_once<kId>(reinterpret_cast<const void*>(kern), smem,
                                          "attn_dec smem attribute"));
   const T* swa = static_cast<const T*>(a.swa_pool);
   const T* comp = static_cast<const T*>(a.comp_pool);
   if (!pdl && cluster <= 1) {
-    kern<<<grid, kThreads, smem, stream>>>(a, swa, comp, n_splits, ws);
+    kern<<<grid, threads, smem, stream>>>(a, swa, comp, n_splits, ws);
     return check_launch("attn_dec_kernel");
   }
-  V4_RETURN_IF_ERROR(launch_ex(kern, grid, dim3(kThreads, 1, 1), smem, stream, pdl, cluster, a,
-                               swa, comp, n_splits, ws));
+  V4_RETURN_IF_ERROR(launch_ex(kern, grid, dim3(unsigned(threads), 1, 1), smem, stream, pdl,
+                               cluster, a, swa, comp, n_splits, ws));
   return check_launch("attn_dec_kernel (PDL / cluster)");
 }
 
@@ -2012,21 +2014,32 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 10)
+  if (variant < 1 || variant > 12)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v10
-  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 … v10: bf16 pools only
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v12
+  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 … v12: bf16 pools only
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
-  if (variant >= 7) {
+  if (variant >= 11) {
+    // Variants 11 / 12: warp-specialized (attention_dec_ws.cuh), 288 threads; the combine below
+    // when split.
+    if (variant == 11)
+      V4_RETURN_IF_ERROR((launch_main<23, B>(attn_dec11_kernel<64, 2>, Ws11Shape<64, 2>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream, 1,
+                                              kWs11Threads)));
+    else
+      V4_RETURN_IF_ERROR((launch_main<24, B>(attn_dec11_kernel<32, 4>, Ws11Shape<32, 4>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream, 1,
+                                              kWs11Threads)));
+  } else if (variant >= 7) {
     // Variants 7 … 10: warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles, operands without
     // swizzle (7 / 8) or 128-byte-swizzled (9 / 10) (attention_dec_wg.cuh); the combine below
     // when split.

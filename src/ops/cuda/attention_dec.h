@@ -82,12 +82,12 @@ int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int key
 /// rows — faster than variant 4 on CSA (9.2 vs 9.8 µs) and short HCA rows (8.6 vs 8.7 at 4K, 10.5
 /// vs 12.3 at 128K) and than variant 5 on HCA 1M (18.7 vs 24.1), cuda-attention.md at 309d01f;
 /// in the step once attention_dec5_splits' variant-6 model was re-fit (session 9). Calls of more
-/// rows with key lists over 4,096 keys take variant 7 (warpgroup MMA; bf16 pools, others run
-/// variant 2 inside): batch 64, HCA 1M (8,320 keys) 354 µs against variant 2's 419, while at
-/// 640 / 1,152 keys variant 2 stays faster (51 / 77 µs against 58 / 87),
-/// bench/results/cuda-attention-wg.md (session 14, e659806). Prefill chunks (more rows) over long
-/// HCA lists take variant 7 too (not benched as a kernel; the 900K prefill step of
-/// bench-v4flash-20l-ratio-s14.md ran 4,036 ms, against 4,063 in -ratio-s13.md).
+/// rows take variant 9 (warpgroup MMA on 128-byte-swizzled operands; bf16 pools, others run
+/// variant 2 inside), the fastest kernel at batch 64 for every key count measured
+/// (bench/results/cuda-attention-wg-swizzle.md, session 15, bb0150f): HCA 1M (8,320 keys) 249 µs
+/// against variant 7's 361 and variant 2's 419; CSA 640 keys 47.7 against v2's 51.5; HCA 1,152
+/// keys 72.2 against 76.9; HCA 160 keys 22.1 against 27.8. Prefill chunks (more rows) take it
+/// too.
 int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean);
 
 /// Largest split count (≤ 16) whose thread block cluster of variant-5 (`variant` 5) or

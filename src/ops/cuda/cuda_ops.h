@@ -108,7 +108,7 @@ struct CudaOptions {
   /// (7 / 8 with 128-byte-swizzled operands).
   int attention_dec_variant = 0;
   /// Auto (attention_dec_variant 0) takes variant 6 for calls of ≤ 4 rows (off: variant 5 for
-  /// > 4,096 keys, else 4); more rows take variant 7 for > 4,096 keys, else 2. Environment
+  /// > 4,096 keys, else 4); more rows take variant 9. Environment
   /// override: V4_ATTN_DEC_LEAN=1 (on) / 0 (off).
   bool attention_dec_lean = true;
   /// Prefill-sized calls (more rows) with f32 pools keep attention_mma until the decode kernel

@@ -1,0 +1,442 @@
+// Decode sparse MQA attention, warp-specialized (variants 11: 64-key tiles in a 2-slot ring, 12:
+// 32-key tiles in a 4-slot ring), bf16 KV pools. Included by attention_dec.cu inside its anonymous
+// namespace after attention_dec_wg.cuh (it uses that file's swizzled operand layout op7_off, Q
+// staging constants and diagnostic switch, and attention_dec.cu's cp.async, PDL, ex2 and bf16
+// helpers); the launcher is sparse_attention_dec.
+//
+// Why (issue 7, docs/cuda.md §Variants 11 / 12): in variants 7 … 10 both warpgroups run the same
+// lock-step sequence per tile — copies, QK, S exchange, softmax, P·V — separated by CTA-wide
+// barriers, so the tensor cores idle through the softmax and the barriers, and the loads of the
+// next tile are issued by the same warps between their MMAs. Variant 9 at batch 64 (HCA 1M) runs
+// 1.89× its byte floor; without its copies it still takes 1.41× (the compute chain), without its
+// wgmma 1.66× (the load chain) (bench/results/cuda-attention-wg-swizzle.md). Here, in the shape of
+// FlashMLA's Hopper decode kernel (its design, not its code):
+//   warpgroup 0 (threads 0–127): S = Q·Kᵀ over all 512 dims (32 wgmma m64nNk16, both operands
+//       128-byte-swizzled in shared memory), the online softmax (variant 6's lazy log2 rule), P
+//       (bf16) and the per-head rescale factors to shared memory for warpgroup 1, then
+//       O[:, 0 … 255] += P·V with P from registers;
+//   warpgroup 1 (threads 128–255): waits for P, rescales its O, O[:, 256 … 511] += P·V with P
+//       from shared memory — overlapping warpgroup 0's QK of the next tile;
+//   warp 8 (threads 256–287, the producer): looks the key rows up one tile ahead and copies
+//       them (cp.async, 16 bytes a lane, into the swizzled layout) into a ring of kStages
+//       slots, signalling each slot's mbarrier when its copies land (cp.async.mbarrier.arrive).
+// Synchronization: full[s] (producer → consumers: 32 cp.async arrivals + 32 plain arrivals after
+// the valid-key byte stores), empty[s] (256 consumer arrivals after their P·V of the slot),
+// named barriers kBarPReady / kBarPFree between the two warpgroups around the P buffer, and
+// kBarFinal for the final normalization factors. Results: the attention.h layout, as variant 7.
+
+constexpr int kWs11Threads = 288;  // 2 consumer warpgroups + 1 producer warp
+constexpr int kBarPReady = 1, kBarPFree = 2, kBarFinal = 3;  // named barrier ids (0: syncthreads)
+
+/// Shapes of the variant-11 (kN = 64, 2 slots) and variant-12 (kN = 32, 4 slots) kernels.
+template <int kN, int kStages>
+struct Ws11Shape {
+  static_assert((kN == 32 || kN == 64) && kStages >= 2, "keys per tile, ring depth");
+  static constexpr int kTileBytes = kN * kHd * 2;
+  static constexpr int kSAcc = kN / 2;  // S accumulators per warpgroup-0 thread
+  static constexpr int kPBytes = 64 * kN * 2;  // P (bf16, 64 heads × kN keys)
+  // Q | ring | P | rescale (64 f32) | final factor (64 f32) | valid bytes (kStages × 64) | full,
+  // empty mbarriers (kStages × 8 each); + 1 KiB of alignment slack.
+  static constexpr size_t kOffRing = kQ7Bytes;
+  static constexpr size_t kOffP = kOffRing + size_t(kStages) * kTileBytes;
+  static constexpr size_t kOffScale = kOffP + kPBytes;
+  static constexpr size_t kOffFinal = kOffScale + 64 * 4;
+  static constexpr size_t kOffValid = kOffFinal + 64 * 4;
+  static constexpr size_t kOffBar = kOffValid + size_t(kStages) * 64;
+  static constexpr size_t kSmem = kOffBar + size_t(2) * kStages * 8 + 1024;
+};
+static_assert(Ws11Shape<64, 2>::kSmem <= 232448 && Ws11Shape<32, 4>::kSmem <= 232448,
+              "smem over the 227 KiB limit");
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/// Plain arrive (release, CTA scope).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+/// Arrive once every cp.async this thread issued so far has landed (counts against the init count).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/// Blocks until the phase of parity `parity` of the barrier completed (acquire, CTA scope).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// D += A · B, wgmma m64n256k16: bf16 A from shared memory (K-major), bf16 B from shared memory
+/// N-major (imm-trans-b = 1), f32 D.
+__device__ __forceinline__ void wgmma_ss_m64n256k16_tb(float (&d)[128], uint64_t adesc,
+                                                       uint64_t bdesc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(adesc), "l"(bdesc), "r"(1)
+      : "memory");
+}
+
+// 224 registers a thread (9 warps: 64,512 of the 65,536); __launch_bounds__(288, 1) would cap
+// them at 168 (ptxas budgets whole warpgroups) and spill warpgroup 0's o, S and P.
+template <int kN, int kStages>
+__global__ void __maxnreg__(224)
+    attn_dec11_kernel(ops::AttentionArgs a, const __nv_bfloat16* __restrict__ swa_pool,
+                      const __nv_bfloat16* __restrict__ comp_pool, int n_splits,
+                      float* __restrict__ ws) {
+  using Sh = Ws11Shape<kN, kStages>;
+  constexpr int kS = kStages, kNA = Sh::kSAcc;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  pdl_wait();
+  pdl_trigger();
+
+  const int64_t t = blockIdx.x / n_splits;
+  const int s = int(blockIdx.x % n_splits);
+  const int hb = blockIdx.y * 64;
+  const int H = a.n_heads;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
+  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
+  const int n = n_swa + n_comp;
+  const int tiles_all = (n + kN - 1) / kN;
+  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
+  const int k0 = min(n, s * tiles_per * kN);
+  const int k1 = min(n, k0 + tiles_per * kN);
+  const int n_tiles = (k1 - k0 + kN - 1) / kN;
+  const int diag = c_attn7_diag;
+
+  const uint32_t q_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (q_s - smem_addr(smem_raw));
+  const uint32_t ring_s = q_s + uint32_t(Sh::kOffRing);
+  const uint32_t p_s = q_s + uint32_t(Sh::kOffP);
+  float* const sscale = reinterpret_cast<float*>(smem + Sh::kOffScale);
+  float* const sfinal = reinterpret_cast<float*>(smem + Sh::kOffFinal);
+  uint8_t* const svalid = smem + Sh::kOffValid;
+  const uint32_t full0 = q_s + uint32_t(Sh::kOffBar), empty0 = full0 + 8 * kS;
+  if (tid == 0) {
+    for (int i = 0; i < kS; ++i) {
+      mbar_init(full0 + 8 * i, 64);     // 32 cp.async arrivals + 32 plain ones
+      mbar_init(empty0 + 8 * i, 256);   // every consumer thread
+    }
+  }
+  __syncthreads();
+
+  if (warp == 8) {
+    // ---- producer warp: key lookups one tile ahead, cp.async into the ring ----
+    if (n_tiles == 0) return;
+    const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
+    const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
+    constexpr int kG = kN / 8;  // 8-key groups per tile; lane: key 8g + lane % 8, pieces lane / 8 + 4i
+    const int kl = lane & 7, sub = lane >> 3;
+    int32_t r_next[kG];
+    auto lookup = [&](int tile, int32_t (&r)[kG]) {
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const int j = k0 + tile * kN + 8 * g + kl;
+        r[g] = -1;
+        if (tile < n_tiles && j < k1)
+          r[g] = j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
+      }
+    };
+    lookup(0, r_next);
+    for (int it = 0; it < n_tiles; ++it) {
+      const int slot = it % kS;
+      int32_t r[kG];
+#pragma unroll
+      for (int g = 0; g < kG; ++g) r[g] = r_next[g];
+      lookup(it + 1, r_next);  // in flight during this tile's issue
+      if (it >= kS) mbar_wait(empty0 + 8 * slot, uint32_t((it / kS - 1) & 1));
+      const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const int key = 8 * g + kl;
+        const int j = k0 + it * kN + key;
+        const __nv_bfloat16* pool = j < n_swa ? swa_pool : comp_pool;
+        const bool ok = r[g] >= 0;
+        const unsigned char* src =
+            ok ? reinterpret_cast<const unsigned char*>(pool + int64_t(r[g]) * kHd) + 16 * sub
+               : reinterpret_cast<const unsigned char*>(a.q);  // not read (0 source bytes)
+        if (diag != 1) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i)
+            cp_async16_sa(dst + op7_off<true, kN>(key, sub + 4 * i), src + (ok ? 64 * i : 0),
+                          ok ? 16 : 0);
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        if (lane == 0) svalid[slot * 64 + g] = uint8_t(bal & 0xffu);
+      }
+      mbar_arrive_cp_async(full0 + 8 * slot);
+      mbar_arrive(full0 + 8 * slot);  // after the valid-byte stores (release)
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumers: Q → bf16 swizzled operand (both warpgroups), then the roles ----
+  const int wg = tid >> 7;
+  const int wq = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
+  if (n_tiles > 0) {
+    float4 qv[16][2];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int u = tid + 256 * i;
+      const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
+      qv[i][0] = qv[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (hb + h < H) {
+        const float4* src =
+            reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd) + 8 * c);
+        qv[i][0] = __ldg(src);
+        qv[i][1] = __ldg(src + 1);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int u = tid + 256 * i;
+      const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
+      const float4 lo = qv[i][0], hi = qv[i][1];
+      *reinterpret_cast<uint4*>(smem + op7_off<true, 64>(h, c)) =
+          make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                     pack_bf16(hi.z, hi.w));
+    }
+    if (diag == 1)  // diagnostic: no copies; the ring holds zeros
+      for (int i = tid; i < kS * Sh::kTileBytes / 16; i += 256)
+        reinterpret_cast<uint4*>(smem + Sh::kOffRing)[i] = make_uint4(0u, 0u, 0u, 0u);
+    fence_proxy_async_smem();
+  }
+  named_sync(kBarFinal, 256);  // Q complete (both warpgroups)
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  constexpr uint32_t kBlkQ = 64 * 128, kBlkK = kN * 128;
+  // V of this warpgroup's dims (blocks 4wg … 4wg + 3): N-major, 64-dim blocks kBlkK apart, 8-key
+  // groups 1 KiB apart; a 16-key step is 2 KiB.
+  const uint64_t v_desc0 = wgmma_desc_sw128(ring_s + 4 * kBlkK * wg, kBlkK, 1024);
+  float m2[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
+
+  if (wg == 0) {
+    const float c2 = a.scale * 1.4426950408889634f;
+    const uint64_t q_desc = wgmma_desc_sw128(q_s, 16, 1024);
+    const uint64_t k_desc0 = wgmma_desc_sw128(ring_s, 16, 1024);
+    float sacc[kNA];
+#pragma unroll
+    for (int i = 0; i < kNA; ++i) sacc[i] = 0.f;
+    for (int it = 0; it < n_tiles; ++it) {
+      const int slot = it % kS;
+      const uint64_t slot_off = uint64_t(slot * (Sh::kTileBytes >> 4));
+      mbar_wait(full0 + 8 * slot, uint32_t((it / kS) & 1));
+      fence_proxy_async_smem();
+      wgmma_fence();
+      if (diag != 2) {
+#pragma unroll
+        for (int kk = 0; kk < 32; ++kk)
+          wg7_qk_step<kN>(sacc,
+                          q_desc + uint64_t(((kk >> 2) * kBlkQ + (kk & 3) * 32) >> 4),
+                          k_desc0 + slot_off + uint64_t(((kk >> 2) * kBlkK + (kk & 3) * 32) >> 4),
+                          kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait0();
+      wgmma_fence_acc(sacc);
+      const uint64_t vm =
+          (kN == 64 ? *reinterpret_cast<const uint64_t*>(svalid + slot * 64)
+                    : uint64_t(*reinterpret_cast<const uint32_t*>(svalid + slot * 64))) >>
+          (2 * tq);
+      float sv[kNA];  // log2-unit logits, masked (a copy: sacc stays the wgmma's own registers)
+#pragma unroll
+      for (int i = 0; i < kNA; ++i)
+        sv[i] = (vm & (uint64_t(1) << (8 * (i >> 2) + (i & 1)))) ? sacc[i] * c2 : -INFINITY;
+      float corr[2], mref[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kNA / 4; ++j)
+          mx = fmaxf(mx, fmaxf(sv[4 * j + 2 * r], sv[4 * j + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        corr[r] = 1.f;
+        if (mx > m2[r] + kTau6) {
+          corr[r] = ex2_ftz(m2[r] - mx);
+          lsum[r] *= corr[r];
+          m2[r] = mx;
+        }
+        mref[r] = m2[r] == -INFINITY ? INFINITY : m2[r];
+      }
+      const bool rescale = __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f);
+      if (rescale) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= corr[0];
+          o[4 * j + 1] *= corr[0];
+          o[4 * j + 2] *= corr[1];
+          o[4 * j + 3] *= corr[1];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kNA; ++i) {
+        const int r = (i >> 1) & 1;
+        const float p = ex2_ftz(sv[i] - mref[r]);
+        sv[i] = p;
+        lsum[r] += p;
+      }
+      uint32_t pa[kN / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < kN / 16; ++ks) {
+        pa[ks][0] = pack_bf16(sv[8 * ks], sv[8 * ks + 1]);
+        pa[ks][1] = pack_bf16(sv[8 * ks + 2], sv[8 * ks + 3]);
+        pa[ks][2] = pack_bf16(sv[8 * ks + 4], sv[8 * ks + 5]);
+        pa[ks][3] = pack_bf16(sv[8 * ks + 6], sv[8 * ks + 7]);
+      }
+      // Hand P and the rescale factors to warpgroup 1 (once it is done with the previous ones).
+      if (it > 0) named_sync(kBarPFree, 256);
+      if (tq == 0) {
+        sscale[16 * wq + g] = corr[0];
+        sscale[16 * wq + g + 8] = corr[1];
+      }
+      // P in the no-swizzle K-major layout: (head h, key k) at (h / 8)·kN·16 + (k / 8)·128 +
+      // (h % 8)·16 + (k % 8)·2; this thread's pa[ks][q]: head 16wq + g + 8(q & 1), keys
+      // 16ks + 8(q >> 1) + 2tq, +1.
+#pragma unroll
+      for (int ks = 0; ks < kN / 16; ++ks)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int h = 16 * wq + g + 8 * (q & 1), k = 16 * ks + 8 * (q >> 1) + 2 * tq;
+          *reinterpret_cast<uint32_t*>(smem + Sh::kOffP + (h >> 3) * (kN * 16) + (k >> 3) * 128 +
+                                       (h & 7) * 16 + (k & 7) * 2) = pa[ks][q];
+        }
+      fence_proxy_async_smem();
+      named_arrive(kBarPReady, 256);
+      wgmma_fence_acc(o);
+      wgmma_fence();
+      if (diag != 2) {
+#pragma unroll
+        for (int ks = 0; ks < kN / 16; ++ks)
+          wgmma_rs_m64n256k16_tb(o, pa[ks], v_desc0 + slot_off + uint64_t(ks * (2048 >> 4)));
+      }
+      wgmma_commit();
+      wgmma_wait0();
+      wgmma_fence_acc(o);
+      mbar_arrive(empty0 + 8 * slot);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 1);
+      lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], 2);
+    }
+  } else {
+    // Warpgroup 1: P·V over dims 256 … 511 with P from shared memory.
+    const uint64_t p_desc0 = wgmma_desc(p_s, 128, uint32_t(kN * 16));
+    for (int it = 0; it < n_tiles; ++it) {
+      const int slot = it % kS;
+      const uint64_t slot_off = uint64_t(slot * (Sh::kTileBytes >> 4));
+      mbar_wait(full0 + 8 * slot, uint32_t((it / kS) & 1));  // the tile's bytes, for this thread
+      named_sync(kBarPReady, 256);
+      const float c0 = sscale[16 * wq + g], c1 = sscale[16 * wq + g + 8];
+      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= c0;
+          o[4 * j + 1] *= c0;
+          o[4 * j + 2] *= c1;
+          o[4 * j + 3] *= c1;
+        }
+      }
+      fence_proxy_async_smem();
+      wgmma_fence_acc(o);
+      wgmma_fence();
+      if (diag != 2) {
+#pragma unroll
+        for (int ks = 0; ks < kN / 16; ++ks)
+          wgmma_ss_m64n256k16_tb(o, p_desc0 + uint64_t(ks * (256 >> 4)),
+                                 v_desc0 + slot_off + uint64_t(ks * (2048 >> 4)));
+      }
+      wgmma_commit();
+      wgmma_wait0();
+      wgmma_fence_acc(o);
+      if (it + 1 < n_tiles) named_arrive(kBarPFree, 256);
+      mbar_arrive(empty0 + 8 * slot);
+    }
+  }
+
+  // ---- epilogue: warpgroup 0 owns (m, l); the normalization factor goes through sfinal ----
+  constexpr float kLn2 = 0.6931471805599453f;
+  float scale_r[2] = {1.f, 1.f};
+  if (wg == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hl = 16 * wq + g + 8 * r, h = hb + hl;
+      const float m = m2[r] == -INFINITY ? -INFINITY : m2[r] * kLn2;  // nats
+      if (n_splits == 1) {
+        const float sink = h < H ? a.sinks[h] : 0.f;
+        const float M = fmaxf(m, sink);
+        const float f = m == -INFINITY ? 0.f : __expf(m - M);
+        scale_r[r] = f / (lsum[r] * f + __expf(sink - M));
+      } else if (h < H && tq == 0) {
+        float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
+        pwo[0] = m;
+        pwo[1] = lsum[r];
+      }
+      if (tq == 0) sfinal[hl] = scale_r[r];
+    }
+    named_arrive(kBarFinal, 256);
+  } else {
+    named_sync(kBarFinal, 256);
+    scale_r[0] = sfinal[16 * wq + g];
+    scale_r[1] = sfinal[16 * wq + g + 8];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = hb + 16 * wq + g + 8 * r;
+    if (h >= H) continue;
+    const int d0 = 256 * wg + 2 * tq;
+    if (n_splits == 1) {
+      float* out = a.out + (t * H + h) * int64_t(kHd) + d0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(out + 8 * j) =
+            make_float2(o[4 * j + 2 * r] * scale_r[r], o[4 * j + 2 * r + 1] * scale_r[r]);
+    } else {
+      float* pwo = ws + ((t * H + h) * n_splits + s) * int64_t(kHd + 2);
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(pwo + 2 + d0 + 8 * j) =
+            make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+    }
+  }
+}
