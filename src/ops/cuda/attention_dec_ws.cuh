@@ -15,17 +15,20 @@
 //       128-byte-swizzled in shared memory), the online softmax (variant 6's lazy log2 rule), P
 //       (bf16) and the per-head rescale factors to shared memory for warpgroup 1, then
 //       O[:, 0 … 255] += P·V with P from registers;
-//   warpgroup 1 (threads 128–255): waits for P, rescales its O, O[:, 256 … 511] += P·V with P
-//       from shared memory — overlapping warpgroup 0's QK of the next tile;
-//   warp 8 (threads 256–287, the producer): looks the key rows up one tile ahead and copies
-//       them (cp.async, 16 bytes a lane, into the swizzled layout) into a ring of kStages
-//       slots, signalling each slot's mbarrier when its copies land (cp.async.mbarrier.arrive).
-// Synchronization: full[s] (producer → consumers: 32 cp.async arrivals + 32 plain arrivals after
-// the valid-key byte stores), empty[s] (256 consumer arrivals after their P·V of the slot),
+//   warpgroup 1 (threads 128–255): the producer as well — it looks the key rows up one tile
+//       ahead and copies them (cp.async, 16 bytes a lane, into the swizzled layout) into a ring
+//       of kStages slots, each slot's mbarrier signalled when its copies land
+//       (cp.async.mbarrier.arrive); then waits for P, rescales its O and adds
+//       O[:, 256 … 511] += P·V with P from shared memory — overlapping warpgroup 0's QK of the
+//       next tile. (A separate producer warp would make 9 warps: 3 on one SM sub-partition, whose
+//       16K registers then cap every thread at 168 and spill warpgroup 0.)
+// Synchronization: full[s] (warpgroup 1 → all: 128 cp.async arrivals + 128 plain arrivals after
+// the valid-key byte stores), empty[s] (all 256 threads after their last read of the slot),
 // named barriers kBarPReady / kBarPFree between the two warpgroups around the P buffer, and
-// kBarFinal for the final normalization factors. Results: the attention.h layout, as variant 7.
+// kBarFinal for the Q staging and the final normalization factors. Results: the attention.h
+// layout, as variant 7.
 
-constexpr int kWs11Threads = 288;  // 2 consumer warpgroups + 1 producer warp
+constexpr int kWs11Threads = 256;  // 2 warpgroups
 constexpr int kBarPReady = 1, kBarPFree = 2, kBarFinal = 3;  // named barrier ids (0: syncthreads)
 
 /// Shapes of the variant-11 (kN = 64, 2 slots) and variant-12 (kN = 32, 4 slots) kernels.
@@ -112,10 +115,8 @@ __device__ __forceinline__ void wgmma_ss_m64n256k16_tb(float (&d)[128], uint64_t
       : "memory");
 }
 
-// 224 registers a thread (9 warps: 64,512 of the 65,536); __launch_bounds__(288, 1) would cap
-// them at 168 (ptxas budgets whole warpgroups) and spill warpgroup 0's o, S and P.
 template <int kN, int kStages>
-__global__ void __maxnreg__(224)
+__global__ void __launch_bounds__(kWs11Threads, 1)
     attn_dec11_kernel(ops::AttentionArgs a, const __nv_bfloat16* __restrict__ swa_pool,
                       const __nv_bfloat16* __restrict__ comp_pool, int n_splits,
                       float* __restrict__ ws) {
@@ -150,65 +151,68 @@ __global__ void __maxnreg__(224)
   const uint32_t full0 = q_s + uint32_t(Sh::kOffBar), empty0 = full0 + 8 * kS;
   if (tid == 0) {
     for (int i = 0; i < kS; ++i) {
-      mbar_init(full0 + 8 * i, 64);     // 32 cp.async arrivals + 32 plain ones
-      mbar_init(empty0 + 8 * i, 256);   // every consumer thread
+      mbar_init(full0 + 8 * i, 256);   // warpgroup 1: 128 cp.async arrivals + 128 plain ones
+      mbar_init(empty0 + 8 * i, 256);  // every thread, after its last read of the slot
     }
   }
   __syncthreads();
 
-  if (warp == 8) {
-    // ---- producer warp: key lookups one tile ahead, cp.async into the ring ----
-    if (n_tiles == 0) return;
-    const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
-    const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
-    constexpr int kG = kN / 8;  // 8-key groups per tile; lane: key 8g + lane % 8, pieces lane / 8 + 4i
-    const int kl = lane & 7, sub = lane >> 3;
-    int32_t r_next[kG];
-    auto lookup = [&](int tile, int32_t (&r)[kG]) {
+  // ---- warpgroup 1 is also the producer: key lookups one tile ahead, cp.async into the ring ----
+  // Warp w of warpgroup 1 copies the 8-key groups w·kG/4 … (kG/4 per warp); lane: key
+  // 8·group + lane % 8, 16-byte pieces lane / 8 + 4i (i < 16).
+  constexpr int kG = kN / 8, kGW = kG / 4;  // 8-key groups per tile, per producer warp
+  const int kl = lane & 7, sub = lane >> 3, pw = warp & 3;
+  const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
+  const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
+  int32_t r_next[kGW];
+  auto lookup = [&](int tile, int32_t (&r)[kGW]) {
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        const int j = k0 + tile * kN + 8 * g + kl;
-        r[g] = -1;
-        if (tile < n_tiles && j < k1)
-          r[g] = j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
-      }
-    };
-    lookup(0, r_next);
-    for (int it = 0; it < n_tiles; ++it) {
-      const int slot = it % kS;
-      int32_t r[kG];
-#pragma unroll
-      for (int g = 0; g < kG; ++g) r[g] = r_next[g];
-      lookup(it + 1, r_next);  // in flight during this tile's issue
-      if (it >= kS) mbar_wait(empty0 + 8 * slot, uint32_t((it / kS - 1) & 1));
-      const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        const int key = 8 * g + kl;
-        const int j = k0 + it * kN + key;
-        const __nv_bfloat16* pool = j < n_swa ? swa_pool : comp_pool;
-        const bool ok = r[g] >= 0;
-        const unsigned char* src =
-            ok ? reinterpret_cast<const unsigned char*>(pool + int64_t(r[g]) * kHd) + 16 * sub
-               : reinterpret_cast<const unsigned char*>(a.q);  // not read (0 source bytes)
-        if (diag != 1) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i)
-            cp_async16_sa(dst + op7_off<true, kN>(key, sub + 4 * i), src + (ok ? 64 * i : 0),
-                          ok ? 16 : 0);
-        }
-        const unsigned bal = __ballot_sync(0xffffffffu, ok);
-        if (lane == 0) svalid[slot * 64 + g] = uint8_t(bal & 0xffu);
-      }
-      mbar_arrive_cp_async(full0 + 8 * slot);
-      mbar_arrive(full0 + 8 * slot);  // after the valid-byte stores (release)
+    for (int q = 0; q < kGW; ++q) {
+      const int j = k0 + tile * kN + 8 * (pw * kGW + q) + kl;
+      r[q] = -1;
+      if (tile < n_tiles && j < k1)
+        r[q] = j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
     }
-    cp_async_wait<0>();
-    return;
+  };
+  // Issues tile `tile` (< n_tiles; rows r) into its slot and arrives on the slot's full barrier
+  // twice: once when this thread's copies land, once now (after its valid-byte stores).
+  auto produce = [&](int tile, const int32_t (&r)[kGW]) {
+    const int slot = tile % kS;
+    const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
+#pragma unroll
+    for (int q = 0; q < kGW; ++q) {
+      const int grp = pw * kGW + q, key = 8 * grp + kl;
+      const int j = k0 + tile * kN + key;
+      const __nv_bfloat16* pool = j < n_swa ? swa_pool : comp_pool;
+      const bool ok = r[q] >= 0;
+      const unsigned char* src =
+          ok ? reinterpret_cast<const unsigned char*>(pool + int64_t(r[q]) * kHd) + 16 * sub
+             : reinterpret_cast<const unsigned char*>(a.q);  // not read (0 source bytes)
+      if (diag != 1) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          cp_async16_sa(dst + op7_off<true, kN>(key, sub + 4 * i), src + (ok ? 64 * i : 0),
+                        ok ? 16 : 0);
+      }
+      const unsigned bal = __ballot_sync(0xffffffffu, ok);
+      if (lane == 0) svalid[slot * 64 + grp] = uint8_t(bal & 0xffu);
+    }
+    mbar_arrive_cp_async(full0 + 8 * slot);
+    mbar_arrive(full0 + 8 * slot);  // after the valid-byte stores (release)
+  };
+  const int wg = tid >> 7;
+  if (wg == 1 && n_tiles > 0) {  // prologue: tiles 0 … kS − 2 in flight before the Q staging
+    lookup(0, r_next);
+    for (int p = 0; p < kS - 1 && p < n_tiles; ++p) {
+      int32_t r[kGW];
+#pragma unroll
+      for (int q = 0; q < kGW; ++q) r[q] = r_next[q];
+      lookup(p + 1, r_next);
+      produce(p, r);
+    }
   }
 
-  // ---- consumers: Q → bf16 swizzled operand (both warpgroups), then the roles ----
-  const int wg = tid >> 7;
+  // ---- Q → bf16 swizzled operand (both warpgroups), then the roles ----
   const int wq = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
   if (n_tiles > 0) {
     float4 qv[16][2];
@@ -365,17 +369,25 @@ __global__ void __maxnreg__(224)
     for (int it = 0; it < n_tiles; ++it) {
       const int slot = it % kS;
       const uint64_t slot_off = uint64_t(slot * (Sh::kTileBytes >> 4));
+      if (const int nt = it + kS - 1; nt < n_tiles) {  // into the slot tile it − 1 used
+        int32_t r[kGW];
+#pragma unroll
+        for (int q = 0; q < kGW; ++q) r[q] = r_next[q];
+        lookup(nt + 1, r_next);
+        if (nt >= kS) mbar_wait(empty0 + 8 * (nt % kS), uint32_t((nt / kS - 1) & 1));
+        produce(nt, r);
+      }
       mbar_wait(full0 + 8 * slot, uint32_t((it / kS) & 1));  // the tile's bytes, for this thread
       named_sync(kBarPReady, 256);
+      // Unconditional (128 FMULs; a branch on "any factor ≠ 1" here made ptxas serialize the
+      // P·V wgmma, C7515).
       const float c0 = sscale[16 * wq + g], c1 = sscale[16 * wq + g + 8];
-      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j] *= c0;
-          o[4 * j + 1] *= c0;
-          o[4 * j + 2] *= c1;
-          o[4 * j + 3] *= c1;
-        }
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j] *= c0;
+        o[4 * j + 1] *= c0;
+        o[4 * j + 2] *= c1;
+        o[4 * j + 3] *= c1;
       }
       fence_proxy_async_smem();
       wgmma_fence_acc(o);
@@ -392,6 +404,7 @@ __global__ void __maxnreg__(224)
       if (it + 1 < n_tiles) named_arrive(kBarPFree, 256);
       mbar_arrive(empty0 + 8 * slot);
     }
+    cp_async_wait<0>();
   }
 
   // ---- epilogue: warpgroup 0 owns (m, l); the normalization factor goes through sfinal ----
