@@ -499,6 +499,8 @@ std::string bench_attention_wg(double bw) {
   const bool sweep = !(esw && std::string(esw) == "0");
   const char* edg = std::getenv("V4_ATTN_WG_DIAG");
   const bool diag = edg && std::string(edg) == "1";
+  const char* epf = std::getenv("V4_ATTN_WG_PF_AB");
+  const bool pf_ab = epf && std::string(epf) == "1";
   std::ostringstream md;
   md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB";
   if (pool_rows > 0)
@@ -520,6 +522,12 @@ std::string bench_attention_wg(double bw) {
         "operands in 8 × 16-byte core matrices; `v9` / `v10` = the same with 128-byte-swizzled "
         "operands; `best` = the fastest of a split sweep (splits in parentheses)";
   if (!sweep) md << " (no sweep this run: best = the model's count)";
+  if (pf_ab)
+    md << "; `v11` / `v12` = warp-specialized (warpgroup 0: QK over all dims + softmax + P·V of "
+          "dims 0–255; warpgroup 1: the key-row copies into an mbarrier ring + P·V of dims "
+          "256–511) with 64- / 32-key tiles, L2 prefetch of the rows 1 tile beyond the copies "
+          "(default); `pf 0` / `pf 2` = the same without the L2 prefetch / 2 tiles ahead "
+          "(set_attention_dec11_prefetch)";
   if (diag)
     md << "; `no copy` = the same launch without its key-row copies (tiles of zeros), `no MMA` "
           "= without its wgmma instructions (set_attention_dec7_diag 1 / 2: what the pipeline "
@@ -532,6 +540,10 @@ std::string bench_attention_wg(double bw) {
     sep += "---:|---:|---:|";
     if (diag) {
       md << " v" << v << " no copy µs | v" << v << " no MMA µs |";
+      sep += "---:|---:|";
+    }
+    if (pf_ab && v >= 11) {
+      md << " v" << v << " pf 0 µs | v" << v << " pf 2 µs |";
       sep += "---:|---:|";
     }
   }
@@ -594,6 +606,16 @@ std::string bench_attention_wg(double bw) {
               AB_OK(v4::cuda::set_attention_dec7_diag(0));
             }
             std::snprintf(cell, sizeof cell, " %.2f | %.2f |", d_us[0], d_us[1]);
+            cells += cell;
+          }
+          if (pf_ab && variant >= 11) {
+            double p_us[2];
+            for (int k = 0; k < 2; ++k) {
+              AB_OK(v4::cuda::set_attention_dec11_prefetch(2 * k));
+              p_us[k] = t_dec(spm, variant);
+            }
+            AB_OK(v4::cuda::set_attention_dec11_prefetch(1));
+            std::snprintf(cell, sizeof cell, " %.2f | %.2f |", p_us[0], p_us[1]);
             cells += cell;
           }
         }

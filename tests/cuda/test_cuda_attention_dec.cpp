@@ -915,17 +915,17 @@ TEST(CudaAttentionDec, SplitModel7) {
 }
 
 // CudaOps' auto choice (attention_dec_auto_variant): lean variant 6 for ≤ 4 rows (off: 4, or 5
-// over 4,096 keys); more rows: variant 9 (swizzled warpgroup MMA) at any key count.
+// over 4,096 keys); more rows: variant 11 (warp-specialized warpgroup MMA) at any key count.
 TEST(CudaAttentionDec, AutoVariant) {
   EXPECT_EQ(cuda::attention_dec_auto_variant(1, 640, true), 6);
   EXPECT_EQ(cuda::attention_dec_auto_variant(4, 8320, true), 6);
   EXPECT_EQ(cuda::attention_dec_auto_variant(1, 640, false), 4);
   EXPECT_EQ(cuda::attention_dec_auto_variant(1, 8320, false), 5);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4096, true), 9);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 160, true), 9);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 640, true), 9);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 8320, false), 9);
-  EXPECT_EQ(cuda::attention_dec_auto_variant(4096, 8320, true), 9);  // a prefill chunk
+  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 4096, true), 11);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(5, 160, true), 11);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 640, true), 11);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(64, 8320, false), 11);
+  EXPECT_EQ(cuda::attention_dec_auto_variant(4096, 8320, true), 11);  // a prefill chunk
 }
 
 // Variants 7 / 8 are deterministic (fixed summation order, no atomics): repeated launches over

@@ -1805,7 +1805,7 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 }
 
 int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
-  if (rows > 4) return 9;
+  if (rows > 4) return 11;
   if (lean) return 6;
   return max_keys > 4096 ? 5 : 4;
 }
@@ -2003,6 +2003,13 @@ Status set_attention_dec7_diag(int mode) {
     return errorf(ErrorCode::kInvalidArgument, "set_attention_dec7_diag: mode {}", mode);
   return cuda_status(cudaMemcpyToSymbol(c_attn7_diag, &mode, sizeof mode),
                      "set_attention_dec7_diag");
+}
+
+Status set_attention_dec11_prefetch(int tiles) {
+  if (tiles < 0 || tiles > 2)
+    return errorf(ErrorCode::kInvalidArgument, "set_attention_dec11_prefetch: {} tiles", tiles);
+  return cuda_status(cudaMemcpyToSymbol(c_attn11_prefetch, &tiles, sizeof tiles),
+                     "set_attention_dec11_prefetch");
 }
 
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,

@@ -82,12 +82,12 @@ int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int key
 /// rows — faster than variant 4 on CSA (9.2 vs 9.8 µs) and short HCA rows (8.6 vs 8.7 at 4K, 10.5
 /// vs 12.3 at 128K) and than variant 5 on HCA 1M (18.7 vs 24.1), cuda-attention.md at 309d01f;
 /// in the step once attention_dec5_splits' variant-6 model was re-fit (session 9). Calls of more
-/// rows take variant 9 (warpgroup MMA on 128-byte-swizzled operands; bf16 pools, others run
-/// variant 2 inside), the fastest kernel at batch 64 for every key count measured
-/// (bench/results/cuda-attention-wg-swizzle.md, session 15, bb0150f): HCA 1M (8,320 keys) 249 µs
-/// against variant 7's 361 and variant 2's 419; CSA 640 keys 47.7 against v2's 51.5; HCA 1,152
-/// keys 72.2 against 76.9; HCA 160 keys 22.1 against 27.8. Prefill chunks (more rows) take it
-/// too.
+/// rows take variant 11 (warp-specialized warpgroup MMA; bf16 pools, others run variant 2
+/// inside), the fastest kernel at batch 64 for every key count measured
+/// (bench/results/cuda-attention-wg-ws.md, session 15): HCA 1M (8,320 keys) 225 µs against
+/// variant 9's 252, variant 7's 361 (cuda-attention-wg-swizzle.md) and variant 2's 421; CSA 640
+/// keys 36.7 against 47.6 (v9) and 51.5 (v2); HCA 1,152 keys 63.7 against 71.9 / 76.9; HCA 160
+/// keys 18.7 against 22.1 / 27.7. Prefill chunks (more rows) take it too.
 int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean);
 
 /// Largest split count (≤ 16) whose thread block cluster of variant-5 (`variant` 5) or
@@ -129,6 +129,12 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 /// tiles in the 128-byte-swizzle operand layout (a key row's 64-dim blocks in 128-byte lines)
 /// instead of 8 × 16-byte core matrices; the same products in the same order (bit-identical to
 /// 7 / 8).
+/// Variants 11 / 12 (V4_ATTN_DEC=11 / 12; splits as 7 / 8; attention_dec_ws.cuh): warp-
+/// specialized, in FlashMLA's shape — warpgroup 0 computes S over all 512 dims, the softmax and
+/// P·V of dims 0–255 (P from registers); warpgroup 1 copies the key rows (cp.async into an
+/// mbarrier ring of 2 × 64 / 4 × 32 keys, with an L2 prefetch of the rows one tile further,
+/// set_attention_dec11_prefetch) and computes P·V of dims 256–511 with P from shared memory.
+/// bf16 pools only (others run variant 2); within bf16 rounding of variant 6.
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.
@@ -141,5 +147,11 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
 /// __constant__); the outputs are wrong in modes 1 / 2. Errors: kInvalidArgument for another
 /// mode; CUDA errors.
 Status set_attention_dec7_diag(int mode);
+
+/// L2 prefetch distance of variants 11 / 12 (bench A/B; default 1): warpgroup 1 prefetches
+/// (cp.async.bulk.prefetch.L2) the key rows `tiles` tiles beyond the one it copies into shared
+/// memory; 0 turns it off. Process-wide (a __constant__). Errors: kInvalidArgument outside
+/// [0, 2]; CUDA errors.
+Status set_attention_dec11_prefetch(int tiles);
 
 }  // namespace v4::cuda

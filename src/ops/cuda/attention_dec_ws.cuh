@@ -29,6 +29,9 @@
 // layout, as variant 7.
 
 constexpr int kWs11Threads = 256;  // 2 warpgroups
+/// L2 prefetch distance of variants 11 / 12 in tiles beyond the tile being copied (0: none;
+/// 1, 2); set_attention_dec11_prefetch (bench A/B).
+__constant__ int c_attn11_prefetch = 1;
 constexpr int kBarPReady = 1, kBarPFree = 2, kBarFinal = 3;  // named barrier ids (0: syncthreads)
 
 /// Shapes of the variant-11 (kN = 64, 2 slots) and variant-12 (kN = 32, 4 slots) kernels.
@@ -164,7 +167,11 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   const int kl = lane & 7, sub = lane >> 3, pw = warp & 3;
   const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
   const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
-  int32_t r_next[kGW];
+  // Pool rows of the next tiles to copy: rq[0] = tile nt (the next cp.async), rq[1] = nt + 1,
+  // rq[2] = nt + 2 (looked up two tiles ahead, so that an L2 prefetch kPf tiles ahead of the
+  // copies finds its rows loaded).
+  int32_t rq[3][kGW];
+  const int pf = c_attn11_prefetch;  // 0: no L2 prefetch, else its distance in tiles (1 or 2)
   auto lookup = [&](int tile, int32_t (&r)[kGW]) {
 #pragma unroll
     for (int q = 0; q < kGW; ++q) {
@@ -176,6 +183,30 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   };
   // Issues tile `tile` (< n_tiles; rows r) into its slot and arrives on the slot's full barrier
   // twice: once when this thread's copies land, once now (after its valid-byte stores).
+  // The L2 prefetch: cp.async.bulk.prefetch.L2 of each whole 1 KiB row of tile `tile` (one lane
+  // of 8 per key).
+  auto prefetch = [&](int tile, const int32_t (&r)[kGW]) {
+    if (tile >= n_tiles || sub != 0) return;
+#pragma unroll
+    for (int q = 0; q < kGW; ++q) {
+      const int j = k0 + tile * kN + 8 * (pw * kGW + q) + kl;
+      if (r[q] < 0) continue;
+      const __nv_bfloat16* row = (j < n_swa ? swa_pool : comp_pool) + int64_t(r[q]) * kHd;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(kHd * 2)
+                   : "memory");
+    }
+  };
+  // Copies tile rq[0] names (tile nt), prefetches tile nt + pf, and shifts the row queue.
+  auto advance = [&](int nt) {
+    if (pf == 1) prefetch(nt + 1, rq[1]);
+    if (pf == 2) prefetch(nt + 2, rq[2]);
+#pragma unroll
+    for (int q = 0; q < kGW; ++q) {
+      rq[0][q] = rq[1][q];
+      rq[1][q] = rq[2][q];
+    }
+    lookup(nt + 3, rq[2]);
+  };
   auto produce = [&](int tile, const int32_t (&r)[kGW]) {
     const int slot = tile % kS;
     const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
@@ -202,13 +233,12 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   };
   const int wg = tid >> 7;
   if (wg == 1 && n_tiles > 0) {  // prologue: tiles 0 … kS − 2 in flight before the Q staging
-    lookup(0, r_next);
+    lookup(0, rq[0]);
+    lookup(1, rq[1]);
+    lookup(2, rq[2]);
     for (int p = 0; p < kS - 1 && p < n_tiles; ++p) {
-      int32_t r[kGW];
-#pragma unroll
-      for (int q = 0; q < kGW; ++q) r[q] = r_next[q];
-      lookup(p + 1, r_next);
-      produce(p, r);
+      produce(p, rq[0]);
+      advance(p);
     }
   }
 
@@ -370,12 +400,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
       const int slot = it % kS;
       const uint64_t slot_off = uint64_t(slot * (Sh::kTileBytes >> 4));
       if (const int nt = it + kS - 1; nt < n_tiles) {  // into the slot tile it − 1 used
-        int32_t r[kGW];
-#pragma unroll
-        for (int q = 0; q < kGW; ++q) r[q] = r_next[q];
-        lookup(nt + 1, r_next);
         if (nt >= kS) mbar_wait(empty0 + 8 * (nt % kS), uint32_t((nt / kS - 1) & 1));
-        produce(nt, r);
+        produce(nt, rq[0]);
+        advance(nt);
       }
       mbar_wait(full0 + 8 * slot, uint32_t((it / kS) & 1));  // the tile's bytes, for this thread
       named_sync(kBarPReady, 256);
