@@ -525,8 +525,8 @@ std::string bench_attention_wg(double bw) {
   if (pf_ab)
     md << "; `v11` / `v12` = warp-specialized (warpgroup 0: QK over all dims + softmax + P·V of "
           "dims 0–255; warpgroup 1: the key-row copies into an mbarrier ring + P·V of dims "
-          "256–511) with 64- / 32-key tiles, L2 prefetch of the rows 1 tile beyond the copies "
-          "(default); `pf 0` / `pf 2` = the same without the L2 prefetch / 2 tiles ahead "
+          "256–511) with 64- / 32-key tiles, no L2 prefetch (the default); `pf 1` / `pf 2` = the "
+          "same with an L2 prefetch of the rows 1 / 2 tiles beyond the copies "
           "(set_attention_dec11_prefetch)";
   if (diag)
     md << "; `no copy` = the same launch without its key-row copies (tiles of zeros), `no MMA` "
@@ -543,7 +543,7 @@ std::string bench_attention_wg(double bw) {
       sep += "---:|---:|";
     }
     if (pf_ab && v >= 11) {
-      md << " v" << v << " pf 0 µs | v" << v << " pf 2 µs |";
+      md << " v" << v << " pf 1 µs | v" << v << " pf 2 µs |";
       sep += "---:|---:|";
     }
   }
@@ -611,10 +611,10 @@ std::string bench_attention_wg(double bw) {
           if (pf_ab && variant >= 11) {
             double p_us[2];
             for (int k = 0; k < 2; ++k) {
-              AB_OK(v4::cuda::set_attention_dec11_prefetch(2 * k));
+              AB_OK(v4::cuda::set_attention_dec11_prefetch(k + 1));
               p_us[k] = t_dec(spm, variant);
             }
-            AB_OK(v4::cuda::set_attention_dec11_prefetch(1));
+            AB_OK(v4::cuda::set_attention_dec11_prefetch(0));
             std::snprintf(cell, sizeof cell, " %.2f | %.2f |", p_us[0], p_us[1]);
             cells += cell;
           }

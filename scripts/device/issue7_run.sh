@@ -38,6 +38,9 @@
 #               served), once per KV type in $V4_RATIO_KV (bf16) and attention_dec variant in
 #               $V4_RATIO_ATTN (auto), $V4_RATIO_REPEAT times each (1), with a summary of the
 #               900K / 4K ratios (min, mean, max) on top -> bench-v4flash-20l-ratio.md
+#   attnb64     v4serve bench at batch $V4_B64_BATCH (64) × 4K and 128K (bf16 KV + fp8 indexer keys),
+#               once per V4_ATTN_DEC in $V4_B64_ATTN ("2 9 auto") -> bench-v4flash-20l-attn-b64.md
+#               (decode attention kernels end to end at batch 64; not in the default stage list)
 #   ratioenv    the ratio measurement (bf16 KV, decode only) once per env set in $V4_RATIO_ENVS
 #               (e.g. "default V4_INDEXER_DEC=2"; V4_RATIO_PROFILE=1 adds --profile to every run, an
 #               entry's PROFILE=1 pair to that run only, e.g. "PROFILE=1,V4_ATTN_DEC_LEAN=0": per-region
@@ -209,6 +212,22 @@ if has ratio; then  # issue 7: decode tok/s at 900K vs 4K as served (no profile:
   unset V4_ATTN_DEC
   { python3 scripts/device/ratio_summary.py "$summary"; echo; cat "$body"; } > "$OUT/bench-v4flash-20l-ratio.md"
   rm -f "$body" "$summary"
+fi
+if has attnb64; then  # decode at batch $V4_B64_BATCH (64) × 4K / 128K per attention_dec variant
+  # V4_B64_ATTN: V4_ATTN_DEC values (default "2 9 auto": the mma.sync kernel, the swizzled
+  # warpgroup kernel, today's auto choice = variant 11 above 4 rows); bf16 KV + fp8 indexer keys
+  # as served; one table per variant, all in bench-v4flash-20l-attn-b64.md.
+  body=$OUT/bench-v4flash-20l-attn-b64.md; : > "$body"
+  for av in ${V4_B64_ATTN:-2 9 auto}; do
+    if [ "$av" = auto ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
+    timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 --index-cache-dtype fp8 \
+      --batch "${V4_B64_BATCH:-64}" --context 4K,128K --steps ${V4_B64_STEPS:-10} --prefill-steps 1 \
+      --prefill-warmup 0 --out "$OUT/b64-$av.md" > "$OUT/bench-b64-$av.log" 2>&1
+    echo "bench (batch ${V4_B64_BATCH:-64}, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/b64-$av.md"
+    { echo "## V4_ATTN_DEC=$av"; echo; cat "$OUT/b64-$av.md"; echo; } >> "$body"
+    rm -f "$OUT/b64-$av.md"; logs+=(bench-b64-$av.log)
+  done
+  unset V4_ATTN_DEC
 fi
 if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under several env sets
   # V4_RATIO_ENVS: space-separated entries, each "default" or comma-separated VAR=VALUE pairs

@@ -132,7 +132,7 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 /// Variants 11 / 12 (V4_ATTN_DEC=11 / 12; splits as 7 / 8; attention_dec_ws.cuh): warp-
 /// specialized, in FlashMLA's shape — warpgroup 0 computes S over all 512 dims, the softmax and
 /// P·V of dims 0–255 (P from registers); warpgroup 1 copies the key rows (cp.async into an
-/// mbarrier ring of 2 × 64 / 4 × 32 keys, with an L2 prefetch of the rows one tile further,
+/// mbarrier ring of 2 × 64 / 4 × 32 keys; an L2 prefetch of later rows is an A/B option,
 /// set_attention_dec11_prefetch) and computes P·V of dims 256–511 with P from shared memory.
 /// bf16 pools only (others run variant 2); within bf16 rounding of variant 6.
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
@@ -148,7 +148,7 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
 /// mode; CUDA errors.
 Status set_attention_dec7_diag(int mode);
 
-/// L2 prefetch distance of variants 11 / 12 (bench A/B; default 1): warpgroup 1 prefetches
+/// L2 prefetch distance of variants 11 / 12 (bench A/B; default 0): warpgroup 1 prefetches
 /// (cp.async.bulk.prefetch.L2) the key rows `tiles` tiles beyond the one it copies into shared
 /// memory; 0 turns it off. Process-wide (a __constant__). Errors: kInvalidArgument outside
 /// [0, 2]; CUDA errors.

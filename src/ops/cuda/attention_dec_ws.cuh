@@ -29,9 +29,10 @@
 // layout, as variant 7.
 
 constexpr int kWs11Threads = 256;  // 2 warpgroups
-/// L2 prefetch distance of variants 11 / 12 in tiles beyond the tile being copied (0: none;
-/// 1, 2); set_attention_dec11_prefetch (bench A/B).
-__constant__ int c_attn11_prefetch = 1;
+/// L2 prefetch distance of variants 11 / 12 in tiles beyond the tile being copied (0: none, the
+/// default; 1, 2); set_attention_dec11_prefetch (bench A/B). Off because it slowed the kernel:
+/// batch 64, HCA 1M 221 µs with 1 tile, 234 with 2, 213 without (cuda-attention-wg-ws-pf.md).
+__constant__ int c_attn11_prefetch = 0;
 constexpr int kBarPReady = 1, kBarPFree = 2, kBarFinal = 3;  // named barrier ids (0: syncthreads)
 
 /// Shapes of the variant-11 (kN = 64, 2 slots) and variant-12 (kN = 32, 4 slots) kernels.
