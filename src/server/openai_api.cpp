@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <mutex>
@@ -115,6 +116,16 @@ bool check_bearer(const std::string& authorization, const std::string& api_key) 
     diff |= unsigned(a ^ expected[i]);
   }
   return diff == 0;
+}
+
+bool json_content_type(const std::string& content_type) {
+  std::string t = content_type.substr(0, content_type.find(';'));
+  for (auto& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const auto b = t.find_first_not_of(" \t");
+  if (b == std::string::npos) return true;  // absent or empty: read as JSON (FastAPI does too)
+  t = t.substr(b, t.find_last_not_of(" \t") + 1 - b);
+  if (t == "application/json") return true;
+  return t.rfind("application/", 0) == 0 && t.size() > 17 && t.compare(t.size() - 5, 5, "+json") == 0;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -729,6 +740,18 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     return;
   }
   req.path = path;
+  if (req.method == "POST" && !json_content_type(req.header("content-type"))) {
+    // As vLLM: a body that is not declared JSON is refused, not guessed at. These are also the
+    // types a browser may POST cross-origin without a CORS preflight.
+    send_error(req, *w,
+               api_error(415,
+                         fmt::format("Unsupported Media Type: Content-Type '{}' is not allowed; send "
+                                     "the JSON body with 'Content-Type: application/json' (curl: "
+                                     "-H 'Content-Type: application/json')",
+                                     req.header("content-type").substr(0, 100)),
+                         "invalid_request_error", "unsupported_media_type"));
+    return;
+  }
   if (path == "/v1/models" || model_path) {
     handle_models(req, *w);
   } else if (path == "/tokenize" || path == "/v1/tokenize") {

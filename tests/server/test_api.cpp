@@ -72,14 +72,16 @@ struct Response {
 };
 
 // One HTTP/1.1 request with Connection: close; returns status, head and body.
+// `content_type` empty: no Content-Type header.
 Response http(int port, const std::string& method, const std::string& path, const std::string& body,
-              const std::string& extra_headers = "") {
+              const std::string& extra_headers = "",
+              const std::string& content_type = "application/json") {
   net::io_context ioc;
   tcp::socket s(ioc);
   s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port)));
   std::string req = method + " " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers +
-                    "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                    "\r\n\r\n" + body;
+                    (content_type.empty() ? std::string() : "Content-Type: " + content_type + "\r\n") +
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   net::write(s, net::buffer(req));
   std::string all;
   char buf[8192];
@@ -352,6 +354,37 @@ TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   EXPECT_EQ(echoed_s, echoed);
   EXPECT_EQ(o_plain_s, o_plain);
   EXPECT_EQ(o_echo_s, o_echo);
+  engine_->wait_idle();
+}
+
+// POST bodies must be declared JSON: application/json with any parameters and any case, or
+// application/*+json, or no Content-Type at all; anything else (text/plain, curl -d's
+// form-urlencoded) gets an OpenAI-style 415 on every POST endpoint, before generating anything.
+TEST_F(ApiTest, PostBodiesMustBeDeclaredJson) {
+  const std::string body = R"({"prompt":[5,6],"max_tokens":2,"temperature":0})";
+  for (const std::string ct : {"text/plain", "application/x-www-form-urlencoded",
+                               "multipart/form-data; boundary=x", "application/jsonx", "json"}) {
+    for (const std::string path : {"/v1/completions", "/v1/chat/completions", "/tokenize"}) {
+      SCOPED_TRACE(ct + " " + path);
+      auto r = http(port_, "POST", path, body, "", ct);
+      EXPECT_EQ(r.status, 415) << r.body;
+      json j = json::parse(r.body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r.body;
+      EXPECT_EQ(j["error"]["code"], "unsupported_media_type") << r.body;
+      EXPECT_NE(j["error"]["message"].get<std::string>().find("application/json"), std::string::npos);
+      EXPECT_NE(j["error"]["message"].get<std::string>().find(ct), std::string::npos);
+    }
+  }
+  for (const std::string ct : {"application/json", "application/json; charset=utf-8",
+                               "Application/JSON;charset=UTF-8", "application/vnd.api+json", ""}) {
+    SCOPED_TRACE(ct);
+    auto r = http(port_, "POST", "/v1/completions", body, "", ct);
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_TRUE(json_content_type(" application/json ;charset=utf-8"));
+  EXPECT_FALSE(json_content_type("application/+json"));
+  EXPECT_FALSE(json_content_type("text/json"));
   engine_->wait_idle();
 }
 
