@@ -253,6 +253,19 @@ int run_serve(const ServeOptions& o) {
                 forced, n,
                 flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
                                            server.pending_responses(), kForcedFlush.count()));
+  } else if (api.active_generations() > 0) {
+    // The drain timed out: the requests still running end the same way, with a shutting_down
+    // error event + [DONE] (streams) or a 503 (non-streaming), not a silently cut connection.
+    constexpr auto kFlush = std::chrono::milliseconds(2000);
+    const int64_t n = api.abort_generations(fmt::format(
+        "the server shut down: this response did not end within the --shutdown-timeout drain "
+        "of {:g} s",
+        o.shutdown_timeout_s));
+    const bool flushed = server.wait_responses(kFlush);
+    V4_LOG_WARN("drain timed out after {:g}s: {} request(s) ended with a shutting_down error{}",
+                o.shutdown_timeout_s, n,
+                flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
+                                           server.pending_responses(), kFlush.count()));
   }
   V4_LOG_INFO("shutting down ({} request(s) still in flight)", api.active_generations());
   server.stop();
