@@ -309,8 +309,8 @@ TEST_F(ApiTest, StopStringNeverLeaks) {
 }
 
 // text_offset (completions logprobs) is where each token's text starts in the choice's text:
-// 0 for the first generated token, shifted by the echoed prompt with "echo", and the same
-// whether streamed or not.
+// 0 for the first generated token, shifted by the echoed prompt with "echo" (whose own tokens
+// are listed first), and the same whether streamed or not.
 TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   std::vector<int32_t> prompt = {5, 6};
   auto offsets = [&](bool echo, bool stream, std::string* text) {
@@ -350,8 +350,11 @@ TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   ASSERT_GE(echoed.size(), plain.size());
   const int64_t echo_len = int64_t(echoed.size() - plain.size());
   EXPECT_EQ(echoed.substr(size_t(echo_len)), plain);
-  ASSERT_EQ(o_echo.size(), o_plain.size());
-  for (size_t i = 0; i < o_plain.size(); ++i) EXPECT_EQ(o_echo[i], o_plain[i] + echo_len) << i;
+  // With echo the prompt's tokens come first (offsets from 0), then the generated ones.
+  ASSERT_EQ(o_echo.size(), prompt.size() + o_plain.size());
+  EXPECT_EQ(o_echo[0], 0);
+  for (size_t i = 0; i < o_plain.size(); ++i)
+    EXPECT_EQ(o_echo[prompt.size() + i], o_plain[i] + echo_len) << i;
   EXPECT_EQ(plain_s, plain);
   EXPECT_EQ(echoed_s, echoed);
   EXPECT_EQ(o_plain_s, o_plain);
@@ -451,7 +454,9 @@ TEST_F(ApiTest, EchoWithLogprobsScoresThePromptTokens) {
     if (e == "[DONE]") continue;
     const json c = json::parse(e)["choices"][0];
     if (!c["logprobs"].is_object()) continue;
-    if (first) EXPECT_GE(c["logprobs"]["tokens"].size(), prompt.size()) << e;
+    if (first) {
+      EXPECT_GE(c["logprobs"]["tokens"].size(), prompt.size()) << e;
+    }
     first = false;
     for (auto& x : c["logprobs"]["tokens"]) toks.push_back(x);
     for (auto& x : c["logprobs"]["token_logprobs"]) lps.push_back(x);
