@@ -231,12 +231,13 @@ void PrefixCache::detach(PrefixSeq& h) {
   h.radix_seq = -1;
 }
 
-Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> prompt) {
+Result<PrefixSeq> PrefixCache::admit(KvCache& kv, std::span<const int32_t> prompt,
+                                     int64_t max_cached) {
   V4_ASSIGN_OR_RETURN(int32_t seq, kv.create_sequence());
   PrefixSeq h;
   h.kv_seq = seq;
   const int64_t n = int64_t(prompt.size());
-  auto plan = radix_->admit(prompt, std::max<int64_t>(0, n - 1));
+  auto plan = radix_->admit(prompt, std::clamp<int64_t>(max_cached, 0, std::max<int64_t>(0, n - 1)));
   if (!plan.ok()) {  // the tree is full of locked state: run cold, detached
     ++detached_total_;
     live_[seq] = h;

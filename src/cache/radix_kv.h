@@ -118,9 +118,11 @@ class PrefixCache {
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
   /// Starts a request: a new KvCache sequence that already holds the longest resumable cached
-  /// prefix of `prompt` (at most prompt.size() - 1 tokens). Errors: kResourceExhausted when
-  /// KvCache has no free sequence or pages (retry later); the tree side never blocks admission.
-  Result<PrefixSeq> admit(KvCache& kv, std::span<const int32_t> prompt);
+  /// prefix of `prompt` (at most prompt.size() - 1 tokens, and at most `max_cached`). Errors:
+  /// kResourceExhausted when KvCache has no free sequence or pages (retry later); the tree side
+  /// never blocks admission.
+  Result<PrefixSeq> admit(KvCache& kv, std::span<const int32_t> prompt,
+                          int64_t max_cached = INT64_MAX);
   /// Call after every forward step of `kv_seq` with the tokens the step appended. Saves a
   /// boundary when the new length is a snapshot point. If the tree cannot hold the request's
   /// state (everything locked by running requests) the request is detached from the tree: it

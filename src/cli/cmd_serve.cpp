@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/thread_pool.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "cli/validators.h"
@@ -62,6 +63,7 @@ struct ServeOptions {
   bool disable_prefix_cache = false;
   std::string served_model_name;
   int http_threads = 2;
+  int threads = 0;  // CPU op threads (0: V4_NUM_THREADS or all cores)
   int64_t max_body_bytes = 32ll << 20;
   double header_timeout_s = 10.0;
   double idle_timeout_s = 120.0;
@@ -132,7 +134,10 @@ int run_serve(const ServeOptions& o) {
   mo.prefix_cache_bytes = o.disable_prefix_cache ? 0 : o.prefix_cache_bytes;
   mo.prefix_cache_optional = !o.prefix_cache_bytes_given;  // the default budget may not fit
   mo.prefix_snapshot_interval = o.prefix_snapshot_interval;
-  auto lm = v4::cli::load_model(o.m);
+  // Declared before the model and the engine: destroyed after them.
+  std::unique_ptr<v4::ThreadPool> pool;
+  if (o.threads > 0) pool = std::make_unique<v4::ThreadPool>(o.threads);
+  auto lm = v4::cli::load_model(o.m, pool.get());
   v4::Result<std::unique_ptr<v4::engine::ModelExecutor>> exec =
       lm.ok() ? v4::engine::ModelExecutor::create(std::move(lm->ops), std::move(lm->model), mo)
               : v4::Result<std::unique_ptr<v4::engine::ModelExecutor>>(lm.status());
@@ -253,6 +258,19 @@ int run_serve(const ServeOptions& o) {
                 forced, n,
                 flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
                                            server.pending_responses(), kForcedFlush.count()));
+  } else if (api.active_generations() > 0) {
+    // The drain timed out: the requests still running end the same way, with a shutting_down
+    // error event + [DONE] (streams) or a 503 (non-streaming), not a silently cut connection.
+    constexpr auto kFlush = std::chrono::milliseconds(2000);
+    const int64_t n = api.abort_generations(fmt::format(
+        "the server shut down: this response did not end within the --shutdown-timeout drain "
+        "of {:g} s",
+        o.shutdown_timeout_s));
+    const bool flushed = server.wait_responses(kFlush);
+    V4_LOG_WARN("drain timed out after {:g}s: {} request(s) ended with a shutting_down error{}",
+                o.shutdown_timeout_s, n,
+                flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
+                                           server.pending_responses(), kFlush.count()));
   }
   V4_LOG_INFO("shutting down ({} request(s) still in flight)", api.active_generations());
   server.stop();
@@ -302,6 +320,9 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   app.add_option("--served-model-name", o->served_model_name, "name in /v1/models (default: model dir name)");
   app.add_option("--http-threads", o->http_threads, "I/O threads of the HTTP server")
       ->check(v4::cli::int_range(1, 1024));
+  app.add_option("--threads", o->threads,
+                 "CPU threads of the model's ops (0: V4_NUM_THREADS or all cores)")
+      ->check(v4::cli::int_range(0, 4096));
   app.add_option("--device", o->m.device, "op backend: cpu (default) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   v4::cli::add_model_options(app, &o->m);

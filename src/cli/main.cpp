@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"},
                             CLI::ignore_case));
+  // Every subcommand's --help shows each option's default value ([...]), taken from the value
+  // the option's variable holds when it is added (subcommands inherit option_defaults).
+  app.option_defaults()->always_capture_default();
   auto& cmds = v4::cli::registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   // The first word that is not an option (or --log-level's value) names the subcommand; CLI11

@@ -18,7 +18,8 @@ void add_model_options(CLI::App& app, ModelArgs* a, bool with_precision) {
       ->check(CLI::IsMember({"auto", "dummy"}));
   app.add_option("--num-layers", a->num_layers,
                  "keep only the first N decoder layers (e.g. a V4-Flash shape cut to one GPU)")
-      ->check(int_at_least(1, INT32_MAX));
+      ->check(int_at_least(1, INT32_MAX))
+      ->default_str("all");
   if (with_precision)
     app.add_option("--precision", a->precision,
                    "weight GEMM arithmetic: auto (fp32 on cpu, bf16 on cuda), fp32 or bf16")

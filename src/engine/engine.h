@@ -50,6 +50,10 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;      // vLLM/HF semantics (> 0; 1 = off), over prompt + generated
   bool logprobs = false;                // return the sampled token's logprob
   int32_t top_logprobs = 0;             // also the n most likely tokens (0..20), needs logprobs
+  /// -1 = off; 0..20: also the logprob of every prompt token after the first under the model
+  /// (with that many most likely alternatives), as StepOutput::prompt_logprobs. The prompt is
+  /// then computed in full (no prefix-cache hit) with logits at every position.
+  int32_t prompt_logprobs = -1;
 };
 
 /// One request as submitted: prompt token ids and sampling. `tag` is free text for logs.
@@ -93,6 +97,9 @@ struct StepOutput {
   RequestId id = 0;
   std::vector<int32_t> new_tokens;
   std::vector<TokenLogprobs> logprobs;  // one per new token when SamplingParams::logprobs
+  /// SamplingParams::prompt_logprobs >= 0: in the output carrying the first generated token,
+  /// prompt tokens 1 .. n-1 in order (token i scored by the logits at position i - 1).
+  std::vector<TokenLogprobs> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status error;                        // set when finish_reason == kError

@@ -90,9 +90,12 @@ class Executor {
   /// Starts a sequence for a request whose tokens (prompt, plus generated tokens when it is
   /// recomputed after preemption) are `tokens`. A prefix cache returns the sequence already
   /// holding the longest usable cached prefix (`cached_tokens` < tokens.size()). The scheduler
-  /// then computes tokens[cached_tokens..]. Default: create_sequence(), nothing cached.
+  /// then computes tokens[cached_tokens..]; `max_cached` caps cached_tokens (0: compute every
+  /// token, e.g. for prompt logprobs). Default: create_sequence(), nothing cached.
   /// Errors: kResourceExhausted (no slot or pages now; the scheduler retries later).
-  virtual Result<SequenceStart> start_sequence(std::span<const int32_t> tokens) {
+  virtual Result<SequenceStart> start_sequence(std::span<const int32_t> tokens,
+                                               int64_t max_cached) {
+    (void)max_cached;
     auto s = create_sequence();
     if (!s.ok()) return s.status();
     SequenceStart st;

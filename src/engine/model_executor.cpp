@@ -200,9 +200,10 @@ void ModelExecutor::free_sequence(int32_t seq) {
     cache_->free_sequence(seq);
 }
 
-Result<SequenceStart> ModelExecutor::start_sequence(std::span<const int32_t> tokens) {
-  if (!prefix_) return Executor::start_sequence(tokens);
-  V4_ASSIGN_OR_RETURN(auto h, prefix_->admit(*cache_, tokens));
+Result<SequenceStart> ModelExecutor::start_sequence(std::span<const int32_t> tokens,
+                                                    int64_t max_cached) {
+  if (!prefix_) return Executor::start_sequence(tokens, max_cached);
+  V4_ASSIGN_OR_RETURN(auto h, prefix_->admit(*cache_, tokens, max_cached));
   SequenceStart st;
   st.seq = h.kv_seq;
   st.cached_tokens = h.cached_tokens;

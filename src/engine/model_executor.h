@@ -118,7 +118,8 @@ class ModelExecutor : public Executor {
   std::vector<PoolUsage> pool_usage() const override;
   Result<int32_t> create_sequence() override;
   void free_sequence(int32_t seq) override;
-  Result<SequenceStart> start_sequence(std::span<const int32_t> tokens) override;
+  Result<SequenceStart> start_sequence(std::span<const int32_t> tokens,
+                                       int64_t max_cached) override;
   void end_sequence(int32_t seq, SequenceEnd how, std::span<const int32_t> computed) override;
   Result<model::ForwardOutput> forward(const model::ForwardBatch& batch) override;
 

@@ -176,6 +176,11 @@ void raw_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top
 
 }  // namespace
 
+void token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top_n,
+                    TokenLogprobs* lp, std::vector<int32_t>* scratch_idx) {
+  raw_logprobs(logits, vocab, token, top_n, lp, *scratch_idx);
+}
+
 double sampler_uniform(uint64_t seed, uint64_t index) {
   return ops::sample_uniform(seed, index);
 }
@@ -197,6 +202,8 @@ Status validate_sampling(const SamplingParams& p, int64_t vocab) {
     return bad("repetition_penalty", p.repetition_penalty, "> 0");
   if (p.top_logprobs < 0 || p.top_logprobs > 20)
     return bad("top_logprobs", p.top_logprobs, "in [0, 20]");
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > 20)
+    return bad("prompt_logprobs", p.prompt_logprobs, "-1 (off) or in [0, 20]");
   for (int32_t t : p.stop_token_ids)
     if (t < 0 || t >= vocab) return bad("stop_token_ids entry", t, "a token id in the vocabulary");
   return Status::Ok();

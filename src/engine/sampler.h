@@ -43,6 +43,11 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
                      int64_t step, const PenaltyState& penalties, TokenLogprobs* lp,
                      std::vector<float>* scratch, std::vector<int32_t>* scratch_idx);
 
+/// Log-softmax of the raw `logits` (f32, [vocab]) at `token` into `lp`, with the `top_n` most
+/// likely tokens (descending) in lp->top; `scratch_idx` is reused between calls (any contents).
+void token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t top_n,
+                    TokenLogprobs* lp, std::vector<int32_t>* scratch_idx);
+
 /// The probability distribution `sample_token` draws from (after penalties, temperature and
 /// truncation), as f32 [vocab] summing to 1 (zeros outside the kept set). Greedy gives a one-hot
 /// row. For tests and debugging; O(vocab log vocab).

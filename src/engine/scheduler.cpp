@@ -346,7 +346,9 @@ Status Scheduler::step() {
       log_wait(pre);
       break;
     }
-    auto start = exec_.start_sequence(s->tokens);
+    // A request owing prompt logprobs computes the positions that score them (no cache hit there).
+    auto start = exec_.start_sequence(s->tokens, owes_prompt_lps(*s) ? s->prompt_lp_next - 1
+                                                                      : INT64_MAX);
     if (!start.ok()) {
       if (running_.empty()) {
         finish(s, FinishReason::kError, start.status(), &pending);
@@ -399,7 +401,12 @@ Status Scheduler::step() {
     sl.start_pos = s.n_computed;
     sl.tokens.assign(s.tokens.begin() + s.n_computed, s.tokens.begin() + s.n_computed + plan[i].n);
     draws[i] = s.n_computed + plan[i].n == int64_t(s.tokens.size());
-    sl.sample = device_sampling(s.req.sampling, s.seed, s.n_generated, draws[i]);
+    // Logits at every position when the slice holds one that scores an owed prompt token
+    // (position p scores token p + 1); the last row still draws the next token on the host.
+    sl.logits_all = owes_prompt_lps(s) && s.n_computed <= s.n_prompt - 2 &&
+                    s.n_computed + plan[i].n >= s.prompt_lp_next;
+    sl.sample = sl.logits_all ? std::nullopt
+                              : device_sampling(s.req.sampling, s.seed, s.n_generated, draws[i]);
     last_step_.n_tokens += plan[i].n;
     if (plan[i].decode) ++last_step_.n_decode_rows;
   }
@@ -416,6 +423,34 @@ Status Scheduler::step() {
     return fwd_status;
   }
   const model::ForwardOutput& out = *fwd;
+
+  // 3b. Prompt logprobs of the slices that asked for every row (parallel over rows).
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const auto& sl = batch.slices[i];
+    if (!sl.logits_all) continue;
+    Seq& s = *plan[i].s;
+    const int64_t rows = out.row_begin[i + 1] - out.row_begin[i];
+    // Position p = start_pos + r scores prompt token p + 1: those in [prompt_lp_next, n_prompt).
+    const int64_t r0 = std::max<int64_t>(0, s.prompt_lp_next - 1 - sl.start_pos);
+    const int64_t r1 = std::min<int64_t>(rows, s.n_prompt - 1 - sl.start_pos);
+    if (rows != int64_t(sl.tokens.size()) || r1 <= r0) continue;
+    const size_t base = s.prompt_lps.size();
+    s.prompt_lps.resize(base + size_t(r1 - r0));
+    const int32_t top_n = s.req.sampling.prompt_logprobs;
+    ThreadPool::global().parallel_for(
+        r1 - r0,
+        [&](int64_t b, int64_t e) {
+          std::vector<int32_t> idx;
+          for (int64_t k = b; k < e; ++k) {
+            const int64_t r = r0 + k;
+            const float* row = out.logits.data() + (out.row_begin[i] + r) * out.vocab;
+            token_logprobs(row, out.vocab, s.tokens[size_t(sl.start_pos + r + 1)], top_n,
+                           &s.prompt_lps[base + size_t(k)], &idx);
+          }
+        },
+        std::max<int64_t>(1, int64_t(65536) / std::max<int64_t>(1, out.vocab)));
+    s.prompt_lp_next = sl.start_pos + r1 + 1;
+  }
 
   // 4. Sample the rows whose sequence is fully computed: the token the backend sampled when
   //    it did (same rules, ops.h SampleArgs), else on the host from the logits row (parallel
@@ -492,6 +527,7 @@ Status Scheduler::step() {
     p.out.now = now;
     p.out.new_tokens.push_back(tok);
     if (sp.logprobs) p.out.logprobs.push_back(std::move(lps[k]));
+    if (s.n_generated == 1) p.out.prompt_logprobs = std::move(s.prompt_lps);
     pending.push_back(std::move(p));
   }
   last_step_.n_sampled = int32_t(sample_rows.size());
@@ -502,7 +538,9 @@ Status Scheduler::step() {
     size_t k = 0;
     while (plan[sample_rows[k]].s != s) ++k;
     const bool want_lp = s->req.sampling.logprobs;
+    auto prompt_lps = s->n_generated == 1 ? std::move(s->prompt_lps) : std::vector<TokenLogprobs>{};
     finish(s, done_reason[d], Status::Ok(), &pending);
+    pending.back().out.prompt_logprobs = std::move(prompt_lps);
     pending.back().out.new_tokens.push_back(tok);
     pending.back().out.now = now;
     if (want_lp) pending.back().out.logprobs.push_back(std::move(lps[k]));

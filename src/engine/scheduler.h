@@ -95,6 +95,10 @@ class Scheduler {
     bool in_plan = false;                  // scheduled in the step being planned
     bool cached_reported = false;          // usage.cached_tokens fixed at first admission
     std::vector<int64_t> snapshot_points;  // from Executor::start_sequence, ascending
+    // SamplingParams::prompt_logprobs: the next prompt token whose logprob is owed (from 1) and
+    // those computed so far (delivered with the first generated token).
+    int64_t prompt_lp_next = 1;
+    std::vector<TokenLogprobs> prompt_lps;
   };
   struct Pending {  // an output to deliver after the step's state update
     std::shared_ptr<const OutputCallback> cb;
@@ -108,6 +112,10 @@ class Scheduler {
   void preempt(Seq* s);
   void finish(Seq* s, FinishReason reason, const Status& error, std::vector<Pending>* out);
   int64_t chunk_for(const Seq& s, int64_t budget) const;
+  /// Whether `s` still owes prompt logprobs (SamplingParams::prompt_logprobs).
+  static bool owes_prompt_lps(const Seq& s) {
+    return s.req.sampling.prompt_logprobs >= 0 && s.prompt_lp_next < s.n_prompt;
+  }
   StepOutput make_output(const Seq& s) const;
   void remove_running(Seq* s);
   void deliver(std::vector<Pending>& pending);

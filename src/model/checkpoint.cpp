@@ -170,41 +170,71 @@ Status Checkpoint::add_file(const std::string& path) {
   } catch (const std::exception& e) {
     std::string msg = e.what();
     std::replace(msg.begin(), msg.end(), '\n', ' ');
-    return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: {}", path, msg);
+    return make_error(ErrorCode::kCorruptData,
+                      "{}: header is not valid JSON: {} (the {}-byte header after the 8-byte length)",
+                      path, msg, header_len);
   }
   if (!header.is_object())
-    return make_error(ErrorCode::kCorruptData, "{}: bad JSON header: not an object", path);
+    return make_error(ErrorCode::kCorruptData, "{}: header is not a JSON object (it is {} {})",
+                      path, header.type_name() == std::string("array") ? "an" : "a",
+                      header.type_name());
   const uint8_t* data = base + 8 + header_len;
   const size_t data_size = mf->size - 8 - header_len;
+  // A header value quoted in an error: at most 80 characters.
+  auto quoted = [](const json& v) {
+    std::string d = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    return d.size() > 80 ? d.substr(0, 77) + "..." : d;
+  };
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-        !entry.contains("data_offsets"))
+    if (!entry.is_object())
       return make_error(ErrorCode::kCorruptData,
-                        "{}: tensor '{}': header entry needs dtype, shape and data_offsets", path,
-                        name);
+                        "{}: tensor '{}': header entry is not an object ({}); expected "
+                        "{{\"dtype\", \"shape\", \"data_offsets\"}}",
+                        path, name, quoted(entry));
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!entry.contains(field))
+        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': header entry has no '{}'",
+                          path, name, field);
     TensorInfo ti;
     ti.name = name;
     ti.file = path;
     const auto& dt = entry["dtype"];
-    if (!dt.is_string() || !parse_dtype(dt.get<std::string>(), &ti.dtype))
+    if (!dt.is_string())
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': 'dtype' must be a string such as \"BF16\", got {}", path,
+                        name, quoted(dt));
+    if (!parse_dtype(dt.get<std::string>(), &ti.dtype))
       return make_error(ErrorCode::kUnsupported, "{}: tensor '{}': unknown dtype {}", path, name,
                         dt.dump());
+    const auto& shape = entry["shape"];
+    if (!shape.is_array())
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': 'shape' must be an array of non-negative integers, got {}",
+                        path, name, quoted(shape));
     int64_t numel = 1;
-    for (auto& d : entry["shape"]) {
+    for (auto& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad shape {}", path, name,
-                          entry["shape"].dump());
+        return make_error(ErrorCode::kCorruptData,
+                          "{}: tensor '{}': 'shape' must be an array of non-negative integers, "
+                          "got {}",
+                          path, name, quoted(shape));
       ti.shape.push_back(d.get<int64_t>());
       numel *= ti.shape.back();
     }
     const auto& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
         !off[1].is_number_unsigned())
-      return make_error(ErrorCode::kCorruptData, "{}: tensor '{}': bad data_offsets {}", path, name,
-                        off.dump());
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': 'data_offsets' must be [begin, end] (two non-negative "
+                        "integers), got {}",
+                        path, name, quoted(off));
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    if (b > e || e > data_size)
+    if (b > e)
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': 'data_offsets' [{}, {}] ends before it begins", path,
+                        name, b, e);
+    if (e > data_size)
       return make_error(
           ErrorCode::kCorruptData,
           "{}: truncated file: tensor '{}' needs bytes [{}, {}) but the data section has {} bytes",

@@ -56,8 +56,9 @@ class Checkpoint {
   Checkpoint& operator=(Checkpoint&&) noexcept;
 
   /// Opens and indexes every shard of `dir`. Errors name the file and problem: missing files,
-  /// truncated file, bad JSON header, unknown dtype, offsets outside the file, byte size not
-  /// matching dtype × shape, duplicate tensors, index naming a tensor absent from its shard.
+  /// truncated file (header length or data offsets past its end), header not valid JSON (with
+  /// the parser's message), a header entry missing or mistyping dtype / shape / data_offsets
+  /// (naming tensor and field), unknown dtype, byte size not matching dtype × shape, duplicate tensors, index naming a tensor absent from its shard.
   static Result<Checkpoint> open(const std::string& dir);
   /// Opens one safetensors file (any tensors, e.g. golden.safetensors); same checks as `open`.
   static Result<Checkpoint> open_file(const std::string& path);

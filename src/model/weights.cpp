@@ -717,16 +717,45 @@ Status check_weights_fit(const std::string& model_name, const ModelConfig& c, op
                                         ops->supports(WFormat::kMXFP4));
   if (stored_bytes >= 0 && native) need.bytes = std::min(need.bytes, stored_bytes);
   if (need.bytes <= m.free_bytes) return Status::Ok();
+  // What --num-layers can do: the most leading layers whose weights fit (0: not even one).
+  auto fits_with = [&](int n) {
+    ModelConfig cut = c;
+    if (!cut.truncate_layers(n).ok()) return false;
+    return estimate_weight_footprint(cut, *ops, policy).bytes <= m.free_bytes;
+  };
+  int lo = 0, hi = c.num_hidden_layers - 1;  // fits_with(lo) holds (0 = none), the answer < L
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (fits_with(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+#ifdef V4_HAVE_CUDA
+  const char* gpu = "a GPU backend (--device cuda) that keeps the checkpoint's FP8/FP4 formats";
+#else
+  const char* gpu =
+      "a GPU backend that keeps the checkpoint's FP8/FP4 formats (--device cuda, in a build "
+      "configured with -DV4_CUDA=ON)";
+#endif
+  const bool cpu = ops->name() == "cpu";
+  std::string hint;
+  if (lo >= 1) {
+    hint = fmt::format("; use --num-layers {} (or fewer) to keep only the first layers{}{}", lo,
+                       cpu ? " or " : "", cpu ? gpu : "");
+  } else {
+    ModelConfig one = c;
+    const int64_t one_bytes =
+        one.truncate_layers(1).ok() ? estimate_weight_footprint(one, *ops, policy).bytes : -1;
+    hint = fmt::format("; even 1 layer needs {}, so --num-layers cannot make it fit{}{}",
+                       gib_str(one_bytes), cpu ? ": use " : "", cpu ? gpu : "");
+  }
   return make_error(ErrorCode::kResourceExhausted,
                     "{}: the weights of {} layer{} need {} ({} bytes) on the {} backend but only "
-                    "{} ({} bytes) is available{}; use --num-layers N to keep fewer layers{}",
+                    "{} ({} bytes) is available{}{}",
                     model_name, c.num_hidden_layers, c.num_hidden_layers == 1 ? "" : "s",
-                    gib_str(need.bytes), need.bytes, ops->name(),
-                    gib_str(m.free_bytes), m.free_bytes,
-                    ops->name() == "cpu" ? " (MemAvailable)" : "",
-                    ops->name() == "cpu" ? " or a GPU backend (--device cuda) that keeps the "
-                                           "checkpoint's FP8/FP4 formats"
-                                         : "");
+                    gib_str(need.bytes), need.bytes, ops->name(), gib_str(m.free_bytes),
+                    m.free_bytes, cpu ? " (MemAvailable)" : "", hint);
 }
 
 Result<Weights> Weights::dummy(const ModelConfig& c, ops::Ops* ops, WeightFormatPolicy policy,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <mutex>
@@ -117,6 +118,16 @@ bool check_bearer(const std::string& authorization, const std::string& api_key) 
   return diff == 0;
 }
 
+bool json_content_type(const std::string& content_type) {
+  std::string t = content_type.substr(0, content_type.find(';'));
+  for (auto& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const auto b = t.find_first_not_of(" \t");
+  if (b == std::string::npos) return true;  // absent or empty: read as JSON (FastAPI does too)
+  t = t.substr(b, t.find_last_not_of(" \t") + 1 - b);
+  if (t == "application/json") return true;
+  return t.rfind("application/", 0) == 0 && t.size() > 17 && t.compare(t.size() - 5, 5, "+json") == 0;
+}
+
 // ------------------------------------------------------------------------------------------------
 // One chat/completions request in flight: n choices (x prompts), each an engine request.
 
@@ -146,6 +157,14 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     bool have_first = false;
     bool role_sent = false;
     std::string echo_text;  // completions echo
+    // Completions echo + logprobs: the prompt's ids (scored by the engine's prompt_logprobs,
+    // listed before the generated tokens), whether it was text (its BOS is not in echo_text),
+    // and the entries built from the first output (non-streaming: prepended in send_final).
+    std::vector<int32_t> echo_ids;
+    bool echo_from_text = false;
+    bool echo_lp_done = false;
+    Json echo_tokens = Json::array(), echo_lps = Json::array(), echo_top = Json::array(),
+         echo_offsets = Json::array();
   };
 
   OpenAiApi* api = nullptr;
@@ -254,6 +273,36 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     if (!calls.empty()) (*delta)["tool_calls"] = std::move(calls);
   }
 
+  // Completions echo + logprobs: the prompt tokens' entries (OpenAI: the first token has null
+  // logprob and top_logprobs; text_offset counts from the start of the echoed text).
+  void prompt_logprob_entries(Choice& c, const engine::StepOutput& out, Json* toks, Json* lps,
+                              Json* tops, Json* offs) const {
+    text::DetokenizerOptions dopt;
+    dopt.skip_special_tokens = c.echo_from_text;  // the BOS we added is not in the echoed text
+    text::Detokenizer d(api->tok_, dopt);
+    const int64_t echo_len = int64_t(c.echo_text.size());
+    int64_t at = 0;
+    for (size_t i = 0; i < c.echo_ids.size(); ++i) {
+      toks->push_back(token_text(c.echo_ids[i]));
+      offs->push_back(std::min(at, echo_len));
+      at += int64_t(d.push(c.echo_ids[i]).size());
+      const engine::TokenLogprobs* lp =
+          i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
+      lps->push_back(lp ? Json(lp->logprob) : Json(nullptr));
+      if (!lp || req.top_logprobs <= 0) {
+        tops->push_back(nullptr);
+        continue;
+      }
+      Json top = Json::object();
+      for (auto& cand : lp->top) {
+        if (int(top.size()) >= req.top_logprobs) break;
+        std::string key = token_text(cand.token);
+        if (!top.contains(key)) top[key] = cand.logprob;
+      }
+      tops->push_back(std::move(top));
+    }
+  }
+
   // Processes one engine output for choice `ci` (scheduler thread, under mu).
   // Returns engine ids to cancel (stop string hit).
   void on_output(size_t ci, const engine::StepOutput& out, std::vector<engine::RequestId>* to_cancel) {
@@ -276,6 +325,13 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     Json lp_stream = Json::array();
     Json cmp_tokens = Json::array(), cmp_lps = Json::array(), cmp_top = Json::array(),
          cmp_off = Json::array();
+    if (!chat && !c.echo_ids.empty() && !c.echo_lp_done) {
+      c.echo_lp_done = true;  // the first output carries the prompt's logprobs
+      if (streaming)
+        prompt_logprob_entries(c, out, &cmp_tokens, &cmp_lps, &cmp_top, &cmp_off);
+      else
+        prompt_logprob_entries(c, out, &c.echo_tokens, &c.echo_lps, &c.echo_top, &c.echo_offsets);
+    }
     bool stopped = false;
     for (size_t k = 0; k < out.new_tokens.size(); ++k) {
       int32_t t = out.new_tokens[k];
@@ -593,10 +649,15 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           if (!c.echo_text.empty()) {
             for (auto& o : c.cmp_offsets) o = o.get<int64_t>() + int64_t(c.echo_text.size());
           }
-          l["tokens"] = std::move(c.cmp_tokens);
-          l["token_logprobs"] = std::move(c.cmp_lps);
-          l["top_logprobs"] = std::move(c.cmp_top);
-          l["text_offset"] = std::move(c.cmp_offsets);
+          // Echoed prompt tokens first (their offsets count from the start already).
+          auto joined = [](Json& a, Json& b) {
+            for (auto& x : b) a.push_back(std::move(x));
+            return std::move(a);
+          };
+          l["tokens"] = joined(c.echo_tokens, c.cmp_tokens);
+          l["token_logprobs"] = joined(c.echo_lps, c.cmp_lps);
+          l["top_logprobs"] = joined(c.echo_top, c.cmp_top);
+          l["text_offset"] = joined(c.echo_offsets, c.cmp_offsets);
           ch["logprobs"] = std::move(l);
         } else {
           ch["logprobs"] = nullptr;
@@ -729,6 +790,18 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     return;
   }
   req.path = path;
+  if (req.method == "POST" && !json_content_type(req.header("content-type"))) {
+    // As vLLM: a body that is not declared JSON is refused, not guessed at. These are also the
+    // types a browser may POST cross-origin without a CORS preflight.
+    send_error(req, *w,
+               api_error(415,
+                         fmt::format("Unsupported Media Type: Content-Type '{}' is not allowed; send "
+                                     "the JSON body with 'Content-Type: application/json' (curl: "
+                                     "-H 'Content-Type: application/json')",
+                                     req.header("content-type").substr(0, 100)),
+                         "invalid_request_error", "unsupported_media_type"));
+    return;
+  }
   if (path == "/v1/models" || model_path) {
     handle_models(req, *w);
   } else if (path == "/tokenize" || path == "/v1/tokenize") {
@@ -882,6 +955,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   // Prompts -> token ids.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echo;
+  std::vector<bool> echo_from_text;
   if (chat) {
     std::vector<int32_t> t;
     if (!encode_chat(r, &t, &err)) return send_error(hreq, *w, err);
@@ -892,7 +966,9 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       if (p.text) {
         prompts.push_back(encode_prompt_text(tok_, *p.text, true));
         echo.push_back(r.echo ? *p.text : std::string());
+        echo_from_text.push_back(true);
       } else {
+        echo_from_text.push_back(false);
         prompts.push_back(p.token_ids);
         echo.push_back(r.echo ? tok_.decode(p.token_ids, false) : std::string());
       }
@@ -947,6 +1023,10 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
         c.parser.emplace(popt);
       }
       c.echo_text = echo[pi];
+      if (!chat && r.echo && r.sampling.logprobs) {
+        c.echo_ids = prompts[pi];
+        c.echo_from_text = echo_from_text[pi];
+      }
       c.prompt_tokens = int64_t(prompts[pi].size());
     }
   }
@@ -987,6 +1067,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       engine::Request er;
       er.prompt_tokens = prompts[pi];
       er.sampling = r.sampling;
+      // echo + logprobs: the engine scores the prompt tokens too (computed in full, no cache hit).
+      if (!chat && r.echo && r.sampling.logprobs) er.sampling.prompt_logprobs = r.top_logprobs;
       if (r.sampling.seed && ci % size_t(n) != 0) er.sampling.seed = *r.sampling.seed + ci % size_t(n);
       er.tag = gen->id;
       // A defaulted max_tokens is the most the engine can ever run for this prompt (context and

@@ -101,4 +101,10 @@ std::string map_reasoning_effort(const std::string& effort, text::EffortProfile 
 /// Compares an `Authorization` header with the expected bearer key in constant time.
 bool check_bearer(const std::string& authorization, const std::string& api_key);
 
+/// Whether a POST body with this `Content-Type` header value is read as JSON: absent (empty),
+/// `application/json` or `application/<anything>+json`, case-insensitive, with any parameters
+/// (`; charset=utf-8`). Anything else (text/plain, curl -d's application/x-www-form-urlencoded,
+/// multipart/form-data) is answered 415 (docs/server.md "Errors").
+bool json_content_type(const std::string& content_type);
+
 }  // namespace v4::server

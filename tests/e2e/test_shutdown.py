@@ -150,3 +150,48 @@ def test_second_sigterm_ends_the_drain_and_exits_143():
         assert "shutting down" in srv.tail(), srv.tail()
     finally:
         srv.stop()
+
+
+def test_drain_timeout_ends_open_streams_with_an_error():
+    """A stream still running when --shutdown-timeout expires is not cut silently: it ends like the
+    other aborted streams, with an OpenAI-style error event (code "shutting_down", the message
+    naming --shutdown-timeout), [DONE] and the chunked terminator; the process exits 0."""
+    srv = Server(extra_args=["--shutdown-timeout", "1"])
+    try:
+        result = {}
+        started = threading.Event()
+
+        def stream():
+            try:
+                with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
+                                   timeout=120,
+                                   json={"prompt": [5, 6, 7, 8], "max_tokens": 20000, "temperature": 0,
+                                         "ignore_eos": True, "stream": True}) as r:
+                    events = []
+                    for line in r.iter_lines():
+                        if line.startswith(b"data: "):
+                            events.append(line.decode()[6:])
+                            started.set()
+                    result["events"] = events
+            except requests.exceptions.RequestException as e:
+                result["stream_error"] = repr(e)  # cut without the chunked terminator
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(timeout=60)
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = srv.proc.wait(timeout=30)
+        t.join(timeout=30)
+        assert rc == 0, srv.tail()
+        assert "drain timed out" in srv.tail(), srv.tail()
+        assert "events" in result, (result, srv.tail())
+        ev = result["events"]
+        assert ev[-1] == "[DONE]", ev[-3:]
+        err = json.loads(ev[-2])["error"]
+        assert err["code"] == "shutting_down", err
+        assert err["type"] == "service_unavailable", err
+        assert "--shutdown-timeout" in err["message"], err
+        chunks = [json.loads(e) for e in ev[:-2]]
+        assert all(c["choices"][0]["finish_reason"] is None for c in chunks if c["choices"]), ev[-4:]
+    finally:
+        srv.stop()

@@ -97,7 +97,8 @@ class FakeExecutor : public Executor {
   }
   void free_sequence(int32_t seq) override { seqs_.erase(seq); }
 
-  Result<SequenceStart> start_sequence(std::span<const int32_t> tokens) override {
+  Result<SequenceStart> start_sequence(std::span<const int32_t> tokens,
+                                       int64_t max_cached) override {
     auto id = create_sequence();
     if (!id.ok()) return id.status();
     SequenceStart st;
@@ -107,7 +108,8 @@ class FakeExecutor : public Executor {
     const std::vector<int32_t>* from = nullptr;
     for (const auto& k : kept_) {
       size_t l = 0;
-      while (l < k.size() && l + 1 < tokens.size() && k[l] == tokens[l]) ++l;
+      while (l < k.size() && l + 1 < tokens.size() && int64_t(l) < max_cached && k[l] == tokens[l])
+        ++l;
       if (l > best) best = l, from = &k;
     }
     Seq& s = seqs_[*id];

@@ -1,6 +1,8 @@
 // Scheduler tests over the deterministic fake executor, driven step by step (no thread).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -22,6 +24,8 @@ struct Collected {
   FinishReason reason = FinishReason::kNone;
   Usage usage;
   int32_t n_preemptions = 0;
+  std::vector<TokenLogprobs> prompt_lps;
+  int n_with_prompt_lps = 0;  // outputs that carried prompt logprobs
 };
 
 struct Harness {
@@ -41,6 +45,10 @@ struct Harness {
           c.tokens.insert(c.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
           c.usage = o.usage;
           c.n_preemptions = o.n_preemptions;
+          if (!o.prompt_logprobs.empty()) {
+            ++c.n_with_prompt_lps;
+            c.prompt_lps = o.prompt_logprobs;
+          }
           if (o.finished) {
             c.finished = true;
             ++c.n_final;
@@ -420,6 +428,77 @@ TEST(Scheduler, PrefixHitsSkipCachedTokensAndRespectSnapshotPoints) {
     for (int64_t p = 10; p < sl.start_pos + sl.n_tokens; p += 10)
       EXPECT_FALSE(sl.start_pos < p && p < sl.start_pos + sl.n_tokens)
           << "slice [" << sl.start_pos << ", " << sl.start_pos + sl.n_tokens << ") crosses " << p;
+  for (const auto& u : h.exec.pool_usage()) EXPECT_EQ(u.used_pages, 0);
+}
+
+// SamplingParams::prompt_logprobs: every prompt token after the first is scored by the logits
+// at the position before it (raw log-softmax, top-n descending), delivered once with the first
+// generated token, across prefill chunks, and with the whole prompt computed even when the
+// prefix cache holds it (cached_tokens 0); the generated tokens are unchanged.
+TEST(Scheduler, PromptLogprobsScoreEveryPromptTokenAcrossChunks) {
+  FakeConfig fc;
+  fc.prefix_cache = true;
+  EngineConfig ec;
+  ec.chunked_prefill_size = 7;
+  Harness h(fc, ec);
+  std::mt19937 rng(9);
+  const auto prompt = make_prompt(rng, 30, fc.vocab);
+  // Reference: log-softmax of the fake logits of prompt[0..i] at prompt[i + 1].
+  std::vector<TokenLogprobs> want;
+  {
+    uint64_t hsh = 0;
+    std::vector<float> row(size_t(fc.vocab));
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      hsh = testing::fake_extend(hsh, prompt[i]);
+      testing::fake_logits(hsh, fc.vocab, row.data());
+      double mx = *std::max_element(row.begin(), row.end()), s = 0;
+      for (float v : row) s += std::exp(double(v) - mx);
+      const double lse = mx + std::log(s);
+      TokenLogprobs lp;
+      lp.token = prompt[i + 1];
+      lp.logprob = float(double(row[size_t(prompt[i + 1])]) - lse);
+      std::vector<int32_t> idx(row.size());
+      for (size_t v = 0; v < idx.size(); ++v) idx[v] = int32_t(v);
+      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return row[size_t(a)] > row[size_t(b)]; });
+      for (int k = 0; k < 3; ++k) lp.top.push_back({idx[size_t(k)], float(double(row[size_t(idx[size_t(k)])]) - lse)});
+      want.push_back(lp);
+    }
+  }
+  RequestId warm = h.add(prompt, greedy(2));  // puts the prompt into the prefix cache
+  h.run();
+  EXPECT_EQ(h.out[warm].n_with_prompt_lps, 0);
+  auto sp = greedy(4);
+  sp.prompt_logprobs = 3;
+  auto sp1 = greedy(1);  // finishes with its first token
+  sp1.prompt_logprobs = 3;
+  RequestId a = h.add(prompt, sp);
+  RequestId b = h.add(prompt, sp1);
+  RequestId c = h.add(prompt, greedy(4));
+  h.run();
+  for (RequestId id : {a, b}) {
+    SCOPED_TRACE(id);
+    const Collected& o = h.out[id];
+    EXPECT_EQ(o.n_with_prompt_lps, 1);
+    EXPECT_EQ(o.usage.cached_tokens, 0);
+    ASSERT_EQ(o.prompt_lps.size(), prompt.size() - 1);
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(o.prompt_lps[i].token, want[i].token) << i;
+      EXPECT_NEAR(o.prompt_lps[i].logprob, want[i].logprob, 1e-5) << i;
+      ASSERT_EQ(o.prompt_lps[i].top.size(), 3u) << i;
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(o.prompt_lps[i].top[k].token, want[i].top[k].token) << i << "," << k;
+        EXPECT_NEAR(o.prompt_lps[i].top[k].logprob, want[i].top[k].logprob, 1e-5);
+      }
+    }
+  }
+  EXPECT_EQ(h.out[a].tokens, fake_greedy(prompt, fc.vocab, 4));
+  EXPECT_EQ(h.out[b].tokens, fake_greedy(prompt, fc.vocab, 1));
+  EXPECT_EQ(h.out[c].n_with_prompt_lps, 0);
+  EXPECT_EQ(h.out[c].usage.cached_tokens, int64_t(prompt.size()) - 1);  // the cache still serves
+  EXPECT_EQ(h.out[c].tokens, fake_greedy(prompt, fc.vocab, 4));
+  SamplingParams bad = greedy(1);
+  bad.prompt_logprobs = 21;
+  EXPECT_FALSE(validate_sampling(bad, fc.vocab).ok());
   for (const auto& u : h.exec.pool_usage()) EXPECT_EQ(u.used_pages, 0);
 }
 

@@ -354,11 +354,62 @@ TEST(Checkpoint, TruncatedFile) {
   expect_one_line(ck.status(), "truncated file (3 bytes");
 }
 
+// A header that is not JSON is reported as such (with the parser's message and the file), not as
+// a truncated file; so is a header that is JSON but not an object.
 TEST(Checkpoint, BadJsonHeader) {
   TempDir tmp;
-  write_raw(tmp.str() + "/model.safetensors", "{\"a\": {\"dtype\": \"F32\", ", 0);
+  const std::string f = tmp.str() + "/model.safetensors";
+  write_raw(f, "{\"a\": {\"dtype\": \"F32\", ", 0);
   auto ck = Checkpoint::open(tmp.str());
-  expect_one_line(ck.status(), "bad JSON header");
+  expect_one_line(ck.status(), f + ": header is not valid JSON: ");
+  expect_one_line(ck.status(), "parse error");
+  EXPECT_EQ(ck.status().message().find("truncated"), std::string::npos) << ck.status().message();
+  // Garbage of the declared length, with data after it.
+  write_raw(f, "not json at all!", 64);
+  expect_one_line(Checkpoint::open(tmp.str()).status(), f + ": header is not valid JSON: ");
+  write_raw(f, "[1, 2]", 0);
+  expect_one_line(Checkpoint::open(tmp.str()).status(),
+                  f + ": header is not a JSON object (it is an array)");
+}
+
+// Missing or ill-typed header fields name the file, the tensor and the field.
+TEST(Checkpoint, HeaderFieldErrorsNameTensorAndField) {
+  TempDir tmp;
+  const std::string f = tmp.str() + "/model.safetensors";
+  const auto status = [&](const std::string& entry) {
+    write_raw(f, R"({"__metadata__": {"format": "pt"}, "embed.weight": )" + entry + "}", 16);
+    return Checkpoint::open(tmp.str()).status();
+  };
+  const std::string t = f + ": tensor 'embed.weight': ";
+  expect_one_line(status(R"({"shape": [2, 2], "data_offsets": [0, 16]})"),
+                  t + "header entry has no 'dtype'");
+  expect_one_line(status(R"({"dtype": "F32", "data_offsets": [0, 16]})"),
+                  t + "header entry has no 'shape'");
+  expect_one_line(status(R"({"dtype": "F32", "shape": [2, 2]})"),
+                  t + "header entry has no 'data_offsets'");
+  expect_one_line(status("7"), t + "header entry is not an object (7)");
+  expect_one_line(status(R"({"dtype": 4, "shape": [2, 2], "data_offsets": [0, 16]})"),
+                  t + "'dtype' must be a string such as \"BF16\", got 4");
+  expect_one_line(status(R"({"dtype": "F32", "shape": 4, "data_offsets": [0, 16]})"),
+                  t + "'shape' must be an array of non-negative integers, got 4");
+  expect_one_line(status(R"({"dtype": "F32", "shape": [2, -2], "data_offsets": [0, 16]})"),
+                  t + "'shape' must be an array of non-negative integers, got [2,-2]");
+  expect_one_line(status(R"({"dtype": "F32", "shape": [2, 2], "data_offsets": "0-16"})"),
+                  t + "'data_offsets' must be [begin, end] (two non-negative integers), got \"0-16\"");
+  expect_one_line(status(R"({"dtype": "F32", "shape": [2, 2], "data_offsets": [16, 0]})"),
+                  t + "'data_offsets' [16, 0] ends before it begins");
+  // Past the end of the data: that one is a truncated file.
+  expect_one_line(status(R"({"dtype": "F32", "shape": [2, 4], "data_offsets": [0, 32]})"),
+                  f + ": truncated file: tensor 'embed.weight' needs bytes [0, 32)");
+  // The header length field larger than the file: truncated, naming the file.
+  {
+    std::ofstream out(f, std::ios::binary | std::ios::trunc);
+    const uint64_t n = 1000;
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << "{}";
+  }
+  expect_one_line(Checkpoint::open(tmp.str()).status(),
+                  f + ": truncated file: header length 1000 exceeds the 2 bytes after it");
 }
 
 TEST(Checkpoint, UnknownDtype) {

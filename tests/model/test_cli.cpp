@@ -81,6 +81,40 @@ TEST(Cli, UnknownSubcommandAndLogLevel) {
   }
 }
 
+// --help lists every option with its default: serve has --threads (the CPU op threads, as
+// generate and bench), and generate's options show their defaults ("=16", "=cpu", "=all").
+TEST(Cli, HelpListsThreadsAndDefaults) {
+  const std::string bin = V4_BINARY;
+  // The help line of `flag` (with the wrapped description line after it).
+  const auto line_of = [](const std::string& out, const std::string& flag) {
+    const size_t p = out.find("  " + flag + " ");
+    if (p == std::string::npos) return std::string();
+    const size_t e = out.find('\n', out.find('\n', p) + 1);
+    return out.substr(p, e == std::string::npos ? std::string::npos : e - p);
+  };
+  {
+    const auto [rc, out] = run_command(bin + " serve --help");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(line_of(out, "--threads").find("=0"), std::string::npos) << out;
+    EXPECT_NE(line_of(out, "--port").find("=30000"), std::string::npos) << out;
+    EXPECT_NE(line_of(out, "--shutdown-timeout").find("=30"), std::string::npos) << out;
+  }
+  {
+    const auto [rc, out] = run_command(bin + " generate --help");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(line_of(out, "--max-new-tokens").find("=16"), std::string::npos) << out;
+    EXPECT_NE(line_of(out, "--kv-budget-mb").find("=1024"), std::string::npos) << out;
+    EXPECT_NE(line_of(out, "--device").find("=cpu"), std::string::npos) << out;
+    EXPECT_NE(line_of(out, "--num-layers").find("=all"), std::string::npos) << out;
+    EXPECT_NE(line_of(out, "--threads").find("=0"), std::string::npos) << out;
+  }
+  {  // serve --threads is accepted and range-checked like generate's
+    const auto [rc, out] = run_command(bin + " serve --model /nonexistent --threads -1");
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(out.find("--threads"), std::string::npos) << out;
+  }
+}
+
 TEST(Cli, GenerateErrors) {
   const auto dirs = testing::fixture_dirs();
   ASSERT_FALSE(dirs.empty());

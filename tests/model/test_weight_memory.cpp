@@ -121,6 +121,39 @@ TEST(WeightMemory, RefusesDummyThatDoesNotFitBeforeAllocating) {
   EXPECT_TRUE(DeepseekV4::load_dummy(path, &cut, {}, 2).ok());
 }
 
+// The refusal's --num-layers hint names a cut that fits (the most leading layers whose weights
+// fit), and when not even one layer fits (V4-Pro on a CPU) it says so instead of suggesting a cut
+// that cannot help.
+TEST(WeightMemory, NumLayersHintNamesACutThatFits) {
+  const std::string path = fixture("tiny-kinds-fp32");
+  auto cfg = ModelConfig::load(path);
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_EQ(cfg->num_hidden_layers, 4);
+  MemOps probe(0, 0, false);
+  auto need_of = [&](int n) {
+    ModelConfig c = *cfg;
+    EXPECT_TRUE(c.truncate_layers(n).ok());
+    return estimate_weight_footprint(c, probe).bytes;
+  };
+  ASSERT_LT(need_of(2), need_of(3));
+  MemOps two(need_of(2), 4 * need_of(4), false);
+  auto m = DeepseekV4::load_dummy(path, &two);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("use --num-layers 2 (or fewer)"), std::string::npos)
+      << m.status().message();
+  MemOps two_again(need_of(2), 4 * need_of(4), false);
+  EXPECT_TRUE(DeepseekV4::load_dummy(path, &two_again, {}, 2).ok());  // the hint works
+
+  MemOps none(need_of(1) - 1, 4 * need_of(4), false);
+  m = DeepseekV4::load_dummy(path, &none);
+  ASSERT_FALSE(m.ok());
+  const std::string msg = m.status().message();
+  EXPECT_NE(msg.find("even 1 layer needs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--num-layers cannot make it fit"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("--num-layers N"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
 TEST(WeightMemory, RefusesCheckpointThatDoesNotFit) {
   const std::string dir = fixture("tiny-kinds-fp32");
   MemOps small(1 << 10, 1 << 20, false);

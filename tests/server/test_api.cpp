@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <thread>
 
@@ -72,14 +74,16 @@ struct Response {
 };
 
 // One HTTP/1.1 request with Connection: close; returns status, head and body.
+// `content_type` empty: no Content-Type header.
 Response http(int port, const std::string& method, const std::string& path, const std::string& body,
-              const std::string& extra_headers = "") {
+              const std::string& extra_headers = "",
+              const std::string& content_type = "application/json") {
   net::io_context ioc;
   tcp::socket s(ioc);
   s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port)));
   std::string req = method + " " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers +
-                    "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                    "\r\n\r\n" + body;
+                    (content_type.empty() ? std::string() : "Content-Type: " + content_type + "\r\n") +
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   net::write(s, net::buffer(req));
   std::string all;
   char buf[8192];
@@ -305,8 +309,8 @@ TEST_F(ApiTest, StopStringNeverLeaks) {
 }
 
 // text_offset (completions logprobs) is where each token's text starts in the choice's text:
-// 0 for the first generated token, shifted by the echoed prompt with "echo", and the same
-// whether streamed or not.
+// 0 for the first generated token, shifted by the echoed prompt with "echo" (whose own tokens
+// are listed first), and the same whether streamed or not.
 TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   std::vector<int32_t> prompt = {5, 6};
   auto offsets = [&](bool echo, bool stream, std::string* text) {
@@ -346,12 +350,121 @@ TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   ASSERT_GE(echoed.size(), plain.size());
   const int64_t echo_len = int64_t(echoed.size() - plain.size());
   EXPECT_EQ(echoed.substr(size_t(echo_len)), plain);
-  ASSERT_EQ(o_echo.size(), o_plain.size());
-  for (size_t i = 0; i < o_plain.size(); ++i) EXPECT_EQ(o_echo[i], o_plain[i] + echo_len) << i;
+  // With echo the prompt's tokens come first (offsets from 0), then the generated ones.
+  ASSERT_EQ(o_echo.size(), prompt.size() + o_plain.size());
+  EXPECT_EQ(o_echo[0], 0);
+  for (size_t i = 0; i < o_plain.size(); ++i)
+    EXPECT_EQ(o_echo[prompt.size() + i], o_plain[i] + echo_len) << i;
   EXPECT_EQ(plain_s, plain);
   EXPECT_EQ(echoed_s, echoed);
   EXPECT_EQ(o_plain_s, o_plain);
   EXPECT_EQ(o_echo_s, o_echo);
+  engine_->wait_idle();
+}
+
+// POST bodies must be declared JSON: application/json with any parameters and any case, or
+// application/*+json, or no Content-Type at all; anything else (text/plain, curl -d's
+// form-urlencoded) gets an OpenAI-style 415 on every POST endpoint, before generating anything.
+TEST_F(ApiTest, PostBodiesMustBeDeclaredJson) {
+  const std::string body = R"({"prompt":[5,6],"max_tokens":2,"temperature":0})";
+  for (const std::string ct : {"text/plain", "application/x-www-form-urlencoded",
+                               "multipart/form-data; boundary=x", "application/jsonx", "json"}) {
+    for (const std::string path : {"/v1/completions", "/v1/chat/completions", "/tokenize"}) {
+      SCOPED_TRACE(ct + " " + path);
+      auto r = http(port_, "POST", path, body, "", ct);
+      EXPECT_EQ(r.status, 415) << r.body;
+      json j = json::parse(r.body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+      EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r.body;
+      EXPECT_EQ(j["error"]["code"], "unsupported_media_type") << r.body;
+      EXPECT_NE(j["error"]["message"].get<std::string>().find("application/json"), std::string::npos);
+      EXPECT_NE(j["error"]["message"].get<std::string>().find(ct), std::string::npos);
+    }
+  }
+  for (const std::string ct : {"application/json", "application/json; charset=utf-8",
+                               "Application/JSON;charset=UTF-8", "application/vnd.api+json", ""}) {
+    SCOPED_TRACE(ct);
+    auto r = http(port_, "POST", "/v1/completions", body, "", ct);
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_TRUE(json_content_type(" application/json ;charset=utf-8"));
+  EXPECT_FALSE(json_content_type("application/+json"));
+  EXPECT_FALSE(json_content_type("text/json"));
+  engine_->wait_idle();
+}
+
+// Completions echo + logprobs list the prompt tokens first (OpenAI): the first with null
+// token_logprobs / top_logprobs, each later one scored by the model at the position before it
+// (the fake's logits), text_offset from the start of the echoed text; the generated tokens
+// follow unchanged, streamed or not.
+TEST_F(ApiTest, EchoWithLogprobsScoresThePromptTokens) {
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  const json req = {{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"ignore_eos", true},
+                    {"logprobs", 2}, {"echo", true}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json ch = r.j()["choices"][0];
+  const json lp = ch["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + 3) << lp;
+  ASSERT_EQ(lp["token_logprobs"].size(), prompt.size() + 3) << lp;
+  ASSERT_EQ(lp["top_logprobs"].size(), prompt.size() + 3) << lp;
+  ASSERT_EQ(lp["text_offset"].size(), prompt.size() + 3) << lp;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << lp;
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << lp;
+  uint64_t h = 0;
+  std::vector<float> row(static_cast<size_t>(kVocab));
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    SCOPED_TRACE(i);
+    h = engine::testing::fake_extend(h, prompt[i]);
+    engine::testing::fake_logits(h, kVocab, row.data());
+    double mx = *std::max_element(row.begin(), row.end()), sum = 0;
+    for (float v : row) sum += std::exp(double(v) - mx);
+    const double want = double(row[size_t(prompt[i + 1])]) - mx - std::log(sum);
+    ASSERT_TRUE(lp["token_logprobs"][i + 1].is_number()) << lp;
+    EXPECT_NEAR(lp["token_logprobs"][i + 1].get<double>(), want, 1e-5);
+    EXPECT_GE(lp["top_logprobs"][i + 1].size(), 1u);
+    EXPECT_EQ(lp["tokens"][i + 1], tok_.decode(std::vector<int32_t>{prompt[i + 1]}, false));
+  }
+  const std::string echo = tok_.decode(prompt, false);
+  EXPECT_EQ(ch["text"].get<std::string>().substr(0, echo.size()), echo);
+  int64_t at = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), at) << i;
+    at += int64_t(tok_.decode(std::vector<int32_t>{prompt[i]}, false).size());
+  }
+  EXPECT_EQ(lp["text_offset"][prompt.size()].get<int64_t>(), int64_t(echo.size()));
+  // The generated tokens as without echo.
+  json plain_req = req;
+  plain_req["echo"] = false;
+  auto p = http(port_, "POST", "/v1/completions", plain_req.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  const json plp = p.j()["choices"][0]["logprobs"];
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(lp["tokens"][prompt.size() + k], plp["tokens"][k]);
+    EXPECT_EQ(lp["token_logprobs"][prompt.size() + k], plp["token_logprobs"][k]);
+  }
+  // Streamed: the same entries, the prompt's in the first chunk.
+  json sreq = req;
+  sreq["stream"] = true;
+  auto s = http(port_, "POST", "/v1/completions", sreq.dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  json toks = json::array(), lps = json::array(), offs = json::array();
+  bool first = true;
+  for (const auto& e : sse_payloads(s.body)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"][0];
+    if (!c["logprobs"].is_object()) continue;
+    if (first) {
+      EXPECT_GE(c["logprobs"]["tokens"].size(), prompt.size()) << e;
+    }
+    first = false;
+    for (auto& x : c["logprobs"]["tokens"]) toks.push_back(x);
+    for (auto& x : c["logprobs"]["token_logprobs"]) lps.push_back(x);
+    for (auto& x : c["logprobs"]["text_offset"]) offs.push_back(x);
+  }
+  EXPECT_EQ(toks, lp["tokens"]);
+  EXPECT_EQ(lps, lp["token_logprobs"]);
+  EXPECT_EQ(offs, lp["text_offset"]);
   engine_->wait_idle();
 }
 
