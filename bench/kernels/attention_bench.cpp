@@ -487,8 +487,8 @@ std::string bench_attention_wg(double bw) {
     std::stringstream ss(list);
     for (std::string item; std::getline(ss, item, ',');) {
       const int v = std::atoi(item.c_str());
-      if (v < 7 || v > 12) {
-        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 12\n",
+      if (v < 7 || v > 13) {
+        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 13\n",
                      item.c_str());
         std::exit(2);
       }
@@ -525,7 +525,7 @@ std::string bench_attention_wg(double bw) {
   if (pf_ab)
     md << "; `v11` / `v12` = warp-specialized (warpgroup 0: QK over all dims + softmax + P·V of "
           "dims 0–255; warpgroup 1: the key-row copies into an mbarrier ring + P·V of dims "
-          "256–511) with 64- / 32-key tiles, no L2 prefetch (the default); `pf 1` / `pf 2` = the "
+          "256–511) with 64- / 32-key tiles, `v13` the same with 48-key tiles in 3 slots, no L2 prefetch (the default); `pf 1` / `pf 2` = the "
           "same with an L2 prefetch of the rows 1 / 2 tiles beyond the copies "
           "(set_attention_dec11_prefetch)";
   if (diag)
@@ -581,7 +581,7 @@ std::string bench_attention_wg(double bw) {
         const double floor_us = bytes / (bw * 1e3);
         std::string cells;
         for (const int variant : variants) {
-          const int kt = variant % 2 == 1 ? 64 : 32;
+          const int kt = v4::cuda::attention_dec7_tile_keys(variant);
           const int spm = v4::cuda::attention_dec7_splits(S, H, keys, n_sms, kt);
           const double us = t_dec(spm, variant);
           double best = us;

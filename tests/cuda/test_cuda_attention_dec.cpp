@@ -755,10 +755,10 @@ TEST(CudaAttentionDec, Variant6MaskedTiles) {
 /// head, dim-half, descriptor, ring or split slip gives O(1) differences.
 void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol = kDecTol,
                    double tol6 = kV6VsV5Tol) {
-  for (int variant : {7, 8, 9, 10, 11, 12}) {
+  for (int variant : {7, 8, 9, 10, 11, 12, 13}) {
     std::vector<int> splits = split_list;
     splits.push_back(cuda::attention_dec7_splits(c.S, c.H, c.max_keys, 132,
-                                                 variant % 2 == 1 ? 64 : 32));
+                                                 cuda::attention_dec7_tile_keys(variant)));
     for (const int sp : splits) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp
                                         << " pools=" << kv_dtype_name(c.dt));
@@ -900,7 +900,12 @@ TEST(CudaAttentionDec, SplitModel7) {
   EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 160, 132, 64), 1);
   EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 1152, 132, 64), 2);
   EXPECT_EQ(cuda::attention_dec7_splits(64, 64, 8320, 132, 64), 2);
-  for (int kt : {64, 32}) {
+  EXPECT_EQ(cuda::attention_dec7_tile_keys(7), 64);
+  EXPECT_EQ(cuda::attention_dec7_tile_keys(10), 32);
+  EXPECT_EQ(cuda::attention_dec7_tile_keys(11), 64);
+  EXPECT_EQ(cuda::attention_dec7_tile_keys(12), 32);
+  EXPECT_EQ(cuda::attention_dec7_tile_keys(13), 48);
+  for (int kt : {64, 48, 32}) {
     EXPECT_EQ(cuda::attention_dec7_splits(1, 64, 0, 132, kt), 1);
     EXPECT_EQ(cuda::attention_dec7_splits(1, 64, kt, 132, kt), 1);
     EXPECT_GT(cuda::attention_dec7_splits(1, 64, 8320, 132, kt), 8);
@@ -934,7 +939,7 @@ TEST(CudaAttentionDec, AutoVariant) {
 TEST(CudaAttentionDec, Variant7Deterministic) {
   V4_REQUIRE_GPU();
   AttnCase c(64, 128, {8320, 640, 1152, 17}, false, false, KvDtype::kBf16);
-  for (int variant : {7, 8, 9, 10, 11, 12})
+  for (int variant : {7, 8, 9, 10, 11, 12, 13})
     for (int sp : {1, 2, 9}) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp);
       Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, sp) + 1));
@@ -980,7 +985,7 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
-  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 13).ok());  // no variant 13
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 14).ok());  // no variant 14
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 0).ok());
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
@@ -1070,13 +1075,13 @@ TEST(CudaAttentionDec, SplitModel5) {
 // Through the backend (bf16 mode): the decode kernel's auto choice (mode -1, the default
 // attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 7 for S = 7 (8,320
 // keys; f32 pools: variant 2 inside), 2 for S = 64 (640 keys); mode -2: lean off, variant 5 for
-// S = 1, 4 for S = 3), variants 1 … 12 forced, and off
+// S = 1, 4 for S = 3), variants 1 … 13 forced, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));

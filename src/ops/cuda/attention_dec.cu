@@ -1810,8 +1810,12 @@ int attention_dec_auto_variant(int64_t rows, int64_t max_keys, bool lean) {
   return max_keys > 4096 ? 5 : 4;
 }
 
+int attention_dec7_tile_keys(int variant) {
+  return variant == 13 ? 48 : (variant == 8 || variant == 10 || variant == 12) ? 32 : 64;
+}
+
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile) {
-  if (keys_per_tile != 32) keys_per_tile = 64;
+  if (keys_per_tile != 32 && keys_per_tile != 48) keys_per_tile = 64;
   if (S <= 0 || H <= 0 || max_keys <= keys_per_tile || n_sms <= 0) return 1;
   // Critical-path model in µs: a CTA's tiles cost kTileUs each (64 keys: ~1 µs of tensor work,
   // the same as a 64 KiB read at one SM's fair share of HBM), per wave; split rows add the
@@ -1821,7 +1825,7 @@ int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int key
   // misses within 15%). The measured tile takes ~5.5 µs, not 1 (the kernel is latency-bound per
   // CTA, docs/cuda.md §Variants 7 / 8); a re-fit with that tile time would shift the picks
   // (batch-64 CSA to 2 splits, batch-1 HCA 160 keys to 3) and has not been measured.
-  const double kTileUs = keys_per_tile == 64 ? 1.0 : 0.55;
+  const double kTileUs = keys_per_tile == 64 ? 1.0 : keys_per_tile == 48 ? 0.78 : 0.55;
   const double kCombineUs = 2.0, kPartialWriteUs = 1.0, kPartialReadUs = 0.131072 / 3.0;
   const int64_t groups = S * ((H + 63) / 64);
   const int64_t tiles = (max_keys + keys_per_tile - 1) / keys_per_tile;
@@ -2021,25 +2025,28 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 12)
+  if (variant < 1 || variant > 13)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: grid {} × {} too large",
                   a.n_rows, n_splits);
   const dim3 grid{unsigned(a.n_rows * n_splits), unsigned((a.n_heads + kHeads - 1) / kHeads), 1};
-  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v12
-  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 … v12: bf16 pools only
+  if (variant >= 3 && a.kv_dtype == KvDtype::kFp8) variant = 2;  // no fp8 body in v3 .. v13
+  if (variant >= 7 && a.kv_dtype != KvDtype::kBf16) variant = 2;  // v7 … v13: bf16 pools only
   using B = __nv_bfloat16;
   // PDL launches only for kernels that pdl_wait before any global access (attn_dec2_kernel,
   // attn_dec_kernel<T, true>); another pool format (FP8: a KeyPool specialization) takes the
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
   if (variant >= 11) {
-    // Variants 11 / 12: warp-specialized (attention_dec_ws.cuh), 288 threads; the combine below
-    // when split.
+    // Variants 11 … 13: warp-specialized (attention_dec_ws.cuh); the combine below when split.
     if (variant == 11)
       V4_RETURN_IF_ERROR((launch_main<23, B>(attn_dec11_kernel<64, 2>, Ws11Shape<64, 2>::kSmem,
+                                              a, n_splits, workspace, grid, pdl, stream, 1,
+                                              kWs11Threads)));
+    else if (variant == 13)
+      V4_RETURN_IF_ERROR((launch_main<25, B>(attn_dec11_kernel<48, 3>, Ws11Shape<48, 3>::kSmem,
                                               a, n_splits, workspace, grid, pdl, stream, 1,
                                               kWs11Threads)));
     else

@@ -69,6 +69,10 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 /// max_keys ≤ one tile (or unknown). Result in [1, 128].
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64);
 
+/// Keys per tile of warpgroup-MMA variant `variant` (7 … 13): 32 for 8 / 10 / 12, 48 for 13, else
+/// 64 — the keys_per_tile argument of attention_dec7_splits.
+int attention_dec7_tile_keys(int variant);
+
 /// The attention_dec variant CudaOps takes for a call when CudaOptions::attention_dec_variant is
 /// 0 (auto).
 /// From bench/results/cuda-attention.md (H200, session 7, 64 heads, bf16 pools): at batch 1
@@ -135,6 +139,9 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 /// mbarrier ring of 2 × 64 / 4 × 32 keys; an L2 prefetch of later rows is an A/B option,
 /// set_attention_dec11_prefetch) and computes P·V of dims 256–511 with P from shared memory.
 /// bf16 pools only (others run variant 2); within bf16 rounding of variant 6.
+/// Variant 13 (V4_ATTN_DEC=13; splits: attention_dec7_splits(..., 48)): variant 11 with 48-key
+/// tiles in a 3-slot ring (96 KiB of key rows in flight while one tile is computed on, against
+/// 64 KiB), wgmma m64n48k16 for QK.
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.

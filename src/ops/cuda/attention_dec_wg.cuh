@@ -84,6 +84,8 @@ template <int kN>
 __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uint64_t kd, int acc) {
   if constexpr (kN == 64)
     wgmma_ss_m64n64k16(d, qd, kd, acc);
+  else if constexpr (kN == 48)
+    wgmma_ss_m64n48k16(d, qd, kd, acc);
   else
     wgmma_ss_m64n32k16(d, qd, kd, acc);
 }

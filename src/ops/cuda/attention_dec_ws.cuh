@@ -35,10 +35,11 @@ constexpr int kWs11Threads = 256;  // 2 warpgroups
 __constant__ int c_attn11_prefetch = 0;
 constexpr int kBarPReady = 1, kBarPFree = 2, kBarFinal = 3;  // named barrier ids (0: syncthreads)
 
-/// Shapes of the variant-11 (kN = 64, 2 slots) and variant-12 (kN = 32, 4 slots) kernels.
+/// Shapes of the variant-11 (kN = 64, 2 slots), variant-12 (kN = 32, 4 slots) and variant-13
+/// (kN = 48, 3 slots: 50% more bytes in flight than variant 11 in the same shared memory) kernels.
 template <int kN, int kStages>
 struct Ws11Shape {
-  static_assert((kN == 32 || kN == 64) && kStages >= 2, "keys per tile, ring depth");
+  static_assert((kN == 32 || kN == 48 || kN == 64) && kStages >= 2, "keys per tile, ring depth");
   static constexpr int kTileBytes = kN * kHd * 2;
   static constexpr int kSAcc = kN / 2;  // S accumulators per warpgroup-0 thread
   static constexpr int kPBytes = 64 * kN * 2;  // P (bf16, 64 heads × kN keys)
@@ -52,7 +53,8 @@ struct Ws11Shape {
   static constexpr size_t kOffBar = kOffValid + size_t(kStages) * 64;
   static constexpr size_t kSmem = kOffBar + size_t(2) * kStages * 8 + 1024;
 };
-static_assert(Ws11Shape<64, 2>::kSmem <= 232448 && Ws11Shape<32, 4>::kSmem <= 232448,
+static_assert(Ws11Shape<64, 2>::kSmem <= 232448 && Ws11Shape<32, 4>::kSmem <= 232448 &&
+                  Ws11Shape<48, 3>::kSmem <= 232448,
               "smem over the 227 KiB limit");
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -162,9 +164,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   __syncthreads();
 
   // ---- warpgroup 1 is also the producer: key lookups one tile ahead, cp.async into the ring ----
-  // Warp w of warpgroup 1 copies the 8-key groups w·kG/4 … (kG/4 per warp); lane: key
+  // Warp w of warpgroup 1 copies the 8-key groups w, w + 4 (those < kG); lane: key
   // 8·group + lane % 8, 16-byte pieces lane / 8 + 4i (i < 16).
-  constexpr int kG = kN / 8, kGW = kG / 4;  // 8-key groups per tile, per producer warp
+  constexpr int kG = kN / 8, kGW = (kG + 3) / 4;  // 8-key groups per tile, most per warp
   const int kl = lane & 7, sub = lane >> 3, pw = warp & 3;
   const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
   const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
@@ -176,9 +178,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   auto lookup = [&](int tile, int32_t (&r)[kGW]) {
 #pragma unroll
     for (int q = 0; q < kGW; ++q) {
-      const int j = k0 + tile * kN + 8 * (pw * kGW + q) + kl;
+      const int j = k0 + tile * kN + 8 * (pw + 4 * q) + kl;
       r[q] = -1;
-      if (tile < n_tiles && j < k1)
+      if (pw + 4 * q < kG && tile < n_tiles && j < k1)
         r[q] = j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
     }
   };
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
     if (tile >= n_tiles || sub != 0) return;
 #pragma unroll
     for (int q = 0; q < kGW; ++q) {
-      const int j = k0 + tile * kN + 8 * (pw * kGW + q) + kl;
+      const int j = k0 + tile * kN + 8 * (pw + 4 * q) + kl;
       if (r[q] < 0) continue;
       const __nv_bfloat16* row = (j < n_swa ? swa_pool : comp_pool) + int64_t(r[q]) * kHd;
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(kHd * 2)
@@ -213,7 +215,8 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
     const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
 #pragma unroll
     for (int q = 0; q < kGW; ++q) {
-      const int grp = pw * kGW + q, key = 8 * grp + kl;
+      const int grp = pw + 4 * q, key = 8 * grp + kl;
+      if (grp >= kG) continue;  // warp-uniform
       const int j = k0 + tile * kN + key;
       const __nv_bfloat16* pool = j < n_swa ? swa_pool : comp_pool;
       const bool ok = r[q] >= 0;
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
       wgmma_wait0();
       wgmma_fence_acc(sacc);
       const uint64_t vm =
-          (kN == 64 ? *reinterpret_cast<const uint64_t*>(svalid + slot * 64)
+          (kN > 32 ? *reinterpret_cast<const uint64_t*>(svalid + slot * 64)
                     : uint64_t(*reinterpret_cast<const uint32_t*>(svalid + slot * 64))) >>
           (2 * tq);
       float sv[kNA];  // log2-unit logits, masked (a copy: sacc stays the wgmma's own registers)

@@ -443,6 +443,7 @@ class CudaOps final : public Ops {
       if (std::string(e) == "10") opts_.attention_dec = true, opts_.attention_dec_variant = 10;
       if (std::string(e) == "11") opts_.attention_dec = true, opts_.attention_dec_variant = 11;
       if (std::string(e) == "12") opts_.attention_dec = true, opts_.attention_dec_variant = 12;
+      if (std::string(e) == "13") opts_.attention_dec = true, opts_.attention_dec_variant = 13;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
     if (const char* e = std::getenv("V4_ATTN_DEC_LEAN")) {  // auto: variant 6 for variant 5
@@ -945,7 +946,7 @@ class CudaOps final : public Ops {
         (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
       const int variant =
-          opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 12
+          opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 13
               ? opts_.attention_dec_variant
               : cuda::attention_dec_auto_variant(a.n_rows, a.max_keys, opts_.attention_dec_lean);
       // Variants 3 / 4 (32 / 16 heads per block) and 5 (16 heads, cluster merge of ≤ 16
@@ -954,7 +955,7 @@ class CudaOps final : public Ops {
       const bool v7 = variant >= 7 && a.kv_dtype == KvDtype::kBf16;  // else variant 2 inside
       const int splits =
           v7 ? cuda::attention_dec7_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
-                                           variant % 2 == 0 ? 32 : 64)
+                                           cuda::attention_dec7_tile_keys(variant))
           : v3 && variant >= 7 ? cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys,
                                                             n_sms_, 4)
           : v3 && (variant == 5 || variant == 6)
