@@ -80,6 +80,39 @@ __device__ __forceinline__ uint32_t op7_off(int row, int c) {
 /// 0 normal, 1 no key-row copies (the ring holds zeros), 2 no wgmma (S and o stay 0).
 __constant__ int c_attn7_diag = 0;
 
+/// Q[t, hb … hb + 63, :] (f32) → the bf16 operand at `smem` (layout op7_off<kSw, 64>; heads
+/// ≥ a.n_heads as zeros), by the 256 threads `tid` of a CTA: 4,096 pieces of 8 dims, 16 per thread;
+/// a warp reads 8 heads × 128 contiguous bytes and writes whole 128-byte units. All 32 loads of a
+/// thread are issued before the first store: one memory round trip, not 16 (ncu at 93be9ca: the
+/// conversions stalled on the loads of a 4-deep unroll).
+template <bool kSw>
+__device__ __forceinline__ void wg7_stage_q(unsigned char* smem, const ops::AttentionArgs& a,
+                                            int64_t t, int hb, int tid) {
+  const int H = a.n_heads;
+  float4 qv[16][2];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int u = tid + 256 * i;
+    const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
+    qv[i][0] = qv[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (hb + h < H) {
+      const float4* src =
+          reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd) + 8 * c);
+      qv[i][0] = __ldg(src);
+      qv[i][1] = __ldg(src + 1);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int u = tid + 256 * i;
+    const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
+    const float4 lo = qv[i][0], hi = qv[i][1];
+    *reinterpret_cast<uint4*>(smem + op7_off<kSw, 64>(h, c)) =
+        make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                   pack_bf16(hi.z, hi.w));
+  }
+}
+
 template <int kN>
 __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uint64_t kd, int acc) {
   if constexpr (kN == 64)
@@ -166,32 +199,7 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
 #pragma unroll
     for (int p = 0; p < kS - 1; ++p) issue(p, lookup(p));
     next_r = lookup(kS - 1);
-    // Q[hb … hb + 63] (f32) → bf16 operand: 4,096 pieces of 8 dims, 16 per thread; a warp reads
-    // 8 heads × 128 contiguous bytes and writes whole core matrices. All 32 loads of a thread are
-    // issued before the first store (o is not live yet): one memory round trip, not 16 (ncu at
-    // 93be9ca: the conversions stalled on the loads of a 4-deep unroll).
-    float4 qv[16][2];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int u = tid + kWg7Threads * i;
-      const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
-      qv[i][0] = qv[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (hb + h < H) {
-        const float4* src =
-            reinterpret_cast<const float4*>(a.q + (t * H + hb + h) * int64_t(kHd) + 8 * c);
-        qv[i][0] = __ldg(src);
-        qv[i][1] = __ldg(src + 1);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int u = tid + kWg7Threads * i;
-      const int h = 8 * ((u >> 5) & 7) + (u & 7), c = 4 * (u >> 8) + ((u >> 3) & 3);
-      const float4 lo = qv[i][0], hi = qv[i][1];
-      *reinterpret_cast<uint4*>(smem + op7_off<kSw, 64>(h, c)) =
-          make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
-                     pack_bf16(hi.z, hi.w));
-    }
+    wg7_stage_q<kSw>(smem, a, t, hb, tid);  // before o is live
   }
 
   if (diag == 1) {  // diagnostic: no copies; the tiles hold zeros
