@@ -35,7 +35,7 @@
 #include "base/kv_fp8.h"  // kvfp8::dequantize (fp8 KV pools)
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
-#include "ops/cuda/wgmma.cuh"  // variants 7 / 8 (attention_dec_wg.cuh)
+#include "ops/cuda/wgmma.cuh"  // variants 7 … 13 (attention_dec_wg.cuh, attention_dec_ws.cuh)
 
 namespace v4::cuda {
 namespace {
@@ -1695,7 +1695,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// ---- variants 7 / 8 (issue 7: warpgroup MMA, 64 heads per CTA) --------------------------------
+// ---- variants 7 … 10 (issue 7: warpgroup MMA, 64 heads per CTA) -------------------------------
 #include "ops/cuda/attention_dec_wg.cuh"
 // ---- variants 11 / 12 (issue 7: warp-specialized warpgroup MMA) --------------------------------
 #include "ops/cuda/attention_dec_ws.cuh"
@@ -2169,7 +2169,7 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   }
   if (n_splits == 1) return Status::Ok();
   const dim3 cgrid{unsigned(a.n_rows * a.n_heads), unsigned(kHd / kCombThreads), 1};
-  if (variant >= 3) {  // v3 .. v8 (fp8 pools were sent to variant 2 above)
+  if (variant >= 3) {  // v3 … v13 (fp8 pools were sent to variant 2 above)
     if (!pdl) {
       attn_dec_combine3_kernel<<<cgrid, kCombThreads, 0, stream>>>(a, n_splits, workspace);
       return check_launch("attn_dec_combine3_kernel");

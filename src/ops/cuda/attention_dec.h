@@ -148,14 +148,14 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,
                             cudaStream_t stream, int variant = 2);
 
-/// Diagnostic of variants 7 … 10 for bench_kernels (never set by the engine): `mode` 0 normal,
+/// Diagnostic of variants 7 … 13 for bench_kernels (never set by the engine): `mode` 0 normal,
 /// 1 the kernels skip their key-row copies (tiles of zeros: compute and pipeline only), 2 they
 /// skip their wgmma instructions (copies, barriers and softmax only). Process-wide (a
 /// __constant__); the outputs are wrong in modes 1 / 2. Errors: kInvalidArgument for another
 /// mode; CUDA errors.
 Status set_attention_dec7_diag(int mode);
 
-/// L2 prefetch distance of variants 11 / 12 (bench A/B; default 0): warpgroup 1 prefetches
+/// L2 prefetch distance of variants 11 … 13 (bench A/B; default 0): warpgroup 1 prefetches
 /// (cp.async.bulk.prefetch.L2) the key rows `tiles` tiles beyond the one it copies into shared
 /// memory; 0 turns it off. Process-wide (a __constant__). Errors: kInvalidArgument outside
 /// [0, 2]; CUDA errors.

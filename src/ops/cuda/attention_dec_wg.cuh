@@ -76,7 +76,7 @@ __device__ __forceinline__ uint32_t op7_off(int row, int c) {
     return uint32_t((row >> 3) * kOp7Sbo + c * kOp7Lbo + (row & 7) * 16);
 }
 
-/// Diagnostic switch of the variant 7 … 10 kernels (bench only; set_attention_dec7_diag):
+/// Diagnostic switch of the variant 7 … 13 kernels (bench only; set_attention_dec7_diag):
 /// 0 normal, 1 no key-row copies (the ring holds zeros), 2 no wgmma (S and o stay 0).
 __constant__ int c_attn7_diag = 0;
 

@@ -1,10 +1,10 @@
 // Decode sparse MQA attention, warp-specialized (variants 11: 64-key tiles in a 2-slot ring, 12:
-// 32-key tiles in a 4-slot ring), bf16 KV pools. Included by attention_dec.cu inside its anonymous
+// 32-key tiles in a 4-slot ring, 13: 48-key tiles in a 3-slot ring), bf16 KV pools. Included by attention_dec.cu inside its anonymous
 // namespace after attention_dec_wg.cuh (it uses that file's swizzled operand layout op7_off, Q
 // staging constants and diagnostic switch, and attention_dec.cu's cp.async, PDL, ex2 and bf16
 // helpers); the launcher is sparse_attention_dec.
 //
-// Why (issue 7, docs/cuda.md §Variants 11 / 12): in variants 7 … 10 both warpgroups run the same
+// Why (issue 7, docs/cuda.md §Variants 9 … 13): in variants 7 … 10 both warpgroups run the same
 // lock-step sequence per tile — copies, QK, S exchange, softmax, P·V — separated by CTA-wide
 // barriers, so the tensor cores idle through the softmax and the barriers, and the loads of the
 // next tile are issued by the same warps between their MMAs. Variant 9 at batch 64 (HCA 1M) runs
@@ -15,7 +15,7 @@
 //       128-byte-swizzled in shared memory), the online softmax (variant 6's lazy log2 rule), P
 //       (bf16) and the per-head rescale factors to shared memory for warpgroup 1, then
 //       O[:, 0 … 255] += P·V with P from registers;
-//   warpgroup 1 (threads 128–255): the producer as well — it looks the key rows up one tile
+//   warpgroup 1 (threads 128–255): the producer as well — it looks the key rows up 2–3 tiles
 //       ahead and copies them (cp.async, 16 bytes a lane, into the swizzled layout) into a ring
 //       of kStages slots, each slot's mbarrier signalled when its copies land
 //       (cp.async.mbarrier.arrive); then waits for P, rescales its O and adds
@@ -29,14 +29,15 @@
 // layout, as variant 7.
 
 constexpr int kWs11Threads = 256;  // 2 warpgroups
-/// L2 prefetch distance of variants 11 / 12 in tiles beyond the tile being copied (0: none, the
+/// L2 prefetch distance of variants 11 … 13 in tiles beyond the tile being copied (0: none, the
 /// default; 1, 2); set_attention_dec11_prefetch (bench A/B). Off because it slowed the kernel:
-/// batch 64, HCA 1M 221 µs with 1 tile, 234 with 2, 213 without (cuda-attention-wg-ws-pf.md).
+/// batch 64, HCA 1M 221 µs with 1 tile, 236 with 2, 214 without (cuda-attention-wg-ws.md).
 __constant__ int c_attn11_prefetch = 0;
 constexpr int kBarPReady = 1, kBarPFree = 2, kBarFinal = 3;  // named barrier ids (0: syncthreads)
 
 /// Shapes of the variant-11 (kN = 64, 2 slots), variant-12 (kN = 32, 4 slots) and variant-13
-/// (kN = 48, 3 slots: 50% more bytes in flight than variant 11 in the same shared memory) kernels.
+/// (kN = 48, 3 slots: 50% more bytes in flight than variant 11, 221 KB of shared memory against
+/// 206 KB) kernels.
 template <int kN, int kStages>
 struct Ws11Shape {
   static_assert((kN == 32 || kN == 48 || kN == 64) && kStages >= 2, "keys per tile, ring depth");
@@ -119,15 +120,18 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   float* const sfinal = reinterpret_cast<float*>(smem + Sh::kOffFinal);
   uint8_t* const svalid = smem + Sh::kOffValid;
   const uint32_t full0 = q_s + uint32_t(Sh::kOffBar), empty0 = full0 + 8 * kS;
+  static_assert(kWs11Threads == 256, "barrier counts assume 2 warpgroups");
   if (tid == 0) {
     for (int i = 0; i < kS; ++i) {
       mbar_init(full0 + 8 * i, 256);   // warpgroup 1: 128 cp.async arrivals + 128 plain ones
       mbar_init(empty0 + 8 * i, 256);  // every thread, after its last read of the slot
     }
+    // Valid-key bytes past kN / 8 are read (8-byte loads) but masked; zero them anyway.
+    for (int i = 0; i < kS * 64; ++i) svalid[i] = 0;
   }
   __syncthreads();
 
-  // ---- warpgroup 1 is also the producer: key lookups one tile ahead, cp.async into the ring ----
+  // ---- warpgroup 1 is also the producer: key lookups up to 3 tiles ahead, cp.async into the ring --
   // Warp w of warpgroup 1 copies the 8-key groups w, w + 4 (those < kG); lane: key
   // 8·group + lane % 8, 16-byte pieces lane / 8 + 4i (i < 16).
   constexpr int kG = kN / 8, kGW = (kG + 3) / 4;  // 8-key groups per tile, most per warp
@@ -135,8 +139,8 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
   const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
   // Pool rows of the next tiles to copy: rq[0] = tile nt (the next cp.async), rq[1] = nt + 1,
-  // rq[2] = nt + 2 (looked up two tiles ahead, so that an L2 prefetch kPf tiles ahead of the
-  // copies finds its rows loaded).
+  // rq[2] = nt + 2 (looked up a tile before they are needed, so that an L2 prefetch pf tiles
+  // ahead of the copies finds its rows loaded).
   int32_t rq[3][kGW];
   const int pf = c_attn11_prefetch;  // 0: no L2 prefetch, else its distance in tiles (1 or 2)
   auto lookup = [&](int tile, int32_t (&r)[kGW]) {
@@ -148,8 +152,6 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
         r[q] = j < n_swa ? a.swa.rows[swa_off + j] : a.comp.rows[comp_off + (j - n_swa)];
     }
   };
-  // Issues tile `tile` (< n_tiles; rows r) into its slot and arrives on the slot's full barrier
-  // twice: once when this thread's copies land, once now (after its valid-byte stores).
   // The L2 prefetch: cp.async.bulk.prefetch.L2 of each whole 1 KiB row of tile `tile` (one lane
   // of 8 per key).
   auto prefetch = [&](int tile, const int32_t (&r)[kGW]) {
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
                    : "memory");
     }
   };
-  // Copies tile rq[0] names (tile nt), prefetches tile nt + pf, and shifts the row queue.
+  // After tile nt was issued: prefetches tile nt + pf, shifts the row queue, looks up nt + 3.
   auto advance = [&](int nt) {
     if (pf == 1) prefetch(nt + 1, rq[1]);
     if (pf == 2) prefetch(nt + 2, rq[2]);
@@ -174,6 +176,8 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
     }
     lookup(nt + 3, rq[2]);
   };
+  // Issues tile `tile` (< n_tiles; rows r) into its slot and arrives on the slot's full barrier
+  // twice: once when this thread's copies land, once now (after its valid-byte stores).
   auto produce = [&](int tile, const int32_t (&r)[kGW]) {
     const int slot = tile % kS;
     const uint32_t dst = ring_s + uint32_t(slot * Sh::kTileBytes);
@@ -333,6 +337,7 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
       wgmma_commit();
       wgmma_wait0();
       wgmma_fence_acc(o);
+      fence_proxy_async_smem();  // the async-proxy reads of the slot before its next generic writes
       mbar_arrive(empty0 + 8 * slot);
     }
 #pragma unroll
@@ -351,7 +356,7 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
         produce(nt, rq[0]);
         advance(nt);
       }
-      mbar_wait(full0 + 8 * slot, uint32_t((it / kS) & 1));  // the tile's bytes, for this thread
+      mbar_wait(full0 + 8 * slot, uint32_t((it / kS) & 1));  // all 128 producers' copies landed
       named_sync(kBarPReady, 256);
       // Unconditional (128 FMULs; a branch on "any factor ≠ 1" here made ptxas serialize the
       // P·V wgmma, C7515).
@@ -375,10 +380,10 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
       wgmma_commit();
       wgmma_wait0();
       wgmma_fence_acc(o);
+      fence_proxy_async_smem();  // the async-proxy reads of P and the slot before their reuse
       if (it + 1 < n_tiles) named_arrive(kBarPFree, 256);
       mbar_arrive(empty0 + 8 * slot);
     }
-    cp_async_wait<0>();
   }
 
   // ---- epilogue: warpgroup 0 owns (m, l); the normalization factor goes through sfinal ----

@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma) building blocks shared by the kernels that use it (indexer.cu's
-// decode scores kernel, attention_dec.cu's variant 7 / 8). Device code only; sm_90a.
+// decode scores kernel, attention_dec.cu's variants 7 … 13). Device code only; sm_90a.
 //
 // Shared-memory operands use the canonical layout without swizzle (PTX ISA, "Shared Memory
 // Matrix Layout"): "core matrices" of 8 rows × 16 bytes, 128 contiguous bytes each (row r of a
