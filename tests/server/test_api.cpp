@@ -468,6 +468,34 @@ TEST_F(ApiTest, EchoWithLogprobsScoresThePromptTokens) {
   engine_->wait_idle();
 }
 
+// A special token written in a text prompt is part of the echoed text: the text_offset of every
+// later prompt token counts its bytes (only a BOS the server adds is not in the text).
+TEST_F(ApiTest, EchoWithLogprobsOffsetsCountSpecialTokensInTheText) {
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  const std::string prompt = "ab" + eos + "cd";
+  const json req = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"ignore_eos", true},
+                    {"logprobs", 1}, {"echo", true}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json ch = r.j()["choices"][0];
+  const json lp = ch["logprobs"];
+  const std::string text = ch["text"].get<std::string>();
+  ASSERT_EQ(text.substr(0, prompt.size()), prompt);
+  ASSERT_EQ(lp["tokens"].size(), 5u + 2u) << lp;
+  int64_t prev = -1;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    SCOPED_TRACE(i);
+    const std::string t = lp["tokens"][i].get<std::string>();
+    const int64_t off = lp["text_offset"][i].get<int64_t>();
+    EXPECT_GE(off, prev) << lp;
+    prev = off;
+    if (i < 5) EXPECT_EQ(text.substr(size_t(off), t.size()), t) << lp;
+  }
+  EXPECT_EQ(lp["text_offset"][3].get<int64_t>(), int64_t(2 + eos.size())) << lp;
+  EXPECT_EQ(lp["text_offset"][5].get<int64_t>(), int64_t(prompt.size())) << lp;
+  engine_->wait_idle();
+}
+
 TEST_F(ApiTest, LogprobsBothFormats) {
   std::vector<int32_t> prompt = {5, 6};
   json req = {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 3}};
