@@ -168,6 +168,8 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     // send_final).
     std::vector<int32_t> echo_ids;
     bool echo_added_bos = false;
+    // Completions max_tokens 0 (with echo): the engine draws one token, which is not returned.
+    bool score_only = false;
     bool echo_lp_done = false;
     Json echo_tokens = Json::array(), echo_lps = Json::array(), echo_top = Json::array(),
          echo_offsets = Json::array();
@@ -341,7 +343,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
         prompt_logprob_entries(c, out, &c.echo_tokens, &c.echo_lps, &c.echo_top, &c.echo_offsets);
     }
     bool stopped = false;
-    for (size_t k = 0; k < out.new_tokens.size(); ++k) {
+    for (size_t k = 0; !c.score_only && k < out.new_tokens.size(); ++k) {
       int32_t t = out.new_tokens[k];
       std::string piece = c.stop->push(c.detok->push(t));
       c.completion_tokens++;
@@ -412,6 +414,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
             break;
           default: c.finish_reason = "stop"; break;
         }
+        if (c.score_only && out.finish_reason != engine::FinishReason::kError &&
+            out.finish_reason != engine::FinishReason::kAbort)
+          c.finish_reason = "length";  // max_tokens 0: nothing generated, as OpenAI reports it
       }
       const bool ended_by_model = !stopped && out.finish_reason == engine::FinishReason::kStop;
       if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") {
@@ -1036,6 +1041,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
         c.echo_ids = prompts[pi];
         c.echo_added_bos = echo_added_bos[pi];
       }
+      c.score_only = !chat && r.max_tokens && *r.max_tokens == 0;
       c.prompt_tokens = int64_t(prompts[pi].size());
     }
   }
@@ -1083,6 +1089,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       // A defaulted max_tokens is the most the engine can ever run for this prompt (context and
       // every pool's capacity).
       er.sampling.max_tokens = r.max_tokens ? *r.max_tokens : engine_->max_tokens_limit(int64_t(prompts[pi].size()));
+      // max_tokens 0 (completions with echo): the engine draws one token the response leaves out.
+      if (gen->choices[ci].score_only) er.sampling.max_tokens = 1;
       auto cb = [gen, ci](const engine::StepOutput& out) {
         std::vector<engine::RequestId> to_cancel;
         {
