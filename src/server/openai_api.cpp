@@ -24,12 +24,17 @@ namespace {
 // like vLLM's add_special_tokens) the sequence starts with BOS as the model was trained —
 // DeepSeek's tokenizer files add none themselves — unless the text already begins with it; the
 // same rule as `v4serve generate --prompt`. Token-id prompts are never changed.
+// `added_bos`: set to whether a BOS was put in front (it is then not part of `text`).
 std::vector<int32_t> encode_prompt_text(const text::Tokenizer& tok, const std::string& text,
-                                        bool add_special) {
+                                        bool add_special, bool* added_bos = nullptr) {
   std::vector<int32_t> ids = tok.encode(text, true);
+  if (added_bos) *added_bos = false;
   if (!add_special) return ids;
   const auto bos = tok.bos_id();
-  if (bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  if (bos && (ids.empty() || ids.front() != *bos)) {
+    ids.insert(ids.begin(), *bos);
+    if (added_bos) *added_bos = true;
+  }
   return ids;
 }
 
@@ -158,10 +163,13 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     bool role_sent = false;
     std::string echo_text;  // completions echo
     // Completions echo + logprobs: the prompt's ids (scored by the engine's prompt_logprobs,
-    // listed before the generated tokens), whether it was text (its BOS is not in echo_text),
-    // and the entries built from the first output (non-streaming: prepended in send_final).
+    // listed before the generated tokens), whether its first id is a BOS the server added (not
+    // in echo_text), and the entries built from the first output (non-streaming: prepended in
+    // send_final).
     std::vector<int32_t> echo_ids;
-    bool echo_from_text = false;
+    bool echo_added_bos = false;
+    // Completions max_tokens 0 (with echo): the engine draws one token, which is not returned.
+    bool score_only = false;
     bool echo_lp_done = false;
     Json echo_tokens = Json::array(), echo_lps = Json::array(), echo_top = Json::array(),
          echo_offsets = Json::array();
@@ -277,15 +285,17 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   // logprob and top_logprobs; text_offset counts from the start of the echoed text).
   void prompt_logprob_entries(Choice& c, const engine::StepOutput& out, Json* toks, Json* lps,
                               Json* tops, Json* offs) const {
+    // Every prompt token's text is in the echoed text (special tokens written in a text prompt
+    // too), except a BOS the server added in front of a text prompt.
     text::DetokenizerOptions dopt;
-    dopt.skip_special_tokens = c.echo_from_text;  // the BOS we added is not in the echoed text
+    dopt.skip_special_tokens = false;
     text::Detokenizer d(api->tok_, dopt);
     const int64_t echo_len = int64_t(c.echo_text.size());
     int64_t at = 0;
     for (size_t i = 0; i < c.echo_ids.size(); ++i) {
       toks->push_back(token_text(c.echo_ids[i]));
       offs->push_back(std::min(at, echo_len));
-      at += int64_t(d.push(c.echo_ids[i]).size());
+      if (i > 0 || !c.echo_added_bos) at += int64_t(d.push(c.echo_ids[i]).size());
       const engine::TokenLogprobs* lp =
           i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
       lps->push_back(lp ? Json(lp->logprob) : Json(nullptr));
@@ -333,7 +343,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
         prompt_logprob_entries(c, out, &c.echo_tokens, &c.echo_lps, &c.echo_top, &c.echo_offsets);
     }
     bool stopped = false;
-    for (size_t k = 0; k < out.new_tokens.size(); ++k) {
+    for (size_t k = 0; !c.score_only && k < out.new_tokens.size(); ++k) {
       int32_t t = out.new_tokens[k];
       std::string piece = c.stop->push(c.detok->push(t));
       c.completion_tokens++;
@@ -404,6 +414,9 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
             break;
           default: c.finish_reason = "stop"; break;
         }
+        if (c.score_only && out.finish_reason != engine::FinishReason::kError &&
+            out.finish_reason != engine::FinishReason::kAbort)
+          c.finish_reason = "length";  // max_tokens 0: nothing generated, as OpenAI reports it
       }
       const bool ended_by_model = !stopped && out.finish_reason == engine::FinishReason::kStop;
       if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") {
@@ -955,7 +968,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   // Prompts -> token ids.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echo;
-  std::vector<bool> echo_from_text;
+  std::vector<bool> echo_added_bos;
   if (chat) {
     std::vector<int32_t> t;
     if (!encode_chat(r, &t, &err)) return send_error(hreq, *w, err);
@@ -964,11 +977,12 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   } else {
     for (auto& p : r.prompts) {
       if (p.text) {
-        prompts.push_back(encode_prompt_text(tok_, *p.text, true));
+        bool added = false;
+        prompts.push_back(encode_prompt_text(tok_, *p.text, true, &added));
         echo.push_back(r.echo ? *p.text : std::string());
-        echo_from_text.push_back(true);
+        echo_added_bos.push_back(added);
       } else {
-        echo_from_text.push_back(false);
+        echo_added_bos.push_back(false);
         prompts.push_back(p.token_ids);
         echo.push_back(r.echo ? tok_.decode(p.token_ids, false) : std::string());
       }
@@ -1025,8 +1039,9 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       c.echo_text = echo[pi];
       if (!chat && r.echo && r.sampling.logprobs) {
         c.echo_ids = prompts[pi];
-        c.echo_from_text = echo_from_text[pi];
+        c.echo_added_bos = echo_added_bos[pi];
       }
+      c.score_only = !chat && r.max_tokens && *r.max_tokens == 0;
       c.prompt_tokens = int64_t(prompts[pi].size());
     }
   }
@@ -1074,6 +1089,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       // A defaulted max_tokens is the most the engine can ever run for this prompt (context and
       // every pool's capacity).
       er.sampling.max_tokens = r.max_tokens ? *r.max_tokens : engine_->max_tokens_limit(int64_t(prompts[pi].size()));
+      // max_tokens 0 (completions with echo): the engine draws one token the response leaves out.
+      if (gen->choices[ci].score_only) er.sampling.max_tokens = 1;
       auto cb = [gen, ci](const engine::StepOutput& out) {
         std::vector<engine::RequestId> to_cancel;
         {

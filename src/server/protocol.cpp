@@ -181,8 +181,10 @@ struct Reader {
   }
 };
 
-// Fields common to chat and completions.
-bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest* r, ApiError* err) {
+// Fields common to chat and completions. `min_max_tokens`: 0 for completions (max_tokens 0 scores
+// an echoed prompt; parse_completion_request refuses it without echo), else 1.
+bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest* r, ApiError* err,
+                  int64_t min_max_tokens = 1) {
   Reader rd{body, err};
   std::optional<std::string> model;
   if (!rd.get_string("model", &model)) return false;
@@ -190,11 +192,11 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
 
   // max_tokens / max_completion_tokens (the newer name wins when both are given).
   std::optional<int64_t> mt, mct;
-  if (!rd.get_int("max_tokens", 1, lim.max_context, &mt)) {
+  if (!rd.get_int("max_tokens", min_max_tokens, lim.max_context, &mt)) {
     err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
     return false;
   }
-  if (!rd.get_int("max_completion_tokens", 1, lim.max_context, &mct)) {
+  if (!rd.get_int("max_completion_tokens", min_max_tokens, lim.max_context, &mct)) {
     err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
     return false;
   }
@@ -477,7 +479,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
 bool parse_completion_request(const Json& body, const ValidationLimits& lim, GenerateRequest* r,
                               ApiError* err) {
   r->kind = GenerateRequest::Kind::kCompletion;
-  if (!parse_common(body, lim, r, err)) return false;
+  if (!parse_common(body, lim, r, err, /*min_max_tokens=*/0)) return false;
   Reader rd{body, err};
   const Json* p = rd.find("prompt");
   if (!p) return rd.fail("'prompt' is required", "prompt");
@@ -526,6 +528,15 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   r->sampling.logprobs = lp.has_value();
   r->top_logprobs = int(lp.value_or(0));
   r->sampling.top_logprobs = r->top_logprobs;
+  // max_tokens 0 generates nothing: only useful to echo (and score, with logprobs) the prompt.
+  if (r->max_tokens && *r->max_tokens == 0 && !r->echo) {
+    return rd.fail(fmt::format("'max_tokens' must be in [1, {}], got 0 (0 is allowed only with "
+                               "'echo': true, to return or score the prompt)",
+                               lim.max_context),
+                   body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
+                       ? "max_completion_tokens"
+                       : "max_tokens");
+  }
   return true;
 }
 

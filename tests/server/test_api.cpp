@@ -468,6 +468,93 @@ TEST_F(ApiTest, EchoWithLogprobsScoresThePromptTokens) {
   engine_->wait_idle();
 }
 
+// A special token written in a text prompt is part of the echoed text: the text_offset of every
+// later prompt token counts its bytes (only a BOS the server adds is not in the text).
+TEST_F(ApiTest, EchoWithLogprobsOffsetsCountSpecialTokensInTheText) {
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  const std::string prompt = "ab" + eos + "cd";
+  const json req = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"ignore_eos", true},
+                    {"logprobs", 1}, {"echo", true}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json ch = r.j()["choices"][0];
+  const json lp = ch["logprobs"];
+  const std::string text = ch["text"].get<std::string>();
+  ASSERT_EQ(text.substr(0, prompt.size()), prompt);
+  ASSERT_EQ(lp["tokens"].size(), 5u + 2u) << lp;
+  int64_t prev = -1;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    SCOPED_TRACE(i);
+    const std::string t = lp["tokens"][i].get<std::string>();
+    const int64_t off = lp["text_offset"][i].get<int64_t>();
+    EXPECT_GE(off, prev) << lp;
+    prev = off;
+    if (i < 5) EXPECT_EQ(text.substr(size_t(off), t.size()), t) << lp;
+  }
+  EXPECT_EQ(lp["text_offset"][3].get<int64_t>(), int64_t(2 + eos.size())) << lp;
+  EXPECT_EQ(lp["text_offset"][5].get<int64_t>(), int64_t(prompt.size())) << lp;
+  engine_->wait_idle();
+}
+
+// OpenAI's prompt scoring: echo + logprobs with max_tokens 0 returns the prompt's entries and
+// nothing generated (finish_reason "length", completion_tokens 0), streaming or not; max_tokens
+// 0 without echo (or on chat) stays a 400.
+TEST_F(ApiTest, EchoWithMaxTokensZeroScoresThePromptOnly) {
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  const json req = {{"prompt", prompt}, {"max_tokens", 0}, {"temperature", 0}, {"logprobs", 2},
+                    {"echo", true}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json ch = r.j()["choices"][0];
+  EXPECT_EQ(ch["text"], tok_.decode(prompt, false));
+  EXPECT_EQ(ch["finish_reason"], "length");
+  EXPECT_EQ(r.j()["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(r.j()["usage"]["prompt_tokens"], 4);
+  const json lp = ch["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size()) << lp;
+  ASSERT_EQ(lp["token_logprobs"].size(), prompt.size()) << lp;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  // The same prompt entries as with a generated token.
+  json one = req;
+  one["max_tokens"] = 1;
+  auto r1 = http(port_, "POST", "/v1/completions", one.dump());
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  const json lp1 = r1.j()["choices"][0]["logprobs"];
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    EXPECT_EQ(lp["tokens"][i], lp1["tokens"][i]) << i;
+    EXPECT_EQ(lp["token_logprobs"][i], lp1["token_logprobs"][i]) << i;
+    EXPECT_EQ(lp["text_offset"][i], lp1["text_offset"][i]) << i;
+  }
+  json sreq = req;
+  sreq["stream"] = true;
+  auto s = http(port_, "POST", "/v1/completions", sreq.dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string text;
+  json lps = json::array();
+  std::string finish;
+  for (const auto& e : sse_payloads(s.body)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"][0];
+    text += c["text"].get<std::string>();
+    if (c["logprobs"].is_object())
+      for (auto& x : c["logprobs"]["token_logprobs"]) lps.push_back(x);
+    if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(text, tok_.decode(prompt, false));
+  EXPECT_EQ(lps, lp["token_logprobs"]);
+  EXPECT_EQ(finish, "length");
+  json no_echo = req;
+  no_echo["echo"] = false;
+  auto e1 = http(port_, "POST", "/v1/completions", no_echo.dump());
+  EXPECT_EQ(e1.status, 400) << e1.body;
+  EXPECT_EQ(e1.j()["error"]["param"], "max_tokens") << e1.body;
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"max_tokens", 0}};
+  auto e2 = http(port_, "POST", "/v1/chat/completions", chat.dump());
+  EXPECT_EQ(e2.status, 400) << e2.body;
+  engine_->wait_idle();
+}
+
 TEST_F(ApiTest, LogprobsBothFormats) {
   std::vector<int32_t> prompt = {5, 6};
   json req = {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 3}};
