@@ -48,6 +48,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;        // OpenAI semantics, in [-2, 2], over generated tokens
   float frequency_penalty = 0.0f;       // OpenAI semantics, in [-2, 2], over generated tokens
   float repetition_penalty = 1.0f;      // vLLM/HF semantics (> 0; 1 = off), over prompt + generated
+  /// OpenAI logit_bias: (token id, bias in [-100, 100]) added to that token's raw logit before the
+  /// penalties, temperature and truncation (vLLM's order); ids unique. Sampled on the host.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool logprobs = false;                // return the sampled token's logprob
   int32_t top_logprobs = 0;             // also the n most likely tokens (0..20), needs logprobs
   /// -1 = off; 0..20: also the logprob of every prompt token after the first under the model

@@ -21,10 +21,12 @@ struct ByValueDesc {
   bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 };
 
-// Writes penalized logits into `out` (size vocab).
+// Writes biased (logit_bias) and penalized logits into `out` (size vocab).
 void apply_penalties(const float* logits, int64_t vocab, const SamplingParams& p,
                      const PenaltyState& st, float* out) {
   std::copy(logits, logits + vocab, out);
+  for (const auto& [t, b] : p.logit_bias)
+    if (t >= 0 && t < vocab) out[t] += b;
   if (p.repetition_penalty != 1.0f) {
     auto rep = [&](int32_t t) {
       if (t < 0 || t >= vocab) return;
@@ -206,6 +208,10 @@ Status validate_sampling(const SamplingParams& p, int64_t vocab) {
     return bad("prompt_logprobs", p.prompt_logprobs, "-1 (off) or in [0, 20]");
   for (int32_t t : p.stop_token_ids)
     if (t < 0 || t >= vocab) return bad("stop_token_ids entry", t, "a token id in the vocabulary");
+  for (const auto& [t, b] : p.logit_bias) {
+    if (t < 0 || t >= vocab) return bad("logit_bias token", t, "a token id in the vocabulary");
+    if (!(b >= -100.0f && b <= 100.0f)) return bad("logit_bias value", b, "in [-100, 100]");
+  }
   return Status::Ok();
 }
 
@@ -214,7 +220,8 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
                      std::vector<float>* scratch, std::vector<int32_t>* scratch_idx) {
   std::vector<float>& w = *scratch;
   std::vector<int32_t>& idx = *scratch_idx;
-  const bool penalize = (p.repetition_penalty != 1.0f && !(penalties.prompt_tokens_unique.empty() &&
+  const bool penalize = !p.logit_bias.empty() ||
+                        (p.repetition_penalty != 1.0f && !(penalties.prompt_tokens_unique.empty() &&
                                                            penalties.output_counts.empty())) ||
                         ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
                          !penalties.output_counts.empty());

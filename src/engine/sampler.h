@@ -1,7 +1,7 @@
 // CPU sampler: one row of logits + a request's SamplingParams -> one token (and logprobs).
 //
-// Order of processing (HF / vLLM order): penalties (repetition, presence, frequency) ->
-// temperature -> top-k -> top-p -> min-p -> draw. temperature == 0 means greedy: argmax of the
+// Order of processing (HF / vLLM order): logit_bias -> penalties (repetition, presence,
+// frequency) -> temperature -> top-k -> top-p -> min-p -> draw. temperature == 0 means greedy: argmax of the
 // penalized logits (lowest id wins ties), no randomness.
 // Randomness is counter-based: the uniform draw for a request's i-th generated token is a hash of
 // (seed, i). So a seeded request gives the same tokens whatever else is in the batch, and a

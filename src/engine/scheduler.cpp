@@ -18,7 +18,8 @@ namespace {
 std::optional<model::DeviceSampling> device_sampling(const SamplingParams& sp, uint64_t seed,
                                                      int64_t step, bool draws) {
   if (!draws) return model::DeviceSampling{};
-  if (sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
+  if (sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f ||
+      sp.frequency_penalty != 0.0f || !sp.logit_bias.empty())
     return std::nullopt;
   model::DeviceSampling d;
   d.temperature = sp.temperature;

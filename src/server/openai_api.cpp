@@ -860,7 +860,18 @@ bool OpenAiApi::encode_chat(const GenerateRequest& r, std::vector<int32_t>* toke
   opt.add_generation_prompt = r.add_generation_prompt;
   opt.accept_object_arguments = true;
   Json tools = r.tool_choice == "none" ? Json() : r.tools;
-  auto res = text::ChatEncoder::encode(tok_, r.messages, tools, opt);
+  Json messages = r.messages;
+  if (!r.response_format.is_null()) {
+    // DeepSeek V4 carries a response format on the system message (chat-encoding §2.8): on the
+    // first one (unless it already has its own), else on a new empty one in front.
+    if (!messages.empty() && messages[0].is_object() && messages[0].value("role", "") == "system") {
+      if (!messages[0].contains("response_format")) messages[0]["response_format"] = r.response_format;
+    } else {
+      messages.insert(messages.begin(),
+                      Json{{"role", "system"}, {"content", ""}, {"response_format", r.response_format}});
+    }
+  }
+  auto res = text::ChatEncoder::encode(tok_, messages, tools, opt);
   if (!res.ok()) {
     *err = bad_request(res.status().message(), "messages");
     return false;

@@ -267,6 +267,34 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
       s.stop_token_ids.push_back(int32_t(x.get<int64_t>()));
     }
   }
+  // logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI); null or {} = none.
+  if (const Json* lb = rd.find("logit_bias"); lb && !lb->is_null()) {
+    if (!lb->is_object())
+      return rd.fail(fmt::format("'logit_bias' must be an object mapping token ids to numbers, "
+                                 "got {}", type_name(*lb)),
+                     "logit_bias");
+    if (int64_t(lb->size()) > lim.max_logit_bias)
+      return rd.fail(fmt::format("'logit_bias' has {} entries; at most {} are allowed", lb->size(),
+                                 lim.max_logit_bias),
+                     "logit_bias");
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      int64_t id = -1;
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) id = std::stoll(key);
+      if (!digits || (lim.vocab_size > 0 && id >= lim.vocab_size))
+        return rd.fail(fmt::format("'logit_bias' key '{}' is not a token id in [0, {})", key,
+                                   lim.vocab_size),
+                       "logit_bias");
+      if (!it.value().is_number() || !(it.value().get<double>() >= -100.0 &&
+                                       it.value().get<double>() <= 100.0))
+        return rd.fail(fmt::format("'logit_bias' value for token {} must be a number in [-100, 100]",
+                                   key),
+                       "logit_bias");
+      s.logit_bias.emplace_back(int32_t(id), float(it.value().get<double>()));
+    }
+  }
   std::optional<std::string> user;
   if (!rd.get_string("user", &user)) return false;
   r->user = user.value_or("");
@@ -387,6 +415,20 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       }
     }
     if (!tools->empty()) r->tools = *tools;
+  }
+  if (const Json* rf = rd.find("response_format"); rf && !rf->is_null()) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      return rd.fail("'response_format' must be an object with a string 'type'", "response_format");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "json_schema" &&
+        (!rf->contains("json_schema") || !(*rf)["json_schema"].is_object()))
+      return rd.fail("'response_format' of type \"json_schema\" needs a 'json_schema' object",
+                     "response_format");
+    if (type != "text" && type != "json_object" && type != "json_schema")
+      return rd.fail(fmt::format("'response_format.type' is '{}'; expected \"text\", "
+                                 "\"json_object\" or \"json_schema\"", type),
+                     "response_format");
+    if (type != "text") r->response_format = *rf;
   }
   if (const Json* tc = rd.find("tool_choice")) {
     if (tc->is_string()) {
@@ -515,6 +557,15 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
     return rd.fail(fmt::format("{} prompts x n={} exceeds {} choices per request", r->prompts.size(), r->n, lim.max_n), "n");
   }
   if (!rd.get_bool("echo", &r->echo)) return false;
+  // best_of (legacy completions: generate best_of, return the n most likely) is not implemented;
+  // best_of == n (or absent / null) is the same request and is accepted.
+  std::optional<int64_t> best_of;
+  if (!rd.get_int("best_of", 1, lim.max_n, &best_of)) return false;
+  if (best_of && *best_of != r->n)
+    return rd.fail(fmt::format("'best_of' = {} is not supported (only best_of equal to n = {}); "
+                               "request n = {} choices and pick among them",
+                               *best_of, r->n, *best_of),
+                   "best_of");
   std::optional<std::string> suffix;
   if (!rd.get_string("suffix", &suffix)) return false;
   if (suffix && !suffix->empty()) return rd.fail("'suffix' is not supported by this model", "suffix");

@@ -53,6 +53,10 @@ struct GenerateRequest {
   // chat
   Json messages = Json::array();
   Json tools;          // null or array of {"type": "function", "function": {...}}
+  /// null, or the request's response_format object of type "json_object" / "json_schema": the
+  /// prompt carries it as DeepSeek V4's response-format block (chat-encoding §2.8); the output is
+  /// not grammar-constrained. {"type": "text"} is stored as null.
+  Json response_format;
   std::string tool_choice = "auto";  // "auto" | "none" | "required" | function name
   bool tool_choice_function = false;  // tool_choice names a function (tool_choice holds its name)
   bool thinking = false;             // chat_template_kwargs.thinking / enable_thinking / thinking.type
@@ -102,6 +106,7 @@ struct ValidationLimits {
   int max_n = 128;
   int max_stop = 64;
   int max_top_logprobs = 20;
+  int max_logit_bias = 1024;  // logit_bias entries
 };
 
 /// Parses the body text as JSON (an object). Errors: 400 on bad JSON / invalid UTF-8 / non-object.

@@ -153,6 +153,39 @@ TEST(Sampler, RepetitionPenalty) {
   EXPECT_EQ(sample_token(l.data(), 3, p, 1, 0, st, nullptr, &s, &si), 2);
 }
 
+// logit_bias is added to the raw logits before the penalties and the temperature: it moves the
+// greedy choice and reshapes the sampled distribution; ids outside the vocabulary and values
+// outside [-100, 100] are refused.
+TEST(Sampler, LogitBias) {
+  std::vector<float> l = {2.0f, -1.0f, 0.0f};
+  SamplingParams p = sampled(0.0f);
+  PenaltyState st;
+  std::vector<float> s;
+  std::vector<int32_t> si;
+  EXPECT_EQ(sample_token(l.data(), 3, p, 1, 0, st, nullptr, &s, &si), 0);
+  p.logit_bias = {{2, 2.5f}};  // 0.0 + 2.5 > 2.0
+  EXPECT_EQ(sample_token(l.data(), 3, p, 1, 0, st, nullptr, &s, &si), 2);
+  p.logit_bias = {{0, -100.0f}};  // bans the argmax: token 2 (0.0) beats token 1 (-1.0)
+  EXPECT_EQ(sample_token(l.data(), 3, p, 1, 0, st, nullptr, &s, &si), 2);
+  // Sampled: softmax of the biased logits; logprobs stay those of the raw logits.
+  std::vector<float> flat = {0.0f, 0.0f, 0.0f};
+  SamplingParams q = sampled(1.0f);
+  q.logit_bias = {{1, float(std::log(2.0))}};
+  expect_dist(sampling_distribution(flat.data(), 3, q, st), {0.25, 0.5, 0.25});
+  q.logprobs = true;
+  TokenLogprobs lp;
+  const int32_t tok = sample_token(flat.data(), 3, q, 7, 0, st, &lp, &s, &si);
+  EXPECT_NEAR(lp.logprob, std::log(1.0 / 3.0), 1e-5) << tok;
+  // Validation.
+  SamplingParams v;
+  v.logit_bias = {{10, 1.0f}};
+  EXPECT_FALSE(validate_sampling(v, 10).ok());
+  v.logit_bias = {{9, 100.5f}};
+  EXPECT_FALSE(validate_sampling(v, 10).ok());
+  v.logit_bias = {{9, -100.0f}};
+  EXPECT_TRUE(validate_sampling(v, 10).ok());
+}
+
 TEST(Sampler, SeedDeterminismAndVariety) {
   std::vector<double> flat(50, 1.0 / 50);
   auto l = log_of(flat);

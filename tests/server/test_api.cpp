@@ -589,6 +589,114 @@ TEST_F(ApiTest, LogprobsBothFormats) {
   }
 }
 
+// logit_bias (OpenAI: token id → bias in [-100, 100], added to the logits before sampling):
+// +100 on one token makes greedy decoding emit only it; -100 on the first greedy token moves the
+// first choice elsewhere; the raw-logit logprobs are unchanged by it.
+TEST_F(ApiTest, LogitBiasSteersGreedyTokens) {
+  const std::vector<int32_t> prompt = {10, 20, 30, 40};
+  const auto greedy = engine::testing::fake_greedy(prompt, kVocab, 6);
+  json req = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}};
+  req["logit_bias"] = {{"65", 100}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["choices"][0]["text"], tok_.decode(std::vector<int32_t>(6, 65), true));
+  // -100 on the greedy token: the first token is the argmax of the rest of the fake logits row.
+  uint64_t h = 0;
+  for (int32_t t : prompt) h = engine::testing::fake_extend(h, t);
+  std::vector<float> row(static_cast<size_t>(kVocab));
+  engine::testing::fake_logits(h, kVocab, row.data());
+  row[size_t(greedy[0])] -= 100.0f;
+  const int32_t second = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+  ASSERT_NE(second, greedy[0]);
+  req["logit_bias"] = {{std::to_string(greedy[0]), -100}};
+  req["max_tokens"] = 1;
+  req["logprobs"] = 1;
+  auto r2 = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  EXPECT_EQ(r2.j()["choices"][0]["text"], tok_.decode(std::vector<int32_t>{second}, true));
+  req.erase("logprobs");
+  req["logit_bias"] = json::object();  // {} = none
+  auto r3 = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  EXPECT_EQ(r3.j()["choices"][0]["text"], tok_.decode(std::vector<int32_t>{greedy[0]}, true));
+  // Streaming draws the same tokens.
+  req["logit_bias"] = {{"66", 100}};
+  req["max_tokens"] = 3;
+  req["stream"] = true;
+  auto s = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string text;
+  for (const auto& e : sse_payloads(s.body))
+    if (e != "[DONE]") text += json::parse(e)["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, tok_.decode(std::vector<int32_t>{66, 66, 66}, true));
+}
+
+// Parameters this server does not implement are refused with a 400 naming them, not ignored:
+// best_of other than n, malformed logit_bias, an unknown response_format type.
+TEST_F(ApiTest, UnsupportedOrMalformedSamplingParametersAreRefused) {
+  auto post = [&](const json& extra, const char* path = "/v1/completions") {
+    json req = {{"prompt", "abc"}, {"max_tokens", 2}};
+    if (std::string(path) != "/v1/completions")
+      req = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 2}};
+    for (auto& [k, v] : extra.items()) req[k] = v;
+    return http(port_, "POST", path, req.dump());
+  };
+  auto expect_400 = [&](const Response& r, const std::string& param) {
+    EXPECT_EQ(r.status, 400) << r.body;
+    if (r.status == 400) {
+      EXPECT_EQ(r.j()["error"]["param"], param) << r.body;
+    }
+  };
+  expect_400(post({{"best_of", 3}}), "best_of");
+  expect_400(post({{"best_of", 0}}), "best_of");
+  EXPECT_EQ(post({{"best_of", 2}, {"n", 2}}).status, 200);
+  EXPECT_EQ(post({{"best_of", nullptr}}).status, 200);
+  expect_400(post({{"logit_bias", json::array({1, 2})}}), "logit_bias");
+  expect_400(post({{"logit_bias", {{"abc", 1}}}}), "logit_bias");
+  expect_400(post({{"logit_bias", {{"-1", 1}}}}), "logit_bias");
+  expect_400(post({{"logit_bias", {{std::to_string(kVocab), 1}}}}), "logit_bias");
+  expect_400(post({{"logit_bias", {{"5", 100.5}}}}), "logit_bias");
+  expect_400(post({{"logit_bias", {{"5", "x"}}}}), "logit_bias");
+  EXPECT_EQ(post({{"logit_bias", nullptr}}).status, 200);
+  const char* chat = "/v1/chat/completions";
+  expect_400(post({{"response_format", {{"type", "xml"}}}}, chat), "response_format");
+  expect_400(post({{"response_format", "json"}}, chat), "response_format");
+  expect_400(post({{"response_format", {{"type", "json_schema"}}}}, chat), "response_format");
+  EXPECT_EQ(post({{"response_format", {{"type", "text"}}}}, chat).status, 200);
+  expect_400(post({{"logit_bias", {{"5", -101}}}}, chat), "logit_bias");
+}
+
+// response_format json_object / json_schema reaches the prompt as DeepSeek V4's response-format
+// block on the system message (chat-encoding §2.8): the prompt is exactly the encoder's output
+// for the messages with it attached — to the existing system message, or to a new empty one.
+TEST_F(ApiTest, ResponseFormatReachesThePrompt) {
+  text::ChatOptions opt;
+  opt.thinking_mode = text::ThinkingMode::kChat;
+  const json rf = {{"type", "json_object"}};
+  for (bool with_system : {true, false}) {
+    SCOPED_TRACE(with_system ? "system message" : "no system message");
+    json msgs = json::array({{{"role", "user"}, {"content", "hello"}}});
+    if (with_system) msgs.insert(msgs.begin(), json{{"role", "system"}, {"content", "be brief"}});
+    json want = msgs;
+    if (with_system)
+      want[0]["response_format"] = rf;
+    else
+      want.insert(want.begin(), json{{"role", "system"}, {"content", ""}, {"response_format", rf}});
+    auto enc = text::ChatEncoder::encode(tok_, nlohmann::ordered_json::parse(want.dump()), nullptr, opt);
+    auto plain = text::ChatEncoder::encode(tok_, nlohmann::ordered_json::parse(msgs.dump()), nullptr, opt);
+    ASSERT_TRUE(enc.ok() && plain.ok());
+    ASSERT_GT(enc->size(), plain->size());
+    json req = {{"messages", msgs}, {"max_tokens", 1}, {"temperature", 0}, {"response_format", rf}};
+    auto r = http(port_, "POST", "/v1/chat/completions", req.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["usage"]["prompt_tokens"], int64_t(enc->size()));
+    req["response_format"] = {{"type", "text"}};
+    auto t = http(port_, "POST", "/v1/chat/completions", req.dump());
+    ASSERT_EQ(t.status, 200) << t.body;
+    EXPECT_EQ(t.j()["usage"]["prompt_tokens"], int64_t(plain->size()));
+  }
+}
+
 TEST_F(ApiTest, ChatNonStreamAndStream) {
   json msgs = json::array({{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hello"}}});
   nlohmann::ordered_json om = nlohmann::ordered_json::parse(msgs.dump());
