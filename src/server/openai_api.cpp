@@ -42,6 +42,14 @@ std::vector<int32_t> encode_prompt_text(const text::Tokenizer& tok, const std::s
 
 namespace {
 
+// Characters (Unicode code points) of UTF-8 text: the unit of completions' text_offset, as in
+// vLLM (Python string indices); invalid bytes count as one each.
+int64_t u8_chars(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char b : s) n += (b & 0xC0u) != 0x80u;
+  return n;
+}
+
 std::string random_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
@@ -147,7 +155,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     std::optional<text::OutputParser> parser;  // chat only
     text::ParsedMessage msg;                   // chat, non-streaming
     std::string text;                          // completions text (non-streaming)
-    int64_t text_len = 0;                      // bytes of text emitted so far
+    int64_t text_len = 0;                      // characters (code points) of text emitted so far
     Json lp_items = Json::array();             // chat logprobs.content items (non-streaming)
     Json cmp_tokens = Json::array(), cmp_lps = Json::array(), cmp_top = Json::array(),
          cmp_offsets = Json::array();          // completions logprobs (non-streaming)
@@ -290,12 +298,12 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     text::DetokenizerOptions dopt;
     dopt.skip_special_tokens = false;
     text::Detokenizer d(api->tok_, dopt);
-    const int64_t echo_len = int64_t(c.echo_text.size());
+    const int64_t echo_len = u8_chars(c.echo_text);
     int64_t at = 0;
     for (size_t i = 0; i < c.echo_ids.size(); ++i) {
       toks->push_back(token_text(c.echo_ids[i]));
       offs->push_back(std::min(at, echo_len));
-      if (i > 0 || !c.echo_added_bos) at += int64_t(d.push(c.echo_ids[i]).size());
+      if (i > 0 || !c.echo_added_bos) at += u8_chars(d.push(c.echo_ids[i]));
       const engine::TokenLogprobs* lp =
           i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
       lps->push_back(lp ? Json(lp->logprob) : Json(nullptr));
@@ -367,8 +375,8 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           tops.push_back(req.top_logprobs > 0 ? Json(std::move(top)) : Json(nullptr));
           // Where this token's text starts in the choice's text (OpenAI's text_offset). A stream
           // counts the echoed prompt here; the whole response adds it when it is assembled.
-          offs.push_back(c.text_len + int64_t(text_delta.size()) +
-                         (streaming ? int64_t(c.echo_text.size()) : 0));
+          offs.push_back(c.text_len + u8_chars(text_delta) +
+                         (streaming ? u8_chars(c.echo_text) : 0));
         }
       }
       text_delta += piece;
@@ -396,7 +404,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     } else if (!streaming) {
       c.text += text_delta;
     }
-    c.text_len += int64_t(text_delta.size());
+    c.text_len += u8_chars(text_delta);
 
     if (finishing) {
       c.finished = true;
@@ -660,7 +668,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
         if (req.sampling.logprobs) {
           Json l = Json::object();
           if (!c.echo_text.empty()) {
-            for (auto& o : c.cmp_offsets) o = o.get<int64_t>() + int64_t(c.echo_text.size());
+            for (auto& o : c.cmp_offsets) o = o.get<int64_t>() + u8_chars(c.echo_text);
           }
           // Echoed prompt tokens first (their offsets count from the start already).
           auto joined = [](Json& a, Json& b) {

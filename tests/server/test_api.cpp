@@ -311,6 +311,24 @@ TEST_F(ApiTest, StopStringNeverLeaks) {
 // text_offset (completions logprobs) is where each token's text starts in the choice's text:
 // 0 for the first generated token, shifted by the echoed prompt with "echo" (whose own tokens
 // are listed first), and the same whether streamed or not.
+// Characters (code points) of UTF-8 text: the unit of text_offset.
+int64_t u8len(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char b : s) n += (b & 0xC0u) != 0x80u;
+  return n;
+}
+
+// Byte index of character (code point) `chars` of UTF-8 `s` (s.size() past the end).
+size_t u8_byte_at(const std::string& s, int64_t chars) {
+  int64_t c = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0u) == 0x80u) continue;
+    if (c == chars) return i;
+    ++c;
+  }
+  return s.size();
+}
+
 TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   std::vector<int32_t> prompt = {5, 6};
   auto offsets = [&](bool echo, bool stream, std::string* text) {
@@ -345,11 +363,11 @@ TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   EXPECT_EQ(o_plain[0], 0);
   for (size_t i = 1; i < o_plain.size(); ++i) {
     EXPECT_GE(o_plain[i], o_plain[i - 1]);
-    EXPECT_LE(o_plain[i], int64_t(plain.size()));
+    EXPECT_LE(o_plain[i], u8len(plain));
   }
   ASSERT_GE(echoed.size(), plain.size());
-  const int64_t echo_len = int64_t(echoed.size() - plain.size());
-  EXPECT_EQ(echoed.substr(size_t(echo_len)), plain);
+  EXPECT_EQ(echoed.substr(echoed.size() - plain.size()), plain);
+  const int64_t echo_len = u8len(echoed) - u8len(plain);  // characters of the echoed prompt
   // With echo the prompt's tokens come first (offsets from 0), then the generated ones.
   ASSERT_EQ(o_echo.size(), prompt.size() + o_plain.size());
   EXPECT_EQ(o_echo[0], 0);
@@ -360,6 +378,33 @@ TEST_F(ApiTest, CompletionTextOffsetsStartAtEachToken) {
   EXPECT_EQ(o_plain_s, o_plain);
   EXPECT_EQ(o_echo_s, o_echo);
   engine_->wait_idle();
+}
+
+// text_offset counts characters (code points), as vLLM does (Python string indices), not bytes:
+// in "héllo wörld" (byte tokens: é and ö are 2 each) 'w' is character 6 (byte 7), and a
+// generated token's offset is the echoed prompt's 11 characters plus what came before it.
+TEST_F(ApiTest, TextOffsetsCountCharactersNotBytes) {
+  const std::string prompt = "h\xc3\xa9llo w\xc3\xb6rld";  // héllo wörld
+  ASSERT_EQ(u8len(prompt), 11);
+  json req = {{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"ignore_eos", true},
+              {"logprobs", 0}, {"echo", true}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json ch = r.j()["choices"][0];
+  const json off = ch["logprobs"]["text_offset"];
+  const std::string text = ch["text"].get<std::string>();
+  ASSERT_EQ(text.substr(0, prompt.size()), prompt);
+  // Prompt tokens (bytes): h é(2) l l o ' ' w ö(2) r l d = 13, then 3 generated.
+  ASSERT_EQ(off.size(), 16u) << off;
+  EXPECT_EQ(off[0], 0);
+  EXPECT_EQ(off[3], 2);   // the first 'l'
+  EXPECT_EQ(off[7], 6);   // 'w'
+  EXPECT_EQ(off[12], 10); // 'd'
+  EXPECT_EQ(off[13], 11); // the first generated token starts after the 11 prompt characters
+  for (size_t i = 14; i < off.size(); ++i) {
+    EXPECT_GE(off[i].get<int64_t>(), off[i - 1].get<int64_t>());
+    EXPECT_LE(off[i].get<int64_t>(), u8len(text));
+  }
 }
 
 // POST bodies must be declared JSON: application/json with any parameters and any case, or
@@ -469,7 +514,7 @@ TEST_F(ApiTest, EchoWithLogprobsScoresThePromptTokens) {
 }
 
 // A special token written in a text prompt is part of the echoed text: the text_offset of every
-// later prompt token counts its bytes (only a BOS the server adds is not in the text).
+// later prompt token counts its characters (only a BOS the server adds is not in the text).
 TEST_F(ApiTest, EchoWithLogprobsOffsetsCountSpecialTokensInTheText) {
   const std::string eos = "<｜end▁of▁sentence｜>";
   const std::string prompt = "ab" + eos + "cd";
@@ -489,10 +534,10 @@ TEST_F(ApiTest, EchoWithLogprobsOffsetsCountSpecialTokensInTheText) {
     const int64_t off = lp["text_offset"][i].get<int64_t>();
     EXPECT_GE(off, prev) << lp;
     prev = off;
-    if (i < 5) EXPECT_EQ(text.substr(size_t(off), t.size()), t) << lp;
+    if (i < 5) EXPECT_EQ(text.substr(u8_byte_at(text, off), t.size()), t) << lp;
   }
-  EXPECT_EQ(lp["text_offset"][3].get<int64_t>(), int64_t(2 + eos.size())) << lp;
-  EXPECT_EQ(lp["text_offset"][5].get<int64_t>(), int64_t(prompt.size())) << lp;
+  EXPECT_EQ(lp["text_offset"][3].get<int64_t>(), 2 + u8len(eos)) << lp;
+  EXPECT_EQ(lp["text_offset"][5].get<int64_t>(), u8len(prompt)) << lp;
   engine_->wait_idle();
 }
 
