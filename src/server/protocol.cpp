@@ -537,7 +537,10 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
       if (!parse_token_list(*p, lim, &in.token_ids, err, "prompt")) return false;
       r->prompts.push_back(std::move(in));
     } else {
+      const bool strings = (*p)[0].is_string();  // all strings, or all token lists (OpenAI)
       for (auto& x : *p) {
+        if (x.is_string() != strings)
+          return rd.fail("'prompt' must not mix strings and token-id arrays", "prompt");
         if (x.is_string()) {
           r->prompts.push_back({x.get<std::string>(), {}});
         } else if (x.is_array()) {

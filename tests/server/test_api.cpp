@@ -677,7 +677,8 @@ TEST_F(ApiTest, LogitBiasSteersGreedyTokens) {
 }
 
 // Parameters this server does not implement are refused with a 400 naming them, not ignored:
-// best_of other than n, malformed logit_bias, an unknown response_format type.
+// best_of other than n, malformed logit_bias, an unknown response_format type; and a prompt list
+// mixing strings with token-id arrays (outside OpenAI's schema).
 TEST_F(ApiTest, UnsupportedOrMalformedSamplingParametersAreRefused) {
   auto post = [&](const json& extra, const char* path = "/v1/completions") {
     json req = {{"prompt", "abc"}, {"max_tokens", 2}};
@@ -695,6 +696,9 @@ TEST_F(ApiTest, UnsupportedOrMalformedSamplingParametersAreRefused) {
   expect_400(post({{"best_of", 3}}), "best_of");
   expect_400(post({{"best_of", 0}}), "best_of");
   EXPECT_EQ(post({{"best_of", 2}, {"n", 2}}).status, 200);
+  expect_400(post({{"prompt", json::array({json::array({1, 2}), "a"})}}), "prompt");
+  expect_400(post({{"prompt", json::array({"a", json::array({1, 2})})}}), "prompt");
+  EXPECT_EQ(post({{"prompt", json::array({json::array({1, 2}), json::array({3})})}}).status, 200);
   EXPECT_EQ(post({{"best_of", nullptr}}).status, 200);
   expect_400(post({{"logit_bias", json::array({1, 2})}}), "logit_bias");
   expect_400(post({{"logit_bias", {{"abc", 1}}}}), "logit_bias");
