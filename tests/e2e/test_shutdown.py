@@ -11,6 +11,41 @@ import requests
 from conftest import Server
 
 
+def long_stream(srv, max_tokens, result, started):
+    """A thread body streaming a greedy completion of `max_tokens` tokens: its SSE payloads go to
+    result["events"] (set `started` at the first), a cut connection to result["stream_error"]."""
+    def stream():
+        try:
+            with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
+                               timeout=120,
+                               json={"prompt": [5, 6, 7, 8], "max_tokens": max_tokens,
+                                     "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+                events = []
+                for line in r.iter_lines():
+                    if line.startswith(b"data: "):
+                        events.append(line.decode()[6:])
+                        started.set()
+                result["events"] = events
+        except requests.exceptions.RequestException as e:
+            result["stream_error"] = repr(e)  # cut without the chunked terminator
+    return stream
+
+
+def assert_shutting_down_end(result, srv, message_part):
+    """The stream ended with a shutting_down error event naming `message_part`, then [DONE], and
+    no earlier chunk finished its choice."""
+    assert "events" in result, (result, srv.tail())
+    ev = result["events"]
+    assert ev[-1] == "[DONE]", ev[-3:]
+    err = json.loads(ev[-2])["error"]
+    assert err["code"] == "shutting_down", err
+    assert err["type"] == "service_unavailable", err
+    assert message_part in err["message"], err
+    chunks = [json.loads(e) for e in ev[:-2]]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks if c["choices"]), ev[-4:]
+    return chunks
+
+
 def test_sigterm_drains_running_streams():
     srv = Server(extra_args=["--shutdown-timeout", "60"])
     try:
@@ -65,20 +100,7 @@ def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
         result = {}
         started = threading.Event()
 
-        def stream():
-            try:
-                with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
-                                   timeout=120,
-                                   json={"prompt": [5, 6, 7, 8], "max_tokens": 3000, "temperature": 0,
-                                         "ignore_eos": True, "stream": True}) as r:
-                    events = []
-                    for line in r.iter_lines():
-                        if line.startswith(b"data: "):
-                            events.append(line.decode()[6:])
-                            started.set()
-                    result["events"] = events
-            except requests.exceptions.RequestException as e:
-                result["stream_error"] = repr(e)  # cut without the chunked terminator
+        stream = long_stream(srv, 3000, result, started)
 
         def blocking():
             try:
@@ -103,16 +125,8 @@ def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
         assert rc == 128 + signal.SIGINT, srv.tail()
         assert "shutting down" in srv.tail(), srv.tail()
         assert "ended with a shutting_down error" in srv.tail(), srv.tail()
-        assert "events" in result, (result, srv.tail())
-        ev = result["events"]
-        assert ev[-1] == "[DONE]", ev[-3:]
-        err = json.loads(ev[-2])["error"]
-        assert err["code"] == "shutting_down", err
-        assert err["type"] == "service_unavailable", err
-        assert "signal" in err["message"], err
-        texts = [json.loads(e) for e in ev[:-2]]
-        assert any(c["choices"] and c["choices"][0].get("text") for c in texts), ev[:5]
-        assert all(c["choices"][0]["finish_reason"] is None for c in texts if c["choices"]), ev[-4:]
+        texts = assert_shutting_down_end(result, srv, "signal")
+        assert any(c["choices"] and c["choices"][0].get("text") for c in texts), texts[:5]
         assert "blocking" in result, (result, srv.tail())
         status, body = result["blocking"]
         assert status == 503, body
@@ -161,20 +175,7 @@ def test_drain_timeout_ends_open_streams_with_an_error():
         result = {}
         started = threading.Event()
 
-        def stream():
-            try:
-                with requests.post(srv.base + "/v1/completions", headers=srv.headers(), stream=True,
-                                   timeout=120,
-                                   json={"prompt": [5, 6, 7, 8], "max_tokens": 20000, "temperature": 0,
-                                         "ignore_eos": True, "stream": True}) as r:
-                    events = []
-                    for line in r.iter_lines():
-                        if line.startswith(b"data: "):
-                            events.append(line.decode()[6:])
-                            started.set()
-                    result["events"] = events
-            except requests.exceptions.RequestException as e:
-                result["stream_error"] = repr(e)  # cut without the chunked terminator
+        stream = long_stream(srv, 20000, result, started)
 
         t = threading.Thread(target=stream)
         t.start()
@@ -184,14 +185,6 @@ def test_drain_timeout_ends_open_streams_with_an_error():
         t.join(timeout=30)
         assert rc == 0, srv.tail()
         assert "drain timed out" in srv.tail(), srv.tail()
-        assert "events" in result, (result, srv.tail())
-        ev = result["events"]
-        assert ev[-1] == "[DONE]", ev[-3:]
-        err = json.loads(ev[-2])["error"]
-        assert err["code"] == "shutting_down", err
-        assert err["type"] == "service_unavailable", err
-        assert "--shutdown-timeout" in err["message"], err
-        chunks = [json.loads(e) for e in ev[:-2]]
-        assert all(c["choices"][0]["finish_reason"] is None for c in chunks if c["choices"]), ev[-4:]
+        assert_shutting_down_end(result, srv, "--shutdown-timeout")
     finally:
         srv.stop()
