@@ -113,6 +113,59 @@ __device__ __forceinline__ void wg7_stage_q(unsigned char* smem, const ops::Atte
   }
 }
 
+/// One tile of variant 6's lazy online softmax in log2 units, for a thread of a 64-row wgmma
+/// accumulator: sv[4j + 2r + e] = the logit (log2 units, −inf when masked) of head row r (g,
+/// g + 8) and key 8j + 2·tq + e. A row's reference max m2 moves only when the tile's max exceeds
+/// it by more than kTau6 (p ≤ 2^8): then lsum and the thread's o (128 accumulators of the
+/// m64n256 P·V, rows as sv) are rescaled by corr = 2^(m2_old − m2_new), else corr = 1. Turns sv
+/// into p = 2^(sv − m2) (masked: 0), adds them to lsum, and packs P as the bf16 A fragments of
+/// the kNA / 8 16-key steps of P·V.
+template <int kNA>
+__device__ __forceinline__ void wg7_softmax_tile(float (&sv)[kNA], float (&m2)[2],
+                                                 float (&lsum)[2], float (&o)[128],
+                                                 float (&corr)[2], uint32_t (&pa)[kNA / 8][4]) {
+  float mref[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kNA / 4; ++j)
+      mx = fmaxf(mx, fmaxf(sv[4 * j + 2 * r], sv[4 * j + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    corr[r] = 1.f;
+    if (mx > m2[r] + kTau6) {  // lazy (variant 6): p stays ≤ 2^8 against the reference
+      corr[r] = ex2_ftz(m2[r] - mx);  // m2 = −inf: 0 (o and l are 0 then)
+      lsum[r] *= corr[r];
+      m2[r] = mx;
+    }
+    mref[r] = m2[r] == -INFINITY ? INFINITY : m2[r];  // no valid key yet: every p = 2^−inf = 0
+  }
+  if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kNA; ++i) {
+    const int r = (i >> 1) & 1;
+    const float p = ex2_ftz(sv[i] - mref[r]);  // masked (−inf) → 0
+    sv[i] = p;
+    lsum[r] += p;
+  }
+#pragma unroll
+  for (int ks = 0; ks < kNA / 8; ++ks) {  // keys 16ks … 16ks + 15
+    pa[ks][0] = pack_bf16(sv[8 * ks], sv[8 * ks + 1]);
+    pa[ks][1] = pack_bf16(sv[8 * ks + 2], sv[8 * ks + 3]);
+    pa[ks][2] = pack_bf16(sv[8 * ks + 4], sv[8 * ks + 5]);
+    pa[ks][3] = pack_bf16(sv[8 * ks + 6], sv[8 * ks + 7]);
+  }
+}
+
 template <int kN>
 __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uint64_t kd, int acc) {
   if constexpr (kN == 64)
@@ -275,48 +328,9 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
       const float v = (sacc[i] + sx[((wg ^ 1) * kNA + i) * 128 + wt]) * c2;
       sv[i] = (vm & (uint64_t(1) << (8 * (i >> 2) + (i & 1)))) ? v : -INFINITY;
     }
-    float corr[2], mref[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kNA / 4; ++j)
-        mx = fmaxf(mx, fmaxf(sv[4 * j + 2 * r], sv[4 * j + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      corr[r] = 1.f;
-      if (mx > m2[r] + kTau6) {  // lazy (variant 6): p stays ≤ 2^8 against the reference
-        corr[r] = ex2_ftz(m2[r] - mx);  // m2 = −inf: 0 (o and l are 0 then)
-        lsum[r] *= corr[r];
-        m2[r] = mx;
-      }
-      mref[r] = m2[r] == -INFINITY ? INFINITY : m2[r];  // no valid key yet: every p = 2^−inf = 0
-    }
-    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= corr[0];
-        o[4 * j + 1] *= corr[0];
-        o[4 * j + 2] *= corr[1];
-        o[4 * j + 3] *= corr[1];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kNA; ++i) {
-      const int r = (i >> 1) & 1;
-      const float p = ex2_ftz(sv[i] - mref[r]);  // masked (−inf) → 0
-      sv[i] = p;
-      lsum[r] += p;
-    }
-    // P as the A fragments of the kN / 16 k-steps (keys 16ks … 16ks + 15).
-    uint32_t pa[kN / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < kN / 16; ++ks) {
-      pa[ks][0] = pack_bf16(sv[8 * ks], sv[8 * ks + 1]);
-      pa[ks][1] = pack_bf16(sv[8 * ks + 2], sv[8 * ks + 3]);
-      pa[ks][2] = pack_bf16(sv[8 * ks + 4], sv[8 * ks + 5]);
-      pa[ks][3] = pack_bf16(sv[8 * ks + 6], sv[8 * ks + 7]);
-    }
+    float corr[2];
+    uint32_t pa[kN / 16][4];  // P as the A fragments of the kN / 16 k-steps
+    wg7_softmax_tile<kNA>(sv, m2, lsum, o, corr, pa);
     wgmma_fence_acc(o);  // the rescale of o stays before the fence …
     wgmma_fence();       // … which orders o and pa before the wgmma reads them
     if (diag != 2) {

@@ -266,48 +266,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
 #pragma unroll
       for (int i = 0; i < kNA; ++i)
         sv[i] = (vm & (uint64_t(1) << (8 * (i >> 2) + (i & 1)))) ? sacc[i] * c2 : -INFINITY;
-      float corr[2], mref[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kNA / 4; ++j)
-          mx = fmaxf(mx, fmaxf(sv[4 * j + 2 * r], sv[4 * j + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        corr[r] = 1.f;
-        if (mx > m2[r] + kTau6) {
-          corr[r] = ex2_ftz(m2[r] - mx);
-          lsum[r] *= corr[r];
-          m2[r] = mx;
-        }
-        mref[r] = m2[r] == -INFINITY ? INFINITY : m2[r];
-      }
-      const bool rescale = __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f);
-      if (rescale) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j] *= corr[0];
-          o[4 * j + 1] *= corr[0];
-          o[4 * j + 2] *= corr[1];
-          o[4 * j + 3] *= corr[1];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kNA; ++i) {
-        const int r = (i >> 1) & 1;
-        const float p = ex2_ftz(sv[i] - mref[r]);
-        sv[i] = p;
-        lsum[r] += p;
-      }
+      float corr[2];
       uint32_t pa[kN / 16][4];
-#pragma unroll
-      for (int ks = 0; ks < kN / 16; ++ks) {
-        pa[ks][0] = pack_bf16(sv[8 * ks], sv[8 * ks + 1]);
-        pa[ks][1] = pack_bf16(sv[8 * ks + 2], sv[8 * ks + 3]);
-        pa[ks][2] = pack_bf16(sv[8 * ks + 4], sv[8 * ks + 5]);
-        pa[ks][3] = pack_bf16(sv[8 * ks + 6], sv[8 * ks + 7]);
-      }
+      wg7_softmax_tile<kNA>(sv, m2, lsum, o, corr, pa);
       // Hand P and the rescale factors to warpgroup 1 (once it is done with the previous ones).
       if (it > 0) named_sync(kBarPFree, 256);
       if (tq == 0) {
