@@ -166,6 +166,26 @@ __device__ __forceinline__ void wg7_softmax_tile(float (&sv)[kNA], float (&m2)[2
   }
 }
 
+/// The keys of split s (of n_splits) of query row t with kN-key tiles: the row has n_swa SWA keys
+/// then n_comp compressed keys (0 when its pool is absent), the split takes whole tiles and
+/// covers keys [k0, k1) in n_tiles tiles (the last may be partial).
+struct Wg7Keys {
+  int n_swa, n_comp, k0, k1, n_tiles;
+};
+template <int kN>
+__device__ __forceinline__ Wg7Keys wg7_keys(const ops::AttentionArgs& a, bool has_swa,
+                                            bool has_comp, int64_t t, int s, int n_splits) {
+  Wg7Keys r;
+  r.n_swa = (has_swa && a.swa.count) ? a.swa.count[t] : 0;
+  r.n_comp = (has_comp && a.comp.count) ? a.comp.count[t] : 0;
+  const int n = r.n_swa + r.n_comp;
+  const int tiles_per = ((n + kN - 1) / kN + n_splits - 1) / n_splits;
+  r.k0 = min(n, s * tiles_per * kN);
+  r.k1 = min(n, r.k0 + tiles_per * kN);
+  r.n_tiles = (r.k1 - r.k0 + kN - 1) / kN;
+  return r;
+}
+
 template <int kN>
 __device__ __forceinline__ void wg7_qk_step(float (&d)[kN / 2], uint64_t qd, uint64_t kd, int acc) {
   if constexpr (kN == 64)
@@ -195,14 +215,9 @@ __global__ void __launch_bounds__(kWg7Threads, 1)
   const int H = a.n_heads;
   const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127;
   const int warp = tid >> 5, lane = tid & 31, wq = warp & 3, g = lane >> 2, tq = lane & 3;
-  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
-  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
-  const int n = n_swa + n_comp;
-  const int tiles_all = (n + kN - 1) / kN;
-  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
-  const int k0 = min(n, s * tiles_per * kN);
-  const int k1 = min(n, k0 + tiles_per * kN);
-  const int n_tiles = (k1 - k0 + kN - 1) / kN;
+  const Wg7Keys ks7 = wg7_keys<kN>(a, swa_pool != nullptr, comp_pool != nullptr, t, s, n_splits);
+  const int n_swa = ks7.n_swa, n_comp = ks7.n_comp, k0 = ks7.k0, k1 = ks7.k1;
+  const int n_tiles = ks7.n_tiles;
   const int64_t swa_off = n_swa > 0 ? a.swa.offset[t] : 0;
   const int64_t comp_off = n_comp > 0 ? a.comp.offset[t] : 0;
 

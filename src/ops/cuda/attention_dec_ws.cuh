@@ -102,14 +102,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   const int hb = blockIdx.y * 64;
   const int H = a.n_heads;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int n_swa = (swa_pool && a.swa.count) ? a.swa.count[t] : 0;
-  const int n_comp = (comp_pool && a.comp.count) ? a.comp.count[t] : 0;
-  const int n = n_swa + n_comp;
-  const int tiles_all = (n + kN - 1) / kN;
-  const int tiles_per = (tiles_all + n_splits - 1) / n_splits;
-  const int k0 = min(n, s * tiles_per * kN);
-  const int k1 = min(n, k0 + tiles_per * kN);
-  const int n_tiles = (k1 - k0 + kN - 1) / kN;
+  const Wg7Keys ks7 = wg7_keys<kN>(a, swa_pool != nullptr, comp_pool != nullptr, t, s, n_splits);
+  const int n_swa = ks7.n_swa, n_comp = ks7.n_comp, k0 = ks7.k0, k1 = ks7.k1;
+  const int n_tiles = ks7.n_tiles;
   const int diag = c_attn7_diag;
 
   const uint32_t q_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
