@@ -208,7 +208,10 @@ Status validate_sampling(const SamplingParams& p, int64_t vocab) {
     return bad("prompt_logprobs", p.prompt_logprobs, "-1 (off) or in [0, 20]");
   for (int32_t t : p.stop_token_ids)
     if (t < 0 || t >= vocab) return bad("stop_token_ids entry", t, "a token id in the vocabulary");
-  for (const auto& [t, b] : p.logit_bias) {
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto& [t, b] = p.logit_bias[i];
+    for (size_t j = 0; j < i; ++j)
+      if (p.logit_bias[j].first == t) return bad("logit_bias token", t, "listed once");
     if (t < 0 || t >= vocab) return bad("logit_bias token", t, "a token id in the vocabulary");
     if (!(b >= -100.0f && b <= 100.0f)) return bad("logit_bias value", b, "in [-100, 100]");
   }

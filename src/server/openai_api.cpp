@@ -156,6 +156,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     text::ParsedMessage msg;                   // chat, non-streaming
     std::string text;                          // completions text (non-streaming)
     int64_t text_len = 0;                      // characters (code points) of text emitted so far
+    int64_t echo_chars = 0;                    // characters of echo_text
     Json lp_items = Json::array();             // chat logprobs.content items (non-streaming)
     Json cmp_tokens = Json::array(), cmp_lps = Json::array(), cmp_top = Json::array(),
          cmp_offsets = Json::array();          // completions logprobs (non-streaming)
@@ -298,7 +299,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     text::DetokenizerOptions dopt;
     dopt.skip_special_tokens = false;
     text::Detokenizer d(api->tok_, dopt);
-    const int64_t echo_len = u8_chars(c.echo_text);
+    const int64_t echo_len = c.echo_chars;
     int64_t at = 0;
     for (size_t i = 0; i < c.echo_ids.size(); ++i) {
       toks->push_back(token_text(c.echo_ids[i]));
@@ -353,6 +354,8 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     bool stopped = false;
     for (size_t k = 0; !c.score_only && k < out.new_tokens.size(); ++k) {
       int32_t t = out.new_tokens[k];
+      // Text before this token: released so far + what the stop matcher holds back.
+      const int64_t before = c.text_len + u8_chars(text_delta) + u8_chars(c.stop->held());
       std::string piece = c.stop->push(c.detok->push(t));
       c.completion_tokens++;
       if (req.sampling.logprobs && k < out.logprobs.size()) {
@@ -375,8 +378,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           tops.push_back(req.top_logprobs > 0 ? Json(std::move(top)) : Json(nullptr));
           // Where this token's text starts in the choice's text (OpenAI's text_offset). A stream
           // counts the echoed prompt here; the whole response adds it when it is assembled.
-          offs.push_back(c.text_len + u8_chars(text_delta) +
-                         (streaming ? u8_chars(c.echo_text) : 0));
+          offs.push_back(before + (streaming ? c.echo_chars : 0));
         }
       }
       text_delta += piece;
@@ -668,7 +670,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
         if (req.sampling.logprobs) {
           Json l = Json::object();
           if (!c.echo_text.empty()) {
-            for (auto& o : c.cmp_offsets) o = o.get<int64_t>() + u8_chars(c.echo_text);
+            for (auto& o : c.cmp_offsets) o = o.get<int64_t>() + c.echo_chars;
           }
           // Echoed prompt tokens first (their offsets count from the start already).
           auto joined = [](Json& a, Json& b) {
@@ -868,18 +870,22 @@ bool OpenAiApi::encode_chat(const GenerateRequest& r, std::vector<int32_t>* toke
   opt.add_generation_prompt = r.add_generation_prompt;
   opt.accept_object_arguments = true;
   Json tools = r.tool_choice == "none" ? Json() : r.tools;
-  Json messages = r.messages;
+  Json with_format;  // the messages with the request's response_format attached, when it has one
   if (!r.response_format.is_null()) {
     // DeepSeek V4 carries a response format on the system message (chat-encoding §2.8): on the
-    // first one (unless it already has its own), else on a new empty one in front.
-    if (!messages.empty() && messages[0].is_object() && messages[0].value("role", "") == "system") {
-      if (!messages[0].contains("response_format")) messages[0]["response_format"] = r.response_format;
+    // first one (unless it already has its own, non-null), else on a new empty one in front.
+    with_format = r.messages;
+    if (!with_format.empty() && with_format[0].is_object() &&
+        with_format[0].value("role", "") == "system") {
+      if (!with_format[0].contains("response_format") || with_format[0]["response_format"].is_null())
+        with_format[0]["response_format"] = r.response_format;
     } else {
-      messages.insert(messages.begin(),
-                      Json{{"role", "system"}, {"content", ""}, {"response_format", r.response_format}});
+      with_format.insert(with_format.begin(), Json{{"role", "system"}, {"content", ""},
+                                                   {"response_format", r.response_format}});
     }
   }
-  auto res = text::ChatEncoder::encode(tok_, messages, tools, opt);
+  auto res = text::ChatEncoder::encode(tok_, r.response_format.is_null() ? r.messages : with_format,
+                                       tools, opt);
   if (!res.ok()) {
     *err = bad_request(res.status().message(), "messages");
     return false;
@@ -1056,6 +1062,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
         c.parser.emplace(popt);
       }
       c.echo_text = echo[pi];
+      c.echo_chars = u8_chars(c.echo_text);
       if (!chat && r.echo && r.sampling.logprobs) {
         c.echo_ids = prompts[pi];
         c.echo_added_bos = echo_added_bos[pi];

@@ -280,10 +280,12 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
     for (auto it = lb->begin(); it != lb->end(); ++it) {
       const std::string& key = it.key();
       int64_t id = -1;
-      const bool digits = !key.empty() && key.size() <= 10 &&
+      // Canonical decimal ids only: "065" would alias "65" and add a second bias to it.
+      const bool digits = !key.empty() && key.size() <= 10 && (key.size() == 1 || key[0] != '0') &&
                           std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
       if (digits) id = std::stoll(key);
-      if (!digits || (lim.vocab_size > 0 && id >= lim.vocab_size))
+      if (!digits || id > std::numeric_limits<int32_t>::max() ||
+          (lim.vocab_size > 0 && id >= lim.vocab_size))
         return rd.fail(fmt::format("'logit_bias' key '{}' is not a token id in [0, {})", key,
                                    lim.vocab_size),
                        "logit_bias");
@@ -294,6 +296,31 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
                        "logit_bias");
       s.logit_bias.emplace_back(int32_t(id), float(it.value().get<double>()));
     }
+  }
+  // best_of (generate best_of, return the n most likely) is not implemented;
+  // best_of == n (or absent / null) is the same request and is accepted.
+  std::optional<int64_t> best_of;
+  if (!rd.get_int("best_of", 1, lim.max_n, &best_of)) return false;
+  if (best_of && *best_of != r->n)
+    return rd.fail(fmt::format("'best_of' = {} is not supported (only best_of equal to n = {}); "
+                               "request n = {} choices and pick among them",
+                               *best_of, r->n, *best_of),
+                   "best_of");
+  // vLLM / SGLang parameters this server does not implement: a 400 naming them when they ask for
+  // something (null, false, 0 and empty values are the defaults and pass), never silently ignored.
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "structured_outputs", "allowed_token_ids", "bad_words", "min_tokens",
+                          "use_beam_search", "regex", "json_schema", "ebnf"}) {
+    const Json* v = rd.find(key);
+    if (!v || v->is_null() || (v->is_boolean() && !v->get<bool>()) ||
+        (v->is_number() && v->get<double>() == 0.0) ||
+        ((v->is_array() || v->is_object()) && v->empty()) ||
+        (v->is_string() && v->get<std::string>().empty()))
+      continue;
+    return rd.fail(fmt::format("'{}' is not supported by this server (no constrained decoding, "
+                               "beam search or token allow/deny lists)",
+                               key),
+                   key);
   }
   std::optional<std::string> user;
   if (!rd.get_string("user", &user)) return false;
@@ -540,7 +567,9 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
       const bool strings = (*p)[0].is_string();  // all strings, or all token lists (OpenAI)
       for (auto& x : *p) {
         if (x.is_string() != strings)
-          return rd.fail("'prompt' must not mix strings and token-id arrays", "prompt");
+          return rd.fail("'prompt' must be an array of strings or an array of token-id arrays, "
+                         "not a mix",
+                         "prompt");
         if (x.is_string()) {
           r->prompts.push_back({x.get<std::string>(), {}});
         } else if (x.is_array()) {
@@ -560,15 +589,13 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
     return rd.fail(fmt::format("{} prompts x n={} exceeds {} choices per request", r->prompts.size(), r->n, lim.max_n), "n");
   }
   if (!rd.get_bool("echo", &r->echo)) return false;
-  // best_of (legacy completions: generate best_of, return the n most likely) is not implemented;
-  // best_of == n (or absent / null) is the same request and is accepted.
-  std::optional<int64_t> best_of;
-  if (!rd.get_int("best_of", 1, lim.max_n, &best_of)) return false;
-  if (best_of && *best_of != r->n)
-    return rd.fail(fmt::format("'best_of' = {} is not supported (only best_of equal to n = {}); "
-                               "request n = {} choices and pick among them",
-                               *best_of, r->n, *best_of),
-                   "best_of");
+  // response_format constrains the output on vLLM's completions; this server can only instruct a
+  // chat prompt (chat-encoding §2.8), so on completions anything but "text" is refused.
+  if (const Json* rf = rd.find("response_format"); rf && !rf->is_null() &&
+      !(rf->is_object() && rf->value("type", std::string()) == "text"))
+    return rd.fail("'response_format' is not supported on /v1/completions (no constrained "
+                   "decoding; /v1/chat/completions puts it in the prompt)",
+                   "response_format");
   std::optional<std::string> suffix;
   if (!rd.get_string("suffix", &suffix)) return false;
   if (suffix && !suffix->empty()) return rd.fail("'suffix' is not supported by this model", "suffix");

@@ -131,6 +131,8 @@ class StopMatcher {
   /// End of stream: returns the held-back text (nothing if stopped).
   std::string flush();
   bool stopped() const { return stopped_; }
+  /// Text pushed but not released yet (it may begin a stop string).
+  const std::string& held() const { return held_; }
   /// The stop string that matched ("" if none).
   const std::string& matched() const { return matched_; }
 

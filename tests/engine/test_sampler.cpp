@@ -184,6 +184,8 @@ TEST(Sampler, LogitBias) {
   EXPECT_FALSE(validate_sampling(v, 10).ok());
   v.logit_bias = {{9, -100.0f}};
   EXPECT_TRUE(validate_sampling(v, 10).ok());
+  v.logit_bias = {{9, 1.0f}, {3, 1.0f}, {9, -1.0f}};  // one id twice
+  EXPECT_FALSE(validate_sampling(v, 10).ok());
 }
 
 TEST(Sampler, SeedDeterminismAndVariety) {

@@ -475,9 +475,9 @@ TEST_F(ApiTest, EchoWithLogprobsScoresThePromptTokens) {
   int64_t at = 0;
   for (size_t i = 0; i < prompt.size(); ++i) {
     EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), at) << i;
-    at += int64_t(tok_.decode(std::vector<int32_t>{prompt[i]}, false).size());
+    at += u8len(tok_.decode(std::vector<int32_t>{prompt[i]}, false));
   }
-  EXPECT_EQ(lp["text_offset"][prompt.size()].get<int64_t>(), int64_t(echo.size()));
+  EXPECT_EQ(lp["text_offset"][prompt.size()].get<int64_t>(), u8len(echo));
   // The generated tokens as without echo.
   json plain_req = req;
   plain_req["echo"] = false;
@@ -676,6 +676,39 @@ TEST_F(ApiTest, LogitBiasSteersGreedyTokens) {
   EXPECT_EQ(text, tok_.decode(std::vector<int32_t>{66, 66, 66}, true));
 }
 
+// Text a stop string holds back (a possible start of it) still counts in text_offset: "AAAAAA"
+// has offsets 0 … 5 with or without stop "AB" (each 'A' is held until the next one shows it is
+// not followed by 'B'), streaming or not.
+TEST_F(ApiTest, TextOffsetsCountTextHeldBackByStopStrings) {
+  for (bool stream : {false, true})
+    for (bool with_stop : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "stream=" << stream << " stop=" << with_stop);
+      json req = {{"prompt", std::vector<int32_t>{10, 20}}, {"max_tokens", 6}, {"temperature", 0},
+                  {"ignore_eos", true}, {"logprobs", 0}, {"stream", stream}};
+      req["logit_bias"] = {{"65", 100}};
+      if (with_stop) req["stop"] = "AB";
+      auto r = http(port_, "POST", "/v1/completions", req.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      std::vector<int64_t> off;
+      std::string text;
+      if (!stream) {
+        const json body = r.j();
+        text = body["choices"][0]["text"];
+        for (auto& o : body["choices"][0]["logprobs"]["text_offset"]) off.push_back(o);
+      } else {
+        for (const auto& e : sse_payloads(r.body)) {
+          if (e == "[DONE]") continue;
+          const json c = json::parse(e)["choices"][0];
+          text += c["text"].get<std::string>();
+          if (c["logprobs"].is_object())
+            for (auto& o : c["logprobs"]["text_offset"]) off.push_back(o);
+        }
+      }
+      EXPECT_EQ(text, "AAAAAA");
+      EXPECT_EQ(off, (std::vector<int64_t>{0, 1, 2, 3, 4, 5})) << r.body;
+    }
+}
+
 // Parameters this server does not implement are refused with a 400 naming them, not ignored:
 // best_of other than n, malformed logit_bias, an unknown response_format type; and a prompt list
 // mixing strings with token-id arrays (outside OpenAI's schema).
@@ -706,6 +739,16 @@ TEST_F(ApiTest, UnsupportedOrMalformedSamplingParametersAreRefused) {
   expect_400(post({{"logit_bias", {{std::to_string(kVocab), 1}}}}), "logit_bias");
   expect_400(post({{"logit_bias", {{"5", 100.5}}}}), "logit_bias");
   expect_400(post({{"logit_bias", {{"5", "x"}}}}), "logit_bias");
+  expect_400(post({{"logit_bias", {{"65", 100}, {"065", -100}}}}), "logit_bias");  // alias of 65
+  expect_400(post({{"logit_bias", {{"4294967296", 1}}}}), "logit_bias");
+  EXPECT_EQ(post({{"logit_bias", {{"0", 1}, {"65", 1e2}}}}).status, 200);
+  expect_400(post({{"response_format", {{"type", "json_object"}}}}), "response_format");
+  EXPECT_EQ(post({{"response_format", {{"type", "text"}}}}).status, 200);
+  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "structured_outputs"})
+    expect_400(post({{k, k == std::string("guided_choice") ? json::array({"a", "b"}) : json("x")}}), k);
+  expect_400(post({{"min_tokens", 5}}), "min_tokens");
+  expect_400(post({{"use_beam_search", true}}), "use_beam_search");
+  EXPECT_EQ(post({{"min_tokens", 0}, {"use_beam_search", false}, {"guided_json", nullptr}}).status, 200);
   EXPECT_EQ(post({{"logit_bias", nullptr}}).status, 200);
   const char* chat = "/v1/chat/completions";
   expect_400(post({{"response_format", {{"type", "xml"}}}}, chat), "response_format");
@@ -713,6 +756,8 @@ TEST_F(ApiTest, UnsupportedOrMalformedSamplingParametersAreRefused) {
   expect_400(post({{"response_format", {{"type", "json_schema"}}}}, chat), "response_format");
   EXPECT_EQ(post({{"response_format", {{"type", "text"}}}}, chat).status, 200);
   expect_400(post({{"logit_bias", {{"5", -101}}}}, chat), "logit_bias");
+  expect_400(post({{"best_of", 2}}, chat), "best_of");
+  expect_400(post({{"guided_json", {{"type", "object"}}}}, chat), "guided_json");
 }
 
 // response_format json_object / json_schema reaches the prompt as DeepSeek V4's response-format
@@ -727,8 +772,10 @@ TEST_F(ApiTest, ResponseFormatReachesThePrompt) {
     json msgs = json::array({{{"role", "user"}, {"content", "hello"}}});
     if (with_system) msgs.insert(msgs.begin(), json{{"role", "system"}, {"content", "be brief"}});
     json want = msgs;
-    if (with_system)
+    if (with_system) {
+      msgs[0]["response_format"] = nullptr;  // a null per-message format does not block the request's
       want[0]["response_format"] = rf;
+    }
     else
       want.insert(want.begin(), json{{"role", "system"}, {"content", ""}, {"response_format", rf}});
     auto enc = text::ChatEncoder::encode(tok_, nlohmann::ordered_json::parse(want.dump()), nullptr, opt);
