@@ -431,19 +431,10 @@ class CudaOps final : public Ops {
       if (std::string(e) == "0") opts_.indexer_stream_priority = false;
     }
     if (const char* e = std::getenv("V4_ATTN_DEC")) {
-      if (std::string(e) == "1") opts_.attention_dec = true, opts_.attention_dec_variant = 1;
-      if (std::string(e) == "2") opts_.attention_dec = true, opts_.attention_dec_variant = 2;
-      if (std::string(e) == "3") opts_.attention_dec = true, opts_.attention_dec_variant = 3;
-      if (std::string(e) == "4") opts_.attention_dec = true, opts_.attention_dec_variant = 4;
-      if (std::string(e) == "5") opts_.attention_dec = true, opts_.attention_dec_variant = 5;
-      if (std::string(e) == "6") opts_.attention_dec = true, opts_.attention_dec_variant = 6;
-      if (std::string(e) == "7") opts_.attention_dec = true, opts_.attention_dec_variant = 7;
-      if (std::string(e) == "8") opts_.attention_dec = true, opts_.attention_dec_variant = 8;
-      if (std::string(e) == "9") opts_.attention_dec = true, opts_.attention_dec_variant = 9;
-      if (std::string(e) == "10") opts_.attention_dec = true, opts_.attention_dec_variant = 10;
-      if (std::string(e) == "11") opts_.attention_dec = true, opts_.attention_dec_variant = 11;
-      if (std::string(e) == "12") opts_.attention_dec = true, opts_.attention_dec_variant = 12;
-      if (std::string(e) == "13") opts_.attention_dec = true, opts_.attention_dec_variant = 13;
+      // "0": off; "1" … "13": on with that variant (attention_dec.h); anything else: unchanged.
+      const std::string v = e;
+      for (int k = 1; k <= 13; ++k)
+        if (v == std::to_string(k)) opts_.attention_dec = true, opts_.attention_dec_variant = k;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
     if (const char* e = std::getenv("V4_ATTN_DEC_LEAN")) {  // auto: variant 6 for variant 5
