@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../../tests/model/compressor_cases.h"
+#include "ops/cuda/compress_proj.h"
 #include "ops/cuda/compress_split.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
@@ -51,6 +52,7 @@ using v4::testing::CompressCase;
 // of n_ring·c·d·4) and a store (read + write of n_live_ring·c·d·4).
 struct Bytes {
   double fused = 0, unfused = 0;
+  double fresh_reads = 0;  // the part of `fused` that reads kc / zc rows (gone when fused with the projections)
   int64_t closing = 0;
 };
 Bytes count_bytes(const CompressCase& k) {
@@ -89,6 +91,7 @@ Bytes count_bytes(const CompressCase& k) {
   const double shared = (double(k.m) * k.width() + k.d) * 4 + idx + double(k.n_ring()) * 8;
   b.fused = (halves(fresh) + halves(state)) * 2 * d4 + shared + b.closing * d4 +
             double(live) * 2 * cd4;
+  b.fresh_reads = halves(fresh) * 2 * d4;
   const double n_out = double(k.n_out());
   b.unfused = pool_reads + shared + n_out * d4 + 2 * n_out * d4 + 2 * n_out * k.rd * 4 +
               2 * b.closing * d4 + 2 * (2 * double(k.n_ring()) * cd4 + 2 * double(live) * cd4);
@@ -143,6 +146,46 @@ double memcpy_us(double bytes) {
   cudaGraphExec_t exec;
   CB_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < inner; ++i) CB_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
+  CB_CHECK(cudaStreamEndCapture(st, &graph));
+  CB_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CB_CHECK(cudaGraphLaunch(exec, st));
+  CB_CHECK(cudaStreamSynchronize(st));
+  std::vector<double> t(15);
+  for (auto& x : t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CB_CHECK(cudaGraphLaunch(exec, st));
+    CB_CHECK(cudaStreamSynchronize(st));
+    x = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        inner;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  cudaFree(a);
+  cudaFree(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// cudaMemcpy D2D moving `bytes` per copy (bytes/2 read + bytes/2 written), consecutive copies
+// walking through `copies` disjoint regions (so that a set larger than L2 streams from HBM, as
+// the weights of consecutive layers do), µs per copy.
+double memcpy_rotating_us(double bytes, int copies) {
+  const size_t n = (std::max<size_t>(size_t(bytes / 2), 256) + 255) / 256 * 256;
+  void *a = nullptr, *b = nullptr;
+  CB_CHECK(cudaMalloc(&a, n * copies));
+  CB_CHECK(cudaMalloc(&b, n * copies));
+  CB_CHECK(cudaMemset(a, 1, n * copies));
+  cudaStream_t st;
+  CB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int inner = copies * std::max(1, 64 / copies);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CB_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < inner; ++i)
+    CB_CHECK(cudaMemcpyAsync(static_cast<char*>(b) + n * (i % copies),
+                             static_cast<char*>(a) + n * (i % copies), n,
+                             cudaMemcpyDeviceToDevice, st));
   CB_CHECK(cudaStreamEndCapture(st, &graph));
   CB_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < 3; ++i) CB_CHECK(cudaGraphLaunch(exec, st));
@@ -342,6 +385,166 @@ std::string bench_compressor(double bw) {
                             (const void*)a.inv_freq, (const void*)a.pool, (const void*)a.scratch})
         o->free(const_cast<void*>(p));
       if (pool8) o->free(pool8);
+    }
+  }
+  return md.str();
+}
+
+/// FlashCompressor with its projections (Ops::compress_project, compress_proj.h) in decode:
+/// the projection kernel + the pooling kernel vs the composition (V4_COMPRESS_PROJ=0: linear_w
+/// for kc and zc, then compress_fused), D = 4096 (V4-Flash), bf16 weights rotating over enough
+/// copies to exceed L2 (consecutive layers' weights never hit in L2). Markdown section.
+std::string bench_compressor_proj(double bw) {
+  v4::ops::CudaOptions co;
+  co.precision = v4::ops::Precision::kBf16;  // the mode compress_proj runs in (serve's default)
+  auto made = v4::ops::make_cuda_ops(co);
+  if (!made.ok()) {
+    std::fprintf(stderr, "compressor bench: %s\n", made.status().to_string().c_str());
+    std::exit(3);
+  }
+  std::unique_ptr<v4::ops::Ops> ops = std::move(made).value();
+  v4::ops::Ops* o = ops.get();
+  int sms = 0;
+  CB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t D = 4096;
+  std::ostringstream md;
+  md << "## With the projections (decode; `compress_project`)\n\n"
+        "One compressor step INCLUDING its two projections (kc = x·W_kvᵀ, zc = x·W_gᵀ; bf16 "
+        "weights [c·d, 4096] as V4-Flash stores them): `fused` = compress_proj (both projections "
+        "and the ring refresh, one launch, weights copied before the PDL wait) + the pooling "
+        "kernel (2 launches); `composed` = V4_COMPRESS_PROJ=0, the path before this kernel "
+        "(linear_w kc, linear_w zc — each an x→bf16 conversion + GEMM at B > 1, a streaming GEMV "
+        "at B = 1 — then compress_fused). `projections + ring only`: the same op with no closing "
+        "window (n_out = 0), i.e. compress_proj alone. Each timed call uses the next of `copies` "
+        "weight sets (together > 100 MB, so weights stream from HBM as in the model, where the "
+        "previous layer's weights were read last); the memcpy reference rotates the same way "
+        "(`memcpy_rotating_us`). Floor bytes = both weight matrices + x (f32) + the pooling "
+        "step's floor without its kc / zc reads (`count_bytes` fused − fresh reads: state rows, "
+        "plan, bias, norm, pool rows, ring rows). `% of same-size memcpy` = memcpy µs / row µs; "
+        "**≥ 85%?** as above.\n\n"
+     << "| case | closing rows | variant | launches | µs | floor MB | GB/s | % of 1 GiB copy BW | "
+        "memcpy same bytes (rotating) µs | % of same-size memcpy | ≥ 85%? |\n"
+     << "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
+  struct Shape {
+    const char* name;
+    int m, c, d;
+  };
+  const Shape shapes[] = {{"C4 d512 (CSA kv)", 4, 2, 512},
+                          {"C4 d128 (indexer)", 4, 2, 128},
+                          {"C128 d512 (HCA)", 128, 1, 512}};
+  // V4_COMPRESS_PROJ_CASE="B:i" (profiling runs): only batch B with shape i.
+  int only_b = 0, only_s = -1;
+  if (const char* e = std::getenv("V4_COMPRESS_PROJ_CASE")) std::sscanf(e, "%d:%d", &only_b, &only_s);
+  for (int B : {64, 16, 1}) {
+    if (only_b > 0 && B != only_b) continue;
+    for (const Shape& s : shapes) {
+      if (only_s >= 0 && &s - shapes != only_s) continue;
+      CompressCase k = v4::testing::decode_case(s.m, s.c, s.d, 64, decode_positions(B, s.m), 42);
+      const Bytes by = count_bytes(k);
+      const int64_t n = k.width();
+      const double wbytes = 2.0 * double(n) * D * 2;
+      const int copies = int(std::max<double>(2, std::ceil(100e6 / wbytes)));
+      std::vector<void*> wsets;
+      for (int i = 0; i < 2 * copies; ++i) {
+        void* w = o->alloc(size_t(n * D * 2));
+        CB_CHECK(cudaMemset(w, 0x3c, size_t(n * D * 2)));  // bf16 0x3c3c ≈ 0.0115
+        wsets.push_back(w);
+      }
+      std::vector<float> xh(size_t(B * D));
+      for (size_t i = 0; i < xh.size(); ++i) xh[i] = float(int(i % 17) - 8) * 0.125f;
+      float* x = upload(o, xh);
+      float* kc = static_cast<float*>(o->alloc(size_t(B * n) * sizeof(float)));
+      float* zc = static_cast<float*>(o->alloc(size_t(B * n) * sizeof(float)));
+      CompressFusedArgs a;
+      a.state_kv = upload(o, k.ring_kv);
+      a.state_gate = upload(o, k.ring_gate);
+      a.bias = upload(o, k.bias);
+      a.norm = upload(o, k.norm);
+      a.eps = 1e-6f;
+      a.src = upload(o, k.src);
+      a.positions = upload(o, k.positions);
+      a.dst = upload(o, k.dst);
+      a.n_out = k.n_out();
+      a.ring_src = upload(o, k.ring_src);
+      a.ring_dst = upload(o, k.ring_dst);
+      a.n_ring = k.n_ring();
+      a.ratio = k.m;
+      a.overlap = k.c;
+      a.dim = k.d;
+      a.rope_dim = k.rd;
+      a.inv_freq = upload(o, k.inv_freq);
+      a.pool = upload(o, k.pool);
+      const int64_t need = std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width());
+      a.scratch = static_cast<float*>(o->alloc(size_t(need) * sizeof(float)));
+      a.ring_disjoint = true;  // device-planned decode
+      CB_CHECK(cudaDeviceSynchronize());
+      std::vector<v4::ops::CompressProjectArgs> calls;
+      for (int i = 0; i < copies; ++i) {
+        v4::ops::CompressProjectArgs pa;
+        pa.x = x;
+        pa.ldx = D;
+        pa.n_fresh = B;
+        for (int j = 0; j < 2; ++j) {
+          v4::ops::WeightView& v = j == 0 ? pa.wkv : pa.wgate;
+          v.data = wsets[size_t(2 * i + j)];
+          v.format = v4::ops::WFormat::kBF16;
+          v.n = n;
+          v.k = D;
+          v.rows_total = n;
+        }
+        pa.kc = kc;
+        pa.zc = zc;
+        pa.step = a;
+        calls.push_back(pa);
+      }
+      const int inner = copies * std::max(1, 64 / copies);
+      int call = 0;
+      auto body = [&](bool no_windows) {
+        v4::ops::CompressProjectArgs pa = calls[size_t(call++ % copies)];
+        if (no_windows) pa.step.n_out = 0;
+        o->compress_project(pa);
+      };
+      const double floor = wbytes + double(B) * D * 4 + by.fused - by.fresh_reads;
+      const double t_mc = memcpy_rotating_us(floor, copies);
+      const v4::cuda::CompressProjPlan pl = v4::cuda::plan_compress_proj(n, D, sms);
+      const bool fused_ok = v4::cuda::compress_proj_supported(calls[0], sms);
+      auto row = [&](const char* variant, int launches, double t, const char* verdict) {
+        const double gbs = floor / (t * 1e-6) / 1e9;
+        char buf[512];
+        std::snprintf(buf, sizeof buf,
+                      "| decode B=%d %s | %lld | %s | %d | %.2f | %.3f | %.0f | %.1f%% | %.2f | "
+                      "%.1f%% | %s |\n",
+                      B, s.name, (long long)by.closing, variant, launches, t, floor / 1e6, gbs,
+                      100.0 * gbs / bw, t_mc, 100.0 * t_mc / t,
+                      verdict ? verdict : 100.0 * t_mc / t >= 85.0 ? "yes" : "**no**");
+        md << buf;
+      };
+      const double t_f = time_graph_ops(o, [&] { body(false); }, inner, 15);
+      const double t_p = time_graph_ops(o, [&] { body(true); }, inner, 15);
+      setenv("V4_COMPRESS_PROJ", "0", 1);
+      const double t_c = time_graph_ops(o, [&] { body(false); }, inner, 15);
+      unsetenv("V4_COMPRESS_PROJ");
+      setenv("V4_COMPRESS_PDL", "0", 1);
+      const double t_np = time_graph_ops(o, [&] { body(false); }, inner, 15);
+      unsetenv("V4_COMPRESS_PDL");
+      char variant[160];
+      std::snprintf(variant, sizeof variant, "fused (plan: %d tiles of %d rows × %d-CTA clusters; %d clusters resident)",
+                    pl.tiles, pl.rows, pl.ks, v4::cuda::compress_proj_max_active_clusters(pl));
+      row(fused_ok ? variant : "fused NOT TAKEN (composition ran)", 2, t_f, nullptr);
+      row("composed (V4_COMPRESS_PROJ=0)", B > 1 ? 5 : 3, t_c, "(baseline)");
+      row("projections + ring only (n_out = 0)", 1, t_p, "(diagnostic)");
+      row("fused, PDL off (A/B)", 2, t_np, "(A/B)");
+      std::printf("compressor+proj B=%d %s: fused %.2f us, composed %.2f us, proj only %.2f us, "
+                  "memcpy %.2f us (%d weight sets)\n",
+                  B, s.name, t_f, t_c, t_p, t_mc, copies);
+      o->synchronize();
+      for (void* w : wsets) o->free(w);
+      for (const void* p : {(const void*)x, (const void*)kc, (const void*)zc,
+                            (const void*)a.state_kv, (const void*)a.state_gate, (const void*)a.bias,
+                            (const void*)a.norm, (const void*)a.src, (const void*)a.positions,
+                            (const void*)a.dst, (const void*)a.ring_src, (const void*)a.ring_dst,
+                            (const void*)a.inv_freq, (const void*)a.pool, (const void*)a.scratch})
+        o->free(const_cast<void*>(p));
     }
   }
   return md.str();

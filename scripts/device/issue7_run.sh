@@ -23,6 +23,8 @@
 #               byte floor, MXFP4 + FP8, S = 1…512; gmoe 4 vs 8 warps at prefill sizes); also
 #               decode at batch 1,64 with V4_MOE_MMA_VERSION=1, 2 and 3 (4K)
 #               -> bench-v4flash-20l-moe-v1v2.md
+#   ncu-cproj   ncu of the compressor projection kernel (compress_proj_kernel) in the bench's case
+#               $V4_CPROJ_CASE (B:shape, default "1:0": batch 1, CSA kv) -> ncu-cproj.txt
 #   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
 #               (the streaming kernel; V4_GEMV_STREAM=0 profiles the shared-memory one)
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
@@ -41,7 +43,8 @@
 #   attnb64     v4serve bench at batch $V4_B64_BATCH (64) × 4K and 128K (bf16 KV + fp8 indexer keys),
 #               once per V4_ATTN_DEC in $V4_B64_ATTN ("2 9 auto") -> bench-v4flash-20l-attn-b64.md
 #               (decode attention kernels end to end at batch 64; not in the default stage list)
-#   ratioenv    the ratio measurement (bf16 KV, decode only) once per env set in $V4_RATIO_ENVS
+#   ratioenv    the ratio measurement (bf16 KV; batch $V4_RATIO_BATCH (1), contexts $V4_RATIO_CONTEXT
+#               (4K,900K)) once per env set in $V4_RATIO_ENVS
 #               (e.g. "default V4_INDEXER_DEC=2"; V4_RATIO_PROFILE=1 adds --profile to every run, an
 #               entry's PROFILE=1 pair to that run only, e.g. "PROFILE=1,V4_ATTN_DEC_LEAN=0": per-region
 #               tables, branches serialised) -> bench-v4flash-20l-ratio-ab.md (A/B of kernel
@@ -133,6 +136,15 @@ has attention && kb attention --only-attention
 has attnwg && { kb attnwg --only-attention-wg; grep -E "^\|" "$OUT/attnwg.log"; }
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
+if has ncu-cproj && command -v ncu >/dev/null; then  # the projection kernel's memory behaviour
+  V4_COMPRESS_PROJ_ONLY=1 V4_COMPRESS_PROJ_CASE=${V4_CPROJ_CASE:-1:0} timeout 150 ncu \
+    --kernel-name regex:'compress_proj_kernel' --launch-skip 6 --launch-count 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    build-gpu/bench/bench_kernels --out "$OUT/ncu-tmp" --only-compressor > "$OUT/ncu-cproj.txt" 2>&1
+  echo "ncu-cproj rc=$?"; cp "$OUT/ncu-cproj.txt" "$OUT/ncu-cproj.log"; logs+=(ncu-cproj.log)
+  grep -E "DRAM Throughput|Memory Throughput|Duration|Achieved Occupancy|Stall|L2 Hit|Warp Cycles Per Issued" "$OUT/ncu-cproj.txt" | head -40
+fi
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
   timeout 120 ncu --kernel-name regex:'wgemv_kernel|gemv_stream_kernel' --launch-skip 20 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
@@ -241,7 +253,7 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
     prof=${V4_RATIO_PROFILE:+--profile}
     [[ ",$e," == *",PROFILE=1,"* ]] && prof=--profile  # entry-level "PROFILE=1": this run only
     env "${envs[@]}" timeout 150 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 ${V4_RATIO_EXTRA:-} \
-      --batch 1 --context 4K,900K --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
+      --batch ${V4_RATIO_BATCH:-1} --context ${V4_RATIO_CONTEXT:-4K,900K} --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
       $prof --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"

@@ -791,13 +791,17 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   auto compress = [&](const CompressorWeights& w, const CompressPlan& plan, int d, void* pool,
                       KvDtype pool_dtype, float* ring_kv, float* ring_gate,
                       const CompressBufs& b) {
-    const int cd = plan.overlap * d;
-    o.linear_w(x, D, w.wkv.v(), S, b.kc, cd);
-    o.linear_w(x, D, w.wgate.v(), S, b.zc, cd);
-    // Pool + norm + rope + store, then the ring refresh: one op (FlashCompressor on CUDA).
-    ops::CompressFusedArgs ca;
-    ca.fresh_kv = b.kc;
-    ca.fresh_gate = b.zc;
+    // Projections, pool + norm + rope + store, ring refresh: one op (FlashCompressor on CUDA:
+    // with its projections for decode-sized steps, docs/cuda.md).
+    ops::CompressProjectArgs pa;
+    pa.x = x;
+    pa.ldx = D;
+    pa.n_fresh = S;
+    pa.wkv = w.wkv.v();
+    pa.wgate = w.wgate.v();
+    pa.kc = b.kc;
+    pa.zc = b.zc;
+    ops::CompressFusedArgs& ca = pa.step;
     ca.state_kv = ring_kv;
     ca.state_gate = ring_gate;
     ca.bias = w.ape.data();
@@ -820,7 +824,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.pool = pool;
     ca.pool_dtype = pool_dtype;
     ca.scratch = b.scratch;
-    o.compress_fused(ca);
+    o.compress_project(pa);
   };
   CompressBufs comp_b, icomp_b;
   if (hca) comp_b = compress_bufs(st.hca, hd);

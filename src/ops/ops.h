@@ -224,6 +224,20 @@ struct CompressFusedArgs {
   }
 };
 
+/// Arguments of `Ops::compress_project`: one compressor step INCLUDING its two projections
+/// (dsv4-model.md §5): kc = x·W_kvᵀ, zc = x·W_gᵀ for the step's n_fresh rows, then
+/// `compress_fused(step)` with step.fresh_kv = kc and step.fresh_gate = zc.
+struct CompressProjectArgs {
+  const float* x = nullptr;  // [n_fresh, D] layer input rows, row stride ldx (floats)
+  int64_t ldx = 0;
+  int64_t n_fresh = 0;       // S
+  WeightView wkv;            // [c·d, D]
+  WeightView wgate;          // [c·d, D]
+  float* kc = nullptr;       // [n_fresh, c·d] out (row stride c·d)
+  float* zc = nullptr;       // [n_fresh, c·d] out
+  CompressFusedArgs step;    // the pooling step; its fresh_kv / fresh_gate are ignored
+};
+
 /// Whether no ring row of `ring_dst` [n_ring] (−1 = skipped) is a state slot (v ≤ −2 → row −v−2)
 /// of `src` [n_src] (host arrays of a CompressFusedArgs plan), i.e. whether `ring_disjoint` may be
 /// set. O((n_src + n_ring)·log n_ring).
@@ -575,6 +589,11 @@ class Ops {
   /// gather_rows/store_rows (the reference); the CUDA backend runs two kernels (FlashCompressor,
   /// docs/cuda.md).
   virtual void compress_fused(const CompressFusedArgs& a);
+  /// One compressor step with its projections (CompressProjectArgs). Default: linear_w (kc),
+  /// linear_w (zc), compress_fused. CUDA bf16 mode, decode-sized steps with bf16 weights and
+  /// ring_disjoint: one projection kernel that also refreshes the ring, then the pooling kernel
+  /// (docs/cuda.md §"FlashCompressor with its projections"); x is then rounded to bf16.
+  virtual void compress_project(const CompressProjectArgs& a);
   virtual void indexer_topk(const IndexerArgs& a) = 0;
   virtual void sparse_attention(const AttentionArgs& a) = 0;
   virtual void route(const RouteArgs& a) = 0;

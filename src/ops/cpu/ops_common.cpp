@@ -96,6 +96,16 @@ void Ops::hc_head_norm(const float* h, const float* fn, const float* base, const
   rms_norm(y, norm_weight, S, D, norm_eps, y);
 }
 
+void Ops::compress_project(const CompressProjectArgs& a) {
+  const int64_t cd = int64_t(a.step.overlap) * a.step.dim;
+  linear_w(a.x, a.ldx, a.wkv, a.n_fresh, a.kc, cd);
+  linear_w(a.x, a.ldx, a.wgate, a.n_fresh, a.zc, cd);
+  CompressFusedArgs s = a.step;
+  s.fresh_kv = a.kc;
+  s.fresh_gate = a.zc;
+  compress_fused(s);
+}
+
 void Ops::compress_fused(const CompressFusedArgs& a) {
   const int64_t cd = int64_t(a.overlap) * a.dim;
   const int64_t need = std::max<int64_t>(a.n_out * a.dim, a.n_ring * cd);

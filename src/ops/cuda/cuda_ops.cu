@@ -28,6 +28,7 @@
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/dense_mma.h"
+#include "ops/cuda/compress_proj.h"
 #include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/norm_rope.h"
@@ -508,6 +509,7 @@ class CudaOps final : public Ops {
       V4_RETURN_IF_ERROR(cuda::wgemv_prepare());
       V4_RETURN_IF_ERROR(cuda::moe_mma_prepare());
       V4_RETURN_IF_ERROR(cuda::dense_mma_prepare());
+      V4_RETURN_IF_ERROR(cuda::compress_proj_prepare());
       V4_RETURN_IF_ERROR(cuda::gmoe_mma_prepare());
     }
     if (opts_.multi_stream) V4_RETURN_IF_ERROR(make_side_streams());
@@ -784,6 +786,24 @@ class CudaOps final : public Ops {
   static bool compress_fp8_fused() {
     const char* e = std::getenv("V4_COMPRESS_FP8_FUSED");
     return !(e && e[0] == '0');
+  }
+  /// The projection kernel (cuda::compress_proj: both projections + the ring refresh) and then
+  /// the pooling kernel, in bf16 mode for decode-sized steps it supports, unless
+  /// V4_COMPRESS_PROJ=0 (A/B runs; read at every call); otherwise the default composition.
+  void compress_project(const CompressProjectArgs& a) override {
+    const char* e = std::getenv("V4_COMPRESS_PROJ");
+    if (opts_.precision == Precision::kBf16 && !(e && e[0] == '0') &&
+        cuda::compress_proj_supported(a, n_sms_)) {
+      record(cuda::compress_proj(a, n_sms_, cs()));
+      CompressFusedArgs s = a.step;
+      s.fresh_kv = a.kc;
+      s.fresh_gate = a.zc;
+      s.n_ring = 0;  // refreshed by compress_proj (ring_disjoint: no window reads those rows)
+      s.ring_src = s.ring_dst = nullptr;
+      compress_fused(s);
+      return;
+    }
+    Ops::compress_project(a);
   }
   void compress_fused(const CompressFusedArgs& a) override {
     // fp8 indexer keys (kFp8Index): FlashCompressor's fused store (one scale per row) when
