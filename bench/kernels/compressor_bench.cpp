@@ -105,6 +105,33 @@ T* upload(v4::ops::Ops* o, const std::vector<T>& v) {
   return p;
 }
 
+// The step of `k` on the device (every array uploaded; state ring, pool and scratch writable):
+// all CompressFusedArgs fields but fresh_kv / fresh_gate and ring_disjoint.
+CompressFusedArgs upload_step(v4::ops::Ops* o, const CompressCase& k) {
+  CompressFusedArgs a;
+  a.state_kv = upload(o, k.ring_kv);
+  a.state_gate = upload(o, k.ring_gate);
+  a.bias = upload(o, k.bias);
+  a.norm = upload(o, k.norm);
+  a.eps = 1e-6f;
+  a.src = upload(o, k.src);
+  a.positions = upload(o, k.positions);
+  a.dst = upload(o, k.dst);
+  a.n_out = k.n_out();
+  a.ring_src = upload(o, k.ring_src);
+  a.ring_dst = upload(o, k.ring_dst);
+  a.n_ring = k.n_ring();
+  a.ratio = k.m;
+  a.overlap = k.c;
+  a.dim = k.d;
+  a.rope_dim = k.rd;
+  a.inv_freq = upload(o, k.inv_freq);
+  a.pool = upload(o, k.pool);
+  const int64_t need = std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width());
+  a.scratch = static_cast<float*>(o->alloc(size_t(need) * sizeof(float)));
+  return a;
+}
+
 // Per-call time of `body` replayed from a graph of `inner` captured calls (as decode steps run),
 // host clock around replay + synchronize; median over `samples`. The replay's own launch cost
 // (a few µs) is spread over the `inner` calls.
@@ -132,53 +159,19 @@ double time_graph_ops(v4::ops::Ops* o, const std::function<void()>& body, int in
   return t[t.size() / 2];
 }
 
-// cudaMemcpy D2D moving `bytes` in total (bytes/2 read + bytes/2 written), µs per copy.
-double memcpy_us(double bytes) {
-  const size_t n = std::max<size_t>(size_t(bytes / 2), 256);
-  void *a = nullptr, *b = nullptr;
-  CB_CHECK(cudaMalloc(&a, n));
-  CB_CHECK(cudaMalloc(&b, n));
-  CB_CHECK(cudaMemset(a, 1, n));
-  cudaStream_t st;
-  CB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const int inner = n < (size_t(1) << 24) ? 200 : 20;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CB_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < inner; ++i) CB_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
-  CB_CHECK(cudaStreamEndCapture(st, &graph));
-  CB_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CB_CHECK(cudaGraphLaunch(exec, st));
-  CB_CHECK(cudaStreamSynchronize(st));
-  std::vector<double> t(15);
-  for (auto& x : t) {
-    const auto t0 = std::chrono::steady_clock::now();
-    CB_CHECK(cudaGraphLaunch(exec, st));
-    CB_CHECK(cudaStreamSynchronize(st));
-    x = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-        inner;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
-  cudaFree(a);
-  cudaFree(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 // cudaMemcpy D2D moving `bytes` per copy (bytes/2 read + bytes/2 written), consecutive copies
 // walking through `copies` disjoint regions (so that a set larger than L2 streams from HBM, as
-// the weights of consecutive layers do), µs per copy.
-double memcpy_rotating_us(double bytes, int copies) {
+// the weights of consecutive layers do), µs per copy; `inner` copies per timed graph (0: 64 or a
+// multiple of `copies`).
+double memcpy_rotating_us(double bytes, int copies, int inner = 0) {
   const size_t n = (std::max<size_t>(size_t(bytes / 2), 256) + 255) / 256 * 256;
+  if (inner <= 0) inner = copies * std::max(1, 64 / copies);
   void *a = nullptr, *b = nullptr;
   CB_CHECK(cudaMalloc(&a, n * copies));
   CB_CHECK(cudaMalloc(&b, n * copies));
   CB_CHECK(cudaMemset(a, 1, n * copies));
   cudaStream_t st;
   CB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const int inner = copies * std::max(1, 64 / copies);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CB_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -205,6 +198,12 @@ double memcpy_rotating_us(double bytes, int copies) {
   cudaFree(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// cudaMemcpy D2D moving `bytes` in total (bytes/2 read + bytes/2 written) between the same two
+// buffers (L2-resident when small, as the decode inputs it is compared with), µs per copy.
+double memcpy_us(double bytes) {
+  return memcpy_rotating_us(bytes, 1, bytes / 2 < double(size_t(1) << 24) ? 200 : 20);
 }
 
 std::vector<int64_t> decode_positions(int B, int m) {
@@ -280,29 +279,9 @@ std::string bench_compressor(double bw) {
                            : v4::testing::decode_case(s.m, s.c, s.d, 64,
                                                       decode_positions(sc.B, s.m), 42);
       const Bytes by = count_bytes(k);
-      CompressFusedArgs a;
+      CompressFusedArgs a = upload_step(o, k);
       a.fresh_kv = upload(o, k.kc);
       a.fresh_gate = upload(o, k.zc);
-      a.state_kv = upload(o, k.ring_kv);
-      a.state_gate = upload(o, k.ring_gate);
-      a.bias = upload(o, k.bias);
-      a.norm = upload(o, k.norm);
-      a.eps = 1e-6f;
-      a.src = upload(o, k.src);
-      a.positions = upload(o, k.positions);
-      a.dst = upload(o, k.dst);
-      a.n_out = k.n_out();
-      a.ring_src = upload(o, k.ring_src);
-      a.ring_dst = upload(o, k.ring_dst);
-      a.n_ring = k.n_ring();
-      a.ratio = k.m;
-      a.overlap = k.c;
-      a.dim = k.d;
-      a.rope_dim = k.rd;
-      a.inv_freq = upload(o, k.inv_freq);
-      a.pool = upload(o, k.pool);
-      const int64_t need = std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width());
-      a.scratch = static_cast<float*>(o->alloc(size_t(need) * sizeof(float)));
       // As the model sets it: exact host test for host plans (decode plans are always disjoint).
       a.ring_disjoint = v4::ops::compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                         k.ring_dst.data(), k.n_ring());
@@ -455,27 +434,7 @@ std::string bench_compressor_proj(double bw) {
       float* x = upload(o, xh);
       float* kc = static_cast<float*>(o->alloc(size_t(B * n) * sizeof(float)));
       float* zc = static_cast<float*>(o->alloc(size_t(B * n) * sizeof(float)));
-      CompressFusedArgs a;
-      a.state_kv = upload(o, k.ring_kv);
-      a.state_gate = upload(o, k.ring_gate);
-      a.bias = upload(o, k.bias);
-      a.norm = upload(o, k.norm);
-      a.eps = 1e-6f;
-      a.src = upload(o, k.src);
-      a.positions = upload(o, k.positions);
-      a.dst = upload(o, k.dst);
-      a.n_out = k.n_out();
-      a.ring_src = upload(o, k.ring_src);
-      a.ring_dst = upload(o, k.ring_dst);
-      a.n_ring = k.n_ring();
-      a.ratio = k.m;
-      a.overlap = k.c;
-      a.dim = k.d;
-      a.rope_dim = k.rd;
-      a.inv_freq = upload(o, k.inv_freq);
-      a.pool = upload(o, k.pool);
-      const int64_t need = std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width());
-      a.scratch = static_cast<float*>(o->alloc(size_t(need) * sizeof(float)));
+      CompressFusedArgs a = upload_step(o, k);
       a.ring_disjoint = true;  // device-planned decode
       CB_CHECK(cudaDeviceSynchronize());
       std::vector<v4::ops::CompressProjectArgs> calls;

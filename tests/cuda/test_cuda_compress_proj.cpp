@@ -33,6 +33,7 @@ namespace {
 using cuda::testing::Dev;
 using cuda::testing::rel_err;
 using v4::testing::CompressCase;
+using v4::testing::random_decode_positions;
 
 constexpr double kTol = 1e-5;
 constexpr float kEps = 1e-6f;
@@ -68,7 +69,7 @@ float bf16_value(uint16_t b) {
 // x [S, D] and the two weight matrices [c·d, D] as bf16 values (host floats + device bits).
 struct ProjInputs {
   int64_t S = 0, D = 0, n = 0;
-  std::vector<float> x, wkv, wg;          // exact bf16 values
+  std::vector<float> x, wkv, wg;  // exact bf16 values
   std::vector<uint16_t> wkv_bits, wg_bits;
 };
 
@@ -175,18 +176,6 @@ std::unique_ptr<GpuStep> gpu_step(const CompressCase& k, const ProjInputs& p) {
   return g;
 }
 
-std::vector<int64_t> decode_positions(int B, int m, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int64_t> pos(static_cast<size_t>(B));
-  for (int b = 0; b < B; ++b) {
-    const int u = int(g() % 8);
-    const int64_t base = int64_t(g() % 4000);
-    pos[size_t(b)] = u == 0 ? -1 : u <= 2 ? (base / m + 1) * m - 1 : base;  // pad / close / any
-  }
-  pos[0] = 2 * int64_t(m) - 1;  // at least one closing row with both series
-  return pos;
-}
-
 // Sets V4_COMPRESS_PROJ for a scope ("0": the default composition).
 struct ProjEnv {
   explicit ProjEnv(const char* v) { setenv("V4_COMPRESS_PROJ", v, 1); }
@@ -200,36 +189,15 @@ enum class Mode { kEager, kGraph, kComposed };
 // One decode step of shape (m, c, d) over D input columns with B rows: the GPU (mode) against
 // the references. Returns the GPU's kc (for the invariance test).
 std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, uint64_t seed) {
-  CompressCase k = v4::testing::decode_case(m, c, d, 64, decode_positions(B, m, seed), seed);
+  CompressCase k = v4::testing::decode_case(m, c, d, 64, random_decode_positions(B, m, seed), seed);
   const ProjInputs p = make_inputs(B, D, k.width(), seed + 1);
   k.kc = host_product(p, p.wkv);
   k.zc = host_product(p, p.wg);
   // Reference: the CPU backend's step on the double-precision kc / zc.
   std::vector<float> pool = k.pool, rkv = k.ring_kv, rg = k.ring_gate;
   std::vector<float> scratch(size_t(std::max<int64_t>(k.n_out() * k.d, k.n_ring() * k.width())));
-  CompressFusedArgs ca;
-  ca.fresh_kv = k.kc.data();
-  ca.fresh_gate = k.zc.data();
-  ca.state_kv = rkv.data();
-  ca.state_gate = rg.data();
-  ca.bias = k.bias.data();
-  ca.norm = k.norm.data();
-  ca.eps = kEps;
-  ca.src = k.src.data();
-  ca.positions = k.positions.data();
-  ca.dst = k.dst.data();
-  ca.n_out = k.n_out();
-  ca.ring_src = k.ring_src.data();
-  ca.ring_dst = k.ring_dst.data();
-  ca.n_ring = k.n_ring();
-  ca.ratio = m;
-  ca.overlap = c;
-  ca.dim = d;
-  ca.rope_dim = k.rd;
-  ca.inv_freq = k.inv_freq.data();
-  ca.attention_scaling = 1.f;
-  ca.pool = pool.data();
-  ca.scratch = scratch.data();
+  const CompressFusedArgs ca =
+      v4::testing::host_args(k, pool.data(), rkv.data(), rg.data(), scratch.data(), kEps, 1.f);
   cpu()->compress_fused(ca);
 
   auto g = gpu_step(k, p);
@@ -254,10 +222,12 @@ std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, ui
   const double ekc = rel_err(kc, k.kc), ezc = rel_err(zc, k.zc);
   const double epool = rel_err(g->pool->host(), pool);
   const double erkv = rel_err(g->rkv->host(), rkv), erg = rel_err(g->rg->host(), rg);
-  std::printf("  m=%d c=%d d=%d D=%lld B=%d %s: kc %.1e zc %.1e pool %.1e ring %.1e / %.1e\n", m,
-              c, d, (long long)D, B,
-              mode == Mode::kGraph ? "graph" : mode == Mode::kComposed ? "composed" : "eager", ekc,
-              ezc, epool, erkv, erg);
+  std::printf("  m=%d c=%d d=%d D=%lld B=%d %s: kc %.1e zc %.1e pool %.1e ring %.1e / %.1e\n", m, c,
+              d, (long long)D, B,
+              mode == Mode::kGraph      ? "graph"
+              : mode == Mode::kComposed ? "composed"
+                                        : "eager",
+              ekc, ezc, epool, erkv, erg);
   EXPECT_LE(ekc, kTol);
   EXPECT_LE(ezc, kTol);
   EXPECT_LE(epool, kTol);
@@ -334,7 +304,8 @@ TEST(CudaCompressProj, RowsBitIdenticalWhateverTheBatch) {
       const size_t half = kcs[i].size() / 2, B = half / size_t(n);
       for (size_t j = 0; j < half; ++j) {
         ASSERT_EQ(kcs[i][j], kcs[0][j]) << "kc B=" << B << " index " << j;
-        ASSERT_EQ(kcs[i][half + j], kcs[0][kcs[0].size() / 2 + j]) << "zc B=" << B << " index " << j;
+        ASSERT_EQ(kcs[i][half + j], kcs[0][kcs[0].size() / 2 + j])
+            << "zc B=" << B << " index " << j;
       }
     }
   }
@@ -357,7 +328,7 @@ TEST(CompressProjPlan, ModelShapes) {
     EXPECT_EQ(p.kslice, 512);
     EXPECT_LE(p.smem, size_t(113 * 1024));  // two CTAs per SM
   }
-  EXPECT_EQ(cuda::plan_compress_proj(100, 4096, 132).ks, 0);  // n % 32 != 0
+  EXPECT_EQ(cuda::plan_compress_proj(100, 4096, 132).ks, 0);   // n % 32 != 0
   EXPECT_EQ(cuda::plan_compress_proj(1024, 4100, 132).ks, 0);  // D % 64 != 0
   // V4-Pro's D = 7168: a plan exists (more than one wave).
   EXPECT_GT(cuda::plan_compress_proj(1024, 7168, 132).ks, 0);

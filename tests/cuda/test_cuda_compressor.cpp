@@ -33,6 +33,7 @@ using cuda::testing::Dev;
 using cuda::testing::rel_err;
 using v4::testing::CompressCase;
 using v4::testing::CompressSlice;
+using v4::testing::random_decode_positions;
 
 constexpr double kTol = 1e-5;
 constexpr float kEps = 1e-6f;
@@ -244,18 +245,6 @@ TEST(CudaCompressor, LongPrefillC128) {
   }
 }
 
-std::vector<int64_t> decode_positions(int B, int m, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int64_t> pos(static_cast<size_t>(B));
-  for (int b = 0; b < B; ++b) {
-    const int u = int(g() % 8);
-    const int64_t base = int64_t(g() % 4000);
-    pos[size_t(b)] = u == 0 ? -1 : u <= 2 ? (base / m + 1) * m - 1 : base;  // pad / close / any
-  }
-  pos[0] = 2 * int64_t(m) - 1;  // at least one closing row with both series
-  return pos;
-}
-
 TEST(CudaCompressor, DecodeMatchesUnfused) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
@@ -263,7 +252,7 @@ TEST(CudaCompressor, DecodeMatchesUnfused) {
     for (int B : {1, 3, 7, 64}) {
       SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d << " B=" << B);
       const uint64_t seed = cuda::testing::test_seed() + B * 31 + r.m;
-      run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(B, r.m, seed), seed),
+      run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, random_decode_positions(B, r.m, seed), seed),
                Mode::kEager, /*expect_one=*/true);
     }
 }
@@ -275,7 +264,7 @@ TEST(CudaCompressor, DecodeUnderGraphCapture) {
   for (Rate r : kRates) {
     SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d);
     const uint64_t seed = cuda::testing::test_seed() + 977 + r.m;
-    run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, decode_positions(64, r.m, seed), seed),
+    run_case(v4::testing::decode_case(r.m, r.c, r.d, 64, random_decode_positions(64, r.m, seed), seed),
              Mode::kGraph, /*expect_one=*/true);
   }
 }
@@ -427,7 +416,7 @@ TEST(CudaCompressor, WidePlanMatchesBaseAndCpu) {
     cases.emplace_back("decode B=1", v4::testing::decode_case(r.m, r.c, r.d, 64,
                                                              {2 * int64_t(r.m) - 1}, seed));
     cases.emplace_back("decode B=64", v4::testing::decode_case(r.m, r.c, r.d, 64,
-                                                              decode_positions(64, r.m, seed), seed + 1));
+                                                              random_decode_positions(64, r.m, seed), seed + 1));
     cases.emplace_back("prefill ring hazard",
                        v4::testing::prefill_case(r.m, r.c, r.d, 64,
                                                  {{0, r.m + 3, L}, {3, 0, L + r.m}, {1, 2 * r.m - 1, L + 1}},

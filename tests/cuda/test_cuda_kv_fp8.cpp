@@ -57,6 +57,7 @@ namespace {
 using cuda::testing::Dev;
 using cuda::testing::rand_int;
 using cuda::testing::randn;
+using v4::testing::random_decode_positions;
 
 std::unique_ptr<Ops> cuda_ops(Precision p) {
   CudaOptions o;
@@ -233,20 +234,6 @@ TEST(CudaKvFp8, CompressFusedFp8PoolWithinOneStepOfCpu) {
   }
 }
 
-/// Decode positions of B rows (−1 = padding; about a quarter close a window; row 0 closes one
-/// with both series).
-std::vector<int64_t> fp8_decode_positions(int B, int m, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int64_t> pos(static_cast<size_t>(B));
-  for (int b = 0; b < B; ++b) {
-    const int u = int(g() % 8);
-    const int64_t base = int64_t(g() % 4000);
-    pos[size_t(b)] = u == 0 ? -1 : u <= 2 ? (base / m + 1) * m - 1 : base;
-  }
-  pos[0] = 2 * int64_t(m) - 1;
-  return pos;
-}
-
 /// One compressor step on the device through CudaOps::compress_fused: pool (pool_dtype, every
 /// byte poisoned first: f32 NaN / fp8 0xAB) and the ring after it.
 struct Fp8StepOut {
@@ -337,7 +324,7 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
                        v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
     cases.emplace_back("decode B=64",
                        v4::testing::decode_case(s.m, s.c, s.d, s.rd,
-                                                fp8_decode_positions(64, s.m, seed), seed + 1));
+                                                random_decode_positions(64, s.m, seed), seed + 1));
     cases.emplace_back("prefill ring hazard",
                        v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
                                                  {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},
@@ -638,7 +625,7 @@ TEST(CudaKvFp8, CompressFusedIndexPoolWithinOneStepOfCpu) {
   const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
   std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
   cases.emplace_back("decode B=64", v4::testing::decode_case(m, c, d, rd,
-                                                             fp8_decode_positions(64, m, seed), seed));
+                                                             random_decode_positions(64, m, seed), seed));
   cases.emplace_back("prefill", v4::testing::prefill_case(m, c, d, rd,
                                                           {{0, 3, 3 * m + 2}, {1, 0, 5 * m + 1}},
                                                           seed + 1));
@@ -710,7 +697,7 @@ TEST(CudaKvFp8, CompressFusedIndexBytesEqualCpuQuantizer) {
                        v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
     cases.emplace_back("decode B=64",
                        v4::testing::decode_case(s.m, s.c, s.d, s.rd,
-                                                fp8_decode_positions(64, s.m, seed), seed + 1));
+                                                random_decode_positions(64, s.m, seed), seed + 1));
     cases.emplace_back("prefill ring hazard",
                        v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
                                                  {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},

@@ -153,6 +153,20 @@ inline CompressCase decode_case(int m, int c, int d, int rd, const std::vector<i
   return k;
 }
 
+/// Decode positions of B rows for decode_case: −1 = padding (1 in 8), a window-closing position
+/// (2 in 8), any position below 4000 otherwise; row 0 closes a window with both series.
+inline std::vector<int64_t> random_decode_positions(int B, int m, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int64_t> pos(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    const int u = int(g() % 8);
+    const int64_t base = int64_t(g() % 4000);
+    pos[size_t(b)] = u == 0 ? -1 : u <= 2 ? (base / m + 1) * m - 1 : base;
+  }
+  pos[0] = 2 * int64_t(m) - 1;
+  return pos;
+}
+
 /// The step in double precision straight from dsv4-model.md §5 (independent of the ops): the
 /// pool and ring contents after it. Windows read the state BEFORE the ring refresh.
 inline void reference_step(const CompressCase& k, float eps, float scaling, std::vector<float>* pool,

@@ -35,6 +35,7 @@
 #include "base/kv_fp8.h"  // kvfp8::dequantize (fp8 KV pools)
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_dec.h"
+#include "ops/cuda/device_util.cuh"  // pdl_wait / pdl_trigger
 #include "ops/cuda/wgmma.cuh"  // variants 7 … 13 (attention_dec_wg.cuh, attention_dec_ws.cuh)
 
 namespace v4::cuda {
@@ -208,17 +209,8 @@ __device__ __forceinline__ int32_t key_row(const ops::AttentionArgs& a, int64_t 
 // Programmatic dependent launch (sm_90): the v2 path launches the combine kernel with
 // programmatic stream serialization; the main kernel triggers at its start (the combine may be
 // scheduled early) and the combine waits (griddepcontrol.wait: the main grid completed, its
-// memory visible) before reading anything. Without the launch attribute both are no-ops.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// memory visible) before reading anything. Without the launch attribute both are no-ops
+// (pdl_wait / pdl_trigger: device_util.cuh).
 
 // ---- per-tile math shared by both kernels (warp = head group hg of 16 heads × dim half) ------
 // qw = qs + (16·hg)·kLdB + 256·half, kw = key tile + 256·half (bf16, row stride kLdB).

@@ -6,22 +6,23 @@
 // rows of one matrix × a K slice of D / ks columns. The x slice (≤ 64 rows, f32 → bf16) sits in
 // shared memory; the weight tile streams through a cp.async ring of 64-column chunks
 // (the first ones issued before the PDL wait; 2–5 stages by token tiles); x loaded right after
-// the wait (≤ 32 rows) or chunk by chunk during the previous chunk's MMA (64 rows). Rows padded by 16 bytes: conflict-free ldmatrix. Warps: min(8, rows/16)
-// m16 tiles × 8/that K parts of each chunk; mma.sync m16n8k16 (A = weights via ldmatrix.x4,
-// B = x rows via ldmatrix.x4 — two n8 token tiles per load), fp32 accumulators for every token
-// tile across all chunks. Partials: the K parts of the CTA folded in order in shared memory,
-// then the cluster's ks CTAs added in rank order through distributed shared memory; CTA `rank`
-// finishes rows/ks rows of the tile and stores them to kc / zc and to the ring rows.
+// the wait (≤ 32 rows) or chunk by chunk during the previous chunk's MMA (64 rows). Rows padded by
+// 16 bytes: conflict-free ldmatrix. Warps: min(8, rows/16) m16 tiles × 8/that K parts of each
+// chunk; mma.sync m16n8k16 (A = weights via ldmatrix.x4, B = x rows via ldmatrix.x4 — two n8 token
+// tiles per load), fp32 accumulators for every token tile across all chunks. Partials: the K parts
+// of the CTA folded in order in shared memory, then the cluster's ks CTAs added in rank order
+// through distributed shared memory; CTA `rank` finishes rows/ks rows of the tile and stores them
+// to kc / zc and to the ring rows.
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <mutex>
 
 #include "ops/cuda/compress_proj.h"
-#include "ops/cuda/wfrag.cuh"
+#include "ops/cuda/device_util.cuh"
 #include "ops/cuda/wformat.cuh"
+#include "ops/cuda/wfrag.cuh"
 
 namespace v4::cuda {
 namespace {
@@ -30,7 +31,7 @@ namespace cg = cooperative_groups;
 using namespace wfrag;  // NOLINT: cp.async, ldmatrix, mma helpers
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
-constexpr int kPad = 8;                  // bf16 of padding per staged row (16 bytes)
+constexpr int kPad = 8;  // bf16 of padding per staged row (16 bytes)
 constexpr int kMaxTok = int(kCompressProjMaxRows);
 // Dynamic shared memory budget: the 227 KiB per block less the kernel's static arrays (ring
 // indices, 512 B) and headroom.
@@ -40,8 +41,10 @@ constexpr size_t kSmemLimit = 226 * 1024;
 constexpr int kChunk = 64;
 // Stages of the weight ring for NT token tiles: as many as ~110 KB of shared memory holds next
 // to the x slice at the 128-row tile (2 CTAs per SM). Timing only: the sums do not depend on it.
-__host__ __device__ constexpr int stages_for(int nt) { return nt >= 8 ? 2 : nt >= 4 ? 4 : 5; }
-constexpr int kTokTiles[] = {2, 4, 8};  // the kernel instances (NT)
+__host__ __device__ constexpr int stages_for(int nt) {
+  return nt >= 8 ? 2 : nt >= 4 ? 4 : 5;
+}
+constexpr int kTokTiles[] = {2, 4, 8};    // the kernel instances (NT)
 constexpr int kChunkRow = kChunk + kPad;  // bf16 per staged weight row
 
 // Shared-memory layout of a plan (rows R, K slice ksl, ks CTAs) for `tok` padded x rows:
@@ -68,37 +71,26 @@ struct ProjArgs {
   int S = 0;
   const uint16_t* w[2] = {nullptr, nullptr};  // bf16 bits of row 0 of W_kv, W_g (row stride K)
   int64_t K = 0;
-  int N = 0;                                  // c·d
-  float* out[2] = {nullptr, nullptr};         // kc, zc [S, N]
-  float* state[2] = {nullptr, nullptr};       // ring kv, gate [rows, N]
+  int N = 0;                             // c·d
+  float* out[2] = {nullptr, nullptr};    // kc, zc [S, N]
+  float* state[2] = {nullptr, nullptr};  // ring kv, gate [rows, N]
   const int32_t* ring_src = nullptr;
   const int32_t* ring_dst = nullptr;
   int n_ring = 0;
 };
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // NT: n8 token tiles (even; NT·8 ≥ S).
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2)
     compress_proj_kernel(ProjArgs a, CompressProjPlan p) {
   extern __shared__ __align__(128) unsigned char proj_smem_raw[];
-  constexpr int TP = NT * 8;            // padded token rows
+  constexpr int TP = NT * 8;  // padded token rows
   constexpr int kStages = stages_for(NT);
   __shared__ int32_t s_rsrc[kMaxTok], s_rdst[kMaxTok];
   const int R = p.rows, KS = p.ks, KSL = p.kslice, RE = KSL + kPad, NC = KSL / kChunk;
   const ProjSmem lay = proj_smem(R, KSL, KS, TP);
-  uint16_t* sX = reinterpret_cast<uint16_t*>(proj_smem_raw);               // [TP][RE]
-  uint16_t* sW = reinterpret_cast<uint16_t*>(proj_smem_raw + lay.ring);    // [kStages][R][kChunkRow]
+  uint16_t* sX = reinterpret_cast<uint16_t*>(proj_smem_raw);             // [TP][RE]
+  uint16_t* sW = reinterpret_cast<uint16_t*>(proj_smem_raw + lay.ring);  // [kStages][R][kChunkRow]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank());
@@ -145,7 +137,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int i = tid + u * kThreads, t = i / (kChunk / 4), q = i - t * (kChunk / 4);
       xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (t < a.S)
-        xr[u] = __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t) * a.ldx + k0 + c * kChunk) + q);
+        xr[u] =
+            __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t) * a.ldx + k0 + c * kChunk) + q);
     }
   };
   auto store_x = [&](int c) {  // registers into sX (kXByChunk)
@@ -210,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     if constexpr (kXByChunk)
       if (c + 1 < NC) store_x(c + 1);  // read from the next iteration on (after its barrier)
-    __syncthreads();  // every warp is done with this stage
+    __syncthreads();                   // every warp is done with this stage
     issue_w(c + kStages);
   }
   cp_async_wait<0>();  // only empty groups remain
@@ -263,7 +256,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = tid; i < a.n_ring * rpc; i += kThreads) {
     const int e = i / rpc, lr = i - e * rpc;
     const int dst = s_rdst[e], src = s_rsrc[e];
-    if (dst >= 0 && src >= 0 && src < a.S) state[int64_t(dst) * a.N + col0 + lr] = sV[lr * TP + src];
+    if (dst >= 0 && src >= 0 && src < a.S)
+      state[int64_t(dst) * a.N + col0 + lr] = sV[lr * TP + src];
   }
 }
 
@@ -277,7 +271,9 @@ Kern kernel_for(int64_t S) {
 
 std::atomic<int64_t> g_launches{0};
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
 
 }  // namespace
 
@@ -317,8 +313,8 @@ bool compress_proj_supported(const ops::CompressProjectArgs& a, int num_sms) {
            w.rows_total >= w.row0 + w.n;
   };
   if (a.n_fresh < 1 || a.n_fresh > kCompressProjMaxRows || s.n_ring > kCompressProjMaxRows ||
-      !s.ring_disjoint || !view_ok(a.wkv) || !view_ok(a.wgate) || a.wkv.k != a.wgate.k ||
-      !a.x || !aligned16(a.x) || a.ldx % 4 != 0 || a.ldx < a.wkv.k || !a.kc || !a.zc ||
+      !s.ring_disjoint || !view_ok(a.wkv) || !view_ok(a.wgate) || a.wkv.k != a.wgate.k || !a.x ||
+      !aligned16(a.x) || a.ldx % 4 != 0 || a.ldx < a.wkv.k || !a.kc || !a.zc ||
       (s.n_ring > 0 && (!s.state_kv || !s.state_gate)))
     return false;
   return plan_compress_proj(n, a.wkv.k, num_sms).ks > 0;
@@ -369,12 +365,14 @@ Status compress_proj(const ops::CompressProjectArgs& a, int num_sms, cudaStream_
   return Status::Ok();
 }
 
-int64_t compress_proj_launches() { return g_launches.load(std::memory_order_relaxed); }
+int64_t compress_proj_launches() {
+  return g_launches.load(std::memory_order_relaxed);
+}
 
 Status compress_proj_prepare() {
   for (Kern f : {compress_proj_kernel<2>, compress_proj_kernel<4>, compress_proj_kernel<8>})
-    V4_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(kSmemLimit)));
+    V4_CUDA_TRY(
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)));
   return Status::Ok();
 }
 

@@ -20,11 +20,11 @@ namespace v4::cuda {
 /// of 64); grid = tiles · ks CTAs of 256 threads (the x slice sits in shared memory, the weight
 /// tile streams through a 2-stage ring of 64-column chunks; V4-Flash's shapes fit 2 CTAs per SM).
 struct CompressProjPlan {
-  int ks = 0;         // CTAs per cluster (K split); 0 = no plan (the caller composes instead)
-  int rows = 0;       // weight rows per tile (16, 32, 64 or 128)
-  int kslice = 0;     // D / ks
-  int tiles = 0;      // 2·c·d / rows
-  size_t smem = 0;    // dynamic shared memory bytes (the largest of the 16 / 32 / 64-row instances)
+  int ks = 0;       // CTAs per cluster (K split); 0 = no plan (the caller composes instead)
+  int rows = 0;     // weight rows per tile (16, 32, 64 or 128)
+  int kslice = 0;   // D / ks
+  int tiles = 0;    // 2·c·d / rows
+  size_t smem = 0;  // dynamic shared memory bytes (the largest of the 16 / 32 / 64-row instances)
 };
 
 /// Most x rows one compress_proj call takes (decode batches up to 64 sequences).

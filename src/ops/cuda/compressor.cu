@@ -30,17 +30,7 @@ namespace cg = cooperative_groups;
 // completes before its predecessor (the dependency stays transitive). `pdl_trigger`, right after
 // the wait, lets the next PDL-launched kernel be scheduled once every CTA of this grid has passed
 // its wait (so the next kernel's pre-wait loads never race with this one's predecessor); that
-// kernel still waits for this grid's completion before touching the data.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// kernel still waits for this grid's completion before touching the data (device_util.cuh).
 
 // Stores VEC finished values o[0..VEC) at value index i of the pool (i % VEC == 0) in the pool's
 // element type (a.pool_dtype: f32, or bf16 rounded to nearest even as the CPU backend does).

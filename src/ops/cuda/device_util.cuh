@@ -7,6 +7,23 @@
 
 namespace v4::cuda {
 
+// ---- Programmatic dependent launch (sm_90; no-ops on older targets and without the launch
+// attribute cudaLaunchAttributeProgrammaticStreamSerialization) ------------------------------
+/// griddepcontrol.wait: blocks until the previous kernel of the stream has completed and its
+/// memory is visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/// griddepcontrol.launch_dependents: the next PDL-launched kernel may be scheduled once every CTA
+/// of this grid has executed it (or exited).
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- KV pool element access (--kv-cache-dtype; base/dtype.h KvDtype) ---------------------------
 /// Value i of a KV pool of element type `dt` as f32 (bf16 → f32 is exact: bits << 16).
 __device__ __forceinline__ float kv_load(const void* pool, KvDtype dt, int64_t i) {
