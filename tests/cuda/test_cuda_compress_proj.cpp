@@ -187,8 +187,10 @@ struct ProjEnv {
 enum class Mode { kEager, kGraph, kComposed };
 
 // One decode step of shape (m, c, d) over D input columns with B rows: the GPU (mode) against
-// the references. Returns the GPU's kc (for the invariance test).
-std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, uint64_t seed) {
+// the references. `disjoint`: the step's ring_disjoint (false, or B > 64: compress_proj must
+// decline and the composition run). Returns the GPU's kc.
+std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, uint64_t seed,
+                            bool disjoint = true) {
   CompressCase k = v4::testing::decode_case(m, c, d, 64, random_decode_positions(B, m, seed), seed);
   const ProjInputs p = make_inputs(B, D, k.width(), seed + 1);
   k.kc = host_product(p, p.wkv);
@@ -201,9 +203,11 @@ std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, ui
   cpu()->compress_fused(ca);
 
   auto g = gpu_step(k, p);
+  g->args.step.ring_disjoint = disjoint;
+  const bool fused = disjoint && B <= cuda::kCompressProjMaxRows;
   int sms = 0;
   EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  EXPECT_TRUE(cuda::compress_proj_supported(g->args, sms));
+  EXPECT_EQ(cuda::compress_proj_supported(g->args, sms), fused);
   const int64_t launches0 = cuda::compress_proj_launches();
   if (mode == Mode::kGraph) {
     std::unique_ptr<Graph> gr = gpu()->capture([&] { gpu()->compress_project(g->args); });
@@ -217,7 +221,7 @@ std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, ui
   }
   gpu()->synchronize();
   // The fused path ran (once: eager or one graph capture), or not at all when composed.
-  EXPECT_EQ(cuda::compress_proj_launches() - launches0, mode == Mode::kComposed ? 0 : 1);
+  EXPECT_EQ(cuda::compress_proj_launches() - launches0, fused && mode != Mode::kComposed ? 1 : 0);
   const auto kc = g->kc->host(), zc = g->zc->host();
   const double ekc = rel_err(kc, k.kc), ezc = rel_err(zc, k.zc);
   const double epool = rel_err(g->pool->host(), pool);
@@ -245,7 +249,9 @@ TEST(CudaCompressProj, DecodeMatchesReferences) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
   for (Shape s : kShapes)
-    for (int64_t D : {int64_t(4096), int64_t(1024)})
+    // D 4096 (V4-Flash) and 1024: clusters of 8; 1280: clusters of 4 (320-column slices, 16 rows
+    // a rank); 192: one CTA a cluster, 3 chunks.
+    for (int64_t D : {int64_t(4096), int64_t(1024), int64_t(1280), int64_t(192)})
       for (int B : {1, 3, 17, 64}) {
         SCOPED_TRACE(::testing::Message()
                      << "m=" << s.m << " d=" << s.d << " D=" << D << " B=" << B);
@@ -278,7 +284,7 @@ TEST(CudaCompressProj, RowsBitIdenticalWhateverTheBatch) {
     Dev<float> x(p.x);
     Dev<uint16_t> wkv(p.wkv_bits), wg(p.wg_bits);
     std::vector<std::vector<float>> kcs;
-    for (int B : {64, 1, 9, 33}) {
+    for (int B : {64, 1, 9, 17, 33}) {  // every instance: 16, 32 and 64 token rows
       Dev<float> kc(size_t(B) * n), zc(size_t(B) * n);
       CompressProjectArgs a;
       a.x = x.p;
@@ -308,6 +314,59 @@ TEST(CudaCompressProj, RowsBitIdenticalWhateverTheBatch) {
             << "zc B=" << B << " index " << j;
       }
     }
+  }
+}
+
+// Steps compress_proj must decline run the composition, with the same results: more than 64
+// rows, and a step without ring_disjoint (the ring would be written before the pooling reads
+// the state).
+TEST(CudaCompressProj, UnsupportedStepsTakeTheComposition) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  const uint64_t seed = cuda::testing::test_seed() + 515;
+  run_step(4, 2, 512, 1024, 65, Mode::kEager, seed);
+  run_step(4, 2, 512, 1024, 8, Mode::kEager, seed + 1, /*disjoint=*/false);
+  run_step(128, 1, 512, 1024, 8, Mode::kEager, seed + 2, /*disjoint=*/false);
+}
+
+// x rows with a stride (ldx = D + 4) from an offset pointer, and weight views that start at a row
+// offset of shared storage (row0 ≠ 0, as views of a larger tensor): kc / zc against the host
+// product.
+TEST(CudaCompressProj, StridedRowsAndViewOffsets) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  const int64_t D = 1024, n = 1024, ldx = D + 4, pad = 32;
+  for (int B : {1, 20, 64}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << B);
+    const ProjInputs p = make_inputs(B, D, n, cuda::testing::test_seed() + 77 + B);
+    std::vector<float> xs(size_t(4 + B * ldx), 1e30f);  // padding that must never be read
+    for (int t = 0; t < B; ++t) std::copy_n(p.x.begin() + t * D, D, xs.begin() + 4 + t * ldx);
+    std::vector<uint16_t> w(size_t((2 * n + pad) * D), 0x7fc0);  // NaN rows around the views
+    std::copy(p.wkv_bits.begin(), p.wkv_bits.end(), w.begin() + pad * D);
+    std::copy(p.wg_bits.begin(), p.wg_bits.end(), w.begin() + (pad + n) * D);
+    Dev<float> x(xs), kc(size_t(B) * n), zc(size_t(B) * n);
+    Dev<uint16_t> wd(w);
+    CompressProjectArgs a;
+    a.x = x.p + 4;
+    a.ldx = ldx;
+    a.n_fresh = B;
+    a.wkv = bf16_view(wd.p, 2 * n + pad, D).rows(pad, n);
+    a.wgate = bf16_view(wd.p, 2 * n + pad, D).rows(pad + n, n);
+    a.kc = kc.p;
+    a.zc = zc.p;
+    a.step.ratio = 4;
+    a.step.overlap = 2;
+    a.step.dim = 512;
+    a.step.ring_disjoint = true;
+    int sms = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    EXPECT_TRUE(cuda::compress_proj_supported(a, sms));
+    const int64_t launches0 = cuda::compress_proj_launches();
+    gpu()->compress_project(a);
+    gpu()->synchronize();
+    EXPECT_EQ(cuda::compress_proj_launches() - launches0, 1);
+    EXPECT_LE(rel_err(kc.host(), host_product(p, p.wkv)), kTol);
+    EXPECT_LE(rel_err(zc.host(), host_product(p, p.wg)), kTol);
   }
 }
 

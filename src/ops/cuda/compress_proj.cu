@@ -18,6 +18,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "ops/cuda/compress_proj.h"
 #include "ops/cuda/device_util.cuh"
@@ -285,7 +288,7 @@ CompressProjPlan plan_compress_proj(int64_t n, int64_t k, int num_sms) {
     const int64_t ksl = k / ks;
     // Smallest tile that keeps the grid within one wave; ≥ 32 rows (a warp's K part of a chunk
     // is ≥ one k16 step).
-    for (int R : {32, 64, 128}) {
+    for (int R : {32, 64, 128}) {  // ≥ 32: a warp's K part of a chunk (64 / wk) is ≥ one k16 step
       if (n % R != 0 || R % ks != 0) continue;
       size_t smem = 0;
       for (int nt : kTokTiles) smem = std::max(smem, proj_smem(R, ksl, ks, nt * 8).total);
@@ -304,6 +307,22 @@ CompressProjPlan plan_compress_proj(int64_t n, int64_t k, int num_sms) {
   return fallback;
 }
 
+namespace {
+// Whether a cluster of plan `p` can be placed at all on this device (a partitioned device may not
+// hold ks CTAs of p.smem in one GPC): cudaOccupancyMaxActiveClusters > 0, cached per plan.
+bool plan_fits_clusters(const CompressProjPlan& p) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, size_t>, bool> cache;
+  const auto key = std::make_tuple(p.ks, p.rows, p.kslice, p.smem);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const bool ok = compress_proj_max_active_clusters(p) > 0;
+  cache.emplace(key, ok);
+  return ok;
+}
+}  // namespace
+
 bool compress_proj_supported(const ops::CompressProjectArgs& a, int num_sms) {
   const ops::CompressFusedArgs& s = a.step;
   const int64_t n = int64_t(s.overlap) * s.dim;
@@ -312,12 +331,20 @@ bool compress_proj_supported(const ops::CompressProjectArgs& a, int num_sms) {
            w.data != nullptr && aligned16(w.data) && (w.k * 2) % 16 == 0 &&
            w.rows_total >= w.row0 + w.n;
   };
-  if (a.n_fresh < 1 || a.n_fresh > kCompressProjMaxRows || s.n_ring > kCompressProjMaxRows ||
-      !s.ring_disjoint || !view_ok(a.wkv) || !view_ok(a.wgate) || a.wkv.k != a.wgate.k || !a.x ||
-      !aligned16(a.x) || a.ldx % 4 != 0 || a.ldx < a.wkv.k || !a.kc || !a.zc ||
-      (s.n_ring > 0 && (!s.state_kv || !s.state_gate)))
+  // The step's own checks (those compress_fused would refuse after kernel 1 already wrote kc / zc
+  // and the ring): a step the pooling kernel refuses takes the composed path, which fails first.
+  const bool step_ok = s.dim >= 1 && s.ratio >= 1 && (s.overlap == 1 || s.overlap == 2) &&
+                       s.rope_dim >= 0 && s.rope_dim % 2 == 0 && s.rope_dim <= s.dim &&
+                       s.n_out >= 0 && s.n_ring >= 0 &&
+                       (s.pool_dtype == KvDtype::kF32 || s.pool_dtype == KvDtype::kBf16 ||
+                        s.pool_dtype == KvDtype::kFp8 || s.pool_dtype == KvDtype::kFp8Index);
+  if (!step_ok || a.n_fresh < 1 || a.n_fresh > kCompressProjMaxRows ||
+      s.n_ring > kCompressProjMaxRows || !s.ring_disjoint || !view_ok(a.wkv) || !view_ok(a.wgate) ||
+      a.wkv.k != a.wgate.k || !a.x || !aligned16(a.x) || a.ldx % 4 != 0 || a.ldx < a.wkv.k ||
+      !a.kc || !a.zc || (s.n_ring > 0 && (!s.state_kv || !s.state_gate)))
     return false;
-  return plan_compress_proj(n, a.wkv.k, num_sms).ks > 0;
+  const CompressProjPlan p = plan_compress_proj(n, a.wkv.k, num_sms);
+  return p.ks > 0 && plan_fits_clusters(p);
 }
 
 Status compress_proj(const ops::CompressProjectArgs& a, int num_sms, cudaStream_t stream) {

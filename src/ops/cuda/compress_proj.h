@@ -21,7 +21,7 @@ namespace v4::cuda {
 /// tile streams through a 2-stage ring of 64-column chunks; V4-Flash's shapes fit 2 CTAs per SM).
 struct CompressProjPlan {
   int ks = 0;       // CTAs per cluster (K split); 0 = no plan (the caller composes instead)
-  int rows = 0;     // weight rows per tile (16, 32, 64 or 128)
+  int rows = 0;     // weight rows per tile (32, 64 or 128)
   int kslice = 0;   // D / ks
   int tiles = 0;    // 2·c·d / rows
   size_t smem = 0;  // dynamic shared memory bytes (the largest of the 16 / 32 / 64-row instances)
@@ -38,8 +38,9 @@ CompressProjPlan plan_compress_proj(int64_t n, int64_t k, int num_sms);
 
 /// Whether compress_proj takes these arguments: both views BF16 [c·d, D] with one expert and
 /// 16-byte aligned rows, x rows 16-byte aligned (x and ldx), 1 ≤ n_fresh ≤ kCompressProjMaxRows,
-/// step.ring_disjoint (the ring rows are written before the pooling reads the state), every
-/// ring_src < n_fresh implied by the op contract, and a plan (plan_compress_proj).
+/// step.ring_disjoint (the ring rows are written before the pooling reads the state), n_ring ≤ 64,
+/// a step compress_fused accepts (dim, ratio, overlap, rope_dim, pool type), a plan
+/// (plan_compress_proj) and a device that can place its clusters (cached occupancy query).
 bool compress_proj_supported(const ops::CompressProjectArgs& a, int num_sms);
 
 /// Kc, Zc and the ring refresh of `a` (Ops::compress_project's first half) on `stream`:
