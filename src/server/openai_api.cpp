@@ -926,11 +926,17 @@ void OpenAiApi::handle_tokenize(const HttpRequest& req, ResponseWriter& w) {
   } else {
     return send_error(req, w, bad_request("expected 'prompt' (a string) or 'messages' (an array)", "prompt"));
   }
+  bool token_strs = false;
+  if (b.contains("return_token_strs") && !b["return_token_strs"].is_null()) {
+    if (!b["return_token_strs"].is_boolean())
+      return send_error(req, w, bad_request("'return_token_strs' must be a boolean", "return_token_strs"));
+    token_strs = b["return_token_strs"].get<bool>();
+  }
   Json out = Json::object();
   out["count"] = tokens.size();
   out["max_model_len"] = engine_->max_context();
   out["tokens"] = tokens;
-  if (b.value("return_token_strs", false)) {
+  if (token_strs) {
     Json strs = Json::array();
     for (auto t : tokens) {
       auto s = tok_.id_to_token(t);

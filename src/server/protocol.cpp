@@ -592,7 +592,7 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   // response_format constrains the output on vLLM's completions; this server can only instruct a
   // chat prompt (chat-encoding §2.8), so on completions anything but "text" is refused.
   if (const Json* rf = rd.find("response_format"); rf && !rf->is_null() &&
-      !(rf->is_object() && rf->value("type", std::string()) == "text"))
+      !(rf->is_object() && rf->contains("type") && (*rf)["type"] == "text"))
     return rd.fail("'response_format' is not supported on /v1/completions (no constrained "
                    "decoding; /v1/chat/completions puts it in the prompt)",
                    "response_format");
