@@ -272,9 +272,28 @@ void Session::on_header(beast::error_code ec) {
     return;
   }
   stream_.expires_after(server_->opt.body_timeout);
-  http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code e, size_t) {
-    self->on_body(e);
-  });
+  auto read_body = [self = shared_from_this()] {
+    http::async_read(self->stream_, self->buffer_, *self->parser_,
+                     [self](beast::error_code e, size_t) { self->on_body(e); });
+  };
+  // "Expect: 100-continue" (curl sends it for bodies over 1 MiB, then waits 1 s for the interim
+  // answer before sending anyway): say go ahead now. The body is not here yet, and an oversize
+  // one was answered with 413 above (RFC 9110 §10.1.1).
+  const auto& head = parser_->get();
+  if (head.version() == 11 && buffer_.size() == 0 &&
+      beast::iequals(head[http::field::expect], "100-continue")) {
+    static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    net::async_write(stream_, net::buffer(kContinue),
+                     [self = shared_from_this(), read_body](beast::error_code e, size_t) {
+                       if (e) {
+                         self->close_now();
+                         return;
+                       }
+                       read_body();
+                     });
+    return;
+  }
+  read_body();
 }
 
 void Session::on_body(beast::error_code ec) {
