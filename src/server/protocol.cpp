@@ -81,6 +81,29 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
     *err = bad_request("request body is not valid UTF-8");
     return Status(ErrorCode::kInvalidArgument, err->message);
   }
+  // Nesting depth outside strings (a malformed body fails in the parser below, with its position).
+  {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (char ch : body) {
+      if (in_string) {
+        if (escaped) escaped = false;
+        else if (ch == '\\') escaped = true;
+        else if (ch == '"') in_string = false;
+      } else if (ch == '"') {
+        in_string = true;
+      } else if (ch == '[' || ch == '{') {
+        if (++depth > kMaxJsonDepth) {
+          *err = bad_request(fmt::format("request body nests arrays / objects more than {} levels "
+                                         "deep",
+                                         kMaxJsonDepth));
+          return Status(ErrorCode::kInvalidArgument, err->message);
+        }
+      } else if (ch == ']' || ch == '}') {
+        --depth;
+      }
+    }
+  }
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Parse again with exceptions for the position in the message.

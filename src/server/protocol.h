@@ -110,6 +110,10 @@ struct ValidationLimits {
 };
 
 /// Parses the body text as JSON (an object). Errors: 400 on bad JSON / invalid UTF-8 / non-object.
+/// Bodies nesting arrays / objects deeper than this are refused (400) before parsing: copying,
+/// dumping and encoding a JSON value recurse once per level, so a body of a few hundred KiB of
+/// `{"a":{"a":...}}` would otherwise overflow an HTTP thread's stack and crash the server.
+inline constexpr int kMaxJsonDepth = 512;
 Result<Json> parse_json_body(std::string_view body, ApiError* err);
 
 /// Validates a /v1/chat/completions body. Returns false and fills `err` on a bad request.

@@ -893,6 +893,23 @@ TEST_F(ApiTest, WrongTypedFieldsAre400NotInternalErrors) {
   EXPECT_TRUE(http(port_, "POST", "/tokenize", R"({"prompt":"hi","return_token_strs":null})").j()["token_strs"].is_null());
 }
 
+// A small body nesting 100,000 levels (here in a tool's parameters) is a 400, and the server keeps
+// serving: it used to overflow the HTTP thread's stack and crash the process.
+TEST_F(ApiTest, DeeplyNestedJsonIsRefusedNotACrash) {
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += R"({"a":)";
+  nested += "1" + std::string(100000, '}');
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+      nested + "}}]}";
+  for (const char* path : {"/v1/chat/completions", "/tokenize"}) {
+    auto r = http(port_, "POST", path, body);
+    EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
+    EXPECT_EQ(r.j()["error"]["type"], "invalid_request_error") << r.body.substr(0, 300);
+  }
+  EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
+}
+
 TEST_F(ApiTest, ErrorsAreOpenAiShaped) {
   struct Case {
     std::string method, path, body;
