@@ -125,6 +125,34 @@ TEST_F(HttpTest, ChunkedStreamFromAnotherThread) {
   for (auto& t : threads) t.join();
 }
 
+// An HTTP/1.0 request cannot read chunked encoding: its stream comes without
+// Transfer-Encoding, unframed, and ends with the connection closing.
+TEST_F(HttpTest, Http10StreamIsNotChunked) {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  start([&](HttpRequest, std::shared_ptr<ResponseWriter> w) {
+    std::lock_guard<std::mutex> lk(mu);
+    threads.emplace_back([w] {
+      w->start_stream(200, "text/event-stream");
+      w->write("data: 0\n\n");
+      w->write("data: [DONE]\n\n");
+      w->end();
+    });
+  });
+  for (const char* conn : {"", "Connection: keep-alive\r\n"}) {
+    Client c(server_->port());
+    c.send(std::string("GET /s HTTP/1.0\r\n") + conn + "\r\n");
+    bool closed = false;
+    std::string r = c.read("", 3000ms, &closed);
+    EXPECT_TRUE(closed) << r;
+    EXPECT_EQ(r.find("Transfer-Encoding"), std::string::npos) << r;
+    EXPECT_NE(r.find("Connection: close\r\n"), std::string::npos) << r;
+    EXPECT_EQ(r.substr(r.find("\r\n\r\n") + 4), "data: 0\n\ndata: [DONE]\n\n") << r;
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  for (auto& t : threads) t.join();
+}
+
 TEST_F(HttpTest, OversizeBodyGets413) {
   std::atomic<int> calls{0};
   HttpOptions o;
