@@ -1046,7 +1046,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                                           room == 0 ? (chat ? "messages" : "prompt") : "max_tokens"));
   }
 
-  // Choices.
+  // Choices. One stop list for all of them (it may be MBs; parse_common refused empty strings).
+  const auto stops = std::make_shared<const std::vector<std::string>>(r.stop);
   const int n = r.n;
   gen->choices.resize(prompts.size() * size_t(n));
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
@@ -1056,7 +1057,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       text::DetokenizerOptions dopt;
       dopt.skip_special_tokens = chat ? false : r.skip_special_tokens;
       c.detok.emplace(tok_, dopt);
-      c.stop.emplace(r.stop, r.include_stop_str_in_output);
+      c.stop.emplace(stops, r.include_stop_str_in_output);
       if (chat) {
         text::OutputParserOptions popt;
         popt.start = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;

@@ -644,13 +644,22 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   return true;
 }
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
-    : stops_(std::move(stops)), include_stop_(include_stop) {
-  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+namespace {
+std::shared_ptr<const std::vector<std::string>> non_empty(std::vector<std::string> stops) {
+  stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
+  return std::make_shared<const std::vector<std::string>>(std::move(stops));
 }
+}  // namespace
+
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : StopMatcher(non_empty(std::move(stops)), include_stop) {}
+
+StopMatcher::StopMatcher(std::shared_ptr<const std::vector<std::string>> stops, bool include_stop)
+    : stops_list_(std::move(stops)), include_stop_(include_stop) {}
 
 std::string StopMatcher::push(std::string_view delta) {
   if (stopped_) return {};
+  const std::vector<std::string>& stops_ = *stops_list_;
   if (stops_.empty()) return std::string(delta);
   held_.append(delta);
   // Earliest complete match wins (ties: the longest stop string).
