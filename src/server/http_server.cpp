@@ -115,6 +115,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   // Per-request state (strand only).
   std::string method_, path_;
   bool keep_alive_ = true;
+  bool http10_ = false;         // an HTTP/1.0 request: no chunked encoding in its response
   bool in_request_ = false;     // a request is dispatched and its response not finished
   bool streaming_ = false;
   bool probing_ = false;        // raw async_read_some in flight to detect disconnects
@@ -272,9 +273,28 @@ void Session::on_header(beast::error_code ec) {
     return;
   }
   stream_.expires_after(server_->opt.body_timeout);
-  http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code e, size_t) {
-    self->on_body(e);
-  });
+  auto read_body = [self = shared_from_this()] {
+    http::async_read(self->stream_, self->buffer_, *self->parser_,
+                     [self](beast::error_code e, size_t) { self->on_body(e); });
+  };
+  // "Expect: 100-continue" (curl sends it for bodies over 1 MiB, then waits 1 s for the interim
+  // answer before sending anyway): say go ahead now. The body is not here yet, and an oversize
+  // one was answered with 413 above (RFC 9110 §10.1.1).
+  const auto& head = parser_->get();
+  if (head.version() == 11 && buffer_.size() == 0 &&
+      beast::iequals(head[http::field::expect], "100-continue")) {
+    static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    net::async_write(stream_, net::buffer(kContinue),
+                     [self = shared_from_this(), read_body](beast::error_code e, size_t) {
+                       if (e) {
+                         self->close_now();
+                         return;
+                       }
+                       read_body();
+                     });
+    return;
+  }
+  read_body();
 }
 
 void Session::on_body(beast::error_code ec) {
@@ -317,6 +337,7 @@ void Session::dispatch() {
   req.body = std::move(msg.body());
   req.remote = remote_;
   keep_alive_ = msg.keep_alive();
+  http10_ = msg.version() < 11;
   method_ = req.method;
   path_ = req.path;
   status_ = 0;
@@ -415,9 +436,13 @@ void Session::start_stream(int status, std::string content_type) {
     if (self->closed_ || !self->in_request_ || self->response_done_ || self->streaming_) return;
     self->status_ = status;
     self->streaming_ = true;
+    // HTTP/1.0 has no chunked encoding (RFC 9112 §6.1: not to be sent to a 1.0 request): the
+    // body is written as is and ends when the connection closes.
+    if (self->http10_) self->keep_alive_ = false;
     std::string head = fmt::format("HTTP/1.1 {} {}\r\nServer: v4serve\r\nContent-Type: {}\r\n"
-                                   "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n",
-                                   status, http_reason(status), ct);
+                                   "Cache-Control: no-cache\r\n{}",
+                                   status, http_reason(status), ct,
+                                   self->http10_ ? "" : "Transfer-Encoding: chunked\r\n");
     if (!self->keep_alive_) head += "Connection: close\r\n";
     head += "\r\n";
     self->enqueue(std::move(head), false);
@@ -428,6 +453,10 @@ void Session::write(std::string chunk) {
   if (chunk.empty()) return;
   net::dispatch(stream_.get_executor(), [self = shared_from_this(), chunk = std::move(chunk)] {
     if (self->closed_ || !self->streaming_ || self->response_done_) return;
+    if (self->http10_) {
+      self->enqueue(std::move(chunk), false);
+      return;
+    }
     std::string framed = fmt::format("{:x}\r\n", chunk.size());
     framed += chunk;
     framed += "\r\n";
@@ -438,7 +467,7 @@ void Session::write(std::string chunk) {
 void Session::end() {
   net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
     if (self->closed_ || !self->streaming_ || self->response_done_) return;
-    self->enqueue("0\r\n\r\n", true);
+    self->enqueue(self->http10_ ? "" : "0\r\n\r\n", true);
   });
 }
 

@@ -926,11 +926,17 @@ void OpenAiApi::handle_tokenize(const HttpRequest& req, ResponseWriter& w) {
   } else {
     return send_error(req, w, bad_request("expected 'prompt' (a string) or 'messages' (an array)", "prompt"));
   }
+  bool token_strs = false;
+  if (b.contains("return_token_strs") && !b["return_token_strs"].is_null()) {
+    if (!b["return_token_strs"].is_boolean())
+      return send_error(req, w, bad_request("'return_token_strs' must be a boolean", "return_token_strs"));
+    token_strs = b["return_token_strs"].get<bool>();
+  }
   Json out = Json::object();
   out["count"] = tokens.size();
   out["max_model_len"] = engine_->max_context();
   out["tokens"] = tokens;
-  if (b.value("return_token_strs", false)) {
+  if (token_strs) {
     Json strs = Json::array();
     for (auto t : tokens) {
       auto s = tok_.id_to_token(t);
@@ -1040,7 +1046,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                                           room == 0 ? (chat ? "messages" : "prompt") : "max_tokens"));
   }
 
-  // Choices.
+  // Choices. One stop list for all of them (it may be MBs; parse_common refused empty strings).
+  const auto stops = std::make_shared<const std::vector<std::string>>(r.stop);
   const int n = r.n;
   gen->choices.resize(prompts.size() * size_t(n));
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
@@ -1050,7 +1057,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       text::DetokenizerOptions dopt;
       dopt.skip_special_tokens = chat ? false : r.skip_special_tokens;
       c.detok.emplace(tok_, dopt);
-      c.stop.emplace(r.stop, r.include_stop_str_in_output);
+      c.stop.emplace(stops, r.include_stop_str_in_output);
       if (chat) {
         text::OutputParserOptions popt;
         popt.start = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;

@@ -81,6 +81,29 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
     *err = bad_request("request body is not valid UTF-8");
     return Status(ErrorCode::kInvalidArgument, err->message);
   }
+  // Nesting depth outside strings (a malformed body fails in the parser below, with its position).
+  {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (char ch : body) {
+      if (in_string) {
+        if (escaped) escaped = false;
+        else if (ch == '\\') escaped = true;
+        else if (ch == '"') in_string = false;
+      } else if (ch == '"') {
+        in_string = true;
+      } else if (ch == '[' || ch == '{') {
+        if (++depth > kMaxJsonDepth) {
+          *err = bad_request(fmt::format("request body nests arrays / objects more than {} levels "
+                                         "deep",
+                                         kMaxJsonDepth));
+          return Status(ErrorCode::kInvalidArgument, err->message);
+        }
+      } else if (ch == ']' || ch == '}') {
+        --depth;
+      }
+    }
+  }
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Parse again with exceptions for the position in the message.
@@ -592,7 +615,7 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   // response_format constrains the output on vLLM's completions; this server can only instruct a
   // chat prompt (chat-encoding §2.8), so on completions anything but "text" is refused.
   if (const Json* rf = rd.find("response_format"); rf && !rf->is_null() &&
-      !(rf->is_object() && rf->value("type", std::string()) == "text"))
+      !(rf->is_object() && rf->contains("type") && (*rf)["type"] == "text"))
     return rd.fail("'response_format' is not supported on /v1/completions (no constrained "
                    "decoding; /v1/chat/completions puts it in the prompt)",
                    "response_format");
@@ -621,13 +644,22 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   return true;
 }
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
-    : stops_(std::move(stops)), include_stop_(include_stop) {
-  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+namespace {
+std::shared_ptr<const std::vector<std::string>> non_empty(std::vector<std::string> stops) {
+  stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
+  return std::make_shared<const std::vector<std::string>>(std::move(stops));
 }
+}  // namespace
+
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : StopMatcher(non_empty(std::move(stops)), include_stop) {}
+
+StopMatcher::StopMatcher(std::shared_ptr<const std::vector<std::string>> stops, bool include_stop)
+    : stops_list_(std::move(stops)), include_stop_(include_stop) {}
 
 std::string StopMatcher::push(std::string_view delta) {
   if (stopped_) return {};
+  const std::vector<std::string>& stops_ = *stops_list_;
   if (stops_.empty()) return std::string(delta);
   held_.append(delta);
   // Earliest complete match wins (ties: the longest stop string).

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,6 +111,10 @@ struct ValidationLimits {
 };
 
 /// Parses the body text as JSON (an object). Errors: 400 on bad JSON / invalid UTF-8 / non-object.
+/// Bodies nesting arrays / objects deeper than this are refused (400) before parsing: copying,
+/// dumping and encoding a JSON value recurse once per level, so a body of a few hundred KiB of
+/// `{"a":{"a":...}}` would otherwise overflow an HTTP thread's stack and crash the server.
+inline constexpr int kMaxJsonDepth = 512;
 Result<Json> parse_json_body(std::string_view body, ApiError* err);
 
 /// Validates a /v1/chat/completions body. Returns false and fills `err` on a bad request.
@@ -125,6 +130,9 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
 class StopMatcher {
  public:
   explicit StopMatcher(std::vector<std::string> stops, bool include_stop = false);
+  /// Shares one list among the n choices of a request (stop strings may total MBs: one copy per
+  /// choice turned a 32 MiB body with n = 128 into GBs). Empty strings must already be removed.
+  StopMatcher(std::shared_ptr<const std::vector<std::string>> stops, bool include_stop);
   /// Appends `delta`; returns the newly safe text. After a match, `stopped()` is true and the
   /// returned text ends right before the stop string (or after it with include_stop).
   std::string push(std::string_view delta);
@@ -137,7 +145,7 @@ class StopMatcher {
   const std::string& matched() const { return matched_; }
 
  private:
-  std::vector<std::string> stops_;
+  std::shared_ptr<const std::vector<std::string>> stops_list_;
   bool include_stop_;
   std::string held_;
   bool stopped_ = false;

@@ -865,6 +865,51 @@ TEST_F(ApiTest, TokenizeDetokenize) {
   EXPECT_EQ(http(port_, "POST", "/detokenize", R"({"tokens":[100000]})").status, 400);
 }
 
+// A field of the wrong JSON type is a 400 naming it, never the handler's 500 "internal error"
+// (nlohmann's value() / get() throw on a type mismatch).
+TEST_F(ApiTest, WrongTypedFieldsAre400NotInternalErrors) {
+  struct Case {
+    std::string path, body, param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", R"({"prompt":"x","max_tokens":2,"response_format":{"type":5}})", "response_format"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":2,"response_format":{"type":null}})", "response_format"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":2,"response_format":{}})", "response_format"},
+      {"/tokenize", R"({"prompt":"x","return_token_strs":"yes"})", "return_token_strs"},
+      {"/tokenize", R"({"prompt":"x","return_token_strs":1})", "return_token_strs"},
+  };
+  for (auto& c : cases) {
+    auto r = http(port_, "POST", c.path, c.body);
+    EXPECT_EQ(r.status, 400) << c.body << " -> " << r.body;
+    if (r.status == 400) {
+      EXPECT_EQ(r.j()["error"]["param"], c.param) << r.body;
+    }
+  }
+  EXPECT_EQ(http(port_, "POST", "/v1/completions",
+                 R"({"prompt":"x","max_tokens":2,"response_format":{"type":"text"}})").status, 200);
+  auto t = http(port_, "POST", "/tokenize", R"({"prompt":"hi","return_token_strs":true})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  EXPECT_EQ(t.j()["token_strs"].size(), 2u);
+  EXPECT_TRUE(http(port_, "POST", "/tokenize", R"({"prompt":"hi","return_token_strs":null})").j()["token_strs"].is_null());
+}
+
+// A small body nesting 100,000 levels (here in a tool's parameters) is a 400, and the server keeps
+// serving: it used to overflow the HTTP thread's stack and crash the process.
+TEST_F(ApiTest, DeeplyNestedJsonIsRefusedNotACrash) {
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += R"({"a":)";
+  nested += "1" + std::string(100000, '}');
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+      nested + "}}]}";
+  for (const char* path : {"/v1/chat/completions", "/tokenize"}) {
+    auto r = http(port_, "POST", path, body);
+    EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
+    EXPECT_EQ(r.j()["error"]["type"], "invalid_request_error") << r.body.substr(0, 300);
+  }
+  EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
+}
+
 TEST_F(ApiTest, ErrorsAreOpenAiShaped) {
   struct Case {
     std::string method, path, body;

@@ -125,6 +125,34 @@ TEST_F(HttpTest, ChunkedStreamFromAnotherThread) {
   for (auto& t : threads) t.join();
 }
 
+// An HTTP/1.0 request cannot read chunked encoding: its stream comes without
+// Transfer-Encoding, unframed, and ends with the connection closing.
+TEST_F(HttpTest, Http10StreamIsNotChunked) {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  start([&](HttpRequest, std::shared_ptr<ResponseWriter> w) {
+    std::lock_guard<std::mutex> lk(mu);
+    threads.emplace_back([w] {
+      w->start_stream(200, "text/event-stream");
+      w->write("data: 0\n\n");
+      w->write("data: [DONE]\n\n");
+      w->end();
+    });
+  });
+  for (const char* conn : {"", "Connection: keep-alive\r\n"}) {
+    Client c(server_->port());
+    c.send(std::string("GET /s HTTP/1.0\r\n") + conn + "\r\n");
+    bool closed = false;
+    std::string r = c.read("", 3000ms, &closed);
+    EXPECT_TRUE(closed) << r;
+    EXPECT_EQ(r.find("Transfer-Encoding"), std::string::npos) << r;
+    EXPECT_NE(r.find("Connection: close\r\n"), std::string::npos) << r;
+    EXPECT_EQ(r.substr(r.find("\r\n\r\n") + 4), "data: 0\n\ndata: [DONE]\n\n") << r;
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  for (auto& t : threads) t.join();
+}
+
 TEST_F(HttpTest, OversizeBodyGets413) {
   std::atomic<int> calls{0};
   HttpOptions o;
@@ -155,6 +183,38 @@ TEST_F(HttpTest, OversizeBodyGets413) {
   Client ok(server_->port());
   ok.send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi");
   EXPECT_NE(ok.read("ok").find("200 OK"), std::string::npos);
+}
+
+// "Expect: 100-continue" (curl sends it for bodies over 1 MiB and waits up to 1 s): the server
+// answers "100 Continue" at once, then the final response once the body has arrived; an oversize
+// body gets its 413 instead of the 100, and a request that sent its body already gets no 100.
+TEST_F(HttpTest, ExpectContinueGets100BeforeTheBody) {
+  HttpOptions o;
+  o.body_limit_bytes = 1000;
+  start([](HttpRequest r, std::shared_ptr<ResponseWriter> w) { w->respond(200, "text/plain", "got " + r.body); }, o);
+  {
+    Client c(server_->port());
+    c.send("POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 5\r\n\r\n");
+    std::string interim = c.read("\r\n\r\n", 2000ms);
+    EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+    c.send("hello");
+    std::string r = c.read("got hello");
+    EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+    EXPECT_NE(r.find("got hello"), std::string::npos) << r;
+  }
+  {
+    Client c(server_->port());
+    c.send("POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n");
+    std::string r = c.read("", 2000ms);
+    EXPECT_EQ(r.rfind("HTTP/1.1 413", 0), 0u) << r;
+    EXPECT_EQ(r.find("100 Continue"), std::string::npos) << r;
+  }
+  {
+    Client c(server_->port());
+    c.send("POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi");
+    std::string r = c.read("got hi");
+    EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+  }
 }
 
 TEST_F(HttpTest, SlowLorisIsClosed) {

@@ -380,3 +380,28 @@ TEST(Metrics, EndpointLabelIsBounded) {
   EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/models/{id}\",status=\"404\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1\n"), std::string::npos);
 }
+
+// Nesting deeper than kMaxJsonDepth is refused before parsing (recursive copies / dumps of such a
+// value overflowed the HTTP thread's stack: a 600 KB body crashed the server); brackets inside
+// strings do not count, and a body at the limit parses.
+TEST(Protocol, DeeplyNestedBodiesAreRefused) {
+  auto nested = [](int depth) {
+    std::string s = R"({"messages":[{"role":"user","content":"x"}],"x":)";
+    for (int i = 0; i < depth; ++i) s += "[";
+    for (int i = 0; i < depth; ++i) s += "]";
+    return s + "}";
+  };
+  ApiError err;
+  EXPECT_TRUE(parse_json_body(nested(kMaxJsonDepth - 1), &err).ok()) << err.message;  // + the outer {}
+  auto deep = parse_json_body(nested(kMaxJsonDepth), &err);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(err.status, 400);
+  EXPECT_NE(err.message.find("levels"), std::string::npos) << err.message;
+  EXPECT_FALSE(parse_json_body(nested(200000), &err).ok());
+  // Brackets and escaped quotes inside strings are text.
+  const std::string text = R"({"a":"[[[[{{{{\"[[[[", "b":[1]})";
+  std::string many = R"({"a":")" + std::string(100000, '[') + R"("})";
+  EXPECT_TRUE(parse_json_body(text, &err).ok()) << err.message;
+  EXPECT_TRUE(parse_json_body(many, &err).ok()) << err.message;
+}
+
