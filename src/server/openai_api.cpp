@@ -413,7 +413,10 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       n_finished++;
       if (stopped) {
         c.finish_reason = "stop";
-        if (!out.finished) to_cancel->push_back(c.id);
+        // out.id, not c.id: the first output can arrive before submit returned and the handler
+        // recorded the id (a stop string in it then cancelled id 0, and the request ran on to
+        // max_tokens).
+        if (!out.finished) to_cancel->push_back(out.id);
       } else {
         switch (out.finish_reason) {
           case engine::FinishReason::kLength: c.finish_reason = "length"; break;

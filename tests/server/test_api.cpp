@@ -534,7 +534,9 @@ TEST_F(ApiTest, EchoWithLogprobsOffsetsCountSpecialTokensInTheText) {
     const int64_t off = lp["text_offset"][i].get<int64_t>();
     EXPECT_GE(off, prev) << lp;
     prev = off;
-    if (i < 5) EXPECT_EQ(text.substr(u8_byte_at(text, off), t.size()), t) << lp;
+    if (i < 5) {
+      EXPECT_EQ(text.substr(u8_byte_at(text, off), t.size()), t) << lp;
+    }
   }
   EXPECT_EQ(lp["text_offset"][3].get<int64_t>(), 2 + u8len(eos)) << lp;
   EXPECT_EQ(lp["text_offset"][5].get<int64_t>(), u8len(prompt)) << lp;

@@ -352,8 +352,9 @@ TEST(ToolCalls, NamedToolChoiceForcesThatCall) {
     EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
               json::parse(R"({"city":"Oslo"})"));
     EXPECT_TRUE(c["message"]["content"].is_null() || c["message"]["content"] == "") << r.dump();
-    if (c["message"].contains("reasoning_content") && c["message"]["reasoning_content"].is_string())
+    if (c["message"].contains("reasoning_content") && c["message"]["reasoning_content"].is_string()) {
       EXPECT_EQ(c["message"]["reasoning_content"], "");
+    }
 
     req["stream"] = true;
     Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
