@@ -1063,7 +1063,9 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       c.stop.emplace(stops, r.include_stop_str_in_output);
       if (chat) {
         text::OutputParserOptions popt;
-        popt.start = r.thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
+        // A continued assistant message ends in its content part (thinking mode renders
+        // `{reasoning}</think>{content}`), so the continuation is content.
+        popt.start = r.thinking && !r.continue_final ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
         popt.id_seed = std::hash<std::string>{}(gen->id) + uint64_t(c.index);
         popt.drop_tokens = drop_tokens_;
         const ForcedToolCall forced = forced_tool_call(r);

@@ -384,6 +384,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
   if (msgs->empty()) return rd.fail("'messages' must contain at least one message", "messages");
   static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer"};
   Json messages = Json::array();
+  bool prefix_last = false;  // the final assistant message has "prefix": true
   for (size_t i = 0; i < msgs->size(); ++i) {
     const Json& m = (*msgs)[i];
     std::string p = fmt::format("messages[{}]", i);
@@ -448,9 +449,50 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
         return rd.fail(fmt::format("'{}.reasoning_content' must be a string", p), "messages");
       }
     }
+    // DeepSeek API "chat prefix completion": `"prefix": true` on the final assistant message.
+    if (auto pf = m.find("prefix"); pf != m.end()) {
+      if (!pf->is_null() && !pf->is_boolean())
+        return rd.fail(fmt::format("'{}.prefix' must be a boolean, got {}", p, type_name(*pf)), "messages");
+      if (pf->is_boolean() && pf->get<bool>()) {
+        if (rs != "assistant")
+          return rd.fail(fmt::format("'{}.prefix' is true but the message is a {} message; only the final "
+                                     "assistant message can be a prefix", p, rs),
+                         "messages");
+        if (i + 1 != msgs->size())
+          return rd.fail(fmt::format("'{}.prefix' is true but the message is not the last one; only the final "
+                                     "assistant message can be a prefix", p),
+                         "messages");
+        prefix_last = true;
+      }
+      copy.erase("prefix");
+    }
     messages.push_back(std::move(copy));
   }
   r->messages = std::move(messages);
+
+  // vLLM `continue_final_message` (requires add_generation_prompt false; absent counts as false here).
+  bool cont = false;
+  if (!rd.get_bool("continue_final_message", &cont)) return false;
+  if (cont) {
+    if (r->messages.back().value("role", "") != "assistant")
+      return rd.fail(fmt::format("'continue_final_message' is true but the last message is a {} message, "
+                                 "not an assistant message",
+                                 r->messages.back().value("role", "")),
+                     "continue_final_message");
+    if (const Json* agp = rd.find("add_generation_prompt"); agp && agp->is_boolean() && agp->get<bool>())
+      return rd.fail("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                     "continue_final_message");
+  }
+  if (cont || prefix_last) {
+    const Json& last = r->messages.back();
+    if (auto tc = last.find("tool_calls"); tc != last.end() && !tc->empty())
+      return rd.fail(fmt::format("messages[{}] has tool_calls: an assistant message with tool calls cannot "
+                                 "be continued ('{}')",
+                                 r->messages.size() - 1, cont ? "continue_final_message" : "prefix"),
+                     cont ? "continue_final_message" : "messages");
+    r->messages.back()["wo_eos"] = true;
+    r->continue_final = true;
+  }
 
   if (const Json* tools = rd.find("tools")) {
     if (!tools->is_array()) return rd.fail("'tools' must be an array", "tools");
@@ -555,6 +597,9 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
   r->thinking = thinking.value_or(false);
   r->thinking_set = thinking.has_value();
   if (!rd.get_bool("add_generation_prompt", &r->add_generation_prompt)) return false;
+  // Continuing a final assistant message: no generation header (the encoder adds none after an
+  // assistant message anyway).
+  if (r->continue_final) r->add_generation_prompt = false;
 
   // Logprobs (chat): logprobs bool + top_logprobs 0..20.
   bool lp = false;

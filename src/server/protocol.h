@@ -64,6 +64,10 @@ struct GenerateRequest {
   bool thinking_set = false;         // the request chose (else the server default applies)
   std::optional<std::string> reasoning_effort;
   bool add_generation_prompt = true;
+  /// Prefix continuation: `continue_final_message: true` (vLLM) or `"prefix": true` on the final
+  /// assistant message (DeepSeek API). That message is rendered without its EOS (`wo_eos`) and the
+  /// model continues it; the output parser starts in content (the prompt ends in the content part).
+  bool continue_final = false;
   // completions
   std::vector<PromptInput> prompts;  // one choice group per prompt
   bool echo = false;

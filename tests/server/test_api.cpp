@@ -1078,3 +1078,104 @@ TEST_F(SlowApiTest, AbortGenerationsEndsOpenRequestsWithAnError) {
   engine_->wait_idle();
   for (auto& p : engine_->stats().pools) EXPECT_EQ(p.used_pages, 0) << p.name;
 }
+
+// Prefix continuation: `continue_final_message: true` (vLLM) or `"prefix": true` on the final
+// assistant message (DeepSeek API) renders that message without its EOS (wo_eos) and the model
+// continues it; the continuation comes back as content (in thinking mode too: the encoder renders
+// the message `{reasoning}</think>{content}`, so the prompt ends in the content part).
+TEST_F(ApiTest, PrefixContinuationRendersTheFinalAssistantMessageWithoutEos) {
+  for (bool thinking : {false, true}) {
+    for (int how = 0; how < 3; ++how) {  // 0: neither flag, 1: continue_final_message, 2: prefix
+      SCOPED_TRACE(std::string(thinking ? "thinking" : "chat") + " how=" + std::to_string(how));
+      json msgs = json::array({{{"role", "user"}, {"content", "Say hello world"}},
+                               {{"role", "assistant"}, {"content", "Hello wor"}}});
+      json req = {{"messages", msgs}, {"chat_template_kwargs", {{"thinking", thinking}}}};
+      if (how == 1) req["continue_final_message"] = true;
+      if (how == 2) req["messages"][1]["prefix"] = true;
+      if (how == 1 && thinking) req["add_generation_prompt"] = false;  // vLLM's spelling passes too
+      text::ChatOptions opt;
+      opt.thinking_mode = thinking ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
+      json want = msgs;
+      if (how != 0) want[1]["wo_eos"] = true;
+      auto enc = text::ChatEncoder::encode(tok_, nlohmann::ordered_json::parse(want.dump()), nullptr, opt);
+      ASSERT_TRUE(enc.ok());
+      auto t = http(port_, "POST", "/tokenize", req.dump());
+      ASSERT_EQ(t.status, 200) << t.body;
+      std::vector<int32_t> toks = t.j()["tokens"].get<std::vector<int32_t>>();
+      EXPECT_EQ(toks, *enc);
+      ASSERT_FALSE(toks.empty());
+      if (how == 0) {
+        EXPECT_EQ(toks.back(), kEos);  // unchanged without either flag
+        continue;
+      }
+      EXPECT_NE(toks.back(), kEos);
+      const std::string text = tok_.decode(toks, false);
+      EXPECT_EQ(text.substr(text.size() - 9), "Hello wor") << text;
+      if (thinking) EXPECT_NE(text.find("</think>Hello wor"), std::string::npos) << text;
+
+      json creq = req;
+      creq["max_tokens"] = 6;
+      creq["temperature"] = 0;
+      creq["ignore_eos"] = true;
+      auto r = http(port_, "POST", "/v1/chat/completions", creq.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      json j = r.j();
+      EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(enc->size()));
+      EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+      const json& m = j["choices"][0]["message"];
+      // Only the continuation, parsed as content (no reasoning even in thinking mode).
+      EXPECT_TRUE(!m.contains("reasoning_content") || m["reasoning_content"].is_null()) << r.body;
+      ASSERT_TRUE(m["content"].is_string()) << r.body;
+      EXPECT_EQ(m["content"].get<std::string>(), greedy_text(*enc, 6)) << r.body;
+    }
+  }
+}
+
+TEST_F(ApiTest, PrefixContinuationErrorsNameTheField) {
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  const json asst = {{"role", "assistant"}, {"content", "Hel"}};
+  json pre = asst;
+  pre["prefix"] = true;
+  json tc = asst;
+  tc["tool_calls"] = json::array({{{"id", "c1"}, {"type", "function"},
+                                   {"function", {{"name", "f"}, {"arguments", "{}"}}}}});
+  struct Case {
+    json body;
+    std::string param, needle;
+  };
+  const std::vector<Case> cases = {
+      // continue_final_message with a last message that is not an assistant message
+      {{{"messages", {user}}, {"continue_final_message", true}}, "continue_final_message", "continue_final_message"},
+      // continue_final_message with an explicit add_generation_prompt: true (vLLM's rule)
+      {{{"messages", {user, asst}}, {"continue_final_message", true}, {"add_generation_prompt", true}},
+       "continue_final_message", "add_generation_prompt"},
+      // non-boolean values
+      {{{"messages", {user, asst}}, {"continue_final_message", "yes"}}, "continue_final_message", "continue_final_message"},
+      {{{"messages", {user, asst}}, {"continue_final_message", 1}}, "continue_final_message", "continue_final_message"},
+      {{{"messages", {user, json{{"role", "assistant"}, {"content", "Hel"}, {"prefix", "true"}}}}}, "messages",
+       "messages[1].prefix"},
+      // prefix on a message that is not the last / not an assistant message
+      {{{"messages", {user, pre, user}}}, "messages", "messages[1].prefix"},
+      {{{"messages", {json{{"role", "user"}, {"content", "hi"}, {"prefix", true}}}}}, "messages", "messages[0].prefix"},
+      // an assistant message with tool calls cannot be continued
+      {{{"messages", {user, tc}}, {"continue_final_message", true}}, "continue_final_message", "tool_calls"},
+  };
+  for (const auto& c : cases) {
+    for (const char* path : {"/v1/chat/completions", "/tokenize"}) {
+      SCOPED_TRACE(std::string(path) + " " + c.body.dump());
+      auto r = http(port_, "POST", path, c.body.dump());
+      ASSERT_EQ(r.status, 400) << r.body;
+      json e = r.j()["error"];
+      EXPECT_EQ(e["param"], c.param) << r.body;
+      EXPECT_NE(e["message"].get<std::string>().find(c.needle), std::string::npos) << r.body;
+    }
+  }
+  // false / null flags change nothing
+  for (const json& body : {json{{"messages", {user, asst}}, {"continue_final_message", false}},
+                           json{{"messages", {user, asst}}, {"continue_final_message", nullptr}},
+                           json{{"messages", {user, json{{"role", "assistant"}, {"content", "Hel"}, {"prefix", false}}}}}}) {
+    auto t = http(port_, "POST", "/tokenize", body.dump());
+    ASSERT_EQ(t.status, 200) << t.body;
+    EXPECT_EQ(t.j()["tokens"].back(), kEos) << body.dump();
+  }
+}
