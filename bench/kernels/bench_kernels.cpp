@@ -55,6 +55,9 @@
 //                                             whole Ops::indexer_topk: DIR/cuda-indexer.md;
 //                                             then the chain over a bf16 key pool, plain vs
 //                                             PDL, eager vs graph; also part of the full run)
+//   bench_kernels --out DIR --only-indexer-prefill (indexer scores of one prefill chunk, 256 /
+//                                             2048 rows × 128K / 900K context, bf16 and fp8 keys:
+//                                             prefill wgmma kernel vs WMMA: cuda-indexer-prefill.md)
 //   bench_kernels --out DIR --probe-indexer-gather (the decode scores kernel vs its loads
 //                                             alone, random vs sequential lists, bf16 keys,
 //                                             batch 1: DIR/cuda-indexer-gather.md)
@@ -97,6 +100,7 @@ std::string bench_mhc(double bw);
 // indexer_bench.cpp: the cuda-indexer.md body at copy bandwidth `bw` GB/s.
 std::string bench_indexer(double bw, int reps);
 std::string bench_indexer_gather(double bw, int reps);  // --probe-indexer-gather (indexer_bench.cpp)
+std::string bench_indexer_prefill(int reps);  // --only-indexer-prefill (indexer_bench.cpp)
 // attention_bench.cpp: the cuda-attention.md body at copy bandwidth `bw` GB/s.
 std::string bench_attention(double bw);
 // attention_bench.cpp: the cuda-attention-wg.md body (variants 7 … 10 vs the default kernels).
@@ -883,6 +887,7 @@ int main(int argc, char** argv) {
   bool only_topk = false;  // only the Lightning TopK table (cuda-topk.md)
   bool only_mhc = false;   // only the fused mHC table (cuda-mhc.md)
   bool only_indexer = false;  // only the indexer table (cuda-indexer.md)
+  bool only_indexer_prefill = false;  // only the prefill indexer table (cuda-indexer-prefill.md)
   bool probe_indexer_gather = false;  // --probe-indexer-gather (cuda-indexer-gather.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   bool only_attention_wg = false;  // only the variant 7 / 8 table (cuda-attention-wg.md)
@@ -900,6 +905,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-topk")) only_topk = true;
     else if (!std::strcmp(argv[i], "--only-mhc")) only_mhc = true;
     else if (!std::strcmp(argv[i], "--only-indexer")) only_indexer = true;
+    else if (!std::strcmp(argv[i], "--only-indexer-prefill")) only_indexer_prefill = true;
     else if (!std::strcmp(argv[i], "--probe-indexer-gather")) probe_indexer_gather = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--only-attention-wg")) only_attention_wg = true;
@@ -1092,6 +1098,13 @@ int main(int argc, char** argv) {
         << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n\n" << bench_mhc(bw);
     std::printf("wrote %s/cuda-mhc.md\n", out_dir.c_str());
+    return 0;
+  }
+  if (only_indexer_prefill) {
+    std::ofstream(out_dir + "/cuda-indexer-prefill.md")
+        << "# Indexer scores of prefill chunks: warpgroup-MMA kernel vs the WMMA kernel\n\n"
+        << head << "\n" << bench_indexer_prefill(reps);
+    std::printf("wrote %s/cuda-indexer-prefill.md\n", out_dir.c_str());
     return 0;
   }
   auto write_indexer = [&] {

@@ -518,6 +518,98 @@ std::string bench_indexer(double bw, int reps) {
   return o.str();
 }
 
+// --only-indexer-prefill (cuda-indexer-prefill.md): the indexer scores of one prefill chunk —
+// S rows of one sequence sharing one candidate list with causal counts (row t of a chunk ending at
+// the list's end sees count_t = L − ⌊(S − 1 − t) / 4⌋ C4 keys) — prefill warpgroup-MMA kernel
+// (variant 27, auto for S > 128) vs the WMMA kernel it replaces (variant 1), bf16 and fp8 keys,
+// S ∈ {256, 2048} × L ∈ {32,768 (128K context), 230,400 (900K)}. FLOPs = Σ_t count_t · nI · dI · 2
+// (the QK products; ReLU · w and the head sums not counted) over the dense bf16 peak 790 TFLOP/s
+// (the constant of the model's prefill FLOP floor, cuda-kernels.md). Keys stay L2-resident (one
+// list, as in a chunk); the pool is one run of random pages.
+std::string bench_indexer_prefill(int reps) {
+  const int nI = 64, dI = 128;
+  const int n_sms = current_device_sms();
+  cudaStream_t st;
+  IB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::mt19937_64 g(2027);
+  std::ostringstream o;
+  o << "- shapes: nI = 64 heads, dI = 128; one prefill chunk of S rows of one sequence (one shared "
+       "candidate list, causal counts count_t = L − ⌊(S − 1 − t) / 4⌋); L = C4 keys of the "
+       "context (32,768 = 128K, 230,400 = 900K)\n"
+    << "- new = `indexer_scores_tc` variant 27 (indexer_prefill_wg: wgmma.m64n128k16, 4 rows a "
+       "CTA sharing 64-key tiles; auto for S > 128); old = variant 1 (the WMMA kernel, auto before "
+       "this kernel)\n"
+    << "- times: median of " << std::max(3, reps / 10) << " launches after 1 warm-up; TFLOP/s = "
+       "Σ_t count_t · 64 · 128 · 2 / time; % of peak against 790 TFLOP/s (dense bf16)\n\n"
+    << "| keys | S rows | L keys | new ms | old ms | speed-up | new TFLOP/s | old TFLOP/s | new % of "
+       "peak |\n"
+    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  struct Shape { int64_t S, L; };
+  for (v4::KvDtype dt : {v4::KvDtype::kFp8Index, v4::KvDtype::kBf16}) {
+    for (Shape sh : {Shape{256, 32768}, Shape{2048, 32768}, Shape{256, 230400}, Shape{2048, 230400}}) {
+      const int64_t S = sh.S, L = sh.L;
+      const int64_t rb = v4::kv_row_bytes(dt, dI, 0);
+      const int64_t pool_rows = (L + 63) / 64 * 64;
+      void* pool = nullptr;
+      float *q = nullptr, *w = nullptr, *scores = nullptr;
+      int32_t *rows = nullptr, *cnt = nullptr;
+      int64_t* offs = nullptr;
+      IB_CHECK(cudaMalloc(&pool, size_t(pool_rows * rb)));
+      IB_CHECK(cudaMalloc(&q, size_t(S * nI * dI) * 4));
+      IB_CHECK(cudaMalloc(&w, size_t(S * nI) * 4));
+      IB_CHECK(cudaMalloc(&scores, size_t(S * L) * 4));
+      IB_CHECK(cudaMalloc(&rows, size_t(pool_rows) * 4));
+      IB_CHECK(cudaMalloc(&offs, size_t(S) * 8));
+      IB_CHECK(cudaMalloc(&cnt, size_t(S) * 4));
+      const v4::ops::RandomFill kind = dt == v4::KvDtype::kBf16 ? v4::ops::RandomFill::kBF16Normal
+                                                                : v4::ops::RandomFill::kE4M3Normal;
+      IB_OK(v4::cuda::fill_random(pool, pool_rows * rb / v4::ops::fill::unit_bytes(kind),
+                                  v4::ops::fill::make_params(kind, 1.f, 21), st));
+      IB_OK(v4::cuda::fill_random(q, S * nI * dI,
+                                  v4::ops::fill::make_params(v4::ops::RandomFill::kF32Normal, 1.f, 22), st));
+      IB_OK(v4::cuda::fill_random(w, S * nI,
+                                  v4::ops::fill::make_params(v4::ops::RandomFill::kF32Normal, 1.f, 23), st));
+      std::vector<int32_t> pages(static_cast<size_t>(pool_rows / 64)), hrows(static_cast<size_t>(pool_rows)),
+          hcnt(static_cast<size_t>(S));
+      std::iota(pages.begin(), pages.end(), 0);
+      std::shuffle(pages.begin(), pages.end(), g);
+      for (int64_t i = 0; i < pool_rows; ++i) hrows[size_t(i)] = pages[size_t(i / 64)] * 64 + int32_t(i % 64);
+      double flops = 0;
+      for (int64_t t = 0; t < S; ++t) {
+        hcnt[size_t(t)] = int32_t(std::max<int64_t>(1, L - (S - 1 - t) / 4));
+        flops += double(hcnt[size_t(t)]) * nI * dI * 2;
+      }
+      std::vector<int64_t> hoff(static_cast<size_t>(S), 0);
+      IB_CHECK(cudaMemcpy(rows, hrows.data(), hrows.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(offs, hoff.data(), hoff.size() * 8, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaMemcpy(cnt, hcnt.data(), hcnt.size() * 4, cudaMemcpyHostToDevice));
+      IB_CHECK(cudaStreamSynchronize(st));
+      v4::ops::IndexerArgs a;
+      a.q = q; a.weights = w; a.key_pool = pool; a.key_dtype = dt;
+      a.cand = {rows, offs, cnt};
+      a.n_rows = S; a.n_heads = nI; a.head_dim = dI; a.max_count = L;
+      double ms[2] = {};
+      const int variants[2] = {v4::cuda::kIndexerPrefillWgVariant, 1};
+      for (int k = 0; k < 2; ++k)
+        ms[k] = v4::bench::time_launches(st, [&](int, cudaStream_t s) {
+                  IB_OK(v4::cuda::indexer_scores_tc(a, L, scores, L, n_sms, s, variants[k]));
+                }, std::max(3, reps / 10), 1, 1).med_us / 1e3;
+      const double tf_new = flops / (ms[0] * 1e-3) / 1e12, tf_old = flops / (ms[1] * 1e-3) / 1e12;
+      char buf[320];
+      std::snprintf(buf, sizeof buf, "| %s | %lld | %lld | %.3f | %.2f | %.1f× | %.0f | %.1f | %.0f%% |\n",
+                    v4::kv_dtype_name(dt), (long long)S, (long long)L, ms[0], ms[1], ms[1] / ms[0],
+                    tf_new, tf_old, 100.0 * tf_new / 790.0);
+      o << buf;
+      std::printf("indexer prefill %s S=%lld L=%lld: new %.3f ms (%.0f TFLOP/s), old %.2f ms (%.1f)\n",
+                  v4::kv_dtype_name(dt), (long long)S, (long long)L, ms[0], tf_new, ms[1], tf_old);
+      cudaFree(pool); cudaFree(q); cudaFree(w); cudaFree(scores); cudaFree(rows); cudaFree(offs);
+      cudaFree(cnt);
+    }
+  }
+  IB_CHECK(cudaStreamDestroy(st));
+  return o.str();
+}
+
 /// `bench_kernels --profile-indexer` (for ncu): `launches` calls of
 /// `cuda::indexer_scores_tc` (`variant`: 0 = auto, the decode kernel; 4–7 the pipelined decode
 /// kernel `indexer_decode_pipe_kernel`; 8 / 9 the warpgroup-MMA kernel `indexer_decode_wg_kernel`,

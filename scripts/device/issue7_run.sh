@@ -49,6 +49,12 @@
 #               entry's PROFILE=1 pair to that run only, e.g. "PROFILE=1,V4_ATTN_DEC_LEAN=0": per-region
 #               tables, branches serialised) -> bench-v4flash-20l-ratio-ab.md (A/B of kernel
 #               switches end to end; not in the default stage list)
+#   idxpfk      bench_kernels --only-indexer-prefill -> cuda-indexer-prefill.md (prefill indexer
+#               scores: the warpgroup-MMA kernel vs the WMMA kernel; not in the default list)
+#   idxpf       v4serve bench prefill (chunk $V4_IDXPF_CHUNK (2048) at $V4_IDXPF_CONTEXT (128K,900K),
+#               bf16 KV + $V4_IDXPF_EXTRA (--index-cache-dtype fp8); V4_IDXPF_PROFILE=1: --profile)
+#               with V4_INDEXER_PREFILL_WG=0 and 1 -> bench-v4flash-20l-idxpf.md (not in the
+#               default list)
 #   idxpdl      v4serve bench --kv-cache-dtype bf16 at batch $V4_IDXPDL_BATCH (1) × 4K and 900K,
 #               no profile (as served), with V4_INDEXER_PDL=0 and =1 (the indexer chain's plain
 #               launches vs programmatic dependent launch, docs/cuda.md §Indexer chain)
@@ -104,6 +110,7 @@ has wformat && { kb wformat --only-wformat; grep -E "^(gemv|moe|dense)" "$OUT/wf
 has gemv && { kb gemv --only-gemv; grep -E "^gemv" "$OUT/gemv.log"; }
 has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
+has idxpfk && { kb idxpfk --only-indexer-prefill; grep -E "^indexer prefill" "$OUT/idxpfk.log"; }
 has gather && { kb gather --probe-indexer-gather; grep -E "^indexer gather" "$OUT/gather.log"; }
 if has idxprof; then  # scores kernel per variant: bench_kernels --profile-indexer, µs per launch
   f="$OUT/cuda-indexer-profile.md"
@@ -258,6 +265,18 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"
     rm -f "$OUT/ratioenv-$i.md"; logs+=(bench-ratioenv-$i.log)
+  done
+fi
+if has idxpf; then  # prefill indexer end to end: V4_INDEXER_PREFILL_WG=0 (WMMA) vs 1 (default)
+  : > "$OUT/bench-v4flash-20l-idxpf.md"
+  for p in 0 1; do
+    V4_INDEXER_PREFILL_WG=$p timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
+      ${V4_IDXPF_EXTRA:---index-cache-dtype fp8} --batch 1 --context ${V4_IDXPF_CONTEXT:-128K,900K} \
+      --steps 3 --prefill-steps 1 --prefill-warmup 1 --prefill-chunk ${V4_IDXPF_CHUNK:-2048} \
+      ${V4_IDXPF_PROFILE:+--profile} --out "$OUT/idxpf-$p.md" > "$OUT/bench-idxpf-$p.log" 2>&1
+    echo "bench (V4_INDEXER_PREFILL_WG=$p) rc=$?"; grep -E "^\| (prefill)" "$OUT/idxpf-$p.md"
+    { echo "## V4_INDEXER_PREFILL_WG=$p"; echo; cat "$OUT/idxpf-$p.md"; echo; } >> "$OUT/bench-v4flash-20l-idxpf.md"
+    rm -f "$OUT/idxpf-$p.md"; logs+=(bench-idxpf-$p.log)
   done
 fi
 if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (plain) vs 1 (default)

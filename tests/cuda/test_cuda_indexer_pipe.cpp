@@ -392,5 +392,113 @@ TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
   }
 }
 
+// The prefill warpgroup-MMA kernel (indexer_prefill_wg, variant 27; auto above 128 rows) against
+// the double reference, bf16 and fp8 keys: two sequences' prefill chunks in one call (rows of a
+// sequence share a list with causal counts; the group of rows 148–151 straddles them and runs
+// one pass per row), invalid (−1) candidates, a row count that is not a multiple of 4, counts that
+// are not multiples of the 64-key tile; auto equals variant 27 bit for bit, and a 1-SM grid (every
+// CTA walks all its tiles, wrapping the ring) gives the same bits as the 132-SM one (the head sum
+// order does not depend on the grid). Decode-shaped lists (every row its own list) forced to
+// variant 27: one pass per row, checked against the reference too. Entries at or beyond count[t]
+// stay poisoned.
+TEST(CudaIndexerPrefillWg, MatchesReferenceAndIsGridIndependent) {
+  V4_REQUIRE_GPU();
+  const int64_t pool_rows = 16384;
+  struct Case {
+    const char* name;
+    std::vector<int64_t> seq_rows;  // rows per sequence (each sequence one shared list)
+    std::vector<int> seq_keys;      // list length per sequence (its last row's count)
+    int step;                       // count[t] = keys − (rows after t in the sequence) · step
+    bool decode_shaped;             // every row its own list instead
+  };
+  const Case cases[] = {
+      {"two chunks", {150, 151}, {3000, 1000}, 7, false},
+      {"one chunk, short list", {200}, {70}, 0, false},
+      {"decode-shaped", {9}, {2500}, 137, true},
+  };
+  for (KvDtype dt : {KvDtype::kBf16, KvDtype::kFp8Index}) {
+    SCOPED_TRACE(kv_dtype_name(dt));
+    KeyPool keys(dt, pool_rows);
+    Dev<uint8_t> dpool(keys.bytes);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      std::vector<int> counts;
+      std::vector<int64_t> first;  // first row of each row's sequence
+      for (size_t q = 0; q < c.seq_rows.size(); ++q)
+        for (int64_t i = 0; i < c.seq_rows[q]; ++i)
+          counts.push_back(std::max(1, c.seq_keys[q] - int(c.seq_rows[q] - 1 - i) * c.step));
+      const int64_t S = int64_t(counts.size());
+      Lists l;
+      if (c.decode_shaped) {
+        l = make_lists(counts, pool_rows, 10);
+      } else {
+        // One list per sequence (its longest count), every row of the sequence at its offset.
+        Lists per_seq = make_lists(c.seq_keys, pool_rows, 10);
+        l.rows = per_seq.rows;
+        int64_t t = 0;
+        for (size_t q = 0; q < c.seq_rows.size(); ++q)
+          for (int64_t i = 0; i < c.seq_rows[q]; ++i, ++t) {
+            l.offset.push_back(per_seq.offset[q]);
+            l.count.push_back(counts[size_t(t)]);
+          }
+      }
+      const int maxc = *std::max_element(counts.begin(), counts.end());
+      auto q = randn(size_t(S * kNI * kDI), 1.f), w = randn(size_t(S * kNI), 1.f);
+      const int64_t ld = maxc + 3;
+      Dev<float> dq(q), dw(w), out(size_t(S * ld));
+      Dev<int32_t> drows(l.rows), dcount(l.count);
+      Dev<int64_t> doff(l.offset);
+      IndexerArgs a;
+      a.q = dq.p; a.weights = dw.p; a.key_pool = dpool.p; a.key_dtype = dt;
+      a.cand = {drows.p, doff.p, dcount.p};
+      a.n_rows = S; a.n_heads = kNI; a.head_dim = kDI;
+      ASSERT_TRUE(cuda::indexer_prefill_wg_supported(a));
+      EXPECT_EQ(cuda::indexer_prefill_wg_auto(a), S > cuda::kIndexerDecodeMaxRows);
+      auto run = [&](int variant, int n_sms) {
+        out.poison();
+        EXPECT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, n_sms, nullptr, variant).ok());
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return out.host();
+      };
+      const auto got = run(cuda::kIndexerPrefillWgVariant, 132);
+      // Against the double reference (every row of short calls, every 3rd row otherwise), with
+      // the pipelined test's tolerance: relative 2e-4 with a floor of 1e-2 × the row's largest.
+      const auto qr = ref_query(q, dt);
+      double worst = 0;
+      int64_t unwritten = 0, overwritten = 0;
+      for (int64_t t = 0; t < S; ++t) {
+        for (int64_t s = 0; s < ld; ++s) {
+          const bool nan = std::isnan(got[size_t(t * ld + s)]);
+          if (s < l.count[size_t(t)]) unwritten += nan;
+          else overwritten += !nan;
+        }
+        if (S > 16 && t % 3 != 0 && t != S - 1) continue;
+        std::vector<double> r(size_t(l.count[size_t(t)]));
+        double top = 0;
+        for (int s = 0; s < l.count[size_t(t)]; ++s) {
+          r[size_t(s)] = ref_score(qr, w, keys.values, l.rows[size_t(l.offset[size_t(t)] + s)], t);
+          top = std::max(top, std::fabs(r[size_t(s)]));
+        }
+        for (int s = 0; s < l.count[size_t(t)]; ++s)
+          worst = std::max(worst, std::fabs(double(got[size_t(t * ld + s)]) - r[size_t(s)]) /
+                                      (1e-2 * top + 1e-6 + std::fabs(r[size_t(s)])));
+      }
+      std::printf("[indexer prefill wg] %s %s S=%lld max count %d: worst rel err %.2e\n",
+                  kv_dtype_name(dt), c.name, (long long)S, maxc, worst);
+      EXPECT_LE(worst, 2e-4);
+      EXPECT_EQ(unwritten, 0);
+      EXPECT_EQ(overwritten, 0);
+      // Grid independence (1 SM: gx = 1) and auto == 27 for prefill-sized calls, bit for bit.
+      std::vector<std::pair<int, int>> same = {{cuda::kIndexerPrefillWgVariant, 1}};
+      if (S > cuda::kIndexerDecodeMaxRows) same.push_back({0, 132});
+      for (auto [variant, n_sms] : same) {
+        const auto other = run(variant, n_sms);
+        EXPECT_EQ(std::memcmp(other.data(), got.data(), got.size() * 4), 0)
+            << "variant " << variant << " n_sms " << n_sms;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace v4::ops

@@ -1682,6 +1682,12 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
   if (max_count > int64_t(1) << 30)
     return errorf(ErrorCode::kInvalidArgument, "indexer_scores_tc: max_count {} too large",
                   max_count);
+  // Prefill chunks (> kDecodeMaxRows rows): the warpgroup-MMA prefill kernel (indexer_prefill.cu);
+  // variant 27 on arguments it does not take (f32 keys, other dims) runs auto, as the other
+  // key-format-specific variants do.
+  if (variant == kIndexerPrefillWgVariant && !indexer_prefill_wg_supported(a)) variant = 0;
+  if (variant == kIndexerPrefillWgVariant || (variant == 0 && indexer_prefill_wg_auto(a)))
+    return indexer_prefill_wg(a, max_count, scores, ld, n_sms, stream);
   if (variant >= 2 || (variant == 0 && a.n_rows <= kDecodeMaxRows && decode_kernel_enabled() &&
                        indexer_decode_supported(a))) {
     if (!indexer_decode_supported(a))

@@ -24,9 +24,31 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 26;
+inline constexpr int kIndexerScoresMaxVariant = 27;
+/// `indexer_scores_tc` variant that forces the prefill warpgroup-MMA kernel (indexer_prefill_wg).
+inline constexpr int kIndexerPrefillWgVariant = 27;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
+
+/// Whether the prefill warpgroup-MMA kernel handles `a`: nI = 64, dI = 128, bf16 or kFp8Index
+/// keys, ≤ 4·65535 rows, q and key_pool 16-byte aligned.
+bool indexer_prefill_wg_supported(const ops::IndexerArgs& a);
+
+/// Whether auto (variant 0) takes the prefill kernel: more than kIndexerDecodeMaxRows rows,
+/// indexer_prefill_wg_supported, and V4_INDEXER_PREFILL_WG is not "0" (A/B switch, read once).
+bool indexer_prefill_wg_auto(const ops::IndexerArgs& a);
+
+/// Prefill scores (indexer_prefill.cu), the same contract as `indexer_scores_tc`: score[t, s] for
+/// s < count[t] into `scores` (f32 [S, ld]), other entries untouched. CTAs of 2 warpgroups take 4
+/// consecutive rows; rows with the same RowMap offset (one sequence's chunk) share every 64-key
+/// tile, gathered by cp.async into the 128-byte-swizzle layout (fp8 codes converted to their exact
+/// bf16 values in shared memory) and multiplied by wgmma.m64n128k16 (keys = M, 2 rows × 64 heads
+/// = N, 128 dims = K); a group with different lists runs one pass per row. q is bf16 (fp8 keys:
+/// its per-head e4m3 codes, kvfp8::index_query_fp8); Σ_h ReLU(q_h·k)·w_h in fp32 in a fixed order
+/// (grid-independent). Errors: kInvalidArgument when !indexer_prefill_wg_supported; launch
+/// failures. No allocation, no sync.
+Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                          int n_sms, cudaStream_t stream);
 
 /// Whether `indexer_scores_tc` handles (nI, dI): multiples of 16, nI ≤ 128, dI ≤ 256.
 bool indexer_tc_supported(int n_heads, int head_dim);
@@ -39,7 +61,8 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// untouched. `max_count` ≥ every count (host bound; sizes the grid). `n_sms`: SMs of the device
 /// (grid sizing). `variant`: 0 auto — the decode kernel (below; bf16 keys with S ≥ 16 rows: its
 /// bit-identical pipelined form, variant 5) for S ≤ 128 rows when
-/// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), else the WMMA kernel (one
+/// `indexer_decode_supported` (and V4_INDEXER_DECODE is not "0"), the prefill kernel (variant 27)
+/// for S > 128 rows when `indexer_prefill_wg_auto`, else the WMMA kernel (one
 /// query row per group for S ≤ 64, 4 rows sharing key tiles above); 1 the WMMA kernel only (the
 /// previous decode path, for benchmarks); 2 the decode kernel only (bf16 / fp8 keys: 16-key
 /// chunks; f32: the default 16); 3 the decode kernel with 32-key chunks (f32 keys; bf16 / fp8:
@@ -66,7 +89,10 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// — q's per-head e4m3 codes (IndexerArgs: fp8 keys score a per-head quantized q) × the key codes
 /// with mma.m16n8k32.e4m3, no code conversion; the scores equal the bf16-converting fp8 kernels'
 /// (variants 2–7, 13, 14) up to fp32 rounding; compiled for ≥ 1 / 3 / 4 resident blocks an SM.
-/// bf16 / f32 keys: 19–21 run the default.
+/// bf16 / f32 keys: 19–21 run the default. 27 (kIndexerPrefillWgVariant): the prefill
+/// warpgroup-MMA kernel (indexer_prefill_wg; bf16 / fp8 keys, nI = 64, dI = 128; other
+/// arguments run auto) — auto takes it for S > 128 rows when indexer_prefill_wg_auto, before the
+/// WMMA kernel (which stays for other shapes and f32 keys).
 /// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.
 ///
