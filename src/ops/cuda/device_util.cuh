@@ -107,4 +107,20 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65536) {
   return unsigned(g < 1 ? 1 : (g > cap ? cap : g));
 }
 
+/// Four e4m3 codes (byte i = code i) → bf16 pairs (codes 0, 1) and (codes 2, 3), exact for every
+/// finite code (subnormals included; NaN codes give finite values): the code's exponent and
+/// mantissa bits moved into bf16 position, then one bf16x2 multiply by 2^120 rebiases the exponent
+/// (indexer.cu's pipelined decode kernel, indexer_prefill.cu).
+__device__ __forceinline__ uint2 e4m3x4_to_bf16x4_fast(uint32_t w) {
+  uint2 r;
+  const uint32_t lo = __byte_perm(w, 0u, 0x4140u);  // bytes [c0, 0, c1, 0]
+  const uint32_t hi = __byte_perm(w, 0u, 0x4342u);  // bytes [c2, 0, c3, 0]
+  const uint32_t ml = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+  const uint32_t mh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  const uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves (exponent 247)
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r.x) : "r"(ml), "r"(k2p120));
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r.y) : "r"(mh), "r"(k2p120));
+  return r;
+}
+
 }  // namespace v4::cuda

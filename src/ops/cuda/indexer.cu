@@ -822,18 +822,6 @@ template <int N>
 __device__ __forceinline__ void pipe_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Four e4m3 codes (byte i = code i) → bf16 pairs (codes 0, 1) and (codes 2, 3), exact (kFastCvt).
-__device__ __forceinline__ uint2 e4m3x4_to_bf16x4_fast(uint32_t w) {
-  uint2 r;
-  const uint32_t lo = __byte_perm(w, 0u, 0x4140u);  // bytes [c0, 0, c1, 0]
-  const uint32_t hi = __byte_perm(w, 0u, 0x4342u);  // bytes [c2, 0, c3, 0]
-  const uint32_t ml = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
-  const uint32_t mh = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
-  const uint32_t k2p120 = 0x7b807b80u;  // bf16 2^120 in both halves (exponent 247)
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r.x) : "r"(ml), "r"(k2p120));
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r.y) : "r"(mh), "r"(k2p120));
-  return r;
-}
 
 // Row-major slot layout of the kRowMap form (variants 15 / 16): 16-byte unit `unit` (0..15) of
 // key `key` (0..31) of a chunk at byte 16 · (16 · key + (unit ^ 4 · (key & 1))). The XOR moves
@@ -1685,9 +1673,13 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
   // Prefill chunks (> kDecodeMaxRows rows): the warpgroup-MMA prefill kernel (indexer_prefill.cu);
   // variant 27 on arguments it does not take (f32 keys, other dims) runs auto, as the other
   // key-format-specific variants do.
-  if (variant == kIndexerPrefillWgVariant && !indexer_prefill_wg_supported(a)) variant = 0;
-  if (variant == kIndexerPrefillWgVariant || (variant == 0 && indexer_prefill_wg_auto(a)))
-    return indexer_prefill_wg(a, max_count, scores, ld, n_sms, stream);
+  const bool pf_forced =
+      variant == kIndexerPrefillWgVariant || variant == kIndexerPrefillWgE4m3Variant;
+  if (pf_forced && !indexer_prefill_wg_supported(a)) variant = 0;
+  if ((pf_forced && variant != 0) || (variant == 0 && indexer_prefill_wg_auto(a)))
+    return indexer_prefill_wg(a, max_count, scores, ld, n_sms, stream,
+                              variant == kIndexerPrefillWgE4m3Variant ||
+                                  (variant == 0 && indexer_prefill_wg_auto_e4m3()));
   if (variant >= 2 || (variant == 0 && a.n_rows <= kDecodeMaxRows && decode_kernel_enabled() &&
                        indexer_decode_supported(a))) {
     if (!indexer_decode_supported(a))

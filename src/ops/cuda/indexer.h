@@ -24,9 +24,12 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 27;
+inline constexpr int kIndexerScoresMaxVariant = 28;
 /// `indexer_scores_tc` variant that forces the prefill warpgroup-MMA kernel (indexer_prefill_wg).
 inline constexpr int kIndexerPrefillWgVariant = 27;
+/// The same kernel with fp8 keys multiplied on e4m3 wgmma (q's codes × the key codes; the tensor
+/// cores' fp8 accumulation, not fp32) instead of converted to bf16 (bf16 keys: = 27).
+inline constexpr int kIndexerPrefillWgE4m3Variant = 28;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 
@@ -38,17 +41,22 @@ bool indexer_prefill_wg_supported(const ops::IndexerArgs& a);
 /// indexer_prefill_wg_supported, and V4_INDEXER_PREFILL_WG is not "0" (A/B switch, read once).
 bool indexer_prefill_wg_auto(const ops::IndexerArgs& a);
 
+/// Whether auto runs fp8 keys on e4m3 wgmma (V4_INDEXER_PREFILL_FP8=e4m3, read once; default:
+/// codes converted to bf16, exact products and fp32 sums).
+bool indexer_prefill_wg_auto_e4m3();
+
 /// Prefill scores (indexer_prefill.cu), the same contract as `indexer_scores_tc`: score[t, s] for
 /// s < count[t] into `scores` (f32 [S, ld]), other entries untouched. CTAs of 2 warpgroups take 4
 /// consecutive rows; rows with the same RowMap offset (one sequence's chunk) share every 64-key
-/// tile, gathered by cp.async into the 128-byte-swizzle layout (fp8 codes converted to their exact
-/// bf16 values in shared memory) and multiplied by wgmma.m64n128k16 (keys = M, 2 rows × 64 heads
-/// = N, 128 dims = K); a group with different lists runs one pass per row. q is bf16 (fp8 keys:
-/// its per-head e4m3 codes, kvfp8::index_query_fp8); Σ_h ReLU(q_h·k)·w_h in fp32 in a fixed order
-/// (grid-independent). Errors: kInvalidArgument when !indexer_prefill_wg_supported; launch
-/// failures. No allocation, no sync.
+/// tile, gathered by cp.async into the 128-byte-swizzle layout and multiplied with keys = M,
+/// 2 rows × 64 heads = N, dims = K: bf16 keys by wgmma.m64n128k16 on bf16 q; fp8 keys: q's
+/// per-head e4m3 codes (kvfp8::index_query_fp8) × the key codes, converted to their exact bf16
+/// values in shared memory, on bf16 wgmma, or with `fp8_e4m3` on wgmma.m64n128k32 e4m3 (no
+/// conversion; the tensor cores' fp8 accumulation); a group with different lists runs one pass per row. Σ_h ReLU(q_h·k)·w_h in fp32 in a
+/// fixed order (grid-independent). Errors: kInvalidArgument when !indexer_prefill_wg_supported;
+/// launch failures. No allocation, no sync.
 Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                          int n_sms, cudaStream_t stream);
+                          int n_sms, cudaStream_t stream, bool fp8_e4m3 = false);
 
 /// Whether `indexer_scores_tc` handles (nI, dI): multiples of 16, nI ≤ 128, dI ≤ 256.
 bool indexer_tc_supported(int n_heads, int head_dim);
@@ -91,7 +99,7 @@ bool indexer_decode_supported(const ops::IndexerArgs& a);
 /// (variants 2–7, 13, 14) up to fp32 rounding; compiled for ≥ 1 / 3 / 4 resident blocks an SM.
 /// bf16 / f32 keys: 19–21 run the default. 27 (kIndexerPrefillWgVariant): the prefill
 /// warpgroup-MMA kernel (indexer_prefill_wg; bf16 / fp8 keys, nI = 64, dI = 128; other
-/// arguments run auto) — auto takes it for S > 128 rows when indexer_prefill_wg_auto, before the
+/// arguments run auto; 28: fp8 keys on e4m3 wgmma, kIndexerPrefillWgE4m3Variant) — auto takes it for S > 128 rows when indexer_prefill_wg_auto, before the
 /// WMMA kernel (which stays for other shapes and f32 keys).
 /// No host sync, no allocation
 /// (graph-capturable). Errors: kInvalidArgument for unsupported dims / variant, launch errors.

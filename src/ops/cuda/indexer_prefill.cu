@@ -22,7 +22,11 @@
 // tile — e4m3 values are exact in bf16 — 108 KB), so 2 CTAs share an SM and one CTA's epilogue
 // overlaps the other's MMA. fp8: q is quantized per head as kvfp8::index_query_fp8 (codes staged as
 // their exact bf16 values, the head weight times the head's scale) and the key scale multiplies
-// the head sum — the WMMA kernel's arithmetic, in another summation order.
+// the head sum — the WMMA kernel's arithmetic, in another summation order. The e4m3 mode (opt-in)
+// copies the codes straight into the swizzled operand (4 stages of 8 KB) and multiplies q's codes
+// by them on e4m3 wgmma (m64n128k32): no conversion pass, twice the tensor rate, but the fp8
+// tensor-core accumulation is not fp32 (relative errors ~1e-2 of a score against the exact sum in
+// CudaIndexerPrefillWg; DeepSeek's and SGLang's fp8 indexer paths accumulate the same way).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -45,14 +49,24 @@ constexpr int kQBytes = kQB * kNI * kDI * 2;  // Q, bf16: 64 KB (32 KB per warpg
 constexpr int kTileBytes = kTK * kDI * 2;     // a bf16 key tile: 2 blocks of 64 rows × 128 B
 constexpr int kRawFp8 = kTK * kDI;            // a raw fp8 tile: 64 code rows × 128 B
 
-// Shared-memory layout (byte offsets from a 1024-aligned base).
-template <bool kFp8>
+// Kernel modes: bf16 keys (bf16 wgmma); fp8 keys with the codes converted to their exact bf16
+// values in shared memory (bf16 wgmma: products exact, fp32 sums — the default for fp8 keys);
+// fp8 keys on e4m3 wgmma (q's codes × the key codes, no conversion, 2.7× faster, but the tensor
+// cores' fp8 accumulation keeps fewer bits than fp32: variant 28 / V4_INDEXER_PREFILL_FP8=e4m3).
+enum PfMode : int { kPfBf16 = 0, kPfFp8Conv = 1, kPfFp8 = 2 };
+
+// Shared-memory layout (byte offsets from a 1024-aligned base). Q: bf16 modes 2 blocks of 64 dims
+// per warpgroup (32 KB), e4m3 one block of 128 dims (16 KB).
+template <int M>
 struct PfLayout {
-  static constexpr int kStages = kFp8 ? 3 : 2;
+  static constexpr bool kFp8 = M != kPfBf16, kNative = M == kPfFp8;
+  static constexpr int kQ = kNative ? kQBytes / 2 : kQBytes;
+  static constexpr int kQWg = kQ / 2;                           // a warpgroup's B operand
+  static constexpr int kStages = M == kPfBf16 ? 2 : M == kPfFp8Conv ? 3 : 4;
   static constexpr int kSlot = kFp8 ? kRawFp8 : kTileBytes;
-  static constexpr int kRing = kQBytes;                              // kStages slots
-  static constexpr int kConv = kRing + kStages * kSlot;              // fp8: the converted tile
-  static constexpr int kScale = kConv + (kFp8 ? kTileBytes : 0);     // fp8: [kStages][kTK] f32
+  static constexpr int kRing = kQ;                                     // kStages slots
+  static constexpr int kConv = kRing + kStages * kSlot;                // conv: the bf16 tile
+  static constexpr int kScale = kConv + (M == kPfFp8Conv ? kTileBytes : 0);  // fp8: [kStages][kTK]
   static constexpr int kW = kScale + (kFp8 ? kStages * kTK * 4 : 0);  // [kQB][kNI] f32 weights
   static constexpr int kBytes = kW + kQB * kNI * 4;
   static constexpr int kAlloc = kBytes + 1024;  // + slack to align the base
@@ -64,10 +78,11 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
   return uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
-template <bool kFp8>
+template <int M>
 __global__ void __launch_bounds__(kThreads, 2)
     indexer_prefill_wg_kernel(ops::IndexerArgs a, float* __restrict__ scores, int64_t ld) {
-  using L = PfLayout<kFp8>;
+  using L = PfLayout<M>;
+  constexpr bool kFp8 = L::kFp8, kNative = L::kNative;
   constexpr int S = L::kStages;
   extern __shared__ __align__(128) unsigned char pf_smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(pf_smem_raw));
@@ -90,14 +105,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = 1; i < nq; ++i) shared &= a.cand.offset[t0 + i] == a.cand.offset[t0];
   const int passes = shared ? 1 : nq;
 
-  // Q of the 4 rows (bf16; fp8 keys: the per-head e4m3 codes' values) in the swizzled operand
-  // layout — warpgroup w's B operand: rows n = (qi % 2)·64 + h, 2 blocks of 64 dims — and the head
-  // weights · nI^-1/2 · dI^-1/2 (fp8: · the head's q scale). One warp per (row, head), lane l: dims
-  // 4l … 4l + 3. Rows past the call: zeros.
+  // Q of the 4 rows (bf16; fp8 keys: the per-head e4m3 codes — as bytes on e4m3 wgmma, as their
+  // exact bf16 values with conversion) in the swizzled operand layout — warpgroup w's B operand:
+  // rows n = (qi % 2)·64 + h, 2 blocks of 64 bf16 dims or 1 block of 128 codes — and the head
+  // weights · nI^-1/2 · dI^-1/2 (fp8: · the head's q scale). One warp per (row, head), lane l:
+  // dims 4l … 4l + 3. Rows past the call: zeros.
   const float wscale = rsqrtf(float(kNI)) * rsqrtf(float(kDI));
   for (int r = warp; r < kQB * kNI; r += kThreads / 32) {
     const int qi = r / kNI, h = r - qi * kNI;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    [[maybe_unused]] uint32_t codes = 0;  // kNative: the 4 e4m3 codes
     float wv = 0.f;
     if (qi < nq) {
       const int64_t trow = t0 + qi;
@@ -108,18 +125,30 @@ __global__ void __launch_bounds__(kThreads, 2)
                            fmaxf(kvfp8::abs_finite(v.z), kvfp8::abs_finite(v.w)));
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         const float sc = kvfp8::block_scale(amax), inv = kvfp8::index_query_inv(sc);
-        auto code_value = [&](float x) {
-          return kvfp8::e4m3_decode(kvfp8::e4m3_encode(kvfp8::mul_rn(x, inv)));
-        };
-        v = make_float4(code_value(v.x), code_value(v.y), code_value(v.z), code_value(v.w));
+        if constexpr (kNative) {
+          codes = uint32_t(kvfp8::e4m3_encode(kvfp8::mul_rn(v.x, inv))) |
+                  uint32_t(kvfp8::e4m3_encode(kvfp8::mul_rn(v.y, inv))) << 8 |
+                  uint32_t(kvfp8::e4m3_encode(kvfp8::mul_rn(v.z, inv))) << 16 |
+                  uint32_t(kvfp8::e4m3_encode(kvfp8::mul_rn(v.w, inv))) << 24;
+        } else {
+          auto code_value = [&](float x) {
+            return kvfp8::e4m3_decode(kvfp8::e4m3_encode(kvfp8::mul_rn(x, inv)));
+          };
+          v = make_float4(code_value(v.x), code_value(v.y), code_value(v.z), code_value(v.w));
+        }
         wv *= sc;
       }
     }
     const int n = (qi & 1) * kNI + h, d0 = 4 * lane;
-    const uint32_t off = uint32_t((qi >> 1) * (kQBytes / 2) + (d0 >> 6) * (kQBytes / 4)) +
-                         sw128_off(n, (d0 & 63) >> 3) + uint32_t((d0 & 7) * 2);
-    *reinterpret_cast<uint2*>(smem + off) =
-        make_uint2(wfrag::pack_bf16(v.x, v.y), wfrag::pack_bf16(v.z, v.w));
+    if constexpr (kNative) {  // 4 codes at byte d0 of row n (chunk d0 / 16)
+      const uint32_t off = uint32_t((qi >> 1) * L::kQWg) + sw128_off(n, d0 >> 4) + uint32_t(d0 & 15);
+      *reinterpret_cast<uint32_t*>(smem + off) = codes;
+    } else {
+      const uint32_t off = uint32_t((qi >> 1) * L::kQWg + (d0 >> 6) * (L::kQWg / 2)) +
+                           sw128_off(n, (d0 & 63) >> 3) + uint32_t((d0 & 7) * 2);
+      *reinterpret_cast<uint2*>(smem + off) =
+          make_uint2(wfrag::pack_bf16(v.x, v.y), wfrag::pack_bf16(v.z, v.w));
+    }
     if (lane == 0) s_w[r] = wv;
   }
 
@@ -137,8 +166,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int s0 = tile * kTK;
       if (s0 < maxc) {
         if constexpr (kFp8) {
-          // 64 rows × 8 pieces of 16 codes (2 a thread), plain 128-byte rows; the row's scale with
-          // piece 0.
+          // 64 rows × 8 pieces of 16 codes (2 a thread): plain 128-byte rows (conversion) or
+          // straight into the swizzled e4m3 operand (kNative); the row's scale with piece 0.
           unsigned char* dst = smem + L::kRing + slot * L::kSlot;
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
@@ -147,7 +176,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int32_t cr = s < maxc ? cand[s] : -1;  // −1: past the list or an invalid entry
             const bool ok = cr >= 0;
             const unsigned char* src = pool + (ok ? int64_t(cr) : 0) * row_bytes;
-            wfrag::cp_async16(dst + r * 128 + c * 16, src + c * 16, ok);
+            wfrag::cp_async16(dst + (kNative ? sw128_off(r, c) : uint32_t(r * 128 + c * 16)),
+                              src + c * 16, ok);
             if (c == 0)
               wfrag::cp_async_small<4>(s_scale + slot * kTK + r, src + kDI, ok);
           }
@@ -183,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncthreads();                // everyone's; every warpgroup done with tile i − 1's slot
       issue(tile + (S - 1) * gx, (i + S - 1) % S);
       uint32_t ktile = base_s + uint32_t(L::kRing + slot * L::kSlot);
-      if constexpr (kFp8) {
+      if constexpr (M == kPfFp8Conv) {
         // Codes → bf16 tile (exact): piece (r, c) = dims 16c … 16c + 15 of row r → chunks 2c, 2c + 1
         // (mod 8) of block c / 4.
         const unsigned char* raw = smem + L::kRing + slot * L::kSlot;
@@ -195,10 +225,9 @@ __global__ void __launch_bounds__(kThreads, 2)
           uint32_t o[8];
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            o[2 * k] = wfrag::pack_bf16(kvfp8::e4m3_decode(uint8_t(wv[k] & 0xffu)),
-                                        kvfp8::e4m3_decode(uint8_t((wv[k] >> 8) & 0xffu)));
-            o[2 * k + 1] = wfrag::pack_bf16(kvfp8::e4m3_decode(uint8_t((wv[k] >> 16) & 0xffu)),
-                                            kvfp8::e4m3_decode(uint8_t(wv[k] >> 24)));
+            const uint2 p = e4m3x4_to_bf16x4_fast(wv[k]);
+            o[2 * k] = p.x;
+            o[2 * k + 1] = p.y;
           }
           unsigned char* blk = smem + L::kConv + (c >> 2) * (kTileBytes / 2);
           *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c) & 7)) = make_uint4(o[0], o[1], o[2], o[3]);
@@ -209,16 +238,23 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
         ktile = base_s + uint32_t(L::kConv);
       }
-      // D = K_tile · Q_wgᵀ over 8 k-steps of 16 dims: + 32 bytes inside a 128-byte line, + a block
-      // (K: 8 KB, Q: 16 KB) every 4 steps.
-      const uint32_t qb = base_s + uint32_t(wg * (kQBytes / 2));
+      // D = K_tile · Q_wgᵀ: bf16, 8 k-steps of 16 dims (+ 32 bytes inside a 128-byte line, + a
+      // block — K: 8 KB, Q: 16 KB — every 4 steps); e4m3, 4 k-steps of 32 codes (+ 32 bytes).
+      const uint32_t qb = base_s + uint32_t(wg * L::kQWg);
       wgmma_fence();
       wgmma_fence_acc(d);
+      if constexpr (kNative) {
 #pragma unroll
-      for (int kk = 0; kk < kDI / 16; ++kk) {
-        const uint64_t ad = wgmma_desc_sw128(ktile + uint32_t((kk >> 2) * (kTileBytes / 2) + (kk & 3) * 32), 16, 1024);
-        const uint64_t bd = wgmma_desc_sw128(qb + uint32_t((kk >> 2) * (kQBytes / 4) + (kk & 3) * 32), 16, 1024);
-        wgmma_ss_m64n128k16(d, ad, bd, kk > 0);
+        for (int kk = 0; kk < kDI / 32; ++kk)
+          wgmma_ss_m64n128k32_e4m3(d, wgmma_desc_sw128(ktile + uint32_t(kk * 32), 16, 1024),
+                                   wgmma_desc_sw128(qb + uint32_t(kk * 32), 16, 1024), kk > 0);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kDI / 16; ++kk) {
+          const uint64_t ad = wgmma_desc_sw128(ktile + uint32_t((kk >> 2) * (kTileBytes / 2) + (kk & 3) * 32), 16, 1024);
+          const uint64_t bd = wgmma_desc_sw128(qb + uint32_t((kk >> 2) * (L::kQWg / 2) + (kk & 3) * 32), 16, 1024);
+          wgmma_ss_m64n128k16(d, ad, bd, kk > 0);
+        }
       }
       wgmma_commit();
       wgmma_wait0();
@@ -280,13 +316,12 @@ bool prefill_wg_enabled() {
   }();
   return on;
 }
-
-template <bool kFp8>
+template <int M>
 Status launch_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                          int n_sms, cudaStream_t stream) {
-  using L = PfLayout<kFp8>;
+  using L = PfLayout<M>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      indexer_prefill_wg_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc);
+      indexer_prefill_wg_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAlloc);
   if (attr != cudaSuccess) return cuda_status(attr, "indexer_prefill_wg smem attribute");
   const int64_t groups = (a.n_rows + kQB - 1) / kQB;
   const int64_t tiles = (max_count + kTK - 1) / kTK;
@@ -295,7 +330,7 @@ Status launch_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* sc
   const int64_t want = 4 * int64_t(std::max(1, n_sms));
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(tiles, (want + groups - 1) / groups));
   const dim3 grid{unsigned(gx), unsigned(groups), 1u};
-  indexer_prefill_wg_kernel<kFp8><<<grid, kThreads, L::kAlloc, stream>>>(a, scores, ld);
+  indexer_prefill_wg_kernel<M><<<grid, kThreads, L::kAlloc, stream>>>(a, scores, ld);
   return check_launch("indexer_prefill_wg_kernel");
 }
 
@@ -309,22 +344,31 @@ bool indexer_prefill_wg_supported(const ops::IndexerArgs& a) {
          aligned16(a.key_pool);
 }
 
+bool indexer_prefill_wg_auto_e4m3() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_INDEXER_PREFILL_FP8");
+    return e && std::strcmp(e, "e4m3") == 0;
+  }();
+  return on;
+}
+
 bool indexer_prefill_wg_auto(const ops::IndexerArgs& a) {
   return a.n_rows > kIndexerDecodeMaxRows && prefill_wg_enabled() &&
          indexer_prefill_wg_supported(a);
 }
 
 Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                          int n_sms, cudaStream_t stream) {
+                          int n_sms, cudaStream_t stream, bool fp8_e4m3) {
   if (!indexer_prefill_wg_supported(a))
     return errorf(ErrorCode::kInvalidArgument,
                   "indexer_prefill_wg: needs nI={} dI={} (got {}, {}), bf16 or fp8 index keys, "
                   "16-byte aligned q and keys",
                   kNI, kDI, a.n_heads, a.head_dim);
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
-  return a.key_dtype == KvDtype::kFp8Index
-             ? launch_prefill_wg<true>(a, max_count, scores, ld, n_sms, stream)
-             : launch_prefill_wg<false>(a, max_count, scores, ld, n_sms, stream);
+  if (a.key_dtype != KvDtype::kFp8Index)
+    return launch_prefill_wg<kPfBf16>(a, max_count, scores, ld, n_sms, stream);
+  return fp8_e4m3 ? launch_prefill_wg<kPfFp8>(a, max_count, scores, ld, n_sms, stream)
+                  : launch_prefill_wg<kPfFp8Conv>(a, max_count, scores, ld, n_sms, stream);
 }
 
 }  // namespace v4::cuda

@@ -188,4 +188,17 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t ade
       : "memory");
 }
 
+/// D (+)= A · B, wgmma m64n128k32: e4m3 A and B from shared memory (K-major, the only layout of
+/// 8-bit operands), f32 D in the accumulator fragment; accumulate = 0: D = A · B.
+__device__ __forceinline__ void wgmma_ss_m64n128k32_e4m3(float (&d)[64], uint64_t adesc,
+                                                         uint64_t bdesc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " V4_WGMMA_D64_REGS
+      ", %64, %65, p, 1, 1;\n}\n"
+      : V4_WGMMA_D64_OUTS(d)
+      : "l"(adesc), "l"(bdesc), "r"(accumulate)
+      : "memory");
+}
+
 }  // namespace v4::cuda
