@@ -180,6 +180,30 @@ TEST(CudaMhc, PreNormIsBatchInvariant) {
   }
 }
 
+// Prefill-sized calls group G = S / 128 tokens per CTA (up to 16; 2 up to S = 256): every row's
+// results equal, bit for bit, those of the same row computed alone (G = 1) or in a small batch.
+TEST(CudaMhc, PreNormPrefillGroupsAreBatchInvariant) {
+  V4_REQUIRE_GPU();
+  Ops* g = gpu(Precision::kFp32);
+  ASSERT_NE(g, nullptr);
+  const Case c{4, 4096, 20};
+  for (int64_t S : {int64_t(700), int64_t(2100)}) {  // G = 5 and 16
+    SCOPED_TRACE(::testing::Message() << "S=" << S);
+    PreSite site(c, S);
+    const PreOut all = gpu_pre(g, site, 0, S, true);
+    const int n = c.n, D = c.D;
+    struct Sub { int64_t r0, rows; };
+    for (Sub sub : {Sub{0, 1}, Sub{S - 1, 1}, Sub{S / 2, 7}, Sub{3, 64}, Sub{17, 300}}) {
+      SCOPED_TRACE(::testing::Message() << "rows " << sub.r0 << "+" << sub.rows);
+      const PreOut part = gpu_pre(g, site, sub.r0, sub.rows, true);
+      EXPECT_TRUE(same_bits(part.col, all.col.data() + sub.r0 * D, size_t(sub.rows * D)));
+      EXPECT_TRUE(same_bits(part.post, all.post.data() + sub.r0 * n, size_t(sub.rows * n)));
+      EXPECT_TRUE(same_bits(part.comb, all.comb.data() + sub.r0 * n * n, size_t(sub.rows * n * n)));
+      EXPECT_TRUE(same_bits(part.x, all.x.data() + sub.r0 * D, size_t(sub.rows * D)));
+    }
+  }
+}
+
 // Many calls in a row on the same backend (the finishing counters must be back at zero after
 // each), different S between them, and the in-place form x == collapsed.
 TEST(CudaMhc, PreNormRepeatedAndInPlace) {

@@ -218,7 +218,7 @@ __global__ void mhc_post_kernel(const T* h, const T* __restrict__ f, const float
 // ---- fused mHC (mhc_fused, mhc_post_add) ------------------------------------------------------
 constexpr int kFThreads = 256;
 constexpr int kFWarps = kFThreads / 32;
-constexpr int kFMaxG = 8;  // tokens per CTA (a group)
+constexpr int kFMaxG = 16;  // tokens per CTA (a group), at most
 static_assert(kMhcFusedParts == 64, "the finishing CTA adds the chunks as 2 halves of 32");
 
 __device__ __forceinline__ bool aligned16(const void* p) {
@@ -630,8 +630,11 @@ Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t
   // Tokens per CTA: G ≤ 2 keeps the finishing CTA's G Sinkhorn + 2·G collapse-part jobs within its
   // 8 warps (one round), and S/2 groups finish on S/2 SMs at once. (G = 8 — the fn chunk reused
   // from L1 by 8 tokens — left 16 jobs on one SM per 8 tokens: 45.7 µs at S = 64 vs 40.3 for the
-  // old 3-launch chain, bench/results/cuda-mhc.md.) The grouping does not change any sum.
-  const int G = a.S <= 2 ? int(a.S) : 2;
+  // old 3-launch chain, bench/results/cuda-mhc.md.) Prefill-sized calls (S > 256): G = S / 128
+  // (≤ kFMaxG), about 128 groups — with G = 2 every group re-read the whole fn matrix (1.5 MB for
+  // V4-Flash), 1.5 GB of L2 traffic at S = 2048 and ~1.2 ms a call
+  // (bench/results/bench-v4flash-20l-prefill-profile-s17.md). The grouping does not change any sum.
+  const int G = a.S <= 2 ? int(a.S) : a.S <= 256 ? 2 : int(std::min<int64_t>(kFMaxG, a.S / 128));
   const int64_t groups = (a.S + G - 1) / G;
   if (groups > 65535 || groups > mhc_fused_counters(a.S))
     return errorf(ErrorCode::kInvalidArgument, "mhc_fused: S = {} rows (at most 524,280)", a.S);

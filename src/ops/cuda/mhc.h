@@ -84,7 +84,8 @@ inline int64_t mhc_fused_work_floats(int64_t S) { return S * kMhcFusedParts * 25
 inline int64_t mhc_fused_counters(int64_t S) { return S < 1 ? 1 : S; }
 
 /// mHC pre (or HyperHead) and the following RMSNorm in ONE launch. Grid (kMhcFusedParts, groups
-/// of ≤ 2 tokens): each CTA reduces its fixed chunk of the n·D vector for its group's tokens (fn
+/// of G tokens: ≤ 2, or S / 128 ≤ 16 for S > 256 so that prefill calls read fn ~128 times, not
+/// S / 2): each CTA reduces its fixed chunk of the n·D vector for its group's tokens (fn
 /// dots and the sum of squares) into `work`; the group's last CTA to finish (device counter,
 /// threadfence pattern; it resets the counter) adds the chunks in a fixed order and runs one warp
 /// per job: Sinkhorn (post, comb) of one token, or one of two parts of a token's collapsed stream
