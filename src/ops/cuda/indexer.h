@@ -4,8 +4,10 @@
 // codes, exact, IndexerArgs) — the bf16 tolerance applies, so the CUDA backend uses this only when
 // batch invariance / fp32 results are not required.
 //
-// Two kernels: the decode kernel (≤ 128 rows, nI = 64, dI = 128; described at indexer_scores_tc)
-// and the WMMA kernel (any supported dims, prefill). WMMA kernel: blocks take groups of 4
+// Three kernels: the decode kernel (≤ 128 rows, nI = 64, dI = 128; described at
+// indexer_scores_tc), the prefill warpgroup-MMA kernel (> 128 rows, nI = 64, dI = 128, bf16 / fp8
+// keys: indexer_prefill_wg, indexer_prefill.cu) and the WMMA kernel (any supported dims: the
+// other shapes and f32 keys). WMMA kernel: blocks take groups of 4
 // consecutive query rows; when the 4 rows share one candidate list (rows
 // of one sequence's prefill chunk: same RowMap offset), every key tile is loaded once for all of
 // them (a [4·nI, dI] × [dI, 64] product per tile), otherwise row by row. Key tiles of 64 candidates
