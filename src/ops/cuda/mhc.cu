@@ -409,12 +409,53 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   const int64_t i1 = i0 + chunk < nD ? i0 + chunk : nD;
 
   __shared__ float red[kFWarps][V];
+  __shared__ float red_g[kFMaxG][kFWarps][V];  // one-element-per-thread path: every token's warp sums
   __shared__ float half_s[2][kFMaxG][32];
   __shared__ float mix_s[kFMaxG][32];
   __shared__ float ss_s[kFMaxG][kCParts];
   __shared__ int last_s;
 
-  for (int g = 0; g < gn; ++g) {
+  if (chunk <= kFThreads) {
+    // At most one element per thread (n·D ≤ 64·kFThreads: V4-Flash's 4 × 4096): the thread's 24
+    // fn values are loaded once for the whole group and every token's h value is in flight at
+    // once — one DRAM round trip per CTA instead of one per token (a prefill call of 2,048 tokens
+    // was ~1 ms of such dependent round trips). The per-token arithmetic is the loop's below with
+    // its single iteration (acc = 0 + v·f, the same FMAs), the warp sums the same transpose-reduce
+    // and the warps added in the same order: the same bits.
+    const int64_t i = i0 + threadIdx.x;
+    const bool has = i < i1;
+    float f[NMIX];
+#pragma unroll
+    for (int j = 0; j < NMIX; ++j) f[j] = has && j < n_mix ? __ldg(a.fn + j * nD + i) : 0.f;
+    float hv[kFMaxG];
+#pragma unroll
+    for (int g = 0; g < kFMaxG; ++g) hv[g] = has && g < gn ? a.h[(t0 + g) * nD + i] : 0.f;
+#pragma unroll
+    for (int g = 0; g < kFMaxG; ++g) {
+      if (g >= gn) break;  // uniform
+      float acc[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] = 0.f;
+      if (has) {
+        const float v = hv[g];
+        acc[NMIX] += v * v;
+#pragma unroll
+        for (int j = 0; j < NMIX; ++j)
+          if (j < n_mix) acc[j] += v * f[j];
+      }
+      const float r = warp_transpose_sum<V>(acc, lane);
+      if (lane < V) red_g[g][warp][lane] = r;
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < gn * NV; q += kFThreads) {
+      const int g = q / NV, j = q - g * NV;
+      float s = red_g[g][0][j];
+#pragma unroll
+      for (int w = 1; w < kFWarps; ++w) s += red_g[g][w][j];
+      work[((t0 + g) * kMhcFusedParts + c) * NV + j] = s;
+    }
+  }
+  for (int g = 0; g < gn && chunk > kFThreads; ++g) {
     const float* ht = a.h + (t0 + g) * nD;
     float acc[V];
 #pragma unroll
