@@ -124,6 +124,22 @@ double ref_score(const std::vector<float>& qr, const std::vector<float>& w,
   return acc;
 }
 
+// Scores arguments over device buffers: q [S, 64, 128] f32, weights [S, 64], a key pool of `dt`,
+// the candidate map; V4 indexer dims.
+IndexerArgs make_args(const float* q, const float* w, const void* pool, KvDtype dt, RowMap cand,
+                      int64_t S) {
+  IndexerArgs a;
+  a.q = q;
+  a.weights = w;
+  a.key_pool = pool;
+  a.key_dtype = dt;
+  a.cand = cand;
+  a.n_rows = S;
+  a.n_heads = kNI;
+  a.head_dim = kDI;
+  return a;
+}
+
 TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
   V4_REQUIRE_GPU();
   const int64_t pool_rows = 262144;
@@ -158,10 +174,7 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       Dev<float> dq(q), dw(w), ref_out(size_t(S * ld)), out(size_t(S * ld));
       Dev<int32_t> drows(l.rows), dcount(l.count);
       Dev<int64_t> doff(l.offset);
-      IndexerArgs a;
-      a.q = dq.p; a.weights = dw.p; a.key_pool = dpool.p; a.key_dtype = dt;
-      a.cand = {drows.p, doff.p, dcount.p};
-      a.n_rows = S; a.n_heads = kNI; a.head_dim = kDI;
+      const IndexerArgs a = make_args(dq.p, dw.p, dpool.p, dt, {drows.p, doff.p, dcount.p}, S);
       ASSERT_TRUE(cuda::indexer_decode_supported(a));
       ref_out.poison();
       ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, ref_out.p, ld, c.n_sms, nullptr, 3).ok());
@@ -449,10 +462,7 @@ TEST(CudaIndexerPrefillWg, MatchesReferenceAndIsGridIndependent) {
       Dev<float> dq(q), dw(w), out(size_t(S * ld));
       Dev<int32_t> drows(l.rows), dcount(l.count);
       Dev<int64_t> doff(l.offset);
-      IndexerArgs a;
-      a.q = dq.p; a.weights = dw.p; a.key_pool = dpool.p; a.key_dtype = dt;
-      a.cand = {drows.p, doff.p, dcount.p};
-      a.n_rows = S; a.n_heads = kNI; a.head_dim = kDI;
+      const IndexerArgs a = make_args(dq.p, dw.p, dpool.p, dt, {drows.p, doff.p, dcount.p}, S);
       ASSERT_TRUE(cuda::indexer_prefill_wg_supported(a));
       EXPECT_EQ(cuda::indexer_prefill_wg_auto(a), S > cuda::kIndexerDecodeMaxRows);
       auto run = [&](int variant, int n_sms) {

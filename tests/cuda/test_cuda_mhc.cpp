@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -124,6 +125,24 @@ PreOut gpu_pre(Ops* g, const PreSite& s, int64_t r0, int64_t rows, bool norm) {
 
 const Case kCases[] = {{4, 4096, 20}, {4, 37, 20}, {2, 64, 3}, {1, 9, 1}, {3, 100, 7}};
 
+// Rows [r0, r0 + rows) of `site` computed on their own (gpu_pre over just them) equal, bit for
+// bit, the same rows of `all` (the whole site in one call): collapsed, post, comb and x.
+struct SubRows {
+  int64_t r0, rows;
+};
+void expect_rows_as_in(Ops* g, const PreSite& site, const PreOut& all,
+                       std::initializer_list<SubRows> subs) {
+  const int n = site.c.n, D = site.c.D;
+  for (SubRows sub : subs) {
+    SCOPED_TRACE(::testing::Message() << "rows " << sub.r0 << "+" << sub.rows);
+    const PreOut part = gpu_pre(g, site, sub.r0, sub.rows, true);
+    EXPECT_TRUE(same_bits(part.col, all.col.data() + sub.r0 * D, size_t(sub.rows * D)));
+    EXPECT_TRUE(same_bits(part.post, all.post.data() + sub.r0 * n, size_t(sub.rows * n)));
+    EXPECT_TRUE(same_bits(part.comb, all.comb.data() + sub.r0 * n * n, size_t(sub.rows * n * n)));
+    EXPECT_TRUE(same_bits(part.x, all.x.data() + sub.r0 * D, size_t(sub.rows * D)));
+  }
+}
+
 TEST(CudaMhc, PreNormMatchesCpu) {
   V4_REQUIRE_GPU();
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
@@ -167,16 +186,7 @@ TEST(CudaMhc, PreNormIsBatchInvariant) {
     SCOPED_TRACE(::testing::Message() << "n=" << c.n << " D=" << c.D);
     PreSite site(c, S);
     const PreOut all = gpu_pre(g, site, 0, S, true);
-    const int n = c.n, D = c.D;
-    struct Sub { int64_t r0, rows; };
-    for (Sub sub : {Sub{0, 1}, Sub{5, 1}, Sub{63, 1}, Sub{9, 7}, Sub{20, 33}, Sub{3, 4}}) {
-      SCOPED_TRACE(::testing::Message() << "rows " << sub.r0 << "+" << sub.rows);
-      const PreOut part = gpu_pre(g, site, sub.r0, sub.rows, true);
-      EXPECT_TRUE(same_bits(part.col, all.col.data() + sub.r0 * D, size_t(sub.rows * D)));
-      EXPECT_TRUE(same_bits(part.post, all.post.data() + sub.r0 * n, size_t(sub.rows * n)));
-      EXPECT_TRUE(same_bits(part.comb, all.comb.data() + sub.r0 * n * n, size_t(sub.rows * n * n)));
-      EXPECT_TRUE(same_bits(part.x, all.x.data() + sub.r0 * D, size_t(sub.rows * D)));
-    }
+    expect_rows_as_in(g, site, all, {{0, 1}, {5, 1}, {63, 1}, {9, 7}, {20, 33}, {3, 4}});
   }
 }
 
@@ -191,16 +201,7 @@ TEST(CudaMhc, PreNormPrefillGroupsAreBatchInvariant) {
     SCOPED_TRACE(::testing::Message() << "S=" << S);
     PreSite site(c, S);
     const PreOut all = gpu_pre(g, site, 0, S, true);
-    const int n = c.n, D = c.D;
-    struct Sub { int64_t r0, rows; };
-    for (Sub sub : {Sub{0, 1}, Sub{S - 1, 1}, Sub{S / 2, 7}, Sub{3, 64}, Sub{17, 300}}) {
-      SCOPED_TRACE(::testing::Message() << "rows " << sub.r0 << "+" << sub.rows);
-      const PreOut part = gpu_pre(g, site, sub.r0, sub.rows, true);
-      EXPECT_TRUE(same_bits(part.col, all.col.data() + sub.r0 * D, size_t(sub.rows * D)));
-      EXPECT_TRUE(same_bits(part.post, all.post.data() + sub.r0 * n, size_t(sub.rows * n)));
-      EXPECT_TRUE(same_bits(part.comb, all.comb.data() + sub.r0 * n * n, size_t(sub.rows * n * n)));
-      EXPECT_TRUE(same_bits(part.x, all.x.data() + sub.r0 * D, size_t(sub.rows * D)));
-    }
+    expect_rows_as_in(g, site, all, {{0, 1}, {S - 1, 1}, {S / 2, 7}, {3, 64}, {17, 300}});
   }
 }
 
