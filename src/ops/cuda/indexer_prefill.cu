@@ -359,12 +359,12 @@ bool indexer_prefill_wg_auto(const ops::IndexerArgs& a) {
 
 Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                           int n_sms, cudaStream_t stream, bool fp8_e4m3) {
+  if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
   if (!indexer_prefill_wg_supported(a))
     return errorf(ErrorCode::kInvalidArgument,
                   "indexer_prefill_wg: needs nI={} dI={} (got {}, {}), bf16 or fp8 index keys, "
                   "16-byte aligned q and keys",
                   kNI, kDI, a.n_heads, a.head_dim);
-  if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
   if (a.key_dtype != KvDtype::kFp8Index)
     return launch_prefill_wg<kPfBf16>(a, max_count, scores, ld, n_sms, stream);
   return fp8_e4m3 ? launch_prefill_wg<kPfFp8>(a, max_count, scores, ld, n_sms, stream)

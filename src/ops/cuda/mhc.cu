@@ -678,7 +678,8 @@ Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t
   const int G = a.S <= 2 ? int(a.S) : a.S <= 256 ? 2 : int(std::min<int64_t>(kFMaxG, a.S / 128));
   const int64_t groups = (a.S + G - 1) / G;
   if (groups > 65535 || groups > mhc_fused_counters(a.S))
-    return errorf(ErrorCode::kInvalidArgument, "mhc_fused: S = {} rows (at most 524,280)", a.S);
+    return errorf(ErrorCode::kInvalidArgument, "mhc_fused: S = {} rows (at most {})", a.S,
+                  int64_t(65535) * kFMaxG);
   const dim3 grid(kMhcFusedParts, unsigned(groups));
   if (a.head) {
     mhc_fused_kernel<kMaxN><<<grid, kFThreads, 0, stream>>>(a, G, work, counters);

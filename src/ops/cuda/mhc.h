@@ -93,7 +93,7 @@ inline int64_t mhc_fused_counters(int64_t S) { return S < 1 ? 1 : S; }
 /// summation order depends only on n and D (not on S or the grouping): batch-invariant.
 /// work: mhc_fused_work_floats(S) floats; counters: mhc_fused_counters(S) zeroed ints; no two
 /// calls sharing them may run concurrently. Errors: kInvalidArgument for n ∉ [1, 4], D < 1,
-/// iters < 1 (pre), S > 524,280 or missing outputs.
+/// iters < 1 (pre), S > 1,048,560 (65,535 groups of 16) or missing outputs.
 Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t stream);
 
 /// mHC post after an add: h_out[t, k] = post[t, k]·(f[t] + f_add[t]) + Σ_j comb[t, j, k]·h[t, j]
