@@ -324,13 +324,6 @@ std::string bench_compressor(double bw) {
       row("fused, PDL off (A/B)", launches,
           time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
       unsetenv("V4_COMPRESS_PDL");
-      if (v4::cuda::plan_compress_rows(s.m, s.c, s.d, true).ctas > 1) {
-        // Experimental slot split (cluster plans: whole slot rows per warp; same bits).
-        setenv("V4_COMPRESS_SLOTSPLIT", "1", 1);
-        row("fused, slot split (A/B, V4_COMPRESS_SLOTSPLIT=1)", launches,
-            time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
-        unsetenv("V4_COMPRESS_SLOTSPLIT");
-      }
       if (launches == 1) {
         setenv("V4_COMPRESS_FLOOR", "1", 1);  // diagnostic: no work, results not computed
         row("floor (diagnostic): same grid, index loads + PDL wait only", 1,

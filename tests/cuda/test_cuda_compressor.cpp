@@ -397,43 +397,6 @@ FusedOut run_fused(const CompressCase& k, bool one) {
   return FusedOut{b.dpool->host(), b.drkv->host(), b.drg->host()};
 }
 
-// The slot-split pooling (V4_COMPRESS_SLOTSPLIT=1, experimental: each CTA of a cluster folds
-// its share of the window partitions over every channel, whole slot rows per warp, then gathers
-// its channel slice's partition states through distributed shared memory) gives the base plan's
-// rows bit for bit: C128 d512 (8 CTAs × 2 partitions) and d 196 (a cluster of 4), prefill with the
-// ring hazard (two launches), from position 0 (one launch) and decode B = 64.
-TEST(CudaCompressor, SlotSplitBitIdenticalToBasePlan) {
-  V4_REQUIRE_GPU();
-  ASSERT_NE(gpu(), nullptr);
-  struct Env {
-    Env() { setenv("V4_COMPRESS_SLOTSPLIT", "1", 1); }
-    ~Env() { unsetenv("V4_COMPRESS_SLOTSPLIT"); }
-  };
-  for (int d : {512, 196}) {
-    SCOPED_TRACE(::testing::Message() << "d=" << d);
-    const uint64_t seed = cuda::testing::test_seed() + 4321 + d;
-    std::vector<std::pair<CompressCase, bool>> cases;
-    cases.emplace_back(v4::testing::prefill_case(128, 1, d, 64, {{2, 130, 4096}}, seed), false);
-    cases.emplace_back(v4::testing::prefill_case(128, 1, d, 64, {{0, 0, 4096}}, seed + 1), true);
-    cases.emplace_back(
-        v4::testing::decode_case(128, 1, d, 64, random_decode_positions(64, 128, seed), seed + 2),
-        true);
-    for (auto& [k, one] : cases) {
-      poison_outputs(k);
-      const FusedOut base = run_fused(k, one);
-      FusedOut split;
-      {
-        Env env;
-        split = run_fused(k, one);
-      }
-      EXPECT_TRUE(split.pool == base.pool) << "pool rows differ (n_out " << k.n_out() << ")";
-      EXPECT_TRUE(split.rkv == base.rkv);
-      EXPECT_TRUE(split.rg == base.rg);
-      for (float v : split.pool) ASSERT_FALSE(std::isnan(v));
-    }
-  }
-}
-
 // The wide (decode) plans — K CTAs per row over more SMs (C4 d512: 4 × 32 channels; indexer
 // d128: 2 × 64; C128: 8 × 64), every slot load of a thread in flight before any math — against
 // the CPU composition (1e-5) and against the base plans (V4_COMPRESS_WIDE=0): they are built to

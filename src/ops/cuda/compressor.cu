@@ -158,15 +158,7 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // pair lies inside one thread's group, computed before it is written), then step 5 below: the
 // row amax from the chunk grid over the cluster, one scale, kvfp8::quantize of every channel —
 // the bytes of kvfp8::quantize_index_row of the same f32 row.
-// SPLIT (experimental, V4_COMPRESS_SLOTSPLIT=1; cluster plans of f32 / bf16 pools whose
-// partitions divide over the K CTAs, compressor.cu slot_split_ok): the pooling step reads whole
-// rows — CTA q folds partitions [q·P/K, (q+1)·P/K) of EVERY channel group (a warp loads 512
-// contiguous bytes of a slot row instead of 256-byte pieces of 8 CTAs' slices) into
-// s_split [3][P/K][d] after the plan's shared memory; a cluster barrier; CTA q gathers the P
-// partition states of its channel slice from the cluster (distributed shared memory, in partition
-// order) into s_part and merges them with the same cs_merge: the same per-(group, partition) folds
-// and the same merge order as the base plan, so the same bits.
-template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false, bool SPLIT = false>
+template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false>
 __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
     compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas,
                                bool floor) {
@@ -222,47 +214,8 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
 
   // 1. Pooling of the slice.
   const CsInputs in{a.fresh_kv, a.fresh_gate, a.state_kv, a.state_gate, a.bias, a.ratio, a.overlap, d};
-  if constexpr (SPLIT) {
-    // Every channel group × this CTA's partitions; then the slice's P states from the cluster.
-    static_assert(VEC == 4 && !PF && !FP8 && !IDX, "slot split: vector f32 / bf16 path only");
-    const int ppc = pl.parts / K;  // partitions per CTA
-    float* s_split = reinterpret_cast<float*>(smem + (lay.total + 15) / 16 * 16);  // [3][ppc][d]
-    const int64_t splane = int64_t(ppc) * d;
-    for (int t = tid; t < pl.groups * ppc; t += nt) {
-      const int g = t % pl.groups, pl_ = t / pl.groups, p = rank * ppc + pl_;
-      const int j0 = p * pl.spp, j1 = min(ns, j0 + pl.spp);
-      CsAcc st[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) st[i] = CsAcc{-INFINITY, 0.f, 0.f};
-      cs_fold_slots<VEC, U>(in, s_src, j0, j1, g * VEC, st);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const int64_t o = int64_t(pl_) * d + g * VEC + i;
-        s_split[o] = st[i].mx;
-        s_split[splane + o] = st[i].sum;
-        s_split[2 * splane + o] = st[i].acc;
-      }
-    }
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's partition states written and visible cluster-wide
-    const int64_t plane = int64_t(pl.parts) * cw_max;
-    for (int t = tid; t < pl.parts * cw; t += nt) {
-      const int p = t / cw, l = t - p * cw;
-      const float* r = cluster.map_shared_rank(s_split, unsigned(p / ppc)) + int64_t(p % ppc) * d + c0 + l;
-      const int64_t o = int64_t(p) * cw_max + l;
-      s_part[o] = r[0];
-      s_part[plane + o] = r[splane];
-      s_part[2 * plane + o] = r[2 * splane];
-    }
-    // No CTA leaves (or reuses s_split) before the others' reads: the Σx² step below has two
-    // more cluster barriers and every CTA reaches them.
-    __syncthreads();
-    for (int l = tid; l < cw; l += nt)
-      s_row[l] = cs_merge(s_part + l, s_part + plane + l, s_part + 2 * plane + l, pl.parts, cw_max);
-    __syncthreads();
-  }
   const int x = tid % pl.gw, p = tid / pl.gw;
-  if (!SPLIT && p < pl.parts) {
+  if (p < pl.parts) {
     const int j0 = p * pl.spp, j1 = min(ns, j0 + pl.spp);
     for (int g = g0 + x; g < g1; g += pl.gw) {
       CsAcc st[VEC];
@@ -289,7 +242,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
     }
   }
   __syncthreads();
-  if (!SPLIT && pl.parts > 1) {
+  if (pl.parts > 1) {
     const int64_t plane = int64_t(pl.parts) * cw_max;
     for (int l = tid; l < cw; l += nt)
       s_row[l] = cs_merge(s_part + l, s_part + plane + l, s_part + 2 * plane + l, pl.parts, cw_max);
@@ -548,23 +501,6 @@ Status launch(Kern kern, unsigned grid, unsigned threads, size_t smem, unsigned 
 
 using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t, bool);
 
-// V4_COMPRESS_SLOTSPLIT=1 (experimental A/B, default off; read at every call): the slot-split
-// pooling (SPLIT instances) for plans it applies to — cluster plans (K > 1) of the vector path
-// with 4-slot batches and no prefetch, partitions divisible by K, f32 / bf16 pools. Extra dynamic
-// shared memory: 3·(P/K)·d floats after the plan's layout.
-bool slot_split_env() {
-  const char* e = std::getenv("V4_COMPRESS_SLOTSPLIT");
-  return e && e[0] == '1';
-}
-size_t slot_split_extra(const CompressRowsPlan& pl, int d) {
-  return size_t(3) * size_t(pl.parts / pl.ctas) * size_t(d) * 4 + 16;
-}
-bool slot_split_ok(const CompressRowsPlan& pl, int d, KvDtype dt) {
-  return pl.vec == 4 && pl.ctas > 1 && !pl.prefetch && pl.unroll == 4 && pl.parts > 1 &&
-         pl.parts % pl.ctas == 0 && (dt == KvDtype::kF32 || dt == KvDtype::kBf16) &&
-         pl.smem + slot_split_extra(pl, d) <= kCompressSmemLimit;
-}
-
 // The fp8 indexer-key instance of a vector plan `pl` (kFp8Index pools; nullptr for scalar plans).
 Kern rows_kernel_idx(const CompressRowsPlan& pl, bool one) {
   if (pl.vec != 4) return nullptr;
@@ -660,18 +596,13 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
     const int64_t grid = a.n_out * pl.ctas + ring_ctas;
     if (grid > 0x7fffffff)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    const bool split = slot_split_env() && slot_split_ok(pl, d, a.pool_dtype);
-    const Kern kern =
-        split ? (one ? compress_fused_rows_kernel<4, 4, true, false, false, false, true>
-                     : compress_fused_rows_kernel<4, 4, false, false, false, false, true>)
-        : a.pool_dtype == KvDtype::kFp8      ? rows_kernel<true>(pl, one)
-        : a.pool_dtype == KvDtype::kFp8Index ? rows_kernel_idx(pl, one)
-                                             : rows_kernel<false>(pl, one);
+    const Kern kern = a.pool_dtype == KvDtype::kFp8        ? rows_kernel<true>(pl, one)
+                      : a.pool_dtype == KvDtype::kFp8Index ? rows_kernel_idx(pl, one)
+                                                           : rows_kernel<false>(pl, one);
     if (!kern)
       return errorf(ErrorCode::kInternal, "compress_fused: no kernel for plan vec {} ({} pools)",
                     pl.vec, kv_dtype_name(a.pool_dtype));
-    const size_t smem = pl.smem + (split ? slot_split_extra(pl, d) : 0);
-    V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), smem,
+    V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
                               unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
     ring_done = ring_done || one;
   }
