@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "cache/radix_kv.h"
 #include "model/deepseek_v4.h"
@@ -68,6 +70,8 @@ int32_t argmax(const float* p, int64_t n) { return int32_t(std::max_element(p, p
 // One request driven like the scheduler does: prefill in chunks that end at snapshot points,
 // then greedy decode. Several requests advance together, one batched forward per step.
 struct Req {
+  Req() = default;
+  Req(std::vector<int32_t> p, int n) : prompt(std::move(p)), n_gen(n) {}
   std::vector<int32_t> prompt;
   int n_gen = 0;
   cache::PrefixSeq h;

@@ -508,7 +508,9 @@ TEST(DeviceSampling, ModelHeadSamplesOnTheBackendLikeHostSampling) {
     expect_same(want, got);
     EXPECT_GT(counts.first, 10);   // sample() calls
     EXPECT_GT(counts.second, 60);  // rows sampled on the "device"
-    if (device_plan) EXPECT_GT(decode_steps, 5);
+    if (device_plan) {
+      EXPECT_GT(decode_steps, 5);
+    }
   }
 }
 

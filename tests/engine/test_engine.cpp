@@ -249,7 +249,9 @@ TEST(Engine, CancelRacesWithSubmit) {
   for (int i = 0; i < n; ++i) {
     EXPECT_EQ(finals[size_t(i)].load(), 1) << i;
     n_aborted += aborted[size_t(i)].load();
-    if (i % 3 == 2) EXPECT_EQ(aborted[size_t(i)].load(), 0) << i;
+    if (i % 3 == 2) {
+      EXPECT_EQ(aborted[size_t(i)].load(), 0) << i;
+    }
   }
   EXPECT_GE(n_aborted, 1);
   EXPECT_EQ(raw->live_sequences(), 0);

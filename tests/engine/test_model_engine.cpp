@@ -365,8 +365,9 @@ TEST(ModelEngine, FixedBudgetSizesSwaPoolForLiveWindows) {
   const auto need = (*exec)->pages_for(int64_t(1) << 20);
   const auto pools = (*exec)->pools();
   for (size_t i = 0; i < pools.size(); ++i)
-    if (pools[i].name == "swa_pages")
+    if (pools[i].name == "swa_pages") {
       EXPECT_EQ(need[i] * mo.max_sequences, live) << "pages_for(1M) swa " << need[i];
+    }
 }
 
 }  // namespace

@@ -123,7 +123,9 @@ TEST(Sampler, TopPLargeVocabMatchesFullSort) {
       EXPECT_NEAR(double(nonzero), double(keep), 1.0) << "spread " << spread << " top_p " << top_p;
       for (size_t k = 0; k + 1 < keep; ++k)  // (the boundary token may differ by rounding)
         EXPECT_GT(got[size_t(idx[k])], 0.0f) << k;
-      if (spread == 0.5f && top_p >= 0.9f) EXPECT_GT(keep, 1000u);  // exercises m > 256
+      if (spread == 0.5f && top_p >= 0.9f) {
+        EXPECT_GT(keep, 1000u);  // exercises m > 256
+      }
     }
   }
 }

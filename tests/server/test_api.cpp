@@ -1111,7 +1111,9 @@ TEST_F(ApiTest, PrefixContinuationRendersTheFinalAssistantMessageWithoutEos) {
       EXPECT_NE(toks.back(), kEos);
       const std::string text = tok_.decode(toks, false);
       EXPECT_EQ(text.substr(text.size() - 9), "Hello wor") << text;
-      if (thinking) EXPECT_NE(text.find("</think>Hello wor"), std::string::npos) << text;
+      if (thinking) {
+        EXPECT_NE(text.find("</think>Hello wor"), std::string::npos) << text;
+      }
 
       json creq = req;
       creq["max_tokens"] = 6;
