@@ -50,7 +50,7 @@
 #               tables, branches serialised) -> bench-v4flash-20l-ratio-ab.md (A/B of kernel
 #               switches end to end; not in the default stage list)
 #   idxpfk      bench_kernels --only-indexer-prefill -> cuda-indexer-prefill.md (prefill indexer
-#               scores: the warpgroup-MMA kernel vs the WMMA kernel; not in the default list)
+#               scores: the warpgroup-MMA kernel, its e4m3 mode and the WMMA kernel)
 #   idxpf       v4serve bench prefill (chunk $V4_IDXPF_CHUNK (2048) at $V4_IDXPF_CONTEXT (128K,900K),
 #               bf16 KV + $V4_IDXPF_EXTRA (--index-cache-dtype fp8); V4_IDXPF_PROFILE=1: --profile)
 #               with V4_INDEXER_PREFILL_WG=0 and 1 -> bench-v4flash-20l-idxpf.md (not in the
@@ -98,7 +98,7 @@ D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export V4_COMMIT="$(cat .devdeps/commit 2>/dev/null || echo unknown)"
 export V4_DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-stages=" ${V4_STAGES:-compressor wformat gemv topk indexer attention mhc decode mstream} "
+stages=" ${V4_STAGES:-compressor wformat gemv topk indexer idxpfk attention mhc decode mstream} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 logs=()
 kb() {  # kb <stage> <flag>
