@@ -218,6 +218,15 @@ std::vector<int64_t> decode_positions(int B, int m) {
 
 }  // namespace
 
+// The V4-Flash compressor shapes both tables run: ratio m, overlap c, dim d.
+struct CompressorShape {
+  const char* name;
+  int m, c, d;
+};
+constexpr CompressorShape kCompressorShapes[] = {{"C4 d512 (CSA kv)", 4, 2, 512},
+                                                 {"C4 d128 (indexer)", 4, 2, 128},
+                                                 {"C128 d512 (HCA)", 128, 1, 512}};
+
 /// The compressor section (Markdown) at copy bandwidth `bw` GB/s (read + write).
 std::string bench_compressor(double bw) {
   auto made = v4::ops::make_cuda_ops();
@@ -259,13 +268,7 @@ std::string bench_compressor(double bw) {
      << "| case | rows (closing / ring) | variant | launches | µs | fused MB | unfused MB | GB/s | "
         "% of 1 GiB copy BW | memcpy D2D same bytes µs | % of same-size memcpy | ≥ 85%? |\n"
      << "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
-  struct Shape {
-    const char* name;
-    int m, c, d;
-  };
-  const Shape shapes[] = {{"C4 d512 (CSA kv)", 4, 2, 512},
-                          {"C4 d128 (indexer)", 4, 2, 128},
-                          {"C128 d512 (HCA)", 128, 1, 512}};
+  const auto& shapes = kCompressorShapes;
   struct Scenario {
     const char* name;
     int B;       // 0 = prefill 8K
@@ -273,7 +276,7 @@ std::string bench_compressor(double bw) {
   };
   for (Scenario sc : {Scenario{"prefill 8K", 0, 0}, Scenario{"prefill 8K at 8K+2 (ring hazard)", 0, 8194},
                       Scenario{"decode B=64", 64, 0}, Scenario{"decode B=1", 1, 0}}) {
-    for (const Shape& s : shapes) {
+    for (const CompressorShape& s : shapes) {
       CompressCase k = sc.B == 0
                            ? v4::testing::prefill_case(s.m, s.c, s.d, 64, {{0, sc.s0, 8192}}, 42)
                            : v4::testing::decode_case(s.m, s.c, s.d, 64,
@@ -404,19 +407,13 @@ std::string bench_compressor_proj(double bw) {
      << "| case | closing rows | variant | launches | µs | floor MB | GB/s | % of 1 GiB copy BW | "
         "memcpy same bytes (rotating) µs | % of same-size memcpy | ≥ 85%? |\n"
      << "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
-  struct Shape {
-    const char* name;
-    int m, c, d;
-  };
-  const Shape shapes[] = {{"C4 d512 (CSA kv)", 4, 2, 512},
-                          {"C4 d128 (indexer)", 4, 2, 128},
-                          {"C128 d512 (HCA)", 128, 1, 512}};
+  const auto& shapes = kCompressorShapes;
   // V4_COMPRESS_PROJ_CASE="B:i" (profiling runs): only batch B with shape i.
   int only_b = 0, only_s = -1;
   if (const char* e = std::getenv("V4_COMPRESS_PROJ_CASE")) std::sscanf(e, "%d:%d", &only_b, &only_s);
   for (int B : {64, 16, 1}) {
     if (only_b > 0 && B != only_b) continue;
-    for (const Shape& s : shapes) {
+    for (const CompressorShape& s : shapes) {
       if (only_s >= 0 && &s - shapes != only_s) continue;
       CompressCase k = v4::testing::decode_case(s.m, s.c, s.d, 64, decode_positions(B, s.m), 42);
       const Bytes by = count_bytes(k);
