@@ -539,13 +539,14 @@ std::string bench_indexer_prefill(int reps) {
     << "- new = `indexer_scores_tc` variant 27 (indexer_prefill_wg: 4 rows a CTA sharing 64-key "
        "tiles, wgmma.m64n128k16; fp8 keys: codes converted to bf16 in shared memory, exact; auto "
        "for S > 128); e4m3 = variant 28 (fp8 keys: wgmma.m64n128k32 e4m3 on q's codes, no "
-       "conversion, fp8 tensor-core accumulation; V4_INDEXER_PREFILL_FP8=e4m3 makes it auto); old "
-       "= variant 1 (the WMMA kernel, auto before these)\n"
+       "conversion, fp8 tensor-core accumulation; V4_INDEXER_PREFILL_FP8=e4m3 makes it auto); reg = "
+       "variant 29 (fp8 codes converted from registers one tile ahead, experimental); old = variant 1 "
+       "(the WMMA kernel, auto before these)\n"
     << "- times: median of " << std::max(3, reps / 10) << " launches after 1 warm-up; TFLOP/s = "
        "Σ_t count_t · 64 · 128 · 2 / time; % of peak against 790 TFLOP/s (dense bf16)\n\n"
-    << "| keys | S rows | L keys | new ms | e4m3 ms | old ms | speed-up | new TFLOP/s | e4m3 "
-       "TFLOP/s | old TFLOP/s | new % of peak |\n"
-    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    << "| keys | S rows | L keys | new ms | e4m3 ms | reg ms | old ms | speed-up | new TFLOP/s | "
+       "e4m3 TFLOP/s | reg TFLOP/s | old TFLOP/s | new % of peak |\n"
+    << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   struct Shape { int64_t S, L; };
   for (v4::KvDtype dt : {v4::KvDtype::kFp8Index, v4::KvDtype::kBf16}) {
     for (Shape sh : {Shape{256, 32768}, Shape{2048, 32768}, Shape{256, 230400}, Shape{2048, 230400}}) {
@@ -591,26 +592,31 @@ std::string bench_indexer_prefill(int reps) {
       a.cand = {rows, offs, cnt};
       a.n_rows = S; a.n_heads = nI; a.head_dim = dI; a.max_count = L;
       const bool fp8 = dt == v4::KvDtype::kFp8Index;
-      double ms[3] = {};
-      const int variants[3] = {v4::cuda::kIndexerPrefillWgVariant,
-                               v4::cuda::kIndexerPrefillWgE4m3Variant, 1};
-      for (int k = 0; k < 3; ++k) {
-        if (k == 1 && !fp8) continue;  // bf16 keys: 28 = 27
+      double ms[4] = {};
+      const int variants[4] = {v4::cuda::kIndexerPrefillWgVariant,
+                               v4::cuda::kIndexerPrefillWgE4m3Variant, 1,
+                               v4::cuda::kIndexerPrefillWgRegVariant};
+      for (int k = 0; k < 4; ++k) {
+        if ((k == 1 || k == 3) && !fp8) continue;  // bf16 keys: 28 = 29 = 27
         ms[k] = v4::bench::time_launches(st, [&](int, cudaStream_t s) {
                   IB_OK(v4::cuda::indexer_scores_tc(a, L, scores, L, n_sms, s, variants[k]));
                 }, std::max(3, reps / 10), 1, 1).med_us / 1e3;
       }
       auto tf = [&](double m) { return flops / (m * 1e-3) / 1e12; };
-      char e4m3_ms[32] = "—", e4m3_tf[32] = "—";
+      char e4m3_ms[32] = "—", e4m3_tf[32] = "—", reg_ms[32] = "—", reg_tf[32] = "—";
       if (fp8) {
         std::snprintf(e4m3_ms, sizeof e4m3_ms, "%.3f", ms[1]);
         std::snprintf(e4m3_tf, sizeof e4m3_tf, "%.0f", tf(ms[1]));
+        std::snprintf(reg_ms, sizeof reg_ms, "%.3f", ms[3]);
+        std::snprintf(reg_tf, sizeof reg_tf, "%.0f", tf(ms[3]));
       }
-      char buf[384];
+      char buf[448];
       std::snprintf(buf, sizeof buf,
-                    "| %s | %lld | %lld | %.3f | %s | %.2f | %.1f× | %.0f | %s | %.1f | %.0f%% |\n",
-                    v4::kv_dtype_name(dt), (long long)S, (long long)L, ms[0], e4m3_ms, ms[2],
-                    ms[2] / ms[0], tf(ms[0]), e4m3_tf, tf(ms[2]), 100.0 * tf(ms[0]) / 790.0);
+                    "| %s | %lld | %lld | %.3f | %s | %s | %.2f | %.1f× | %.0f | %s | %s | %.1f | "
+                    "%.0f%% |\n",
+                    v4::kv_dtype_name(dt), (long long)S, (long long)L, ms[0], e4m3_ms, reg_ms,
+                    ms[2], ms[2] / ms[0], tf(ms[0]), e4m3_tf, reg_tf, tf(ms[2]),
+                    100.0 * tf(ms[0]) / 790.0);
       o << buf;
       std::printf("indexer prefill %s S=%lld L=%lld: new %.3f ms (%.0f TFLOP/s), e4m3 %s ms, old "
                   "%.2f ms (%.1f)\n",

@@ -471,12 +471,14 @@ TEST(CudaIndexerPrefillWg, MatchesReferenceAndIsGridIndependent) {
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         return out.host();
       };
-      // Variant 27 (fp8 keys: codes converted to bf16) and 28 (fp8 keys: e4m3 wgmma, whose fp8
+      // Variant 27 (fp8 keys: codes converted to bf16), 29 (the same conversion from registers)
+      // and 28 (fp8 keys: e4m3 wgmma, whose fp8
       // accumulation keeps fewer bits — measured 1.2e-2 … 3.0e-2 in this metric on the H200, so 1e-1 —
       // still far below a wrong layout's O(1); bf16 keys: = 27).
       const auto qr = ref_query(q, dt);
       std::vector<float> got27;
-      for (int variant : {cuda::kIndexerPrefillWgVariant, cuda::kIndexerPrefillWgE4m3Variant}) {
+      for (int variant : {cuda::kIndexerPrefillWgVariant, cuda::kIndexerPrefillWgE4m3Variant,
+                          cuda::kIndexerPrefillWgRegVariant}) {
         const bool e4m3 = variant == cuda::kIndexerPrefillWgE4m3Variant && dt == KvDtype::kFp8Index;
         SCOPED_TRACE(::testing::Message() << "variant " << variant);
         const auto got = run(variant, 132);

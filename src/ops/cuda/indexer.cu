@@ -1673,13 +1673,18 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
   // Prefill chunks (> kDecodeMaxRows rows): the warpgroup-MMA prefill kernel (indexer_prefill.cu);
   // variant 27 on arguments it does not take (f32 keys, other dims) runs auto, as the other
   // key-format-specific variants do.
-  const bool pf_forced =
-      variant == kIndexerPrefillWgVariant || variant == kIndexerPrefillWgE4m3Variant;
+  const bool pf_forced = variant == kIndexerPrefillWgVariant ||
+                         variant == kIndexerPrefillWgE4m3Variant ||
+                         variant == kIndexerPrefillWgRegVariant;
   if (pf_forced && !indexer_prefill_wg_supported(a)) variant = 0;
-  if ((pf_forced && variant != 0) || (variant == 0 && indexer_prefill_wg_auto(a)))
-    return indexer_prefill_wg(a, max_count, scores, ld, n_sms, stream,
-                              variant == kIndexerPrefillWgE4m3Variant ||
-                                  (variant == 0 && indexer_prefill_wg_auto_e4m3()));
+  if ((pf_forced && variant != 0) || (variant == 0 && indexer_prefill_wg_auto(a))) {
+    const int fp8_mode =
+        variant == kIndexerPrefillWgE4m3Variant || (variant == 0 && indexer_prefill_wg_auto_e4m3())
+            ? kPrefillFp8E4m3
+        : variant == kIndexerPrefillWgRegVariant ? kPrefillFp8Registers
+                                                 : kPrefillFp8Convert;
+    return indexer_prefill_wg(a, max_count, scores, ld, n_sms, stream, fp8_mode);
+  }
   if (variant >= 2 || (variant == 0 && a.n_rows <= kDecodeMaxRows && decode_kernel_enabled() &&
                        indexer_decode_supported(a))) {
     if (!indexer_decode_supported(a))

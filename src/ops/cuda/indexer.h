@@ -26,12 +26,19 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 28;
+inline constexpr int kIndexerScoresMaxVariant = 29;
 /// `indexer_scores_tc` variant that forces the prefill warpgroup-MMA kernel (indexer_prefill_wg).
 inline constexpr int kIndexerPrefillWgVariant = 27;
 /// The same kernel with fp8 keys multiplied on e4m3 wgmma (q's codes × the key codes; the tensor
 /// cores' fp8 accumulation, not fp32) instead of converted to bf16 (bf16 keys: = 27).
 inline constexpr int kIndexerPrefillWgE4m3Variant = 28;
+/// The same kernel with fp8 codes loaded into registers one tile ahead and converted into the
+/// other of two bf16 tile slots during the current tile's wgmma (experimental, session 17: not yet
+/// run on a GPU; bf16 keys: = 27).
+inline constexpr int kIndexerPrefillWgRegVariant = 29;
+/// indexer_prefill_wg's fp8 modes: codes converted to bf16 in shared memory (the default), e4m3
+/// wgmma, codes converted from registers (kIndexerPrefillWgRegVariant).
+inline constexpr int kPrefillFp8Convert = 0, kPrefillFp8E4m3 = 1, kPrefillFp8Registers = 2;
 /// Largest pipelined (cp.async ring) variant: 4 … this give the decode kernel's scores bit for bit.
 inline constexpr int kIndexerPipeMaxVariant = 7;
 
@@ -53,12 +60,13 @@ bool indexer_prefill_wg_auto_e4m3();
 /// tile, gathered by cp.async into the 128-byte-swizzle layout and multiplied with keys = M,
 /// 2 rows × 64 heads = N, dims = K: bf16 keys by wgmma.m64n128k16 on bf16 q; fp8 keys: q's
 /// per-head e4m3 codes (kvfp8::index_query_fp8) × the key codes, converted to their exact bf16
-/// values in shared memory, on bf16 wgmma, or with `fp8_e4m3` on wgmma.m64n128k32 e4m3 (no
+/// values in shared memory, on bf16 wgmma (`fp8_mode` kPrefillFp8Convert, or kPrefillFp8Registers:
+/// converted from registers one tile ahead), or on wgmma.m64n128k32 e4m3 (kPrefillFp8E4m3: no
 /// conversion; the tensor cores' fp8 accumulation); a group with different lists runs one pass per row. Σ_h ReLU(q_h·k)·w_h in fp32 in a
 /// fixed order (grid-independent). Errors: kInvalidArgument when !indexer_prefill_wg_supported;
 /// launch failures. No allocation, no sync.
 Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                          int n_sms, cudaStream_t stream, bool fp8_e4m3 = false);
+                          int n_sms, cudaStream_t stream, int fp8_mode = kPrefillFp8Convert);
 
 /// Whether `indexer_scores_tc` handles (nI, dI): multiples of 16, nI ≤ 128, dI ≤ 256.
 bool indexer_tc_supported(int n_heads, int head_dim);

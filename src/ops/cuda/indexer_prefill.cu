@@ -53,7 +53,10 @@ constexpr int kRawFp8 = kTK * kDI;            // a raw fp8 tile: 64 code rows ×
 // values in shared memory (bf16 wgmma: products exact, fp32 sums — the default for fp8 keys);
 // fp8 keys on e4m3 wgmma (q's codes × the key codes, no conversion, 2.7× faster, but the tensor
 // cores' fp8 accumulation keeps fewer bits than fp32: variant 28 / V4_INDEXER_PREFILL_FP8=e4m3).
-enum PfMode : int { kPfBf16 = 0, kPfFp8Conv = 1, kPfFp8 = 2 };
+enum PfMode : int { kPfBf16 = 0, kPfFp8Conv = 1, kPfFp8 = 2, kPfFp8Reg = 3 };
+// kPfFp8Reg (variant 29, experimental): fp8 codes loaded into registers one tile ahead, converted
+// and stored into the other of two bf16 tile slots while the current tile's wgmma runs — no raw
+// staging, one barrier a tile instead of two.
 
 // Shared-memory layout (byte offsets from a 1024-aligned base). Q: bf16 modes 2 blocks of 64 dims
 // per warpgroup (32 KB), e4m3 one block of 128 dims (16 KB).
@@ -62,8 +65,8 @@ struct PfLayout {
   static constexpr bool kFp8 = M != kPfBf16, kNative = M == kPfFp8;
   static constexpr int kQ = kNative ? kQBytes / 2 : kQBytes;
   static constexpr int kQWg = kQ / 2;                           // a warpgroup's B operand
-  static constexpr int kStages = M == kPfBf16 ? 2 : M == kPfFp8Conv ? 3 : 4;
-  static constexpr int kSlot = kFp8 ? kRawFp8 : kTileBytes;
+  static constexpr int kStages = M == kPfBf16 || M == kPfFp8Reg ? 2 : M == kPfFp8Conv ? 3 : 4;
+  static constexpr int kSlot = kFp8 && M != kPfFp8Reg ? kRawFp8 : kTileBytes;
   static constexpr int kRing = kQ;                                     // kStages slots
   static constexpr int kConv = kRing + kStages * kSlot;                // conv: the bf16 tile
   static constexpr int kScale = kConv + (M == kPfFp8Conv ? kTileBytes : 0);  // fp8: [kStages][kTK]
@@ -198,48 +201,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       wfrag::cp_async_commit();
     };
 
-    __syncthreads();  // Q / weights staged; the previous pass is done with the ring
-#pragma unroll
-    for (int p = 0; p < S - 1; ++p) issue(tile0 + p * gx, p);
-
-    float d[64];
-#pragma unroll
-    for (int k = 0; k < 64; ++k) d[k] = 0.f;
-    int i = 0;
-    for (int tile = tile0; tile * kTK < maxc; tile += gx, ++i) {
-      const int slot = i % S;
-      wfrag::cp_async_wait<S - 2>();  // this thread's copies of `tile` landed
-      fence_proxy_async_smem();       // … visible to wgmma (with the Q stores)
-      __syncthreads();                // everyone's; every warpgroup done with tile i − 1's slot
-      issue(tile + (S - 1) * gx, (i + S - 1) % S);
-      uint32_t ktile = base_s + uint32_t(L::kRing + slot * L::kSlot);
-      if constexpr (M == kPfFp8Conv) {
-        // Codes → bf16 tile (exact): piece (r, c) = dims 16c … 16c + 15 of row r → chunks 2c, 2c + 1
-        // (mod 8) of block c / 4.
-        const unsigned char* raw = smem + L::kRing + slot * L::kSlot;
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int idx = tid + u * kThreads, r = idx >> 3, c = idx & 7;
-          const uint4 w = *reinterpret_cast<const uint4*>(raw + r * 128 + c * 16);
-          const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-          uint32_t o[8];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const uint2 p = e4m3x4_to_bf16x4_fast(wv[k]);
-            o[2 * k] = p.x;
-            o[2 * k + 1] = p.y;
-          }
-          unsigned char* blk = smem + L::kConv + (c >> 2) * (kTileBytes / 2);
-          *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c) & 7)) = make_uint4(o[0], o[1], o[2], o[3]);
-          *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c + 1) & 7)) =
-              make_uint4(o[4], o[5], o[6], o[7]);
-        }
-        fence_proxy_async_smem();
-        __syncthreads();
-        ktile = base_s + uint32_t(L::kConv);
-      }
-      // D = K_tile · Q_wgᵀ: bf16, 8 k-steps of 16 dims (+ 32 bytes inside a 128-byte line, + a
-      // block — K: 8 KB, Q: 16 KB — every 4 steps); e4m3, 4 k-steps of 32 codes (+ 32 bytes).
+    // D = K_tile · Q_wgᵀ for the key tile at shared address `ktile`: issued and committed
+    // (mma_wait completes it; mma_tile = both).
+    auto mma_issue = [&](uint32_t ktile, float(&d)[64]) {
+      // bf16: 8 k-steps of 16 dims (+ 32 bytes inside a 128-byte line, + a block — K: 8 KB,
+      // Q: 16 KB — every 4 steps); e4m3: 4 k-steps of 32 codes (+ 32 bytes).
       const uint32_t qb = base_s + uint32_t(wg * L::kQWg);
       wgmma_fence();
       wgmma_fence_acc(d);
@@ -257,9 +223,17 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
       wgmma_commit();
+    };
+    auto mma_wait = [&](float(&d)[64]) {
       wgmma_wait0();
       wgmma_fence_acc(d);
-
+    };
+    auto mma_tile = [&](uint32_t ktile, float(&d)[64]) {
+      mma_issue(ktile, d);
+      mma_wait(d);
+    };
+    // Scores of tile `tile` from D (fp8: times the key scales of ring slot `slot`).
+    auto epilogue = [&](int tile, int slot, const float(&d)[64]) {
       // Σ_h ReLU · w for keys m = 16·wq + g (v[·][0]) and m + 8 (v[·][1]) of rows ql = 0, 1: this
       // thread's heads 8jj + 2t + e, then the 4 lanes t (xor 1, 2) — a reduce-scatter: lane t
       // ends with the sum of (ql = t & 1, half = t >> 1).
@@ -304,8 +278,116 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         }
       }
+    };
+
+    __syncthreads();  // Q / weights staged; the previous pass is done with the ring
+    if constexpr (M == kPfFp8Reg) {
+      // This thread's 2 pieces (16 codes each; row r = i / 8, piece c = i % 8) of a tile and, for
+      // c = 0, the rows' scales, in registers.
+      uint4 raw[2];
+      float rsc[2];
+      auto load_tile = [&](int tile) {
+        const int s0 = tile * kTK;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int i = tid + u * kThreads, r = i >> 3, c = i & 7;
+          const int s = s0 + r;
+          const int32_t cr = s < maxc ? cand[s] : -1;  // −1: past the list or an invalid entry
+          raw[u] = make_uint4(0u, 0u, 0u, 0u);
+          rsc[u] = 0.f;
+          if (cr >= 0) {
+            const unsigned char* src = pool + int64_t(cr) * row_bytes;
+            raw[u] = __ldg(reinterpret_cast<const uint4*>(src + c * 16));
+            if (c == 0) rsc[u] = __ldg(reinterpret_cast<const float*>(src + kDI));
+          }
+        }
+      };
+      // The registers → bf16 slot `slot` (exact codes; zeros stay zeros) and its scales.
+      auto store_tile = [&](int slot) {
+        unsigned char* dst = smem + L::kRing + slot * L::kSlot;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int i = tid + u * kThreads, r = i >> 3, c = i & 7;
+          const uint32_t wv[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+          uint32_t o[8];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const uint2 p = e4m3x4_to_bf16x4_fast(wv[k]);
+            o[2 * k] = p.x;
+            o[2 * k + 1] = p.y;
+          }
+          unsigned char* blk = dst + (c >> 2) * (kTileBytes / 2);
+          *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c) & 7)) = make_uint4(o[0], o[1], o[2], o[3]);
+          *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c + 1) & 7)) =
+              make_uint4(o[4], o[5], o[6], o[7]);
+          if (c == 0) s_scale[slot * kTK + r] = rsc[u];
+        }
+      };
+      float d[64];
+#pragma unroll
+      for (int k = 0; k < 64; ++k) d[k] = 0.f;
+      load_tile(tile0);
+      store_tile(0);
+      fence_proxy_async_smem();  // the tile and the Q stores → the async proxy
+      load_tile(tile0 + gx);
+      int i = 0;
+      for (int tile = tile0; tile * kTK < maxc; tile += gx, ++i) {
+        const int slot = i & 1;
+        // Slot `slot` stored and fenced by every thread; every warpgroup done with tile i − 1
+        // (slot ^ 1 and its scales), which the stores below overwrite.
+        __syncthreads();
+        mma_issue(base_s + uint32_t(L::kRing + slot * L::kSlot), d);
+        if ((tile + gx) * kTK < maxc) store_tile(slot ^ 1);  // tile i + 1, loaded last iteration
+        fence_proxy_async_smem();
+        load_tile(tile + 2 * gx);
+        mma_wait(d);
+        epilogue(tile, slot, d);
+      }
+    } else {
+#pragma unroll
+      for (int p = 0; p < S - 1; ++p) issue(tile0 + p * gx, p);
+
+      float d[64];
+#pragma unroll
+      for (int k = 0; k < 64; ++k) d[k] = 0.f;
+      int i = 0;
+      for (int tile = tile0; tile * kTK < maxc; tile += gx, ++i) {
+        const int slot = i % S;
+        wfrag::cp_async_wait<S - 2>();  // this thread's copies of `tile` landed
+        fence_proxy_async_smem();       // … visible to wgmma (with the Q stores)
+        __syncthreads();                // everyone's; every warpgroup done with tile i − 1's slot
+        issue(tile + (S - 1) * gx, (i + S - 1) % S);
+        uint32_t ktile = base_s + uint32_t(L::kRing + slot * L::kSlot);
+        if constexpr (M == kPfFp8Conv) {
+          // Codes → bf16 tile (exact): piece (r, c) = dims 16c … 16c + 15 of row r → chunks 2c, 2c + 1
+          // (mod 8) of block c / 4.
+          const unsigned char* raw = smem + L::kRing + slot * L::kSlot;
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int idx = tid + u * kThreads, r = idx >> 3, c = idx & 7;
+            const uint4 w = *reinterpret_cast<const uint4*>(raw + r * 128 + c * 16);
+            const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+            uint32_t o[8];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const uint2 p = e4m3x4_to_bf16x4_fast(wv[k]);
+              o[2 * k] = p.x;
+              o[2 * k + 1] = p.y;
+            }
+            unsigned char* blk = smem + L::kConv + (c >> 2) * (kTileBytes / 2);
+            *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c) & 7)) = make_uint4(o[0], o[1], o[2], o[3]);
+            *reinterpret_cast<uint4*>(blk + sw128_off(r, (2 * c + 1) & 7)) =
+                make_uint4(o[4], o[5], o[6], o[7]);
+          }
+          fence_proxy_async_smem();
+          __syncthreads();
+          ktile = base_s + uint32_t(L::kConv);
+        }
+        mma_tile(ktile, d);
+        epilogue(tile, slot, d);
+      }
+      wfrag::cp_async_wait<0>();  // only empty groups can remain
     }
-    wfrag::cp_async_wait<0>();  // only empty groups can remain
   }
 }
 
@@ -358,7 +440,7 @@ bool indexer_prefill_wg_auto(const ops::IndexerArgs& a) {
 }
 
 Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                          int n_sms, cudaStream_t stream, bool fp8_e4m3) {
+                          int n_sms, cudaStream_t stream, int fp8_mode) {
   if (a.n_rows <= 0 || max_count <= 0) return Status::Ok();
   if (!indexer_prefill_wg_supported(a))
     return errorf(ErrorCode::kInvalidArgument,
@@ -367,8 +449,11 @@ Status indexer_prefill_wg(const ops::IndexerArgs& a, int64_t max_count, float* s
                   kNI, kDI, a.n_heads, a.head_dim);
   if (a.key_dtype != KvDtype::kFp8Index)
     return launch_prefill_wg<kPfBf16>(a, max_count, scores, ld, n_sms, stream);
-  return fp8_e4m3 ? launch_prefill_wg<kPfFp8>(a, max_count, scores, ld, n_sms, stream)
-                  : launch_prefill_wg<kPfFp8Conv>(a, max_count, scores, ld, n_sms, stream);
+  if (fp8_mode == kPrefillFp8E4m3)
+    return launch_prefill_wg<kPfFp8>(a, max_count, scores, ld, n_sms, stream);
+  if (fp8_mode == kPrefillFp8Registers)
+    return launch_prefill_wg<kPfFp8Reg>(a, max_count, scores, ld, n_sms, stream);
+  return launch_prefill_wg<kPfFp8Conv>(a, max_count, scores, ld, n_sms, stream);
 }
 
 }  // namespace v4::cuda
