@@ -14,7 +14,7 @@
 // converted it with scalar code and multiplied with 16×16 WMMA fragments — ~18 TFLOP/s at
 // 900K context, bench/results/bench-v4flash-20l-profile-s13.md). A group whose rows have
 // different lists (a sequence boundary, or decode-shaped calls forced to this kernel) runs
-// one pass per row (the other rows' products are computed and discarded).
+// one pass per distinct list (the other rows' products are computed and discarded).
 //
 // Invalid candidates (−1) score 0 (zero key rows), as in the other kernels.
 // Key tiles stream by cp.async through a ring (bf16: 2 stages of the bf16 tile, 100 KB a CTA;
@@ -103,10 +103,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row_bytes = kFp8 ? kv_fp8_index_layout(kDI).bytes : int64_t(kDI) * 2;
   const unsigned char* const pool = static_cast<const unsigned char*>(a.key_pool);
 
-  // Rows of the group share one candidate list when their map offsets are equal.
-  bool shared = true;
-  for (int i = 1; i < nq; ++i) shared &= a.cand.offset[t0 + i] == a.cand.offset[t0];
-  const int passes = shared ? 1 : nq;
+  // Rows of the group share a candidate list when their map offsets are equal: one pass per
+  // distinct list, led by the first row with that offset, over the rows that share it.
+  // pass_rows(p): bit i set when row i reads row p's list; bit 31 when an earlier row leads it.
+  int64_t offs[kQB];
+#pragma unroll
+  for (int i = 0; i < kQB; ++i) offs[i] = i < nq ? a.cand.offset[t0 + i] : -1;
+  auto pass_rows = [&](int p) {
+    const int64_t op = a.cand.offset[t0 + p];
+    unsigned m = 0;
+#pragma unroll
+    for (int j = 0; j < kQB; ++j)
+      if (j < nq && offs[j] == op) m |= (j < p ? 0x80000000u : 0u) | (1u << j);
+    return m;
+  };
+  auto pass_count = [&](unsigned m) {  // the longest count of the rows in mask m
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < kQB; ++j)
+      if ((m >> j) & 1u) c = max(c, a.cand.count[t0 + j]);
+    return c;
+  };
+  // A CTA with no tile below any of its passes' counts exits before staging q (uniform).
+  {
+    bool work = false;
+    for (int p = 0; p < nq; ++p) {
+      const unsigned m = pass_rows(p);
+      if (!(m & 0x80000000u)) work |= int(blockIdx.x) * kTK < pass_count(m);
+    }
+    if (!work) return;
+  }
 
   // Q of the 4 rows (bf16; fp8 keys: the per-head e4m3 codes — as bytes on e4m3 wgmma, as their
   // exact bf16 values with conversion) in the swizzled operand layout — warpgroup w's B operand:
@@ -155,12 +181,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (lane == 0) s_w[r] = wv;
   }
 
-  for (int pass = 0; pass < passes; ++pass) {
-    const int64_t tl = shared ? t0 : t0 + pass;  // the row whose list this pass reads
-    int maxc = 0;
-    for (int i = 0; i < nq; ++i)
-      if (shared || i == pass) maxc = max(maxc, a.cand.count[t0 + i]);
-    const int32_t* cand = a.cand.rows + a.cand.offset[tl];
+  for (int pass = 0; pass < nq; ++pass) {
+    const unsigned rows_m = pass_rows(pass);
+    if (rows_m & 0x80000000u) continue;  // an earlier row leads this list (uniform)
+    const int maxc = pass_count(rows_m);
+    const int32_t* cand = a.cand.rows + a.cand.offset[t0 + pass];
     const int tile0 = int(blockIdx.x);
     if (tile0 * kTK >= maxc) continue;  // uniform over the CTA
 
@@ -269,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int ql = t & 1, m = 16 * wq + g + 8 * int(up);
         const int qi = 2 * wg + ql;
         const int s = tile * kTK + m;
-        if (qi < nq && (shared || qi == pass)) {
+        if ((rows_m >> qi) & 1u) {
           const int64_t trow = t0 + qi;
           if (s < a.cand.count[trow]) {
             float out = mine;
