@@ -405,12 +405,13 @@ TEST(CudaIndexerTc, IndexerTopkWithPipelinedVariantEqualsDefault) {
   }
 }
 
-// The prefill warpgroup-MMA kernel (indexer_prefill_wg, variant 27 — fp8 codes converted to bf16 —
-// and 28 — fp8 keys on e4m3 wgmma; auto above 128 rows = 27) against the double reference,
+// The prefill warpgroup-MMA kernel (indexer_prefill_wg, variant 27 — fp8 codes converted to bf16 in
+// shared memory —, 29 — converted from registers, auto's fp8 mode — and 28 — fp8 keys on e4m3
+// wgmma) against the double reference,
 // bf16 and fp8 keys: two sequences' prefill chunks in one call (rows of a
 // sequence share a list with causal counts; the group of rows 148–151 straddles them and runs
 // one pass per row), invalid (−1) candidates, a row count that is not a multiple of 4, counts that
-// are not multiples of the 64-key tile; auto equals variant 27 bit for bit, and a 1-SM grid (every
+// are not multiples of the 64-key tile; 29 and auto equal variant 27 bit for bit, and a 1-SM grid (every
 // CTA walks all its tiles, wrapping the ring) gives the same bits as the 132-SM one (the head sum
 // order does not depend on the grid). Decode-shaped lists (every row its own list) forced to
 // variant 27: one pass per row, checked against the reference too. Entries at or beyond count[t]
@@ -513,7 +514,10 @@ TEST(CudaIndexerPrefillWg, MatchesReferenceAndIsGridIndependent) {
         const auto one = run(variant, 1);
         EXPECT_EQ(std::memcmp(one.data(), got.data(), got.size() * 4), 0) << "1-SM grid";
       }
-      // Auto is variant 27 for prefill-sized calls, bit for bit.
+      // Auto (variant 29 for fp8 keys, 27 for bf16) equals variant 27 bit for bit for
+      // prefill-sized calls: both fp8 conversions give the same bf16 operands and sums.
+      const auto got29 = run(cuda::kIndexerPrefillWgRegVariant, 132);
+      EXPECT_EQ(std::memcmp(got29.data(), got27.data(), got27.size() * 4), 0) << "29 vs 27";
       if (S > cuda::kIndexerDecodeMaxRows) {
         const auto au = run(0, 132);
         EXPECT_EQ(std::memcmp(au.data(), got27.data(), got27.size() * 4), 0) << "auto";

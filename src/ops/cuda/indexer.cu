@@ -1681,8 +1681,8 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     const int fp8_mode =
         variant == kIndexerPrefillWgE4m3Variant || (variant == 0 && indexer_prefill_wg_auto_e4m3())
             ? kPrefillFp8E4m3
-        : variant == kIndexerPrefillWgRegVariant ? kPrefillFp8Registers
-                                                 : kPrefillFp8Convert;
+        : variant == kIndexerPrefillWgVariant ? kPrefillFp8Convert
+                                              : kPrefillFp8Registers;
     return indexer_prefill_wg(a, max_count, scores, ld, n_sms, stream, fp8_mode);
   }
   if (variant >= 2 || (variant == 0 && a.n_rows <= kDecodeMaxRows && decode_kernel_enabled() &&

@@ -54,9 +54,9 @@ constexpr int kRawFp8 = kTK * kDI;            // a raw fp8 tile: 64 code rows ×
 // fp8 keys on e4m3 wgmma (q's codes × the key codes, no conversion, 2.7× faster, but the tensor
 // cores' fp8 accumulation keeps fewer bits than fp32: variant 28 / V4_INDEXER_PREFILL_FP8=e4m3).
 enum PfMode : int { kPfBf16 = 0, kPfFp8Conv = 1, kPfFp8 = 2, kPfFp8Reg = 3 };
-// kPfFp8Reg (variant 29, experimental): fp8 codes loaded into registers one tile ahead, converted
-// and stored into the other of two bf16 tile slots while the current tile's wgmma runs — no raw
-// staging, one barrier a tile instead of two.
+// kPfFp8Reg (variant 29, auto's fp8 mode): fp8 codes loaded into registers one tile ahead,
+// converted and stored into the other of two bf16 tile slots while the current tile's wgmma runs —
+// no raw staging, one barrier a tile instead of two (2,048 × 230,400 keys: 15.2 vs 17.5 ms).
 
 // Shared-memory layout (byte offsets from a 1024-aligned base). Q: bf16 modes 2 blocks of 64 dims
 // per warpgroup (32 KB), e4m3 one block of 128 dims (16 KB).
