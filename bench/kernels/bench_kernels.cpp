@@ -36,6 +36,10 @@
 //                                             DIR/cuda-wformat.md)
 //   bench_kernels --out DIR --only-moe       (only the routed MoE, moe_mma v1 vs v2 vs the byte
 //                                             floor, MXFP4 and FP8, S = 1…512: DIR/cuda-moe.md)
+//   bench_kernels --profile-gmoe S          (a few MXFP4 grouped-MoE calls of S tokens, for ncu)
+//   bench_kernels --out DIR --only-gmoe      (only the prefill-sized grouped MoE: gmoe_mma on
+//                                             warpgroup MMA vs mma.sync, S = 256…4096:
+//                                             DIR/cuda-gmoe.md)
 //   bench_kernels --out DIR --only-compressor (only FlashCompressor fused vs unfused:
 //                                             DIR/cuda-compressor.md; also part of the full run)
 //   bench_kernels --out DIR --only-mhc       (only the fused mHC rows: DIR/cuda-mhc.md, old vs
@@ -645,6 +649,144 @@ std::string bench_wformat(double bw, int samples) {
   return kt.str();
 }
 
+// Prefill-sized grouped MoE (gmoe_mma, no sync): whole moe_experts calls with the warpgroup-MMA
+// kernel (default) vs the mma.sync kernel with 8 and 4 warps per CTA, format f, V4-Flash shapes
+// (E = 256, D = 4096, I = 2048, k = 6). Used by --only-moe and --only-gmoe.
+std::string gmoe_table(v4::ops::WFormat f, const BenchW& w13, const BenchW& w2,
+                       const v4::cuda::KernelContext& c, double bw, int samples,
+                       std::vector<int64_t> sizes = {256, 1024, 2048, 4096},
+                       bool wg_only = false) {
+  const int E = 256, D = 4096, I = 2048, k = 6;
+  const double kPeakBf16 = 989e12;  // H200 dense bf16 tensor-core peak, FLOP/s
+  const double expert_bytes = double(v4::ops::wformat_bytes(f, 2 * I, D)) +
+                              double(v4::ops::wformat_bytes(f, D, I));
+  std::ostringstream kt;
+  kt << "\nPrefill sizes (" << v4::ops::wformat_name(f)
+     << "): one moe_experts call on the grouped path (device routing, gather, gate/up + SwiGLU, "
+        "down, combine): gmoe_mma on warpgroup MMA (`wg`, default) vs its mma.sync kernel with 8 "
+        "and 4 warps per CTA (`V4_GMOE_WGMMA=0`, `V4_GMOE_WARPS=4`); uniform random routing, 8 "
+        "sets of ids. FLOP floor = 2·pairs·3·D·I / 989 TFLOP/s; byte floor = distinct experts' "
+        "bytes + x + out over the copy bandwidth.\n\n"
+        "Variants of wg (`V4_GMOE_WG_VARIANT`; wg = 0: 64 item columns, MXFP4 k-tiles without "
+        "a scale > 128 skip the second multiply): v1 / v2 / v3 = item columns the smallest of "
+        "{16, 64} / {16, 32, 64} / {16, 32, 48, 64} holding the tile's items, v4 = wg without "
+        "the skip.\n\n"
+        "| S | pairs | mma 4 warps µs | mma 8 warps µs | wg µs | wg v1 µs | wg v2 µs | wg v3 µs | "
+        "wg v4 µs | wg / best mma | FLOP floor µs | FLOP % of bf16 peak (best mma) | (wg) | "
+        "byte floor µs |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (int64_t S : sizes) {
+    const int sets = 8;
+    const int64_t P = S * k;
+    std::mt19937_64 g(7000 + S);
+    std::vector<int32_t> idx(size_t(P * sets));
+    double distinct = 0;
+    for (int s2 = 0; s2 < sets; ++s2) {
+      std::vector<char> seen(E, 0);
+      for (int64_t p = 0; p < P; ++p) {
+        const int32_t e = int32_t(g() % E);
+        idx[size_t(s2 * P + p)] = e;
+        distinct += !seen[size_t(e)];
+        seen[size_t(e)] = 1;
+      }
+    }
+    distinct /= sets;
+    auto xh = randn(size_t(S * D), g);
+    auto wh = randn(size_t(P), g);
+    float *x = nullptr, *wt = nullptr, *out = nullptr;
+    int32_t* didx = nullptr;
+    BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
+    BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
+    BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
+    BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
+    BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+    v4::ops::MoeArgs a;
+    a.x = x;
+    a.w13 = w13.view;
+    a.w2 = w2.view;
+    a.weight = wt;
+    a.n_rows = S;
+    a.hidden = D;
+    a.inter = I;
+    a.n_experts = E;
+    a.topk = k;
+    a.swiglu_limit = 10.f;
+    a.out = out;
+    const int ns = std::min(samples, 10), inner = S >= 1024 ? 2 : 10, warm = 3;
+    auto run = [&](bool wgmma, int warps, int wg_variant = 0) {
+      v4::cuda::KernelContext cx = c;
+      cx.grouped_moe = true;
+      cx.grouped_min_rows = 1;
+      cx.gmoe_warps = warps;
+      cx.gmoe_wgmma = wgmma;
+      cx.gmoe_wg_variant = wg_variant;
+      return time_it([&](int i) {
+        a.idx = didx + (i % sets) * P;
+        BENCH_OK(v4::cuda::moe_bf16(a, cx));
+      }, ns, inner, warm);
+    };
+    if (wg_only) {  // --profile-gmoe: a few wgmma calls for ncu, no table row
+      run(true, 8);
+      continue;
+    }
+    const Stats s4 = run(false, 4), s8 = run(false, 8), swg = run(true, 8);
+    double sv[5] = {swg.med_us, 0, 0, 0, 0};
+    for (int v = 1; v < 5; ++v) sv[v] = run(true, 8, v).med_us;
+    const double best = std::min(s4.med_us, s8.med_us);
+    const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
+    const double floor_us = bytes / (bw * 1e9) * 1e6;
+    const double flop_us = 2.0 * double(P) * 3.0 * D * I / kPeakBf16 * 1e6;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "| %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | "
+                  "%.1f%% | %.1f%% | %.1f |\n",
+                  (long long)S, (long long)P, s4.med_us, s8.med_us, swg.med_us, sv[1], sv[2],
+                  sv[3], sv[4], swg.med_us / best, flop_us, 100.0 * flop_us / best,
+                  100.0 * flop_us / swg.med_us, floor_us);
+    kt << buf;
+    std::printf("gmoe %s S=%lld: mma 4 warps %.1f us, 8 warps %.1f us, wg %.1f / v1 %.1f / v2 "
+                "%.1f / v3 %.1f / v4 %.1f us (FLOP floor %.1f us)\n",
+                v4::ops::wformat_name(f), (long long)S, s4.med_us, s8.med_us, swg.med_us, sv[1],
+                sv[2], sv[3], sv[4], flop_us);
+    cudaFree(x);
+    cudaFree(wt);
+    cudaFree(out);
+    cudaFree(didx);
+  }
+  return kt.str();
+}
+
+// --only-gmoe → cuda-gmoe.md: the prefill table of bench_moe alone, MXFP4 and FP8 experts.
+std::string bench_gmoe(double bw, int samples, int64_t profile_rows = 0) {
+  using v4::ops::WFormat;
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_OK(v4::cuda::gmoe_mma_prepare());
+  const int E = 256, D = 4096, I = 2048;
+  std::ostringstream kt;
+  kt << "## Grouped routed MoE at prefill sizes, bf16 mode, E=256 D=4096 I=2048 k=6\n";
+  for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
+    BenchW w13(f, E, 2 * I, D, 1, 91), w2(f, E, D, I, 1, 92);
+    BenchScratch scr;
+    v4::cuda::KernelContext c;
+    c.stream = nullptr;
+    c.num_sms = sms;
+    c.scratch = &BenchScratch::get;
+    c.self = &scr;
+    auto gm = v4::cuda::Gemm::create();
+    BENCH_OK(gm.status());
+    c.gemm = gm->get();
+    if (profile_rows > 0) {
+      gmoe_table(f, w13, w2, c, bw, 1, {profile_rows}, true);
+      break;  // MXFP4 only
+    }
+    kt << gmoe_table(f, w13, w2, c, bw, samples) << "\n";
+  }
+  return kt.str();
+}
+
 // ---- Routed MoE on tensor cores, old vs new moe_mma (--only-moe → cuda-moe.md) ----
 // Whole moe_experts calls in bf16 mode (device routing + gate/up + down + combine), V4-Flash
 // shapes, MXFP4 and FP8 experts; moe_mma version 1 (8 tokens per pass) vs version 2 (16-token
@@ -797,80 +939,7 @@ std::string bench_moe(double bw, int samples) {
       cudaFree(out);
       cudaFree(didx);
     }
-    // Prefill sizes: gmoe_mma (grouped, no sync) with 8 warps per CTA (new default) vs 4.
-    kt << "\nPrefill sizes (" << v4::ops::wformat_name(f)
-       << "): gmoe_mma, 8 warps per CTA (default) vs 4 (first version, `V4_GMOE_WARPS=4`); at "
-          "S = 256 via the grouped threshold. FLOP floor as above.\n\n"
-          "| S | pairs | gmoe 4 warps µs | gmoe 8 warps µs | new / old | FLOP floor µs | FLOP % "
-          "of bf16 peak (old) | (new) | byte floor µs |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-    for (int64_t S : {256, 1024, 4096}) {
-      const int sets = 8;
-      const int64_t P = S * k;
-      std::mt19937_64 g(7000 + S);
-      std::vector<int32_t> idx(size_t(P * sets));
-      double distinct = 0;
-      for (int s2 = 0; s2 < sets; ++s2) {
-        std::vector<char> seen(E, 0);
-        for (int64_t p = 0; p < P; ++p) {
-          const int32_t e = int32_t(g() % E);
-          idx[size_t(s2 * P + p)] = e;
-          distinct += !seen[size_t(e)];
-          seen[size_t(e)] = 1;
-        }
-      }
-      distinct /= sets;
-      auto xh = randn(size_t(S * D), g);
-      auto wh = randn(size_t(P), g);
-      float *x = nullptr, *wt = nullptr, *out = nullptr;
-      int32_t* didx = nullptr;
-      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
-      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
-      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-      v4::ops::MoeArgs a;
-      a.x = x;
-      a.w13 = w13.view;
-      a.w2 = w2.view;
-      a.weight = wt;
-      a.n_rows = S;
-      a.hidden = D;
-      a.inter = I;
-      a.n_experts = E;
-      a.topk = k;
-      a.swiglu_limit = 10.f;
-      a.out = out;
-      const int ns = std::min(samples, 10), inner = S >= 1024 ? 2 : 10, warm = 3;
-      auto run = [&](int warps) {
-        v4::cuda::KernelContext cx = c;
-        cx.grouped_moe = true;
-        cx.grouped_min_rows = 1;
-        cx.gmoe_warps = warps;
-        return time_it([&](int i) {
-          a.idx = didx + (i % sets) * P;
-          BENCH_OK(v4::cuda::moe_bf16(a, cx));
-        }, ns, inner, warm);
-      };
-      const Stats s4 = run(4), s8 = run(8);
-      const double bytes = distinct * expert_bytes + double(S) * D * 8 + double(P) * 8;
-      const double floor_us = bytes / (bw * 1e9) * 1e6;
-      const double flop_us = 2.0 * double(P) * 3.0 * D * I / kPeakBf16 * 1e6;
-      char buf[320];
-      std::snprintf(buf, sizeof buf,
-                    "| %lld | %lld | %.1f | %.1f | %.2f | %.1f | %.1f%% | %.1f%% | %.1f |\n",
-                    (long long)S, (long long)P, s4.med_us, s8.med_us, s8.med_us / s4.med_us,
-                    flop_us, 100.0 * flop_us / s4.med_us, 100.0 * flop_us / s8.med_us, floor_us);
-      kt << buf;
-      std::printf("gmoe %s S=%lld: 4 warps %.1f us, 8 warps %.1f us (FLOP floor %.1f us)\n",
-                  v4::ops::wformat_name(f), (long long)S, s4.med_us, s8.med_us, flop_us);
-      cudaFree(x);
-      cudaFree(wt);
-      cudaFree(out);
-      cudaFree(didx);
-    }
+    kt << gmoe_table(f, w13, w2, c, bw, samples);
     kt << "\n";
   }
   return kt.str();
@@ -892,6 +961,7 @@ int main(int argc, char** argv) {
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   bool only_attention_wg = false;  // only the variant 7 / 8 table (cuda-attention-wg.md)
   bool only_moe = false;  // only the routed-MoE moe_mma v1 vs v2 table (cuda-moe.md)
+  bool only_gmoe = false;  // only the prefill-sized grouped MoE table (cuda-gmoe.md)
   int prof_launches = 20;  // --launches: launches of the --profile-* modes
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--launches")) prof_launches = std::max(1, std::atoi(argv[i + 1]));
@@ -910,6 +980,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--only-attention-wg")) only_attention_wg = true;
     else if (!std::strcmp(argv[i], "--only-moe")) only_moe = true;
+    else if (!std::strcmp(argv[i], "--only-gmoe")) only_gmoe = true;
+    else if (!std::strcmp(argv[i], "--profile-gmoe") && i + 1 < argc) {
+      // S: a few moe_experts calls of S tokens (MXFP4, the warpgroup-MMA gmoe kernel), for ncu
+      BENCH_CHECK(cudaSetDevice(0));
+      bench_gmoe(1000.0, 1, std::atoll(argv[i + 1]));
+      return 0;
+    }
     else if (!std::strcmp(argv[i], "--launches") && i + 1 < argc) ++i;  // read above
     else if (!std::strcmp(argv[i], "--profile-attention")) {
       if (i + 3 >= argc) {
@@ -1148,6 +1225,14 @@ int main(int argc, char** argv) {
         << head << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n\n" << bench_gemv(bw, std::max(reps, 50));
     std::printf("wrote %s/cuda-gemv.md\n", out_dir.c_str());
+    return 0;
+  }
+  if (only_gmoe) {
+    std::ofstream(out_dir + "/cuda-gmoe.md")
+        << "# Routed MoE at prefill sizes: gmoe_mma on warpgroup MMA vs mma.sync\n\n" << head
+        << "- measured copy bandwidth (read + write): " << int(bw) << " GB/s\n\n"
+        << bench_gmoe(bw, std::max(reps, 30));
+    std::printf("wrote %s/cuda-gmoe.md\n", out_dir.c_str());
     return 0;
   }
   if (only_moe) {

@@ -55,6 +55,12 @@
 #               bf16 KV + $V4_IDXPF_EXTRA (--index-cache-dtype fp8); V4_IDXPF_PROFILE=1: --profile)
 #               with V4_INDEXER_PREFILL_WG=0 and 1 -> bench-v4flash-20l-idxpf.md (not in the
 #               default list)
+#   gmoe        bench_kernels --only-gmoe -> cuda-gmoe.md (prefill-sized grouped MoE: gmoe_mma on
+#               warpgroup MMA vs its mma.sync kernel with 8 / 4 warps; not in the default list)
+#   pfab        v4serve bench prefill (chunk $V4_PFAB_CHUNK (2048) at $V4_PFAB_CONTEXT (128K), bf16 KV
+#               + $V4_PFAB_EXTRA (--index-cache-dtype fp8); V4_PFAB_PROFILE=1: --profile) once per
+#               value in $V4_PFAB_VALUES ("0 1") of the env switch $V4_PFAB_VAR (V4_GMOE_WGMMA)
+#               -> bench-v4flash-20l-pfab.md (not in the default list)
 #   idxpdl      v4serve bench --kv-cache-dtype bf16 at batch $V4_IDXPDL_BATCH (1) × 4K and 900K,
 #               no profile (as served), with V4_INDEXER_PDL=0 and =1 (the indexer chain's plain
 #               launches vs programmatic dependent launch, docs/cuda.md §Indexer chain)
@@ -111,6 +117,7 @@ has gemv && { kb gemv --only-gemv; grep -E "^gemv" "$OUT/gemv.log"; }
 has topk && kb topk --only-topk
 has indexer && { kb indexer --only-indexer; grep -E "^indexer" "$OUT/indexer.log"; }
 has idxpfk && { kb idxpfk --only-indexer-prefill; grep -E "^indexer prefill" "$OUT/idxpfk.log"; }
+has gmoe && { kb gmoe --only-gmoe; grep -E "^gmoe" "$OUT/gmoe.log"; }
 has gather && { kb gather --probe-indexer-gather; grep -E "^indexer gather" "$OUT/gather.log"; }
 if has idxprof; then  # scores kernel per variant: bench_kernels --profile-indexer, µs per launch
   f="$OUT/cuda-indexer-profile.md"
@@ -277,6 +284,19 @@ if has idxpf; then  # prefill indexer end to end: V4_INDEXER_PREFILL_WG=0 (WMMA)
     echo "bench (V4_INDEXER_PREFILL_WG=$p) rc=$?"; grep -E "^\| (prefill)" "$OUT/idxpf-$p.md"
     { echo "## V4_INDEXER_PREFILL_WG=$p"; echo; cat "$OUT/idxpf-$p.md"; echo; } >> "$OUT/bench-v4flash-20l-idxpf.md"
     rm -f "$OUT/idxpf-$p.md"; logs+=(bench-idxpf-$p.log)
+  done
+fi
+if has pfab; then  # prefill end to end, A/B of one env switch (default V4_GMOE_WGMMA=0 vs 1)
+  var=${V4_PFAB_VAR:-V4_GMOE_WGMMA}; f="$OUT/bench-v4flash-20l-pfab.md"
+  echo "# Prefill A/B of $var (values ${V4_PFAB_VALUES:-0 1})" > "$f"; echo >> "$f"
+  for v in ${V4_PFAB_VALUES:-0 1}; do
+    env "$var=$v" timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
+      ${V4_PFAB_EXTRA:---index-cache-dtype fp8} --batch 1 --context ${V4_PFAB_CONTEXT:-128K} \
+      --steps 3 --prefill-steps 1 --prefill-warmup 1 --prefill-chunk ${V4_PFAB_CHUNK:-2048} \
+      ${V4_PFAB_PROFILE:+--profile} --out "$OUT/pfab-$v.md" > "$OUT/bench-pfab-$v.log" 2>&1
+    echo "bench ($var=$v) rc=$?"; grep -E "^\| (prefill)" "$OUT/pfab-$v.md"
+    { echo "## $var=$v"; echo; cat "$OUT/pfab-$v.md"; echo; } >> "$f"
+    rm -f "$OUT/pfab-$v.md"; logs+=(bench-pfab-$v.log)
   done
 fi
 if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (plain) vs 1 (default)

@@ -1177,12 +1177,13 @@ TEST(CudaWFormat, MoeMmaChoice) {
 // the logical k order (gmoe_gather) run on the device too. The plain form must return
 // W_e[o, k_i] exactly; the SwiGLU form must write act[i, logical(o)] = bf16(swiglu(W_e[o, k_i],
 // W_e[n + o, k_i])) (within a bf16 ulp: expf vs std::exp) at the position gmoe_logical_col
-// gives; act is poisoned (NaN) first, so a column the kernel misses fails. Both CTA sizes (8 warps,
-// the default, and 4).
+// gives; act is poisoned (NaN) first, so a column the kernel misses fails. The warpgroup-MMA
+// kernel (the default) and both CTA sizes of the mma.sync one (8 warps and 4).
 TEST(CudaWFormat, GmoeOneHotIsExact) {
   V4_GPU();
   ASSERT_TRUE(cuda::gmoe_mma_prepare().ok());
-  const std::vector<int32_t> counts = {0, 1, 63, 64, 65, 200};
+  // 20 and 40: tiles of wg_variant 1's 32- and 48-column forms (1, 65, 200: the 16-column one).
+  const std::vector<int32_t> counts = {0, 1, 63, 64, 65, 200, 20, 40};
   const int E = int(counts.size());
   std::vector<int32_t> offset(size_t(E) + 1, 0), active;
   for (int e = 0; e < E; ++e) {
@@ -1200,8 +1201,10 @@ TEST(CudaWFormat, GmoeOneHotIsExact) {
     HostW hw = make_weights(f, E, N, K, 0.05f);
     HostW hu = make_weights(f, E, 2 * NI, K, 0.05f);
     if (f == WFormat::kMXFP4) {
+      // hw: scales up to 150 (k-tiles with a scale > 128: the dequantization's second
+      // multiply); hu: all ≤ 128 (the wgmma kernel's k-tiles without it).
       for (auto& b : hw.scale) b = uint8_t(100 + rand_int(0, 50));
-      for (auto& b : hu.scale) b = uint8_t(120 + rand_int(0, 10));
+      for (auto& b : hu.scale) b = uint8_t(110 + rand_int(0, 18));
     }
     const DevW dw(hw), du(hu);
     std::vector<int32_t> list(static_cast<size_t>(P)), kcol(static_cast<size_t>(P));
@@ -1222,8 +1225,11 @@ TEST(CudaWFormat, GmoeOneHotIsExact) {
         cuda::gmoe_tiles(doff.p, dact.p, dcnt.p, dte.p, dti.p, dtc.p, nullptr).ok());
     auto* xb = reinterpret_cast<__nv_bfloat16*>(dxb.p);
     ASSERT_TRUE(cuda::gmoe_gather(dx.p, K, 1, dlist.p, doff.p + E, P, K, f, xb, nullptr).ok());
-    for (int warps : {8, 4}) {  // GmoeArgs::warps: the default and the first version
-      SCOPED_TRACE(::testing::Message() << "warps=" << warps);
+    // -5 … -1: the warpgroup-MMA kernel (the default), wg_variant 0 … 4; 8, 4: the mma.sync
+    // kernel's CTA sizes.
+    for (int warps : {-1, -2, -3, -4, -5, 8, 4}) {
+      SCOPED_TRACE(::testing::Message() << (warps > 0 ? "mma.sync warps=" : "wgmma variant ")
+                                        << (warps > 0 ? warps : -warps - 1));
       dy.poison();
       dactb.poison();
       cuda::GmoeArgs a;
@@ -1237,7 +1243,9 @@ TEST(CudaWFormat, GmoeOneHotIsExact) {
       a.tile_expert = dte.p;
       a.tile_item = dti.p;
       a.tile_count = dtc.p;
-      a.warps = warps;
+      a.warps = warps > 0 ? warps : 8;
+      a.wgmma = warps < 0;
+      a.wg_variant = warps < 0 ? -warps - 1 : 0;
       ASSERT_TRUE(cuda::gmoe_supported(a.w));
       ASSERT_TRUE(cuda::gmoe_mma(a, max_tiles, nullptr).ok());
       const float lim = 0.2f;

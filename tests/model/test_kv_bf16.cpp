@@ -117,8 +117,11 @@ TEST(KvBf16, StoreRowsKvRoundsToNearestEven) {
   for (int64_t c = 0; c < width; ++c) EXPECT_EQ(pool[size_t(3 * width + c)], f32_to_bf16(src[size_t(c)]));
   EXPECT_EQ(f32_to_bf16(1.f + 0x1p-8f), 0x3f80);        // tie → even (down)
   EXPECT_EQ(f32_to_bf16(1.f + 3 * 0x1p-8f), 0x3f82);    // tie → even (up)
-  for (int64_t i = 0; i < pool_rows * width; ++i)
-    if (i / width != 3) EXPECT_EQ(pool[size_t(i)], 0xBEEF) << "row -1 or other rows written";
+  for (int64_t i = 0; i < pool_rows * width; ++i) {
+    if (i / width != 3) {
+      EXPECT_EQ(pool[size_t(i)], 0xBEEF) << "row -1 or other rows written";
+    }
+  }
   // f32 pools through the same entry point: a plain copy.
   std::vector<float> fpool(size_t(pool_rows * width), -7.f);
   ops->store_rows_kv(fpool.data(), KvDtype::kF32, rows.data(), 2, width, src.data());

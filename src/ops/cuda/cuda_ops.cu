@@ -1435,6 +1435,21 @@ class CudaOps final : public Ops {
     }();
     return v;
   }
+  static bool gmoe_wgmma_env() {
+    static const bool v = [] {
+      const char* e = std::getenv("V4_GMOE_WGMMA");
+      return !(e && std::string(e) == "0");
+    }();
+    return v;
+  }
+  static int gmoe_wg_variant_env() {
+    static const int v = [] {
+      const char* e = std::getenv("V4_GMOE_WG_VARIANT");
+      const int x = e ? std::atoi(e) : 0;
+      return x >= 0 && x <= 4 ? x : 0;
+    }();
+    return v;
+  }
   cuda::KernelContext context() {
     cuda::KernelContext c;
     c.stream = cs();
@@ -1451,6 +1466,8 @@ class CudaOps final : public Ops {
     c.grouped_min_rows = grouped_min_rows_env();
     c.moe_mma_version = moe_mma_version_env();
     c.gmoe_warps = gmoe_warps_env();
+    c.gmoe_wgmma = gmoe_wgmma_env();
+    c.gmoe_wg_variant = gmoe_wg_variant_env();
     c.scratch = [](void* self, int slot, size_t bytes) {
       return static_cast<CudaOps*>(self)->scratch(slot, bytes);
     };

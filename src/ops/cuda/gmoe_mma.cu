@@ -12,10 +12,12 @@
 // hold items (warp-uniform skip of the empty ones). Rows of the x tile past the chunk are not
 // copied: an mma output column depends on its own x row only, and those columns are not stored.
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/gmoe_mma.h"
 #include "ops/cuda/wfrag.cuh"
 #include "ops/cuda/wformat.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace v4::cuda {
 namespace {
@@ -265,6 +267,260 @@ __global__ void __launch_bounds__(W * 32) gmoe_mma_kernel(GmoeArgs a) {
   }
 }
 
+// ---- warpgroup-MMA form (GmoeArgs::wgmma, the default) ----
+// The same CTA (8 warps × 32 weight rows, 64 items), weight ring and dequantization as above;
+// the products run on wgmma.m64n64k16 with A = the dequantized fragments in registers (a warp's
+// 16 rows of the warpgroup's 64) and B = the x tile in shared memory. Warpgroup h = warps 4h ..
+// 4h + 3; per logical k16 step each warpgroup issues two wgmmas — SwiGLU: the gate rows and the
+// up rows of its 64 act columns; plain: the first and the second m16 row tile of each warp —
+// into two accumulators laid out as the mma.sync ones (d[4j + q] = n8 tile j, register q), so
+// the epilogue is the same. The x stage holds the 64 items' k-tile as KT / 64 blocks of 64 rows
+// × 128 bytes in the 128-byte-swizzle layout (chunk j of row r at j ^ (r % 8)), K-major B.
+template <WFormat F>
+constexpr int kXBlk = kNTok * 128;  // one 64-k block of the x stage (8 KB)
+template <WFormat F>
+constexpr int kXStageWg = kKT<F> / 64 * kXBlk<F>;  // MXFP4 32 KB, FP8 16 KB
+template <WFormat F>
+constexpr size_t smem_bytes_wg() {
+  return size_t(kStages) * kXStageWg<F> + size_t(8) * kStages * kStageWS + 1024;  // + alignment
+}
+
+// One CTA's tile with N item columns (mc ≤ N: the smallest width of the variant's set holding mc,
+// see gmoe_wg_kernel); FAST: MXFP4 k-tiles without a scale > 128 skip the second multiply.
+template <WFormat F, bool SWIGLU, int N, bool FAST>
+__device__ __forceinline__ void gmoe_wg_tile(const GmoeArgs& a, int64_t e, int64_t m0, int mc,
+                                             unsigned char* base) {
+  constexpr int kThreads = 256;
+  constexpr int V = kV<F>, KT = kKT<F>, NJ = N / 8;
+  constexpr int XBLK = kXBlk<F>, XSTAGE = kXStageWg<F>;
+  constexpr int XCH = KT / 8;  // 16-byte chunks per x row per k-tile
+  const WeightView& w = a.w;
+  const int64_t K = w.k;
+  const int nkt = int(K / KT);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int kOutW = SWIGLU ? 16 : 32;  // outputs per warp
+  const int64_t o0 = (int64_t(blockIdx.x) * 8 + warp) * kOutW;
+  unsigned char* xring = base;
+  unsigned char* wring = base + size_t(kStages) * XSTAGE + size_t(warp) * kStages * kStageWS;
+  const uint32_t xring_s = smem_u32(xring);
+
+  auto view_row = [&](int r) -> int64_t {
+    if constexpr (SWIGLU) {
+      const int64_t o = o0 + (r & 15);
+      if (o >= a.n_out) return -1;
+      return r < 16 ? o : a.n_out + o;
+    } else {
+      const int64_t vr = o0 + r;
+      return vr < a.n_out && vr < w.n ? vr : -1;
+    }
+  };
+  const uint8_t* wp[4];
+  bool wok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t vr = view_row((i >> 1) * 16 + (i & 1) * 8 + g);
+    wok[i] = vr >= 0;
+    wp[i] = wrow(w, e, wok[i] ? vr : 0);
+  }
+  const int64_t my_vr = view_row(lane);
+  const bool sok = my_vr >= 0;
+  const uint8_t* sp;
+  if constexpr (F == WFormat::kMXFP4)
+    sp = mxfp4_scale_row(w, e, sok ? my_vr : 0);
+  else
+    sp = reinterpret_cast<const uint8_t*>(fp8_scale_row(w, e, sok ? my_vr : 0));
+  auto chunk_off = [](int r, int q) { return r * kRowBytes + ((q ^ ((r & 1) << 2)) << 4); };
+  const __nv_bfloat16* xbase = a.xb + m0 * K;
+
+  auto issue = [&](int slot, int kt) {
+    unsigned char* st = wring + slot * kStageWS;
+#pragma unroll
+    for (int r4 = 0; r4 < 4; ++r4) {
+      const int r = (r4 >> 1) * 16 + (r4 & 1) * 8 + g;
+#pragma unroll
+      for (int c = 0; c < kKC; ++c) {
+        const int q = c * 4 + t;
+        const int64_t off = (int64_t(kt) * KT + int64_t(q) * V) / (F == WFormat::kMXFP4 ? 2 : 1);
+        cp_async16(st + chunk_off(r, q), wp[r4] + off, wok[r4]);
+      }
+    }
+    if constexpr (F == WFormat::kMXFP4)
+      cp_async_small<8>(st + kStageW + lane * 8, sp + int64_t(kt) * (KT / 32), sok);
+    else
+      cp_async_small<4>(st + kStageW + lane * 8, sp + int64_t(kt) * 4, sok);
+    unsigned char* xs = xring + slot * XSTAGE;
+    // Rows ≥ mc are not copied: they only feed output columns that are not stored.
+    for (int ch = threadIdx.x; ch < mc * XCH; ch += kThreads) {
+      const int row = ch / XCH, col = ch - row * XCH;
+      const int blk = col >> 3, j = col & 7;
+      cp_async16(xs + blk * XBLK + row * 128 + ((j ^ (row & 7)) << 4),
+                 xbase + int64_t(row) * K + int64_t(kt) * KT + col * 8, true);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nkt) issue(s, s);
+    cp_async_commit();
+  }
+  float acc0[N / 2], acc1[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc0[i] = acc1[i] = 0.f;
+
+  // One k-tile from weight slot `st` and x stage `xs` (TWO: MXFP4 scales > 128 possible in it;
+  // FAST: MXFP4 through e2m1x8_bf16_t — the same bf16 operations as dequant_steps, so the same
+  // bits — with the second multiply only in TWO k-tiles).
+  auto ktile = [&](const unsigned char* st, uint32_t xs, auto two_c) {
+    [[maybe_unused]] constexpr bool TWO = decltype(two_c)::value;
+    constexpr bool kFast = F == WFormat::kMXFP4 && FAST;
+#pragma unroll
+    for (int c = 0; c < kKC; ++c) {
+      const int q = c * 4 + t;
+      uint4 qw[4];
+      [[maybe_unused]] uint32_t m1[4], m2[4];
+      [[maybe_unused]] ChunkScale<F> sc[4];
+#pragma unroll
+      for (int r4 = 0; r4 < 4; ++r4) {
+        const int r = (r4 >> 1) * 16 + (r4 & 1) * 8 + g;
+        qw[r4] = *reinterpret_cast<const uint4*>(st + chunk_off(r, q));
+        if constexpr (kFast)
+          mx_scale_t<TWO>(st[kStageW + r * 8 + q], m1[r4], m2[r4]);
+        else
+          sc[r4] = chunk_scale<F>(st + kStageW + r * 8, q);
+      }
+#pragma unroll
+      for (int s2 = 0; s2 < V / 8; ++s2) {
+        uint32_t A0[2][4], A1[2][4];
+        if constexpr (kFast) {
+          uint32_t o[4][4];
+#pragma unroll
+          for (int r4 = 0; r4 < 4; ++r4)
+            e2m1x8_bf16_t<TWO>((&qw[r4].x)[s2], m1[r4], m2[r4], o[r4]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // as dequant_steps: rows g (r4 0 / 2), g + 8 (1 / 3)
+            A0[h][0] = o[0][2 * h], A0[h][1] = o[1][2 * h];
+            A0[h][2] = o[0][2 * h + 1], A0[h][3] = o[1][2 * h + 1];
+            A1[h][0] = o[2][2 * h], A1[h][1] = o[3][2 * h];
+            A1[h][2] = o[2][2 * h + 1], A1[h][3] = o[3][2 * h + 1];
+          }
+        } else {
+          dequant_steps<F>(qw[0], qw[1], s2, sc[0], sc[1], A0);
+          dequant_steps<F>(qw[2], qw[3], s2, sc[2], sc[3], A1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int step = c * (V / 4) + 2 * s2 + h;  // logical k16 step of the k-tile
+          const uint64_t bd =
+              wgmma_desc_sw128(xs + uint32_t((step >> 2) * XBLK + (step & 3) * 32), 16, 1024);
+          wgmma_fence();
+          wgmma_rs_k16<N>(acc0, A0[h], bd);
+          wgmma_rs_k16<N>(acc1, A1[h], bd);
+          wgmma_commit();
+          wgmma_wait<1>();  // the step before is done: its A registers are free
+        }
+      }
+    }
+  };
+
+  for (int i = 0; i < nkt; ++i) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async_smem();  // this thread's x copies → the async proxy (wgmma)
+    __syncthreads();  // tile i landed for every thread; every wgmma of tile i − 1 completed
+    if (i + kStages - 1 < nkt) issue((i + kStages - 1) % kStages, i + kStages - 1);
+    cp_async_commit();
+    const unsigned char* st = wring + (i % kStages) * kStageWS;
+    const uint32_t xs = xring_s + uint32_t((i % kStages) * XSTAGE);
+    if constexpr (F == WFormat::kMXFP4 && FAST) {
+      // Warp-uniform: the second multiply only for k-tiles with a scale > 128 in the warp's rows.
+      const uint2 sw = *reinterpret_cast<const uint2*>(st + kStageW + lane * 8);
+      if (__any_sync(0xffffffffu, scale_over_128(sw.x, sw.y)))
+        ktile(st, xs, std::true_type{});
+      else
+        ktile(st, xs, std::false_type{});
+    } else {
+      ktile(st, xs, std::false_type{});
+    }
+    wgmma_wait<0>();  // tile i's x slot is refilled after the next barrier
+  }
+  wgmma_fence_acc(acc0);
+  wgmma_fence_acc(acc1);
+  cp_async_wait<0>();
+
+  // acc0 / acc1 [4j + q] = (warp row 16h + g (+8 for q ≥ 2), items 8j + 2t (+1 for odd q)),
+  // h = 0 / 1 (SwiGLU: gate / up).
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (8 * j >= mc) continue;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int tok = 8 * j + 2 * t + (q & 1);
+      if (tok >= mc) continue;
+      const int64_t item = m0 + tok;
+      if constexpr (SWIGLU) {
+        const int64_t o = o0 + g + 8 * (q >> 1);
+        if (o >= a.n_out) continue;
+        int64_t col = o;
+        if (a.act_format == WFormat::kMXFP4 || a.act_format == WFormat::kFP8Block) {
+          const int akt = a.act_format == WFormat::kMXFP4 ? kKT<WFormat::kMXFP4>
+                                                          : kKT<WFormat::kFP8Block>;
+          col = (o / akt) * akt + logical_in_tile(int(a.act_format), int(o % akt));
+        }
+        a.act[item * a.n_out + col] =
+            __float2bfloat16_rn(swiglu_f(acc0[4 * j + q], acc1[4 * j + q], a.limit));
+      } else {
+        float* yrow = a.y + int64_t(a.list[item]) * a.ldy;
+        const int64_t o = o0 + g + 8 * (q >> 1);
+        if (o < a.n_out && o < w.n) yrow[o] = acc0[4 * j + q];
+        if (o + 16 < a.n_out && o + 16 < w.n) yrow[o + 16] = acc1[4 * j + q];
+      }
+    }
+  }
+}
+
+// NSET: the item-column widths a CTA picks from (the smallest holding its items): 0 = {64},
+// 1 = {16, 64}, 2 = {16, 32, 64}, 3 = {16, 32, 48, 64}.
+template <WFormat F, bool SWIGLU, int NSET, bool FAST>
+__global__ void __launch_bounds__(256, 1) gmoe_wg_kernel(GmoeArgs a) {
+  extern __shared__ __align__(128) unsigned char gmoe_wg_smem[];
+  if (int(blockIdx.y) >= *a.tile_count) return;
+  const int64_t e = a.tile_expert[blockIdx.y];
+  const int64_t m0 = a.tile_item[blockIdx.y];
+  const int64_t left = int64_t(a.offset[e + 1]) - m0;
+  const int mc = int(left < kNTok ? left : kNTok);
+  const uint32_t raw_s = smem_u32(gmoe_wg_smem);
+  unsigned char* base = gmoe_wg_smem + (((raw_s + 1023u) & ~1023u) - raw_s);
+  if constexpr (NSET >= 1) {
+    if (mc <= 16) return gmoe_wg_tile<F, SWIGLU, 16, FAST>(a, e, m0, mc, base);
+  }
+  if constexpr (NSET >= 2) {
+    if (mc <= 32) return gmoe_wg_tile<F, SWIGLU, 32, FAST>(a, e, m0, mc, base);
+  }
+  if constexpr (NSET >= 3) {
+    if (mc <= 48) return gmoe_wg_tile<F, SWIGLU, 48, FAST>(a, e, m0, mc, base);
+  }
+  gmoe_wg_tile<F, SWIGLU, 64, FAST>(a, e, m0, mc, base);
+}
+
+template <WFormat F, bool SWIGLU, int NSET, bool FAST>
+Status launch_wg_v(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
+  const int64_t per_cta = 8 * (SWIGLU ? 16 : 32);
+  const dim3 grid(unsigned((a.n_out + per_cta - 1) / per_cta), unsigned(max_tiles));
+  gmoe_wg_kernel<F, SWIGLU, NSET, FAST><<<grid, 256, smem_bytes_wg<F>(), stream>>>(a);
+  return check_launch("gmoe_wg_kernel");
+}
+
+template <WFormat F, bool SWIGLU>
+Status launch_wg(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
+  switch (a.wg_variant) {
+    case 1: return launch_wg_v<F, SWIGLU, 1, true>(a, max_tiles, stream);
+    case 2: return launch_wg_v<F, SWIGLU, 2, true>(a, max_tiles, stream);
+    case 3: return launch_wg_v<F, SWIGLU, 3, true>(a, max_tiles, stream);
+    case 4: return launch_wg_v<F, SWIGLU, 0, false>(a, max_tiles, stream);
+    default: return launch_wg_v<F, SWIGLU, 0, true>(a, max_tiles, stream);
+  }
+}
+
 template <WFormat F, bool SWIGLU, int W>
 Status launch(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
   const int64_t per_cta = int64_t(W) * (SWIGLU ? 16 : 32);
@@ -275,6 +531,7 @@ Status launch(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
 
 template <WFormat F, bool SWIGLU>
 Status launch_w(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
+  if (a.wgmma) return launch_wg<F, SWIGLU>(a, max_tiles, stream);
   return a.warps == 4 ? launch<F, SWIGLU, 4>(a, max_tiles, stream)
                       : launch<F, SWIGLU, 8>(a, max_tiles, stream);
 }
@@ -289,6 +546,26 @@ Status prepare_one() {
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    int(smem_bytes<F, W>())));
   return Status::Ok();
+}
+
+template <WFormat F, int NSET, bool FAST>
+Status prepare_wg_v() {
+  static_assert(smem_bytes_wg<F>() <= kSmemLimit, "gmoe_wg tile fits shared memory");
+  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_wg_kernel<F, true, NSET, FAST>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(smem_bytes_wg<F>())));
+  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_wg_kernel<F, false, NSET, FAST>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(smem_bytes_wg<F>())));
+  return Status::Ok();
+}
+template <WFormat F>
+Status prepare_wg() {
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 0, true>()));
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 1, true>()));
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 2, true>()));
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 3, true>()));
+  return prepare_wg_v<F, 0, false>();
 }
 
 int kt_of(WFormat f) {
@@ -361,8 +638,10 @@ Status gmoe_mma(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
     if (a.w.n < 2 * a.n_out)
       return errorf(ErrorCode::kInvalidArgument, "gmoe_mma: {} rows < 2·{}", a.w.n, a.n_out);
   }
-  if (a.warps != 4 && a.warps != 8)
+  if (!a.wgmma && a.warps != 4 && a.warps != 8)
     return errorf(ErrorCode::kInvalidArgument, "gmoe_mma: warps {} (4 or 8)", a.warps);
+  if (a.wgmma && (a.wg_variant < 0 || a.wg_variant > 4))
+    return errorf(ErrorCode::kInvalidArgument, "gmoe_mma: wg_variant {} (0 … 4)", a.wg_variant);
   if (a.w.format == WFormat::kMXFP4)
     return a.swiglu ? launch_w<WFormat::kMXFP4, true>(a, max_tiles, stream)
                     : launch_w<WFormat::kMXFP4, false>(a, max_tiles, stream);
@@ -374,7 +653,9 @@ Status gmoe_mma_prepare() {
   V4_RETURN_IF_ERROR((prepare_one<WFormat::kMXFP4, 4>()));
   V4_RETURN_IF_ERROR((prepare_one<WFormat::kMXFP4, 8>()));
   V4_RETURN_IF_ERROR((prepare_one<WFormat::kFP8Block, 4>()));
-  return prepare_one<WFormat::kFP8Block, 8>();
+  V4_RETURN_IF_ERROR((prepare_one<WFormat::kFP8Block, 8>()));
+  V4_RETURN_IF_ERROR(prepare_wg<WFormat::kMXFP4>());
+  return prepare_wg<WFormat::kFP8Block>();
 }
 
 }  // namespace v4::cuda

@@ -49,6 +49,17 @@ struct GmoeArgs {
   /// Warps per CTA: 8 (default: the 64-item x ring shared by 256 weight rows) or 4 (the first
   /// version, 128 rows; A/B runs, env V4_GMOE_WARPS=4 through KernelContext::gmoe_warps).
   int warps = 8;
+  /// The warpgroup-MMA kernel (default): the same CTA of 8 warps × 32 weight rows and 64 items,
+  /// the products on wgmma.m64n64k16 (A = dequantized weight fragments in registers, B = the x
+  /// tile in shared memory) instead of mma.sync; `warps` is not used. false: the mma.sync kernel
+  /// (A/B runs: env V4_GMOE_WGMMA=0 through KernelContext::gmoe_wgmma).
+  bool wgmma = true;
+  /// Warpgroup-MMA kernel variant (experimental A/B, session 18). 0: 64 item columns, MXFP4
+  /// k-tiles without a block scale > 128 skip the second dequantization multiply (warp-uniform;
+  /// the same bits). 1 / 2 / 3: the item columns the smallest of {16, 64} / {16, 32, 64} /
+  /// {16, 32, 48, 64} holding the tile's items. 4: variant 0 without the skip (the first form).
+  /// Env V4_GMOE_WG_VARIANT through KernelContext::gmoe_wg_variant.
+  int wg_variant = 0;
 };
 
 /// Whether the grouped GEMM can run `w` as an expert weight (K = w.k): FP8 with K % 128 == 0 or

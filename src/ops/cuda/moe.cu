@@ -453,6 +453,8 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     // 8 warps measured faster for MXFP4 experts (9.0 vs 14.7 ms at 4,096 tokens) and slower for
     // FP8 ones (9.67 vs 9.46 ms; bench/results/cuda-moe.md): FP8 keeps 4 unless forced.
     up.warps = c.gmoe_warps == 8 && a.w13.format == ops::WFormat::kFP8Block ? 4 : c.gmoe_warps;
+    up.wgmma = c.gmoe_wgmma;
+    up.wg_variant = c.gmoe_wg_variant;
     V4_RETURN_IF_ERROR(gmoe_mma(up, max_tiles, c.stream));
     GmoeArgs dn = up;
     dn.w = a.w2;

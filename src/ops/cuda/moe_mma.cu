@@ -61,48 +61,7 @@ size_t smem_bytes(int64_t K, int xr, int stages) {
   return size_t(xr) * size_t(K + 8) * 2 + ring_bytes(stages);
 }
 
-// Whether any of the 8 scale bytes in (lo, hi) is > 128 (MXFP4: 2^(s−1) is no bf16 normal, the
-// dequantization needs its second multiply). Per byte: bit 7 set and a low bit set (the add
-// cannot carry across bytes: 0x7f + 0x7f < 0x100).
-__device__ __forceinline__ bool scale_over_128(uint32_t lo, uint32_t hi) {
-  const uint32_t a = lo & ((lo & 0x7f7f7f7fu) + 0x7f7f7f7fu);
-  const uint32_t b = hi & ((hi & 0x7f7f7f7fu) + 0x7f7f7f7fu);
-  return ((a | b) & 0x80808080u) != 0u;
-}
-
-// MXFP4 chunk → A fragments of two k steps as wfrag::dequant_steps, with the second multiply
-// (scales > 128) a compile-time choice: TWO = false is exact only when every scale of the
-// k-tile is ≤ 128 (the caller checks this warp-wide), and then does exactly the same bf16
-// operations as dequant_steps (the second multiply of dequant_steps is skipped there too), so
-// both forms give the same bits.
-template <bool TWO>
-__device__ __forceinline__ void e2m1x8_bf16_t(uint32_t u, uint32_t m1, uint32_t m2,
-                                              uint32_t (&o)[4]) {
-  constexpr uint32_t kMag = 0x01C001C0u, kSgn = 0x80008000u;
-  o[0] = ((u << 6) & kMag) | ((u << 12) & kSgn);
-  o[1] = ((u << 2) & kMag) | ((u << 8) & kSgn);
-  o[2] = ((u >> 2) & kMag) | ((u << 4) & kSgn);
-  o[3] = ((u >> 6) & kMag) | (u & kSgn);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    o[i] = hmul_bf16x2(o[i], m1);
-    if constexpr (TWO) o[i] = hmul_bf16x2(o[i], m2);
-  }
-}
-
-// Per-chunk MXFP4 multipliers: TWO = false: m1 = 2^(s−1) (s ≤ 128 guaranteed by the caller);
-// TWO = true: as wfrag::chunk_scale, with m2 = 1 when s ≤ 128 (an exact multiply).
-template <bool TWO>
-__device__ __forceinline__ void mx_scale_t(int s, uint32_t& m1, uint32_t& m2) {
-  if constexpr (TWO) {
-    const bool two = s > 128;
-    m1 = two ? pow2_bf16x2(126) : pow2_bf16x2(s - 1);
-    m2 = two ? pow2_bf16x2(s - 127) : pow2_bf16x2(0);
-  } else {
-    m1 = pow2_bf16x2(s - 1);
-    m2 = 0u;
-  }
-}
+// scale_over_128, e2m1x8_bf16_t, mx_scale_t: wfrag.cuh (shared with gmoe_mma's wgmma kernel).
 
 // Kernel template:
 //   KS  warps splitting K per row group (1, 4 or 8; kWarps / KS row groups per CTA);

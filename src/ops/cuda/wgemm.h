@@ -128,6 +128,11 @@ struct KernelContext {
   /// gmoe_mma warps per CTA (GmoeArgs::warps): 8 = default, 4 = the first version (CudaOps: env
   /// V4_GMOE_WARPS=4; A/B runs).
   int gmoe_warps = 8;
+  /// gmoe_mma on warpgroup MMA (GmoeArgs::wgmma; default) or on the mma.sync kernel with
+  /// gmoe_warps warps (CudaOps: env V4_GMOE_WGMMA=0; A/B runs).
+  bool gmoe_wgmma = true;
+  /// GmoeArgs::wg_variant (CudaOps: env V4_GMOE_WG_VARIANT=0…4; A/B runs).
+  int gmoe_wg_variant = 0;
   bool dense_mma = true;            // CudaOptions::dense_mma
   bool gemv_stream = true;          // CudaOptions::gemv_stream
   bool grouped_moe = true;          // CudaOptions::moe_grouped_mma
