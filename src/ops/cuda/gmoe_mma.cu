@@ -286,8 +286,9 @@ constexpr size_t smem_bytes_wg() {
 }
 
 // One CTA's tile with N item columns (mc ≤ N: the smallest width of the variant's set holding mc,
-// see gmoe_wg_kernel); FAST: MXFP4 k-tiles without a scale > 128 skip the second multiply.
-template <WFormat F, bool SWIGLU, int N, bool FAST>
+// see gmoe_wg_kernel); FAST: MXFP4 k-tiles without a scale > 128 skip the second multiply; SPG:
+// logical step pairs per wgmma commit group (0: one group per step).
+template <WFormat F, bool SWIGLU, int N, bool FAST, int SPG>
 __device__ __forceinline__ void gmoe_wg_tile(const GmoeArgs& a, int64_t e, int64_t m0, int mc,
                                              unsigned char* base) {
   constexpr int kThreads = 256;
@@ -389,9 +390,8 @@ __device__ __forceinline__ void gmoe_wg_tile(const GmoeArgs& a, int64_t e, int64
         else
           sc[r4] = chunk_scale<F>(st + kStageW + r * 8, q);
       }
-#pragma unroll
-      for (int s2 = 0; s2 < V / 8; ++s2) {
-        uint32_t A0[2][4], A1[2][4];
+      // Dequantizes logical step pair s2 (steps 2·s2, 2·s2 + 1) into A0 / A1 [2][4].
+      auto dequant = [&](int s2, uint32_t (&A0)[2][4], uint32_t (&A1)[2][4]) {
         if constexpr (kFast) {
           uint32_t o[4][4];
 #pragma unroll
@@ -408,16 +408,43 @@ __device__ __forceinline__ void gmoe_wg_tile(const GmoeArgs& a, int64_t e, int64
           dequant_steps<F>(qw[0], qw[1], s2, sc[0], sc[1], A0);
           dequant_steps<F>(qw[2], qw[3], s2, sc[2], sc[3], A1);
         }
+      };
+      auto mma_step = [&](int step, const uint32_t (&a0)[4], const uint32_t (&a1)[4]) {
+        const uint64_t bd =
+            wgmma_desc_sw128(xs + uint32_t((step >> 2) * XBLK + (step & 3) * 32), 16, 1024);
+        wgmma_rs_k16<N>(acc0, a0, bd);
+        wgmma_rs_k16<N>(acc1, a1, bd);
+      };
+      if constexpr (SPG == 0) {
+        // One commit group per logical k16 step.
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int step = c * (V / 4) + 2 * s2 + h;  // logical k16 step of the k-tile
-          const uint64_t bd =
-              wgmma_desc_sw128(xs + uint32_t((step >> 2) * XBLK + (step & 3) * 32), 16, 1024);
+        for (int s2 = 0; s2 < V / 8; ++s2) {
+          uint32_t A0[2][4], A1[2][4];
+          dequant(s2, A0, A1);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            wgmma_fence();
+            mma_step(c * (V / 4) + 2 * s2 + h, A0[h], A1[h]);
+            wgmma_commit();
+            wgmma_wait<1>();  // the step before is done: its A registers are free
+          }
+        }
+      } else {
+        // SPG step pairs dequantized in one burst (independent conversions in flight), then
+        // their 2·SPG steps' wgmmas as one commit group.
+        static_assert((V / 8) % SPG == 0, "step pairs per group divide the chunk");
+#pragma unroll
+        for (int g0 = 0; g0 < V / 8; g0 += SPG) {
+          uint32_t A0[SPG][2][4], A1[SPG][2][4];
+#pragma unroll
+          for (int u = 0; u < SPG; ++u) dequant(g0 + u, A0[u], A1[u]);
           wgmma_fence();
-          wgmma_rs_k16<N>(acc0, A0[h], bd);
-          wgmma_rs_k16<N>(acc1, A1[h], bd);
+#pragma unroll
+          for (int u = 0; u < SPG; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mma_step(c * (V / 4) + 2 * (g0 + u) + h, A0[u][h], A1[u][h]);
           wgmma_commit();
-          wgmma_wait<1>();  // the step before is done: its A registers are free
+          wgmma_wait<1>();  // the group before is done: its A registers are free
         }
       }
     }
@@ -480,7 +507,7 @@ __device__ __forceinline__ void gmoe_wg_tile(const GmoeArgs& a, int64_t e, int64
 
 // NSET: the item-column widths a CTA picks from (the smallest holding its items): 0 = {64},
 // 1 = {16, 64}, 2 = {16, 32, 64}, 3 = {16, 32, 48, 64}.
-template <WFormat F, bool SWIGLU, int NSET, bool FAST>
+template <WFormat F, bool SWIGLU, int NSET, bool FAST, int SPG>
 __global__ void __launch_bounds__(256, 1) gmoe_wg_kernel(GmoeArgs a) {
   extern __shared__ __align__(128) unsigned char gmoe_wg_smem[];
   if (int(blockIdx.y) >= *a.tile_count) return;
@@ -491,33 +518,33 @@ __global__ void __launch_bounds__(256, 1) gmoe_wg_kernel(GmoeArgs a) {
   const uint32_t raw_s = smem_u32(gmoe_wg_smem);
   unsigned char* base = gmoe_wg_smem + (((raw_s + 1023u) & ~1023u) - raw_s);
   if constexpr (NSET >= 1) {
-    if (mc <= 16) return gmoe_wg_tile<F, SWIGLU, 16, FAST>(a, e, m0, mc, base);
+    if (mc <= 16) return gmoe_wg_tile<F, SWIGLU, 16, FAST, SPG>(a, e, m0, mc, base);
   }
   if constexpr (NSET >= 2) {
-    if (mc <= 32) return gmoe_wg_tile<F, SWIGLU, 32, FAST>(a, e, m0, mc, base);
+    if (mc <= 32) return gmoe_wg_tile<F, SWIGLU, 32, FAST, SPG>(a, e, m0, mc, base);
   }
   if constexpr (NSET >= 3) {
-    if (mc <= 48) return gmoe_wg_tile<F, SWIGLU, 48, FAST>(a, e, m0, mc, base);
+    if (mc <= 48) return gmoe_wg_tile<F, SWIGLU, 48, FAST, SPG>(a, e, m0, mc, base);
   }
-  gmoe_wg_tile<F, SWIGLU, 64, FAST>(a, e, m0, mc, base);
+  gmoe_wg_tile<F, SWIGLU, 64, FAST, SPG>(a, e, m0, mc, base);
 }
 
-template <WFormat F, bool SWIGLU, int NSET, bool FAST>
+template <WFormat F, bool SWIGLU, int NSET, bool FAST, int SPG>
 Status launch_wg_v(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
   const int64_t per_cta = 8 * (SWIGLU ? 16 : 32);
   const dim3 grid(unsigned((a.n_out + per_cta - 1) / per_cta), unsigned(max_tiles));
-  gmoe_wg_kernel<F, SWIGLU, NSET, FAST><<<grid, 256, smem_bytes_wg<F>(), stream>>>(a);
+  gmoe_wg_kernel<F, SWIGLU, NSET, FAST, SPG><<<grid, 256, smem_bytes_wg<F>(), stream>>>(a);
   return check_launch("gmoe_wg_kernel");
 }
 
 template <WFormat F, bool SWIGLU>
 Status launch_wg(const GmoeArgs& a, int64_t max_tiles, cudaStream_t stream) {
   switch (a.wg_variant) {
-    case 1: return launch_wg_v<F, SWIGLU, 1, true>(a, max_tiles, stream);
-    case 2: return launch_wg_v<F, SWIGLU, 2, true>(a, max_tiles, stream);
-    case 3: return launch_wg_v<F, SWIGLU, 3, true>(a, max_tiles, stream);
-    case 4: return launch_wg_v<F, SWIGLU, 0, false>(a, max_tiles, stream);
-    default: return launch_wg_v<F, SWIGLU, 0, true>(a, max_tiles, stream);
+    case 1: return launch_wg_v<F, SWIGLU, 1, true, 2>(a, max_tiles, stream);
+    case 2: return launch_wg_v<F, SWIGLU, 0, true, 0>(a, max_tiles, stream);
+    case 3: return launch_wg_v<F, SWIGLU, 2, true, 2>(a, max_tiles, stream);
+    case 4: return launch_wg_v<F, SWIGLU, 0, false, 0>(a, max_tiles, stream);
+    default: return launch_wg_v<F, SWIGLU, 1, true, 0>(a, max_tiles, stream);
   }
 }
 
@@ -548,24 +575,24 @@ Status prepare_one() {
   return Status::Ok();
 }
 
-template <WFormat F, int NSET, bool FAST>
+template <WFormat F, int NSET, bool FAST, int SPG>
 Status prepare_wg_v() {
   static_assert(smem_bytes_wg<F>() <= kSmemLimit, "gmoe_wg tile fits shared memory");
-  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_wg_kernel<F, true, NSET, FAST>,
+  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_wg_kernel<F, true, NSET, FAST, SPG>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    int(smem_bytes_wg<F>())));
-  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_wg_kernel<F, false, NSET, FAST>,
+  V4_CUDA_TRY(cudaFuncSetAttribute(gmoe_wg_kernel<F, false, NSET, FAST, SPG>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    int(smem_bytes_wg<F>())));
   return Status::Ok();
 }
 template <WFormat F>
 Status prepare_wg() {
-  V4_RETURN_IF_ERROR((prepare_wg_v<F, 0, true>()));
-  V4_RETURN_IF_ERROR((prepare_wg_v<F, 1, true>()));
-  V4_RETURN_IF_ERROR((prepare_wg_v<F, 2, true>()));
-  V4_RETURN_IF_ERROR((prepare_wg_v<F, 3, true>()));
-  return prepare_wg_v<F, 0, false>();
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 1, true, 2>()));
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 1, true, 0>()));
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 0, true, 0>()));
+  V4_RETURN_IF_ERROR((prepare_wg_v<F, 2, true, 2>()));
+  return prepare_wg_v<F, 0, false, 0>();
 }
 
 int kt_of(WFormat f) {

@@ -54,11 +54,13 @@ struct GmoeArgs {
   /// tile in shared memory) instead of mma.sync; `warps` is not used. false: the mma.sync kernel
   /// (A/B runs: env V4_GMOE_WGMMA=0 through KernelContext::gmoe_wgmma).
   bool wgmma = true;
-  /// Warpgroup-MMA kernel variant (experimental A/B, session 18). 0: 64 item columns, MXFP4
-  /// k-tiles without a block scale > 128 skip the second dequantization multiply (warp-uniform;
-  /// the same bits). 1 / 2 / 3: the item columns the smallest of {16, 64} / {16, 32, 64} /
-  /// {16, 32, 48, 64} holding the tile's items. 4: variant 0 without the skip (the first form).
-  /// Env V4_GMOE_WG_VARIANT through KernelContext::gmoe_wg_variant.
+  /// Warpgroup-MMA kernel variant (A/B runs, session 18; bench/results/cuda-gmoe.md). 0
+  /// (default): item columns N = 16 when the tile has ≤ 16 items, else 64; MXFP4 k-tiles without
+  /// a block scale > 128 skip the second dequantization multiply (warp-uniform; the same bits);
+  /// one wgmma commit group per logical k16 step. 1: as 0 with two step pairs dequantized in one
+  /// burst and their four steps' wgmmas one commit group (faster at ≤ 256 tokens, 2% slower at
+  /// 2,048). 2: as 0 with N = 64 always. 3: as 1 with N from {16, 32, 64}. 4: as 2 without the
+  /// skip (the first form). Env V4_GMOE_WG_VARIANT through KernelContext::gmoe_wg_variant.
   int wg_variant = 0;
 };
 
