@@ -50,25 +50,29 @@ cache::AttnKind to_cache_kind(LayerKind k) {
 // Region names of the step profile (ops::Ops::region), per attention kind: the parts of a layer
 // whose device time `v4serve bench --profile` reports.
 enum Region { kRHcAttn, kRQ, kRKv, kRComp, kRIndexComp, kRIndexQ, kRIndexTopk, kRCore, kROut,
-              kRHcFfn, kRRouter, kRRouted, kRShared, kRQTail, kRIndexSel, kNumRegions };
+              kRHcFfn, kRRouter, kRRouted, kRShared, kRQTail, kRIndexSel, kROutB, kRHcPostAttn,
+              kNumRegions };
 const char* region_name(LayerKind k, Region r) {
   static const char* const names[3][kNumRegions] = {
       {"swa: mHC pre + norm (attn)", "swa: q (wq_a, q_norm, wq_b, head norm, rope)",
        "swa: kv (wkv, norm, rope, SWA store)", "", "", "", "", "swa: sparse attention",
-       "swa: out (inverse rope, wo_a, wo_b, mHC post)", "swa: mHC pre + norm (ffn)", "swa: MoE router",
-       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post", "", ""},
+       "swa: out (inverse rope, wo_a)", "swa: mHC pre + norm (ffn)", "swa: MoE router",
+       "swa: MoE routed experts", "swa: MoE shared expert + add + mHC post", "", "",
+       "swa: out (wo_b)", "swa: mHC post (attn)"},
       {"csa: mHC pre + norm (attn)", "csa: q (wq_a, q_norm)",
        "csa: kv (wkv, norm, rope, SWA store)", "csa: compressor (wkv, wgate, pool, norm, rope, store, ring)",
        "csa: indexer weights + compressor", "csa: indexer q (index_wq_b, rope)",
        "csa: indexer scores",  // then kRIndexSel, marked by backends that split the chain
-       "csa: sparse attention", "csa: out (inverse rope, wo_a, wo_b, mHC post)", "csa: mHC pre + norm (ffn)",
+       "csa: sparse attention", "csa: out (inverse rope, wo_a)", "csa: mHC pre + norm (ffn)",
        "csa: MoE router", "csa: MoE routed experts", "csa: MoE shared expert + add + mHC post",
-       "csa: q tail (wq_b, head norm, rope)", "csa: indexer top-k + finalize"},
+       "csa: q tail (wq_b, head norm, rope)", "csa: indexer top-k + finalize", "csa: out (wo_b)",
+       "csa: mHC post (attn)"},
       {"hca: mHC pre + norm (attn)", "hca: q (wq_a, q_norm, wq_b, head norm, rope)",
        "hca: kv (wkv, norm, rope, SWA store)", "hca: compressor (wkv, wgate, pool, norm, rope, store, ring)",
-       "", "", "", "hca: sparse attention", "hca: out (inverse rope, wo_a, wo_b, mHC post)",
+       "", "", "", "hca: sparse attention", "hca: out (inverse rope, wo_a)",
        "hca: mHC pre + norm (ffn)", "hca: MoE router", "hca: MoE routed experts",
-       "hca: MoE shared expert + add + mHC post", "", ""}};
+       "hca: MoE shared expert + add + mHC post", "", "", "hca: out (wo_b)",
+       "hca: mHC post (attn)"}};
   return names[int(k)][r];
 }
 
@@ -715,6 +719,7 @@ float* DeepseekV4::run_layers(Step& st) {
     hc.scale = L.hc_attn_scale.data();
     o.hc_pre_norm(hc, L.attn_norm.data(), float(c.rms_norm_eps), x);
     attention(st, l, x, f);
+    o.region(region_name(kind, kRHcPostAttn));
     o.hc_post(h, f, post, comb, S, n, D);
 
     o.region(region_name(kind, kRHcFfn));
@@ -943,6 +948,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
   float* og = st.buf<float>(S * G * R);
   (void)gw;  // = wo_a.k: group g reads attn columns [g·gw, (g+1)·gw)
   o.linear_w_grouped(attn, int64_t(H) * hd, a.wo_a.v(), G, S, og, int64_t(G) * R);
+  o.region(region_name(kind, kROutB));
   o.linear_w(og, int64_t(G) * R, a.wo_b.v(), S, out, D);
 }
 

@@ -145,7 +145,9 @@ TEST(FastForward, PlanOpDecodeEqualsHostPlanner) {
       logits[device_plan].push_back(out->logits);
       for (auto& L : lens) ++L;
     }
-    if (device_plan) EXPECT_GT((*m)->decode_stats().device_plan_steps, 0);
+    if (device_plan) {
+      EXPECT_GT((*m)->decode_stats().device_plan_steps, 0);
+    }
   }
   ASSERT_EQ(logits[0].size(), logits[1].size());
   for (size_t s = 0; s < logits[0].size(); ++s)

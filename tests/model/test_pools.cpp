@@ -79,7 +79,9 @@ TEST(Pools, SequencesPagesAndAddressing) {
   for (int32_t s : {*a, *b})
     for (int64_t p = 0; p < (s == *a ? 300 : 100); ++p) {
       EXPECT_TRUE(swa.insert(kv->swa_row(s, p)).second);
-      if (p % 4 == 0) EXPECT_TRUE(c4.insert(kv->compressed_row(s, p / 4, 4)).second);
+      if (p % 4 == 0) {
+        EXPECT_TRUE(c4.insert(kv->compressed_row(s, p / 4, 4)).second);
+      }
     }
   // Rows of consecutive entries inside a page are consecutive (slot / ratio).
   EXPECT_EQ(kv->compressed_row(*a, 1, 4), kv->compressed_row(*a, 0, 4) + 1);
