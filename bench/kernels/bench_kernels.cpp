@@ -326,6 +326,50 @@ struct BenchScratch {
   }
 };
 
+// Device inputs of one routed-MoE bench case (S tokens, k experts each, routing sets `idx` of
+// S·k ids each): random x [S, D] and routing weights, an output [S, D], the ids; `args` is a
+// moe_experts call on them (swiglu limit 10) with `idx` left for the caller to point at a set.
+struct MoeBenchInputs {
+  float* x = nullptr;
+  float* wt = nullptr;
+  float* out = nullptr;
+  int32_t* idx = nullptr;
+  v4::ops::MoeArgs args;
+  MoeBenchInputs(int64_t S, int D, int I, int E, int k, const std::vector<int32_t>& ids,
+                 const v4::ops::WeightView& w13, const v4::ops::WeightView& w2,
+                 std::mt19937_64& g) {
+    const auto xh = randn(size_t(S * D), g);
+    const auto wh = randn(size_t(S * k), g);
+    BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
+    BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
+    BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
+    BENCH_CHECK(cudaMalloc(&idx, ids.size() * 4));
+    BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(idx, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    args.x = x;
+    args.w13 = w13;
+    args.w2 = w2;
+    args.weight = wt;
+    args.n_rows = S;
+    args.hidden = D;
+    args.inter = I;
+    args.n_experts = E;
+    args.topk = k;
+    args.swiglu_limit = 10.f;
+    args.out = out;
+  }
+  ~MoeBenchInputs() {
+    cudaFree(x);
+    cudaFree(wt);
+    cudaFree(out);
+    cudaFree(idx);
+  }
+  MoeBenchInputs(const MoeBenchInputs&) = delete;
+  MoeBenchInputs& operator=(const MoeBenchInputs&) = delete;
+};
+
+
 // Native-weight GEMV (bf16 mode's decode path) and the MXFP4 MoE experts: time vs byte floor.
 std::string bench_wformat(double bw, int samples) {
   using v4::ops::WFormat;
@@ -498,29 +542,9 @@ std::string bench_wformat(double bw, int samples) {
         }
       }
       distinct /= sets;
-      auto xh = randn(size_t(S * D), g);
-      auto wh = randn(size_t(P), g);
-      float *x = nullptr, *wt = nullptr, *out = nullptr;
-      int32_t* didx = nullptr;
-      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
-      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
-      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-      v4::ops::MoeArgs a;
-      a.x = x;
-      a.w13 = w13.view;
-      a.w2 = w2.view;
-      a.weight = wt;
-      a.n_rows = S;
-      a.hidden = D;
-      a.inter = I;
-      a.n_experts = E;
-      a.topk = k;
-      a.swiglu_limit = 10.f;
-      a.out = out;
+      MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
+      v4::ops::MoeArgs& a = in.args;
+      int32_t* didx = in.idx;
       v4::cuda::KernelContext cg = c;
       cg.moe_mma = false;
       Stats sg = time_it([&](int i) {
@@ -547,10 +571,6 @@ std::string bench_wformat(double bw, int samples) {
       kt << buf;
       std::printf("moe mxfp4 S=%lld: %.1f us (floor %.1f us, %.1f experts)\n", (long long)S, st.med_us,
                   floor_us, distinct);
-      cudaFree(x);
-      cudaFree(wt);
-      cudaFree(out);
-      cudaFree(didx);
     }
 
     // ---- grouped tensor-core MoE (gmoe_mma, no sync) vs the one-sync per-expert path ----
@@ -583,29 +603,9 @@ std::string bench_wformat(double bw, int samples) {
         }
       }
       distinct /= sets;
-      auto xh = randn(size_t(S * D), g);
-      auto wh = randn(size_t(P), g);
-      float *x = nullptr, *wt = nullptr, *out = nullptr;
-      int32_t* didx = nullptr;
-      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
-      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
-      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-      v4::ops::MoeArgs a;
-      a.x = x;
-      a.w13 = w13.view;
-      a.w2 = w2.view;
-      a.weight = wt;
-      a.n_rows = S;
-      a.hidden = D;
-      a.inter = I;
-      a.n_experts = E;
-      a.topk = k;
-      a.swiglu_limit = 10.f;
-      a.out = out;
+      MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
+      v4::ops::MoeArgs& a = in.args;
+      int32_t* didx = in.idx;
       // Large S: each launch is milliseconds (moe_mma re-reads every expert per 8 tokens), so
       // fewer samples, inner launches and warm-ups keep the table within the device call.
       const int ns = S >= 1024 ? std::min(samples, 8) : samples;
@@ -639,10 +639,6 @@ std::string bench_wformat(double bw, int samples) {
       std::printf("moe grouped mxfp4 S=%lld: grouped %.1f us, sync %.1f us, moe_mma %.1f us "
                   "(floors %.1f / %.1f us)\n",
                   (long long)S, sgr.med_us, ssy.med_us, smm.med_us, floor_us, flop_us);
-      cudaFree(x);
-      cudaFree(wt);
-      cudaFree(out);
-      cudaFree(didx);
     }
   }
   kt << "\n";
@@ -692,29 +688,9 @@ std::string gmoe_table(v4::ops::WFormat f, const BenchW& w13, const BenchW& w2,
       }
     }
     distinct /= sets;
-    auto xh = randn(size_t(S * D), g);
-    auto wh = randn(size_t(P), g);
-    float *x = nullptr, *wt = nullptr, *out = nullptr;
-    int32_t* didx = nullptr;
-    BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
-    BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
-    BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
-    BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
-    BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-    BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
-    BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-    v4::ops::MoeArgs a;
-    a.x = x;
-    a.w13 = w13.view;
-    a.w2 = w2.view;
-    a.weight = wt;
-    a.n_rows = S;
-    a.hidden = D;
-    a.inter = I;
-    a.n_experts = E;
-    a.topk = k;
-    a.swiglu_limit = 10.f;
-    a.out = out;
+    MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
+    v4::ops::MoeArgs& a = in.args;
+    int32_t* didx = in.idx;
     const int ns = std::min(samples, 10), inner = S >= 1024 ? 2 : 10, warm = 3;
     auto run = [&](bool wgmma, int warps, int wg_variant = 0) {
       v4::cuda::KernelContext cx = c;
@@ -751,10 +727,6 @@ std::string gmoe_table(v4::ops::WFormat f, const BenchW& w13, const BenchW& w2,
                 "%.1f / v3 %.1f / v4 %.1f us (FLOP floor %.1f us)\n",
                 v4::ops::wformat_name(f), (long long)S, s4.med_us, s8.med_us, swg.med_us, sv[1],
                 sv[2], sv[3], sv[4], flop_us);
-    cudaFree(x);
-    cudaFree(wt);
-    cudaFree(out);
-    cudaFree(didx);
   }
   return kt.str();
 }
@@ -859,29 +831,9 @@ std::string bench_moe(double bw, int samples) {
         }
       }
       distinct /= sets;
-      auto xh = randn(size_t(S * D), g);
-      auto wh = randn(size_t(P), g);
-      float *x = nullptr, *wt = nullptr, *out = nullptr;
-      int32_t* didx = nullptr;
-      BENCH_CHECK(cudaMalloc(&x, xh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&wt, wh.size() * 4));
-      BENCH_CHECK(cudaMalloc(&out, size_t(S * D) * 4));
-      BENCH_CHECK(cudaMalloc(&didx, idx.size() * 4));
-      BENCH_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(wt, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-      v4::ops::MoeArgs a;
-      a.x = x;
-      a.w13 = w13.view;
-      a.w2 = w2.view;
-      a.weight = wt;
-      a.n_rows = S;
-      a.hidden = D;
-      a.inter = I;
-      a.n_experts = E;
-      a.topk = k;
-      a.swiglu_limit = 10.f;
-      a.out = out;
+      MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
+      v4::ops::MoeArgs& a = in.args;
+      int32_t* didx = in.idx;
       v4::cuda::KernelContext c1 = c, c2 = c, c3 = c;
       c1.moe_mma_version = 1;
       c2.moe_mma_version = 2;
@@ -935,10 +887,6 @@ std::string bench_moe(double bw, int samples) {
       std::printf("moe %s S=%lld: old %.1f us, new %.1f us (floor %.1f us) [%s]\n",
                   v4::ops::wformat_name(f), (long long)S, s1.med_us, s2.med_us, floor_us,
                   conf.c_str());
-      cudaFree(x);
-      cudaFree(wt);
-      cudaFree(out);
-      cudaFree(didx);
     }
     kt << gmoe_table(f, w13, w2, c, bw, samples);
     kt << "\n";
