@@ -105,13 +105,17 @@ __device__ __forceinline__ uint32_t hmul_bf16x2(uint32_t a, uint32_t b) {
 // bits to bits 8..6, which is e2m1 · 2^-126 in bf16 (the e2m1 subnormal 0.5 becomes the bf16
 // subnormal 2^-127), then one multiply by 2^(s − 1) gives e2m1 · 2^(s − 127) exactly (two
 // multiplies when 2^(s − 1) is not a bf16 normal: s > 128). ~2.5 integer/bf16 ops per value.
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t u, uint32_t m1, uint32_t m2, bool two,
-                                               uint32_t (&o)[4]) {
+// The bit placement alone: e2m1 · 2^-126 as bf16x2 words (v0, v4), (v1, v5), (v2, v6), (v3, v7).
+__device__ __forceinline__ void e2m1x8_place(uint32_t u, uint32_t (&o)[4]) {
   constexpr uint32_t kMag = 0x01C001C0u, kSgn = 0x80008000u;
   o[0] = ((u << 6) & kMag) | ((u << 12) & kSgn);
   o[1] = ((u << 2) & kMag) | ((u << 8) & kSgn);
   o[2] = ((u >> 2) & kMag) | ((u << 4) & kSgn);
   o[3] = ((u >> 6) & kMag) | (u & kSgn);
+}
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t u, uint32_t m1, uint32_t m2, bool two,
+                                               uint32_t (&o)[4]) {
+  e2m1x8_place(u, o);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     o[i] = hmul_bf16x2(o[i], m1);
@@ -136,11 +140,7 @@ __device__ __forceinline__ bool scale_over_128(uint32_t lo, uint32_t hi) {
 template <bool TWO>
 __device__ __forceinline__ void e2m1x8_bf16_t(uint32_t u, uint32_t m1, uint32_t m2,
                                               uint32_t (&o)[4]) {
-  constexpr uint32_t kMag = 0x01C001C0u, kSgn = 0x80008000u;
-  o[0] = ((u << 6) & kMag) | ((u << 12) & kSgn);
-  o[1] = ((u << 2) & kMag) | ((u << 8) & kSgn);
-  o[2] = ((u >> 2) & kMag) | ((u << 4) & kSgn);
-  o[3] = ((u >> 6) & kMag) | (u & kSgn);
+  e2m1x8_place(u, o);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     o[i] = hmul_bf16x2(o[i], m1);
