@@ -233,7 +233,7 @@ TEST(DummyWeights, NativeFormatsWhereTheBackendReadsThem) {
   // Bytes per format = Σ wformat_bytes over the stored matrices.
   const auto bytes = w->bytes_by_format();
   int64_t want_mx = 0;
-  for (const auto& L : w->layers)
+  for (size_t l = 0; l < w->layers.size(); ++l)
     want_mx += 8 * (ops::wformat_bytes(WFormat::kMXFP4, 2 * 192, 256) +
                     ops::wformat_bytes(WFormat::kMXFP4, 256, 192));
   EXPECT_EQ(bytes.at("mxfp4"), want_mx);

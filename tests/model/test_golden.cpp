@@ -115,7 +115,6 @@ TEST(Golden, ChunkedPrefill) {
     SCOPED_TRACE(dir);
     Loaded l = load(dir);
     ASSERT_TRUE(l.model);
-    const int64_t V = l.model->config().vocab_size;
     auto kv = make_cache(*l.model);
     ASSERT_TRUE(kv);
     auto seq = kv->create_sequence();

@@ -127,7 +127,7 @@ TEST(Invariance, MixedBatchEqualsAloneBitExact) {
     for (size_t r = 0; r < prompts.size(); ++r) {
       auto s = e.kv->create_sequence();
       ASSERT_TRUE(s.ok());
-      st.push_back({*s});
+      st.push_back({*s, 0, 0, {}});
     }
     for (int step = 0; step < 100; ++step) {
       ForwardBatch b;

@@ -191,7 +191,11 @@ class BranchOps final : public ops::Ops {
       rd("compress ring_dst", a.ring_dst, a.n_ring * 4);
       for (int64_t r = 0; r < a.n_out; ++r) {
         if (a.dst[r] < 0) continue;
-        wr("compress pool row", a.pool + int64_t(a.dst[r]) * a.dim, a.dim * 4);
+        // The pool row of its dtype (was `void*` arithmetic on dst · dim bytes with dim · 4 bytes
+        // long: the right row only for 1-byte rows).
+        const int64_t row_bytes = kv_row_bytes(a.pool_dtype, a.dim, a.rope_dim);
+        wr("compress pool row", static_cast<const char*>(a.pool) + int64_t(a.dst[r]) * row_bytes,
+           row_bytes);
         for (int64_t j = 0; j < slots; ++j) {
           const int32_t v = a.src[r * slots + j];
           if (v >= 0) {
