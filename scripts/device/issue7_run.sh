@@ -59,6 +59,7 @@
 #               warpgroup MMA vs its mma.sync kernel with 8 / 4 warps; not in the default list)
 #   pfab        v4serve bench prefill (chunk $V4_PFAB_CHUNK (2048) at $V4_PFAB_CONTEXT (128K), bf16 KV
 #               + $V4_PFAB_EXTRA (--index-cache-dtype fp8); V4_PFAB_PROFILE=1: --profile) once per
+#               entry of $V4_PFAB_RUNS (comma-separated VAR=VAL pairs, "default" = none), or per
 #               value in $V4_PFAB_VALUES ("0 1") of the env switch $V4_PFAB_VAR (V4_GMOE_WGMMA)
 #               -> bench-v4flash-20l-pfab.md (not in the default list)
 #   idxpdl      v4serve bench --kv-cache-dtype bf16 at batch $V4_IDXPDL_BATCH (1) × 4K and 900K,
@@ -286,17 +287,26 @@ if has idxpf; then  # prefill indexer end to end: V4_INDEXER_PREFILL_WG=0 (WMMA)
     rm -f "$OUT/idxpf-$p.md"; logs+=(bench-idxpf-$p.log)
   done
 fi
-if has pfab; then  # prefill end to end, A/B of one env switch (default V4_GMOE_WGMMA=0 vs 1)
-  var=${V4_PFAB_VAR:-V4_GMOE_WGMMA}; f="$OUT/bench-v4flash-20l-pfab.md"
-  echo "# Prefill A/B of $var (values ${V4_PFAB_VALUES:-0 1})" > "$f"; echo >> "$f"
-  for v in ${V4_PFAB_VALUES:-0 1}; do
-    env "$var=$v" timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
+if has pfab; then  # prefill end to end, A/B of env settings: V4_PFAB_RUNS (entries of comma-separated
+  # VAR=VAL pairs, "default" = none; e.g. "default V4_GMOE_WG_VARIANT=5,V4_GROUPED_BATCHED=0"), or
+  # one switch $V4_PFAB_VAR (V4_GMOE_WGMMA) over $V4_PFAB_VALUES ("0 1")
+  f="$OUT/bench-v4flash-20l-pfab.md"
+  runs="${V4_PFAB_RUNS:-}"
+  if [ -z "$runs" ]; then
+    for v in ${V4_PFAB_VALUES:-0 1}; do runs="$runs ${V4_PFAB_VAR:-V4_GMOE_WGMMA}=$v"; done
+  fi
+  echo "# Prefill A/B: $runs" > "$f"; echo >> "$f"
+  n=0
+  for r in $runs; do
+    n=$((n + 1)); envs=()
+    [ "$r" != default ] && IFS=, read -r -a envs <<< "$r"
+    env "${envs[@]}" timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
       ${V4_PFAB_EXTRA:---index-cache-dtype fp8} --batch 1 --context ${V4_PFAB_CONTEXT:-128K} \
       --steps 3 --prefill-steps 1 --prefill-warmup 1 --prefill-chunk ${V4_PFAB_CHUNK:-2048} \
-      ${V4_PFAB_PROFILE:+--profile} --out "$OUT/pfab-$v.md" > "$OUT/bench-pfab-$v.log" 2>&1
-    echo "bench ($var=$v) rc=$?"; grep -E "^\| (prefill)" "$OUT/pfab-$v.md"
-    { echo "## $var=$v"; echo; cat "$OUT/pfab-$v.md"; echo; } >> "$f"
-    rm -f "$OUT/pfab-$v.md"; logs+=(bench-pfab-$v.log)
+      ${V4_PFAB_PROFILE:+--profile} --out "$OUT/pfab-$n.md" > "$OUT/bench-pfab-$n.log" 2>&1
+    echo "bench ($r) rc=$?"; grep -E "^\| (prefill)" "$OUT/pfab-$n.md"
+    { echo "## $r"; echo; cat "$OUT/pfab-$n.md"; echo; } >> "$f"
+    rm -f "$OUT/pfab-$n.md"; logs+=(bench-pfab-$n.log)
   done
 fi
 if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (plain) vs 1 (default)
