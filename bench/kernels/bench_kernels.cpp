@@ -326,6 +326,27 @@ struct BenchScratch {
   }
 };
 
+// `sets` routing sets of P expert ids each, uniform over E experts (ids may repeat within a
+// token), drawn from g in order.
+std::vector<int32_t> uniform_route_sets(int64_t P, int E, int sets, std::mt19937_64& g) {
+  std::vector<int32_t> idx(size_t(P * sets));
+  for (auto& e : idx) e = int32_t(g() % E);
+  return idx;
+}
+// Mean over the sets of the number of distinct experts a set of P ids touches.
+double mean_distinct_experts(const std::vector<int32_t>& idx, int64_t P, int E, int sets) {
+  double distinct = 0;
+  for (int s2 = 0; s2 < sets; ++s2) {
+    std::vector<char> seen(size_t(E), 0);
+    for (int64_t p = 0; p < P; ++p) {
+      const int32_t e = idx[size_t(s2 * P + p)];
+      distinct += !seen[size_t(e)];
+      seen[size_t(e)] = 1;
+    }
+  }
+  return distinct / sets;
+}
+
 // Device inputs of one routed-MoE bench case (S tokens, k experts each, routing sets `idx` of
 // S·k ids each): random x [S, D] and routing weights, an output [S, D], the ids; `args` is a
 // moe_experts call on them (swiglu limit 10) with `idx` left for the caller to point at a set.
@@ -530,18 +551,8 @@ std::string bench_wformat(double bw, int samples) {
       const int sets = 64;
       const int64_t P = S * k;
       std::mt19937_64 g(1000 + S);
-      std::vector<int32_t> idx(size_t(P * sets));
-      double distinct = 0;
-      for (int s2 = 0; s2 < sets; ++s2) {
-        std::vector<char> seen(E, 0);
-        for (int64_t p = 0; p < P; ++p) {
-          const int32_t e = int32_t(g() % E);
-          idx[size_t(s2 * P + p)] = e;
-          distinct += !seen[e];
-          seen[e] = 1;
-        }
-      }
-      distinct /= sets;
+      std::vector<int32_t> idx = uniform_route_sets(P, E, sets, g);
+      const double distinct = mean_distinct_experts(idx, P, E, sets);
       MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
       v4::ops::MoeArgs& a = in.args;
       int32_t* didx = in.idx;
@@ -591,18 +602,8 @@ std::string bench_wformat(double bw, int samples) {
       const int sets = S >= 1024 ? 8 : 32;
       const int64_t P = S * k;
       std::mt19937_64 g(5000 + S);
-      std::vector<int32_t> idx(size_t(P * sets));
-      double distinct = 0;
-      for (int s2 = 0; s2 < sets; ++s2) {
-        std::vector<char> seen(E, 0);
-        for (int64_t p = 0; p < P; ++p) {
-          const int32_t e = int32_t(g() % E);
-          idx[size_t(s2 * P + p)] = e;
-          distinct += !seen[e];
-          seen[e] = 1;
-        }
-      }
-      distinct /= sets;
+      std::vector<int32_t> idx = uniform_route_sets(P, E, sets, g);
+      const double distinct = mean_distinct_experts(idx, P, E, sets);
       MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
       v4::ops::MoeArgs& a = in.args;
       int32_t* didx = in.idx;
@@ -676,18 +677,8 @@ std::string gmoe_table(v4::ops::WFormat f, const BenchW& w13, const BenchW& w2,
     const int sets = 8;
     const int64_t P = S * k;
     std::mt19937_64 g(7000 + S);
-    std::vector<int32_t> idx(size_t(P * sets));
-    double distinct = 0;
-    for (int s2 = 0; s2 < sets; ++s2) {
-      std::vector<char> seen(E, 0);
-      for (int64_t p = 0; p < P; ++p) {
-        const int32_t e = int32_t(g() % E);
-        idx[size_t(s2 * P + p)] = e;
-        distinct += !seen[size_t(e)];
-        seen[size_t(e)] = 1;
-      }
-    }
-    distinct /= sets;
+    std::vector<int32_t> idx = uniform_route_sets(P, E, sets, g);
+    const double distinct = mean_distinct_experts(idx, P, E, sets);
     MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
     v4::ops::MoeArgs& a = in.args;
     int32_t* didx = in.idx;
@@ -812,7 +803,6 @@ std::string bench_moe(double bw, int samples) {
       const int64_t P = S * k;
       std::mt19937_64 g(2000 + S);
       std::vector<int32_t> idx(size_t(P * sets));
-      double distinct = 0;
       for (int s2 = 0; s2 < sets; ++s2)
         for (int64_t t = 0; t < S; ++t) {  // k distinct experts per token (as top-k routing)
           std::vector<int32_t> mine;
@@ -822,15 +812,7 @@ std::string bench_moe(double bw, int samples) {
           }
           for (int j = 0; j < k; ++j) idx[size_t(s2 * P + t * k + j)] = mine[size_t(j)];
         }
-      for (int s2 = 0; s2 < sets; ++s2) {
-        std::vector<char> seen(E, 0);
-        for (int64_t p = 0; p < P; ++p) {
-          const int32_t e = idx[size_t(s2 * P + p)];
-          distinct += !seen[size_t(e)];
-          seen[size_t(e)] = 1;
-        }
-      }
-      distinct /= sets;
+      const double distinct = mean_distinct_experts(idx, P, E, sets);
       MoeBenchInputs in(S, D, I, E, k, idx, w13.view, w2.view, g);
       v4::ops::MoeArgs& a = in.args;
       int32_t* didx = in.idx;

@@ -51,17 +51,9 @@
 #               switches end to end; not in the default stage list)
 #   idxpfk      bench_kernels --only-indexer-prefill -> cuda-indexer-prefill.md (prefill indexer
 #               scores: the warpgroup-MMA kernel, its e4m3 mode and the WMMA kernel)
-#   idxpf       v4serve bench prefill (chunk $V4_IDXPF_CHUNK (2048) at $V4_IDXPF_CONTEXT (128K,900K),
-#               bf16 KV + $V4_IDXPF_EXTRA (--index-cache-dtype fp8); V4_IDXPF_PROFILE=1: --profile)
-#               with V4_INDEXER_PREFILL_WG=0 and 1 -> bench-v4flash-20l-idxpf.md (not in the
-#               default list)
-#   gmoe        bench_kernels --only-gmoe -> cuda-gmoe.md (prefill-sized grouped MoE: gmoe_mma on
-#               warpgroup MMA vs its mma.sync kernel with 8 / 4 warps; not in the default list)
-#   pfab        v4serve bench prefill (chunk $V4_PFAB_CHUNK (2048) at $V4_PFAB_CONTEXT (128K), bf16 KV
-#               + $V4_PFAB_EXTRA (--index-cache-dtype fp8); V4_PFAB_PROFILE=1: --profile) once per
-#               entry of $V4_PFAB_RUNS (comma-separated VAR=VAL pairs, "default" = none), or per
-#               value in $V4_PFAB_VALUES ("0 1") of the env switch $V4_PFAB_VAR (V4_GMOE_WGMMA)
-#               -> bench-v4flash-20l-pfab.md (not in the default list)
+#   idxpf       (removed in session 18: the pfab stage does it —
+#               V4_PFAB_RUNS="V4_INDEXER_PREFILL_WG=0 default" V4_PFAB_CONTEXT=128K,900K;
+#               bench-v4flash-20l-idxpf.md came from the old stage)
 #   idxpdl      v4serve bench --kv-cache-dtype bf16 at batch $V4_IDXPDL_BATCH (1) × 4K and 900K,
 #               no profile (as served), with V4_INDEXER_PDL=0 and =1 (the indexer chain's plain
 #               launches vs programmatic dependent launch, docs/cuda.md §Indexer chain)
@@ -273,18 +265,6 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"
     rm -f "$OUT/ratioenv-$i.md"; logs+=(bench-ratioenv-$i.log)
-  done
-fi
-if has idxpf; then  # prefill indexer end to end: V4_INDEXER_PREFILL_WG=0 (WMMA) vs 1 (default)
-  : > "$OUT/bench-v4flash-20l-idxpf.md"
-  for p in 0 1; do
-    V4_INDEXER_PREFILL_WG=$p timeout 200 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 \
-      ${V4_IDXPF_EXTRA:---index-cache-dtype fp8} --batch 1 --context ${V4_IDXPF_CONTEXT:-128K,900K} \
-      --steps 3 --prefill-steps 1 --prefill-warmup 1 --prefill-chunk ${V4_IDXPF_CHUNK:-2048} \
-      ${V4_IDXPF_PROFILE:+--profile} --out "$OUT/idxpf-$p.md" > "$OUT/bench-idxpf-$p.log" 2>&1
-    echo "bench (V4_INDEXER_PREFILL_WG=$p) rc=$?"; grep -E "^\| (prefill)" "$OUT/idxpf-$p.md"
-    { echo "## V4_INDEXER_PREFILL_WG=$p"; echo; cat "$OUT/idxpf-$p.md"; echo; } >> "$OUT/bench-v4flash-20l-idxpf.md"
-    rm -f "$OUT/idxpf-$p.md"; logs+=(bench-idxpf-$p.log)
   done
 fi
 if has pfab; then  # prefill end to end, A/B of env settings: V4_PFAB_RUNS (entries of comma-separated
