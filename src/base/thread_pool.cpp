@@ -1,13 +1,25 @@
 #include "base/thread_pool.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <system_error>
 
 namespace v4 {
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  n_threads = std::min(n_threads, kMaxThreads);
+  for (int i = 1; i < n_threads; ++i) {
+    try {
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::system_error& e) {  // the OS refused more threads: run with fewer
+      std::fprintf(stderr, "v4serve: thread pool: %zu of %d threads started (%s)\n",
+                   workers_.size() + 1, n_threads, e.what());
+      break;
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -21,8 +33,20 @@ ThreadPool::~ThreadPool() {
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
+    // V4_NUM_THREADS: an integer in [1, kMaxThreads]; anything else is reported and ignored.
     const char* env = std::getenv("V4_NUM_THREADS");
-    return env ? std::atoi(env) : 0;
+    if (!env || !*env) return 0;
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(env, &end, 10);
+    if (errno || *end || v < 1 || v > kMaxThreads) {
+      std::fprintf(stderr,
+                   "v4serve: V4_NUM_THREADS='%s' ignored (an integer in [1, %d]); using all "
+                   "cores\n",
+                   env, kMaxThreads);
+      return 0;
+    }
+    return int(v);
   }());
   return pool;
 }

@@ -14,7 +14,11 @@ namespace v4 {
 /// call parallel_for on the same pool (nested calls run serially on the caller).
 class ThreadPool {
  public:
-  /// `n_threads` total including the caller; 0 = hardware concurrency.
+  /// Most threads a pool starts (larger requests are capped; the CLI's --threads has the same
+  /// bound).
+  static constexpr int kMaxThreads = 4096;
+  /// `n_threads` total including the caller; 0 = hardware concurrency; capped at kMaxThreads,
+  /// and at what the OS grants (a refused thread ends the start-up with a one-line message).
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

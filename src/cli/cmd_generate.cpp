@@ -165,6 +165,12 @@ int run_generate(const GenerateOptions& o) {
     V4_LOG_INFO("{}", why);
     kv_budget = *b;
   }
+  if (o.mem_fraction <= 0) {
+    if (Status st = engine::check_kv_budget(*lm->ops, kv_budget, 0); !st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      return 1;
+    }
+  }
   auto kv_r = model.make_cache(kv_budget, 1, 0, 0, o.m.kv_dtype(), o.m.index_cache());
   if (!kv_r.ok()) {
     std::fprintf(stderr, "error: %s\n", kv_r.status().message().c_str());

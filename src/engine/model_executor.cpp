@@ -59,6 +59,8 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(
                   double(opt.prefix_cache_bytes) / double(int64_t(1) << 30));
     }
   }
+  if (opt.mem_fraction <= 0)
+    V4_RETURN_IF_ERROR(check_kv_budget(*e->ops_, opt.kv_budget_bytes, opt.prefix_cache_bytes));
   // The SWA pool is sized for live windows only (max_sequences × (ceil((chunk + W − 1) / P) + 1)
   // pages, the bound pages_for() reports), with --mem-fraction or a fixed --kv-cache-bytes alike;
   // the rest of the budget goes to virtual pages. With equal page counts a V4 shape would spend
@@ -125,6 +127,19 @@ int64_t workspace_reserve_bytes(const model::ModelConfig& c, int64_t max_chunk_t
                             c.index_topk + max_context / std::max(1, c.compress_rate_csa) +
                             c.n_routed_experts + 2 * k + k * (3 * I + D);
   return (int64_t(512) << 20) + 5 * std::max<int64_t>(1, max_chunk_tokens) * per_token * 4 / 4;
+}
+
+Status check_kv_budget(ops::Ops& ops, int64_t kv_bytes, int64_t prefix_bytes) {
+  const ops::MemoryInfo m = ops.memory_info();
+  const int64_t prefix = std::max<int64_t>(0, prefix_bytes);
+  if (m.free_bytes > 0 && (kv_bytes < 0 || kv_bytes > m.free_bytes - prefix))
+    return make_error(ErrorCode::kResourceExhausted,
+                      "the KV budget ({} bytes, --kv-cache-bytes / --kv-budget-mb) plus the "
+                      "prefix cache ({} bytes, --prefix-cache-bytes) exceed the {} backend's "
+                      "free memory ({} bytes{})",
+                      kv_bytes, prefix, ops.name(), m.free_bytes,
+                      ops.name() == "cpu" ? ", MemAvailable" : "");
+  return Status::Ok();
 }
 
 Result<int64_t> kv_budget_from_mem_fraction(ops::Ops& ops, double fraction, int64_t reserve,

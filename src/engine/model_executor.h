@@ -80,6 +80,12 @@ struct ModelExecutorOptions {
 int64_t workspace_reserve_bytes(const model::ModelConfig& cfg, int64_t max_chunk_tokens,
                                 int64_t max_context);
 
+/// Refuses an explicit KV budget (`kv_bytes`, plus `prefix_bytes` of prefix-cache store) larger
+/// than the backend's free memory (Ops::memory_info; CPU: MemAvailable), which would otherwise
+/// end in a failed allocation (a std::bad_alloc abort on the CPU). kResourceExhausted naming the
+/// flags and the numbers; Ok when the backend reports no free memory figure.
+Status check_kv_budget(ops::Ops& ops, int64_t kv_bytes, int64_t prefix_bytes);
+
 /// The KV budget `--mem-fraction F` gives on `ops` now: F · total − (total − free) −
 /// reserve_bytes. `explanation` (optional) gets the one-line arithmetic. Errors:
 /// kInvalidArgument for F outside (0, 1]; kUnsupported when the backend reports no memory

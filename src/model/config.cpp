@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -23,12 +24,22 @@ template <typename T>
 Status get_int(const json& j, const char* key, T* out, const std::string& src) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (it->is_number_integer() || it->is_number_unsigned()) {
+  // Values outside T's range are an error (a float such as 1e30 would otherwise wrap).
+  const auto lo = double(std::numeric_limits<T>::min()), hi = double(std::numeric_limits<T>::max());
+  if (it->is_number_unsigned() || it->is_number_integer()) {
+    const bool neg = it->is_number_integer() && it->get<int64_t>() < 0;
+    const double v = neg ? double(it->get<int64_t>()) : double(it->get<uint64_t>());
+    if (v < lo || v > hi || (!neg && it->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())))
+      return field_error(src, key, fmt::format("is out of range, found {}", it->dump()));
     *out = T(it->get<int64_t>());
     return Status::Ok();
   }
   if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()) {
-    *out = T(it->get<double>());
+    const double v = it->get<double>();
+    // 2^62: exactly representable and far above any real config value.
+    if (v < lo || v > hi || std::fabs(v) > 0x1p62)
+      return field_error(src, key, fmt::format("is out of range, found {}", it->dump()));
+    *out = T(v);
     return Status::Ok();
   }
   return field_error(src, key, fmt::format("must be an integer, found {}", it->dump()));
@@ -459,6 +470,15 @@ Status ModelConfig::validate(const std::string& src) const {
     return Status::Ok();
   };
   V4_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
+  V4_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
+  if (bos_token_id < 0 || bos_token_id >= vocab_size)
+    return field_error(src, "bos_token_id",
+                       fmt::format("must be in [0, vocab_size {}), found {}", vocab_size,
+                                   bos_token_id));
+  for (int64_t e : eos_token_ids)
+    if (e < 0 || e >= vocab_size)
+      return field_error(src, "eos_token_id",
+                         fmt::format("must be in [0, vocab_size {}), found {}", vocab_size, e));
   V4_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
   V4_RETURN_IF_ERROR(positive("num_hidden_layers", num_hidden_layers));
   V4_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));

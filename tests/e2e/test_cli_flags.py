@@ -186,3 +186,27 @@ def test_serve_context_length_above_the_model_warns():
     assert "context 1048576 tokens" in out, out
     warn = [l for l in lines if "--context-length 99999999999" in l]
     assert len(warn) == 1 and "1048576" in warn[0], out
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--model", MODEL, "--prompt", "A", "--kv-budget-mb", "1099511627776"],
+    ["serve", "--model", MODEL, "--port", "0", "--kv-cache-bytes", "1000000000000000000"],
+    ["serve", "--model", MODEL, "--port", "0", "--prefix-cache-bytes", "1000000000000000000"],
+])
+def test_kv_budget_beyond_free_memory_is_one_line(args):
+    # A budget no machine has: refused with the numbers before any allocation (a std::bad_alloc
+    # abort, exit 134, before session 18).
+    r = run(args, timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stderr[-400:])
+    assert "exceed the cpu backend's free memory" in r.stderr, r.stderr[-400:]
+    assert "bad_alloc" not in r.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "40000"])
+def test_bad_num_threads_env_is_reported_not_fatal(value):
+    env = dict(os.environ, V4_NUM_THREADS=value)
+    r = subprocess.run([binary(), "generate", "--model", MODEL, "--prompt", "A",
+                        "--max-new-tokens", "2"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0, (r.returncode, r.stderr[-400:])
+    assert f"V4_NUM_THREADS='{value}' ignored" in r.stderr, r.stderr[-400:]

@@ -170,6 +170,13 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
       {{{"rope_scaling", {{"type", "yarn"}, {"factor", 4}}}},
        "original_max_position_embeddings' is missing"},
       {{{"hidden_act", "gelu"}}, "field 'hidden_act' = \"gelu\" is not supported"},
+      // Integers beyond the field's type (a float 1e30 used to wrap to INT64_MIN), zero context,
+      // token ids outside the vocabulary.
+      {{{"max_position_embeddings", 1e30}}, "field 'max_position_embeddings' is out of range"},
+      {{{"max_position_embeddings", 0}}, "field 'max_position_embeddings' must be > 0"},
+      {{{"hidden_size", 4294967296LL}}, "field 'hidden_size' is out of range"},
+      {{{"eos_token_id", 999999999}}, "field 'eos_token_id' must be in [0, vocab_size"},
+      {{{"bos_token_id", -1}}, "field 'bos_token_id' must be in [0, vocab_size"},
   };
   for (const auto& cs : cases) {
     json j = pro_config();
