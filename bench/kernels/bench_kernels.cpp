@@ -324,6 +324,16 @@ struct BenchScratch {
     for (void* q : p)
       if (q) cudaFree(q);
   }
+  // A bf16-mode kernel context on the default stream with this scratch and `gemm` (may be null).
+  v4::cuda::KernelContext context(int sms, v4::cuda::Gemm* gemm) {
+    v4::cuda::KernelContext c;
+    c.stream = nullptr;
+    c.gemm = gemm;
+    c.num_sms = sms;
+    c.scratch = &BenchScratch::get;
+    c.self = this;
+    return c;
+  }
 };
 
 // `sets` routing sets of P expert ids each, uniform over E experts (ids may repeat within a
@@ -489,14 +499,9 @@ std::string bench_wformat(double bw, int samples) {
           gemv = time_it([&](int i) { a.w = w.copy(i); BENCH_OK(v4::cuda::wgemv(a, 1, sms, nullptr)); }, samples).med_us;
         if (v4::cuda::wmma_gemm_supported(w.view, x, sh.K))
           fused = time_it([&](int i) { a.w = w.copy(i); BENCH_OK(v4::cuda::wmma_gemm(a, 1, sms, nullptr)); }, samples).med_us;
-        v4::cuda::KernelContext c;
-        c.stream = nullptr;
-        c.gemm = gm->get();
-        c.num_sms = sms;
+        v4::cuda::KernelContext c = scr.context(sms, gm->get());
         c.gemv_max_rows = 0;  // force the dequantize + cuBLASLt path
         c.dense_mma = false;
-        c.scratch = &BenchScratch::get;
-        c.self = &scr;
         cub = time_it([&](int i) { BENCH_OK(v4::cuda::linear_w_bf16(x, sh.K, w.copy(i), M, y, sh.N, c)); }, samples).med_us;
         double dense = -1;
         if (v4::cuda::dense_mma_supported(w.view, x, sh.K, M)) {
@@ -539,12 +544,7 @@ std::string bench_wformat(double bw, int samples) {
     auto gm = v4::cuda::Gemm::create();
     BENCH_OK(gm.status());
     BenchScratch scr;
-    v4::cuda::KernelContext c;
-    c.stream = nullptr;
-    c.gemm = gm->get();
-    c.num_sms = sms;
-    c.scratch = &BenchScratch::get;
-    c.self = &scr;
+    v4::cuda::KernelContext c = scr.context(sms, gm->get());
     const double expert_bytes = double(v4::ops::wformat_bytes(WFormat::kMXFP4, 2 * I, D)) +
                                 double(v4::ops::wformat_bytes(WFormat::kMXFP4, D, I));
     for (int64_t S : {1, 16, 64, 128, 256}) {
@@ -734,14 +734,9 @@ std::string bench_gmoe(double bw, int samples, int64_t profile_rows = 0) {
   for (WFormat f : {WFormat::kMXFP4, WFormat::kFP8Block}) {
     BenchW w13(f, E, 2 * I, D, 1, 91), w2(f, E, D, I, 1, 92);
     BenchScratch scr;
-    v4::cuda::KernelContext c;
-    c.stream = nullptr;
-    c.num_sms = sms;
-    c.scratch = &BenchScratch::get;
-    c.self = &scr;
     auto gm = v4::cuda::Gemm::create();
     BENCH_OK(gm.status());
-    c.gemm = gm->get();
+    v4::cuda::KernelContext c = scr.context(sms, gm->get());
     if (profile_rows > 0) {
       gmoe_table(f, w13, w2, c, bw, 1, {profile_rows}, true);
       break;  // MXFP4 only
@@ -788,14 +783,9 @@ std::string bench_moe(double bw, int samples) {
           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
     BenchW w13(f, E, 2 * I, D, 1, 91), w2(f, E, D, I, 1, 92);
     BenchScratch scr;
-    v4::cuda::KernelContext c;
-    c.stream = nullptr;
-    c.num_sms = sms;
-    c.scratch = &BenchScratch::get;
-    c.self = &scr;
     auto gm = v4::cuda::Gemm::create();
     BENCH_OK(gm.status());
-    c.gemm = gm->get();
+    v4::cuda::KernelContext c = scr.context(sms, gm->get());
     const double expert_bytes = double(v4::ops::wformat_bytes(f, 2 * I, D)) +
                                 double(v4::ops::wformat_bytes(f, D, I));
     for (int64_t S : {1, 8, 16, 64, 128, 256, 512}) {
