@@ -150,6 +150,16 @@ class Loader {
     progress_->add(bytes, 1);
   }
 
+  /// Checkpoint tensors the model would read (loaded_tensor; `.scale` companions excluded) that
+  /// no load reported: stray or renamed tensors. Needs the progress reporter (it fills seen_).
+  std::vector<std::string> unused(const ModelConfig& c) const {
+    std::vector<std::string> out;
+    for (const auto& [name, t] : ck_.tensors())
+      if (loaded_tensor(name, c) && !ends_with(name, ".scale") && !seen_.count(name))
+        out.push_back(name);
+    return out;
+  }
+
   /// A decoded f32 stack [E, N, K] stored per policy (f32, or bf16 when asked and supported).
   WBuf from_f32(const std::vector<float>& host, int64_t E, int64_t N, int64_t K) {
     if (policy_.f32_as_bf16 && ops_->supports(WFormat::kBF16))
@@ -408,6 +418,13 @@ Result<Weights> Weights::load(const Checkpoint& ck, const ModelConfig& c, ops::O
     w.mtp.push_back(std::move(m));
   }
   progress.finish();
+  if (const auto un = ld.unused(c); !un.empty()) {
+    std::string names;
+    for (size_t i = 0; i < un.size() && i < 3; ++i) names += (i ? ", '" : "'") + un[i] + "'";
+    V4_LOG_WARN("{}: {} tensor(s) of the checkpoint are not used by the model ({}{}): a stray "
+                "tensor or a layout this version does not know",
+                ck.dir(), un.size(), names, un.size() > 3 ? ", …" : "");
+  }
   return w;
 }
 
