@@ -51,6 +51,12 @@
 #               switches end to end; not in the default stage list)
 #   idxpfk      bench_kernels --only-indexer-prefill -> cuda-indexer-prefill.md (prefill indexer
 #               scores: the warpgroup-MMA kernel, its e4m3 mode and the WMMA kernel)
+#   gmoe        bench_kernels --only-gmoe -> cuda-gmoe.md (the routed experts at prefill sizes: the
+#               grouped kernels and their variants; not in the default stage list)
+#   pfab        v4serve bench prefill A/B of env settings ($V4_PFAB_RUNS, see below)
+#               -> bench-v4flash-20l-pfab.md (not in the default stage list)
+#   pfkern      ncu of every kernel of one prefill and one decode step (V4_BENCH_PROFILER)
+#               -> ncu-kernels.md (not in the default stage list)
 #   idxpf       (removed in session 18: the pfab stage does it —
 #               V4_PFAB_RUNS="V4_INDEXER_PREFILL_WG=0 default" V4_PFAB_CONTEXT=128K,900K;
 #               bench-v4flash-20l-idxpf.md came from the old stage)
@@ -144,7 +150,7 @@ has attnwg && { kb attnwg --only-attention-wg; grep -E "^\|" "$OUT/attnwg.log"; 
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
 if has ncu-cproj && command -v ncu >/dev/null; then  # the projection kernel's memory behaviour
-  V4_COMPRESS_PROJ_ONLY=1 V4_COMPRESS_PROJ_CASE=${V4_CPROJ_CASE:-1:0} timeout 150 ncu \
+  V4_COMPRESS_PROJ_ONLY=1 V4_COMPRESS_PROJ_CASE=${V4_CPROJ_CASE:-1:0} timeout 150 ncu --clock-control none \
     --kernel-name regex:'compress_proj_kernel' --launch-skip 6 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
@@ -153,7 +159,7 @@ if has ncu-cproj && command -v ncu >/dev/null; then  # the projection kernel's m
   grep -E "DRAM Throughput|Memory Throughput|Duration|Achieved Occupancy|Stall|L2 Hit|Warp Cycles Per Issued" "$OUT/ncu-cproj.txt" | head -40
 fi
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
-  timeout 120 ncu --kernel-name regex:'wgemv_kernel|gemv_stream_kernel' --launch-skip 20 --launch-count 2 \
+  timeout 120 ncu --clock-control none --kernel-name regex:'wgemv_kernel|gemv_stream_kernel' --launch-skip 20 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     build-gpu/bench/bench_kernels --profile-gemv > "$OUT/ncu-gemv.txt" 2>&1
@@ -288,6 +294,37 @@ if has pfab; then  # prefill end to end, A/B of env settings: V4_PFAB_RUNS (entr
     { echo "## $r"; echo; cat "$OUT/pfab-$n.md"; echo; } >> "$f"
     rm -f "$OUT/pfab-$n.md"; logs+=(bench-pfab-$n.log)
   done
+fi
+if has pfkern && command -v ncu >/dev/null; then  # every kernel of one prefill / decode step
+  # (ncu --profile-from-start off around the step: v4serve bench V4_BENCH_PROFILER; clocks and
+  # caches left alone; kernels serialised) -> ncu-kernels.md: per phase the kernels grouped by
+  # name and every launch in order. $V4_PFKERN_LAYERS (4: two SWA, one CSA, one HCA layer),
+  # $V4_PFKERN_CONTEXT (128K), $V4_PFKERN_BATCH (1), $V4_PFKERN_CHUNK (2048)
+  f="$OUT/ncu-kernels.md"
+  { echo "# Kernels of one step: V4-Flash shape, ${V4_PFKERN_LAYERS:-4} layers, ncu"; echo
+    echo "- commit: $(cat .devdeps/commit 2>/dev/null), date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"; echo; } > "$f"
+  for ph in prefill decode; do
+    echo "- $ph: \`V4_BENCH_PROFILER=$ph ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread v4serve bench ... --num-layers ${V4_PFKERN_LAYERS:-4} --batch ${V4_PFKERN_BATCH:-1} --context ${V4_PFKERN_CONTEXT:-128K} --prefill-chunk ${V4_PFKERN_CHUNK:-2048} --kv-cache-dtype bf16 --index-cache-dtype fp8\`" >> "$f"
+    V4_BENCH_PROFILER=$ph timeout 240 ncu --profile-from-start off --clock-control none \
+      --cache-control none -f -o "$OUT/pfkern-$ph" \
+      --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      build-gpu/v4serve bench --model models/configs/v4-flash --load-format dummy \
+      --num-layers "${V4_PFKERN_LAYERS:-4}" --device cuda --precision bf16 --mem-fraction 0.9 \
+      --kv-cache-dtype bf16 --index-cache-dtype fp8 --batch "${V4_PFKERN_BATCH:-1}" \
+      --context "${V4_PFKERN_CONTEXT:-128K}" --steps 1 --warmup 2 --prefill-steps 1 \
+      --prefill-warmup 1 --prefill-chunk "${V4_PFKERN_CHUNK:-2048}" \
+      --out "$OUT/pfkern-$ph-bench.md" > "$OUT/pfkern-$ph.log" 2>&1
+    echo "ncu $ph rc=$?"
+    ncu --import "$OUT/pfkern-$ph.ncu-rep" --page raw --csv > "$OUT/pfkern-$ph.csv" 2>> "$OUT/pfkern-$ph.log"
+    logs+=(pfkern-$ph.log pfkern-$ph.csv)
+  done
+  echo >> "$f"
+  for ph in prefill decode; do
+    python3 scripts/device/kernel_table.py "$ph step (batch ${V4_PFKERN_BATCH:-1}, context ${V4_PFKERN_CONTEXT:-128K}$([ $ph = prefill ] && echo ", ${V4_PFKERN_CHUNK:-2048} tokens"))" "$OUT/pfkern-$ph.csv" >> "$f"
+  done
+  grep -A14 "^| kernel | launches" "$f" | head -40
+  rm -f "$OUT"/pfkern-*.ncu-rep "$OUT"/pfkern-*-bench.md
 fi
 if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (plain) vs 1 (default)
   : > "$OUT/bench-v4flash-20l-idxpdl.md"

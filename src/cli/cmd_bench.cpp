@@ -265,6 +265,16 @@ int fail_cell_from_env() {
   return e ? std::atoi(e) : 0;
 }
 
+/// V4_BENCH_PROFILER: the phases ("prefill", "decode", or both, comma-separated) whose first
+/// timed step of every cell runs inside Ops::profiler_range, for `ncu --profile-from-start off`
+/// (scripts/device/issue7_run.sh stage pfkern). Unset: none.
+bool profiler_phase_from_env(const char* phase) {
+  const char* e = std::getenv("V4_BENCH_PROFILER");
+  if (!e) return false;
+  const std::string v = std::string(",") + e + ",";
+  return v.find(std::string(",") + phase + ",") != std::string::npos;
+}
+
 class Bench {
  public:
   Bench(const BenchOptions& o, cli::LoadedModel& lm) : o_(o), ops_(*lm.ops), model_(*lm.model) {}
@@ -554,10 +564,13 @@ class Bench {
             if (o_.sampling == "device") batch.slices.back().sample = model::DeviceSampling{};
           }
           if (inject) throw std::bad_alloc();
+          const bool prof = i == o_.warmup && profile_decode_;
+          if (prof) ops_.profiler_range(true);
           const double t0 = now_s();
           auto out = model_.forward(batch, *kv_);
           ops_.synchronize();
           *dt = now_s() - t0;
+          if (prof) ops_.profiler_range(false);
           return out.ok() ? Status::Ok() : out.status();
         });
         r.path = path_of(st0, model_.decode_stats(), o_.steps) + mode_suffix();
@@ -607,10 +620,13 @@ class Bench {
           model::ForwardBatch batch;
           batch.slices.push_back({s, L - chunk, ids, false});
           if (inject) throw std::bad_alloc();
+          const bool prof = i == o_.prefill_warmup && profile_prefill_;
+          if (prof) ops_.profiler_range(true);
           const double t0 = now_s();
           auto out = model_.forward(batch, *kv_);
           ops_.synchronize();
           *dt = now_s() - t0;
+          if (prof) ops_.profiler_range(false);
           if (!out.ok()) st = out.status();
         }
         seq.release();
@@ -795,6 +811,8 @@ class Bench {
   int mode_ = -1;                     // current --multi-stream mode (−1: backend default)
   int cells_run_ = 0;                 // cells that reached their steps (V4_BENCH_FAIL_CELL)
   const int fail_cell_ = fail_cell_from_env();
+  const bool profile_prefill_ = profiler_phase_from_env("prefill");
+  const bool profile_decode_ = profiler_phase_from_env("decode");
 };
 
 int run_bench(const BenchOptions& o) {

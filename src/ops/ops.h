@@ -626,6 +626,11 @@ class Ops {
   };
   virtual std::vector<RegionTime> region_profile() const { return {}; }
   virtual void reset_region_profile() {}
+  /// Starts (on = true) or stops the span an external profiler records when it is told to wait
+  /// for one (Nsight Compute `--profile-from-start off`; CUDA: cudaProfilerStart / Stop). Lets a
+  /// bench profile one chosen step instead of the weight generation and warm-up before it.
+  /// Default: nothing (the CPU backend has no such profiler).
+  virtual void profiler_range(bool on) { (void)on; }
   virtual void moe_experts(const MoeArgs& a) = 0;
 
   // ---- dummy weights, memory and device queries ------------------------------------------

@@ -4,6 +4,8 @@
 // batch-invariant like the CPU backend's (not bit-equal to it: FMA contraction and reduction trees
 // differ; tests/cuda compares within fp32 tolerance).
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -1105,6 +1107,11 @@ class CudaOps final : public Ops {
   void reset_region_profile() override {
     std::lock_guard<std::mutex> lk(timing_mu_);
     profile_.clear();
+  }
+  void profiler_range(bool on) override {
+    cudaError_t e = on ? cudaProfilerStart() : cudaProfilerStop();
+    if (e != cudaSuccess)
+      V4_LOG_WARN("cudaProfiler{}: {}", on ? "Start" : "Stop", cudaGetErrorString(e));
   }
 
   // ---- multi-stream branches (ops.h fork / branch / join; docs/cuda.md §Multi-stream) -------
