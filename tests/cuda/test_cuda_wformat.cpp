@@ -452,7 +452,8 @@ TEST(CudaWFormat, LinearV4FlashShapes) {
 }
 
 // Ops::linear_w_grouped (the o-projection's wo_a: 8 groups of [1024, 4096] FP8 for V4-Flash, and
-// odd shapes): GPU (one grouped GEMV launch in bf16 mode for small M, per-group calls otherwise)
+// odd shapes): GPU (one grouped GEMV launch in bf16 mode for small M, per-group dense_mma calls
+// up to 256 rows, one strided-batch cuBLASLt GEMM above)
 // vs the CPU op on the dequantized rows, group by group; padding columns must stay untouched.
 TEST(CudaWFormat, LinearGrouped) {
   V4_GPU();
@@ -462,9 +463,11 @@ TEST(CudaWFormat, LinearGrouped) {
     int64_t n, K;
     std::vector<int64_t> Ms;
   };
-  for (const Case& c : {Case{WFormat::kFP8Block, 8, 1024, 4096, {1, 3, 33}},
-                        Case{WFormat::kBF16, 3, 67, 96, {1, 2, 40}},
-                        Case{WFormat::kMXFP4, 4, 64, 256, {1, 5}}}) {
+  // M = 300: above the GEMV and dense_mma ranges — one strided-batch cuBLASLt GEMM for all groups
+  // (V4_GROUPED_BATCHED=0: per group).
+  for (const Case& c : {Case{WFormat::kFP8Block, 8, 1024, 4096, {1, 3, 33, 300}},
+                        Case{WFormat::kBF16, 3, 67, 96, {1, 2, 40, 300}},
+                        Case{WFormat::kMXFP4, 4, 64, 256, {1, 5, 300}}}) {
     const HostW hw = make_weights(c.f, 1, c.groups * c.n, c.K, 0.05f);
     const DevW dw(hw);
     const std::vector<float> wref = hw.f32(0, 0, c.groups * c.n);

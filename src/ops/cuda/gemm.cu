@@ -3,6 +3,8 @@
 
 #include <cublasLt.h>
 
+#include <utility>
+
 
 namespace v4::cuda {
 
@@ -41,9 +43,10 @@ Gemm::~Gemm() {
 // `align`: the smallest alignment (bytes, power of two ≤ 256) of the A, B, C pointers; cuBLASLt
 // assumes 256-byte alignment unless told otherwise.
 Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutType out,
-                               int64_t ldx, int64_t ldw, int64_t ldy, int align) {
+                               int64_t ldx, int64_t ldw, int64_t ldy, int align, int batch,
+                               int64_t sx, int64_t sw, int64_t sy) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto key = std::make_tuple(kind, M, N, K, int(out), ldx, ldw, ldy, align);
+  auto key = std::make_tuple(kind, M, N, K, int(out), ldx, ldw, ldy, align, batch, sx, sw, sy);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
@@ -56,6 +59,15 @@ Result<Gemm::Plan*> Gemm::plan(int kind, int64_t M, int64_t N, int64_t K, OutTyp
   V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->a, ab, K, N, ldw));
   V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->b, ab, K, M, ldx));
   V4_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->c, cd, N, M, ldy));
+  if (batch > 1) {
+    const int32_t bc = batch;
+    for (auto [layout, stride] : {std::pair{p->a, sw}, std::pair{p->b, sx}, std::pair{p->c, sy}}) {
+      V4_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                     &bc, sizeof(bc)));
+      V4_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
   cublasLtMatmulPreference_t pref = nullptr;
   V4_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
   // f32 plans (kind 1) run without workspace: the multi-stream branches (wkv, compressor,
@@ -102,6 +114,32 @@ Status Gemm::bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat
                           static_cast<const void*>(Y)})
     while (align > 1 && reinterpret_cast<uintptr_t>(ptr) % uintptr_t(align)) align >>= 1;
   V4_ASSIGN_OR_RETURN(Plan * p, plan(0, M, N, K, out, ldx, ldw, ldy, align));
+  V4_CUBLAS_TRY(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, W, p->a, X,
+                               p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace_,
+                               workspace_bytes_, stream));
+  return Status::Ok();
+}
+
+Status Gemm::bf16_strided_batched(const __nv_bfloat16* X, int64_t ldx, int64_t sx,
+                                  const __nv_bfloat16* W, int64_t ldw, int64_t sw, void* Y,
+                                  int64_t ldy, int64_t sy, OutType out, int64_t M, int64_t N,
+                                  int64_t K, int batch, cudaStream_t stream) {
+  if (batch == 1) return bf16_strided(X, ldx, W, ldw, Y, ldy, out, M, N, K, stream);
+  if (M <= 0 || N <= 0 || K <= 0 || ldx < K || ldw < K || ldy < N || batch < 1 || sx < 0 ||
+      sw < 0 || sy < 0)
+    return errorf(ErrorCode::kInvalidArgument,
+                  "gemm bf16 batched: bad shape M={} N={} K={} batch={} (ldx {} ldw {} ldy {}, "
+                  "strides {} {} {})",
+                  M, N, K, batch, ldx, ldw, ldy, sx, sw, sy);
+  // Alignment of every batch's pointers: the bases and the stride bytes.
+  const size_t ys = out == OutType::kF32 ? 4 : 2;
+  int align = 256;
+  for (uintptr_t v : {reinterpret_cast<uintptr_t>(X), reinterpret_cast<uintptr_t>(W),
+                      reinterpret_cast<uintptr_t>(Y), uintptr_t(sx * 2), uintptr_t(sw * 2),
+                      uintptr_t(sy * ys)})
+    while (align > 1 && v % uintptr_t(align)) align >>= 1;
+  V4_ASSIGN_OR_RETURN(Plan * p, plan(0, M, N, K, out, ldx, ldw, ldy, align, batch, sx, sw, sy));
+  const float alpha = 1.f, beta = 0.f;
   V4_CUBLAS_TRY(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->op, &alpha, W, p->a, X,
                                p->b, &beta, Y, p->c, Y, p->c, &p->algo, workspace_,
                                workspace_bytes_, stream));

@@ -43,6 +43,14 @@ class Gemm {
   Status bf16_strided(const __nv_bfloat16* X, int64_t ldx, const __nv_bfloat16* W, int64_t ldw,
                       void* Y, int64_t ldy, OutType out, int64_t M, int64_t N, int64_t K,
                       cudaStream_t stream, float alpha = 1.f, float beta = 0.f);
+  /// `batch` independent bf16_strided products in one cuBLASLt call (strided batch): product b
+  /// reads X + b·sx, W + b·sw and writes Y + b·sy (strides in elements, ≥ 0). Used for grouped
+  /// weights (the o-projection's wo_a groups) above the GEMV range. Errors as bf16_strided, and
+  /// kInvalidArgument for batch < 1 or a negative stride.
+  Status bf16_strided_batched(const __nv_bfloat16* X, int64_t ldx, int64_t sx,
+                              const __nv_bfloat16* W, int64_t ldw, int64_t sw, void* Y,
+                              int64_t ldy, int64_t sy, OutType out, int64_t M, int64_t N,
+                              int64_t K, int batch, cudaStream_t stream);
   /// As `bf16_strided` with f32 X and W and f32 Y, computed in fp32 (CUBLAS_COMPUTE_32F: no TF32
   /// rounding). For f32-stored weights above the GEMV range (the MoE router at batch ≥ 9). Uses
   /// no workspace, so concurrent calls on different streams are safe.
@@ -53,13 +61,16 @@ class Gemm {
   Gemm() = default;
   struct Plan;
   // kind 0: bf16 X, W; kind 1: f32 X, W (Y f32).
+  // batch > 1: strided batch with element strides sx (X), sw (W), sy (Y).
   Result<Plan*> plan(int kind, int64_t M, int64_t N, int64_t K, OutType out, int64_t ldx,
-                     int64_t ldw, int64_t ldy, int align);
+                     int64_t ldw, int64_t ldy, int align, int batch = 1, int64_t sx = 0,
+                     int64_t sw = 0, int64_t sy = 0);
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::mutex mu_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int>,
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int, int,
+                      int64_t, int64_t, int64_t>,
            std::unique_ptr<Plan>>
       plans_;
 };

@@ -602,6 +602,16 @@ static GemvArgs plain_gemv_args(const float* x, int64_t ldx, const WeightView& w
   return a;
 }
 
+// V4_GROUPED_BATCHED=0: linear_w_grouped_bf16 runs the groups one by one above the GEMV range
+// (A/B runs; read once).
+static bool batched_grouped_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_GROUPED_BATCHED");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, int groups,
                              int64_t M, float* y, int64_t ldy, const KernelContext& c) {
   if (M <= 0 || w.n <= 0) return Status::Ok();
@@ -615,6 +625,34 @@ Status linear_w_grouped_bf16(const float* x, int64_t ldx, const WeightView& w, i
     a.x_group_stride = w.k;
     a.y_group_stride = n;
     return wgemv(a, groups, c.num_sms, c.stream);
+  }
+  // Above the GEMV and dense_mma ranges every group would take linear_w_bf16's cuBLASLt path
+  // (x to bf16, the group's weights dequantized, one GEMM): do it once for all groups — one
+  // conversion of the groups' x columns, one dequantization of the whole view, one strided-batch
+  // GEMM — instead of three launches a group (V4-Flash wo_a: 8 GEMMs of 1,024 outputs each, a
+  // wave or less of CTAs apiece).
+  const WeightView w0 = w.rows(0, n);
+  const bool cublas_path = groups > 1 && c.gemm && w.experts <= 1 &&
+                           (w.format == WFormat::kBF16 || w.format == WFormat::kFP8Block ||
+                            w.format == WFormat::kMXFP4) &&
+                           M > c.gemv_max_rows &&
+                           !(c.dense_mma && dense_mma_supported(w0, x, ldx, M)) &&
+                           !(c.fused_tc && wmma_gemm_supported(w0, x, ldx)) &&
+                           batched_grouped_enabled();
+  if (cublas_path) {
+    const int64_t kx = int64_t(groups) * w.k;  // the groups' x columns, contiguous in a row
+    auto* xb = static_cast<__nv_bfloat16*>(c.get(kSlotXBf16, size_t(M * kx) * 2));
+    V4_RETURN_IF_ERROR(rows_to_bf16(x, ldx, M, kx, xb, c.stream));
+    const __nv_bfloat16* wb = nullptr;
+    if (w.format == WFormat::kBF16) {
+      wb = reinterpret_cast<const __nv_bfloat16*>(wrow(w, 0, 0));
+    } else {
+      auto* d = static_cast<__nv_bfloat16*>(c.get(kSlotWBf16, size_t(w.n * w.k) * 2));
+      V4_RETURN_IF_ERROR(dequant_view_bf16(w, 0, d, c.stream));
+      wb = d;
+    }
+    return c.gemm->bf16_strided_batched(xb, kx, w.k, wb, w.k, n * w.k, y, ldy, n, OutType::kF32,
+                                        M, n, w.k, groups, c.stream);
   }
   for (int g = 0; g < groups; ++g)
     V4_RETURN_IF_ERROR(linear_w_bf16(x + int64_t(g) * w.k, ldx, w.rows(int64_t(g) * n, n), M,
