@@ -55,6 +55,8 @@
 #               grouped kernels and their variants; not in the default stage list)
 #   pfab        v4serve bench prefill A/B of env settings ($V4_PFAB_RUNS, see below)
 #               -> bench-v4flash-20l-pfab.md (not in the default stage list)
+#   ncupf       ncu sections of one kernel in a prefill step ($V4_NCUPF_KERNEL, default
+#               mhc_fused_kernel) -> ncu-prefill-kernel.txt (not in the default stage list)
 #   pfkern      ncu of every kernel of one prefill and one decode step (V4_BENCH_PROFILER)
 #               -> ncu-kernels.md (not in the default stage list)
 #   idxpf       (removed in session 18: the pfab stage does it —
@@ -325,6 +327,21 @@ if has pfkern && command -v ncu >/dev/null; then  # every kernel of one prefill 
   done
   grep -A14 "^| kernel | launches" "$f" | head -40
   rm -f "$OUT"/pfkern-*.ncu-rep "$OUT"/pfkern-*-bench.md
+fi
+if has ncupf && command -v ncu >/dev/null; then  # ncu sections of one kernel inside a prefill step
+  # ($V4_NCUPF_KERNEL regex, default mhc_fused_kernel; its $V4_NCUPF_SKIP-th launch in the step)
+  # -> ncu-prefill-kernel.txt
+  V4_BENCH_PROFILER=prefill timeout 240 ncu --profile-from-start off --clock-control none \
+    --kernel-name regex:"${V4_NCUPF_KERNEL:-mhc_fused_kernel}" --launch-skip "${V4_NCUPF_SKIP:-1}" \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
+    build-gpu/v4serve bench --model models/configs/v4-flash --load-format dummy --num-layers 4 \
+    --device cuda --precision bf16 --mem-fraction 0.9 --kv-cache-dtype bf16 --index-cache-dtype fp8 \
+    --batch 1 --context 128K --steps 1 --warmup 1 --prefill-steps 1 --prefill-warmup 1 \
+    --prefill-chunk "${V4_PFKERN_CHUNK:-2048}" > "$OUT/ncu-prefill-kernel.txt" 2>&1
+  echo "ncupf rc=$?"
+  grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Eligible|No Eligible|Stall|Block Limit|Grid Size" "$OUT/ncu-prefill-kernel.txt" | head -40
 fi
 if has idxpdl; then  # the indexer chain's PDL end to end: V4_INDEXER_PDL=0 (plain) vs 1 (default)
   : > "$OUT/bench-v4flash-20l-idxpdl.md"

@@ -30,7 +30,7 @@ def short_name(full):
             break
     s = s[:cut]
     s = re.sub(r'^void\s+', '', s)
-    s = s.replace('(anonymous namespace)::', '')
+    s = s.replace('(anonymous namespace)::', '').replace('<unnamed>::', '')
     # Keep the last qualified component (the template arguments as written).
     head = s.split('<', 1)
     base = head[0].split('::')[-1]
@@ -51,24 +51,33 @@ def main():
         print(f"kernel_table: cannot read {path}: {e}")
         return
     hdr = None
+    scale = None  # gpu__time_duration unit -> µs (the row after the header names the units)
     launches = []
     for r in rows:
         if hdr is None:
             if 'Kernel Name' in r and 'gpu__time_duration.sum' in r:
                 hdr = {k: i for i, k in enumerate(r)}
             continue
+        if scale is None:
+            unit = r[hdr['gpu__time_duration.sum']].strip() if len(r) > len(hdr) - 1 else ''
+            scale = {'ns': 1e-3, 'nsecond': 1e-3, 'us': 1.0, 'usecond': 1.0, 'ms': 1e3,
+                     'msecond': 1e3, 's': 1e6, 'second': 1e6}.get(unit)
+            if scale is None:
+                print(f"kernel_table: unknown time unit '{unit}' in {path}")
+                return
+            continue
         if len(r) < len(hdr) or not r[hdr['ID']].strip().isdigit():
-            continue  # the units row
+            continue
         def get(k, default=''):
             i = hdr.get(k)
             return r[i] if i is not None and i < len(r) else default
         try:
-            ns = float(get('gpu__time_duration.sum').replace(',', ''))
+            us = float(get('gpu__time_duration.sum').replace(',', '')) * scale
         except ValueError:
             continue
         launches.append({
             'name': short_name(get('Kernel Name')),
-            'us': ns / 1e3,
+            'us': us,
             'grid': get('launch__grid_size') or get('Grid Size'),
             'block': get('launch__block_size') or get('Block Size'),
             'regs': get('launch__registers_per_thread'),

@@ -451,6 +451,76 @@ TEST(CudaWFormat, LinearV4FlashShapes) {
   run_linear_cases(cases);
 }
 
+// dequant_view_bf16 / rows_to_bf16 (the bf16 operands of the cuBLASLt path above the dense_mma
+// range): the vector kernels give the scalar kernels' bits (V4_DEQUANT_VEC=0), and both equal the
+// host's exact dequantized value (one f32 multiply) rounded to nearest-even bf16. Views with row
+// offsets, a second expert, partial 128-blocks and arbitrary f32 FP8 scales (rounded products).
+TEST(CudaWFormat, Bf16OperandsVectorMatchScalar) {
+  V4_GPU();
+  struct C {
+    WFormat f;
+    int64_t E, rows, K, e, row0, n;
+    bool pow2;
+  };
+  const std::vector<C> cases = {{WFormat::kFP8Block, 1, 520, 1040, 0, 256, 264, false},
+                                {WFormat::kFP8Block, 2, 300, 4096, 1, 37, 200, true},
+                                {WFormat::kFP8Block, 1, 200, 4096, 0, 0, 200, false},
+                                {WFormat::kMXFP4, 2, 300, 2080, 1, 5, 200, true},
+                                {WFormat::kMXFP4, 1, 64, 4096, 0, 0, 64, true}};
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  auto run = [&](bool vec, auto&& fn) {
+    if (vec)
+      unsetenv("V4_DEQUANT_VEC");
+    else
+      setenv("V4_DEQUANT_VEC", "0", 1);
+    const Status s = fn();
+    unsetenv("V4_DEQUANT_VEC");
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " K=" << c.K << " e=" << c.e
+                                      << " row0=" << c.row0 << " n=" << c.n);
+    const HostW hw = make_weights(c.f, c.E, c.rows, c.K, 0.05f, c.pow2);
+    const DevW dw(hw);
+    const WeightView v = dw.view(c.row0, c.n);
+    const size_t cnt = size_t(c.n * c.K);
+    Dev<uint16_t> a(cnt), b(cnt);
+    a.poison();
+    b.poison();
+    run(false, [&] { return cuda::dequant_view_bf16(v, c.e, reinterpret_cast<__nv_bfloat16*>(a.p), st); });
+    run(true, [&] { return cuda::dequant_view_bf16(v, c.e, reinterpret_cast<__nv_bfloat16*>(b.p), st); });
+    const auto ha = a.host(), hb = b.host();
+    EXPECT_EQ(std::memcmp(ha.data(), hb.data(), cnt * 2), 0) << "vector dequant differs from scalar";
+    int64_t bad = 0;
+    for (int64_t r = 0; r < c.n; ++r)
+      for (int64_t k = 0; k < c.K; ++k)
+        bad += hb[size_t(r * c.K + k)] != f32_to_bf16(hw.at(c.e, c.row0 + r, k));
+    EXPECT_EQ(bad, 0) << "values differ from the host's rounded dequantization";
+  }
+  // rows_to_bf16 with a row stride (ldx > K), values of every magnitude incl. ±0, inf, NaN.
+  const int64_t M = 37, K = 4096, ldx = K + 12;
+  auto x = randn(size_t(M * ldx));
+  x[5] = std::numeric_limits<float>::infinity();
+  x[6] = -0.f;
+  x[7] = 3.4e38f;
+  Dev<float> dx(x);
+  Dev<uint16_t> a(size_t(M * K)), b(size_t(M * K));
+  run(false, [&] { return cuda::rows_to_bf16(dx.p, ldx, M, K, reinterpret_cast<__nv_bfloat16*>(a.p), st); });
+  run(true, [&] { return cuda::rows_to_bf16(dx.p, ldx, M, K, reinterpret_cast<__nv_bfloat16*>(b.p), st); });
+  const auto ha = a.host(), hb = b.host();
+  EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * 2), 0) << "vector rows_to_bf16 differs";
+  int64_t bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = x[size_t(m * ldx + k)];
+      bad += hb[size_t(m * K + k)] != f32_to_bf16(v);
+    }
+  EXPECT_EQ(bad, 0) << "rows_to_bf16 values differ from the host's rounding";
+  cudaStreamDestroy(st);
+}
+
 // Ops::linear_w_grouped (the o-projection's wo_a: 8 groups of [1024, 4096] FP8 for V4-Flash, and
 // odd shapes): GPU (one grouped GEMV launch in bf16 mode for small M, per-group dense_mma calls
 // up to 256 rows, one strided-batch cuBLASLt GEMM above)
