@@ -7,6 +7,8 @@
 // ≤ 1e-5 relative to the largest output magnitude. Outputs are NaN-poisoned before every run.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -190,19 +192,27 @@ TEST(CudaMhc, PreNormIsBatchInvariant) {
   }
 }
 
-// Prefill-sized calls group G = S / 128 tokens per CTA (up to 16; 2 up to S = 256): every row's
-// results equal, bit for bit, those of the same row computed alone (G = 1) or in a small batch.
+// Prefill-sized calls (S > 256) take the two-launch form — chunk sums by
+// mhc_partials_dfs_kernel, then the finishing phase — (or, with V4_MHC_DFS=0, the one-launch
+// form with G = S / 128 tokens per CTA): every row's results equal, bit for bit, those of the same
+// row computed alone or in a small batch (≤ 256 rows: the one-launch shuffle form), in both modes;
+// odd n·D (partly empty chunks and warp slices) included.
 TEST(CudaMhc, PreNormPrefillGroupsAreBatchInvariant) {
   V4_REQUIRE_GPU();
   Ops* g = gpu(Precision::kFp32);
   ASSERT_NE(g, nullptr);
-  const Case c{4, 4096, 20};
-  for (int64_t S : {int64_t(700), int64_t(2100)}) {  // G = 5 and 16
-    SCOPED_TRACE(::testing::Message() << "S=" << S);
-    PreSite site(c, S);
-    const PreOut all = gpu_pre(g, site, 0, S, true);
-    expect_rows_as_in(g, site, all, {{0, 1}, {S - 1, 1}, {S / 2, 7}, {3, 64}, {17, 300}});
-  }
+  for (const char* dfs : {"1", "0"})
+    for (Case c : {Case{4, 4096, 20}, Case{3, 100, 7}, Case{4, 37, 20}})
+      for (int64_t S : {int64_t(700), int64_t(2100)}) {  // G = 5 and 16
+        if (c.D != 4096 && S != 700) continue;
+        SCOPED_TRACE(::testing::Message() << "V4_MHC_DFS=" << dfs << " n=" << c.n << " D=" << c.D
+                                          << " S=" << S);
+        setenv("V4_MHC_DFS", dfs, 1);
+        PreSite site(c, S);
+        const PreOut all = gpu_pre(g, site, 0, S, true);
+        expect_rows_as_in(g, site, all, {{0, 1}, {S - 1, 1}, {S / 2, 7}, {3, 64}, {17, 300}});
+        unsetenv("V4_MHC_DFS");
+      }
 }
 
 // Many calls in a row on the same backend (the finishing counters must be back at zero after

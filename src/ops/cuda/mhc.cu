@@ -1,6 +1,8 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 #include "ops/cuda/mhc.h"
 
+#include <cstdlib>
+
 namespace v4::cuda {
 namespace {
 
@@ -393,7 +395,8 @@ __device__ void mhc_norm_part(const MhcFusedArgs& a, float ss, int64_t t, int pa
 template <int NMIX>
 __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs a, int G,
                                                               float* __restrict__ work,
-                                                              int* __restrict__ counters) {
+                                                              int* __restrict__ counters,
+                                                              bool phase2_only) {
   constexpr int NV = NMIX + 1;
   constexpr int V = NV <= 8 ? 8 : 32;
   static_assert(NV <= V && NV <= 32, "partial sums per token");
@@ -415,6 +418,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   __shared__ float ss_s[kFMaxG][kCParts];
   __shared__ int last_s;
 
+  if (phase2_only) goto phase2;  // work already holds every chunk's sums (mhc_partials_dfs_kernel)
   if (chunk <= kFThreads) {
     // At most one element per thread (n·D ≤ 64·kFThreads: V4-Flash's 4 × 4096): the thread's 24
     // fn values are loaded once for the whole group and every token's h value is in flight at
@@ -486,6 +490,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   __syncthreads();
   if (!last_s) return;
   __threadfence();
+phase2:
   for (int q = threadIdx.x; q < 2 * kFMaxG * 32; q += kFThreads) {
     const int hf = q / (kFMaxG * 32), g = (q / 32) % kFMaxG, j = q % 32;
     if (g < gn && j < NV) {
@@ -501,7 +506,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
     const int g = q / 32, j = q % 32;
     if (g < gn && j < NV) mix_s[g][j] = half_s[0][g][j] + half_s[1][g][j];
   }
-  if (threadIdx.x == 0) counters[blockIdx.y] = 0;  // every CTA of the group has counted
+  if (threadIdx.x == 0 && !phase2_only) counters[blockIdx.y] = 0;  // every CTA has counted
   __syncthreads();
   // Round 1, one warp per job: jobs [0, n_sk) Sinkhorn of token job; then kCParts collapse parts
   // per token. Round 2 (after a barrier: every part's sum of squares is in ss_s): the norm parts.
@@ -528,6 +533,109 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
     mhc_norm_part(a, ss, t0 + g, p);
   }
 }
+
+// Phase 1 of mhc_fused_kernel<kMaxMix> for prefill-sized calls, with fewer instructions: the same
+// work[t, c, j] values, bit for bit. There, lane L of warp w holds element i0 + 32·w + L of chunk
+// c, its products acc_j = 0 + v·fn_j (v·v for j = NMIX) are summed over the 32 lanes by
+// warp_transpose_sum<32> — which adds lanes xor 16 first, then xor 8, 4, 2, 1: the tree
+// ((p0 + p16) + (p8 + p24)) + … — and the 8 warps' sums are added in warp order. Here one thread
+// computes that tree itself for 4 tokens × 5 j's over one 32-element warp slice, visiting the 16
+// pairs (x, x + 16) in bit-reversed order so that each level's partner is the next value (the
+// transposes cost ~5× the FMAs: ncu, bench/results/ncu-mhc-prefill-s19.txt, 70% issue-bound).
+// Grid (kMhcFusedParts chunks, ceil(S / kDfsTok) token tiles), kDfsThreads threads: thread =
+// (j block jb = warp, token quad tq, warp slice w). Needs chunk ≤ kFThreads (n·D ≤ 16,384).
+constexpr int kDfsTok = 16;
+constexpr int kDfsThreads = 160;  // 5 j blocks × 4 token quads × 8 warp slices
+constexpr int kDfsWs = 33;        // shared-memory stride of a 32-element warp slice (+1: banks)
+constexpr int kDfsHs = 8 * kDfsWs + 2;  // token stride of the h tile: the 4 quads on distinct banks
+__global__ void __launch_bounds__(kDfsThreads) mhc_partials_dfs_kernel(const MhcFusedArgs a,
+                                                                       float* __restrict__ work) {
+  constexpr int NMIX = kMaxMix, NV = NMIX + 1;
+  __shared__ float fn_s[NMIX * 8 * kDfsWs];  // fn_j of the chunk's element 32·w + x
+  __shared__ float h_s[kDfsTok * kDfsHs];
+  const int n = a.n, n_mix = (2 + n) * n;
+  const int64_t nD = int64_t(n) * a.D;
+  const int64_t chunk = (nD + kMhcFusedParts - 1) / kMhcFusedParts;
+  const int c = blockIdx.x;
+  const int64_t i0 = c * chunk;
+  const int64_t i1 = i0 + chunk < nD ? i0 + chunk : nD;
+  const int64_t t0 = int64_t(blockIdx.y) * kDfsTok;
+  const int tn = int(a.S - t0 < kDfsTok ? a.S - t0 : kDfsTok);
+  // Elements outside the chunk (or of the unused fn rows j ≥ n_mix) are 0: their products 0·0 + 0
+  // are the +0 the shuffle form's untouched accumulators hold.
+  for (int q = threadIdx.x; q < NMIX * 256; q += kDfsThreads) {
+    const int j = q >> 8, e = q & 255;
+    fn_s[j * 8 * kDfsWs + (e >> 5) * kDfsWs + (e & 31)] =
+        j < n_mix && i0 + e < i1 ? __ldg(a.fn + j * nD + i0 + e) : 0.f;
+  }
+  for (int q = threadIdx.x; q < kDfsTok * 256; q += kDfsThreads) {
+    const int t = q >> 8, e = q & 255;
+    h_s[t * kDfsHs + (e >> 5) * kDfsWs + (e & 31)] =
+        t < tn && i0 + e < i1 ? a.h[(t0 + t) * nD + i0 + e] : 0.f;
+  }
+  __syncthreads();
+  const int w = threadIdx.x & 7, tq = (threadIdx.x >> 3) & 3, jb = threadIdx.x >> 5;
+  const float* hq = h_s + (tq * 4) * kDfsHs + w * kDfsWs;
+  const float* fq = fn_s + (jb * 5) * 8 * kDfsWs + w * kDfsWs;
+  float l1[4][5], l2[4][5], l3[4][5], l4[4][5], tree[4][5];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int x = ((k & 1) << 3) | ((k & 2) << 1) | ((k & 4) >> 1) | ((k & 8) >> 3);  // bitrev4
+    float h0[4], h1[4], f0[5], f1[5];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      h0[u] = hq[u * kDfsHs + x];
+      h1[u] = hq[u * kDfsHs + x + 16];
+    }
+#pragma unroll
+    for (int jj = 0; jj < 5; ++jj) {
+      if (jb == 4 && jj == 4) break;  // j = NMIX: the sum of squares (warp-uniform)
+      f0[jj] = fq[jj * 8 * kDfsWs + x];
+      f1[jj] = fq[jj * 8 * kDfsWs + x + 16];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int jj = 0; jj < 5; ++jj) {
+        const bool sq = jb == 4 && jj == 4;
+        const float a0 = sq ? h0[u] : f0[jj], a1 = sq ? h1[u] : f1[jj];
+        const float p = __fadd_rn(__fmaf_rn(h0[u], a0, 0.f), __fmaf_rn(h1[u], a1, 0.f));
+        // Levels: pairs (x, x+8) are k, k+1; then (x, x+4) k pairs 2 apart, (x, x+2), (x, x+1).
+        if ((k & 1) == 0) {
+          l1[u][jj] = p;
+        } else {
+          const float v2 = __fadd_rn(l1[u][jj], p);
+          if ((k & 2) == 0) {
+            l2[u][jj] = v2;
+          } else {
+            const float v3 = __fadd_rn(l2[u][jj], v2);
+            if ((k & 4) == 0) {
+              l3[u][jj] = v3;
+            } else {
+              const float v4 = __fadd_rn(l3[u][jj], v3);
+              if ((k & 8) == 0) l4[u][jj] = v4;
+              else tree[u][jj] = __fadd_rn(l4[u][jj], v4);
+            }
+          }
+        }
+      }
+  }
+  __syncthreads();  // everyone is done with fn_s: it becomes red[w][t][j]
+  float* red = fn_s;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int jj = 0; jj < 5; ++jj) red[(w * kDfsTok + tq * 4 + u) * NV + jb * 5 + jj] = tree[u][jj];
+  __syncthreads();
+  for (int q = threadIdx.x; q < tn * NV; q += kDfsThreads) {
+    const int t = q / NV, j = q - t * NV;
+    float sum = red[t * NV + j];
+#pragma unroll
+    for (int ww = 1; ww < 8; ++ww) sum = __fadd_rn(sum, red[(ww * kDfsTok + t) * NV + j]);
+    work[((t0 + t) * kMhcFusedParts + c) * NV + j] = sum;
+  }
+}
+static_assert(kDfsTok * 8 * (kMaxMix + 1) <= kMaxMix * 8 * kDfsWs, "red fits in fn_s");
 
 // h_out[t, k] = post[t, k]·(f[t] + f_add[t]) + Σ_j comb[t, j, k]·h[t, j]; one thread per 4
 // channels (float4 when D % 4 == 0 and the pointers are 16-byte aligned) or per channel.
@@ -660,6 +768,12 @@ Status mhc_post(const T* h, const T* f, const float* post, const float* comb, T*
   return Status::Ok();
 }
 
+// V4_MHC_DFS=0: prefill-sized mhc_fused calls keep the one-launch shuffle form (A/B runs).
+bool mhc_dfs_enabled() {
+  const char* v = std::getenv("V4_MHC_DFS");
+  return !(v && v[0] == '0');
+}
+
 Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t stream) {
   if (a.n < 1 || a.n > kMaxN || a.D < 1 || (!a.head && a.sinkhorn_iters < 1))
     return errorf(ErrorCode::kInvalidArgument, "mhc_fused: n={} D={} iters={} (n must be 1..4)",
@@ -680,11 +794,25 @@ Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t
   if (groups > 65535 || groups > mhc_fused_counters(a.S))
     return errorf(ErrorCode::kInvalidArgument, "mhc_fused: S = {} rows (at most {})", a.S,
                   int64_t(65535) * kFMaxG);
+  const int64_t nD = int64_t(a.n) * a.D;
+  const int64_t chunk = (nD + kMhcFusedParts - 1) / kMhcFusedParts;
+  if (!a.head && a.S > 256 && a.S <= int64_t(65535) * 4 && chunk <= kFThreads && mhc_dfs_enabled()) {
+    // Prefill: the chunk sums by mhc_partials_dfs_kernel (same bits), then the finishing phase
+    // alone with 4 tokens a CTA (Sinkhorn, collapse and norm spread over S / 4 CTAs).
+    const dim3 pgrid(kMhcFusedParts, unsigned((a.S + kDfsTok - 1) / kDfsTok));
+    mhc_partials_dfs_kernel<<<pgrid, kDfsThreads, 0, stream>>>(a, work);
+    V4_CUDA_CHECK_LAUNCH("mhc_partials_dfs_kernel");
+    constexpr int G2 = 4;
+    mhc_fused_kernel<kMaxMix><<<dim3(1, unsigned((a.S + G2 - 1) / G2)), kFThreads, 0, stream>>>(
+        a, G2, work, counters, true);
+    V4_CUDA_CHECK_LAUNCH("mhc_fused_kernel");
+    return Status::Ok();
+  }
   const dim3 grid(kMhcFusedParts, unsigned(groups));
   if (a.head) {
-    mhc_fused_kernel<kMaxN><<<grid, kFThreads, 0, stream>>>(a, G, work, counters);
+    mhc_fused_kernel<kMaxN><<<grid, kFThreads, 0, stream>>>(a, G, work, counters, false);
   } else {
-    mhc_fused_kernel<kMaxMix><<<grid, kFThreads, 0, stream>>>(a, G, work, counters);
+    mhc_fused_kernel<kMaxMix><<<grid, kFThreads, 0, stream>>>(a, G, work, counters, false);
   }
   V4_CUDA_CHECK_LAUNCH("mhc_fused_kernel");
   return Status::Ok();
