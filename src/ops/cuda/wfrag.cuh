@@ -222,7 +222,7 @@ __device__ __forceinline__ void dequant_steps(const uint4& qa, const uint4& qb, 
 // Logical position (within the k-tile) of stored value q of a k-tile (see the file comment and
 // dequant_steps): chunk c = q / 4V of lane t = (q / V) % 4 plays step c·V/4 + st, position pos.
 template <WFormat F>
-__host__ __device__ __forceinline__ int x_logical(int q) {
+__host__ __device__ __forceinline__ constexpr int x_logical(int q) {
   constexpr int V = kV<F>;
   const int c = q / (4 * V), t = (q / V) & 3, r = q % V;
   int st, pos;
