@@ -300,13 +300,14 @@ fi
 if has pfkern && command -v ncu >/dev/null; then  # every kernel of one prefill / decode step
   # (ncu --profile-from-start off around the step: v4serve bench V4_BENCH_PROFILER; clocks and
   # caches left alone; kernels serialised) -> ncu-kernels.md: per phase the kernels grouped by
-  # name and every launch in order. $V4_PFKERN_LAYERS (4: two SWA, one CSA, one HCA layer),
+  # name and every launch in order. $V4_PFKERN_PHASES ("prefill decode"),
+  # $V4_PFKERN_LAYERS (4: two SWA, one CSA, one HCA layer),
   # $V4_PFKERN_CONTEXT (128K), $V4_PFKERN_BATCH (1), $V4_PFKERN_CHUNK (2048)
   f="$OUT/ncu-kernels.md"
   { echo "# Kernels of one step: V4-Flash shape, ${V4_PFKERN_LAYERS:-4} layers, ncu"; echo
     echo "- commit: $(cat .devdeps/commit 2>/dev/null), date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"; echo; } > "$f"
-  for ph in prefill decode; do
+  for ph in ${V4_PFKERN_PHASES:-prefill decode}; do
     echo "- $ph: \`V4_BENCH_PROFILER=$ph ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread v4serve bench ... --num-layers ${V4_PFKERN_LAYERS:-4} --batch ${V4_PFKERN_BATCH:-1} --context ${V4_PFKERN_CONTEXT:-128K} --prefill-chunk ${V4_PFKERN_CHUNK:-2048} --kv-cache-dtype bf16 --index-cache-dtype fp8\`" >> "$f"
     V4_BENCH_PROFILER=$ph timeout 240 ncu --profile-from-start off --clock-control none \
       --cache-control none -f -o "$OUT/pfkern-$ph" \
@@ -322,7 +323,7 @@ if has pfkern && command -v ncu >/dev/null; then  # every kernel of one prefill 
     logs+=(pfkern-$ph.log pfkern-$ph.csv)
   done
   echo >> "$f"
-  for ph in prefill decode; do
+  for ph in ${V4_PFKERN_PHASES:-prefill decode}; do
     python3 scripts/device/kernel_table.py "$ph step (batch ${V4_PFKERN_BATCH:-1}, context ${V4_PFKERN_CONTEXT:-128K}$([ $ph = prefill ] && echo ", ${V4_PFKERN_CHUNK:-2048} tokens"))" "$OUT/pfkern-$ph.csv" >> "$f"
   done
   grep -A14 "^| kernel | launches" "$f" | head -40
