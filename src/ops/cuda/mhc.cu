@@ -563,15 +563,40 @@ __global__ void __launch_bounds__(kDfsThreads) mhc_partials_dfs_kernel(const Mhc
   const int tn = int(a.S - t0 < kDfsTok ? a.S - t0 : kDfsTok);
   // Elements outside the chunk (or of the unused fn rows j ≥ n_mix) are 0: their products 0·0 + 0
   // are the +0 the shuffle form's untouched accumulators hold.
-  for (int q = threadIdx.x; q < NMIX * 256; q += kDfsThreads) {
-    const int j = q >> 8, e = q & 255;
-    fn_s[j * 8 * kDfsWs + (e >> 5) * kDfsWs + (e & 31)] =
-        j < n_mix && i0 + e < i1 ? __ldg(a.fn + j * nD + i0 + e) : 0.f;
-  }
-  for (int q = threadIdx.x; q < kDfsTok * 256; q += kDfsThreads) {
-    const int t = q >> 8, e = q & 255;
-    h_s[t * kDfsHs + (e >> 5) * kDfsWs + (e & 31)] =
-        t < tn && i0 + e < i1 ? a.h[(t0 + t) * nD + i0 + e] : 0.f;
+  if (nD == int64_t(kMhcFusedParts) * 256 && ((reinterpret_cast<uintptr_t>(a.fn) |
+                                           reinterpret_cast<uintptr_t>(a.h)) & 15) == 0) {
+    // Full chunks (V4-Flash: n·D = 16,384): float4 loads, 4 elements of one warp slice each.
+    for (int q = threadIdx.x; q < NMIX * 64; q += kDfsThreads) {
+      const int j = q >> 6, e = (q & 63) * 4;
+      const float4 v = j < n_mix ? __ldg(reinterpret_cast<const float4*>(a.fn + j * nD + i0 + e))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+      float* d = fn_s + j * 8 * kDfsWs + (e >> 5) * kDfsWs + (e & 31);
+      d[0] = v.x;
+      d[1] = v.y;
+      d[2] = v.z;
+      d[3] = v.w;
+    }
+    for (int q = threadIdx.x; q < kDfsTok * 64; q += kDfsThreads) {
+      const int t = q >> 6, e = (q & 63) * 4;
+      const float4 v = t < tn ? *reinterpret_cast<const float4*>(a.h + (t0 + t) * nD + i0 + e)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+      float* d = h_s + t * kDfsHs + (e >> 5) * kDfsWs + (e & 31);
+      d[0] = v.x;
+      d[1] = v.y;
+      d[2] = v.z;
+      d[3] = v.w;
+    }
+  } else {
+    for (int q = threadIdx.x; q < NMIX * 256; q += kDfsThreads) {
+      const int j = q >> 8, e = q & 255;
+      fn_s[j * 8 * kDfsWs + (e >> 5) * kDfsWs + (e & 31)] =
+          j < n_mix && i0 + e < i1 ? __ldg(a.fn + j * nD + i0 + e) : 0.f;
+    }
+    for (int q = threadIdx.x; q < kDfsTok * 256; q += kDfsThreads) {
+      const int t = q >> 8, e = q & 255;
+      h_s[t * kDfsHs + (e >> 5) * kDfsWs + (e & 31)] =
+          t < tn && i0 + e < i1 ? a.h[(t0 + t) * nD + i0 + e] : 0.f;
+    }
   }
   __syncthreads();
   const int w = threadIdx.x & 7, tq = (threadIdx.x >> 3) & 3, jb = threadIdx.x >> 5;
