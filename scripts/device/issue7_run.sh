@@ -330,11 +330,12 @@ if has pfkern && command -v ncu >/dev/null; then  # every kernel of one prefill 
   rm -f "$OUT"/pfkern-*.ncu-rep "$OUT"/pfkern-*-bench.md
 fi
 if has ncupf && command -v ncu >/dev/null; then  # ncu sections of one kernel inside a prefill step
-  # ($V4_NCUPF_KERNEL regex, default mhc_fused_kernel; its $V4_NCUPF_SKIP-th launch in the step)
+  # ($V4_NCUPF_KERNEL regex, default mhc_fused_kernel; $V4_NCUPF_COUNT (1) launches after skipping
+  # $V4_NCUPF_SKIP (1) in the step)
   # -> ncu-prefill-kernel.txt
   V4_BENCH_PROFILER=prefill timeout 240 ncu --profile-from-start off --clock-control none \
     --kernel-name regex:"${V4_NCUPF_KERNEL:-mhc_fused_kernel}" --launch-skip "${V4_NCUPF_SKIP:-1}" \
-    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --launch-count "${V4_NCUPF_COUNT:-1}" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section InstructionStats \
     build-gpu/v4serve bench --model models/configs/v4-flash --load-format dummy --num-layers 4 \
