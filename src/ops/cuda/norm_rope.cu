@@ -1,8 +1,6 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 #include "ops/cuda/norm_rope.h"
 
-#include <cstdlib>
-
 namespace v4::cuda {
 namespace {
 
@@ -44,15 +42,6 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, const float* __restrict_
   }
 }
 
-// (a, b) at e -> (a·c − b·s, a·s + b·c): the rotation of rope_kernel and rope_rows_kernel (one
-// function, so both compile the same arithmetic).
-template <typename T>
-__device__ __forceinline__ void rope_rotate(T* e, float c, float s) {
-  const float a = ld(e), b = ld(e + 1);
-  st(e, a * c - b * s);
-  st(e + 1, a * s + b * c);
-}
-
 template <typename T>
 __global__ void rope_kernel(T* x, const int64_t* __restrict__ pos, const float* __restrict__ inv_freq,
                             int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd,
@@ -71,34 +60,9 @@ __global__ void rope_kernel(T* x, const int64_t* __restrict__ pos, const float* 
     c *= att;
     if (inverse) s = -s;
     T* e = x + r * row_stride + h * head_dim + (head_dim - rd) + 2 * p;
-    rope_rotate(e, c, s);
-  }
-}
-
-// rope_kernel for many rows (prefill-sized calls, rope_interleaved): one thread per (row, pair)
-// evaluates the angle's sincosf once and rotates that pair in every head; rope_kernel evaluates it
-// per head (64× as many sincosf calls for V4-Flash's q / attention output, with arguments up to
-// ~1e5–1e6 rad at long context: 50 µs for 2,048 rows × 64 heads, ncu-kernels-s19.md). The angle,
-// the scaling and the rotation (rope_rotate) are rope_kernel's: the same bits.
-template <typename T>
-__global__ void rope_rows_kernel(T* x, const int64_t* __restrict__ pos,
-                                 const float* __restrict__ inv_freq, int64_t rows, int64_t n_heads,
-                                 int64_t head_dim, int64_t rd, int64_t row_stride, bool inverse,
-                                 float att) {
-  const int64_t half = rd / 2;
-  const int64_t total = rows * half;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i % half, r = i / half;
-    float ang = inv_freq[p] * float(pos[r]);  // one fp32 product, as HF
-    float s, c;
-    sincosf(ang, &s, &c);
-    s *= att;
-    c *= att;
-    if (inverse) s = -s;
-    T* e = x + r * row_stride + (head_dim - rd) + 2 * p;
-#pragma unroll 4
-    for (int64_t h = 0; h < n_heads; ++h) rope_rotate(e + h * head_dim, c, s);
+    float a = ld(e), b = ld(e + 1);
+    st(e, a * c - b * s);
+    st(e + 1, a * s + b * c);
   }
 }
 
@@ -173,15 +137,6 @@ Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t
                       row_stride);
   int64_t total = rows * n_heads * (rd / 2);
   if (total <= 0) return Status::Ok();
-  const char* env = std::getenv("V4_ROPE_ROWS");
-  if (rows * (rd / 2) >= 8192 && n_heads > 1 && !(env && env[0] == '0')) {
-    // Enough (row, pair) threads to fill the GPU: sincosf once per pair for all heads.
-    const int64_t gr = (rows * (rd / 2) + 255) / 256;
-    rope_rows_kernel<T><<<unsigned(gr > 65536 ? 65536 : gr), 256, 0, stream>>>(
-        x, pos, inv_freq, rows, n_heads, head_dim, rd, row_stride, inverse, attention_scaling);
-    V4_CUDA_CHECK_LAUNCH("rope_rows_kernel");
-    return Status::Ok();
-  }
   int64_t g = (total + 255) / 256;
   rope_kernel<T><<<unsigned(g > 65536 ? 65536 : g), 256, 0, stream>>>(
       x, pos, inv_freq, rows, n_heads, head_dim, rd, row_stride, inverse, attention_scaling);
