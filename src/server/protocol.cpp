@@ -667,13 +667,16 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   std::optional<std::string> suffix;
   if (!rd.get_string("suffix", &suffix)) return false;
   if (suffix && !suffix->empty()) return rd.fail("'suffix' is not supported by this model", "suffix");
-  // Completions logprobs: an integer 0..5 (we allow up to 20): top-n per token.
+  // Completions logprobs: an integer 0..5 (we allow up to 20): top-n per token. A boolean is the
+  // chat API's form and is refused here, as OpenAI does (it is not a count).
   std::optional<int64_t> lp;
-  if (const Json* v = rd.find("logprobs"); v && v->is_boolean()) {
-    if (v->get<bool>()) lp = 0;
-  } else if (!rd.get_int("logprobs", 0, lim.max_top_logprobs, &lp)) {
-    return false;
-  }
+  if (const Json* v = rd.find("logprobs"); v && v->is_boolean())
+    return rd.fail(fmt::format("'logprobs' must be an integer in [0, {}] on /v1/completions (the "
+                               "number of top tokens per position), got boolean; the boolean "
+                               "form belongs to /v1/chat/completions",
+                               lim.max_top_logprobs),
+                   "logprobs");
+  if (!rd.get_int("logprobs", 0, lim.max_top_logprobs, &lp)) return false;
   r->sampling.logprobs = lp.has_value();
   r->top_logprobs = int(lp.value_or(0));
   r->sampling.top_logprobs = r->top_logprobs;

@@ -221,6 +221,44 @@ TEST(Protocol, CompletionPrompts) {
   EXPECT_EQ(completion_err(R"({"prompt":"x","suffix":"y"})").param, "suffix");
 }
 
+// Completions `logprobs` is a count (OpenAI: integer 0..5, null); a boolean is refused naming the
+// field (it used to be taken as 0). Chat keeps the boolean `logprobs` + integer `top_logprobs`.
+TEST(Protocol, CompletionLogprobsIsAnIntegerNotABoolean) {
+  for (const char* body : {R"({"prompt":"x","logprobs":true})", R"({"prompt":"x","logprobs":false})"}) {
+    ApiError e = completion_err(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.type, "invalid_request_error") << body;
+    EXPECT_EQ(e.param, "logprobs") << body;
+    EXPECT_NE(e.message.find("integer"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":"2"})").param, "logprobs");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":-1})").param, "logprobs");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":1.5})").param, "logprobs");
+  GenerateRequest r;
+  ASSERT_EQ(completion_err(R"({"prompt":"x","logprobs":null})", &r).status, 0);
+  EXPECT_FALSE(r.sampling.logprobs);
+  ASSERT_EQ(completion_err(R"({"prompt":"x","logprobs":5})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 5);
+
+  // Chat: logprobs is the boolean, top_logprobs the count.
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":2})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 2);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":false})", &r).status, 0);
+  EXPECT_FALSE(r.sampling.logprobs);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 0);
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":2})").param, "logprobs");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":true})").param,
+            "top_logprobs");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":-1})").param,
+            "top_logprobs");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":false,"top_logprobs":2})").param,
+            "top_logprobs");
+}
+
 TEST(Protocol, ErrorBodyShape) {
   ApiError e = bad_request("bad \"thing\"", "max_tokens", "some_code");
   auto j = nlohmann::json::parse(error_body(e));
