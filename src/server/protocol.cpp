@@ -436,11 +436,22 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     if (rs == "assistant") {
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
         if (!tc->is_array()) return rd.fail(fmt::format("'{}.tool_calls' must be an array", p), "messages");
-        for (auto& call : *tc) {
+        for (size_t k = 0; k < tc->size(); ++k) {
+          const Json& call = (*tc)[k];
           if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
               !call["function"].contains("name") || !call["function"]["name"].is_string()) {
             return rd.fail(fmt::format("'{}.tool_calls' entries need function.name", p), "messages");
           }
+          // OpenAI sends arguments JSON-encoded; text that is not JSON would be rendered as one
+          // raw `arguments` parameter (the reference's fallback, chat-encoding §2.6). An object
+          // is accepted on purpose (accept_object_arguments).
+          const Json& fn = call["function"];
+          if (auto a = fn.find("arguments"); a != fn.end() && a->is_string() &&
+              !text::parses_as_python_json(a->get_ref<const std::string&>()))
+            return rd.fail(fmt::format("'{}.tool_calls[{}].function.arguments' is not valid JSON: it "
+                                       "must be the JSON-encoded arguments object (e.g. \"{{}}\")",
+                                       p, k),
+                           "messages");
         }
       } else if (tc != m.end()) {
         copy.erase("tool_calls");
@@ -504,6 +515,13 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       }
       if (t.contains("type") && t["type"] != "function") {
         return rd.fail(fmt::format("'tools[{}].type' must be \"function\"", i), "tools");
+      }
+      // parameters: a JSON Schema object (absent or null: a function without parameters).
+      if (auto pa = t["function"].find("parameters"); pa != t["function"].end() && !pa->is_null() &&
+          !pa->is_object()) {
+        return rd.fail(fmt::format("'tools[{}].function.parameters' must be a JSON Schema object, got {}",
+                                   i, type_name(*pa)),
+                       "tools");
       }
     }
     if (!tools->empty()) r->tools = *tools;

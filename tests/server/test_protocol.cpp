@@ -124,6 +124,54 @@ TEST(Protocol, ToolsAndToolChoice) {
   EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c1"}]}]})").status, 400);
 }
 
+// tools[].function.parameters must be a JSON Schema object, and an assistant tool call's
+// arguments string must be JSON (OpenAI sends it JSON-encoded): otherwise a 400 whose message names
+// the field path. An arguments object is accepted on purpose (chat-encoding §2.6), and JSON that is
+// not an object is left to the encoder, which refuses it naming the field.
+TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
+  auto tools_with = [](const std::string& params) {
+    return "{" + std::string(kMsg) +
+           R"(,"tools":[{"type":"function","function":{"name":"a","parameters":{}}},)"
+           R"({"type":"function","function":{"name":"b","parameters":)" +
+           params + "}}]}";
+  };
+  for (const char* bad : {R"("{\"type\": \"object\"}")", "[]", "5", "true"}) {
+    ApiError e = chat_err(tools_with(bad));
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.type, "invalid_request_error") << bad;
+    EXPECT_EQ(e.param, "tools") << bad;
+    EXPECT_NE(e.message.find("tools[1].function.parameters"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(chat_err(tools_with(R"({"type":"object","properties":{}})")).status, 0);
+  EXPECT_EQ(chat_err(tools_with("null")).status, 0);  // null: no parameters
+  EXPECT_EQ(chat_err("{" + std::string(kMsg) +
+                     R"(,"tools":[{"type":"function","function":{"name":"f"}}]})")
+                .status,
+            0);
+
+  auto history_with = [](const std::string& args) {
+    return R"({"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":"ok"},
+        {"role":"user","content":"again"},
+        {"role":"assistant","content":null,"tool_calls":[
+          {"id":"c0","type":"function","function":{"name":"f","arguments":"{}"}},
+          {"id":"c1","type":"function","function":{"name":"f","arguments":)" +
+           args + R"(}}]},
+        {"role":"tool","tool_call_id":"c0","content":"sunny"}]})";
+  };
+  for (const char* bad : {R"("{\"city\": \"Paris\"")", R"("city=Paris")", R"("")", R"("{'a': 1}")"}) {
+    ApiError e = chat_err(history_with(bad));
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.type, "invalid_request_error") << bad;
+    EXPECT_EQ(e.param, "messages") << bad;
+    EXPECT_NE(e.message.find("messages[3].tool_calls[1].function.arguments"), std::string::npos)
+        << e.message;
+  }
+  for (const char* ok : {R"("{\"city\": \"Paris\", \"days\": 3}")", R"("{}")",
+                         R"({"city": "Paris"})", R"("{\"x\": NaN}")"}) {
+    EXPECT_EQ(chat_err(history_with(ok)).status, 0) << ok;
+  }
+}
+
 TEST(Protocol, MalformedChatRequests) {
   struct Case {
     std::string body;
