@@ -256,6 +256,96 @@ Status Checkpoint::add_file(const std::string& path) {
   return Status::Ok();
 }
 
+namespace {
+
+// Compressor member names: official → HF (inverse of compressor_member).
+std::string hf_compressor_member(const std::string& rest) {
+  static const std::pair<const char*, const char*> kMap[] = {
+      {"wkv.", "kv_proj."}, {"wgate.", "gate_proj."}, {"norm.", "kv_norm."}};
+  for (auto& [off, hf] : kMap)
+    if (starts_with(rest, off)) return hf + rest.substr(strlen(off));
+  if (rest == "ape") return "position_bias";
+  return rest;
+}
+
+// Per-layer tail (after "layers.N."): official → transformers internal (inverse of layer_tail).
+std::string hf_internal_layer_tail(const std::string& r) {
+  if (r == "attn_norm.weight") return "input_layernorm.weight";
+  if (r == "ffn_norm.weight") return "post_attention_layernorm.weight";
+  if (starts_with(r, "hc_attn_")) return "attn_hc." + r.substr(8);
+  if (starts_with(r, "hc_ffn_")) return "ffn_hc." + r.substr(7);
+  if (starts_with(r, "attn.")) {
+    const std::string a = r.substr(5);
+    const std::string ci = "self_attn.compressor.indexer.";
+    if (starts_with(a, "indexer.weights_proj."))
+      return ci + "scorer.weights_proj." + a.substr(21);
+    if (starts_with(a, "indexer.wq_b.")) return ci + "q_b_proj." + a.substr(13);
+    if (starts_with(a, "indexer.compressor.")) return ci + hf_compressor_member(a.substr(19));
+    if (starts_with(a, "compressor."))
+      return "self_attn.compressor." + hf_compressor_member(a.substr(11));
+    static const std::pair<const char*, const char*> kMap[] = {
+        {"wq_a.", "q_a_proj."}, {"q_norm.", "q_a_norm."}, {"wq_b.", "q_b_proj."},
+        {"wkv.", "kv_proj."},   {"kv_norm.", "kv_norm."}, {"wo_a.", "o_a_proj."},
+        {"wo_b.", "o_b_proj."}};
+    for (auto& [off, hf] : kMap)
+      if (starts_with(a, off)) return "self_attn." + std::string(hf) + a.substr(strlen(off));
+    if (a == "attn_sink") return "self_attn.sinks";
+    return "self_attn." + a;
+  }
+  if (starts_with(r, "ffn.")) {
+    const std::string a = r.substr(4);
+    if (a == "gate.bias") return "mlp.gate.e_score_correction_bias";
+    const std::string se = "shared_experts.";
+    if (starts_with(a, se)) {
+      const std::string b = a.substr(se.size());
+      if (starts_with(b, "w1.")) return "mlp.shared_experts.gate_proj." + b.substr(3);
+      if (starts_with(b, "w3.")) return "mlp.shared_experts.up_proj." + b.substr(3);
+      if (starts_with(b, "w2.")) return "mlp.shared_experts.down_proj." + b.substr(3);
+    }
+    return "mlp." + a;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string from_official_name(const std::string& official, NamingScheme scheme) {
+  if (scheme == NamingScheme::kOfficial) return official;
+  const bool internal = scheme == NamingScheme::kHfInternal;
+  if (official == "embed.weight") return "model.embed_tokens.weight";
+  if (official == "head.weight") return internal ? "lm_head.weight" : "head.weight";
+  if (starts_with(official, "hc_head_")) return "model.hc_head.hc_" + official.substr(8);
+  for (const char* prefix : {"layers.", "mtp."}) {
+    if (!starts_with(official, prefix)) continue;
+    const size_t dot = official.find('.', strlen(prefix));
+    if (dot == std::string::npos) break;
+    const std::string head = official.substr(0, dot + 1), tail = official.substr(dot + 1);
+    if (internal) return "model." + head + hf_internal_layer_tail(tail);
+    // The mixed save keeps official names but for the main kv_norm (P16).
+    return "model." + head + (tail == "attn.kv_norm.weight" ? "attn.norm.weight" : tail);
+  }
+  return "model." + official;
+}
+
+std::string Checkpoint::stored_name(const std::string& official_name) const {
+  if (const TensorInfo* t = find(official_name)) return t->name;
+  std::string n = from_official_name(official_name, scheme_);
+  // Scales: `.weight_scale_inv` when this checkpoint writes its scales that way.
+  if (ends_with(official_name, ".scale") && ends_with(n, ".scale") && any_scale_inv_)
+    n = n.substr(0, n.size() - 6) + ".weight_scale_inv";
+  return n;
+}
+
+Status Checkpoint::missing_tensor(const std::string& official_name) const {
+  const std::string stored = stored_name(official_name);
+  if (stored == official_name)
+    return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}' ({} naming detected)", dir_,
+                      stored, naming_scheme_name(scheme_));
+  return make_error(ErrorCode::kNotFound,
+                    "{}: missing tensor '{}' ({} naming detected; v4serve's official name '{}')",
+                    dir_, stored, naming_scheme_name(scheme_), official_name);
+}
+
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint ck;
   ck.dir_ = dir;
@@ -313,6 +403,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     any_model_prefix |= starts_with(t.name, "model.");
     any_internal |= t.name.find("self_attn.") != std::string::npos ||
                     t.name.find(".mlp.") != std::string::npos || t.name == "lm_head.weight";
+    ck.any_scale_inv_ |= ends_with(t.name, ".weight_scale_inv");
   }
   ck.scheme_ = any_internal       ? NamingScheme::kHfInternal
                : any_model_prefix ? NamingScheme::kHfMixed
@@ -379,10 +470,7 @@ float scale_at(const TensorInfo& s, int64_t i, int64_t j) {
 Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
                                                 const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
-  if (!t)
-    return make_error(ErrorCode::kNotFound,
-                      "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name,
-                      naming_scheme_name(scheme_));
+  if (!t) return missing_tensor(name);
   int64_t numel = 1;
   for (auto d : shape) numel *= d;
   std::vector<float> out(static_cast<size_t>(numel));
@@ -462,7 +550,7 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
       if (!s)
         return make_error(ErrorCode::kNotFound,
                           "{}: tensor '{}' is packed FP4 but its scale '{}' is missing", t->file,
-                          t->name, scale_name_for(name));
+                          t->name, stored_name(scale_name_for(name)));
       if (s->shape.size() != 2 || s->shape[0] != rows || s->shape[1] * 32 != in)
         return make_error(ErrorCode::kInvalidArgument,
                           "{}: tensor '{}': expected FP4 scale shape [{}, {}], found {} {}",
@@ -486,10 +574,7 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name,
 Result<Checkpoint::NativeTensor> Checkpoint::read_native(const std::string& name,
                                                         const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
-  if (!t)
-    return make_error(ErrorCode::kNotFound,
-                      "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name,
-                      naming_scheme_name(scheme_));
+  if (!t) return missing_tensor(name);
   if (shape.size() != 2)
     return make_error(ErrorCode::kUnsupported, "read_native: '{}' is not 2-D", name);
   const int64_t N = shape[0], K = shape[1];
@@ -540,10 +625,7 @@ Result<Checkpoint::NativeTensor> Checkpoint::read_native(const std::string& name
 Result<std::vector<int32_t>> Checkpoint::read_i32(const std::string& name,
                                                   const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
-  if (!t)
-    return make_error(ErrorCode::kNotFound,
-                      "{}: missing tensor '{}' (official name; {} naming detected)", dir_, name,
-                      naming_scheme_name(scheme_));
+  if (!t) return missing_tensor(name);
   if (t->shape != shape) return shape_error(*t, shape, "");
   int64_t numel = 1;
   for (auto d : shape) numel *= d;

@@ -45,6 +45,10 @@ const char* naming_scheme_name(NamingScheme s);
 /// Normalizes a checkpoint tensor name (any of the three schemes) to the official name.
 std::string to_official_name(const std::string& name);
 
+/// The name `official` has in a checkpoint written with naming `scheme` (the inverse of
+/// to_official_name; scales keep the `.scale` suffix, see Checkpoint::stored_name).
+std::string from_official_name(const std::string& official, NamingScheme scheme);
+
 /// "[2, 3]".
 std::string shape_str(const std::vector<int64_t>& shape);
 
@@ -70,6 +74,12 @@ class Checkpoint {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   NamingScheme scheme() const { return scheme_; }
   const std::string& dir() const { return dir_; }
+  /// The name tensor `official_name` has in this checkpoint's files, or, when absent, the name
+  /// it would have under the detected naming scheme (for error messages).
+  std::string stored_name(const std::string& official_name) const;
+  /// The kNotFound error for an absent tensor: the directory, the checkpoint-side name that was
+  /// expected (stored_name), the naming scheme and, when they differ, the official name.
+  Status missing_tensor(const std::string& official_name) const;
   /// Counts of stored dtypes, e.g. {"BF16": 12, "F8_E4M3": 40}.
   std::map<std::string, int> dtype_counts() const;
 
@@ -102,6 +112,7 @@ class Checkpoint {
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
   NamingScheme scheme_ = NamingScheme::kOfficial;
+  bool any_scale_inv_ = false;  // some scale is stored as `.weight_scale_inv` (HF)
 };
 
 }  // namespace v4::model

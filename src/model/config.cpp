@@ -330,16 +330,24 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
                       "(expected sqrtsoftplus, softmax or sigmoid)",
                       src, c.scoring_func);
   if (c.num_hidden_layers <= 0) return field_error(src, "num_hidden_layers", "must be > 0");
+  if (c.num_nextn_predict_layers < 0)
+    return field_error(src, "num_nextn_predict_layers",
+                       fmt::format("must be >= 0, found {}", c.num_nextn_predict_layers));
   const int L = c.num_hidden_layers;
+  // Per-layer list lengths: layer_types / mlp_layer_types have L entries (transformers);
+  // the official compress_ratios also lists the MTP modules: L + num_nextn_predict_layers.
+  const int n_ratios = L + c.num_nextn_predict_layers;
   // A config without num_hidden_layers gets the V4-Flash default; when its per-layer lists say
   // otherwise, name the missing field rather than the default the user never wrote.
   if (!j.contains("num_hidden_layers")) {
-    for (const char* list : {"layer_types", "mlp_layer_types"})
-      if (auto it = j.find(list); it != j.end() && it->is_array() && int(it->size()) != L)
+    for (const char* list : {"layer_types", "mlp_layer_types", "compress_ratios"}) {
+      const int want = std::string(list) == "compress_ratios" ? n_ratios : L;
+      if (auto it = j.find(list); it != j.end() && it->is_array() && int(it->size()) != want)
         return field_error(src, "num_hidden_layers",
                            fmt::format("is missing (its default {} does not match the {} entries of "
                                        "'{}')",
                                        L, it->size(), list));
+    }
   }
 
   // compress_rates: dict, then legacy scalar overrides.
@@ -351,7 +359,7 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
   V4_RETURN_IF_ERROR(get_int(j, "compress_rate_csa", &c.compress_rate_csa, src));
   V4_RETURN_IF_ERROR(get_int(j, "compress_rate_hca", &c.compress_rate_hca, src));
 
-  // layer_types: explicit > legacy compress_ratios (0/4/128, truncated to L) > default schedule.
+  // layer_types: explicit > legacy compress_ratios (0/4/128; L + MTP entries, cut to L) > default schedule.
   auto lt = j.find("layer_types");
   auto cr = j.find("compress_ratios");
   if (lt != j.end() && !lt->is_null()) {
@@ -388,11 +396,17 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
         return field_error(src, "compress_ratios",
                            fmt::format("has unknown ratio {} (expected 0, 4 or 128)", r));
     }
+    if (int(c.layer_types.size()) != n_ratios)
+      return field_error(src, "compress_ratios",
+                         fmt::format("has {} entries but num_hidden_layers + "
+                                     "num_nextn_predict_layers = {} + {} = {}",
+                                     c.layer_types.size(), L, c.num_nextn_predict_layers,
+                                     n_ratios));
+    c.layer_types.resize(L);  // drop the MTP modules' entries
   } else {
     for (int i = 0; i < L; ++i)
       c.layer_types.push_back(i < 2 || i % 2 == 0 ? LayerKind::kHca : LayerKind::kCsa);
   }
-  if (int(c.layer_types.size()) > L) c.layer_types.resize(L);
 
   // mlp_layer_types: explicit > first num_hash_layers (default 3) hash_moe.
   if (auto it = j.find("mlp_layer_types"); it != j.end() && !it->is_null()) {
@@ -413,7 +427,6 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
     for (int i = 0; i < L; ++i)
       c.mlp_layer_types.push_back(i < n_hash ? MlpKind::kHashMoe : MlpKind::kMoe);
   }
-  if (int(c.mlp_layer_types.size()) > L) c.mlp_layer_types.resize(L);
 
   // partial_rotary_factor: explicit > legacy qk_rope_head_dim / head_dim > 64/512.
   double prf = 64.0 / 512.0;

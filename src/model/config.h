@@ -89,7 +89,9 @@ struct ModelConfig {
   }
 
   /// Parses a config.json text; `source` names it in errors. Errors (kInvalidArgument /
-  /// kUnsupported): bad JSON, model_type other than deepseek_v4, wrong field type, invalid value.
+  /// kUnsupported): bad JSON, model_type other than deepseek_v4, wrong field type, invalid value,
+  /// a per-layer list whose length disagrees with num_hidden_layers (layer_types and
+  /// mlp_layer_types: L entries; compress_ratios: L + num_nextn_predict_layers, the MTP modules').
   static Result<ModelConfig> from_json_text(const std::string& text, const std::string& source);
   /// Parses an already-parsed JSON object.
   static Result<ModelConfig> from_json(const nlohmann::json& j, const std::string& source);

@@ -436,11 +436,22 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     if (rs == "assistant") {
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
         if (!tc->is_array()) return rd.fail(fmt::format("'{}.tool_calls' must be an array", p), "messages");
-        for (auto& call : *tc) {
+        for (size_t k = 0; k < tc->size(); ++k) {
+          const Json& call = (*tc)[k];
           if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
               !call["function"].contains("name") || !call["function"]["name"].is_string()) {
             return rd.fail(fmt::format("'{}.tool_calls' entries need function.name", p), "messages");
           }
+          // OpenAI sends arguments JSON-encoded; text that is not JSON would be rendered as one
+          // raw `arguments` parameter (the reference's fallback, chat-encoding §2.6). An object
+          // is accepted on purpose (accept_object_arguments).
+          const Json& fn = call["function"];
+          if (auto a = fn.find("arguments"); a != fn.end() && a->is_string() &&
+              !text::parses_as_python_json(a->get_ref<const std::string&>()))
+            return rd.fail(fmt::format("'{}.tool_calls[{}].function.arguments' is not valid JSON: it "
+                                       "must be the JSON-encoded arguments object (e.g. \"{{}}\")",
+                                       p, k),
+                           "messages");
         }
       } else if (tc != m.end()) {
         copy.erase("tool_calls");
@@ -504,6 +515,13 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       }
       if (t.contains("type") && t["type"] != "function") {
         return rd.fail(fmt::format("'tools[{}].type' must be \"function\"", i), "tools");
+      }
+      // parameters: a JSON Schema object (absent or null: a function without parameters).
+      if (auto pa = t["function"].find("parameters"); pa != t["function"].end() && !pa->is_null() &&
+          !pa->is_object()) {
+        return rd.fail(fmt::format("'tools[{}].function.parameters' must be a JSON Schema object, got {}",
+                                   i, type_name(*pa)),
+                       "tools");
       }
     }
     if (!tools->empty()) r->tools = *tools;
@@ -667,13 +685,16 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   std::optional<std::string> suffix;
   if (!rd.get_string("suffix", &suffix)) return false;
   if (suffix && !suffix->empty()) return rd.fail("'suffix' is not supported by this model", "suffix");
-  // Completions logprobs: an integer 0..5 (we allow up to 20): top-n per token.
+  // Completions logprobs: an integer 0..5 (we allow up to 20): top-n per token. A boolean is the
+  // chat API's form and is refused here, as OpenAI does (it is not a count).
   std::optional<int64_t> lp;
-  if (const Json* v = rd.find("logprobs"); v && v->is_boolean()) {
-    if (v->get<bool>()) lp = 0;
-  } else if (!rd.get_int("logprobs", 0, lim.max_top_logprobs, &lp)) {
-    return false;
-  }
+  if (const Json* v = rd.find("logprobs"); v && v->is_boolean())
+    return rd.fail(fmt::format("'logprobs' must be an integer in [0, {}] on /v1/completions (the "
+                               "number of top tokens per position), got boolean; the boolean "
+                               "form belongs to /v1/chat/completions",
+                               lim.max_top_logprobs),
+                   "logprobs");
+  if (!rd.get_int("logprobs", 0, lim.max_top_logprobs, &lp)) return false;
   r->sampling.logprobs = lp.has_value();
   r->top_logprobs = int(lp.value_or(0));
   r->sampling.top_logprobs = r->top_logprobs;

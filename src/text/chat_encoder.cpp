@@ -434,6 +434,8 @@ std::optional<EffortProfile> detect_effort_profile(const std::string& model_dir)
   return std::nullopt;
 }
 
+bool parses_as_python_json(std::string_view text) { return pyjson::loads(text).has_value(); }
+
 std::string python_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii) {
   return pyjson::dumps(value, ensure_ascii);
 }

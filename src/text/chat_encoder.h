@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -78,6 +79,11 @@ class ChatEncoder {
                                              const nlohmann::ordered_json& tools,
                                              const ChatOptions& options);
 };
+
+/// Whether `text` parses as the reference's `json.loads` reads it (strict strings, NaN/Infinity
+/// accepted): how ChatEncoder reads a `tool_calls[].function.arguments` string. Text that does not
+/// parse falls back to the reference's `{"arguments": <raw text>}` rendering, so servers refuse it.
+bool parses_as_python_json(std::string_view text);
 
 /// Python `json.dumps(value, ensure_ascii=False)` text of `value` (separators ", " and ": ",
 /// floats as Python repr, integral floats keep ".0"). Used for tool schemas and arguments.

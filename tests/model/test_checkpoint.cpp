@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "base/dtype.h"
 #include "model/checkpoint.h"
@@ -109,6 +111,25 @@ TEST(Checkpoint, NameMappingAllSchemes) {
       {"mtp.0.e_proj.weight", "mtp.0.e_proj.weight"},
   };
   for (const auto& [in, want] : cases) EXPECT_EQ(to_official_name(in), want) << in;
+}
+
+// from_official_name inverts to_official_name: every tensor of every fixture (official, mixed
+// and transformers-internal saves) maps back to the name stored in its file.
+TEST(Checkpoint, OfficialNamesMapBackToStoredNames) {
+  std::set<NamingScheme> schemes;
+  for (const auto& dir : testing::fixture_dirs()) {
+    auto ck = Checkpoint::open(dir);
+    ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+    schemes.insert(ck->scheme());
+    for (const auto& [off, t] : ck->tensors())
+      EXPECT_EQ(from_official_name(off, ck->scheme()), t.name) << dir << ": " << off;
+  }
+  EXPECT_EQ(schemes.size(), 3u) << "the fixtures cover all three naming schemes";
+  EXPECT_EQ(from_official_name("layers.3.attn.wq_a.scale", NamingScheme::kHfInternal),
+            "model.layers.3.self_attn.q_a_proj.scale");
+  EXPECT_EQ(from_official_name("layers.3.attn.kv_norm.weight", NamingScheme::kHfMixed),
+            "model.layers.3.attn.norm.weight");
+  EXPECT_EQ(from_official_name("head.weight", NamingScheme::kHfInternal), "lm_head.weight");
 }
 
 TEST(Checkpoint, DecodesFp8BlockScalesAndFp4) {
@@ -288,7 +309,39 @@ TEST(Checkpoint, MissingTensor) {
   auto ops = ops::make_cpu_ops();
   auto m = DeepseekV4::load(tmp.str(), ops.get());
   ASSERT_FALSE(m.ok());
-  expect_one_line(m.status(), "missing tensor 'layers.1.attn.wq_b.weight'");
+  // The name the checkpoint would have stored (mixed save: `model.` prefix), the directory, and
+  // the official name the loader asked for.
+  expect_one_line(m.status(), tmp.str() + ": missing tensor '" + victim + "'");
+  EXPECT_EQ(victim, "model.layers.1.attn.wq_b.weight");
+  expect_one_line(m.status(), "official name 'layers.1.attn.wq_b.weight'");
+}
+
+// A transformers-internal checkpoint (tiny-bf16) missing a tensor: the error names the internal
+// name that was expected (`self_attn.q_a_proj`), not only v4serve's `attn.wq_a`.
+TEST(Checkpoint, MissingTensorNamedInTheCheckpointsScheme) {
+  std::string fx;
+  for (const auto& d : testing::fixture_dirs())
+    if (fs::path(d).filename() == "tiny-bf16") fx = d;
+  ASSERT_FALSE(fx.empty());
+  auto ts = read_all(fx);
+  const std::string victim = "model.layers.0.self_attn.q_a_proj.weight";
+  const auto n0 = ts.size();
+  ts.erase(std::remove_if(ts.begin(), ts.end(), [&](const WriteTensor& t) { return t.name == victim; }),
+           ts.end());
+  ASSERT_EQ(ts.size() + 1, n0) << "fixture lacks " << victim;
+  TempDir tmp;
+  write_checkpoint(fx, tmp.str(), ts);
+  auto ck = Checkpoint::open(tmp.str());
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  ASSERT_EQ(ck->scheme(), NamingScheme::kHfInternal);
+  EXPECT_EQ(ck->stored_name("layers.0.attn.wq_a.weight"), victim);
+  auto ops = ops::make_cpu_ops();
+  auto m = DeepseekV4::load(tmp.str(), ops.get());
+  ASSERT_FALSE(m.ok());
+  expect_one_line(m.status(), tmp.str() + ": missing tensor '" + victim + "'");
+  expect_one_line(m.status(), "transformers internal naming");
+  expect_one_line(m.status(), "'layers.0.attn.wq_a.weight'");
+  EXPECT_EQ(m.status().code(), ErrorCode::kNotFound);
 }
 
 TEST(Checkpoint, WrongShape) {

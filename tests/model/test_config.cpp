@@ -192,6 +192,80 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
   }
 }
 
+// Per-layer lists must agree with num_hidden_layers: compress_ratios (official layout) has
+// L + num_nextn_predict_layers entries, layer_types / mlp_layer_types have L. A mismatch in
+// either direction is one line naming the file, the field and both lengths (it used to be cut
+// to L, or silently accepted when longer).
+TEST(Config, PerLayerListLengthsMustMatchLayerCount) {
+  struct Case {
+    json patch;
+    std::string expect;
+  };
+  const std::string three_kinds = R"(["compressed_sparse_attention", "heavily_compressed_attention",
+                                    "sliding_attention"])";
+  const std::vector<Case> cases = {
+      {{{"num_hidden_layers", 60}},
+       "field 'compress_ratios' has 62 entries but num_hidden_layers + num_nextn_predict_layers "
+       "= 60 + 1 = 61"},
+      {{{"num_hidden_layers", 62}},
+       "field 'compress_ratios' has 62 entries but num_hidden_layers + num_nextn_predict_layers "
+       "= 62 + 1 = 63"},
+      {{{"num_nextn_predict_layers", 0}}, "field 'compress_ratios' has 62 entries"},
+      {{{"num_nextn_predict_layers", -1}}, "field 'num_nextn_predict_layers' must be >= 0"},
+      {{{"num_hidden_layers", 2}, {"layer_types", json::parse(three_kinds)}},
+       "field 'layer_types' has 3 entries but num_hidden_layers = 2"},
+      {{{"num_hidden_layers", 2},
+        {"layer_types", {"sliding_attention", "sliding_attention"}},
+        {"mlp_layer_types", {"hash_moe", "moe", "moe"}}},
+       "field 'mlp_layer_types' has 3 entries but num_hidden_layers = 2"},
+      {{{"num_hidden_layers", 4},
+        {"layer_types", {"sliding_attention", "sliding_attention"}},
+        {"mlp_layer_types", {"hash_moe", "moe"}}},
+       "field 'layer_types' has 2 entries but num_hidden_layers = 4"},
+  };
+  for (const auto& cs : cases) {
+    json j = pro_config();
+    for (auto& [k, v] : cs.patch.items()) j[k] = v;
+    if (cs.patch.contains("layer_types")) j.erase("compress_ratios");
+    auto c = ModelConfig::from_json(j, "config.json");
+    ASSERT_FALSE(c.ok()) << "accepted patch " << cs.patch.dump();
+    const std::string msg = c.status().message();
+    EXPECT_NE(msg.find(cs.expect), std::string::npos)
+        << "patch " << cs.patch.dump() << " gave: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("config.json", 0), 0u) << "error must name the file: " << msg;
+  }
+  // The consistent forms load: L + 1 ratios, and L + 0 when the config has no MTP module.
+  json j = pro_config();
+  j["compress_ratios"] = {4, 128, 0};
+  j["num_hidden_layers"] = 2;
+  auto c = ModelConfig::from_json(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->layer_types, (std::vector<LayerKind>{LayerKind::kCsa, LayerKind::kHca}));
+  j["num_hidden_layers"] = 3;
+  j["num_nextn_predict_layers"] = 0;
+  c = ModelConfig::from_json(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->layer_types.size(), 3u);
+}
+
+// Every config the repository ships (and the reference data, where present) keeps loading.
+TEST(Config, ShippedConfigsLoad) {
+  const std::string root = V4_SOURCE_DIR;
+  std::vector<std::string> paths = {
+      root + "/models/configs/v4-flash/config.json", root + "/models/configs/v4-pro/config.json",
+      root + "/models/default/config.json", root + "/tests/model/data/v4-pro-config.json"};
+  for (const char* fx : {"tiny-bf16", "tiny-kinds-fp32", "tiny-sigmoid", "tiny-fp8-base",
+                         "tiny-real-rates", "tiny-fp8-mxfp4"})
+    paths.push_back(root + "/tests/fixtures/" + fx + "/config.json");
+  const std::string ref = root + "/../shared/data/dsv4-reference/v4-pro-config.json";
+  if (std::ifstream(ref).good()) paths.push_back(ref);
+  for (const auto& p : paths) {
+    auto c = ModelConfig::load_path(p);
+    EXPECT_TRUE(c.ok()) << p << ": " << c.status().to_string();
+  }
+}
+
 TEST(Config, BadJsonText) {
   auto c = ModelConfig::from_json_text("{\"model_type\": \"deepseek_v4\",", "dir/config.json");
   ASSERT_FALSE(c.ok());

@@ -165,6 +165,8 @@ ModelConfig small_quantized_config() {
   j["index_head_dim"] = 64;
   j["vocab_size"] = 1000;
   j["num_hidden_layers"] = 4;
+  auto& ratios = j["compress_ratios"];  // 4 layers + the MTP module's entry
+  ratios.erase(ratios.begin() + 4, ratios.end() - 1);
   auto c = ModelConfig::from_json(j, "small");
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   return *c;

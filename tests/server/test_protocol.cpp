@@ -124,6 +124,54 @@ TEST(Protocol, ToolsAndToolChoice) {
   EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c1"}]}]})").status, 400);
 }
 
+// tools[].function.parameters must be a JSON Schema object, and an assistant tool call's
+// arguments string must be JSON (OpenAI sends it JSON-encoded): otherwise a 400 whose message names
+// the field path. An arguments object is accepted on purpose (chat-encoding §2.6), and JSON that is
+// not an object is left to the encoder, which refuses it naming the field.
+TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
+  auto tools_with = [](const std::string& params) {
+    return "{" + std::string(kMsg) +
+           R"(,"tools":[{"type":"function","function":{"name":"a","parameters":{}}},)"
+           R"({"type":"function","function":{"name":"b","parameters":)" +
+           params + "}}]}";
+  };
+  for (const char* bad : {R"("{\"type\": \"object\"}")", "[]", "5", "true"}) {
+    ApiError e = chat_err(tools_with(bad));
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.type, "invalid_request_error") << bad;
+    EXPECT_EQ(e.param, "tools") << bad;
+    EXPECT_NE(e.message.find("tools[1].function.parameters"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(chat_err(tools_with(R"({"type":"object","properties":{}})")).status, 0);
+  EXPECT_EQ(chat_err(tools_with("null")).status, 0);  // null: no parameters
+  EXPECT_EQ(chat_err("{" + std::string(kMsg) +
+                     R"(,"tools":[{"type":"function","function":{"name":"f"}}]})")
+                .status,
+            0);
+
+  auto history_with = [](const std::string& args) {
+    return R"({"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":"ok"},
+        {"role":"user","content":"again"},
+        {"role":"assistant","content":null,"tool_calls":[
+          {"id":"c0","type":"function","function":{"name":"f","arguments":"{}"}},
+          {"id":"c1","type":"function","function":{"name":"f","arguments":)" +
+           args + R"(}}]},
+        {"role":"tool","tool_call_id":"c0","content":"sunny"}]})";
+  };
+  for (const char* bad : {R"("{\"city\": \"Paris\"")", R"("city=Paris")", R"("")", R"("{'a': 1}")"}) {
+    ApiError e = chat_err(history_with(bad));
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.type, "invalid_request_error") << bad;
+    EXPECT_EQ(e.param, "messages") << bad;
+    EXPECT_NE(e.message.find("messages[3].tool_calls[1].function.arguments"), std::string::npos)
+        << e.message;
+  }
+  for (const char* ok : {R"("{\"city\": \"Paris\", \"days\": 3}")", R"("{}")",
+                         R"({"city": "Paris"})", R"("{\"x\": NaN}")"}) {
+    EXPECT_EQ(chat_err(history_with(ok)).status, 0) << ok;
+  }
+}
+
 TEST(Protocol, MalformedChatRequests) {
   struct Case {
     std::string body;
@@ -219,6 +267,44 @@ TEST(Protocol, CompletionPrompts) {
   EXPECT_EQ(completion_err(R"({"prompt":[[1],"x",{}]})").param, "prompt");
   EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":50})").param, "logprobs");
   EXPECT_EQ(completion_err(R"({"prompt":"x","suffix":"y"})").param, "suffix");
+}
+
+// Completions `logprobs` is a count (OpenAI: integer 0..5, null); a boolean is refused naming the
+// field (it used to be taken as 0). Chat keeps the boolean `logprobs` + integer `top_logprobs`.
+TEST(Protocol, CompletionLogprobsIsAnIntegerNotABoolean) {
+  for (const char* body : {R"({"prompt":"x","logprobs":true})", R"({"prompt":"x","logprobs":false})"}) {
+    ApiError e = completion_err(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.type, "invalid_request_error") << body;
+    EXPECT_EQ(e.param, "logprobs") << body;
+    EXPECT_NE(e.message.find("integer"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":"2"})").param, "logprobs");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":-1})").param, "logprobs");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":1.5})").param, "logprobs");
+  GenerateRequest r;
+  ASSERT_EQ(completion_err(R"({"prompt":"x","logprobs":null})", &r).status, 0);
+  EXPECT_FALSE(r.sampling.logprobs);
+  ASSERT_EQ(completion_err(R"({"prompt":"x","logprobs":5})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 5);
+
+  // Chat: logprobs is the boolean, top_logprobs the count.
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":2})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 2);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":false})", &r).status, 0);
+  EXPECT_FALSE(r.sampling.logprobs);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true})", &r).status, 0);
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.top_logprobs, 0);
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":2})").param, "logprobs");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":true})").param,
+            "top_logprobs");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":-1})").param,
+            "top_logprobs");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"logprobs":false,"top_logprobs":2})").param,
+            "top_logprobs");
 }
 
 TEST(Protocol, ErrorBodyShape) {
