@@ -444,9 +444,11 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
           }
           // OpenAI sends arguments JSON-encoded; text that is not JSON would be rendered as one
           // raw `arguments` parameter (the reference's fallback, chat-encoding §2.6). An object
-          // is accepted on purpose (accept_object_arguments).
+          // is accepted on purpose (accept_object_arguments), and so is the empty string that
+          // some clients send for a call without arguments (rendered by that fallback, as before).
           const Json& fn = call["function"];
           if (auto a = fn.find("arguments"); a != fn.end() && a->is_string() &&
+              !a->get_ref<const std::string&>().empty() &&
               !text::parses_as_python_json(a->get_ref<const std::string&>()))
             return rd.fail(fmt::format("'{}.tool_calls[{}].function.arguments' is not valid JSON: it "
                                        "must be the JSON-encoded arguments object (e.g. \"{{}}\")",

@@ -158,7 +158,7 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
            args + R"(}}]},
         {"role":"tool","tool_call_id":"c0","content":"sunny"}]})";
   };
-  for (const char* bad : {R"("{\"city\": \"Paris\"")", R"("city=Paris")", R"("")", R"("{'a': 1}")"}) {
+  for (const char* bad : {R"("{\"city\": \"Paris\"")", R"("city=Paris")", R"("{'a': 1}")"}) {
     ApiError e = chat_err(history_with(bad));
     EXPECT_EQ(e.status, 400) << bad;
     EXPECT_EQ(e.type, "invalid_request_error") << bad;
@@ -166,7 +166,8 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
     EXPECT_NE(e.message.find("messages[3].tool_calls[1].function.arguments"), std::string::npos)
         << e.message;
   }
-  for (const char* ok : {R"("{\"city\": \"Paris\", \"days\": 3}")", R"("{}")",
+  // "" (some clients' form of a call without arguments) stays accepted, as before this check.
+  for (const char* ok : {R"("{\"city\": \"Paris\", \"days\": 3}")", R"("{}")", R"("")",
                          R"({"city": "Paris"})", R"("{\"x\": NaN}")"}) {
     EXPECT_EQ(chat_err(history_with(ok)).status, 0) << ok;
   }
