@@ -243,7 +243,8 @@ Result<std::string> render_tools(const J& tools, const std::string& where) {
   for (const J& t : tools) {
     if (!t.is_object() || !t.contains("function"))
       return make_error(ErrorCode::kInvalidArgument, "{}.tools[{}] has no 'function'", where, i);
-    schemas += (i ? "\n" : "") + pyjson::dumps(t["function"]);
+    if (i) schemas += "\n";
+    schemas += pyjson::dumps(t["function"]);
     ++i;
   }
   return tools_block(schemas);
@@ -289,7 +290,8 @@ Result<std::string> render_message(int index, const J& msgs, const Ctx& cx) {
     if (truthy(tools)) {
       if (!tools.is_array()) return make_error(ErrorCode::kInvalidArgument, "{}.tools must be an array", where);
       V4_ASSIGN_OR_RETURN(std::string tb, render_tools(tools, where));
-      out += "\n\n" + tb;
+      out += "\n\n";
+      out += tb;
     }
     if (truthy(response_format))
       out += "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" +

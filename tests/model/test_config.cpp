@@ -145,12 +145,32 @@ TEST(Config, LegacyScalarRatesAndAliases) {
   EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{1, 2}));
 }
 
+/// A patch of the Pro config and a piece of the one-line error it must give.
+struct ConfigErrorCase {
+  json patch;
+  std::string expect;
+};
+
+/// Each patched config (layer_types patches drop compress_ratios) is refused with one line that
+/// starts with the file name and contains the case's expected text.
+void expect_refused(const std::vector<ConfigErrorCase>& cases) {
+  for (const auto& cs : cases) {
+    json j = pro_config();
+    for (auto& [k, v] : cs.patch.items()) j[k] = v;
+    if (cs.patch.contains("layer_types")) j.erase("compress_ratios");
+    auto c = ModelConfig::from_json(j, "config.json");
+    ASSERT_FALSE(c.ok()) << "accepted patch " << cs.patch.dump();
+    const std::string msg = c.status().message();
+    EXPECT_NE(msg.find(cs.expect), std::string::npos)
+        << "patch " << cs.patch.dump() << " gave: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("config.json", 0), 0u) << "error must name the file: " << msg;
+  }
+}
+
 // Each bad config gives one line naming the field.
 TEST(Config, BadConfigsGiveOneLineErrors) {
-  struct Case {
-    json patch;
-    std::string expect;
-  };
+  using Case = ConfigErrorCase;
   const std::vector<Case> cases = {
       {{{"model_type", "llama"}}, "model_type \"llama\" is not supported"},
       {{{"hidden_size", "big"}}, "field 'hidden_size' must be an integer"},
@@ -178,18 +198,7 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
       {{{"eos_token_id", 999999999}}, "field 'eos_token_id' must be in [0, vocab_size"},
       {{{"bos_token_id", -1}}, "field 'bos_token_id' must be in [0, vocab_size"},
   };
-  for (const auto& cs : cases) {
-    json j = pro_config();
-    for (auto& [k, v] : cs.patch.items()) j[k] = v;
-    if (cs.patch.contains("layer_types")) j.erase("compress_ratios");
-    auto c = ModelConfig::from_json(j, "config.json");
-    ASSERT_FALSE(c.ok()) << "accepted patch " << cs.patch.dump();
-    const std::string msg = c.status().message();
-    EXPECT_NE(msg.find(cs.expect), std::string::npos)
-        << "patch " << cs.patch.dump() << " gave: " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    EXPECT_EQ(msg.rfind("config.json", 0), 0u) << "error must name the file: " << msg;
-  }
+  expect_refused(cases);
 }
 
 // Per-layer lists must agree with num_hidden_layers: compress_ratios (official layout) has
@@ -197,10 +206,7 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
 // either direction is one line naming the file, the field and both lengths (it used to be cut
 // to L, or silently accepted when longer).
 TEST(Config, PerLayerListLengthsMustMatchLayerCount) {
-  struct Case {
-    json patch;
-    std::string expect;
-  };
+  using Case = ConfigErrorCase;
   const std::string three_kinds = R"(["compressed_sparse_attention", "heavily_compressed_attention",
                                     "sliding_attention"])";
   const std::vector<Case> cases = {
@@ -223,18 +229,7 @@ TEST(Config, PerLayerListLengthsMustMatchLayerCount) {
         {"mlp_layer_types", {"hash_moe", "moe"}}},
        "field 'layer_types' has 2 entries but num_hidden_layers = 4"},
   };
-  for (const auto& cs : cases) {
-    json j = pro_config();
-    for (auto& [k, v] : cs.patch.items()) j[k] = v;
-    if (cs.patch.contains("layer_types")) j.erase("compress_ratios");
-    auto c = ModelConfig::from_json(j, "config.json");
-    ASSERT_FALSE(c.ok()) << "accepted patch " << cs.patch.dump();
-    const std::string msg = c.status().message();
-    EXPECT_NE(msg.find(cs.expect), std::string::npos)
-        << "patch " << cs.patch.dump() << " gave: " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    EXPECT_EQ(msg.rfind("config.json", 0), 0u) << "error must name the file: " << msg;
-  }
+  expect_refused(cases);
   // The consistent forms load: L + 1 ratios, and L + 0 when the config has no MTP module.
   json j = pro_config();
   j["compress_ratios"] = {4, 128, 0};

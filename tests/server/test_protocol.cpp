@@ -108,14 +108,14 @@ TEST(Protocol, ThinkingSwitches) {
 TEST(Protocol, ToolsAndToolChoice) {
   const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
   GenerateRequest r;
-  ASSERT_EQ(chat_err("{" + std::string(kMsg) + "," + tools + R"(,"tool_choice":"auto"})", &r).status, 0);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + "," + tools + R"(,"tool_choice":"auto"})", &r).status, 0);
   EXPECT_EQ(r.tools.size(), 1u);
-  ASSERT_EQ(chat_err("{" + std::string(kMsg) + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})", &r).status, 0);
+  ASSERT_EQ(chat_err(std::string("{") + kMsg + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})", &r).status, 0);
   EXPECT_EQ(r.tool_choice, "get_weather");
-  EXPECT_EQ(chat_err("{" + std::string(kMsg) + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"nope"}}})").param, "tool_choice");
-  EXPECT_EQ(chat_err("{" + std::string(kMsg) + R"(,"tools":[{"type":"function"}]})").param, "tools");
-  EXPECT_EQ(chat_err("{" + std::string(kMsg) + R"(,"tools":{}})").param, "tools");
-  EXPECT_EQ(chat_err("{" + std::string(kMsg) + R"(,"tool_choice":"required"})").param, "tool_choice");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"nope"}}})").param, "tool_choice");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"tools":[{"type":"function"}]})").param, "tools");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"tools":{}})").param, "tools");
+  EXPECT_EQ(chat_err(std::string("{") + kMsg + R"(,"tool_choice":"required"})").param, "tool_choice");
   // An assistant tool call + tool result history is accepted (encoded later by ChatEncoder).
   ASSERT_EQ(chat_err(R"({"messages":[{"role":"user","content":"w?"},
       {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
@@ -130,7 +130,7 @@ TEST(Protocol, ToolsAndToolChoice) {
 // not an object is left to the encoder, which refuses it naming the field.
 TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
   auto tools_with = [](const std::string& params) {
-    return "{" + std::string(kMsg) +
+    return std::string("{") + kMsg +
            R"(,"tools":[{"type":"function","function":{"name":"a","parameters":{}}},)"
            R"({"type":"function","function":{"name":"b","parameters":)" +
            params + "}}]}";
@@ -144,7 +144,7 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
   }
   EXPECT_EQ(chat_err(tools_with(R"({"type":"object","properties":{}})")).status, 0);
   EXPECT_EQ(chat_err(tools_with("null")).status, 0);  // null: no parameters
-  EXPECT_EQ(chat_err("{" + std::string(kMsg) +
+  EXPECT_EQ(chat_err(std::string("{") + kMsg +
                      R"(,"tools":[{"type":"function","function":{"name":"f"}}]})")
                 .status,
             0);

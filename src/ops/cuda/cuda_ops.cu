@@ -165,25 +165,17 @@ __global__ void copy_batch_kernel(const CopySegment* __restrict__ segs, int64_t 
   }
 }
 
-__global__ void embed_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
-                             int64_t S, int D, int n, float* __restrict__ out) {
-  const int64_t total = S * n * int64_t(D);
+// out[t, s, :] = table[ids[t], :] for each of the n streams. V = float, or float4 (4 channels a
+// thread: D % 4 == 0 and 16-byte aligned table / out; the scalar form took 153 µs for 2,048
+// tokens × 4 streams × 4,096, ncu-kernels-s19.md). Dv = D in units of V.
+template <typename V>
+__global__ void embed_kernel(const V* __restrict__ table, const int32_t* __restrict__ ids,
+                             int64_t S, int Dv, int n, V* __restrict__ out) {
+  const int64_t total = S * n * int64_t(Dv);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = i % D, t = i / (int64_t(n) * D);
-    out[i] = table[int64_t(ids[t]) * D + d];
-  }
-}
-
-// embed_kernel with 4 channels a thread (D % 4 == 0, 16-byte aligned table and out): the same
-// copies (the scalar kernel took 153 µs for 2,048 tokens × 4 streams × 4,096, ncu-kernels-s19.md).
-__global__ void embed_vec_kernel(const float4* __restrict__ table, const int32_t* __restrict__ ids,
-                                 int64_t S, int D4, int n, float4* __restrict__ out) {
-  const int64_t total = S * n * int64_t(D4);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = i % D4, t = i / (int64_t(n) * D4);
-    out[i] = table[int64_t(ids[t]) * D4 + d];
+    const int64_t d = i % Dv, t = i / (int64_t(n) * Dv);
+    out[i] = table[int64_t(ids[t]) * Dv + d];
   }
 }
 
@@ -730,14 +722,14 @@ class CudaOps final : public Ops {
     if (S <= 0) return;
     if (D % 4 == 0 && ((reinterpret_cast<uintptr_t>(table) | reinterpret_cast<uintptr_t>(out)) &
                        15) == 0) {
-      embed_vec_kernel<<<grid_for(S * n_streams * int64_t(D / 4), 256), 256, 0, cs()>>>(
+      embed_kernel<float4><<<grid_for(S * n_streams * int64_t(D / 4), 256), 256, 0, cs()>>>(
           reinterpret_cast<const float4*>(table), ids, S, D / 4, n_streams,
           reinterpret_cast<float4*>(out));
-      launched("embed_vec_kernel");
+      launched("embed_kernel<float4>");
       return;
     }
-    embed_kernel<<<grid_for(S * n_streams * int64_t(D), 256), 256, 0, cs()>>>(table, ids, S, D,
-                                                                              n_streams, out);
+    embed_kernel<float><<<grid_for(S * n_streams * int64_t(D), 256), 256, 0, cs()>>>(
+        table, ids, S, D, n_streams, out);
     launched("embed_kernel");
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int dim, float eps,
