@@ -442,18 +442,31 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
               !call["function"].contains("name") || !call["function"]["name"].is_string()) {
             return rd.fail(fmt::format("'{}.tool_calls' entries need function.name", p), "messages");
           }
-          // OpenAI sends arguments JSON-encoded; text that is not JSON would be rendered as one
-          // raw `arguments` parameter (the reference's fallback, chat-encoding §2.6). An object
-          // is accepted on purpose (accept_object_arguments), and so is the empty string that
-          // some clients send for a call without arguments (rendered by that fallback, as before).
+          // OpenAI sends arguments as a JSON-encoded object; text that is not JSON would be
+          // rendered as one raw `arguments` parameter (the reference's fallback, chat-encoding
+          // §2.6), other JSON is refused by the encoder (under its own message numbering). An
+          // object is accepted on purpose (accept_object_arguments), and so are the empty string
+          // that some clients send for a call without arguments (rendered by that fallback, as
+          // before) and null / absent.
           const Json& fn = call["function"];
-          if (auto a = fn.find("arguments"); a != fn.end() && a->is_string() &&
-              !a->get_ref<const std::string&>().empty() &&
-              !text::parses_as_python_json(a->get_ref<const std::string&>()))
-            return rd.fail(fmt::format("'{}.tool_calls[{}].function.arguments' is not valid JSON: it "
-                                       "must be the JSON-encoded arguments object (e.g. \"{{}}\")",
-                                       p, k),
-                           "messages");
+          if (auto a = fn.find("arguments"); a != fn.end() && !a->is_null() && !a->is_object()) {
+            const std::string path = fmt::format("{}.tool_calls[{}].function.arguments", p, k);
+            if (!a->is_string())
+              return rd.fail(fmt::format("'{}' must be a JSON-encoded object string, got {}", path,
+                                         type_name(*a)),
+                             "messages");
+            const std::string& text = a->get_ref<const std::string&>();
+            const text::JsonTextKind kind =
+                text.empty() ? text::JsonTextKind::kObject : text::python_json_kind(text);
+            if (kind == text::JsonTextKind::kInvalid)
+              return rd.fail(fmt::format("'{}' is not valid JSON: it must be the JSON-encoded "
+                                         "arguments object (e.g. \"{{}}\")",
+                                         path),
+                             "messages");
+            if (kind == text::JsonTextKind::kOther)
+              return rd.fail(fmt::format("'{}' must encode a JSON object (e.g. \"{{}}\")", path),
+                             "messages");
+          }
         }
       } else if (tc != m.end()) {
         copy.erase("tool_calls");

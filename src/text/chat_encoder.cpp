@@ -436,7 +436,11 @@ std::optional<EffortProfile> detect_effort_profile(const std::string& model_dir)
   return std::nullopt;
 }
 
-bool parses_as_python_json(std::string_view text) { return pyjson::loads(text).has_value(); }
+JsonTextKind python_json_kind(std::string_view text) {
+  const auto v = pyjson::loads(text);
+  if (!v) return JsonTextKind::kInvalid;
+  return v->kind == pyjson::Value::Kind::kObj ? JsonTextKind::kObject : JsonTextKind::kOther;
+}
 
 std::string python_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii) {
   return pyjson::dumps(value, ensure_ascii);

@@ -80,10 +80,12 @@ class ChatEncoder {
                                              const ChatOptions& options);
 };
 
-/// Whether `text` parses as the reference's `json.loads` reads it (strict strings, NaN/Infinity
-/// accepted): how ChatEncoder reads a `tool_calls[].function.arguments` string. Text that does not
-/// parse falls back to the reference's `{"arguments": <raw text>}` rendering, so servers refuse it.
-bool parses_as_python_json(std::string_view text);
+/// What `text` is as the reference's `json.loads` reads it (strict strings, NaN/Infinity
+/// accepted) — how ChatEncoder reads a `tool_calls[].function.arguments` string: not JSON (it
+/// falls back to the reference's `{"arguments": <raw text>}` rendering), a JSON object (the
+/// arguments), or other JSON (the encoder refuses it). Servers refuse all but objects.
+enum class JsonTextKind { kInvalid, kObject, kOther };
+JsonTextKind python_json_kind(std::string_view text);
 
 /// Python `json.dumps(value, ensure_ascii=False)` text of `value` (separators ", " and ": ",
 /// floats as Python repr, integral floats keep ".0"). Used for tool schemas and arguments.

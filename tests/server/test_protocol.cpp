@@ -158,7 +158,9 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
            args + R"(}}]},
         {"role":"tool","tool_call_id":"c0","content":"sunny"}]})";
   };
-  for (const char* bad : {R"("{\"city\": \"Paris\"")", R"("city=Paris")", R"("{'a': 1}")"}) {
+  // Not JSON, JSON that is not an object (as a string or as a value), and non-string scalars.
+  for (const char* bad : {R"("{\"city\": \"Paris\"")", R"("city=Paris")", R"("{'a': 1}")",
+                          R"("[1,2]")", R"("5")", "5", "true", "[1]"}) {
     ApiError e = chat_err(history_with(bad));
     EXPECT_EQ(e.status, 400) << bad;
     EXPECT_EQ(e.type, "invalid_request_error") << bad;
@@ -166,8 +168,8 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
     EXPECT_NE(e.message.find("messages[3].tool_calls[1].function.arguments"), std::string::npos)
         << e.message;
   }
-  // "" (some clients' form of a call without arguments) stays accepted, as before this check.
-  for (const char* ok : {R"("{\"city\": \"Paris\", \"days\": 3}")", R"("{}")", R"("")",
+  // "" (some clients' form of a call without arguments) and null stay accepted, as before.
+  for (const char* ok : {R"("{\"city\": \"Paris\", \"days\": 3}")", R"("{}")", R"("")", "null",
                          R"({"city": "Paris"})", R"("{\"x\": NaN}")"}) {
     EXPECT_EQ(chat_err(history_with(ok)).status, 0) << ok;
   }
