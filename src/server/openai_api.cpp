@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cmath>
 #include <cctype>
 #include <chrono>
 #include <ctime>
@@ -107,6 +108,19 @@ Json bytes_json(const std::string& b) {
   for (unsigned char c : b) a.push_back(int(c));
   return a;
 }
+
+}  // namespace
+
+/// A logprob as a JSON number. JSON has no infinities or NaN (the library writes them as null,
+/// which OpenAI clients do not expect where a number is documented): −inf (a token with zero
+/// probability) and NaN (non-finite logits, e.g. a checkpoint with NaN weights) become −9999.0,
+/// vLLM's floor for logprobs; +inf (impossible for a log-probability) becomes 0.
+Json logprob_json(float v) {
+  if (std::isfinite(v)) return v;
+  return v > 0 ? 0.0 : -9999.0;
+}
+
+namespace {
 
 }  // namespace
 
@@ -233,14 +247,14 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   Json chat_lp_item(const engine::TokenLogprobs& lp) const {
     Json item = Json::object();
     item["token"] = token_text(lp.token);
-    item["logprob"] = lp.logprob;
+    item["logprob"] = logprob_json(lp.logprob);
     item["bytes"] = bytes_json(api->tok_.token_bytes(lp.token));
     Json top = Json::array();
     for (auto& c : lp.top) {
       if (int(top.size()) >= req.top_logprobs) break;
       Json t = Json::object();
       t["token"] = token_text(c.token);
-      t["logprob"] = c.logprob;
+      t["logprob"] = logprob_json(c.logprob);
       t["bytes"] = bytes_json(api->tok_.token_bytes(c.token));
       top.push_back(std::move(t));
     }
@@ -307,7 +321,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       if (i > 0 || !c.echo_added_bos) at += u8_chars(d.push(c.echo_ids[i]));
       const engine::TokenLogprobs* lp =
           i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
-      lps->push_back(lp ? Json(lp->logprob) : Json(nullptr));
+      lps->push_back(lp ? logprob_json(lp->logprob) : Json(nullptr));
       if (!lp || req.top_logprobs <= 0) {
         tops->push_back(nullptr);
         continue;
@@ -316,7 +330,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       for (auto& cand : lp->top) {
         if (int(top.size()) >= req.top_logprobs) break;
         std::string key = token_text(cand.token);
-        if (!top.contains(key)) top[key] = cand.logprob;
+        if (!top.contains(key)) top[key] = logprob_json(cand.logprob);
       }
       tops->push_back(std::move(top));
     }
@@ -367,14 +381,14 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           for (auto& cand : lp.top) {
             if (int(top.size()) >= req.top_logprobs) break;
             std::string key = token_text(cand.token);
-            if (!top.contains(key)) top[key] = cand.logprob;  // equal texts: keep the likelier
+            if (!top.contains(key)) top[key] = logprob_json(cand.logprob);  // equal texts: keep the likelier
           }
           auto& toks = streaming ? cmp_tokens : c.cmp_tokens;
           auto& lps = streaming ? cmp_lps : c.cmp_lps;
           auto& tops = streaming ? cmp_top : c.cmp_top;
           auto& offs = streaming ? cmp_off : c.cmp_offsets;
           toks.push_back(token_text(lp.token));
-          lps.push_back(lp.logprob);
+          lps.push_back(logprob_json(lp.logprob));
           tops.push_back(req.top_logprobs > 0 ? Json(std::move(top)) : Json(nullptr));
           // Where this token's text starts in the choice's text (OpenAI's text_offset). A stream
           // counts the echoed prompt here; the whole response adds it when it is assembled.

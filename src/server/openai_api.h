@@ -98,6 +98,11 @@ class OpenAiApi {
 /// checkpoint's encoder accepts for `profile`.
 std::string map_reasoning_effort(const std::string& effort, text::EffortProfile profile);
 
+/// A logprob as a JSON number: finite values as they are; −inf (zero probability) and NaN
+/// (non-finite logits) as −9999.0 (vLLM's floor), +inf as 0 — never JSON null, which the
+/// library would write for a non-finite float.
+Json logprob_json(float v);
+
 /// Compares an `Authorization` header with the expected bearer key in constant time.
 bool check_bearer(const std::string& authorization, const std::string& api_key);
 

@@ -6,6 +6,7 @@
 #include <boost/asio.hpp>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -1180,4 +1181,16 @@ TEST_F(ApiTest, PrefixContinuationErrorsNameTheField) {
     ASSERT_EQ(t.status, 200) << t.body;
     EXPECT_EQ(t.j()["tokens"].back(), kEos) << body.dump();
   }
+}
+
+// Logprobs are always JSON numbers: −inf (zero probability) and NaN (non-finite logits, e.g. NaN
+// weights) as −9999.0, +inf as 0 — the JSON library alone writes them as null.
+TEST(LogprobJson, NonFiniteValuesBecomeNumbers) {
+  EXPECT_EQ(logprob_json(-0.25f).dump(), "-0.25");
+  EXPECT_EQ(logprob_json(0.f).get<double>(), 0.0);
+  EXPECT_EQ(logprob_json(-std::numeric_limits<float>::infinity()).get<double>(), -9999.0);
+  EXPECT_EQ(logprob_json(std::numeric_limits<float>::quiet_NaN()).get<double>(), -9999.0);
+  EXPECT_EQ(logprob_json(std::numeric_limits<float>::infinity()).get<double>(), 0.0);
+  for (float v : {-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    EXPECT_EQ(logprob_json(v).dump().find("null"), std::string::npos);
 }
