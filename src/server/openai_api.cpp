@@ -244,6 +244,21 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     return api->tok_.decode(std::span<const int32_t>(ids, 1), false);
   }
 
+  // Completions top_logprobs entry: the n likeliest tokens keyed by text (equal texts keep the
+  // likelier), plus the chosen token when it is not among them — OpenAI's "up to logprobs + 1
+  // elements", so `logprobs: 0` gives the chosen token alone.
+  Json completion_top(const engine::TokenLogprobs& lp, int n) const {
+    Json top = Json::object();
+    for (auto& cand : lp.top) {
+      if (int(top.size()) >= n) break;
+      std::string key = token_text(cand.token);
+      if (!top.contains(key)) top[key] = logprob_json(cand.logprob);
+    }
+    if (std::string key = token_text(lp.token); !top.contains(key))
+      top[key] = logprob_json(lp.logprob);
+    return top;
+  }
+
   Json chat_lp_item(const engine::TokenLogprobs& lp) const {
     Json item = Json::object();
     item["token"] = token_text(lp.token);
@@ -322,17 +337,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       const engine::TokenLogprobs* lp =
           i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
       lps->push_back(lp ? logprob_json(lp->logprob) : Json(nullptr));
-      if (!lp || req.top_logprobs <= 0) {
-        tops->push_back(nullptr);
-        continue;
-      }
-      Json top = Json::object();
-      for (auto& cand : lp->top) {
-        if (int(top.size()) >= req.top_logprobs) break;
-        std::string key = token_text(cand.token);
-        if (!top.contains(key)) top[key] = logprob_json(cand.logprob);
-      }
-      tops->push_back(std::move(top));
+      tops->push_back(lp ? completion_top(*lp, req.top_logprobs) : Json(nullptr));
     }
   }
 
@@ -377,19 +382,14 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
         if (chat) {
           (streaming ? lp_stream : c.lp_items).push_back(chat_lp_item(lp));
         } else {
-          Json top = Json::object();
-          for (auto& cand : lp.top) {
-            if (int(top.size()) >= req.top_logprobs) break;
-            std::string key = token_text(cand.token);
-            if (!top.contains(key)) top[key] = logprob_json(cand.logprob);  // equal texts: keep the likelier
-          }
+          Json top = completion_top(lp, req.top_logprobs);
           auto& toks = streaming ? cmp_tokens : c.cmp_tokens;
           auto& lps = streaming ? cmp_lps : c.cmp_lps;
           auto& tops = streaming ? cmp_top : c.cmp_top;
           auto& offs = streaming ? cmp_off : c.cmp_offsets;
           toks.push_back(token_text(lp.token));
           lps.push_back(logprob_json(lp.logprob));
-          tops.push_back(req.top_logprobs > 0 ? Json(std::move(top)) : Json(nullptr));
+          tops.push_back(std::move(top));
           // Where this token's text starts in the choice's text (OpenAI's text_offset). A stream
           // counts the echoed prompt here; the whole response adds it when it is assembled.
           offs.push_back(before + (streaming ? c.echo_chars : 0));

@@ -635,6 +635,30 @@ TEST_F(ApiTest, LogprobsBothFormats) {
     EXPECT_TRUE(item["bytes"].is_array());
     EXPECT_EQ(item["top_logprobs"].size(), 2u);
   }
+  // Completions `logprobs: 0` (OpenAI: "up to logprobs + 1 elements"): each top_logprobs entry is
+  // the chosen token alone, with its own logprob; sampled (T = 1) tokens outside the top n are
+  // added to the n.
+  for (int n : {0, 1}) {
+    SCOPED_TRACE(n);
+    json zreq = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", n == 0 ? 0.0 : 1.0},
+                 {"seed", 7},        {"ignore_eos", true}, {"logprobs", n}};
+    auto z = http(port_, "POST", "/v1/completions", zreq.dump());
+    ASSERT_EQ(z.status, 200) << z.body;
+    json zl = z.j()["choices"][0]["logprobs"];
+    ASSERT_EQ(zl["top_logprobs"].size(), 6u) << zl;
+    for (size_t i = 0; i < 6; ++i) {
+      const json& top = zl["top_logprobs"][i];
+      ASSERT_TRUE(top.is_object()) << zl;
+      EXPECT_GE(top.size(), 1u);
+      EXPECT_LE(top.size(), size_t(n) + 1);
+      const std::string tok = zl["tokens"][i].get<std::string>();
+      ASSERT_TRUE(top.contains(tok)) << top;
+      EXPECT_NEAR(top[tok].get<double>(), zl["token_logprobs"][i].get<double>(), 1e-6);
+      if (n == 0) {
+        EXPECT_EQ(top.size(), 1u);
+      }
+    }
+  }
 }
 
 // logit_bias (OpenAI: token id → bias in [-100, 100], added to the logits before sampling):
