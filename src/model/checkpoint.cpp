@@ -61,56 +61,61 @@ bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
-// Compressor member names: HF → official.
-std::string compressor_member(const std::string& rest) {
-  static const std::pair<const char*, const char*> kMap[] = {
-      {"kv_proj.", "wkv."}, {"gate_proj.", "wgate."}, {"kv_norm.", "norm."}};
-  for (auto& [hf, off] : kMap)
-    if (starts_with(rest, hf)) return off + rest.substr(strlen(hf));
-  if (rest == "position_bias") return "ape";
-  return rest;
-}
+// Per-layer tails (after "layers.N." / "mtp.N."): transformers internal ↔ official, one table for
+// both directions (to_official_name and from_official_name). Entries are prefixes, or whole names
+// with `exact`; the first match wins, so the specific ones come before their fallbacks.
+struct TailName {
+  const char* hf;
+  const char* official;
+  bool exact = false;
+};
+constexpr TailName kTailNames[] = {
+    {"input_layernorm.weight", "attn_norm.weight", true},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", true},
+    {"attn_hc.", "hc_attn_"},
+    {"ffn_hc.", "hc_ffn_"},
+    {"self_attn.compressor.indexer.scorer.weights_proj.", "attn.indexer.weights_proj."},
+    {"self_attn.compressor.indexer.q_b_proj.", "attn.indexer.wq_b."},
+    {"self_attn.compressor.indexer.kv_proj.", "attn.indexer.compressor.wkv."},
+    {"self_attn.compressor.indexer.gate_proj.", "attn.indexer.compressor.wgate."},
+    {"self_attn.compressor.indexer.kv_norm.", "attn.indexer.compressor.norm."},
+    {"self_attn.compressor.indexer.position_bias", "attn.indexer.compressor.ape", true},
+    {"self_attn.compressor.indexer.", "attn.indexer.compressor."},
+    {"self_attn.compressor.kv_proj.", "attn.compressor.wkv."},
+    {"self_attn.compressor.gate_proj.", "attn.compressor.wgate."},
+    {"self_attn.compressor.kv_norm.", "attn.compressor.norm."},
+    {"self_attn.compressor.position_bias", "attn.compressor.ape", true},
+    {"self_attn.compressor.", "attn.compressor."},
+    {"self_attn.q_a_proj.", "attn.wq_a."},
+    {"self_attn.q_a_norm.", "attn.q_norm."},
+    {"self_attn.q_b_proj.", "attn.wq_b."},
+    {"self_attn.kv_proj.", "attn.wkv."},
+    {"self_attn.o_a_proj.", "attn.wo_a."},
+    {"self_attn.o_b_proj.", "attn.wo_b."},
+    {"self_attn.sinks", "attn.attn_sink", true},
+    {"self_attn.", "attn."},
+    {"mlp.gate.e_score_correction_bias", "ffn.gate.bias", true},
+    {"mlp.shared_experts.gate_proj.", "ffn.shared_experts.w1."},
+    {"mlp.shared_experts.up_proj.", "ffn.shared_experts.w3."},
+    {"mlp.shared_experts.down_proj.", "ffn.shared_experts.w2."},
+    {"mlp.", "ffn."},
+};
 
-// Per-layer tail (after "layers.N."): HF internal / mixed → official.
-std::string layer_tail(const std::string& r) {
-  if (r == "input_layernorm.weight") return "attn_norm.weight";
-  if (r == "post_attention_layernorm.weight") return "ffn_norm.weight";
-  if (starts_with(r, "attn_hc.")) return "hc_attn_" + r.substr(8);
-  if (starts_with(r, "ffn_hc.")) return "hc_ffn_" + r.substr(7);
-  if (r == "attn.norm.weight") return "attn.kv_norm.weight";  // mixed-save quirk (P16)
-  if (starts_with(r, "self_attn.")) {
-    const std::string a = r.substr(10);
-    const std::string ci = "compressor.indexer.";
-    if (starts_with(a, ci)) {
-      const std::string b = a.substr(ci.size());
-      if (starts_with(b, "scorer.weights_proj."))
-        return "attn.indexer.weights_proj." + b.substr(20);
-      if (starts_with(b, "q_b_proj.")) return "attn.indexer.wq_b." + b.substr(9);
-      return "attn.indexer.compressor." + compressor_member(b);
-    }
-    if (starts_with(a, "compressor.")) return "attn.compressor." + compressor_member(a.substr(11));
-    static const std::pair<const char*, const char*> kMap[] = {
-        {"q_a_proj.", "wq_a."}, {"q_a_norm.", "q_norm."}, {"q_b_proj.", "wq_b."},
-        {"kv_proj.", "wkv."},   {"kv_norm.", "kv_norm."}, {"o_a_proj.", "wo_a."},
-        {"o_b_proj.", "wo_b."}};
-    for (auto& [hf, off] : kMap)
-      if (starts_with(a, hf)) return "attn." + std::string(off) + a.substr(strlen(hf));
-    if (a == "sinks") return "attn.attn_sink";
-    return "attn." + a;
-  }
-  if (starts_with(r, "mlp.")) {
-    const std::string a = r.substr(4);
-    if (a == "gate.e_score_correction_bias") return "ffn.gate.bias";
-    const std::string se = "shared_experts.";
-    if (starts_with(a, se)) {
-      const std::string b = a.substr(se.size());
-      if (starts_with(b, "gate_proj.")) return "ffn.shared_experts.w1." + b.substr(10);
-      if (starts_with(b, "up_proj.")) return "ffn.shared_experts.w3." + b.substr(8);
-      if (starts_with(b, "down_proj.")) return "ffn.shared_experts.w2." + b.substr(10);
-    }
-    return "ffn." + a;
+// Rewrites tail `r` through kTailNames, from the hf side (to_official = true) or the official
+// side; a tail no entry matches is returned as it is.
+std::string map_tail(const std::string& r, bool to_official) {
+  for (const TailName& t : kTailNames) {
+    const std::string from = to_official ? t.hf : t.official;
+    const char* to = to_official ? t.official : t.hf;
+    if (t.exact ? r == from : starts_with(r, from)) return to + r.substr(from.size());
   }
   return r;
+}
+
+// Per-layer tail: HF internal / mixed → official.
+std::string layer_tail(const std::string& r) {
+  if (r == "attn.norm.weight") return "attn.kv_norm.weight";  // mixed-save quirk (P16)
+  return map_tail(r, true);
 }
 
 }  // namespace
@@ -256,59 +261,6 @@ Status Checkpoint::add_file(const std::string& path) {
   return Status::Ok();
 }
 
-namespace {
-
-// Compressor member names: official → HF (inverse of compressor_member).
-std::string hf_compressor_member(const std::string& rest) {
-  static const std::pair<const char*, const char*> kMap[] = {
-      {"wkv.", "kv_proj."}, {"wgate.", "gate_proj."}, {"norm.", "kv_norm."}};
-  for (auto& [off, hf] : kMap)
-    if (starts_with(rest, off)) return hf + rest.substr(strlen(off));
-  if (rest == "ape") return "position_bias";
-  return rest;
-}
-
-// Per-layer tail (after "layers.N."): official → transformers internal (inverse of layer_tail).
-std::string hf_internal_layer_tail(const std::string& r) {
-  if (r == "attn_norm.weight") return "input_layernorm.weight";
-  if (r == "ffn_norm.weight") return "post_attention_layernorm.weight";
-  if (starts_with(r, "hc_attn_")) return "attn_hc." + r.substr(8);
-  if (starts_with(r, "hc_ffn_")) return "ffn_hc." + r.substr(7);
-  if (starts_with(r, "attn.")) {
-    const std::string a = r.substr(5);
-    const std::string ci = "self_attn.compressor.indexer.";
-    if (starts_with(a, "indexer.weights_proj."))
-      return ci + "scorer.weights_proj." + a.substr(21);
-    if (starts_with(a, "indexer.wq_b.")) return ci + "q_b_proj." + a.substr(13);
-    if (starts_with(a, "indexer.compressor.")) return ci + hf_compressor_member(a.substr(19));
-    if (starts_with(a, "compressor."))
-      return "self_attn.compressor." + hf_compressor_member(a.substr(11));
-    static const std::pair<const char*, const char*> kMap[] = {
-        {"wq_a.", "q_a_proj."}, {"q_norm.", "q_a_norm."}, {"wq_b.", "q_b_proj."},
-        {"wkv.", "kv_proj."},   {"kv_norm.", "kv_norm."}, {"wo_a.", "o_a_proj."},
-        {"wo_b.", "o_b_proj."}};
-    for (auto& [off, hf] : kMap)
-      if (starts_with(a, off)) return "self_attn." + std::string(hf) + a.substr(strlen(off));
-    if (a == "attn_sink") return "self_attn.sinks";
-    return "self_attn." + a;
-  }
-  if (starts_with(r, "ffn.")) {
-    const std::string a = r.substr(4);
-    if (a == "gate.bias") return "mlp.gate.e_score_correction_bias";
-    const std::string se = "shared_experts.";
-    if (starts_with(a, se)) {
-      const std::string b = a.substr(se.size());
-      if (starts_with(b, "w1.")) return "mlp.shared_experts.gate_proj." + b.substr(3);
-      if (starts_with(b, "w3.")) return "mlp.shared_experts.up_proj." + b.substr(3);
-      if (starts_with(b, "w2.")) return "mlp.shared_experts.down_proj." + b.substr(3);
-    }
-    return "mlp." + a;
-  }
-  return r;
-}
-
-}  // namespace
-
 std::string from_official_name(const std::string& official, NamingScheme scheme) {
   if (scheme == NamingScheme::kOfficial) return official;
   const bool internal = scheme == NamingScheme::kHfInternal;
@@ -320,7 +272,7 @@ std::string from_official_name(const std::string& official, NamingScheme scheme)
     const size_t dot = official.find('.', strlen(prefix));
     if (dot == std::string::npos) break;
     const std::string head = official.substr(0, dot + 1), tail = official.substr(dot + 1);
-    if (internal) return "model." + head + hf_internal_layer_tail(tail);
+    if (internal) return "model." + head + map_tail(tail, false);
     // The mixed save keeps official names but for the main kv_norm (P16).
     return "model." + head + (tail == "attn.kv_norm.weight" ? "attn.norm.weight" : tail);
   }
