@@ -274,9 +274,16 @@ std::string bench_compressor(double bw) {
     int B;       // 0 = prefill 8K
     int64_t s0;  // prefill: first position of the chunk
   };
+  // V4_COMPRESS_POOL_CASE="i:j" (profiling runs): only scenario i with shape j.
+  int only_sc = -1, only_sh = -1;
+  if (const char* e = std::getenv("V4_COMPRESS_POOL_CASE")) std::sscanf(e, "%d:%d", &only_sc, &only_sh);
+  int sc_index = -1;
   for (Scenario sc : {Scenario{"prefill 8K", 0, 0}, Scenario{"prefill 8K at 8K+2 (ring hazard)", 0, 8194},
                       Scenario{"decode B=64", 64, 0}, Scenario{"decode B=1", 1, 0}}) {
+    ++sc_index;
+    if (only_sc >= 0 && sc_index != only_sc) continue;
     for (const CompressorShape& s : shapes) {
+      if (only_sh >= 0 && &s - shapes != only_sh) continue;
       CompressCase k = sc.B == 0
                            ? v4::testing::prefill_case(s.m, s.c, s.d, 64, {{0, sc.s0, 8192}}, 42)
                            : v4::testing::decode_case(s.m, s.c, s.d, 64,
@@ -400,7 +407,10 @@ std::string bench_compressor_proj(double bw) {
         "window (n_out = 0), i.e. compress_proj alone. Each timed call uses the next of `copies` "
         "weight sets (together > 100 MB, so weights stream from HBM as in the model, where the "
         "previous layer's weights were read last); the memcpy reference rotates the same way "
-        "(`memcpy_rotating_us`). Floor bytes = both weight matrices + x (f32) + the pooling "
+        "(`memcpy_rotating_us`). `shallow pipeline` rows: V4_CPROJ_DEEP=0, the projection kernel "
+        "with 2–5 weight stages sized for two CTAs per SM (x loaded chunk by chunk at 64 rows) "
+        "instead of the deep one (8 stages, every chunk of the K slice in flight, x loaded whole; "
+        "one CTA per SM). Floor bytes = both weight matrices + x (f32) + the pooling "
         "step's floor without its kc / zc reads (`count_bytes` fused − fresh reads: state rows, "
         "plan, bias, norm, pool rows, ring rows). `% of same-size memcpy` = memcpy µs / row µs; "
         "**≥ 85%?** as above.\n\n"
@@ -483,13 +493,22 @@ std::string bench_compressor_proj(double bw) {
       setenv("V4_COMPRESS_PDL", "0", 1);
       const double t_np = time_graph_ops(o, [&] { body(false); }, inner, 15);
       unsetenv("V4_COMPRESS_PDL");
+      setenv("V4_CPROJ_DEEP", "0", 1);
+      const double t_sh = time_graph_ops(o, [&] { body(false); }, inner, 15);
+      const double t_shp = time_graph_ops(o, [&] { body(true); }, inner, 15);
+      unsetenv("V4_CPROJ_DEEP");
       char variant[160];
-      std::snprintf(variant, sizeof variant, "fused (plan: %d tiles of %d rows × %d-CTA clusters; %d clusters resident)",
-                    pl.tiles, pl.rows, pl.ks, v4::cuda::compress_proj_max_active_clusters(pl));
+      std::snprintf(variant, sizeof variant,
+                    "fused (plan: %d tiles of %d rows × %d-CTA clusters, %s pipeline; %d clusters "
+                    "resident)",
+                    pl.tiles, pl.rows, pl.ks, pl.deep_smem > 0 ? "deep" : "shallow",
+                    v4::cuda::compress_proj_max_active_clusters(pl));
       row(fused_ok ? variant : "fused NOT TAKEN (composition ran)", 2, t_f, nullptr);
       row("composed (V4_COMPRESS_PROJ=0)", B > 1 ? 5 : 3, t_c, "(baseline)");
       row("projections + ring only (n_out = 0)", 1, t_p, "(diagnostic)");
       row("fused, PDL off (A/B)", 2, t_np, "(A/B)");
+      row("fused, shallow pipeline (A/B, V4_CPROJ_DEEP=0)", 2, t_sh, "(A/B)");
+      row("projections + ring only, shallow pipeline (A/B, V4_CPROJ_DEEP=0)", 1, t_shp, "(A/B)");
       std::printf("compressor+proj B=%d %s: fused %.2f us, composed %.2f us, proj only %.2f us, "
                   "memcpy %.2f us (%d weight sets)\n",
                   B, s.name, t_f, t_c, t_p, t_mc, copies);

@@ -25,6 +25,12 @@
 #               -> bench-v4flash-20l-moe-v1v2.md
 #   ncu-cproj   ncu of the compressor projection kernel (compress_proj_kernel) in the bench's case
 #               $V4_CPROJ_CASE (B:shape, default "1:0": batch 1, CSA kv) -> ncu-cproj.txt
+#   ncu-cpool   ncu of the pooling kernel (compress_fused_rows_kernel) in the pooling table's cases
+#               $V4_CPOOL_CASES ("scenario:shape ...", default "0:2 0:1 0:0": prefill 8K C128, C4
+#               d128, C4 d512) -> ncu-cpool.txt (not in the default stage list)
+#   cpoolenv    the pooling table for each case of $V4_CPOOL_CASES once per env set of
+#               $V4_CPOOL_ENVS ("default V4_COMPRESS_UNROLL=8 ...") -> cuda-compressor-envs.md
+#               (not in the default stage list)
 #   ncu-gemv    ncu of two batch-1 FP8 GEMVs (bench_kernels --profile-gemv) -> logs.tgz
 #               (the streaming kernel; V4_GEMV_STREAM=0 profiles the shared-memory one)
 #   decode      v4serve bench --profile on the V4-Flash-shaped dummy model (20 layers, bf16):
@@ -159,6 +165,38 @@ if has ncu-cproj && command -v ncu >/dev/null; then  # the projection kernel's m
     build-gpu/bench/bench_kernels --out "$OUT/ncu-tmp" --only-compressor > "$OUT/ncu-cproj.txt" 2>&1
   echo "ncu-cproj rc=$?"; cp "$OUT/ncu-cproj.txt" "$OUT/ncu-cproj.log"; logs+=(ncu-cproj.log)
   grep -E "DRAM Throughput|Memory Throughput|Duration|Achieved Occupancy|Stall|L2 Hit|Warp Cycles Per Issued" "$OUT/ncu-cproj.txt" | head -40
+fi
+if has ncu-cpool && command -v ncu >/dev/null; then  # the pooling kernel in chosen bench cases
+  # $V4_CPOOL_CASES: "scenario:shape" of the pooling table (0 prefill 8K, 2 decode B=64;
+  # 0 C4 d512, 1 C4 d128, 2 C128 d512); the first fused launches of each case.
+  : > "$OUT/ncu-cpool.txt"
+  for c in ${V4_CPOOL_CASES:-0:2 0:1 0:0}; do
+    echo "=== case $c" >> "$OUT/ncu-cpool.txt"
+    V4_COMPRESS_POOL_CASE=$c timeout 150 ncu --clock-control none \
+      --kernel-name regex:'compress_fused_rows_kernel' --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      build-gpu/bench/bench_kernels --out "$OUT/ncu-tmp" --only-compressor >> "$OUT/ncu-cpool.txt" 2>&1
+    echo "ncu-cpool $c rc=$?"
+  done
+  grep -E "^=== case|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Waves Per|Warp Cycles Per Issued|Block Limit" "$OUT/ncu-cpool.txt" | head -60
+fi
+if has cpoolenv; then  # the pooling bench for one case per env set: "ENV=V,ENV2=V2" or "default"
+  f="$OUT/cuda-compressor-envs.md"
+  { echo "# FlashCompressor pooling kernel: env A/B per case"; echo
+    echo "- GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); commit $V4_COMMIT; $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- cases: ${V4_CPOOL_CASES:-0:2 0:1}; env sets: ${V4_CPOOL_ENVS:-default}"; echo; } > "$f"
+  for c in ${V4_CPOOL_CASES:-0:2 0:1}; do
+    for e in ${V4_CPOOL_ENVS:-default}; do
+      envs=(); [ "$e" != default ] && IFS=, read -ra envs <<< "$e"
+      env "${envs[@]}" V4_COMPRESS_POOL_CASE=$c timeout 120 build-gpu/bench/bench_kernels \
+        --out "$OUT/cpool-tmp" --only-compressor > "$OUT/cpool-$c-$e.log" 2>&1
+      echo "cpoolenv $c $e rc=$?"
+      { echo "## case $c, $e"; echo; grep -E "^\| (prefill|decode)" "$OUT/cpool-tmp/cuda-compressor.md"; echo; } >> "$f"
+      logs+=("cpool-$c-$e.log")
+    done
+  done
+  grep -E "^## |\| fused \(" "$f" | head -40
 fi
 if has ncu-gemv && command -v ncu >/dev/null; then  # why batch-1 FP8 GEMVs reach ~35% of copy BW
   timeout 120 ncu --clock-control none --kernel-name regex:'wgemv_kernel|gemv_stream_kernel' --launch-skip 20 --launch-count 2 \
