@@ -21,6 +21,7 @@
 #include "../../tests/model/compressor_cases.h"
 #include "ops/cuda/compress_proj.h"
 #include "ops/cuda/compress_split.h"
+#include "ops/cuda/compressor.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
@@ -314,8 +315,18 @@ std::string bench_compressor(double bw) {
       const v4::cuda::CompressRowsPlan wide_pl = v4::cuda::plan_compress_rows_wide(s.m, s.c, s.d, true);
       // compressor.cu takes the base plan unless V4_COMPRESS_WIDE=1 / auto (wide measured slower).
       const bool wide_default = false;
-      row(wide_default ? "fused (wide plan)" : "fused (base plan)", launches, t_f, nullptr);
+      const bool row_warp = v4::cuda::compress_fused_takes_row_warp(a);
+      row(row_warp       ? "fused (row-warp kernel)"
+          : wide_default ? "fused (wide plan)"
+                         : "fused (base plan)",
+          launches, t_f, nullptr);
       row("unfused", 8, t_u, "(baseline)");
+      if (row_warp) {  // the rows kernel's base plan: old vs new
+        setenv("V4_COMPRESS_ROWWARP", "0", 1);
+        row("fused, rows kernel, base plan (A/B, V4_COMPRESS_ROWWARP=0)", launches,
+            time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
+        unsetenv("V4_COMPRESS_ROWWARP");
+      }
       if (wide_pl.prefetch) {  // the other plan: old vs new
         setenv("V4_COMPRESS_WIDE", wide_default ? "0" : "1", 1);
         row(wide_default ? "fused, base plan (A/B, V4_COMPRESS_WIDE=0)"
@@ -407,10 +418,7 @@ std::string bench_compressor_proj(double bw) {
         "window (n_out = 0), i.e. compress_proj alone. Each timed call uses the next of `copies` "
         "weight sets (together > 100 MB, so weights stream from HBM as in the model, where the "
         "previous layer's weights were read last); the memcpy reference rotates the same way "
-        "(`memcpy_rotating_us`). `shallow pipeline` rows: V4_CPROJ_DEEP=0, the projection kernel "
-        "with 2–5 weight stages sized for two CTAs per SM (x loaded chunk by chunk at 64 rows) "
-        "instead of the deep one (8 stages, every chunk of the K slice in flight, x loaded whole; "
-        "one CTA per SM). Floor bytes = both weight matrices + x (f32) + the pooling "
+        "(`memcpy_rotating_us`). Floor bytes = both weight matrices + x (f32) + the pooling "
         "step's floor without its kc / zc reads (`count_bytes` fused − fresh reads: state rows, "
         "plan, bias, norm, pool rows, ring rows). `% of same-size memcpy` = memcpy µs / row µs; "
         "**≥ 85%?** as above.\n\n"
@@ -493,22 +501,15 @@ std::string bench_compressor_proj(double bw) {
       setenv("V4_COMPRESS_PDL", "0", 1);
       const double t_np = time_graph_ops(o, [&] { body(false); }, inner, 15);
       unsetenv("V4_COMPRESS_PDL");
-      setenv("V4_CPROJ_DEEP", "0", 1);
-      const double t_sh = time_graph_ops(o, [&] { body(false); }, inner, 15);
-      const double t_shp = time_graph_ops(o, [&] { body(true); }, inner, 15);
-      unsetenv("V4_CPROJ_DEEP");
+
       char variant[160];
-      std::snprintf(variant, sizeof variant,
-                    "fused (plan: %d tiles of %d rows × %d-CTA clusters, %s pipeline; %d clusters "
-                    "resident)",
-                    pl.tiles, pl.rows, pl.ks, pl.deep_smem > 0 ? "deep" : "shallow",
-                    v4::cuda::compress_proj_max_active_clusters(pl));
+      std::snprintf(variant, sizeof variant, "fused (plan: %d tiles of %d rows × %d-CTA clusters; %d clusters resident)",
+                    pl.tiles, pl.rows, pl.ks, v4::cuda::compress_proj_max_active_clusters(pl));
       row(fused_ok ? variant : "fused NOT TAKEN (composition ran)", 2, t_f, nullptr);
       row("composed (V4_COMPRESS_PROJ=0)", B > 1 ? 5 : 3, t_c, "(baseline)");
       row("projections + ring only (n_out = 0)", 1, t_p, "(diagnostic)");
       row("fused, PDL off (A/B)", 2, t_np, "(A/B)");
-      row("fused, shallow pipeline (A/B, V4_CPROJ_DEEP=0)", 2, t_sh, "(A/B)");
-      row("projections + ring only, shallow pipeline (A/B, V4_CPROJ_DEEP=0)", 1, t_shp, "(A/B)");
+
       std::printf("compressor+proj B=%d %s: fused %.2f us, composed %.2f us, proj only %.2f us, "
                   "memcpy %.2f us (%d weight sets)\n",
                   B, s.name, t_f, t_c, t_p, t_mc, copies);

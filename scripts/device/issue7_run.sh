@@ -169,7 +169,7 @@ fi
 if has ncu-cpool && command -v ncu >/dev/null; then  # the pooling kernel in chosen bench cases
   # $V4_CPOOL_CASES: "scenario:shape" of the pooling table (0 prefill 8K, 2 decode B=64;
   # 0 C4 d512, 1 C4 d128, 2 C128 d512); the first fused launches of each case.
-  : > "$OUT/ncu-cpool.txt"
+  : > "$OUT/ncu-cpool.txt"; mkdir -p "$OUT/ncu-tmp"
   for c in ${V4_CPOOL_CASES:-0:2 0:1 0:0}; do
     echo "=== case $c" >> "$OUT/ncu-cpool.txt"
     V4_COMPRESS_POOL_CASE=$c timeout 150 ncu --clock-control none \
@@ -186,6 +186,7 @@ if has cpoolenv; then  # the pooling bench for one case per env set: "ENV=V,ENV2
   { echo "# FlashCompressor pooling kernel: env A/B per case"; echo
     echo "- GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); commit $V4_COMMIT; $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "- cases: ${V4_CPOOL_CASES:-0:2 0:1}; env sets: ${V4_CPOOL_ENVS:-default}"; echo; } > "$f"
+  mkdir -p "$OUT/cpool-tmp"
   for c in ${V4_CPOOL_CASES:-0:2 0:1}; do
     for e in ${V4_CPOOL_ENVS:-default}; do
       envs=(); [ "$e" != default ] && IFS=, read -ra envs <<< "$e"

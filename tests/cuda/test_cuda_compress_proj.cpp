@@ -317,57 +317,6 @@ TEST(CudaCompressProj, RowsBitIdenticalWhateverTheBatch) {
   }
 }
 
-// The deep pipeline (8 weight stages, x loaded whole) and the shallow one (V4_CPROJ_DEEP=0) only
-// schedule the same loads differently: kc / zc bit-identical for every instance (16, 32, 64
-// token rows) and shape.
-TEST(CudaCompressProj, DeepAndShallowPipelinesSameBits) {
-  V4_REQUIRE_GPU();
-  ASSERT_NE(gpu(), nullptr);
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (Shape s : kShapes) {
-    const int64_t n = int64_t(s.c) * s.d, D = 4096;
-    EXPECT_GT(cuda::plan_compress_proj(n, D, sms).deep_smem, 0) << "d=" << s.d;
-    const ProjInputs p = make_inputs(64, D, n, cuda::testing::test_seed() + 313 + s.d);
-    Dev<float> x(p.x);
-    Dev<uint16_t> wkv(p.wkv_bits), wg(p.wg_bits);
-    const std::vector<float> ref = host_product(p, p.wkv);  // 64 rows
-    for (int B : {1, 17, 64}) {
-      SCOPED_TRACE(::testing::Message() << "m=" << s.m << " d=" << s.d << " B=" << B);
-      std::vector<float> got[2];
-      for (int deep = 0; deep < 2; ++deep) {
-        if (deep == 0) setenv("V4_CPROJ_DEEP", "0", 1);
-        Dev<float> kc(size_t(B) * n), zc(size_t(B) * n);
-        CompressProjectArgs a;
-        a.x = x.p;
-        a.ldx = D;
-        a.n_fresh = B;
-        a.wkv = bf16_view(wkv.p, n, D);
-        a.wgate = bf16_view(wg.p, n, D);
-        a.kc = kc.p;
-        a.zc = zc.p;
-        a.step.ratio = s.m;
-        a.step.overlap = s.c;
-        a.step.dim = s.d;
-        a.step.ring_disjoint = true;
-        const int64_t launches0 = cuda::compress_proj_launches();
-        gpu()->compress_project(a);
-        gpu()->synchronize();
-        unsetenv("V4_CPROJ_DEEP");
-        EXPECT_EQ(cuda::compress_proj_launches() - launches0, 1);
-        got[deep] = kc.host();
-        const std::vector<float> hz = zc.host();
-        got[deep].insert(got[deep].end(), hz.begin(), hz.end());
-      }
-      ASSERT_EQ(got[0].size(), got[1].size());
-      EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0);
-      EXPECT_LE(rel_err(std::vector<float>(got[1].begin(), got[1].begin() + B * n),
-                        std::vector<float>(ref.begin(), ref.begin() + B * n)),
-                kTol);
-    }
-  }
-}
-
 // Steps compress_proj must decline run the composition, with the same results: more than 64
 // rows, and a step without ring_disjoint (the ring would be written before the pooling reads
 // the state).
@@ -436,12 +385,8 @@ TEST(CompressProjPlan, ModelShapes) {
   EXPECT_EQ(idx.tiles * idx.ks, 128);
   for (const auto& p : {csa, hca, idx}) {
     EXPECT_EQ(p.kslice, 512);
-    EXPECT_LE(p.smem, size_t(113 * 1024));          // shallow: two CTAs per SM
-    EXPECT_GT(p.deep_smem, int64_t(p.smem));         // deep: one CTA per SM (one wave)
-    EXPECT_LE(p.deep_smem, int64_t(226 * 1024));
+    EXPECT_LE(p.smem, size_t(113 * 1024));  // two CTAs per SM
   }
-  // Two waves of CTAs (60 SMs): no deep pipeline.
-  EXPECT_EQ(cuda::plan_compress_proj(1024, 4096, 60).deep_smem, 0);
   EXPECT_EQ(cuda::plan_compress_proj(100, 4096, 132).ks, 0);   // n % 32 != 0
   EXPECT_EQ(cuda::plan_compress_proj(1024, 4100, 132).ks, 0);  // D % 64 != 0
   // V4-Pro's D = 7168: a plan exists (more than one wave).

@@ -17,12 +17,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "../model/compressor_cases.h"
 #include "cuda_test_util.h"
+#include "ops/cuda/compressor.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
@@ -465,6 +467,78 @@ TEST(CudaCompressor, WidePlanMatchesBaseAndCpu) {
       }
     }
   }
+}
+
+// The row-warp kernel (one warp per row; windows of ≤ 8 slots, d ≤ 128, d % 32 == 0) reproduces
+// the rows kernel's base plan bit for bit (same partitions, merge and Σx² order, the same RoPE
+// roundings): pools equal with V4_COMPRESS_ROWWARP=0, both within 1e-5 of the CPU composition,
+// rings exact. Shapes: the indexer's C4 d128 rope 64, C4 d64 / d96 / d32 (idle lanes), m = 2
+// (4 slots: one partition) and c = 1 m = 4; cases as WidePlanMatchesBaseAndCpu (decode B = 1 and
+// 64, prefill with the ring hazard, window edges, a long chunk from 0), one and two launches.
+TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  struct Shape { int m, c, d, rd; };
+  for (Shape r : {Shape{4, 2, 128, 64}, Shape{4, 2, 64, 32}, Shape{4, 2, 96, 32},
+                  Shape{4, 2, 32, 8}, Shape{2, 2, 128, 64}, Shape{4, 1, 128, 64}}) {
+    const uint64_t seed = cuda::testing::test_seed() + 977 + r.m + r.d + r.c;
+    const int64_t L = 3 * r.c * r.m + 5;
+    std::vector<std::pair<const char*, CompressCase>> cases;
+    cases.emplace_back("decode B=1", v4::testing::decode_case(r.m, r.c, r.d, r.rd,
+                                                             {2 * int64_t(r.m) - 1}, seed));
+    cases.emplace_back("decode B=64",
+                       v4::testing::decode_case(r.m, r.c, r.d, r.rd,
+                                                random_decode_positions(64, r.m, seed), seed + 1));
+    cases.emplace_back("prefill ring hazard",
+                       v4::testing::prefill_case(r.m, r.c, r.d, r.rd,
+                                                 {{0, r.m + 3, L}, {3, 0, L + r.m}, {1, 2 * r.m - 1, L + 1}},
+                                                 seed + 2));
+    cases.emplace_back("prefill window edges",
+                       v4::testing::prefill_case(r.m, r.c, r.d, r.rd,
+                                                 {{0, 0, 5 * int64_t(r.m) + 3},
+                                                  {1, 2 * int64_t(r.m) - 2, 2},
+                                                  {2, 3 * int64_t(r.m) - 1, 1}},
+                                                 seed + 3));
+    cases.emplace_back("prefill long from 0",
+                       v4::testing::prefill_case(r.m, r.c, r.d, r.rd, {{0, 0, 2048}}, seed + 4));
+    for (auto& [name, k0] : cases) {
+      SCOPED_TRACE(::testing::Message() << "m=" << r.m << " c=" << r.c << " d=" << r.d << " "
+                                        << name);
+      CompressCase k = k0;
+      poison_outputs(k);
+      Bufs c;
+      cpu()->compress_fused(cpu_args(k, c));
+      {
+        Bufs b;
+        EXPECT_TRUE(cuda::compress_fused_takes_row_warp(gpu_args(k, b)));
+      }
+      const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                   k.ring_dst.data(), k.n_ring());
+      for (bool one : {false, true}) {
+        if (one && !disjoint) continue;
+        SCOPED_TRACE(one ? "one launch" : "two launches");
+        const FusedOut warp = run_fused(k, one);
+        setenv("V4_COMPRESS_ROWWARP", "0", 1);
+        const FusedOut rows = run_fused(k, one);
+        unsetenv("V4_COMPRESS_ROWWARP");
+        EXPECT_LE(rel_err(warp.pool, c.pool), kTol);
+        EXPECT_LE(rel_err(rows.pool, c.pool), kTol);
+        ASSERT_EQ(warp.pool.size(), rows.pool.size());
+        int64_t differ = 0;
+        for (size_t i = 0; i < warp.pool.size(); ++i)
+          differ += std::memcmp(&warp.pool[i], &rows.pool[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0) << "pool values that differ from the rows kernel's bits";
+        EXPECT_TRUE(warp.rkv == c.rkv);
+        EXPECT_TRUE(warp.rg == c.rg);
+      }
+    }
+  }
+  // Not taken: d 512 (the CSA kv and HCA compressors), C128 windows.
+  Bufs b1, b2;
+  EXPECT_FALSE(cuda::compress_fused_takes_row_warp(
+      gpu_args(v4::testing::decode_case(4, 2, 512, 64, {7}, 1), b1)));
+  EXPECT_FALSE(cuda::compress_fused_takes_row_warp(
+      gpu_args(v4::testing::decode_case(128, 1, 128, 64, {255}, 2), b2)));
 }
 
 }  // namespace

@@ -2,12 +2,11 @@
 // FlashCompressor's projection pass (compress_proj.h): [W_kv; W_g] · bf16(x)ᵀ for ≤ 64 rows of x
 // with the compressor-state ring refreshed in the epilogue.
 //
-// CTA = 8 warps. Tile = `rows` consecutive weight rows of one matrix × a K slice of D / ks
-// columns. The x slice (≤ 64 rows, f32 → bf16) sits in shared memory; the weight tile streams
-// through a cp.async ring of 64-column chunks (the first ones issued before the PDL wait).
-// Shallow instances (≤ ~108 KB, 2 CTAs per SM): 2–5 stages by token tiles, x loaded right after
-// the wait (≤ 32 rows) or chunk by chunk during the previous chunk's MMA (64 rows). Deep instances
-// (default when the grid is one CTA per SM; ≤ 218 KB): 8 stages, x loaded whole. Rows padded by
+// CTA = 8 warps, ≤ ~108 KB of shared memory (2 CTAs per SM). Tile = `rows` consecutive weight
+// rows of one matrix × a K slice of D / ks columns. The x slice (≤ 64 rows, f32 → bf16) sits in
+// shared memory; the weight tile streams through a cp.async ring of 64-column chunks
+// (the first ones issued before the PDL wait; 2–5 stages by token tiles); x loaded right after
+// the wait (≤ 32 rows) or chunk by chunk during the previous chunk's MMA (64 rows). Rows padded by
 // 16 bytes: conflict-free ldmatrix. Warps: min(8, rows/16) m16 tiles × 8/that K parts of each
 // chunk; mma.sync m16n8k16 (A = weights via ldmatrix.x4, B = x rows via ldmatrix.x4 — two n8 token
 // tiles per load), fp32 accumulators for every token tile across all chunks. Partials: the K parts
@@ -43,33 +42,26 @@ constexpr size_t kSmemLimit = 226 * 1024;
 
 // Weight columns per pipeline stage (one cp.async group).
 constexpr int kChunk = 64;
-// Stages of the weight ring for NT token tiles. Timing only: the sums do not depend on it.
-//  - shallow (the session-16 instances): as many as ~110 KB of shared memory holds next to the x
-//    slice at the 128-row tile (2 CTAs per SM); at 64 token rows x is loaded chunk by chunk.
-//  - deep (default where it fits, V4_CPROJ_DEEP=0 switches back): 8 stages, i.e. every chunk of
-//    V4-Flash's 512-column K slice in flight from the first instruction on (the grid is one CTA
-//    per SM, ≤ 132 CTAs, so shared memory need not leave room for a second CTA of this kernel,
-//    only for the pooling kernel that follows with PDL: ≤ 218 KB at 64 token rows), and x loaded
-//    whole right after the PDL wait (its L2 round trips overlap the weight stream).
-constexpr int kDeepStages = 8;
-__host__ __device__ constexpr int stages_for(int nt, bool deep) {
-  return deep ? kDeepStages : nt >= 8 ? 2 : nt >= 4 ? 4 : 5;
+// Stages of the weight ring for NT token tiles: as many as ~110 KB of shared memory holds next
+// to the x slice at the 128-row tile (2 CTAs per SM). Timing only: the sums do not depend on it.
+__host__ __device__ constexpr int stages_for(int nt) {
+  return nt >= 8 ? 2 : nt >= 4 ? 4 : 5;
 }
 constexpr int kTokTiles[] = {2, 4, 8};    // the kernel instances (NT)
 constexpr int kChunkRow = kChunk + kPad;  // bf16 per staged weight row
 
 // Shared-memory layout of a plan (rows R, K slice ksl, ks CTAs) for `tok` padded x rows:
-//   [x slice: tok × (ksl + kPad) bf16][weight ring: stages × R × kChunkRow bf16]
+//   [x slice: tok × (ksl + kPad) bf16][weight ring: stages_for(tok / 8) × R × kChunkRow bf16]
 // overlaid after the last MMA by the K-part partials [wk][R][tok] f32, then at `fin` the
 // finished rows [R/ks][tok] f32.
 struct ProjSmem {
   size_t ring = 0, fin = 0, total = 0;
 };
-__host__ __device__ inline ProjSmem proj_smem(int R, int64_t ksl, int ks, int tok, int stages) {
+__host__ __device__ inline ProjSmem proj_smem(int R, int64_t ksl, int ks, int tok) {
   const int wm = R / 16 < kWarps ? R / 16 : kWarps, wk = kWarps / wm;
   ProjSmem l;
   l.ring = size_t(tok) * size_t(ksl + kPad) * 2;
-  const size_t stage = l.ring + size_t(stages) * R * kChunkRow * 2;
+  const size_t stage = l.ring + size_t(stages_for(tok / 8)) * R * kChunkRow * 2;
   const size_t part = size_t(wk) * R * tok * 4;
   l.fin = ((stage > part ? stage : part) + 127) / 128 * 128;
   l.total = l.fin + size_t(R / ks) * tok * 4;
@@ -90,16 +82,16 @@ struct ProjArgs {
   int n_ring = 0;
 };
 
-// NT: n8 token tiles (even; NT·8 ≥ S). DEEP: the deep pipeline (stages_for).
-template <int NT, bool DEEP>
+// NT: n8 token tiles (even; NT·8 ≥ S).
+template <int NT>
 __global__ void __launch_bounds__(kThreads, 2)
     compress_proj_kernel(ProjArgs a, CompressProjPlan p) {
   extern __shared__ __align__(128) unsigned char proj_smem_raw[];
   constexpr int TP = NT * 8;  // padded token rows
-  constexpr int kStages = stages_for(NT, DEEP);
+  constexpr int kStages = stages_for(NT);
   __shared__ int32_t s_rsrc[kMaxTok], s_rdst[kMaxTok];
   const int R = p.rows, KS = p.ks, KSL = p.kslice, RE = KSL + kPad, NC = KSL / kChunk;
-  const ProjSmem lay = proj_smem(R, KSL, KS, TP, kStages);
+  const ProjSmem lay = proj_smem(R, KSL, KS, TP);
   uint16_t* sX = reinterpret_cast<uint16_t*>(proj_smem_raw);             // [TP][RE]
   uint16_t* sW = reinterpret_cast<uint16_t*>(proj_smem_raw + lay.ring);  // [kStages][R][kChunkRow]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -139,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // the wait, every load of a thread in flight (one or two L2 round trips before the first MMA);
   // at 64 rows (128 KB of f32 per CTA) chunk by chunk, chunk c + 1 loaded into registers during
   // chunk c's MMA (the loads overlap the weight stream; up front cost 2.5 µs more).
-  constexpr bool kXByChunk = NT >= 8 && !DEEP;
+  constexpr bool kXByChunk = NT >= 8;
   constexpr int kXU = kXByChunk ? TP * (kChunk / 4) / kThreads : 16;  // float4 per thread per batch
   float4 xr[kXU];
   auto load_x = [&](int c) {  // chunk c into registers (kXByChunk)
@@ -274,27 +266,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 using Kern = void (*)(ProjArgs, CompressProjPlan);
 
-// Token tiles of the instance that takes S rows.
-int tok_tiles(int64_t S) { return S <= 16 ? 2 : S <= 32 ? 4 : 8; }
-
-Kern kernel_for(int64_t S, bool deep) {
-  switch (tok_tiles(S)) {
-    case 2: return deep ? compress_proj_kernel<2, true> : compress_proj_kernel<2, false>;
-    case 4: return deep ? compress_proj_kernel<4, true> : compress_proj_kernel<4, false>;
-    default: return deep ? compress_proj_kernel<8, true> : compress_proj_kernel<8, false>;
-  }
-}
-
-// The deep pipeline for plan `p` unless V4_CPROJ_DEEP=0 (A/B runs; read at every call).
-bool use_deep(const CompressProjPlan& p) {
-  const char* e = std::getenv("V4_CPROJ_DEEP");
-  return p.deep_smem > 0 && !(e && e[0] == '0');
-}
-
-// Dynamic shared memory of the instance taking S rows under plan p.
-size_t launch_smem(const CompressProjPlan& p, int64_t S, bool deep) {
-  const int nt = tok_tiles(S);
-  return proj_smem(p.rows, p.kslice, p.ks, nt * 8, stages_for(nt, deep)).total;
+Kern kernel_for(int64_t S) {
+  if (S <= 16) return compress_proj_kernel<2>;
+  if (S <= 32) return compress_proj_kernel<4>;
+  return compress_proj_kernel<8>;
 }
 
 std::atomic<int64_t> g_launches{0};
@@ -315,11 +290,8 @@ CompressProjPlan plan_compress_proj(int64_t n, int64_t k, int num_sms) {
     // is ≥ one k16 step).
     for (int R : {32, 64, 128}) {  // ≥ 32: a warp's K part of a chunk (64 / wk) is ≥ one k16 step
       if (n % R != 0 || R % ks != 0) continue;
-      size_t smem = 0, deep = 0;
-      for (int nt : kTokTiles) {
-        smem = std::max(smem, proj_smem(R, ksl, ks, nt * 8, stages_for(nt, false)).total);
-        deep = std::max(deep, proj_smem(R, ksl, ks, nt * 8, stages_for(nt, true)).total);
-      }
+      size_t smem = 0;
+      for (int nt : kTokTiles) smem = std::max(smem, proj_smem(R, ksl, ks, nt * 8).total);
       if (smem > kSmemLimit) continue;
       CompressProjPlan p;
       p.ks = ks;
@@ -327,9 +299,6 @@ CompressProjPlan plan_compress_proj(int64_t n, int64_t k, int num_sms) {
       p.kslice = int(ksl);
       p.tiles = int(2 * n / R);
       p.smem = smem;
-      // The deep pipeline: one CTA per SM (the grid fits one wave of them) and every instance
-      // within the limit.
-      p.deep_smem = int64_t(p.tiles) * ks <= num_sms && deep <= kSmemLimit ? deep : 0;
       if (int64_t(p.tiles) * ks <= num_sms) return p;
       fallback = p;  // the largest fitting tile so far: several waves
     }
@@ -343,8 +312,8 @@ namespace {
 // hold ks CTAs of p.smem in one GPC): cudaOccupancyMaxActiveClusters > 0, cached per plan.
 bool plan_fits_clusters(const CompressProjPlan& p) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, bool>, bool> cache;
-  const auto key = std::make_tuple(p.ks, p.rows, p.kslice, use_deep(p));
+  static std::map<std::tuple<int, int, int, size_t>, bool> cache;
+  const auto key = std::make_tuple(p.ks, p.rows, p.kslice, p.smem);
   std::lock_guard<std::mutex> lock(mu);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -401,8 +370,7 @@ Status compress_proj(const ops::CompressProjectArgs& a, int num_sms, cudaStream_
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.tiles * p.ks), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
-  const bool deep = use_deep(p);
-  cfg.dynamicSmemBytes = launch_smem(p, a.n_fresh, deep);
+  cfg.dynamicSmemBytes = p.smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int na = 0;
@@ -419,7 +387,7 @@ Status compress_proj(const ops::CompressProjectArgs& a, int num_sms, cudaStream_
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel_for(a.n_fresh, deep), k, p));
+  V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel_for(a.n_fresh), k, p));
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return Status::Ok();
 }
@@ -429,9 +397,7 @@ int64_t compress_proj_launches() {
 }
 
 Status compress_proj_prepare() {
-  for (Kern f : {compress_proj_kernel<2, false>, compress_proj_kernel<4, false>,
-                 compress_proj_kernel<8, false>, compress_proj_kernel<2, true>,
-                 compress_proj_kernel<4, true>, compress_proj_kernel<8, true>})
+  for (Kern f : {compress_proj_kernel<2>, compress_proj_kernel<4>, compress_proj_kernel<8>})
     V4_CUDA_TRY(
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)));
   return Status::Ok();
@@ -440,10 +406,9 @@ Status compress_proj_prepare() {
 int compress_proj_max_active_clusters(const CompressProjPlan& p) {
   if (p.ks <= 0) return -1;
   cudaLaunchConfig_t cfg = {};
-  const bool deep = use_deep(p);
   cfg.gridDim = dim3(unsigned(p.tiles * p.ks), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = launch_smem(p, kCompressProjMaxRows, deep);
+  cfg.dynamicSmemBytes = p.smem;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = unsigned(p.ks);
@@ -452,8 +417,7 @@ int compress_proj_max_active_clusters(const CompressProjPlan& p) {
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n = -1;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel_for(kCompressProjMaxRows, deep), &cfg) !=
-      cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, compress_proj_kernel<8>, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();
     return -1;
   }

@@ -18,16 +18,13 @@ namespace v4::cuda {
 /// the 2·c·d weight rows of [W_kv; W_g] in tiles of `rows` rows (a tile never straddles the two
 /// matrices), K = D split over a cluster of `ks` CTAs (`kslice` = D / ks columns each, a multiple
 /// of 64); grid = tiles · ks CTAs of 256 threads (the x slice sits in shared memory, the weight
-/// tile streams through a ring of 64-column chunks: 2–5 stages in the shallow instances, which
-/// fit 2 CTAs per SM; 8 in the deep ones, one CTA per SM, taken when the grid is one such wave).
+/// tile streams through a 2-stage ring of 64-column chunks; V4-Flash's shapes fit 2 CTAs per SM).
 struct CompressProjPlan {
   int ks = 0;       // CTAs per cluster (K split); 0 = no plan (the caller composes instead)
   int rows = 0;     // weight rows per tile (32, 64 or 128)
   int kslice = 0;   // D / ks
   int tiles = 0;    // 2·c·d / rows
   size_t smem = 0;  // dynamic shared memory bytes (the largest of the 16 / 32 / 64-row instances)
-  int64_t deep_smem = 0;  // the same for the deep-pipeline instances (8 weight stages, x whole):
-                          // 0 = not taken (grid over one CTA per SM, or over the limit)
 };
 
 /// Most x rows one compress_proj call takes (decode batches up to 64 sequences).
@@ -66,9 +63,8 @@ int64_t compress_proj_launches();
 /// Sets the kernels' shared-memory limits (once per device, at backend creation).
 Status compress_proj_prepare();
 
-/// Clusters of plan `p` that can be resident at once (cudaOccupancyMaxActiveClusters of the
-/// 64-row instance the current V4_CPROJ_DEEP setting launches; −1 when the query fails). For
-/// benchmarks: the grid has p.tiles clusters.
+/// Clusters of plan `p` that can be resident at once (cudaOccupancyMaxActiveClusters; −1 when
+/// the query fails). For benchmarks: the grid has p.tiles clusters.
 int compress_proj_max_active_clusters(const CompressProjPlan& p);
 
 }  // namespace v4::cuda

@@ -77,6 +77,22 @@ __device__ __forceinline__ void store_fp8_rope(uint8_t* row, const KvFp8Layout& 
     if (ch0 + i >= nope) r[ch0 + i - nope] = kvfp8::bf16_encode(o[i]);
 }
 
+// The RoPE'd value of one channel of a pair (x0, x1) = (channel 2q, 2q + 1) of the rotated part:
+// angle f·pos (one fp32 product, as the rope kernel), sin / cos scaled by `att`; the even channel
+// gets x0·cos − x1·sin, the odd one x0·sin + x1·cos. The roundings are spelled out (one product
+// rounded, then one fused multiply-add) so that every kernel of this file computes the same bits
+// whatever the compiler would contract (the rows kernel and the row-warp kernel are compared
+// bit for bit).
+__device__ __forceinline__ float cs_rope_value(float x0, float x1, float f, float pos, float att,
+                                               bool odd) {
+  const float ang = f * pos;
+  float sn, cs;
+  sincosf(ang, &sn, &cs);
+  sn *= att;
+  cs *= att;
+  return odd ? __fmaf_rn(x0, sn, __fmul_rn(x1, cs)) : __fmaf_rn(x0, cs, -__fmul_rn(x1, sn));
+}
+
 // Ring items per thread of a ring CTA (all loads in flight before the stores).
 constexpr int kRingPerThread = 4;
 
@@ -303,12 +319,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       const int l0 = nope + 2 * q - c0;  // first channel of the pair, slice-local
       const float x0 = normed(l0), x1 = normed(l0 + 1);
       const float f = pl.stage ? s_freq[q - q_lo] : __ldg(a.inv_freq + q);
-      const float ang = f * pos;  // one fp32 product, as the rope kernel
-      float sn, cs;
-      sincosf(ang, &sn, &cs);
-      sn *= a.attention_scaling;
-      cs *= a.attention_scaling;
-      o[i] = ((ch - nope) & 1) ? x0 * sn + x1 * cs : x0 * cs - x1 * sn;
+      o[i] = cs_rope_value(x0, x1, f, pos, a.attention_scaling, ((ch - nope) & 1) != 0);
     }
     if constexpr (FP8) {
       // fp8 rows: nope values back into s_row (in place: a nope channel is read by its owner
@@ -424,6 +435,130 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
   }
 }
 
+// Row-warp form of the rows kernel for small windows and rows (plan_compress_rows_warp: c·m ≤ 8
+// slots, d ≤ 128 channels, d % 32 == 0; the indexer's C4 d128 compressor): one WARP per output
+// row, no shared memory, no barrier. Lane l owns channels [4l, 4l + 4) (lanes ≥ d / 4 idle); it
+// issues every load of the row's ≤ 8 slots at once (kv, gate, bias: 24 float4 in flight), folds
+// them into the base plan's partitions (slots [4p, 4p + 4), one batch each: cs_fold_batch) and
+// merges them in order (cs_merge), so the pooled values are the base plan's bits. Σx² in the
+// kCsChunk order of cs_row_sumsq, spelled with shuffles: chunk q = channels [32q, 32q + 32) lies in
+// lanes 8q … 8q + 7, its 32-leaf butterfly (xor 16, 8, 4 → lane xor 4, 2, 1; xor 2, 1 → inside
+// the lane's 4 values) gives the same sum; the row total = (c0 + c2) + (c1 + c3), which is the
+// 32-lane butterfly of [c0, c1, c2, c3, 0, …] (adding zeros is exact). RMSNorm · norm, RoPE
+// (cs_rope_value; a pair never straddles lanes: nope even), one 16-byte (f32), 8-byte (bf16) or
+// 4-byte (fp8 indexer codes, IDX: row amax by a max butterfly, kvfp8::block_scale) store per lane.
+// RING (one-launch form): the first ring_ctas CTAs refresh the ring (ring_copy_items), as in the
+// rows kernel. Every index / parameter load before the PDL wait, as there.
+template <bool RING, bool IDX>
+__global__ void __launch_bounds__(256, 2)
+    compress_rows_warp_kernel(ops::CompressFusedArgs a, int parts, int64_t ring_ctas, bool floor) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (RING && int64_t(blockIdx.x) < ring_ctas) {
+    if (floor) {
+      pdl_wait();
+      pdl_trigger();
+      return;
+    }
+    ring_copy_items<4>(a, int64_t(blockIdx.x) * kRingPerThread * nt, tid, nt);
+    return;
+  }
+  const int lane = tid & 31;
+  const int64_t r = (int64_t(blockIdx.x) - (RING ? ring_ctas : 0)) * (nt >> 5) + (tid >> 5);
+  const bool live = r < a.n_out;  // warp-uniform
+  const int d = a.dim, ns = a.overlap * a.ratio, rd = a.rope_dim, nope = d - rd;
+  const int ch = lane * 4;
+  const bool mine = ch < d;
+  // Round 1: indices and parameters (never written by the kernel issued right before: ops.h).
+  int32_t my_slot = -1, dst = -1;
+  float pos = 0.f, w[4] = {1.f, 1.f, 1.f, 1.f}, f[2] = {0.f, 0.f};
+  if (live) {
+    if (lane < ns) my_slot = __ldg(a.src + r * ns + lane);
+    dst = __ldg(a.dst + r);
+    if (rd > 0) pos = float(__ldg(a.positions + r));
+    if (mine) {
+      if (a.norm) {
+        const float4 t = __ldg(reinterpret_cast<const float4*>(a.norm + ch));
+        w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
+      }
+      for (int k = 0; k < 2; ++k)
+        if (ch + 2 * k >= nope) f[k] = __ldg(a.inv_freq + (ch + 2 * k - nope) / 2);
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (!live || dst < 0 || floor) return;  // warp-uniform (dst is the same in every lane)
+
+  // 1. Pooling: every load of the row first, then the partitions folded and merged.
+  int32_t sl[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sl[j] = __shfl_sync(0xffffffffu, my_slot, j);
+  const CsInputs in{a.fresh_kv, a.fresh_gate, a.state_kv, a.state_gate, a.bias, a.ratio, a.overlap, d};
+  float x[4] = {0.f, 0.f, 0.f, 0.f};
+  if (mine) {
+    CsVec<4> lg[8], kv[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) cs_load_slot<4>(in, sl, u, ns, ch, lg[u], kv[u]);
+    CsAcc st[2][4];
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st[p][i] = CsAcc{-INFINITY, 0.f, 0.f};
+    cs_fold_batch<4, 4>(lg, kv, st[0]);
+    if (parts > 1) cs_fold_batch<4, 4>(lg + 4, kv + 4, st[1]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float mx[2] = {st[0][i].mx, st[1][i].mx}, sm[2] = {st[0][i].sum, st[1][i].sum},
+                  ac[2] = {st[0][i].acc, st[1][i].acc};
+      x[i] = cs_merge(mx, sm, ac, parts, 1);
+    }
+  }
+  // 2. Σx² (kCsChunk order, see above) and RMSNorm.
+  float sq[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sq[i] = __fmul_rn(x[i], x[i]);  // 0 in idle lanes
+    for (int o = 4; o; o >>= 1) sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
+  }
+  const float chunk = (sq[0] + sq[2]) + (sq[1] + sq[3]);  // chunk lane / 8 (same in its 8 lanes)
+  const float c0 = __shfl_sync(0xffffffffu, chunk, 0), c1 = __shfl_sync(0xffffffffu, chunk, 8),
+              c2 = __shfl_sync(0xffffffffu, chunk, 16), c3 = __shfl_sync(0xffffffffu, chunk, 24);
+  const float total = (c0 + c2) + (c1 + c3);
+  const float inv = rsqrtf(total / float(int64_t(d)) + a.eps);
+  // 3. Normalise + weight, RoPE.
+  float o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = x[i] * inv * w[i];
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    if (ch + 2 * k >= nope) {
+      const float x0 = o[2 * k], x1 = o[2 * k + 1];
+      o[2 * k] = cs_rope_value(x0, x1, f[k], pos, a.attention_scaling, false);
+      o[2 * k + 1] = cs_rope_value(x0, x1, f[k], pos, a.attention_scaling, true);
+    }
+  // 4. Store.
+  if constexpr (IDX) {
+    const KvFp8IndexLayout IL = kv_fp8_index_layout(d);
+    uint8_t* const idx_row = static_cast<uint8_t*>(a.pool) + int64_t(dst) * IL.bytes;
+    float amax = 0.f;
+    if (mine)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = fmaxf(amax, kvfp8::abs_finite(o[i]));
+    for (int s = 16; s; s >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, s));
+    const float scale = kvfp8::block_scale(amax);
+    if (mine)
+      *reinterpret_cast<uint32_t*>(idx_row + ch) = uint32_t(kvfp8::quantize(o[0], scale)) |
+                                                   (uint32_t(kvfp8::quantize(o[1], scale)) << 8) |
+                                                   (uint32_t(kvfp8::quantize(o[2], scale)) << 16) |
+                                                   (uint32_t(kvfp8::quantize(o[3], scale)) << 24);
+    if (lane == 0) {
+      *reinterpret_cast<float*>(idx_row + IL.scale_off) = scale;
+      for (int b = IL.scale_off + 4; b < IL.bytes; b += 4) *reinterpret_cast<uint32_t*>(idx_row + b) = 0;
+    }
+  } else {
+    if (mine) store_pool_values<4>(a, int64_t(dst) * d + ch, o);
+  }
+}
+
 // state[ring_dst[i]] = fresh[ring_src[i]] for kv and gate (two-launch form: after the rows kernel
 // in stream order, i.e. after every state read of the pooling). kRingPerThread items per thread.
 template <int RV>
@@ -468,6 +603,22 @@ bool use_wide(int64_t n_out, const CompressRowsPlan& wide) {
 bool floor_only() {
   const char* e = std::getenv("V4_COMPRESS_FLOOR");
   return e && e[0] == '1';
+}
+
+// The row-warp kernel (compress_rows_warp_kernel) for a call whose base plan is `base`: on unless
+// V4_COMPRESS_ROWWARP=0 (A/B runs; read at every call) for shapes it computes bit-identically
+// (vector path, one CTA per row, ≤ 8 slots in partitions of 4 slots with one load batch each,
+// d % 32 == 0 and d ≤ 128: the indexer's C4 d128) and pools it stores (f32, bf16, fp8 indexer
+// keys). A function of the shape and pool type only, never of the row count (batch invariance).
+bool use_row_warp(const ops::CompressFusedArgs& a, const CompressRowsPlan& base) {
+  const char* e = std::getenv("V4_COMPRESS_ROWWARP");
+  if (e && e[0] == '0') return false;
+  const int ns = a.overlap * a.ratio;
+  return base.threads > 0 && base.vec == 4 && base.ctas == 1 && base.spp == 4 &&
+         base.unroll == 4 && !base.prefetch && base.parts <= 2 && ns <= 8 && base.parts * 4 >= ns &&
+         a.dim % kCsChunk == 0 && a.dim <= 128 &&
+         (a.pool_dtype == KvDtype::kF32 || a.pool_dtype == KvDtype::kBf16 ||
+          a.pool_dtype == KvDtype::kFp8Index);
 }
 
 // Launches `kern` with an optional cluster dimension and the PDL attribute.
@@ -528,7 +679,32 @@ Kern rows_kernel(const CompressRowsPlan& pl, bool one) {
              : compress_fused_rows_kernel<1, 4, false, false, FP8>;
 }
 
+// The vector path: d % 4 == 0 and every row pointer 16-byte aligned.
+bool vector_ok(const ops::CompressFusedArgs& a) {
+  return a.dim % 4 == 0 && aligned16(a.fresh_kv) && aligned16(a.fresh_gate) &&
+         aligned16(a.state_kv) && aligned16(a.state_gate) && aligned16(a.bias) &&
+         aligned16(a.pool);
+}
+
+// The rows kernel's plan for `a` (base, or wide per V4_COMPRESS_WIDE; V4_COMPRESS_UNROLL forces
+// the load batch on the vector path: A/B runs, 8 on base plans only).
+CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
+  const int fu = forced_unroll();
+  const CompressRowsPlan wide = plan_compress_rows_wide(a.ratio, a.overlap, a.dim, vec_ok);
+  CompressRowsPlan pl = use_wide(a.n_out, wide) && fu != 8
+                            ? wide
+                            : plan_compress_rows(a.ratio, a.overlap, a.dim, vec_ok);
+  if (fu != 0 && pl.vec == 4) pl.unroll = fu;
+  return pl;
+}
+
 }  // namespace
+
+bool compress_fused_takes_row_warp(const ops::CompressFusedArgs& a) {
+  if (a.dim < 1 || a.ratio < 1 || (a.overlap != 1 && a.overlap != 2)) return false;
+  const CompressRowsPlan pl = rows_plan(a, vector_ok(a));
+  return forced_unroll() == 0 && !pl.prefetch && use_row_warp(a, pl);
+}
 
 bool compress_fused_index_fp8_ok(const ops::CompressFusedArgs& a) {
   return a.dim > 0 && a.dim % 16 == 0 && a.rope_dim % 2 == 0 && aligned16(a.fresh_kv) &&
@@ -565,46 +741,62 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
   const int64_t width = int64_t(a.overlap) * d;
   bool ring_done = a.n_ring == 0;
   if (a.n_out > 0) {
-    const bool vec_ok = d % 4 == 0 && aligned16(a.fresh_kv) && aligned16(a.fresh_gate) &&
-                        aligned16(a.state_kv) && aligned16(a.state_gate) && aligned16(a.bias) &&
-                        aligned16(a.pool);
+    const bool vec_ok = vector_ok(a);
     const int fu = forced_unroll();
-    const CompressRowsPlan wide = plan_compress_rows_wide(a.ratio, a.overlap, d, vec_ok);
-    CompressRowsPlan pl = use_wide(a.n_out, wide) && fu != 8
-                              ? wide
-                              : plan_compress_rows(a.ratio, a.overlap, d, vec_ok);
-    if (fu != 0 && pl.vec == 4) pl.unroll = fu;  // A/B runs (8: base plans only, above)
+    const CompressRowsPlan pl = rows_plan(a, vec_ok);
     if (pl.threads == 0)
       return errorf(ErrorCode::kInvalidArgument, "compress_fused: dim {} too large", d);
-    if (pl.threads > kCompressMaxThreads || pl.smem > kCompressSmemLimit || pl.ctas > 8 ||
-        (pl.ctas > 1 && (pl.gpc * pl.vec) % kCsChunk != 0) ||
-        (pl.gpc * pl.vec + kCsChunk - 1) / kCsChunk > kCsMaxChunks ||
-        (pl.prefetch && (pl.unroll != 4 || pl.spp > 8)))
-      return errorf(ErrorCode::kInternal,
-                    "compress_fused: plan of {} threads, {} B, {} CTAs of {} groups, spp {}",
-                    pl.threads, pl.smem, pl.ctas, pl.gpc, pl.spp);
-    // One launch when the caller promises that no refreshed ring row is a state slot of a window
-    // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
-    const bool one = a.ring_disjoint && a.n_ring > 0;
-    int64_t ring_ctas = 0;
-    if (one) {
-      const int64_t items = a.n_ring * 2 * (width / pl.vec);  // vec path: width % 4 == 0
-      const int64_t per = int64_t(kRingPerThread) * pl.threads;
-      ring_ctas = (items + per - 1) / per;
-      ring_ctas = (ring_ctas + pl.ctas - 1) / pl.ctas * pl.ctas;
+    if (fu == 0 && !pl.prefetch && use_row_warp(a, pl)) {  // compress_fused_takes_row_warp
+      // One warp per row, 8 rows per CTA; ring CTAs first in the one-launch form.
+      constexpr int kRowsPerCta = 8;
+      const bool one = a.ring_disjoint && a.n_ring > 0;
+      int64_t ring_ctas = 0;
+      if (one) {
+        const int64_t items = a.n_ring * 2 * (width / 4), per = int64_t(kRingPerThread) * 256;
+        ring_ctas = (items + per - 1) / per;
+      }
+      const int64_t grid = (a.n_out + kRowsPerCta - 1) / kRowsPerCta + ring_ctas;
+      if (grid > 0x7fffffff)
+        return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
+      const bool idx = a.pool_dtype == KvDtype::kFp8Index;
+      auto kern = one ? (idx ? compress_rows_warp_kernel<true, true>
+                             : compress_rows_warp_kernel<true, false>)
+                      : (idx ? compress_rows_warp_kernel<false, true>
+                             : compress_rows_warp_kernel<false, false>);
+      V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), 256u, 0, 1u, stream, a, pl.parts, ring_ctas,
+                                floor_only()));
+      ring_done = ring_done || one;
+    } else {
+      if (pl.threads > kCompressMaxThreads || pl.smem > kCompressSmemLimit || pl.ctas > 8 ||
+          (pl.ctas > 1 && (pl.gpc * pl.vec) % kCsChunk != 0) ||
+          (pl.gpc * pl.vec + kCsChunk - 1) / kCsChunk > kCsMaxChunks ||
+          (pl.prefetch && (pl.unroll != 4 || pl.spp > 8)))
+        return errorf(ErrorCode::kInternal,
+                      "compress_fused: plan of {} threads, {} B, {} CTAs of {} groups, spp {}",
+                      pl.threads, pl.smem, pl.ctas, pl.gpc, pl.spp);
+      // One launch when the caller promises that no refreshed ring row is a state slot of a window
+      // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
+      const bool one = a.ring_disjoint && a.n_ring > 0;
+      int64_t ring_ctas = 0;
+      if (one) {
+        const int64_t items = a.n_ring * 2 * (width / pl.vec);  // vec path: width % 4 == 0
+        const int64_t per = int64_t(kRingPerThread) * pl.threads;
+        ring_ctas = (items + per - 1) / per;
+        ring_ctas = (ring_ctas + pl.ctas - 1) / pl.ctas * pl.ctas;
+      }
+      const int64_t grid = a.n_out * pl.ctas + ring_ctas;
+      if (grid > 0x7fffffff)
+        return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
+      const Kern kern = a.pool_dtype == KvDtype::kFp8        ? rows_kernel<true>(pl, one)
+                        : a.pool_dtype == KvDtype::kFp8Index ? rows_kernel_idx(pl, one)
+                                                             : rows_kernel<false>(pl, one);
+      if (!kern)
+        return errorf(ErrorCode::kInternal, "compress_fused: no kernel for plan vec {} ({} pools)",
+                      pl.vec, kv_dtype_name(a.pool_dtype));
+      V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
+                                unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
+      ring_done = ring_done || one;
     }
-    const int64_t grid = a.n_out * pl.ctas + ring_ctas;
-    if (grid > 0x7fffffff)
-      return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
-    const Kern kern = a.pool_dtype == KvDtype::kFp8        ? rows_kernel<true>(pl, one)
-                      : a.pool_dtype == KvDtype::kFp8Index ? rows_kernel_idx(pl, one)
-                                                           : rows_kernel<false>(pl, one);
-    if (!kern)
-      return errorf(ErrorCode::kInternal, "compress_fused: no kernel for plan vec {} ({} pools)",
-                    pl.vec, kv_dtype_name(a.pool_dtype));
-    V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
-                              unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
-    ring_done = ring_done || one;
   }
   if (!ring_done) {
     // Two-launch form: stream order puts the refresh after every state read of the pooling.

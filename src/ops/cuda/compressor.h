@@ -24,6 +24,11 @@ namespace v4::cuda {
 ///      (compress_split.h plan_compress_rows_wide: more, smaller CTAs per row, all slot loads of
 ///      a thread in flight at once; bit-identical rows) measured slower in decode and is off
 ///      unless V4_COMPRESS_WIDE=1 (every call) or =auto (decode-sized grids).
+///      ROW-WARP form (compress_rows_warp_kernel, compress_fused_takes_row_warp): for windows of
+///      ≤ 8 slots and d ≤ 128, d % 32 == 0 (the indexer's C4 d128) one warp per row instead, no
+///      shared memory or barrier, every slot load of a lane in flight at once; the same bits as
+///      the rows kernel's base plan (partitions, merge and Σx² order reproduced). Off with
+///      V4_COMPRESS_ROWWARP=0.
 ///   2. The ring refresh (kv and gate rows, float4 when the rows allow):
 ///      - a.ring_disjoint (decode; prefill chunks without the hazard): extra CTAs of the same grid,
 ///        running concurrently with the pooling — ONE launch;
@@ -43,6 +48,9 @@ namespace v4::cuda {
 /// d too large for the shared-memory plan (> ~12K), an fp8 pool not 4-byte aligned; kUnsupported
 /// for kFp8Index args that fail compress_fused_index_fp8_ok; launch failures.
 Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream);
+/// Whether compress_fused runs args `a` with the row-warp kernel (a function of the shape, the
+/// pool type, the pointers' 16-byte alignment and the V4_COMPRESS_* variables, never of n_out).
+bool compress_fused_takes_row_warp(const ops::CompressFusedArgs& a);
 /// Whether compress_fused takes kFp8Index args `a`: d % 16 == 0, even rope_dim, and the fresh /
 /// state / bias rows and the pool 16-byte aligned (the vector plan).
 bool compress_fused_index_fp8_ok(const ops::CompressFusedArgs& a);
