@@ -469,7 +469,8 @@ TEST(CudaCompressor, WidePlanMatchesBaseAndCpu) {
   }
 }
 
-// The row-warp kernel (one warp per row; windows of ≤ 8 slots, d ≤ 128, d % 32 == 0) reproduces
+// The row-warp kernel (one warp per row; windows of ≤ 8 slots, d ≤ 128, d % 32 == 0; forced with
+// V4_COMPRESS_ROWWARP=1, by default it serves calls of ≥ 256 rows) reproduces
 // the rows kernel's base plan bit for bit (same partitions, merge and Σx² order, the same RoPE
 // roundings): pools equal with V4_COMPRESS_ROWWARP=0, both within 1e-5 of the CPU composition,
 // rings exact. Shapes: the indexer's C4 d128 rope 64, C4 d64 / d96 / d32 (idle lanes), m = 2
@@ -508,15 +509,18 @@ TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
       poison_outputs(k);
       Bufs c;
       cpu()->compress_fused(cpu_args(k, c));
+      setenv("V4_COMPRESS_ROWWARP", "1", 1);  // at every row count (default: ≥ 256 rows)
       {
         Bufs b;
         EXPECT_TRUE(cuda::compress_fused_takes_row_warp(gpu_args(k, b)));
       }
+      unsetenv("V4_COMPRESS_ROWWARP");
       const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                    k.ring_dst.data(), k.n_ring());
       for (bool one : {false, true}) {
         if (one && !disjoint) continue;
         SCOPED_TRACE(one ? "one launch" : "two launches");
+        setenv("V4_COMPRESS_ROWWARP", "1", 1);
         const FusedOut warp = run_fused(k, one);
         setenv("V4_COMPRESS_ROWWARP", "0", 1);
         const FusedOut rows = run_fused(k, one);
@@ -533,12 +537,22 @@ TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
       }
     }
   }
+  // Default: prefill-sized calls only (≥ 256 rows), not decode batches.
+  {
+    Bufs bp, bd;
+    EXPECT_TRUE(cuda::compress_fused_takes_row_warp(
+        gpu_args(v4::testing::prefill_case(4, 2, 128, 64, {{0, 0, 2048}}, 3), bp)));
+    EXPECT_FALSE(cuda::compress_fused_takes_row_warp(gpu_args(
+        v4::testing::decode_case(4, 2, 128, 64, random_decode_positions(64, 4, 4), 4), bd)));
+  }
   // Not taken: d 512 (the CSA kv and HCA compressors), C128 windows.
+  setenv("V4_COMPRESS_ROWWARP", "1", 1);
   Bufs b1, b2;
   EXPECT_FALSE(cuda::compress_fused_takes_row_warp(
       gpu_args(v4::testing::decode_case(4, 2, 512, 64, {7}, 1), b1)));
   EXPECT_FALSE(cuda::compress_fused_takes_row_warp(
       gpu_args(v4::testing::decode_case(128, 1, 128, 64, {255}, 2), b2)));
+  unsetenv("V4_COMPRESS_ROWWARP");
 }
 
 }  // namespace

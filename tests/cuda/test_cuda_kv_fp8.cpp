@@ -674,7 +674,8 @@ TEST(CudaKvFp8, CompressFusedIndexPoolWithinOneStepOfCpu) {
 // FlashCompressor's fused fp8 indexer-key store (kFp8Index, the default route): every byte of
 // the pool equals kvfp8::quantize_index_row of the f32 row the same kernel writes into an f32
 // pool for the same inputs (same plan), unwritten rows keep their poison, rings equal the CPU
-// op's. Plans (V4_COMPRESS_WIDE = 0 / 1): C4 d128 rope 64 (the V4 indexer; wide: 2 CTAs), C4
+// op's. Plans (V4_COMPRESS_WIDE = 0 / 1, and the row-warp kernel with V4_COMPRESS_ROWWARP=1):
+// C4 d128 rope 64 (the V4 indexer; wide: 2 CTAs), C4
 // d512 rope 64 (clusters: the row amax over distributed shared memory), C128 d192 rope 32 (wide:
 // 6 CTAs of 32 channels), the fixtures' C4 d32 rope 8 and d16 rope 8. Cases: decode B = 1 and
 // B = 64 (one launch; B = 64 also under graph capture), a prefill with the ring hazard (two
@@ -722,16 +723,21 @@ TEST(CudaKvFp8, CompressFusedIndexBytesEqualCpuQuantizer) {
       }
       const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                    k.ring_dst.data(), k.n_ring());
-      for (const char* wide : {"0", "1"})
+      // Plans: base, wide, and the row-warp kernel at any row count (V4_COMPRESS_ROWWARP=1;
+      // taken for the C4 d128 and d32 shapes, the others keep the base plan).
+      for (const char* wide : {"0", "1", "rowwarp"})
         for (bool one : {false, true})
           for (bool graph : {false, true}) {
             if (one && !disjoint) continue;
             if (graph && std::strcmp(name, "decode B=64") != 0) continue;
+            const bool rw = std::strcmp(wide, "rowwarp") == 0;
             SCOPED_TRACE(::testing::Message()
                          << "m=" << s.m << " c=" << s.c << " d=" << s.d << " rd=" << s.rd << " "
                          << name << (one ? ", one launch" : ", two launches")
-                         << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : ""));
-            EnvVar w("V4_COMPRESS_WIDE", wide);
+                         << (rw ? ", V4_COMPRESS_ROWWARP=1" : ", V4_COMPRESS_WIDE=") << (rw ? "" : wide)
+                         << (graph ? ", graph" : ""));
+            EnvVar w("V4_COMPRESS_WIDE", rw ? "0" : wide);
+            EnvVar r("V4_COMPRESS_ROWWARP", rw ? "1" : "0");
             const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph);
             const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8Index, one, graph);
             std::vector<uint8_t> want(fp8.pool.size(), 0xAB);

@@ -605,14 +605,22 @@ bool floor_only() {
   return e && e[0] == '1';
 }
 
-// The row-warp kernel (compress_rows_warp_kernel) for a call whose base plan is `base`: on unless
-// V4_COMPRESS_ROWWARP=0 (A/B runs; read at every call) for shapes it computes bit-identically
-// (vector path, one CTA per row, ≤ 8 slots in partitions of 4 slots with one load batch each,
-// d % 32 == 0 and d ≤ 128: the indexer's C4 d128) and pools it stores (f32, bf16, fp8 indexer
-// keys). A function of the shape and pool type only, never of the row count (batch invariance).
+// Fewest output rows for which compress_fused takes the row-warp kernel by default. On the H200
+// (bench/results/cuda-compressor.md, session 20) it wins at prefill sizes (8K indexer: 6.85 vs
+// 9.78 µs) and loses ~0.3–0.5 µs in decode (batch 64: 5.02 vs 4.54 µs; one warp per row is a
+// longer critical path than the rows kernel's two warps). Its rows are the rows kernel's bits,
+// so choosing by row count keeps batch invariance.
+constexpr int64_t kRowWarpMinRows = 256;
+
+// The row-warp kernel (compress_rows_warp_kernel) for a call whose base plan is `base`: for shapes
+// it computes bit-identically (vector path, one CTA per row, ≤ 8 slots in partitions of 4 slots
+// with one load batch each, d % 32 == 0 and d ≤ 128: the indexer's C4 d128) and pools it stores
+// (f32, bf16, fp8 indexer keys), when n_out ≥ kRowWarpMinRows. V4_COMPRESS_ROWWARP=0: never,
+// =1: whatever n_out (A/B runs, tests; read at every call).
 bool use_row_warp(const ops::CompressFusedArgs& a, const CompressRowsPlan& base) {
   const char* e = std::getenv("V4_COMPRESS_ROWWARP");
   if (e && e[0] == '0') return false;
+  if (!(e && e[0] == '1') && a.n_out < kRowWarpMinRows) return false;
   const int ns = a.overlap * a.ratio;
   return base.threads > 0 && base.vec == 4 && base.ctas == 1 && base.spp == 4 &&
          base.unroll == 4 && !base.prefetch && base.parts <= 2 && ns <= 8 && base.parts * 4 >= ns &&

@@ -25,10 +25,10 @@ namespace v4::cuda {
 ///      a thread in flight at once; bit-identical rows) measured slower in decode and is off
 ///      unless V4_COMPRESS_WIDE=1 (every call) or =auto (decode-sized grids).
 ///      ROW-WARP form (compress_rows_warp_kernel, compress_fused_takes_row_warp): for windows of
-///      ≤ 8 slots and d ≤ 128, d % 32 == 0 (the indexer's C4 d128) one warp per row instead, no
-///      shared memory or barrier, every slot load of a lane in flight at once; the same bits as
-///      the rows kernel's base plan (partitions, merge and Σx² order reproduced). Off with
-///      V4_COMPRESS_ROWWARP=0.
+///      ≤ 8 slots and d ≤ 128, d % 32 == 0 (the indexer's C4 d128) and calls of ≥ 256 rows
+///      (prefill) one warp per row instead, no shared memory or barrier, every slot load of a
+///      lane in flight at once; the same bits as the rows kernel's base plan (partitions, merge
+///      and Σx² order reproduced). V4_COMPRESS_ROWWARP=0: never; =1: at any row count.
 ///   2. The ring refresh (kv and gate rows, float4 when the rows allow):
 ///      - a.ring_disjoint (decode; prefill chunks without the hazard): extra CTAs of the same grid,
 ///        running concurrently with the pooling — ONE launch;
@@ -49,7 +49,8 @@ namespace v4::cuda {
 /// for kFp8Index args that fail compress_fused_index_fp8_ok; launch failures.
 Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream);
 /// Whether compress_fused runs args `a` with the row-warp kernel (a function of the shape, the
-/// pool type, the pointers' 16-byte alignment and the V4_COMPRESS_* variables, never of n_out).
+/// pool type, the pointers' 16-byte alignment, n_out and the V4_COMPRESS_* variables; the rows
+/// are the same bits either way).
 bool compress_fused_takes_row_warp(const ops::CompressFusedArgs& a);
 /// Whether compress_fused takes kFp8Index args `a`: d % 16 == 0, even rope_dim, and the fresh /
 /// state / bias rows and the pool 16-byte aligned (the vector plan).
