@@ -703,6 +703,17 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
                             ? wide
                             : plan_compress_rows(a.ratio, a.overlap, a.dim, vec_ok);
   if (fu != 0 && pl.vec == 4) pl.unroll = fu;
+  // V4_COMPRESS_CTAS=K (A/B runs): K CTAs per row on the vector path (threads then walk several
+  // channel groups of their slice); the same bits (per-channel arithmetic and the Σx² order do
+  // not depend on K).
+  if (const char* e = std::getenv("V4_COMPRESS_CTAS"); e && pl.vec == 4 && pl.threads > 0) {
+    const int k = std::atoi(e);
+    if (k >= 1 && k <= 8) {
+      pl.ctas = std::min(k, pl.groups);
+      compress_plan_slices(pl);
+      pl.smem = compress_rows_smem(a.overlap * a.ratio, pl.parts, pl.gpc * pl.vec, pl.stage).total;
+    }
+  }
   return pl;
 }
 
