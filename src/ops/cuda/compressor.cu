@@ -189,7 +189,13 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       pdl_trigger();
       return;
     }
-    ring_copy_items<VEC>(a, int64_t(blockIdx.x) * kRingPerThread * nt, tid, nt);
+    // Each ring CTA copies `rounds` consecutive chunks of kRingPerThread·nt items (rounds > 1
+    // when the host launched fewer ring CTAs: V4_COMPRESS_RING_ROUNDS).
+    const int64_t items = a.n_ring * 2 * (int64_t(a.overlap) * a.dim / VEC);
+    const int64_t per = int64_t(kRingPerThread) * nt;
+    const int64_t rounds = (items + ring_ctas * per - 1) / (ring_ctas * per);
+    for (int64_t k = 0; k < rounds; ++k)
+      ring_copy_items<VEC>(a, (int64_t(blockIdx.x) * rounds + k) * per, tid, nt);
     return;
   }
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem_f4);
@@ -597,6 +603,14 @@ bool use_wide(int64_t n_out, const CompressRowsPlan& wide) {
   return false;
 }
 
+// V4_COMPRESS_RING_ROUNDS=R (A/B runs): the one-launch rows kernel gets R times fewer ring CTAs,
+// each copying R chunks of ring items in turn (the same copies). Read at every call.
+int64_t ring_rounds() {
+  const char* e = std::getenv("V4_COMPRESS_RING_ROUNDS");
+  const int r = e ? std::atoi(e) : 1;
+  return r >= 1 && r <= 64 ? r : 1;
+}
+
 // V4_COMPRESS_FLOOR=1 (benchmark diagnostic only: the results are NOT computed): every CTA of the
 // same grid does its first round of index loads, the PDL wait and trigger, and exits — the
 // latency floor of one call with this launch shape. Read at every call.
@@ -799,7 +813,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
       int64_t ring_ctas = 0;
       if (one) {
         const int64_t items = a.n_ring * 2 * (width / pl.vec);  // vec path: width % 4 == 0
-        const int64_t per = int64_t(kRingPerThread) * pl.threads;
+        const int64_t per = int64_t(kRingPerThread) * pl.threads * ring_rounds();
         ring_ctas = (items + per - 1) / per;
         ring_ctas = (ring_ctas + pl.ctas - 1) / pl.ctas * pl.ctas;
       }
