@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,14 +95,27 @@ int run_info(const std::string& dir, const std::string& load_format, int num_lay
   const bool dummy = load_format == "dummy";
   auto cfg = dummy ? model::ModelConfig::load_path(dir) : model::ModelConfig::load(dir);
   if (!cfg.ok()) {
+    // As generate / serve: 2 for an invalid config, 1 for one that cannot be read.
     std::fprintf(stderr, "error: %s\n", cfg.status().message().c_str());
-    return 1;
+    return cfg.status().code() == ErrorCode::kInvalidArgument ? 2 : 1;
   }
   if (num_layers > 0) {
     if (Status st = cfg->truncate_layers(num_layers); !st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
       return 2;
     }
+  }
+  // The checkpoint is opened before anything is printed: a directory without weights gives its
+  // one-line error alone, not a config summary followed by the error.
+  std::optional<model::Checkpoint> ck;
+  if (!dummy) {
+    auto opened = model::Checkpoint::open(dir);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "error: %s%s\n", opened.status().message().c_str(),
+                   " (for a config.json alone use --load-format dummy)");
+      return 1;
+    }
+    ck.emplace(std::move(opened).value());
   }
   std::printf("== config (%s%s)%s\n%s", dir.c_str(),
               std::filesystem::is_regular_file(dir) ? "" : "/config.json",
@@ -111,12 +125,6 @@ int run_info(const std::string& dir, const std::string& load_format, int num_lay
   if (dummy) {
     if (int rc = print_dummy_weights(*cfg); rc != 0) return rc;
     return print_kv(*cfg);
-  }
-  auto ck = model::Checkpoint::open(dir);
-  if (!ck.ok()) {
-    std::fprintf(stderr, "error: %s%s\n", ck.status().message().c_str(),
-                 " (for a config.json alone use --load-format dummy)");
-    return 1;
   }
 
   std::map<std::string, int64_t> params;

@@ -210,3 +210,46 @@ def test_bad_num_threads_env_is_reported_not_fatal(value):
                        env=env)
     assert r.returncode == 0, (r.returncode, r.stderr[-400:])
     assert f"V4_NUM_THREADS='{value}' ignored" in r.stderr, r.stderr[-400:]
+
+
+def _bad_config_dir(tmp_path):
+    """The embedded model's config.json with a `layer_types` list one entry short (an invalid
+    config: refused in one line naming the field)."""
+    import json
+    import shutil
+    d = tmp_path / "bad"
+    d.mkdir()
+    cfg = json.load(open(os.path.join(MODEL, "config.json")))
+    cfg["layer_types"] = cfg["layer_types"][:-1]
+    (d / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(os.path.join(MODEL, "tokenizer.json"), d / "tokenizer.json")
+    return str(d)
+
+
+def test_invalid_config_same_exit_code_everywhere(tmp_path):
+    """An invalid config.json is a usage error for every command that reads it: exit 2 and one
+    line naming the field (info returned 1, generate / serve 2)."""
+    d = _bad_config_dir(tmp_path)
+    for args in (["info", "--model", d], ["info", "--model", d, "--load-format", "dummy"],
+                 ["generate", "--model", d, "--prompt", "hi", "--max-new-tokens", "1"]):
+        r = run(args)
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, (args, out)
+        lines = [l for l in out.splitlines() if l.strip()]
+        assert len(lines) == 1 and "layer_types" in lines[0], (args, out)
+
+
+def test_info_without_weights_prints_only_the_error(tmp_path):
+    """`info` on a directory holding a config.json alone: the one-line error (with the hint to use
+    --load-format dummy), exit 1, and no config summary before it."""
+    import shutil
+    d = tmp_path / "cfgonly"
+    d.mkdir()
+    shutil.copy(os.path.join(MODEL, "config.json"), d / "config.json")
+    r = run(["info", "--model", str(d)])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout == "", r.stdout
+    assert "--load-format dummy" in r.stderr, r.stderr
+    r = run(["info", "--model", str(d), "--load-format", "dummy"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "== config" in r.stdout, r.stdout
