@@ -413,25 +413,7 @@ TEST(CudaCompressor, WidePlanMatchesBaseAndCpu) {
   ASSERT_NE(gpu(), nullptr);
   for (Rate r : kRates) {
     const uint64_t seed = cuda::testing::test_seed() + 4242 + r.m + r.d;
-    const int64_t L = 3 * r.c * r.m + 5;
-    std::vector<std::pair<const char*, CompressCase>> cases;
-    cases.emplace_back("decode B=1", v4::testing::decode_case(r.m, r.c, r.d, 64,
-                                                             {2 * int64_t(r.m) - 1}, seed));
-    cases.emplace_back("decode B=64", v4::testing::decode_case(r.m, r.c, r.d, 64,
-                                                              random_decode_positions(64, r.m, seed), seed + 1));
-    cases.emplace_back("prefill ring hazard",
-                       v4::testing::prefill_case(r.m, r.c, r.d, 64,
-                                                 {{0, r.m + 3, L}, {3, 0, L + r.m}, {1, 2 * r.m - 1, L + 1}},
-                                                 seed + 2));
-    cases.emplace_back("prefill window edges",
-                       v4::testing::prefill_case(r.m, r.c, r.d, 64,
-                                                 {{0, 0, 5 * int64_t(r.m) + 3},
-                                                  {1, 2 * int64_t(r.m) - 2, 2},
-                                                  {2, 3 * int64_t(r.m) - 1, 1}},
-                                                 seed + 3));
-    cases.emplace_back("prefill long from 0",
-                       v4::testing::prefill_case(r.m, r.c, r.d, 64, {{0, 0, r.m == 4 ? 2048 : 4096}},
-                                                 seed + 4));
+    const auto cases = v4::testing::standard_cases(r.m, r.c, r.d, 64, seed, r.m == 4 ? 2048 : 4096);
     for (auto& [name, k0] : cases) {
       SCOPED_TRACE(::testing::Message() << "m=" << r.m << " d=" << r.d << " " << name);
       CompressCase k = k0;
@@ -483,25 +465,7 @@ TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
   for (Shape r : {Shape{4, 2, 128, 64}, Shape{4, 2, 64, 32}, Shape{4, 2, 96, 32},
                   Shape{4, 2, 32, 8}, Shape{2, 2, 128, 64}, Shape{4, 1, 128, 64}}) {
     const uint64_t seed = cuda::testing::test_seed() + 977 + r.m + r.d + r.c;
-    const int64_t L = 3 * r.c * r.m + 5;
-    std::vector<std::pair<const char*, CompressCase>> cases;
-    cases.emplace_back("decode B=1", v4::testing::decode_case(r.m, r.c, r.d, r.rd,
-                                                             {2 * int64_t(r.m) - 1}, seed));
-    cases.emplace_back("decode B=64",
-                       v4::testing::decode_case(r.m, r.c, r.d, r.rd,
-                                                random_decode_positions(64, r.m, seed), seed + 1));
-    cases.emplace_back("prefill ring hazard",
-                       v4::testing::prefill_case(r.m, r.c, r.d, r.rd,
-                                                 {{0, r.m + 3, L}, {3, 0, L + r.m}, {1, 2 * r.m - 1, L + 1}},
-                                                 seed + 2));
-    cases.emplace_back("prefill window edges",
-                       v4::testing::prefill_case(r.m, r.c, r.d, r.rd,
-                                                 {{0, 0, 5 * int64_t(r.m) + 3},
-                                                  {1, 2 * int64_t(r.m) - 2, 2},
-                                                  {2, 3 * int64_t(r.m) - 1, 1}},
-                                                 seed + 3));
-    cases.emplace_back("prefill long from 0",
-                       v4::testing::prefill_case(r.m, r.c, r.d, r.rd, {{0, 0, 2048}}, seed + 4));
+    const auto cases = v4::testing::standard_cases(r.m, r.c, r.d, r.rd, seed, 2048);
     for (auto& [name, k0] : cases) {
       SCOPED_TRACE(::testing::Message() << "m=" << r.m << " c=" << r.c << " d=" << r.d << " "
                                         << name);

@@ -318,23 +318,7 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
                   Shape{3, 2, 37, 8}, Shape{4, 2, 64, 0}, Shape{4, 2, 32, 8}}) {
     const KvFp8Layout L = kv_fp8_layout(s.d, s.rd);
     const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
-    const int64_t len = 3 * int64_t(s.c) * s.m + 5;
-    std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
-    cases.emplace_back("decode B=1",
-                       v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
-    cases.emplace_back("decode B=64",
-                       v4::testing::decode_case(s.m, s.c, s.d, s.rd,
-                                                random_decode_positions(64, s.m, seed), seed + 1));
-    cases.emplace_back("prefill ring hazard",
-                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
-                                                 {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},
-                                                 seed + 2));
-    cases.emplace_back("prefill window edges",
-                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
-                                                 {{0, 0, 5 * int64_t(s.m) + 3},
-                                                  {1, 2 * int64_t(s.m) - 2, 2},
-                                                  {2, 3 * int64_t(s.m) - 1, 1}},
-                                                 seed + 3));
+    auto cases = v4::testing::standard_cases(s.m, s.c, s.d, s.rd, seed, 0);
     for (auto& [name, k] : cases) {
       ASSERT_GT(k.n_out(), 0);
       // CPU op (the reference composition) into an fp8 pool: rings and the one-step bound.
@@ -692,23 +676,7 @@ TEST(CudaKvFp8, CompressFusedIndexBytesEqualCpuQuantizer) {
                   Shape{4, 2, 32, 8}, Shape{4, 2, 16, 8}}) {
     const KvFp8IndexLayout L = kv_fp8_index_layout(s.d);
     const uint64_t seed = uint64_t(rand_int(1, 1 << 30));
-    const int64_t len = 3 * int64_t(s.c) * s.m + 5;
-    std::vector<std::pair<const char*, v4::testing::CompressCase>> cases;
-    cases.emplace_back("decode B=1",
-                       v4::testing::decode_case(s.m, s.c, s.d, s.rd, {2 * int64_t(s.m) - 1}, seed));
-    cases.emplace_back("decode B=64",
-                       v4::testing::decode_case(s.m, s.c, s.d, s.rd,
-                                                random_decode_positions(64, s.m, seed), seed + 1));
-    cases.emplace_back("prefill ring hazard",
-                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
-                                                 {{0, s.m + 3, len}, {3, 0, len + s.m}, {1, 2 * int64_t(s.m) - 1, len + 1}},
-                                                 seed + 2));
-    cases.emplace_back("prefill window edges",
-                       v4::testing::prefill_case(s.m, s.c, s.d, s.rd,
-                                                 {{0, 0, 5 * int64_t(s.m) + 3},
-                                                  {1, 2 * int64_t(s.m) - 2, 2},
-                                                  {2, 3 * int64_t(s.m) - 1, 1}},
-                                                 seed + 3));
+    auto cases = v4::testing::standard_cases(s.m, s.c, s.d, s.rd, seed, 0);
     for (auto& [name, k] : cases) {
       ASSERT_GT(k.n_out(), 0);
       std::vector<float> cpu_rkv = k.ring_kv, cpu_rg = k.ring_gate;

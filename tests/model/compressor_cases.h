@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ops/decode_plan_rows.h"
@@ -165,6 +166,30 @@ inline std::vector<int64_t> random_decode_positions(int B, int m, uint64_t seed)
   }
   pos[0] = 2 * int64_t(m) - 1;
   return pos;
+}
+
+/// The cases the device compressor tests run per shape (named): decode B = 1 (one closing row)
+/// and B = 64 (random_decode_positions: padding, closing and open rows; one launch), a prefill
+/// with the ring hazard (refreshed ring rows read as state: two launches), prefill chunks on
+/// window edges (the last two tokens of a window, a single closing token) and, when long_len > 0,
+/// one chunk of long_len tokens from position 0. Seeds seed … seed + 4 in that order.
+inline std::vector<std::pair<const char*, CompressCase>> standard_cases(int m, int c, int d, int rd,
+                                                                      uint64_t seed,
+                                                                      int64_t long_len) {
+  const int64_t L = 3 * int64_t(c) * m + 5, M = m;
+  std::vector<std::pair<const char*, CompressCase>> cases;
+  cases.emplace_back("decode B=1", decode_case(m, c, d, rd, {2 * M - 1}, seed));
+  cases.emplace_back("decode B=64",
+                     decode_case(m, c, d, rd, random_decode_positions(64, m, seed), seed + 1));
+  cases.emplace_back("prefill ring hazard",
+                     prefill_case(m, c, d, rd, {{0, M + 3, L}, {3, 0, L + M}, {1, 2 * M - 1, L + 1}},
+                                  seed + 2));
+  cases.emplace_back("prefill window edges",
+                     prefill_case(m, c, d, rd, {{0, 0, 5 * M + 3}, {1, 2 * M - 2, 2}, {2, 3 * M - 1, 1}},
+                                  seed + 3));
+  if (long_len > 0)
+    cases.emplace_back("prefill long from 0", prefill_case(m, c, d, rd, {{0, 0, long_len}}, seed + 4));
+  return cases;
 }
 
 /// The step in double precision straight from dsv4-model.md §5 (independent of the ops): the
