@@ -111,8 +111,11 @@ int run_info(const std::string& dir, const std::string& load_format, int num_lay
   if (!dummy) {
     auto opened = model::Checkpoint::open(dir);
     if (!opened.ok()) {
+      // The dummy-weights hint only when there are no weights at all, not for a file that is
+      // there but unreadable.
+      const bool no_weights = opened.status().code() == ErrorCode::kNotFound;
       std::fprintf(stderr, "error: %s%s\n", opened.status().message().c_str(),
-                   " (for a config.json alone use --load-format dummy)");
+                   no_weights ? " (for a config.json alone use --load-format dummy)" : "");
       return 1;
     }
     ck.emplace(std::move(opened).value());

@@ -151,6 +151,9 @@ Status Checkpoint::add_file(const std::string& path) {
     return make_error(ErrorCode::kNotFound, "{}: cannot open: {}", path, strerror(errno));
   struct stat st {};
   if (fstat(mf->fd, &st) != 0) return make_error(ErrorCode::kIoError, "{}: cannot stat", path);
+  if (!S_ISREG(st.st_mode))
+    return make_error(ErrorCode::kCorruptData, "{}: is a {}, not a safetensors file", path,
+                      S_ISDIR(st.st_mode) ? "directory" : "special file");
   mf->size = size_t(st.st_size);
   if (mf->size < 8)
     return make_error(

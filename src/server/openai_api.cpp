@@ -1048,7 +1048,10 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                       ctx, longest + *r.max_tokens, longest, *r.max_tokens)
         : fmt::format("This model's maximum context length is {} tokens. However, the prompt has {} tokens, leaving no room for the completion.",
                       ctx, longest);
-    return send_error(hreq, *w, api_error(400, msg, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt"));
+    // The field to shorten: the prompt when it alone leaves no room, else max_tokens (as the
+    // KV-cache form below).
+    return send_error(hreq, *w, api_error(400, msg, "invalid_request_error", "context_length_exceeded",
+                                          longest >= ctx ? (chat ? "messages" : "prompt") : "max_tokens"));
   }
   // Within the model's context but beyond what the KV pools hold for one sequence (the pools are
   // sized by --mem-fraction, not by the context): the same error code, naming the cache limit.

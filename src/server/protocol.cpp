@@ -395,9 +395,19 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     if (std::find(std::begin(kRoles), std::end(kRoles), rs) == std::end(kRoles)) {
       return rd.fail(fmt::format("'{}.role' is '{}'; expected one of system, user, assistant, tool, developer", p, rs), "messages");
     }
+    // Optional string fields: a wrong type is refused (as OpenAI), not silently rendered.
+    for (const char* f : {"name", "tool_call_id"}) {
+      if (auto v = m.find(f); v != m.end() && !v->is_null() && !v->is_string())
+        return rd.fail(fmt::format("'{}.{}' must be a string, got {}", p, f, type_name(*v)), "messages");
+    }
     Json copy = m;
     if (rs == "developer") copy["role"] = "system";  // OpenAI developer == system for this model
     auto content = m.find("content");
+    if (content != m.end() && content->is_array() && content->empty())
+      return rd.fail(fmt::format("'{}.content' is an empty array: give at least one part, a string "
+                                 "or null",
+                                 p),
+                     "messages");
     if (content != m.end() && !content->is_null()) {
       if (content->is_array()) {
         for (auto& part : *content) {

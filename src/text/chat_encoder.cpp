@@ -382,9 +382,13 @@ Result<std::string> render_message(int index, const J& msgs, const Ctx& cx) {
     prompt += thinking_part + summary + tc_content;
     if (!wo_eos) prompt += kEos;
   } else {
-    std::string r = role.is_string() ? role.get<std::string>() : role.dump();
-    return make_error(ErrorCode::kInvalidArgument, "{}.role '{}' is not supported (system, user, assistant, tool)",
-                      where, r);
+    if (!role.is_string())
+      return make_error(ErrorCode::kInvalidArgument, "{}.role must be a string, got {}", where,
+                        role.is_null() ? std::string("null") : role.dump());
+    return make_error(ErrorCode::kInvalidArgument,
+                      "{}.role '{}' is not supported (system, user, assistant, tool; the server "
+                      "also takes developer, as system)",
+                      where, role.get<std::string>());
   }
 
   // Transition: only when the next message is an assistant/latest_reminder turn, or at the end.

@@ -253,3 +253,25 @@ def test_info_without_weights_prints_only_the_error(tmp_path):
     r = run(["info", "--model", str(d), "--load-format", "dummy"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "== config" in r.stdout, r.stdout
+
+
+def test_info_on_unreadable_weights_names_the_problem(tmp_path):
+    """A model.safetensors that exists but cannot be read: the error names it (a directory is
+    called a directory, not "mmap failed: No such device") and carries no --load-format dummy hint,
+    which is for a directory without weights."""
+    import shutil
+    d = tmp_path / "dirweights"
+    d.mkdir()
+    shutil.copy(os.path.join(MODEL, "config.json"), d / "config.json")
+    (d / "model.safetensors").mkdir()
+    r = run(["info", "--model", str(d)])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "is a directory, not a safetensors file" in r.stderr, r.stderr
+    assert "--load-format dummy" not in r.stderr, r.stderr
+    t = tmp_path / "trunc"
+    t.mkdir()
+    shutil.copy(os.path.join(MODEL, "config.json"), t / "config.json")
+    (t / "model.safetensors").write_bytes(b"\x10\x00\x00")
+    r = run(["info", "--model", str(t)])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "truncated" in r.stderr and "--load-format dummy" not in r.stderr, r.stderr

@@ -937,6 +937,24 @@ TEST_F(ApiTest, DeeplyNestedJsonIsRefusedNotACrash) {
   EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
 }
 
+// context_length_exceeded names the field to shorten: the prompt when it alone leaves no room,
+// max_tokens when the prompt fits (it said "prompt" / "messages" for both).
+TEST_F(ApiTest, ContextLengthErrorNamesTheFieldToShorten) {
+  const std::string long_prompt = json(std::vector<int32_t>(600, 3)).dump();
+  auto param_of = [&](const std::string& path, const std::string& body) {
+    const auto r = http(port_, "POST", path, body);
+    EXPECT_EQ(r.status, 400) << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r.body;
+    return j["error"]["param"].is_string() ? j["error"]["param"].get<std::string>() : "";
+  };
+  EXPECT_EQ(param_of("/v1/completions", R"({"prompt":)" + long_prompt + "}"), "prompt");
+  EXPECT_EQ(param_of("/v1/completions", R"({"prompt":[1,2],"max_tokens":511})"), "max_tokens");
+  EXPECT_EQ(param_of("/v1/chat/completions",
+                     R"({"messages":[{"role":"user","content":"x"}],"max_tokens":511})"),
+            "max_tokens");
+}
+
 TEST_F(ApiTest, ErrorsAreOpenAiShaped) {
   struct Case {
     std::string method, path, body;

@@ -175,6 +175,28 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
   }
 }
 
+// A message's optional string fields (name, tool_call_id) with another type, and an empty content
+// array, are refused naming the message (they were accepted and rendered as "5" or dropped);
+// strings and null stay accepted.
+TEST(Protocol, MessageFieldTypes) {
+  for (const char* bad : {R"({"messages":[{"role":"user","content":"hi","name":5}]})",
+                          R"({"messages":[{"role":"user","content":"hi"},{"role":"tool","content":"x","tool_call_id":5}]})",
+                          R"({"messages":[{"role":"user","content":"hi","name":{"a":1}}]})",
+                          R"({"messages":[{"role":"user","content":[]}]})"}) {
+    const ApiError e = chat_err(bad);
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "messages") << bad;
+    EXPECT_NE(e.message.find("messages["), std::string::npos) << e.message;
+  }
+  EXPECT_NE(chat_err(R"({"messages":[{"role":"user","content":"hi","name":5}]})").message.find("'messages[0].name' must be a string"),
+            std::string::npos);
+  for (const char* ok : {R"({"messages":[{"role":"user","content":"hi","name":"alice"}]})",
+                         R"({"messages":[{"role":"user","content":"hi","name":null}]})",
+                         R"({"messages":[{"role":"user","content":"hi"},{"role":"tool","content":"x","tool_call_id":"c1"}]})"}) {
+    EXPECT_EQ(chat_err(ok).status, 0) << ok;
+  }
+}
+
 TEST(Protocol, MalformedChatRequests) {
   struct Case {
     std::string body;

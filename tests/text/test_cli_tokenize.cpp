@@ -126,6 +126,12 @@ TEST(CliTokenize, BadInputIsOneLineErrorNamingTheField) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("messages[1].role"), std::string::npos) << r.out;
   EXPECT_TRUE(one_line(r)) << r.out;
+  // A role that is not a string is named as such (it was quoted as the string '5').
+  std::string num = tmp_file("num.json", R"([{"role":5,"content":"x"}])");
+  r = run("tokenize --tokenizer " + kTok + " --messages " + num);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("messages[0].role must be a string, got 5"), std::string::npos) << r.out;
+  EXPECT_TRUE(one_line(r)) << r.out;
   std::string broken = tmp_file("broken.json", "[{");
   r = run("tokenize --tokenizer " + kTok + " --messages " + broken);
   EXPECT_NE(r.rc, 0);
