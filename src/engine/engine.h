@@ -126,6 +126,12 @@ struct EngineConfig {
   /// Free pages kept in reserve when admitting a new request (fraction of each pool), so running
   /// requests can keep decoding before preemption kicks in. In [0, 1).
   double admission_watermark = 0.01;
+  /// While requests wait (and one more may run), running prefill chunks take at most half of a
+  /// step's budget, leaving min(the queue head's prompt, half) for its admission: a short request
+  /// is not stuck behind a long prompt's whole prefill (vLLM's long-prefill threshold, applied
+  /// only while someone waits). Not reserved for a head that could not be admitted for memory,
+  /// until a running request ends. Outputs do not depend on it (chunking is batch-invariant).
+  bool reserve_for_waiting = true;
 };
 
 /// Usage of one pool for /metrics and the status line.

@@ -175,7 +175,10 @@ int64_t Scheduler::chunk_for(const Seq& s, int64_t budget) const {
 
 void Scheduler::remove_running(Seq* s) {
   auto it = std::find(running_.begin(), running_.end(), s);
-  if (it != running_.end()) running_.erase(it);
+  if (it != running_.end()) {
+    running_.erase(it);
+    blocked_head_ = 0;  // memory was freed: the queue head may fit now
+  }
 }
 
 void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
@@ -310,10 +313,16 @@ Status Scheduler::step() {
     }
     if (!try_schedule(s, 1)) break;
   }
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+  // Part of the budget stays for the queue head while requests wait (reserve_for_waiting).
+  int64_t head_share = 0;
+  if (config_.reserve_for_waiting && !waiting_.empty() &&
+      int64_t(running_.size()) < config_.max_running_requests &&
+      waiting_.front()->id != blocked_head_)
+    head_share = std::min<int64_t>(int64_t(waiting_.front()->tokens.size()), budget / 2);
+  for (size_t i = 0; i < running_.size() && budget - head_share > 0; ++i) {
     Seq* s = running_[i];
     if (s->in_plan) continue;
-    if (!try_schedule(s, chunk_for(*s, budget))) break;
+    if (!try_schedule(s, chunk_for(*s, budget - head_share))) break;
   }
 
   // 2. Waiting requests, FCFS. The pre-check assumes no prefix hit (the least a start can
@@ -345,6 +354,7 @@ Status Scheduler::step() {
         continue;
       }
       log_wait(pre);
+      if (head_share > 0) blocked_head_ = s->id;
       break;
     }
     // A request owing prompt logprobs computes the positions that score them (no cache hit there).
@@ -375,6 +385,7 @@ Status Scheduler::step() {
     if (!fits(delta, wm) && !running_.empty()) {
       release(*s, SequenceEnd::kPreempted);  // keeps what it had in the prefix cache
       log_wait(delta);
+      if (head_share > 0) blocked_head_ = s->id;
       break;
     }
     waiting_.pop_front();

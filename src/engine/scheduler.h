@@ -129,6 +129,10 @@ class Scheduler {
   std::vector<Seq*> running_;  // admission order
   std::deque<Seq*> waiting_;   // FCFS; preempted requests go to the front
   std::vector<int64_t> reserved_total_;
+  // The queue head that could not be admitted for memory in the last step with a reserve
+  // (EngineConfig::reserve_for_waiting): no budget is reserved for it again until a running
+  // request ends. 0 = none.
+  RequestId blocked_head_ = 0;
   StepRecord last_step_;
   EngineStats counters_;
 };

@@ -163,6 +163,52 @@ TEST(Scheduler, DecodeRowsMixWithPrefillChunks) {
   EXPECT_EQ(h.out[b].tokens, fake_greedy(p2, fc.vocab, 5));
 }
 
+// A short request that arrives while a long prompt is prefilling is admitted in the next step
+// (reserve_for_waiting: the long prefill's chunks leave min(its prompt, half the budget) while
+// someone waits) and finishes long before the long prompt; without the reserve it waited for the
+// whole prefill. Outputs are the same either way; once the queue is empty the long prefill takes
+// the whole budget again.
+TEST(Scheduler, WaitingRequestIsAdmittedDuringALongPrefill) {
+  FakeConfig fc;
+  std::mt19937 rng(5);
+  auto longp = make_prompt(rng, 2000, fc.vocab);
+  auto shortp = make_prompt(rng, 6, fc.vocab);
+  for (bool reserve : {true, false}) {
+    SCOPED_TRACE(reserve ? "reserve on" : "reserve off");
+    EngineConfig ec;
+    ec.chunked_prefill_size = 64;
+    ec.reserve_for_waiting = reserve;
+    Harness h(fc, ec);
+    RequestId a = h.add(longp, greedy(3));
+    ASSERT_TRUE(h.sched.step().ok());  // the long prompt's first chunk: the whole budget
+    EXPECT_EQ(h.sched.last_step().n_tokens, 64);
+    RequestId b = h.add(shortp, greedy(2));
+    ASSERT_TRUE(h.sched.step().ok());
+    if (reserve) {
+      EXPECT_EQ(h.sched.last_step().n_slices, 2);  // long chunk (58) + the short prompt (6)
+      EXPECT_EQ(h.sched.last_step().n_tokens, 64);
+    } else {
+      EXPECT_EQ(h.sched.last_step().n_slices, 1);  // the long prompt only
+    }
+    int steps = 2;
+    while (!h.out[b].finished && steps < 1000) {
+      ASSERT_TRUE(h.sched.step().ok());
+      ++steps;
+    }
+    if (reserve)
+      EXPECT_LE(steps, 4);  // admitted at step 2, second token at step 3
+    else
+      EXPECT_GE(steps, 2000 / 64);  // behind the whole prefill
+    if (reserve) {
+      ASSERT_TRUE(h.sched.step().ok());  // queue empty again: full chunks
+      EXPECT_EQ(h.sched.last_step().n_tokens, 64);
+    }
+    h.run();
+    EXPECT_EQ(h.out[a].tokens, fake_greedy(longp, fc.vocab, 3));
+    EXPECT_EQ(h.out[b].tokens, fake_greedy(shortp, fc.vocab, 2));
+  }
+}
+
 TEST(Scheduler, CancelMidwayFreesPages) {
   FakeConfig fc;
   EngineConfig ec;
