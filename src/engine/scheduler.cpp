@@ -365,6 +365,7 @@ Status Scheduler::step() {
         finish(s, FinishReason::kError, start.status(), &pending);
         continue;
       }
+      if (head_share > 0) blocked_head_ = s->id;
       break;  // wait for a sequence slot
     }
     s->exec_seq = start->seq;

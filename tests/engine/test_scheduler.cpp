@@ -209,6 +209,38 @@ TEST(Scheduler, WaitingRequestIsAdmittedDuringALongPrefill) {
   }
 }
 
+// A queue head that cannot be admitted (a pool full, or no sequence slot) gets no room: after one
+// step with the reserve the long prefill takes the whole budget again, until a running request
+// ends.
+TEST(Scheduler, NoRoomKeptForAHeadThatCannotBeAdmitted) {
+  std::mt19937 rng(6);
+  for (int why = 0; why < 2; ++why) {
+    SCOPED_TRACE(why == 0 ? "state pool full" : "no sequence slot");
+    FakeConfig fc;
+    if (why == 0)
+      fc.state_pages = 1;  // one live sequence
+    else
+      fc.max_sequences = 1;
+    auto longp = make_prompt(rng, 1000, fc.vocab);
+    EngineConfig ec;
+    ec.chunked_prefill_size = 64;
+    Harness h(fc, ec);
+    RequestId a = h.add(longp, greedy(2));
+    ASSERT_TRUE(h.sched.step().ok());
+    RequestId b = h.add({1, 2, 3}, greedy(2));
+    ASSERT_TRUE(h.sched.step().ok());  // room kept once (61 tokens), the head not admitted
+    EXPECT_EQ(h.sched.last_step().n_tokens, 61);
+    EXPECT_EQ(h.sched.n_waiting(), 1);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(h.sched.step().ok());
+      EXPECT_EQ(h.sched.last_step().n_tokens, 64);  // blocked head: whole budget again
+    }
+    h.run();
+    EXPECT_EQ(h.out[a].tokens, fake_greedy(longp, fc.vocab, 2));
+    EXPECT_EQ(h.out[b].tokens, fake_greedy({1, 2, 3}, fc.vocab, 2));
+  }
+}
+
 TEST(Scheduler, CancelMidwayFreesPages) {
   FakeConfig fc;
   EngineConfig ec;
