@@ -129,8 +129,9 @@ struct EngineConfig {
   /// While requests wait (and one more may run), running prefill chunks take at most half of a
   /// step's budget, leaving min(the queue head's prompt, half) for its admission: a short request
   /// is not stuck behind a long prompt's whole prefill (vLLM's long-prefill threshold, applied
-  /// only while someone waits). Not reserved for a head that could not be admitted for memory,
-  /// until a running request ends. Outputs do not depend on it (chunking is batch-invariant).
+  /// only while someone waits). Not reserved for a head that could not be admitted (memory or a
+  /// sequence slot) until a running request ends. Outputs do not depend on it (chunking is
+  /// batch-invariant).
   bool reserve_for_waiting = true;
 };
 
