@@ -519,5 +519,70 @@ TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
   unsetenv("V4_COMPRESS_ROWWARP");
 }
 
+// The streaming instance of the rows kernel (V4_COMPRESS_STREAM=1: a thread's (group, batch)
+// items through two register buffers, the next item's loads in flight while one is folded; in
+// the one-launch form the ring refresh spread over the pooling CTAs, no ring CTAs) and the CTA /
+// thread splits it may run with (V4_COMPRESS_CTAS = K CTAs per row, V4_COMPRESS_THREADS = T
+// threads per CTA: threads walk more channel groups) give the base plan's bits: the same
+// batches folded in the same order per channel, the same merge and Σx² order. Pools compared
+// bit for bit with the default (rows kernel, V4_COMPRESS_ROWWARP=0), both within 1e-5 of the
+// CPU composition; rings exact. Shapes: HCA C128 d512, CSA C4 d512, the indexer C4 d128, C128
+// d192 rope 32 (6 slices of 32 channels at K = 8), C16 d64 (one CTA); the standard cases (decode
+// B = 1 / 64, the ring hazard, window edges, a long chunk from 0), one and two launches.
+TEST(CudaCompressor, StreamingKernelMatchesBasePlanBits) {
+  V4_REQUIRE_GPU();
+  ASSERT_NE(gpu(), nullptr);
+  struct Shape { int m, c, d, rd; };
+  struct Env { const char* stream; const char* ctas; const char* threads; };
+  const Env envs[] = {{"1", nullptr, nullptr}, {"1", nullptr, "128"}, {"1", "4", nullptr},
+                      {"1", "2", "64"},        {"0", nullptr, "128"}, {"0", "2", nullptr}};
+  auto set = [](const char* n, const char* v) { v ? setenv(n, v, 1) : unsetenv(n); };
+  setenv("V4_COMPRESS_ROWWARP", "0", 1);
+  int64_t compared = 0;
+  for (Shape r : {Shape{128, 1, 512, 64}, Shape{4, 2, 512, 64}, Shape{4, 2, 128, 64},
+                  Shape{128, 1, 192, 32}, Shape{16, 1, 64, 16}}) {
+    const uint64_t seed = cuda::testing::test_seed() + 1409 + r.m + r.d + r.c;
+    const auto cases = v4::testing::standard_cases(r.m, r.c, r.d, r.rd, seed, r.m == 128 ? 2048 : 1024);
+    for (auto& [name, k0] : cases) {
+      CompressCase k = k0;
+      poison_outputs(k);
+      Bufs c;
+      cpu()->compress_fused(cpu_args(k, c));
+      const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
+                                                   k.ring_dst.data(), k.n_ring());
+      for (bool one : {false, true}) {
+        if (one && !disjoint) continue;
+        const FusedOut base = run_fused(k, one);
+        EXPECT_LE(rel_err(base.pool, c.pool), kTol);
+        for (const Env& e : envs) {
+          SCOPED_TRACE(::testing::Message()
+                       << "m=" << r.m << " c=" << r.c << " d=" << r.d << " " << name
+                       << (one ? ", one launch" : ", two launches") << ", STREAM=" << e.stream
+                       << " CTAS=" << (e.ctas ? e.ctas : "-") << " THREADS="
+                       << (e.threads ? e.threads : "-"));
+          set("V4_COMPRESS_STREAM", e.stream);
+          set("V4_COMPRESS_CTAS", e.ctas);
+          set("V4_COMPRESS_THREADS", e.threads);
+          const FusedOut got = run_fused(k, one);
+          set("V4_COMPRESS_STREAM", nullptr);
+          set("V4_COMPRESS_CTAS", nullptr);
+          set("V4_COMPRESS_THREADS", nullptr);
+          ASSERT_EQ(got.pool.size(), base.pool.size());
+          int64_t differ = 0;
+          for (size_t i = 0; i < got.pool.size(); ++i)
+            differ += std::memcmp(&got.pool[i], &base.pool[i], sizeof(float)) != 0;
+          EXPECT_EQ(differ, 0) << "pool values that differ from the base plan's bits";
+          EXPECT_TRUE(got.rkv == c.rkv);
+          EXPECT_TRUE(got.rg == c.rg);
+          ++compared;
+        }
+      }
+    }
+  }
+  unsetenv("V4_COMPRESS_ROWWARP");
+  std::printf("[compressor] streaming / split plans: %lld runs compared bit for bit\n",
+              (long long)compared);
+}
+
 }  // namespace
 }  // namespace v4::ops
