@@ -501,6 +501,10 @@ std::string bench_attention_wg(double bw) {
   const bool diag = edg && std::string(edg) == "1";
   const char* epf = std::getenv("V4_ATTN_WG_PF_AB");
   const bool pf_ab = epf && std::string(epf) == "1";
+  // V4_ATTN_WG_NOCL=1: per variant ≥ 11 a column at the model's splits with
+  // V4_ATTN_DEC_CLUSTER=0 (workspace partials + the combine kernel instead of the cluster merge).
+  const char* enc = std::getenv("V4_ATTN_WG_NOCL");
+  const bool nocl = enc && std::string(enc) == "1";
   std::ostringstream md;
   md << "Decode sparse attention, V4-Flash shapes (64 heads × 512, K = V), bf16 pools (1 GiB";
   if (pool_rows > 0)
@@ -528,6 +532,10 @@ std::string bench_attention_wg(double bw) {
           "256–511) with 64- / 32-key tiles, `v13` the same with 48-key tiles in 3 slots, no L2 prefetch (the default); `pf 1` / `pf 2` = the "
           "same with an L2 prefetch of the rows 1 / 2 tiles beyond the copies "
           "(set_attention_dec11_prefetch)";
+  if (nocl)
+    md << "; variants 11 … 13 merge 2 … 8 splits inside a thread block cluster (distributed "
+          "shared memory, no combine launch), `nocl` = the same splits with "
+          "V4_ATTN_DEC_CLUSTER=0 (workspace partials + the combine kernel)";
   if (diag)
     md << "; `no copy` = the same launch without its key-row copies (tiles of zeros), `no MMA` "
           "= without its wgmma instructions (set_attention_dec7_diag 1 / 2: what the pipeline "
@@ -545,6 +553,10 @@ std::string bench_attention_wg(double bw) {
     if (pf_ab && v >= 11) {
       md << " v" << v << " pf 1 µs | v" << v << " pf 2 µs |";
       sep += "---:|---:|";
+    }
+    if (nocl && v >= 11) {
+      md << " v" << v << " nocl µs |";
+      sep += "---:|";
     }
   }
   md << "\n" << sep << "\n";
@@ -616,6 +628,13 @@ std::string bench_attention_wg(double bw) {
             }
             AB_OK(v4::cuda::set_attention_dec11_prefetch(0));
             std::snprintf(cell, sizeof cell, " %.2f | %.2f |", p_us[0], p_us[1]);
+            cells += cell;
+          }
+          if (nocl && variant >= 11) {
+            setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
+            const double n_us = t_dec(spm, variant);
+            unsetenv("V4_ATTN_DEC_CLUSTER");
+            std::snprintf(cell, sizeof cell, " %.2f |", n_us);
             cells += cell;
           }
         }

@@ -1975,6 +1975,65 @@ Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, flo
   return check_launch("attn_dec_kernel (PDL / cluster)");
 }
 
+// Whether clusters of n (2..kMaxCluster11) CTAs of attn_dec11_kernel<kN, kS, true> can be
+// resident (cudaOccupancyMaxActiveClusters > 0: one 200+ KiB CTA per SM, n SMs of one GPC);
+// every size is asked on the first call (cached per instance and process), so a later launch of
+// any split count needs no device query (e.g. inside a graph capture).
+template <int kN, int kS>
+bool cluster11_fits(int n) {
+  static int fits[kMaxCluster11 + 1] = {};  // 0 unknown, 1 yes, −1 no
+  if (n < 2 || n > kMaxCluster11) return false;
+  if (fits[2] == 0) {
+    auto kern = attn_dec11_kernel<kN, kS, true>;
+    const size_t smem = Ws11Shape<kN, kS>::kSmem;
+    const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(smem)) == cudaSuccess;
+    for (int c = 2; c <= kMaxCluster11; ++c) {
+      int count = 0;
+      bool ok = attr;
+      if (ok) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(unsigned(c), 1, 1);
+        cfg.blockDim = dim3(kWs11Threads, 1, 1);
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = unsigned(c);
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
+      }
+      if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
+      fits[c] = ok && count > 0 ? 1 : -1;
+    }
+  }
+  return fits[n] > 0;
+}
+
+// Variants 11 … 13 (kN-key tiles in kS slots; launch id kId, cluster instance kIdCl): the splits
+// merged in a cluster when 2 ≤ n_splits ≤ kMaxCluster11 and it can be resident (unless
+// V4_ATTN_DEC_CLUSTER=0), else the workspace partials (*merged = false: the combine kernel runs).
+template <int kId, int kIdCl, int kN, int kS>
+Status launch_ws11(const ops::AttentionArgs& a, int n_splits, float* workspace, dim3 grid, bool pdl,
+                   cudaStream_t stream, bool* merged) {
+  using B = __nv_bfloat16;
+  *merged = false;
+  if (n_splits >= 2 && n_splits <= kMaxCluster11 && attn_cluster_enabled() &&
+      cluster11_fits<kN, kS>(n_splits)) {
+    V4_RETURN_IF_ERROR((launch_main<kIdCl, B>(attn_dec11_kernel<kN, kS, true>,
+                                               Ws11Shape<kN, kS>::kSmem, a, n_splits, workspace,
+                                               grid, pdl, stream, unsigned(n_splits),
+                                               kWs11Threads)));
+    *merged = true;
+    return Status::Ok();
+  }
+  return launch_main<kId, B>(attn_dec11_kernel<kN, kS>, Ws11Shape<kN, kS>::kSmem, a, n_splits,
+                             workspace, grid, pdl, stream, 1, kWs11Threads);
+}
+
 }  // namespace
 
 int attention_dec5_max_cluster(KvDtype kv_dtype, int variant) {
@@ -2032,19 +2091,19 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   // v1 body: attn_dec_kernel<T, true> with pdl, attn_dec_kernel<T, false> without.
   const bool pdl = variant >= 2 && attn_pdl_enabled();
   if (variant >= 11) {
-    // Variants 11 … 13: warp-specialized (attention_dec_ws.cuh); the combine below when split.
+    // Variants 11 … 13: warp-specialized (attention_dec_ws.cuh); 2..8 splits merged inside a
+    // cluster (launch_ws11), else the combine below when split.
+    bool merged = false;
     if (variant == 11)
-      V4_RETURN_IF_ERROR((launch_main<23, B>(attn_dec11_kernel<64, 2>, Ws11Shape<64, 2>::kSmem,
-                                              a, n_splits, workspace, grid, pdl, stream, 1,
-                                              kWs11Threads)));
+      V4_RETURN_IF_ERROR((launch_ws11<23, 26, 64, 2>(a, n_splits, workspace, grid, pdl, stream,
+                                                     &merged)));
     else if (variant == 13)
-      V4_RETURN_IF_ERROR((launch_main<25, B>(attn_dec11_kernel<48, 3>, Ws11Shape<48, 3>::kSmem,
-                                              a, n_splits, workspace, grid, pdl, stream, 1,
-                                              kWs11Threads)));
+      V4_RETURN_IF_ERROR((launch_ws11<25, 28, 48, 3>(a, n_splits, workspace, grid, pdl, stream,
+                                                     &merged)));
     else
-      V4_RETURN_IF_ERROR((launch_main<24, B>(attn_dec11_kernel<32, 4>, Ws11Shape<32, 4>::kSmem,
-                                              a, n_splits, workspace, grid, pdl, stream, 1,
-                                              kWs11Threads)));
+      V4_RETURN_IF_ERROR((launch_ws11<24, 27, 32, 4>(a, n_splits, workspace, grid, pdl, stream,
+                                                     &merged)));
+    if (merged) return Status::Ok();
   } else if (variant >= 7) {
     // Variants 7 … 10: warpgroup MMA, 64 heads per CTA, 64- / 32-key tiles, operands without
     // swizzle (7 / 8) or 128-byte-swizzled (9 / 10) (attention_dec_wg.cuh); the combine below

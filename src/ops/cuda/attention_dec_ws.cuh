@@ -86,7 +86,24 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int kN, int kStages>
+/// Largest split count merged inside a thread-block cluster by the variant-11 … 13 kernels
+/// (portable cluster size).
+constexpr int kMaxCluster11 = 8;
+/// Row stride (floats) of a CTA's partial o in its own shared memory for the cluster merge: 512 +
+/// 8, so the float2 stores of a warp's 8 head rows (g = 0 … 7) hit 4 bank groups twice — the two
+/// wavefronts 256 bytes need anyway (a 512 stride put all 8 rows on the same banks).
+constexpr int kCp11Ld = kHd + 8;
+
+// kCl (launched as clusters of n_splits CTAs, 2 ≤ n_splits ≤ kMaxCluster11: the splits of one
+// (row, head block)): the split partials are merged through distributed shared memory instead of
+// the workspace and the combine kernel. After the tile loop every CTA stores its unnormalized o
+// (64 heads × 512, f32, row stride kCp11Ld), m (nats) and l into its own shared memory (the Q /
+// ring space, free by then); a cluster barrier; CTA s merges heads [s·hs, s·hs + hs) (hs =
+// ⌈64 / n_splits⌉) over all ranks in rank order (fixed order: deterministic) with the sink, the
+// combine kernel's formula (weights w_q = e^(m_q − M) / (Σ_q l_q·e^(m_q − M) + e^(sink − M)), M =
+// max(sink, m_q)), reading the other CTAs' partials, and writes the output rows; a second cluster
+// barrier keeps every CTA's shared memory alive until every rank has read it.
+template <int kN, int kStages, bool kCl = false>
 __global__ void __launch_bounds__(kWs11Threads, 1)
     attn_dec11_kernel(ops::AttentionArgs a, const __nv_bfloat16* __restrict__ swa_pool,
                       const __nv_bfloat16* __restrict__ comp_pool, int n_splits,
@@ -344,6 +361,84 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
 
   // ---- epilogue: warpgroup 0 owns (m, l); the normalization factor goes through sfinal ----
   constexpr float kLn2 = 0.6931471805599453f;
+  if constexpr (kCl) {
+    static_assert(size_t(64) * kCp11Ld * 4 + (2 * 64 + 64 * kMaxCluster11) * 4 <= Sh::kOffP,
+                  "cluster partial must fit the Q + ring space");
+    float* const cp = reinterpret_cast<float*>(smem);  // [64][kCp11Ld] unnormalized o
+    float* const cm = cp + 64 * kCp11Ld;              // [64] m (nats; −inf: no keys)
+    float* const cl = cm + 64;                        // [64] l
+    float* const wts = cl + 64;                       // [64][kMaxCluster11] merge weights
+    __syncthreads();  // both warpgroups past their last wgmma (Q, ring and P no longer read)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hl = 16 * wq + g + 8 * r;
+      if (wg == 0 && tq == 0) {
+        cm[hl] = m2[r] == -INFINITY ? -INFINITY : m2[r] * kLn2;
+        cl[hl] = lsum[r];
+      }
+      float* row = cp + hl * kCp11Ld + 256 * wg + 2 * tq;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(row + 8 * j) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's partial written and visible cluster-wide
+    const int hs = (64 + n_splits - 1) / n_splits;
+    const int h_lo = s * hs, h_hi = min(min(64, h_lo + hs), H - hb);  // my heads [h_lo, h_hi)
+    if (tid < h_hi - h_lo) {  // one thread per head: the merge weights
+      const int hl = h_lo + tid;
+      const float sink = a.sinks[hb + hl];
+      float mq[kMaxCluster11], lq[kMaxCluster11];
+#pragma unroll
+      for (int q = 0; q < kMaxCluster11; ++q) {
+        mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
+        lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
+      }
+      float M = sink;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster11; ++q) M = fmaxf(M, mq[q]);
+      float L = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster11; ++q) {
+        mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
+        L = fmaf(lq[q], mq[q], L);
+      }
+      const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
+#pragma unroll
+      for (int q = 0; q < kMaxCluster11; ++q) wts[(hl - h_lo) * kMaxCluster11 + q] = mq[q] * inv;
+    }
+    __syncthreads();  // weights ready
+    // out[h][d] = Σ_q o_q[h][d] · w_q[h] in rank order; thread: dims 2·tid, 2·tid + 1 of 8 heads
+    // at a time (8 · n_splits float2 reads of distributed shared memory in flight).
+    for (int h0 = h_lo; h0 < h_hi; h0 += 8) {
+      float2 acc[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int q = 0; q < kMaxCluster11; ++q) {
+        if (q >= n_splits) break;
+        const float* rank_cp = cluster.map_shared_rank(cp, q);
+        float2 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (h0 + i < h_hi)
+            v[i] = *reinterpret_cast<const float2*>(rank_cp + (h0 + i) * kCp11Ld + 2 * tid);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (h0 + i < h_hi) {
+            const float w = wts[(h0 + i - h_lo) * kMaxCluster11 + q];
+            acc[i].x = fmaf(v[i].x, w, acc[i].x);
+            acc[i].y = fmaf(v[i].y, w, acc[i].y);
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (h0 + i < h_hi)
+          *reinterpret_cast<float2*>(a.out + (t * H + hb + h0 + i) * int64_t(kHd) + 2 * tid) = acc[i];
+    }
+    cluster.sync();  // keep this CTA's shared memory until every rank has read it
+    return;
+  }
   float scale_r[2] = {1.f, 1.f};
   if (wg == 0) {
 #pragma unroll

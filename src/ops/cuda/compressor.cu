@@ -829,9 +829,12 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
   if (const char* e = std::getenv("V4_COMPRESS_CTAS"); e && pl.vec == 4 && pl.threads > 0) {
     const int k = std::atoi(e);
     if (k >= 1 && k <= 8) {
-      pl.ctas = std::min(k, pl.groups);
-      compress_plan_slices(pl);
-      pl.smem = compress_rows_smem(a.overlap * a.ratio, pl.parts, pl.gpc * pl.vec, pl.stage).total;
+      CompressRowsPlan q = pl;
+      q.ctas = std::min(k, q.groups);
+      compress_plan_slices(q);
+      q.smem = compress_rows_smem(a.overlap * a.ratio, q.parts, q.gpc * q.vec, q.stage).total;
+      if (q.smem <= kCompressSmemLimit && (q.gpc * q.vec + kCsChunk - 1) / kCsChunk <= kCsMaxChunks)
+        pl = q;  // else the plan's own K (the slice would not fit a CTA)
     }
   }
   // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA (threads walk more groups of
