@@ -594,7 +594,8 @@ std::string bench_attention_wg(double bw) {
         std::string cells;
         for (const int variant : variants) {
           const int kt = v4::cuda::attention_dec7_tile_keys(variant);
-          const int spm = v4::cuda::attention_dec7_splits(S, H, keys, n_sms, kt);
+          const int spm = v4::cuda::attention_dec7_splits(
+              S, H, keys, n_sms, kt, v4::cuda::attention_dec11_max_cluster(variant));
           const double us = t_dec(spm, variant);
           double best = us;
           int bsp = spm;

@@ -252,7 +252,9 @@ std::string bench_compressor(double bw) {
         "of a thread in flight at once; bit-identical rows) or `base` (plan_compress_rows, the "
         "session-5 kernel but for the Σx² order); the old-vs-new column is the `(A/B)` row with "
         "the other plan (V4_COMPRESS_WIDE=0 / =1). Other `(A/B)` rows rerun the fused op with one "
-        "switch flipped (two-launch form, V4_COMPRESS_PDL=0). `floor (diagnostic)`: the same "
+        "switch flipped (two-launch form, V4_COMPRESS_PDL=0; C128 prefill: rows_close = false, the "
+        "256-thread CTAs of the plan — prefill calls set the rows_close hint as the model's host "
+        "plans do, which runs C128 windows in 128-thread CTAs). `floor (diagnostic)`: the same "
         "grid with V4_COMPRESS_FLOOR=1 — every CTA does its index loads, the PDL wait and exits, "
         "nothing computed: the latency of one call of this launch shape without work (one-launch "
         "cases only). `fused, fp8 pool` / `unfused, fp8 pool` (d 512 shapes): the same step into "
@@ -296,6 +298,7 @@ std::string bench_compressor(double bw) {
       // As the model sets it: exact host test for host plans (decode plans are always disjoint).
       a.ring_disjoint = v4::ops::compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                         k.ring_dst.data(), k.n_ring());
+      a.rows_close = sc.B == 0;  // host plans list only closing rows (decode plans: every sequence)
       const int launches = a.ring_disjoint || a.n_ring == 0 ? 1 : 2;
       const int inner = sc.B == 0 ? 10 : 200;
       const double t_f = time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15);
@@ -326,6 +329,12 @@ std::string bench_compressor(double bw) {
         row("fused, rows kernel, base plan (A/B, V4_COMPRESS_ROWWARP=0)", launches,
             time_graph_ops(o, [&] { o->compress_fused(a); }, inner, 15), "(A/B)");
         unsetenv("V4_COMPRESS_ROWWARP");
+      }
+      if (a.rows_close && s.m == 128) {  // C128 prefill: 128-thread CTAs (rows_close) vs 256
+        CompressFusedArgs h = a;
+        h.rows_close = false;
+        row("fused, 256-thread CTAs (A/B, rows_close = false)", launches,
+            time_graph_ops(o, [&] { o->compress_fused(h); }, inner, 15), "(A/B)");
       }
       if (wide_pl.prefetch) {  // the other plan: old vs new
         setenv("V4_COMPRESS_WIDE", wide_default ? "0" : "1", 1);

@@ -106,6 +106,7 @@ struct CompressPlan {
   const int32_t* ring_src = nullptr;  // [n_ring] batch rows
   const int32_t* ring_dst = nullptr;  // [n_ring] ring rows
   bool ring_disjoint = false;         // no ring row refreshed is read as state (CompressFusedArgs)
+  bool rows_close = false;            // host plan: every row closes a window (CompressFusedArgs)
   ops::RowMap cand;                   // per query: all causal compressed rows (w < (t+1)/m)
   int64_t max_cand = 0;               // ≥ every cand.count (indexer grid bound)
 };
@@ -456,6 +457,7 @@ Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, c
     p->ring_dst = to_step(ops_, mem, h.ring_dst);
     p->ring_disjoint = ops::compress_ring_disjoint(h.src.data(), int64_t(h.src.size()),
                                                    h.ring_dst.data(), int64_t(h.ring_dst.size()));
+    p->rows_close = true;  // host plans list only the rows that close
     p->cand = {to_step(ops_, mem, h.cand.rows), to_step(ops_, mem, h.cand.offset),
                to_step(ops_, mem, h.cand.count)};
     p->max_cand = h.max_cand;
@@ -819,6 +821,7 @@ void DeepseekV4::attention(Step& st, int l, const float* x, float* out) {
     ca.ring_src = plan.ring_src;
     ca.ring_dst = plan.ring_dst;
     ca.ring_disjoint = plan.ring_disjoint;
+    ca.rows_close = plan.rows_close;
     ca.n_ring = plan.n_ring;
     ca.ratio = plan.ratio;
     ca.overlap = plan.overlap;

@@ -206,6 +206,11 @@ struct CompressFusedArgs {
   /// outside p's window); host plans can test it with `compress_ring_disjoint`. A wrong `true`
   /// gives undefined pooled values; `false` is always correct.
   bool ring_disjoint = false;
+  /// Launch-shape hint: every output row closes a window (host-planned prefill chunks list only
+  /// closing rows; device-planned decode steps have one row per sequence, most with dst = −1).
+  /// A backend may then shape its launch for throughput instead of latency (CUDA: 128-thread
+  /// CTAs for C128 windows). Results do not depend on it.
+  bool rows_close = false;
   /// The pooling part as `compress_pool` arguments, writing to `out`.
   CompressArgs pool_args(float* out) const {
     CompressArgs c;

@@ -390,10 +390,11 @@ struct WideEnv {
 struct FusedOut {
   std::vector<float> pool, rkv, rg;
 };
-FusedOut run_fused(const CompressCase& k, bool one) {
+FusedOut run_fused(const CompressCase& k, bool one, bool rows_close = false) {
   Bufs b;
   CompressFusedArgs a = gpu_args(k, b);
   a.ring_disjoint = one;
+  a.rows_close = rows_close;
   gpu()->compress_fused(a);
   gpu()->synchronize();
   return FusedOut{b.dpool->host(), b.drkv->host(), b.drg->host()};
@@ -519,23 +520,22 @@ TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
   unsetenv("V4_COMPRESS_ROWWARP");
 }
 
-// The streaming instance of the rows kernel (V4_COMPRESS_STREAM=1: a thread's (group, batch)
-// items through two register buffers, the next item's loads in flight while one is folded; in
-// the one-launch form the ring refresh spread over the pooling CTAs, no ring CTAs) and the CTA /
-// thread splits it may run with (V4_COMPRESS_CTAS = K CTAs per row, V4_COMPRESS_THREADS = T
-// threads per CTA: threads walk more channel groups) give the base plan's bits: the same
-// batches folded in the same order per channel, the same merge and Σx² order. Pools compared
-// bit for bit with the default (rows kernel, V4_COMPRESS_ROWWARP=0), both within 1e-5 of the
-// CPU composition; rings exact. Shapes: HCA C128 d512, CSA C4 d512, the indexer C4 d128, C128
-// d192 rope 32 (6 slices of 32 channels at K = 8), C16 d64 (one CTA); the standard cases (decode
-// B = 1 / 64, the ring hazard, window edges, a long chunk from 0), one and two launches.
-TEST(CudaCompressor, StreamingKernelMatchesBasePlanBits) {
+// Thread / CTA splits of the rows kernel give the base plan's bits: the same batches folded in
+// the same order per channel, the same merge and Σx² order, whatever the CTA (V4_COMPRESS_CTAS =
+// K CTAs per row) and thread (V4_COMPRESS_THREADS = T threads per CTA: threads walk more channel
+// groups) counts, and with the rows_close hint (prefill-sized calls of C128 windows: 128-thread
+// CTAs). Pools compared bit for bit with the default (rows kernel, V4_COMPRESS_ROWWARP=0), both
+// within 1e-5 of the CPU composition; rings exact. Shapes: HCA C128 d512, CSA C4 d512, the
+// indexer C4 d128, C128 d192 rope 32 (6 slices of 32 channels at K = 8), C16 d64 (one CTA); the
+// standard cases (decode B = 1 / 64, the ring hazard, window edges, a long chunk from 0), one and
+// two launches.
+TEST(CudaCompressor, ThreadAndCtaSplitsMatchBasePlanBits) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
   struct Shape { int m, c, d, rd; };
-  struct Env { const char* stream; const char* ctas; const char* threads; };
-  const Env envs[] = {{"1", nullptr, nullptr}, {"1", nullptr, "128"}, {"1", "4", nullptr},
-                      {"1", "2", "64"},        {"0", nullptr, "128"}, {"0", "2", nullptr}};
+  struct Env { bool rows_close; const char* ctas; const char* threads; };
+  const Env envs[] = {{true, nullptr, nullptr}, {false, nullptr, "128"}, {false, nullptr, "64"},
+                      {false, "4", nullptr},    {false, "2", "64"},      {false, "4", "128"}};
   auto set = [](const char* n, const char* v) { v ? setenv(n, v, 1) : unsetenv(n); };
   setenv("V4_COMPRESS_ROWWARP", "0", 1);
   int64_t compared = 0;
@@ -557,14 +557,12 @@ TEST(CudaCompressor, StreamingKernelMatchesBasePlanBits) {
         for (const Env& e : envs) {
           SCOPED_TRACE(::testing::Message()
                        << "m=" << r.m << " c=" << r.c << " d=" << r.d << " " << name
-                       << (one ? ", one launch" : ", two launches") << ", STREAM=" << e.stream
-                       << " CTAS=" << (e.ctas ? e.ctas : "-") << " THREADS="
+                       << (one ? ", one launch" : ", two launches") << ", rows_close="
+                       << e.rows_close << " CTAS=" << (e.ctas ? e.ctas : "-") << " THREADS="
                        << (e.threads ? e.threads : "-"));
-          set("V4_COMPRESS_STREAM", e.stream);
           set("V4_COMPRESS_CTAS", e.ctas);
           set("V4_COMPRESS_THREADS", e.threads);
-          const FusedOut got = run_fused(k, one);
-          set("V4_COMPRESS_STREAM", nullptr);
+          const FusedOut got = run_fused(k, one, e.rows_close);
           set("V4_COMPRESS_CTAS", nullptr);
           set("V4_COMPRESS_THREADS", nullptr);
           ASSERT_EQ(got.pool.size(), base.pool.size());
@@ -580,7 +578,7 @@ TEST(CudaCompressor, StreamingKernelMatchesBasePlanBits) {
     }
   }
   unsetenv("V4_COMPRESS_ROWWARP");
-  std::printf("[compressor] streaming / split plans: %lld runs compared bit for bit\n",
+  std::printf("[compressor] thread / CTA splits: %lld runs compared bit for bit\n",
               (long long)compared);
 }
 

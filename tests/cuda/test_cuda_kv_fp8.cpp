@@ -332,7 +332,7 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
       cpu->compress_fused(ac);
       const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                    k.ring_dst.data(), k.n_ring());
-      for (const char* wide : {"0", "1", "stream"})  // stream: V4_COMPRESS_STREAM=1, base plan
+      for (const char* wide : {"0", "1", "threads"})  // threads: V4_COMPRESS_THREADS=128, base plan
         for (bool one : {false, true})
           for (int variant = 0; variant < 3; ++variant) {
             // 0 plain, 1 under graph capture (decode B=64), 2 pool 4 bytes off a 16-byte
@@ -348,9 +348,9 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
                          << name << (one ? ", one launch" : ", two launches")
                          << ", V4_COMPRESS_WIDE=" << wide << (graph ? ", graph" : "")
                          << (shifted ? ", pool at +4 bytes (scalar path)" : ""));
-            const bool st = std::strcmp(wide, "stream") == 0;
-            EnvVar w("V4_COMPRESS_WIDE", st ? "0" : wide);
-            EnvVar sv("V4_COMPRESS_STREAM", st ? "1" : "0");
+            const bool th = std::strcmp(wide, "threads") == 0;
+            EnvVar w("V4_COMPRESS_WIDE", th ? "0" : wide);
+            EnvVar tv("V4_COMPRESS_THREADS", th ? "128" : "0");
             const int off = shifted ? 4 : 0;
             const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph, off);
             const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8, one, graph, off);
@@ -695,21 +695,21 @@ TEST(CudaKvFp8, CompressFusedIndexBytesEqualCpuQuantizer) {
                                                    k.ring_dst.data(), k.n_ring());
       // Plans: base, wide, and the row-warp kernel at any row count (V4_COMPRESS_ROWWARP=1;
       // taken for the C4 d128 and d32 shapes, the others keep the base plan).
-      for (const char* wide : {"0", "1", "rowwarp", "stream"})
+      for (const char* wide : {"0", "1", "rowwarp", "threads"})
         for (bool one : {false, true})
           for (bool graph : {false, true}) {
             if (one && !disjoint) continue;
             if (graph && std::strcmp(name, "decode B=64") != 0) continue;
             const bool rw = std::strcmp(wide, "rowwarp") == 0;
-            const bool st = std::strcmp(wide, "stream") == 0;  // V4_COMPRESS_STREAM=1, base plan
+            const bool th = std::strcmp(wide, "threads") == 0;  // V4_COMPRESS_THREADS=128, base plan
             SCOPED_TRACE(::testing::Message()
                          << "m=" << s.m << " c=" << s.c << " d=" << s.d << " rd=" << s.rd << " "
                          << name << (one ? ", one launch" : ", two launches")
                          << (rw ? ", V4_COMPRESS_ROWWARP=1" : ", V4_COMPRESS_WIDE=") << (rw ? "" : wide)
                          << (graph ? ", graph" : ""));
-            EnvVar w("V4_COMPRESS_WIDE", rw || st ? "0" : wide);
+            EnvVar w("V4_COMPRESS_WIDE", rw || th ? "0" : wide);
             EnvVar r("V4_COMPRESS_ROWWARP", rw ? "1" : "0");
-            EnvVar sv("V4_COMPRESS_STREAM", st ? "1" : "0");
+            EnvVar tv("V4_COMPRESS_THREADS", th ? "128" : "0");
             const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph);
             const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8Index, one, graph);
             std::vector<uint8_t> want(fp8.pool.size(), 0xAB);

@@ -1806,7 +1806,8 @@ int attention_dec7_tile_keys(int variant) {
   return variant == 13 ? 48 : (variant == 8 || variant == 10 || variant == 12) ? 32 : 64;
 }
 
-int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile) {
+int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile,
+                          int max_cluster) {
   if (keys_per_tile != 32 && keys_per_tile != 48) keys_per_tile = 64;
   if (S <= 0 || H <= 0 || max_keys <= keys_per_tile || n_sms <= 0) return 1;
   // Critical-path model in µs: a CTA's tiles cost kTileUs each (64 keys: ~1 µs of tensor work,
@@ -1821,10 +1822,18 @@ int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int key
   const double kCombineUs = 2.0, kPartialWriteUs = 1.0, kPartialReadUs = 0.131072 / 3.0;
   const int64_t groups = S * ((H + 63) / 64);
   const int64_t tiles = (max_keys + keys_per_tile - 1) / keys_per_tile;
+  // Cluster merge (variants 11 … 13, 2 ≤ splits ≤ max_cluster): two cluster barriers and the
+  // DSMEM sums, no combine launch. kClusterUs = 1.5 from the H200 split sweep
+  // (bench/results/cuda-attention-wg-s21.md): batch 64 CSA (10 tiles) runs 29.6 µs at 2 splits
+  // against 36.1 at 1 (the merge < 5 tiles), HCA 4K (3 tiles) 18.5 µs at 1 split and slower at
+  // 2 (the merge > 1 tile).
+  const double kClusterUs = 1.5;
   return least_cost_splits(tiles, groups, n_sms, [&](int64_t sp, int64_t per, int64_t waves) {
+    const bool cluster = sp >= 2 && sp <= max_cluster;
     return double(waves) * double(per) * kTileUs +
-           (sp == 1 ? 0.0
-                    : kCombineUs + kPartialWriteUs + double(groups * sp) * kPartialReadUs);
+           (sp == 1    ? 0.0
+            : cluster ? kClusterUs
+                      : kCombineUs + kPartialWriteUs + double(groups * sp) * kPartialReadUs);
   });
 }
 
@@ -2035,6 +2044,18 @@ Status launch_ws11(const ops::AttentionArgs& a, int n_splits, float* workspace, 
 }
 
 }  // namespace
+
+int attention_dec11_max_cluster(int variant) {
+  if (variant < 11 || variant > 13 || !attn_cluster_enabled()) return 0;
+  int largest = 0;
+  for (int n = 2; n <= kMaxCluster11; ++n) {
+    const bool fits = variant == 11   ? cluster11_fits<64, 2>(n)
+                      : variant == 13 ? cluster11_fits<48, 3>(n)
+                                      : cluster11_fits<32, 4>(n);
+    if (fits) largest = n;
+  }
+  return largest;
+}
 
 int attention_dec5_max_cluster(KvDtype kv_dtype, int variant) {
   if (!attn_cluster_enabled()) return 0;

@@ -65,9 +65,17 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 /// Split count of variants 7 / 8 (64 heads per CTA, `keys_per_tile` 64 / 32) for S rows of up
 /// to `max_keys` keys on n_sms SMs: the whole-tile split count (≤ one per tile, ≤ 128) with the
 /// least modelled critical path — waves · tiles per split · a tile's time, plus, when split, the
-/// combine launch, a CTA's partial write and the combine's read of all partials. Returns 1 for
-/// max_keys ≤ one tile (or unknown). Result in [1, 128].
-int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64);
+/// combine launch, a CTA's partial write and the combine's read of all partials — or, for
+/// 2 ≤ splits ≤ max_cluster (variants 11 … 13: attention_dec11_max_cluster), the merge inside a
+/// thread block cluster (~1.5 µs). Returns 1 for max_keys ≤ one tile (or unknown). Result in
+/// [1, 128].
+int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64,
+                          int max_cluster = 0);
+
+/// Largest split count (≤ 8) that variant `variant` (11 … 13) merges inside a thread block
+/// cluster on this device (its cluster of one 200+ KiB CTA per SM can be resident); 0 for other
+/// variants or with V4_ATTN_DEC_CLUSTER=0. Queries the device once per variant and process.
+int attention_dec11_max_cluster(int variant);
 
 /// Keys per tile of warpgroup-MMA variant `variant` (7 … 13): 32 for 8 / 10 / 12, 48 for 13, else
 /// 64 — the keys_per_tile argument of attention_dec7_splits.

@@ -52,12 +52,6 @@ struct CompressRowsPlan {
                           // issued before any math (cs_fold_slots_pf: the same arithmetic as
                           // cs_fold_slots, one L2 round trip instead of two); wide plans only
   size_t smem = 0;   // dynamic shared memory bytes (layout: compress_rows_smem)
-  bool stream = false;       // streaming kernel instance (compressor.cu, ST): a thread's (group,
-                             // batch) items through two register buffers, the next item's loads
-                             // in flight while one is folded; the same bits (vector path,
-                             // unroll 4, no prefetch)
-  bool ring_shared = false;  // set by compressor.cu for a streaming one-launch call: the ring
-                             // refresh is spread over the pooling CTAs, no ring CTAs
 };
 
 /// Channels per Σx² chunk. The RMSNorm's Σx² of a row is formed in an order that depends on d

@@ -99,7 +99,7 @@ constexpr int kRingPerThread = 4;
 // Ring refresh items [base, base + kRingPerThread·nt) of the flattened (entry k, array, column)
 // space: item i → k = i / (2w), array = (i / w) % 2 (0 kv, 1 gate), column i % w, w = c·d / RV
 // (RV = 4: float4 columns). Indices of every item first, then every load, then the stores.
-template <int RV, bool WAIT = true>
+template <int RV>
 __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a, int64_t base,
                                                 int tid, int nt) {
   using V = typename std::conditional<RV == 4, float4, float>::type;
@@ -122,12 +122,9 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
     }
   }
   // The index loads above may overlap the predecessor kernel (never written by it: ops.h); the
-  // fresh rows are read and the ring written only after it completed (WAIT = false: the caller
-  // has already waited).
-  if constexpr (WAIT) {
-    pdl_wait();
-    pdl_trigger();
-  }
+  // fresh rows are read and the ring written only after it completed.
+  pdl_wait();
+  pdl_trigger();
   V v[kRingPerThread];
 #pragma unroll
   for (int u = 0; u < kRingPerThread; ++u)
@@ -142,36 +139,6 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
       dst[int64_t(to[u]) * w + col[u]] = v[u];
     }
 }
-
-// One ring-refresh item of ring_copy_items' flattening (float4 columns), for the streaming rows
-// kernel's shared ring refresh: `plan` reads the indices (before the PDL wait), `load` the value
-// (after it), `store` writes it (after the CTA's pooling loads were issued).
-struct RingItem {
-  int32_t to = -1, from = 0;
-  int arr = 0;
-  int64_t col = 0;
-  float4 v;
-  __device__ __forceinline__ void plan(const ops::CompressFusedArgs& a, int64_t i) {
-    const int64_t w = int64_t(a.overlap) * a.dim / 4, total = a.n_ring * 2 * w;
-    if (i >= total) return;
-    const int64_t k = i / (2 * w), rem = i - k * 2 * w;
-    arr = int(rem / w);
-    col = rem - int64_t(arr) * w;
-    to = __ldg(a.ring_dst + k);
-    from = __ldg(a.ring_src + k);
-  }
-  __device__ __forceinline__ void load(const ops::CompressFusedArgs& a) {
-    if (to < 0) return;
-    const int64_t w = int64_t(a.overlap) * a.dim / 4;
-    v = __ldg(reinterpret_cast<const float4*>(arr ? a.fresh_gate : a.fresh_kv) + int64_t(from) * w + col);
-  }
-  __device__ __forceinline__ void store(const ops::CompressFusedArgs& a) {
-    if (to < 0) return;
-    const int64_t w = int64_t(a.overlap) * a.dim / 4;
-    reinterpret_cast<float4*>(arr ? a.state_gate : a.state_kv)[int64_t(to) * w + col] = v;
-    to = -1;
-  }
-};
 
 // One closing window per cluster of pl.ctas CTAs (compress_split.h: CompressRowsPlan); n_out ·
 // pl.ctas CTAs after the ring CTAs (if any). Each CTA owns a channel slice of the row; its threads split the
@@ -207,16 +174,8 @@ struct RingItem {
 // pair lies inside one thread's group, computed before it is written), then step 5 below: the
 // row amax from the chunk grid over the cluster, one scale, kvfp8::quantize of every channel —
 // the bytes of kvfp8::quantize_index_row of the same f32 row.
-// ST (streaming instances, CompressRowsPlan::stream; vector path, 4-slot batches, no PF, no ring
-// CTAs): a thread's (group, batch) items — its groups g0 + x, g0 + x + gw, … in turn, each the
-// batches of its partition — go through two register buffers, the loads of item i + 1 issued
-// before item i is folded (the same batches folded in the same order per group as
-// cs_fold_slots: the same bits); ~128 registers, 2 CTAs of 256 threads per SM. With
-// pl.ring_shared (one-launch form) the ring refresh is spread over the pooling CTAs themselves
-// (RingItem: indices before the PDL wait, the value loaded right after it, stored after the
-// pooling loads; items past one per thread at the end), so the grid has no ring CTAs.
-template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false, bool ST = false>
-__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : (PF || ST) ? 2 : 4)
+template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false>
+__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
     compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas,
                                bool floor) {
   extern __shared__ float4 smem_f4[];
@@ -265,108 +224,45 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : (PF || ST) ?
   const int q_lo = max(0, c0 - nope) / 2, q_hi = min(rd / 2, max(0, c0 + cw - nope) / 2);
   if (pl.stage)
     for (int q = q_lo + tid; q < q_hi; q += nt) s_freq[q - q_lo] = __ldg(a.inv_freq + q);
-  // Shared ring refresh (ST, one-launch form): item cta·nt + tid in registers through the
-  // pooling, the rest (n_ring large against the grid) at the end.
-  [[maybe_unused]] RingItem ring;
-  [[maybe_unused]] const int64_t pool_ctas = int64_t(gridDim.x) - (RING ? ring_ctas : 0);
-  if constexpr (ST) {
-    if (pl.ring_shared && !floor) ring.plan(a, cta * nt + tid);
-  }
   // Round 1 overlaps the predecessor kernel's tail: the arrays above are never written by the
   // kernel issued right before compress_fused (ops.h CompressFusedArgs); everything below
   // (fresh rows, state ring, pool) may be.
   pdl_wait();
   pdl_trigger();
-  if constexpr (ST) ring.load(a);
-  // The ring items past the first of each thread (ST, shared ring refresh), after the CTA's work.
-  auto ring_rest = [&]() {
-    if constexpr (ST) {
-      ring.store(a);
-      if (pl.ring_shared && !floor) {
-        const int64_t total = a.n_ring * 2 * (int64_t(a.overlap) * d / 4);
-        const int64_t per = int64_t(kRingPerThread) * nt;
-        for (int64_t b = pool_ctas * nt + cta * per; b < total; b += pool_ctas * per)
-          ring_copy_items<4, false>(a, b, tid, nt);
-      }
-    }
-  };
   __syncthreads();
   // Window not closing (device-planned decode rows): the whole cluster exits. `floor`: the
   // benchmark's latency-floor diagnostic (floor_only), every CTA exits here.
-  if (s_dst < 0 || floor) {
-    ring_rest();
-    return;
-  }
+  if (s_dst < 0 || floor) return;
 
   // 1. Pooling of the slice.
   const CsInputs in{a.fresh_kv, a.fresh_gate, a.state_kv, a.state_gate, a.bias, a.ratio, a.overlap, d};
   const int x = tid % pl.gw, p = tid / pl.gw;
-  // The finished state of group g (this thread's partition p) into s_row (one partition) or
-  // s_part (merged below).
-  auto put = [&](int g, const CsAcc (&st)[VEC]) {
-    const int l = (g - g0) * VEC;  // channel within the slice
-    if (pl.parts == 1) {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s_row[l + i] = cs_merge(&st[i].mx, &st[i].sum, &st[i].acc, 1, 0);
-    } else {
-      const int64_t plane = int64_t(pl.parts) * cw_max;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const int64_t o = int64_t(p) * cw_max + l + i;
-        s_part[o] = st[i].mx;
-        s_part[plane + o] = st[i].sum;
-        s_part[2 * plane + o] = st[i].acc;
-      }
-    }
-  };
   if (p < pl.parts) {
     const int j0 = p * pl.spp, j1 = min(ns, j0 + pl.spp);
-    if constexpr (ST) {
-      // Items it = (k, b): group g0 + x + k·gw, slots [j0 + b·U, j0 + (b + 1)·U) ∩ [j0, j1).
-      const int nb = (j1 - j0 + U - 1) / U;
-      const int ng = g0 + x < g1 ? (g1 - g0 - x + pl.gw - 1) / pl.gw : 0;
-      const int n = ng * nb;
-      CsVec<VEC> la[U], ka[U], lb[U], kb[U];
+    for (int g = g0 + x; g < g1; g += pl.gw) {
       CsAcc st[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) st[i] = CsAcc{-INFINITY, 0.f, 0.f};
-      auto load = [&](int it, CsVec<VEC>(&lg)[U], CsVec<VEC>(&kv)[U]) {
-        const int g = g0 + x + (it / nb) * pl.gw, jb = j0 + (it % nb) * U;
+      if constexpr (PF)
+        cs_fold_slots_pf<VEC, U, 2>(in, s_src, j0, j1, g * VEC, st);  // host: spp ≤ 2·U
+      else
+        cs_fold_slots<VEC, U>(in, s_src, j0, j1, g * VEC, st);
+      const int l = (g - g0) * VEC;  // channel within the slice
+      if (pl.parts == 1) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) cs_load_slot<VEC>(in, s_src, jb + u, j1, g * VEC, lg[u], kv[u]);
-      };
-      auto fold = [&](int it, const CsVec<VEC>(&lg)[U], const CsVec<VEC>(&kv)[U]) {
-        cs_fold_batch<VEC, U>(lg, kv, st);
-        if (it % nb == nb - 1) {
-          put(g0 + x + (it / nb) * pl.gw, st);
+        for (int i = 0; i < VEC; ++i) s_row[l + i] = cs_merge(&st[i].mx, &st[i].sum, &st[i].acc, 1, 0);
+      } else {
+        const int64_t plane = int64_t(pl.parts) * cw_max;
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) st[i] = CsAcc{-INFINITY, 0.f, 0.f};
+        for (int i = 0; i < VEC; ++i) {
+          const int64_t o = int64_t(p) * cw_max + l + i;
+          s_part[o] = st[i].mx;
+          s_part[plane + o] = st[i].sum;
+          s_part[2 * plane + o] = st[i].acc;
         }
-      };
-      if (n > 0) load(0, la, ka);
-      for (int it = 0; it < n; it += 2) {
-        if (it + 1 < n) load(it + 1, lb, kb);
-        if (it == 0) ring.store(a);  // the shared ring item, once the first loads are out
-        fold(it, la, ka);
-        if (it + 1 < n) {
-          if (it + 2 < n) load(it + 2, la, ka);
-          fold(it + 1, lb, kb);
-        }
-      }
-    } else {
-      for (int g = g0 + x; g < g1; g += pl.gw) {
-        CsAcc st[VEC];
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) st[i] = CsAcc{-INFINITY, 0.f, 0.f};
-        if constexpr (PF)
-          cs_fold_slots_pf<VEC, U, 2>(in, s_src, j0, j1, g * VEC, st);  // host: spp ≤ 2·U
-        else
-          cs_fold_slots<VEC, U>(in, s_src, j0, j1, g * VEC, st);
-        put(g, st);
       }
     }
   }
-  ring_rest();  // ST: any ring item not stored yet (threads without pooling items), the rest
   __syncthreads();
   if (pl.parts > 1) {
     const int64_t plane = int64_t(pl.parts) * cw_max;
@@ -781,7 +677,6 @@ using Kern = void (*)(ops::CompressFusedArgs, CompressRowsPlan, int64_t, bool);
 // The fp8 indexer-key instance of a vector plan `pl` (kFp8Index pools; nullptr for scalar plans).
 Kern rows_kernel_idx(const CompressRowsPlan& pl, bool one) {
   if (pl.vec != 4) return nullptr;
-  if (pl.stream) return compress_fused_rows_kernel<4, 4, false, false, false, true, true>;
   if (pl.prefetch)
     return one ? compress_fused_rows_kernel<4, 4, true, true, false, true>
                : compress_fused_rows_kernel<4, 4, false, true, false, true>;
@@ -794,7 +689,6 @@ Kern rows_kernel_idx(const CompressRowsPlan& pl, bool one) {
 // The rows kernel instance of plan `pl` (one: the one-launch form with ring CTAs; FP8: fp8 pool).
 template <bool FP8>
 Kern rows_kernel(const CompressRowsPlan& pl, bool one) {
-  if (pl.vec == 4 && pl.stream) return compress_fused_rows_kernel<4, 4, false, false, FP8, false, true>;
   if (pl.vec == 4 && pl.prefetch)
     return one ? compress_fused_rows_kernel<4, 4, true, true, FP8>
                : compress_fused_rows_kernel<4, 4, false, true, FP8>;
@@ -813,6 +707,11 @@ bool vector_ok(const ops::CompressFusedArgs& a) {
          aligned16(a.state_kv) && aligned16(a.state_gate) && aligned16(a.bias) &&
          aligned16(a.pool);
 }
+
+// Fewest closing rows for which a rows_close call of a 256-thread cluster plan runs 128-thread
+// CTAs (rows_plan): 56 rows of 8-CTA clusters plus the ring clusters still fit the H200's 62
+// resident clusters of 256-thread CTAs (64 registers); from there the grid needs a second wave.
+constexpr int64_t kHalfCtaMinRows = 56;
 
 // The rows kernel's plan for `a` (base, or wide per V4_COMPRESS_WIDE; V4_COMPRESS_UNROLL forces
 // the load batch on the vector path: A/B runs, 8 on base plans only).
@@ -837,19 +736,30 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
         pl = q;  // else the plan's own K (the slice would not fit a CTA)
     }
   }
-  // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA (threads walk more groups of
-  // their slice; the same bits).
+  // Calls whose rows all close (CompressFusedArgs::rows_close: host-planned prefill chunks) with a
+  // cluster plan of 256-thread CTAs (C128: 8 CTAs × 16 groups × 16 partitions) run 128-thread
+  // CTAs instead, each thread walking two groups of its slice: the same bits (the per-channel
+  // arithmetic and the Σx² order do not depend on the thread count), and 8 CTAs of 64 registers
+  // fit an SM where 4 did, so the prefill-8K grid (512 pooling + 32 ring CTAs; 62 clusters of 8
+  // resident) runs in one wave: 19.1 → 17.5 µs on the H200 (cuda-compressor-envs-s21.md). Not for
+  // decode steps: their one closing cluster then walks 4 load batches instead of 2 (batch 64:
+  // 7.2 → 9.5 µs), nor for short chunks (fewer than kHalfCtaMinRows rows: their 256-thread grid
+  // is one wave already and the shorter per-thread chain wins).
+  if (a.rows_close && a.n_out >= kHalfCtaMinRows && pl.vec == 4 && pl.ctas > 1 &&
+      pl.threads == kCompressMaxThreads &&
+      pl.gw % 2 == 0 && !pl.prefetch) {
+    pl.gw /= 2;
+    pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
+  }
+  // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA whatever the call (threads
+  // walk more groups of their slice; the same bits).
   if (const char* e = std::getenv("V4_COMPRESS_THREADS"); e && pl.vec == 4 && pl.threads > 0) {
     const int t = std::atoi(e);
     if (t >= 32 && t <= kCompressMaxThreads && t % 32 == 0 && t >= pl.parts) {
-      pl.gw = std::min(pl.gpc, t / pl.parts);
+      pl.gw = std::max(1, std::min(pl.gpc, t / pl.parts));
       pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
     }
   }
-  // V4_COMPRESS_STREAM=1 (A/B runs): the streaming instance where it applies (vector path,
-  // 4-slot batches, no prefetch).
-  if (const char* e = std::getenv("V4_COMPRESS_STREAM"); e && e[0] == '1')
-    pl.stream = pl.vec == 4 && pl.unroll == 4 && !pl.prefetch && pl.threads > 0;
   return pl;
 }
 
@@ -932,10 +842,8 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
       // One launch when the caller promises that no refreshed ring row is a state slot of a window
       // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
       const bool one = a.ring_disjoint && a.n_ring > 0;
-      CompressRowsPlan lp = pl;
-      lp.ring_shared = one && pl.stream;  // streaming instance: no ring CTAs
       int64_t ring_ctas = 0;
-      if (one && !lp.ring_shared) {
+      if (one) {
         const int64_t items = a.n_ring * 2 * (width / pl.vec);  // vec path: width % 4 == 0
         const int64_t per = int64_t(kRingPerThread) * pl.threads * ring_rounds();
         ring_ctas = (items + per - 1) / per;
@@ -951,7 +859,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
         return errorf(ErrorCode::kInternal, "compress_fused: no kernel for plan vec {} ({} pools)",
                       pl.vec, kv_dtype_name(a.pool_dtype));
       V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
-                                unsigned(pl.ctas), stream, a, lp, ring_ctas, floor_only()));
+                                unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
       ring_done = ring_done || one;
     }
   }

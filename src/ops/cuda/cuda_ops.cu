@@ -980,7 +980,8 @@ class CudaOps final : public Ops {
       const bool v7 = variant >= 7 && a.kv_dtype == KvDtype::kBf16;  // else variant 2 inside
       const int splits =
           v7 ? cuda::attention_dec7_splits(a.n_rows, a.n_heads, a.max_keys, n_sms_,
-                                           cuda::attention_dec7_tile_keys(variant))
+                                           cuda::attention_dec7_tile_keys(variant),
+                                           cuda::attention_dec11_max_cluster(variant))
           : v3 && variant >= 7 ? cuda::attention_dec_splits(a.n_rows, a.n_heads, a.max_keys,
                                                             n_sms_, 4)
           : v3 && (variant == 5 || variant == 6)
