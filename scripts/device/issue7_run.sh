@@ -47,7 +47,8 @@
 #               $V4_RATIO_ATTN (auto), $V4_RATIO_REPEAT times each (1), with a summary of the
 #               900K / 4K ratios (min, mean, max) on top -> bench-v4flash-20l-ratio.md
 #   attnb64     v4serve bench at batch $V4_B64_BATCH (64) × 4K and 128K (bf16 KV + fp8 indexer keys),
-#               once per V4_ATTN_DEC in $V4_B64_ATTN ("2 9 auto") -> bench-v4flash-20l-attn-b64.md
+#               once per V4_ATTN_DEC in $V4_B64_ATTN ("2 9 auto"; an entry may add env settings:
+#               "auto:V4_ATTN_DEC_CLUSTER=0") -> bench-v4flash-20l-attn-b64.md
 #               (decode attention kernels end to end at batch 64; not in the default stage list)
 #   ratioenv    the ratio measurement (bf16 KV; batch $V4_RATIO_BATCH (1), contexts $V4_RATIO_CONTEXT
 #               (4K,900K)) once per env set in $V4_RATIO_ENVS
@@ -283,15 +284,19 @@ if has attnb64; then  # decode at batch $V4_B64_BATCH (64) × 4K / 128K per atte
   # V4_B64_ATTN: V4_ATTN_DEC values (default "2 9 auto": the mma.sync kernel, the swizzled
   # warpgroup kernel, today's auto choice = variant 11 above 4 rows); bf16 KV + fp8 indexer keys
   # as served; one table per variant, all in bench-v4flash-20l-attn-b64.md.
+  # An entry may carry env settings after a colon: "auto:V4_ATTN_DEC_CLUSTER=0,VAR=VALUE".
   body=$OUT/bench-v4flash-20l-attn-b64.md; : > "$body"
-  for av in ${V4_B64_ATTN:-2 9 auto}; do
+  n=0
+  for entry in ${V4_B64_ATTN:-2 9 auto}; do
+    n=$((n + 1)); av=${entry%%:*}; envs=()
+    [[ "$entry" == *:* ]] && IFS=, read -r -a envs <<< "${entry#*:}"
     if [ "$av" = auto ]; then unset V4_ATTN_DEC; else export V4_ATTN_DEC=$av; fi
-    timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 --index-cache-dtype fp8 \
+    env "${envs[@]}" timeout 240 build-gpu/v4serve bench "${common[@]}" --kv-cache-dtype bf16 --index-cache-dtype fp8 \
       --batch "${V4_B64_BATCH:-64}" --context 4K,128K --steps ${V4_B64_STEPS:-10} --prefill-steps 1 \
-      --prefill-warmup 0 --out "$OUT/b64-$av.md" > "$OUT/bench-b64-$av.log" 2>&1
-    echo "bench (batch ${V4_B64_BATCH:-64}, V4_ATTN_DEC=$av) rc=$?"; grep -E "^\| (decode)" "$OUT/b64-$av.md"
-    { echo "## V4_ATTN_DEC=$av"; echo; cat "$OUT/b64-$av.md"; echo; } >> "$body"
-    rm -f "$OUT/b64-$av.md"; logs+=(bench-b64-$av.log)
+      --prefill-warmup 0 --out "$OUT/b64-$n.md" > "$OUT/bench-b64-$n.log" 2>&1
+    echo "bench (batch ${V4_B64_BATCH:-64}, V4_ATTN_DEC=$entry) rc=$?"; grep -E "^\| (decode)" "$OUT/b64-$n.md"
+    { echo "## V4_ATTN_DEC=$entry"; echo; cat "$OUT/b64-$n.md"; echo; } >> "$body"
+    rm -f "$OUT/b64-$n.md"; logs+=(bench-b64-$n.log)
   done
   unset V4_ATTN_DEC
 fi
