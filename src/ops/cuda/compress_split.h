@@ -52,6 +52,8 @@ struct CompressRowsPlan {
                           // issued before any math (cs_fold_slots_pf: the same arithmetic as
                           // cs_fold_slots, one L2 round trip instead of two); wide plans only
   size_t smem = 0;   // dynamic shared memory bytes (layout: compress_rows_smem)
+  bool late_trigger = false;  // rows kernel: PDL trigger after the pooling loads, not right after
+                              // the wait (compressor.cu; launch shape only, same results)
 };
 
 /// Channels per Σx² chunk. The RMSNorm's Σx² of a row is formed in an order that depends on d

@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
   // kernel issued right before compress_fused (ops.h CompressFusedArgs); everything below
   // (fresh rows, state ring, pool) may be.
   pdl_wait();
-  pdl_trigger();
+  if (!pl.late_trigger) pdl_trigger();
   __syncthreads();
   // Window not closing (device-planned decode rows): the whole cluster exits. `floor`: the
   // benchmark's latency-floor diagnostic (floor_only), every CTA exits here.
@@ -263,6 +263,9 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
       }
     }
   }
+  // Late trigger (CompressRowsPlan::late_trigger): the next kernel of the stream is scheduled
+  // once every CTA has its window loaded, so its CTAs do not take SM slots from this grid's.
+  if (pl.late_trigger) pdl_trigger();
   __syncthreads();
   if (pl.parts > 1) {
     const int64_t plane = int64_t(pl.parts) * cw_max;
@@ -751,6 +754,10 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
     pl.gw /= 2;
     pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
   }
+  // V4_COMPRESS_LATE_TRIGGER=1 (A/B runs): the PDL trigger after the pooling loads instead of
+  // right after the wait (CompressRowsPlan::late_trigger).
+  if (const char* e = std::getenv("V4_COMPRESS_LATE_TRIGGER"); e && e[0] == '1')
+    pl.late_trigger = true;
   // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA whatever the call (threads
   // walk more groups of their slice; the same bits).
   if (const char* e = std::getenv("V4_COMPRESS_THREADS"); e && pl.vec == 4 && pl.threads > 0) {
