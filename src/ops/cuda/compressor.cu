@@ -646,6 +646,18 @@ bool use_row_warp(const ops::CompressFusedArgs& a, const CompressRowsPlan& base)
           a.pool_dtype == KvDtype::kFp8Index);
 }
 
+// Ring CTAs of a one-launch grid (the ring refresh as extra CTAs in front of the pooling ones):
+// the ring items (n_ring rows × kv and gate × c·d / vec columns) at kRingPerThread a thread,
+// `threads` a CTA, `rounds` chunks a CTA, rounded up to whole clusters of `cluster` CTAs (a
+// cluster is all-ring or all-pooling).
+int64_t ring_cta_count(const ops::CompressFusedArgs& a, int vec, int threads, int64_t rounds,
+                       int cluster) {
+  const int64_t items = a.n_ring * 2 * (int64_t(a.overlap) * a.dim / vec);  // vec: width % vec == 0
+  const int64_t per = int64_t(kRingPerThread) * threads * rounds;
+  const int64_t ctas = (items + per - 1) / per;
+  return (ctas + cluster - 1) / cluster * cluster;
+}
+
 // Launches `kern` with an optional cluster dimension and the PDL attribute.
 template <typename Kern, typename... Args>
 Status launch(Kern kern, unsigned grid, unsigned threads, size_t smem, unsigned cluster,
@@ -827,11 +839,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
       // One warp per row, 8 rows per CTA; ring CTAs first in the one-launch form.
       constexpr int kRowsPerCta = 8;
       const bool one = a.ring_disjoint && a.n_ring > 0;
-      int64_t ring_ctas = 0;
-      if (one) {
-        const int64_t items = a.n_ring * 2 * (width / 4), per = int64_t(kRingPerThread) * 256;
-        ring_ctas = (items + per - 1) / per;
-      }
+      const int64_t ring_ctas = one ? ring_cta_count(a, 4, 256, 1, 1) : 0;
       const int64_t grid = (a.n_out + kRowsPerCta - 1) / kRowsPerCta + ring_ctas;
       if (grid > 0x7fffffff)
         return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
@@ -854,13 +862,8 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
       // One launch when the caller promises that no refreshed ring row is a state slot of a window
       // (CompressFusedArgs::ring_disjoint): ring CTAs first in the grid, whole clusters of them.
       const bool one = a.ring_disjoint && a.n_ring > 0;
-      int64_t ring_ctas = 0;
-      if (one) {
-        const int64_t items = a.n_ring * 2 * (width / pl.vec);  // vec path: width % 4 == 0
-        const int64_t per = int64_t(kRingPerThread) * pl.threads * ring_rounds();
-        ring_ctas = (items + per - 1) / per;
-        ring_ctas = (ring_ctas + pl.ctas - 1) / pl.ctas * pl.ctas;
-      }
+      const int64_t ring_ctas =
+          one ? ring_cta_count(a, pl.vec, pl.threads, ring_rounds(), pl.ctas) : 0;
       const int64_t grid = a.n_out * pl.ctas + ring_ctas;
       if (grid > 0x7fffffff)
         return errorf(ErrorCode::kInvalidArgument, "compress_fused: {} output rows", a.n_out);
