@@ -766,14 +766,16 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
     pl.gw /= 2;
     pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
   }
-  // The PDL trigger after the pooling loads (CompressRowsPlan::late_trigger; default since session
-  // 21): on the H200 the early trigger let the next grid's CTAs take SM slots while this grid
-  // still ran — C128 prefill 8K 17.42 → 16.95 µs, C4 d512 prefill 29.67 → 28.77, indexer decode
-  // batch 64 4.47 → 4.29, the rest within 0.1 µs (cuda-compressor-envs-s21.md, run 3).
-  // V4_COMPRESS_LATE_TRIGGER=0: right after the wait (A/B).
+  // The PDL trigger after the pooling loads (CompressRowsPlan::late_trigger) for rows_close calls
+  // (prefill chunks; session 21): on the H200 the early trigger let the next grid's CTAs take SM
+  // slots while this grid still ran — C128 prefill 8K 17.42 → 16.95 µs, C4 d512 prefill 29.67 →
+  // 28.77 (cuda-compressor-envs-s21.md, run 3). Decode steps keep the early trigger: in the kernel
+  // bench it moved them by ≤ 0.2 µs either way, and their dependents' launch latency is what
+  // the early trigger hides in a decode graph (not measured end to end with the late one).
+  // V4_COMPRESS_LATE_TRIGGER=1 / =0: late / early for every call (A/B).
   {
     const char* e = std::getenv("V4_COMPRESS_LATE_TRIGGER");
-    pl.late_trigger = !(e && e[0] == '0');
+    pl.late_trigger = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : a.rows_close;
   }
   // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA whatever the call (threads
   // walk more groups of their slice; the same bits).
