@@ -75,6 +75,24 @@ int run_generate(const GenerateOptions& o) {
       return 2;
     }
   }
+  // The tokenizer before the weights: a missing or broken tokenizer.json is reported at once,
+  // not after a model load of minutes.
+  const std::string model_dir = cli::model_dir_of(o.m.model);
+  std::optional<text::Tokenizer> tok;
+  if (std::filesystem::exists(model_dir + "/tokenizer.json")) {
+    auto t = text::Tokenizer::from_file(model_dir);
+    if (!t.ok()) {
+      std::fprintf(stderr, "error: %s\n", t.status().message().c_str());
+      return 1;
+    }
+    tok = std::move(t).value();
+  }
+  if (std::error_code ec; o.prompt_ids.empty() && !tok && std::filesystem::exists(o.m.model, ec)) {
+    // (A model path that does not exist is load_model's error, below.)
+    std::fprintf(stderr, "error: --prompt needs %s/tokenizer.json (or use --prompt-ids)\n",
+                 model_dir.c_str());
+    return 1;
+  }
   std::unique_ptr<ThreadPool> pool;
   if (o.threads > 0) pool = std::make_unique<ThreadPool>(o.threads);
   const double t_load = now_s();
@@ -88,17 +106,7 @@ int run_generate(const GenerateOptions& o) {
   V4_LOG_INFO("loaded {} in {:.2f} s (KV cache {}, indexer keys {})", o.m.model,
               now_s() - t_load, v4::kv_dtype_name(o.m.kv_dtype()),
               v4::index_key_dtype_name(o.m.index_dtype()));
-  const std::string model_dir = cli::model_dir_of(o.m.model);
 
-  std::optional<text::Tokenizer> tok;
-  if (std::filesystem::exists(model_dir + "/tokenizer.json")) {
-    auto t = text::Tokenizer::from_file(model_dir);
-    if (!t.ok()) {
-      std::fprintf(stderr, "error: %s\n", t.status().message().c_str());
-      return 1;
-    }
-    tok = std::move(t).value();
-  }
   std::vector<int32_t> prompt;
   if (!o.prompt_ids.empty()) {
     std::stringstream ss(o.prompt_ids);

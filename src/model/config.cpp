@@ -493,6 +493,12 @@ Status ModelConfig::validate(const std::string& src) const {
       return field_error(src, "eos_token_id",
                          fmt::format("must be in [0, vocab_size {}), found {}", vocab_size, e));
   V4_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
+  // Epsilons inside square roots / divisions: a value ≤ 0 (or NaN / inf) gives NaN or ±inf
+  // activations, which surface as a stream of BOS tokens rather than an error.
+  for (const auto& [name, v] : {std::pair<const char*, double>{"rms_norm_eps", rms_norm_eps},
+                                std::pair<const char*, double>{"hc_eps", hc_eps}})
+    if (!(v > 0) || !std::isfinite(v))
+      return field_error(src, name, fmt::format("must be a finite number > 0, found {}", v));
   V4_RETURN_IF_ERROR(positive("num_hidden_layers", num_hidden_layers));
   V4_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
   V4_RETURN_IF_ERROR(positive("head_dim", head_dim));

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cctype>
+#include <string_view>
 #include <chrono>
 #include <ctime>
 #include <mutex>
@@ -135,12 +136,18 @@ std::string map_reasoning_effort(const std::string& e, text::EffortProfile profi
 }
 
 bool check_bearer(const std::string& authorization, const std::string& api_key) {
-  std::string expected = "Bearer " + api_key;
-  // Constant time in the length of the expected value.
-  unsigned diff = authorization.size() != expected.size() ? 1u : 0u;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    char a = i < authorization.size() ? authorization[i] : 0;
-    diff |= unsigned(a ^ expected[i]);
+  // "Bearer <key>": the scheme name is case-insensitive (RFC 9110 §11.1), the key is compared in
+  // constant time in the length of the expected value.
+  constexpr std::string_view kScheme = "bearer ";
+  unsigned diff = authorization.size() != kScheme.size() + api_key.size() ? 1u : 0u;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    const char a = i < authorization.size() ? authorization[i] : 0;
+    diff |= unsigned(char(std::tolower(static_cast<unsigned char>(a))) ^ kScheme[i]);
+  }
+  for (size_t i = 0; i < api_key.size(); ++i) {
+    const size_t j = kScheme.size() + i;
+    const char a = j < authorization.size() ? authorization[j] : 0;
+    diff |= unsigned(a ^ api_key[i]);
   }
   return diff == 0;
 }
@@ -1085,6 +1092,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
         popt.start = r.thinking && !r.continue_final ? text::ThinkingMode::kThinking : text::ThinkingMode::kChat;
         popt.id_seed = std::hash<std::string>{}(gen->id) + uint64_t(c.index);
         popt.drop_tokens = drop_tokens_;
+        popt.eos_ends_output = !r.sampling.ignore_eos;  // ignore_eos: the text goes on past EOS
         const ForcedToolCall forced = forced_tool_call(r);
         popt.start_in_tool_block = forced.start_in_tool_block;
         popt.start_tool_name = forced.tool_name;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -541,6 +542,20 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       if (t.contains("type") && t["type"] != "function") {
         return rd.fail(fmt::format("'tools[{}].type' must be \"function\"", i), "tools");
       }
+      // Function names as OpenAI accepts them (1–64 of a-z, A-Z, 0-9, '_', '-'): the name goes
+      // verbatim into the DSML prompt (`invoke name="…"`), so quotes or markup would rewrite it.
+      const std::string& fname = t["function"]["name"].get_ref<const std::string&>();
+      const bool name_ok = !fname.empty() && fname.size() <= 64 &&
+                           std::all_of(fname.begin(), fname.end(), [](char ch) {
+                             return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                                    ch == '-';
+                           });
+      if (!name_ok) {
+        return rd.fail(fmt::format("'tools[{}].function.name' {} must be 1 to 64 characters of "
+                                   "a-z, A-Z, 0-9, '_' and '-'",
+                                   i, Json(fname).dump()),
+                       "tools");
+      }
       // parameters: a JSON Schema object (absent or null: a function without parameters).
       if (auto pa = t["function"].find("parameters"); pa != t["function"].end() && !pa->is_null() &&
           !pa->is_object()) {
@@ -628,7 +643,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
   if (r->reasoning_effort) {
     static const char* kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
     if (std::find(std::begin(kEfforts), std::end(kEfforts), *r->reasoning_effort) == std::end(kEfforts)) {
-      return rd.fail(fmt::format("'reasoning_effort' is '{}'; expected none, low, medium, high, xhigh or max", *r->reasoning_effort), "reasoning_effort");
+      return rd.fail(fmt::format("'reasoning_effort' is '{}'; expected none, minimal, low, medium, high, xhigh or max", *r->reasoning_effort), "reasoning_effort");
     }
     if (*r->reasoning_effort == "none") {
       if (!thinking) thinking = false;

@@ -248,6 +248,7 @@ struct OutputParser::State {
       case Act::kToContent: st = St::kContent; break;
       case Act::kDrop: break;
       case Act::kFinish:
+        if (!opt.eos_ends_output) break;  // ignore_eos: EOS dropped, same state
         end_call();
         st = St::kFinished;
         break;

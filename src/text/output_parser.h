@@ -74,6 +74,10 @@ struct OutputParserOptions {
   /// Also accept DeepSeek-V4.1's DSML spelling (`<｜DSML｜ invoke …>`, `</｜DSML｜ parameter>`).
   /// Off by default: for V4 the reference treats those spellings as ordinary value text.
   bool accept_v41_spelling = false;
+  /// True: the EOS text (`<｜end▁of▁sentence｜>`) ends the output (text after it is dropped), as
+  /// the reference parser. False (requests with `ignore_eos`, whose generation goes on past EOS):
+  /// EOS is dropped where it occurs and parsing continues in the same state.
+  bool eos_ends_output = true;
   /// Strings dropped wherever they occur in reasoning or content (held back while partial, like
   /// the markers); tool-call names and argument values are left as written.
   std::vector<std::string> drop_tokens = template_special_tokens();

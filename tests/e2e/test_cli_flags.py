@@ -275,3 +275,21 @@ def test_info_on_unreadable_weights_names_the_problem(tmp_path):
     r = run(["info", "--model", str(t)])
     assert r.returncode == 1, r.stdout + r.stderr
     assert "truncated" in r.stderr and "--load-format dummy" not in r.stderr, r.stderr
+
+
+def test_generate_reports_tokenizer_problems_before_the_weights(tmp_path):
+    """`generate --prompt` on a directory whose tokenizer.json is missing or corrupt: the one-line
+    tokenizer error, before any weights are read (the directory has none here, so an error about
+    weights would mean the model was loaded first)."""
+    import shutil
+    d = tmp_path / "notok"
+    d.mkdir()
+    shutil.copy(os.path.join(MODEL, "config.json"), d / "config.json")
+    r = run(["generate", "--model", str(d), "--prompt", "hi"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tokenizer.json" in r.stderr and "safetensors" not in r.stderr, r.stderr
+    (d / "tokenizer.json").write_text("{not json")
+    r = run(["generate", "--model", str(d), "--prompt", "hi"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tokenizer" in r.stderr and "safetensors" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") <= 1, r.stderr

@@ -197,6 +197,10 @@ TEST(Config, BadConfigsGiveOneLineErrors) {
       {{{"hidden_size", 4294967296LL}}, "field 'hidden_size' is out of range"},
       {{{"eos_token_id", 999999999}}, "field 'eos_token_id' must be in [0, vocab_size"},
       {{{"bos_token_id", -1}}, "field 'bos_token_id' must be in [0, vocab_size"},
+      // Epsilons ≤ 0 turned every activation into NaN (generate printed BOS tokens, rc 0).
+      {{{"rms_norm_eps", -1}}, "field 'rms_norm_eps' must be a finite number > 0"},
+      {{{"rms_norm_eps", 0}}, "field 'rms_norm_eps' must be a finite number > 0"},
+      {{{"hc_eps", -1e-6}}, "field 'hc_eps' must be a finite number > 0"},
   };
   expect_refused(cases);
 }

@@ -999,6 +999,12 @@ TEST_F(ApiTest, ApiKey) {
   EXPECT_EQ(http(port_, "POST", "/v1/completions", body).status, 401);
   EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Bearer wrong\r\n").status, 401);
   EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Bearer sekret\r\n").status, 200);
+  // The scheme name is case-insensitive (RFC 9110); the key is not.
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: bearer sekret\r\n").status, 200);
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: BEARER sekret\r\n").status, 200);
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Bearer SEKRET\r\n").status, 401);
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Bearer sekret2\r\n").status, 401);
+  EXPECT_EQ(http(port_, "POST", "/v1/completions", body, "Authorization: Basic sekret\r\n").status, 401);
   EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
 }
 

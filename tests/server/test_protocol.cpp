@@ -1,6 +1,9 @@
 // Request validation / schema conversion, error bodies, SSE framing, stop strings, metrics text.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "server/metrics.h"
 #include "server/protocol.h"
 
@@ -122,6 +125,22 @@ TEST(Protocol, ToolsAndToolChoice) {
       {"role":"tool","tool_call_id":"c1","content":"sunny"}],)" + tools + "}", &r).status, 0);
   EXPECT_EQ(r.messages.size(), 3u);
   EXPECT_EQ(chat_err(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c1"}]}]})").status, 400);
+  // Function names as OpenAI accepts them: 1–64 of a-z A-Z 0-9 _ - (the name is written into the
+  // DSML prompt verbatim; a quote would rewrite the invoke tag).
+  auto named = [](const std::string& name) {
+    return std::string("{") + kMsg + R"(,"tools":[{"type":"function","function":{"name":)" + name +
+           "}}]}";
+  };
+  const std::string long65 = "\"" + std::string(65, 'x') + "\"", long64 = "\"" + std::string(64, 'x') + "\"";
+  for (const std::string& bad : std::vector<std::string>{R"("")", R"("a\" evil=\"1")", R"("get weather")",
+                                                         R"("a.b")", R"("ünï")", long65}) {
+    const ApiError e = chat_err(named(bad));
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "tools") << bad;
+    EXPECT_NE(e.message.find("tools[0].function.name"), std::string::npos) << e.message;
+  }
+  for (const std::string& ok : std::vector<std::string>{R"("get_weather")", R"("A-1_b")", long64})
+    EXPECT_EQ(chat_err(named(ok)).status, 0) << ok;
 }
 
 // tools[].function.parameters must be a JSON Schema object, and an assistant tool call's

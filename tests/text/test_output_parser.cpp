@@ -199,6 +199,31 @@ TEST(OutputParser, StreamingEventsShape) {
   EXPECT_EQ(p.tool_call_count(), 1);
 }
 
+// ignore_eos requests generate past EOS: with eos_ends_output = false the EOS text is dropped and
+// the text after it stays (content, and reasoning in thinking mode); by default it ends the output.
+TEST(OutputParser, EosDroppedWhenGenerationIgnoresIt) {
+  OutputParserOptions o;
+  o.start = ThinkingMode::kChat;
+  EXPECT_EQ(OutputParser::parse("One.<｜end▁of▁sentence｜>Two.", o).content, "One.");
+  o.eos_ends_output = false;
+  EXPECT_EQ(OutputParser::parse("One.<｜end▁of▁sentence｜>Two.<｜end▁of▁sentence｜>", o).content,
+            "One.Two.");
+  // Split inside the marker while streaming: same result, the marker never leaks.
+  OutputParser p(o);
+  std::string content;
+  for (std::string_view c : {"One.<｜end▁of", "▁sentence｜>Tw", "o."}) {
+    for (const ParserEvent& e : p.feed(c))
+      if (e.kind == ParserEvent::Kind::kContentDelta) content += e.text;
+  }
+  for (const ParserEvent& e : p.finish())
+    if (e.kind == ParserEvent::Kind::kContentDelta) content += e.text;
+  EXPECT_EQ(content, "One.Two.");
+  o.start = ThinkingMode::kThinking;
+  const ParsedMessage m = OutputParser::parse("a<｜end▁of▁sentence｜>b</think>c", o);
+  EXPECT_EQ(m.reasoning_content, "ab");
+  EXPECT_EQ(m.content, "c");
+}
+
 TEST(OutputParser, HeldBackTextIsReleasedAtFinish) {
   OutputParserOptions o;
   o.start = ThinkingMode::kChat;
