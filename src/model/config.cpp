@@ -89,7 +89,7 @@ Status parse_rope_dict(const json& d, const std::string& src, const std::string&
   else if (d.contains("type") && d["type"].is_string())
     type = d["type"];
   if (type != "default" && type != "yarn")
-    return make_error(ErrorCode::kUnsupported,
+    return make_error(ErrorCode::kInvalidArgument,
                       "{}: field '{}.rope_type' = \"{}\" is not supported "
                       "(expected \"default\" or \"yarn\")",
                       src, f, type);
@@ -264,7 +264,7 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
   ModelConfig c;
   V4_RETURN_IF_ERROR(get_string(j, "model_type", &c.model_type, src));
   if (c.model_type != "deepseek_v4")
-    return make_error(ErrorCode::kUnsupported,
+    return make_error(ErrorCode::kInvalidArgument,
                       "{}: model_type \"{}\" is not supported (expected \"deepseek_v4\")", src,
                       c.model_type);
   V4_RETURN_IF_ERROR(get_int(j, "vocab_size", &c.vocab_size, src));
@@ -325,7 +325,7 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& src
   else if (c.scoring_func == "sigmoid")
     c.scoring = ops::ScoringFunc::kSigmoid;
   else
-    return make_error(ErrorCode::kUnsupported,
+    return make_error(ErrorCode::kInvalidArgument,
                       "{}: field 'scoring_func' = \"{}\" is not supported "
                       "(expected sqrtsoftplus, softmax or sigmoid)",
                       src, c.scoring_func);
@@ -522,7 +522,7 @@ Status ModelConfig::validate(const std::string& src) const {
     return field_error(src, "n_shared_experts",
                        fmt::format("must be 1, found {}", n_shared_experts));
   if (hidden_act != "silu")
-    return make_error(ErrorCode::kUnsupported,
+    return make_error(ErrorCode::kInvalidArgument,
                       "{}: field 'hidden_act' = \"{}\" is not supported (expected silu)", src,
                       hidden_act);
   if (int64_t(num_attention_heads) * head_dim % o_groups != 0)

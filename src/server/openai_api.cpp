@@ -986,10 +986,12 @@ void OpenAiApi::handle_detokenize(const HttpRequest& req, ResponseWriter& w) {
     return send_error(req, w, bad_request("'tokens' must be an array of token ids", "tokens"));
   }
   std::vector<int32_t> ids;
-  for (auto& x : b["tokens"]) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= engine_->vocab_size()) {
-      return send_error(req, w, bad_request(fmt::format("'tokens' must be token ids in [0, {})", engine_->vocab_size()), "tokens"));
-    }
+  for (size_t i = 0; i < b["tokens"].size(); ++i) {
+    const Json& x = b["tokens"][i];
+    if (!x.is_number_integer())
+      return send_error(req, w, bad_request(fmt::format("'tokens[{}]' must be an integer token id, got {}", i, x.dump()), "tokens"));
+    if (x.get<int64_t>() < 0 || x.get<int64_t>() >= engine_->vocab_size())
+      return send_error(req, w, bad_request(fmt::format("'tokens[{}]' = {} is not a token id in [0, {})", i, x.dump(), engine_->vocab_size()), "tokens"));
     ids.push_back(int32_t(x.get<int64_t>()));
   }
   Json out = Json::object();

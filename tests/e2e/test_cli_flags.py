@@ -293,3 +293,25 @@ def test_generate_reports_tokenizer_problems_before_the_weights(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "tokenizer" in r.stderr and "safetensors" not in r.stderr, r.stderr
     assert r.stderr.count("\n") <= 1, r.stderr
+
+
+@pytest.mark.parametrize("field,value", [("scoring_func", "tanh"), ("hidden_act", "gelu"),
+                                         ("rms_norm_eps", -1)])
+def test_unsupported_config_values_exit_like_other_config_errors(tmp_path, field, value):
+    """A config value the engine does not implement (scoring_func, hidden_act) is a config error
+    like any other: exit 2 and one line naming the field (they exited 1)."""
+    import json
+    import shutil
+    d = tmp_path / "cfg"
+    d.mkdir()
+    cfg = json.load(open(os.path.join(MODEL, "config.json")))
+    cfg[field] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(os.path.join(MODEL, "tokenizer.json"), d / "tokenizer.json")
+    for args in (["info", "--model", str(d), "--load-format", "dummy"],
+                 ["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "1"]):
+        r = run(args)
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, (args, out)
+        lines = [l for l in out.splitlines() if l.strip()]
+        assert len(lines) == 1 and field in lines[0], (args, out)

@@ -890,6 +890,13 @@ TEST_F(ApiTest, TokenizeDetokenize) {
   ASSERT_EQ(c.status, 200);
   EXPECT_GT(c.j()["count"].get<int>(), 3);
   EXPECT_EQ(http(port_, "POST", "/detokenize", R"({"tokens":[100000]})").status, 400);
+  // The message names the entry and says what is wrong with it.
+  auto f = http(port_, "POST", "/detokenize", R"({"tokens":[104,1.5]})");
+  EXPECT_EQ(f.status, 400);
+  EXPECT_NE(f.body.find("'tokens[1]' must be an integer token id, got 1.5"), std::string::npos) << f.body;
+  auto o = http(port_, "POST", "/detokenize", R"({"tokens":[-3]})");
+  EXPECT_EQ(o.status, 400);
+  EXPECT_NE(o.body.find("'tokens[0]' = -3 is not a token id"), std::string::npos) << o.body;
 }
 
 // A field of the wrong JSON type is a 400 naming it, never the handler's 500 "internal error"
