@@ -272,9 +272,11 @@ int run_serve(const ServeOptions& o) {
                 flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
                                            server.pending_responses(), kFlush.count()));
   }
-  V4_LOG_INFO("shutting down ({} request(s) still in flight)", api.active_generations());
+  // Logged once the engine has stopped, so no periodic status line follows it.
+  const int64_t in_flight = api.active_generations();
   server.stop();
   engine->reset();
+  V4_LOG_INFO("shutting down: stopped ({} request(s) were still in flight)", in_flight);
   // A forced stop exits like a process ended by that signal would report it (130 for SIGINT,
   // 143 for SIGTERM); the drain that finished or timed out exits 0.
   return forced ? 128 + forced : 0;

@@ -45,11 +45,15 @@ Status get_int(const json& j, const char* key, T* out, const std::string& src) {
   return field_error(src, key, fmt::format("must be an integer, found {}", it->dump()));
 }
 
-Status get_double(const json& j, const char* key, double* out, const std::string& src) {
+// `path`: the field's name in messages when it is nested (e.g. "rope_parameters.main.factor");
+// empty: `key`.
+Status get_double(const json& j, const char* key, double* out, const std::string& src,
+                  const std::string& path = {}) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
   if (!it->is_number())
-    return field_error(src, key, fmt::format("must be a number, found {}", it->dump()));
+    return field_error(src, path.empty() ? std::string(key) : path,
+                       fmt::format("must be a number, found {}", it->dump()));
   *out = it->get<double>();
   return Status::Ok();
 }
@@ -95,38 +99,41 @@ Status parse_rope_dict(const json& d, const std::string& src, const std::string&
                       src, f, type);
   out->yarn = type == "yarn";
   if (!d.contains("rope_theta")) return field_error(src, f + ".rope_theta", "is missing");
-  V4_RETURN_IF_ERROR(get_double(d, "rope_theta", &out->theta, src));
+  V4_RETURN_IF_ERROR(get_double(d, "rope_theta", &out->theta, src, f + ".rope_theta"));
   out->partial_rotary_factor = 1.0;  // transformers' default when the dict lacks it
-  V4_RETURN_IF_ERROR(get_double(d, "partial_rotary_factor", &out->partial_rotary_factor, src));
+  V4_RETURN_IF_ERROR(get_double(d, "partial_rotary_factor", &out->partial_rotary_factor, src,
+                                f + ".partial_rotary_factor"));
   out->rope_dim = int(head_dim * out->partial_rotary_factor);
   out->attention_factor = 1.0;
   if (out->yarn) {
     if (!d.contains("original_max_position_embeddings"))
       return field_error(src, f + ".original_max_position_embeddings", "is missing for yarn");
     V4_RETURN_IF_ERROR(get_double(d, "original_max_position_embeddings",
-                                  &out->original_max_position_embeddings, src));
+                                  &out->original_max_position_embeddings, src,
+                                  f + ".original_max_position_embeddings"));
     double factor = 0;
     if (d.contains("factor") && !d["factor"].is_null()) {
-      V4_RETURN_IF_ERROR(get_double(d, "factor", &factor, src));
+      V4_RETURN_IF_ERROR(get_double(d, "factor", &factor, src, f + ".factor"));
     } else {
       factor = double(max_pos) / out->original_max_position_embeddings;
     }
     out->factor = factor;
     out->beta_fast = 32;
     out->beta_slow = 1;
-    V4_RETURN_IF_ERROR(get_double(d, "beta_fast", &out->beta_fast, src));
-    V4_RETURN_IF_ERROR(get_double(d, "beta_slow", &out->beta_slow, src));
+    V4_RETURN_IF_ERROR(get_double(d, "beta_fast", &out->beta_fast, src, f + ".beta_fast"));
+    V4_RETURN_IF_ERROR(get_double(d, "beta_slow", &out->beta_slow, src, f + ".beta_slow"));
     if (out->beta_fast == 0) out->beta_fast = 32;  // HF: `get("beta_fast") or 32`
     if (out->beta_slow == 0) out->beta_slow = 1;
     if (d.contains("attention_factor") && !d["attention_factor"].is_null()) {
-      V4_RETURN_IF_ERROR(get_double(d, "attention_factor", &out->attention_factor, src));
+      V4_RETURN_IF_ERROR(
+          get_double(d, "attention_factor", &out->attention_factor, src, f + ".attention_factor"));
     } else if (yarn_default_attention_factor) {
       out->attention_factor = 1.0;
     } else {
       // P13: a nested yarn dict without attention_factor gets YaRN's mscale on cos/sin.
       double mscale = 0, mscale_all = 0;
-      V4_RETURN_IF_ERROR(get_double(d, "mscale", &mscale, src));
-      V4_RETURN_IF_ERROR(get_double(d, "mscale_all_dim", &mscale_all, src));
+      V4_RETURN_IF_ERROR(get_double(d, "mscale", &mscale, src, f + ".mscale"));
+      V4_RETURN_IF_ERROR(get_double(d, "mscale_all_dim", &mscale_all, src, f + ".mscale_all_dim"));
       if (mscale != 0 && mscale_all != 0)
         out->attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all);
       else

@@ -87,6 +87,13 @@ TEST(Config, NestedYarnWithoutAttentionFactorGetsMscale) {
   c = ModelConfig::from_json(j, "nested");
   ASSERT_TRUE(c.ok());
   EXPECT_DOUBLE_EQ(c->rope_compress.attention_factor, 1.0);
+  // A nested number of the wrong type is named with its full path.
+  j["rope_parameters"]["compress"]["factor"] = "x";
+  c = ModelConfig::from_json(j, "nested");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("field 'rope_parameters.compress.factor' must be a number"),
+            std::string::npos)
+      << c.status().message();
 }
 
 TEST(Config, NoRopeScalingMeansPlainCompressRope) {
