@@ -3,18 +3,16 @@
 // with the compressor-state ring refreshed in the epilogue.
 //
 // CTA = 8 warps, ≤ ~108 KB of shared memory (2 CTAs per SM). Tile = `rows` consecutive weight
-// rows of one matrix × a K slice of D / ks columns. Up to 32 x rows (NT ≤ 4) the whole x slice
-// (f32 → bf16) sits in shared memory next to a 4–5-stage cp.async ring of 64-column weight chunks;
-// at 64 rows (NT = 8) x moves through the ring with the weights — each stage holds a weight chunk
-// and the x chunk of the same 64 columns, loaded into registers during the previous chunk's MMA —
-// so that 3 stages (two chunks in flight during a chunk's MMA) fit where the whole 64-row slice
-// left room for 2. The first stages' weight chunks are issued before the PDL wait. Rows padded by
+// rows of one matrix × a K slice of D / ks columns. The x slice (≤ 64 rows, f32 → bf16) sits in
+// shared memory; the weight tile streams through a cp.async ring of 64-column chunks
+// (the first ones issued before the PDL wait; 2–5 stages by token tiles); x loaded right after
+// the wait (≤ 32 rows) or chunk by chunk during the previous chunk's MMA (64 rows). Rows padded by
 // 16 bytes: conflict-free ldmatrix. Warps: min(8, rows/16) m16 tiles × 8/that K parts of each
 // chunk; mma.sync m16n8k16 (A = weights via ldmatrix.x4, B = x rows via ldmatrix.x4 — two n8 token
 // tiles per load), fp32 accumulators for every token tile across all chunks. Partials: the K parts
 // of the CTA folded in order in shared memory, then the cluster's ks CTAs added in rank order
 // through distributed shared memory; CTA `rank` finishes rows/ks rows of the tile and stores them
-// to kc / zc and to the ring rows. The stage count is timing only: the sums never depend on it.
+// to kc / zc and to the ring rows.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -44,58 +42,30 @@ constexpr size_t kSmemLimit = 226 * 1024;
 
 // Weight columns per pipeline stage (one cp.async group).
 constexpr int kChunk = 64;
-constexpr int kTokTiles[] = {2, 4, 8};    // the kernel instances (NT)
-constexpr int kChunkRow = kChunk + kPad;  // bf16 per staged weight (or x) row
-// Shared memory one CTA may take so that two fit an SM (228 KB less 1 KB reserved per CTA, less
-// the static ring indices).
-constexpr size_t kTwoPerSm = 112 * 1024;
-// Whether NT token tiles stage x chunk by chunk in the ring (else the whole slice up front).
-__host__ __device__ constexpr bool x_by_chunk(int nt) {
-  return nt >= 8;
+// Stages of the weight ring for NT token tiles: as many as ~110 KB of shared memory holds next
+// to the x slice at the 128-row tile (2 CTAs per SM). Timing only: the sums do not depend on it.
+__host__ __device__ constexpr int stages_for(int nt) {
+  return nt >= 8 ? 2 : nt >= 4 ? 4 : 5;
 }
-constexpr int kMaxStages = 6;
+constexpr int kTokTiles[] = {2, 4, 8};    // the kernel instances (NT)
+constexpr int kChunkRow = kChunk + kPad;  // bf16 per staged weight row
 
 // Shared-memory layout of a plan (rows R, K slice ksl, ks CTAs) for `tok` padded x rows:
-//   whole-slice form: [x slice: tok × (ksl + kPad) bf16][ring: stages × R × kChunkRow bf16]
-//   by-chunk form:    [ring: stages × (R + tok) × kChunkRow bf16] (stage = weight rows, x rows)
+//   [x slice: tok × (ksl + kPad) bf16][weight ring: stages_for(tok / 8) × R × kChunkRow bf16]
 // overlaid after the last MMA by the K-part partials [wk][R][tok] f32, then at `fin` the
-// finished rows [R/ks][tok] f32. Stages: 5 (NT 2) or 4 (NT 4) next to the whole slice; by chunk,
-// as many as kTwoPerSm holds (2 … kMaxStages).
+// finished rows [R/ks][tok] f32.
 struct ProjSmem {
-  int stages = 0;
-  size_t ring = 0, stage = 0, fin = 0, total = 0;
+  size_t ring = 0, fin = 0, total = 0;
 };
 __host__ __device__ inline ProjSmem proj_smem(int R, int64_t ksl, int ks, int tok) {
   const int wm = R / 16 < kWarps ? R / 16 : kWarps, wk = kWarps / wm;
   ProjSmem l;
+  l.ring = size_t(tok) * size_t(ksl + kPad) * 2;
+  const size_t stage = l.ring + size_t(stages_for(tok / 8)) * R * kChunkRow * 2;
   const size_t part = size_t(wk) * R * tok * 4;
-  const size_t tail = size_t(R / ks) * tok * 4 + 128;  // fin rows + alignment
-  if (x_by_chunk(tok / 8)) {
-    l.ring = 0;
-    l.stage = size_t(R + tok) * kChunkRow * 2;
-    l.stages = 2;
-    while (l.stages < kMaxStages && (l.stages + 1) * l.stage + tail <= kTwoPerSm) ++l.stages;
-  } else {
-    l.ring = size_t(tok) * size_t(ksl + kPad) * 2;
-    l.stage = size_t(R) * kChunkRow * 2;
-    l.stages = tok / 8 >= 4 ? 4 : 5;
-  }
-  const size_t staged = l.ring + size_t(l.stages) * l.stage;
-  l.fin = ((staged > part ? staged : part) + 127) / 128 * 128;
+  l.fin = ((stage > part ? stage : part) + 127) / 128 * 128;
   l.total = l.fin + size_t(R / ks) * tok * 4;
   return l;
-}
-
-// cp.async.wait_group with a run-time count (0 … kMaxStages − 1).
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    default: cp_async_wait<5>(); break;
-  }
 }
 
 struct ProjArgs {
@@ -118,24 +88,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     compress_proj_kernel(ProjArgs a, CompressProjPlan p) {
   extern __shared__ __align__(128) unsigned char proj_smem_raw[];
   constexpr int TP = NT * 8;  // padded token rows
-  constexpr bool kXByChunk = x_by_chunk(NT);
+  constexpr int kStages = stages_for(NT);
   __shared__ int32_t s_rsrc[kMaxTok], s_rdst[kMaxTok];
-  const int R = p.rows, KS = p.ks, KSL = p.kslice, NC = KSL / kChunk;
+  const int R = p.rows, KS = p.ks, KSL = p.kslice, RE = KSL + kPad, NC = KSL / kChunk;
   const ProjSmem lay = proj_smem(R, KSL, KS, TP);
-  const int ST = lay.stages;
-  // x rows: the whole slice [TP][KSL + kPad] at offset 0, or (by chunk) [TP][kChunkRow] after the
-  // weight rows of each stage.
-  const int RE = kXByChunk ? kChunkRow : KSL + kPad;
-  uint16_t* sX = reinterpret_cast<uint16_t*>(proj_smem_raw);
-  // Stage s: weight rows [R][kChunkRow] (then, by chunk, x rows [TP][kChunkRow]).
-  auto stage_at = [&](int s) {
-    return reinterpret_cast<uint16_t*>(proj_smem_raw + lay.ring + size_t(s) * lay.stage);
-  };
-  // x chunk c's first row, column 0.
-  auto x_chunk = [&](int c) -> uint16_t* {
-    if constexpr (kXByChunk) return stage_at(c % ST) + R * kChunkRow;
-    return sX + c * kChunk;
-  };
+  uint16_t* sX = reinterpret_cast<uint16_t*>(proj_smem_raw);             // [TP][RE]
+  uint16_t* sW = reinterpret_cast<uint16_t*>(proj_smem_raw + lay.ring);  // [kStages][R][kChunkRow]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank());
@@ -144,12 +102,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t k0 = int64_t(rank) * KSL;
   const uint16_t* W = (arr ? a.w[1] : a.w[0]) + int64_t(r0) * a.K + k0;
 
-  // Weight chunk c (columns [c·64, c·64 + 64) of the slice, all R rows) into stage c % ST:
+  // Weight chunk c (columns [c·64, c·64 + 64) of the slice, all R rows) into stage c % kStages:
   // R·8 16-byte copies, one cp.async group per chunk (empty past the last chunk, so that the
   // group count stays uniform for cp_async_wait).
   auto issue_w = [&](int c) {
     if (c < NC) {
-      uint16_t* dst = stage_at(c % ST);
+      uint16_t* dst = sW + size_t(c % kStages) * R * kChunkRow;
       const uint16_t* src = W + c * kChunk;
       for (int i = tid; i < R * (kChunk / 8); i += kThreads) {
         const int r = i / (kChunk / 8), q = i - r * (kChunk / 8);
@@ -160,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   // 1. The first weight chunks: never written by a kernel of this stream, so copied before the
   // PDL wait (overlapping the predecessor's tail); the ring indices (plan arrays, same rule).
-  for (int c = 0; c < ST; ++c) issue_w(c);
+  for (int c = 0; c < kStages; ++c) issue_w(c);
   for (int i = tid; i < a.n_ring; i += kThreads) {
     s_rsrc[i] = __ldg(a.ring_src + i);
     s_rdst[i] = __ldg(a.ring_dst + i);
@@ -172,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // (bench/results/cuda-compressor-proj.md): up to 32 rows (NT ≤ 4) the whole slice right after
   // the wait, every load of a thread in flight (one or two L2 round trips before the first MMA);
   // at 64 rows (128 KB of f32 per CTA) chunk by chunk, chunk c + 1 loaded into registers during
-  // chunk c's MMA (the loads overlap the weight stream; up front cost 2.5 µs more) and stored into
-  // chunk c + 1's stage.
+  // chunk c's MMA (the loads overlap the weight stream; up front cost 2.5 µs more).
+  constexpr bool kXByChunk = NT >= 8;
   constexpr int kXU = kXByChunk ? TP * (kChunk / 4) / kThreads : 16;  // float4 per thread per batch
   float4 xr[kXU];
   auto load_x = [&](int c) {  // chunk c into registers (kXByChunk)
@@ -186,12 +144,11 @@ __global__ void __launch_bounds__(kThreads, 2)
             __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t) * a.ldx + k0 + c * kChunk) + q);
     }
   };
-  auto store_x = [&](int c) {  // registers into x chunk c (kXByChunk)
-    uint16_t* xc = x_chunk(c);
+  auto store_x = [&](int c) {  // registers into sX (kXByChunk)
 #pragma unroll
     for (int u = 0; u < kXU; ++u) {
       const int i = tid + u * kThreads, t = i / (kChunk / 4), q = i - t * (kChunk / 4);
-      *reinterpret_cast<uint2*>(xc + size_t(t) * RE + q * 4) =
+      *reinterpret_cast<uint2*>(sX + size_t(t) * RE + c * kChunk + q * 4) =
           make_uint2(pack_bf16(xr[u].x, xr[u].y), pack_bf16(xr[u].z, xr[u].w));
     }
   };
@@ -220,22 +177,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // 2. The K loop over chunks: warp → (m16 tile mt, part kq of each chunk's 64 columns); weight
-  // chunk c + ST is issued once every warp is done with chunk c's stage.
+  // chunk c + kStages is issued once every warp is done with chunk c's stage.
   const int wm = min(kWarps, R / 16), wk = kWarps / wm;
   const int mt = warp % wm, kq = warp / wm, kspan = kChunk / wk;
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const int a_off = (mt * 16 + (lane & 15)) * kChunkRow + (lane >> 4) * 8 + kq * kspan;
-  const size_t b_off =
-      size_t((lane & 7) + ((lane >> 4) << 3)) * RE + ((lane >> 3) & 1) * 8 + kq * kspan;
+  const uint16_t* bx =
+      sX + size_t((lane & 7) + ((lane >> 4) << 3)) * RE + ((lane >> 3) & 1) * 8 + kq * kspan;
   for (int c = 0; c < NC; ++c) {
     if constexpr (kXByChunk)
       if (c + 1 < NC) load_x(c + 1);
-    cp_async_wait_n(ST - 1);  // this thread's copies of chunk c landed
-    __syncthreads();          // everyone's copies of chunk c and x chunk c visible
-    const uint16_t* aw = stage_at(c % ST) + a_off;
-    const uint16_t* bc = x_chunk(c) + b_off;
+    cp_async_wait<kStages - 1>();  // this thread's copies of chunk c landed
+    __syncthreads();               // everyone's copies of chunk c and x chunk c visible
+    const uint16_t* aw = sW + size_t(c % kStages) * R * kChunkRow + a_off;
+    const uint16_t* bc = bx + c * kChunk;
     for (int kk = 0; kk < kspan; kk += 16) {
       uint32_t af[4];
       ldmatrix_x4(af, aw + kk);
@@ -250,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if constexpr (kXByChunk)
       if (c + 1 < NC) store_x(c + 1);  // read from the next iteration on (after its barrier)
     __syncthreads();                   // every warp is done with this stage
-    issue_w(c + ST);
+    issue_w(c + kStages);
   }
   cp_async_wait<0>();  // only empty groups remain
 

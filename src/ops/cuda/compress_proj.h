@@ -18,7 +18,7 @@ namespace v4::cuda {
 /// the 2·c·d weight rows of [W_kv; W_g] in tiles of `rows` rows (a tile never straddles the two
 /// matrices), K = D split over a cluster of `ks` CTAs (`kslice` = D / ks columns each, a multiple
 /// of 64); grid = tiles · ks CTAs of 256 threads (the x slice sits in shared memory, the weight
-/// tile streams through a 3–6-stage ring of 64-column chunks; V4-Flash's shapes fit 2 CTAs per SM).
+/// tile streams through a 2-stage ring of 64-column chunks; V4-Flash's shapes fit 2 CTAs per SM).
 struct CompressProjPlan {
   int ks = 0;       // CTAs per cluster (K split); 0 = no plan (the caller composes instead)
   int rows = 0;     // weight rows per tile (32, 64 or 128)
