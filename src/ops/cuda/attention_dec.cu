@@ -523,6 +523,36 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (fixed order whatever the arrival order: deterministic) with the sink, reading the other
 // CTAs' shared memory (DSMEM), and writes the output; a second cluster barrier keeps every
 // CTA's shared memory alive until all reads are done.
+// Cluster merge weights of one head hl over the splits of a cluster (ranks 0 … n_splits − 1,
+// n_splits ≤ kMax): w[q] = e^(m_q − M) / (Σ_q l_q·e^(m_q − M) + e^(sink − M)), M = max(sink, m_q),
+// sums in rank order (the combine kernel's formula); a rank with m_q = −inf (no keys) and every
+// q ≥ n_splits get w[q] = 0, and no keys anywhere gives all-zero weights (output 0). cm / cl: the
+// calling CTA's [heads] m (nats) and l arrays in shared memory, read on every rank through
+// distributed shared memory (all loads issued together: the loop is unrolled over kMax).
+template <int kMax>
+__device__ __forceinline__ void cluster_merge_weights(const cg::cluster_group& cluster,
+                                                      const float* cm, const float* cl, int hl,
+                                                      int n_splits, float sink, float* w) {
+  float mq[kMax], lq[kMax];
+#pragma unroll
+  for (int q = 0; q < kMax; ++q) {
+    mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, unsigned(q)) : -INFINITY;
+    lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, unsigned(q)) : 0.f;
+  }
+  float M = sink;
+#pragma unroll
+  for (int q = 0; q < kMax; ++q) M = fmaxf(M, mq[q]);
+  float L = 0.f;
+#pragma unroll
+  for (int q = 0; q < kMax; ++q) {
+    mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
+    L = fmaf(lq[q], mq[q], L);
+  }
+  const float inv = 1.f / (__expf(sink - M) + L);
+#pragma unroll
+  for (int q = 0; q < kMax; ++q) w[q] = mq[q] * inv;
+}
+
 constexpr int kMaxClusterSplits = 8;  // portable cluster size
 constexpr size_t kCpBytes = size_t(kHeads) * kHd * 4;  // 131,072
 __device__ __forceinline__ void cluster_combine(const ops::AttentionArgs& a, int64_t t, int s,
@@ -557,25 +587,8 @@ __device__ __forceinline__ void cluster_combine(const ops::AttentionArgs& a, int
   __shared__ float wts[kHeads][kMaxClusterSplits];
   if (int(threadIdx.x) < h_hi - h_lo) {  // h_hi < h_lo: no heads left for this rank
     const int hl = h_lo + int(threadIdx.x);
-    const float sink = a.sinks[hb + hl];
-    float mq[kMaxClusterSplits], lq[kMaxClusterSplits];
-#pragma unroll
-    for (int q = 0; q < kMaxClusterSplits; ++q) {
-      mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
-      lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
-    }
-    float M = sink;
-#pragma unroll
-    for (int q = 0; q < kMaxClusterSplits; ++q) M = fmaxf(M, mq[q]);
-    float L = 0.f;
-#pragma unroll
-    for (int q = 0; q < kMaxClusterSplits; ++q) {
-      mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
-      L = fmaf(lq[q], mq[q], L);
-    }
-    const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
-#pragma unroll
-    for (int q = 0; q < kMaxClusterSplits; ++q) wts[hl - h_lo][q] = mq[q] * inv;
+    cluster_merge_weights<kMaxClusterSplits>(cluster, cm, cl, hl, n_splits, a.sinks[hb + hl],
+                                             wts[hl - h_lo]);
   }
   __syncthreads();  // wts ready
   // 2. out[h][d] = Σ_q o_q[h][d] · w[q] in rank order; thread = dims d, d + 256 of every head.
@@ -1644,25 +1657,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     //    (Σ_q l_q · exp(m_q − M) + exp(sink − M)), M = max(sink, m_q), sums in rank order.
     if (int(threadIdx.x) < kHC5) {
       const int hl = int(threadIdx.x);
-      const float sink = hb + hl < H ? a.sinks[hb + hl] : 0.f;
-      float mq[kMaxCluster5], lq[kMaxCluster5];
-#pragma unroll
-      for (int q = 0; q < kMaxCluster5; ++q) {
-        mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
-        lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
-      }
-      float M = sink;
-#pragma unroll
-      for (int q = 0; q < kMaxCluster5; ++q) M = fmaxf(M, mq[q]);
-      float L = 0.f;
-#pragma unroll
-      for (int q = 0; q < kMaxCluster5; ++q) {
-        mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
-        L = fmaf(lq[q], mq[q], L);
-      }
-      const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
-#pragma unroll
-      for (int q = 0; q < kMaxCluster5; ++q) wts[hl][q] = mq[q] * inv;
+      cluster_merge_weights<kMaxCluster5>(cluster, cm, cl, hl, n_splits,
+                                          hb + hl < H ? a.sinks[hb + hl] : 0.f, wts[hl]);
     }
     __syncthreads();  // wts ready
     // 2. Half-rows c = 0 .. 31 (head c / 2, dims 256·(c % 2) + thread) of rank c % n_splits:
@@ -1898,69 +1894,62 @@ Status smem_attr_once(const void* kern, size_t bytes, const char* what) {
   return Status::Ok();
 }
 
+// Clusters of n CTAs (threads each, smem bytes of dynamic shared memory) of `kern` that can be
+// resident at once (cudaOccupancyMaxActiveClusters); 0 when the query is refused (the error is
+// cleared: a refused query is not a launch error). The caller sets the kernel's shared-memory
+// (and non-portable cluster) attributes first.
+int max_active_clusters(const void* kern, int n, int threads, size_t smem) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(n), 1, 1);
+  cfg.blockDim = dim3(unsigned(threads), 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(n);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int count = 0;
+  if (cudaOccupancyMaxActiveClusters(&count, kern, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 // Whether clusters of n (2..kMaxClusterSplits) CTAs of attn_dec2_kernel<bf16, true> can be
-// resident on this device (cudaOccupancyMaxActiveClusters > 0); asked once per n and process.
+// resident on this device (max_active_clusters > 0); asked once per n and process.
 bool cluster_fits(int n) {
   static int fits[kMaxClusterSplits + 1] = {};  // 0 unknown, 1 yes, −1 no
   if (n < 2 || n > kMaxClusterSplits) return false;
   if (fits[n] == 0) {
-    auto kern = attn_dec2_kernel<__nv_bfloat16, true>;
-    int count = 0;
-    bool ok = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(kSmem2)) == cudaSuccess;
-    if (ok) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(n), 1, 1);
-      cfg.blockDim = dim3(kThreads, 1, 1);
-      cfg.dynamicSmemBytes = kSmem2;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(n);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
-    }
-    if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
-    fits[n] = ok && count > 0 ? 1 : -1;
+    const void* kern = reinterpret_cast<const void*>(attn_dec2_kernel<__nv_bfloat16, true>);
+    const bool ok =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem2)) ==
+        cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    fits[n] = ok && max_active_clusters(kern, n, kThreads, kSmem2) > 0 ? 1 : -1;
   }
   return fits[n] > 0;
 }
 
-
 // Whether clusters of n (2..kMaxCluster5) CTAs of attn_dec5_kernel<T, true, kLean> (variant 5 /
-// 6) can be resident (cudaOccupancyMaxActiveClusters > 0); allows non-portable sizes (> 8) and
-// sets the shared memory limit on the way; asked once per (T, kLean, n) and process.
+// 6) can be resident (max_active_clusters > 0); allows non-portable sizes (> 8) and sets the
+// shared memory limit on the way; asked once per (T, kLean, n) and process.
 template <typename T, bool kLean>
 bool cluster5_fits(int n) {
   static int fits[kMaxCluster5 + 1] = {};  // 0 unknown, 1 yes, −1 no
   if (n < 2 || n > kMaxCluster5) return false;
   if (fits[n] == 0) {
-    auto kern = attn_dec5_kernel<T, true, kLean>;
-    const void* kp = reinterpret_cast<const void*>(kern);
-    int count = 0;
-    bool ok = cudaFuncSetAttribute(kp, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(kSmem5)) == cudaSuccess &&
-              cudaFuncSetAttribute(kp, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-                  cudaSuccess;
-    if (ok) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(n), 1, 1);
-      cfg.blockDim = dim3(kThreads, 1, 1);
-      cfg.dynamicSmemBytes = kSmem5;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(n);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
-    }
-    if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
-    fits[n] = ok && count > 0 ? 1 : -1;
+    const void* kern = reinterpret_cast<const void*>(attn_dec5_kernel<T, true, kLean>);
+    const bool ok =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem5)) ==
+            cudaSuccess &&
+        cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+            cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    fits[n] = ok && max_active_clusters(kern, n, kThreads, kSmem5) > 0 ? 1 : -1;
   }
   return fits[n] > 0;
 }
@@ -1993,31 +1982,13 @@ bool cluster11_fits(int n) {
   static int fits[kMaxCluster11 + 1] = {};  // 0 unknown, 1 yes, −1 no
   if (n < 2 || n > kMaxCluster11) return false;
   if (fits[2] == 0) {
-    auto kern = attn_dec11_kernel<kN, kS, true>;
+    const void* kern = reinterpret_cast<const void*>(attn_dec11_kernel<kN, kS, true>);
     const size_t smem = Ws11Shape<kN, kS>::kSmem;
-    const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(kern),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const bool attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(smem)) == cudaSuccess;
-    for (int c = 2; c <= kMaxCluster11; ++c) {
-      int count = 0;
-      bool ok = attr;
-      if (ok) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(unsigned(c), 1, 1);
-        cfg.blockDim = dim3(kWs11Threads, 1, 1);
-        cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = unsigned(c);
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        ok = cudaOccupancyMaxActiveClusters(&count, kern, &cfg) == cudaSuccess;
-      }
-      if (!ok) (void)cudaGetLastError();  // a refused query is not a launch error
-      fits[c] = ok && count > 0 ? 1 : -1;
-    }
+    if (!attr) (void)cudaGetLastError();
+    for (int c = 2; c <= kMaxCluster11; ++c)
+      fits[c] = attr && max_active_clusters(kern, c, kWs11Threads, smem) > 0 ? 1 : -1;
   }
   return fits[n] > 0;
 }

@@ -387,25 +387,8 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
     const int h_lo = s * hs, h_hi = min(min(64, h_lo + hs), H - hb);  // my heads [h_lo, h_hi)
     if (tid < h_hi - h_lo) {  // one thread per head: the merge weights
       const int hl = h_lo + tid;
-      const float sink = a.sinks[hb + hl];
-      float mq[kMaxCluster11], lq[kMaxCluster11];
-#pragma unroll
-      for (int q = 0; q < kMaxCluster11; ++q) {
-        mq[q] = q < n_splits ? *cluster.map_shared_rank(cm + hl, q) : -INFINITY;
-        lq[q] = q < n_splits ? *cluster.map_shared_rank(cl + hl, q) : 0.f;
-      }
-      float M = sink;
-#pragma unroll
-      for (int q = 0; q < kMaxCluster11; ++q) M = fmaxf(M, mq[q]);
-      float L = 0.f;
-#pragma unroll
-      for (int q = 0; q < kMaxCluster11; ++q) {
-        mq[q] = mq[q] == -INFINITY ? 0.f : __expf(mq[q] - M);  // now the factor f_q
-        L = fmaf(lq[q], mq[q], L);
-      }
-      const float inv = 1.f / (__expf(sink - M) + L);  // no keys anywhere: weights 0 → output 0
-#pragma unroll
-      for (int q = 0; q < kMaxCluster11; ++q) wts[(hl - h_lo) * kMaxCluster11 + q] = mq[q] * inv;
+      cluster_merge_weights<kMaxCluster11>(cluster, cm, cl, hl, n_splits, a.sinks[hb + hl],
+                                           wts + (hl - h_lo) * kMaxCluster11);
     }
     __syncthreads();  // weights ready
     // out[h][d] = Σ_q o_q[h][d] · w_q[h] in rank order; thread: dims 2·tid, 2·tid + 1 of 8 heads
