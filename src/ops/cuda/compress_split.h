@@ -54,6 +54,8 @@ struct CompressRowsPlan {
   size_t smem = 0;   // dynamic shared memory bytes (layout: compress_rows_smem)
   bool late_trigger = false;  // rows kernel: PDL trigger after the pooling loads, not right after
                               // the wait (compressor.cu; launch shape only, same results)
+  bool exit_trigger = false;  // rows kernel: no explicit PDL trigger (the next kernel is scheduled
+                              // as this grid's CTAs exit); overrides late_trigger
 };
 
 /// Channels per Σx² chunk. The RMSNorm's Σx² of a row is formed in an order that depends on d

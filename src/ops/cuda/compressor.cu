@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
   // kernel issued right before compress_fused (ops.h CompressFusedArgs); everything below
   // (fresh rows, state ring, pool) may be.
   pdl_wait();
-  if (!pl.late_trigger) pdl_trigger();
+  if (!pl.late_trigger && !pl.exit_trigger) pdl_trigger();
   __syncthreads();
   // Window not closing (device-planned decode rows): the whole cluster exits. `floor`: the
   // benchmark's latency-floor diagnostic (floor_only), every CTA exits here.
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
   }
   // Late trigger (CompressRowsPlan::late_trigger): the next kernel of the stream is scheduled
   // once every CTA has its window loaded, so its CTAs do not take SM slots from this grid's.
-  if (pl.late_trigger) pdl_trigger();
+  if (pl.late_trigger && !pl.exit_trigger) pdl_trigger();
   __syncthreads();
   if (pl.parts > 1) {
     const int64_t plane = int64_t(pl.parts) * cw_max;
@@ -772,10 +772,11 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
   // 28.77 (cuda-compressor-envs-s21.md, run 3). Decode steps keep the early trigger: in the kernel
   // bench it moved them by ≤ 0.2 µs either way, and their dependents' launch latency is what
   // the early trigger hides in a decode graph (not measured end to end with the late one).
-  // V4_COMPRESS_LATE_TRIGGER=1 / =0: late / early for every call (A/B).
+  // V4_COMPRESS_LATE_TRIGGER=1 / =0: late / early for every call; =2: no explicit trigger (A/B).
   {
     const char* e = std::getenv("V4_COMPRESS_LATE_TRIGGER");
     pl.late_trigger = e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : a.rows_close;
+    pl.exit_trigger = e && e[0] == '2';
   }
   // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA whatever the call (threads
   // walk more groups of their slice; the same bits).
