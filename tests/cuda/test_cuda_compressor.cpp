@@ -524,7 +524,8 @@ TEST(CudaCompressor, RowWarpMatchesRowsKernelBits) {
 // the same order per channel, the same merge and Σx² order, whatever the CTA (V4_COMPRESS_CTAS =
 // K CTAs per row) and thread (V4_COMPRESS_THREADS = T threads per CTA: threads walk more channel
 // groups) counts, and with the rows_close hint (prefill-sized calls of C128 windows: 128-thread
-// CTAs). Pools compared bit for bit with the default (rows kernel, V4_COMPRESS_ROWWARP=0), both
+// CTAs), and with the ≤ 85-register instance (V4_COMPRESS_MORE_REGS=1, which the hint takes for
+// those CTAs). Pools compared bit for bit with the default (rows kernel, V4_COMPRESS_ROWWARP=0), both
 // within 1e-5 of the CPU composition; rings exact. Shapes: HCA C128 d512, CSA C4 d512, the
 // indexer C4 d128, C128 d192 rope 32 (6 slices of 32 channels at K = 8), C16 d64 (one CTA); the
 // standard cases (decode B = 1 / 64, the ring hazard, window edges, a long chunk from 0), one and
@@ -533,9 +534,12 @@ TEST(CudaCompressor, ThreadAndCtaSplitsMatchBasePlanBits) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
   struct Shape { int m, c, d, rd; };
-  struct Env { bool rows_close; const char* ctas; const char* threads; };
-  const Env envs[] = {{true, nullptr, nullptr}, {false, nullptr, "128"}, {false, nullptr, "64"},
-                      {false, "4", nullptr},    {false, "2", "64"},      {false, "4", "128"}};
+  struct Env { bool rows_close; const char* ctas; const char* threads; const char* regs; };
+  const Env envs[] = {{true, nullptr, nullptr, nullptr}, {false, nullptr, "128", nullptr},
+                      {false, nullptr, "64", nullptr},   {false, "4", nullptr, nullptr},
+                      {false, "2", "64", nullptr},       {false, "4", "128", nullptr},
+                      {false, nullptr, nullptr, "1"},    {false, nullptr, "128", "1"},
+                      {true, nullptr, nullptr, "1"}};
   auto set = [](const char* n, const char* v) { v ? setenv(n, v, 1) : unsetenv(n); };
   setenv("V4_COMPRESS_ROWWARP", "0", 1);
   int64_t compared = 0;
@@ -559,12 +563,15 @@ TEST(CudaCompressor, ThreadAndCtaSplitsMatchBasePlanBits) {
                        << "m=" << r.m << " c=" << r.c << " d=" << r.d << " " << name
                        << (one ? ", one launch" : ", two launches") << ", rows_close="
                        << e.rows_close << " CTAS=" << (e.ctas ? e.ctas : "-") << " THREADS="
-                       << (e.threads ? e.threads : "-"));
+                       << (e.threads ? e.threads : "-") << " MORE_REGS="
+                       << (e.regs ? e.regs : "-"));
           set("V4_COMPRESS_CTAS", e.ctas);
           set("V4_COMPRESS_THREADS", e.threads);
+          set("V4_COMPRESS_MORE_REGS", e.regs);
           const FusedOut got = run_fused(k, one, e.rows_close);
           set("V4_COMPRESS_CTAS", nullptr);
           set("V4_COMPRESS_THREADS", nullptr);
+          set("V4_COMPRESS_MORE_REGS", nullptr);
           ASSERT_EQ(got.pool.size(), base.pool.size());
           int64_t differ = 0;
           for (size_t i = 0; i < got.pool.size(); ++i)

@@ -332,7 +332,9 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
       cpu->compress_fused(ac);
       const bool disjoint = compress_ring_disjoint(k.src.data(), int64_t(k.src.size()),
                                                    k.ring_dst.data(), k.n_ring());
-      for (const char* wide : {"0", "1", "threads"})  // threads: V4_COMPRESS_THREADS=128, base plan
+      // threads: V4_COMPRESS_THREADS=128 with V4_COMPRESS_MORE_REGS=1 (the base plan in the
+      // 128-thread CTAs and ≤ 85-register instance of C128 prefill chunks)
+      for (const char* wide : {"0", "1", "threads"})
         for (bool one : {false, true})
           for (int variant = 0; variant < 3; ++variant) {
             // 0 plain, 1 under graph capture (decode B=64), 2 pool 4 bytes off a 16-byte
@@ -351,6 +353,7 @@ TEST(CudaKvFp8, CompressFusedFp8BytesEqualCpuQuantizer) {
             const bool th = std::strcmp(wide, "threads") == 0;
             EnvVar w("V4_COMPRESS_WIDE", th ? "0" : wide);
             EnvVar tv("V4_COMPRESS_THREADS", th ? "128" : "0");
+            EnvVar mr("V4_COMPRESS_MORE_REGS", th ? "1" : "");
             const int off = shifted ? 4 : 0;
             const Fp8StepOut f32 = run_step_device(g.get(), k, KvDtype::kF32, one, graph, off);
             const Fp8StepOut fp8 = run_step_device(g.get(), k, KvDtype::kFp8, one, graph, off);

@@ -56,6 +56,8 @@ struct CompressRowsPlan {
                               // the wait (compressor.cu; launch shape only, same results)
   bool exit_trigger = false;  // rows kernel: no explicit PDL trigger (the next kernel is scheduled
                               // as this grid's CTAs exit); overrides late_trigger
+  bool more_regs = false;     // rows kernel: the instance with ≤ 85 registers per thread (3 CTAs of
+                              // 256 threads per SM) instead of 64; launch shape only, same results
 };
 
 /// Channels per Σx² chunk. The RMSNorm's Σx² of a row is formed in an order that depends on d

@@ -174,8 +174,11 @@ __device__ __forceinline__ void ring_copy_items(const ops::CompressFusedArgs& a,
 // pair lies inside one thread's group, computed before it is written), then step 5 below: the
 // row amax from the chunk grid over the cluster, one scale, kvfp8::quantize of every channel —
 // the bytes of kvfp8::quantize_index_row of the same f32 row.
-template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false>
-__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : 4)
+// HR (half-CTA rows: CompressRowsPlan::more_regs): the same kernel compiled for 3 CTAs of 256
+// threads per SM instead of 4 (≤ 85 registers instead of 64: no spills, every load of a 4-slot
+// batch in flight) for the 128-thread CTAs of rows_close calls, whose grids hold ~4 CTAs per SM.
+template <int VEC, int U, bool RING, bool PF, bool FP8, bool IDX = false, bool HR = false>
+__global__ void __launch_bounds__(kCompressMaxThreads, U == 8 ? 1 : PF ? 2 : HR ? 3 : 4)
     compress_fused_rows_kernel(ops::CompressFusedArgs a, CompressRowsPlan pl, int64_t ring_ctas,
                                bool floor) {
   extern __shared__ float4 smem_f4[];
@@ -707,6 +710,9 @@ Kern rows_kernel(const CompressRowsPlan& pl, bool one) {
   if (pl.vec == 4 && pl.prefetch)
     return one ? compress_fused_rows_kernel<4, 4, true, true, FP8>
                : compress_fused_rows_kernel<4, 4, false, true, FP8>;
+  if (pl.vec == 4 && pl.more_regs && pl.unroll == 4)
+    return one ? compress_fused_rows_kernel<4, 4, true, false, FP8, false, true>
+               : compress_fused_rows_kernel<4, 4, false, false, FP8, false, true>;
   if (pl.vec == 4)
     return pl.unroll == 8 ? (one ? compress_fused_rows_kernel<4, 8, true, false, FP8>
                                  : compress_fused_rows_kernel<4, 8, false, false, FP8>)
@@ -760,12 +766,18 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
   // decode steps: their one closing cluster then walks 4 load batches instead of 2 (batch 64:
   // 7.2 → 9.5 µs), nor for short chunks (fewer than kHalfCtaMinRows rows: their 256-thread grid
   // is one wave already and the shorter per-thread chain wins).
-  if (a.rows_close && a.n_out >= kHalfCtaMinRows && pl.vec == 4 && pl.ctas > 1 &&
-      pl.threads == kCompressMaxThreads &&
-      pl.gw % 2 == 0 && !pl.prefetch) {
+  const bool half_cta = a.rows_close && a.n_out >= kHalfCtaMinRows && pl.vec == 4 &&
+                        pl.ctas > 1 && pl.threads == kCompressMaxThreads && pl.gw % 2 == 0 &&
+                        !pl.prefetch;
+  if (half_cta) {
     pl.gw /= 2;
     pl.threads = (pl.gw * pl.parts + 31) / 32 * 32;
+    pl.more_regs = true;  // ~4 of these CTAs per SM: registers to spare (no spills)
   }
+  // V4_COMPRESS_MORE_REGS=0 / =1: the 64- / ≤ 85-register instance for every call of the vector
+  // path with 4-slot batches (A/B runs, tests; the same bits).
+  if (const char* e = std::getenv("V4_COMPRESS_MORE_REGS"); e && (e[0] == '0' || e[0] == '1'))
+    pl.more_regs = e[0] == '1';
   // The PDL trigger after the pooling loads (CompressRowsPlan::late_trigger) for rows_close calls
   // (prefill chunks; session 21): on the H200 the early trigger let the next grid's CTAs take SM
   // slots while this grid still ran — C128 prefill 8K 17.42 → 16.95 µs, C4 d512 prefill 29.67 →
@@ -773,17 +785,18 @@ CompressRowsPlan rows_plan(const ops::CompressFusedArgs& a, bool vec_ok) {
   // bench it moved them by ≤ 0.2 µs either way, and their dependents' launch latency is what
   // the early trigger hides in a decode graph (not measured end to end with the late one).
   // No explicit trigger at all (CompressRowsPlan::exit_trigger: the next kernel is scheduled as
-  // this grid's CTAs exit) for rows_close calls in the one-launch form (compress_fused clears it
-  // for the two-launch form, whose ring kernel would then wait for the last pooling CTA): C128
-  // prefill 8K 16.30 → 14.37 µs on the H200, 73% → 83% of a same-size memcpy
+  // this grid's CTAs exit) for the 128-thread CTAs above in the one-launch form (compress_fused
+  // clears it for the two-launch form, whose ring kernel would then wait for the last pooling
+  // CTA): C128 prefill 8K 16.30 → 14.37 µs on the H200, 73% → 83% of a same-size memcpy
   // (cuda-compressor-envs-s22.md); with the trigger after the loads the next call's CTAs still
-  // took slots of this grid's clusters. V4_COMPRESS_LATE_TRIGGER=1 / =0 / =2: late / early / none
-  // for every call (A/B).
+  // took slots of this grid's clusters. Not for the other rows_close calls: C4 d512 prefill 8K
+  // ran 30.12 µs without a trigger against 28.77 with the late one (cuda-compressor-s22.md).
+  // V4_COMPRESS_LATE_TRIGGER=1 / =0 / =2: late / early / none for every call (A/B).
   {
     const char* e = std::getenv("V4_COMPRESS_LATE_TRIGGER");
     const bool forced = e && (e[0] == '0' || e[0] == '1' || e[0] == '2');
     pl.late_trigger = forced ? e[0] == '1' : a.rows_close;
-    pl.exit_trigger = forced ? e[0] == '2' : a.rows_close;
+    pl.exit_trigger = forced ? e[0] == '2' : half_cta;
   }
   // V4_COMPRESS_THREADS=T (A/B runs): T / P thread columns per CTA whatever the call (threads
   // walk more groups of their slice; the same bits).
