@@ -55,7 +55,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version print and exit 0; every usage error (unknown flag, bad or out-of-range
+    // value, missing argument) exits 2 like the other command-line and config errors (CLI11's own
+    // codes are 101–120).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   v4::set_log_level(log_level);
   return action ? action() : 2;
