@@ -80,6 +80,7 @@ struct ProjArgs {
   const int32_t* ring_src = nullptr;
   const int32_t* ring_dst = nullptr;
   int n_ring = 0;
+  bool no_x = false;  // diagnostic (V4_CPROJ_XDIAG=1): x is never loaded (zeros); outputs wrong
 };
 
 // NT: n8 token tiles (even; NT·8 ≥ S).
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int u = 0; u < kXU; ++u) {
       const int i = tid + u * kThreads, t = i / (kChunk / 4), q = i - t * (kChunk / 4);
       xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t < a.S)
+      if (t < a.S && !a.no_x)
         xr[u] =
             __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t) * a.ldx + k0 + c * kChunk) + q);
     }
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int u = 0; u < kXU; ++u) {
         const int i = base + u * kThreads, t = i / c4, q = i - t * c4;
         xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (i < total && t < a.S)
+        if (i < total && t < a.S && !a.no_x)
           xr[u] = __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t) * a.ldx + k0) + q);
       }
 #pragma unroll
@@ -367,6 +368,12 @@ Status compress_proj(const ops::CompressProjectArgs& a, int num_sms, cudaStream_
   k.ring_src = s.ring_src;
   k.ring_dst = s.ring_dst;
   k.n_ring = int(s.n_ring);
+  {
+    // Timing diagnostic for benchmarks: V4_CPROJ_XDIAG=1 skips every x load (results wrong), to
+    // split the 64-row calls' time between the x slice and the weight stream.
+    const char* e = std::getenv("V4_CPROJ_XDIAG");
+    k.no_x = e && e[0] == '1';
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(p.tiles * p.ks), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
