@@ -242,7 +242,11 @@ int run_serve(const ServeOptions& o) {
   {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(int64_t(o.shutdown_timeout_s * 1000));
-    while (api.active_generations() > 0 && std::chrono::steady_clock::now() < deadline)
+    // A generation that ended may still have bytes queued for a client that reads slowly: the
+    // drain also waits for every dispatched response to be written (HttpServer::stop drops what
+    // is still queued), within the same deadline.
+    while ((api.active_generations() > 0 || server.pending_responses() > 0) &&
+           std::chrono::steady_clock::now() < deadline)
       if ((forced = wait_stop_signal(sigs, 20)) != 0) break;
   }
   if (forced) {
@@ -271,6 +275,11 @@ int run_serve(const ServeOptions& o) {
                 o.shutdown_timeout_s, n,
                 flushed ? "" : fmt::format(" ({} response(s) could not be written within {} ms)",
                                            server.pending_responses(), kFlush.count()));
+  } else if (server.pending_responses() > 0) {
+    // Every generation ended, but some clients have not read all of their response yet.
+    V4_LOG_WARN("drain timed out after {:g}s: {} finished response(s) not completely read by their "
+                "client; their connections are closed",
+                o.shutdown_timeout_s, server.pending_responses());
   }
   // Logged once the engine has stopped, so no periodic status line follows it.
   const int64_t in_flight = api.active_generations();

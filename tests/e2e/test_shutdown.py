@@ -88,6 +88,48 @@ def test_sigterm_drains_running_streams():
         srv.stop()
 
 
+def test_sigterm_drain_waits_until_slow_readers_have_their_whole_stream():
+    """A stream whose generation ends during the drain but whose client reads slower than it was
+    produced gets every byte before the process exits (the drain waited only for the generation
+    and then dropped the ~MBs still queued for the socket: a cut stream without [DONE], exit 0)."""
+    import socket
+
+    srv = Server(extra_args=["--shutdown-timeout", "60"])
+    sock = None
+    try:
+        # n = 8 choices with 20 logprobs each: ~5 MB of events in a few hundred engine steps, more
+        # than the kernel's socket buffers hold while this client does not read.
+        body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": 700, "n": 8, "logprobs": 20,
+                           "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {srv.api_key}\r\nContent-Length: {len(body)}\r\n\r\n")
+        sock.sendall(head.encode() + body)
+        first = sock.recv(4096)  # the response head: the generation is running
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        # Then read at ~0.8 MB/s, slower than the events are produced, so that MBs are still
+        # queued in the server when the generation ends.
+        data = first
+        sock.settimeout(60)
+        while True:
+            d = sock.recv(16384)
+            if not d:
+                break
+            data += d
+            time.sleep(0.02)
+        assert data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), (len(data), data[-80:], srv.tail())
+        assert len(data) > 3_000_000, len(data)  # more than the socket buffers held
+        assert srv.proc.wait(timeout=60) == 0
+    finally:
+        if sock:
+            sock.close()
+        srv.stop()
+
+
 def test_second_signal_ends_open_streams_with_an_error_and_exits_nonzero():
     """A second SIGINT during the drain stops now, but not silently: every open stream gets an
     OpenAI-style error event (code "shutting_down") and [DONE], then a properly ended chunked
