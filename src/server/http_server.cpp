@@ -124,6 +124,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseWri
   bool response_done_ = false;  // the last bytes are queued
   bool peer_closed_ = false;    // the client closed while the last bytes were being written
   std::deque<std::pair<std::string, bool>> queue_;  // bytes, is_last
+  int64_t queued_ = 0;     // bytes in queue_
   std::string out_;        // the write in flight
   std::unique_ptr<std::array<char, 16384>> discard_;  // lingering close
   int64_t drained_ = 0;
@@ -471,22 +472,39 @@ void Session::end() {
   });
 }
 
+// Largest write that coalesces queued pieces: the write deadline then measures progress (a client
+// that reads ≥ kMaxWriteBytes per write_timeout is never cut), not the time to drain everything
+// queued behind a slow reader.
+constexpr size_t kMaxWriteBytes = size_t(1) << 20;
+
 void Session::enqueue(std::string bytes, bool last) {
   bytes_out_ += int64_t(bytes.size());
   if (last) response_done_ = true;
+  queued_ += int64_t(bytes.size());
   queue_.emplace_back(std::move(bytes), last);
+  // Back-pressure bound: a stream whose client reads slower than it is produced (or not at all)
+  // would queue without limit; past max_stream_queue_bytes it is ended like a disconnect (the
+  // engine request is cancelled through on_close). A non-streaming response is one piece and is
+  // never cut here.
+  if (streaming_ && !last && queued_ > server_->opt.max_stream_queue_bytes) {
+    fail("client not reading its stream (queue limit reached)", net::error::no_buffer_space);
+    return;
+  }
   if (!writing_) do_write();
 }
 
 void Session::do_write() {
   if (queue_.empty() || closed_) return;
   writing_ = true;
-  // Coalesce everything queued into one write; `out_` stays untouched until it completes.
+  // Coalesce queued pieces (up to kMaxWriteBytes, at least one) into one write; `out_` stays
+  // untouched until it completes.
   out_.clear();
   out_last_ = false;
-  while (!queue_.empty()) {
+  while (!queue_.empty() &&
+         (out_.empty() || out_.size() + queue_.front().first.size() <= kMaxWriteBytes)) {
     out_ += queue_.front().first;
     out_last_ = out_last_ || queue_.front().second;
+    queued_ -= int64_t(queue_.front().first.size());
     queue_.pop_front();
   }
   stream_.expires_after(server_->opt.write_timeout);
@@ -567,7 +585,9 @@ void Session::log_access() {
 void Session::fail(const char* what, beast::error_code ec) {
   if (closed_) return;
   if (in_request_) {
-    status_ = status_ ? status_ : 499;
+    // A response that did not end counts as 499 (client closed request), also when its head had
+    // gone out with 200 (a stream): the same status /metrics records for it.
+    if (!response_done_ || !status_) status_ = 499;
     V4_LOG_INFO("{} \"{} {}\" {}: {} ({})", remote_, method_, path_, status_, what, ec.message());
   }
   close_now();
@@ -579,6 +599,7 @@ void Session::close_now() {
   beast::error_code ec;
   stream_.socket().close(ec);
   queue_.clear();
+  queued_ = 0;
   auto fn = std::move(on_close_);
   on_close_ = nullptr;
   if (fn && in_request_ && !response_done_) fn();

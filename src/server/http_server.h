@@ -62,7 +62,11 @@ struct HttpOptions {
   int64_t body_limit_bytes = 32ll << 20;
   std::chrono::milliseconds header_timeout{10'000};  // whole request head must arrive in time
   std::chrono::milliseconds body_timeout{60'000};
-  std::chrono::milliseconds write_timeout{120'000};  // one write may block this long
+  std::chrono::milliseconds write_timeout{120'000};  // one write (≤ 1 MiB) may block this long
+  /// Bytes a streaming response may have queued behind its client's reads before the stream is
+  /// ended as a disconnect (status 499, the request cancelled): bounds the memory a client that
+  /// stops reading can hold.
+  int64_t max_stream_queue_bytes = 64ll << 20;
   std::chrono::milliseconds idle_timeout{120'000};   // keep-alive wait for the next request
   bool access_log = true;
 };

@@ -342,3 +342,88 @@ TEST_F(HttpTest, ManyConcurrentStreams) {
   EXPECT_GE(server_->open_connections(), n);
   for (auto& c : clients) EXPECT_NE(c->read("0\r\n\r\n").find("data: x"), std::string::npos);
 }
+
+// Back-pressure bound: a stream whose client does not read is ended like a disconnect once more
+// than max_stream_queue_bytes are queued behind the socket (the writer sees closed() and its
+// on_close callback runs, so the engine request would be cancelled); other clients are served.
+TEST_F(HttpTest, UnreadStreamIsEndedAtTheQueueLimit) {
+  HttpOptions o;
+  o.max_stream_queue_bytes = 1 << 20;
+  std::atomic<bool> callback{false}, saw_closed{false};
+  std::atomic<int64_t> written{0};
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  start([&](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+    if (r.path != "/s") {
+      w->respond(200, "text/plain", "ok");
+      return;
+    }
+    w->on_close([&] { callback = true; });
+    std::lock_guard<std::mutex> lk(mu);
+    threads.emplace_back([&, w] {
+      w->start_stream(200, "text/event-stream");
+      const std::string piece = "data: " + std::string(16384, 'x') + "\n\n";
+      for (int i = 0; i < 4096 && !w->closed(); ++i) {  // up to 64 MiB
+        w->write(piece);
+        written += int64_t(piece.size());
+        if (i % 64 == 63) std::this_thread::sleep_for(1ms);
+      }
+      saw_closed = w->closed();
+      w->end();
+    });
+  }, o);
+  Client c(server_->port());
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");  // and never read
+  for (int i = 0; i < 1000 && !saw_closed; ++i) std::this_thread::sleep_for(10ms);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& t : threads) t.join();
+  }
+  EXPECT_TRUE(saw_closed) << written.load() << " bytes written, never closed";
+  EXPECT_TRUE(callback.load());
+  EXPECT_LT(written.load(), int64_t(48) << 20);  // cut long before the writer's 64 MiB
+  Client ok(server_->port());
+  ok.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(ok.read("ok").find("200 OK"), std::string::npos);
+}
+
+// A client that reads steadily but slower than its stream is produced gets all of it: each write
+// coalesces at most 1 MiB, so the write deadline measures progress, not the time to drain
+// everything queued behind it (one coalesced write of all of it used to hit the deadline).
+TEST_F(HttpTest, SlowSteadyReaderGetsTheWholeStream) {
+  HttpOptions o;
+  o.write_timeout = 1000ms;
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  constexpr int kPieces = 384;  // 24 MiB of 64 KiB events
+  start([&](HttpRequest, std::shared_ptr<ResponseWriter> w) {
+    std::lock_guard<std::mutex> lk(mu);
+    threads.emplace_back([w] {
+      w->start_stream(200, "text/event-stream");
+      const std::string piece = "data: " + std::string(65536 - 8, 'y') + "\n\n";
+      for (int i = 0; i < kPieces && !w->closed(); ++i) w->write(piece);
+      w->end();
+    });
+  }, o);
+  Client c(server_->port());
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string got;
+  std::vector<char> buf(32768);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    boost::system::error_code ec;
+    const size_t n = c.s.read_some(net::buffer(buf.data(), buf.size()), ec);
+    if (ec) break;
+    got.append(buf.data(), n);
+    if (got.size() > 5 && got.compare(got.size() - 5, 5, "0\r\n\r\n") == 0) break;
+    std::this_thread::sleep_for(5ms);  // ≤ ~6 MB/s: the 24 MiB take seconds, 1 MiB well < 1 s
+    if (std::chrono::steady_clock::now() - t0 > 60s) break;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& t : threads) t.join();
+  }
+  const size_t body = got.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos);
+  EXPECT_EQ(dechunk(got.substr(body + 4)).size(), size_t(kPieces) * 65536) << got.size();
+}
