@@ -117,13 +117,25 @@ void Engine::Impl::loop() {
   window_start = last_status = Clock::now();
   std::vector<Incoming> in;
   std::vector<RequestId> cn;
+  // While idle the loop still wakes once per stats window, so the throughput gauges of stats()
+  // (and /metrics) fall to 0 instead of keeping the last busy window's rate.
+  const auto idle_tick = std::chrono::duration<double>(std::max(1.0, config.stats_interval_s));
   for (;;) {
+    bool tick = false;
     {
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return stop || !incoming.empty() || !cancels.empty() || !sched->idle(); });
+      tick = !cv.wait_for(lk, idle_tick, [&] {
+        return stop || !incoming.empty() || !cancels.empty() || !sched->idle();
+      });
       if (stop) break;
-      in.swap(incoming);
-      cn.swap(cancels);
+      if (!tick) {
+        in.swap(incoming);
+        cn.swap(cancels);
+      }
+    }
+    if (tick) {
+      publish_stats(Clock::now());
+      continue;
     }
     for (auto& r : in) sched->add(r.id, std::move(r.req), std::move(r.cb), r.arrival, r.seed);
     in.clear();

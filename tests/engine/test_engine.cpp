@@ -311,6 +311,26 @@ TEST(Engine, StatsAreCurrentWhenARequestsFinalOutputArrives) {
   }
 }
 
+TEST(Engine, ThroughputGaugesFallToZeroWhenIdle) {
+  // The throughput of the last stats window used to stay in stats() (and /metrics) for as long as
+  // the engine was idle: its loop slept without a timeout, so no window ever closed.
+  FakeConfig fc;
+  fc.step_delay_us = 20000;  // 50 steps: ~1 s of generation, so a 1 s window sees tokens
+  EngineConfig ec;
+  ec.stats_interval_s = 1;
+  auto e = make_engine(fc, ec);
+  Request r;
+  r.prompt_tokens = {3, 1, 4};
+  r.sampling = greedy(75);
+  ASSERT_TRUE(e->generate(r).ok());
+  e->wait_idle();
+  EXPECT_GT(e->stats().generation_tokens_per_s, 0.0);  // a window closed while it ran
+  std::this_thread::sleep_for(std::chrono::milliseconds(2600));  // two idle windows
+  EXPECT_EQ(e->stats().generation_tokens_per_s, 0.0);
+  EXPECT_EQ(e->stats().prompt_tokens_per_s, 0.0);
+  EXPECT_EQ(e->stats().generation_tokens_total, 75);
+}
+
 TEST(Engine, ShutdownAbortsOutstanding) {
   FakeConfig fc;
   std::atomic<int> finals{0};
