@@ -1052,7 +1052,9 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
     longest = std::max<int64_t>(longest, int64_t(p.size()));
   }
   if (longest >= ctx || (r.max_tokens && longest + *r.max_tokens > ctx)) {
-    std::string msg = r.max_tokens
+    // A prompt that fills the context alone is named as such, whatever max_tokens says (with
+    // max_tokens 0 the "requested" total would equal the limit and read as allowed).
+    std::string msg = r.max_tokens && longest < ctx
         ? fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion). Please reduce the length of the prompt or of max_tokens.",
                       ctx, longest + *r.max_tokens, longest, *r.max_tokens)
         : fmt::format("This model's maximum context length is {} tokens. However, the prompt has {} tokens, leaving no room for the completion.",
@@ -1066,7 +1068,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   // sized by --mem-fraction, not by the context): the same error code, naming the cache limit.
   if (const int64_t room = engine_->max_tokens_limit(longest); room == 0 || (r.max_tokens && *r.max_tokens > room)) {
     const int64_t cap = seq_capacity_;  // < ctx here
-    std::string msg = r.max_tokens
+    std::string msg = r.max_tokens && room > 0
         ? fmt::format("This server's KV cache holds at most {} tokens for one sequence (the model's maximum context length is {}). However, you requested {} tokens ({} in the prompt, {} for the completion). Please reduce the length of the prompt or of max_tokens.",
                       cap, ctx, longest + *r.max_tokens, longest, *r.max_tokens)
         : fmt::format("This server's KV cache holds at most {} tokens for one sequence (the model's maximum context length is {}). However, the prompt has {} tokens, leaving no room for the completion.",

@@ -960,6 +960,16 @@ TEST_F(ApiTest, ContextLengthErrorNamesTheFieldToShorten) {
   EXPECT_EQ(param_of("/v1/chat/completions",
                      R"({"messages":[{"role":"user","content":"x"}],"max_tokens":511})"),
             "max_tokens");
+  // A prompt that fills the context alone is named as such also with max_tokens 0 (echo scoring):
+  // the message said "you requested 512 tokens (512 in the prompt, 0 for the completion)", which
+  // reads as within the 512-token limit.
+  const std::string p512 = json(std::vector<int32_t>(512, 3)).dump();
+  const auto r = http(port_, "POST", "/v1/completions",
+                      R"({"prompt":)" + p512 + R"(,"max_tokens":0,"echo":true,"logprobs":1})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("the prompt has 512 tokens, leaving no room for the completion"),
+            std::string::npos)
+      << r.body;
 }
 
 TEST_F(ApiTest, ErrorsAreOpenAiShaped) {
