@@ -1,5 +1,7 @@
 // `v4serve serve`: load a checkpoint, start the engine and the OpenAI-compatible HTTP server.
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -215,8 +217,27 @@ int run_serve(const ServeOptions& o) {
   ho.header_timeout = std::chrono::milliseconds(int64_t(o.header_timeout_s * 1000));
   ho.idle_timeout = std::chrono::milliseconds(int64_t(o.idle_timeout_s * 1000));
   ho.access_log = !o.no_access_log;
-  v4::server::HttpServer server(ho, [&api](v4::server::HttpRequest r, std::shared_ptr<v4::server::ResponseWriter> w) {
-    api.handle(std::move(r), std::move(w));
+  // POST requests (JSON parse, chat template, BPE of bodies up to --max-body-bytes: seconds for
+  // tens of MB) are handled on their own threads, so large uploads cannot stall the I/O threads
+  // that serve /health, /metrics and every other client's stream; GET / HEAD stay inline.
+  // OpenAiApi::handle is thread-safe and the writer hands its bytes to the connection's strand.
+  boost::asio::thread_pool workers(size_t(std::max(2, o.http_threads)));
+  v4::server::HttpServer server(ho, [&api, &workers](v4::server::HttpRequest r,
+                                                     std::shared_ptr<v4::server::ResponseWriter> w) {
+    if (r.method != "POST") {
+      api.handle(std::move(r), std::move(w));
+      return;
+    }
+    boost::asio::post(workers, [&api, r = std::move(r), w = std::move(w)]() mutable {
+      try {
+        api.handle(std::move(r), w);
+      } catch (const std::exception& e) {
+        V4_LOG_ERROR("request handler threw: {}", e.what());
+        w->respond(500, "application/json",
+                   R"({"error":{"message":"internal error","type":"server_error","param":null,)"
+                   R"("code":"internal_error"}})");
+      }
+    });
   });
   api.set_connection_counter([&server] { return server.open_connections(); });
   auto st = server.start();
@@ -284,6 +305,7 @@ int run_serve(const ServeOptions& o) {
   // Logged once the engine has stopped, so no periodic status line follows it.
   const int64_t in_flight = api.active_generations();
   server.stop();
+  workers.join();  // handlers still running finish (their connections are closed) before the engine goes
   engine->reset();
   V4_LOG_INFO("shutting down: stopped ({} request(s) were still in flight)", in_flight);
   // A forced stop exits like a process ended by that signal would report it (130 for SIGINT,

@@ -177,3 +177,40 @@ def test_disconnect_mid_stream_cancels(server, client, model_name):
     assert m.get("v4serve_engine_requests_aborted_total", 0) > before
     assert m.get("v4serve_num_requests_running") == 0
     still_serving(server, client, model_name)
+
+
+def test_large_bodies_do_not_stall_other_clients():
+    """Two concurrent ~20 MB text prompts (parsed and tokenized for seconds, then refused as too
+    long) must not stall /health: requests used to be handled on the HTTP I/O threads, so two
+    such uploads blocked every other client (health probes took as long as the uploads)."""
+    from conftest import Server
+
+    server = Server()  # the default 32 MiB body limit (the session server's is 1 MiB)
+    try:
+        big = json.dumps({"prompt": "hello world " * 1_700_000, "max_tokens": 1}).encode()
+        done = []
+
+        def upload():
+            t0 = time.time()
+            r = requests.post(server.base + "/v1/completions", data=big, timeout=300,
+                              headers={**server.headers(), "Content-Type": "application/json"})
+            done.append((r.status_code, time.time() - t0))
+
+        threads = [threading.Thread(target=upload) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # the uploads are being handled
+        worst = 0.0
+        while any(t.is_alive() for t in threads):
+            t0 = time.time()
+            assert requests.get(server.base + "/health", timeout=60).status_code == 200
+            worst = max(worst, time.time() - t0)
+            time.sleep(0.1)
+        for t in threads:
+            t.join()
+        assert [s for s, _ in done] == [400, 400], done
+        slowest = max(d for _, d in done)
+        assert slowest > 1.0, done  # the uploads really kept a thread busy for a while
+        assert worst < 0.5 * slowest, (worst, done)
+    finally:
+        server.stop()
