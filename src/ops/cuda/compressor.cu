@@ -897,12 +897,7 @@ Status compress_fused(const ops::CompressFusedArgs& a, cudaStream_t stream) {
       if (!kern)
         return errorf(ErrorCode::kInternal, "compress_fused: no kernel for plan vec {} ({} pools)",
                       pl.vec, kv_dtype_name(a.pool_dtype));
-      // V4_COMPRESS_SMEM_PAD=B (A/B runs): B more bytes of dynamic shared memory per CTA (unused;
-      // caps the CTAs an SM takes, so a PDL-launched grid cannot pile onto the SMs freed first).
-      size_t smem = pl.smem;
-      if (const char* e = std::getenv("V4_COMPRESS_SMEM_PAD"); e && std::atoi(e) > 0)
-        smem = std::min(kCompressSmemLimit, smem + size_t(std::atoi(e)));
-      V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), smem,
+      V4_RETURN_IF_ERROR(launch(kern, unsigned(grid), unsigned(pl.threads), pl.smem,
                                 unsigned(pl.ctas), stream, a, pl, ring_ctas, floor_only()));
       ring_done = ring_done || one;
     }
