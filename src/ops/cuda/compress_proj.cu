@@ -57,12 +57,18 @@ constexpr int kChunkRow = kChunk + kPad;  // bf16 per staged weight row
 struct ProjSmem {
   size_t ring = 0, fin = 0, total = 0;
 };
+// Row stride (floats) of the K-part partials [wk][R][tok]: tok + 8, so the 8 row groups of an
+// mma fragment store (rows g = 0 … 7, 4 column pairs) fall in 4 bank octets, not one (at tok = 64
+// an unpadded 256-byte stride put all 8 rows on the same banks: 8-way conflicts).
+__host__ __device__ constexpr int part_ld(int tok) {
+  return tok + 8;
+}
 __host__ __device__ inline ProjSmem proj_smem(int R, int64_t ksl, int ks, int tok) {
   const int wm = R / 16 < kWarps ? R / 16 : kWarps, wk = kWarps / wm;
   ProjSmem l;
   l.ring = size_t(tok) * size_t(ksl + kPad) * 2;
   const size_t stage = l.ring + size_t(stages_for(tok / 8)) * R * kChunkRow * 2;
-  const size_t part = size_t(wk) * R * tok * 4;
+  const size_t part = size_t(wk) * R * part_ld(tok) * 4;
   l.fin = ((stage > part ? stage : part) + 127) / 128 * 128;
   l.total = l.fin + size_t(R / ks) * tok * 4;
   return l;
@@ -216,23 +222,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   // order into part 0.
   float* sP = reinterpret_cast<float*>(proj_smem_raw);
   {
-    float* P = sP + size_t(kq) * R * TP;
+    constexpr int PL = part_ld(TP);
+    float* P = sP + size_t(kq) * R * PL;
     const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const int row = mt * 16 + g, col = j * 8 + t2;
-      P[row * TP + col] = acc[j][0];
-      P[row * TP + col + 1] = acc[j][1];
-      P[(row + 8) * TP + col] = acc[j][2];
-      P[(row + 8) * TP + col + 1] = acc[j][3];
+      *reinterpret_cast<float2*>(P + row * PL + col) = make_float2(acc[j][0], acc[j][1]);
+      *reinterpret_cast<float2*>(P + (row + 8) * PL + col) = make_float2(acc[j][2], acc[j][3]);
     }
   }
   __syncthreads();
+  constexpr int PL = part_ld(TP);
   if (wk > 1)
     for (int i = tid; i < R * TP; i += kThreads) {
-      float s = sP[i];
-      for (int q = 1; q < wk; ++q) s += sP[size_t(q) * R * TP + i];
-      sP[i] = s;
+      const int o = (i / TP) * PL + i % TP;
+      float s = sP[o];
+      for (int q = 1; q < wk; ++q) s += sP[size_t(q) * R * PL + o];
+      sP[o] = s;
     }
   cluster.sync();  // every CTA's folded partials written and visible cluster-wide
 
@@ -240,11 +247,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   // rank order (the same order for every token and every batch).
   const int rpc = R / KS;
   float* sV = reinterpret_cast<float*>(proj_smem_raw + lay.fin);  // [rpc][TP]
+  // Every rank's value of an output is loaded before any is added (the loop over ranks is
+  // unrolled to the largest cluster, 8, with a guard), two outputs per thread at a time; the sum
+  // stays in rank order.
+#pragma unroll 2
   for (int i = tid; i < rpc * TP; i += kThreads) {
     const int lr = i / TP, t = i - lr * TP;
-    float* src = sP + (rank * rpc + lr) * TP + t;
+    float* src = sP + (rank * rpc + lr) * PL + t;
+    float v[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = q < KS ? *cluster.map_shared_rank(src, unsigned(q)) : 0.f;
     float s = 0.f;
-    for (int q = 0; q < KS; ++q) s += *cluster.map_shared_rank(src, unsigned(q));
+#pragma unroll
+    for (int q = 0; q < 8; ++q)
+      if (q < KS) s += v[q];
     sV[i] = s;
   }
   cluster.sync();  // remote reads done before any CTA exits; sV complete
