@@ -651,3 +651,73 @@ std::string bench_attention_wg(double bw) {
   return md.str();
 }
 #endif  // V4_HAVE_CUDA
+
+/// The cuda-attention-gather.md body at copy bandwidth `bw` GB/s (bench_kernels
+/// --probe-attention-gather): cuda::attention_gather_probe — variant 11's 64-key ring without
+/// any math — in every copy mode × 2 / 3 slots × grids of 64, 128 and all SMs, over the random
+/// distinct rows of batch 64 × 640 keys (CSA) and batch 64 × 8,320 keys (HCA 1M) drawn from a
+/// 1 GiB bf16 pool; each mode's position-weighted hash of the received bytes must equal mode 0's.
+std::string bench_attention_gather(double bw) {
+  const int hd = 512;
+  const int64_t kPoolRows = int64_t(1) << 20;
+  const AttnDevice device(64);
+  const AttnPools pools(kPoolRows, hd, false, true);
+  std::mt19937_64 g(777);
+  std::vector<int32_t> perm(static_cast<size_t>(kPoolRows));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), g);
+  uint32_t* sink = nullptr;
+  AB_CHECK(cudaMalloc(&sink, 4));
+  const char* mode_name[5] = {"cp.async 16 B (variant 11)", "TMA 2-D 128 B boxes, L2 256 B",
+                              "TMA 2-D 128 B boxes, no L2 promotion", "bulk 1 KiB (contiguous)",
+                              "TMA 3-D 1 KiB box (contiguous)"};
+  std::ostringstream md;
+  md << "Variant 11's key-row ring without math (`cuda::attention_gather_probe`): per CTA "
+        "(256 threads, one per SM) warpgroup 1 copies 64-key tiles (64 KiB of bf16 rows) into "
+        "2 or 3 slots, warpgroup 0 waits for each and frees it. Rows: random distinct rows of a "
+        "1 GiB bf16 pool (1M rows × 512), as many as batch 64 reads (CSA: 64 × 640, HCA 1M: 64 × "
+        "8,320), launches rotate over disjoint row sets (L2-cold). Modes: cp.async = variant 11's "
+        "copies (16 B a lane, into the 128-byte-swizzle operand layout); TMA 2-D = 8 boxes of 64 "
+        "dims × 1 row per key row into the same layout (a tensor map over the pool); bulk = one "
+        "`cp.async.bulk` of the whole row, contiguous (not an MMA layout: the ceiling of "
+        "row-granular async copies); TMA 3-D = one box of the whole row, contiguous. µs = median "
+        "of 30 samples of 10 launches; GB/s = row bytes / time; % = of the copy bandwidth. "
+        "`hash` = the position-weighted hash of the bytes received equals mode 0's (same values "
+        "at the same logical places).\n\n"
+     << "| rows | MB | mode | slots | CTAs | µs | GB/s | % of copy | hash |\n"
+     << "|---:|---:|---|---:|---:|---:|---:|---:|:---:|\n";
+  for (const int64_t n : {int64_t(64) * 640, int64_t(64) * 8320}) {
+    const int64_t n_tiles = n / 64;
+    const int sets = int(std::max<int64_t>(1, std::min<int64_t>(16, kPoolRows / n)));
+    int32_t* rows = nullptr;
+    AB_CHECK(cudaMalloc(&rows, size_t(sets) * n * 4));
+    AB_CHECK(cudaMemcpy(rows, perm.data(), size_t(sets) * n * 4, cudaMemcpyHostToDevice));
+    uint32_t ref = 0;
+    for (int mode = 0; mode < 5; ++mode)
+      for (int stages : {2, 3})
+        for (int ctas : {64, 128, device.n_sms}) {
+          AB_CHECK(cudaMemset(sink, 0, 4));
+          AB_OK(v4::cuda::attention_gather_probe(pools.bf16, kPoolRows, rows, n_tiles, mode,
+                                                 stages, ctas, sink, true, nullptr));
+          uint32_t h = 0;
+          AB_CHECK(cudaMemcpy(&h, sink, 4, cudaMemcpyDeviceToHost));
+          if (mode == 0 && stages == 2 && ctas == 64) ref = h;
+          const double us = median_us([&](int i) {
+            AB_OK(v4::cuda::attention_gather_probe(pools.bf16, kPoolRows, rows + (i % sets) * n,
+                                                   n_tiles, mode, stages, ctas, nullptr, false,
+                                                   nullptr));
+          });
+          const double mb = double(n) * hd * 2 / 1e6;
+          char line[320];
+          std::snprintf(line, sizeof line, "| %lld | %.1f | %s | %d | %d | %.2f | %.0f | %.1f%% | %s |\n",
+                        (long long)n, mb, mode_name[mode], stages, ctas, us, mb * 1e3 / us,
+                        100.0 * mb * 1e3 / us / bw, h == ref ? "yes" : "NO");
+          md << line;
+          std::printf("attention gather %s", line);
+          std::fflush(stdout);
+        }
+    cudaFree(rows);
+  }
+  cudaFree(sink);
+  return md.str();
+}

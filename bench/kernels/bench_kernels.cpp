@@ -51,6 +51,9 @@
 //                                             kernels vs the warpgroup-MMA variants 7 … 10
 //                                             (V4_ATTN_WG_VARIANTS) and their split sweeps:
 //                                             DIR/cuda-attention-wg.md)
+//   bench_kernels --out DIR --probe-attention-gather (variant 11's key-row ring without math:
+//                                             cp.async vs TMA vs bulk copies of random 1 KiB
+//                                             bf16 rows: DIR/cuda-attention-gather.md)
 //   bench_kernels --out DIR --only-topk      (only the Lightning TopK table: DIR/cuda-topk.md,
 //                                             every variant at 8K/64K/128K/256K, batch 1 and 64,
 //                                             warm and cold, with the CUB baseline)
@@ -109,6 +112,8 @@ std::string bench_indexer_prefill(int reps);  // --only-indexer-prefill (indexer
 std::string bench_attention(double bw);
 // attention_bench.cpp: the cuda-attention-wg.md body (variants 7 … 10 vs the default kernels).
 std::string bench_attention_wg(double bw);
+// attention_bench.cpp: --probe-attention-gather (cuda-attention-gather.md).
+std::string bench_attention_gather(double bw);
 // gemv_bench.cpp: old vs streaming batch-1 GEMV (--only-gemv, cuda-gemv.md).
 std::string bench_gemv(double bw, int samples);
 // attention_bench.cpp: --profile-attention (one decode-attention configuration, for ncu).
@@ -881,6 +886,7 @@ int main(int argc, char** argv) {
   bool probe_indexer_gather = false;  // --probe-indexer-gather (cuda-indexer-gather.md)
   bool only_attention = false;  // only the decode attention table (cuda-attention.md)
   bool only_attention_wg = false;  // only the variant 7 / 8 table (cuda-attention-wg.md)
+  bool probe_attention_gather = false;  // --probe-attention-gather (cuda-attention-gather.md)
   bool only_moe = false;  // only the routed-MoE moe_mma v1 vs v2 table (cuda-moe.md)
   bool only_gmoe = false;  // only the prefill-sized grouped MoE table (cuda-gmoe.md)
   int prof_launches = 20;  // --launches: launches of the --profile-* modes
@@ -900,6 +906,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--probe-indexer-gather")) probe_indexer_gather = true;
     else if (!std::strcmp(argv[i], "--only-attention")) only_attention = true;
     else if (!std::strcmp(argv[i], "--only-attention-wg")) only_attention_wg = true;
+    else if (!std::strcmp(argv[i], "--probe-attention-gather")) probe_attention_gather = true;
     else if (!std::strcmp(argv[i], "--only-moe")) only_moe = true;
     else if (!std::strcmp(argv[i], "--only-gmoe")) only_gmoe = true;
     else if (!std::strcmp(argv[i], "--profile-gmoe") && i + 1 < argc) {
@@ -1122,6 +1129,14 @@ int main(int argc, char** argv) {
         << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n" << bench_indexer_gather(bw, reps);
     std::printf("wrote %s/cuda-indexer-gather.md\n", out_dir.c_str());
+    return 0;
+  }
+  if (probe_attention_gather) {
+    std::ofstream(out_dir + "/cuda-attention-gather.md")
+        << "# Decode attention key-row gather: cp.async vs TMA vs bulk copies\n\n" << head
+        << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
+        << " GB/s\n\n" << bench_attention_gather(bw);
+    std::printf("wrote %s/cuda-attention-gather.md\n", out_dir.c_str());
     return 0;
   }
   if (only_attention_wg) {

@@ -15,6 +15,9 @@
 #   gather      bench_kernels --probe-indexer-gather -> cuda-indexer-gather.md (the decode scores
 #               kernel vs its loads alone, random vs sequential lists; not in the default list)
 #   attention   bench_kernels --only-attention   -> cuda-attention.md
+#   attngather  bench_kernels --probe-attention-gather -> cuda-attention-gather.md (variant 11's
+#               key-row ring without math: cp.async vs TMA vs bulk copies; not in the default
+#               stage list)
 #   attnwg      bench_kernels --only-attention-wg -> cuda-attention-wg.md (bf16 pools: the default
 #               kernels vs the warpgroup-MMA variants 7 / 8 and their split sweeps; not in the
 #               default stage list)
@@ -156,6 +159,7 @@ if has topkprof; then  # the top-k on the indexer's own scores, grid sized as in
 fi
 has attention && kb attention --only-attention
 has attnwg && { kb attnwg --only-attention-wg; grep -E "^\|" "$OUT/attnwg.log"; }
+has attngather && { kb attngather --probe-attention-gather; grep -E "^attention gather" "$OUT/attngather.log"; }
 has mhc && { kb mhc --only-mhc; grep -E "^\| mHC" "$OUT/mhc.log"; }
 has moe && { V4_KB_TIMEOUT=${V4_KB_TIMEOUT:-420} kb moe --only-moe; grep -E "^g?moe" "$OUT/moe.log"; }
 if has ncu-cproj && command -v ncu >/dev/null; then  # the projection kernel's memory behaviour

@@ -37,6 +37,8 @@
 #include "ops/cuda/attention_dec.h"
 #include "ops/cuda/device_util.cuh"  // pdl_wait / pdl_trigger
 #include "ops/cuda/wgmma.cuh"  // variants 7 … 13 (attention_dec_wg.cuh, attention_dec_ws.cuh)
+#include "ops/cuda/tma.cuh"    // attention_gather_probe
+#include "ops/cuda/tma.h"
 
 namespace v4::cuda {
 namespace {
@@ -1687,6 +1689,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #include "ops/cuda/attention_dec_wg.cuh"
 // ---- variants 11 / 12 (issue 7: warp-specialized warpgroup MMA) --------------------------------
 #include "ops/cuda/attention_dec_ws.cuh"
+// ---- the key-row gather probe (issue 7, bench only) -------------------------------------------
+#include "ops/cuda/attention_gather_probe.cuh"
 }  // namespace
 
 bool attention_dec_supported(int n_heads, int head_dim) {
@@ -2057,6 +2061,46 @@ Status set_attention_dec11_prefetch(int tiles) {
     return errorf(ErrorCode::kInvalidArgument, "set_attention_dec11_prefetch: {} tiles", tiles);
   return cuda_status(cudaMemcpyToSymbol(c_attn11_prefetch, &tiles, sizeof tiles),
                      "set_attention_dec11_prefetch");
+}
+
+Status attention_gather_probe(const void* pool, int64_t pool_rows, const int32_t* rows,
+                              int64_t n_tiles, int mode, int stages, int ctas, uint32_t* sink,
+                              bool check, cudaStream_t stream) {
+  if (!pool || !rows || pool_rows < 1 || n_tiles < 1 || mode < 0 || mode > 4 ||
+      (stages != 2 && stages != 3) || ctas < 1 || (check && !sink))
+    return errorf(ErrorCode::kInvalidArgument,
+                  "attention_gather_probe: mode {} stages {} ctas {} tiles {} (sink {})", mode,
+                  stages, ctas, n_tiles, sink ? "set" : "missing");
+  // One tensor map per (pool, mode): encoding is a driver call; the bench calls this in a loop.
+  static thread_local const void* map_pool = nullptr;
+  static thread_local int map_mode = -1;
+  static thread_local CUtensorMap map{};
+  if (mode == 1 || mode == 2 || mode == 4) {
+    if (map_pool != pool || map_mode != mode) {
+      PoolMapOptions o;
+      o.l2_promotion = mode == 2 ? 0 : 256;
+      V4_RETURN_IF_ERROR(mode == 4 ? encode_pool_map_rows(&map, pool, pool_rows, kHd, o)
+                                   : encode_pool_map_2d(&map, pool, pool_rows, kHd, 64, o));
+      map_pool = pool;
+      map_mode = mode;
+    }
+  }
+  using K = void (*)(const __nv_bfloat16*, const int32_t*, int64_t, const CUtensorMap, uint32_t*,
+                     int);
+  static const K kernels[5][2] = {
+      {attn_gather_probe_kernel<0, 2>, attn_gather_probe_kernel<0, 3>},
+      {attn_gather_probe_kernel<1, 2>, attn_gather_probe_kernel<1, 3>},
+      {attn_gather_probe_kernel<2, 2>, attn_gather_probe_kernel<2, 3>},
+      {attn_gather_probe_kernel<3, 2>, attn_gather_probe_kernel<3, 3>},
+      {attn_gather_probe_kernel<4, 2>, attn_gather_probe_kernel<4, 3>}};
+  const K k = kernels[mode][stages - 2];
+  const size_t smem = size_t(stages) * kGpTileBytes + 16 * size_t(stages) + 1024;
+  V4_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+      "attention_gather_probe: smem attribute"));
+  k<<<ctas, 256, smem, stream>>>(static_cast<const __nv_bfloat16*>(pool), rows, n_tiles, map,
+                                 sink, check ? 1 : 0);
+  return check_launch("attn_gather_probe_kernel");
 }
 
 Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* workspace,

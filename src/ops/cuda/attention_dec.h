@@ -169,4 +169,19 @@ Status set_attention_dec7_diag(int mode);
 /// [0, 2]; CUDA errors.
 Status set_attention_dec11_prefetch(int tiles);
 
+/// Key-row gather probe (bench_kernels --probe-attention-gather; never run by the engine):
+/// variant 11's 64-key ring without any math, `ctas` CTAs of 256 threads (warpgroup 1 copies,
+/// warpgroup 0 waits for each slot and frees it), over `n_tiles` tiles of 64 rows of the bf16
+/// pool (pool_rows × 512), row ids rows[tile · 64 + key] (n_tiles · 64 of them, each < pool_rows).
+/// `mode`: 0 cp.async 16 B a lane into the swizzled operand layout (variant 11's copies), 1 TMA
+/// 2-D boxes of 128 B (8 per row) into the same layout with 256-byte L2 promotion, 2 the same
+/// without promotion, 3 a 1 KiB bulk copy per row (contiguous), 4 a TMA 3-D box of a whole row;
+/// `stages` 2 or 3 slots of 64 KiB. With `check` every CTA adds a position-weighted hash of the
+/// bytes it received, at their logical (row, 16-byte piece) places, to *sink: the same rows give
+/// the same sum in every mode, stage count and grid. Errors: kInvalidArgument for bad arguments;
+/// the tensor-map encoder's errors (tma.h); CUDA launch errors.
+Status attention_gather_probe(const void* pool, int64_t pool_rows, const int32_t* rows,
+                              int64_t n_tiles, int mode, int stages, int ctas, uint32_t* sink,
+                              bool check, cudaStream_t stream);
+
 }  // namespace v4::cuda
