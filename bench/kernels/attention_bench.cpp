@@ -487,8 +487,8 @@ std::string bench_attention_wg(double bw) {
     std::stringstream ss(list);
     for (std::string item; std::getline(ss, item, ',');) {
       const int v = std::atoi(item.c_str());
-      if (v < 7 || v > 13) {
-        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 13\n",
+      if (v < 7 || v > 14) {
+        std::fprintf(stderr, "V4_ATTN_WG_VARIANTS: '%s' is not a variant in 7 … 14\n",
                      item.c_str());
         std::exit(2);
       }

@@ -755,7 +755,7 @@ TEST(CudaAttentionDec, Variant6MaskedTiles) {
 /// head, dim-half, descriptor, ring or split slip gives O(1) differences.
 void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol = kDecTol,
                    double tol6 = kV6VsV5Tol) {
-  for (int variant : {7, 8, 9, 10, 11, 12, 13}) {
+  for (int variant : {7, 8, 9, 10, 11, 12, 13, 14}) {
     std::vector<int> splits = split_list;
     splits.push_back(cuda::attention_dec7_splits(c.S, c.H, c.max_keys, 132,
                                                  cuda::attention_dec7_tile_keys(variant)));
@@ -776,7 +776,7 @@ void check_kernel7(AttnCase& c, const std::vector<int>& split_list, double tol =
       EXPECT_LE(d, tol6);
       c.expect_empty_rows_zero(got);
       if (variant >= 11 && sp >= 2 && sp <= 8) {
-        // Variants 11 … 13 merge 2..8 splits inside a cluster; the workspace + combine kernel
+        // Variants 11 … 14 merge 2..8 splits inside a cluster; the workspace + combine kernel
         // (V4_ATTN_DEC_CLUSTER=0) computes the same partials and the same merge formula (another
         // exp / fma order): a few ulps apart.
         setenv("V4_ATTN_DEC_CLUSTER", "0", 1);
@@ -948,7 +948,7 @@ TEST(CudaAttentionDec, AutoVariant) {
 TEST(CudaAttentionDec, Variant7Deterministic) {
   V4_REQUIRE_GPU();
   AttnCase c(64, 128, {8320, 640, 1152, 17}, false, false, KvDtype::kBf16);
-  for (int variant : {7, 8, 9, 10, 11, 12, 13})
+  for (int variant : {7, 8, 9, 10, 11, 12, 13, 14})
     for (int sp : {1, 2, 9}) {
       SCOPED_TRACE(::testing::Message() << "variant=" << variant << " splits=" << sp);
       Dev<float> ws(size_t(cuda::attention_workspace_floats(c.S, c.H, kHd, sp) + 1));
@@ -994,7 +994,7 @@ TEST(CudaAttentionDec, RefusesBadArguments) {
   EXPECT_FALSE(cuda::sparse_attention_dec(bad, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 0, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 2, nullptr, nullptr).ok());  // no workspace
-  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 14).ok());  // no variant 14
+  EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 15).ok());  // no variant 15
   EXPECT_FALSE(cuda::sparse_attention_dec(c.ag, 1, nullptr, nullptr, 0).ok());
   EXPECT_FALSE(cuda::attention_dec_supported(64, 128));
   EXPECT_TRUE(cuda::attention_dec_supported(128, 512));
@@ -1084,13 +1084,13 @@ TEST(CudaAttentionDec, SplitModel5) {
 // Through the backend (bf16 mode): the decode kernel's auto choice (mode -1, the default
 // attention_dec_lean: variant 6 for S = 1 with 8,320 keys and S = 3 with 640, 7 for S = 7 (8,320
 // keys; f32 pools: variant 2 inside), 2 for S = 64 (640 keys); mode -2: lean off, variant 5 for
-// S = 1, 4 for S = 3), variants 1 … 13 forced, and off
+// S = 1, 4 for S = 3), variants 1 … 14 forced, and off
 // (attention_mma; with bf16 pools the split kernel), f32 and bf16 pools, eager and replayed from
 // a CUDA graph (scratch sized by the eager run first; the v2 combine is a PDL launch: a
 // programmatic edge inside the graph).
 TEST(CudaAttentionDec, BackendBf16) {
   V4_REQUIRE_GPU();
-  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13})
+  for (int mode : {-1, -2, 2, 1, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14})
     for (KvDtype dt : kDtypes) {
       SCOPED_TRACE(::testing::Message() << "attention_dec mode=" << mode
                                         << " pools=" << kv_dtype_name(dt));

@@ -1689,6 +1689,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #include "ops/cuda/attention_dec_wg.cuh"
 // ---- variants 11 / 12 (issue 7: warp-specialized warpgroup MMA) --------------------------------
 #include "ops/cuda/attention_dec_ws.cuh"
+// ---- variant 14 (issue 7: whole-row bulk copies, transposed products) ---------------------------
+#include "ops/cuda/attention_dec_tr.cuh"
 // ---- the key-row gather probe (issue 7, bench only) -------------------------------------------
 #include "ops/cuda/attention_gather_probe.cuh"
 }  // namespace
@@ -1981,13 +1983,27 @@ Status launch_main(void (*kern)(ops::AttentionArgs, const T*, const T*, int, flo
 // resident (cudaOccupancyMaxActiveClusters > 0: one 200+ KiB CTA per SM, n SMs of one GPC);
 // every size is asked on the first call (cached per instance and process), so a later launch of
 // any split count needs no device query (e.g. inside a graph capture).
-template <int kN, int kS>
+// The variant-11 … 14 kernel instance (kTr: variant 14, whose tiles are always 64 keys in 2
+// slots) and its dynamic shared memory.
+template <int kN, int kS, bool kTr, bool kCl>
+constexpr auto ws_kernel() {
+  if constexpr (kTr)
+    return attn_dec14_kernel<kCl>;
+  else
+    return attn_dec11_kernel<kN, kS, kCl>;
+}
+template <int kN, int kS, bool kTr>
+constexpr size_t ws_smem() {
+  return kTr ? Tr14Shape::kSmem : Ws11Shape<kN, kS>::kSmem;
+}
+
+template <int kN, int kS, bool kTr = false>
 bool cluster11_fits(int n) {
   static int fits[kMaxCluster11 + 1] = {};  // 0 unknown, 1 yes, −1 no
   if (n < 2 || n > kMaxCluster11) return false;
   if (fits[2] == 0) {
-    const void* kern = reinterpret_cast<const void*>(attn_dec11_kernel<kN, kS, true>);
-    const size_t smem = Ws11Shape<kN, kS>::kSmem;
+    const void* kern = reinterpret_cast<const void*>(ws_kernel<kN, kS, kTr, true>());
+    const size_t smem = ws_smem<kN, kS, kTr>();
     const bool attr = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(smem)) == cudaSuccess;
     if (!attr) (void)cudaGetLastError();
@@ -2000,32 +2016,33 @@ bool cluster11_fits(int n) {
 // Variants 11 … 13 (kN-key tiles in kS slots; launch id kId, cluster instance kIdCl): the splits
 // merged in a cluster when 2 ≤ n_splits ≤ kMaxCluster11 and it can be resident (unless
 // V4_ATTN_DEC_CLUSTER=0), else the workspace partials (*merged = false: the combine kernel runs).
-template <int kId, int kIdCl, int kN, int kS>
+template <int kId, int kIdCl, int kN, int kS, bool kTr = false>
 Status launch_ws11(const ops::AttentionArgs& a, int n_splits, float* workspace, dim3 grid, bool pdl,
                    cudaStream_t stream, bool* merged) {
   using B = __nv_bfloat16;
   *merged = false;
+  constexpr size_t smem = ws_smem<kN, kS, kTr>();
   if (n_splits >= 2 && n_splits <= kMaxCluster11 && attn_cluster_enabled() &&
-      cluster11_fits<kN, kS>(n_splits)) {
-    V4_RETURN_IF_ERROR((launch_main<kIdCl, B>(attn_dec11_kernel<kN, kS, true>,
-                                               Ws11Shape<kN, kS>::kSmem, a, n_splits, workspace,
-                                               grid, pdl, stream, unsigned(n_splits),
+      cluster11_fits<kN, kS, kTr>(n_splits)) {
+    V4_RETURN_IF_ERROR((launch_main<kIdCl, B>(ws_kernel<kN, kS, kTr, true>(), smem, a, n_splits,
+                                               workspace, grid, pdl, stream, unsigned(n_splits),
                                                kWs11Threads)));
     *merged = true;
     return Status::Ok();
   }
-  return launch_main<kId, B>(attn_dec11_kernel<kN, kS>, Ws11Shape<kN, kS>::kSmem, a, n_splits,
-                             workspace, grid, pdl, stream, 1, kWs11Threads);
+  return launch_main<kId, B>(ws_kernel<kN, kS, kTr, false>(), smem, a, n_splits, workspace, grid,
+                             pdl, stream, 1, kWs11Threads);
 }
 
 }  // namespace
 
 int attention_dec11_max_cluster(int variant) {
-  if (variant < 11 || variant > 13 || !attn_cluster_enabled()) return 0;
+  if (variant < 11 || variant > 14 || !attn_cluster_enabled()) return 0;
   int largest = 0;
   for (int n = 2; n <= kMaxCluster11; ++n) {
     const bool fits = variant == 11   ? cluster11_fits<64, 2>(n)
                       : variant == 13 ? cluster11_fits<48, 3>(n)
+                      : variant == 14 ? cluster11_fits<64, 2, true>(n)
                                       : cluster11_fits<32, 4>(n);
     if (fits) largest = n;
   }
@@ -2112,7 +2129,7 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
   if (n_splits < 1 || n_splits > kMaxSplits || (n_splits > 1 && !workspace))
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: n_splits {} (workspace {})",
                   n_splits, workspace ? "set" : "missing");
-  if (variant < 1 || variant > 13)
+  if (variant < 1 || variant > 14)
     return errorf(ErrorCode::kInvalidArgument, "sparse_attention_dec: variant {}", variant);
   if (a.n_rows * n_splits > int64_t(0x7fffffff) || a.n_rows * a.n_heads > int64_t(0x7fffffff) ||
       (a.n_heads + 15) / 16 > 65535)
@@ -2136,6 +2153,9 @@ Status sparse_attention_dec(const ops::AttentionArgs& a, int n_splits, float* wo
     else if (variant == 13)
       V4_RETURN_IF_ERROR((launch_ws11<25, 28, 48, 3>(a, n_splits, workspace, grid, pdl, stream,
                                                      &merged)));
+    else if (variant == 14)
+      V4_RETURN_IF_ERROR((launch_ws11<29, 30, 64, 2, true>(a, n_splits, workspace, grid, pdl,
+                                                           stream, &merged)));
     else
       V4_RETURN_IF_ERROR((launch_ws11<24, 27, 32, 4>(a, n_splits, workspace, grid, pdl, stream,
                                                      &merged)));

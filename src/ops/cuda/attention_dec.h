@@ -66,18 +66,18 @@ int attention_dec5_splits(int64_t S, int H, int64_t max_keys, int n_sms, int max
 /// to `max_keys` keys on n_sms SMs: the whole-tile split count (≤ one per tile, ≤ 128) with the
 /// least modelled critical path — waves · tiles per split · a tile's time, plus, when split, the
 /// combine launch, a CTA's partial write and the combine's read of all partials — or, for
-/// 2 ≤ splits ≤ max_cluster (variants 11 … 13: attention_dec11_max_cluster), the merge inside a
+/// 2 ≤ splits ≤ max_cluster (variants 11 … 14: attention_dec11_max_cluster), the merge inside a
 /// thread block cluster (~1.5 µs). Returns 1 for max_keys ≤ one tile (or unknown). Result in
 /// [1, 128].
 int attention_dec7_splits(int64_t S, int H, int64_t max_keys, int n_sms, int keys_per_tile = 64,
                           int max_cluster = 0);
 
-/// Largest split count (≤ 8) that variant `variant` (11 … 13) merges inside a thread block
+/// Largest split count (≤ 8) that variant `variant` (11 … 14) merges inside a thread block
 /// cluster on this device (its cluster of one 200+ KiB CTA per SM can be resident); 0 for other
 /// variants or with V4_ATTN_DEC_CLUSTER=0. Queries the device once per variant and process.
 int attention_dec11_max_cluster(int variant);
 
-/// Keys per tile of warpgroup-MMA variant `variant` (7 … 13): 32 for 8 / 10 / 12, 48 for 13, else
+/// Keys per tile of warpgroup-MMA variant `variant` (7 … 14): 32 for 8 / 10 / 12, 48 for 13, else
 /// 64 — the keys_per_tile argument of attention_dec7_splits.
 int attention_dec7_tile_keys(int variant);
 
@@ -150,6 +150,11 @@ int attention_dec5_max_cluster(KvDtype kv_dtype, int variant = 5);
 /// Variant 13 (V4_ATTN_DEC=13; splits: attention_dec7_splits(..., 48)): variant 11 with 48-key
 /// tiles in a 3-slot ring (96 KiB of key rows in flight while one tile is computed on, against
 /// 64 KiB), wgmma m64n48k16 for QK.
+/// Variant 14 (V4_ATTN_DEC=14; splits: attention_dec7_splits(..., 64), merge as 11;
+/// attention_dec_tr.cuh): one bulk copy (cp.async.bulk) per whole key row into rows of 1,040
+/// bytes, K and V as the register (A) operand loaded by ldmatrix, the products transposed (Sᵀ =
+/// K·Qᵀ, Oᵀ += Vᵀ·Pᵀ), the per-head softmax across the 4 warps of warpgroup 0 through shared
+/// memory; within bf16 rounding of variant 11.
 /// Errors: kInvalidArgument for unsupported (H, hd), n_splits outside [1, 256], a missing
 /// workspace, another variant; kUnsupported for a KV dtype other than f32 / bf16; CUDA launch
 /// errors.

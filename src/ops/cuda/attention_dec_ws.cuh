@@ -103,6 +103,61 @@ constexpr int kCp11Ld = kHd + 8;
 // combine kernel's formula (weights w_q = e^(m_q − M) / (Σ_q l_q·e^(m_q − M) + e^(sink − M)), M =
 // max(sink, m_q)), reading the other CTAs' partials, and writes the output rows; a second cluster
 // barrier keeps every CTA's shared memory alive until every rank has read it.
+/// The cluster merge of variants 11 … 14 (kCl instances), by every thread `tid` of a CTA once its
+/// partial is in its own shared memory: o at `cp` ([64 heads][kLd] f32, unnormalized), m (nats;
+/// −inf: no keys) at `cm`, l at `cl`; `wts` ([64][kMaxCluster11] f32) is scratch. A cluster
+/// barrier; CTA s merges heads [s·hs, s·hs + hs) (hs = ⌈64 / n_splits⌉) over all ranks in rank
+/// order with the sink (the combine kernel's formula, cluster_merge_weights) and writes their
+/// output rows (dims 2·tid, 2·tid + 1 per thread: 256 threads); a second barrier keeps the
+/// shared memory alive until every rank has read it.
+template <int kLd>
+__device__ __forceinline__ void ws_cluster_merge(const float* cp, const float* cm, const float* cl,
+                                                 float* wts, const ops::AttentionArgs& a,
+                                                 int64_t t, int hb, int s, int n_splits,
+                                                 int tid) {
+  static_assert(kLd % 2 == 0, "float2 rows");
+  const int H = a.n_heads;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every rank's partial written and visible cluster-wide
+  const int hs = (64 + n_splits - 1) / n_splits;
+  const int h_lo = s * hs, h_hi = min(min(64, h_lo + hs), H - hb);  // my heads [h_lo, h_hi)
+  if (tid < h_hi - h_lo) {  // one thread per head: the merge weights
+    const int hl = h_lo + tid;
+    cluster_merge_weights<kMaxCluster11>(cluster, cm, cl, hl, n_splits, a.sinks[hb + hl],
+                                         wts + (hl - h_lo) * kMaxCluster11);
+  }
+  __syncthreads();  // weights ready
+  // out[h][d] = Σ_q o_q[h][d] · w_q[h] in rank order; thread: dims 2·tid, 2·tid + 1 of 8 heads
+  // at a time (8 · n_splits float2 reads of distributed shared memory in flight).
+  for (int h0 = h_lo; h0 < h_hi; h0 += 8) {
+    float2 acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < kMaxCluster11; ++q) {
+      if (q >= n_splits) break;
+      const float* rank_cp = cluster.map_shared_rank(cp, q);
+      float2 v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (h0 + i < h_hi)
+          v[i] = *reinterpret_cast<const float2*>(rank_cp + (h0 + i) * kLd + 2 * tid);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (h0 + i < h_hi) {
+          const float w = wts[(h0 + i - h_lo) * kMaxCluster11 + q];
+          acc[i].x = fmaf(v[i].x, w, acc[i].x);
+          acc[i].y = fmaf(v[i].y, w, acc[i].y);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (h0 + i < h_hi)
+        *reinterpret_cast<float2*>(a.out + (t * H + hb + h0 + i) * int64_t(kHd) + 2 * tid) = acc[i];
+  }
+  cluster.sync();  // keep this CTA's shared memory until every rank has read it
+}
+
 template <int kN, int kStages, bool kCl = false>
 __global__ void __launch_bounds__(kWs11Threads, 1)
     attn_dec11_kernel(ops::AttentionArgs a, const __nv_bfloat16* __restrict__ swa_pool,
@@ -381,45 +436,7 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<float2*>(row + 8 * j) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
     }
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every rank's partial written and visible cluster-wide
-    const int hs = (64 + n_splits - 1) / n_splits;
-    const int h_lo = s * hs, h_hi = min(min(64, h_lo + hs), H - hb);  // my heads [h_lo, h_hi)
-    if (tid < h_hi - h_lo) {  // one thread per head: the merge weights
-      const int hl = h_lo + tid;
-      cluster_merge_weights<kMaxCluster11>(cluster, cm, cl, hl, n_splits, a.sinks[hb + hl],
-                                           wts + (hl - h_lo) * kMaxCluster11);
-    }
-    __syncthreads();  // weights ready
-    // out[h][d] = Σ_q o_q[h][d] · w_q[h] in rank order; thread: dims 2·tid, 2·tid + 1 of 8 heads
-    // at a time (8 · n_splits float2 reads of distributed shared memory in flight).
-    for (int h0 = h_lo; h0 < h_hi; h0 += 8) {
-      float2 acc[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = make_float2(0.f, 0.f);
-#pragma unroll
-      for (int q = 0; q < kMaxCluster11; ++q) {
-        if (q >= n_splits) break;
-        const float* rank_cp = cluster.map_shared_rank(cp, q);
-        float2 v[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (h0 + i < h_hi)
-            v[i] = *reinterpret_cast<const float2*>(rank_cp + (h0 + i) * kCp11Ld + 2 * tid);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (h0 + i < h_hi) {
-            const float w = wts[(h0 + i - h_lo) * kMaxCluster11 + q];
-            acc[i].x = fmaf(v[i].x, w, acc[i].x);
-            acc[i].y = fmaf(v[i].y, w, acc[i].y);
-          }
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (h0 + i < h_hi)
-          *reinterpret_cast<float2*>(a.out + (t * H + hb + h0 + i) * int64_t(kHd) + 2 * tid) = acc[i];
-    }
-    cluster.sync();  // keep this CTA's shared memory until every rank has read it
+    ws_cluster_merge<kCp11Ld>(cp, cm, cl, wts, a, t, hb, s, n_splits, tid);
     return;
   }
   float scale_r[2] = {1.f, 1.f};

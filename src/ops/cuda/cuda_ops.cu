@@ -438,9 +438,9 @@ class CudaOps final : public Ops {
       if (std::string(e) == "0") opts_.indexer_stream_priority = false;
     }
     if (const char* e = std::getenv("V4_ATTN_DEC")) {
-      // "0": off; "1" … "13": on with that variant (attention_dec.h); anything else: unchanged.
+      // "0": off; "1" … "14": on with that variant (attention_dec.h); anything else: unchanged.
       const std::string v = e;
-      for (int k = 1; k <= 13; ++k)
+      for (int k = 1; k <= 14; ++k)
         if (v == std::to_string(k)) opts_.attention_dec = true, opts_.attention_dec_variant = k;
       if (std::string(e) == "0") opts_.attention_dec = false;
     }
@@ -971,7 +971,7 @@ class CudaOps final : public Ops {
         (a.kv_dtype != KvDtype::kFp8 || a.rope_dim == 64)) {
       // bf16 tensor-core decode kernel (attention_dec.h): bf16 mode only.
       const int variant =
-          opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 13
+          opts_.attention_dec_variant >= 1 && opts_.attention_dec_variant <= 14
               ? opts_.attention_dec_variant
               : cuda::attention_dec_auto_variant(a.n_rows, a.max_keys, opts_.attention_dec_lean);
       // Variants 3 / 4 (32 / 16 heads per block) and 5 (16 heads, cluster merge of ≤ 16

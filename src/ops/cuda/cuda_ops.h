@@ -107,7 +107,8 @@ struct CudaOptions {
   /// MMA, 64 heads per CTA, 64- / 32-key tiles, bf16 pools only; attention_dec7_splits), 9 / 10
   /// (7 / 8 with 128-byte-swizzled operands), 11 / 12 (warp-specialized: one warpgroup QK +
   /// softmax, the other the copies into an mbarrier ring; 64- / 32-key tiles), 13 (11 with 48-key
-  /// tiles in 3 slots).
+  /// tiles in 3 slots), 14 (whole-row bulk copies into 1,040-byte rows, K / V as the ldmatrix
+  /// register operand of transposed products).
   int attention_dec_variant = 0;
   /// Auto (attention_dec_variant 0) takes variant 6 for calls of ≤ 4 rows (off: variant 5 for
   /// > 4,096 keys, else 4); more rows take variant 11. Environment
