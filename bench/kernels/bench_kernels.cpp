@@ -1141,7 +1141,7 @@ int main(int argc, char** argv) {
   }
   if (only_attention_wg) {
     std::ofstream(out_dir + "/cuda-attention-wg.md")
-        << "# Decode sparse attention on warpgroup MMA (variants 7 … 12) vs the byte floor\n\n"
+        << "# Decode sparse attention on warpgroup MMA (variants 7 … 14) vs the byte floor\n\n"
         << head << "- measured copy bandwidth (read + write, 1 GiB cudaMemcpy D2D): " << int(bw)
         << " GB/s\n\n" << bench_attention_wg(bw);
     std::printf("wrote %s/cuda-attention-wg.md\n", out_dir.c_str());
