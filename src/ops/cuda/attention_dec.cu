@@ -2090,15 +2090,17 @@ Status attention_gather_probe(const void* pool, int64_t pool_rows, const int32_t
                   stages, ctas, n_tiles, sink ? "set" : "missing");
   // One tensor map per (pool, mode): encoding is a driver call; the bench calls this in a loop.
   static thread_local const void* map_pool = nullptr;
+  static thread_local int64_t map_rows = 0;
   static thread_local int map_mode = -1;
   static thread_local CUtensorMap map{};
   if (mode == 1 || mode == 2 || mode == 4) {
-    if (map_pool != pool || map_mode != mode) {
+    if (map_pool != pool || map_rows != pool_rows || map_mode != mode) {
       PoolMapOptions o;
       o.l2_promotion = mode == 2 ? 0 : 256;
       V4_RETURN_IF_ERROR(mode == 4 ? encode_pool_map_rows(&map, pool, pool_rows, kHd, o)
                                    : encode_pool_map_2d(&map, pool, pool_rows, kHd, 64, o));
       map_pool = pool;
+      map_rows = pool_rows;
       map_mode = mode;
     }
   }

@@ -151,7 +151,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
         const int j = k0 + tile * kN + p;
         mbar_arrive_expect_tx(full, kHd * 2);
         bulk_g2s(dst, (j < n_swa ? swa_pool : comp_pool) + int64_t(row) * kHd, kHd * 2, full);
-      } else {  // masked key: zeros (p = 0 must not meet stale NaN bits in V)
+      } else {  // masked key: zeros (p = 0 must not meet stale NaN bits in V); a later bulk
+                // copy into this row is issued by this same thread after its fence.proxy.async
+                // of the empty-barrier handshake, so the generic stores are ordered before it
         uint4* z = reinterpret_cast<uint4*>(smem + (dst - q_s));
 #pragma unroll 8
         for (int i = 0; i < kHd * 2 / 16; ++i) z[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -284,6 +286,10 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
             o[mt][4 * j + 2 * r] *= corr[0];
             o[mt][4 * j + 2 * r + 1] *= corr[1];
           }
+        // Written before this tile's kBarPFree sync: safe only through the parity buffers —
+        // warpgroup 1 read buffer (it & 1) for tile it − 2 before its kBarPFree arrive of tile
+        // it − 2, which warpgroup 0 passed at tile it − 1. A deeper ring or another PFree rule
+        // must move this store after the sync.
         if (wq == 0 && g == 0)
           *reinterpret_cast<float2*>(scl + 8 * j + 2 * tq) = make_float2(corr[0], corr[1]);
       }

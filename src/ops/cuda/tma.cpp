@@ -15,11 +15,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   std::call_once(once, [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q{};
+    // Asked once per process; a missing entry point stays missing (a driver older than CUDA 12).
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
                                          &q) == cudaSuccess &&
         q == cudaDriverEntryPointSuccess)
       fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    (void)cudaGetLastError();
+    else
+      (void)cudaGetLastError();  // clear only this query's error, not a caller's pending one
   });
   return fn;
 }
@@ -36,7 +38,9 @@ CUtensorMapL2promotion promotion(int bytes) {
 Status encode(CUtensorMap* map, const void* pool, cuuint32_t rank, const cuuint64_t* dims,
               const cuuint64_t* strides, const cuuint32_t* box, const PoolMapOptions& o,
               const char* what) {
-  if (!map || !pool || (reinterpret_cast<uintptr_t>(pool) & 15u) != 0)
+  if (!map || (reinterpret_cast<uintptr_t>(map) & 63u) != 0)
+    return errorf(ErrorCode::kInvalidArgument, "{}: the tensor map must be 64-byte aligned", what);
+  if (!pool || (reinterpret_cast<uintptr_t>(pool) & 15u) != 0)
     return errorf(ErrorCode::kInvalidArgument, "{}: pool must be a 16-byte aligned pointer", what);
   if (o.l2_promotion != 0 && o.l2_promotion != 64 && o.l2_promotion != 128 &&
       o.l2_promotion != 256)
@@ -60,8 +64,9 @@ Status encode(CUtensorMap* map, const void* pool, cuuint32_t rank, const cuuint6
 
 Status encode_pool_map_2d(CUtensorMap* map, const void* pool, int64_t rows, int row_elems,
                           int box_elems, const PoolMapOptions& o) {
-  if (rows < 1 || row_elems < 8 || row_elems % 8 != 0 || box_elems < 8 || box_elems > 256 ||
-      box_elems > row_elems || (o.swizzle128 && box_elems * 2 > 128))
+  if (rows < 1 || rows > (int64_t(1) << 32) || row_elems < 8 || row_elems % 8 != 0 ||
+      box_elems < 8 || box_elems % 8 != 0 || box_elems > 256 || box_elems > row_elems ||
+      (o.swizzle128 && box_elems * 2 > 128))
     return errorf(ErrorCode::kInvalidArgument,
                   "encode_pool_map_2d: rows {} × {} elements, box {} (swizzle {})", rows,
                   row_elems, box_elems, o.swizzle128 ? "128B" : "none");
@@ -73,7 +78,8 @@ Status encode_pool_map_2d(CUtensorMap* map, const void* pool, int64_t rows, int 
 
 Status encode_pool_map_rows(CUtensorMap* map, const void* pool, int64_t rows, int row_elems,
                             const PoolMapOptions& o) {
-  if (rows < 1 || row_elems < 64 || row_elems % 64 != 0 || row_elems / 64 > 256)
+  if (rows < 1 || rows > (int64_t(1) << 32) || row_elems < 64 || row_elems % 64 != 0 ||
+      row_elems / 64 > 256)
     return errorf(ErrorCode::kInvalidArgument, "encode_pool_map_rows: rows {} × {} elements",
                   rows, row_elems);
   const cuuint64_t dims[3] = {64, cuuint64_t(row_elems / 64), cuuint64_t(rows)};

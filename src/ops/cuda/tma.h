@@ -16,7 +16,8 @@ struct PoolMapOptions {
 
 /// Tensor map over a bf16 pool of `rows` rows × `row_elems` elements (row stride row_elems · 2
 /// bytes, 16-byte aligned base): rank 2, dims (row_elems, rows), box (box_elems, 1) — one
-/// box_elems-wide piece of one row per copy (box_elems · 2 ≤ 128 with the 128-byte swizzle).
+/// box_elems-wide piece of one row per copy (box_elems a multiple of 8, ≤ 256; box_elems · 2 ≤
+/// 128 with the 128-byte swizzle; rows ≤ 2^32; `map` 64-byte aligned, as CUtensorMap is).
 /// The driver's cuTensorMapEncodeTiled is looked up through the runtime (no -lcuda).
 /// Errors: kInvalidArgument for bad shapes / alignment; kInternal when the driver entry point is
 /// missing or rejects the map (its CUresult in the message).
