@@ -650,7 +650,6 @@ std::string bench_attention_wg(double bw) {
       }
   return md.str();
 }
-#endif  // V4_HAVE_CUDA
 
 /// The cuda-attention-gather.md body at copy bandwidth `bw` GB/s (bench_kernels
 /// --probe-attention-gather): cuda::attention_gather_probe — variant 11's 64-key ring without
@@ -721,3 +720,4 @@ std::string bench_attention_gather(double bw) {
   cudaFree(sink);
   return md.str();
 }
+#endif  // V4_HAVE_CUDA
