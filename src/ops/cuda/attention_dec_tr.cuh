@@ -101,12 +101,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   using Sh = Tr14Shape;
   constexpr int kN = kTr14Keys, kS = kTr14Stages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  pdl_wait();
-  pdl_trigger();
-
-  const int64_t t = blockIdx.x / n_splits;
-  const int s = int(blockIdx.x % n_splits);
-  const int hb = blockIdx.y * 64;
+  const WsCta cta = ws_cta_begin(n_splits);
+  const int64_t t = cta.t;
+  const int s = cta.s, hb = cta.hb;
   const int H = a.n_heads;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = tid >> 7;
   const int wq = warp & 3, g = lane >> 2, tq = lane & 3;

@@ -103,6 +103,24 @@ constexpr int kCp11Ld = kHd + 8;
 // combine kernel's formula (weights w_q = e^(m_q − M) / (Σ_q l_q·e^(m_q − M) + e^(sink − M)), M =
 // max(sink, m_q)), reading the other CTAs' partials, and writes the output rows; a second cluster
 // barrier keeps every CTA's shared memory alive until every rank has read it.
+/// A variant-11 … 14 CTA's place in its grid (blockIdx.x = t · n_splits + s, blockIdx.y = the
+/// block of 64 heads): query row t, key split s, first head hb.
+struct WsCta {
+  int64_t t;
+  int s, hb;
+};
+/// Kernel entry of variants 11 … 14: waits for the previous kernel's writes (PDL), lets the next
+/// kernel launch, and returns the CTA's place in the grid.
+__device__ __forceinline__ WsCta ws_cta_begin(int n_splits) {
+  pdl_wait();
+  pdl_trigger();
+  WsCta c;
+  c.t = blockIdx.x / n_splits;
+  c.s = int(blockIdx.x % n_splits);
+  c.hb = blockIdx.y * 64;
+  return c;
+}
+
 /// The cluster merge of variants 11 … 14 (kCl instances), by every thread `tid` of a CTA once its
 /// partial is in its own shared memory: o at `cp` ([64 heads][kLd] f32, unnormalized), m (nats;
 /// −inf: no keys) at `cm`, l at `cl`; `wts` ([64][kMaxCluster11] f32) is scratch. A cluster
@@ -166,12 +184,9 @@ __global__ void __launch_bounds__(kWs11Threads, 1)
   using Sh = Ws11Shape<kN, kStages>;
   constexpr int kS = kStages, kNA = Sh::kSAcc;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  pdl_wait();
-  pdl_trigger();
-
-  const int64_t t = blockIdx.x / n_splits;
-  const int s = int(blockIdx.x % n_splits);
-  const int hb = blockIdx.y * 64;
+  const WsCta cta = ws_cta_begin(n_splits);
+  const int64_t t = cta.t;
+  const int s = cta.s, hb = cta.hb;
   const int H = a.n_heads;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const Wg7Keys ks7 = wg7_keys<kN>(a, swa_pool != nullptr, comp_pool != nullptr, t, s, n_splits);
