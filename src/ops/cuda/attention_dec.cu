@@ -2013,9 +2013,10 @@ bool cluster11_fits(int n) {
   return fits[n] > 0;
 }
 
-// Variants 11 … 13 (kN-key tiles in kS slots; launch id kId, cluster instance kIdCl): the splits
-// merged in a cluster when 2 ≤ n_splits ≤ kMaxCluster11 and it can be resident (unless
-// V4_ATTN_DEC_CLUSTER=0), else the workspace partials (*merged = false: the combine kernel runs).
+// Variants 11 … 14 (kN-key tiles in kS slots, kTr: variant 14; launch id kId, cluster instance
+// kIdCl): the splits merged in a cluster when 2 ≤ n_splits ≤ kMaxCluster11 and it can be
+// resident (unless V4_ATTN_DEC_CLUSTER=0), else the workspace partials (*merged = false: the
+// combine kernel runs).
 template <int kId, int kIdCl, int kN, int kS, bool kTr = false>
 Status launch_ws11(const ops::AttentionArgs& a, int n_splits, float* workspace, dim3 grid, bool pdl,
                    cudaStream_t stream, bool* merged) {
@@ -2088,7 +2089,8 @@ Status attention_gather_probe(const void* pool, int64_t pool_rows, const int32_t
     return errorf(ErrorCode::kInvalidArgument,
                   "attention_gather_probe: mode {} stages {} ctas {} tiles {} (sink {})", mode,
                   stages, ctas, n_tiles, sink ? "set" : "missing");
-  // One tensor map per (pool, mode): encoding is a driver call; the bench calls this in a loop.
+  // One tensor map per (pool, rows, mode): encoding is a driver call; the bench calls this in a
+  // loop.
   static thread_local const void* map_pool = nullptr;
   static thread_local int64_t map_rows = 0;
   static thread_local int map_mode = -1;
