@@ -308,7 +308,8 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
   # V4_RATIO_ENVS: space-separated entries, each "default" or comma-separated VAR=VALUE pairs
   # (e.g. "default V4_INDEXER_DEC=2 V4_INDEXER_DEC=2,V4_ATTN_DEC=6"); one table per entry;
   # V4_RATIO_EXTRA: more bench arguments for every entry (e.g. "--index-cache-dtype fp8").
-  : > "$OUT/bench-v4flash-20l-ratio-ab.md"
+  : > "$OUT/bench-v4flash-20l-ratio-ab.md"; sum=$OUT/ratioenv-summary.md
+  { echo "| entry | env | 4K ms/step | 900K ms/step | 900K / 4K |"; echo "|---:|---|---:|---:|---:|"; } > "$sum"
   i=0
   for e in ${V4_RATIO_ENVS:-default}; do
     i=$((i + 1)); envs=()
@@ -319,9 +320,14 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
       --batch ${V4_RATIO_BATCH:-1} --context ${V4_RATIO_CONTEXT:-4K,900K} --steps ${V4_RATIO_STEPS:-20} --prefill-steps 1 --prefill-warmup 0 --prefill-chunk 256 \
       $prof --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
+    grep -E "^\| decode" "$OUT/ratioenv-$i.md" | awk -F'|' '{gsub(/ /,"",$6); printf "%s ", $6}' |
+      awk -v i="$i" -v e="$e" 'NF == 2 {printf "| %d | %s | %s | %s | %.3f |\n", i, e, $1, $2, $1 / $2}' >> "$sum"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"
     rm -f "$OUT/ratioenv-$i.md"; logs+=(bench-ratioenv-$i.log)
   done
+  # Summary first (one row per entry; a two-context run's 900K / 4K ratio), then every table.
+  { echo "# 900K vs 4K decode per env entry"; echo; cat "$sum"; echo; cat "$OUT/bench-v4flash-20l-ratio-ab.md"; } > "$sum.tmp"
+  mv "$sum.tmp" "$OUT/bench-v4flash-20l-ratio-ab.md"; rm -f "$sum"; cat "$OUT/bench-v4flash-20l-ratio-ab.md" | head -60
 fi
 if has pfab; then  # prefill end to end, A/B of env settings: V4_PFAB_RUNS (entries of comma-separated
   # VAR=VAL pairs, "default" = none; e.g. "default V4_GMOE_WG_VARIANT=5,V4_GROUPED_BATCHED=0"), or

@@ -215,6 +215,45 @@ TEST(CudaMhc, PreNormPrefillGroupsAreBatchInvariant) {
       }
 }
 
+// The three phase-1 forms of mhc_fused_kernel (V4_MHC_ONE_TRIP: the strided loop "0", the
+// one-round-trip form sized for 16-token groups "16", the default's 2-token instance at decode
+// sizes) give the same bits for the pre site (S = 1, 2, 64, 200: G = 1 and 2) and the head, at
+// V4-Flash's n·D (one element per thread) and at an odd D (partly empty chunks).
+TEST(CudaMhc, PhaseOneFormsSameBits) {
+  V4_REQUIRE_GPU();
+  Ops* g = gpu(Precision::kFp32);
+  ASSERT_NE(g, nullptr);
+  for (Case c : {Case{4, 4096, 20}, Case{3, 100, 7}})
+    for (int64_t S : {int64_t(1), int64_t(2), int64_t(64), int64_t(200)}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << c.n << " D=" << c.D << " S=" << S);
+      const int n = c.n, D = c.D;
+      PreSite site(c, S);
+      Dev<float> dh(site.h), dfn(site.fn), dbase(site.base), dscale(site.scale), dw(site.w);
+      auto head = [&]() {  // hc_head_norm of the same h with the first n rows of fn
+        Dev<float> dx(size_t(S * D));
+        dx.poison();
+        g->hc_head_norm(dh.p, dfn.p, dbase.p, dscale.p, S, n, D, 1e-6f, 1e-6f, dw.p, 1e-5f, dx.p);
+        g->synchronize();
+        return dx.host();
+      };
+      unsetenv("V4_MHC_ONE_TRIP");
+      const PreOut ref = gpu_pre(g, site, 0, S, true);
+      const std::vector<float> ref_head = head();
+      for (const char* form : {"0", "16"}) {
+        SCOPED_TRACE(::testing::Message() << "V4_MHC_ONE_TRIP=" << form);
+        setenv("V4_MHC_ONE_TRIP", form, 1);
+        const PreOut got = gpu_pre(g, site, 0, S, true);
+        const std::vector<float> got_head = head();
+        unsetenv("V4_MHC_ONE_TRIP");
+        EXPECT_TRUE(same_bits(got.col, ref.col.data(), ref.col.size()));
+        EXPECT_TRUE(same_bits(got.post, ref.post.data(), ref.post.size()));
+        EXPECT_TRUE(same_bits(got.comb, ref.comb.data(), ref.comb.size()));
+        EXPECT_TRUE(same_bits(got.x, ref.x.data(), ref.x.size()));
+        EXPECT_TRUE(same_bits(got_head, ref_head.data(), ref_head.size()));
+      }
+    }
+}
+
 // Many calls in a row on the same backend (the finishing counters must be back at zero after
 // each), different S between them, and the in-place form x == collapsed.
 TEST(CudaMhc, PreNormRepeatedAndInPlace) {

@@ -2,6 +2,7 @@
 #include "ops/cuda/mhc.h"
 
 #include <cstdlib>
+#include <string>
 
 namespace v4::cuda {
 namespace {
@@ -391,8 +392,11 @@ __device__ void mhc_norm_part(const MhcFusedArgs& a, float ss, int64_t t, int pa
 // transpose-reduce, warps added in order) → work[t, chunk, 0..NMIX]. Phase 2 (the group's last
 // CTA): chunk sums in a fixed order (two halves of 32, then their sum) → mix_s; then one warp per
 // job: Sinkhorn (post, comb) of token g, or one of the kCParts parts of token g's collapsed stream
-// + RMSNorm (two passes around one block barrier).
-template <int NMIX>
+// + RMSNorm (two passes around one block barrier). OT > 0: groups of at most OT tokens whose
+// chunk fits one element per thread take phase 1's one-round-trip form (OT = 2 for decode-sized
+// calls, kFMaxG above: its per-token arrays and shared sums are sized by OT); OT = 0: the
+// strided loop for every call (the form all calls had before the one-round-trip path).
+template <int NMIX, int OT>
 __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs a, int G,
                                                               float* __restrict__ work,
                                                               int* __restrict__ counters,
@@ -412,14 +416,14 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   const int64_t i1 = i0 + chunk < nD ? i0 + chunk : nD;
 
   __shared__ float red[kFWarps][V];
-  __shared__ float red_g[kFMaxG][kFWarps][V];  // one-element-per-thread path: every token's warp sums
+  __shared__ float red_g[OT > 0 ? OT : 1][kFWarps][V];  // one-round-trip path: each token's warp sums
   __shared__ float half_s[2][kFMaxG][32];
   __shared__ float mix_s[kFMaxG][32];
   __shared__ float ss_s[kFMaxG][kCParts];
   __shared__ int last_s;
 
   if (phase2_only) goto phase2;  // work already holds every chunk's sums (mhc_partials_dfs_kernel)
-  if (chunk <= kFThreads) {
+  if (OT > 0 && chunk <= kFThreads) {
     // At most one element per thread (n·D ≤ 64·kFThreads: V4-Flash's 4 × 4096): the thread's 24
     // fn values are loaded once for the whole group and every token's h value is in flight at
     // once — one DRAM round trip per CTA instead of one per token (a prefill call of 2,048 tokens
@@ -431,11 +435,12 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
     float f[NMIX];
 #pragma unroll
     for (int j = 0; j < NMIX; ++j) f[j] = has && j < n_mix ? __ldg(a.fn + j * nD + i) : 0.f;
-    float hv[kFMaxG];
+    constexpr int kG = OT > 0 ? OT : 1;
+    float hv[kG];
 #pragma unroll
-    for (int g = 0; g < kFMaxG; ++g) hv[g] = has && g < gn ? a.h[(t0 + g) * nD + i] : 0.f;
+    for (int g = 0; g < kG; ++g) hv[g] = has && g < gn ? a.h[(t0 + g) * nD + i] : 0.f;
 #pragma unroll
-    for (int g = 0; g < kFMaxG; ++g) {
+    for (int g = 0; g < kG; ++g) {
       if (g >= gn) break;  // uniform
       float acc[V];
 #pragma unroll
@@ -459,7 +464,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
       work[((t0 + g) * kMhcFusedParts + c) * NV + j] = s;
     }
   }
-  for (int g = 0; g < gn && chunk > kFThreads; ++g) {
+  for (int g = 0; g < gn && (OT == 0 || chunk > kFThreads); ++g) {
     const float* ht = a.h + (t0 + g) * nD;
     float acc[V];
 #pragma unroll
@@ -793,6 +798,16 @@ Status mhc_post(const T* h, const T* f, const float* post, const float* comb, T*
   return Status::Ok();
 }
 
+// V4_MHC_ONE_TRIP (A/B runs): 0 = mhc_fused_kernel's strided loop for every call, 16 = the
+// one-round-trip form sized for 16-token groups at every size (the default before session 24);
+// otherwise decode-sized groups (G ≤ 2) run the instance sized for 2 tokens, larger groups 16.
+int mhc_one_trip_tokens(int G) {
+  const char* v = std::getenv("V4_MHC_ONE_TRIP");
+  if (v && v[0] == '0') return 0;
+  if (v && std::string(v) == "16") return kFMaxG;
+  return G <= 2 ? 2 : kFMaxG;
+}
+
 // V4_MHC_DFS=0: prefill-sized mhc_fused calls keep the one-launch shuffle form (A/B runs).
 bool mhc_dfs_enabled() {
   const char* v = std::getenv("V4_MHC_DFS");
@@ -828,16 +843,22 @@ Status mhc_fused(const MhcFusedArgs& a, float* work, int* counters, cudaStream_t
     mhc_partials_dfs_kernel<<<pgrid, kDfsThreads, 0, stream>>>(a, work);
     V4_CUDA_CHECK_LAUNCH("mhc_partials_dfs_kernel");
     constexpr int G2 = 4;
-    mhc_fused_kernel<kMaxMix><<<dim3(1, unsigned((a.S + G2 - 1) / G2)), kFThreads, 0, stream>>>(
+    mhc_fused_kernel<kMaxMix, 0><<<dim3(1, unsigned((a.S + G2 - 1) / G2)), kFThreads, 0, stream>>>(
         a, G2, work, counters, true);
     V4_CUDA_CHECK_LAUNCH("mhc_fused_kernel");
     return Status::Ok();
   }
   const dim3 grid(kMhcFusedParts, unsigned(groups));
+  auto launch = [&](auto kernel) { kernel<<<grid, kFThreads, 0, stream>>>(a, G, work, counters, false); };
+  const int ot = mhc_one_trip_tokens(G);
   if (a.head) {
-    mhc_fused_kernel<kMaxN><<<grid, kFThreads, 0, stream>>>(a, G, work, counters, false);
+    if (ot == 0) launch(mhc_fused_kernel<kMaxN, 0>);
+    else if (ot == 2) launch(mhc_fused_kernel<kMaxN, 2>);
+    else launch(mhc_fused_kernel<kMaxN, kFMaxG>);
   } else {
-    mhc_fused_kernel<kMaxMix><<<grid, kFThreads, 0, stream>>>(a, G, work, counters, false);
+    if (ot == 0) launch(mhc_fused_kernel<kMaxMix, 0>);
+    else if (ot == 2) launch(mhc_fused_kernel<kMaxMix, 2>);
+    else launch(mhc_fused_kernel<kMaxMix, kFMaxG>);
   }
   V4_CUDA_CHECK_LAUNCH("mhc_fused_kernel");
   return Status::Ok();
