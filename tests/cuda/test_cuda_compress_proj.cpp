@@ -176,7 +176,8 @@ std::unique_ptr<GpuStep> gpu_step(const CompressCase& k, const ProjInputs& p) {
   return g;
 }
 
-// Sets V4_COMPRESS_PROJ for a scope ("0": the default composition).
+// Sets V4_COMPRESS_PROJ for a scope ("0": the default composition; "1": compress_proj for every
+// step it supports, one-row steps included — by default those take the composition).
 struct ProjEnv {
   explicit ProjEnv(const char* v) { setenv("V4_COMPRESS_PROJ", v, 1); }
   ~ProjEnv() { unsetenv("V4_COMPRESS_PROJ"); }
@@ -188,9 +189,10 @@ enum class Mode { kEager, kGraph, kComposed };
 
 // One decode step of shape (m, c, d) over D input columns with B rows: the GPU (mode) against
 // the references. `disjoint`: the step's ring_disjoint (false, or B > 64: compress_proj must
-// decline and the composition run). Returns the GPU's kc.
+// decline and the composition run). B < kCompressProjMinRows takes the composition by default,
+// compress_proj with `force_fused` (V4_COMPRESS_PROJ=1). Returns the GPU's kc.
 std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, uint64_t seed,
-                            bool disjoint = true) {
+                            bool disjoint = true, bool force_fused = false) {
   CompressCase k = v4::testing::decode_case(m, c, d, 64, random_decode_positions(B, m, seed), seed);
   const ProjInputs p = make_inputs(B, D, k.width(), seed + 1);
   k.kc = host_product(p, p.wkv);
@@ -204,10 +206,13 @@ std::vector<float> run_step(int m, int c, int d, int64_t D, int B, Mode mode, ui
 
   auto g = gpu_step(k, p);
   g->args.step.ring_disjoint = disjoint;
-  const bool fused = disjoint && B <= cuda::kCompressProjMaxRows;
+  const bool supported = disjoint && B <= cuda::kCompressProjMaxRows;
+  const bool fused = supported && (force_fused || B >= cuda::kCompressProjMinRows);
   int sms = 0;
   EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  EXPECT_EQ(cuda::compress_proj_supported(g->args, sms), fused);
+  EXPECT_EQ(cuda::compress_proj_supported(g->args, sms), supported);
+  std::unique_ptr<ProjEnv> force;
+  if (force_fused) force = std::make_unique<ProjEnv>("1");
   const int64_t launches0 = cuda::compress_proj_launches();
   if (mode == Mode::kGraph) {
     std::unique_ptr<Graph> gr = gpu()->capture([&] { gpu()->compress_project(g->args); });
@@ -257,6 +262,9 @@ TEST(CudaCompressProj, DecodeMatchesReferences) {
                      << "m=" << s.m << " d=" << s.d << " D=" << D << " B=" << B);
         run_step(s.m, s.c, s.d, D, B, Mode::kEager,
                  cuda::testing::test_seed() + 7 * B + s.m + s.d + D);
+        if (B < cuda::kCompressProjMinRows)  // the composition by default: compress_proj as well
+          run_step(s.m, s.c, s.d, D, B, Mode::kEager,
+                   cuda::testing::test_seed() + 7 * B + s.m + s.d + D, true, true);
       }
 }
 
@@ -273,10 +281,11 @@ TEST(CudaCompressProj, GraphCaptureAndComposedPathAgree) {
 
 // A row's kc / zc do not depend on how many rows the call has (the plan ignores S; token tiles
 // are independent): rows 0..B−1 of a B-row call equal the first B rows of a 64-row call, bit
-// for bit.
+// for bit (compress_proj forced for the one-row call).
 TEST(CudaCompressProj, RowsBitIdenticalWhateverTheBatch) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
+  ProjEnv force("1");
   for (Shape s : kShapes) {
     SCOPED_TRACE(::testing::Message() << "m=" << s.m << " d=" << s.d);
     const int64_t n = int64_t(s.c) * s.d, D = 4096;
@@ -335,6 +344,7 @@ TEST(CudaCompressProj, UnsupportedStepsTakeTheComposition) {
 TEST(CudaCompressProj, StridedRowsAndViewOffsets) {
   V4_REQUIRE_GPU();
   ASSERT_NE(gpu(), nullptr);
+  ProjEnv force("1");  // the one-row call too
   const int64_t D = 1024, n = 1024, ldx = D + 4, pad = 32;
   for (int B : {1, 20, 64}) {
     SCOPED_TRACE(::testing::Message() << "B=" << B);

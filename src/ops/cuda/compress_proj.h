@@ -30,6 +30,15 @@ struct CompressProjPlan {
 /// Most x rows one compress_proj call takes (decode batches up to 64 sequences).
 constexpr int64_t kCompressProjMaxRows = 64;
 
+/// Fewest x rows for which CudaOps::compress_project picks compress_proj by default. A one-row
+/// step is a pure weight stream that the composition's GEMV kernels read as fast, while
+/// compress_proj's one wave of clusters takes every SM from the side stream's indexer: at batch 1
+/// the composition measured the same at 4K and 0.04 ms a step faster at 900K
+/// (bench/results/bench-v4flash-20l-ratio-ab-s24.md; batch 64 measured the fused kernel ahead,
+/// sizes in between are not measured). V4_COMPRESS_PROJ=1 forces compress_proj at every size it
+/// supports, =0 never.
+constexpr int64_t kCompressProjMinRows = 2;
+
 /// The plan for output width n = c·d and input width k = D on `num_sms` SMs: the largest ks ≤ 8
 /// with D % (64·ks) == 0, then the smallest tile of 32, 64 or 128 rows whose grid fits one wave
 /// (else the largest that fits shared memory); ks = 0 when none fits (n % 32 ≠ 0, D not a

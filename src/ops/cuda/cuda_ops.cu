@@ -802,11 +802,15 @@ class CudaOps final : public Ops {
     return !(e && e[0] == '0');
   }
   /// The projection kernel (cuda::compress_proj: both projections + the ring refresh) and then
-  /// the pooling kernel, in bf16 mode for decode-sized steps it supports, unless
-  /// V4_COMPRESS_PROJ=0 (A/B runs; read at every call); otherwise the default composition.
+  /// the pooling kernel, in bf16 mode for decode-sized steps it supports of at least
+  /// cuda::kCompressProjMinRows rows; otherwise the default composition. V4_COMPRESS_PROJ (A/B
+  /// runs and tests; read at every call): 0 = the composition always, 1 = compress_proj for
+  /// every step it supports, one-row steps included.
   void compress_project(const CompressProjectArgs& a) override {
     const char* e = std::getenv("V4_COMPRESS_PROJ");
-    if (opts_.precision == Precision::kBf16 && !(e && e[0] == '0') &&
+    const bool off = e && e[0] == '0', forced = e && e[0] == '1';
+    if (opts_.precision == Precision::kBf16 && !off &&
+        (forced || a.n_fresh >= cuda::kCompressProjMinRows) &&
         cuda::compress_proj_supported(a, n_sms_)) {
       record(cuda::compress_proj(a, n_sms_, cs()));
       CompressFusedArgs s = a.step;
