@@ -321,7 +321,7 @@ if has ratioenv; then  # 900K vs 4K decode (batch 1, bf16 KV, as served) under s
       $prof --out "$OUT/ratioenv-$i.md" > "$OUT/bench-ratioenv-$i.log" 2>&1
     echo "bench (900K vs 4K, $e) rc=$?"; grep -E "^\| (decode)" "$OUT/ratioenv-$i.md"
     grep -E "^\| decode" "$OUT/ratioenv-$i.md" | awk -F'|' '{gsub(/ /,"",$6); printf "%s ", $6}' |
-      awk -v i="$i" -v e="$e" 'NF == 2 {printf "| %d | %s | %s | %s | %.3f |\n", i, e, $1, $2, $1 / $2}' >> "$sum"
+      awk -v i="$i" -v e="$e" 'NF == 2 && $1 + 0 > 0 && $2 + 0 > 0 {printf "| %d | %s | %s | %s | %.3f |\n", i, e, $1, $2, $1 / $2}' >> "$sum"
     { echo "## env: $e"; echo; cat "$OUT/ratioenv-$i.md"; echo; } >> "$OUT/bench-v4flash-20l-ratio-ab.md"
     rm -f "$OUT/ratioenv-$i.md"; logs+=(bench-ratioenv-$i.log)
   done

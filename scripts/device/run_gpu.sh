@@ -13,7 +13,7 @@
 #   V4_SKIP_BENCH=1, V4_BENCH_ARGS (passed to bench_kernels), V4_TEST_SHARDS (run the tests as
 #   that many gtest shards in parallel; default 1), V4_BUILD_DIR (default build-gpu),
 #   V4_CUDA_FLAGS_EXTRA (appended to CMAKE_CUDA_FLAGS, e.g. -lineinfo for ncu source views),
-#   V4_SKIP_TESTS=1 (build only, no test_cuda run).
+#   V4_SKIP_TESTS=1 (build only, no test_cuda run), V4_BUILD_JOBS (compile jobs; default nproc).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -71,7 +71,7 @@ tail -3 "$OUT/build.log"
 if [ $rc -ne 0 ]; then step "configure FAILED"; tail -60 "$OUT/build.log"; exit 3; fi
 
 step "build ${V4_TARGETS:-test_cuda bench_kernels}"
-cmake --build $B -j "$(nproc)" --target ${V4_TARGETS:-test_cuda bench_kernels} >>"$OUT/build.log" 2>&1
+cmake --build $B -j "${V4_BUILD_JOBS:-$(nproc)}" --target ${V4_TARGETS:-test_cuda bench_kernels} >>"$OUT/build.log" 2>&1
 rc=$?
 grep -E "error|warning: " "$OUT/build.log" | head -40
 if [ $rc -ne 0 ]; then step "build FAILED"; tail -80 "$OUT/build.log"; exit 4; fi

@@ -177,12 +177,10 @@ std::unique_ptr<GpuStep> gpu_step(const CompressCase& k, const ProjInputs& p) {
 }
 
 // Sets V4_COMPRESS_PROJ for a scope ("0": the default composition; "1": compress_proj for every
-// step it supports, one-row steps included — by default those take the composition).
-struct ProjEnv {
-  explicit ProjEnv(const char* v) { setenv("V4_COMPRESS_PROJ", v, 1); }
-  ~ProjEnv() { unsetenv("V4_COMPRESS_PROJ"); }
-  ProjEnv(const ProjEnv&) = delete;
-  ProjEnv& operator=(const ProjEnv&) = delete;
+// step it supports, one-row steps included — by default those take the composition); the
+// previous value comes back after it.
+struct ProjEnv : cuda::testing::ScopedEnv {
+  explicit ProjEnv(const char* v) : ScopedEnv("V4_COMPRESS_PROJ", v) {}
 };
 
 enum class Mode { kEager, kGraph, kComposed };

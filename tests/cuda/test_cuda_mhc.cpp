@@ -26,6 +26,7 @@ namespace {
 using cuda::testing::Dev;
 using cuda::testing::randn;
 using cuda::testing::rel_err;
+using cuda::testing::ScopedEnv;
 
 constexpr double kTol = 1e-5;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -217,14 +218,15 @@ TEST(CudaMhc, PreNormPrefillGroupsAreBatchInvariant) {
 
 // The three phase-1 forms of mhc_fused_kernel (V4_MHC_ONE_TRIP: the strided loop "0", the
 // one-round-trip form sized for 16-token groups "16", the default's 2-token instance at decode
-// sizes) give the same bits for the pre site (S = 1, 2, 64, 200: G = 1 and 2) and the head, at
-// V4-Flash's n·D (one element per thread) and at an odd D (partly empty chunks).
+// sizes) give the same bits for the pre site (S = 1, 2, 64, 200: G = 1 and 2) and the head
+// (there S = 700 too: G = 5, the 16-token instance against the loop), at V4-Flash's n·D (one
+// element per thread) and at an odd D (partly empty chunks).
 TEST(CudaMhc, PhaseOneFormsSameBits) {
   V4_REQUIRE_GPU();
   Ops* g = gpu(Precision::kFp32);
   ASSERT_NE(g, nullptr);
   for (Case c : {Case{4, 4096, 20}, Case{3, 100, 7}})
-    for (int64_t S : {int64_t(1), int64_t(2), int64_t(64), int64_t(200)}) {
+    for (int64_t S : {int64_t(1), int64_t(2), int64_t(64), int64_t(200), int64_t(700)}) {
       SCOPED_TRACE(::testing::Message() << "n=" << c.n << " D=" << c.D << " S=" << S);
       const int n = c.n, D = c.D;
       PreSite site(c, S);
@@ -236,15 +238,18 @@ TEST(CudaMhc, PhaseOneFormsSameBits) {
         g->synchronize();
         return dx.host();
       };
-      unsetenv("V4_MHC_ONE_TRIP");
-      const PreOut ref = gpu_pre(g, site, 0, S, true);
-      const std::vector<float> ref_head = head();
+      PreOut ref;
+      std::vector<float> ref_head;
+      {
+        ScopedEnv def("V4_MHC_ONE_TRIP", nullptr);
+        ref = gpu_pre(g, site, 0, S, true);
+        ref_head = head();
+      }
       for (const char* form : {"0", "16"}) {
         SCOPED_TRACE(::testing::Message() << "V4_MHC_ONE_TRIP=" << form);
-        setenv("V4_MHC_ONE_TRIP", form, 1);
+        ScopedEnv env("V4_MHC_ONE_TRIP", form);
         const PreOut got = gpu_pre(g, site, 0, S, true);
         const std::vector<float> got_head = head();
-        unsetenv("V4_MHC_ONE_TRIP");
         EXPECT_TRUE(same_bits(got.col, ref.col.data(), ref.col.size()));
         EXPECT_TRUE(same_bits(got.post, ref.post.data(), ref.post.size()));
         EXPECT_TRUE(same_bits(got.comb, ref.comb.data(), ref.comb.size()));

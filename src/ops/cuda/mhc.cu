@@ -422,8 +422,11 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
   __shared__ float ss_s[kFMaxG][kCParts];
   __shared__ int last_s;
 
+  // The one-round-trip form needs the group within its arrays (gn ≤ OT; the host picks OT ≥ G)
+  // and one element per thread; otherwise the loop below (uniform per CTA).
+  const bool one_trip = OT > 0 && gn <= (OT > 0 ? OT : 1) && chunk <= kFThreads;
   if (phase2_only) goto phase2;  // work already holds every chunk's sums (mhc_partials_dfs_kernel)
-  if (OT > 0 && chunk <= kFThreads) {
+  if (one_trip) {
     // At most one element per thread (n·D ≤ 64·kFThreads: V4-Flash's 4 × 4096): the thread's 24
     // fn values are loaded once for the whole group and every token's h value is in flight at
     // once — one DRAM round trip per CTA instead of one per token (a prefill call of 2,048 tokens
@@ -464,7 +467,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
       work[((t0 + g) * kMhcFusedParts + c) * NV + j] = s;
     }
   }
-  for (int g = 0; g < gn && (OT == 0 || chunk > kFThreads); ++g) {
+  for (int g = 0; g < gn && !one_trip; ++g) {
     const float* ht = a.h + (t0 + g) * nD;
     float acc[V];
 #pragma unroll
@@ -801,7 +804,7 @@ Status mhc_post(const T* h, const T* f, const float* post, const float* comb, T*
 // V4_MHC_ONE_TRIP (A/B runs): 0 = mhc_fused_kernel's strided loop for every call, 16 = the
 // one-round-trip form sized for 16-token groups at every size (the default before session 24);
 // otherwise decode-sized groups (G ≤ 2) run the instance sized for 2 tokens, larger groups 16.
-int mhc_one_trip_tokens(int G) {
+static int mhc_one_trip_tokens(int G) {
   const char* v = std::getenv("V4_MHC_ONE_TRIP");
   if (v && v[0] == '0') return 0;
   if (v && std::string(v) == "16") return kFMaxG;
@@ -809,7 +812,7 @@ int mhc_one_trip_tokens(int G) {
 }
 
 // V4_MHC_DFS=0: prefill-sized mhc_fused calls keep the one-launch shuffle form (A/B runs).
-bool mhc_dfs_enabled() {
+static bool mhc_dfs_enabled() {
   const char* v = std::getenv("V4_MHC_DFS");
   return !(v && v[0] == '0');
 }
