@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(kFThreads) mhc_fused_kernel(const MhcFusedArgs
 
   // The one-round-trip form needs the group within its arrays (gn ≤ OT; the host picks OT ≥ G)
   // and one element per thread; otherwise the loop below (uniform per CTA).
-  const bool one_trip = OT > 0 && gn <= (OT > 0 ? OT : 1) && chunk <= kFThreads;
+  const bool one_trip = OT > 0 && gn <= OT && chunk <= kFThreads;
   if (phase2_only) goto phase2;  // work already holds every chunk's sums (mhc_partials_dfs_kernel)
   if (one_trip) {
     // At most one element per thread (n·D ≤ 64·kFThreads: V4-Flash's 4 × 4096): the thread's 24
