@@ -223,7 +223,8 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
       for (int v = 4; v <= cuda::kIndexerPipeMaxVariant; ++v) bitwise.push_back(v);
       for (int v : {13, 14, 15, 16, 17, 18}) bitwise.push_back(v);
       if (!fp8)
-        for (int v : {19, 20, 21, 22, 23, 24, 25, 26}) bitwise.push_back(v);
+        for (int v : {19, 20, 21, 22, 23, 24, 25, 26, cuda::kIndexerBulkVariant})
+          bitwise.push_back(v);
       for (int variant : bitwise)
         for (bool pdl : {false, true}) {
           out.poison();
@@ -251,12 +252,14 @@ TEST(CudaIndexerTc, PipelinedDecodeEqualsDecodeKernelBitwise) {
                   "variant 3\n",
                   kv_dtype_name(dt), (long long)S, maxc, c.n_sms, cuda::kIndexerPipeMaxVariant);
       if (!fp8) continue;
-      // fp8 keys, q quantized (auto, 19–25): the same scores as variant 3 up to fp32
+      // fp8 keys, q quantized (auto, 19–26, 30 — the bulk-copy kernel, whose tiles of 64
+      // consecutive rows take one copy and the others (−1 entries, short tails) row copies): the
+      // same scores as variant 3 up to fp32
       // rounding (q's codes × the key codes are exact products in both; the summation order and
       // the tensor cores' fp8 accumulation differ) — relative 2e-4 (the reference tolerance
       // above) with an absolute floor of 1e-2 × the row's largest |score|;
       // entries at or beyond count stay poisoned.
-      for (int variant : {0, 19, 20, 21, 22, 23, 24, 25, 26})
+      for (int variant : {0, 19, 20, 21, 22, 23, 24, 25, 26, cuda::kIndexerBulkVariant})
         for (bool pdl : {false, true}) {
           out.poison();
           ASSERT_TRUE(cuda::indexer_scores_tc(a, maxc, out.p, ld, c.n_sms, nullptr, variant, pdl).ok())

@@ -12,6 +12,7 @@
 #include "ops/cuda/device_util.cuh"  // kv_load4 (f32 or bf16 key pools)
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/wfrag.cuh"
+#include "ops/cuda/tma.cuh"    // mbarriers, bulk copies (variant 30)
 #include "ops/cuda/wgmma.cuh"  // descriptors, fences (shared with attention_dec.cu)
 
 namespace v4::cuda {
@@ -1485,6 +1486,234 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
                                grid, kSmem, stream, pdl, "indexer_decode_wg_kernel", a, scores, ld,
                                int(g_wg_desc_swap));
 }
+
+// ---- bulk-copy decode kernel for fp8 keys (variant 30, docs/cuda.md §Bulk-copy fp8 decode kernel)
+//
+// One CTA = one warpgroup on one query row; CTAs take 64-key tiles of the row grid-strided (one
+// wave, up to 4 CTAs an SM). A tile's 64 raw key rows (144 bytes each: codes + f32 scale) land in
+// shared memory by cp.async.bulk: one 9,216-byte copy when the tile's candidates are 64
+// consecutive pool rows (a page of C4 entries: the decode plan's lists, compressed_row), else one
+// 144-byte copy per valid row (−1 rows zero-filled: score 0). Warp 0 issues the copies kStages
+// tiles ahead (candidate rows one issue ahead in registers); the tile's mbarrier completes on the
+// bytes. Every thread then reads its two keys' 32 code bytes, converts them to their exact f16
+// values in registers (one cvt per pair) and the warpgroup multiplies them as the A operand
+// (keys = M) with wgmma.m64n64k16.f16 against q's per-head e4m3 codes as exact f16 values (B =
+// 64 heads, K-major, 128-byte swizzle, staged once per CTA). K permutation: k-step kk of lane
+// (g, t) takes dims 32t + 4kk … + 3 (A columns 2t, 2t + 1 ← dims +0, +1; 2t + 8, 2t + 9 ← +2, +3),
+// and q's B rows carry the same permutation, so the products are those of the decode kernels
+// (exact) summed in another fp32 order. Epilogue in registers: ReLU · w_h over the thread's 16
+// heads of 2 keys, two xor shuffles over t, × the key's row scale.
+constexpr int kBkTile = 64;                              // keys per tile (wgmma M)
+constexpr int kBkSlot = kBkTile * kFp8KeyRowBytes;       // 9,216 bytes of raw rows a slot
+constexpr int kBkQBytes = kDNI * kDDI * 2;               // 16 KB: q's code values as f16
+template <int kStages>
+constexpr int bk_smem_bytes() {
+  return 1024 + kBkQBytes + kStages * kBkSlot + kStages * 8 + kDNI * 4;  // + alignment slack
+}
+static_assert(bk_smem_bytes<4>() * 4 <= 227 * 1024, "4 CTAs an SM");
+
+// Byte offset of (head n, permuted k index kp) in q's B operand: two 64-column blocks of 64 rows ×
+// 128 bytes, 16-byte chunk j of row n at chunk j ^ (n % 8) (wgmma_desc_sw128's layout).
+__device__ __forceinline__ uint32_t bk_q_off(int n, int kp) {
+  return uint32_t((kp >> 6) * 8192 + n * 128 + ((((kp & 63) >> 3) ^ (n & 7)) << 4) + (kp & 7) * 2);
+}
+
+template <int kStages, bool kPdl>
+__global__ void __launch_bounds__(kDWarps * 32, 4)
+    indexer_decode_bulk_kernel(ops::IndexerArgs a, float* __restrict__ scores, int64_t ld) {
+  extern __shared__ unsigned char bk_raw[];
+  if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int64_t row = blockIdx.y;
+  const int n = a.cand.count[row];
+  const int tiles = (n + kBkTile - 1) / kBkTile;
+  const int first = int(blockIdx.x), gx = int(gridDim.x);
+  if (first >= tiles) return;  // whole CTA idle (uniform)
+  const int my = (tiles - first + gx - 1) / gx;  // this CTA's tiles: first + i·gx, i < my
+  unsigned char* sm = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(bk_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* slots = sm + kBkQBytes;
+  float* qsc = reinterpret_cast<float*>(slots + kStages * kBkSlot + kStages * 8);
+  const uint32_t q_sa = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const uint32_t slot_sa = q_sa + kBkQBytes;
+  const uint32_t bar_sa = slot_sa + kStages * kBkSlot;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  const uint8_t* pool = static_cast<const uint8_t*>(a.key_pool);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) mbar_init(bar_sa + 8 * s, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  // Warp 0: candidate rows of this CTA's tile i (lane: entries lane and 32 + lane; −1 past n).
+  auto load_rows = [&](int i, int32_t& r0, int32_t& r1) {
+    const int s0 = (first + i * gx) * kBkTile;
+    r0 = i < my && s0 + lane < n ? cand[s0 + lane] : -1;
+    r1 = i < my && s0 + 32 + lane < n ? cand[s0 + 32 + lane] : -1;
+  };
+  // Warp 0: the copies of tile i into slot i % kStages (its previous contents were read by
+  // every thread before the caller's barrier).
+  auto issue = [&](int i, int32_t r0, int32_t r1) {
+    const int s0 = (first + i * gx) * kBkTile;
+    const int slot = i % kStages;
+    const uint32_t dst = slot_sa + slot * kBkSlot, bar = bar_sa + 8 * slot;
+    const int32_t base = __shfl_sync(0xffffffffu, r0, 0);
+    fence_proxy_async_smem();  // this lane's generic accesses of the slot before the async writes
+    if (__all_sync(0xffffffffu, base >= 0 && r0 == base + lane && r1 == base + 32 + lane)) {
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, kBkSlot);
+        bulk_g2s(dst, pool + int64_t(base) * kFp8KeyRowBytes, kBkSlot, bar);
+      }
+      return;
+    }
+    const bool v0 = r0 >= 0, v1 = r1 >= 0;
+    auto zero_row = [&](int k) {
+      uint4* p = reinterpret_cast<uint4*>(slots + slot * kBkSlot + k * kFp8KeyRowBytes);
+#pragma unroll
+      for (int u = 0; u < kFp8KeyRowBytes / 16; ++u) p[u] = make_uint4(0u, 0u, 0u, 0u);
+    };
+    if (!v0 && s0 + lane < n) zero_row(lane);
+    if (!v1 && s0 + 32 + lane < n) zero_row(32 + lane);
+    const uint32_t rows = __popc(__ballot_sync(0xffffffffu, v0)) +
+                          __popc(__ballot_sync(0xffffffffu, v1));
+    __syncwarp();  // the zero rows before the arrive (release) that publishes them
+    if (lane == 0) mbar_arrive_expect_tx(bar, rows * kFp8KeyRowBytes);
+    __syncwarp();
+    if (v0) bulk_g2s(dst + lane * kFp8KeyRowBytes, pool + int64_t(r0) * kFp8KeyRowBytes,
+                     kFp8KeyRowBytes, bar);
+    if (v1) bulk_g2s(dst + (32 + lane) * kFp8KeyRowBytes, pool + int64_t(r1) * kFp8KeyRowBytes,
+                     kFp8KeyRowBytes, bar);
+  };
+  int32_t nr0 = -1, nr1 = -1;  // warp 0: rows of the next tile to issue
+  if (warp == 0) {
+    int32_t r0[kStages], r1[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) load_rows(i, r0[i], r1[i]);
+#pragma unroll
+    for (int i = 0; i < kStages; ++i)
+      if (i < my) issue(i, r0[i], r1[i]);
+    load_rows(kStages, nr0, nr1);
+  }
+  // q[row] quantized per head (kvfp8::index_query_fp8, as stage_q_fp8x8_one_pass: same scales and
+  // codes), written as exact f16 values into the B operand; thread = (head tid / 2, 64 dims).
+  {
+    const int h = threadIdx.x >> 1, half = threadIdx.x & 1;
+    const float* qp = a.q + row * (kDNI * kDDI) + h * kDDI + 64 * half;
+    float4 x[16];
+#pragma unroll
+    for (int u = 0; u < 16; ++u) x[u] = *reinterpret_cast<const float4*>(qp + 4 * u);
+    float amax = 0.f;
+#pragma unroll
+    for (int u = 0; u < 16; ++u)
+      amax = fmaxf(amax, fmaxf(fmaxf(kvfp8::abs_finite(x[u].x), kvfp8::abs_finite(x[u].y)),
+                               fmaxf(kvfp8::abs_finite(x[u].z), kvfp8::abs_finite(x[u].w))));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    const float sc = kvfp8::block_scale(amax), inv = kvfp8::index_query_inv(sc);
+    if (half == 0) qsc[h] = sc;
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      const int d = 64 * half + 4 * u, tt = d >> 5, kk = (d & 31) >> 2;
+      const uint32_t c = q_codes4(x[u], inv);
+      *reinterpret_cast<uint32_t*>(sm + bk_q_off(h, 16 * kk + 2 * tt)) = e4m3x2_to_f16x2(c);
+      *reinterpret_cast<uint32_t*>(sm + bk_q_off(h, 16 * kk + 2 * tt + 8)) = e4m3x2_to_f16x2(c >> 16);
+    }
+  }
+  fence_proxy_async_smem();  // q's generic writes → visible to wgmma
+  __syncthreads();
+  // This thread's 16 heads 8j + 2t + e: w_h · dI^-1/2 · nI^-1/2 · q's head scale.
+  const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
+  float wl[8][2];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 8 * j + 2 * t + e;
+      wl[j][e] = a.weights[row * kDNI + h] * wscale * qsc[h];
+    }
+  float* srow = scores + row * ld;
+  const int k0 = 16 * warp + g;  // this thread's keys of a tile: k0, k0 + 8
+  for (int i = 0; i < my; ++i) {
+    const int slot = i % kStages;
+    mbar_wait(bar_sa + 8 * slot, uint32_t(i / kStages) & 1u);
+    const unsigned char* sb = slots + slot * kBkSlot;
+    const uint4* p0 = reinterpret_cast<const uint4*>(sb + k0 * kFp8KeyRowBytes + 32 * t);
+    const uint4* p1 = reinterpret_cast<const uint4*>(sb + (k0 + 8) * kFp8KeyRowBytes + 32 * t);
+    const uint4 c0a = p0[0], c0b = p0[1], c1a = p1[0], c1b = p1[1];
+    const float ks0 = *reinterpret_cast<const float*>(sb + k0 * kFp8KeyRowBytes + kDDI);
+    const float ks1 = *reinterpret_cast<const float*>(sb + (k0 + 8) * kFp8KeyRowBytes + kDDI);
+    __syncthreads();  // every thread's reads of the slot are done: warp 0 may refill it
+    if (warp == 0 && i + kStages < my) {
+      issue(i + kStages, nr0, nr1);
+      load_rows(i + kStages + 1, nr0, nr1);
+    }
+    uint32_t af[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint4& v0 = kk < 4 ? c0a : c0b;
+      const uint4& v1 = kk < 4 ? c1a : c1b;
+      const int q = kk & 3;
+      const uint32_t w0 = q == 0 ? v0.x : q == 1 ? v0.y : q == 2 ? v0.z : v0.w;
+      const uint32_t w1 = q == 0 ? v1.x : q == 1 ? v1.y : q == 2 ? v1.z : v1.w;
+      af[kk][0] = e4m3x2_to_f16x2(w0);
+      af[kk][1] = e4m3x2_to_f16x2(w1);
+      af[kk][2] = e4m3x2_to_f16x2(w0 >> 16);
+      af[kk][3] = e4m3x2_to_f16x2(w1 >> 16);
+    }
+    float d[32];
+#pragma unroll
+    for (int x = 0; x < 32; ++x) d[x] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_rs_m64n64k16_f16(d, af[kk],
+                             wgmma_desc_sw128(q_sa + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024),
+                             kk > 0);
+    wgmma_commit();
+    wgmma_wait0();
+    wgmma_fence_acc(d);
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s0 += fmaxf(d[4 * j], 0.f) * wl[j][0];
+      s0 += fmaxf(d[4 * j + 1], 0.f) * wl[j][1];
+      s1 += fmaxf(d[4 * j + 2], 0.f) * wl[j][0];
+      s1 += fmaxf(d[4 * j + 3], 0.f) * wl[j][1];
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+    }
+    const int s = (first + i * gx) * kBkTile + k0;
+    if (t == 0 && s < n) srow[s] = s0 * ks0;
+    if (t == 1 && s + 8 < n) srow[s + 8] = s1 * ks1;
+  }
+  if constexpr (kPdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// The bulk-copy kernel (fp8 keys): one wave of CTAs (resident CTAs per SM from the occupancy API
+// with its dynamic shared memory), spread over the S rows as launch_decode does.
+Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                          int n_sms, cudaStream_t stream, bool pdl) {
+  constexpr int kStages = 4;
+  constexpr int kSmem = bk_smem_bytes<kStages>();
+  static const cudaError_t attr_err = [] {
+    cudaError_t e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, true>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return e;
+  }();
+  if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_bulk smem attribute");
+  static const int per_sm = resident_per_sm(indexer_decode_bulk_kernel<kStages, false>, kSmem, 1);
+  const int64_t tiles = (max_count + kBkTile - 1) / kBkTile;
+  const dim3 grid{unsigned(one_wave_gx(tiles, per_sm, n_sms, a.n_rows)), unsigned(a.n_rows), 1u};
+  return launch_indexer_kernel(pdl ? indexer_decode_bulk_kernel<kStages, true>
+                                   : indexer_decode_bulk_kernel<kStages, false>,
+                               grid, kSmem, stream, pdl, "indexer_decode_bulk_kernel", a, scores,
+                               ld);
+}
 }  // namespace
 
 void indexer_wg_set_desc_swap(bool swap) { g_wg_desc_swap = swap; }
@@ -1748,6 +1977,10 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // here convert the codes to bf16 (kKeysFp8, bit-identical to variants 4–7).
     // 19 / 20 / 21: ≥ 1 / 3 / 4 resident blocks an SM (246 / 168 / 128 registers: at 1 the
     // compiler keeps all of q's A fragments in registers).
+    // Variant 30: the bulk-copy kernel (whole pages of key rows by cp.async.bulk, wgmma on f16
+    // code values; equal to 24 up to fp32 rounding).
+    if (a.key_dtype == KvDtype::kFp8Index && variant == kIndexerBulkVariant)
+      return launch_decode_bulk(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index && variant == 0)
       return launch_decode<4, kKeysFp8h, 2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index && variant == 20)

@@ -26,7 +26,7 @@ namespace v4::cuda {
 /// Auto (variant 0) runs the decode kernel for calls of at most this many query rows.
 inline constexpr int64_t kIndexerDecodeMaxRows = 128;
 /// Largest `variant` of `indexer_scores_tc`.
-inline constexpr int kIndexerScoresMaxVariant = 29;
+inline constexpr int kIndexerScoresMaxVariant = 30;
 /// `indexer_scores_tc` variant that forces the prefill warpgroup-MMA kernel (indexer_prefill_wg).
 inline constexpr int kIndexerPrefillWgVariant = 27;
 /// The same kernel with fp8 keys multiplied on e4m3 wgmma (q's codes × the key codes; the tensor
@@ -36,6 +36,11 @@ inline constexpr int kIndexerPrefillWgE4m3Variant = 28;
 /// other of two bf16 tile slots during the current tile's wgmma: auto's fp8 mode since session 18
 /// (13–17% faster than 27's shared-memory conversion on the H200, the same bits; bf16 keys: = 27).
 inline constexpr int kIndexerPrefillWgRegVariant = 29;
+/// Decode kernel for fp8 keys moving whole pages of key rows by cp.async.bulk (64 consecutive
+/// pool rows in one 9,216-byte copy; other tiles row by row) and multiplying the code values on
+/// f16 wgmma (keys = M, A from registers): the same products as variant 24, another fp32
+/// summation order. bf16 / f32 keys run the default.
+inline constexpr int kIndexerBulkVariant = 30;
 /// indexer_prefill_wg's fp8 modes: codes converted to bf16 in shared memory (variant 27), e4m3
 /// wgmma (28), codes converted from registers (29, auto's default).
 inline constexpr int kPrefillFp8Convert = 0, kPrefillFp8E4m3 = 1, kPrefillFp8Registers = 2;
