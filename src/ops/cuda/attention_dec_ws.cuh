@@ -58,12 +58,6 @@ static_assert(Ws11Shape<64, 2>::kSmem <= 232448 && Ws11Shape<32, 4>::kSmem <= 23
                   Ws11Shape<48, 3>::kSmem <= 232448,
               "smem over the 227 KiB limit");
 
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 /// Largest split count merged inside a thread-block cluster by the variant-11 … 13 kernels
 /// (portable cluster size).

@@ -1380,15 +1380,15 @@ int64_t one_wave_gx(int64_t units, int per_sm, int n_sms, int64_t S) {
 // signature and body plus griddepcontrol, so the same registers and occupancy the grid was
 // sized for) with programmatic stream serialization.
 template <typename... P, typename... Args>
-Status launch_indexer_kernel(void (*kernel)(P...), dim3 grid, int smem, cudaStream_t stream,
-                             bool pdl, const char* name, Args... args) {
+Status launch_indexer_kernel_n(void (*kernel)(P...), dim3 grid, int threads, int smem,
+                               cudaStream_t stream, bool pdl, const char* name, Args... args) {
   if (!pdl) {
-    kernel<<<grid, kDWarps * 32, smem, stream>>>(args...);
+    kernel<<<grid, threads, smem, stream>>>(args...);
     return check_launch(name);
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kDWarps * 32, 1, 1);
+  cfg.blockDim = dim3(unsigned(threads), 1, 1);
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -1398,6 +1398,12 @@ Status launch_indexer_kernel(void (*kernel)(P...), dim3 grid, int smem, cudaStre
   cfg.numAttrs = 1;
   V4_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
   return check_launch(name);
+}
+// launch_indexer_kernel_n with 128 threads (kDWarps warps) a CTA.
+template <typename... P, typename... Args>
+Status launch_indexer_kernel(void (*kernel)(P...), dim3 grid, int smem, cudaStream_t stream,
+                             bool pdl, const char* name, Args... args) {
+  return launch_indexer_kernel_n(kernel, grid, kDWarps * 32, smem, stream, pdl, name, args...);
 }
 
 template <int kDNT, int kKeys, int kMinBlocks = 1, bool kPf = false>
@@ -1489,13 +1495,16 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
 
 // ---- bulk-copy decode kernel for fp8 keys (variant 30, docs/cuda.md §Bulk-copy fp8 decode kernel)
 //
-// One CTA = one warpgroup on one query row; CTAs take 64-key tiles of the row grid-strided (one
-// wave, up to 4 CTAs an SM). A tile's 64 raw key rows (144 bytes each: codes + f32 scale) land in
+// One CTA = a consumer warpgroup (warps 0–3) + a producer warp (warp 4) on one query row; CTAs
+// take 64-key tiles of the row grid-strided (one wave, 3 CTAs an SM). A tile's 64 raw key rows (144 bytes each: codes + f32 scale) land in
 // shared memory by cp.async.bulk: one 9,216-byte copy when the tile's candidates are 64
 // consecutive pool rows (a page of C4 entries: the decode plan's lists, compressed_row), else one
-// 144-byte copy per valid row (−1 rows zero-filled: score 0). Warp 0 issues the copies kStages
-// tiles ahead (candidate rows one issue ahead in registers); the tile's mbarrier completes on the
-// bytes. Every thread then reads its two keys' 32 code bytes, converts them to their exact f16
+// 144-byte copy per valid row (−1 rows zero-filled: score 0). The producer warp runs up to kStages
+// tiles ahead (candidate rows one tile ahead in registers): it waits on a slot's `empty` barrier
+// (one arrival per consumer warp) and issues the copies, which complete the slot's `full` barrier
+// on their bytes. So the consumers never wait on a candidate-row load (with warp 0 as the
+// producer, its row loads stalled the whole warpgroup's wgmma every tile: 20.8 µs at 230,400 keys
+// against 17.8 for variant 24). Every thread then reads its two keys' 32 code bytes, converts them to their exact f16
 // values in registers (one cvt per pair) and the warpgroup multiplies them as the A operand
 // (keys = M) with wgmma.m64n64k16.f16 against q's per-head e4m3 codes as exact f16 values (B =
 // 64 heads, K-major, 128-byte swizzle, staged once per CTA). K permutation: k-step kk of lane
@@ -1506,11 +1515,12 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
 constexpr int kBkTile = 64;                              // keys per tile (wgmma M)
 constexpr int kBkSlot = kBkTile * kFp8KeyRowBytes;       // 9,216 bytes of raw rows a slot
 constexpr int kBkQBytes = kDNI * kDDI * 2;               // 16 KB: q's code values as f16
+constexpr int kBkThreads = kDWarps * 32 + 32;           // consumer warpgroup + producer warp
 template <int kStages>
 constexpr int bk_smem_bytes() {
-  return 1024 + kBkQBytes + kStages * kBkSlot + kStages * 8 + kDNI * 4;  // + alignment slack
+  return 1024 + kBkQBytes + kStages * kBkSlot + 2 * kStages * 8 + kDNI * 4;  // + alignment slack
 }
-static_assert(bk_smem_bytes<4>() * 4 <= 227 * 1024, "4 CTAs an SM");
+static_assert(bk_smem_bytes<6>() * 3 <= 227 * 1024, "3 CTAs an SM");
 
 // Byte offset of (head n, permuted k index kp) in q's B operand: two 64-column blocks of 64 rows ×
 // 128 bytes, 16-byte chunk j of row n at chunk j ^ (n % 8) (wgmma_desc_sw128's layout).
@@ -1519,7 +1529,7 @@ __device__ __forceinline__ uint32_t bk_q_off(int n, int kp) {
 }
 
 template <int kStages, bool kPdl>
-__global__ void __launch_bounds__(kDWarps * 32, 4)
+__global__ void __launch_bounds__(kBkThreads, 3)
     indexer_decode_bulk_kernel(ops::IndexerArgs a, float* __restrict__ scores, int64_t ld) {
   extern __shared__ unsigned char bk_raw[];
   if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1532,27 +1542,30 @@ __global__ void __launch_bounds__(kDWarps * 32, 4)
   unsigned char* sm = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(bk_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* slots = sm + kBkQBytes;
-  float* qsc = reinterpret_cast<float*>(slots + kStages * kBkSlot + kStages * 8);
+  float* qsc = reinterpret_cast<float*>(slots + kStages * kBkSlot + 2 * kStages * 8);
   const uint32_t q_sa = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const uint32_t slot_sa = q_sa + kBkQBytes;
-  const uint32_t bar_sa = slot_sa + kStages * kBkSlot;
+  const uint32_t bar_sa = slot_sa + kStages * kBkSlot;  // full[s] at 8s, empty[s] at 8(kStages + s)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int32_t* cand = a.cand.rows + a.cand.offset[row];
   const uint8_t* pool = static_cast<const uint8_t*>(a.key_pool);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) mbar_init(bar_sa + 8 * s, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_sa + 8 * s, 1);
+      mbar_init(bar_sa + 8 * (kStages + s), kDWarps);
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
-  // Warp 0: candidate rows of this CTA's tile i (lane: entries lane and 32 + lane; −1 past n).
+  // Producer: candidate rows of this CTA's tile i (lane: entries lane and 32 + lane; −1 past n).
   auto load_rows = [&](int i, int32_t& r0, int32_t& r1) {
     const int s0 = (first + i * gx) * kBkTile;
     r0 = i < my && s0 + lane < n ? cand[s0 + lane] : -1;
     r1 = i < my && s0 + 32 + lane < n ? cand[s0 + 32 + lane] : -1;
   };
-  // Warp 0: the copies of tile i into slot i % kStages (its previous contents were read by
-  // every thread before the caller's barrier).
+  // Producer: the copies of tile i into slot i % kStages (the caller waited for its `empty`
+  // phase: every consumer warp read the slot's previous tile).
   auto issue = [&](int i, int32_t r0, int32_t r1) {
     const int s0 = (first + i * gx) * kBkTile;
     const int slot = i % kStages;
@@ -1584,15 +1597,19 @@ __global__ void __launch_bounds__(kDWarps * 32, 4)
     if (v1) bulk_g2s(dst + (32 + lane) * kFp8KeyRowBytes, pool + int64_t(r1) * kFp8KeyRowBytes,
                      kFp8KeyRowBytes, bar);
   };
-  int32_t nr0 = -1, nr1 = -1;  // warp 0: rows of the next tile to issue
-  if (warp == 0) {
-    int32_t r0[kStages], r1[kStages];
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) load_rows(i, r0[i], r1[i]);
-#pragma unroll
-    for (int i = 0; i < kStages; ++i)
-      if (i < my) issue(i, r0[i], r1[i]);
-    load_rows(kStages, nr0, nr1);
+  if (warp == kDWarps) {  // the producer warp
+    int32_t r0, r1;
+    load_rows(0, r0, r1);
+    for (int i = 0; i < my; ++i) {
+      int32_t n0, n1;
+      load_rows(i + 1, n0, n1);  // one tile ahead
+      if (i >= kStages)
+        mbar_wait(bar_sa + 8 * (kStages + i % kStages), uint32_t(i / kStages - 1) & 1u);
+      issue(i, r0, r1);
+      r0 = n0;
+      r1 = n1;
+    }
+    return;
   }
   // q[row] quantized per head (kvfp8::index_query_fp8, as stage_q_fp8x8_one_pass: same scales and
   // codes), written as exact f16 values into the B operand; thread = (head tid / 2, 64 dims).
@@ -1619,7 +1636,7 @@ __global__ void __launch_bounds__(kDWarps * 32, 4)
     }
   }
   fence_proxy_async_smem();  // q's generic writes → visible to wgmma
-  __syncthreads();
+  named_sync(1, kDWarps * 32);  // the consumer warpgroup
   // This thread's 16 heads 8j + 2t + e: w_h · dI^-1/2 · nI^-1/2 · q's head scale.
   const float wscale = rsqrtf(float(kDNI)) * rsqrtf(float(kDDI));
   float wl[8][2];
@@ -1641,11 +1658,8 @@ __global__ void __launch_bounds__(kDWarps * 32, 4)
     const uint4 c0a = p0[0], c0b = p0[1], c1a = p1[0], c1b = p1[1];
     const float ks0 = *reinterpret_cast<const float*>(sb + k0 * kFp8KeyRowBytes + kDDI);
     const float ks1 = *reinterpret_cast<const float*>(sb + (k0 + 8) * kFp8KeyRowBytes + kDDI);
-    __syncthreads();  // every thread's reads of the slot are done: warp 0 may refill it
-    if (warp == 0 && i + kStages < my) {
-      issue(i + kStages, nr0, nr1);
-      load_rows(i + kStages + 1, nr0, nr1);
-    }
+    __syncwarp();  // the warp's reads of the slot are done: one arrival frees it for the producer
+    if (lane == 0) mbar_arrive(bar_sa + 8 * (kStages + slot));
     uint32_t af[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
@@ -1693,9 +1707,9 @@ __global__ void __launch_bounds__(kDWarps * 32, 4)
 
 // The bulk-copy kernel (fp8 keys): one wave of CTAs (resident CTAs per SM from the occupancy API
 // with its dynamic shared memory), spread over the S rows as launch_decode does.
-Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
-                          int n_sms, cudaStream_t stream, bool pdl) {
-  constexpr int kStages = 4;
+template <int kStages>
+Status launch_decode_bulk_n(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                            int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kSmem = bk_smem_bytes<kStages>();
   static const cudaError_t attr_err = [] {
     cudaError_t e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, false>,
@@ -1706,13 +1720,33 @@ Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* s
     return e;
   }();
   if (attr_err != cudaSuccess) return cuda_status(attr_err, "indexer_decode_bulk smem attribute");
-  static const int per_sm = resident_per_sm(indexer_decode_bulk_kernel<kStages, false>, kSmem, 1);
+  static const int per_sm = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &b, indexer_decode_bulk_kernel<kStages, false>, kBkThreads, kSmem) != cudaSuccess ||
+        b < 1) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    return b;
+  }();
   const int64_t tiles = (max_count + kBkTile - 1) / kBkTile;
   const dim3 grid{unsigned(one_wave_gx(tiles, per_sm, n_sms, a.n_rows)), unsigned(a.n_rows), 1u};
-  return launch_indexer_kernel(pdl ? indexer_decode_bulk_kernel<kStages, true>
-                                   : indexer_decode_bulk_kernel<kStages, false>,
-                               grid, kSmem, stream, pdl, "indexer_decode_bulk_kernel", a, scores,
-                               ld);
+  return launch_indexer_kernel_n(pdl ? indexer_decode_bulk_kernel<kStages, true>
+                                     : indexer_decode_bulk_kernel<kStages, false>,
+                                 grid, kBkThreads, kSmem, stream, pdl,
+                                 "indexer_decode_bulk_kernel", a, scores, ld);
+}
+// Ring depth of the bulk-copy kernel: 4 tiles (default) or V4_INDEXER_BULK_STAGES=6 (A/B, read
+// once; 3 CTAs an SM either way).
+Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
+                          int n_sms, cudaStream_t stream, bool pdl) {
+  static const bool six = [] {
+    const char* e = std::getenv("V4_INDEXER_BULK_STAGES");
+    return e && std::strcmp(e, "6") == 0;
+  }();
+  return six ? launch_decode_bulk_n<6>(a, max_count, scores, ld, n_sms, stream, pdl)
+             : launch_decode_bulk_n<4>(a, max_count, scores, ld, n_sms, stream, pdl);
 }
 }  // namespace
 
