@@ -1535,6 +1535,7 @@ __global__ void __launch_bounds__(kBkThreads, 3)
   if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t row = blockIdx.y;
   const int n = a.cand.count[row];
+  const int64_t cand_off = a.cand.offset[row];  // loaded with the count: one round trip, not two
   const int tiles = (n + kBkTile - 1) / kBkTile;
   const int first = int(blockIdx.x), gx = int(gridDim.x);
   if (first >= tiles) return;  // whole CTA idle (uniform)
@@ -1547,7 +1548,7 @@ __global__ void __launch_bounds__(kBkThreads, 3)
   const uint32_t slot_sa = q_sa + kBkQBytes;
   const uint32_t bar_sa = slot_sa + kStages * kBkSlot;  // full[s] at 8s, empty[s] at 8(kStages + s)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int32_t* cand = a.cand.rows + a.cand.offset[row];
+  const int32_t* cand = a.cand.rows + cand_off;
   const uint8_t* pool = static_cast<const uint8_t*>(a.key_pool);
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -1747,6 +1748,14 @@ Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* s
   }();
   return six ? launch_decode_bulk_n<6>(a, max_count, scores, ld, n_sms, stream, pdl)
              : launch_decode_bulk_n<4>(a, max_count, scores, ld, n_sms, stream, pdl);
+}
+// V4_INDEXER_BULK=0 keeps variant 24 for every fp8 decode call of auto (A/B; read once).
+bool bulk_auto_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_INDEXER_BULK");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
 }
 }  // namespace
 
@@ -2014,6 +2023,14 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // Variant 30: the bulk-copy kernel (whole pages of key rows by cp.async.bulk, wgmma on f16
     // code values; equal to 24 up to fp32 rounding).
     if (a.key_dtype == KvDtype::kFp8Index && variant == kIndexerBulkVariant)
+      return launch_decode_bulk(a, max_count, scores, ld, n_sms, stream, pdl);
+    // Auto for fp8 keys: the bulk-copy kernel (30) for long rows (bound ≥ kIndexerBulkMinCount:
+    // 16.2 µs at 230,400 keys against 17.9 for 24) and short ones (≤ kIndexerBulkMaxShort: 4.9
+    // against 5.5 µs at 1,024); 24 between (65,536: 10.4 against 9.9; cuda-indexer-profile.md,
+    // session 25).
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 0 &&
+        (max_count >= kIndexerBulkMinCount || max_count <= kIndexerBulkMaxShort) &&
+        bulk_auto_enabled())
       return launch_decode_bulk(a, max_count, scores, ld, n_sms, stream, pdl);
     if (a.key_dtype == KvDtype::kFp8Index && variant == 0)
       return launch_decode<4, kKeysFp8h, 2, true>(a, max_count, scores, ld, n_sms, stream, pdl);
