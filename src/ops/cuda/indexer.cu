@@ -1738,16 +1738,21 @@ Status launch_decode_bulk_n(const ops::IndexerArgs& a, int64_t max_count, float*
                                  grid, kBkThreads, kSmem, stream, pdl,
                                  "indexer_decode_bulk_kernel", a, scores, ld);
 }
-// Ring depth of the bulk-copy kernel: 4 tiles (default) or V4_INDEXER_BULK_STAGES=6 (A/B, read
-// once; 3 CTAs an SM either way).
+// Ring depth of the bulk-copy kernel: 4 tiles (default) or V4_INDEXER_BULK_STAGES=2|3|6 (A/B,
+// read once; 3 CTAs an SM at every depth).
 Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                           int n_sms, cudaStream_t stream, bool pdl) {
-  static const bool six = [] {
+  static const int stages = [] {
     const char* e = std::getenv("V4_INDEXER_BULK_STAGES");
-    return e && std::strcmp(e, "6") == 0;
+    const int v = e ? std::atoi(e) : 4;
+    return v == 2 || v == 3 || v == 6 ? v : 4;
   }();
-  return six ? launch_decode_bulk_n<6>(a, max_count, scores, ld, n_sms, stream, pdl)
-             : launch_decode_bulk_n<4>(a, max_count, scores, ld, n_sms, stream, pdl);
+  switch (stages) {
+    case 2: return launch_decode_bulk_n<2>(a, max_count, scores, ld, n_sms, stream, pdl);
+    case 3: return launch_decode_bulk_n<3>(a, max_count, scores, ld, n_sms, stream, pdl);
+    case 6: return launch_decode_bulk_n<6>(a, max_count, scores, ld, n_sms, stream, pdl);
+    default: return launch_decode_bulk_n<4>(a, max_count, scores, ld, n_sms, stream, pdl);
+  }
 }
 // V4_INDEXER_BULK=0 keeps variant 24 for every fp8 decode call of auto (A/B; read once).
 bool bulk_auto_enabled() {
