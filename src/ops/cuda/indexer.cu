@@ -1500,7 +1500,7 @@ Status launch_decode_wg(const ops::IndexerArgs& a, int64_t max_count, float* sco
 // shared memory by cp.async.bulk: one 9,216-byte copy when the tile's candidates are 64
 // consecutive pool rows (a page of C4 entries: the decode plan's lists, compressed_row), else one
 // 144-byte copy per valid row (−1 rows zero-filled: score 0). The producer warp runs up to kStages
-// tiles ahead (candidate rows one tile ahead in registers): it waits on a slot's `empty` barrier
+// tiles ahead (candidate rows kBkRowAhead tiles ahead, by cp.async into shared memory): it waits on a slot's `empty` barrier
 // (one arrival per consumer warp) and issues the copies, which complete the slot's `full` barrier
 // on their bytes. So the consumers never wait on a candidate-row load (with warp 0 as the
 // producer, its row loads stalled the whole warpgroup's wgmma every tile: 20.8 µs at 230,400 keys
@@ -1516,11 +1516,17 @@ constexpr int kBkTile = 64;                              // keys per tile (wgmma
 constexpr int kBkSlot = kBkTile * kFp8KeyRowBytes;       // 9,216 bytes of raw rows a slot
 constexpr int kBkQBytes = kDNI * kDDI * 2;               // 16 KB: q's code values as f16
 constexpr int kBkThreads = kDWarps * 32 + 32;           // consumer warpgroup + producer warp
+// The producer's candidate rows: a ring of kBkRowRing tiles' entries in shared memory, filled by
+// cp.async kBkRowAhead tiles ahead of the tile being issued (one row-load latency for the whole
+// CTA instead of one per tile: with rows loaded one tile ahead in registers the producer issued
+// about one tile per L2 round trip).
+constexpr int kBkRowRing = 16, kBkRowAhead = 8;
 template <int kStages>
 constexpr int bk_smem_bytes() {
-  return 1024 + kBkQBytes + kStages * kBkSlot + 2 * kStages * 8 + kDNI * 4;  // + alignment slack
+  return 1024 + kBkQBytes + kStages * kBkSlot + 2 * kStages * 8 + kDNI * 4 +
+         kBkRowRing * kBkTile * 4;  // + alignment slack at the front
 }
-static_assert(bk_smem_bytes<6>() * 3 <= 227 * 1024, "3 CTAs an SM");
+static_assert(bk_smem_bytes<6>() * 3 <= 227 * 1024 && kBkRowRing >= 2 * kBkRowAhead, "3 CTAs an SM");
 
 // Byte offset of (head n, permuted k index kp) in q's B operand: two 64-column blocks of 64 rows ×
 // 128 bytes, 16-byte chunk j of row n at chunk j ^ (n % 8) (wgmma_desc_sw128's layout).
@@ -1544,6 +1550,7 @@ __global__ void __launch_bounds__(kBkThreads, 3)
       (reinterpret_cast<uintptr_t>(bk_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* slots = sm + kBkQBytes;
   float* qsc = reinterpret_cast<float*>(slots + kStages * kBkSlot + 2 * kStages * 8);
+  int32_t* rring = reinterpret_cast<int32_t*>(qsc + kDNI);  // [kBkRowRing][kBkTile]
   const uint32_t q_sa = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
   const uint32_t slot_sa = q_sa + kBkQBytes;
   const uint32_t bar_sa = slot_sa + kStages * kBkSlot;  // full[s] at 8s, empty[s] at 8(kStages + s)
@@ -1559,11 +1566,16 @@ __global__ void __launch_bounds__(kBkThreads, 3)
     fence_mbarrier_init();
   }
   __syncthreads();
-  // Producer: candidate rows of this CTA's tile i (lane: entries lane and 32 + lane; −1 past n).
-  auto load_rows = [&](int i, int32_t& r0, int32_t& r1) {
-    const int s0 = (first + i * gx) * kBkTile;
-    r0 = i < my && s0 + lane < n ? cand[s0 + lane] : -1;
-    r1 = i < my && s0 + 32 + lane < n ? cand[s0 + 32 + lane] : -1;
+  // Producer: cp.async of tile i's candidate rows into ring slot i % kBkRowRing (entries past n
+  // not read), one commit group a call (empty past this CTA's tiles, so the counts stay exact).
+  auto fetch_rows = [&](int i) {
+    if (i < my) {
+      const int s0 = (first + i * gx) * kBkTile;
+      int32_t* d = rring + (i % kBkRowRing) * kBkTile;
+      wfrag::cp_async_small<4>(d + lane, cand + s0 + lane, s0 + lane < n);
+      wfrag::cp_async_small<4>(d + 32 + lane, cand + s0 + 32 + lane, s0 + 32 + lane < n);
+    }
+    wfrag::cp_async_commit();
   };
   // Producer: the copies of tile i into slot i % kStages (the caller waited for its `empty`
   // phase: every consumer warp read the slot's previous tile).
@@ -1599,16 +1611,19 @@ __global__ void __launch_bounds__(kBkThreads, 3)
                      kFp8KeyRowBytes, bar);
   };
   if (warp == kDWarps) {  // the producer warp
-    int32_t r0, r1;
-    load_rows(0, r0, r1);
+#pragma unroll
+    for (int i = 0; i < kBkRowAhead; ++i) fetch_rows(i);
     for (int i = 0; i < my; ++i) {
-      int32_t n0, n1;
-      load_rows(i + 1, n0, n1);  // one tile ahead
+      fetch_rows(i + kBkRowAhead);  // its slot held tile i + kBkRowAhead − kBkRowRing: read
+      wfrag::cp_async_wait<kBkRowAhead>();  // tile i's group has landed (this lane's copies)
+      __syncwarp();                          // … and every lane's
+      const int s0 = (first + i * gx) * kBkTile;
+      const int32_t* rr = rring + (i % kBkRowRing) * kBkTile;
+      const int32_t r0 = s0 + lane < n ? rr[lane] : -1;
+      const int32_t r1 = s0 + 32 + lane < n ? rr[32 + lane] : -1;
       if (i >= kStages)
         mbar_wait(bar_sa + 8 * (kStages + i % kStages), uint32_t(i / kStages - 1) & 1u);
       issue(i, r0, r1);
-      r0 = n0;
-      r1 = n1;
     }
     return;
   }
