@@ -1520,13 +1520,16 @@ constexpr int kBkThreads = kDWarps * 32 + 32;           // consumer warpgroup + 
 // cp.async kBkRowAhead tiles ahead of the tile being issued (one row-load latency for the whole
 // CTA instead of one per tile: with rows loaded one tile ahead in registers the producer issued
 // about one tile per L2 round trip).
-constexpr int kBkRowRing = 16, kBkRowAhead = 8;
+constexpr int kBkRowRing = 12, kBkRowAhead = 8;
 template <int kStages>
 constexpr int bk_smem_bytes() {
   return 1024 + kBkQBytes + kStages * kBkSlot + 2 * kStages * 8 + kDNI * 4 +
          kBkRowRing * kBkTile * 4;  // + alignment slack at the front
 }
-static_assert(bk_smem_bytes<6>() * 3 <= 227 * 1024 && kBkRowRing >= 2 * kBkRowAhead, "3 CTAs an SM");
+// 3 CTAs an SM at every depth (sm_90: 228 KiB a multiprocessor, 1 KiB reserved a CTA); the ring
+// slot of tile i + kBkRowAhead held tile i + kBkRowAhead − kBkRowRing, read before.
+static_assert(3 * (bk_smem_bytes<6>() + 1024) <= 228 * 1024 && kBkRowRing > kBkRowAhead,
+              "3 CTAs an SM");
 
 // Byte offset of (head n, permuted k index kp) in q's B operand: two 64-column blocks of 64 rows ×
 // 128 bytes, 16-byte chunk j of row n at chunk j ^ (n % 8) (wgmma_desc_sw128's layout).
@@ -1546,8 +1549,9 @@ __global__ void __launch_bounds__(kBkThreads, 3)
   const int first = int(blockIdx.x), gx = int(gridDim.x);
   if (first >= tiles) return;  // whole CTA idle (uniform)
   const int my = (tiles - first + gx - 1) / gx;  // this CTA's tiles: first + i·gx, i < my
-  unsigned char* sm = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(bk_raw) + 1023) & ~uintptr_t(1023));
+  // The swizzled q operand needs a 1024-byte aligned shared address (not generic pointer).
+  unsigned char* sm =
+      bk_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(bk_raw)) & 1023u)) & 1023u);
   unsigned char* slots = sm + kBkQBytes;
   float* qsc = reinterpret_cast<float*>(slots + kStages * kBkSlot + 2 * kStages * 8);
   int32_t* rring = reinterpret_cast<int32_t*>(qsc + kDNI);  // [kBkRowRing][kBkTile]
@@ -1585,7 +1589,7 @@ __global__ void __launch_bounds__(kBkThreads, 3)
     const uint32_t dst = slot_sa + slot * kBkSlot, bar = bar_sa + 8 * slot;
     const int32_t base = __shfl_sync(0xffffffffu, r0, 0);
     fence_proxy_async_smem();  // this lane's generic accesses of the slot before the async writes
-    if (__all_sync(0xffffffffu, base >= 0 && r0 == base + lane && r1 == base + 32 + lane)) {
+    if (__all_sync(0xffffffffu, base >= 0 && r0 - lane == base && r1 - 32 - lane == base)) {
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, kBkSlot);
         bulk_g2s(dst, pool + int64_t(base) * kFp8KeyRowBytes, kBkSlot, bar);
@@ -1616,7 +1620,7 @@ __global__ void __launch_bounds__(kBkThreads, 3)
     for (int i = 0; i < my; ++i) {
       fetch_rows(i + kBkRowAhead);  // its slot held tile i + kBkRowAhead − kBkRowRing: read
       wfrag::cp_async_wait<kBkRowAhead>();  // tile i's group has landed (this lane's copies)
-      __syncwarp();                          // … and every lane's
+      __syncwarp();  // also keeps the ring reads below the wait (the cp.async asm has no clobber)
       const int s0 = (first + i * gx) * kBkTile;
       const int32_t* rr = rring + (i % kBkRowRing) * kBkTile;
       const int32_t r0 = s0 + lane < n ? rr[lane] : -1;
@@ -1692,6 +1696,12 @@ __global__ void __launch_bounds__(kBkThreads, 3)
     float d[32];
 #pragma unroll
     for (int x = 0; x < 32; ++x) d[x] = 0.f;
+    // The A registers and accumulators are written before wgmma.fence (operand fences: the
+    // compiler may not sink those writes below the fence asm).
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      asm volatile("" : "+r"(af[kk][0]), "+r"(af[kk][1]), "+r"(af[kk][2]), "+r"(af[kk][3])::"memory");
+    wgmma_fence_acc(d);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
