@@ -419,7 +419,10 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     if (chat) {
       auto evs = c.parser->feed(text_delta);
       if (finishing) {
-        auto tail = c.parser->finish();
+        // Cut by max_tokens: a tool call being written keeps the arguments generated so far
+        // (nothing invented to close its JSON; finish_reason "length" tells the client).
+        const bool cut = !stopped && out.finish_reason == engine::FinishReason::kLength;
+        auto tail = c.parser->finish(/*close_open_call=*/!cut);
         evs.insert(evs.end(), tail.begin(), tail.end());
       }
       if (require_tool_call) keep_visible(evs, &c.visible);
