@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cctype>
@@ -331,16 +332,17 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   void prompt_logprob_entries(Choice& c, const engine::StepOutput& out, Json* toks, Json* lps,
                               Json* tops, Json* offs) const {
     // Every prompt token's text is in the echoed text (special tokens written in a text prompt
-    // too), except a BOS the server added in front of a text prompt.
+    // too), except a BOS the server added in front of a text prompt: that one is not listed, so
+    // the tokens join to the echoed text (the next token's logprob is then given BOS, a number).
     text::DetokenizerOptions dopt;
     dopt.skip_special_tokens = false;
     text::Detokenizer d(api->tok_, dopt);
     const int64_t echo_len = c.echo_chars;
     int64_t at = 0;
-    for (size_t i = 0; i < c.echo_ids.size(); ++i) {
+    for (size_t i = c.echo_added_bos ? 1 : 0; i < c.echo_ids.size(); ++i) {
       toks->push_back(token_text(c.echo_ids[i]));
       offs->push_back(std::min(at, echo_len));
-      if (i > 0 || !c.echo_added_bos) at += u8_chars(d.push(c.echo_ids[i]));
+      at += u8_chars(d.push(c.echo_ids[i]));
       const engine::TokenLogprobs* lp =
           i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
       lps->push_back(lp ? logprob_json(lp->logprob) : Json(nullptr));
@@ -728,6 +730,14 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
 OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfig config)
     : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)) {
   drop_tokens_ = text::template_special_tokens(&tok_);
+  {
+    std::vector<int32_t> ids;
+    for (const text::AddedToken& t : tok_.added_tokens())
+      if (std::find(drop_tokens_.begin(), drop_tokens_.end(), t.content) != drop_tokens_.end())
+        ids.push_back(t.id);
+    std::sort(ids.begin(), ids.end());
+    skip_ids_ = std::make_shared<const std::vector<int32_t>>(std::move(ids));
+  }
   limits_.max_context = engine_->max_context();
   limits_.vocab_size = engine_->vocab_size();
   seq_capacity_ = std::min(engine_->max_context(), engine_->max_tokens_limit(1) + 1);
@@ -1089,7 +1099,12 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       auto& c = gen->choices[pi * size_t(n) + size_t(j)];
       c.index = int(pi) * n + j;
       text::DetokenizerOptions dopt;
+      // Completions: skip_special_tokens (default true) drops the tokenizer's special tokens
+      // (BOS/EOS/pad) and the template control tokens chat never shows (`<｜User｜>`, ...);
+      // `<think>`, `</think>` and `｜DSML｜` stay (they delimit reasoning and tool calls in the
+      // raw text). Chat parses the raw text: its parser drops markup itself.
       dopt.skip_special_tokens = chat ? false : r.skip_special_tokens;
+      if (!chat) dopt.skip_ids = skip_ids_;
       c.detok.emplace(tok_, dopt);
       c.stop.emplace(stops, r.include_stop_str_in_output);
       if (chat) {

@@ -261,6 +261,10 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
   if (seed) s.seed = uint64_t(*seed);
   if (!rd.get_bool("ignore_eos", &s.ignore_eos)) return false;
   if (!rd.get_bool("skip_special_tokens", &r->skip_special_tokens)) return false;
+  // vLLM's spaces_between_special_tokens only changes slow (SentencePiece-style) tokenizers'
+  // decoding; byte-level BPE decodes the same either way: accepted (a boolean), no effect.
+  bool spaces_between_special = true;
+  if (!rd.get_bool("spaces_between_special_tokens", &spaces_between_special)) return false;
   if (!rd.get_bool("include_stop_str_in_output", &r->include_stop_str_in_output)) return false;
 
   if (const Json* st = rd.find("stop")) {
