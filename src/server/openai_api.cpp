@@ -728,7 +728,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
 // ------------------------------------------------------------------------------------------------
 
 OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfig config)
-    : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)) {
+    : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)), started_at_(unix_now()) {
   drop_tokens_ = text::template_special_tokens(&tok_);
   {
     std::vector<int32_t> ids;
@@ -877,7 +877,7 @@ void OpenAiApi::handle_models(const HttpRequest& req, ResponseWriter& w) {
   Json m = Json::object();
   m["id"] = cfg_.served_model_name;
   m["object"] = "model";
-  m["created"] = unix_now();
+  m["created"] = started_at_;  // fixed at server start (clients compare / cache it)
   m["owned_by"] = "v4serve";
   m["root"] = cfg_.served_model_name;
   m["max_model_len"] = engine_->max_context();

@@ -81,6 +81,8 @@ class OpenAiApi {
   /// tokenizer's `special` ones (docs/server.md).
   std::shared_ptr<const std::vector<int32_t>> skip_ids_;
   ApiConfig cfg_;
+  /// Unix time the API was created (server start): /v1/models' `created`, stable across requests.
+  int64_t started_at_ = 0;
   Metrics metrics_;
   std::function<int64_t()> connections_;
   ValidationLimits limits_;

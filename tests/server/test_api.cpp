@@ -6,6 +6,7 @@
 #include <boost/asio.hpp>
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -875,6 +876,20 @@ TEST_F(ApiTest, NChoicesAndModels) {
   ASSERT_EQ(met.status, 200);
   EXPECT_NE(met.body.find("v4serve_cache_used_pages{pool=\"kv\"}"), std::string::npos);
   EXPECT_NE(met.body.find("v4serve_time_to_first_token_seconds_count"), std::string::npos);
+}
+
+// /v1/models' `created` is the server's start time: the same on every request (clients cache
+// and compare it), never the time of the request.
+TEST_F(ApiTest, ModelCreatedIsFixedAtStart) {
+  const int64_t before = int64_t(std::time(nullptr));
+  auto a = http(port_, "GET", "/v1/models", "");
+  ASSERT_EQ(a.status, 200) << a.body;
+  std::this_thread::sleep_for(1100ms);  // the next request is in a later second
+  auto b = http(port_, "GET", "/v1/models/tiny", "");
+  ASSERT_EQ(b.status, 200) << b.body;
+  const int64_t created = a.j()["data"][0]["created"].get<int64_t>();
+  EXPECT_EQ(b.j()["created"].get<int64_t>(), created);
+  EXPECT_LE(created, before);  // set when the API was made (SetUp), not per request
 }
 
 TEST_F(ApiTest, TokenizeDetokenize) {
