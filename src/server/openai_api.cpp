@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1031,6 +1032,11 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                  : parse_completion_request(*body, limits_, &r, &err);
   if (!ok) return send_error(hreq, *w, err);
   if (!check_model(r.model, &err)) return send_error(hreq, *w, err);
+  // Fields this endpoint does not read are ignored, as vLLM does (clients send extras); one
+  // warning per request names them so a misspelt parameter does not go unnoticed.
+  if (auto unknown = unknown_request_fields(*body, r.kind); !unknown.empty())
+    V4_LOG_WARN("{} {}: ignoring unknown request field(s): {}", hreq.path, gen->id,
+                fmt::join(unknown, ", "));
   if (chat && !r.thinking_set) r.thinking = cfg_.default_thinking;
   gen->require_tool_call =
       chat && !r.tools.is_null() && (r.tool_choice_function || r.tool_choice == "required");
