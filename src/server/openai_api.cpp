@@ -552,6 +552,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     if (n_finished == int(choices.size())) finish_all();
   }
 
+  // A submitted choice ended here (abort, failed submit) rather than by its engine output, which
+  // is then ignored: counted as finish_reason "abort", as the engine counts it aborted.
+  void observe_abort(Choice& c) {
+    c.finish_reason = "abort";
+    const double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
+    const double e2e = c.have_first ? seconds(c.last_token - c.arrival) : -1.0;
+    api->metrics_.observe_generation(c.prompt_tokens, c.completion_tokens, c.cached_tokens, ttft,
+                                     e2e, c.finish_reason);
+  }
+
   // The first ~200 bytes of content (cut at a UTF-8 boundary), quoted in error messages.
   static void keep_visible(const std::vector<text::ParserEvent>& evs, std::string* out) {
     constexpr size_t kMax = 200;
@@ -629,7 +639,10 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     cancelled = true;
     aborted = e;
     for (auto& c : choices) {
-      if (c.submitted && !c.finished) to_cancel->push_back(c.id);
+      if (c.submitted && !c.finished) {
+        to_cancel->push_back(c.id);
+        observe_abort(c);
+      }
       c.finished = true;  // later engine outputs (the cancellations) are ignored
     }
     w->set_log_info(fmt::format("id={} error=\"{}\"", id, e.message.substr(0, 200)));
@@ -1188,7 +1201,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
           std::lock_guard<std::mutex> g(gen->mu);
           gen->on_output(ci, out, &to_cancel);
         }
-        for (auto id : to_cancel) gen->api->engine_->cancel(id);
+        // Stop strings: the output is complete, the engine counts it as finished (kStop).
+        for (auto id : to_cancel) gen->api->engine_->cancel(id, engine::FinishReason::kStop);
       };
       // The callback can run before submit returns; it takes gen->mu, so release it meanwhile.
       lk.unlock();
@@ -1216,6 +1230,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       std::vector<engine::RequestId> ids;
       for (auto& c : gen->choices) {
         if (c.submitted) ids.push_back(c.id);
+        if (c.submitted && !c.finished) gen->observe_abort(c);
       }
       lk.unlock();
       for (auto id : ids) engine_->cancel(id);
