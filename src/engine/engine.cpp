@@ -43,7 +43,7 @@ struct Engine::Impl {
   std::mutex mu;  // guards incoming, cancels, stop, outstanding
   std::condition_variable cv, idle_cv;
   std::vector<Incoming> incoming;
-  std::vector<RequestId> cancels;
+  std::vector<std::pair<RequestId, FinishReason>> cancels;
   bool stop = false;
   int64_t outstanding = 0;  // accepted, final output not yet delivered
   bool quiescent = true;    // scheduler idle and its stats published
@@ -116,7 +116,7 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
 void Engine::Impl::loop() {
   window_start = last_status = Clock::now();
   std::vector<Incoming> in;
-  std::vector<RequestId> cn;
+  std::vector<std::pair<RequestId, FinishReason>> cn;
   // While idle the loop still wakes once per stats window, so the throughput gauges of stats()
   // (and /metrics) fall to 0 instead of keeping the last busy window's rate.
   const auto idle_tick = std::chrono::duration<double>(std::max(1.0, config.stats_interval_s));
@@ -139,7 +139,7 @@ void Engine::Impl::loop() {
     }
     for (auto& r : in) sched->add(r.id, std::move(r.req), std::move(r.cb), r.arrival, r.seed);
     in.clear();
-    for (RequestId id : cn) sched->cancel(id);
+    for (auto [id, reason] : cn) sched->cancel(id, reason);
     cn.clear();
     if (!sched->idle()) {
       status_dirty = true;
@@ -275,10 +275,10 @@ int64_t Engine::max_tokens_limit(int64_t n_prompt) const {
   return lo - n_prompt;
 }
 
-void Engine::cancel(RequestId id) {
+void Engine::cancel(RequestId id, FinishReason reason) {
   {
     std::lock_guard<std::mutex> lk(impl_->mu);
-    impl_->cancels.push_back(id);
+    impl_->cancels.emplace_back(id, reason);
   }
   impl_->cv.notify_one();
 }

@@ -11,7 +11,8 @@
 //   synchronously with a lock the engine could wait on; post the output to your own I/O loop.
 //   `cancel` from inside a callback is allowed.
 // - Stop *strings* are text-level and belong to the server (which owns the detokenizer): when it
-//   sees one it calls `cancel(id)` and reports finish_reason "stop" to its client itself. The
+//   sees one it calls `cancel(id, FinishReason::kStop)` and reports finish_reason "stop" to its
+//   client itself. The
 //   engine handles stop *token ids* (and EOS unless `ignore_eos`).
 // - `n > 1` is the server's job: it submits n requests with the same prompt (seed + i when a
 //   seed is given). With prefix caching they share the prompt's pages.
@@ -181,8 +182,10 @@ class Engine {
   Result<RequestId> submit(Request request, OutputCallback callback);
 
   /// Cancels a request (thread-safe): it gets a final kAbort output and its pages are freed
-  /// before the next step. Unknown or already finished ids are ignored.
-  void cancel(RequestId id);
+  /// before the next step. Unknown or already finished ids are ignored. `reason` kStop: the
+  /// caller ends a request whose output is complete (the server's stop strings) — the final
+  /// output says kStop and it counts as finished, not aborted (EngineStats).
+  void cancel(RequestId id, FinishReason reason = FinishReason::kAbort);
 
   /// Counters snapshot (thread-safe, cheap: a copy under a mutex, refreshed every step).
   EngineStats stats() const;

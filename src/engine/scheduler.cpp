@@ -182,8 +182,8 @@ void Scheduler::remove_running(Seq* s) {
 }
 
 void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
-                       std::vector<Pending>* out) {
-  release(*s, reason == FinishReason::kAbort   ? SequenceEnd::kCancelled
+                       std::vector<Pending>* out, bool cancelled) {
+  release(*s, cancelled || reason == FinishReason::kAbort ? SequenceEnd::kCancelled
               : reason == FinishReason::kError ? SequenceEnd::kError
                                                : SequenceEnd::kFinished);
   remove_running(s);
@@ -212,11 +212,12 @@ void Scheduler::deliver(std::vector<Pending>& pending) {
   pending.clear();
 }
 
-void Scheduler::cancel(RequestId id) {
+void Scheduler::cancel(RequestId id, FinishReason reason) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
   std::vector<Pending> out;
-  finish(it->second.get(), FinishReason::kAbort, Status::Ok(), &out);
+  finish(it->second.get(), reason == FinishReason::kStop ? reason : FinishReason::kAbort,
+         Status::Ok(), &out, /*cancelled=*/true);
   deliver(out);
 }
 

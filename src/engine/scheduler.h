@@ -51,8 +51,9 @@ class Scheduler {
 
   /// Queues an accepted request at the back of the waiting queue. `seed` is the resolved seed.
   void add(RequestId id, Request req, OutputCallback cb, Clock::time_point arrival, uint64_t seed);
-  /// Cancels: frees pages at once and emits a final kAbort output. Unknown ids are ignored.
-  void cancel(RequestId id);
+  /// Cancels: frees pages at once and emits a final output with `reason` (kAbort: counted as
+  /// aborted; kStop, the caller's stop string: as finished). Unknown ids are ignored.
+  void cancel(RequestId id, FinishReason reason = FinishReason::kAbort);
   /// Aborts everything (shutdown): final outputs with `reason` / `error`.
   void abort_all(FinishReason reason, const Status& error);
 
@@ -110,7 +111,9 @@ class Scheduler {
   void reserve(Seq& s, const std::vector<int64_t>& delta);
   void release(Seq& s, SequenceEnd how);
   void preempt(Seq* s);
-  void finish(Seq* s, FinishReason reason, const Status& error, std::vector<Pending>* out);
+  /// `cancelled`: ended by cancel() (the executor is told kCancelled whatever `reason` says).
+  void finish(Seq* s, FinishReason reason, const Status& error, std::vector<Pending>* out,
+              bool cancelled = false);
   int64_t chunk_for(const Seq& s, int64_t budget) const;
   /// Whether `s` still owes prompt logprobs (SamplingParams::prompt_logprobs).
   static bool owes_prompt_lps(const Seq& s) {

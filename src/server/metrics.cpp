@@ -111,7 +111,10 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
     o += fmt::format("v4serve_http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n",
                      escape_label(k.first), k.second, v);
   }
-  head("v4serve_request_success_total", "counter", "Finished generations (choices), by finish reason.");
+  head("v4serve_request_success_total", "counter",
+       "Finished generations (choices; one engine request each), by finish reason. "
+       "finish_reason=\"abort\": cancelled before its end (client gone, shutdown, a failed "
+       "submit of the request), the same requests as v4serve_engine_requests_aborted_total.");
   for (auto& [k, v] : finish_reasons_) {
     o += fmt::format("v4serve_request_success_total{{finish_reason=\"{}\"}} {}\n", escape_label(k), v);
   }
@@ -145,9 +148,12 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   o += fmt::format("v4serve_engine_prompt_tokens_total {}\n", st.prompt_tokens_total);
   head("v4serve_engine_generation_tokens_total", "counter", "Tokens sampled by the engine.");
   o += fmt::format("v4serve_engine_generation_tokens_total {}\n", st.generation_tokens_total);
-  head("v4serve_engine_requests_finished_total", "counter", "Requests the engine finished.");
+  head("v4serve_engine_requests_finished_total", "counter",
+       "Requests the engine finished (EOS, stop token or stop string, length, error).");
   o += fmt::format("v4serve_engine_requests_finished_total {}\n", st.requests_finished_total);
-  head("v4serve_engine_requests_aborted_total", "counter", "Requests cancelled (client gone, stop string).");
+  head("v4serve_engine_requests_aborted_total", "counter",
+       "Requests cancelled before their end (client gone, shutdown); a stop-string finish is "
+       "counted as finished.");
   o += fmt::format("v4serve_engine_requests_aborted_total {}\n", st.requests_aborted_total);
   head("v4serve_engine_requests_rejected_total", "counter", "Requests refused at submit.");
   o += fmt::format("v4serve_engine_requests_rejected_total {}\n", st.requests_rejected_total);

@@ -1,7 +1,9 @@
 #include "server/openai_api.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cctype>
@@ -331,16 +333,17 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
   void prompt_logprob_entries(Choice& c, const engine::StepOutput& out, Json* toks, Json* lps,
                               Json* tops, Json* offs) const {
     // Every prompt token's text is in the echoed text (special tokens written in a text prompt
-    // too), except a BOS the server added in front of a text prompt.
+    // too), except a BOS the server added in front of a text prompt: that one is not listed, so
+    // the tokens join to the echoed text (the next token's logprob is then given BOS, a number).
     text::DetokenizerOptions dopt;
     dopt.skip_special_tokens = false;
     text::Detokenizer d(api->tok_, dopt);
     const int64_t echo_len = c.echo_chars;
     int64_t at = 0;
-    for (size_t i = 0; i < c.echo_ids.size(); ++i) {
+    for (size_t i = c.echo_added_bos ? 1 : 0; i < c.echo_ids.size(); ++i) {
       toks->push_back(token_text(c.echo_ids[i]));
       offs->push_back(std::min(at, echo_len));
-      if (i > 0 || !c.echo_added_bos) at += u8_chars(d.push(c.echo_ids[i]));
+      at += u8_chars(d.push(c.echo_ids[i]));
       const engine::TokenLogprobs* lp =
           i > 0 && i - 1 < out.prompt_logprobs.size() ? &out.prompt_logprobs[i - 1] : nullptr;
       lps->push_back(lp ? logprob_json(lp->logprob) : Json(nullptr));
@@ -419,7 +422,10 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     if (chat) {
       auto evs = c.parser->feed(text_delta);
       if (finishing) {
-        auto tail = c.parser->finish();
+        // Cut by max_tokens: a tool call being written keeps the arguments generated so far
+        // (nothing invented to close its JSON; finish_reason "length" tells the client).
+        const bool cut = !stopped && out.finish_reason == engine::FinishReason::kLength;
+        auto tail = c.parser->finish(/*close_open_call=*/!cut);
         evs.insert(evs.end(), tail.begin(), tail.end());
       }
       if (require_tool_call) keep_visible(evs, &c.visible);
@@ -546,6 +552,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     if (n_finished == int(choices.size())) finish_all();
   }
 
+  // A submitted choice ended here (abort, failed submit) rather than by its engine output, which
+  // is then ignored: counted as finish_reason "abort", as the engine counts it aborted.
+  void observe_abort(Choice& c) {
+    c.finish_reason = "abort";
+    const double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
+    const double e2e = c.have_first ? seconds(c.last_token - c.arrival) : -1.0;
+    api->metrics_.observe_generation(c.prompt_tokens, c.completion_tokens, c.cached_tokens, ttft,
+                                     e2e, c.finish_reason);
+  }
+
   // The first ~200 bytes of content (cut at a UTF-8 boundary), quoted in error messages.
   static void keep_visible(const std::vector<text::ParserEvent>& evs, std::string* out) {
     constexpr size_t kMax = 200;
@@ -623,7 +639,10 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     cancelled = true;
     aborted = e;
     for (auto& c : choices) {
-      if (c.submitted && !c.finished) to_cancel->push_back(c.id);
+      if (c.submitted && !c.finished) {
+        to_cancel->push_back(c.id);
+        observe_abort(c);
+      }
       c.finished = true;  // later engine outputs (the cancellations) are ignored
     }
     w->set_log_info(fmt::format("id={} error=\"{}\"", id, e.message.substr(0, 200)));
@@ -723,8 +742,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
 // ------------------------------------------------------------------------------------------------
 
 OpenAiApi::OpenAiApi(engine::Engine* engine, text::Tokenizer tokenizer, ApiConfig config)
-    : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)) {
+    : engine_(engine), tok_(std::move(tokenizer)), cfg_(std::move(config)), started_at_(unix_now()) {
   drop_tokens_ = text::template_special_tokens(&tok_);
+  {
+    std::vector<int32_t> ids;
+    for (const text::AddedToken& t : tok_.added_tokens())
+      if (std::find(drop_tokens_.begin(), drop_tokens_.end(), t.content) != drop_tokens_.end())
+        ids.push_back(t.id);
+    std::sort(ids.begin(), ids.end());
+    skip_ids_ = std::make_shared<const std::vector<int32_t>>(std::move(ids));
+  }
   limits_.max_context = engine_->max_context();
   limits_.vocab_size = engine_->vocab_size();
   seq_capacity_ = std::min(engine_->max_context(), engine_->max_tokens_limit(1) + 1);
@@ -864,7 +891,7 @@ void OpenAiApi::handle_models(const HttpRequest& req, ResponseWriter& w) {
   Json m = Json::object();
   m["id"] = cfg_.served_model_name;
   m["object"] = "model";
-  m["created"] = unix_now();
+  m["created"] = started_at_;  // fixed at server start (clients compare / cache it)
   m["owned_by"] = "v4serve";
   m["root"] = cfg_.served_model_name;
   m["max_model_len"] = engine_->max_context();
@@ -1018,6 +1045,11 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
                  : parse_completion_request(*body, limits_, &r, &err);
   if (!ok) return send_error(hreq, *w, err);
   if (!check_model(r.model, &err)) return send_error(hreq, *w, err);
+  // Fields this endpoint does not read are ignored, as vLLM does (clients send extras); one
+  // warning per request names them so a misspelt parameter does not go unnoticed.
+  if (auto unknown = unknown_request_fields(*body, r.kind); !unknown.empty())
+    V4_LOG_WARN("{} {}: ignoring unknown request field(s): {}", hreq.path, gen->id,
+                fmt::join(unknown, ", "));
   if (chat && !r.thinking_set) r.thinking = cfg_.default_thinking;
   gen->require_tool_call =
       chat && !r.tools.is_null() && (r.tool_choice_function || r.tool_choice == "required");
@@ -1086,7 +1118,12 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       auto& c = gen->choices[pi * size_t(n) + size_t(j)];
       c.index = int(pi) * n + j;
       text::DetokenizerOptions dopt;
+      // Completions: skip_special_tokens (default true) drops the tokenizer's special tokens
+      // (BOS/EOS/pad) and the template control tokens chat never shows (`<｜User｜>`, ...);
+      // `<think>`, `</think>` and `｜DSML｜` stay (they delimit reasoning and tool calls in the
+      // raw text). Chat parses the raw text: its parser drops markup itself.
       dopt.skip_special_tokens = chat ? false : r.skip_special_tokens;
+      if (!chat) dopt.skip_ids = skip_ids_;
       c.detok.emplace(tok_, dopt);
       c.stop.emplace(stops, r.include_stop_str_in_output);
       if (chat) {
@@ -1164,7 +1201,8 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
           std::lock_guard<std::mutex> g(gen->mu);
           gen->on_output(ci, out, &to_cancel);
         }
-        for (auto id : to_cancel) gen->api->engine_->cancel(id);
+        // Stop strings: the output is complete, the engine counts it as finished (kStop).
+        for (auto id : to_cancel) gen->api->engine_->cancel(id, engine::FinishReason::kStop);
       };
       // The callback can run before submit returns; it takes gen->mu, so release it meanwhile.
       lk.unlock();
@@ -1192,6 +1230,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
       std::vector<engine::RequestId> ids;
       for (auto& c : gen->choices) {
         if (c.submitted) ids.push_back(c.id);
+        if (c.submitted && !c.finished) gen->observe_abort(c);
       }
       lk.unlock();
       for (auto id : ids) engine_->cancel(id);

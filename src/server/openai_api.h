@@ -77,7 +77,12 @@ class OpenAiApi {
   text::Tokenizer tok_;
   /// Template special tokens dropped from chat content / reasoning (text::template_special_tokens).
   std::vector<std::string> drop_tokens_;
+  /// Ids of those tokens (sorted): /v1/completions' `skip_special_tokens` drops them besides the
+  /// tokenizer's `special` ones (docs/server.md).
+  std::shared_ptr<const std::vector<int32_t>> skip_ids_;
   ApiConfig cfg_;
+  /// Unix time the API was created (server start): /v1/models' `created`, stable across requests.
+  int64_t started_at_ = 0;
   Metrics metrics_;
   std::function<int64_t()> connections_;
   ValidationLimits limits_;

@@ -261,6 +261,10 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
   if (seed) s.seed = uint64_t(*seed);
   if (!rd.get_bool("ignore_eos", &s.ignore_eos)) return false;
   if (!rd.get_bool("skip_special_tokens", &r->skip_special_tokens)) return false;
+  // vLLM's spaces_between_special_tokens only changes slow (SentencePiece-style) tokenizers'
+  // decoding; byte-level BPE decodes the same either way: accepted (a boolean), no effect.
+  bool spaces_between_special = true;
+  if (!rd.get_bool("spaces_between_special_tokens", &spaces_between_special)) return false;
   if (!rd.get_bool("include_stop_str_in_output", &r->include_stop_str_in_output)) return false;
 
   if (const Json* st = rd.find("stop")) {
@@ -270,8 +274,13 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
       if (int(st->size()) > lim.max_stop) {
         return rd.fail(fmt::format("'stop' has {} entries; at most {} are allowed", st->size(), lim.max_stop), "stop");
       }
-      for (auto& x : *st) {
-        if (!x.is_string()) return rd.fail("'stop' must be a string or an array of strings", "stop");
+      for (size_t i = 0; i < st->size(); ++i) {
+        const Json& x = (*st)[i];
+        if (!x.is_string())
+          return rd.fail(fmt::format("'stop' must be a string or an array of strings, got {} at "
+                                     "stop[{}]",
+                                     type_name(x), i),
+                         "stop");
         r->stop.push_back(x.get<std::string>());
       }
     } else {
@@ -351,6 +360,20 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
   r->user = user.value_or("");
   return true;
 }
+
+// Request fields each endpoint reads (parse_common + its own), for unknown_request_fields.
+constexpr std::string_view kCommonFields[] = {
+    "model", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
+    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "top_k", "seed", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "include_stop_str_in_output", "stop", "stop_token_ids",
+    "logit_bias", "best_of", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "structured_outputs", "allowed_token_ids", "bad_words", "min_tokens", "use_beam_search",
+    "regex", "json_schema", "ebnf", "user", "response_format", "logprobs"};
+constexpr std::string_view kChatFields[] = {
+    "messages", "continue_final_message", "tools", "tool_choice", "thinking",
+    "chat_template_kwargs", "reasoning_effort", "add_generation_prompt", "top_logprobs"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "suffix"};
 
 bool parse_token_list(const Json& arr, const ValidationLimits& lim, std::vector<int32_t>* out,
                       ApiError* err, const char* param) {
@@ -438,10 +461,14 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       } else if (!content->is_string()) {
         return rd.fail(fmt::format("'{}.content' must be a string, an array of parts or null", p), "messages");
       }
-    } else if (rs == "user" || rs == "tool") {
-      if (rs == "user" && content == m.end()) {
-        return rd.fail(fmt::format("'{}.content' is required for a user message", p), "messages");
-      }
+    } else if (rs == "user" || rs == "system" || rs == "developer") {
+      // OpenAI requires content on these (null is valid only for an assistant message with
+      // tool_calls, or a tool result).
+      return rd.fail(fmt::format("'{}.content' is required for a {} message: a string or an array "
+                                 "of text parts, got {}",
+                                 p, rs, content == m.end() ? "nothing" : "null"),
+                     "messages");
+    } else if (rs == "tool") {
       copy["content"] = "";
     }
     if (rs == "assistant") {
@@ -562,6 +589,21 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
         return rd.fail(fmt::format("'tools[{}].function.parameters' must be a JSON Schema object, got {}",
                                    i, type_name(*pa)),
                        "tools");
+      } else if (pa != t["function"].end() && pa->is_object()) {
+        // Its `properties` (the parameters the prompt lists) must map names to schemas.
+        if (auto pr = pa->find("properties"); pr != pa->end() && !pr->is_null() && !pr->is_object())
+          return rd.fail(fmt::format("'tools[{}].function.parameters.properties' must be an "
+                                     "object, got {}",
+                                     i, type_name(*pr)),
+                         "tools");
+      }
+      // One function per name: a call names its function, two tools of one name are ambiguous.
+      for (size_t k = 0; k < i; ++k) {
+        if ((*tools)[k]["function"]["name"] == fname)
+          return rd.fail(fmt::format("'tools[{}].function.name' {} duplicates 'tools[{}]': "
+                                     "function names must be unique",
+                                     i, Json(fname).dump(), k),
+                         "tools");
       }
     }
     if (!tools->empty()) r->tools = *tools;
@@ -574,6 +616,14 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
         (!rf->contains("json_schema") || !(*rf)["json_schema"].is_object()))
       return rd.fail("'response_format' of type \"json_schema\" needs a 'json_schema' object",
                      "response_format");
+    if (type == "json_schema") {
+      const Json& js = (*rf)["json_schema"];
+      if (auto sc = js.find("schema"); sc != js.end() && !sc->is_null() && !sc->is_object())
+        return rd.fail(fmt::format("'response_format.json_schema.schema' must be a JSON Schema "
+                                   "object, got {}",
+                                   type_name(*sc)),
+                       "response_format");
+    }
     if (type != "text" && type != "json_object" && type != "json_schema")
       return rd.fail(fmt::format("'response_format.type' is '{}'; expected \"text\", "
                                  "\"json_object\" or \"json_schema\"", type),
@@ -748,6 +798,21 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
                        : "max_tokens");
   }
   return true;
+}
+
+std::vector<std::string> unknown_request_fields(const Json& body, GenerateRequest::Kind kind) {
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  auto in = [](const auto& list, const std::string& k) {
+    return std::find(std::begin(list), std::end(list), k) != std::end(list);
+  };
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    if (in(kCommonFields, k)) continue;
+    if (kind == GenerateRequest::Kind::kChat ? in(kChatFields, k) : in(kCompletionFields, k)) continue;
+    out.push_back(k);
+  }
+  return out;
 }
 
 namespace {

@@ -128,6 +128,11 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
 bool parse_completion_request(const Json& body, const ValidationLimits& lim, GenerateRequest* out,
                               ApiError* err);
 
+/// Top-level fields of a chat (`kind` kChat) or completions body that the endpoint does not read,
+/// in body order. They are accepted and ignored, as vLLM does (OpenAI answers 400); the server
+/// logs a warning naming them.
+std::vector<std::string> unknown_request_fields(const Json& body, GenerateRequest::Kind kind);
+
 /// Text-level stop strings over a stream of text deltas: returns the text that is safe to emit
 /// (never any byte of a stop string or past it; a suffix that may start a stop string is held
 /// back until it is decided, across any number of deltas).

@@ -1,5 +1,7 @@
 #include "text/detokenizer.h"
 
+#include <algorithm>
+
 namespace v4::text {
 
 Detokenizer::Detokenizer(Tokenizer tokenizer, DetokenizerOptions options)
@@ -14,15 +16,21 @@ std::string Detokenizer::drain(bool final) {
   return out;
 }
 
+bool Detokenizer::skipped(TokenId id) const {
+  if (!opt_.skip_special_tokens) return false;
+  if (tok_.is_special(id)) return true;
+  return opt_.skip_ids && std::binary_search(opt_.skip_ids->begin(), opt_.skip_ids->end(), id);
+}
+
 std::string Detokenizer::push(TokenId id) {
-  if (opt_.skip_special_tokens && tok_.is_special(id)) return {};
+  if (skipped(id)) return {};
   pending_ += tok_.token_bytes(id);
   return drain(false);
 }
 
 std::string Detokenizer::push(std::span<const TokenId> ids) {
   for (TokenId id : ids) {
-    if (opt_.skip_special_tokens && tok_.is_special(id)) continue;
+    if (skipped(id)) continue;
     pending_ += tok_.token_bytes(id);
   }
   return drain(false);

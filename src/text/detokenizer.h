@@ -1,7 +1,9 @@
 // text::Detokenizer — incremental (streaming) decoding of generated token ids to UTF-8 text.
 #pragma once
+#include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "text/tokenizer.h"
 
@@ -12,6 +14,9 @@ struct DetokenizerOptions {
   /// Drop tokens marked `special` (BOS/EOS/pad/placeholders). Keep false on the output-parser path:
   /// `<think>`, `</think>`, `｜DSML｜` must reach the parser (chat-encoding.md §4.3 item 11).
   bool skip_special_tokens = false;
+  /// With `skip_special_tokens`: more ids to drop (sorted), e.g. template control tokens such as
+  /// `<｜User｜>` that the tokenizer file does not mark `special`. Null = none.
+  std::shared_ptr<const std::vector<TokenId>> skip_ids;
 };
 
 /// Turns a stream of ids into text deltas. Never emits part of a UTF-8 character: bytes of a
@@ -34,6 +39,7 @@ class Detokenizer {
 
  private:
   std::string drain(bool final);
+  bool skipped(TokenId id) const;
   Tokenizer tok_;
   DetokenizerOptions opt_;
   std::string pending_;

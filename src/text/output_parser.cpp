@@ -157,6 +157,8 @@ struct OutputParser::State {
   std::vector<ParserEvent> out;
   std::vector<Marker> drops;  // opt.drop_tokens (template special tokens) as kDrop markers
   bool pending_call = false;  // opt.start_tool_name: begin that call with the first events
+  bool block_text = false;    // text written in the tool block since the last marker is content
+  bool opener_tail = false;   // the rest of a block opener (`tool_calls>`) is still to be skipped
 
   void start_events() {
     out.clear();
@@ -238,13 +240,36 @@ struct OutputParser::State {
         }
         break;
       }
+      case St::kToolBlock: {
+        // Text between the block's markers that is not an invoke (the model wrote prose where a
+        // call belongs, e.g. after a pre-filled opener): content, never dropped. The rest of the
+        // opener tag (`tool_calls>` after the `<｜DSML｜` marker) and the separators around
+        // invokes (whitespace) are not content.
+        if (opener_tail) {
+          const size_t gt = t.find('>');
+          if (gt == std::string_view::npos) break;  // still inside the opener tag
+          opener_tail = false;
+          t.remove_prefix(gt + 1);
+        }
+        size_t k = block_text ? 0 : t.find_first_not_of(" \t\r\n");
+        if (k != std::string_view::npos) {
+          block_text = true;
+          emit(ParserEvent::Kind::kContentDelta, t.substr(k));
+        }
+        break;
+      }
       default: break;  // tool block / args / skip / finished: dropped
     }
   }
 
   void act(Act a) {
+    block_text = false;
+    opener_tail = false;
     switch (a) {
-      case Act::kToToolBlock: st = St::kToolBlock; break;
+      case Act::kToToolBlock:
+        st = St::kToolBlock;
+        opener_tail = true;
+        break;
       case Act::kToContent: st = St::kContent; break;
       case Act::kDrop: break;
       case Act::kFinish:
@@ -321,7 +346,8 @@ struct OutputParser::State {
       const auto& ms = markers(st);
       size_t emit_from = pos;
       bool done = false;
-      const bool text_state = st == St::kReasoning || st == St::kContent || st == St::kAfterBlock;
+      const bool text_state = st == St::kReasoning || st == St::kContent || st == St::kAfterBlock ||
+                              st == St::kToolBlock;
       for (size_t p = pos; p < limit; ++p) {
         const Marker* best = nullptr;
         bool partial = false;
@@ -391,12 +417,19 @@ std::vector<ParserEvent> OutputParser::feed(std::string_view delta) {
   return std::move(s_->out);
 }
 
-std::vector<ParserEvent> OutputParser::finish() {
+std::vector<ParserEvent> OutputParser::finish(bool close_open_call) {
   s_->start_events();
   if (s_->st != St::kFinished) {
     // Replace any incomplete UTF-8 at the very end, then flush everything held back.
     s_->buf = utf8_lossy(s_->buf);
     s_->run(true);
+    if (!close_open_call) {
+      // Cut output (max_tokens): an open call keeps exactly the arguments written so far (no
+      // closing quote / brace invented); a call whose name was not finished is not begun.
+      s_->in_call = false;
+      s_->st = St::kFinished;
+      return std::move(s_->out);
+    }
     // Close an open tool call so its arguments are a complete JSON object.
     switch (s_->st) {
       case St::kParamName:

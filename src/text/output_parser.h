@@ -101,8 +101,12 @@ class OutputParser {
 
   /// Consumes `delta` (any byte split, even inside a UTF-8 character) and returns the new events.
   std::vector<ParserEvent> feed(std::string_view delta);
-  /// Ends the stream: releases held-back text and closes an open tool call.
-  std::vector<ParserEvent> finish();
+  /// Ends the stream: releases held-back text and closes an open tool call (its arguments become
+  /// a complete JSON object). `close_open_call` false (output cut by a token limit): an open call
+  /// is left as written — its arguments are the possibly incomplete JSON generated so far (""
+  /// when no parameter was written), as OpenAI returns a call cut by `max_tokens` — and a call
+  /// whose name was not finished is not begun.
+  std::vector<ParserEvent> finish(bool close_open_call = true);
   /// Number of tool calls begun so far (finish_reason "tool_calls" when > 0).
   int tool_call_count() const;
 

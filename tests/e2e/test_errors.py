@@ -49,6 +49,17 @@ def still_serving(server, client, model_name):
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ({"messages": [{"role": "user", "content": 12}]}, "messages"),
     ({"messages": MSG, "tools": "nope"}, "tools"),
+    # OpenAI's checks: duplicate tool names, `properties` / a json_schema `schema` that is not an
+    # object, null content on a user or system message.
+    ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "tools"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": "city"}}}]}, "tools"),
+    ({"messages": MSG, "response_format": {"type": "json_schema",
+                                           "json_schema": {"name": "x", "schema": [1]}}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages"),
+    ({"messages": [{"role": "system", "content": None}] + MSG}, "messages"),
+    ({"messages": MSG, "stop": [1, 2]}, "stop"),
 ])
 def test_bad_chat_fields(server, body, param):
     check_error(server.post("/v1/chat/completions", json=body), 400, param=param)
@@ -214,3 +225,24 @@ def test_large_bodies_do_not_stall_other_clients():
         assert worst < 0.5 * slowest, (worst, done)
     finally:
         server.stop()
+
+
+def test_type_errors_say_what_they_got(server):
+    err = check_error(server.post("/v1/chat/completions", json={"messages": MSG, "stop": [1, 2]}),
+                      400, param="stop")
+    assert "got integer" in err["message"], err
+
+
+def test_unknown_fields_are_accepted_with_a_warning(server, client, model_name):
+    """As vLLM: extra fields do not fail the request (OpenAI would answer 400); the server logs
+    one warning per request naming them."""
+    r = server.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 2,
+                                             "frobnicate_e2e": 1, "temprature": 0.5})
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 10
+    while time.time() < deadline and "frobnicate_e2e" not in server.tail(200):
+        time.sleep(0.1)
+    lines = [l for l in server.tail(200).splitlines() if "frobnicate_e2e" in l]
+    assert len(lines) == 1, lines
+    assert "unknown request field(s): frobnicate_e2e, temprature" in lines[0], lines
+    assert "warn" in lines[0].lower(), lines

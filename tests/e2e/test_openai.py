@@ -312,3 +312,53 @@ def test_tool_choice_named_and_required(server, client, model_name):
     for choice in ("required", named):
         bad = server.post("/v1/chat/completions", json={"messages": messages, "tool_choice": choice})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice", bad.text
+
+
+def _completion_text(client, stream, **kw):
+    if not stream:
+        r = client.completions.create(**kw)
+        return r.choices[0].text, r.choices[0].logprobs
+    text, toks = "", []
+    for chunk in client.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            text += ch.text
+            if ch.logprobs is not None:
+                toks += ch.logprobs.tokens
+    return text, toks
+
+
+def test_completions_skip_special_tokens(client, model_name):
+    """skip_special_tokens (default true, as vLLM) hides the template control tokens chat never
+    shows (`<｜User｜>`, ...) and the tokenizer's special tokens from /v1/completions text,
+    streaming or not; false keeps them. `</think>` stays (it delimits reasoning in the raw text).
+    logprobs list every generated token either way (as vLLM)."""
+    user = "<｜User｜>"
+    kw = dict(model=model_name, prompt="Hi", max_tokens=3, temperature=0, logprobs=0)
+    for stream in (False, True):
+        text, lp = _completion_text(client, stream, extra_body={"ignore_eos": True, "logit_bias": {"6": 100}}, **kw)
+        assert text == "", (stream, text)
+        toks = lp if stream else lp.tokens
+        assert toks == [user] * 3, (stream, toks)
+        text, _ = _completion_text(client, stream, extra_body={"ignore_eos": True, "logit_bias": {"6": 100},
+                                                               "skip_special_tokens": False}, **kw)
+        assert text == user * 3, (stream, text)
+        text, _ = _completion_text(client, stream, extra_body={"ignore_eos": True, "logit_bias": {"25": 100},
+                                                               "spaces_between_special_tokens": True}, **kw)
+        assert text == "</think>" * 3, (stream, text)
+
+
+def test_echo_logprob_tokens_join_to_the_text(client, model_name):
+    """echo + logprobs: the listed tokens concatenate to the returned text — the BOS the server
+    puts in front of a text prompt is in neither; the first listed token is scored given it."""
+    prompt = "The quick brown fox"
+    for stream in (False, True):
+        for max_tokens in (0, 4):
+            kw = dict(model=model_name, prompt=prompt, max_tokens=max_tokens, temperature=0, echo=True,
+                      logprobs=1, extra_body={"ignore_eos": True, "logit_bias": {"1": -100}})
+            text, lp = _completion_text(client, stream, **kw)
+            toks = lp if stream else lp.tokens
+            assert text.startswith(prompt), text
+            assert "".join(toks) == text, (stream, max_tokens, toks, text)
+            if not stream:
+                assert lp.token_logprobs[0] is not None and lp.token_logprobs[0] <= 0, lp
+                assert lp.text_offset[0] == 0 and len(lp.text_offset) == len(toks), lp

@@ -5,7 +5,9 @@
 
 #include <boost/asio.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <ctime>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -877,6 +879,20 @@ TEST_F(ApiTest, NChoicesAndModels) {
   EXPECT_NE(met.body.find("v4serve_time_to_first_token_seconds_count"), std::string::npos);
 }
 
+// /v1/models' `created` is the server's start time: the same on every request (clients cache
+// and compare it), never the time of the request.
+TEST_F(ApiTest, ModelCreatedIsFixedAtStart) {
+  const int64_t before = int64_t(std::time(nullptr));
+  auto a = http(port_, "GET", "/v1/models", "");
+  ASSERT_EQ(a.status, 200) << a.body;
+  std::this_thread::sleep_for(1100ms);  // the next request is in a later second
+  auto b = http(port_, "GET", "/v1/models/tiny", "");
+  ASSERT_EQ(b.status, 200) << b.body;
+  const int64_t created = a.j()["data"][0]["created"].get<int64_t>();
+  EXPECT_EQ(b.j()["created"].get<int64_t>(), created);
+  EXPECT_LE(created, before);  // set when the API was made (SetUp), not per request
+}
+
 TEST_F(ApiTest, TokenizeDetokenize) {
   auto t = http(port_, "POST", "/tokenize", R"({"prompt":"hi!"})");
   ASSERT_EQ(t.status, 200) << t.body;
@@ -1258,4 +1274,71 @@ TEST(LogprobJson, NonFiniteValuesBecomeNumbers) {
   EXPECT_EQ(logprob_json(std::numeric_limits<float>::infinity()).get<double>(), 0.0);
   for (float v : {-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
     EXPECT_EQ(logprob_json(v).dump().find("null"), std::string::npos);
+}
+
+namespace {
+// A counter's value in Prometheus text (0 when absent).
+double metric(const std::string& text, const std::string& name) {
+  size_t p = 0;
+  while ((p = text.find(name + " ", p)) != std::string::npos) {
+    if (p == 0 || text[p - 1] == '\n') return std::stod(text.substr(p + name.size() + 1));
+    p += name.size();
+  }
+  return 0;
+}
+}  // namespace
+
+// /metrics: the engine's aborted counter and the choices finished with "abort" count the same
+// requests. A stop-string finish (the server cancels the engine request) is a finished request
+// with finish_reason "stop", not an abort; n = 4 streams whose client hangs up are 4 aborts on
+// both counters.
+TEST_F(SlowApiTest, AbortCountersAgree) {
+  // Stop strings: both (greedy, equal) choices stop at an ASCII letter of the fake's output.
+  std::vector<int32_t> prompt;
+  std::string stop;
+  for (int32_t a = 1; a < 200 && stop.empty(); ++a) {
+    prompt = {a, 8, 9};
+    const std::string text = greedy_text(prompt, 4);
+    for (size_t i = 1; i < text.size() && stop.empty(); ++i)
+      if (std::isalpha(static_cast<unsigned char>(text[i]))) stop = text.substr(i, 1);
+  }
+  ASSERT_FALSE(stop.empty());
+  json req = {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true},
+              {"n", 2}, {"stop", json::array({stop})}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.j()["choices"][0]["finish_reason"], "stop") << r.body;
+  // Streams of n = 4 whose client hangs up after the first events.
+  for (int k = 0; k < 3; ++k) {
+    json sreq = {{"prompt", prompt}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true},
+                 {"n", 4}, {"stream", true}};
+    const std::string body = sreq.dump();
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port_)));
+    net::write(s, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body));
+    std::string all;
+    char buf[4096];
+    while (std::count(all.begin(), all.end(), '\n') < 12) {
+      boost::system::error_code ec;
+      size_t n = s.read_some(net::buffer(buf), ec);
+      if (ec) break;
+      all.append(buf, n);
+    }
+    s.close();
+  }
+  // Wait until every choice is accounted for.
+  std::string m;
+  for (int i = 0; i < 400; ++i) {
+    m = http(port_, "GET", "/metrics", "").body;
+    if (metric(m, "v4serve_request_success_total{finish_reason=\"abort\"}") >= 12) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  engine_->wait_idle();
+  m = http(port_, "GET", "/metrics", "").body;
+  EXPECT_EQ(metric(m, "v4serve_request_success_total{finish_reason=\"abort\"}"), 12) << m;
+  EXPECT_EQ(metric(m, "v4serve_engine_requests_aborted_total"), 12) << m;
+  EXPECT_EQ(metric(m, "v4serve_request_success_total{finish_reason=\"stop\"}"), 2) << m;
+  EXPECT_EQ(metric(m, "v4serve_engine_requests_finished_total"), 2) << m;
 }

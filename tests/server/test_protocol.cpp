@@ -535,3 +535,74 @@ TEST(Protocol, DeeplyNestedBodiesAreRefused) {
   EXPECT_TRUE(parse_json_body(many, &err).ok()) << err.message;
 }
 
+
+// Validation as OpenAI does it, with a 400 naming the field: duplicate tool names, tool
+// parameters whose `properties` is not an object, a json_schema `schema` that is not an object,
+// user / system messages with null content (assistant null content with tool_calls and tool
+// null content stay valid); a non-string stop entry says what it got.
+TEST(Protocol, StricterOpenAiValidation) {
+  struct Case {
+    std::string body;
+    std::string param;
+    std::string says;  // in the message
+  };
+  const std::string tool = R"({"type":"function","function":{"name":"f"}})";
+  const std::vector<Case> cases = {
+      {std::string("{") + kMsg + R"(,"tools":[)" + tool + "," + tool + "]}", "tools", "unique"},
+      {std::string("{") + kMsg +
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":[1]}}}]})",
+       "tools", "tools[0].function.parameters.properties"},
+      {std::string("{") + kMsg +
+           R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":"nope"}}})",
+       "response_format", "json_schema.schema"},
+      {R"({"messages":[{"role":"user","content":null}]})", "messages", "messages[0].content"},
+      {R"({"messages":[{"role":"system","content":null},{"role":"user","content":"hi"}]})",
+       "messages", "messages[0].content"},
+      {R"({"messages":[{"role":"developer"},{"role":"user","content":"hi"}]})", "messages",
+       "messages[0].content"},
+      {std::string("{") + kMsg + R"(,"stop":[1,2]})", "stop", "got integer at stop[0]"},
+  };
+  for (auto& c : cases) {
+    ApiError e = chat_err(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_NE(e.message.find(c.says), std::string::npos) << c.body << " -> " << e.message;
+  }
+  // Still valid.
+  for (const std::string ok : {
+           std::string(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,)"
+                       R"("tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},)"
+                       R"({"role":"tool","tool_call_id":"c","content":null}],"tools":[)") + tool + "]}",
+           std::string("{") + kMsg +
+               R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}},)"
+               R"({"type":"function","function":{"name":"g"}}]})",
+           std::string("{") + kMsg +
+               R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}})",
+           std::string("{") + kMsg + R"(,"stop":["a","b","c","d","e"]})",  // vLLM allows > 4
+       }) {
+    ApiError e = chat_err(ok);
+    EXPECT_EQ(e.status, 0) << ok << " -> " << e.message;
+  }
+}
+
+// Fields an endpoint does not read are listed (for the server's warning), in body order; the
+// fields it reads are not, and the request is still accepted.
+TEST(Protocol, UnknownFieldsAreListedNotRefused) {
+  GenerateRequest r;
+  const std::string chat = std::string("{") + kMsg +
+                           R"(,"temprature":0.5,"max_tokens":4,"echo":true,"parallel_tool_calls":false,)"
+                           R"("skip_special_tokens":false,"spaces_between_special_tokens":true})";
+  ASSERT_EQ(chat_err(chat, &r).status, 0);
+  auto j = nlohmann::ordered_json::parse(chat);
+  EXPECT_EQ(unknown_request_fields(j, GenerateRequest::Kind::kChat),
+            (std::vector<std::string>{"temprature", "echo", "parallel_tool_calls"}));
+  const std::string cmp =
+      R"({"prompt":"x","echo":true,"messages":[],"top_logprobs":2,"logprobs":1,"foo":null})";
+  ASSERT_EQ(completion_err(cmp, &r).status, 0);
+  EXPECT_EQ(unknown_request_fields(nlohmann::ordered_json::parse(cmp), GenerateRequest::Kind::kCompletion),
+            (std::vector<std::string>{"messages", "top_logprobs", "foo"}));
+  // spaces_between_special_tokens is accepted as vLLM does, but must be a boolean.
+  EXPECT_EQ(completion_err(R"({"prompt":"x","spaces_between_special_tokens":"no"})").param,
+            "spaces_between_special_tokens");
+}

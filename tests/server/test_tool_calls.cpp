@@ -482,3 +482,75 @@ TEST(ToolCalls, RequiredToolChoiceWithoutACallIsAnError) {
   EXPECT_EQ(ra["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(ra["choices"][0]["message"]["content"], "No tools needed.");
 }
+
+// tool_choice "required" and the model writes prose instead of a call (inside the pre-filled
+// block): the text is returned as content, never dropped — cut by max_tokens it is a 200 with
+// finish_reason "length" and that content (streaming: the same content deltas); ending its turn
+// it is the invalid_model_output 500 quoting the text.
+TEST(ToolCalls, RequiredToolChoiceKeepsProseWrittenInsteadOfACall) {
+  const std::string prose = "I cannot call a tool for that.";
+  Harness h(prose);
+  json req = request(false);
+  req["chat_template_kwargs"]["thinking"] = false;
+  req["tool_choice"] = "required";
+  req["max_tokens"] = 12;  // byte tokens: the first 12 bytes
+  json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  auto& c = r["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "length") << r.dump();
+  EXPECT_EQ(c["message"]["content"], prose.substr(0, 12)) << r.dump();
+  EXPECT_FALSE(c["message"].contains("tool_calls")) << r.dump();
+  req["stream"] = true;
+  Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.content, prose.substr(0, 12));
+  EXPECT_EQ(s.calls, 0);
+  EXPECT_EQ(s.finish, "length");
+  // Ended by the model: the 500 quotes what it wrote.
+  req["stream"] = false;
+  req["max_tokens"] = 400;
+  json e = json::parse(h.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(e.contains("error")) << e.dump();
+  EXPECT_EQ(e["error"]["code"], "invalid_model_output");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find(prose), std::string::npos) << e.dump();
+}
+
+// A named tool_choice cut by max_tokens: the call holds exactly the arguments the model wrote
+// (OpenAI's partial arguments on finish_reason "length") — "" before any parameter, not an
+// invented "{}"; a value cut mid-way stays unterminated. Streaming gives the same text.
+TEST(ToolCalls, NamedToolChoiceCutByLengthKeepsOnlyTheWrittenArguments) {
+  const std::string head = "<｜DSML｜parameter name=\"city\" string=\"true\">";
+  const std::string params = head + "Oslo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  Harness h(params);
+  json req = request(false);
+  req["chat_template_kwargs"]["thinking"] = false;
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  struct Case {
+    int max_tokens;
+    std::string args;
+  };
+  for (const Case& k : {Case{5, ""}, Case{int(head.size()) + 2, "{\"city\": \"Os"}}) {
+    SCOPED_TRACE(k.max_tokens);
+    req["stream"] = false;
+    req["max_tokens"] = k.max_tokens;
+    json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "length") << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], k.args) << r.dump();
+    req["stream"] = true;
+    Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+    EXPECT_EQ(s.calls, 1);
+    EXPECT_EQ(s.args, k.args);
+    EXPECT_EQ(s.finish, "length");
+  }
+  // Not cut: the complete call, as before.
+  req["stream"] = false;
+  req["max_tokens"] = 400;
+  json full = json::parse(h.post("/v1/chat/completions", req.dump()));
+  ASSERT_TRUE(full.contains("choices")) << full.dump();
+  EXPECT_EQ(full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"city\": \"Oslo\"}");
+}
