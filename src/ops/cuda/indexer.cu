@@ -2058,7 +2058,8 @@ Status indexer_scores_tc(const ops::IndexerArgs& a, int64_t max_count, float* sc
     // 16.1–16.7 µs at 230,400 keys against 17.9–18.0 for 24) and short ones (≤
     // kIndexerBulkMaxShort: 4.8–5.1 against 5.5–5.9 µs at 1,024 / 4,096); 24 between (65,536:
     // 9.9 against 10.4, 131,072: 13.2 against 13.5; bench/results/cuda-indexer-bulk-s25.md).
-    if (a.key_dtype == KvDtype::kFp8Index && variant == 0 &&
+    // Measured at batch 1 only, so auto keeps 24 above kIndexerBulkMaxRows rows.
+    if (a.key_dtype == KvDtype::kFp8Index && variant == 0 && a.n_rows <= kIndexerBulkMaxRows &&
         (max_count >= kIndexerBulkMinCount || max_count <= kIndexerBulkMaxShort) &&
         bulk_auto_enabled())
       return launch_decode_bulk(a, max_count, scores, ld, n_sms, stream, pdl);

@@ -41,9 +41,11 @@ inline constexpr int kIndexerPrefillWgRegVariant = 29;
 /// f16 wgmma (keys = M, A from registers): the same products as variant 24, another fp32
 /// summation order. bf16 / f32 keys run the default.
 inline constexpr int kIndexerBulkVariant = 30;
-/// Auto (variant 0) takes variant 30 for fp8 keys when the call's count bound is at least this
-/// or at most kIndexerBulkMaxShort (V4_INDEXER_BULK=0: never); variant 24 otherwise.
-inline constexpr int64_t kIndexerBulkMinCount = 196608, kIndexerBulkMaxShort = 4096;
+/// Auto (variant 0) takes variant 30 for fp8 keys in calls of at most kIndexerBulkMaxRows rows
+/// whose count bound is at least kIndexerBulkMinCount or at most kIndexerBulkMaxShort
+/// (V4_INDEXER_BULK=0: never); variant 24 otherwise (measured at batch 1 only).
+inline constexpr int64_t kIndexerBulkMinCount = 196608, kIndexerBulkMaxShort = 4096,
+                         kIndexerBulkMaxRows = 4;
 /// indexer_prefill_wg's fp8 modes: codes converted to bf16 in shared memory (variant 27), e4m3
 /// wgmma (28), codes converted from registers (29, auto's default).
 inline constexpr int kPrefillFp8Convert = 0, kPrefillFp8E4m3 = 1, kPrefillFp8Registers = 2;
