@@ -73,6 +73,76 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+namespace {
+
+// SAX handler counting the keys of each open object (a stack of counters); stops the parse at the
+// first object past kMaxJsonObjectKeys and names where it is ("body", "body.logit_bias", ...).
+struct ObjectKeyCounter {
+  struct Frame {
+    bool object = false;
+    size_t count = 0;  // keys (object) or elements (array) so far
+    std::string seg;   // this value's step from its parent: ".key" or "[i]" ("" at the root)
+  };
+  std::vector<Frame> stack;
+  std::string last_key;
+  bool too_many = false;
+  std::string where;
+
+  // Only the step is kept per frame (the full path is built once, on failure: building it per
+  // value would cost depth x values).
+  std::string child_seg() const {
+    if (stack.empty()) return "";
+    const Frame& f = stack.back();
+    if (f.object) return "." + (last_key.size() > 64 ? last_key.substr(0, 64) + "..." : last_key);
+    return "[" + std::to_string(f.count - 1) + "]";
+  }
+  bool value() {
+    if (!stack.empty() && !stack.back().object) ++stack.back().count;
+    return true;
+  }
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(nlohmann::json::number_integer_t) { return value(); }
+  bool number_unsigned(nlohmann::json::number_unsigned_t) { return value(); }
+  bool number_float(nlohmann::json::number_float_t, const std::string&) { return value(); }
+  bool string(std::string&) { return value(); }
+  bool binary(nlohmann::json::binary_t&) { return value(); }
+  bool start_object(size_t) {
+    value();
+    stack.push_back({true, 0, child_seg()});
+    return true;
+  }
+  bool key(std::string& k) {
+    Frame& f = stack.back();
+    if (++f.count > kMaxJsonObjectKeys) {
+      too_many = true;
+      where = "body";
+      for (const Frame& g : stack) where += g.seg;
+      return false;
+    }
+    last_key = k;
+    return true;
+  }
+  bool end_object() {
+    stack.pop_back();
+    return true;
+  }
+  bool start_array(size_t) {
+    value();
+    stack.push_back({false, 0, child_seg()});
+    return true;
+  }
+  bool end_array() {
+    stack.pop_back();
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) {
+    return false;
+  }
+};
+
+}  // namespace
+
 Result<Json> parse_json_body(std::string_view body, ApiError* err) {
   if (body.empty()) {
     *err = bad_request("request body is empty; expected a JSON object");
@@ -104,6 +174,19 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
         --depth;
       }
     }
+  }
+  // Keys per object, by a SAX pass (linear) before the DOM parse (quadratic in one object's keys).
+  {
+    ObjectKeyCounter counter;
+    (void)nlohmann::json::sax_parse(body, &counter, nlohmann::json::input_format_t::json,
+                                    /*strict=*/true);
+    if (counter.too_many) {
+      *err = bad_request(fmt::format("request body has a JSON object of more than {} keys (at "
+                                     "{}); the server refuses larger objects",
+                                     kMaxJsonObjectKeys, counter.where));
+      return Status(ErrorCode::kInvalidArgument, err->message);
+    }
+    // A syntax error stops the pass; the DOM parse below reports it with its position.
   }
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {

@@ -119,6 +119,12 @@ struct ValidationLimits {
 /// dumping and encoding a JSON value recurse once per level, so a body of a few hundred KiB of
 /// `{"a":{"a":...}}` would otherwise overflow an HTTP thread's stack and crash the server.
 inline constexpr int kMaxJsonDepth = 512;
+/// Bodies with a JSON object of more keys than this are refused (400) before the DOM parse:
+/// `ordered_json` inserts a key by a linear search of the object's keys, so one object of n keys
+/// costs O(n^2) (120k keys in a 1.8 MB body took ~40 s of an HTTP thread). No field the server
+/// reads needs more (`logit_bias` allows 1,024 entries); the count is per object, duplicates
+/// included.
+inline constexpr size_t kMaxJsonObjectKeys = 8192;
 Result<Json> parse_json_body(std::string_view body, ApiError* err);
 
 /// Validates a /v1/chat/completions body. Returns false and fills `err` on a bad request.

@@ -1,6 +1,7 @@
 // Request validation / schema conversion, error bodies, SSE framing, stop strings, metrics text.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -535,6 +536,41 @@ TEST(Protocol, DeeplyNestedBodiesAreRefused) {
   EXPECT_TRUE(parse_json_body(many, &err).ok()) << err.message;
 }
 
+
+// One JSON object of many keys is refused before the DOM parse (ordered_json inserts by a linear
+// search: 120k keys took ~40 s); the message names the limit and where the object is; an object at
+// the limit, and many small objects, parse.
+TEST(Protocol, ObjectsWithTooManyKeysAreRefused) {
+  auto body = [](size_t keys, bool nested) {
+    std::string obj = "{";
+    for (size_t i = 0; i < keys; ++i) obj += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":1";
+    obj += "}";
+    if (nested) return R"({"messages":[{"role":"user","content":"x"}],"tools":[1,{"a":)" + obj + "}]}";
+    return obj;
+  };
+  ApiError err;
+  EXPECT_TRUE(parse_json_body(body(100, false), &err).ok()) << err.message;
+  EXPECT_TRUE(parse_json_body(body(kMaxJsonObjectKeys, true), &err).ok()) << err.message;
+  auto t0 = std::chrono::steady_clock::now();
+  auto big = parse_json_body(body(120000, false), &err);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(big.ok());
+  EXPECT_LT(secs, 2.0);
+  EXPECT_EQ(err.status, 400);
+  EXPECT_EQ(err.type, "invalid_request_error");
+  EXPECT_NE(err.message.find("more than 8192 keys"), std::string::npos) << err.message;
+  EXPECT_NE(err.message.find("(at body)"), std::string::npos) << err.message;
+  ASSERT_FALSE(parse_json_body(body(kMaxJsonObjectKeys + 1, true), &err).ok());
+  EXPECT_NE(err.message.find("(at body.tools[1].a)"), std::string::npos) << err.message;
+  // Keys are counted per object, not per body.
+  std::string many = R"({"x":[)";
+  for (int i = 0; i < 3000; ++i) many += std::string(i ? "," : "") + R"({"a":1,"b":2,"c":3,"d":4})";
+  many += "]}";
+  EXPECT_TRUE(parse_json_body(many, &err).ok()) << err.message;
+  // A malformed body still gets the parser's message.
+  EXPECT_FALSE(parse_json_body(R"({"a":1,)", &err).ok());
+  EXPECT_NE(err.message.find("not valid JSON"), std::string::npos) << err.message;
+}
 
 // Validation as OpenAI does it, with a 400 naming the field: duplicate tool names, tool
 // parameters whose `properties` is not an object, a json_schema `schema` that is not an object,
