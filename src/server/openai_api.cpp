@@ -419,12 +419,15 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     }
 
     Json delta = Json::object();
+    bool cut_in_call = false;  // output cut (max_tokens / stop string) inside a tool call
     if (chat) {
       auto evs = c.parser->feed(text_delta);
       if (finishing) {
-        // Cut by max_tokens: a tool call being written keeps the arguments generated so far
-        // (nothing invented to close its JSON; finish_reason "length" tells the client).
-        const bool cut = !stopped && out.finish_reason == engine::FinishReason::kLength;
+        // Cut by max_tokens or by a stop string: a tool call being written keeps the arguments
+        // generated so far (nothing invented to close its JSON); finish_reason "length" / "stop"
+        // (not "tool_calls") tells the client that the call is incomplete.
+        const bool cut = stopped || out.finish_reason == engine::FinishReason::kLength;
+        cut_in_call = cut && c.parser->call_open();
         auto tail = c.parser->finish(/*close_open_call=*/!cut);
         evs.insert(evs.end(), tail.begin(), tail.end());
       }
@@ -459,7 +462,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           c.finish_reason = "length";  // max_tokens 0: nothing generated, as OpenAI reports it
       }
       const bool ended_by_model = !stopped && out.finish_reason == engine::FinishReason::kStop;
-      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") {
+      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop" && !cut_in_call) {
         c.finish_reason = "tool_calls";
       } else if (chat && require_tool_call && ended_by_model && c.parser->tool_call_count() == 0) {
         // The sampler is not constrained: the model closed the forced tool-call block (or never

@@ -554,3 +554,72 @@ TEST(ToolCalls, NamedToolChoiceCutByLengthKeepsOnlyTheWrittenArguments) {
   EXPECT_EQ(full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
             "{\"city\": \"Oslo\"}");
 }
+
+// A named tool_choice and the model writes prose instead of (or before) the parameters: the prose
+// is content, never dropped (streaming too); the call keeps the arguments written — {} when the
+// model ended its turn without any, {"city": "Oslo"} when it wrote them after the prose.
+TEST(ToolCalls, NamedToolChoiceKeepsProseWrittenInsideTheCall) {
+  struct Case {
+    std::string script, content, args;
+  };
+  const std::string param =
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  for (const Case& k : {Case{"I cannot check the weather.", "I cannot check the weather.", "{}"},
+                        Case{"Checking Oslo.\n" + param, "Checking Oslo.\n", "{\"city\": \"Oslo\"}"}}) {
+    SCOPED_TRACE(k.script);
+    Harness h(k.script);
+    json req = request(false);
+    req["chat_template_kwargs"]["thinking"] = false;
+    req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+    json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r.dump();
+    EXPECT_EQ(c["message"]["content"], k.content) << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], k.args) << r.dump();
+    req["stream"] = true;
+    Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+    EXPECT_TRUE(s.done);
+    EXPECT_EQ(s.content, k.content);
+    EXPECT_EQ(s.calls, 1);
+    EXPECT_EQ(s.args, k.args);
+    EXPECT_EQ(s.finish, "tool_calls");
+  }
+}
+
+// A call cut by a stop string is reported like one cut by max_tokens: finish_reason "stop" (not
+// "tool_calls": the call is incomplete) and exactly the arguments written before the stop string
+// ("" before any parameter), nothing invented to close the JSON. A stop string after the call
+// ended leaves the complete call and "tool_calls".
+TEST(ToolCalls, NamedToolChoiceCutByAStopStringKeepsOnlyTheWrittenArguments) {
+  const std::string params =
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls> done";
+  Harness h(params);
+  json req = request(false);
+  req["chat_template_kwargs"]["thinking"] = false;
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  struct Case {
+    std::string stop, args, finish;
+  };
+  for (const Case& k : {Case{"<｜DSML｜parameter", "", "stop"}, Case{"lo", "{\"city\": \"Os", "stop"},
+                        Case{"done", "{\"city\": \"Oslo\"}", "tool_calls"}}) {
+    SCOPED_TRACE(k.stop);
+    req["stop"] = k.stop;
+    req["stream"] = false;
+    json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], k.finish) << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], k.args) << r.dump();
+    req["stream"] = true;
+    Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+    EXPECT_EQ(s.calls, 1);
+    EXPECT_EQ(s.args, k.args);
+    EXPECT_EQ(s.finish, k.finish);
+  }
+}
