@@ -1052,7 +1052,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   // warning per request names them so a misspelt parameter does not go unnoticed.
   if (auto unknown = unknown_request_fields(*body, r.kind); !unknown.empty())
     V4_LOG_WARN("{} {}: ignoring unknown request field(s): {}", hreq.path, gen->id,
-                fmt::join(unknown, ", "));
+                describe_field_names(unknown));  // escaped: the names are the client's text
   if (chat && !r.thinking_set) r.thinking = cfg_.default_thinking;
   gen->require_tool_call =
       chat && !r.tools.is_null() && (r.tool_choice_function || r.tool_choice == "required");

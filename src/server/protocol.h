@@ -138,6 +138,11 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
 /// in body order. They are accepted and ignored, as vLLM does (OpenAI answers 400); the server
 /// logs a warning naming them.
 std::vector<std::string> unknown_request_fields(const Json& body, GenerateRequest::Kind kind);
+/// The names for the log line: control characters (C0, DEL, C1 — ANSI escapes included — and
+/// U+2028/U+2029) and `\` written JSON-style (`\n`, `\u001b`), so a client cannot forge log
+/// lines or drive a terminal; an empty name as `""`; each name cut at 64 characters (+ "…") and
+/// the list at the first 16 names (+ "… and N more"), joined by ", ".
+std::string describe_field_names(const std::vector<std::string>& names);
 
 /// Text-level stop strings over a stream of text deltas: returns the text that is safe to emit
 /// (never any byte of a stop string or past it; a suffix that may start a stop string is held

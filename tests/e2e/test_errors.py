@@ -266,3 +266,17 @@ def test_objects_with_too_many_keys_are_refused(server, client, model_name):
                                                   "max_tokens": 1, "metadata_x": small})
     assert r.status_code == 200, r.text
     still_serving(server, client, model_name)
+
+
+def test_unknown_field_names_cannot_forge_log_lines(server, client, model_name):
+    """A field name with a newline / ANSI escape is logged escaped, on the warning's own line."""
+    r = server.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 1,
+                                             "x\n2026 [error] FAKE_E2E\x1b[31m": 1})
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 10
+    while time.time() < deadline and "FAKE_E2E" not in server.tail(200):
+        time.sleep(0.1)
+    lines = [l for l in server.tail(200).splitlines() if "FAKE_E2E" in l]
+    assert len(lines) == 1, lines
+    assert "unknown request field(s): x\\n2026 [error] FAKE_E2E\\u001b[31m" in lines[0], lines
+    assert "\x1b" not in lines[0], lines

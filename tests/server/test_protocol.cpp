@@ -642,3 +642,27 @@ TEST(Protocol, UnknownFieldsAreListedNotRefused) {
   EXPECT_EQ(completion_err(R"({"prompt":"x","spaces_between_special_tokens":"no"})").param,
             "spaces_between_special_tokens");
 }
+
+// The unknown-field warning cannot be used to forge log lines or drive a terminal: control
+// characters (newline, ESC, C1 CSI, U+2028) and backslashes are escaped JSON-style, an empty name
+// is shown as "", long names are cut at 64 characters and the list at 16 names.
+TEST(Protocol, UnknownFieldNamesAreEscapedForTheLog) {
+  EXPECT_EQ(describe_field_names({"temprature", "frobnicate"}), "temprature, frobnicate");
+  const std::string forged = "x\n2026-01-01 [error] FAKE\x1b[31mred\t\\\xc2\x9b\xe2\x80\xa8é";
+  const std::string d = describe_field_names({forged, ""});
+  EXPECT_EQ(d, "x\\n2026-01-01 [error] FAKE\\u001b[31mred\\t\\\\\\u009b\\u2028é, \"\"");
+  for (char c : d) EXPECT_TRUE(static_cast<unsigned char>(c) >= 0x20) << d;
+  const std::string longname(100, 'a');
+  EXPECT_EQ(describe_field_names({longname}), std::string(64, 'a') + "…");
+  // Multi-byte characters count as one and are never split.
+  std::string wide;
+  for (int i = 0; i < 70; ++i) wide += "é";
+  std::string wide64;
+  for (int i = 0; i < 64; ++i) wide64 += "é";
+  EXPECT_EQ(describe_field_names({wide}), wide64 + "…");
+  std::vector<std::string> many;
+  for (int i = 0; i < 20; ++i) many.push_back("f" + std::to_string(i));
+  const std::string m = describe_field_names(many);
+  EXPECT_NE(m.find("f15, … and 4 more"), std::string::npos) << m;
+  EXPECT_EQ(m.find("f16"), std::string::npos) << m;
+}
