@@ -351,6 +351,15 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     }
   }
 
+  // A token id that finishes generation: a stop token id of the request, or EOS (unless
+  // ignore_eos).
+  bool is_stop_token(int32_t t) const {
+    const auto& st = req.sampling.stop_token_ids;
+    if (std::find(st.begin(), st.end(), t) != st.end()) return true;
+    const auto& eos = api->engine_->config().eos_token_ids;
+    return !req.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
+  }
+
   // Processes one engine output for choice `ci` (scheduler thread, under mu).
   // Returns engine ids to cancel (stop string hit).
   void on_output(size_t ci, const engine::StepOutput& out, std::vector<engine::RequestId>* to_cancel) {
@@ -385,7 +394,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       int32_t t = out.new_tokens[k];
       // Text before this token: released so far + what the stop matcher holds back.
       const int64_t before = c.text_len + u8_chars(text_delta) + u8_chars(c.stop->held());
-      std::string piece = c.stop->push(c.detok->push(t));
+      // The token that finished the request (EOS or a stop token id) is not part of the text
+      // unless include_stop_str_in_output (completions), as in vLLM: with skip_special_tokens
+      // false its text (`<｜end▁of▁sentence｜>`) would otherwise end the output. It still counts
+      // and has its logprobs entry. Chat never shows it (the parser ends at EOS anyway; inside a
+      // tool-call value the EOS text would have become argument text).
+      const bool finishing_token = out.finished && out.finish_reason == engine::FinishReason::kStop &&
+                                   k + 1 == out.new_tokens.size() && is_stop_token(t);
+      std::string piece = finishing_token && (chat || !req.include_stop_str_in_output)
+                              ? std::string()
+                              : c.stop->push(c.detok->push(t));
       c.completion_tokens++;
       if (req.sampling.logprobs && k < out.logprobs.size()) {
         const auto& lp = out.logprobs[k];

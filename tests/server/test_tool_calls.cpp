@@ -623,3 +623,41 @@ TEST(ToolCalls, NamedToolChoiceCutByAStopStringKeepsOnlyTheWrittenArguments) {
     EXPECT_EQ(s.finish, k.finish);
   }
 }
+
+// The token that ends generation (EOS here) is not part of the text, as in vLLM: completions with
+// skip_special_tokens false used to end in `<｜end▁of▁sentence｜>`; include_stop_str_in_output
+// keeps it. Streaming the same. It is still counted and has its logprobs entry. In chat, EOS right
+// after a tool-call value used to become part of the argument text.
+TEST(ToolCalls, TheFinishingEosIsNotPartOfTheText) {
+  Harness h("Hello");
+  json req = {{"prompt", "x"}, {"max_tokens", 50}, {"temperature", 0}, {"skip_special_tokens", false},
+              {"logprobs", 0}};
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  for (bool include : {false, true}) {
+    SCOPED_TRACE(include);
+    req["include_stop_str_in_output"] = include;
+    req["stream"] = false;
+    json r = json::parse(h.post("/v1/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(r["choices"][0]["text"], include ? "Hello" + eos : "Hello") << r.dump();
+    EXPECT_EQ(r["usage"]["completion_tokens"], 6) << r.dump();
+    EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"].size(), 6u) << r.dump();
+    req["stream"] = true;
+    std::string body = h.post("/v1/completions", req.dump());
+    std::string text;
+    for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p) {
+      json ev = json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6));
+      for (auto& ch : ev["choices"]) text += ch["text"].get<std::string>();
+    }
+    EXPECT_EQ(text, include ? "Hello" + eos : "Hello");
+  }
+  Harness h2("<｜DSML｜parameter name=\"city\" string=\"true\">Oslo");
+  json chat = request(false);
+  chat["chat_template_kwargs"]["thinking"] = false;
+  chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  json r = json::parse(h2.post("/v1/chat/completions", chat.dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Oslo\"}")
+      << r.dump();
+}
