@@ -220,6 +220,9 @@ const char* type_name(const Json& v) {
   return "object";
 }
 
+constexpr std::string_view kMaxTokensZeroNote =
+    " (0 is allowed only with 'echo': true, to return or score the prompt)";
+
 // Each getter: absent or null -> leave *out unchanged, return true. Wrong type/range -> false.
 struct Reader {
   const Json& body;
@@ -241,30 +244,28 @@ struct Reader {
     *out = v->get<bool>();
     return true;
   }
-  bool get_int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+  // JSON integers only: 1.0 or 1e2 is a 400, as on OpenAI ("expected an integer, but got a
+  // decimal number"). `shown_lo` / `note`: the range as the message states it (completions'
+  // max_tokens allows 0 only with echo) and a remark after it.
+  bool get_int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out,
+               std::optional<int64_t> shown_lo = std::nullopt, std::string_view note = {}) {
     const Json* v = find(key);
     if (!v) return true;
-    if (v->is_number_float()) {
-      double d = v->get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
-        int64_t x = int64_t(d);
-        if (x < lo || x > hi) return range(key, lo, hi, std::to_string(x));
-        *out = x;
-        return true;
-      }
-      return fail(fmt::format("'{}' must be an integer, got {}", key, v->dump()), key);
-    }
+    if (v->is_number_float())
+      return fail(fmt::format("'{}' must be an integer, got the decimal number {}", key, v->dump()),
+                  key);
     if (!v->is_number_integer()) return fail(fmt::format("'{}' must be an integer, got {}", key, type_name(*v)), key);
+    const int64_t slo = shown_lo.value_or(lo);
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-      return range(key, lo, hi, v->dump());
+      return range(key, slo, hi, v->dump(), note);
     }
     int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) return range(key, lo, hi, std::to_string(x));
+    if (x < lo || x > hi) return range(key, slo, hi, std::to_string(x), note);
     *out = x;
     return true;
   }
-  bool range(const char* key, int64_t lo, int64_t hi, const std::string& got) {
-    return fail(fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, got), key);
+  bool range(const char* key, int64_t lo, int64_t hi, const std::string& got, std::string_view note = {}) {
+    return fail(fmt::format("'{}' must be in [{}, {}]{}, got {}", key, lo, hi, note, got), key);
   }
   bool get_number(const char* key, double lo, double hi, bool lo_open, std::optional<double>* out) {
     const Json* v = find(key);
@@ -298,12 +299,15 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
   r->model = model.value_or("");
 
   // max_tokens / max_completion_tokens (the newer name wins when both are given).
+  // The range is stated as [1, context] on both endpoints, whatever the value (completions also
+  // take 0 with echo, said in the message, as for a 0 without echo in parse_completion_request).
   std::optional<int64_t> mt, mct;
-  if (!rd.get_int("max_tokens", min_max_tokens, lim.max_context, &mt)) {
+  const std::string_view echo_note = min_max_tokens == 0 ? kMaxTokensZeroNote : std::string_view();
+  if (!rd.get_int("max_tokens", min_max_tokens, lim.max_context, &mt, 1, echo_note)) {
     err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
     return false;
   }
-  if (!rd.get_int("max_completion_tokens", min_max_tokens, lim.max_context, &mct)) {
+  if (!rd.get_int("max_completion_tokens", min_max_tokens, lim.max_context, &mct, 1, echo_note)) {
     err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
     return false;
   }
@@ -555,6 +559,14 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       copy["content"] = "";
     }
     if (rs == "assistant") {
+      // As OpenAI: content may be null or absent only when the message carries tool calls.
+      if (auto tc = m.find("tool_calls");
+          (content == m.end() || content->is_null()) &&
+          (tc == m.end() || tc->is_null() || (tc->is_array() && tc->empty())))
+        return rd.fail(fmt::format("'{}.content' is required for an assistant message without "
+                                   "tool_calls: a string or an array of text parts, got {}",
+                                   p, content == m.end() ? "nothing" : "null"),
+                       "messages");
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
         if (!tc->is_array()) return rd.fail(fmt::format("'{}.tool_calls' must be an array", p), "messages");
         for (size_t k = 0; k < tc->size(); ++k) {
@@ -679,6 +691,14 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
                                      "object, got {}",
                                      i, type_name(*pr)),
                          "tools");
+        else if (pr != pa->end() && pr->is_object())
+          // Each property's value is its JSON Schema: an object (or a boolean schema).
+          for (auto it = pr->begin(); it != pr->end(); ++it)
+            if (!it->is_object() && !it->is_boolean())
+              return rd.fail(fmt::format("'tools[{}].function.parameters.properties.{}' must be a "
+                                         "JSON Schema object, got {}",
+                                         i, it.key(), type_name(*it)),
+                             "tools");
       }
       // One function per name: a call names its function, two tools of one name are ambiguous.
       for (size_t k = 0; k < i; ++k) {
@@ -873,9 +893,11 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   r->sampling.top_logprobs = r->top_logprobs;
   // max_tokens 0 generates nothing: only useful to echo (and score, with logprobs) the prompt.
   if (r->max_tokens && *r->max_tokens == 0 && !r->echo) {
-    return rd.fail(fmt::format("'max_tokens' must be in [1, {}], got 0 (0 is allowed only with "
-                               "'echo': true, to return or score the prompt)",
-                               lim.max_context),
+    const char* key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
+                          ? "max_completion_tokens"
+                          : "max_tokens";
+    return rd.fail(fmt::format("'{}' must be in [1, {}]{}, got 0 (the model's context is {} tokens)",
+                               key, lim.max_context, kMaxTokensZeroNote, lim.max_context),
                    body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
                        ? "max_completion_tokens"
                        : "max_tokens");

@@ -60,6 +60,13 @@ def still_serving(server, client, model_name):
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
     ({"messages": [{"role": "system", "content": None}] + MSG}, "messages"),
     ({"messages": MSG, "stop": [1, 2]}, "stop"),
+    # An assistant message without content or tool_calls; a property schema that is not an
+    # object; integers written as decimal numbers.
+    ({"messages": MSG + [{"role": "assistant", "content": None}] + MSG}, "messages"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": 5}}}}]}, "tools"),
+    ({"messages": MSG, "max_tokens": 1.0}, "max_tokens"),
+    ({"messages": MSG, "n": 1e2}, "n"),
 ])
 def test_bad_chat_fields(server, body, param):
     check_error(server.post("/v1/chat/completions", json=body), 400, param=param)

@@ -666,3 +666,57 @@ TEST(Protocol, UnknownFieldNamesAreEscapedForTheLog) {
   EXPECT_NE(m.find("f15, … and 4 more"), std::string::npos) << m;
   EXPECT_EQ(m.find("f16"), std::string::npos) << m;
 }
+
+// Gaps a tester found, refused as OpenAI does with a 400 naming the field: an assistant message
+// without content and without tool_calls; a tool property whose schema is not an object (or a
+// boolean schema); integers given as decimal numbers (1.0, 1e2: OpenAI accepts JSON integers
+// only). max_tokens messages state one range, [1, context], whatever the bad value.
+TEST(Protocol, ValidationGapsAreRefused) {
+  struct Case {
+    std::string body, param, says;
+  };
+  const std::string user = R"({"role":"user","content":"hi"})";
+  const std::vector<Case> cases = {
+      {R"({"messages":[)" + user + R"(,{"role":"assistant","content":null},)" + user + "]}", "messages",
+       "'messages[1].content' is required for an assistant message without tool_calls"},
+      {R"({"messages":[)" + user + R"(,{"role":"assistant"},)" + user + "]}", "messages", "got nothing"},
+      {R"({"messages":[)" + user + R"(,{"role":"assistant","content":null,"tool_calls":[]},)" + user + "]}",
+       "messages", "without tool_calls"},
+      {std::string("{") + kMsg +
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":5}}}}]})",
+       "tools", "'tools[0].function.parameters.properties.x' must be a JSON Schema object, got integer"},
+      {std::string("{") + kMsg + R"(,"max_tokens":1.0})", "max_tokens", "must be an integer, got the decimal number 1.0"},
+      {std::string("{") + kMsg + R"(,"n":1e2})", "n", "must be an integer"},
+      {std::string("{") + kMsg + R"(,"seed":3.0})", "seed", "must be an integer"},
+      {std::string("{") + kMsg + R"(,"max_tokens":-1})", "max_tokens", "must be in [1, 4096], got -1"},
+      {std::string("{") + kMsg + R"(,"max_tokens":0})", "max_tokens", "must be in [1, 4096], got 0"},
+  };
+  for (auto& c : cases) {
+    ApiError e = chat_err(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_NE(e.message.find(c.says), std::string::npos) << c.body << " -> " << e.message;
+  }
+  // Completions: -1 and 0 (without echo) state the same range and the echo exception.
+  ApiError neg = completion_err(R"({"prompt":"x","max_tokens":-1})");
+  ApiError zero = completion_err(R"({"prompt":"x","max_tokens":0})");
+  EXPECT_EQ(neg.param, "max_tokens");
+  EXPECT_EQ(zero.param, "max_tokens");
+  const std::string range = "'max_tokens' must be in [1, 4096] (0 is allowed only with 'echo': true";
+  EXPECT_EQ(neg.message.rfind(range, 0), 0u) << neg.message;
+  EXPECT_EQ(zero.message.rfind(range, 0), 0u) << zero.message;
+  EXPECT_EQ(completion_err(R"({"prompt":"x","max_tokens":2.0})").param, "max_tokens");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":1.0})").param, "logprobs");
+  // Still valid: boolean property schemas, an assistant message with content "" or tool calls.
+  for (const std::string ok : {
+           std::string("{") + kMsg +
+               R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"string"},"y":true}}}}]})",
+           R"({"messages":[)" + user + R"(,{"role":"assistant","content":""},)" + user + "]}",
+           std::string(R"({"messages":[)") + user + R"(,{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},)"
+               R"({"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}]})",
+           std::string("{") + kMsg + R"(,"max_tokens":5,"n":2})",
+       }) {
+    ApiError e = chat_err(ok);
+    EXPECT_EQ(e.status, 0) << ok << " -> " << e.message;
+  }
+}
