@@ -248,9 +248,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     return c;
   }
 
+  // A token's text for logprobs. A token that is not whole UTF-8 on its own (part of a
+  // character split over tokens) is written as OpenAI writes it, `bytes:\xe2\x80` (each byte
+  // as \xNN), instead of a U+FFFD that would not join to the text.
   std::string token_text(int32_t t) const {
     int32_t ids[1] = {t};
-    return api->tok_.decode(std::span<const int32_t>(ids, 1), false);
+    const std::string bytes = api->tok_.token_bytes(t);
+    if (valid_utf8(bytes)) return api->tok_.decode(std::span<const int32_t>(ids, 1), false);
+    std::string out = "bytes:";
+    for (unsigned char b : bytes) out += fmt::format("\\x{:02x}", b);
+    return out;
   }
 
   // Completions top_logprobs entry: the n likeliest tokens keyed by text (equal texts keep the

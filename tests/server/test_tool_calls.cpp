@@ -661,3 +661,39 @@ TEST(ToolCalls, TheFinishingEosIsNotPartOfTheText) {
   EXPECT_EQ(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Oslo\"}")
       << r.dump();
 }
+
+// A token that is part of a UTF-8 character (here every byte is a token: "é" is 0xC3 0xA9) is
+// listed in logprobs as OpenAI lists it, "bytes:\xc3" (the byte as \xNN text), not as U+FFFD;
+// whole-character tokens are their text. Completions (tokens and top_logprobs keys, streaming
+// or not) and chat (token; its bytes field has the raw bytes).
+TEST(ToolCalls, PartialUtf8TokensAreListedAsBytes) {
+  Harness h("aé");
+  const std::vector<std::string> want = {"a", "bytes:\\xc3", "bytes:\\xa9"};
+  json req = {{"prompt", "x"}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 0}};
+  json r = json::parse(h.post("/v1/completions", req.dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"], "aé");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"], json(want)) << r.dump();
+  EXPECT_TRUE(r["choices"][0]["logprobs"]["top_logprobs"][1].contains("bytes:\\xc3")) << r.dump();
+  req["stream"] = true;
+  std::string body = h.post("/v1/completions", req.dump());
+  std::vector<std::string> toks;
+  for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p) {
+    json ev = json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6));
+    for (auto& ch : ev["choices"])
+      if (ch.contains("logprobs") && ch["logprobs"].is_object())
+        for (auto& t : ch["logprobs"]["tokens"]) toks.push_back(t);
+  }
+  EXPECT_EQ(toks, want);
+  json chat = request(false);
+  chat.erase("tools");
+  chat["chat_template_kwargs"]["thinking"] = false;
+  chat["logprobs"] = true;
+  chat["max_tokens"] = 3;
+  json c = json::parse(h.post("/v1/chat/completions", chat.dump()));
+  ASSERT_TRUE(c.contains("choices")) << c.dump();
+  auto& items = c["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(items.size(), 3u) << c.dump();
+  EXPECT_EQ(items[1]["token"], "bytes:\\xc3");
+  EXPECT_EQ(items[1]["bytes"], json::array({0xc3}));
+}
