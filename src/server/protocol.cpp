@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 namespace v4::server {
 
@@ -655,6 +656,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
 
   if (const Json* tools = rd.find("tools")) {
     if (!tools->is_array()) return rd.fail("'tools' must be an array", "tools");
+    std::unordered_map<std::string, size_t> seen_names;
     for (size_t i = 0; i < tools->size(); ++i) {
       const Json& t = (*tools)[i];
       if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
@@ -701,13 +703,13 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
                              "tools");
       }
       // One function per name: a call names its function, two tools of one name are ambiguous.
-      for (size_t k = 0; k < i; ++k) {
-        if ((*tools)[k]["function"]["name"] == fname)
-          return rd.fail(fmt::format("'tools[{}].function.name' {} duplicates 'tools[{}]': "
-                                     "function names must be unique",
-                                     i, Json(fname).dump(), k),
-                         "tools");
-      }
+      // (A name -> index map: comparing each tool with all before it was quadratic in the number
+      // of tools, which a large body makes a DoS.)
+      if (auto [it, fresh] = seen_names.emplace(fname, i); !fresh)
+        return rd.fail(fmt::format("'tools[{}].function.name' {} duplicates 'tools[{}]': "
+                                   "function names must be unique",
+                                   i, Json(fname).dump(), it->second),
+                       "tools");
     }
     if (!tools->empty()) r->tools = *tools;
   }
