@@ -175,6 +175,22 @@ TEST(PyJson, ObjectsOfManyKeysLoadInLinearTime) {
             R"({"a": 0, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 7, "h": 8, "i": 9, "j": 10, "k": 11, "l": 12, "m": 13, "n": 14, "o": 15, "p": 16, "q": -1})");
 }
 
+// Rendering is linear in the number of messages: each message used to search backwards for the
+// last user turn, so one user message followed by 100k assistant messages (a 4 MB body) took
+// minutes before the context-length check could refuse it.
+TEST(ChatEncoder, ManyMessagesRenderInLinearTime) {
+  ordered_json msgs = ordered_json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (int i = 0; i < 100000; ++i) msgs.push_back({{"role", "assistant"}, {"content", "a"}});
+  ChatOptions opt;
+  opt.thinking_mode = ThinkingMode::kThinking;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = ChatEncoder::render(msgs, opt);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_LT(secs, 3.0);
+  EXPECT_GT(r->size(), 100000u);
+}
+
 TEST(ChatEncoder, DetectEffortProfileFromCheckpointEncoder) {
   namespace fs = std::filesystem;
   fs::path root = fs::path(::testing::TempDir()) / "v4text_effort";
