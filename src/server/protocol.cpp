@@ -87,6 +87,8 @@ struct ObjectKeyCounter {
   std::vector<Frame> stack;
   std::string last_key;
   bool too_many = false;
+  bool too_many_in_all = false;
+  uint64_t comparisons = 0;
   std::string where;
 
   // Only the step is kept per frame (the full path is built once, on failure: building it per
@@ -115,6 +117,11 @@ struct ObjectKeyCounter {
   }
   bool key(std::string& k) {
     Frame& f = stack.back();
+    comparisons += f.count;  // an ordered_json insert compares with every key before it
+    if (comparisons > kMaxJsonKeyComparisons) {
+      too_many_in_all = true;
+      return false;
+    }
     if (++f.count > kMaxJsonObjectKeys) {
       too_many = true;
       where = "body";
@@ -185,6 +192,12 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
       *err = bad_request(fmt::format("request body has a JSON object of more than {} keys (at "
                                      "{}); the server refuses larger objects",
                                      kMaxJsonObjectKeys, counter.where));
+      return Status(ErrorCode::kInvalidArgument, err->message);
+    }
+    if (counter.too_many_in_all) {
+      *err = bad_request(fmt::format("request body has too many keys in its JSON objects in all "
+                                     "(objects of thousands of keys; one object may have up to {})",
+                                     kMaxJsonObjectKeys));
       return Status(ErrorCode::kInvalidArgument, err->message);
     }
     // A syntax error stops the pass; the DOM parse below reports it with its position.
