@@ -114,7 +114,9 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   head("v4serve_request_success_total", "counter",
        "Finished generations (choices; one engine request each), by finish reason. "
        "finish_reason=\"abort\": cancelled before its end (client gone, shutdown, a failed "
-       "submit of the request), the same requests as v4serve_engine_requests_aborted_total.");
+       "submit of the request), the same requests as v4serve_engine_requests_aborted_total "
+       "(rarely not: a stop-string finish racing a client disconnect can count as \"stop\" here "
+       "and as aborted in the engine).");
   for (auto& [k, v] : finish_reasons_) {
     o += fmt::format("v4serve_request_success_total{{finish_reason=\"{}\"}} {}\n", escape_label(k), v);
   }
@@ -153,7 +155,8 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   o += fmt::format("v4serve_engine_requests_finished_total {}\n", st.requests_finished_total);
   head("v4serve_engine_requests_aborted_total", "counter",
        "Requests cancelled before their end (client gone, shutdown); a stop-string finish is "
-       "counted as finished.");
+       "counted as finished (rarely, when the client disconnects as the stop string matches, the "
+       "disconnect's cancel lands first and it counts here while the API counted \"stop\").");
   o += fmt::format("v4serve_engine_requests_aborted_total {}\n", st.requests_aborted_total);
   head("v4serve_engine_requests_rejected_total", "counter", "Requests refused at submit.");
   o += fmt::format("v4serve_engine_requests_rejected_total {}\n", st.requests_rejected_total);

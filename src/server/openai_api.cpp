@@ -248,9 +248,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     return c;
   }
 
+  // A token's text for logprobs. A token that is not whole UTF-8 on its own (part of a
+  // character split over tokens) is written as OpenAI writes it, `bytes:\xe2\x80` (each byte
+  // as \xNN), instead of a U+FFFD that would not join to the text.
   std::string token_text(int32_t t) const {
     int32_t ids[1] = {t};
-    return api->tok_.decode(std::span<const int32_t>(ids, 1), false);
+    const std::string bytes = api->tok_.token_bytes(t);
+    if (valid_utf8(bytes)) return api->tok_.decode(std::span<const int32_t>(ids, 1), false);
+    std::string out = "bytes:";
+    for (unsigned char b : bytes) out += fmt::format("\\x{:02x}", b);
+    return out;
   }
 
   // Completions top_logprobs entry: the n likeliest tokens keyed by text (equal texts keep the
@@ -351,6 +358,15 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     }
   }
 
+  // A token id that finishes generation: a stop token id of the request, or EOS (unless
+  // ignore_eos).
+  bool is_stop_token(int32_t t) const {
+    const auto& st = req.sampling.stop_token_ids;
+    if (std::find(st.begin(), st.end(), t) != st.end()) return true;
+    const auto& eos = api->engine_->config().eos_token_ids;
+    return !req.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
+  }
+
   // Processes one engine output for choice `ci` (scheduler thread, under mu).
   // Returns engine ids to cancel (stop string hit).
   void on_output(size_t ci, const engine::StepOutput& out, std::vector<engine::RequestId>* to_cancel) {
@@ -385,7 +401,16 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       int32_t t = out.new_tokens[k];
       // Text before this token: released so far + what the stop matcher holds back.
       const int64_t before = c.text_len + u8_chars(text_delta) + u8_chars(c.stop->held());
-      std::string piece = c.stop->push(c.detok->push(t));
+      // The token that finished the request (EOS or a stop token id) is not part of the text
+      // unless include_stop_str_in_output (completions), as in vLLM: with skip_special_tokens
+      // false its text (`<｜end▁of▁sentence｜>`) would otherwise end the output. It still counts
+      // and has its logprobs entry. Chat never shows it (the parser ends at EOS anyway; inside a
+      // tool-call value the EOS text would have become argument text).
+      const bool finishing_token = out.finished && out.finish_reason == engine::FinishReason::kStop &&
+                                   k + 1 == out.new_tokens.size() && is_stop_token(t);
+      std::string piece = finishing_token && (chat || !req.include_stop_str_in_output)
+                              ? std::string()
+                              : c.stop->push(c.detok->push(t));
       c.completion_tokens++;
       if (req.sampling.logprobs && k < out.logprobs.size()) {
         const auto& lp = out.logprobs[k];
@@ -419,12 +444,15 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     }
 
     Json delta = Json::object();
+    bool cut_in_call = false;  // output cut (max_tokens / stop string) inside a tool call
     if (chat) {
       auto evs = c.parser->feed(text_delta);
       if (finishing) {
-        // Cut by max_tokens: a tool call being written keeps the arguments generated so far
-        // (nothing invented to close its JSON; finish_reason "length" tells the client).
-        const bool cut = !stopped && out.finish_reason == engine::FinishReason::kLength;
+        // Cut by max_tokens or by a stop string: a tool call being written keeps the arguments
+        // generated so far (nothing invented to close its JSON); finish_reason "length" / "stop"
+        // (not "tool_calls") tells the client that the call is incomplete.
+        const bool cut = stopped || out.finish_reason == engine::FinishReason::kLength;
+        cut_in_call = cut && c.parser->call_open();
         auto tail = c.parser->finish(/*close_open_call=*/!cut);
         evs.insert(evs.end(), tail.begin(), tail.end());
       }
@@ -459,7 +487,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
           c.finish_reason = "length";  // max_tokens 0: nothing generated, as OpenAI reports it
       }
       const bool ended_by_model = !stopped && out.finish_reason == engine::FinishReason::kStop;
-      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop") {
+      if (chat && c.parser->tool_call_count() > 0 && c.finish_reason == "stop" && !cut_in_call) {
         c.finish_reason = "tool_calls";
       } else if (chat && require_tool_call && ended_by_model && c.parser->tool_call_count() == 0) {
         // The sampler is not constrained: the model closed the forced tool-call block (or never
@@ -1049,7 +1077,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   // warning per request names them so a misspelt parameter does not go unnoticed.
   if (auto unknown = unknown_request_fields(*body, r.kind); !unknown.empty())
     V4_LOG_WARN("{} {}: ignoring unknown request field(s): {}", hreq.path, gen->id,
-                fmt::join(unknown, ", "));
+                describe_field_names(unknown));  // escaped: the names are the client's text
   if (chat && !r.thinking_set) r.thinking = cfg_.default_thinking;
   gen->require_tool_call =
       chat && !r.tools.is_null() && (r.tool_choice_function || r.tool_choice == "required");

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 namespace v4::server {
 
@@ -73,6 +74,83 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+namespace {
+
+// SAX handler counting the keys of each open object (a stack of counters); stops the parse at the
+// first object past kMaxJsonObjectKeys and names where it is ("body", "body.logit_bias", ...).
+struct ObjectKeyCounter {
+  struct Frame {
+    bool object = false;
+    size_t count = 0;  // keys (object) or elements (array) so far
+    std::string seg;   // this value's step from its parent: ".key" or "[i]" ("" at the root)
+  };
+  std::vector<Frame> stack;
+  std::string last_key;
+  bool too_many = false;
+  bool too_many_in_all = false;
+  uint64_t comparisons = 0;
+  std::string where;
+
+  // Only the step is kept per frame (the full path is built once, on failure: building it per
+  // value would cost depth x values).
+  std::string child_seg() const {
+    if (stack.empty()) return "";
+    const Frame& f = stack.back();
+    if (f.object) return "." + (last_key.size() > 64 ? last_key.substr(0, 64) + "..." : last_key);
+    return "[" + std::to_string(f.count - 1) + "]";
+  }
+  bool value() {
+    if (!stack.empty() && !stack.back().object) ++stack.back().count;
+    return true;
+  }
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(nlohmann::json::number_integer_t) { return value(); }
+  bool number_unsigned(nlohmann::json::number_unsigned_t) { return value(); }
+  bool number_float(nlohmann::json::number_float_t, const std::string&) { return value(); }
+  bool string(std::string&) { return value(); }
+  bool binary(nlohmann::json::binary_t&) { return value(); }
+  bool start_object(size_t) {
+    value();
+    stack.push_back({true, 0, child_seg()});
+    return true;
+  }
+  bool key(std::string& k) {
+    Frame& f = stack.back();
+    comparisons += f.count;  // an ordered_json insert compares with every key before it
+    if (comparisons > kMaxJsonKeyComparisons) {
+      too_many_in_all = true;
+      return false;
+    }
+    if (++f.count > kMaxJsonObjectKeys) {
+      too_many = true;
+      where = "body";
+      for (const Frame& g : stack) where += g.seg;
+      return false;
+    }
+    last_key = k;
+    return true;
+  }
+  bool end_object() {
+    stack.pop_back();
+    return true;
+  }
+  bool start_array(size_t) {
+    value();
+    stack.push_back({false, 0, child_seg()});
+    return true;
+  }
+  bool end_array() {
+    stack.pop_back();
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) {
+    return false;
+  }
+};
+
+}  // namespace
+
 Result<Json> parse_json_body(std::string_view body, ApiError* err) {
   if (body.empty()) {
     *err = bad_request("request body is empty; expected a JSON object");
@@ -104,6 +182,25 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
         --depth;
       }
     }
+  }
+  // Keys per object, by a SAX pass (linear) before the DOM parse (quadratic in one object's keys).
+  {
+    ObjectKeyCounter counter;
+    (void)nlohmann::json::sax_parse(body, &counter, nlohmann::json::input_format_t::json,
+                                    /*strict=*/true);
+    if (counter.too_many) {
+      *err = bad_request(fmt::format("request body has a JSON object of more than {} keys (at "
+                                     "{}); the server refuses larger objects",
+                                     kMaxJsonObjectKeys, counter.where));
+      return Status(ErrorCode::kInvalidArgument, err->message);
+    }
+    if (counter.too_many_in_all) {
+      *err = bad_request(fmt::format("request body has too many keys in its JSON objects in all "
+                                     "(objects of thousands of keys; one object may have up to {})",
+                                     kMaxJsonObjectKeys));
+      return Status(ErrorCode::kInvalidArgument, err->message);
+    }
+    // A syntax error stops the pass; the DOM parse below reports it with its position.
   }
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
@@ -137,6 +234,9 @@ const char* type_name(const Json& v) {
   return "object";
 }
 
+constexpr std::string_view kMaxTokensZeroNote =
+    " (0 is allowed only with 'echo': true, to return or score the prompt)";
+
 // Each getter: absent or null -> leave *out unchanged, return true. Wrong type/range -> false.
 struct Reader {
   const Json& body;
@@ -158,30 +258,28 @@ struct Reader {
     *out = v->get<bool>();
     return true;
   }
-  bool get_int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+  // JSON integers only: 1.0 or 1e2 is a 400, as on OpenAI ("expected an integer, but got a
+  // decimal number"). `shown_lo` / `note`: the range as the message states it (completions'
+  // max_tokens allows 0 only with echo) and a remark after it.
+  bool get_int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out,
+               std::optional<int64_t> shown_lo = std::nullopt, std::string_view note = {}) {
     const Json* v = find(key);
     if (!v) return true;
-    if (v->is_number_float()) {
-      double d = v->get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
-        int64_t x = int64_t(d);
-        if (x < lo || x > hi) return range(key, lo, hi, std::to_string(x));
-        *out = x;
-        return true;
-      }
-      return fail(fmt::format("'{}' must be an integer, got {}", key, v->dump()), key);
-    }
+    if (v->is_number_float())
+      return fail(fmt::format("'{}' must be an integer, got the decimal number {}", key, v->dump()),
+                  key);
     if (!v->is_number_integer()) return fail(fmt::format("'{}' must be an integer, got {}", key, type_name(*v)), key);
+    const int64_t slo = shown_lo.value_or(lo);
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-      return range(key, lo, hi, v->dump());
+      return range(key, slo, hi, v->dump(), note);
     }
     int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) return range(key, lo, hi, std::to_string(x));
+    if (x < lo || x > hi) return range(key, slo, hi, std::to_string(x), note);
     *out = x;
     return true;
   }
-  bool range(const char* key, int64_t lo, int64_t hi, const std::string& got) {
-    return fail(fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, got), key);
+  bool range(const char* key, int64_t lo, int64_t hi, const std::string& got, std::string_view note = {}) {
+    return fail(fmt::format("'{}' must be in [{}, {}]{}, got {}", key, lo, hi, note, got), key);
   }
   bool get_number(const char* key, double lo, double hi, bool lo_open, std::optional<double>* out) {
     const Json* v = find(key);
@@ -215,12 +313,15 @@ bool parse_common(const Json& body, const ValidationLimits& lim, GenerateRequest
   r->model = model.value_or("");
 
   // max_tokens / max_completion_tokens (the newer name wins when both are given).
+  // The range is stated as [1, context] on both endpoints, whatever the value (completions also
+  // take 0 with echo, said in the message, as for a 0 without echo in parse_completion_request).
   std::optional<int64_t> mt, mct;
-  if (!rd.get_int("max_tokens", min_max_tokens, lim.max_context, &mt)) {
+  const std::string_view echo_note = min_max_tokens == 0 ? kMaxTokensZeroNote : std::string_view();
+  if (!rd.get_int("max_tokens", min_max_tokens, lim.max_context, &mt, 1, echo_note)) {
     err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
     return false;
   }
-  if (!rd.get_int("max_completion_tokens", min_max_tokens, lim.max_context, &mct)) {
+  if (!rd.get_int("max_completion_tokens", min_max_tokens, lim.max_context, &mct, 1, echo_note)) {
     err->message += fmt::format(" (the model's context is {} tokens)", lim.max_context);
     return false;
   }
@@ -472,6 +573,14 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       copy["content"] = "";
     }
     if (rs == "assistant") {
+      // As OpenAI: content may be null or absent only when the message carries tool calls.
+      if (auto tc = m.find("tool_calls");
+          (content == m.end() || content->is_null()) &&
+          (tc == m.end() || tc->is_null() || (tc->is_array() && tc->empty())))
+        return rd.fail(fmt::format("'{}.content' is required for an assistant message without "
+                                   "tool_calls: a string or an array of text parts, got {}",
+                                   p, content == m.end() ? "nothing" : "null"),
+                       "messages");
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
         if (!tc->is_array()) return rd.fail(fmt::format("'{}.tool_calls' must be an array", p), "messages");
         for (size_t k = 0; k < tc->size(); ++k) {
@@ -560,6 +669,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
 
   if (const Json* tools = rd.find("tools")) {
     if (!tools->is_array()) return rd.fail("'tools' must be an array", "tools");
+    std::unordered_map<std::string, size_t> seen_names;
     for (size_t i = 0; i < tools->size(); ++i) {
       const Json& t = (*tools)[i];
       if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
@@ -596,15 +706,23 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
                                      "object, got {}",
                                      i, type_name(*pr)),
                          "tools");
+        else if (pr != pa->end() && pr->is_object())
+          // Each property's value is its JSON Schema: an object (or a boolean schema).
+          for (auto it = pr->begin(); it != pr->end(); ++it)
+            if (!it->is_object() && !it->is_boolean())
+              return rd.fail(fmt::format("'tools[{}].function.parameters.properties.{}' must be a "
+                                         "JSON Schema object, got {}",
+                                         i, it.key(), type_name(*it)),
+                             "tools");
       }
       // One function per name: a call names its function, two tools of one name are ambiguous.
-      for (size_t k = 0; k < i; ++k) {
-        if ((*tools)[k]["function"]["name"] == fname)
-          return rd.fail(fmt::format("'tools[{}].function.name' {} duplicates 'tools[{}]': "
-                                     "function names must be unique",
-                                     i, Json(fname).dump(), k),
-                         "tools");
-      }
+      // (A name -> index map: comparing each tool with all before it was quadratic in the number
+      // of tools, which a large body makes a DoS.)
+      if (auto [it, fresh] = seen_names.emplace(fname, i); !fresh)
+        return rd.fail(fmt::format("'tools[{}].function.name' {} duplicates 'tools[{}]': "
+                                   "function names must be unique",
+                                   i, Json(fname).dump(), it->second),
+                       "tools");
     }
     if (!tools->empty()) r->tools = *tools;
   }
@@ -790,9 +908,11 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
   r->sampling.top_logprobs = r->top_logprobs;
   // max_tokens 0 generates nothing: only useful to echo (and score, with logprobs) the prompt.
   if (r->max_tokens && *r->max_tokens == 0 && !r->echo) {
-    return rd.fail(fmt::format("'max_tokens' must be in [1, {}], got 0 (0 is allowed only with "
-                               "'echo': true, to return or score the prompt)",
-                               lim.max_context),
+    const char* key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
+                          ? "max_completion_tokens"
+                          : "max_tokens";
+    return rd.fail(fmt::format("'{}' must be in [1, {}]{}, got 0 (the model's context is {} tokens)",
+                               key, lim.max_context, kMaxTokensZeroNote, lim.max_context),
                    body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
                        ? "max_completion_tokens"
                        : "max_tokens");
@@ -890,6 +1010,45 @@ ForcedToolCall forced_tool_call(const GenerateRequest& r) {
     f.prefill += "<｜DSML｜invoke name=\"" + r.tool_choice + "\">\n";
   }
   return f;
+}
+
+std::string describe_field_names(const std::vector<std::string>& names) {
+  constexpr size_t kMaxNames = 16, kMaxChars = 64;
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kMaxNames; ++i) {
+    if (i) out += ", ";
+    const std::string& n = names[i];
+    if (n.empty()) {
+      out += "\"\"";
+      continue;
+    }
+    size_t chars = 0;
+    for (size_t p = 0; p < n.size();) {
+      if (chars == kMaxChars) {
+        out += "…";
+        break;
+      }
+      const auto c = static_cast<unsigned char>(n[p]);
+      size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+      len = std::min(len, n.size() - p);
+      uint32_t cp = c;
+      if (len == 2) cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(n[p + 1]) & 0x3Fu);
+      if (len == 3)
+        cp = ((c & 0x0Fu) << 12) | ((static_cast<unsigned char>(n[p + 1]) & 0x3Fu) << 6) |
+             (static_cast<unsigned char>(n[p + 2]) & 0x3Fu);
+      if (cp == '\\') out += "\\\\";
+      else if (cp == '\n') out += "\\n";
+      else if (cp == '\r') out += "\\r";
+      else if (cp == '\t') out += "\\t";
+      else if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029)
+        out += fmt::format("\\u{:04x}", cp);
+      else out.append(n, p, len);
+      p += len;
+      ++chars;
+    }
+  }
+  if (names.size() > kMaxNames) out += fmt::format(", … and {} more", names.size() - kMaxNames);
+  return out;
 }
 
 }  // namespace v4::server

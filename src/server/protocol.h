@@ -119,6 +119,17 @@ struct ValidationLimits {
 /// dumping and encoding a JSON value recurse once per level, so a body of a few hundred KiB of
 /// `{"a":{"a":...}}` would otherwise overflow an HTTP thread's stack and crash the server.
 inline constexpr int kMaxJsonDepth = 512;
+/// Bodies with a JSON object of more keys than this are refused (400) before the DOM parse:
+/// `ordered_json` inserts a key by a linear search of the object's keys, so one object of n keys
+/// costs O(n^2) (120k keys in a 1.8 MB body took ~40 s of an HTTP thread). No field the server
+/// reads needs more (`logit_bias` allows 1,024 entries); the count is per object, duplicates
+/// included.
+inline constexpr size_t kMaxJsonObjectKeys = 8192;
+/// And over all objects of a body: the sum of n*(n-1)/2 (the key comparisons of those inserts)
+/// at most this (~0.3 s of parsing; two objects at the cap fit): without it, 500 objects of 8,192
+/// keys each (a 32 MiB body) would cost as much as one quadratic object, about a minute. Ordinary
+/// requests (hundreds of objects of tens of keys) use well under 0.1% of it.
+inline constexpr uint64_t kMaxJsonKeyComparisons = uint64_t(1) << 26;
 Result<Json> parse_json_body(std::string_view body, ApiError* err);
 
 /// Validates a /v1/chat/completions body. Returns false and fills `err` on a bad request.
@@ -132,6 +143,11 @@ bool parse_completion_request(const Json& body, const ValidationLimits& lim, Gen
 /// in body order. They are accepted and ignored, as vLLM does (OpenAI answers 400); the server
 /// logs a warning naming them.
 std::vector<std::string> unknown_request_fields(const Json& body, GenerateRequest::Kind kind);
+/// The names for the log line: control characters (C0, DEL, C1 — ANSI escapes included — and
+/// U+2028/U+2029) and `\` written JSON-style (`\n`, `\u001b`), so a client cannot forge log
+/// lines or drive a terminal; an empty name as `""`; each name cut at 64 characters (+ "…") and
+/// the list at the first 16 names (+ "… and N more"), joined by ", ".
+std::string describe_field_names(const std::vector<std::string>& names);
 
 /// Text-level stop strings over a stream of text deltas: returns the text that is safe to emit
 /// (never any byte of a stop string or past it; a suffix that may start a stop string is held

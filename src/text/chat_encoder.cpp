@@ -254,6 +254,7 @@ struct Ctx {
   ThinkingMode mode;
   bool drop;
   const ChatOptions* opt;
+  int last_user = -1;  // find_last_user_index(msgs), once per render (per message it was O(n^2))
 };
 
 Result<std::string> render_message(int index, const J& msgs, const Ctx& cx) {
@@ -261,7 +262,7 @@ Result<std::string> render_message(int index, const J& msgs, const Ctx& cx) {
   const std::string where = fmt::format("messages[{}]", index);
   if (!msg.is_object()) return make_error(ErrorCode::kInvalidArgument, "{} is not an object", where);
   std::string prompt;
-  const int last_user = find_last_user_index(msgs);
+  const int last_user = cx.last_user;
   const J& role = get(msg, "role");
   const J& content = get(msg, "content");
   const J& tools = get(msg, "tools");
@@ -477,7 +478,7 @@ Result<std::string> ChatEncoder::render(const J& messages_in, const ChatOptions&
     if (truthy(get(m, "tools"))) drop = false;
   if (opt.thinking_mode == ThinkingMode::kThinking && drop) msgs = drop_thinking_messages(msgs);
   std::string prompt = opt.add_bos ? kBos : "";
-  Ctx cx{opt.thinking_mode, drop, &opt};
+  Ctx cx{opt.thinking_mode, drop, &opt, find_last_user_index(msgs)};
   for (int i = 0; i < static_cast<int>(msgs.size()); ++i) {
     V4_ASSIGN_OR_RETURN(std::string part, render_message(i, msgs, cx));
     prompt += part;

@@ -76,7 +76,11 @@ const std::vector<Marker>& markers(St s) {
                                                 {"<｜DSML｜ parameter", Act::kEndName, true},
                                                 {"</｜DSML｜invoke", Act::kEndName},
                                                 {"</｜DSML｜ invoke", Act::kEndName, true}};
-  static const std::vector<Marker> args = {{"parameter name=\"", Act::kParamBegin},
+  // `<｜DSML｜parameter name="` is one marker (the longest match wins) so that the opener's
+  // `<｜DSML｜` is not taken for prose (text here is content); the bare form stays for tolerance.
+  static const std::vector<Marker> args = {{"<｜DSML｜parameter name=\"", Act::kParamBegin},
+                                           {"<｜DSML｜ parameter name=\"", Act::kParamBegin, true},
+                                           {"parameter name=\"", Act::kParamBegin},
                                            {"</｜DSML｜invoke>", Act::kInvokeEnd},
                                            {"</｜DSML｜ invoke>", Act::kInvokeEnd, true},
                                            {"</｜DSML｜parameter>", Act::kDrop},  // stray closer
@@ -240,11 +244,14 @@ struct OutputParser::State {
         }
         break;
       }
-      case St::kToolBlock: {
-        // Text between the block's markers that is not an invoke (the model wrote prose where a
-        // call belongs, e.g. after a pre-filled opener): content, never dropped. The rest of the
-        // opener tag (`tool_calls>` after the `<｜DSML｜` marker) and the separators around
-        // invokes (whitespace) are not content.
+      case St::kToolBlock:
+      case St::kArgs: {
+        // Text between the block's markers that is not an invoke, or between an invoke's
+        // parameters that is not a parameter (the model wrote prose where a call or its arguments
+        // belong, e.g. after the pre-filled opener of tool_choice "required" or of a named
+        // function): content, never dropped. The rest of the opener tag (`tool_calls>` after the
+        // `<｜DSML｜` marker) and the separators around invokes / parameters (whitespace) are not
+        // content.
         if (opener_tail) {
           const size_t gt = t.find('>');
           if (gt == std::string_view::npos) break;  // still inside the opener tag
@@ -258,7 +265,7 @@ struct OutputParser::State {
         }
         break;
       }
-      default: break;  // tool block / args / skip / finished: dropped
+      default: break;  // skip / finished: dropped
     }
   }
 
@@ -347,7 +354,7 @@ struct OutputParser::State {
       size_t emit_from = pos;
       bool done = false;
       const bool text_state = st == St::kReasoning || st == St::kContent || st == St::kAfterBlock ||
-                              st == St::kToolBlock;
+                              st == St::kToolBlock || st == St::kArgs;
       for (size_t p = pos; p < limit; ++p) {
         const Marker* best = nullptr;
         bool partial = false;
@@ -451,6 +458,10 @@ std::vector<ParserEvent> OutputParser::finish(bool close_open_call) {
 }
 
 int OutputParser::tool_call_count() const { return s_->n_calls + (s_->pending_call ? 1 : 0); }
+
+bool OutputParser::call_open() const {
+  return s_->st != St::kFinished && (s_->in_call || s_->pending_call || s_->st == St::kToolName);
+}
 
 std::vector<std::string> template_special_tokens(const Tokenizer* tok) {
   std::vector<std::string> out(std::begin(kTemplateTokens), std::end(kTemplateTokens));

@@ -109,6 +109,9 @@ class OutputParser {
   std::vector<ParserEvent> finish(bool close_open_call = true);
   /// Number of tool calls begun so far (finish_reason "tool_calls" when > 0).
   int tool_call_count() const;
+  /// A tool call is being written (begun and not ended, pre-filled and not yet begun, or its
+  /// invoke head is being read): output cut now leaves it incomplete.
+  bool call_open() const;
 
   /// Parses a whole output (feed + finish, events folded into a message).
   static ParsedMessage parse(std::string_view completion, const OutputParserOptions& options = {});

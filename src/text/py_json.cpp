@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 namespace v4::text::pyjson {
 namespace {
@@ -161,6 +162,10 @@ class Parser {
         ++i_;
         return true;
       }
+      // Key -> position, once the object is past a few keys: a linear search per key made an
+      // object of n keys cost O(n^2) (a tool call's arguments string is client text).
+      std::unordered_map<std::string, size_t> index;
+      constexpr size_t kLinear = 16;
       while (true) {
         ws();
         std::string k;
@@ -171,14 +176,18 @@ class Parser {
         ws();
         Value item;
         if (!value(item, depth + 1)) return false;
-        bool found = false;
-        for (auto& [kk, vv] : v.obj)
-          if (kk == k) {
-            vv = std::move(item);  // dict: last value wins, first position kept
-            found = true;
-            break;
-          }
-        if (!found) v.obj.emplace_back(std::move(k), std::move(item));
+        size_t at = v.obj.size();
+        if (v.obj.size() < kLinear) {
+          for (size_t q = 0; q < v.obj.size(); ++q)
+            if (v.obj[q].first == k) at = q;
+        } else {
+          if (index.empty())
+            for (size_t q = 0; q < v.obj.size(); ++q) index.emplace(v.obj[q].first, q);
+          auto [it, inserted] = index.emplace(k, v.obj.size());
+          at = it->second;
+        }
+        if (at < v.obj.size()) v.obj[at].second = std::move(item);  // dict: last value wins, first position kept
+        else v.obj.emplace_back(std::move(k), std::move(item));
         ws();
         if (i_ < t_.size() && t_[i_] == ',') {
           ++i_;

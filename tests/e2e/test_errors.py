@@ -60,6 +60,13 @@ def still_serving(server, client, model_name):
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
     ({"messages": [{"role": "system", "content": None}] + MSG}, "messages"),
     ({"messages": MSG, "stop": [1, 2]}, "stop"),
+    # An assistant message without content or tool_calls; a property schema that is not an
+    # object; integers written as decimal numbers.
+    ({"messages": MSG + [{"role": "assistant", "content": None}] + MSG}, "messages"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": 5}}}}]}, "tools"),
+    ({"messages": MSG, "max_tokens": 1.0}, "max_tokens"),
+    ({"messages": MSG, "n": 1e2}, "n"),
 ])
 def test_bad_chat_fields(server, body, param):
     check_error(server.post("/v1/chat/completions", json=body), 400, param=param)
@@ -246,3 +253,37 @@ def test_unknown_fields_are_accepted_with_a_warning(server, client, model_name):
     assert len(lines) == 1, lines
     assert "unknown request field(s): frobnicate_e2e, temprature" in lines[0], lines
     assert "warn" in lines[0].lower(), lines
+
+
+def test_objects_with_too_many_keys_are_refused(server, client, model_name):
+    """One JSON object of many keys was parsed in quadratic time (ordered_json inserts by a linear
+    search: 120k keys took ~40 s); past 8,192 keys in one object the body is a quick 400, on every
+    endpoint that parses a body; 100 keys still work."""
+    big = {f"k{i}": 1 for i in range(8193)}
+    for path, body in [("/v1/chat/completions", {"messages": MSG, "max_tokens": 1, "x": big}),
+                       ("/v1/completions", {**big, "prompt": "hi"}),
+                       ("/tokenize", {"prompt": "hi", "x": big})]:
+        t0 = time.time()
+        err = check_error(server.post(path, json=body), 400)
+        assert time.time() - t0 < 2.0
+        assert "8192 keys" in err["message"], err
+        assert err["type"] == "invalid_request_error", err
+    small = {f"k{i}": 1 for i in range(100)}
+    r = server.post("/v1/chat/completions", json={"model": model_name, "messages": MSG,
+                                                  "max_tokens": 1, "metadata_x": small})
+    assert r.status_code == 200, r.text
+    still_serving(server, client, model_name)
+
+
+def test_unknown_field_names_cannot_forge_log_lines(server, client, model_name):
+    """A field name with a newline / ANSI escape is logged escaped, on the warning's own line."""
+    r = server.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 1,
+                                             "x\n2026 [error] FAKE_E2E\x1b[31m": 1})
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 10
+    while time.time() < deadline and "FAKE_E2E" not in server.tail(200):
+        time.sleep(0.1)
+    lines = [l for l in server.tail(200).splitlines() if "FAKE_E2E" in l]
+    assert len(lines) == 1, lines
+    assert "unknown request field(s): x\\n2026 [error] FAKE_E2E\\u001b[31m" in lines[0], lines
+    assert "\x1b" not in lines[0], lines

@@ -293,13 +293,21 @@ def test_tool_choice_named_and_required(server, client, model_name):
         calls = r.choices[0].message.tool_calls
         assert calls and calls[0].function.name == "get_weather", r
         assert r.choices[0].finish_reason in ("tool_calls", "length"), r
-        assert not r.choices[0].message.content, r
+        # Prose the (dummy) model writes where the parameters belong is returned as content, never
+        # dropped; the call keeps only the arguments written ("" when cut before any parameter).
+        # Streaming gives the same content and arguments.
         stream = client.chat.completions.create(model=model_name, messages=messages, tools=TOOLS,
                                                 tool_choice=named, max_tokens=12, temperature=0, stream=True,
                                                 extra_body={"chat_template_kwargs": {"thinking": thinking}})
-        names = [tc.function.name for ch in stream for c in ch.choices for tc in (c.delta.tool_calls or [])
+        chunks = [c for ch in stream for c in ch.choices]
+        names = [tc.function.name for c in chunks for tc in (c.delta.tool_calls or [])
                  if tc.function and tc.function.name]
         assert names == ["get_weather"], names
+        streamed = "".join(c.delta.content or "" for c in chunks)
+        assert streamed == (r.choices[0].message.content or ""), (streamed, r)
+        args = "".join(tc.function.arguments or "" for c in chunks for tc in (c.delta.tool_calls or [])
+                       if tc.function)
+        assert args == (calls[0].function.arguments or ""), (args, r)
     # The prompt ends with the pre-filled openers (what /tokenize shows).
     for choice, tail in ((named, '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'),
                          ("required", "</think>\n\n<｜DSML｜tool_calls>\n")):

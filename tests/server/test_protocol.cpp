@@ -1,6 +1,7 @@
 // Request validation / schema conversion, error bodies, SSE framing, stop strings, metrics text.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -536,6 +537,53 @@ TEST(Protocol, DeeplyNestedBodiesAreRefused) {
 }
 
 
+// One JSON object of many keys is refused before the DOM parse (ordered_json inserts by a linear
+// search: 120k keys took ~40 s); the message names the limit and where the object is; an object at
+// the limit, and many small objects, parse.
+TEST(Protocol, ObjectsWithTooManyKeysAreRefused) {
+  auto body = [](size_t keys, bool nested) {
+    std::string obj = "{";
+    for (size_t i = 0; i < keys; ++i) obj += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":1";
+    obj += "}";
+    if (nested) return R"({"messages":[{"role":"user","content":"x"}],"tools":[1,{"a":)" + obj + "}]}";
+    return obj;
+  };
+  ApiError err;
+  EXPECT_TRUE(parse_json_body(body(100, false), &err).ok()) << err.message;
+  EXPECT_TRUE(parse_json_body(body(kMaxJsonObjectKeys, true), &err).ok()) << err.message;
+  auto t0 = std::chrono::steady_clock::now();
+  auto big = parse_json_body(body(120000, false), &err);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(big.ok());
+  EXPECT_LT(secs, 2.0);
+  EXPECT_EQ(err.status, 400);
+  EXPECT_EQ(err.type, "invalid_request_error");
+  EXPECT_NE(err.message.find("more than 8192 keys"), std::string::npos) << err.message;
+  EXPECT_NE(err.message.find("(at body)"), std::string::npos) << err.message;
+  ASSERT_FALSE(parse_json_body(body(kMaxJsonObjectKeys + 1, true), &err).ok());
+  EXPECT_NE(err.message.find("(at body.tools[1].a)"), std::string::npos) << err.message;
+  // Keys are counted per object, not per body.
+  std::string many = R"({"x":[)";
+  for (int i = 0; i < 3000; ++i) many += std::string(i ? "," : "") + R"({"a":1,"b":2,"c":3,"d":4})";
+  many += "]}";
+  EXPECT_TRUE(parse_json_body(many, &err).ok()) << err.message;
+  // Many objects just under the cap cost as much in all (500 x 8,191 keys took about a minute):
+  // the key comparisons of the whole body are bounded too; two objects at the cap still parse.
+  std::string two = "[" + body(kMaxJsonObjectKeys, false) + "," + body(kMaxJsonObjectKeys, false) + "]";
+  EXPECT_TRUE(parse_json_body(R"({"x":)" + two + "}", &err).ok()) << err.message;
+  std::string fifty = R"({"x":[)";
+  for (int i = 0; i < 50; ++i) fifty += (i ? "," : "") + body(kMaxJsonObjectKeys - 1, false);
+  fifty += "]}";
+  t0 = std::chrono::steady_clock::now();
+  ASSERT_FALSE(parse_json_body(fifty, &err).ok());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_EQ(err.status, 400);
+  EXPECT_NE(err.message.find("too many keys in its JSON objects in all"), std::string::npos) << err.message;
+  // A malformed body still gets the parser's message.
+  EXPECT_FALSE(parse_json_body(R"({"a":1,)", &err).ok());
+  EXPECT_NE(err.message.find("not valid JSON"), std::string::npos) << err.message;
+}
+
 // Validation as OpenAI does it, with a 400 naming the field: duplicate tool names, tool
 // parameters whose `properties` is not an object, a json_schema `schema` that is not an object,
 // user / system messages with null content (assistant null content with tool_calls and tool
@@ -605,4 +653,98 @@ TEST(Protocol, UnknownFieldsAreListedNotRefused) {
   // spaces_between_special_tokens is accepted as vLLM does, but must be a boolean.
   EXPECT_EQ(completion_err(R"({"prompt":"x","spaces_between_special_tokens":"no"})").param,
             "spaces_between_special_tokens");
+}
+
+// The unknown-field warning cannot be used to forge log lines or drive a terminal: control
+// characters (newline, ESC, C1 CSI, U+2028) and backslashes are escaped JSON-style, an empty name
+// is shown as "", long names are cut at 64 characters and the list at 16 names.
+TEST(Protocol, UnknownFieldNamesAreEscapedForTheLog) {
+  EXPECT_EQ(describe_field_names({"temprature", "frobnicate"}), "temprature, frobnicate");
+  const std::string forged = "x\n2026-01-01 [error] FAKE\x1b[31mred\t\\\xc2\x9b\xe2\x80\xa8é";
+  const std::string d = describe_field_names({forged, ""});
+  EXPECT_EQ(d, "x\\n2026-01-01 [error] FAKE\\u001b[31mred\\t\\\\\\u009b\\u2028é, \"\"");
+  for (char c : d) EXPECT_TRUE(static_cast<unsigned char>(c) >= 0x20) << d;
+  const std::string longname(100, 'a');
+  EXPECT_EQ(describe_field_names({longname}), std::string(64, 'a') + "…");
+  // Multi-byte characters count as one and are never split.
+  std::string wide;
+  for (int i = 0; i < 70; ++i) wide += "é";
+  std::string wide64;
+  for (int i = 0; i < 64; ++i) wide64 += "é";
+  EXPECT_EQ(describe_field_names({wide}), wide64 + "…");
+  std::vector<std::string> many;
+  for (int i = 0; i < 20; ++i) many.push_back("f" + std::to_string(i));
+  const std::string m = describe_field_names(many);
+  EXPECT_NE(m.find("f15, … and 4 more"), std::string::npos) << m;
+  EXPECT_EQ(m.find("f16"), std::string::npos) << m;
+}
+
+// Gaps a tester found, refused as OpenAI does with a 400 naming the field: an assistant message
+// without content and without tool_calls; a tool property whose schema is not an object (or a
+// boolean schema); integers given as decimal numbers (1.0, 1e2: OpenAI accepts JSON integers
+// only). max_tokens messages state one range, [1, context], whatever the bad value.
+TEST(Protocol, ValidationGapsAreRefused) {
+  struct Case {
+    std::string body, param, says;
+  };
+  const std::string user = R"({"role":"user","content":"hi"})";
+  const std::vector<Case> cases = {
+      {R"({"messages":[)" + user + R"(,{"role":"assistant","content":null},)" + user + "]}", "messages",
+       "'messages[1].content' is required for an assistant message without tool_calls"},
+      {R"({"messages":[)" + user + R"(,{"role":"assistant"},)" + user + "]}", "messages", "got nothing"},
+      {R"({"messages":[)" + user + R"(,{"role":"assistant","content":null,"tool_calls":[]},)" + user + "]}",
+       "messages", "without tool_calls"},
+      {std::string("{") + kMsg +
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":5}}}}]})",
+       "tools", "'tools[0].function.parameters.properties.x' must be a JSON Schema object, got integer"},
+      {std::string("{") + kMsg + R"(,"max_tokens":1.0})", "max_tokens", "must be an integer, got the decimal number 1.0"},
+      {std::string("{") + kMsg + R"(,"n":1e2})", "n", "must be an integer"},
+      {std::string("{") + kMsg + R"(,"seed":3.0})", "seed", "must be an integer"},
+      {std::string("{") + kMsg + R"(,"max_tokens":-1})", "max_tokens", "must be in [1, 4096], got -1"},
+      {std::string("{") + kMsg + R"(,"max_tokens":0})", "max_tokens", "must be in [1, 4096], got 0"},
+  };
+  for (auto& c : cases) {
+    ApiError e = chat_err(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_NE(e.message.find(c.says), std::string::npos) << c.body << " -> " << e.message;
+  }
+  // Completions: -1 and 0 (without echo) state the same range and the echo exception.
+  ApiError neg = completion_err(R"({"prompt":"x","max_tokens":-1})");
+  ApiError zero = completion_err(R"({"prompt":"x","max_tokens":0})");
+  EXPECT_EQ(neg.param, "max_tokens");
+  EXPECT_EQ(zero.param, "max_tokens");
+  const std::string range = "'max_tokens' must be in [1, 4096] (0 is allowed only with 'echo': true";
+  EXPECT_EQ(neg.message.rfind(range, 0), 0u) << neg.message;
+  EXPECT_EQ(zero.message.rfind(range, 0), 0u) << zero.message;
+  EXPECT_EQ(completion_err(R"({"prompt":"x","max_tokens":2.0})").param, "max_tokens");
+  EXPECT_EQ(completion_err(R"({"prompt":"x","logprobs":1.0})").param, "logprobs");
+  // Still valid: boolean property schemas, an assistant message with content "" or tool calls.
+  for (const std::string ok : {
+           std::string("{") + kMsg +
+               R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"string"},"y":true}}}}]})",
+           R"({"messages":[)" + user + R"(,{"role":"assistant","content":""},)" + user + "]}",
+           std::string(R"({"messages":[)") + user + R"(,{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},)"
+               R"({"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}]})",
+           std::string("{") + kMsg + R"(,"max_tokens":5,"n":2})",
+       }) {
+    ApiError e = chat_err(ok);
+    EXPECT_EQ(e.status, 0) << ok << " -> " << e.message;
+  }
+}
+
+// Many tools are checked in linear time (duplicate names by a map: comparing each tool with all
+// before it took ~10 s for 100k tools); the duplicate is still named with its first occurrence.
+TEST(Protocol, ManyToolsAreCheckedInLinearTime) {
+  std::string body = std::string("{") + kMsg + R"(,"tools":[)";
+  for (int i = 0; i < 100000; ++i)
+    body += R"({"type":"function","function":{"name":"f)" + std::to_string(i) + R"("}},)";
+  body += R"({"type":"function","function":{"name":"f7"}}]})";
+  const auto t0 = std::chrono::steady_clock::now();
+  ApiError e = chat_err(body);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_NE(e.message.find("'tools[100000].function.name' \"f7\" duplicates 'tools[7]'"), std::string::npos)
+      << e.message;
+  EXPECT_LT(secs, 3.0);
 }

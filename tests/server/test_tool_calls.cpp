@@ -554,3 +554,146 @@ TEST(ToolCalls, NamedToolChoiceCutByLengthKeepsOnlyTheWrittenArguments) {
   EXPECT_EQ(full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
             "{\"city\": \"Oslo\"}");
 }
+
+// A named tool_choice and the model writes prose instead of (or before) the parameters: the prose
+// is content, never dropped (streaming too); the call keeps the arguments written — {} when the
+// model ended its turn without any, {"city": "Oslo"} when it wrote them after the prose.
+TEST(ToolCalls, NamedToolChoiceKeepsProseWrittenInsideTheCall) {
+  struct Case {
+    std::string script, content, args;
+  };
+  const std::string param =
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  for (const Case& k : {Case{"I cannot check the weather.", "I cannot check the weather.", "{}"},
+                        Case{"Checking Oslo.\n" + param, "Checking Oslo.\n", "{\"city\": \"Oslo\"}"}}) {
+    SCOPED_TRACE(k.script);
+    Harness h(k.script);
+    json req = request(false);
+    req["chat_template_kwargs"]["thinking"] = false;
+    req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+    json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r.dump();
+    EXPECT_EQ(c["message"]["content"], k.content) << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], k.args) << r.dump();
+    req["stream"] = true;
+    Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+    EXPECT_TRUE(s.done);
+    EXPECT_EQ(s.content, k.content);
+    EXPECT_EQ(s.calls, 1);
+    EXPECT_EQ(s.args, k.args);
+    EXPECT_EQ(s.finish, "tool_calls");
+  }
+}
+
+// A call cut by a stop string is reported like one cut by max_tokens: finish_reason "stop" (not
+// "tool_calls": the call is incomplete) and exactly the arguments written before the stop string
+// ("" before any parameter), nothing invented to close the JSON. A stop string after the call
+// ended leaves the complete call and "tool_calls".
+TEST(ToolCalls, NamedToolChoiceCutByAStopStringKeepsOnlyTheWrittenArguments) {
+  const std::string params =
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls> done";
+  Harness h(params);
+  json req = request(false);
+  req["chat_template_kwargs"]["thinking"] = false;
+  req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  struct Case {
+    std::string stop, args, finish;
+  };
+  for (const Case& k : {Case{"<｜DSML｜parameter", "", "stop"}, Case{"lo", "{\"city\": \"Os", "stop"},
+                        Case{"done", "{\"city\": \"Oslo\"}", "tool_calls"}}) {
+    SCOPED_TRACE(k.stop);
+    req["stop"] = k.stop;
+    req["stream"] = false;
+    json r = json::parse(h.post("/v1/chat/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], k.finish) << r.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], k.args) << r.dump();
+    req["stream"] = true;
+    Streamed s = read_stream(h.post("/v1/chat/completions", req.dump()));
+    EXPECT_EQ(s.calls, 1);
+    EXPECT_EQ(s.args, k.args);
+    EXPECT_EQ(s.finish, k.finish);
+  }
+}
+
+// The token that ends generation (EOS here) is not part of the text, as in vLLM: completions with
+// skip_special_tokens false used to end in `<｜end▁of▁sentence｜>`; include_stop_str_in_output
+// keeps it. Streaming the same. It is still counted and has its logprobs entry. In chat, EOS right
+// after a tool-call value used to become part of the argument text.
+TEST(ToolCalls, TheFinishingEosIsNotPartOfTheText) {
+  Harness h("Hello");
+  json req = {{"prompt", "x"}, {"max_tokens", 50}, {"temperature", 0}, {"skip_special_tokens", false},
+              {"logprobs", 0}};
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  for (bool include : {false, true}) {
+    SCOPED_TRACE(include);
+    req["include_stop_str_in_output"] = include;
+    req["stream"] = false;
+    json r = json::parse(h.post("/v1/completions", req.dump()));
+    ASSERT_TRUE(r.contains("choices")) << r.dump();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(r["choices"][0]["text"], include ? "Hello" + eos : "Hello") << r.dump();
+    EXPECT_EQ(r["usage"]["completion_tokens"], 6) << r.dump();
+    EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"].size(), 6u) << r.dump();
+    req["stream"] = true;
+    std::string body = h.post("/v1/completions", req.dump());
+    std::string text;
+    for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p) {
+      json ev = json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6));
+      for (auto& ch : ev["choices"]) text += ch["text"].get<std::string>();
+    }
+    EXPECT_EQ(text, include ? "Hello" + eos : "Hello");
+  }
+  Harness h2("<｜DSML｜parameter name=\"city\" string=\"true\">Oslo");
+  json chat = request(false);
+  chat["chat_template_kwargs"]["thinking"] = false;
+  chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  json r = json::parse(h2.post("/v1/chat/completions", chat.dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Oslo\"}")
+      << r.dump();
+}
+
+// A token that is part of a UTF-8 character (here every byte is a token: "é" is 0xC3 0xA9) is
+// listed in logprobs as OpenAI lists it, "bytes:\xc3" (the byte as \xNN text), not as U+FFFD;
+// whole-character tokens are their text. Completions (tokens and top_logprobs keys, streaming
+// or not) and chat (token; its bytes field has the raw bytes).
+TEST(ToolCalls, PartialUtf8TokensAreListedAsBytes) {
+  Harness h("aé");
+  const std::vector<std::string> want = {"a", "bytes:\\xc3", "bytes:\\xa9"};
+  json req = {{"prompt", "x"}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 0}};
+  json r = json::parse(h.post("/v1/completions", req.dump()));
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"], "aé");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"], json(want)) << r.dump();
+  EXPECT_TRUE(r["choices"][0]["logprobs"]["top_logprobs"][1].contains("bytes:\\xc3")) << r.dump();
+  req["stream"] = true;
+  std::string body = h.post("/v1/completions", req.dump());
+  std::vector<std::string> toks;
+  for (size_t p = 0; (p = body.find("data: {", p)) != std::string::npos; ++p) {
+    json ev = json::parse(body.substr(p + 6, body.find("\n\n", p) - p - 6));
+    for (auto& ch : ev["choices"])
+      if (ch.contains("logprobs") && ch["logprobs"].is_object())
+        for (auto& t : ch["logprobs"]["tokens"]) toks.push_back(t);
+  }
+  EXPECT_EQ(toks, want);
+  json chat = request(false);
+  chat.erase("tools");
+  chat["chat_template_kwargs"]["thinking"] = false;
+  chat["logprobs"] = true;
+  chat["max_tokens"] = 3;
+  json c = json::parse(h.post("/v1/chat/completions", chat.dump()));
+  ASSERT_TRUE(c.contains("choices")) << c.dump();
+  auto& items = c["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(items.size(), 3u) << c.dump();
+  EXPECT_EQ(items[1]["token"], "bytes:\\xc3");
+  EXPECT_EQ(items[1]["bytes"], json::array({0xc3}));
+}

@@ -1,6 +1,7 @@
 // ChatEncoder byte-exact against DeepSeek's reference encoder (official fixtures + chat-goldens).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -148,6 +149,46 @@ TEST(PyJson, FloatReprAndLoads) {
   EXPECT_FALSE(v4::text::pyjson::loads("\"a\nb\"").has_value());  // strict: raw control char
   EXPECT_EQ(v4::text::pyjson::dumps(*v4::text::pyjson::loads("123456789012345678901234567890")),
             "123456789012345678901234567890");
+}
+
+// An object of many keys loads in linear time (a key index past 16 keys; a linear search per key
+// made 200k keys, e.g. in a tool call's client-written arguments string, take tens of seconds),
+// with Python's dict semantics kept: a repeated key keeps its first position and takes the last
+// value, below and above the index threshold.
+TEST(PyJson, ObjectsOfManyKeysLoadInLinearTime) {
+  std::string big = "{";
+  for (int i = 0; i < 200000; ++i) big += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":" + std::to_string(i);
+  big += ",\"k3\":\"x\",\"k100\":\"y\"}";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto v = v4::text::pyjson::loads(big);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(v.has_value());
+  EXPECT_LT(secs, 2.0);
+  ASSERT_EQ(v->obj.size(), 200000u);
+  EXPECT_EQ(v->obj[3].first, "k3");
+  EXPECT_EQ(v->obj[3].second.s, "x");
+  EXPECT_EQ(v->obj[100].first, "k100");
+  EXPECT_EQ(v->obj[100].second.s, "y");
+  EXPECT_EQ(v->obj[199999].second.int_text, "199999");
+  EXPECT_EQ(v4::text::pyjson::dumps(*v4::text::pyjson::loads(
+                R"({"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"a":0,"q":-1})")),
+            R"({"a": 0, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 7, "h": 8, "i": 9, "j": 10, "k": 11, "l": 12, "m": 13, "n": 14, "o": 15, "p": 16, "q": -1})");
+}
+
+// Rendering is linear in the number of messages: each message used to search backwards for the
+// last user turn, so one user message followed by 100k assistant messages (a 4 MB body) took
+// minutes before the context-length check could refuse it.
+TEST(ChatEncoder, ManyMessagesRenderInLinearTime) {
+  ordered_json msgs = ordered_json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (int i = 0; i < 100000; ++i) msgs.push_back({{"role", "assistant"}, {"content", "a"}});
+  ChatOptions opt;
+  opt.thinking_mode = ThinkingMode::kThinking;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = ChatEncoder::render(msgs, opt);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_LT(secs, 3.0);
+  EXPECT_GT(r->size(), 100000u);
 }
 
 TEST(ChatEncoder, DetectEffortProfileFromCheckpointEncoder) {

@@ -401,3 +401,37 @@ TEST(OutputParser, TemplateSpecialTokensIncludeTheTokenizersMarkup) {
   o.drop_tokens = all;
   EXPECT_EQ(OutputParser::parse("a<｜place▁holder▁no▁5｜>b", o).content, "ab");
 }
+
+// Prose written inside an invoke, between its parameters (where the reference raises), is content
+// (prose right after the invoke head is read as part of the head, as the reference reads it)
+// — never dropped — at any split; the parameters around it still parse, and the `<｜DSML｜` of a
+// parameter opener is not taken for prose. Also when the parser starts inside a pre-filled call
+// (tool_choice naming a function): prose instead of parameters is content, the call closes as {}.
+TEST(OutputParser, ProseInsideAnInvokeIsContent) {
+  const std::string c =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
+      "<｜DSML｜parameter name=\"x\" string=\"true\">v</｜DSML｜parameter>\nLet me think.\n"
+      "<｜DSML｜parameter name=\"y\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+  for (size_t k = 0; k <= c.size(); ++k) {
+    ParsedMessage m = run_chunks({c.substr(0, k), c.substr(k)}, ThinkingMode::kChat);
+    ASSERT_EQ(m.content, "Let me think.\n") << k;
+    ASSERT_EQ(m.tool_calls.size(), 1u) << k;
+    EXPECT_EQ(m.tool_calls[0].arguments, "{\"x\": \"v\", \"y\": 2}") << k;
+  }
+  OutputParserOptions o;
+  o.start = ThinkingMode::kChat;
+  o.start_in_tool_block = true;
+  o.start_tool_name = "get_weather";
+  const std::string prose = "I cannot look that up.<｜end▁of▁sentence｜>";
+  for (size_t k = 0; k <= prose.size(); ++k) {
+    OutputParser p(o);
+    ParsedMessage m;
+    OutputParser::apply(p.feed(prose.substr(0, k)), m);
+    OutputParser::apply(p.feed(prose.substr(k)), m);
+    OutputParser::apply(p.finish(), m);
+    ASSERT_EQ(m.content, "I cannot look that up.") << k;
+    ASSERT_EQ(m.tool_calls.size(), 1u);
+    EXPECT_EQ(m.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(m.tool_calls[0].arguments, "{}");
+  }
+}
