@@ -265,7 +265,7 @@ def test_objects_with_too_many_keys_are_refused(server, client, model_name):
                        ("/tokenize", {"prompt": "hi", "x": big})]:
         t0 = time.time()
         err = check_error(server.post(path, json=body), 400)
-        assert time.time() - t0 < 2.0
+        assert time.time() - t0 < 10.0  # refused before the DOM parse (a sanitizer build is slower)
         assert "8192 keys" in err["message"], err
         assert err["type"] == "invalid_request_error", err
     small = {f"k{i}": 1 for i in range(100)}

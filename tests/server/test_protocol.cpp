@@ -555,7 +555,7 @@ TEST(Protocol, ObjectsWithTooManyKeysAreRefused) {
   auto big = parse_json_body(body(120000, false), &err);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(big.ok());
-  EXPECT_LT(secs, 2.0);
+  EXPECT_LT(secs, 30.0);  // linear: < 0.4 s Release, < 8 s ASan; the quadratic forms took 40–100+ s
   EXPECT_EQ(err.status, 400);
   EXPECT_EQ(err.type, "invalid_request_error");
   EXPECT_NE(err.message.find("more than 8192 keys"), std::string::npos) << err.message;
@@ -746,5 +746,5 @@ TEST(Protocol, ManyToolsAreCheckedInLinearTime) {
   EXPECT_EQ(e.param, "tools");
   EXPECT_NE(e.message.find("'tools[100000].function.name' \"f7\" duplicates 'tools[7]'"), std::string::npos)
       << e.message;
-  EXPECT_LT(secs, 3.0);
+  EXPECT_LT(secs, 30.0);  // linear: < 0.4 s Release, < 8 s ASan; the quadratic forms took 40–100+ s
 }

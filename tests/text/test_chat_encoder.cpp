@@ -163,7 +163,7 @@ TEST(PyJson, ObjectsOfManyKeysLoadInLinearTime) {
   auto v = v4::text::pyjson::loads(big);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(v.has_value());
-  EXPECT_LT(secs, 2.0);
+  EXPECT_LT(secs, 30.0);  // linear: < 0.4 s Release, < 8 s ASan; the quadratic forms took 40–100+ s
   ASSERT_EQ(v->obj.size(), 200000u);
   EXPECT_EQ(v->obj[3].first, "k3");
   EXPECT_EQ(v->obj[3].second.s, "x");
@@ -187,7 +187,7 @@ TEST(ChatEncoder, ManyMessagesRenderInLinearTime) {
   auto r = ChatEncoder::render(msgs, opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_LT(secs, 3.0);
+  EXPECT_LT(secs, 30.0);  // linear: < 0.4 s Release, < 8 s ASan; the quadratic forms took 40–100+ s
   EXPECT_GT(r->size(), 100000u);
 }
 
