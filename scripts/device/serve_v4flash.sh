@@ -75,7 +75,9 @@ D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 BIN=${V4SERVE_BIN:-build-gpu/v4serve}
 [ -x "$BIN" ] || { echo "no v4serve binary"; exit 4; }
-PORT=${V4_PORT:-30111}
+# V4_PORT=0: the kernel picks a free port; start_server reads it from the server's serving line.
+REQ_PORT=${V4_PORT:-30111}
+PORT=$REQ_PORT
 if [ -n "${V4_TOKENIZER:-}" ]; then
   TOK=$V4_TOKENIZER
 else
@@ -85,7 +87,7 @@ fi
 # V4_MODEL_ARGS replaces the model/device part (the CPU dry run in tests/e2e/test_long_context.py
 # uses a tiny checkpoint on the CPU backend).
 read -r -a MODEL_ARGS <<<"${V4_MODEL_ARGS:---model models/configs/v4-flash --load-format dummy --num-layers $LAYERS --device cuda --precision bf16 --mem-fraction ${V4_MEM_FRACTION:-0.90}}"
-BASE_ARGS=(serve "${MODEL_ARGS[@]}" --tokenizer "$TOK" --port "$PORT"
+BASE_ARGS=(serve "${MODEL_ARGS[@]}" --tokenizer "$TOK" --port "$REQ_PORT"
       --max-running-requests "${V4_MAX_RUNNING:-256}" --chunked-prefill-size "${V4_CHUNK:-8192}"
       --context-length "${V4_SERVE_CONTEXT:-1048576}" --stats-interval 10 --no-access-log)
 GPU_NAME=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
@@ -96,8 +98,13 @@ start_server() {
   echo "server: $BIN ${BASE_ARGS[*]} $*" | tee -a "$OUT/serve-command.txt"
   "$BIN" "${BASE_ARGS[@]}" "$@" >"$OUT/$log" 2>&1 &
   SRV=$!
+  PORT=$REQ_PORT
   for i in $(seq 1 240); do
-    curl -sf localhost:$PORT/health >/dev/null 2>&1 && break
+    if [ "$PORT" = 0 ]; then
+      PORT=$(sed -n "s/.*serving '.*) on http:\/\/[0-9.]*:\([0-9]*\).*/\1/p" "$OUT/$log" | head -1)
+      PORT=${PORT:-0}
+    fi
+    [ "$PORT" != 0 ] && curl -sf localhost:$PORT/health >/dev/null 2>&1 && break
     kill -0 $SRV 2>/dev/null || { echo "server died"; tail -30 "$OUT/$log"; exit 5; }
     sleep 1
   done

@@ -5,11 +5,10 @@ table with every cell."""
 import os
 import shutil
 import subprocess
-import time
 
 import requests
 
-from conftest import binary, free_port, source_dir
+from conftest import binary, launch_serve, source_dir
 
 
 def fixture(name):
@@ -45,28 +44,11 @@ def test_generate_dummy_num_layers():
 
 
 def start_serve(args):
-    port = free_port()
-    log_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"v4serve-dummy-{port}.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen([binary(), "serve", "--port", str(port), "--stats-interval", "0"] + args,
-                            stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            if requests.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base, log, log_path
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    log.close()
-    text = open(log_path).read()
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    raise AssertionError("serve did not become healthy:\n" + text)
+    """`v4serve serve ARGS` on a port the kernel picks: (proc, base_url, log_file, log_path)."""
+    try:
+        return launch_serve(["--stats-interval", "0"] + list(args), name="dummy", timeout=120)
+    except RuntimeError as e:
+        raise AssertionError(f"serve did not become healthy: {e}") from None
 
 
 def stop(proc, log):

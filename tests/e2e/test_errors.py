@@ -246,10 +246,7 @@ def test_unknown_fields_are_accepted_with_a_warning(server, client, model_name):
     r = server.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 2,
                                              "frobnicate_e2e": 1, "temprature": 0.5})
     assert r.status_code == 200, r.text
-    deadline = time.time() + 10
-    while time.time() < deadline and "frobnicate_e2e" not in server.tail(200):
-        time.sleep(0.1)
-    lines = [l for l in server.tail(200).splitlines() if "frobnicate_e2e" in l]
+    lines = server.log_lines_with("frobnicate_e2e")
     assert len(lines) == 1, lines
     assert "unknown request field(s): frobnicate_e2e, temprature" in lines[0], lines
     assert "warn" in lines[0].lower(), lines
@@ -280,10 +277,7 @@ def test_unknown_field_names_cannot_forge_log_lines(server, client, model_name):
     r = server.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 1,
                                              "x\n2026 [error] FAKE_E2E\x1b[31m": 1})
     assert r.status_code == 200, r.text
-    deadline = time.time() + 10
-    while time.time() < deadline and "FAKE_E2E" not in server.tail(200):
-        time.sleep(0.1)
-    lines = [l for l in server.tail(200).splitlines() if "FAKE_E2E" in l]
+    lines = server.log_lines_with("FAKE_E2E")
     assert len(lines) == 1, lines
     assert "unknown request field(s): x\\n2026 [error] FAKE_E2E\\u001b[31m" in lines[0], lines
     assert "\x1b" not in lines[0], lines
