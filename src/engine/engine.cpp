@@ -63,9 +63,76 @@ struct Engine::Impl {
 
   std::thread thread;
 
+  // Output delivery on its own thread (EngineConfig::output_thread): the scheduler thread queues
+  // each output; the output thread calls the callbacks in queue order.
+  struct Delivery {
+    std::shared_ptr<const OutputCallback> cb;
+    StepOutput out;
+  };
+  std::mutex out_mu;                    // guards out_queue, out_pending, out_stop
+  std::condition_variable out_cv;       // the output thread: outputs queued, or stop
+  std::condition_variable out_room_cv;  // the scheduler: room below max_pending_outputs
+  std::vector<Delivery> out_queue;
+  int64_t out_pending = 0;  // queued + being delivered
+  bool out_stop = false;
+  std::thread out_thread;
+
   void loop();
+  void output_loop();
   void publish_stats(Clock::time_point now);
+  /// Calls the callback, then counts a final output as delivered (wait_idle).
+  void deliver(const OutputCallback& cb, const StepOutput& o);
+  /// Hands an output to the output thread, or delivers it here with output_thread off.
+  void emit(const std::shared_ptr<const OutputCallback>& cb, const StepOutput& o);
+  /// Blocks the scheduler while max_pending_outputs outputs wait for delivery.
+  void wait_output_room();
 };
+
+void Engine::Impl::deliver(const OutputCallback& cb, const StepOutput& o) {
+  if (cb) cb(o);
+  if (o.finished) {
+    std::lock_guard<std::mutex> lk(mu);
+    --outstanding;
+    idle_cv.notify_all();
+  }
+}
+
+void Engine::Impl::emit(const std::shared_ptr<const OutputCallback>& cb, const StepOutput& o) {
+  if (!config.output_thread) return deliver(*cb, o);
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lk(out_mu);
+    was_empty = out_queue.empty();
+    out_queue.push_back({cb, o});
+    ++out_pending;
+  }
+  if (was_empty) out_cv.notify_one();  // the output thread waits only on an empty queue
+}
+
+void Engine::Impl::output_loop() {
+  std::vector<Delivery> batch;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(out_mu);
+      out_cv.wait(lk, [&] { return out_stop || !out_queue.empty(); });
+      if (out_queue.empty()) break;  // stopping, and everything was delivered
+      batch.swap(out_queue);
+    }
+    for (const Delivery& d : batch) deliver(*d.cb, d.out);
+    {
+      std::lock_guard<std::mutex> lk(out_mu);
+      out_pending -= int64_t(batch.size());
+    }
+    out_room_cv.notify_all();
+    batch.clear();
+  }
+}
+
+void Engine::Impl::wait_output_room() {
+  if (!config.output_thread) return;
+  std::unique_lock<std::mutex> lk(out_mu);
+  out_room_cv.wait(lk, [&] { return out_pending < config.max_pending_outputs; });
+}
 
 void Engine::Impl::publish_stats(Clock::time_point now) {
   const EngineStats& c = sched->counters();
@@ -143,6 +210,7 @@ void Engine::Impl::loop() {
     cn.clear();
     if (!sched->idle()) {
       status_dirty = true;
+      wait_output_room();
       Status st = sched->step();
       (void)st;  // already logged and reported to the requests of the failed batch
     }
@@ -168,6 +236,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Executor> executo
   if (config.max_running_requests < 1)
     return make_error(ErrorCode::kInvalidArgument, "max_running_requests must be >= 1, got {}",
                       config.max_running_requests);
+  if (config.max_pending_outputs < 1)
+    return make_error(ErrorCode::kInvalidArgument, "max_pending_outputs must be >= 1, got {}",
+                      config.max_pending_outputs);
   if (!(config.admission_watermark >= 0.0 && config.admission_watermark < 1.0))
     return make_error(ErrorCode::kInvalidArgument, "admission_watermark must be in [0, 1), got {}",
                       config.admission_watermark);
@@ -188,6 +259,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Executor> executo
   im.sched->set_before_final_outputs([&im] { im.publish_stats(Clock::now()); });
   im.seed_base = (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
   im.publish_stats(Clock::now());
+  if (config.output_thread) im.out_thread = std::thread([&im] { im.output_loop(); });
   im.thread = std::thread([&im] { im.loop(); });
   return e;
 }
@@ -202,7 +274,8 @@ Engine::~Engine() {
   }
   impl_->cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
-  // Requests never handed to the scheduler get their final output here.
+  // Requests never handed to the scheduler get their final output here (through the output
+  // thread, after the outputs queued before them).
   for (auto& r : leftover) {
     StepOutput o;
     o.id = r.id;
@@ -213,6 +286,12 @@ Engine::~Engine() {
     o.now = Clock::now();
     if (r.cb) r.cb(o);
   }
+  {
+    std::lock_guard<std::mutex> lk(impl_->out_mu);
+    impl_->out_stop = true;
+  }
+  impl_->out_cv.notify_all();
+  if (impl_->out_thread.joinable()) impl_->out_thread.join();
 }
 
 Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
@@ -227,14 +306,8 @@ Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
   const RequestId id = im.next_id.fetch_add(1);
   uint64_t seed =
       request.sampling.seed ? *request.sampling.seed : im.seed_base ^ (id * 0x9E3779B97F4A7C15ull);
-  OutputCallback wrapped = [&im, cb = std::move(callback)](const StepOutput& o) {
-    if (cb) cb(o);
-    if (o.finished) {
-      std::lock_guard<std::mutex> lk(im.mu);
-      --im.outstanding;
-      im.idle_cv.notify_all();
-    }
-  };
+  auto cb = std::make_shared<const OutputCallback>(std::move(callback));
+  OutputCallback wrapped = [&im, cb](const StepOutput& o) { im.emit(cb, o); };
   {
     std::lock_guard<std::mutex> lk(im.mu);
     if (im.stop) return make_error(ErrorCode::kResourceExhausted, "the engine is shutting down");

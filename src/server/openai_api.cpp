@@ -367,7 +367,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     return !req.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
   }
 
-  // Processes one engine output for choice `ci` (scheduler thread, under mu).
+  // Processes one engine output for choice `ci` (the engine's output thread, under mu).
   // Returns engine ids to cancel (stop string hit).
   void on_output(size_t ci, const engine::StepOutput& out, std::vector<engine::RequestId>* to_cancel) {
     Choice& c = choices[ci];

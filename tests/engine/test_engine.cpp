@@ -185,6 +185,89 @@ TEST(Engine, ConcurrentClientsAndCancellation) {
   EXPECT_GT(st.steps_total, 0);
 }
 
+// EngineConfig::output_thread (the default): a slow callback does not hold up the next steps —
+// the engine keeps stepping while the callback of an earlier step runs; the outputs still
+// arrive in order, once each. With the option off the callback runs between steps, so no step
+// runs during it.
+void slow_first_callback(bool output_thread, int64_t* steps_during, std::vector<int32_t>* got,
+                         int* finals) {
+  FakeConfig fc;
+  fc.step_delay_us = 1000;  // 64 steps take > 64 ms: most of them fall inside the 100 ms callback
+  EngineConfig ec;
+  ec.output_thread = output_thread;
+  auto e = make_engine(fc, ec);
+  Request r;
+  r.prompt_tokens = {2, 7, 1, 8};
+  r.sampling = greedy(64);
+  Engine* eng = e.get();
+  std::mutex mu;
+  auto res = e->submit(r, [&](const StepOutput& o) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (got->empty()) {
+      const int64_t s0 = eng->stats().steps_total;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      *steps_during = eng->stats().steps_total - s0;
+    }
+    got->insert(got->end(), o.new_tokens.begin(), o.new_tokens.end());
+    *finals += o.finished;
+  });
+  ASSERT_TRUE(res.ok());
+  e->wait_idle();
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(*got, fake_greedy(r.prompt_tokens, fc.vocab, 64));
+  EXPECT_EQ(*finals, 1);
+}
+
+TEST(Engine, OutputThreadKeepsSteppingDuringASlowCallback) {
+  int64_t during = -1;
+  std::vector<int32_t> got;
+  int finals = 0;
+  slow_first_callback(true, &during, &got, &finals);
+  EXPECT_GT(during, 8) << "the scheduler waited for the callback";
+  during = -1;
+  got.clear();
+  finals = 0;
+  slow_first_callback(false, &during, &got, &finals);
+  EXPECT_EQ(during, 0) << "callbacks on the scheduler thread: no step runs during one";
+}
+
+// The output queue is bounded: with max_pending_outputs = 1 the scheduler waits for each
+// output's delivery before the next step, so at most one step runs during a slow callback.
+TEST(Engine, PendingOutputsAreBounded) {
+  FakeConfig fc;
+  EngineConfig ec;
+  ec.max_pending_outputs = 1;
+  auto e = make_engine(fc, ec);
+  Request r;
+  r.prompt_tokens = {3, 3, 3};
+  r.sampling = greedy(20);
+  Engine* eng = e.get();
+  std::mutex mu;
+  std::vector<int64_t> during;
+  std::vector<int32_t> got;
+  auto res = e->submit(r, [&](const StepOutput& o) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (got.size() < 3) {
+      const int64_t s0 = eng->stats().steps_total;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      during.push_back(eng->stats().steps_total - s0);
+    }
+    got.insert(got.end(), o.new_tokens.begin(), o.new_tokens.end());
+  });
+  ASSERT_TRUE(res.ok());
+  e->wait_idle();
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(got, fake_greedy(r.prompt_tokens, fc.vocab, 20));
+  ASSERT_EQ(during.size(), 3u);
+  for (int64_t d : during) EXPECT_LE(d, 1);
+  auto bad = Engine::create(std::make_unique<FakeExecutor>(fc), [] {
+    EngineConfig c;
+    c.max_pending_outputs = 0;
+    return c;
+  }());
+  EXPECT_FALSE(bad.ok());
+}
+
 // The server's stop-string path: cancel from inside the output callback.
 TEST(Engine, CancelFromCallback) {
   FakeConfig fc;
