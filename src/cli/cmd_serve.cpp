@@ -73,6 +73,7 @@ struct ServeOptions {
   std::string effort_profile = "preview";
   bool default_thinking = false;
   bool no_access_log = false;
+  bool sync_outputs = false;
   double shutdown_timeout_s = 30.0;
 };
 
@@ -189,6 +190,7 @@ int run_serve(const ServeOptions& o) {
     ec.eos_token_ids.push_back(*e);
   }
   ec.stats_interval_s = o.stats_interval_s;
+  ec.output_thread = !o.sync_outputs;
   const int64_t ctx = ex.max_context();
   if (o.max_context > ctx)
     V4_LOG_WARN("--context-length {} is above what the model supports: serving {} tokens per sequence",
@@ -371,6 +373,10 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
       ->check(CLI::IsMember({"preview", "0731"}));
   app.add_flag("--default-thinking", o->default_thinking, "thinking mode when a request does not choose");
   app.add_flag("--no-access-log", o->no_access_log, "do not log one line per request");
+  app.add_flag("--sync-outputs", o->sync_outputs,
+               "run the output callbacks (detokenize, stop strings, SSE chunks) on the scheduler "
+               "thread between steps instead of on the engine's output thread (A/B of the GPU "
+               "idle time between steps)");
   app.add_option("--shutdown-timeout", o->shutdown_timeout_s,
                  "seconds SIGTERM/SIGINT waits for running requests to finish (default 30)")
       ->check(v4::cli::number_at_least(0.0, /*open_lo=*/false, kMaxSeconds));

@@ -370,3 +370,44 @@ def test_echo_logprob_tokens_join_to_the_text(client, model_name):
             if not stream:
                 assert lp.token_logprobs[0] is not None and lp.token_logprobs[0] <= 0, lp
                 assert lp.text_offset[0] == 0 and len(lp.text_offset) == len(toks), lp
+
+
+def test_sync_outputs_give_the_same_streams(server, client, model_name):
+    """--sync-outputs (callbacks on the scheduler thread between steps) and the default output
+    thread give the same streamed text, finish reasons and usage — also when a stop string ends
+    the stream (the output thread sees it a step or two after the engine made it; the extra
+    tokens are not sent)."""
+    from conftest import Server
+    import openai as oa
+
+    def streams(c, stop_for):
+        out = []
+        def one(i):
+            kw = {"stop": stop_for[i]} if stop_for else {}
+            s = c.completions.create(model=model_name, prompt=PROMPTS[i], max_tokens=24, temperature=0,
+                                     stream=True, stream_options={"include_usage": True},
+                                     extra_body={"ignore_eos": True}, **kw)
+            text, finish, usage = "", None, None
+            for ch in s:
+                if ch.choices:
+                    text += ch.choices[0].text
+                    finish = ch.choices[0].finish_reason or finish
+                if ch.usage:
+                    usage = (ch.usage.prompt_tokens, ch.usage.completion_tokens)
+            return text, finish, usage
+        with cf.ThreadPoolExecutor(8) as ex:
+            out = list(ex.map(one, range(8)))
+        return out
+
+    other = Server(extra_args=["--sync-outputs", "--context-length", "8192"])
+    try:
+        c2 = oa.OpenAI(base_url=other.base + "/v1", api_key=other.api_key, max_retries=0, timeout=300)
+        base = streams(client, None)
+        assert base == streams(c2, None)
+        # A stop string from the middle of each text: the stream ends before it, "stop".
+        stops = [t[len(t) // 2:len(t) // 2 + 3] or "\x00" for t, _, _ in base]
+        a, b = streams(client, stops), streams(c2, stops)
+        assert a == b
+        assert any(f == "stop" for _, f, _ in a), a
+    finally:
+        other.stop()
