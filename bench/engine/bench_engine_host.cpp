@@ -192,18 +192,23 @@ Row run(const v4::text::Tokenizer& tok, const std::vector<int32_t>& text_ids, in
     row.bad_status += w->status != 200;
   }
   row.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  // A writer ends inside its request's final callback, which may still be running: stop the
+  // engine (its threads deliver and join) before the API it calls into goes, as serve does.
+  std::vector<SleepExecutor::Step> steps;
+  {
+    std::lock_guard<std::mutex> lk(timed->mu);
+    steps = timed->steps;
+  }
+  eng->reset();  // the executor (`timed`) goes with it
   row.concurrency = concurrency;
   row.output_thread = output_thread;
   // Gaps before the steps in which every running request decoded one token (all `concurrency`
   // requests admitted and prefilled): the steady state of a decode batch.
   std::vector<double> gaps;
-  {
-    std::lock_guard<std::mutex> lk(timed->mu);
-    const auto& s = timed->steps;
-    for (size_t i = 1; i < s.size(); ++i)
-      if (s[i].rows == concurrency && s[i].tokens == concurrency && s[i - 1].tokens == concurrency)
-        gaps.push_back(std::chrono::duration<double, std::micro>(s[i].begin - s[i - 1].end).count());
-  }
+  for (size_t i = 1; i < steps.size(); ++i)
+    if (steps[i].rows == concurrency && steps[i].tokens == concurrency &&
+        steps[i - 1].tokens == concurrency)
+      gaps.push_back(std::chrono::duration<double, std::micro>(steps[i].begin - steps[i - 1].end).count());
   row.decode_steps = int64_t(gaps.size());
   double sum = 0;
   for (double g : gaps) sum += g;

@@ -180,7 +180,10 @@ if [ "${V4_LONG:-0}" = 1 ]; then
     && rm -f metrics-long-*.txt server-long.log serve-command.txt)
   exit 0
 fi
-start_server server.log --disable-prefix-cache
+# V4_SERVE_EXTRA: more serve flags for the sweep's server (e.g. --sync-outputs for the A/B of the
+# GPU idle time between decode steps, docs/engine.md §Output thread).
+read -r -a SERVE_EXTRA <<<"${V4_SERVE_EXTRA:-}"
+start_server server.log --disable-prefix-cache "${SERVE_EXTRA[@]}"
 curl -s localhost:$PORT/metrics >"$OUT/metrics-before.txt"
 note="V4-Flash-shaped dummy weights (random; expert routing ~uniform), $LAYERS of 43 layers, FP8 blocks + MXFP4 experts, bf16 precision mode, 1xH200, commit $V4_COMMIT"
 python3 bench/serving/sweep_parts.py run --base-url "http://127.0.0.1:$PORT" --levels $SWEEP --layers "$LAYERS" \
