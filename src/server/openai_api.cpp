@@ -154,6 +154,30 @@ bool check_bearer(const std::string& authorization, const std::string& api_key) 
   return diff == 0;
 }
 
+namespace {
+
+std::string lower_trimmed(std::string s) {
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t") + 1 - b);
+}
+
+// Whether a Transfer-Encoding value has no coding but chunked / identity (absent: true).
+bool chunked_only(const std::string& te) {
+  size_t p = 0;
+  while (p <= te.size()) {
+    size_t e = te.find(',', p);
+    if (e == std::string::npos) e = te.size();
+    std::string t = lower_trimmed(te.substr(p, e - p));
+    if (!t.empty() && t != "chunked" && t != "identity") return false;
+    p = e + 1;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool json_content_type(const std::string& content_type) {
   std::string t = content_type.substr(0, content_type.find(';'));
   for (auto& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -863,6 +887,7 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
                                   "invalid_request_error", "not_found"));
     return;
   }
+  if (model_path && allow.empty()) allow = "GET";  // /v1/models/{id}: GET only
   if (!method_ok) {
     ApiError e = api_error(405, fmt::format("method {} is not allowed for {}; use {}", req.method,
                                             req.path, allow),
@@ -892,6 +917,29 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     return;
   }
   req.path = path;
+  if (req.method == "POST") {
+    // Compressed bodies are not decoded: refused (RFC 9110 §15.5.16: 415 for an unsupported
+    // content coding; RFC 9112 §6.1: 501 for a transfer coding other than chunked) rather than
+    // parsed as if they were plain JSON — a gzip body used to get "invalid UTF-8"/"not JSON".
+    const std::string ce = lower_trimmed(req.header("content-encoding"));
+    if (!ce.empty() && ce != "identity") {
+      return send_error(
+          req, *w,
+          api_error(415,
+                    fmt::format("Unsupported Media Type: Content-Encoding '{}' is not supported; "
+                                "send the JSON body uncompressed",
+                                req.header("content-encoding").substr(0, 100)),
+                    "invalid_request_error", "unsupported_media_type"));
+    }
+    if (!chunked_only(req.header("transfer-encoding"))) {
+      return send_error(
+          req, *w,
+          api_error(501,
+                    fmt::format("Transfer-Encoding '{}' is not supported; only chunked",
+                                req.header("transfer-encoding").substr(0, 100)),
+                    "invalid_request_error", "not_implemented"));
+    }
+  }
   if (req.method == "POST" && !json_content_type(req.header("content-type"))) {
     // As vLLM: a body that is not declared JSON is refused, not guessed at. These are also the
     // types a browser may POST cross-origin without a CORS preflight.

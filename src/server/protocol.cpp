@@ -286,7 +286,9 @@ struct Reader {
     if (!v) return true;
     if (!v->is_number()) return fail(fmt::format("'{}' must be a number, got {}", key, type_name(*v)), key);
     double x = v->get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+    // An open bound is checked in float too: the engine's values are f32, and 5e-324 for
+    // top_p / repetition_penalty became 0 there, refused by the engine with param "prompt".
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && (x == lo || float(x) == float(lo)))) {
       return fail(fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[", lo, hi,
                               v->dump()),
                   key);

@@ -245,6 +245,10 @@ TEST(Protocol, MalformedChatRequests) {
       {std::string("{") + kMsg + R"(,"temperature":3})", "temperature"},
       {std::string("{") + kMsg + R"(,"top_p":0})", "top_p"},
       {std::string("{") + kMsg + R"(,"top_p":1.1})", "top_p"},
+      // Positive as doubles but 0 as the engine's f32: refused here, naming the field (the
+      // engine refused them with param "prompt").
+      {std::string("{") + kMsg + R"(,"top_p":5e-324})", "top_p"},
+      {std::string("{") + kMsg + R"(,"repetition_penalty":1e-50})", "repetition_penalty"},
       {std::string("{") + kMsg + R"(,"top_k":-2})", "top_k"},
       {std::string("{") + kMsg + R"(,"min_p":2})", "min_p"},
       {std::string("{") + kMsg + R"(,"presence_penalty":3})", "presence_penalty"},
