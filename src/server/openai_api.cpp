@@ -1186,7 +1186,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   }
 
   // Choices. One stop list for all of them (it may be MBs; parse_common refused empty strings).
-  const auto stops = std::make_shared<const std::vector<std::string>>(r.stop);
+  const auto stops = make_stop_strings(r.stop);
   const int n = r.n;
   gen->choices.resize(prompts.size() * size_t(n));
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
