@@ -424,7 +424,8 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     for (size_t k = 0; !c.score_only && k < out.new_tokens.size(); ++k) {
       int32_t t = out.new_tokens[k];
       // Text before this token: released so far + what the stop matcher holds back.
-      const int64_t before = c.text_len + u8_chars(text_delta) + u8_chars(c.stop->held());
+      // (held_chars: counting held() here was O(longest stop string) per token.)
+      const int64_t before = c.text_len + u8_chars(text_delta) + c.stop->held_chars();
       // The token that finished the request (EOS or a stop token id) is not part of the text
       // unless include_stop_str_in_output (completions), as in vLLM: with skip_special_tokens
       // false its text (`<｜end▁of▁sentence｜>`) would otherwise end the output. It still counts

@@ -962,12 +962,21 @@ StopMatcher::StopMatcher(std::shared_ptr<const StopStrings> stops, bool include_
     : stops_list_(std::move(stops)), include_stop_(include_stop),
       state_(stops_list_->strings.size(), 0) {}
 
+namespace {
+int64_t utf8_chars(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char b : s) n += (b & 0xC0u) != 0x80u;
+  return n;
+}
+}  // namespace
+
 std::string StopMatcher::push(std::string_view delta) {
   if (stopped_) return {};
   const std::vector<std::string>& stops = stops_list_->strings;
   if (stops.empty()) return std::string(delta);
   const size_t base = held_.size();
   held_.append(delta);
+  held_chars_ += utf8_chars(delta);
   // Earliest complete match wins (ties: the longest stop string). Nothing completed before this
   // push, so a string's earliest occurrence is its first completion within `delta`; its start
   // is inside held_, which keeps every byte an automaton has matched (hold below).
@@ -997,6 +1006,7 @@ std::string StopMatcher::push(std::string_view delta) {
     matched_ = stops[best_i];
     std::string out = held_.substr(0, include_stop_ ? best + matched_.size() : best);
     held_.clear();
+    held_chars_ = 0;
     return out;
   }
   // Hold back the longest suffix that is a proper prefix of some stop string: the largest
@@ -1005,6 +1015,7 @@ std::string StopMatcher::push(std::string_view delta) {
   for (uint32_t q : state_) hold = std::max<size_t>(hold, q);
   std::string out = held_.substr(0, held_.size() - hold);
   held_.erase(0, held_.size() - hold);
+  held_chars_ -= utf8_chars(out);
   return out;
 }
 
@@ -1012,6 +1023,7 @@ std::string StopMatcher::flush() {
   if (stopped_) return {};
   std::string out = std::move(held_);
   held_.clear();
+  held_chars_ = 0;
   return out;
 }
 

@@ -179,6 +179,9 @@ class StopMatcher {
   bool stopped() const { return stopped_; }
   /// Text pushed but not released yet (it may begin a stop string).
   const std::string& held() const { return held_; }
+  /// Characters (UTF-8 code points; invalid bytes one each) of held(), kept as it changes: the
+  /// held text can be as long as the longest stop string, too long to count on every token.
+  int64_t held_chars() const { return held_chars_; }
   /// The stop string that matched ("" if none).
   const std::string& matched() const { return matched_; }
 
@@ -187,6 +190,7 @@ class StopMatcher {
   bool include_stop_;
   std::vector<uint32_t> state_;  // per stop string: bytes of it matched by the end of held_
   std::string held_;
+  int64_t held_chars_ = 0;
   bool stopped_ = false;
   std::string matched_;
 };

@@ -439,6 +439,14 @@ TEST(StopMatcher, ByteByByteAndEarliestMatch) {
   s += u.push("\x9cy");
   EXPECT_TRUE(u.stopped());
   EXPECT_EQ(s, "x");
+  // held_chars counts characters of the held text, multi-byte ones once.
+  StopMatcher h({"\xc3\xa9\xc3\xa9X"});  // "ééX"
+  EXPECT_EQ(h.push("a\xc3\xa9\xc3"), "a");
+  EXPECT_EQ(h.held_chars(), 2);  // "é" and the lead byte of the next one
+  EXPECT_EQ(h.push("\xa9"), "");
+  EXPECT_EQ(h.held_chars(), 2);
+  EXPECT_EQ(h.push("Y"), "\xc3\xa9\xc3\xa9Y");
+  EXPECT_EQ(h.held_chars(), 0);
   // No stop strings: pass-through.
   StopMatcher none({});
   EXPECT_EQ(none.push("abc"), "abc");
@@ -493,11 +501,13 @@ TEST(StopMatcher, EqualsBruteForceOnRandomInputs) {
     for (size_t cut : cuts) {
       got += m.push(std::string_view(text).substr(prev, cut - prev));
       ASSERT_EQ(want.compare(0, got.size(), got), 0) << "released text is not a prefix";
+      ASSERT_EQ(m.held_chars(), int64_t(m.held().size()));  // ASCII: one byte a character
       prev = cut;
       if (m.stopped()) break;
     }
     got += m.flush();
     ASSERT_EQ(got, want) << "text " << text << " stops " << ::testing::PrintToString(stops);
+    ASSERT_EQ(m.held_chars(), 0);
     ASSERT_EQ(m.matched(), want_match);
     ASSERT_EQ(m.stopped(), !want_match.empty());
   }
