@@ -295,6 +295,7 @@ Engine::~Engine() {
 }
 
 Result<RequestId> Engine::submit(Request request, OutputCallback callback) {
+  normalize_sampling(&request.sampling);  // a temperature below 1e-5 is greedy (vLLM's rule)
   Status st = Scheduler::check_request(*impl_->exec, request);
   if (!st.ok()) {
     ++impl_->rejected;

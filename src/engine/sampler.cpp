@@ -187,6 +187,10 @@ double sampler_uniform(uint64_t seed, uint64_t index) {
   return ops::sample_uniform(seed, index);
 }
 
+void normalize_sampling(SamplingParams* p) {
+  if (p->temperature > 0.0f && p->temperature < kMinSampledTemperature) p->temperature = 0.0f;
+}
+
 Status validate_sampling(const SamplingParams& p, int64_t vocab) {
   auto bad = [](const char* f, double v, const char* want) {
     return make_error(ErrorCode::kInvalidArgument, "{} = {} is invalid: must be {}", f, v, want);

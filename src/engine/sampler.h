@@ -33,6 +33,15 @@ struct PenaltyState {
 /// (ops::sample_uniform, shared with the device sampler).
 double sampler_uniform(uint64_t seed, uint64_t index);
 
+/// Temperatures below this are greedy (vLLM's _SAMPLING_EPS): logits · (1/T) overflows f32 for
+/// T of about 1e-38 and less, every logit above ~3.4 becomes +inf and "argmax x" (the rule
+/// for a row whose max is not finite, CPU and device alike) would pick the lowest such id — a
+/// near-random token where the caller asked for the sharpest distribution.
+constexpr float kMinSampledTemperature = 1e-5f;
+
+/// Engine::submit's normalization: a temperature in (0, kMinSampledTemperature) becomes 0.
+void normalize_sampling(SamplingParams* p);
+
 /// Checks sampling values; kInvalidArgument with the field name on error.
 Status validate_sampling(const SamplingParams& p, int64_t vocab);
 

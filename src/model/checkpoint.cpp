@@ -220,16 +220,24 @@ Status Checkpoint::add_file(const std::string& path) {
       return make_error(ErrorCode::kCorruptData,
                         "{}: tensor '{}': 'shape' must be an array of non-negative integers, got {}",
                         path, name, quoted(shape));
-    int64_t numel = 1;
+    // Bytes the shape needs, with overflow checked: [2^32, 2^32] F32 wrapped to 0, so a tensor
+    // with data_offsets [0, 0] passed this check and `info` counted its wrapped element count.
+    uint64_t need = uint64_t(dtype_size(ti.dtype));
+    bool overflow = false;
     for (auto& d : shape) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 ||
+          (d.is_number_unsigned() && d.get<uint64_t>() > uint64_t(INT64_MAX)))
         return make_error(ErrorCode::kCorruptData,
                           "{}: tensor '{}': 'shape' must be an array of non-negative integers, "
                           "got {}",
                           path, name, quoted(shape));
       ti.shape.push_back(d.get<int64_t>());
-      numel *= ti.shape.back();
+      overflow = overflow || __builtin_mul_overflow(need, uint64_t(ti.shape.back()), &need);
     }
+    if (overflow || need > uint64_t(INT64_MAX))
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: tensor '{}': shape {} of {} needs more than 2^63 bytes", path, name,
+                        shape_str(ti.shape), dtype_name(ti.dtype));
     const auto& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
         !off[1].is_number_unsigned())
@@ -247,7 +255,7 @@ Status Checkpoint::add_file(const std::string& path) {
           ErrorCode::kCorruptData,
           "{}: truncated file: tensor '{}' needs bytes [{}, {}) but the data section has {} bytes",
           path, name, b, e, data_size);
-    const uint64_t expect = uint64_t(numel) * uint64_t(dtype_size(ti.dtype));
+    const uint64_t expect = need;
     if (e - b != expect)
       return make_error(ErrorCode::kCorruptData,
                         "{}: tensor '{}': {} bytes stored but {} {} needs {}", path, name, e - b,

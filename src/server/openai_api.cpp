@@ -154,6 +154,30 @@ bool check_bearer(const std::string& authorization, const std::string& api_key) 
   return diff == 0;
 }
 
+namespace {
+
+std::string lower_trimmed(std::string s) {
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t") + 1 - b);
+}
+
+// Whether a Transfer-Encoding value has no coding but chunked / identity (absent: true).
+bool chunked_only(const std::string& te) {
+  size_t p = 0;
+  while (p <= te.size()) {
+    size_t e = te.find(',', p);
+    if (e == std::string::npos) e = te.size();
+    std::string t = lower_trimmed(te.substr(p, e - p));
+    if (!t.empty() && t != "chunked" && t != "identity") return false;
+    p = e + 1;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool json_content_type(const std::string& content_type) {
   std::string t = content_type.substr(0, content_type.find(';'));
   for (auto& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -400,7 +424,8 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     for (size_t k = 0; !c.score_only && k < out.new_tokens.size(); ++k) {
       int32_t t = out.new_tokens[k];
       // Text before this token: released so far + what the stop matcher holds back.
-      const int64_t before = c.text_len + u8_chars(text_delta) + u8_chars(c.stop->held());
+      // (held_chars: counting held() here was O(longest stop string) per token.)
+      const int64_t before = c.text_len + u8_chars(text_delta) + c.stop->held_chars();
       // The token that finished the request (EOS or a stop token id) is not part of the text
       // unless include_stop_str_in_output (completions), as in vLLM: with skip_special_tokens
       // false its text (`<｜end▁of▁sentence｜>`) would otherwise end the output. It still counts
@@ -863,6 +888,7 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
                                   "invalid_request_error", "not_found"));
     return;
   }
+  if (model_path && allow.empty()) allow = "GET";  // /v1/models/{id}: GET only
   if (!method_ok) {
     ApiError e = api_error(405, fmt::format("method {} is not allowed for {}; use {}", req.method,
                                             req.path, allow),
@@ -892,6 +918,29 @@ void OpenAiApi::handle(HttpRequest req, std::shared_ptr<ResponseWriter> w) {
     return;
   }
   req.path = path;
+  if (req.method == "POST") {
+    // Compressed bodies are not decoded: refused (RFC 9110 §15.5.16: 415 for an unsupported
+    // content coding; RFC 9112 §6.1: 501 for a transfer coding other than chunked) rather than
+    // parsed as if they were plain JSON — a gzip body used to get "invalid UTF-8"/"not JSON".
+    const std::string ce = lower_trimmed(req.header("content-encoding"));
+    if (!ce.empty() && ce != "identity") {
+      return send_error(
+          req, *w,
+          api_error(415,
+                    fmt::format("Unsupported Media Type: Content-Encoding '{}' is not supported; "
+                                "send the JSON body uncompressed",
+                                req.header("content-encoding").substr(0, 100)),
+                    "invalid_request_error", "unsupported_media_type"));
+    }
+    if (!chunked_only(req.header("transfer-encoding"))) {
+      return send_error(
+          req, *w,
+          api_error(501,
+                    fmt::format("Transfer-Encoding '{}' is not supported; only chunked",
+                                req.header("transfer-encoding").substr(0, 100)),
+                    "invalid_request_error", "not_implemented"));
+    }
+  }
   if (req.method == "POST" && !json_content_type(req.header("content-type"))) {
     // As vLLM: a body that is not declared JSON is refused, not guessed at. These are also the
     // types a browser may POST cross-origin without a CORS preflight.
@@ -1138,7 +1187,7 @@ void OpenAiApi::handle_generate(const HttpRequest& hreq, std::shared_ptr<Respons
   }
 
   // Choices. One stop list for all of them (it may be MBs; parse_common refused empty strings).
-  const auto stops = std::make_shared<const std::vector<std::string>>(r.stop);
+  const auto stops = make_stop_strings(r.stop);
   const int n = r.n;
   gen->choices.resize(prompts.size() * size_t(n));
   for (size_t pi = 0; pi < prompts.size(); ++pi) {

@@ -286,7 +286,9 @@ struct Reader {
     if (!v) return true;
     if (!v->is_number()) return fail(fmt::format("'{}' must be a number, got {}", key, type_name(*v)), key);
     double x = v->get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+    // An open bound is checked in float too: the engine's values are f32, and 5e-324 for
+    // top_p / repetition_penalty became 0 there, refused by the engine with param "prompt".
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && (x == lo || float(x) == float(lo)))) {
       return fail(fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[", lo, hi,
                               v->dump()),
                   key);
@@ -935,55 +937,85 @@ std::vector<std::string> unknown_request_fields(const Json& body, GenerateReques
   return out;
 }
 
-namespace {
-std::shared_ptr<const std::vector<std::string>> non_empty(std::vector<std::string> stops) {
+std::shared_ptr<const StopStrings> make_stop_strings(std::vector<std::string> stops) {
   stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
-  return std::make_shared<const std::vector<std::string>>(std::move(stops));
+  auto out = std::make_shared<StopStrings>();
+  out->fail.reserve(stops.size());
+  for (const std::string& s : stops) {
+    std::vector<uint32_t> f(s.size(), 0);
+    uint32_t k = 0;
+    for (size_t i = 1; i < s.size(); ++i) {
+      while (k > 0 && s[i] != s[k]) k = f[k - 1];
+      if (s[i] == s[k]) ++k;
+      f[i] = k;
+    }
+    out->fail.push_back(std::move(f));
+  }
+  out->strings = std::move(stops);
+  return out;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : StopMatcher(make_stop_strings(std::move(stops)), include_stop) {}
+
+StopMatcher::StopMatcher(std::shared_ptr<const StopStrings> stops, bool include_stop)
+    : stops_list_(std::move(stops)), include_stop_(include_stop),
+      state_(stops_list_->strings.size(), 0) {}
+
+namespace {
+int64_t utf8_chars(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char b : s) n += (b & 0xC0u) != 0x80u;
+  return n;
 }
 }  // namespace
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
-    : StopMatcher(non_empty(std::move(stops)), include_stop) {}
-
-StopMatcher::StopMatcher(std::shared_ptr<const std::vector<std::string>> stops, bool include_stop)
-    : stops_list_(std::move(stops)), include_stop_(include_stop) {}
-
 std::string StopMatcher::push(std::string_view delta) {
   if (stopped_) return {};
-  const std::vector<std::string>& stops_ = *stops_list_;
-  if (stops_.empty()) return std::string(delta);
+  const std::vector<std::string>& stops = stops_list_->strings;
+  if (stops.empty()) return std::string(delta);
+  const size_t base = held_.size();
   held_.append(delta);
-  // Earliest complete match wins (ties: the longest stop string).
+  held_chars_ += utf8_chars(delta);
+  // Earliest complete match wins (ties: the longest stop string). Nothing completed before this
+  // push, so a string's earliest occurrence is its first completion within `delta`; its start
+  // is inside held_, which keeps every byte an automaton has matched (hold below).
   size_t best = std::string::npos;
-  const std::string* best_stop = nullptr;
-  for (auto& s : stops_) {
-    size_t p = held_.find(s);
-    if (p != std::string::npos &&
-        (p < best || (p == best && best_stop && s.size() > best_stop->size()))) {
-      best = p;
-      best_stop = &s;
-    }
-  }
-  if (best_stop) {
-    stopped_ = true;
-    matched_ = *best_stop;
-    std::string out = held_.substr(0, include_stop_ ? best + best_stop->size() : best);
-    held_.clear();
-    return out;
-  }
-  // Hold back the longest suffix that is a proper prefix of some stop string.
-  size_t hold = 0;
-  for (auto& s : stops_) {
-    size_t max_k = std::min(s.size() - 1, held_.size());
-    for (size_t k = max_k; k > hold; --k) {
-      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
-        hold = k;
+  size_t best_i = 0;
+  for (size_t i = 0; i < stops.size(); ++i) {
+    const std::string& s = stops[i];
+    const std::vector<uint32_t>& f = stops_list_->fail[i];
+    uint32_t q = state_[i];
+    for (size_t j = base; j < held_.size(); ++j) {
+      const char c = held_[j];
+      while (q > 0 && s[q] != c) q = f[q - 1];
+      if (s[q] == c) ++q;
+      if (q == s.size()) {
+        const size_t start = j + 1 - s.size();
+        if (start < best || (start == best && s.size() > stops[best_i].size())) {
+          best = start;
+          best_i = i;
+        }
         break;
       }
     }
+    state_[i] = q;
   }
+  if (best != std::string::npos) {
+    stopped_ = true;
+    matched_ = stops[best_i];
+    std::string out = held_.substr(0, include_stop_ ? best + matched_.size() : best);
+    held_.clear();
+    held_chars_ = 0;
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string: the largest
+  // automaton state.
+  size_t hold = 0;
+  for (uint32_t q : state_) hold = std::max<size_t>(hold, q);
   std::string out = held_.substr(0, held_.size() - hold);
   held_.erase(0, held_.size() - hold);
+  held_chars_ -= utf8_chars(out);
   return out;
 }
 
@@ -991,6 +1023,7 @@ std::string StopMatcher::flush() {
   if (stopped_) return {};
   std::string out = std::move(held_);
   held_.clear();
+  held_chars_ = 0;
   return out;
 }
 

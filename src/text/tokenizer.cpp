@@ -15,8 +15,10 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -797,10 +799,25 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view text, const std::st
       return make_error(ErrorCode::kUnsupported, "{}: model.ignore_merges=true", src);
     const json& vocab = model.at("vocab");
     if (!vocab.is_object()) return make_error(ErrorCode::kCorruptData, "{}: model.vocab is not an object", src);
+    // Ids index tables sized by the largest id, so they are checked before any is used: an
+    // integer in [0, id_limit). A tokenizer's ids are dense (the model's embedding has a row for
+    // each), so the limit is twice the tokens the file defines plus 65,536 — a file cannot make
+    // the loader allocate GBs for one absurd id — and within int32 (TokenId).
+    const json& added_json = j.contains("added_tokens") ? j["added_tokens"] : json::array();
+    const int64_t n_defined = int64_t(vocab.size()) + (added_json.is_array() ? int64_t(added_json.size()) : 0);
+    const int64_t id_limit = std::min<int64_t>(std::numeric_limits<TokenId>::max(), 2 * n_defined + 65536);
+    auto bad_id = [&](const json& v, const std::string& where) -> std::optional<Status> {
+      if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < id_limit &&
+          !(v.is_number_unsigned() && v.get<uint64_t>() >= uint64_t(id_limit)))
+        return std::nullopt;
+      return make_error(ErrorCode::kCorruptData,
+                        "{}: {} is {}, not a token id: ids must be integers in [0, {}) (this file "
+                        "defines {} tokens; ids are dense)",
+                        src, where, v.dump(), id_limit, n_defined);
+    };
     size_t max_id = 0;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
-        return make_error(ErrorCode::kCorruptData, "{}: model.vocab['{}'] is not an id", src, it.key());
+      if (auto e = bad_id(it.value(), "model.vocab['" + it.key() + "']")) return *e;
       max_id = std::max(max_id, static_cast<size_t>(it.value().get<int64_t>()) + 1);
     }
     im->n_vocab = max_id;
@@ -858,7 +875,13 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view text, const std::st
     if (!dec.is_null() && dec.value("type", "") != "ByteLevel")
       return make_error(ErrorCode::kUnsupported, "{}: decoder '{}' is not supported (only ByteLevel)", src,
                         dec.value("type", "?"));
-    for (auto& a : j.value("added_tokens", json::array())) {
+    if (!added_json.is_array())
+      return make_error(ErrorCode::kCorruptData, "{}: added_tokens is not an array", src);
+    for (size_t ai = 0; ai < added_json.size(); ++ai) {
+      const json& a = added_json[ai];
+      if (!a.is_object() || !a.contains("id"))
+        return make_error(ErrorCode::kCorruptData, "{}: added_tokens[{}] is not an object with an 'id'", src, ai);
+      if (auto e = bad_id(a["id"], fmt::format("added_tokens[{}].id", ai))) return *e;
       AddedToken t;
       t.id = a.at("id").get<TokenId>();
       t.content = a.at("content").get<std::string>();
@@ -872,6 +895,12 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view text, const std::st
     }
     im->rebuild_added();
     V4_RETURN_IF_ERROR(parse_post(j.value("post_processor", json()), src, *im, im->post));
+    // The post-processor's ids are put around every encoded prompt: each must be a token here.
+    for (const auto* ids : {&im->post.prefix, &im->post.suffix})
+      for (TokenId id : *ids)
+        if (id < 0 || size_t(id) >= im->has_id.size() || !im->has_id[size_t(id)])
+          return make_error(ErrorCode::kCorruptData,
+                            "{}: post_processor adds token id {}, which is not a token of this file", src, id);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kCorruptData, "{}: malformed tokenizer.json: {}", src, e.what());
   }

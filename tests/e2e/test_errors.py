@@ -281,3 +281,25 @@ def test_unknown_field_names_cannot_forge_log_lines(server, client, model_name):
     assert len(lines) == 1, lines
     assert "unknown request field(s): x\\n2026 [error] FAKE_E2E\\u001b[31m" in lines[0], lines
     assert "\x1b" not in lines[0], lines
+
+
+def test_error_messages_cannot_forge_access_log_lines(server, client, model_name):
+    """The access log's `error="…"` quotes the error message, which often repeats the client's
+    text (an unknown model name, a role, an effort value): it is logged escaped, on the request's
+    own line. Before, `"model": "x\\n[… ] [info] FORGED…"` wrote a second, forged log line and raw
+    ANSI escapes."""
+    for path, body in [
+        ("/v1/completions", {"model": "x\n2026 [info] FORGED_MODEL\x1b[31m\u2028", "prompt": "hi"}),
+        ("/v1/chat/completions", {"model": model_name, "reasoning_effort": "hi\r\n[info] FORGED_EFFORT\x1b]0;t\x07",
+                                  "messages": [{"role": "user", "content": "x"}]}),
+    ]:
+        r = server.post(path, json=body)
+        assert r.status_code in (400, 404), r.text
+    for tag in ("FORGED_MODEL", "FORGED_EFFORT"):
+        lines = server.log_lines_with(tag)
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("["), lines  # the access-log line itself, not a forged one
+        assert '" 40' in lines[0], lines
+        for raw in ("\x1b", "\x07", "\u2028", "\r"):
+            assert raw not in lines[0], lines
+    assert "\\n2026 [info] FORGED_MODEL\\u001b[31m\\u2028" in server.log_lines_with("FORGED_MODEL")[0]

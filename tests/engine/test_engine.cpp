@@ -49,6 +49,25 @@ TEST(Engine, GenerateMatchesReference) {
   EXPECT_EQ(e->stats().generation_tokens_total, 17);
 }
 
+// A temperature in (0, 1e-5) is greedy (vLLM's rule). Before, T = 1e-38 scaled the logits by
+// 1e38: every logit above ~3.4 overflowed to +inf and the row's "argmax x" took the lowest such
+// id — near-random tokens (the embedded model answered ")$$$" where greedy says " of modules").
+TEST(Engine, TinyTemperatureIsGreedy) {
+  FakeConfig fc;
+  auto e = make_engine(fc, {});
+  for (float t : {1e-38f, 1e-30f, 1e-6f}) {
+    Request r;
+    r.prompt_tokens = {3, 1, 4, 1, 5, 9, 2, 6};
+    r.sampling = greedy(12);
+    r.sampling.temperature = t;
+    r.sampling.seed = 7;
+    FinishReason why = FinishReason::kNone;
+    auto toks = e->generate(r, &why);
+    ASSERT_TRUE(toks.ok()) << toks.status().to_string();
+    EXPECT_EQ(*toks, fake_greedy(r.prompt_tokens, fc.vocab, 12)) << "temperature " << t;
+  }
+}
+
 TEST(Engine, SubmitRefusesImpossibleAtOnce) {
   FakeConfig fc;
   fc.max_context = 64;

@@ -41,6 +41,19 @@ TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
   EXPECT_EQ(sample_token(l.data(), 4, p, 1, 0, st, nullptr, &s, &si), 3);
 }
 
+TEST(Sampler, TemperaturesBelowEpsilonAreGreedy) {
+  for (float t : {1e-38f, 1e-20f, 9.9e-6f}) {
+    SamplingParams p = sampled(t);
+    normalize_sampling(&p);
+    EXPECT_EQ(p.temperature, 0.0f) << t;
+  }
+  for (float t : {0.0f, 1e-5f, 0.5f, 2.0f}) {
+    SamplingParams p = sampled(t);
+    normalize_sampling(&p);
+    EXPECT_EQ(p.temperature, t);
+  }
+}
+
 TEST(Sampler, TemperatureOneKeepsDistribution) {
   auto l = log_of(kP);
   expect_dist(sampling_distribution(l.data(), 6, sampled(), {}), kP);

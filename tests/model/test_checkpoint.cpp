@@ -481,6 +481,20 @@ TEST(Checkpoint, ByteCountMismatchAndDuplicates) {
             R"({"x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})", 12);
   expect_one_line(Checkpoint::open(tmp.str()).status(),
                   "tensor 'x': 12 bytes stored but F32 [2, 2] needs 16");
+  // A shape whose byte count overflows 64 bits is refused as such, not wrapped: [2^32, 2^32]
+  // F32 wrapped to 0 bytes and passed with data_offsets [0, 0] (`info` then printed the
+  // parameter counts of the wrapped size), [2^62, 2^62] I64 reported "needs 0".
+  TempDir tmp3;
+  write_raw(tmp3.str() + "/model.safetensors",
+            R"({"x": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
+  expect_one_line(Checkpoint::open(tmp3.str()).status(),
+                  "tensor 'x': shape [4294967296, 4294967296] of F32 needs more than 2^63 bytes");
+  write_raw(tmp3.str() + "/model.safetensors",
+            R"({"x": {"dtype": "I64", "shape": [4611686018427387904, 4611686018427387904], "data_offsets": [0, 16]}})", 16);
+  expect_one_line(Checkpoint::open(tmp3.str()).status(), "needs more than 2^63 bytes");
+  write_raw(tmp3.str() + "/model.safetensors",
+            R"({"x": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 4]}})", 4);
+  expect_one_line(Checkpoint::open(tmp3.str()).status(), "'shape' must be an array of non-negative integers");
   TempDir tmp2;
   write_raw(
       tmp2.str() + "/model.safetensors",

@@ -441,6 +441,60 @@ TEST_F(ApiTest, PostBodiesMustBeDeclaredJson) {
   engine_->wait_idle();
 }
 
+// Compressed request bodies are not decoded, so they are refused by name instead of being
+// parsed as JSON: Content-Encoding gzip → 415 (RFC 9110), a transfer coding other than chunked
+// → 501 (RFC 9112). Before, both were ignored: a plain body labelled gzip was served, a real
+// gzip body got "not valid UTF-8".
+TEST_F(ApiTest, CompressedBodiesAreRefused) {
+  const std::string body = R"({"prompt":[5,6],"max_tokens":2,"temperature":0})";
+  for (const std::string ce : {"gzip", "deflate", "br", "GZIP ", "x-gzip"}) {
+    SCOPED_TRACE(ce);
+    auto r = http(port_, "POST", "/v1/completions", body, "Content-Encoding: " + ce + "\r\n");
+    EXPECT_EQ(r.status, 415) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["code"], "unsupported_media_type");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("Content-Encoding"), std::string::npos);
+  }
+  for (const std::string ce : {"identity", "", " Identity"}) {
+    SCOPED_TRACE(ce);
+    auto r = http(port_, "POST", "/v1/completions", body, "Content-Encoding: " + ce + "\r\n");
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  // A transfer coding under chunked: the bytes after de-chunking are still gzip.
+  {
+    std::string chunked = fmt::format("{:x}\r\n{}\r\n0\r\n\r\n", body.size(), body);
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port_)));
+    const std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+        "application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked;
+    net::write(s, net::buffer(req));
+    std::string all;
+    char buf[4096];
+    for (;;) {
+      boost::system::error_code ec;
+      size_t n = s.read_some(net::buffer(buf), ec);
+      if (ec) break;
+      all.append(buf, n);
+    }
+    EXPECT_EQ(all.substr(0, 12), "HTTP/1.1 501") << all;
+    EXPECT_NE(all.find("Transfer-Encoding"), std::string::npos) << all;
+  }
+  engine_->wait_idle();
+}
+
+// A wrong method on /v1/models/{id} names the allowed one (the message said "use " and nothing).
+TEST_F(ApiTest, ModelRouteWrongMethodNamesGet) {
+  auto r = http(port_, "DELETE", "/v1/models/whatever", "");
+  EXPECT_EQ(r.status, 405) << r.body;
+  EXPECT_NE(r.head.find("Allow: GET"), std::string::npos) << r.head;
+  json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("use GET"), std::string::npos) << r.body;
+}
+
 // Completions echo + logprobs list the prompt tokens first (OpenAI): the first with null
 // token_logprobs / top_logprobs, each later one scored by the model at the position before it
 // (the fake's logits), text_offset from the start of the echoed text; the generated tokens

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -245,6 +246,10 @@ TEST(Protocol, MalformedChatRequests) {
       {std::string("{") + kMsg + R"(,"temperature":3})", "temperature"},
       {std::string("{") + kMsg + R"(,"top_p":0})", "top_p"},
       {std::string("{") + kMsg + R"(,"top_p":1.1})", "top_p"},
+      // Positive as doubles but 0 as the engine's f32: refused here, naming the field (the
+      // engine refused them with param "prompt").
+      {std::string("{") + kMsg + R"(,"top_p":5e-324})", "top_p"},
+      {std::string("{") + kMsg + R"(,"repetition_penalty":1e-50})", "repetition_penalty"},
       {std::string("{") + kMsg + R"(,"top_k":-2})", "top_k"},
       {std::string("{") + kMsg + R"(,"min_p":2})", "min_p"},
       {std::string("{") + kMsg + R"(,"presence_penalty":3})", "presence_penalty"},
@@ -434,9 +439,102 @@ TEST(StopMatcher, ByteByByteAndEarliestMatch) {
   s += u.push("\x9cy");
   EXPECT_TRUE(u.stopped());
   EXPECT_EQ(s, "x");
+  // held_chars counts characters of the held text, multi-byte ones once.
+  StopMatcher h({"\xc3\xa9\xc3\xa9X"});  // "ééX"
+  EXPECT_EQ(h.push("a\xc3\xa9\xc3"), "a");
+  EXPECT_EQ(h.held_chars(), 2);  // "é" and the lead byte of the next one
+  EXPECT_EQ(h.push("\xa9"), "");
+  EXPECT_EQ(h.held_chars(), 2);
+  EXPECT_EQ(h.push("Y"), "\xc3\xa9\xc3\xa9Y");
+  EXPECT_EQ(h.held_chars(), 0);
   // No stop strings: pass-through.
   StopMatcher none({});
   EXPECT_EQ(none.push("abc"), "abc");
+}
+
+// The matcher equals a brute-force reference on random texts, stop sets and chunkings: after
+// each push, the earliest first occurrence (ties: the longest string) of any stop string in the
+// whole text so far ends the output; every released piece is a prefix of the final text.
+TEST(StopMatcher, EqualsBruteForceOnRandomInputs) {
+  std::mt19937 rng(1234);
+  auto rnd = [&](int n) { return int(rng() % uint32_t(n)); };
+  for (int iter = 0; iter < 4000; ++iter) {
+    const std::string alphabet = iter % 3 == 0 ? "ab" : "abc";
+    auto word = [&](int len) {
+      std::string w;
+      for (int i = 0; i < len; ++i) w += alphabet[size_t(rnd(int(alphabet.size())))];
+      return w;
+    };
+    std::vector<std::string> stops;
+    for (int k = 1 + rnd(4); k > 0; --k) stops.push_back(word(1 + rnd(6)));
+    const std::string text = word(rnd(40));
+    const bool include = rnd(2) == 1;
+    // Reference.
+    std::string want = text;
+    std::string want_match;
+    std::vector<size_t> cuts;
+    for (size_t p = 0; p < text.size();) {
+      size_t n = 1 + size_t(rnd(5));
+      cuts.push_back(std::min(text.size(), p + n));
+      p += n;
+    }
+    for (size_t cut : cuts) {
+      const std::string sofar = text.substr(0, cut);
+      size_t best = std::string::npos;
+      std::string bs;
+      for (auto& st : stops) {
+        size_t q = sofar.find(st);
+        if (q != std::string::npos && (q < best || (q == best && st.size() > bs.size()))) {
+          best = q;
+          bs = st;
+        }
+      }
+      if (best != std::string::npos) {
+        want = sofar.substr(0, include ? best + bs.size() : best);
+        want_match = bs;
+        break;
+      }
+    }
+    StopMatcher m(stops, include);
+    std::string got;
+    size_t prev = 0;
+    for (size_t cut : cuts) {
+      got += m.push(std::string_view(text).substr(prev, cut - prev));
+      ASSERT_EQ(want.compare(0, got.size(), got), 0) << "released text is not a prefix";
+      ASSERT_EQ(m.held_chars(), int64_t(m.held().size()));  // ASCII: one byte a character
+      prev = cut;
+      if (m.stopped()) break;
+    }
+    got += m.flush();
+    ASSERT_EQ(got, want) << "text " << text << " stops " << ::testing::PrintToString(stops);
+    ASSERT_EQ(m.held_chars(), 0);
+    ASSERT_EQ(m.matched(), want_match);
+    ASSERT_EQ(m.stopped(), !want_match.empty());
+  }
+}
+
+// A push costs O(delta × stop strings), not O(held text × stop length): a 20,000-`a` stop
+// string keeps a long tail held back while 60 others of 5,000-10,000 bytes were searched for in
+// it on every pushed byte — these 15,000 pushes took over 120 s (seconds per token in a server
+// whose generation logit_bias forces to `a`, on the thread that delivers every request's
+// outputs: the whole server froze). Linear now: milliseconds, far under the bound even under ASan.
+TEST(StopMatcher, PushIsLinearInTheText) {
+  std::vector<std::string> stops = {std::string(20000, 'a') + "b"};
+  for (int i = 0; i < 30; ++i) stops.push_back(std::string(10000 + size_t(i), 'a') + "c");
+  for (int i = 0; i < 30; ++i) stops.push_back("ab" + std::string(5000, 'a') + std::string(1, char('d' + i % 20)));
+  StopMatcher m(stops);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string out;
+  for (int i = 0; i < 15000; ++i) out += m.push("a");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(out, "");  // everything may still begin the 20,000-`a` stop string
+  EXPECT_EQ(m.held().size(), 15000u);
+  out += m.push("c");  // completes every "a"*(10000 + i) + "c": the longest starts first
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), std::string(10029, 'a') + "c");
+  EXPECT_EQ(out, std::string(15000 - 10029, 'a'));
+  EXPECT_LT(s, 10.0) << "15,000 one-byte pushes took " << s << " s";
 }
 
 TEST(Metrics, PrometheusText) {

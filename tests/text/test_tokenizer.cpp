@@ -280,3 +280,46 @@ TEST(Tokenizer, EmptyTokenizerIsSafe) {
   EXPECT_FALSE(t.bos_id().has_value());
   EXPECT_FALSE(t.with_added_tokens({}).ok());
 }
+
+// Token ids in a tokenizer.json index the tables the loader sizes by the largest id. An id out
+// of int32 (4294967295 became -1: a write before the table, heap corruption — `serve
+// --tokenizer` aborted with "munmap_chunk(): invalid pointer"), a negative one ("vector::
+// _M_default_append") or one far beyond the file's tokens (99999999: GBs allocated, minutes)
+// is a one-line error naming the file and the entry; so is a post-processor id the vocabulary
+// does not have (it would be put in front of every prompt).
+TEST(Tokenizer, OutOfRangeIdsAreErrorsNotCrashes) {
+  auto with = [](const std::string& vocab, const std::string& added, const std::string& post = "null") {
+    return R"({"model":{"type":"BPE","vocab":)" + vocab + R"(,"merges":[]},"added_tokens":)" + added +
+           R"(,"post_processor":)" + post + "}";
+  };
+  struct Case {
+    std::string json, want;
+  };
+  const std::vector<Case> cases = {
+      {with(R"({"a":0})", R"([{"id":4294967295,"content":"xyz"}])"), "added_tokens[0]"},
+      {with(R"({"a":0})", R"([{"id":-5,"content":"xyz"}])"), "added_tokens[0]"},
+      {with(R"({"a":0})", R"([{"id":99999999,"content":"xyz"}])"), "added_tokens[0]"},
+      {with(R"({"a":0})", R"([{"id":"7","content":"xyz"}])"), "added_tokens[0]"},
+      {with(R"({"a":0,"b":4294967301})", "[]"), "model.vocab['b']"},
+      {with(R"({"a":0,"b":2000000000})", "[]"), "model.vocab['b']"},
+      {with(R"({"a":0})", "[]",
+            R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"X","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"pair":[],"special_tokens":{"X":{"id":"X","ids":[99999],"tokens":["X"]}}})"),
+       "post_processor"},
+      {with(R"({"a":0})", "[]",
+            R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"X","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"pair":[],"special_tokens":{"X":{"id":"X","ids":[-7],"tokens":["X"]}}})"),
+       "post_processor"},
+  };
+  for (const auto& c : cases) {
+    auto t = Tokenizer::from_json_text(c.json, "bad.json");
+    ASSERT_FALSE(t.ok()) << c.json;
+    EXPECT_NE(t.status().message().find("bad.json"), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find(c.want), std::string::npos) << t.status().message();
+    EXPECT_EQ(t.status().message().find("_M_"), std::string::npos) << t.status().message();
+    EXPECT_EQ(t.status().message().find("bad_alloc"), std::string::npos) << t.status().message();
+  }
+  // Sparse but sane ids still load: added tokens just past the vocabulary, a gap of a few ids.
+  auto ok = Tokenizer::from_json_text(with(R"({"a":0,"b":1})", R"([{"id":40,"content":"<x>","special":true}])"),
+                                      "ok.json");
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->encode("<x>"), (std::vector<TokenId>{40}));
+}
