@@ -287,6 +287,15 @@ int main(int argc, char** argv) {
                   r.gap_p99_us, r.wall_s);
       std::fflush(stdout);
     }
+  std::string commit = "unknown";
+  if (FILE* g = popen(("git -C '" + std::string(V4_SOURCE_DIR) + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
+    char line[64] = {0};
+    if (std::fgets(line, sizeof line, g)) {
+      commit = line;
+      while (!commit.empty() && (commit.back() == '\n' || commit.back() == '\r')) commit.pop_back();
+    }
+    pclose(g);
+  }
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
   char date[64];
@@ -295,7 +304,8 @@ int main(int argc, char** argv) {
   const std::string path = out_dir + "/engine-host.md";
   std::ofstream f(path);
   f << "# Host time between decode steps (engine + OpenAI API output path, fake executor)\n\n"
-    << "- command: `" << cmd << "`\n- date: " << date << "\n- machine: "
+    << "- commit: " << commit << "\n- command: `" << cmd << "`\n- date: " << date
+    << "\n- GPU / CUDA: none (host-side measurement)\n- machine: "
     << std::thread::hardware_concurrency() << " hardware threads (CPU only; the forward sleeps "
     << step_us << " us in place of the GPU)\n"
     << "- workload: `concurrency` streaming chat requests (tokenizer " << tok_path << "), "
