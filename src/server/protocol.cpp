@@ -8,6 +8,8 @@
 #include <limits>
 #include <unordered_map>
 
+#include "base/log.h"
+
 namespace v4::server {
 
 std::string dump_json(const Json& j) {
@@ -1055,30 +1057,7 @@ std::string describe_field_names(const std::vector<std::string>& names) {
       out += "\"\"";
       continue;
     }
-    size_t chars = 0;
-    for (size_t p = 0; p < n.size();) {
-      if (chars == kMaxChars) {
-        out += "…";
-        break;
-      }
-      const auto c = static_cast<unsigned char>(n[p]);
-      size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
-      len = std::min(len, n.size() - p);
-      uint32_t cp = c;
-      if (len == 2) cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(n[p + 1]) & 0x3Fu);
-      if (len == 3)
-        cp = ((c & 0x0Fu) << 12) | ((static_cast<unsigned char>(n[p + 1]) & 0x3Fu) << 6) |
-             (static_cast<unsigned char>(n[p + 2]) & 0x3Fu);
-      if (cp == '\\') out += "\\\\";
-      else if (cp == '\n') out += "\\n";
-      else if (cp == '\r') out += "\\r";
-      else if (cp == '\t') out += "\\t";
-      else if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029)
-        out += fmt::format("\\u{:04x}", cp);
-      else out.append(n, p, len);
-      p += len;
-      ++chars;
-    }
+    out += log_escape(n, kMaxChars);
   }
   if (names.size() > kMaxNames) out += fmt::format(", … and {} more", names.size() - kMaxNames);
   return out;
