@@ -22,6 +22,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "base/log.h"
 #include "text/detokenizer.h"
 
 namespace v4::text {
@@ -926,11 +927,20 @@ Result<Tokenizer> Tokenizer::from_file(const std::string& path) {
       try {
         json c = json::parse(*ctext);
         auto im = std::const_pointer_cast<Impl>(t.impl_);
-        if (c.contains("bos_token"))
-          if (auto s = token_content(c["bos_token"])) im->bos = t.token_to_id(*s);
-        if (c.contains("eos_token"))
-          if (auto s = token_content(c["eos_token"])) im->eos = t.token_to_id(*s);
-      } catch (const std::exception& e) {
+        // A BOS / EOS string that is not a token of tokenizer.json would silently serve every
+        // prompt without its BOS (or never stop at EOS): refuse it, naming the field.
+        for (const char* field : {"bos_token", "eos_token"}) {
+          if (!c.contains(field)) continue;
+          auto s = token_content(c[field]);
+          if (!s) continue;
+          auto id = t.token_to_id(*s);
+          if (!id)
+            return make_error(ErrorCode::kInvalidArgument,
+                              "{}: {} \"{}\" is not a token of {}", cfg.string(), field, log_escape(*s, 64),
+                              p.string());
+          (std::string_view(field) == "bos_token" ? im->bos : im->eos) = id;
+        }
+      } catch (const json::exception& e) {
         return make_error(ErrorCode::kCorruptData, "{}: not valid JSON: {}", cfg.string(), e.what());
       }
     }

@@ -1,6 +1,9 @@
 // Tokenizer and Detokenizer vs HF `tokenizers` goldens (tools/gen_text_goldens.py).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -322,4 +325,32 @@ TEST(Tokenizer, OutOfRangeIdsAreErrorsNotCrashes) {
                                       "ok.json");
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(ok->encode("<x>"), (std::vector<TokenId>{40}));
+}
+
+// tokenizer_config.json's bos_token / eos_token must be tokens of tokenizer.json: a string that is
+// not one used to turn BOS off silently (every prompt served without it).
+TEST(Tokenizer, ConfigBosAndEosMustBeTokens) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("v4-tokcfg-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(std::string(V4_SOURCE_DIR) + "/models/default/tokenizer.json", dir / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
+  auto write_cfg = [&](const std::string& text) { std::ofstream(dir / "tokenizer_config.json") << text; };
+  write_cfg(R"({"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": {"content": "<｜end▁of▁sentence｜>"}})");
+  auto good = Tokenizer::from_file(dir.string());
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ(good->bos_id(), good->token_to_id("<｜begin▁of▁sentence｜>"));
+  EXPECT_TRUE(good->bos_id().has_value());
+  write_cfg(R"({"bos_token": "<s>"})");
+  auto bad = Tokenizer::from_file(dir.string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bos_token \"<s>\" is not a token of"), std::string::npos)
+      << bad.status().message();
+  EXPECT_NE(bad.status().message().find("tokenizer_config.json"), std::string::npos);
+  write_cfg(R"({"eos_token": {"content": "</s>\n"}})");
+  auto bad_eos = Tokenizer::from_file(dir.string());
+  ASSERT_FALSE(bad_eos.ok());
+  EXPECT_NE(bad_eos.status().message().find("eos_token \"</s>\\n\""), std::string::npos)
+      << bad_eos.status().message();
+  fs::remove_all(dir);
 }
