@@ -53,6 +53,7 @@ struct ServeOptions {
   int port = 30000;
   std::string tokenizer;
   std::string api_key;
+  bool api_key_given = false;  // --api-key or V4SERVE_API_KEY was set (maybe to "")
   int64_t chunked_prefill_size = 2048;
   int32_t max_running_requests = 256;
   int64_t kv_cache_bytes = int64_t(1) << 30;
@@ -247,6 +248,10 @@ int run_serve(const ServeOptions& o) {
     V4_LOG_ERROR("{}", st.message());
     return 1;
   }
+  // An empty key (`--api-key "$KEY"` with KEY unset) would otherwise serve without auth silently.
+  if (o.api_key_given && o.api_key.empty())
+    V4_LOG_WARN("the API key is empty (--api-key '' or V4SERVE_API_KEY=''): no authentication is "
+                "required; every client can use the server");
   const int64_t seq_cap = std::min<int64_t>(ctx, (*engine)->max_tokens_limit(1) + 1);
   V4_LOG_INFO("serving '{}' (context {} tokens{}) on http://{}:{}{}", ac.served_model_name, ctx,
               seq_cap < ctx ? fmt::format("; the KV cache holds {} for one sequence", seq_cap) : "",
@@ -327,7 +332,8 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   app.add_option("--port", o->port, "port (default 30000; 0 = any free port)")
       ->check(v4::cli::int_range(0, 65535));
   app.add_option("--tokenizer", o->tokenizer, "tokenizer.json overriding the checkpoint's");
-  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize");
+  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* and /tokenize")
+      ->each([o](const std::string&) { o->api_key_given = true; });
   app.add_option("--chunked-prefill-size", o->chunked_prefill_size, "max tokens per engine step")
       ->check(v4::cli::int_at_least(1));
   app.add_option("--max-running-requests", o->max_running_requests, "max sequences in a batch")
@@ -380,6 +386,9 @@ V4_REGISTER_COMMAND(serve, "serve", "serve the OpenAI-compatible HTTP API", [](C
   app.add_option("--shutdown-timeout", o->shutdown_timeout_s,
                  "seconds SIGTERM/SIGINT waits for running requests to finish (default 30)")
       ->check(v4::cli::number_at_least(0.0, /*open_lo=*/false, kMaxSeconds));
-  if (const char* k = std::getenv("V4SERVE_API_KEY")) o->api_key = k;
+  if (const char* k = std::getenv("V4SERVE_API_KEY")) {
+    o->api_key = k;
+    o->api_key_given = true;
+  }
   return std::function<int()>([o] { return run_serve(*o); });
 });

@@ -324,11 +324,30 @@ void Session::on_body(beast::error_code ec) {
   dispatch();
 }
 
+namespace {
+// RFC 9112 §3.2.2: a server must accept the absolute-form (`http://host:port/path?q`), which
+// proxies send; it routes by the path and query, as for the origin-form. Other targets unchanged.
+std::string origin_form(std::string_view target) {
+  size_t i = 0;
+  auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  if (target.empty() || !alpha(target[0])) return std::string(target);
+  while (i < target.size() && (alpha(target[i]) || (target[i] >= '0' && target[i] <= '9') ||
+                               target[i] == '+' || target[i] == '-' || target[i] == '.'))
+    ++i;
+  if (target.substr(i, 3) != "://") return std::string(target);
+  size_t rest = target.find_first_of("/?#", i + 3);  // end of the authority
+  if (rest == std::string_view::npos) return "/";
+  std::string out(target.substr(rest));
+  if (out[0] != '/') out.insert(0, "/");
+  return out;
+}
+}  // namespace
+
 void Session::dispatch() {
   auto msg = parser_->release();
   HttpRequest req;
   req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
+  req.target = origin_form(std::string_view(msg.target().data(), msg.target().size()));
   auto q = req.target.find('?');
   req.path = q == std::string::npos ? req.target : req.target.substr(0, q);
   for (auto& f : msg) {

@@ -81,13 +81,15 @@ void Metrics::count_request(const std::string& endpoint, int status) {
 
 void Metrics::observe_generation(int64_t prompt_tokens, int64_t completion_tokens,
                                  int64_t cached_tokens, double ttft_s, double e2e_s,
-                                 const std::string& finish_reason) {
+                                 const std::string& finish_reason, bool counts_prompt) {
   std::lock_guard<std::mutex> lk(mu_);
-  prompt_tokens_ += prompt_tokens;
+  if (counts_prompt) {
+    prompt_tokens_ += prompt_tokens;
+    cached_tokens_ += cached_tokens;
+    prompt_len_.observe(double(prompt_tokens));
+  }
   completion_tokens_ += completion_tokens;
-  cached_tokens_ += cached_tokens;
   finish_reasons_[finish_reason]++;
-  prompt_len_.observe(double(prompt_tokens));
   gen_len_.observe(double(completion_tokens));
   if (ttft_s >= 0) ttft_.observe(ttft_s);
   if (e2e_s >= 0) e2e_.observe(e2e_s);

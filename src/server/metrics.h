@@ -35,8 +35,12 @@ class Metrics {
   /// A finished HTTP request on `endpoint` ("/v1/chat/completions", ...) with `status`.
   void count_request(const std::string& endpoint, int status);
   /// A finished generation (one choice): tokens and times in seconds (ttft < 0: no token).
+  /// `counts_prompt`: whether this choice counts its prompt (and cached) tokens and the prompt
+  /// length histogram — only the first choice of each prompt does, so n > 1 counts each prompt
+  /// once per request, as `usage.prompt_tokens` does.
   void observe_generation(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens,
-                          double ttft_s, double e2e_s, const std::string& finish_reason);
+                          double ttft_s, double e2e_s, const std::string& finish_reason,
+                          bool counts_prompt = true);
   /// One inter-token latency sample (seconds between two consecutive outputs of a request).
   void observe_itl(double itl_s);
   /// The full Prometheus text, with engine gauges from `stats` and `open_connections`.

@@ -534,7 +534,7 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
       double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
       double e2e = seconds((c.have_first ? c.last_token : out.now) - c.arrival);
       api->metrics_.observe_generation(c.prompt_tokens, c.completion_tokens, c.cached_tokens, ttft,
-                                       e2e, c.finish_reason);
+                                       e2e, c.finish_reason, first_of_prompt(c));
     }
 
     if (streaming) {
@@ -612,8 +612,12 @@ struct OpenAiApi::Generation : std::enable_shared_from_this<Generation> {
     const double ttft = c.have_first ? seconds(c.first_token - c.arrival) : -1.0;
     const double e2e = c.have_first ? seconds(c.last_token - c.arrival) : -1.0;
     api->metrics_.observe_generation(c.prompt_tokens, c.completion_tokens, c.cached_tokens, ttft,
-                                     e2e, c.finish_reason);
+                                     e2e, c.finish_reason, first_of_prompt(c));
   }
+
+  // The first of a prompt's n choices: the one whose prompt (and cached) tokens /metrics counts,
+  // once per prompt as usage does (totals()).
+  bool first_of_prompt(const Choice& c) const { return c.index % std::max(1, req.n) == 0; }
 
   // The first ~200 bytes of content (cut at a UTF-8 boundary), quoted in error messages.
   static void keep_visible(const std::vector<text::ParserEvent>& evs, std::string* out) {

@@ -214,7 +214,16 @@ Result<Json> parse_json_body(std::string_view body, ApiError* err) {
     } catch (const std::exception& e) {
       what = e.what();
     }
-    *err = bad_request(fmt::format("request body is not valid JSON: {}", what));
+    // OpenAI-style: no library prefix ("[json.exception.parse_error.101] parse error "); keep where
+    // (line / column) and what was wrong.
+    if (what.starts_with("[json.exception.")) {
+      auto close = what.find("] ");
+      if (close != std::string::npos) what.erase(0, close + 2);
+    }
+    if (what.starts_with("parse error ")) what.erase(0, 12);
+    else if (what.starts_with("parse error: ")) what.erase(0, 13);
+    *err = bad_request(fmt::format("request body is not valid JSON{}{}",
+                                   what.starts_with("at ") ? " " : ": ", what));
     return Status(ErrorCode::kInvalidArgument, err->message);
   }
   if (!j.is_object()) {

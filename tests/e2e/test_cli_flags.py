@@ -188,6 +188,43 @@ def test_serve_context_length_above_the_model_warns():
     assert len(warn) == 1 and "1048576" in warn[0], out
 
 
+def _serve_until_ready(args, env=None):
+    p = subprocess.Popen([binary(), "serve", "--model", MODEL, "--port", "0", "--disable-prefix-cache"] + args,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "serving '" in line:
+                break
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
+    return lines
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_serve_empty_api_key_warns(how):
+    """`--api-key ''` (an unset variable expanded to nothing) or V4SERVE_API_KEY='' serves without
+    authentication, as vLLM does, but says so at startup (it used to be silent); no key at all
+    does not warn."""
+    env = {k: v for k, v in os.environ.items() if k != "V4SERVE_API_KEY"}
+    if how == "env":
+        env["V4SERVE_API_KEY"] = ""
+    lines = _serve_until_ready(["--api-key", ""] if how == "flag" else [], env)
+    out = "".join(lines)
+    assert "serving '" in out, out
+    warn = [l for l in lines if "API key is empty" in l]
+    assert len(warn) == 1 and "no authentication is required" in warn[0], out
+    assert "(API key required)" not in out, out
+    plain = "".join(_serve_until_ready([], {k: v for k, v in env.items() if k != "V4SERVE_API_KEY"}))
+    assert "serving '" in plain and "API key is empty" not in plain, plain
+
+
 @pytest.mark.parametrize("args", [
     ["generate", "--model", MODEL, "--prompt", "A", "--kv-budget-mb", "1099511627776"],
     ["serve", "--model", MODEL, "--port", "0", "--kv-cache-bytes", "1000000000000000000"],

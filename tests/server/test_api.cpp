@@ -1342,6 +1342,41 @@ double metric(const std::string& text, const std::string& name) {
 }
 }  // namespace
 
+// /metrics counts each prompt once per request, as usage.prompt_tokens does: n = 3 moves
+// v4serve_prompt_tokens_total by the prompt's length and the prompt-length histogram by one
+// observation per prompt (it used to count the prompt once per choice).
+TEST_F(ApiTest, PromptTokenMetricsCountEachPromptOnce) {
+  auto before = http(port_, "GET", "/metrics", "").body;
+  json req = {{"prompt", {10, 20, 30, 40, 50}}, {"max_tokens", 3}, {"temperature", 0.8},
+              {"ignore_eos", true}, {"n", 3}};
+  auto r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.j()["choices"].size(), 3u);
+  const int64_t usage_prompt = r.j()["usage"]["prompt_tokens"];
+  EXPECT_EQ(usage_prompt, 5);
+  auto after = http(port_, "GET", "/metrics", "").body;
+  EXPECT_EQ(metric(after, "v4serve_prompt_tokens_total") - metric(before, "v4serve_prompt_tokens_total"),
+            usage_prompt) << after;
+  EXPECT_EQ(metric(after, "v4serve_request_prompt_tokens_sum") -
+                metric(before, "v4serve_request_prompt_tokens_sum"), usage_prompt) << after;
+  EXPECT_EQ(metric(after, "v4serve_request_prompt_tokens_count") -
+                metric(before, "v4serve_request_prompt_tokens_count"), 1) << after;
+  EXPECT_EQ(metric(after, "v4serve_generation_tokens_total") -
+                metric(before, "v4serve_generation_tokens_total"), 9) << after;
+  // Two prompts, n = 2: each prompt once.
+  before = after;
+  req = {{"prompt", json::array({json::array({1, 2, 3}), json::array({4, 5, 6, 7})})},
+         {"max_tokens", 2}, {"temperature", 0.8}, {"ignore_eos", true}, {"n", 2}};
+  r = http(port_, "POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["usage"]["prompt_tokens"], 7);
+  after = http(port_, "GET", "/metrics", "").body;
+  EXPECT_EQ(metric(after, "v4serve_prompt_tokens_total") - metric(before, "v4serve_prompt_tokens_total"), 7)
+      << after;
+  EXPECT_EQ(metric(after, "v4serve_request_prompt_tokens_count") -
+                metric(before, "v4serve_request_prompt_tokens_count"), 2) << after;
+}
+
 // /metrics: the engine's aborted counter and the choices finished with "abort" count the same
 // requests. A stop-string finish (the server cancels the engine request) is a finished request
 // with finish_reason "stop", not an abort; n = 4 streams whose client hangs up are 4 aborts on

@@ -300,6 +300,31 @@ TEST_F(HttpTest, DisconnectRunsOnClose) {
   held.reset();
 }
 
+// RFC 9112 §3.2.2: an absolute-form target routes by its path and query (it used to be a 404,
+// routed by the whole URL).
+TEST_F(HttpTest, AbsoluteFormTargetRoutesByPath) {
+  start([](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+    if (r.path != "/health" && r.path != "/") return w->respond(404, "text/plain", "no " + r.path);
+    w->respond(200, "text/plain", "path=" + r.path + " target=" + r.target + ";");
+  });
+  const std::string port = std::to_string(server_->port());
+  Client c(server_->port());
+  c.send("GET http://127.0.0.1:" + port + "/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  std::string r = c.read(";");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+  EXPECT_NE(r.find("path=/health target=/health;"), std::string::npos) << r;
+  c.send("GET HTTPS://example.com/health?x=1 HTTP/1.1\r\nHost: example.com\r\n\r\n");
+  r = c.read("x=1;");
+  EXPECT_NE(r.find("path=/health target=/health?x=1;"), std::string::npos) << r;
+  c.send("GET http://127.0.0.1:" + port + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  r = c.read("target=/;");
+  EXPECT_NE(r.find("path=/ target=/;"), std::string::npos) << r;
+  // The origin-form is unchanged.
+  c.send("GET /health?y HTTP/1.1\r\nHost: x\r\n\r\n");
+  r = c.read("y;");
+  EXPECT_NE(r.find("path=/health target=/health?y;"), std::string::npos) << r;
+}
+
 TEST_F(HttpTest, GarbageGets400) {
   start([](HttpRequest, std::shared_ptr<ResponseWriter> w) { w->respond(200, "text/plain", "ok"); });
   Client c(server_->port());

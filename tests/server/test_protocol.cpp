@@ -682,6 +682,21 @@ TEST(Protocol, ObjectsWithTooManyKeysAreRefused) {
   EXPECT_NE(err.message.find("not valid JSON"), std::string::npos) << err.message;
 }
 
+// A malformed body's 400 says where and what, without the JSON library's internals.
+TEST(Protocol, MalformedJsonMessageHasNoLibraryPrefix) {
+  ApiError err;
+  ASSERT_FALSE(parse_json_body(R"({"a":x})", &err).ok());
+  EXPECT_EQ(err.status, 400);
+  EXPECT_EQ(err.message.find("json.exception"), std::string::npos) << err.message;
+  EXPECT_EQ(err.message.find("parse_error"), std::string::npos) << err.message;
+  EXPECT_TRUE(err.message.starts_with("request body is not valid JSON at line 1, column 6: "))
+      << err.message;
+  EXPECT_NE(err.message.find("invalid literal"), std::string::npos) << err.message;
+  ASSERT_FALSE(parse_json_body(R"({"a":1,)", &err).ok());
+  EXPECT_EQ(err.message.find("json.exception"), std::string::npos) << err.message;
+  EXPECT_NE(err.message.find("line 1, column 8"), std::string::npos) << err.message;
+}
+
 // Validation as OpenAI does it, with a 400 naming the field: duplicate tool names, tool
 // parameters whose `properties` is not an object, a json_schema `schema` that is not an object,
 // user / system messages with null content (assistant null content with tool_calls and tool
