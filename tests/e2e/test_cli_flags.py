@@ -162,33 +162,9 @@ def test_seed_flags_say_what_they_accept(cmd, flag):
         assert len(lines) == 1, out
 
 
-def test_serve_context_length_above_the_model_warns():
-    """--context-length above max_position_embeddings is served at the model's limit with a
-    warning naming the flag (it was cut silently: a client then got context_length_exceeded
-    errors below the length it configured)."""
-    p = subprocess.Popen([binary(), "serve", "--model", MODEL, "--port", "0", "--context-length",
-                          "99999999999", "--disable-prefix-cache"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = p.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "serving '" in line:
-                break
-    finally:
-        p.terminate()
-        p.wait(timeout=60)
-    out = "".join(lines)
-    assert "context 1048576 tokens" in out, out
-    warn = [l for l in lines if "--context-length 99999999999" in l]
-    assert len(warn) == 1 and "1048576" in warn[0], out
-
-
 def _serve_until_ready(args, env=None):
+    """`serve --model MODEL --port 0 --disable-prefix-cache ARGS` until its serving line (or exit);
+    returns the output lines so far."""
     p = subprocess.Popen([binary(), "serve", "--model", MODEL, "--port", "0", "--disable-prefix-cache"] + args,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
@@ -205,6 +181,17 @@ def _serve_until_ready(args, env=None):
         p.terminate()
         p.wait(timeout=60)
     return lines
+
+
+def test_serve_context_length_above_the_model_warns():
+    """--context-length above max_position_embeddings is served at the model's limit with a
+    warning naming the flag (it was cut silently: a client then got context_length_exceeded
+    errors below the length it configured)."""
+    lines = _serve_until_ready(["--context-length", "99999999999"])
+    out = "".join(lines)
+    assert "context 1048576 tokens" in out, out
+    warn = [l for l in lines if "--context-length 99999999999" in l]
+    assert len(warn) == 1 and "1048576" in warn[0], out
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
