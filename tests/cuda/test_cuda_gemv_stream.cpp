@@ -476,6 +476,67 @@ TEST(CudaGemvStream, GroupedAndSwiglu) {
 // Grouped-by-expert form (the MoE GEMV: expert e = active[y] serves items list[offset[e] ..
 // offset[e+1]), x row list[i] / xdiv, y row list[i]) with SwiGLU and without; one inactive slot
 // and an expert with more items than a pass.
+// The persistent grid (GemvArgs::persist, the default: about one wave of blocks looping over
+// tiles, next batch in flight) against one block per tile: the same bits, every output written,
+// for grids of many tiles per block (wq_b, the bf16 head), K split over warps (wo_b), passes of
+// x rows (M = 9), SwiGLU and the grouped plain form (wo_a's 8 groups).
+TEST(CudaGemvStream, PersistentGridSameBits) {
+  V4_GPU();
+  struct P {
+    WFormat f;
+    int groups;
+    int64_t n, K, M;
+    bool swiglu;
+  };
+  for (const P& c : {P{WFormat::kFP8Block, 1, 32768, 1024, 1, false},
+                     P{WFormat::kFP8Block, 1, 32768, 1024, 9, false},
+                     P{WFormat::kFP8Block, 1, 4096, 8192, 1, false},
+                     P{WFormat::kFP8Block, 8, 1024, 4096, 1, false},
+                     P{WFormat::kFP8Block, 1, 2048, 4096, 1, true},
+                     P{WFormat::kMXFP4, 1, 4096, 4096, 2, false},
+                     P{WFormat::kBF16, 1, 129280, 4096, 1, false},
+                     P{WFormat::kF32, 1, 5000, 68, 3, true}}) {
+    SCOPED_TRACE(::testing::Message() << wformat_name(c.f) << " groups=" << c.groups << " n=" << c.n
+                                      << " K=" << c.K << " M=" << c.M << " swiglu=" << c.swiglu);
+    const int64_t rows = c.groups * c.n * (c.swiglu ? 2 : 1);
+    const HostW hw = make_weights(c.f, 1, rows, c.K, 0.05f);
+    const DevW dw(hw);
+    const int64_t outs = c.groups * c.n, ldx = c.groups * c.K + 4, ldy = outs + 3;
+    const auto x = rand_x(size_t(c.M * ldx));
+    Dev<float> dx(x), dy(size_t(c.M * ldy));
+    std::vector<float> got[2];
+    for (int persist = 0; persist < 2; ++persist) {
+      dy.poison();
+      GemvArgs a;
+      a.w = dw.view(0, rows);
+      a.x = dx.p;
+      a.ldx = ldx;
+      a.y = dy.p;
+      a.ldy = ldy;
+      a.rows = c.M;
+      a.n_out = c.n;
+      a.swiglu = c.swiglu;
+      a.limit = c.swiglu ? 10.f : 0.f;
+      if (c.groups > 1) {
+        a.x_group_stride = c.K;
+        a.y_group_stride = c.n;
+      }
+      a.persist = persist == 1;
+      ASSERT_TRUE(cuda::gemv_stream_supported(a));
+      const Status st = cuda::gemv_stream(a, c.groups, num_sms(), nullptr);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      got[persist] = dy.host();
+      int64_t unwritten = 0;
+      for (int64_t i = 0; i < c.M; ++i)
+        for (int64_t j = 0; j < outs; ++j) unwritten += std::isnan(got[persist][size_t(i * ldy + j)]);
+      EXPECT_EQ(unwritten, 0) << "persist=" << persist;
+    }
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4), 0)
+        << "the persistent grid changed the results";
+  }
+}
+
 TEST(CudaGemvStream, GroupedByExpert) {
   V4_GPU();
   for (WFormat f : {WFormat::kFP8Block, WFormat::kMXFP4, WFormat::kBF16}) {

@@ -77,17 +77,18 @@ __device__ __forceinline__ void unpack4(const uint4& q, int g, float* f) {
 
 // One block = kWarps warps = kWarps / ks row groups × ks K-slices; row group g of block b owns
 // outputs [(b·groups + g)·OPW, +OPW). See gemv_stream.h for the summation order.
-// Resident blocks per SM the register cap aims for (ptxas, sm_90a): 1-row f32 / bf16 fit 80
-// registers (3 blocks, 24 warps); 1-row FP8 / MXFP4 128 (2 blocks, 16 warps: 64 KiB of weight
-// loads in flight per SM); more rows are uncapped (1 block).
+// Resident blocks per SM the register cap aims for (ptxas, sm_90a): 1-row passes 128 registers
+// (2 blocks, 16 warps; with the double buffer 64 KiB of weight loads in flight per SM while the
+// warps multiply — FP8 / MXFP4 spill ~130 bytes of loop state to L1); more rows are uncapped
+// (1 block).
 template <WFormat F, int MT>
-constexpr int kMinBlocks = MT != 1 ? 1 : (F == WFormat::kF32 || F == WFormat::kBF16) ? 3 : 2;
+constexpr int kMinBlocks = MT != 1 ? 1 : 2;
 
 template <WFormat F, int MT, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_kernel(GemvArgs a) {
   constexpr int V = kVals<F>;
   constexpr int R = kRows;
-  constexpr int U = MT >= 4 ? 1 : 2;  // chunks per load batch (R·U 16-byte loads per lane)
+  constexpr int U = MT >= 4 ? 1 : 2;       // chunks per load batch (R·U 16-byte loads per lane)
   constexpr int OPW = SWIGLU ? R / 2 : R;  // outputs per warp
   __shared__ float red[kWarps][R][MT];
   const WeightView& w = a.w;
@@ -96,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
   const int ks = a.ks;
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int kslice = warp % ks, group = warp / ks, groups = kWarps / ks;
-  const int64_t o0 = (int64_t(blockIdx.x) * groups + group) * OPW;  // first output of the warp
+  const int64_t per_block = int64_t(groups) * OPW;  // outputs of one tile
+  const int64_t ntiles = (a.n_out + per_block - 1) / per_block;
 
   int64_t e = 0, rbeg = 0, rcnt = a.rows;
   const int64_t grp = a.list ? 0 : int64_t(blockIdx.y);  // grouped plain form (GemvArgs)
@@ -106,187 +108,254 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
     rbeg = a.offset[e];
     rcnt = a.offset[e + 1] - rbeg;
   }
+  const int64_t m_first = int64_t(blockIdx.z) * MT, pstride = int64_t(gridDim.z) * MT;
+  if (m_first >= rcnt) return;  // whole block: no pass of x rows here
   const float* const X = a.x + grp * a.x_group_stride;
   float* const Y = a.y + grp * a.y_group_stride;
   const int64_t nb = grp * a.n_out;
+  // Batches of this warp per (tile, pass): batch i = chunks kslice + (i·U + u)·ks, u < U.
+  const int64_t cstep = int64_t(ks) * U;
+  const int64_t nbat = kslice < nchunks ? (nchunks - kslice + cstep - 1) / cstep : 0;
 
-  // Weight rows of this warp: slot r is output o0 + r (SwiGLU: gate rows o0 + j in slots
-  // j < OPW, up rows n_out + o0 + j in slots OPW + j).
-  const uint8_t* rowp[R];
-  const void* scp[R];
-  bool rok[R];
+  // The issue cursor (tile it, pass im, batch ii) runs one batch ahead of the math: the loads of
+  // the next batch — of this pass, the next pass or the block's next tile — are in flight while
+  // the current one is multiplied (no dead time at pass or tile ends). Blocks take tiles
+  // blockIdx.x, + gridDim.x, ... (a grid of about one wave: gemv_stream picks gridDim.x).
+  // Weight rows of the issue cursor's tile: slot r is output o0 + r (SwiGLU: gate rows o0 + j in
+  // slots j < OPW, up rows n_out + o0 + j in slots OPW + j).
+  int64_t it = blockIdx.x, im = m_first;
+  int ii = 0;
+  int32_t rn[R];  // view rows (the pointers are recomputed per batch: fewer live registers)
+  bool rok_i[R];
+  auto set_rows = [&](int64_t tile) {
+    const int64_t o0 = (tile * groups + group) * OPW;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t out = o0 + (SWIGLU ? r % OPW : r);
-    rok[r] = out < a.n_out;
-    const int64_t n = nb + (rok[r] ? out + (SWIGLU ? int64_t(r / OPW) * a.n_out : 0) : 0);
-    rowp[r] = wrow(w, e, n);
-    if constexpr (F == WFormat::kFP8Block)
-      scp[r] = fp8_scale_row(w, e, n);
-    else if constexpr (F == WFormat::kMXFP4)
-      scp[r] = mxfp4_scale_row(w, e, n);
-    else
-      scp[r] = nullptr;
-  }
-
-  // Passes of MT rows: block z takes passes z, z + gridDim.z, ... (plain forms with many rows,
-  // e.g. a raised gemv_max_rows; a row's arithmetic does not depend on which block runs it).
-  for (int64_t m0 = int64_t(blockIdx.z) * MT; m0 < rcnt; m0 += int64_t(gridDim.z) * MT) {
-    const int mc = int(rcnt - m0 < MT ? rcnt - m0 : MT);
-    // x rows of this pass; slots m ≥ mc repeat the last row (computed, never written).
-    const float* xr[MT];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const int64_t item = rbeg + m0 + (m < mc ? m : mc - 1);
-      const int64_t xrow = a.list ? int64_t(a.list[item] / a.xdiv) : item;
-      xr[m] = X + xrow * a.ldx;
+    for (int r = 0; r < R; ++r) {
+      const int64_t out = o0 + (SWIGLU ? r % OPW : r);
+      rok_i[r] = out < a.n_out;
+      rn[r] = int32_t(nb + (rok_i[r] ? out + (SWIGLU ? int64_t(r / OPW) * a.n_out : 0) : 0));
     }
-    float acc[R][MT];
+  };
+  // Loads of the issue cursor's batch (zeros past the block's last tile), then the cursor moves on.
+  auto issue = [&](uint4(&q)[U][R], float(&sc)[U][R]) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = kslice + (ii * U + u) * ks;
+      const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
+      const bool in = it < ntiles && c < nchunks && kk0 < K;
 #pragma unroll
-      for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
-
-    for (int64_t c0 = kslice; c0 < nchunks; c0 += int64_t(ks) * U) {
-      uint4 q[U][R];
-      float sc[U][R];
-      // All weight loads of the batch first (R·U 16-byte loads in flight per lane).
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + int64_t(u) * ks;
-        const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
-        const bool in = c < nchunks && kk0 < K;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          q[u][r] = make_uint4(0u, 0u, 0u, 0u);
-          sc[u][r] = 0.f;
-          if (in && rok[r]) {
-            q[u][r] = ld_weights16(rowp[r] + wrow_bytes(F, kk0));
-            if constexpr (F == WFormat::kFP8Block)
-              sc[u][r] = __ldg(static_cast<const float*>(scp[r]) + kk0 / 128);
-            else if constexpr (F == WFormat::kMXFP4)
-              sc[u][r] = ue8m0_to_f32(__ldg(static_cast<const uint8_t*>(scp[r]) + kk0 / 32));
-          }
+      for (int r = 0; r < R; ++r) {
+        q[u][r] = make_uint4(0u, 0u, 0u, 0u);
+        sc[u][r] = 0.f;
+        if (in && rok_i[r]) {
+          q[u][r] = ld_weights16(wrow(w, e, rn[r]) + wrow_bytes(F, kk0));
+          if constexpr (F == WFormat::kFP8Block)
+            sc[u][r] = __ldg(fp8_scale_row(w, e, rn[r]) + kk0 / 128);
+          else if constexpr (F == WFormat::kMXFP4)
+            sc[u][r] = ue8m0_to_f32(__ldg(mxfp4_scale_row(w, e, rn[r]) + kk0 / 32));
         }
       }
+    }
+    if (++ii < nbat) return;
+    ii = 0;
+    im += pstride;
+    if (im < rcnt) return;
+    im = m_first;
+    it += gridDim.x;
+    if (it < ntiles) set_rows(it);
+  };
+  set_rows(it);
+  uint4 q[U][R], qn[U][R];  // the batch being multiplied, the next one (in flight)
+  float sc[U][R], scn[U][R];
+  if (nbat > 0) issue(q, sc);
+
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t o0 = (tile * groups + group) * OPW;  // first output of the warp
+    bool rok[R];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + int64_t(u) * ks;
-        const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
-        if (c >= nchunks || kk0 >= K) continue;
-        // One FMA chain per (row, x row) over the chunk's V values in k order, 4 at a time: the
-        // float4 of x and the 4 unpacked weights are consumed at once (few live registers).
-        float p[R][MT];
+    for (int r = 0; r < R; ++r) rok[r] = o0 + (SWIGLU ? r % OPW : r) < a.n_out;
+
+    // Passes of MT rows: block z takes passes z, z + gridDim.z, ... (plain forms with many rows,
+    // e.g. a raised gemv_max_rows; a row's arithmetic does not depend on which block runs it).
+    for (int64_t m0 = m_first; m0 < rcnt; m0 += pstride) {
+      const int mc = int(rcnt - m0 < MT ? rcnt - m0 : MT);
+      // x rows of this pass; slots m ≥ mc repeat the last row (computed, never written).
+      const float* xr[MT];
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+      for (int m = 0; m < MT; ++m) {
+        const int64_t item = rbeg + m0 + (m < mc ? m : mc - 1);
+        const int64_t xrow = a.list ? int64_t(a.list[item] / a.xdiv) : item;
+        xr[m] = X + xrow * a.ldx;
+      }
+      float acc[R][MT];
 #pragma unroll
-          for (int m = 0; m < MT; ++m) p[r][m] = 0.f;
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int g = 0; g < V / 4; ++g) {
-          float4 xg[MT];
+        for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+
+      for (int64_t bi = 0; bi < nbat; ++bi) {
+        issue(qn, scn);  // the next batch: in flight during this one's math
 #pragma unroll
-          for (int m = 0; m < MT; ++m) xg[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + kk0) + g);
+        for (int u = 0; u < U; ++u) {
+          const int64_t c = kslice + (bi * U + u) * ks;
+          const int64_t kk0 = c * 32 * V + int64_t(lane) * V;
+          if (c >= nchunks || kk0 >= K) continue;
+          // One FMA chain per (row, x row) over the chunk's V values in k order, 4 at a time: the
+          // float4 of x and the 4 unpacked weights are consumed at once (few live registers).
+          float p[R][MT];
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) p[r][m] = 0.f;
+#pragma unroll
+          for (int g = 0; g < V / 4; ++g) {
+            float4 xg[MT];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+              xg[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + kk0) + g);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              if (!rok[r]) continue;
+              float wv[4];
+              unpack4<F>(q[u][r], g, wv);
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+                p[r][m] = fmaf(xg[m].x, wv[0], p[r][m]);
+                p[r][m] = fmaf(xg[m].y, wv[1], p[r][m]);
+                p[r][m] = fmaf(xg[m].z, wv[2], p[r][m]);
+                p[r][m] = fmaf(xg[m].w, wv[3], p[r][m]);
+              }
+            }
+          }
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             if (!rok[r]) continue;
-            float wv[4];
-            unpack4<F>(q[u][r], g, wv);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-              p[r][m] = fmaf(xg[m].x, wv[0], p[r][m]);
-              p[r][m] = fmaf(xg[m].y, wv[1], p[r][m]);
-              p[r][m] = fmaf(xg[m].z, wv[2], p[r][m]);
-              p[r][m] = fmaf(xg[m].w, wv[3], p[r][m]);
+              if constexpr (F == WFormat::kF32 || F == WFormat::kBF16)
+                acc[r][m] += p[r][m];
+              else if constexpr (F == WFormat::kFP8Block)
+                acc[r][m] = fmaf(p[r][m], sc[u][r], acc[r][m]);
+              else  // e2m1 values carried 2^-14 (exact): restore before the group scale
+                acc[r][m] = fmaf(p[r][m] * 16384.f, sc[u][r], acc[r][m]);
             }
           }
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (!rok[r]) continue;
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            if constexpr (F == WFormat::kF32 || F == WFormat::kBF16)
-              acc[r][m] += p[r][m];
-            else if constexpr (F == WFormat::kFP8Block)
-              acc[r][m] = fmaf(p[r][m], sc[u][r], acc[r][m]);
-            else  // e2m1 values carried 2^-14 (exact): restore before the group scale
-              acc[r][m] = fmaf(p[r][m] * 16384.f, sc[u][r], acc[r][m]);
+          for (int r = 0; r < R; ++r) {
+            q[u][r] = qn[u][r];
+            sc[u][r] = scn[u][r];
           }
+      }
+      // Lane butterfly (every lane ends with the same sum), then the K-slices in slice order.
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          float v = acc[r][m];
+#pragma unroll
+          for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+          acc[r][m] = v;
         }
-      }
-    }
-    // Lane butterfly (every lane ends with the same sum), then the K-slices in slice order.
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        float v = acc[r][m];
-#pragma unroll
-        for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        acc[r][m] = v;
-      }
-    if (ks > 1) {
-      if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int m = 0; m < MT; ++m) red[warp][r][m] = acc[r][m];
-      }
-      __syncthreads();
-      if (lane == 0 && kslice == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            float t = red[warp][r][m];
-            for (int s = 1; s < ks; ++s) t += red[warp + s][r][m];
-            acc[r][m] = t;
-          }
-      }
-      __syncthreads();  // red is reused by the next pass
-    }
-    if (lane == 0 && kslice == 0) {
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        if (m >= mc) continue;
-        const int64_t item = rbeg + m0 + m;
-        const int64_t yr = a.list ? int64_t(a.list[item]) : item;
-        float* yrow = Y + yr * a.ldy;
-        if constexpr (SWIGLU) {
-#pragma unroll
-          for (int j = 0; j < OPW; ++j) {
-            if (o0 + j >= a.n_out) continue;
-            float g = acc[j][m], u = acc[OPW + j][m];
-            if (a.limit > 0.f) {
-              g = fminf(g, a.limit);
-              u = fminf(fmaxf(u, -a.limit), a.limit);
-            }
-            yrow[o0 + j] = g / (1.f + expf(-g)) * u;
-          }
-        } else {
+      if (ks > 1) {
+        if (lane == 0) {
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            if (o0 + r < a.n_out) yrow[o0 + r] = acc[r][m];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) red[warp][r][m] = acc[r][m];
+        }
+        __syncthreads();
+        if (lane == 0 && kslice == 0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              float t = red[warp][r][m];
+              for (int s = 1; s < ks; ++s) t += red[warp + s][r][m];
+              acc[r][m] = t;
+            }
+        }
+        __syncthreads();  // red is reused by the next pass
+      }
+      if (lane == 0 && kslice == 0) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          if (m >= mc) continue;
+          const int64_t item = rbeg + m0 + m;
+          const int64_t yr = a.list ? int64_t(a.list[item]) : item;
+          float* yrow = Y + yr * a.ldy;
+          if constexpr (SWIGLU) {
+#pragma unroll
+            for (int j = 0; j < OPW; ++j) {
+              if (o0 + j >= a.n_out) continue;
+              float g = acc[j][m], u = acc[OPW + j][m];
+              if (a.limit > 0.f) {
+                g = fminf(g, a.limit);
+                u = fminf(fmaxf(u, -a.limit), a.limit);
+              }
+              yrow[o0 + j] = g / (1.f + expf(-g)) * u;
+            }
+          } else {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+              if (o0 + r < a.n_out) yrow[o0 + r] = acc[r][m];
+          }
         }
       }
     }
-  }
+  }  // tiles
+}
+
+// Resident blocks per SM of one kernel instance (cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+// queried once per instance and process; 1 when the query fails).
+template <WFormat F, int MT, bool SWIGLU>
+int blocks_per_sm() {
+  static const int n = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_stream_kernel<F, MT, SWIGLU>,
+                                                      kThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 1;
+    }
+    return std::max(b, 1);
+  }();
+  return n;
+}
+
+// grid.x of a launch: `tiles` tiles of outputs; with a.persist, about one wave of blocks (the
+// resident blocks per SM × SMs over the grid's y·z extent), each taking an equal share of tiles.
+template <WFormat F, int MT, bool SWIGLU>
+dim3 persistent_grid(const GemvArgs& a, dim3 grid, int num_sms) {
+  if (!a.persist) return grid;
+  const int64_t tiles = grid.x;
+  const int64_t yz = int64_t(grid.y) * grid.z;
+  const int64_t wave = int64_t(blocks_per_sm<F, MT, SWIGLU>()) * std::max(num_sms, 1);
+  const int64_t gx = std::max<int64_t>(1, wave / yz);
+  if (gx >= tiles) return grid;
+  const int64_t per = (tiles + gx - 1) / gx;  // tiles per block
+  grid.x = unsigned((tiles + per - 1) / per);
+  return grid;
 }
 
 template <WFormat F, int MT>
-Status launch(const GemvArgs& a, dim3 grid, cudaStream_t stream) {
+Status launch(const GemvArgs& a, dim3 grid, int num_sms, cudaStream_t stream) {
   if (a.swiglu)
-    gemv_stream_kernel<F, MT, true><<<grid, kThreads, 0, stream>>>(a);
+    gemv_stream_kernel<F, MT, true>
+        <<<persistent_grid<F, MT, true>(a, grid, num_sms), kThreads, 0, stream>>>(a);
   else
-    gemv_stream_kernel<F, MT, false><<<grid, kThreads, 0, stream>>>(a);
+    gemv_stream_kernel<F, MT, false>
+        <<<persistent_grid<F, MT, false>(a, grid, num_sms), kThreads, 0, stream>>>(a);
   return check_launch("gemv_stream_kernel");
 }
 
 template <WFormat F>
-Status dispatch(const GemvArgs& a, dim3 grid, cudaStream_t stream) {
-  if (a.mc == 1) return launch<F, 1>(a, grid, stream);
-  if (a.mc == 2 || F == WFormat::kMXFP4) return launch<F, 2>(a, grid, stream);  // MXFP4: ≤ 2
-  if constexpr (F != WFormat::kMXFP4) return launch<F, 4>(a, grid, stream);
+Status dispatch(const GemvArgs& a, dim3 grid, int num_sms, cudaStream_t stream) {
+  if (a.mc == 1) return launch<F, 1>(a, grid, num_sms, stream);
+  if (a.mc == 2 || F == WFormat::kMXFP4)
+    return launch<F, 2>(a, grid, num_sms, stream);  // MXFP4: ≤ 2
+  if constexpr (F != WFormat::kMXFP4) return launch<F, 4>(a, grid, num_sms, stream);
   return Status::Ok();
 }
 
@@ -295,6 +364,14 @@ Status dispatch(const GemvArgs& a, dim3 grid, cudaStream_t stream) {
 bool gemv_stream_env_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("V4_GEMV_STREAM");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+bool gemv_stream_persist_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("V4_GEMV_PERSIST");
     return !(e && e[0] == '0');
   }();
   return on;
@@ -339,6 +416,7 @@ Status gemv_stream(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   const int64_t rows_per_item = a.list ? (a.rows_hint > 0 ? a.rows_hint : 4) : a.rows;
   a.mc = rows_per_item <= 1 ? 1 : rows_per_item <= 2 || w.format == WFormat::kMXFP4 ? 2 : 4;
   a.ks = gemv_stream_kslices(a, grid_y, num_sms);
+  a.persist = a.persist && gemv_stream_persist_env();
   const int opw = a.swiglu ? kRows / 2 : kRows;
   const int64_t per_block = int64_t(kWarps / a.ks) * opw;
   const int64_t ntiles = (a.n_out + per_block - 1) / per_block;
@@ -347,17 +425,18 @@ Status gemv_stream(GemvArgs a, int grid_y, int num_sms, cudaStream_t stream) {
   // Many rows (plain forms): spread the passes over grid.z while the grid is small.
   const int64_t passes = a.list ? 1 : (a.rows + a.mc - 1) / a.mc;
   const int64_t blocks = ntiles * grid_y, want = 4 * int64_t(std::max(num_sms, 1));
-  const int64_t gz = blocks >= want ? 1 : std::min<int64_t>({passes, (want + blocks - 1) / blocks, 65535});
+  const int64_t gz =
+      blocks >= want ? 1 : std::min<int64_t>({passes, (want + blocks - 1) / blocks, 65535});
   const dim3 grid{unsigned(ntiles), unsigned(grid_y), unsigned(gz)};
   switch (w.format) {
     case WFormat::kF32:
-      return dispatch<WFormat::kF32>(a, grid, stream);
+      return dispatch<WFormat::kF32>(a, grid, num_sms, stream);
     case WFormat::kBF16:
-      return dispatch<WFormat::kBF16>(a, grid, stream);
+      return dispatch<WFormat::kBF16>(a, grid, num_sms, stream);
     case WFormat::kFP8Block:
-      return dispatch<WFormat::kFP8Block>(a, grid, stream);
+      return dispatch<WFormat::kFP8Block>(a, grid, num_sms, stream);
     case WFormat::kMXFP4:
-      return dispatch<WFormat::kMXFP4>(a, grid, stream);
+      return dispatch<WFormat::kMXFP4>(a, grid, num_sms, stream);
   }
   return Status::Ok();
 }

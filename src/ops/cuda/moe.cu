@@ -566,8 +566,13 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.active_count = rb.active_count;
     up.xdiv = a.topk;
     // The shared-memory GEMV, not gemv_stream: at 1 row the shared expert's SwiGLU w13 took 16.6
-    // µs with the streaming kernel vs 12.7, its w2 9.55 vs 9.03 (H200, bench/results/cuda-gemv.md).
-    up.use_stream_kernel = false;
+    // µs with the streaming kernel vs 12.7, its w2 9.55 vs 9.03 (H200, bench/results/cuda-gemv.md,
+    // before gemv_stream's persistent grid). V4_MOE_GEMV_STREAM=1: gemv_stream (A/B).
+    static const bool moe_stream = [] {
+      const char* e = std::getenv("V4_MOE_GEMV_STREAM");
+      return e && e[0] == '1';
+    }();
+    up.use_stream_kernel = moe_stream;
     // Rows per shared-memory pass: at most S rows per expert (unless a token repeats one);
     // V4_MOE_PASS_ROWS caps it (fewer rows per pass: more blocks per SM, but experts with more
     // rows than a pass re-read their weights).
