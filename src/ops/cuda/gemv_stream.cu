@@ -77,12 +77,13 @@ __device__ __forceinline__ void unpack4(const uint4& q, int g, float* f) {
 
 // One block = kWarps warps = kWarps / ks row groups × ks K-slices; row group g of block b owns
 // outputs [(b·groups + g)·OPW, +OPW). See gemv_stream.h for the summation order.
-// Resident blocks per SM the register cap aims for (ptxas, sm_90a): 1-row passes 128 registers
-// (2 blocks, 16 warps; with the double buffer 64 KiB of weight loads in flight per SM while the
-// warps multiply — FP8 / MXFP4 spill ~130 bytes of loop state to L1); more rows are uncapped
-// (1 block).
+// Resident blocks per SM the register cap aims for (ptxas, sm_90a): 1-row f32 / bf16 fit 80
+// registers (3 blocks, 24 warps); 1-row FP8 / MXFP4 128 (2 blocks, 16 warps: 64 KiB of weight
+// loads in flight per SM); more rows are uncapped (1 block).
 template <WFormat F, int MT>
-constexpr int kMinBlocks = MT != 1 ? 1 : 2;
+constexpr int kMinBlocks = MT != 1                                       ? 1
+                           : (F == WFormat::kF32 || F == WFormat::kBF16) ? 3
+                                                                         : 2;
 
 template <WFormat F, int MT, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_kernel(GemvArgs a) {
@@ -165,9 +166,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
     if (it < ntiles) set_rows(it);
   };
   set_rows(it);
-  uint4 q[U][R], qn[U][R];  // the batch being multiplied, the next one (in flight)
-  float sc[U][R], scn[U][R];
-  if (nbat > 0) issue(q, sc);
+  uint4 q[U][R];  // the batch being multiplied
+  float sc[U][R];
 
   for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
     const int64_t o0 = (tile * groups + group) * OPW;  // first output of the warp
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
         for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
 
       for (int64_t bi = 0; bi < nbat; ++bi) {
-        issue(qn, scn);  // the next batch: in flight during this one's math
+        issue(q, sc);  // all R·U loads of the batch in flight before its math
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int64_t c = kslice + (bi * U + u) * ks;
@@ -241,13 +241,6 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
             }
           }
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            q[u][r] = qn[u][r];
-            sc[u][r] = scn[u][r];
-          }
       }
       // Lane butterfly (every lane ends with the same sum), then the K-slices in slice order.
 #pragma unroll
