@@ -7,7 +7,10 @@
 #      block per tile) -> $OUT/cuda-gemv.md, $OUT/cuda-gemv-nopersist.md;
 #   3. v4serve bench, V4-Flash shape, 20 layers, batch 1, 4K and 900K, bf16 KV + fp8 indexer keys
 #      (as served), once per env entry of $V4_E2E_ENVS (default "default V4_GEMV_PERSIST=0
-#      V4_MOE_GEMV_STREAM=1"; an entry sets comma-separated VAR=VALUE pairs) -> $OUT/bench-e2e.md.
+#      V4_MOE_GEMV_STREAM=1"; an entry sets comma-separated VAR=VALUE pairs; entries that would start
+#      after $V4_BUDGET_S seconds, default 540, are skipped) -> $OUT/bench-e2e.md.
+# Env: V4_BUILD_TARGETS (default "v4serve test_cuda bench_kernels"), V4_TEST_SHARDS (run_gpu.sh),
+#   V4_GEMV_BENCH=0 (no bench_kernels stage).
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/s27_gemv.sh", carry=[".devdeps"], timeout_s=600)
@@ -21,8 +24,8 @@ el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 export NCCL_NVLS_ENABLE=0 PATH="/usr/local/cuda/bin:$PATH"
 FILTER=${V4_GTEST_FILTER:-"CudaGemvStream*:CudaWFormat*:CudaGolden*:CudaDummy*"}
 if [ "${V4_SKIP_BUILD:-0}" != 1 ] || [ ! -x build-gpu/v4serve ]; then
-  OUT=$OUT/logs V4_TARGETS="v4serve test_cuda bench_kernels" V4_SKIP_BENCH=1 V4_GTEST_FILTER="$FILTER" \
-    bash scripts/device/run_gpu.sh > /dev/null 2>&1
+  OUT=$OUT/logs V4_TARGETS="${V4_BUILD_TARGETS:-v4serve test_cuda bench_kernels}" V4_SKIP_BENCH=1 \
+    V4_GTEST_FILTER="$FILTER" bash scripts/device/run_gpu.sh > /dev/null 2>&1
   echo "$(el) build+tests rc=$?"
   grep -E "^\[  FAILED|^\[  PASSED|build FAILED|error:" "$OUT/logs/device.log" | head -30
   cp "$OUT/logs/cuda-op-tests.log" "$OUT/cuda-op-tests.log" 2> /dev/null
@@ -45,6 +48,7 @@ fi
 f="$OUT/bench-e2e.md"
 : > "$f"
 for entry in ${V4_E2E_ENVS:-default V4_GEMV_PERSIST=0 V4_MOE_GEMV_STREAM=1}; do
+  if [ $(( $(date +%s) - T0 )) -gt "${V4_BUDGET_S:-540}" ]; then echo "skip e2e ($entry): budget"; continue; fi
   envs=()
   [ "$entry" != default ] && IFS=, read -r -a envs <<< "$entry"
   env "${envs[@]}" timeout 150 build-gpu/v4serve bench --model models/configs/v4-flash --load-format dummy \

@@ -477,9 +477,9 @@ TEST(CudaGemvStream, GroupedAndSwiglu) {
 // offset[e+1]), x row list[i] / xdiv, y row list[i]) with SwiGLU and without; one inactive slot
 // and an expert with more items than a pass.
 // The persistent grid (GemvArgs::persist, the default: about one wave of blocks looping over
-// tiles, next batch in flight) against one block per tile: the same bits, every output written,
-// for grids of many tiles per block (wq_b, the bf16 head), K split over warps (wo_b), passes of
-// x rows (M = 9), SwiGLU and the grouped plain form (wo_a's 8 groups).
+// tiles) against one block per tile: the same bits, every output written, for grids of several
+// tiles per block (wq_b), K split over warps (wo_b), passes of x rows (M = 9), SwiGLU, the
+// grouped plain form (wo_a's 8 groups) and the bf16 head (past 4 waves: one block per tile).
 TEST(CudaGemvStream, PersistentGridSameBits) {
   V4_GPU();
   struct P {

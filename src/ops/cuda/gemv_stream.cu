@@ -118,12 +118,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
   const int64_t cstep = int64_t(ks) * U;
   const int64_t nbat = kslice < nchunks ? (nchunks - kslice + cstep - 1) / cstep : 0;
 
-  // The issue cursor (tile it, pass im, batch ii) runs one batch ahead of the math: the loads of
-  // the next batch — of this pass, the next pass or the block's next tile — are in flight while
-  // the current one is multiplied (no dead time at pass or tile ends). Blocks take tiles
-  // blockIdx.x, + gridDim.x, ... (a grid of about one wave: gemv_stream picks gridDim.x).
-  // Weight rows of the issue cursor's tile: slot r is output o0 + r (SwiGLU: gate rows o0 + j in
-  // slots j < OPW, up rows n_out + o0 + j in slots OPW + j).
+  // The issue cursor (tile it, pass im, batch ii) walks the same sequence as the math below:
+  // blocks take tiles blockIdx.x, + gridDim.x, ... (gemv_stream picks gridDim.x), passes of x
+  // rows, then the warp's batches. View rows of the cursor's tile: slot r is output o0 + r
+  // (SwiGLU: gate rows o0 + j in slots j < OPW, up rows n_out + o0 + j in slots OPW + j).
   int64_t it = blockIdx.x, im = m_first;
   int ii = 0;
   int32_t rn[R];  // view rows (the pointers are recomputed per batch: fewer live registers)
@@ -137,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<F, MT>)) gemv_stream_ker
       rn[r] = int32_t(nb + (rok_i[r] ? out + (SWIGLU ? int64_t(r / OPW) * a.n_out : 0) : 0));
     }
   };
-  // Loads of the issue cursor's batch (zeros past the block's last tile), then the cursor moves on.
+  // Loads of the cursor's batch (zeros past the block's last tile), then the cursor moves on.
   auto issue = [&](uint4(&q)[U][R], float(&sc)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -317,8 +315,9 @@ int blocks_per_sm() {
   return n;
 }
 
-// grid.x of a launch: `tiles` tiles of outputs; with a.persist, about one wave of blocks (the
-// resident blocks per SM × SMs over the grid's y·z extent), each taking an equal share of tiles.
+// grid.x of a launch: `tiles` tiles of outputs; with a.persist and 1 … 4 waves of tiles, about one
+// wave of blocks (the resident blocks per SM × SMs over the grid's y·z extent), each taking an
+// equal share of tiles; otherwise one block per tile.
 template <WFormat F, int MT, bool SWIGLU>
 dim3 persistent_grid(const GemvArgs& a, dim3 grid, int num_sms) {
   if (!a.persist) return grid;
@@ -326,7 +325,10 @@ dim3 persistent_grid(const GemvArgs& a, dim3 grid, int num_sms) {
   const int64_t yz = int64_t(grid.y) * grid.z;
   const int64_t wave = int64_t(blocks_per_sm<F, MT, SWIGLU>()) * std::max(num_sms, 1);
   const int64_t gx = std::max<int64_t>(1, wave / yz);
-  if (gx >= tiles) return grid;
+  // Past 4 waves of tiles (the bf16 head: ~10) the hardware's dynamic block placement balances
+  // better than equal static shares: the head took 264 µs persistent against 258 (H200,
+  // bench/results/cuda-gemv-s27.md).
+  if (gx >= tiles || tiles > 4 * gx) return grid;
   const int64_t per = (tiles + gx - 1) / gx;  // tiles per block
   grid.x = unsigned((tiles + per - 1) / per);
   return grid;

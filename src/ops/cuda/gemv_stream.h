@@ -9,13 +9,14 @@
 // chunk c goes to K-slice c % ks; a warp issues the loads of 2 of its chunks × 4 rows (8 × 16 B
 // per lane) before any math. Per output: every lane sums its chunks in increasing c (FP8 / MXFP4
 // scaled once per chunk), a fixed butterfly over lanes, then the K-slices in slice order through
-// shared memory. Blocks: about one wave (the kernel's resident blocks per SM × SMs), each taking
-// tiles blockIdx.x, + gridDim.x, ... of outputs (GemvArgs::persist; off: one block per tile);
-// every warp keeps the loads of its next batch — of the same pass, the next pass or the next
-// tile — in flight while it multiplies the current one (a register double buffer), so an SM's
-// loads never drain at a tile's end. More rows than a pass (MT = 1, 2 or 4 rows of x; MXFP4 ≤ 2)
-// run further passes over the same weights, spread over grid.z while the grid is smaller than 4
-// blocks per SM (plain forms only).
+// shared memory. Grid: with 1 … 4 waves of tiles of outputs (GemvArgs::persist, the default),
+// about one wave of blocks (resident blocks per SM × SMs), block b taking tiles b, b + gridDim.x,
+// ... in equal shares (no block-launch gaps and tail between tiles: wq_b 21.4 → 18.4 µs, wo_a
+// 23.3 → 19.9 on the H200, bench/results/cuda-gemv-s27.md); otherwise one block per tile. A
+// warp's loads of a batch are all issued before its math (a register double buffer across
+// batches was measured slower: spills at the 128-register cap). More rows than a pass (MT = 1, 2
+// or 4 rows of x; MXFP4 ≤ 2) run further passes over the same weights, spread over grid.z while
+// the grid is smaller than 4 blocks per SM (plain forms only).
 #pragma once
 #include <cuda_runtime.h>
 
