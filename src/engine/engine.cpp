@@ -4,7 +4,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
+#include <unordered_set>
 
 #include "base/log.h"
 #include "engine/scheduler.h"
@@ -76,6 +78,9 @@ struct Engine::Impl {
   int64_t out_pending = 0;  // queued + being delivered
   bool out_stop = false;
   std::thread out_thread;
+  // Requests whose callback threw (deliver): no further calls; erased at their final output.
+  std::unordered_set<RequestId> failed_callbacks;
+  std::atomic<int64_t> callback_errors{0};
 
   void loop();
   void output_loop();
@@ -89,7 +94,36 @@ struct Engine::Impl {
 };
 
 void Engine::Impl::deliver(const OutputCallback& cb, const StepOutput& o) {
-  if (cb) cb(o);
+  // A callback that throws loses its own request, never the process or another request's
+  // outputs: the exception is logged, the request is cancelled (kAbort) and its callback is not
+  // called again; its final output is still counted (wait_idle). Only the delivering thread
+  // (the output thread, or the scheduler thread with output_thread off) touches failed_callbacks.
+  const bool failed_before = !failed_callbacks.empty() && failed_callbacks.count(o.id) > 0;
+  if (cb && !failed_before) {
+    std::string what;
+    try {
+      cb(o);
+    } catch (const std::exception& e) {
+      what = e.what();
+      if (what.empty()) what = "std::exception";
+    } catch (...) {
+      what = "an exception not derived from std::exception";
+    }
+    if (!what.empty()) {
+      V4_LOG_ERROR("output callback of request {} threw ({}); {}", o.id, log_escape(what),
+                   o.finished ? "it had finished" : "the request is cancelled");
+      callback_errors.fetch_add(1, std::memory_order_relaxed);
+      if (!o.finished) {
+        failed_callbacks.insert(o.id);
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          cancels.emplace_back(o.id, FinishReason::kAbort);
+        }
+        cv.notify_one();
+      }
+    }
+  }
+  if (o.finished && failed_before) failed_callbacks.erase(o.id);
   if (o.finished) {
     std::lock_guard<std::mutex> lk(mu);
     --outstanding;
@@ -141,6 +175,7 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
   s.waiting = sched->n_waiting();
   waiting_now.store(s.waiting);
   s.requests_rejected_total = rejected.load();
+  s.callback_errors_total = callback_errors.load();
   for (const auto& u : exec->pool_usage())
     s.pools.push_back({u.name, u.used_pages, u.capacity_pages, u.bytes_per_page});
   s.device = exec->device_timing();
@@ -364,6 +399,7 @@ EngineStats Engine::stats() const {
     s = impl_->stats;
   }
   s.requests_rejected_total = impl_->rejected.load();
+  s.callback_errors_total = impl_->callback_errors.load();
   return s;
 }
 

@@ -10,7 +10,9 @@
 //   `finished == true` and it is the last call for that id (also after `cancel`, with
 //   FinishReason::kAbort). The callback must not block and must not call back into the engine
 //   synchronously with a lock the engine could wait on; post the output to your own I/O loop.
-//   `cancel` from inside a callback is allowed.
+//   `cancel` from inside a callback is allowed. A callback that throws loses only its request:
+//   the engine logs the exception, cancels the request (kAbort) and calls that callback no more
+//   (EngineStats::callback_errors_total counts them).
 // - Stop *strings* are text-level and belong to the server (which owns the detokenizer): when it
 //   sees one it calls `cancel(id, FinishReason::kStop)` and reports finish_reason "stop" to its
 //   client itself. The
@@ -164,6 +166,7 @@ struct EngineStats {
   int64_t requests_finished_total = 0;
   int64_t requests_aborted_total = 0;
   int64_t requests_rejected_total = 0;  // refused by submit
+  int64_t callback_errors_total = 0;    // output callbacks that threw (their requests aborted)
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
   int64_t prefix_query_tokens_total = 0;  // prompt tokens looked up in the prefix cache

@@ -162,6 +162,9 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   o += fmt::format("v4serve_engine_requests_aborted_total {}\n", st.requests_aborted_total);
   head("v4serve_engine_requests_rejected_total", "counter", "Requests refused at submit.");
   o += fmt::format("v4serve_engine_requests_rejected_total {}\n", st.requests_rejected_total);
+  head("v4serve_engine_callback_errors_total", "counter",
+       "Output callbacks that threw (their requests were aborted).");
+  o += fmt::format("v4serve_engine_callback_errors_total {}\n", st.callback_errors_total);
   head("v4serve_engine_preemptions_total", "counter", "Preemptions (recompute) under memory pressure.");
   o += fmt::format("v4serve_engine_preemptions_total {}\n", st.preemptions_total);
   head("v4serve_engine_steps_total", "counter", "Engine steps run.");

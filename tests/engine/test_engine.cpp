@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "engine/engine.h"
@@ -250,6 +251,53 @@ TEST(Engine, OutputThreadKeepsSteppingDuringASlowCallback) {
   EXPECT_EQ(during, 0) << "callbacks on the scheduler thread: no step runs during one";
 }
 
+// A callback that throws loses only its own request: the exception is caught (logged), that
+// request is aborted and its callback is not called again, and every other request still gets
+// all its tokens and exactly one final output — with the output thread and without. Before the
+// fix the exception ended the process (std::terminate on the delivering thread).
+TEST(Engine, ThrowingCallbackLosesOnlyItsRequest) {
+  for (bool output_thread : {true, false}) {
+    SCOPED_TRACE(output_thread ? "output thread" : "scheduler thread");
+    FakeConfig fc;
+    fc.step_delay_us = 200;
+    EngineConfig ec;
+    ec.output_thread = output_thread;
+    auto e = make_engine(fc, ec);
+    std::mutex mu;
+    int bad_calls = 0, good_finals = 0;
+    std::vector<int32_t> good_tokens;
+    Request bad;
+    bad.prompt_tokens = {5, 6, 7};
+    bad.sampling = greedy(40);
+    Request good;
+    good.prompt_tokens = {2, 7, 1, 8};
+    good.sampling = greedy(40);
+    auto rb = e->submit(bad, [&](const StepOutput&) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        ++bad_calls;
+      }
+      throw std::runtime_error("client went away");
+    });
+    ASSERT_TRUE(rb.ok());
+    auto rg = e->submit(good, [&](const StepOutput& o) {
+      std::lock_guard<std::mutex> lk(mu);
+      good_tokens.insert(good_tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      good_finals += o.finished;
+    });
+    ASSERT_TRUE(rg.ok());
+    e->wait_idle();
+    const EngineStats st = e->stats();
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_EQ(bad_calls, 1) << "the throwing callback was called again";
+    EXPECT_EQ(good_tokens, fake_greedy(good.prompt_tokens, fc.vocab, 40));
+    EXPECT_EQ(good_finals, 1);
+    EXPECT_EQ(st.callback_errors_total, 1);
+    EXPECT_EQ(st.requests_aborted_total, 1) << "the throwing request was not aborted";
+    EXPECT_EQ(st.pools[0].used_pages, 0);
+  }
+}
+
 // The output queue is bounded: with max_pending_outputs = 1 the scheduler waits for each
 // output's delivery before the next step, so at most one step runs during a slow callback.
 TEST(Engine, PendingOutputsAreBounded) {
@@ -426,7 +474,7 @@ TEST(Engine, ThroughputGaugesFallToZeroWhenIdle) {
   r.sampling = greedy(75);
   ASSERT_TRUE(e->generate(r).ok());
   e->wait_idle();
-  EXPECT_GT(e->stats().generation_tokens_per_s, 0.0);  // a window closed while it ran
+  EXPECT_GT(e->stats().generation_tokens_per_s, 0.0);            // a window closed while it ran
   std::this_thread::sleep_for(std::chrono::milliseconds(2600));  // two idle windows
   EXPECT_EQ(e->stats().generation_tokens_per_s, 0.0);
   EXPECT_EQ(e->stats().prompt_tokens_per_s, 0.0);
