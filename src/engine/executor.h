@@ -55,6 +55,7 @@ struct DeviceTiming {
   double busy_s = 0, idle_s = 0;
   int64_t decode_steps = 0;
   double decode_busy_s = 0, decode_idle_s = 0;
+  double decode_host_prep_s = 0;  // of decode_idle_s: the model's host time before those steps
 };
 
 /// Why a sequence ends (see Executor::end_sequence).

@@ -388,6 +388,7 @@ Result<std::unique_ptr<cache::KvCache>> DeepseekV4::make_cache(int64_t budget_by
 }
 
 Result<ForwardOutput> DeepseekV4::forward(const ForwardBatch& batch, cache::KvCache& kv) {
+  forward_t0_ = std::chrono::steady_clock::now();
   const ModelConfig& c = cfg_;
   // ---- 1. validate and reserve ----------------------------------------------------------
   std::set<int32_t> seen;
@@ -434,6 +435,8 @@ Result<ForwardOutput> DeepseekV4::forward_host_plan(const ForwardBatch& batch, c
   {
     bool decode_only = true;
     for (const SeqSlice& sl : batch.slices) decode_only &= sl.tokens.size() == 1;
+    ops_->note_host_prep(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_t0_).count());
     ops_->step_begin(decode_only);
   }
   Step st;
@@ -626,6 +629,8 @@ Result<ForwardOutput> DeepseekV4::forward_decode(const ForwardBatch& batch, cach
   } guard{ds.stager};
   const int64_t ints = ds.stager.stage(batch, kv, B);
   decode_stats_.page_rows_sent += ds.stager.last_deltas();
+  ops_->note_host_prep(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_t0_).count());
   ops_->step_begin(/*decode_only=*/true);
   ops_->upload(ds.staging.data(), ds.stager.host(), size_t(ints) * sizeof(int32_t));
 

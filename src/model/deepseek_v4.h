@@ -17,6 +17,7 @@
 // request's logits are bit-identical whatever else shares the step (all ops are row-wise with fixed
 // summation order; see src/ops/cpu).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -158,6 +159,8 @@ class DeepseekV4 {
   Checkpoint ck_;
   Weights w_;
   ops::Ops* ops_ = nullptr;
+  /// When the current forward call started (Ops::note_host_prep before step_begin).
+  std::chrono::steady_clock::time_point forward_t0_{};
   RopeTable rope_main_, rope_compress_;
   /// Shared-expert routing constants (expert 0, weight 1) for up to kMaxDecodeRows rows.
   ops::DeviceBuffer<int32_t> shared_idx_;

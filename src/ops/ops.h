@@ -482,6 +482,10 @@ struct StepTiming {
   double busy_s = 0, idle_s = 0;
   int64_t decode_steps = 0;
   double decode_busy_s = 0, decode_idle_s = 0;
+  /// Of decode_idle_s: host time the model spent inside forward before those steps' begin
+  /// markers (validation, KV reserve, decode staging; Ops::note_host_prep). The rest of the
+  /// idle time is outside the model (engine, scheduler, outputs, the previous step's sync).
+  double decode_host_prep_s = 0;
 };
 
 /// Backend interface. One instance per device; not thread-safe (one forward at a time).
@@ -606,6 +610,9 @@ class Ops {
   /// operation (after host planning), `step_end` after its last result reached the host.
   /// Backends without timers ignore them (CPU).
   virtual void step_begin(bool decode_only) { (void)decode_only; }
+  /// The model's host time (seconds) inside forward before the coming step_begin, reported right
+  /// before it (StepTiming::decode_host_prep_s). Backends without timers ignore it.
+  virtual void note_host_prep(double seconds) { (void)seconds; }
   virtual void step_end() {}
   /// Totals since creation (all zero on backends without timers). Thread-safe.
   virtual StepTiming step_timing() const { return {}; }

@@ -571,6 +571,23 @@ TEST(Metrics, PrometheusText) {
   EXPECT_NE(t.find("# TYPE v4serve_time_to_first_token_seconds histogram\n"), std::string::npos);
 }
 
+// The GPU step counters (CUDA backend; here set by hand): the decode idle time and its split into
+// the model's host preparation and the rest, and the engine's callback errors.
+TEST(Metrics, GpuIdleSplitAndCallbackErrors) {
+  Metrics m;
+  v4::engine::EngineStats st;
+  st.device.decode_steps = 40;
+  st.device.decode_idle_s = 0.5;
+  st.device.decode_host_prep_s = 0.125;
+  st.callback_errors_total = 2;
+  const std::string t = m.render(st, 0, "tiny");
+  EXPECT_NE(t.find("v4serve_gpu_decode_steps_total 40\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("v4serve_gpu_decode_idle_seconds_total 0.5\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_gpu_decode_host_prep_seconds_total 0.125\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE v4serve_gpu_decode_host_prep_seconds_total counter\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_engine_callback_errors_total 2\n"), std::string::npos);
+}
+
 TEST(Protocol, UserContentPartsAreJoined) {
   GenerateRequest r;
   ApiError e = chat_err(R"({"messages":[{"role":"user","content":[{"type":"text","text":"hello"},

@@ -1052,6 +1052,7 @@ class CudaOps final : public Ops {
     in_step_ = true;
     cur_decode_ = decode_only;
   }
+  void note_host_prep(double seconds) override { host_prep_s_ = seconds; }
   void step_end() override {
     if (forked_) {
       record(Status(ErrorCode::kInternal, "step_end between fork and join"));
@@ -1074,8 +1075,10 @@ class CudaOps final : public Ops {
         timing_.decode_steps += 1;
         timing_.decode_busy_s += busy_ms * 1e-3;
         timing_.decode_idle_s += idle_ms * 1e-3;
+        timing_.decode_host_prep_s += host_prep_s_;
       }
     }
+    host_prep_s_ = 0;
     cur_end_ ^= 1;
     have_prev_ = true;
     prev_decode_ = cur_decode_;
@@ -1591,6 +1594,7 @@ class CudaOps final : public Ops {
   bool in_step_ = false, have_prev_ = false, cur_decode_ = false, prev_decode_ = false;
   mutable std::mutex timing_mu_;
   StepTiming timing_;
+  double host_prep_s_ = 0;  // note_host_prep of the step in flight
   // Region profile: this step's markers (eager events are reused step to step; graph markers
   // belong to their graph), the markers of the capture in progress, totals per name.
   bool profiling_ = false;
