@@ -70,8 +70,10 @@ if [ "${V4_AB:-1}" = 1 ]; then
     echo "- idle µs / decode step = Δ v4serve_gpu_decode_idle_seconds_total / Δ v4serve_gpu_decode_steps_total (device idle time before a decode step that followed a decode step: the host's time between steps)"
     echo "- script: \`bash scripts/device/s27_probe.sh\` (V4_NCU=0 for this part alone)"
     echo
-    echo "| outputs | concurrency | decode steps | idle µs / decode step | mean TPOT ms | output tok/s | total tok/s |"
-    echo "|---|---:|---:|---:|---:|---:|---:|"; } > "$f"
+    echo "- host prep µs / decode step = Δ v4serve_gpu_decode_host_prep_seconds_total / Δ steps (the part of the idle time inside the model's forward; since session 27's metric, blank before)"
+    echo
+    echo "| outputs | concurrency | decode steps | idle µs / decode step | host prep µs / decode step | mean TPOT ms | output tok/s | total tok/s |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"; } > "$f"
   metric() { grep -E "^$1 " "$2" | awk '{print $2}'; }
   for mode in thread sync; do
     extra=(); [ $mode = sync ] && extra=(--sync-outputs)
@@ -119,7 +121,9 @@ try:
 except Exception as e:  # noqa: BLE001 — the table says what failed
     tpot = otps = ttps = float('nan'); print(f"<!-- {js}: {e} -->")
 per = 1e6 * idle / steps if steps > 0 else float('nan')
-print(f"| {'output thread (default)' if mode == 'thread' else '--sync-outputs'} | {c} | {int(steps)} | {per:.0f} | {tpot:.2f} | {otps:.0f} | {ttps:.0f} |")
+hp = b.get('v4serve_gpu_decode_host_prep_seconds_total')
+prep = f"{1e6 * (hp - a.get('v4serve_gpu_decode_host_prep_seconds_total', 0)) / steps:.0f}" if hp is not None and steps > 0 else ""
+print(f"| {'output thread (default)' if mode == 'thread' else '--sync-outputs'} | {c} | {int(steps)} | {per:.0f} | {prep} | {tpot:.2f} | {otps:.0f} | {ttps:.0f} |")
 PY
       tail -1 "$f"
     done
