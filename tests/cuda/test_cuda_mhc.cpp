@@ -18,6 +18,7 @@
 
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/norm_rope.h"
 #include "ops/ops.h"
 
 namespace v4::ops {
@@ -406,6 +407,44 @@ TEST(CudaNormRope, MatchesCpu) {
           }
         }
   }
+}
+
+// The register kernel of rmsnorm_rope (variant 2, V4_NORM_ROPE_REGS=1) against the default one
+// (variant 1): the same bits for V4's shapes (q heads 64 × 512 unweighted, kv 1 × 512 weighted,
+// indexer 64 × 128), odd shapes and 900K-sized positions; head_dim > 512 is refused.
+TEST(CudaNormRope, RegisterKernelSameBits) {
+  V4_REQUIRE_GPU();
+  struct Shape { int heads, hd, rd; bool weighted; };
+  for (Shape s : {Shape{64, 512, 64, false}, Shape{1, 512, 64, true}, Shape{64, 128, 64, false},
+                  Shape{3, 34, 10, true}, Shape{5, 7 * 2, 2, true}, Shape{2, 500, 36, true}})
+    for (int64_t rows : {1, 9}) {
+      SCOPED_TRACE(::testing::Message() << "heads=" << s.heads << " hd=" << s.hd << " rd=" << s.rd
+                                        << " rows=" << rows);
+      auto x = randn(size_t(rows * s.heads * s.hd), 3.f);
+      auto w = randn(size_t(s.hd), 1.f);
+      std::vector<int64_t> pos(static_cast<size_t>(rows));
+      for (auto& q : pos) q = cuda::testing::rand_int(0, 1 << 20);
+      std::vector<float> inv(size_t(s.rd / 2));
+      for (int i = 0; i < s.rd / 2; ++i) inv[size_t(i)] = 1.f / std::pow(160000.f, 2.f * i / s.rd);
+      Dev<float> dw(w), dinv(inv);
+      Dev<int64_t> dpos(pos);
+      std::vector<float> y[2];
+      for (int variant : {1, 2}) {
+        Dev<float> dx(x);
+        const Status st = cuda::rmsnorm_rope_variant(dx.p, s.weighted ? dw.p : nullptr, dpos.p,
+                                                     dinv.p, rows, s.heads, s.hd, s.rd, 1e-6f, 1.f,
+                                                     variant, nullptr);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        y[variant - 1] = dx.host();
+      }
+      EXPECT_TRUE(same_bits(y[0], y[1].data(), y[0].size()));
+      EXPECT_NE(y[0], x) << "the kernel did not run";
+    }
+  Dev<float> dx(std::vector<float>(520, 1.f));
+  EXPECT_FALSE(cuda::rmsnorm_rope_variant(dx.p, nullptr, nullptr, nullptr, 1, 1, 520, 64, 1e-6f,
+                                          1.f, 2, nullptr)
+                   .ok());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "ops/cuda/cuda_common.h"  // first: FMT_CONSTEXPR note
 #include "ops/cuda/norm_rope.h"
 
+#include <cstdlib>
+
 namespace v4::cuda {
 namespace {
 
@@ -114,6 +116,63 @@ __global__ void __launch_bounds__(256) rmsnorm_rope_kernel(
   }
 }
 
+// rmsnorm_rope_kernel for head_dim ≤ 512 with the vector held in registers (session 27,
+// V4_NORM_ROPE_REGS=1; not the default until measured on the GPU): every lane issues all its
+// loads of x (and w) before any math — one memory round trip instead of a chain of dependent
+// loads per channel group (ncu at 4K, batch 1: the one-vector kv call took 9.4 µs, the 64-head q
+// call 5.2; bench/results/ncu-decode-kernels-s27.md) — and pass 2 reads the registers, not
+// memory. Same operations in the same order per lane as rmsnorm_rope_kernel: the same bits.
+constexpr int kNormRopeRegSteps = 16;  // 512 / 32 channels per lane
+__global__ void __launch_bounds__(256)
+    rmsnorm_rope_regs_kernel(float* x, const float* __restrict__ w, const int64_t* __restrict__ pos,
+                             const float* __restrict__ inv_freq, int64_t vecs, int64_t n_heads,
+                             int hd, int rd, float eps, float att) {
+  const int lane = threadIdx.x & 31;
+  const int64_t v = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (v >= vecs) return;  // warp-uniform
+  float* xv = x + v * hd;
+  const int64_t r = v / n_heads;
+  const int steps = (hd + 31) / 32;
+  float xs[kNormRopeRegSteps], ws[kNormRopeRegSteps];
+#pragma unroll
+  for (int k = 0; k < kNormRopeRegSteps; ++k) {
+    const int c = lane + 32 * k;
+    xs[k] = k < steps && c < hd ? xv[c] : 0.f;
+    ws[k] = w && k < steps && c < hd ? w[c] : 1.f;
+  }
+  const float fpos = float(pos[r]);
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kNormRopeRegSteps; ++k)
+    if (k < steps) ss += xs[k] * xs[k];
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = __shfl_sync(0xffffffffu, ss, 0);
+  const float inv = rsqrtf(ss / float(hd) + eps);
+  const int r0 = hd - rd;  // first rotated channel (even)
+#pragma unroll
+  for (int k = 0; k < kNormRopeRegSteps; ++k) {
+    if (k >= steps) break;  // warp-uniform
+    const int c = lane + 32 * k;
+    float y = 0.f;
+    if (c < hd) {
+      y = xs[k] * inv;
+      if (w) y *= ws[k];
+    }
+    const float partner = __shfl_xor_sync(0xffffffffu, y, 1);  // channel c ^ 1
+    if (c >= hd) continue;
+    if (c >= r0) {
+      const int i = (c - r0) >> 1;
+      const float ang = inv_freq[i] * fpos;  // one fp32 product, as rope_kernel
+      float sn, cs;
+      sincosf(ang, &sn, &cs);
+      sn *= att;
+      cs *= att;
+      y = ((c - r0) & 1) == 0 ? y * cs - partner * sn : partner * sn + y * cs;
+    }
+    xv[c] = y;
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -144,21 +203,43 @@ Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t
   return Status::Ok();
 }
 
-Status rmsnorm_rope(float* x, const float* weight, const int64_t* pos, const float* inv_freq,
-                    int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd, float eps,
-                    float attention_scaling, cudaStream_t stream) {
+Status rmsnorm_rope_variant(float* x, const float* weight, const int64_t* pos,
+                            const float* inv_freq, int64_t rows, int64_t n_heads, int64_t head_dim,
+                            int64_t rd, float eps, float attention_scaling, int variant,
+                            cudaStream_t stream) {
   if (rd <= 0 || rd > head_dim || rd % 2 || (head_dim - rd) % 2 || n_heads < 1)
     return errorf(ErrorCode::kInvalidArgument, "rmsnorm_rope: rd={} head_dim={} n_heads={}", rd,
                   head_dim, n_heads);
+  if (variant == 2 && head_dim > 32 * kNormRopeRegSteps)
+    return errorf(ErrorCode::kInvalidArgument, "rmsnorm_rope: register kernel needs head_dim <= {}",
+                  32 * kNormRopeRegSteps);
   const int64_t vecs = rows * n_heads;
   if (vecs <= 0) return Status::Ok();
   const int64_t blocks = (vecs + 7) / 8;
-  if (blocks > 0x7fffffff) return errorf(ErrorCode::kInvalidArgument, "rmsnorm_rope: {} rows", rows);
-  rmsnorm_rope_kernel<<<unsigned(blocks), 256, 0, stream>>>(x, weight, pos, inv_freq, vecs,
-                                                             n_heads, head_dim, rd, eps,
-                                                             attention_scaling);
+  if (blocks > 0x7fffffff)
+    return errorf(ErrorCode::kInvalidArgument, "rmsnorm_rope: {} rows", rows);
+  if (variant == 2) {
+    rmsnorm_rope_regs_kernel<<<unsigned(blocks), 256, 0, stream>>>(
+        x, weight, pos, inv_freq, vecs, n_heads, int(head_dim), int(rd), eps, attention_scaling);
+    V4_CUDA_CHECK_LAUNCH("rmsnorm_rope_regs_kernel");
+    return Status::Ok();
+  }
+  rmsnorm_rope_kernel<<<unsigned(blocks), 256, 0, stream>>>(x, weight, pos, inv_freq, vecs, n_heads,
+                                                            head_dim, rd, eps, attention_scaling);
   V4_CUDA_CHECK_LAUNCH("rmsnorm_rope_kernel");
   return Status::Ok();
+}
+
+Status rmsnorm_rope(float* x, const float* weight, const int64_t* pos, const float* inv_freq,
+                    int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd, float eps,
+                    float attention_scaling, cudaStream_t stream) {
+  static const bool regs = [] {
+    const char* e = std::getenv("V4_NORM_ROPE_REGS");
+    return e && e[0] == '1';
+  }();
+  const int variant = regs && head_dim <= 32 * kNormRopeRegSteps ? 2 : 1;
+  return rmsnorm_rope_variant(x, weight, pos, inv_freq, rows, n_heads, head_dim, rd, eps,
+                              attention_scaling, variant, stream);
 }
 
 template Status rmsnorm<float>(const float*, const float*, float*, int64_t, int64_t, float, cudaStream_t);

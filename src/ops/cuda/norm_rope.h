@@ -1,5 +1,5 @@
-// RMSNorm and interleaved partial RoPE on the device (docs dsv4-model.md §2, §4, pitfalls P1/P3/P18).
-// T is float or __nv_bfloat16; all math in fp32.
+// RMSNorm and interleaved partial RoPE on the device (docs dsv4-model.md §2, §4, pitfalls
+// P1/P3/P18). T is float or __nv_bfloat16; all math in fp32.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,5 +38,14 @@ Status rope_interleaved(T* x, const int64_t* pos, const float* inv_freq, int64_t
 Status rmsnorm_rope(float* x, const float* weight, const int64_t* pos, const float* inv_freq,
                     int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rd, float eps,
                     float attention_scaling, cudaStream_t stream);
+
+/// rmsnorm_rope with an explicit kernel (tests, A/B): `variant` 1 = the per-channel-group load
+/// chain (what rmsnorm_rope runs by default), 2 = the register kernel (head_dim ≤ 512: all of a
+/// lane's loads issued before the math; what rmsnorm_rope runs with V4_NORM_ROPE_REGS=1). Both
+/// give the same bits. Errors: as rmsnorm_rope; variant 2 with head_dim > 512.
+Status rmsnorm_rope_variant(float* x, const float* weight, const int64_t* pos,
+                            const float* inv_freq, int64_t rows, int64_t n_heads, int64_t head_dim,
+                            int64_t rd, float eps, float attention_scaling, int variant,
+                            cudaStream_t stream);
 
 }  // namespace v4::cuda
