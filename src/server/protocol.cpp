@@ -489,6 +489,15 @@ constexpr std::string_view kChatFields[] = {
     "chat_template_kwargs", "reasoning_effort", "add_generation_prompt", "top_logprobs"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "suffix"};
 
+// Function names as OpenAI accepts them (1–64 of a-z, A-Z, 0-9, '_', '-'): the name goes
+// verbatim into the DSML prompt (`invoke name="…"`), so quotes or markup would rewrite it. Used for
+// `tools[i].function.name` and for `messages[i].tool_calls[j].function.name` alike.
+bool valid_function_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+  });
+}
+
 bool parse_token_list(const Json& arr, const ValidationLimits& lim, std::vector<int32_t>* out,
                       ApiError* err, const char* param) {
   for (auto& x : arr) {
@@ -602,6 +611,15 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
               !call["function"].contains("name") || !call["function"]["name"].is_string()) {
             return rd.fail(fmt::format("'{}.tool_calls' entries need function.name", p), "messages");
           }
+          // The same rule as tools[i].function.name: the encoder writes this name into the DSML
+          // prompt verbatim too (`invoke name="…"`).
+          if (const std::string& cname = call["function"]["name"].get_ref<const std::string&>();
+              !valid_function_name(cname)) {
+            return rd.fail(fmt::format("'{}.tool_calls[{}].function.name' {} must be 1 to 64 "
+                                       "characters of a-z, A-Z, 0-9, '_' and '-'",
+                                       p, k, Json(cname).dump()),
+                           "messages");
+          }
           // OpenAI sends arguments as a JSON-encoded object; text that is not JSON would be
           // rendered as one raw `arguments` parameter (the reference's fallback, chat-encoding
           // §2.6), other JSON is refused by the encoder (under its own message numbering). An
@@ -692,15 +710,9 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       if (t.contains("type") && t["type"] != "function") {
         return rd.fail(fmt::format("'tools[{}].type' must be \"function\"", i), "tools");
       }
-      // Function names as OpenAI accepts them (1–64 of a-z, A-Z, 0-9, '_', '-'): the name goes
-      // verbatim into the DSML prompt (`invoke name="…"`), so quotes or markup would rewrite it.
+      // Function names as OpenAI accepts them (valid_function_name).
       const std::string& fname = t["function"]["name"].get_ref<const std::string&>();
-      const bool name_ok = !fname.empty() && fname.size() <= 64 &&
-                           std::all_of(fname.begin(), fname.end(), [](char ch) {
-                             return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
-                                    ch == '-';
-                           });
-      if (!name_ok) {
+      if (!valid_function_name(fname)) {
         return rd.fail(fmt::format("'tools[{}].function.name' {} must be 1 to 64 characters of "
                                    "a-z, A-Z, 0-9, '_' and '-'",
                                    i, Json(fname).dump()),
