@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "server/protocol.h"
 #include "text/chat_encoder.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
@@ -69,6 +70,14 @@ int run_tokenize(const TokenizeArgs& a) {
       messages = nlohmann::ordered_json(messages["messages"]);
     }
     if (!messages.is_array()) return fail("--messages: " + a.messages + ": 'messages' must be a JSON array");
+    // Content as the chat endpoint takes it (the encoder follows the reference, which renders a
+    // missing content as empty): required unless an assistant message has tool_calls, or a tool
+    // result.
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (std::string e = v4::server::chat_message_content_error(
+              messages[i], "messages[" + std::to_string(i) + "]");
+          !e.empty())
+        return fail(a.messages + ": " + e);
     if (!a.tools.empty()) {
       auto t = read_json(a.tools, "--tools");
       if (!t.ok()) return fail(t.status().message());

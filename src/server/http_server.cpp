@@ -443,7 +443,12 @@ void Session::respond(int status, std::string content_type, std::string body,
                                    "Content-Length: {}\r\n",
                                    status, http_reason(status), ct, body.size());
     for (auto& [k, v] : extra) head += k + ": " + v + "\r\n";
-    if (!self->keep_alive_) head += "Connection: close\r\n";
+    // HTTP/1.0 closes after each response unless the server says it keeps the connection
+    // (RFC 9112 §9.3 / Appendix C.2.2): an HTTP/1.0 request that asked for keep-alive is told so.
+    if (!self->keep_alive_)
+      head += "Connection: close\r\n";
+    else if (self->http10_)
+      head += "Connection: keep-alive\r\n";
     head += "\r\n";
     if (self->method_ != "HEAD") head += body;
     self->enqueue(std::move(head), true);

@@ -188,6 +188,29 @@ bool json_content_type(const std::string& content_type) {
   return t.rfind("application/", 0) == 0 && t.size() > 17 && t.compare(t.size() - 5, 5, "+json") == 0;
 }
 
+std::optional<std::string> percent_decode(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    const int hi = i + 2 < s.size() ? hex(s[i + 1]) : -1;
+    const int lo = i + 2 < s.size() ? hex(s[i + 2]) : -1;
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += char(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------------------------------------
 // One chat/completions request in flight: n choices (x prompts), each an engine request.
 
@@ -977,7 +1000,20 @@ void OpenAiApi::handle_models(const HttpRequest& req, ResponseWriter& w) {
   m["root"] = cfg_.served_model_name;
   m["max_model_len"] = engine_->max_context();
   if (req.path.rfind("/v1/models/", 0) == 0) {
-    std::string name = req.path.substr(std::string("/v1/models/").size());
+    // {id} is a path segment: percent-decoded, so ids with '/' (`deepseek%2Fv4`) can be named.
+    const std::string raw = req.path.substr(std::string("/v1/models/").size());
+    const std::optional<std::string> decoded = percent_decode(raw);
+    if (!decoded) {
+      send_error(
+          req, w,
+          api_error(400,
+                    fmt::format("the model id '{}' in the path is not valid percent-encoding: "
+                                "'%' must be followed by two hex digits",
+                                raw.substr(0, 200)),
+                    "invalid_request_error", "invalid_model_id"));
+      return;
+    }
+    const std::string& name = *decoded;
     ApiError err;
     if (name.empty() || !check_model(name, &err)) {
       if (name.empty()) err = api_error(404, "model name missing", "invalid_request_error", "model_not_found");

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
@@ -116,5 +117,11 @@ bool check_bearer(const std::string& authorization, const std::string& api_key);
 /// (`; charset=utf-8`). Anything else (text/plain, curl -d's application/x-www-form-urlencoded,
 /// multipart/form-data) is answered 415 (docs/server.md "Errors").
 bool json_content_type(const std::string& content_type);
+
+/// Decodes the `%XX` escapes of a URL path segment (RFC 3986 §2.1; hex digits of either case),
+/// e.g. the `{id}` of `/v1/models/deepseek%2Fv4` -> `deepseek/v4`. Other bytes are kept as they
+/// are (`+` stays `+`: it means a space only in form-encoded queries). nullopt when a `%` is not
+/// followed by two hex digits (`%zz`, a trailing `%` or `%4`).
+std::optional<std::string> percent_decode(std::string_view s);
 
 }  // namespace v4::server

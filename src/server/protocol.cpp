@@ -489,6 +489,15 @@ constexpr std::string_view kChatFields[] = {
     "chat_template_kwargs", "reasoning_effort", "add_generation_prompt", "top_logprobs"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "suffix"};
 
+// Function names as OpenAI accepts them (1–64 of a-z, A-Z, 0-9, '_', '-'): the name goes
+// verbatim into the DSML prompt (`invoke name="…"`), so quotes or markup would rewrite it. Used for
+// `tools[i].function.name` and for `messages[i].tool_calls[j].function.name` alike.
+bool valid_function_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+  });
+}
+
 bool parse_token_list(const Json& arr, const ValidationLimits& lim, std::vector<int32_t>* out,
                       ApiError* err, const char* param) {
   for (auto& x : arr) {
@@ -509,6 +518,34 @@ bool parse_token_list(const Json& arr, const ValidationLimits& lim, std::vector<
 }
 
 }  // namespace
+
+std::string chat_message_content_error(const Json& m, const std::string& where) {
+  if (!m.is_object()) return "";
+  auto role = m.find("role");
+  if (role == m.end() || !role->is_string()) return "";
+  const std::string& rs = role->get_ref<const std::string&>();
+  auto content = m.find("content");
+  if (content != m.end() && content->is_array() && content->empty())
+    return fmt::format("'{}.content' is an empty array: give at least one part, a string or null",
+                       where);
+  if (content != m.end() && !content->is_null()) return "";
+  const char* got = content == m.end() ? "nothing" : "null";
+  // OpenAI requires content on these (null is valid only for an assistant message with
+  // tool_calls, or a tool result).
+  if (rs == "user" || rs == "system" || rs == "developer")
+    return fmt::format(
+        "'{}.content' is required for a {} message: a string or an array of text "
+        "parts, got {}",
+        where, rs, got);
+  // As OpenAI: an assistant's content may be null or absent only when it carries tool calls.
+  if (auto tc = m.find("tool_calls");
+      rs == "assistant" && (tc == m.end() || tc->is_null() || (tc->is_array() && tc->empty())))
+    return fmt::format(
+        "'{}.content' is required for an assistant message without tool_calls: a "
+        "string or an array of text parts, got {}",
+        where, got);
+  return "";
+}
 
 bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateRequest* r,
                         ApiError* err) {
@@ -541,11 +578,7 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
     Json copy = m;
     if (rs == "developer") copy["role"] = "system";  // OpenAI developer == system for this model
     auto content = m.find("content");
-    if (content != m.end() && content->is_array() && content->empty())
-      return rd.fail(fmt::format("'{}.content' is an empty array: give at least one part, a string "
-                                 "or null",
-                                 p),
-                     "messages");
+    if (std::string e = chat_message_content_error(m, p); !e.empty()) return rd.fail(e, "messages");
     if (content != m.end() && !content->is_null()) {
       if (content->is_array()) {
         for (auto& part : *content) {
@@ -575,25 +608,10 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       } else if (!content->is_string()) {
         return rd.fail(fmt::format("'{}.content' must be a string, an array of parts or null", p), "messages");
       }
-    } else if (rs == "user" || rs == "system" || rs == "developer") {
-      // OpenAI requires content on these (null is valid only for an assistant message with
-      // tool_calls, or a tool result).
-      return rd.fail(fmt::format("'{}.content' is required for a {} message: a string or an array "
-                                 "of text parts, got {}",
-                                 p, rs, content == m.end() ? "nothing" : "null"),
-                     "messages");
     } else if (rs == "tool") {
       copy["content"] = "";
     }
     if (rs == "assistant") {
-      // As OpenAI: content may be null or absent only when the message carries tool calls.
-      if (auto tc = m.find("tool_calls");
-          (content == m.end() || content->is_null()) &&
-          (tc == m.end() || tc->is_null() || (tc->is_array() && tc->empty())))
-        return rd.fail(fmt::format("'{}.content' is required for an assistant message without "
-                                   "tool_calls: a string or an array of text parts, got {}",
-                                   p, content == m.end() ? "nothing" : "null"),
-                       "messages");
       if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
         if (!tc->is_array()) return rd.fail(fmt::format("'{}.tool_calls' must be an array", p), "messages");
         for (size_t k = 0; k < tc->size(); ++k) {
@@ -601,6 +619,15 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
           if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
               !call["function"].contains("name") || !call["function"]["name"].is_string()) {
             return rd.fail(fmt::format("'{}.tool_calls' entries need function.name", p), "messages");
+          }
+          // The same rule as tools[i].function.name: the encoder writes this name into the DSML
+          // prompt verbatim too (`invoke name="…"`).
+          if (const std::string& cname = call["function"]["name"].get_ref<const std::string&>();
+              !valid_function_name(cname)) {
+            return rd.fail(fmt::format("'{}.tool_calls[{}].function.name' {} must be 1 to 64 "
+                                       "characters of a-z, A-Z, 0-9, '_' and '-'",
+                                       p, k, Json(cname).dump()),
+                           "messages");
           }
           // OpenAI sends arguments as a JSON-encoded object; text that is not JSON would be
           // rendered as one raw `arguments` parameter (the reference's fallback, chat-encoding
@@ -692,15 +719,9 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
       if (t.contains("type") && t["type"] != "function") {
         return rd.fail(fmt::format("'tools[{}].type' must be \"function\"", i), "tools");
       }
-      // Function names as OpenAI accepts them (1–64 of a-z, A-Z, 0-9, '_', '-'): the name goes
-      // verbatim into the DSML prompt (`invoke name="…"`), so quotes or markup would rewrite it.
+      // Function names as OpenAI accepts them (valid_function_name).
       const std::string& fname = t["function"]["name"].get_ref<const std::string&>();
-      const bool name_ok = !fname.empty() && fname.size() <= 64 &&
-                           std::all_of(fname.begin(), fname.end(), [](char ch) {
-                             return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
-                                    ch == '-';
-                           });
-      if (!name_ok) {
+      if (!valid_function_name(fname)) {
         return rd.fail(fmt::format("'tools[{}].function.name' {} must be 1 to 64 characters of "
                                    "a-z, A-Z, 0-9, '_' and '-'",
                                    i, Json(fname).dump()),

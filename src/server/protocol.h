@@ -132,6 +132,15 @@ inline constexpr size_t kMaxJsonObjectKeys = 8192;
 inline constexpr uint64_t kMaxJsonKeyComparisons = uint64_t(1) << 26;
 Result<Json> parse_json_body(std::string_view body, ApiError* err);
 
+/// The chat endpoint's rule for a message's `content` (OpenAI's), shared with `v4serve tokenize
+/// --messages`: required (a string or a non-empty array of parts) on user, system and developer
+/// messages and on an assistant message without tool_calls (absent, null or `[]`); null or absent
+/// on an assistant message with tool_calls and on a tool result; an empty parts array is refused
+/// on every role. `where` names the message (`messages[1]`). Returns the error message (naming
+/// `where.content`), or "" when the message passes or is not an object with a string role (the
+/// callers' other checks report those).
+std::string chat_message_content_error(const Json& m, const std::string& where);
+
 /// Validates a /v1/chat/completions body. Returns false and fills `err` on a bad request.
 bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateRequest* out,
                         ApiError* err);

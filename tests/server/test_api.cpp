@@ -154,7 +154,7 @@ class ApiTest : public ::testing::Test {
     engine_ = std::move(*e);
     tok_ = byte_tokenizer();
     ApiConfig cfg;
-    cfg.served_model_name = "tiny";
+    cfg.served_model_name = served_name_;
     cfg.api_key = api_key;
     api_ = std::make_unique<OpenAiApi>(engine_.get(), tok_, cfg);
     HttpOptions ho;
@@ -182,6 +182,7 @@ class ApiTest : public ::testing::Test {
   int port_ = 0;
   int64_t step_delay_us_ = 0;  // FakeConfig::step_delay_us (set before start)
   int64_t kv_pages_ = 4096;    // FakeConfig::kv_pages (set before start)
+  std::string served_name_ = "tiny";  // ApiConfig::served_model_name (set before start)
 };
 
 // KV pools smaller than the context (16 pages × 16 tokens = 256 of the 512-token context): a
@@ -945,6 +946,51 @@ TEST_F(ApiTest, ModelCreatedIsFixedAtStart) {
   const int64_t created = a.j()["data"][0]["created"].get<int64_t>();
   EXPECT_EQ(b.j()["created"].get<int64_t>(), created);
   EXPECT_LE(created, before);  // set when the API was made (SetUp), not per request
+}
+
+// The {id} of /v1/models/{id} is a percent-encoded path segment: `%2F` names an id with a '/'
+// (it got 404 model_not_found), any escape decodes (either hex case), and a '%' not followed by
+// two hex digits is a 400 naming the problem (never a crash: the server answers afterwards).
+class SlashModelIdApiTest : public ApiTest {
+ protected:
+  void SetUp() override {
+    served_name_ = "deepseek/v4";
+    start("");
+  }
+};
+
+TEST_F(SlashModelIdApiTest, ModelIdIsPercentDecoded) {
+  for (const char* path : {"/v1/models/deepseek%2Fv4", "/v1/models/deepseek%2fv4",
+                           "/v1/models/%64eepseek%2Fv%34", "/v1/models/deepseek/v4"}) {
+    auto r = http(port_, "GET", path, "");
+    ASSERT_EQ(r.status, 200) << path << ": " << r.body;
+    EXPECT_EQ(r.j()["id"], "deepseek/v4") << path;
+  }
+  for (const char* path : {"/v1/models/deepseek%2Fv5", "/v1/models/deepseek%252Fv4"}) {
+    auto r = http(port_, "GET", path, "");
+    EXPECT_EQ(r.status, 404) << path << ": " << r.body;
+    EXPECT_EQ(r.j()["error"]["code"], "model_not_found") << path;
+  }
+  for (const char* path :
+       {"/v1/models/%zz", "/v1/models/deepseek%2", "/v1/models/deepseek%", "/v1/models/%g0v4"}) {
+    auto r = http(port_, "GET", path, "");
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << path << ": " << r.body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << path;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("percent-encoding"), std::string::npos)
+        << r.body;
+  }
+  EXPECT_EQ(http(port_, "GET", "/health", "").status, 200);
+}
+
+TEST(PercentDecode, EscapesAndInvalidForms) {
+  EXPECT_EQ(percent_decode("deepseek%2Fv4"), "deepseek/v4");
+  EXPECT_EQ(percent_decode("a%2fb%41%00c"), std::string("a/bA\0c", 6));
+  EXPECT_EQ(percent_decode("a+b c"), "a+b c");
+  EXPECT_EQ(percent_decode(""), "");
+  for (const char* bad : {"%", "%4", "a%zz", "%g1", "x%2", "%%41"})
+    EXPECT_EQ(percent_decode(bad), std::nullopt) << bad;
 }
 
 TEST_F(ApiTest, TokenizeDetokenize) {

@@ -159,6 +159,45 @@ TEST_F(HttpTest, Http10StreamIsNotChunked) {
   for (auto& t : threads) t.join();
 }
 
+// HTTP/1.0 closes after a response unless the server announces that it keeps the connection: a
+// 1.0 request with `Connection: keep-alive` gets `Connection: keep-alive` back (it got no
+// Connection header, so the client closed) and the connection serves the next request; a 1.0
+// request without it still gets `Connection: close` and the close; HTTP/1.1 is unchanged.
+TEST_F(HttpTest, Http10KeepAliveIsAnnounced) {
+  start([](HttpRequest r, std::shared_ptr<ResponseWriter> w) {
+    w->respond(200, "text/plain", "ok " + r.path);
+  });
+  for (const char* conn : {"Connection: keep-alive\r\n", "Connection: Keep-Alive\r\n"}) {
+    Client c(server_->port());
+    c.send(std::string("GET /a HTTP/1.0\r\n") + conn + "\r\n");
+    std::string r1 = c.read("ok /a");
+    EXPECT_EQ(r1.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r1;
+    EXPECT_NE(r1.find("Connection: keep-alive\r\n"), std::string::npos) << r1;
+    EXPECT_EQ(r1.find("Connection: close"), std::string::npos) << r1;
+    c.send(std::string("GET /b HTTP/1.0\r\n") + conn + "\r\n");
+    bool closed = false;
+    std::string r2 = c.read("ok /b", 3000ms, &closed);
+    EXPECT_FALSE(closed) << r2;
+    EXPECT_NE(r2.find("ok /b"), std::string::npos) << r2;
+    EXPECT_NE(r2.find("Connection: keep-alive\r\n"), std::string::npos) << r2;
+  }
+  {
+    Client c(server_->port());
+    c.send("GET /a HTTP/1.0\r\n\r\n");
+    bool closed = false;
+    std::string r = c.read("", 3000ms, &closed);
+    EXPECT_TRUE(closed) << r;
+    EXPECT_NE(r.find("Connection: close\r\n"), std::string::npos) << r;
+    EXPECT_EQ(r.find("keep-alive"), std::string::npos) << r;
+  }
+  {
+    Client c(server_->port());
+    c.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string r = c.read("ok /a");
+    EXPECT_EQ(r.find("Connection:"), std::string::npos) << r;
+  }
+}
+
 TEST_F(HttpTest, OversizeBodyGets413) {
   std::atomic<int> calls{0};
   HttpOptions o;

@@ -145,6 +145,33 @@ TEST(Protocol, ToolsAndToolChoice) {
     EXPECT_EQ(chat_err(named(ok)).status, 0) << ok;
 }
 
+// An assistant message's tool_calls[j].function.name follows the tools[i].function.name rule
+// (1–64 of a-z A-Z 0-9 _ -): it is written into the DSML prompt verbatim as well, so a quote would
+// rewrite the invoke tag. The 400 names the field path.
+TEST(Protocol, HistoryToolCallNamesAreValidatedLikeToolNames) {
+  auto history_with = [](const std::string& name) {
+    return R"({"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":"ok"},
+        {"role":"assistant","content":null,"tool_calls":[
+          {"id":"c0","type":"function","function":{"name":"f","arguments":"{}"}},
+          {"id":"c1","type":"function","function":{"name":)" +
+           name + R"(,"arguments":"{}"}}]},
+        {"role":"tool","tool_call_id":"c0","content":"sunny"}]})";
+  };
+  const std::string long65 = "\"" + std::string(65, 'x') + "\"",
+                    long64 = "\"" + std::string(64, 'x') + "\"";
+  for (const std::string& bad : std::vector<std::string>{
+           R"("")", R"("a\" evil=\"1")", R"("get weather")", R"("a.b")", R"("ünï")", long65}) {
+    const ApiError e = chat_err(history_with(bad));
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.type, "invalid_request_error") << bad;
+    EXPECT_EQ(e.param, "messages") << bad;
+    EXPECT_NE(e.message.find("'messages[2].tool_calls[1].function.name'"), std::string::npos)
+        << e.message;
+  }
+  for (const std::string& ok : std::vector<std::string>{R"("get_weather")", R"("A-1_b")", long64})
+    EXPECT_EQ(chat_err(history_with(ok)).status, 0) << ok;
+}
+
 // tools[].function.parameters must be a JSON Schema object, and an assistant tool call's
 // arguments string must be JSON (OpenAI sends it JSON-encoded): otherwise a 400 whose message names
 // the field path. An arguments object is accepted on purpose (chat-encoding §2.6), and JSON that is

@@ -146,6 +146,36 @@ TEST(CliTokenize, BadInputIsOneLineErrorNamingTheField) {
   EXPECT_NE(r.rc, 0);
 }
 
+// --messages takes content as the chat endpoint does (server::chat_message_content_error): a
+// message without "content" (and, for an assistant, without tool_calls) is a one-line error naming
+// the file and the field — it was rendered as if the content were empty. An assistant message
+// with tool_calls and a tool result may leave content out, as on the server.
+TEST(CliTokenize, MissingContentIsRefusedLikeTheServer) {
+  REQUIRE_CLI();
+  auto one_line = [](const CmdResult& r) {
+    return std::count(r.out.begin(), r.out.end(), '\n') == 1;
+  };
+  for (const char* bad :
+       {R"([{"role":"system","content":"s"},{"role":"user"}])",
+        R"([{"role":"user","content":"x"},{"role":"assistant"}])",
+        R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[]}]})",
+        R"([{"role":"user","content":"x"},{"role":"system","content":null}])"}) {
+    std::string f = tmp_file("nocontent.json", bad);
+    auto r = run("tokenize --tokenizer " + kTok + " --messages " + f);
+    EXPECT_NE(r.rc, 0) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find(f + ": "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("messages[1].content' is required"), std::string::npos) << r.out;
+    EXPECT_TRUE(one_line(r)) << r.out;
+  }
+  std::string ok = tmp_file("toolcalls.json", R"([{"role":"user","content":"w?"},
+      {"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},
+      {"role":"tool","tool_call_id":"c1"}])");
+  auto r = run("tokenize --tokenizer " + kTok + " --messages " + ok);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(nlohmann::json::parse(r.out)["text"].get<std::string>().find("get_weather"),
+            std::string::npos);
+}
+
 TEST(Tokenizer, ConcurrentEncodeIsDeterministic) {
   if (kTok.empty()) GTEST_SKIP();
   auto t = v4::text::Tokenizer::from_file(kTok);
