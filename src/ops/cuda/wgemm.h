@@ -57,9 +57,9 @@ struct GemvArgs {
   /// Let wgemv run the streaming kernel (gemv_stream.h) where it applies (aligned rows); false:
   /// the shared-memory kernel below (A/B runs: CudaOptions::gemv_stream, env V4_GEMV_STREAM=0).
   bool use_stream_kernel = true;
-  /// gemv_stream only: about one wave of blocks, each looping over its share of the output tiles
-  /// with the next batch's weight loads in flight during the current one's math (default);
-  /// false (or env V4_GEMV_PERSIST=0, A/B): one block per tile. The same bits either way.
+  /// gemv_stream only: with 1 … 4 waves of output tiles, about one wave of blocks, each looping
+  /// over an equal share of the tiles (default); false (or env V4_GEMV_PERSIST=0, A/B): one block
+  /// per tile. The same bits either way.
   bool persist = true;
   // Filled by wgemv: warps splitting K, rows of x per shared-memory pass, row capacity per pass.
   int ks = 1, mc = 1;
