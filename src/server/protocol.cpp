@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "base/log.h"
+#include "text/py_json.h"
 
 namespace v4::server {
 
@@ -645,6 +646,10 @@ bool parse_chat_request(const Json& body, const ValidationLimits& lim, GenerateR
             const std::string& text = a->get_ref<const std::string&>();
             const text::JsonTextKind kind =
                 text.empty() ? text::JsonTextKind::kObject : text::python_json_kind(text);
+            if (kind == text::JsonTextKind::kTooDeep)
+              return rd.fail(fmt::format("'{}' is nested deeper than {} levels", path,
+                                         text::pyjson::kMaxLoadsDepth),
+                             "messages");
             if (kind == text::JsonTextKind::kInvalid)
               return rd.fail(fmt::format("'{}' is not valid JSON: it must be the JSON-encoded "
                                          "arguments object (e.g. \"{{}}\")",

@@ -442,8 +442,9 @@ std::optional<EffortProfile> detect_effort_profile(const std::string& model_dir)
 }
 
 JsonTextKind python_json_kind(std::string_view text) {
-  const auto v = pyjson::loads(text);
-  if (!v) return JsonTextKind::kInvalid;
+  bool too_deep = false;
+  const auto v = pyjson::loads(text, &too_deep);
+  if (!v) return too_deep ? JsonTextKind::kTooDeep : JsonTextKind::kInvalid;
   return v->kind == pyjson::Value::Kind::kObj ? JsonTextKind::kObject : JsonTextKind::kOther;
 }
 

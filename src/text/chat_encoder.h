@@ -84,7 +84,9 @@ class ChatEncoder {
 /// accepted) — how ChatEncoder reads a `tool_calls[].function.arguments` string: not JSON (it
 /// falls back to the reference's `{"arguments": <raw text>}` rendering), a JSON object (the
 /// arguments), or other JSON (the encoder refuses it). Servers refuse all but objects.
-enum class JsonTextKind { kInvalid, kObject, kOther };
+/// kTooDeep: nested deeper than the 512 levels the reader follows (treated as kInvalid by the
+/// encoder; servers name the limit).
+enum class JsonTextKind { kInvalid, kObject, kOther, kTooDeep };
 JsonTextKind python_json_kind(std::string_view text);
 
 /// Python `json.dumps(value, ensure_ascii=False)` text of `value` (separators ", " and ": ",

@@ -38,6 +38,8 @@ class Parser {
     if (i_ != t_.size()) return std::nullopt;  // "Extra data"
     return v;
   }
+  /// Whether run() met a value nested deeper than kMaxLoadsDepth.
+  bool too_deep() const { return too_deep_; }
 
  private:
   void ws() {
@@ -152,7 +154,11 @@ class Parser {
     return true;
   }
   bool value(Value& v, int depth) {
-    if (depth > 512 || i_ >= t_.size()) return false;
+    if (depth > kMaxLoadsDepth) {
+      too_deep_ = true;
+      return false;
+    }
+    if (i_ >= t_.size()) return false;
     char c = t_[i_];
     if (c == '{') {
       ++i_;
@@ -263,11 +269,17 @@ class Parser {
 
   std::string_view t_;
   size_t i_ = 0;
+  bool too_deep_ = false;
 };
 
 }  // namespace
 
-std::optional<Value> loads(std::string_view text) { return Parser(text).run(); }
+std::optional<Value> loads(std::string_view text, bool* too_deep) {
+  Parser p(text);
+  std::optional<Value> v = p.run();
+  if (too_deep) *too_deep = p.too_deep();
+  return v;
+}
 
 std::string float_repr(double x) {
   if (std::isnan(x)) return "NaN";

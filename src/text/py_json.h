@@ -23,8 +23,12 @@ struct Value {
   std::vector<std::pair<std::string, Value>> obj;
 };
 
-/// json.loads(text) (strict=True, NaN/Infinity accepted). nullopt where Python raises.
-std::optional<Value> loads(std::string_view text);
+/// Deepest nesting of arrays / objects loads() reads (deeper text is refused, not recursed into).
+inline constexpr int kMaxLoadsDepth = 512;
+
+/// json.loads(text) (strict=True, NaN/Infinity accepted). nullopt where Python raises, and for
+/// text nested deeper than kMaxLoadsDepth; then *too_deep (when given) says which.
+std::optional<Value> loads(std::string_view text, bool* too_deep = nullptr);
 
 /// json.dumps(v, ensure_ascii=...) with default separators.
 std::string dumps(const Value& v, bool ensure_ascii = false);

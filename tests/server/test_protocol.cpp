@@ -221,6 +221,18 @@ TEST(Protocol, ToolSchemasAndCallArgumentsMustBeJson) {
                          R"({"city": "Paris"})", R"("{\"x\": NaN}")"}) {
     EXPECT_EQ(chat_err(history_with(ok)).status, 0) << ok;
   }
+  // Arguments nested past the reader's 512 levels are refused for that, not as "not valid
+  // JSON" (they are valid JSON); 512 levels still pass.
+  auto nested = [](int levels) {
+    return "\"" + std::string(size_t(levels - 1), '[') + R"({\"a\":1})" +
+           std::string(size_t(levels - 1), ']') + "\"";
+  };
+  ApiError deep = chat_err(history_with(nested(600)));
+  EXPECT_EQ(deep.status, 400);
+  EXPECT_NE(deep.message.find("nested deeper than 512 levels"), std::string::npos) << deep.message;
+  EXPECT_EQ(deep.message.find("not valid JSON"), std::string::npos) << deep.message;
+  EXPECT_NE(deep.message.find("messages[3].tool_calls[1].function.arguments"), std::string::npos);
+  EXPECT_EQ(chat_err(history_with(nested(1))).status, 0);
 }
 
 // A message's optional string fields (name, tool_call_id) with another type, and an empty content
