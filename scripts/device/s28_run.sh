@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs ON the lent GPU machine (session 28, one call, < 10 minutes), without a build there when
 # the binaries come prebuilt:
-#   0. .devdeps/bin.tar.xz (scripts/device/pack_bins.sh: v4serve, test_cuda[, bench_kernels]
-#      built on the developer machine with -DV4_CUDA=ON, same CUDA 13.0) is unpacked into
-#      build-gpu/; without it run_gpu.sh builds them here (~5–7 minutes);
+#   0. .devdeps-bin/bin.tar.xz (scripts/device/pack_bins.sh: v4serve, test_cuda[, bench_kernels]
+#      built on the developer machine with -DV4_CUDA=ON, same CUDA 13.0, + their Debian runtime
+#      libraries) is unpacked into build-gpu/; without it run_gpu.sh builds them here from
+#      .devdeps/deps.tar.xz (~5–7 minutes);
 #   1. the GPU op tests in $V4_GTEST_FILTER (default "*"), $V4_TEST_SHARDS (default 8) gtest
 #      shards in parallel -> $OUT/cuda-op-tests.log (V4_TESTS=0: none);
 #   2. v4serve bench, V4-Flash shape, $V4_E2E_LAYERS (default 20) layers, batch 1, 4K and 900K,
@@ -15,8 +16,8 @@
 #      at 900K (4 layers: SWA, SWA, CSA, HCA) -> $OUT/ncu-<n>.txt (details page); "regex@k" skips the
 #      first k matching launches.
 # From the developer machine:
-#   bash scripts/device/pack_bins.sh && git rev-parse --short HEAD > .devdeps/commit
-#   run(command="bash scripts/device/s28_run.sh", carry=[".devdeps"], timeout_s=600)
+#   bash scripts/device/pack_bins.sh      # writes .devdeps-bin/{bin.tar.xz,commit}
+#   run(command="bash scripts/device/s28_run.sh", carry=[".devdeps-bin"], timeout_s=600)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -25,15 +26,14 @@ mkdir -p "$OUT/logs"
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 export NCCL_NVLS_ENABLE=0 PATH="/usr/local/cuda/bin:$PATH"
-COMMIT=$(cat .devdeps/commit 2>/dev/null || echo unknown)
 D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
-if [ -f .devdeps/bin.tar.xz ]; then
-  if [ ! -d $D/usr ]; then
-    mkdir -p $D && tar xJf .devdeps/deps.tar.xz -C $D || { echo "deps unpack failed"; exit 2; }
-  fi
-  mkdir -p build-gpu && tar xJf .devdeps/bin.tar.xz -C build-gpu || { echo "bin unpack failed"; exit 2; }
+if [ -f .devdeps-bin/bin.tar.xz ]; then
+  COMMIT=$(cat .devdeps-bin/commit 2>/dev/null || echo unknown)
+  mkdir -p build-gpu && tar xJf .devdeps-bin/bin.tar.xz -C build-gpu || { echo "bin unpack failed"; exit 2; }
+  L=$root/build-gpu/lib
   echo "$(el) prebuilt binaries: $(cat build-gpu/BUILT 2>/dev/null)"
 else
+  COMMIT=$(cat .devdeps/commit 2>/dev/null || echo unknown)
   OUT=$OUT/logs V4_TARGETS="${V4_BUILD_TARGETS:-v4serve test_cuda}" V4_SKIP_BENCH=1 V4_SKIP_TESTS=1 \
     bash scripts/device/run_gpu.sh > /dev/null 2>&1
   echo "$(el) build rc=$?"; grep -E "build FAILED|error:" "$OUT/logs/device.log" | head -30
