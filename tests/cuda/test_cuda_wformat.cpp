@@ -942,6 +942,10 @@ std::vector<cuda::MoeMmaChoice> moe_mma_test_configs() {
   add(4, 8, 3, 2, 2, 2);
   add(1, 8, 2, 2, 8, 2);
   add(1, 8, 2, 2, 4, 2);
+  add(1, 8, 6, 1, 1, 2);  // the batch-1 A/B forms (V4_MOE_MMA_SMALL)
+  add(2, 8, 4, 1, 1, 2);
+  add(2, 8, 3, 2, 1, 2);
+  add(4, 8, 4, 1, 2, 2);
   return v;
 }
 std::string cfg_name(const cuda::MoeMmaChoice& c) {

@@ -35,6 +35,9 @@
 // f32, rounded once to bf16 (exact for power-of-two scales, as V4's ue8m0 block scales). The
 // same operands as the cuBLASLt path's dequantized copy.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include "ops/cuda/moe_mma.h"
 #include "ops/cuda/wfrag.cuh"
@@ -396,7 +399,11 @@ Status launch(const MoeMmaArgs& a, int slots, int xr, cudaStream_t stream) {
   X(1, 8, 3, 2, 2)            \
   X(4, 8, 3, 2, 2)            \
   X(8, 8, 3, 2, 2)            \
-  X(1, 8, 2, 2, 2)
+  X(1, 8, 2, 2, 2)            \
+  X(1, 8, 6, 1, 2)            \
+  X(2, 8, 4, 1, 2)            \
+  X(2, 8, 3, 2, 2)            \
+  X(4, 8, 4, 1, 2)
 
 template <WFormat F, bool SWIGLU>
 Status launch_cfg(const MoeMmaArgs& a, int slots, const MoeMmaChoice& c, cudaStream_t stream) {
@@ -472,8 +479,27 @@ Status moe_mma_prepare() {
   return prepare_format<WFormat::kFP8Block>();
 }
 
+// A/B of the small-batch configuration (issue 7, batch-1 decode): V4_MOE_MMA_SMALL="ks,nt,st,
+// minb,version" replaces moe_mma_choose's pick for calls of 1..8 tokens (x rows staged = tokens);
+// unset or malformed: nothing replaced. Read once.
+const MoeMmaChoice* small_override() {
+  static const std::optional<MoeMmaChoice> o = []() -> std::optional<MoeMmaChoice> {
+    const char* e = std::getenv("V4_MOE_MMA_SMALL");
+    MoeMmaChoice c;
+    if (!e || std::sscanf(e, "%d,%d,%d,%d,%d", &c.ks, &c.nt, &c.st, &c.minb, &c.version) != 5)
+      return std::nullopt;
+    return c;
+  }();
+  return o ? &*o : nullptr;
+}
+
 MoeMmaChoice moe_mma_choose(const MoeMmaArgs& a, int slots, int num_sms) {
   MoeMmaChoice c;
+  if (const MoeMmaChoice* f = small_override(); f && a.tokens >= 1 && a.tokens <= 8) {
+    c = *f;
+    c.xr = int(std::min<int64_t>(a.tokens, c.nt));
+    return c;
+  }
   const int64_t K = a.w.k;
   const int nkt = k_tiles(a.w);
   const int outw = a.swiglu ? 16 : 32;
