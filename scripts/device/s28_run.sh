@@ -67,11 +67,14 @@ for rep in $(seq 1 "${V4_E2E_REPS:-2}"); do
     if [ $(( $(date +%s) - T0 )) -gt "${V4_BUDGET_S:-520}" ]; then echo "skip e2e ($entry): budget"; continue; fi
     envs=()
     [ "$entry" != default ] && IFS=, read -r -a envs <<< "$entry"
+    rm -f "$OUT/logs/e2e.md"
     env "${envs[@]}" timeout 150 build-gpu/v4serve bench --model models/configs/v4-flash --load-format dummy \
       --num-layers "${V4_E2E_LAYERS:-20}" --device cuda --precision bf16 --mem-fraction 0.9 --kv-cache-dtype bf16 \
       --index-cache-dtype fp8 --batch 1 --context 4K,900K --steps 20 --prefill-steps 1 --prefill-warmup 0 \
-      --prefill-chunk 256 --out "$OUT/logs/e2e.md" > "$OUT/logs/e2e-$entry-$rep.log" 2>&1
-    echo "$(el) e2e ($entry, rep $rep) rc=$?"; grep -E "^\| decode" "$OUT/logs/e2e.md"
+      --prefill-chunk 256 --out "$OUT/logs/e2e.md" > "$OUT/logs/e2e-$rep.log" 2>&1
+    rc=$?; echo "$(el) e2e ($entry, rep $rep) rc=$rc"
+    [ -f "$OUT/logs/e2e.md" ] || { tail -3 "$OUT/logs/e2e-$rep.log"; continue; }
+    grep -E "^\| decode" "$OUT/logs/e2e.md"
     { echo "## env: $entry (rep $rep)"; echo; cat "$OUT/logs/e2e.md"; echo; } >> "$f"
   done
 done

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "ops/cuda/moe_mma.h"
 #include "ops/cuda/wfrag.cuh"
@@ -479,14 +480,18 @@ Status moe_mma_prepare() {
   return prepare_format<WFormat::kFP8Block>();
 }
 
-// A/B of the small-batch configuration (issue 7, batch-1 decode): V4_MOE_MMA_SMALL="ks,nt,st,
-// minb,version" replaces moe_mma_choose's pick for calls of 1..8 tokens (x rows staged = tokens);
+// A/B of the small-batch configuration (issue 7, batch-1 decode): V4_MOE_MMA_SMALL="ks/nt/st/
+// minb/version" (any non-digit separates) replaces moe_mma_choose's pick for calls of 1..8 tokens (x rows staged = tokens);
 // unset or malformed: nothing replaced. Read once.
 const MoeMmaChoice* small_override() {
   static const std::optional<MoeMmaChoice> o = []() -> std::optional<MoeMmaChoice> {
     const char* e = std::getenv("V4_MOE_MMA_SMALL");
     MoeMmaChoice c;
-    if (!e || std::sscanf(e, "%d,%d,%d,%d,%d", &c.ks, &c.nt, &c.st, &c.minb, &c.version) != 5)
+    if (!e) return std::nullopt;
+    std::string v = e;  // any non-digit separates the five numbers ("4,8,3,1,2", "4/8/3/1/2")
+    for (char& ch : v)
+      if (ch < '0' || ch > '9') ch = ' ';
+    if (std::sscanf(v.c_str(), "%d %d %d %d %d", &c.ks, &c.nt, &c.st, &c.minb, &c.version) != 5)
       return std::nullopt;
     return c;
   }();

@@ -81,7 +81,7 @@ Status moe_mma(const MoeMmaArgs& a, int slots, int num_sms, cudaStream_t stream)
 /// moe_mma_choose's). Instantiated (ks, nt, st, minb, version): (1|4, 8, 3, 1, 1|2),
 /// (1, 16, 2|3, 1, 2), (1|4|8, 8, 3, 2, 2), (1, 8, 2, 2, 2),
 /// (1, 8, 6, 1, 2), (2, 8, 4, 1, 2), (2, 8, 3, 2, 2), (4, 8, 4, 1, 2) (the last four: batch-1 A/B,
-/// env V4_MOE_MMA_SMALL="ks,nt,st,minb,version" replaces moe_mma_choose's pick for 1..8 tokens). Errors: kUnsupported as moe_mma; kInvalidArgument for another
+/// env V4_MOE_MMA_SMALL="ks/nt/st/minb/version" replaces moe_mma_choose's pick for 1..8 tokens). Errors: kUnsupported as moe_mma; kInvalidArgument for another
 /// combination, xr outside 1..nt, or shared memory over the limit (minb 2: over half an SM).
 Status moe_mma_run(const MoeMmaArgs& a, int slots, const MoeMmaChoice& c, cudaStream_t stream);
 
