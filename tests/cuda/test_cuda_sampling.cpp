@@ -186,18 +186,23 @@ DevOut run_device(DeviceSampler& ds, cudaStream_t st, const std::vector<float>& 
 // ---- greedy
 // ---------------------------------------------------------------------------------------
 
+// R = 37 rows of 12 cases, then one row per case (R = 1; and R = 3): the few-row calls of a
+// large vocabulary take the chunked greedy kernel (V = 129,280: 31 chunks at R = 1, 7 at R =
+// 37; 8,192 + 3: 2 chunks), the others one block per row; both must give the CPU argmax.
 TEST(CudaSampling, GreedyEqualsCpuArgmax) {
   V4_REQUIRE_GPU();
   Stream st;
   DeviceSampler ds;
-  for (int64_t V : {int64_t(1), int64_t(7), int64_t(1001), int64_t(4099), kVocab}) {
+  for (int64_t V : {int64_t(1), int64_t(7), int64_t(1001), int64_t(4099), int64_t(8195), kVocab})
+  for (int64_t R : {int64_t(37), int64_t(3), int64_t(1)})
+  for (int first : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
+    if (R == 37 && first > 0) continue;  // 37 rows already hold every case
     for (size_t misalign : {size_t(0), size_t(1), size_t(3)}) {
-      const int64_t R = 37;
       std::vector<float> l = testing::randn(size_t(R * V), 3.0f);
       for (int64_t r = 0; r < R; ++r) {
         float* row = l.data() + r * V;
         const int64_t amax = std::max_element(row, row + V) - row;
-        switch (r % 12) {
+        switch ((r + first) % 12) {
           case 1:  // tie with a lower and a higher id
             row[rint64(0, V - 1)] = row[amax];
             row[rint64(0, V - 1)] = row[amax];
@@ -238,15 +243,16 @@ TEST(CudaSampling, GreedyEqualsCpuArgmax) {
       std::vector<SampleRowParams> prm(static_cast<size_t>(R));  // temperature 0
       for (auto& p : prm) p.seed = rng()();
       for (bool all_greedy : {true, false}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "V=" << V << " misalign=" << misalign << " all_greedy=" << all_greedy);
+        SCOPED_TRACE(::testing::Message() << "V=" << V << " R=" << R << " first case " << first
+                                          << " misalign=" << misalign
+                                          << " all_greedy=" << all_greedy);
         DevOut d =
             run_device(ds, st.s, l, V, all_greedy ? nullptr : &prm, all_greedy, false, 0, misalign);
         int bad = 0;
         for (int64_t r = 0; r < R; ++r) {
           const int32_t want = cpu_token(l.data() + r * V, V, prm[size_t(r)]);
           if (d.tokens[size_t(r)] != want && ++bad <= 5)
-            ADD_FAILURE() << "row " << r << " (case " << r % 12 << "): device "
+            ADD_FAILURE() << "row " << r << " (case " << (r + first) % 12 << "): device "
                           << d.tokens[size_t(r)] << " cpu " << want;
         }
         EXPECT_EQ(bad, 0);

@@ -140,9 +140,12 @@ struct CudaOptions {
   /// instead of sharing HBM with the scores pass. 0 = never (A/B). H200, V4-Flash 20 layers,
   /// batch 1, bf16 KV + fp8 indexer keys, three A/B pairs at 900K: 5.29 / 5.34 / 5.29 ms with
   /// the gate at 65,536 vs 5.33 / 5.31 / 5.31 without (mean −10 µs, inside the run-to-run
-  /// spread; 4K unchanged; bench/results/bench-v4flash-20l-ratio-ab-s13.md).
+  /// spread; 4K unchanged; bench/results/bench-v4flash-20l-ratio-ab-s13.md). Off (0) since
+  /// session 28: with the faster linears (gemv_stream's persistent grid) the gate cost the 900K
+  /// step time — 5.35 / 5.38 / 5.37 ms with it vs 5.32 / 5.31 / 5.32 without, 4K unchanged
+  /// (bench/results/bench-v4flash-20l-moe-small-s28.md): the q tail now runs beside the scores.
   /// Environment override at backend creation: V4_INDEXER_GATE_MIN_COUNT=N.
-  int64_t indexer_gate_min_count = 65536;
+  int64_t indexer_gate_min_count = 0;
   /// `cuda::indexer_scores_tc` variant of bf16-mode indexer_topk calls the decode kernel serves
   /// (≤ cuda::kIndexerDecodeMaxRows rows, nI = 64, dI = 128; other calls keep auto): 0 auto (the
   /// decode kernel), 2 / 3 the decode kernel with 16 / 32-key chunks, 4–7 the pipelined decode

@@ -529,9 +529,12 @@ Status moe_bf16(const MoeArgs& a, const KernelContext& c) {
     up.active = rb.active;
     up.active_count = rb.active_count;
     up.tokens = S;
-    // Version 2 below 8 tokens measured slower than version 1 on the H200 (S = 1: MXFP4 70.1 vs
-    // 67.6 µs, FP8 92.2 vs 80.3; from S = 8 on v2 wins: 265 vs 297 µs; cuda-moe.md).
-    up.version = c.moe_mma_version == 2 && S < 8 ? 1 : c.moe_mma_version;
+    // 2 ≤ S < 8 keep version 1: version 2 measured slower there (S = 1 before session 28:
+    // MXFP4 70.1 vs 67.6 µs, FP8 92.2 vs 80.3; from S = 8 on v2 wins: 265 vs 297 µs; cuda-moe.md),
+    // and at K = 4096 its x rows then leave one CTA per SM. S = 1 runs version 2 since session
+    // 28: its two-CTAs-per-SM form with 4 K slices (moe_mma_choose) beat version 1 in the served
+    // batch-1 step (4K 5.01 → 4.94 ms, 900K 5.37 → 5.28; bench-v4flash-20l-moe-small-s28.md).
+    up.version = c.moe_mma_version == 2 && S > 1 && S < 8 ? 1 : c.moe_mma_version;
     V4_RETURN_IF_ERROR(moe_mma(up, slots, c.num_sms, c.stream));
     MoeMmaArgs dn = up;
     dn.w = a.w2;

@@ -533,7 +533,13 @@ MoeMmaChoice moe_mma_choose(const MoeMmaArgs& a, int slots, int num_sms) {
       const int64_t n = ctas(ks), waves = (n + cap - 1) / cap;
       return double(n) / double(waves * cap);
     };
-    c.ks = nkt >= 16 && fill(8) > fill(4) + 0.05 ? 8 : nkt >= 8 ? 4 : 1;
+    // Below 8 tokens 4 K slices whatever the fill (moe.cu runs this form at S = 1 only): at
+    // batch 1 (V4-Flash, 6 experts) 8 slices fill the last wave better, but each warp then has
+    // 2 k-tiles and the per-CTA fixed cost dominates (served 20-layer step: ks 4 4.91–4.96 ms,
+    // ks 8 5.04–5.10, the old kernel v1 4.99–5.03; bench-v4flash-20l-moe-small-s28.md).
+    // 8 tokens keep the fill rule.
+    c.ks = S < 8 ? (nkt >= 8 ? 4 : 1)
+                 : nkt >= 16 && fill(8) > fill(4) + 0.05 ? 8 : nkt >= 8 ? 4 : 1;
     return c;
   }
   // Version 3 (experimental, A/B): 2 ≤ S ≤ 128 with many CTAs — two CTAs per SM with 2-deep

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "ops/cuda/device_util.cuh"
 #include "ops/sample_math.h"
@@ -20,6 +21,11 @@ using ops::SampleArgs;
 using ops::SampleRowParams;
 
 constexpr int kGreedyThreads = 512;
+// Greedy over chunks (greedy_split_kernel): rows ≤ 64, ≤ 64 chunks of ≥ 4,096 logits a row;
+// scratch: the partials [row][chunk] (u64), then a counter per row.
+constexpr int64_t kGreedySplitMaxRows = 64, kGreedyMaxChunks = 64, kGreedyMinChunk = 4096;
+constexpr size_t kGreedyCountOffset = size_t(kGreedySplitMaxRows * kGreedyMaxChunks) * 8;
+constexpr size_t kGreedyScratchBytes = kGreedyCountOffset + size_t(kGreedySplitMaxRows) * 4;
 constexpr int kPrepThreads = 512;
 constexpr int kPrepItems = 8;  // compaction tile: 8192 entries
 constexpr int kDrawThreads = 512;
@@ -150,6 +156,47 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_kernel(SampleArgs a) {
   });
   best = block_reduce<kGreedyThreads>(best, MaxOp{}, red);
   if (threadIdx.x == 0) a.out_tokens[r] = unpack_id(best);
+}
+
+/// Greedy over chunks (few rows; DeviceSampler::run picks it): block (c, r) takes the max of
+/// pack(order_key, id) over logits [c·chunk, min(V, (c + 1)·chunk)) of row r, writes it to
+/// part[r·C + c] and counts itself on count[r]; the row's last block (threadfence-reduction
+/// pattern) takes the max of the C partials, writes the token and resets count[r] to 0 (graph
+/// replays need no memset). A max over the same packed values as greedy_kernel: the same token,
+/// bit for bit, whatever the chunking or the order the blocks finish in.
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_split_kernel(SampleArgs a, int64_t chunk, unsigned long long* __restrict__ part,
+                        unsigned int* __restrict__ count) {
+  const int64_t r = blockIdx.y;
+  const int c = int(blockIdx.x), C = int(gridDim.x);
+  if (!a.all_greedy && a.params[r].temperature != 0.f) return;  // every block of the row
+  __shared__ unsigned long long red[kGreedyThreads / 32];
+  __shared__ bool last;
+  const int64_t b = int64_t(c) * chunk, n = min(chunk, a.vocab - b);
+  unsigned long long best = 0;
+  for_each_in_row(a.logits + r * a.vocab + b, n, [&](float v, int64_t i) {
+    const unsigned long long p = pack(order_key(v), b + i);
+    best = p > best ? p : best;
+  });
+  best = block_reduce<kGreedyThreads>(best, MaxOp{}, red);
+  if (threadIdx.x == 0) {
+    part[r * C + c] = best;
+    __threadfence();  // the partial before the count that publishes it
+    last = atomicAdd(count + r, 1u) == unsigned(C - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  unsigned long long m = 0;
+  for (int i = threadIdx.x; i < C; i += kGreedyThreads) {
+    const unsigned long long p = __ldcg(part + r * C + i);
+    m = p > m ? p : m;
+  }
+  m = block_reduce<kGreedyThreads>(m, MaxOp{}, red);
+  if (threadIdx.x == 0) {
+    a.out_tokens[r] = unpack_id(m);
+    count[r] = 0u;
+  }
 }
 
 // ---- 2a. prep: keys of the rows that sort
@@ -508,7 +555,7 @@ __global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(SampleArgs a)
 }  // namespace
 
 size_t DeviceSampler::scratch_bytes() const {
-  size_t b = arena_.bytes() + temp_.bytes();
+  size_t b = arena_.bytes() + temp_.bytes() + greedy_part_.bytes();
   for (const auto& r : retired_) b += r.bytes();
   return b;
 }
@@ -579,8 +626,52 @@ Status DeviceSampler::run(const ops::SampleArgs& a, cudaStream_t stream) {
                     "sample: top_n {} needs out_top_tokens and out_top_logprobs", a.top_n);
   }
 
-  greedy_kernel<<<unsigned(R), kGreedyThreads, 0, stream>>>(a);
-  V4_CUDA_CHECK_LAUNCH("sample greedy_kernel");
+  // Greedy: one block per row, or, for few rows of a large vocabulary, chunks of ≥ 4,096 logits
+  // per block so that about two blocks per SM run (one block took 22.8 µs for a 129,280-entry
+  // row at batch 1 on the H200, bench/results/ncu-decode-kernels-s27.md).
+  int64_t chunks = 1, chunk = V;
+  static const bool split_on = [] {  // V4_GREEDY_SPLIT=0: one block per row always (A/B)
+    const char* e = std::getenv("V4_GREEDY_SPLIT");
+    return !(e && e[0] == '0');
+  }();
+  if (split_on && R <= kGreedySplitMaxRows && V >= 2 * kGreedyMinChunk) {
+    if (n_sms_ == 0) {
+      int dev = 0, n = 0;
+      V4_CUDA_TRY(cudaGetDevice(&dev));
+      V4_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+      n_sms_ = std::max(1, n);
+    }
+    const int64_t want = std::min<int64_t>({kGreedyMaxChunks, V / kGreedyMinChunk,
+                                            std::max<int64_t>(1, 2 * n_sms_ / R)});
+    if (want >= 2) {
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      V4_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+      if (!greedy_part_.size() && cs == cudaStreamCaptureStatusNone) {
+        // Allocated once, outside any capture (a capture before the first call keeps one block
+        // per row: the same tokens).
+        DeviceBuffer<unsigned char> b;
+        V4_RETURN_IF_ERROR(b.alloc(kGreedyScratchBytes));
+        V4_CUDA_TRY(cudaMemsetAsync(b.get(), 0, kGreedyScratchBytes, stream));
+        V4_CUDA_TRY(cudaStreamSynchronize(stream));
+        greedy_part_ = std::move(b);
+      }
+      if (greedy_part_.size()) {
+        chunk = (V + want - 1) / want;
+        chunk = (chunk + 3) / 4 * 4;  // chunk starts keep the row's float4 alignment
+        chunks = (V + chunk - 1) / chunk;
+      }
+    }
+  }
+  if (chunks > 1) {
+    auto* part = reinterpret_cast<unsigned long long*>(greedy_part_.get());
+    auto* count = reinterpret_cast<unsigned int*>(greedy_part_.get() + kGreedyCountOffset);
+    greedy_split_kernel<<<dim3(unsigned(chunks), unsigned(R)), kGreedyThreads, 0, stream>>>(
+        a, chunk, part, count);
+    V4_CUDA_CHECK_LAUNCH("sample greedy_split_kernel");
+  } else {
+    greedy_kernel<<<unsigned(R), kGreedyThreads, 0, stream>>>(a);
+    V4_CUDA_CHECK_LAUNCH("sample greedy_kernel");
+  }
 
   if (!a.all_greedy) {
     // Rows per chunk: the scratch bound, and chunk offsets (c · V) must fit int32 for CUB.

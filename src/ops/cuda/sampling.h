@@ -5,7 +5,9 @@
 // Kernels (one stream, in this order; every kernel handles a row with one block, so a row's
 // result never depends on the other rows):
 //  1. greedy: argmax over V per row (float4 loads, packed (order key, ~id) max → lowest id on
-//     ties, NaN lowest). Rows with temperature > 0 return at once.
+//     ties, NaN lowest). Rows with temperature > 0 return at once. Up to 64 rows of a large
+//     vocabulary spread each row over chunks of ≥ 4,096 logits (about two blocks per SM), the
+//     row's last block taking the max of the chunks' (the same packed max: the same token).
 //  2. (unless all_greedy) per chunk of rows, rows with top-k or top-p only:
 //     prep — max x, then a 2048-bin histogram of the order key of x (counts and fixed-point
 //       masses) picks the highest bin boundary whose upper part surely holds the kept set
@@ -69,6 +71,8 @@ class DeviceSampler {
   int32_t *seg_begin_ = nullptr, *seg_end_ = nullptr;
   double* row_sum_ = nullptr;
   DeviceBuffer<unsigned char> arena_, temp_;
+  DeviceBuffer<unsigned char> greedy_part_;  // chunked greedy: partials + row counters (fixed size)
+  int n_sms_ = 0;
   std::vector<DeviceBuffer<unsigned char>> retired_;  // grown-out buffers, freed at destruction
 };
 
