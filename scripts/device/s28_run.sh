@@ -12,6 +12,8 @@
 #      an entry sets comma-separated VAR=VALUE pairs), each entry $V4_E2E_REPS (default 2) times
 #      in alternation -> $OUT/bench-e2e.md; entries that would start after $V4_BUDGET_S
 #      (default 520) seconds are skipped;
+#   1b. V4_TEST2_FILTER / V4_TEST2_ENV (optional): a second test run under other settings ->
+#      $OUT/cuda-op-tests-2.log;
 #   3. V4_NCU_KERNELS="regex ..." (optional): ncu --set full of those kernels in one decode step
 #      at 900K (4 layers: SWA, SWA, CSA, HCA) -> $OUT/ncu-<n>.txt (details page); "regex@k" skips the
 #      first k matching launches.
@@ -55,6 +57,14 @@ if [ "${V4_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
     for i in $(seq 0 $((n - 1))); do echo "=== shard $i of $n"; cat "$OUT/logs/t.$i.log"; done; } > "$OUT/cuda-op-tests.log"
   echo "$(el) test_cuda rc=$rc"; grep -E "^\[  (PASSED|FAILED)" "$OUT/cuda-op-tests.log" | head -30
   grep -E "^\[  PASSED" "$OUT/cuda-op-tests.log" | awk '{s+=$4} END {print "passed total:", s}'
+fi
+
+if [ -n "${V4_TEST2_FILTER:-}" ] && [ -x build-gpu/tests/test_cuda ]; then
+  # A second test run under other settings (V4_TEST2_ENV="VAR=VALUE ..."), e.g. an A/B form.
+  env ${V4_TEST2_ENV:-} V4_REQUIRE_GPU=1 timeout 300 build-gpu/tests/test_cuda --gtest_filter="$V4_TEST2_FILTER" \
+    --gtest_color=no > "$OUT/cuda-op-tests-2.log" 2>&1
+  echo "$(el) test_cuda ($V4_TEST2_ENV: $V4_TEST2_FILTER) rc=$?"; grep -E "^\[  (PASSED|FAILED)" "$OUT/cuda-op-tests-2.log"
+  sed -i "1i # test_cuda on $GPU, commit $COMMIT, env $V4_TEST2_ENV, filter $V4_TEST2_FILTER" "$OUT/cuda-op-tests-2.log"
 fi
 
 f="$OUT/bench-e2e.md"

@@ -1537,8 +1537,8 @@ __device__ __forceinline__ uint32_t bk_q_off(int n, int kp) {
   return uint32_t((kp >> 6) * 8192 + n * 128 + ((((kp & 63) >> 3) ^ (n & 7)) << 4) + (kp & 7) * 2);
 }
 
-template <int kStages, bool kPdl>
-__global__ void __launch_bounds__(kBkThreads, 3)
+template <int kStages, bool kPdl, int kMinB = 3>
+__global__ void __launch_bounds__(kBkThreads, kMinB)
     indexer_decode_bulk_kernel(ops::IndexerArgs a, float* __restrict__ scores, int64_t ld) {
   extern __shared__ unsigned char bk_raw[];
   if constexpr (kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1732,16 +1732,18 @@ __global__ void __launch_bounds__(kBkThreads, 3)
 }
 
 // The bulk-copy kernel (fp8 keys): one wave of CTAs (resident CTAs per SM from the occupancy API
-// with its dynamic shared memory), spread over the S rows as launch_decode does.
-template <int kStages>
+// with its dynamic shared memory), spread over the S rows as launch_decode does. kMinB: CTAs an
+// SM the register budget is set for (3; 4 with a 3-deep ring: A/B, V4_INDEXER_BULK_CTAS=4).
+template <int kStages, int kMinB = 3>
 Status launch_decode_bulk_n(const ops::IndexerArgs& a, int64_t max_count, float* scores, int64_t ld,
                             int n_sms, cudaStream_t stream, bool pdl) {
   constexpr int kSmem = bk_smem_bytes<kStages>();
+  static_assert(kMinB * (kSmem + 1024) <= 228 * 1024, "kMinB CTAs an SM");
   static const cudaError_t attr_err = [] {
-    cudaError_t e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, false>,
+    cudaError_t e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, false, kMinB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, true>,
+      e = cudaFuncSetAttribute(indexer_decode_bulk_kernel<kStages, true, kMinB>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     return e;
   }();
@@ -1749,7 +1751,8 @@ Status launch_decode_bulk_n(const ops::IndexerArgs& a, int64_t max_count, float*
   static const int per_sm = [] {
     int b = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, indexer_decode_bulk_kernel<kStages, false>, kBkThreads, kSmem) != cudaSuccess ||
+            &b, indexer_decode_bulk_kernel<kStages, false, kMinB>, kBkThreads, kSmem) !=
+            cudaSuccess ||
         b < 1) {
       (void)cudaGetLastError();
       b = 1;
@@ -1758,8 +1761,8 @@ Status launch_decode_bulk_n(const ops::IndexerArgs& a, int64_t max_count, float*
   }();
   const int64_t tiles = (max_count + kBkTile - 1) / kBkTile;
   const dim3 grid{unsigned(one_wave_gx(tiles, per_sm, n_sms, a.n_rows)), unsigned(a.n_rows), 1u};
-  return launch_indexer_kernel_n(pdl ? indexer_decode_bulk_kernel<kStages, true>
-                                     : indexer_decode_bulk_kernel<kStages, false>,
+  return launch_indexer_kernel_n(pdl ? indexer_decode_bulk_kernel<kStages, true, kMinB>
+                                     : indexer_decode_bulk_kernel<kStages, false, kMinB>,
                                  grid, kBkThreads, kSmem, stream, pdl,
                                  "indexer_decode_bulk_kernel", a, scores, ld);
 }
@@ -1772,6 +1775,11 @@ Status launch_decode_bulk(const ops::IndexerArgs& a, int64_t max_count, float* s
     const int v = e ? std::atoi(e) : 4;
     return v == 2 || v == 3 || v == 6 ? v : 4;
   }();
+  static const bool four = [] {
+    const char* e = std::getenv("V4_INDEXER_BULK_CTAS");
+    return e && e[0] == '4';
+  }();
+  if (four) return launch_decode_bulk_n<3, 4>(a, max_count, scores, ld, n_sms, stream, pdl);
   switch (stages) {
     case 2: return launch_decode_bulk_n<2>(a, max_count, scores, ld, n_sms, stream, pdl);
     case 3: return launch_decode_bulk_n<3>(a, max_count, scores, ld, n_sms, stream, pdl);
