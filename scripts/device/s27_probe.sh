@@ -9,7 +9,7 @@
 #      (default "64 256"; one wave of C requests of ~$V4_AB_IN prompt / $V4_AB_OUT output tokens,
 #      ignore_eos, streaming) with /metrics scraped around every level -> $OUT/serve-outputs-ab.md
 #      (TPOT, throughput, GPU idle time per decode step from v4serve_gpu_decode_idle_seconds_total
-#      / v4serve_gpu_decode_steps_total).
+#      / v4serve_gpu_decode_steps_total). V4_AB_MODES="thread" runs the default server only.
 # From the developer machine:
 #   git rev-parse --short HEAD > .devdeps/commit
 #   run(command="bash scripts/device/s27_probe.sh", carry=[".devdeps"], timeout_s=600)
@@ -31,6 +31,7 @@ if [ "${V4_SKIP_BUILD:-0}" != 1 ] || [ ! -x build-gpu/v4serve ]; then
   [ -f "$OUT/logs/cuda-op-tests.log" ] && cp "$OUT/logs/cuda-op-tests.log" "$OUT/cuda-op-tests.log"
 fi
 D=/opt/v4deps; L=$D/usr/lib/x86_64-linux-gnu
+[ -d build-gpu/lib ] && L=$root/build-gpu/lib  # prebuilt binaries (s28_run.sh) bring their libraries
 export LD_LIBRARY_PATH="$L:$L/openblas-pthread:${LD_LIBRARY_PATH:-}"
 [ -x build-gpu/v4serve ] || { echo "no build-gpu/v4serve"; exit 3; }
 GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
@@ -75,7 +76,7 @@ if [ "${V4_AB:-1}" = 1 ]; then
     echo "| outputs | concurrency | decode steps | idle µs / decode step | host prep µs / decode step | mean TPOT ms | output tok/s | total tok/s |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|"; } > "$f"
   metric() { grep -E "^$1 " "$2" | awk '{print $2}'; }
-  for mode in thread sync; do
+  for mode in ${V4_AB_MODES:-thread sync}; do
     extra=(); [ $mode = sync ] && extra=(--sync-outputs)
     log="$OUT/logs/serve-$mode.log"
     build-gpu/v4serve serve --model models/configs/v4-flash --load-format dummy --num-layers 6 \
