@@ -73,8 +73,10 @@ if [ "${V4_AB:-1}" = 1 ]; then
     echo
     echo "- host prep µs / decode step = Δ v4serve_gpu_decode_host_prep_seconds_total / Δ steps (the part of the idle time inside the model's forward; since session 27's metric, blank before)"
     echo
-    echo "| outputs | concurrency | decode steps | idle µs / decode step | host prep µs / decode step | mean TPOT ms | output tok/s | total tok/s |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|"; } > "$f"
+    echo "- engine phases µs / step = Δ v4serve_engine_step_host_seconds_total{phase} / Δ v4serve_engine_steps_total (the scheduler thread's wall time: schedule, batch build, forward, post, between steps; since session 28)"
+    echo
+    echo "| outputs | concurrency | decode steps | idle µs / decode step | host prep µs / decode step | mean TPOT ms | output tok/s | total tok/s | engine µs / step: schedule / batch / forward / post / between |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---|"; } > "$f"
   metric() { grep -E "^$1 " "$2" | awk '{print $2}'; }
   for mode in ${V4_AB_MODES:-thread sync}; do
     extra=(); [ $mode = sync ] && extra=(--sync-outputs)
@@ -124,7 +126,12 @@ except Exception as e:  # noqa: BLE001 — the table says what failed
 per = 1e6 * idle / steps if steps > 0 else float('nan')
 hp = b.get('v4serve_gpu_decode_host_prep_seconds_total')
 prep = f"{1e6 * (hp - a.get('v4serve_gpu_decode_host_prep_seconds_total', 0)) / steps:.0f}" if hp is not None and steps > 0 else ""
-print(f"| {'output thread (default)' if mode == 'thread' else '--sync-outputs'} | {c} | {int(steps)} | {per:.0f} | {prep} | {tpot:.2f} | {otps:.0f} | {ttps:.0f} |")
+es = b.get('v4serve_engine_steps_total', 0) - a.get('v4serve_engine_steps_total', 0)
+ph = []
+for k in ('schedule', 'batch', 'forward', 'post', 'between'):
+    key = f'v4serve_engine_step_host_seconds_total{{phase="{k}"}}'
+    ph.append(f"{1e6 * (b[key] - a.get(key, 0)) / es:.0f}" if key in b and es > 0 else "")
+print(f"| {'output thread (default)' if mode == 'thread' else '--sync-outputs'} | {c} | {int(steps)} | {per:.0f} | {prep} | {tpot:.2f} | {otps:.0f} | {ttps:.0f} | {' / '.join(ph)} |")
 PY
       tail -1 "$f"
     done

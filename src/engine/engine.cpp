@@ -82,6 +82,10 @@ struct Engine::Impl {
   std::unordered_set<RequestId> failed_callbacks;
   std::atomic<int64_t> callback_errors{0};
 
+  // Scheduler thread only: the end of the last step when the loop went straight on to another,
+  // and the summed gaps between such steps (EngineStats::step_between_s).
+  Clock::time_point step_ended{};
+  double step_between_s = 0;
   void loop();
   void output_loop();
   void publish_stats(Clock::time_point now);
@@ -176,6 +180,7 @@ void Engine::Impl::publish_stats(Clock::time_point now) {
   waiting_now.store(s.waiting);
   s.requests_rejected_total = rejected.load();
   s.callback_errors_total = callback_errors.load();
+  s.step_between_s = step_between_s;
   for (const auto& u : exec->pool_usage())
     s.pools.push_back({u.name, u.used_pages, u.capacity_pages, u.bytes_per_page});
   s.device = exec->device_timing();
@@ -246,8 +251,14 @@ void Engine::Impl::loop() {
     if (!sched->idle()) {
       status_dirty = true;
       wait_output_room();
+      const Clock::time_point t_step = Clock::now();
+      if (step_ended != Clock::time_point{})
+        step_between_s += std::chrono::duration<double>(t_step - step_ended).count();
       Status st = sched->step();
       (void)st;  // already logged and reported to the requests of the failed batch
+      step_ended = Clock::now();
+    } else {
+      step_ended = Clock::time_point{};  // the next step follows an idle engine: no gap counted
     }
     publish_stats(Clock::now());
     if (sched->idle()) {

@@ -171,6 +171,14 @@ struct EngineStats {
   int64_t steps_total = 0;
   int64_t prefix_query_tokens_total = 0;  // prompt tokens looked up in the prefix cache
   int64_t prefix_hit_tokens_total = 0;    // of which served from the cache
+  // The scheduler thread's wall time per phase of the steps that ran a batch (seconds, summed):
+  // schedule = admission / preemption planning, batch = building the ForwardBatch, forward =
+  // Executor::forward (the model's host work, the device step and the readback), post = host
+  // sampling, stop checks and queueing the outputs; between = the engine loop from one step's
+  // end to the next step's start (incoming requests, cancels, stats, output back-pressure).
+  // With the device's idle time (DeviceTiming) they say where a decode step's gap goes.
+  double step_schedule_s = 0, step_batch_s = 0, step_forward_s = 0, step_post_s = 0;
+  double step_between_s = 0;
   double prompt_tokens_per_s = 0;         // input throughput, last interval
   double generation_tokens_per_s = 0;     // output throughput, last interval
   std::vector<PoolStats> pools;

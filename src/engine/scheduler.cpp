@@ -268,6 +268,24 @@ void Scheduler::preempt(Seq* s) {
 
 Status Scheduler::step() {
   last_step_ = StepRecord{};
+  // Phase clock (EngineStats::step_*_s): marks set as the step passes them, summed on any return.
+  struct PhaseClock {
+    EngineStats& c;
+    Clock::time_point t0 = Clock::now(), planned{}, fwd0{}, fwd1{};
+    ~PhaseClock() {
+      const Clock::time_point end = Clock::now();
+      auto sec = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double>(b - a).count();
+      };
+      const Clock::time_point p = planned == Clock::time_point{} ? end : planned;
+      c.step_schedule_s += sec(t0, p);
+      if (fwd0 == Clock::time_point{}) return;
+      c.step_batch_s += sec(p, fwd0);
+      const Clock::time_point f1 = fwd1 == Clock::time_point{} ? end : fwd1;
+      c.step_forward_s += sec(fwd0, f1);
+      c.step_post_s += sec(f1, end);
+    }
+  } clock{counters_};
   struct Planned {
     Seq* s;
     int64_t n;
@@ -398,6 +416,7 @@ Status Scheduler::step() {
     budget -= n;
   }
   for (auto& pl : plan) pl.s->in_plan = false;
+  clock.planned = Clock::now();
 
   if (plan.empty()) {
     deliver(pending);
@@ -426,7 +445,9 @@ Status Scheduler::step() {
   }
   last_step_.n_slices = int32_t(plan.size());
   ++counters_.steps_total;
+  clock.fwd0 = Clock::now();
   auto fwd = exec_.forward(batch);
+  clock.fwd1 = Clock::now();
   const Status fwd_status =
       fwd.ok() ? check_output(*fwd, plan.size(), vocab_, draws) : fwd.status();
   if (!fwd_status.ok()) {

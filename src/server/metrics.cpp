@@ -178,6 +178,16 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
   head("v4serve_generation_throughput_tokens_per_second", "gauge", "Generated tokens/s over the last stats interval.");
   o += fmt::format("v4serve_generation_throughput_tokens_per_second {}\n", st.generation_tokens_per_s);
 
+  head("v4serve_engine_step_host_seconds_total", "counter",
+       "Scheduler-thread wall time per step phase: schedule, batch (building it), forward "
+       "(Executor::forward: model host work + device step + readback), post (sampling, stop "
+       "checks, outputs), between (the engine loop from one step's end to the next's start).");
+  for (const auto& [phase, v] : {std::pair<const char*, double>{"schedule", st.step_schedule_s},
+                                 {"batch", st.step_batch_s},
+                                 {"forward", st.step_forward_s},
+                                 {"post", st.step_post_s},
+                                 {"between", st.step_between_s}})
+    o += fmt::format("v4serve_engine_step_host_seconds_total{{phase=\"{}\"}} {}\n", phase, v);
   head("v4serve_gpu_steps_total", "counter", "Model steps timed on the device (CUDA events).");
   o += fmt::format("v4serve_gpu_steps_total {}\n", st.device.steps);
   head("v4serve_gpu_busy_seconds_total", "counter", "Device time inside model steps.");

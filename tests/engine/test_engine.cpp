@@ -461,6 +461,33 @@ TEST(Engine, StatsAreCurrentWhenARequestsFinalOutputArrives) {
   }
 }
 
+// The scheduler thread's phase times (EngineStats::step_*_s, /metrics
+// v4serve_engine_step_host_seconds_total): a forward that sleeps 2 ms shows up as ≥ 2 ms a step
+// of "forward" and nowhere else; every phase is counted, and together they fit in the wall time.
+TEST(Engine, StepPhaseTimesSplitTheSchedulerThread) {
+  FakeConfig fc;
+  fc.step_delay_us = 2000;
+  auto e = make_engine(fc, {});
+  const auto t0 = Clock::now();
+  Request r;
+  r.prompt_tokens.assign(20, 3);
+  r.sampling = greedy(12);
+  ASSERT_TRUE(e->generate(r).ok());
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const EngineStats st = e->stats();
+  ASSERT_GE(st.steps_total, 12);
+  EXPECT_GE(st.step_forward_s, 0.002 * double(st.steps_total));
+  EXPECT_GT(st.step_schedule_s, 0.0);
+  EXPECT_GT(st.step_batch_s, 0.0);
+  EXPECT_GT(st.step_post_s, 0.0);
+  EXPECT_GT(st.step_between_s, 0.0);  // 12 steps back to back: 11 gaps
+  EXPECT_LT(st.step_schedule_s + st.step_batch_s + st.step_post_s + st.step_between_s,
+            st.step_forward_s);  // the sleeping forward dominates
+  EXPECT_LE(st.step_schedule_s + st.step_batch_s + st.step_forward_s + st.step_post_s +
+                st.step_between_s,
+            wall);
+}
+
 TEST(Engine, ThroughputGaugesFallToZeroWhenIdle) {
   // The throughput of the last stats window used to stay in stats() (and /metrics) for as long as
   // the engine was idle: its loop slept without a timeout, so no window ever closed.

@@ -619,7 +619,15 @@ TEST(Metrics, GpuIdleSplitAndCallbackErrors) {
   st.device.decode_idle_s = 0.5;
   st.device.decode_host_prep_s = 0.125;
   st.callback_errors_total = 2;
+  st.step_forward_s = 1.5;
+  st.step_between_s = 0.25;
   const std::string t = m.render(st, 0, "tiny");
+  EXPECT_NE(t.find("v4serve_engine_step_host_seconds_total{phase=\"forward\"} 1.5\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("v4serve_engine_step_host_seconds_total{phase=\"between\"} 0.25\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("v4serve_engine_step_host_seconds_total{phase=\"schedule\"} 0\n"),
+            std::string::npos);
   EXPECT_NE(t.find("v4serve_gpu_decode_steps_total 40\n"), std::string::npos) << t;
   EXPECT_NE(t.find("v4serve_gpu_decode_idle_seconds_total 0.5\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_gpu_decode_host_prep_seconds_total 0.125\n"), std::string::npos);
