@@ -256,9 +256,11 @@ void Engine::Impl::loop() {
         step_between_s += std::chrono::duration<double>(t_step - step_ended).count();
       Status st = sched->step();
       (void)st;  // already logged and reported to the requests of the failed batch
-      step_ended = Clock::now();
+      // A gap counts only when work was left after this step: an engine that drained then
+      // waits for new requests, which is not time the next step spent waiting on the host.
+      step_ended = sched->idle() ? Clock::time_point{} : Clock::now();
     } else {
-      step_ended = Clock::time_point{};  // the next step follows an idle engine: no gap counted
+      step_ended = Clock::time_point{};
     }
     publish_stats(Clock::now());
     if (sched->idle()) {

@@ -486,6 +486,12 @@ TEST(Engine, StepPhaseTimesSplitTheSchedulerThread) {
   EXPECT_LE(st.step_schedule_s + st.step_batch_s + st.step_forward_s + st.step_post_s +
                 st.step_between_s,
             wall);
+  // An engine that drained and then waits for the next request counts no gap for that wait.
+  const double between = st.step_between_s;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  r.sampling = greedy(2);
+  ASSERT_TRUE(e->generate(r).ok());
+  EXPECT_LT(e->stats().step_between_s - between, 0.025) << "the idle wait was counted";
 }
 
 TEST(Engine, ThroughputGaugesFallToZeroWhenIdle) {
