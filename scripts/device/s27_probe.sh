@@ -21,7 +21,7 @@ mkdir -p "$OUT/logs"
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 export NCCL_NVLS_ENABLE=0 PATH="/usr/local/cuda/bin:$PATH"
-COMMIT=$(cat .devdeps/commit 2>/dev/null || echo unknown)
+COMMIT=$(cat .devdeps-bin/commit 2>/dev/null || cat .devdeps/commit 2>/dev/null || echo unknown)
 targets="v4serve"; skip_tests=1
 [ "${V4_TESTS:-0}" = 1 ] && { targets="v4serve test_cuda"; skip_tests=0; }
 if [ "${V4_SKIP_BUILD:-0}" != 1 ] || [ ! -x build-gpu/v4serve ]; then
