@@ -56,6 +56,7 @@ struct DeviceTiming {
   int64_t decode_steps = 0;
   double decode_busy_s = 0, decode_idle_s = 0;
   double decode_host_prep_s = 0;  // of decode_idle_s: the model's host time before those steps
+  double decode_host_gap_s = 0;   // host wall time from the previous step's end to their begin
 };
 
 /// Why a sequence ends (see Executor::end_sequence).

@@ -261,6 +261,7 @@ DeviceTiming ModelExecutor::device_timing() const {
   d.decode_busy_s = t.decode_busy_s;
   d.decode_idle_s = t.decode_idle_s;
   d.decode_host_prep_s = t.decode_host_prep_s;
+  d.decode_host_gap_s = t.decode_host_gap_s;
   return d;
 }
 

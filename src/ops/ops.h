@@ -486,6 +486,10 @@ struct StepTiming {
   /// markers (validation, KV reserve, decode staging; Ops::note_host_prep). The rest of the
   /// idle time is outside the model (engine, scheduler, outputs, the previous step's sync).
   double decode_host_prep_s = 0;
+  /// Host wall time from the previous step's end marker (after its sync returned) to these
+  /// steps' begin markers: the host side of decode_idle_s. decode_idle_s well above it means
+  /// device work outside the markers (copies between steps, another stream) delayed the step.
+  double decode_host_gap_s = 0;
 };
 
 /// Backend interface. One instance per device; not thread-safe (one forward at a time).

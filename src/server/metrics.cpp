@@ -204,6 +204,10 @@ std::string Metrics::render(const engine::EngineStats& st, int64_t open_connecti
        "Of that idle time: the model's host work inside forward before each decode step "
        "(validation, KV reserve, staging); the rest is the engine's.");
   o += fmt::format("v4serve_gpu_decode_host_prep_seconds_total {}\n", st.device.decode_host_prep_s);
+  head("v4serve_gpu_decode_host_gap_seconds_total", "counter",
+       "Host wall time from the previous step's end (its sync returned) to those decode steps' "
+       "start: the host side of the idle time; idle well above it means device work between steps.");
+  o += fmt::format("v4serve_gpu_decode_host_gap_seconds_total {}\n", st.device.decode_host_gap_s);
   head("v4serve_cache_used_pages", "gauge", "Pages in use per cache pool.");
   for (auto& p : st.pools) o += fmt::format("v4serve_cache_used_pages{{pool=\"{}\"}} {}\n", escape_label(p.name), p.used_pages);
   head("v4serve_cache_capacity_pages", "gauge", "Total pages per cache pool.");

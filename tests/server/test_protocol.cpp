@@ -618,6 +618,7 @@ TEST(Metrics, GpuIdleSplitAndCallbackErrors) {
   st.device.decode_steps = 40;
   st.device.decode_idle_s = 0.5;
   st.device.decode_host_prep_s = 0.125;
+  st.device.decode_host_gap_s = 0.375;
   st.callback_errors_total = 2;
   st.step_forward_s = 1.5;
   st.step_between_s = 0.25;
@@ -631,6 +632,7 @@ TEST(Metrics, GpuIdleSplitAndCallbackErrors) {
   EXPECT_NE(t.find("v4serve_gpu_decode_steps_total 40\n"), std::string::npos) << t;
   EXPECT_NE(t.find("v4serve_gpu_decode_idle_seconds_total 0.5\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_gpu_decode_host_prep_seconds_total 0.125\n"), std::string::npos);
+  EXPECT_NE(t.find("v4serve_gpu_decode_host_gap_seconds_total 0.375\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE v4serve_gpu_decode_host_prep_seconds_total counter\n"), std::string::npos);
   EXPECT_NE(t.find("v4serve_engine_callback_errors_total 2\n"), std::string::npos);
 }

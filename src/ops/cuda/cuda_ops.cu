@@ -7,6 +7,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -1049,6 +1050,10 @@ class CudaOps final : public Ops {
         check(cudaEventCreate(e), "cudaEventCreate");
     }
     check(cudaEventRecord(ev_begin_, stream_), "step_begin");
+    host_gap_s_ = have_prev_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                             host_end_)
+                                   .count()
+                             : 0.0;
     in_step_ = true;
     cur_decode_ = decode_only;
   }
@@ -1063,6 +1068,7 @@ class CudaOps final : public Ops {
     cudaEvent_t end = ev_end_[cur_end_ ^ 1];
     check(cudaEventRecord(end, stream_), "step_end");
     check(cudaEventSynchronize(end), "step_end sync");
+    host_end_ = std::chrono::steady_clock::now();
     float busy_ms = 0, idle_ms = 0;
     check(cudaEventElapsedTime(&busy_ms, ev_begin_, end), "step busy");
     if (have_prev_) check(cudaEventElapsedTime(&idle_ms, ev_end_[cur_end_], ev_begin_), "step idle");
@@ -1076,6 +1082,7 @@ class CudaOps final : public Ops {
         timing_.decode_busy_s += busy_ms * 1e-3;
         timing_.decode_idle_s += idle_ms * 1e-3;
         timing_.decode_host_prep_s += host_prep_s_;
+        timing_.decode_host_gap_s += host_gap_s_;
       }
     }
     host_prep_s_ = 0;
@@ -1595,6 +1602,9 @@ class CudaOps final : public Ops {
   mutable std::mutex timing_mu_;
   StepTiming timing_;
   double host_prep_s_ = 0;  // note_host_prep of the step in flight
+  // Host clock at the last step_end's sync and the gap from it to the step in flight's begin.
+  std::chrono::steady_clock::time_point host_end_{};
+  double host_gap_s_ = 0;
   // Region profile: this step's markers (eager events are reused step to step; graph markers
   // belong to their graph), the markers of the capture in progress, totals per name.
   bool profiling_ = false;
