@@ -126,6 +126,9 @@ except Exception as e:  # noqa: BLE001 — the table says what failed
 per = 1e6 * idle / steps if steps > 0 else float('nan')
 hp = b.get('v4serve_gpu_decode_host_prep_seconds_total')
 prep = f"{1e6 * (hp - a.get('v4serve_gpu_decode_host_prep_seconds_total', 0)) / steps:.0f}" if hp is not None and steps > 0 else ""
+hg = b.get('v4serve_gpu_decode_host_gap_seconds_total')
+if hg is not None and steps > 0:  # the host side of the idle time (since session 28)
+    prep += f" (host gap {1e6 * (hg - a.get('v4serve_gpu_decode_host_gap_seconds_total', 0)) / steps:.0f})"
 es = b.get('v4serve_engine_steps_total', 0) - a.get('v4serve_engine_steps_total', 0)
 ph = []
 for k in ('schedule', 'batch', 'forward', 'post', 'between'):
