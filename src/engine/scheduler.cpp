@@ -203,7 +203,30 @@ void Scheduler::finish(Seq* s, FinishReason reason, const Status& error,
   seqs_.erase(s->id);  // s is dangling from here
 }
 
+struct Scheduler::PhaseClock {
+  EngineStats& c;
+  Clock::time_point t0 = Clock::now(), planned{}, fwd0{}, fwd1{};
+  bool done = false;
+  void finish() {
+    if (done) return;
+    done = true;
+    const Clock::time_point end = Clock::now();
+    auto sec = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
+    const Clock::time_point p = planned == Clock::time_point{} ? end : planned;
+    c.step_schedule_s += sec(t0, p);
+    if (fwd0 == Clock::time_point{}) return;
+    c.step_batch_s += sec(p, fwd0);
+    const Clock::time_point f1 = fwd1 == Clock::time_point{} ? end : fwd1;
+    c.step_forward_s += sec(fwd0, f1);
+    c.step_post_s += sec(f1, end);
+  }
+  ~PhaseClock() { finish(); }
+};
+
 void Scheduler::deliver(std::vector<Pending>& pending) {
+  if (phase_clock_) phase_clock_->finish();
   if (before_final_ &&
       std::any_of(pending.begin(), pending.end(), [](const Pending& p) { return p.out.finished; }))
     before_final_();
@@ -268,24 +291,14 @@ void Scheduler::preempt(Seq* s) {
 
 Status Scheduler::step() {
   last_step_ = StepRecord{};
-  // Phase clock (EngineStats::step_*_s): marks set as the step passes them, summed on any return.
-  struct PhaseClock {
-    EngineStats& c;
-    Clock::time_point t0 = Clock::now(), planned{}, fwd0{}, fwd1{};
-    ~PhaseClock() {
-      const Clock::time_point end = Clock::now();
-      auto sec = [](Clock::time_point a, Clock::time_point b) {
-        return std::chrono::duration<double>(b - a).count();
-      };
-      const Clock::time_point p = planned == Clock::time_point{} ? end : planned;
-      c.step_schedule_s += sec(t0, p);
-      if (fwd0 == Clock::time_point{}) return;
-      c.step_batch_s += sec(p, fwd0);
-      const Clock::time_point f1 = fwd1 == Clock::time_point{} ? end : fwd1;
-      c.step_forward_s += sec(fwd0, f1);
-      c.step_post_s += sec(f1, end);
-    }
-  } clock{counters_};
+  // Phase clock (EngineStats::step_*_s): marks set as the step passes them, summed once, when
+  // its outputs are delivered or on any return.
+  PhaseClock clock{counters_};
+  phase_clock_ = &clock;
+  struct Unset {
+    PhaseClock*& p;
+    ~Unset() { p = nullptr; }
+  } unset{phase_clock_};
   struct Planned {
     Seq* s;
     int64_t n;

@@ -126,6 +126,10 @@ class Scheduler {
   Executor& exec_;
   EngineConfig config_;
   std::function<void()> before_final_;  // set_before_final_outputs
+  // The running step's phase clock (EngineStats::step_*_s), flushed before its outputs are
+  // delivered so that the stats published for a final output already hold the step's times.
+  struct PhaseClock;
+  PhaseClock* phase_clock_ = nullptr;
   std::vector<PoolSpec> pools_;
   int64_t vocab_ = 0;
   std::unordered_map<RequestId, std::unique_ptr<Seq>> seqs_;
