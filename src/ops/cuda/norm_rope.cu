@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(256) rmsnorm_rope_kernel(
 }
 
 // rmsnorm_rope_kernel for head_dim ≤ 512 with the vector held in registers (session 27,
-// V4_NORM_ROPE_REGS=1; not the default until measured on the GPU): every lane issues all its
+// V4_NORM_ROPE_REGS=1; an A/B form: measured in session 28, the served batch-1 step was no
+// faster with it, bench/results/bench-v4flash-20l-normrope-ab-s28.md): every lane issues all its
 // loads of x (and w) before any math — one memory round trip instead of a chain of dependent
 // loads per channel group (ncu at 4K, batch 1: the one-vector kv call took 9.4 µs, the 64-head q
 // call 5.2; bench/results/ncu-decode-kernels-s27.md) — and pass 2 reads the registers, not
